@@ -1,0 +1,274 @@
+//! The LNet header in its 64-bit-NID wire form: 72 bytes, always little-endian
+//! (lnet-idl.h `struct lnet_hdr_nid4`; offsets asserted in api-ni.c lnet_assert_wire_constants).
+//!
+//! | offset | field          | size |
+//! |--------|----------------|------|
+//! | 0      | dest_nid       | 8    |
+//! | 8      | src_nid        | 8    |
+//! | 16     | dest_pid       | 4    |
+//! | 20     | src_pid        | 4    |
+//! | 24     | type           | 4    |
+//! | 28     | payload_length | 4    |
+//! | 32     | per-type body  | 40   |
+
+use super::{check_len, check_room, ByteOrder, Nid, WireError};
+
+/// Bytes in the header.
+pub const LNET_HDR_LEN: usize = 72;
+/// The largest payload one LNet message can carry (LNET_MTU).
+pub const LNET_MTU: u32 = 1 << 20;
+/// The well-known PID of kernel Lustre (LNET_PID_LUSTRE).
+pub const LNET_PID_LUSTRE: u32 = 12345;
+/// Set in a PID to mark a userspace process (LNET_PID_USERFLAG).
+pub const LNET_PID_USERFLAG: u32 = 0x8000_0000;
+/// Match bits of an LNet ping GET on portal 0 (LNET_PROTO_PING_MATCHBITS).
+pub const LNET_PING_MATCHBITS: u64 = 0x8000_0000_0000_0000;
+/// The portal reserved for LNet itself (ping, discovery).
+pub const LNET_RESERVED_PORTAL: u32 = 0;
+
+mod field {
+    pub const DEST_NID: usize = 0;
+    pub const SRC_NID: usize = 8;
+    pub const DEST_PID: usize = 16;
+    pub const SRC_PID: usize = 20;
+    pub const TYPE: usize = 24;
+    pub const PAYLOAD_LENGTH: usize = 28;
+    pub const BODY: usize = 32;
+}
+
+/// LNet message types (`enum lnet_msg_type`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LnetMsgType {
+    Ack = 0,
+    Put = 1,
+    Get = 2,
+    Reply = 3,
+    Hello = 4,
+}
+
+impl LnetMsgType {
+    /// The type with wire code `v`, if any.
+    pub fn from_u32(v: u32) -> Option<LnetMsgType> {
+        Some(match v {
+            0 => LnetMsgType::Ack,
+            1 => LnetMsgType::Put,
+            2 => LnetMsgType::Get,
+            3 => LnetMsgType::Reply,
+            4 => LnetMsgType::Hello,
+            _ => return None,
+        })
+    }
+}
+
+/// A wire handle naming a memory descriptor on its owner: interface cookie + object cookie.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WireHandle {
+    pub interface_cookie: u64,
+    pub object_cookie: u64,
+}
+
+impl WireHandle {
+    /// LNET_WIRE_HANDLE_COOKIE_NONE in both halves: "no ACK wanted" in a PUT.
+    pub const NONE: WireHandle = WireHandle {
+        interface_cookie: u64::MAX,
+        object_cookie: u64::MAX,
+    };
+
+    fn read(b: &[u8], at: usize) -> WireHandle {
+        WireHandle {
+            interface_cookie: LE.get_u64(b, at),
+            object_cookie: LE.get_u64(b, at + 8),
+        }
+    }
+
+    fn write(&self, b: &mut [u8], at: usize) {
+        LE.put_u64(b, at, self.interface_cookie);
+        LE.put_u64(b, at + 8, self.object_cookie);
+    }
+}
+
+const LE: ByteOrder = ByteOrder::Little;
+
+/// The per-type part of the header.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LnetBody {
+    Ack {
+        dst_wmd: WireHandle,
+        match_bits: u64,
+        mlength: u32,
+    },
+    Put {
+        ack_wmd: WireHandle,
+        match_bits: u64,
+        hdr_data: u64,
+        ptl_index: u32,
+        offset: u32,
+    },
+    Get {
+        return_wmd: WireHandle,
+        match_bits: u64,
+        ptl_index: u32,
+        src_offset: u32,
+        sink_length: u32,
+    },
+    Reply {
+        dst_wmd: WireHandle,
+    },
+    /// Only byte-stream LNDs send HELLO; o2iblnd never does, but the header can carry it.
+    Hello {
+        incarnation: u64,
+        conn_type: u32,
+    },
+}
+
+impl LnetBody {
+    /// The message type this body belongs to.
+    pub fn msg_type(&self) -> LnetMsgType {
+        match self {
+            LnetBody::Ack { .. } => LnetMsgType::Ack,
+            LnetBody::Put { .. } => LnetMsgType::Put,
+            LnetBody::Get { .. } => LnetMsgType::Get,
+            LnetBody::Reply { .. } => LnetMsgType::Reply,
+            LnetBody::Hello { .. } => LnetMsgType::Hello,
+        }
+    }
+}
+
+/// A validated LNet header.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LnetHdr {
+    pub dest_nid: Nid,
+    pub src_nid: Nid,
+    pub dest_pid: u32,
+    pub src_pid: u32,
+    pub payload_length: u32,
+    pub body: LnetBody,
+}
+
+impl LnetHdr {
+    /// The message type.
+    pub fn msg_type(&self) -> LnetMsgType {
+        self.body.msg_type()
+    }
+
+    /// Parses the first 72 bytes of `b`.
+    ///
+    /// Refuses what lnet_parse refuses before matching: unknown types, ACK or GET with a payload,
+    /// PUT or REPLY larger than LNET_MTU.
+    pub fn parse(b: &[u8]) -> Result<LnetHdr, WireError> {
+        check_len(b, LNET_HDR_LEN)?;
+        let raw_type = LE.get_u32(b, field::TYPE);
+        let msg_type =
+            LnetMsgType::from_u32(raw_type).ok_or(WireError::UnknownLnetType(raw_type))?;
+        let payload_length = LE.get_u32(b, field::PAYLOAD_LENGTH);
+        let bad_len = match msg_type {
+            LnetMsgType::Ack | LnetMsgType::Get => payload_length != 0,
+            LnetMsgType::Put | LnetMsgType::Reply => payload_length > LNET_MTU,
+            LnetMsgType::Hello => false,
+        };
+        if bad_len {
+            return Err(WireError::BadPayloadLength {
+                msg_type,
+                len: payload_length,
+            });
+        }
+        let at = field::BODY;
+        let body = match msg_type {
+            LnetMsgType::Ack => LnetBody::Ack {
+                dst_wmd: WireHandle::read(b, at),
+                match_bits: LE.get_u64(b, at + 16),
+                mlength: LE.get_u32(b, at + 24),
+            },
+            LnetMsgType::Put => LnetBody::Put {
+                ack_wmd: WireHandle::read(b, at),
+                match_bits: LE.get_u64(b, at + 16),
+                hdr_data: LE.get_u64(b, at + 24),
+                ptl_index: LE.get_u32(b, at + 32),
+                offset: LE.get_u32(b, at + 36),
+            },
+            LnetMsgType::Get => LnetBody::Get {
+                return_wmd: WireHandle::read(b, at),
+                match_bits: LE.get_u64(b, at + 16),
+                ptl_index: LE.get_u32(b, at + 24),
+                src_offset: LE.get_u32(b, at + 28),
+                sink_length: LE.get_u32(b, at + 32),
+            },
+            LnetMsgType::Reply => LnetBody::Reply {
+                dst_wmd: WireHandle::read(b, at),
+            },
+            LnetMsgType::Hello => LnetBody::Hello {
+                incarnation: LE.get_u64(b, at),
+                conn_type: LE.get_u32(b, at + 8),
+            },
+        };
+        Ok(LnetHdr {
+            dest_nid: Nid::from_raw(LE.get_u64(b, field::DEST_NID)),
+            src_nid: Nid::from_raw(LE.get_u64(b, field::SRC_NID)),
+            dest_pid: LE.get_u32(b, field::DEST_PID),
+            src_pid: LE.get_u32(b, field::SRC_PID),
+            payload_length,
+            body,
+        })
+    }
+
+    /// Writes the header into the first 72 bytes of `b`; unused body bytes are zeroed.
+    pub fn emit(&self, b: &mut [u8]) -> Result<usize, WireError> {
+        check_room(b, LNET_HDR_LEN)?;
+        if let Some(s) = b.get_mut(..LNET_HDR_LEN) {
+            s.fill(0);
+        }
+        LE.put_u64(b, field::DEST_NID, self.dest_nid.raw());
+        LE.put_u64(b, field::SRC_NID, self.src_nid.raw());
+        LE.put_u32(b, field::DEST_PID, self.dest_pid);
+        LE.put_u32(b, field::SRC_PID, self.src_pid);
+        LE.put_u32(b, field::TYPE, self.msg_type() as u32);
+        LE.put_u32(b, field::PAYLOAD_LENGTH, self.payload_length);
+        let at = field::BODY;
+        match self.body {
+            LnetBody::Ack {
+                dst_wmd,
+                match_bits,
+                mlength,
+            } => {
+                dst_wmd.write(b, at);
+                LE.put_u64(b, at + 16, match_bits);
+                LE.put_u32(b, at + 24, mlength);
+            }
+            LnetBody::Put {
+                ack_wmd,
+                match_bits,
+                hdr_data,
+                ptl_index,
+                offset,
+            } => {
+                ack_wmd.write(b, at);
+                LE.put_u64(b, at + 16, match_bits);
+                LE.put_u64(b, at + 24, hdr_data);
+                LE.put_u32(b, at + 32, ptl_index);
+                LE.put_u32(b, at + 36, offset);
+            }
+            LnetBody::Get {
+                return_wmd,
+                match_bits,
+                ptl_index,
+                src_offset,
+                sink_length,
+            } => {
+                return_wmd.write(b, at);
+                LE.put_u64(b, at + 16, match_bits);
+                LE.put_u32(b, at + 24, ptl_index);
+                LE.put_u32(b, at + 28, src_offset);
+                LE.put_u32(b, at + 32, sink_length);
+            }
+            LnetBody::Reply { dst_wmd } => dst_wmd.write(b, at),
+            LnetBody::Hello {
+                incarnation,
+                conn_type,
+            } => {
+                LE.put_u64(b, at, incarnation);
+                LE.put_u32(b, at + 8, conn_type);
+            }
+        }
+        Ok(LNET_HDR_LEN)
+    }
+}
