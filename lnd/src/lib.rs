@@ -8,6 +8,8 @@
 //! The protocol core in this crate never reads a clock, spawns a thread or does I/O: time is passed
 //! in, actions come out (see `shared/DESIGN.md`).
 
+pub mod engine;
+pub mod fabric;
 pub mod time;
 pub mod wheel;
 pub mod wire;

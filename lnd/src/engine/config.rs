@@ -1,0 +1,148 @@
+//! Tunables and policies of one LND endpoint, with o2iblnd's defaults (reference section 9.1).
+
+use crate::time::Duration;
+use crate::wire::Nid;
+
+/// How the passive side settles a connection race, and what ends a stuck active connect.
+/// The first three reproduce Lustre's history so the simulator can compare them (S1).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RacePolicy {
+    /// Lustre 2.8: the higher NID always wins; nothing bounds a stuck active connect.
+    Lustre28,
+    /// LU-7646: as 2.8, but after `race_limit` CONN_RACE rejects the higher NID yields.
+    Lu7646,
+    /// LU-17480: LU-7646 plus a deadline on every active connect.
+    Lu17480,
+    /// Ours: LU-17480, and an active connect is abandoned the moment it is proven stale (the peer
+    /// connected to us with an incarnation our attempt does not name).
+    Ulnet,
+}
+
+impl RacePolicy {
+    /// Every policy, in historical order.
+    pub const ALL: [RacePolicy; 4] = [
+        RacePolicy::Lustre28,
+        RacePolicy::Lu7646,
+        RacePolicy::Lu17480,
+        RacePolicy::Ulnet,
+    ];
+
+    pub(crate) fn counts_races(self) -> bool {
+        !matches!(self, RacePolicy::Lustre28)
+    }
+
+    pub(crate) fn bounds_connects(self) -> bool {
+        matches!(self, RacePolicy::Lu17480 | RacePolicy::Ulnet)
+    }
+
+    pub(crate) fn abandons_stale(self) -> bool {
+        matches!(self, RacePolicy::Ulnet)
+    }
+}
+
+/// Per-NI tunables. `Default` gives o2iblnd's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tunables {
+    /// Queue depth offered to peers (peer_credits, clamped to 2..=255 here; o2iblnd clamps to 8..=255).
+    pub peer_credits: u16,
+    /// Outstanding credits at which a NOOP returns them; 0 = peer_credits / 2.
+    pub peer_credits_hiw: u16,
+    /// Posted-but-uncompleted sends per connection; 0 = peer_credits.
+    pub concurrent_sends: u16,
+    /// LND tx timeout: a queued or posted message older than this fails its connection.
+    pub timeout: Duration,
+    /// Idle time after which a keepalive NOOP is sent.
+    pub keepalive: Duration,
+    /// Deadline of an active connect; `None` = max(5 s, timeout / 4) (LU-17480).
+    pub connect_timeout: Option<Duration>,
+    /// How long a close waits for the peer's disconnect before tearing down anyway.
+    pub close_timeout: Duration,
+    /// CONN_RACE rejects before the higher NID yields (MAX_CONN_RACES_BEFORE_ABORT).
+    pub race_limit: u32,
+    /// Reconnects made as soon as the failed connection is reaped (KIB_RECONN_HIGH_RACE).
+    pub fast_reconnects: u32,
+    /// After the fast ones, at most one reconnect per this interval per peer.
+    pub reconnect_interval: Duration,
+    /// Random extra delay, up to this much, added to each paced reconnect.
+    pub reconnect_jitter: Duration,
+}
+
+impl Default for Tunables {
+    fn default() -> Tunables {
+        Tunables {
+            peer_credits: 8,
+            peer_credits_hiw: 0,
+            concurrent_sends: 0,
+            timeout: Duration::from_secs(50),
+            keepalive: Duration::from_secs(100),
+            connect_timeout: None,
+            close_timeout: Duration::from_secs(1),
+            race_limit: 20,
+            fast_reconnects: 10,
+            reconnect_interval: Duration::from_secs(1),
+            reconnect_jitter: Duration::from_millis(250),
+        }
+    }
+}
+
+impl Tunables {
+    /// The queue depth we offer.
+    pub fn queue_depth(&self) -> u16 {
+        self.peer_credits.clamp(2, 255)
+    }
+
+    /// The credit high-water mark for a connection of `queue_depth` (LU-12569).
+    pub fn credits_hiw(&self, queue_depth: u16) -> u16 {
+        let pc = self.queue_depth();
+        let hiw = if self.peer_credits_hiw == 0 {
+            pc / 2
+        } else {
+            self.peer_credits_hiw.clamp(pc / 2, pc - 1)
+        };
+        ((u32::from(queue_depth) * u32::from(hiw)) / u32::from(pc)).max(1) as u16
+    }
+
+    /// Concurrent sends allowed per connection.
+    pub fn concurrent_sends(&self) -> u16 {
+        let pc = self.queue_depth();
+        if self.concurrent_sends == 0 {
+            pc
+        } else {
+            self.concurrent_sends.clamp(pc / 2, pc * 2)
+        }
+    }
+
+    /// The deadline on an active connect.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout.unwrap_or_else(|| {
+            Duration::from_secs(5).max(Duration::from_nanos(self.timeout.as_nanos() / 4))
+        })
+    }
+}
+
+/// Everything an endpoint needs to start.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// This NI's NID.
+    pub nid: Nid,
+    /// This instance's incarnation: a fresh stamp at every start (o2iblnd uses wall-clock
+    /// microseconds); the driver chooses it, the core never reads a clock.
+    pub incarnation: u64,
+    pub tunables: Tunables,
+    pub race_policy: RacePolicy,
+    /// Seed of the reconnect jitter.
+    pub seed: u64,
+}
+
+impl EndpointConfig {
+    /// A config with default tunables and our race policy.
+    pub fn new(nid: Nid, incarnation: u64) -> EndpointConfig {
+        EndpointConfig {
+            nid,
+            incarnation,
+            tunables: Tunables::default(),
+            race_policy: RacePolicy::Ulnet,
+            seed: incarnation ^ nid.raw(),
+        }
+    }
+}

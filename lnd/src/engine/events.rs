@@ -1,0 +1,185 @@
+//! What the engine tells LNet, the errors it returns, and the counters an operator reads.
+
+use core::fmt;
+
+use crate::fabric::ConnId;
+use crate::wire::{LnetHdr, Nid, RejectReason};
+
+/// A received message held by LNet: hand it back with `Endpoint::recv_done` exactly once. Until
+/// then its receive slot stays unposted and its credit unreturned: that is the back-pressure a
+/// router applies upstream when it has no buffer (o2iblnd's IBLND_POSTRX_DONT_POST).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RxToken {
+    pub(crate) conn: ConnId,
+    pub(crate) slot: u16,
+}
+
+/// Why a message failed. Each maps to an LNet health status.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TxError {
+    /// It waited longer than the LND timeout, queued or in flight (o2iblnd -ETIMEDOUT).
+    Timeout,
+    /// The connection it was on closed before it completed (-ECONNABORTED).
+    ConnAborted,
+    /// The peer could not be connected: rejected, unreachable, no listener, or the connect
+    /// deadline passed with no connection (-ECONNREFUSED / -EHOSTUNREACH / -ENETDOWN).
+    ConnectFailed,
+    /// The transport gave up on the peer (retry exceeded).
+    PeerUnreachable,
+    /// The endpoint is shutting down.
+    Shutdown,
+}
+
+impl fmt::Display for TxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TxError::Timeout => "timed out",
+            TxError::ConnAborted => "connection aborted",
+            TxError::ConnectFailed => "could not connect",
+            TxError::PeerUnreachable => "peer unreachable",
+            TxError::Shutdown => "shutting down",
+        })
+    }
+}
+
+/// Why a send was refused on the spot.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SendError {
+    /// More than 3976 bytes: needs the RDMA path, which this engine does not drive yet.
+    PayloadTooLarge(usize),
+    /// The endpoint is shutting down.
+    Shutdown,
+    /// LNET_NID_ANY or another network's NID.
+    BadPeer(Nid),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::PayloadTooLarge(n) => {
+                write!(f, "{n}-byte payload exceeds the 3976-byte inline limit")
+            }
+            SendError::Shutdown => f.write_str("endpoint is shutting down"),
+            SendError::BadPeer(n) => write!(f, "cannot send to {n}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {}
+
+/// Why the LND reports a peer down.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DownReason {
+    /// The peer closed its connections (a graceful stop).
+    Closed,
+    /// Messages or a keepalive timed out.
+    Timeout,
+    /// The transport gave up (retry exceeded) or a completion failed.
+    Unreachable,
+    /// The peer restarted: a new incarnation replaced the one we knew.
+    Rebooted,
+    /// Connecting failed and nothing else is pending.
+    ConnectFailed,
+    /// The peer broke the protocol (bad credits, stale stamps, garbage).
+    ProtocolError,
+}
+
+/// What the engine reports to LNet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LndEvent {
+    /// A message for LNet; call `recv_done(rx)` when finished with it.
+    Received {
+        from: Nid,
+        hdr: LnetHdr,
+        payload: Vec<u8>,
+        rx: RxToken,
+    },
+    /// A message handed to `send` is finished: delivered to the peer's LND, or failed.
+    SendDone {
+        cookie: u64,
+        peer: Nid,
+        result: Result<(), TxError>,
+    },
+    /// We have a working connection to the peer (lnet_notify alive).
+    PeerUp { nid: Nid },
+    /// We lost the peer and have nothing pending for it (lnet_notify dead).
+    PeerDown { nid: Nid, reason: DownReason },
+}
+
+/// Counters for `lnetctl`. All only grow, except the gauges marked so.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LndStats {
+    /// Active connects started (first attempts and reconnects).
+    pub connects: u64,
+    /// Of those, reconnects after a failed or rejected attempt.
+    pub reconnects: u64,
+    /// Connect requests accepted.
+    pub accepts: u64,
+    /// Connections that reached ESTABLISHED.
+    pub established: u64,
+    /// Rejects we sent, by reason code (index = IBLND_REJECT_* value, 0 = other).
+    pub rejects_sent: [u64; 10],
+    /// Rejects we received, by reason code.
+    pub rejects_received: [u64; 10],
+    /// CONN_RACE rejects we sent (the higher NID keeping its own attempt).
+    pub races: u64,
+    /// Times we let a lower NID win after `race_limit` races (LU-7646).
+    pub race_yields: u64,
+    /// Active connects abandoned because a request proved them stale (ours).
+    pub stale_abandons: u64,
+    /// Active or passive handshakes that passed their deadline (LU-17480).
+    pub connect_timeouts: u64,
+    /// Connect attempts that failed at the fabric (unreachable, no listener, errors).
+    pub connect_failures: u64,
+    /// Zombie connections right now (gauge).
+    pub zombies: u64,
+    /// Connections reaped (destroyed).
+    pub reaped: u64,
+    /// Messages that passed the LND timeout.
+    pub tx_timeouts: u64,
+    /// Keepalive NOOPs sent.
+    pub keepalives: u64,
+    /// NOOPs sent to return credits.
+    pub credit_noops: u64,
+    /// Messages sent and received (all kib types, NOOPs included).
+    pub msgs_sent: u64,
+    pub msgs_received: u64,
+    /// Payload bytes handed to and from LNet.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Connections closed gracefully (a Disconnect before the teardown).
+    pub graceful_closes: u64,
+    /// Connections we lost to an error (timeout, retry exceeded, protocol error).
+    pub conns_lost: u64,
+    /// Closes that waited the full close timeout for the peer.
+    pub close_timeouts: u64,
+    /// Connections torn down without a close: only possible if the endpoint is dropped while it
+    /// owns connections (the 3FS #426 failure). Counted through `Endpoint::leak_counter` too.
+    pub ungraceful_drops: u64,
+    /// Messages refused by the parser, with the connection closed.
+    pub bad_msgs: u64,
+    /// Messages whose stamps named another instance (kiblnd "Stale rx").
+    pub stale_rx: u64,
+    /// Peers that returned more credits than the queue depth.
+    pub credit_overflows: u64,
+    /// Connect requests refused because they could not be parsed or were not for us.
+    pub bad_connreqs: u64,
+    /// Message types this engine does not drive yet (the RDMA PUT/GET rendezvous).
+    pub unsupported_msgs: u64,
+    /// Peers reported down.
+    pub peers_down: u64,
+    /// Peers whose incarnation changed (a reboot seen).
+    pub peer_reboots: u64,
+}
+
+impl LndStats {
+    pub(crate) fn count_reject(table: &mut [u64; 10], why: RejectReason) {
+        let i = usize::from(why.code());
+        if let Some(c) = table.get_mut(i) {
+            *c += 1;
+        } else {
+            table[0] += 1;
+        }
+    }
+}

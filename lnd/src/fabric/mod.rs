@@ -1,0 +1,190 @@
+//! The boundary between the sans-IO engine and a network: reliable-connection queue-pair semantics.
+//!
+//! The engine never calls a fabric. It emits [`FabricAction`]s (drained with
+//! `Endpoint::poll_action`) and a driver applies them to a real or simulated network, then feeds
+//! what happened back as `Endpoint::handle_*` calls with [`FabricEvent`]-shaped arguments. The
+//! shapes are those of rdma_cm + ibverbs, because that is the hardest fabric to fit:
+//!
+//! | engine action / input            | rdma_cm + verbs                                   | tcp fabric                          |
+//! |----------------------------------|---------------------------------------------------|-------------------------------------|
+//! | `Connect { private }`            | resolve addr + route (5 s bounds), rdma_connect    | connect(), first frame = private    |
+//! | `handle_connect_request`         | RDMA_CM_EVENT_CONNECT_REQUEST with private data   | first frame on an accepted socket   |
+//! | `Accept` / `Reject { private }`  | rdma_accept / rdma_reject (consumer-defined data)  | reply frame, then close on reject   |
+//! | `handle_established`             | RDMA_CM_EVENT_ESTABLISHED (+ CONNACK private data) | reply frame read                    |
+//! | `handle_connect_failed`          | REJECTED / UNREACHABLE / CONNECT_ERROR / timeout   | refused, reset, or reject frame     |
+//! | `PostRecv`                       | ibv_post_recv of one 4 KiB slot                    | slot made available to the reader   |
+//! | `Send`                           | ibv_post_send IBV_WR_SEND, signaled                | frame written                       |
+//! | `handle_send_complete`           | send completion: success, flush, retry-exceeded   | written / socket error              |
+//! | `Disconnect`                     | rdma_disconnect (DREQ)                             | disconnect frame, shutdown(WR)      |
+//! | `handle_disconnected`            | RDMA_CM_EVENT_DISCONNECTED                         | disconnect frame or EOF/RST         |
+//! | `Destroy`                        | destroy QP, CQ, cm_id; deregister buffers          | close the socket, free slots        |
+//!
+//! Ordering contract (what RC guarantees and drivers must keep): messages on one connection arrive
+//! in order and at most once; a send completes (success or error) exactly once unless the connection
+//! is destroyed first; after `Destroy` nothing more is reported for that connection.
+
+pub mod sim;
+
+use core::fmt;
+
+use crate::wire::Nid;
+
+/// The engine's name for one connection (a queue pair and its cm_id): a slab key with a generation,
+/// so an event for a connection that was already destroyed is recognised and dropped.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+impl ConnId {
+    /// A stable integer for tables and logs (index in the low half, generation in the high).
+    pub const fn as_u64(self) -> u64 {
+        (self.generation as u64) << 32 | self.index as u64
+    }
+
+    /// The inverse of [`ConnId::as_u64`], for drivers that carry ids through the kernel (wr_id,
+    /// io_uring user_data).
+    pub const fn from_u64(v: u64) -> ConnId {
+        ConnId {
+            index: v as u32,
+            generation: (v >> 32) as u32,
+        }
+    }
+}
+
+impl fmt::Debug for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn#{}.{}", self.index, self.generation)
+    }
+}
+
+/// The fabric's name for an incoming connect request that is not yet accepted or rejected.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// A work-request id for a posted send, unique per connection until it completes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WrId(pub u64);
+
+/// Connection-manager private data: at most 56 bytes are ours (CONNREQ/CONNACK), 24 for a reject.
+/// Held inline so that connection setup never allocates.
+#[derive(Copy, Clone, PartialEq, Eq)]
+pub struct PrivateData {
+    len: u8,
+    bytes: [u8; PrivateData::MAX],
+}
+
+impl PrivateData {
+    /// The most private data carried (InfiniBand CM allows 92 bytes in a REQ; we need 56).
+    pub const MAX: usize = 64;
+
+    /// Empty private data.
+    pub const EMPTY: PrivateData = PrivateData {
+        len: 0,
+        bytes: [0; PrivateData::MAX],
+    };
+
+    /// Private data holding `b`, truncated to [`PrivateData::MAX`] bytes (a fabric delivering more
+    /// than that delivers something we would refuse anyway).
+    pub fn new(b: &[u8]) -> PrivateData {
+        let mut p = PrivateData::EMPTY;
+        let n = b.len().min(PrivateData::MAX);
+        p.bytes[..n].copy_from_slice(&b[..n]);
+        p.len = n as u8;
+        p
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// A buffer to emit into; call [`PrivateData::set_len`] afterwards.
+    pub(crate) fn buf_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    pub(crate) fn set_len(&mut self, n: usize) {
+        self.len = n.min(PrivateData::MAX) as u8;
+    }
+}
+
+impl fmt::Debug for PrivateData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PrivateData({} bytes)", self.len)
+    }
+}
+
+/// What the engine asks the fabric to do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FabricAction {
+    /// Start an active connect to `peer` carrying a CONNREQ. The fabric answers with
+    /// `handle_established` or `handle_connect_failed` for `conn`, or nothing at all (a connect that
+    /// never gets an event is a real failure mode, LU-7646: the engine's connect deadline covers it).
+    Connect {
+        conn: ConnId,
+        peer: Nid,
+        private: PrivateData,
+        /// Receive slots 0..recv_slots to post before connecting (2 x queue depth + 2).
+        recv_slots: u16,
+    },
+    /// Accept request `req` as connection `conn`, replying with a CONNACK.
+    Accept {
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        /// Receive slots 0..recv_slots to post before accepting.
+        recv_slots: u16,
+    },
+    /// Refuse request `req` with a reject in the private data.
+    Reject {
+        req: RequestId,
+        private: PrivateData,
+    },
+    /// Post receive slot `slot` (4 KiB) of `conn`. Posted slots are where the peer's sends land;
+    /// a slot is reposted only when the engine is done with what it held (back-pressure).
+    PostRecv { conn: ConnId, slot: u16 },
+    /// Send one message (already encoded) on `conn`; completes with `handle_send_complete(wr)`.
+    Send {
+        conn: ConnId,
+        wr: WrId,
+        bytes: Vec<u8>,
+    },
+    /// Tell the peer this connection is closing (rdma_disconnect). Both sides then see
+    /// `handle_disconnected`; posted work flushes.
+    Disconnect { conn: ConnId },
+    /// Free everything the fabric holds for `conn`. Always preceded by `Disconnect`, except for a
+    /// connection that never reached the peer (a failed or abandoned connect).
+    Destroy { conn: ConnId },
+}
+
+/// Why an active connect failed, as the connection manager reports it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The peer's LND refused, with a reject in the private data (IB_CM_REJ_CONSUMER_DEFINED).
+    Rejected(PrivateData),
+    /// Nothing listens at the peer's service (IB_CM_REJ_INVALID_SERVICE_ID): do not retry at the
+    /// LND level (LU-14536).
+    NoListener,
+    /// The peer's CM still holds an old connection (IB_CM_REJ_STALE_CONN): retry like CONN_STALE.
+    StaleConn,
+    /// Address or route resolution failed, or the peer is unreachable.
+    Unreachable,
+    /// The connect reported a transport error.
+    Error,
+}
+
+/// How a posted send completed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum WcStatus {
+    /// Delivered to the peer's receive queue.
+    Success,
+    /// Flushed because the queue pair went to error (our close or a peer failure).
+    Flushed,
+    /// The transport retried up to its limit without an answer: the peer is gone
+    /// (IBV_WC_RETRY_EXC_ERR, or TCP_USER_TIMEOUT on the tcp fabric).
+    RetryExceeded,
+    /// Any other error completion.
+    Error,
+}
