@@ -154,7 +154,6 @@ struct Peer {
     tx_queue: VecDeque<TxKey>,
     /// Established connections (one per direction at most; a self-connection has both ends).
     conns: Vec<ConnId>,
-    next_conn: usize,
     /// Our active connect in flight.
     active: Option<ConnId>,
     /// A passive connection waiting for ESTABLISHED.
@@ -169,6 +168,10 @@ struct Peer {
     last_attempt: Option<Instant>,
     /// CONN_RACE rejects we sent this peer since our last accept of it (LU-7646's ibp_races).
     races: u32,
+    /// CONN_RACE rejects this peer has sent us since our last connection to it.
+    races_received: u32,
+    /// The most CONN_RACE rejects this peer ever sent us between two connections.
+    peak_races_received: u32,
     /// Whether LNet was last told the peer is up.
     up: bool,
 }
@@ -191,6 +194,8 @@ pub struct PeerView {
     pub peak_zombies: u32,
     pub queued: usize,
     pub races: u32,
+    /// The most CONN_RACE rejects this peer sent us between two of our connections to it.
+    pub peak_races_received: u32,
     pub attempts_since_success: u32,
     pub up: bool,
 }
@@ -281,24 +286,13 @@ impl Endpoint {
 
     /// Views of every peer.
     pub fn peers(&self) -> impl Iterator<Item = PeerView> + '_ {
-        self.peers.iter().map(|p| PeerView {
-            nid: p.nid,
-            incarnation: p.incarnation,
-            established: p.conns.len(),
-            connecting: p.connecting(),
-            zombies: p.zombies,
-            peak_zombies: p.peak_zombies,
-            queued: p.tx_queue.len(),
-            races: p.races,
-            attempts_since_success: p.attempts,
-            up: p.up,
-        })
+        self.peers.iter().map(Peer::view)
     }
 
     /// The view of one peer.
     pub fn peer(&self, nid: Nid) -> Option<PeerView> {
         let i = *self.peer_index.get(&nid)?;
-        self.peers().nth(i)
+        self.peers.get(i).map(Peer::view)
     }
 
     /// Views of every connection.
@@ -320,6 +314,55 @@ impl Endpoint {
             queued: c.tx_rsrvd.len() + c.tx_cred.len() + c.tx_nocred.len(),
             created: c.created,
         })
+    }
+}
+
+impl Peer {
+    fn view(&self) -> PeerView {
+        let p = self;
+        PeerView {
+            nid: p.nid,
+            incarnation: p.incarnation,
+            established: p.conns.len(),
+            connecting: p.connecting(),
+            zombies: p.zombies,
+            peak_zombies: p.peak_zombies,
+            queued: p.tx_queue.len(),
+            races: p.races,
+            peak_races_received: p.peak_races_received,
+            attempts_since_success: p.attempts,
+            up: p.up,
+        }
+    }
+}
+
+impl Endpoint {
+    /// Bytes of engine state, estimated from the capacities of its tables (for the scale bench).
+    pub fn state_bytes(&self) -> usize {
+        use core::mem::size_of;
+        let queues: usize = self
+            .conns
+            .iter()
+            .map(|(_, c)| {
+                (c.tx_rsrvd.capacity() + c.tx_cred.capacity() + c.tx_nocred.capacity())
+                    * size_of::<TxKey>()
+            })
+            .sum::<usize>()
+            + self
+                .peers
+                .iter()
+                .map(|p| {
+                    p.tx_queue.capacity() * size_of::<TxKey>()
+                        + p.conns.capacity() * size_of::<ConnId>()
+                })
+                .sum::<usize>();
+        size_of::<Endpoint>()
+            + self.conns.capacity() * size_of::<Conn>()
+            + self.peers.capacity() * size_of::<Peer>()
+            + self.peer_index.capacity() * (size_of::<Nid>() + size_of::<PeerIdx>() + 8)
+            + self.txs.capacity() * size_of::<Tx>()
+            + self.wheel.len() * 48
+            + queues
     }
 
     /// Messages accepted by `send` and not yet finished.
@@ -497,7 +540,7 @@ impl Endpoint {
                 if let Some(a) = active {
                     self.stats.stale_abandons += 1;
                     debug!(peer = %msg.src_nid, "abandoning an active connect to a gone instance");
-                    self.handshake_failed(a, None, false);
+                    self.handshake_failed(a, None, true, true);
                 }
             }
             RaceDecision::Accept => {}
@@ -506,7 +549,7 @@ impl Endpoint {
         // A request while we hold a connection to the same instance means the peer lost its side:
         // ours is dead to it. A request while we wait on an earlier accept supersedes it.
         if let Some(old) = self.peers[p].accepting.take() {
-            self.handshake_failed(old, None, false);
+            self.handshake_failed(old, None, true, true);
         }
         let same_instance: Vec<ConnId> = self.peers[p]
             .conns
@@ -651,7 +694,13 @@ impl Endpoint {
                             }
                             true
                         }
-                        RejectReason::ConnRace | RejectReason::ConnUncompat => true,
+                        RejectReason::ConnRace => {
+                            peer.races_received += 1;
+                            peer.peak_races_received =
+                                peer.peak_races_received.max(peer.races_received);
+                            true
+                        }
+                        RejectReason::ConnUncompat => true,
                         _ => false,
                     }
                 }
@@ -669,7 +718,7 @@ impl Endpoint {
                 false
             }
         };
-        self.handshake_failed(conn, Some(DownReason::ConnectFailed), retry);
+        self.handshake_failed(conn, Some(DownReason::ConnectFailed), retry, false);
     }
 
     /// The connection manager says `conn` is disconnected (the peer closed, or our close completed).
@@ -680,7 +729,7 @@ impl Endpoint {
         };
         match c.state {
             ConnState::Init | ConnState::ActiveConnect | ConnState::PassiveWait => {
-                self.handshake_failed(conn, Some(DownReason::ConnectFailed), false);
+                self.handshake_failed(conn, Some(DownReason::ConnectFailed), false, false);
             }
             ConnState::Established => {
                 // The peer closed first: acknowledge and go.
@@ -860,7 +909,6 @@ impl Endpoint {
             max_frags: MAX_RDMA_FRAGS as u16,
             tx_queue: VecDeque::new(),
             conns: Vec::new(),
-            next_conn: 0,
             active: None,
             accepting: None,
             zombies: 0,
@@ -870,6 +918,8 @@ impl Endpoint {
             attempts: 0,
             last_attempt: None,
             races: 0,
+            races_received: 0,
+            peak_races_received: 0,
             up: false,
         });
         let p = self.peers.len() - 1;
@@ -1015,21 +1065,23 @@ impl Endpoint {
         // Waiting for a connection: the deadline covers the connect and address/route resolution
         // (connect timeout + 2 x 5 s, as kiblnd_launch_tx).
         let wait = self.cfg.tunables.connect_timeout() + Duration::from_secs(10);
-        let at = self.now + wait.max(self.cfg.tunables.timeout);
+        let at = self.now + wait;
         self.set_tx_deadline(key, at);
         self.txs[key.index as usize].place = TxPlace::Peer;
         self.peers[p].tx_queue.push_back(key);
         self.maybe_connect(p);
     }
 
+    /// The connection a new message goes on. Always the same one while it lives, so messages to a
+    /// peer stay in order; our own active end first, which also keeps a self-connection (both of
+    /// whose ends are ours) to one stream.
     fn pick_conn(&mut self, p: PeerIdx) -> Option<ConnId> {
-        let peer = &mut self.peers[p];
-        if peer.conns.is_empty() {
-            return None;
-        }
-        let i = peer.next_conn % peer.conns.len();
-        peer.next_conn = peer.next_conn.wrapping_add(1);
-        Some(peer.conns[i])
+        let peer = &self.peers[p];
+        peer.conns
+            .iter()
+            .copied()
+            .find(|&c| self.conn(c).is_some_and(|c| c.active))
+            .or_else(|| peer.conns.first().copied())
     }
 
     fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {
@@ -1175,6 +1227,7 @@ impl Endpoint {
         peer.conns.push(conn);
         peer.attempts = 0;
         peer.races = 0;
+        peer.races_received = 0;
         self.cancel_reconnect(p);
         let keepalive = self.now + self.cfg.tunables.keepalive;
         self.arm_conn_timer(conn, keepalive);
@@ -1194,7 +1247,17 @@ impl Endpoint {
     /// A handshake that did not complete: the connection becomes a zombie for connd to reap, and
     /// the peer's queued messages fail unless another attempt is on its way
     /// (kiblnd_connreq_done with an error, kiblnd_peer_connect_failed).
-    fn handshake_failed(&mut self, conn: ConnId, reason: Option<DownReason>, retry: bool) {
+    ///
+    /// `notify_peer` is set when we give up on our own (deadline, stale, shutdown, superseded):
+    /// the peer may already consider the connection made, so it is told with a Disconnect before
+    /// the teardown; a failure the fabric reported needs none.
+    fn handshake_failed(
+        &mut self,
+        conn: ConnId,
+        reason: Option<DownReason>,
+        retry: bool,
+        notify_peer: bool,
+    ) {
         self.disarm_conn_timer(conn);
         let Some(c) = self.conn(conn) else {
             return;
@@ -1202,6 +1265,12 @@ impl Endpoint {
         let p = c.peer;
         if self.transition(conn, ConnInput::HandshakeFailed).is_none() {
             return;
+        }
+        if notify_peer {
+            if let Some(c) = self.conn_mut(conn) {
+                c.disconnect_sent = true;
+            }
+            self.actions.push_back(FabricAction::Disconnect { conn });
         }
         let peer = &mut self.peers[p];
         if peer.active == Some(conn) {
@@ -1233,7 +1302,7 @@ impl Endpoint {
         match c.state {
             ConnState::Established => {}
             ConnState::Init | ConnState::ActiveConnect | ConnState::PassiveWait => {
-                return self.handshake_failed(conn, error, false);
+                return self.handshake_failed(conn, error, false, true);
             }
             ConnState::Closing | ConnState::Disconnected => return,
         }
@@ -1432,7 +1501,7 @@ impl Endpoint {
                 let retry = c.active;
                 self.stats.connect_timeouts += 1;
                 debug!(conn = ?id, "connect deadline passed");
-                self.handshake_failed(id, Some(DownReason::Timeout), retry);
+                self.handshake_failed(id, Some(DownReason::Timeout), retry, true);
             }
             ConnState::Established => {
                 let due = c.last_send + self.cfg.tunables.keepalive;
