@@ -1,0 +1,233 @@
+//! The o2iblnd protocol rules one at a time, on the simulator: what a peer that breaks them gets,
+//! what each reject makes the rejected side do, keepalives and credit NOOPs.
+
+use lnd::engine::{ConnState, DownReason, EndpointConfig, LndStats, RacePolicy, Tunables, TxError};
+use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
+use lnd::fabric::RequestId;
+use lnd::time::Duration;
+use lnd::wire::kib::{EmitOpts, VERSION_2};
+use lnd::wire::{KibBody, KibMsg, Nid, RejectReason};
+use ulnet_tests::put_hdr;
+
+const A: &str = "10.0.0.1@o2ib";
+const B: &str = "10.0.0.2@o2ib";
+
+fn nid(s: &str) -> Nid {
+    s.parse().expect("valid NID")
+}
+
+fn pair(ta: Tunables, tb: Tunables) -> (World, NodeId, NodeId) {
+    let mut w = World::new(SimConfig::with_seed(1));
+    let a = w.add_node(EndpointConfig {
+        tunables: ta,
+        ..EndpointConfig::new(nid(A), 11)
+    });
+    let b = w.add_node(EndpointConfig {
+        tunables: tb,
+        ..EndpointConfig::new(nid(B), 22)
+    });
+    (w, a, b)
+}
+
+fn connected() -> (World, NodeId, NodeId) {
+    let (mut w, a, b) = pair(Tunables::default(), Tunables::default());
+    let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+    w.run_for(Duration::from_millis(10));
+    assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    (w, a, b)
+}
+
+fn stats(w: &World, n: NodeId) -> LndStats {
+    w.endpoint(n).expect("up").stats().clone()
+}
+
+/// Injects raw bytes into `at`'s established connection, as if its peer had sent them.
+fn inject(w: &mut World, at: NodeId, bytes: &[u8]) {
+    w.with_endpoint(at, |ep, now| {
+        let conn = ep
+            .conns()
+            .find(|c| c.state == ConnState::Established)
+            .expect("connected")
+            .id;
+        ep.handle_recv(now, conn, 0, bytes);
+    });
+    w.run_for(Duration::from_millis(10));
+}
+
+fn noop_from_b(credits: u8, src_stamp: u64) -> Vec<u8> {
+    let msg = KibMsg {
+        version: VERSION_2,
+        credits,
+        src_nid: nid(B),
+        src_stamp,
+        dst_nid: nid(A),
+        dst_stamp: 11,
+        body: KibBody::Noop,
+    };
+    let mut b = vec![0u8; 48];
+    msg.emit(&mut b, EmitOpts::default()).expect("fits");
+    b
+}
+
+#[test]
+fn credit_overflow_is_a_protocol_error() {
+    let (mut w, a, _) = connected();
+    // The queue depth is 8 and A holds its credits: returning 8 more overflows.
+    inject(&mut w, a, &noop_from_b(8, 22));
+    let s = stats(&w, a);
+    assert_eq!(s.credit_overflows, 1);
+    assert_eq!(s.conns_lost, 1);
+    assert!(w
+        .endpoint(a)
+        .unwrap()
+        .conns()
+        .all(|c| c.state != ConnState::Established));
+    assert!(w
+        .peer_events(a)
+        .iter()
+        .any(|e| e.down == Some(DownReason::ProtocolError)));
+}
+
+#[test]
+fn stale_stamps_close_the_connection() {
+    let (mut w, a, _) = connected();
+    inject(&mut w, a, &noop_from_b(0, 23)); // an instance A never connected to
+    assert_eq!(stats(&w, a).stale_rx, 1);
+    assert!(w
+        .endpoint(a)
+        .unwrap()
+        .conns()
+        .all(|c| c.state != ConnState::Established));
+}
+
+#[test]
+fn garbage_closes_only_that_connection_and_is_counted() {
+    let (mut w, a, b) = connected();
+    inject(
+        &mut w,
+        a,
+        b"\x00\x01garbage that is no o2iblnd message at all",
+    );
+    assert_eq!(stats(&w, a).bad_msgs, 1);
+    // Traffic recovers on a new connection.
+    let c = w.send(b, nid(A), put_hdr(nid(B), nid(A), 8), vec![1; 8]);
+    w.run_for(Duration::from_secs(3));
+    assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+}
+
+#[test]
+fn bad_connect_requests_are_refused_fatal_and_counted() {
+    let (mut w, _, b) = connected();
+    w.with_endpoint(b, |ep, now| {
+        ep.handle_connect_request(now, RequestId(9999), b"junk")
+    });
+    let s = stats(&w, b);
+    assert_eq!(s.bad_connreqs, 1);
+    assert_eq!(s.rejects_sent[RejectReason::Fatal.code() as usize], 1);
+}
+
+#[test]
+fn msg_queue_size_reject_adopts_the_smaller_depth() {
+    let big = Tunables {
+        peer_credits: 16,
+        ..Tunables::default()
+    };
+    let (mut w, a, b) = pair(big, Tunables::default());
+    let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(1));
+    assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    assert_eq!(
+        stats(&w, b).rejects_sent[RejectReason::MsgQueueSize.code() as usize],
+        1
+    );
+    assert_eq!(
+        stats(&w, a).rejects_received[RejectReason::MsgQueueSize.code() as usize],
+        1
+    );
+    let conn = w
+        .endpoint(a)
+        .unwrap()
+        .conns()
+        .find(|c| c.state == ConnState::Established)
+        .unwrap();
+    assert_eq!(conn.queue_depth, 8);
+}
+
+#[test]
+fn no_listener_fails_without_retrying() {
+    let (mut w, a, b) = pair(Tunables::default(), Tunables::default());
+    w.shutdown(b);
+    w.run_for(Duration::from_millis(10));
+    let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(5));
+    assert_eq!(
+        w.outcome(c).map(|(_, o)| o),
+        Some(SendOutcome::Failed(TxError::ConnectFailed))
+    );
+    assert_eq!(
+        stats(&w, a).connects,
+        1,
+        "LU-14536: no reconnect when nothing listens"
+    );
+}
+
+#[test]
+fn a_stuck_connect_is_bounded_by_its_deadline() {
+    for policy in [RacePolicy::Lu17480, RacePolicy::Ulnet] {
+        let mut w = World::new(SimConfig::with_seed(3));
+        let a = w.add_node(EndpointConfig {
+            race_policy: policy,
+            ..EndpointConfig::new(nid(A), 11)
+        });
+        let _b = w.add_node(EndpointConfig::new(nid(B), 22));
+        w.stuck_next_connect(a, nid(B));
+        let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+        let deadline = w.endpoint(a).unwrap().config().tunables.connect_timeout();
+        assert_eq!(
+            deadline,
+            Duration::from_millis(12_500),
+            "max(5 s, 50 s / 4)"
+        );
+        w.run_for(deadline + Duration::from_secs(2));
+        assert_eq!(stats(&w, a).connect_timeouts, 1, "{policy:?}");
+        // The attempt is abandoned and the retry connects.
+        assert_eq!(
+            w.outcome(c).map(|(_, o)| o),
+            Some(SendOutcome::Delivered),
+            "{policy:?}"
+        );
+    }
+}
+
+#[test]
+fn idle_connections_send_keepalives() {
+    let (mut w, a, b) = connected();
+    let keepalive = w.endpoint(a).unwrap().config().tunables.keepalive;
+    w.run_for(keepalive + Duration::from_secs(2));
+    assert!(stats(&w, a).keepalives + stats(&w, b).keepalives >= 1);
+    // Still connected: a keepalive to a live peer changes nothing.
+    assert!(w
+        .endpoint(a)
+        .unwrap()
+        .conns()
+        .any(|c| c.state == ConnState::Established));
+}
+
+#[test]
+fn credits_come_back_by_noop_at_the_high_water_mark() {
+    let (mut w, a, b) = connected();
+    let cookies: Vec<u64> = (0..100)
+        .map(|_| w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]))
+        .collect();
+    w.run_for(Duration::from_secs(1));
+    for c in cookies {
+        assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    }
+    // B never sends anything of its own: every credit went back on a NOOP.
+    assert!(
+        stats(&w, b).credit_noops >= 100 / 8,
+        "{}",
+        stats(&w, b).credit_noops
+    );
+    assert_eq!(w.stats().rnr, 0);
+}
