@@ -842,9 +842,9 @@ impl Endpoint {
                     TxError::ConnAborted
                 };
                 self.finish_tx(key, Err(err));
-                if failed != WcStatus::Flushed {
-                    self.close_conn(conn, Some(DownReason::Unreachable));
-                }
+                // Any failed completion means the queue pair is in error: the connection is done
+                // (kiblnd_tx_complete closes on every failure, flushes included).
+                self.close_conn(conn, Some(DownReason::Unreachable));
             }
         }
         self.check_sends(conn, false);

@@ -114,6 +114,9 @@ impl Pair {
                         self.queue.push_back((i, Work::Disconnected(conn)));
                     }
                     FabricAction::PostRecv { .. } => {}
+                    FabricAction::RdmaWrite { .. } => {
+                        panic!("the pair fabric has no registered regions (bulk data)")
+                    }
                     FabricAction::Destroy { conn } => {
                         self.links.remove(&(i, conn));
                     }

@@ -2,8 +2,9 @@
 //!
 //! The engine never calls a fabric. It emits [`FabricAction`]s (drained with
 //! `Endpoint::poll_action`) and a driver applies them to a real or simulated network, then feeds
-//! what happened back as `Endpoint::handle_*` calls with [`FabricEvent`]-shaped arguments. The
-//! shapes are those of rdma_cm + ibverbs, because that is the hardest fabric to fit:
+//! what happened back as `Endpoint::handle_*` calls, shaped like the connection manager's and the
+//! completion queue's events: those of rdma_cm + ibverbs, because that is the hardest fabric to
+//! fit:
 //!
 //! | engine action / input            | rdma_cm + verbs                                   | tcp fabric                          |
 //! |----------------------------------|---------------------------------------------------|-------------------------------------|
@@ -14,14 +15,20 @@
 //! | `handle_connect_failed`          | REJECTED / UNREACHABLE / CONNECT_ERROR / timeout   | refused, reset, or reject frame     |
 //! | `PostRecv`                       | ibv_post_recv of one 4 KiB slot                    | slot made available to the reader   |
 //! | `Send`                           | ibv_post_send IBV_WR_SEND, signaled                | frame written                       |
-//! | `handle_send_complete`           | send completion: success, flush, retry-exceeded   | written / socket error              |
+//! | `handle_send_complete`           | send/write completion: success, flush, retry-exc. | written / socket error              |
 //! | `Disconnect`                     | rdma_disconnect (DREQ)                             | disconnect frame, shutdown(WR)      |
 //! | `handle_disconnected`            | RDMA_CM_EVENT_DISCONNECTED                         | disconnect frame or EOF/RST         |
 //! | `Destroy`                        | destroy QP, CQ, cm_id; deregister buffers          | close the socket, free slots        |
+//! | [`RegionId`] (driver-side)       | ibv_reg_mr (lkey, rkey); ibv_dereg_mr on drop      | buffer in a table keyed by its key  |
+//! | `RdmaWrite`                      | IBV_WR_RDMA_WRITE to (rkey, addr), desc chained    | frame: data for the peer's (key, addr) |
 //!
 //! Ordering contract (what RC guarantees and drivers must keep): messages on one connection arrive
 //! in order and at most once; a send completes (success or error) exactly once unless the connection
-//! is destroyed first; after `Destroy` nothing more is reported for that connection.
+//! is destroyed first; after `Destroy` nothing more is reported for that connection. An RDMA write
+//! is a work request on the same send queue: it completes through `handle_send_complete` like a
+//! send, completions come in posting order, and a send posted after a write on the same connection
+//! reaches the peer only after the write's data is in place (o2iblnd posts PUT_DONE / GET_DONE
+//! right behind its writes and relies on this).
 
 pub mod sim;
 
@@ -63,9 +70,42 @@ impl fmt::Debug for ConnId {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);
 
-/// A work-request id for a posted send, unique per connection until it completes.
+/// A work-request id for a posted send or RDMA write, unique per connection until it completes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WrId(pub u64);
+
+/// A local buffer registered with the fabric for RDMA (an LNet MD's pages, or a bounce buffer):
+/// the source of an [`FabricAction::RdmaWrite`], or, advertised to the peer as a key and an
+/// address ([`RemoteRegion`]), the sink of the peer's writes.
+///
+/// The driver owns the memory registration (ibv_reg_mr on the connection's protection domain; on
+/// the tcp fabric, an entry in the table that incoming write frames are looked up in) and
+/// deregisters it when the region is dropped or the driver shuts down; the engine only names
+/// regions. A write whose remote side was deregistered fails with [`WcStatus::Error`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionId(pub u64);
+
+/// Where an RDMA write lands in the peer's memory: the remote key of a region the peer registered
+/// and advertised (the `key` of an o2iblnd RdmaDesc in PUT_ACK / GET_REQ) and a virtual address
+/// inside it (the `addr` of one RdmaFrag; the frag's `nob` is the write's length). A write of `len`
+/// bytes is valid only if `[addr, addr + len)` lies inside the region registered under `key`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The rkey.
+    pub key: u32,
+    /// The target virtual address.
+    pub addr: u64,
+}
+
+impl RemoteRegion {
+    /// The same region `by` bytes further on (the next fragment of a descriptor).
+    pub const fn at(self, by: u64) -> RemoteRegion {
+        RemoteRegion {
+            key: self.key,
+            addr: self.addr.wrapping_add(by),
+        }
+    }
+}
 
 /// Connection-manager private data: at most 56 bytes are ours (CONNREQ/CONNACK), 24 for a reject.
 /// Held inline so that connection setup never allocates.
@@ -151,6 +191,29 @@ pub enum FabricAction {
         wr: WrId,
         bytes: Vec<u8>,
     },
+    /// RDMA-write `len` bytes from `local` (starting `local_offset` bytes into it) into the peer's
+    /// registered memory at (`remote_key`, `remote_addr`) over `conn`, which must be established.
+    /// The bulk-data move of o2iblnd: the data source writes into the buffer the sink advertised,
+    /// one write per RdmaFrag (up to 257 per descriptor, chained, one rkey).
+    ///
+    /// It is a work request on `conn`'s send queue: it completes with
+    /// `handle_send_complete(conn, wr, status)` exactly like a [`FabricAction::Send`], in posting
+    /// order with the sends, and a send posted after it is delivered only after its data is in
+    /// place. Nothing is reported at the peer (no receive slot is consumed). A write that falls
+    /// outside the region registered under `remote_key` (unknown or deregistered key, out of
+    /// bounds), or outside `local`, completes with [`WcStatus::Error`] (IBV_WC_REM_ACCESS_ERR /
+    /// IBV_WC_LOC_PROT_ERR), nothing is written, and the queue pair goes to error (what is queued
+    /// behind it flushes). An unreachable peer gives [`WcStatus::RetryExceeded`] and a closing
+    /// connection [`WcStatus::Flushed`], as for sends. `local` must not change until completion.
+    RdmaWrite {
+        conn: ConnId,
+        wr: WrId,
+        local: RegionId,
+        local_offset: u64,
+        remote_key: u32,
+        remote_addr: u64,
+        len: u32,
+    },
     /// Tell the peer this connection is closing (rdma_disconnect). Both sides then see
     /// `handle_disconnected`; posted work flushes.
     Disconnect { conn: ConnId },
@@ -178,13 +241,16 @@ pub enum ConnectFailure {
 /// How a posted send completed.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum WcStatus {
-    /// Delivered to the peer's receive queue.
+    /// Delivered to the peer's receive queue (a send), or placed in the peer's memory (an RDMA
+    /// write).
     Success,
     /// Flushed because the queue pair went to error (our close or a peer failure).
     Flushed,
     /// The transport retried up to its limit without an answer: the peer is gone
     /// (IBV_WC_RETRY_EXC_ERR, or TCP_USER_TIMEOUT on the tcp fabric).
     RetryExceeded,
-    /// Any other error completion.
+    /// Any other error completion, among them an RDMA write outside the peer's registered region
+    /// (IBV_WC_REM_ACCESS_ERR) or outside the local one (IBV_WC_LOC_PROT_ERR), and a receiver with
+    /// no posted slot (RNR).
     Error,
 }
