@@ -174,6 +174,8 @@ struct Peer {
     peak_races_received: u32,
     /// Whether LNet was last told the peer is up.
     up: bool,
+    /// Whether LNet was last told the peer is down.
+    reported_down: bool,
 }
 
 impl Peer {
@@ -921,6 +923,7 @@ impl Endpoint {
             races_received: 0,
             peak_races_received: 0,
             up: false,
+            reported_down: false,
         });
         let p = self.peers.len() - 1;
         self.peer_index.insert(nid, p);
@@ -1234,6 +1237,7 @@ impl Endpoint {
         let nid = self.peers[p].nid;
         if !self.peers[p].up {
             self.peers[p].up = true;
+            self.peers[p].reported_down = false;
             self.events.push_back(LndEvent::PeerUp { nid });
         }
         trace!(peer = %nid, conn = ?conn, "established");
@@ -1408,10 +1412,13 @@ impl Endpoint {
         }
     }
 
+    /// Tells LNet the peer is down, once per change: after it was up, or the first time a peer we
+    /// never reached fails (kiblnd_peer_connect_failed notifies LNet in both cases).
     fn peer_down(&mut self, p: PeerIdx, reason: DownReason) {
         let peer = &mut self.peers[p];
-        if peer.up {
+        if peer.up || !peer.reported_down {
             peer.up = false;
+            peer.reported_down = true;
             self.stats.peers_down += 1;
             let nid = peer.nid;
             debug!(peer = %nid, ?reason, "peer down");

@@ -1,0 +1,46 @@
+//! Why an LNet operation failed.
+
+use core::fmt;
+
+use lnd::engine::{SendError, TxError};
+use lnd::wire::{Nid, WireError};
+
+/// Why a send or a ping failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LnetError {
+    /// The destination is not ours and not on the net of any of our NIs (no routes in this
+    /// slice): Lustre's -EHOSTUNREACH from lnet_select_pathway.
+    NoRoute(Nid),
+    /// The payload is larger than this path can carry: the LND's 3976-byte inline limit (the RDMA
+    /// rendezvous is not driven yet), or LNET_MTU for local delivery.
+    PayloadTooLarge { len: usize, max: usize },
+    /// The ping got no reply within its timeout.
+    Timeout,
+    /// The LND could not deliver the message (connect failed, timed out, aborted ...).
+    Lnd(TxError),
+    /// The LND refused the message on the spot.
+    Refused(SendError),
+    /// The ping reply could not be parsed.
+    BadReply(WireError),
+    /// The node is shutting down.
+    Shutdown,
+}
+
+impl fmt::Display for LnetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LnetError::NoRoute(nid) => write!(f, "no route to {nid}"),
+            LnetError::PayloadTooLarge { len, max } => {
+                write!(f, "{len}-byte payload exceeds the {max}-byte limit")
+            }
+            LnetError::Timeout => f.write_str("timed out"),
+            LnetError::Lnd(e) => write!(f, "send failed: {e}"),
+            LnetError::Refused(e) => write!(f, "send refused: {e}"),
+            LnetError::BadReply(e) => write!(f, "bad ping reply: {e}"),
+            LnetError::Shutdown => f.write_str("shutting down"),
+        }
+    }
+}
+
+impl std::error::Error for LnetError {}

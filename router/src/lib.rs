@@ -1,0 +1,50 @@
+//! `router`: ulnet's LNet layer, the part every node runs above its LNDs (and, later, the
+//! `lnet-router` daemon's library).
+//!
+//! This first slice is a plain LNet endpoint node, sans-IO like the LND engine below it: time is
+//! passed in as [`lnd::time::Instant`], nothing reads a clock, spawns a thread or does I/O, and
+//! every output is drained with a `poll_*` call. An [`LnetNode`] owns one
+//! [`lnd::engine::Endpoint`] per NI and provides:
+//!
+//! - **Sending** PUTs ([`LnetNode::send_put`]) and pings ([`LnetNode::ping`]) as LNet headers
+//!   (PUT/GET/REPLY/ACK) whose `src_nid` is the sending NI's NID. Route selection: the
+//!   destination must be one of ours, `0@lo`, or on the net of one of our NIs, else
+//!   [`LnetError::NoRoute`].
+//! - **Local delivery by design**: a message to `0@lo` *or to any of our own NIDs* is delivered
+//!   in memory and never reaches an LND. Lustre short-circuits only `0@lo`
+//!   (lib-move.c, lnet_select_pathway hands it to the loopback LND) and sends to its own o2ib NID
+//!   through o2iblnd, connecting over the HCA to itself; the reverted LU-7646 patch turned that
+//!   self-connection into an endless CONN_RACE, so a self-ping hung (reference section 4.4).
+//!   Here a self-ping cannot touch the LND at all.
+//! - **LNet credits** (reference section 3.4; lib-move.c, lnet_post_send_locked and
+//!   lnet_return_tx_credits_locked): a send takes a peer tx credit, then an NI tx credit; a
+//!   counter that goes negative parks the message on that peer's (or NI's) queue; the LND's
+//!   `SendDone` returns both, and a returned credit that leaves its counter at or below zero
+//!   sends the first waiter. Low-water marks and queued bytes are kept for `peer show`.
+//! - **Receiving**: every LND `Received` is handed back with `recv_done` exactly once (the LNet
+//!   <-> LND contract, reference section 1.6), then parsed: a ping GET is answered by the ping
+//!   service, a REPLY completes its ping, other PUTs go up as [`LnetEvent::Put`], and anything
+//!   not for us (or unmatched) is dropped and counted (no forwarding yet).
+//! - **Stats** under `lnetctl`'s names ([`LnetStats`], [`PeerInfo`], [`NiInfo`]).
+//!
+//! Driving a node: feed fabric events with [`LnetNode::handle_fabric`] (or through
+//! [`LnetNode::endpoint_mut`] followed by [`LnetNode::process`]), call
+//! [`LnetNode::handle_timeout`] at [`LnetNode::poll_timeout`], and after any input drain
+//! [`LnetNode::poll_action`] (fabric work, tagged with its NI) and [`LnetNode::poll_event`].
+
+mod config;
+mod error;
+mod fabric;
+mod node;
+mod peer;
+mod ping;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
+pub use error::LnetError;
+pub use fabric::FabricEvent;
+pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, PingId};
+pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
+pub use stats::{LnetStats, NiInfo, PeerInfo, PeerState};

@@ -1,0 +1,69 @@
+//! LNet's per-peer-NI state: tx credits and the queue of messages waiting for one
+//! (`struct lnet_peer_ni`'s lpni_txcredits, lpni_mintxcredits, lpni_txq, lpni_txqnob;
+//! reference section 3.4).
+
+use std::collections::VecDeque;
+
+use lnd::wire::Nid;
+
+use crate::stats::{PeerInfo, PeerState};
+use crate::NiIndex;
+
+/// One peer NI, reached through one of our NIs.
+#[derive(Debug)]
+pub(crate) struct PeerNi {
+    pub nid: Nid,
+    pub ni: NiIndex,
+    /// The credit limit (the NI's peer_credits).
+    pub max_tx_credits: i64,
+    /// Credits left; negative = that many messages wait on `txq`.
+    pub tx_credits: i64,
+    /// Low-water mark of `tx_credits`.
+    pub min_tx_credits: i64,
+    /// Messages waiting for a peer credit, oldest first (cookies of `OutMsg`s).
+    pub txq: VecDeque<u64>,
+    /// Bytes waiting on `txq` (payload + LNet header, as Lustre counts them).
+    pub txqnob: u64,
+    pub state: PeerState,
+    pub send_count: u64,
+    pub recv_count: u64,
+    pub drop_count: u64,
+}
+
+impl PeerNi {
+    pub fn new(nid: Nid, ni: NiIndex, peer_credits: u32) -> PeerNi {
+        let c = i64::from(peer_credits);
+        PeerNi {
+            nid,
+            ni,
+            max_tx_credits: c,
+            tx_credits: c,
+            min_tx_credits: c,
+            txq: VecDeque::new(),
+            txqnob: 0,
+            state: PeerState::NotApplicable,
+            send_count: 0,
+            recv_count: 0,
+            drop_count: 0,
+        }
+    }
+
+    pub fn info(&self) -> PeerInfo {
+        PeerInfo {
+            primary_nid: self.nid,
+            multi_rail: false,
+            nid: self.nid,
+            ni: self.ni,
+            state: self.state,
+            max_ni_tx_credits: self.max_tx_credits,
+            available_tx_credits: self.tx_credits,
+            min_tx_credits: self.min_tx_credits,
+            tx_q_num_of_buf: self.txqnob,
+            available_rtr_credits: self.max_tx_credits,
+            min_rtr_credits: self.max_tx_credits,
+            send_count: self.send_count,
+            recv_count: self.recv_count,
+            drop_count: self.drop_count,
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! What an operator reads: counters named as `lnetctl stats show`, `peer show` and `net show`
+//! print them (reference section 7), so that `lnetctl` can render them unchanged.
+
+use lnd::engine::{LndStats, Tunables};
+use lnd::wire::Nid;
+
+use crate::NiIndex;
+
+/// Node-wide counters, `lnetctl stats show`. Lengths are payload bytes. Counters only grow,
+/// except the gauge `msgs_alloc`.
+///
+/// Fields of Lustre's output that this slice cannot produce honestly are left out rather than
+/// shown as zero: `rst_alloc`, `resend_count`, `failed_resends`, `successful_resends` (no
+/// resends: LNet health is not implemented), `local_interrupt_count`, `local_dropped_count`,
+/// `remote_dropped_count`, `remote_error_count`, `remote_timeout_count` (we get no remote status).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LnetStats {
+    /// Messages LNet holds right now: outgoing ones from creation until the LND (or local
+    /// delivery) finishes them, incoming ones while they are processed (gauge).
+    pub msgs_alloc: u64,
+    /// The most messages ever held at once.
+    pub msgs_max: u64,
+    /// Messages that ended in an error: refused sends (no route, too large), failed LND sends,
+    /// pings without a reply.
+    pub errors: u64,
+    /// Messages handed to an LND or delivered locally, and their payload bytes.
+    pub send_count: u64,
+    pub send_length: u64,
+    /// Messages received for this node (from an LND or locally) and their payload bytes.
+    pub recv_count: u64,
+    pub recv_length: u64,
+    /// Messages forwarded: always 0 in this slice (no routing yet).
+    pub route_count: u64,
+    pub route_length: u64,
+    /// Messages received and not delivered: not addressed to us, nothing matched (an
+    /// unexpected GET, REPLY or ACK, a PUT on the reserved portal), or malformed.
+    pub drop_count: u64,
+    pub drop_length: u64,
+    /// Pings whose REPLY did not come within their timeout (Lustre counts responses that did not
+    /// come in time here).
+    pub response_timeout_count: u64,
+    /// Sends refused because no NI reaches the destination.
+    pub local_no_route_count: u64,
+    /// Sends the LND gave up on because they timed out (o2iblnd -ETIMEDOUT).
+    pub local_timeout_count: u64,
+    /// Sends aborted because their connection closed or the LND shut down.
+    pub local_aborted_count: u64,
+    /// Sends that failed because the peer could not be connected, or were refused by the LND.
+    pub local_error_count: u64,
+    /// Sends the transport gave up on (retry exceeded): a network timeout.
+    pub network_timeout_count: u64,
+    /// Ours: messages short-circuited in memory (to 0@lo or to one of our own NIDs, never
+    /// through an LND), and their payload bytes. Included in send/recv counts too.
+    pub loopback_count: u64,
+    pub loopback_length: u64,
+}
+
+/// A peer NI's state as `peer show` prints it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PeerState {
+    /// The LND reported a working connection most recently.
+    Up,
+    /// The LND reported the peer down most recently.
+    Down,
+    /// No news from the LND yet. (Lustre prints NA unless aliveness tracking is on; we track
+    /// what the LND tells us, so NA means "not known yet".)
+    NotApplicable,
+}
+
+impl PeerState {
+    /// `up`, `down` or `NA`, as lnetctl prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerState::Up => "up",
+            PeerState::Down => "down",
+            PeerState::NotApplicable => "NA",
+        }
+    }
+}
+
+/// One peer NI, `lnetctl peer show` (every peer is its own primary NID: no Multi-Rail yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's primary NID (= `nid`: no discovery or Multi-Rail yet).
+    pub primary_nid: Nid,
+    /// Always false in this slice.
+    pub multi_rail: bool,
+    /// The peer NI's NID.
+    pub nid: Nid,
+    /// Our NI that talks to it.
+    pub ni: NiIndex,
+    pub state: PeerState,
+    /// The NI's peer_credits.
+    pub max_ni_tx_credits: i64,
+    /// Peer tx credits now; negative = that many messages wait in LNet for this peer.
+    pub available_tx_credits: i64,
+    /// The low-water mark of `available_tx_credits`.
+    pub min_tx_credits: i64,
+    /// Bytes (payload + 72-byte LNet header) of the messages waiting for a peer credit.
+    pub tx_q_num_of_buf: u64,
+    /// Router credits: untouched (= peer_credits) until forwarding exists.
+    pub available_rtr_credits: i64,
+    pub min_rtr_credits: i64,
+    /// Messages sent to, received from, and dropped from this peer NI.
+    pub send_count: u64,
+    pub recv_count: u64,
+    pub drop_count: u64,
+}
+
+/// One local NI, `lnetctl net show -v`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NiInfo {
+    pub index: NiIndex,
+    pub nid: Nid,
+    /// Always "up" in this slice (an NI is up from `LnetNode::new` until shutdown).
+    pub status: &'static str,
+    /// `tunables: credits` and `peer_credits`, as used (after clamping).
+    pub credits: u32,
+    pub peer_credits: u32,
+    /// NI tx credits now (negative = messages waiting for the NI) and their low-water mark.
+    pub available_tx_credits: i64,
+    pub min_tx_credits: i64,
+    /// `statistics:` of the NI.
+    pub send_count: u64,
+    pub recv_count: u64,
+    pub drop_count: u64,
+    /// `lnd tunables:` (the o2ib LND's).
+    pub lnd_tunables: Tunables,
+    /// The LND's own counters.
+    pub lnd_stats: LndStats,
+}
