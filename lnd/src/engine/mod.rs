@@ -1049,6 +1049,12 @@ impl Endpoint {
         }
     }
 
+    fn tx_live(&self, key: TxKey) -> bool {
+        self.txs
+            .get(key.index as usize)
+            .is_some_and(|t| t.generation == key.generation)
+    }
+
     fn set_tx_deadline(&mut self, key: TxKey, at: Instant) {
         let t = self.wheel.insert(at, TimerEvent::Tx(key));
         if let Some(old) = self.txs[key.index as usize].timer.replace(t) {
@@ -1243,7 +1249,9 @@ impl Endpoint {
         trace!(peer = %nid, conn = ?conn, "established");
         let queued: Vec<TxKey> = self.peers[p].tx_queue.drain(..).collect();
         for key in queued {
-            self.queue_on_conn(key, conn);
+            if self.tx_live(key) {
+                self.queue_on_conn(key, conn);
+            }
         }
         self.check_sends(conn, false);
     }
@@ -1580,8 +1588,16 @@ impl Endpoint {
             } else {
                 c.tx_nocred.pop_front();
             }
+            // A key whose message already finished (its deadline fired) is skipped.
+            let Some(tx) = self
+                .txs
+                .get(key.index as usize)
+                .filter(|t| t.generation == key.generation)
+            else {
+                continue;
+            };
             // A NOOP made redundant by what went before it is dropped (kiblnd_post_tx_locked).
-            if let TxBody::Noop { keepalive } = self.txs[key.index as usize].body {
+            if let TxBody::Noop { keepalive } = tx.body {
                 let c = self.conn(conn).expect("checked above");
                 if (!keepalive && c.outstanding < hiw) || c.noops_posted >= MAX_NOOPS_POSTED {
                     self.finish_tx(key, Ok(()));
