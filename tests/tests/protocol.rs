@@ -231,3 +231,54 @@ fn credits_come_back_by_noop_at_the_high_water_mark() {
     );
     assert_eq!(w.stats().rnr, 0);
 }
+
+mod hostile_input {
+    use super::*;
+    use lnd::fabric::{ConnectFailure, PrivateData};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever a peer or the connection manager hands the engine, it does not panic, counts
+        /// what it refused, and every message it had accepted still ends with a status.
+        #[test]
+        fn the_engine_survives_arbitrary_input(
+            recv in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..200), 0..8),
+            reqs in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..80), 0..8),
+            rejects in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..4),
+        ) {
+            let (mut w, a, b) = connected();
+            let cookies: Vec<u64> = (0..20).map(|_| w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8])).collect();
+            for bytes in &recv {
+                w.with_endpoint(a, |ep, now| {
+                    let conn = ep.conns().find(|c| c.state == ConnState::Established).map(|c| c.id);
+                    if let Some(c) = conn {
+                        ep.handle_recv(now, c, 0, bytes);
+                    }
+                });
+            }
+            for (i, bytes) in reqs.iter().enumerate() {
+                w.with_endpoint(b, |ep, now| ep.handle_connect_request(now, RequestId(1_000_000 + i as u64), bytes));
+            }
+            // A connect in flight that gets rejected with arbitrary private data.
+            for bytes in &rejects {
+                w.with_endpoint(a, |ep, now| {
+                    let conn = ep.conns().find(|c| c.state == ConnState::ActiveConnect).map(|c| c.id);
+                    if let Some(c) = conn {
+                        ep.handle_connect_failed(now, c, ConnectFailure::Rejected(PrivateData::new(bytes)));
+                    }
+                });
+            }
+            w.run_for(Duration::from_secs(120));
+            for c in cookies {
+                prop_assert!(w.outcome(c).is_some(), "a message never finished");
+            }
+            prop_assert_eq!(w.pending_sends(), 0);
+            // Still usable afterwards.
+            let c = w.send(b, nid(A), put_hdr(nid(B), nid(A), 8), vec![1; 8]);
+            w.run_for(Duration::from_secs(5));
+            prop_assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+        }
+    }
+}
