@@ -10,6 +10,7 @@
 
 pub mod engine;
 pub mod fabric;
+pub mod sys;
 pub mod time;
 pub mod wheel;
 pub mod wire;

@@ -31,6 +31,7 @@
 //! right behind its writes and relies on this).
 
 pub mod sim;
+pub mod tcp;
 
 use core::fmt;
 

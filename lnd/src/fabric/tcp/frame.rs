@@ -1,0 +1,240 @@
+//! The tcp fabric's frame format on the socket.
+//!
+//! Every frame is
+//!
+//! ```text
+//! +----------------+--------+----------------------+
+//! | len: u32 (LE)  | kind   | body                 |
+//! | 4 bytes        | 1 byte | len - 1 bytes        |
+//! +----------------+--------+----------------------+
+//! ```
+//!
+//! `len` counts the kind byte and the body (so `len >= 1`; a frame occupies `4 + len` bytes).
+//!
+//! | kind | name         | body                                        | body length      |
+//! |------|--------------|---------------------------------------------|------------------|
+//! | 1    | CONNREQ      | connection-manager private data (CONNREQ)   | 0..=64           |
+//! | 2    | CONNACK      | private data (CONNACK)                      | 0..=64           |
+//! | 3    | REJECT       | private data (the reject); then the passive side closes | 0..=64 |
+//! | 4    | MSG          | one o2iblnd message, lands in one receive slot | 1..=4096      |
+//! | 5    | DISCONNECT   | empty; the sender then does shutdown(WR)    | 0                |
+//! | 6    | RDMA_WRITE   | reserved for the RDMA-write emulation       | (refused today)  |
+//!
+//! Private data is whole: a CONNREQ/CONNACK/REJECT frame carries all of it (at most
+//! [`PrivateData::MAX`](crate::fabric::PrivateData::MAX) bytes). Kind 0 and kinds above 6 are
+//! invalid. A frame is validated as soon as its 5-byte head arrives, before its body: a bad kind or
+//! a length outside its kind's range closes the connection at once (counted), without waiting for
+//! (or buffering) a body. End of stream in the middle of a frame is `Truncated`.
+//!
+//! A future RDMA_WRITE frame (kind 6) will carry `[u32 rkey][u64 addr][data]` and complete at the
+//! sender like a send, in order with MSG frames; its length limit will be its own (up to the
+//! largest write), which is why limits are per kind.
+
+use core::fmt;
+
+use crate::fabric::PrivateData;
+use crate::wire::kib::MSG_SIZE;
+
+/// Bytes before the body: the length and the kind.
+pub const HEAD_LEN: usize = 5;
+/// The largest frame on the wire today (a full MSG).
+pub const MAX_FRAME: usize = HEAD_LEN + MSG_SIZE;
+
+/// What a frame is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    ConnReq = 1,
+    ConnAck = 2,
+    Reject = 3,
+    Msg = 4,
+    Disconnect = 5,
+    /// Reserved: refused as [`FrameError::Unsupported`] until the RDMA emulation exists.
+    RdmaWrite = 6,
+}
+
+impl FrameKind {
+    fn from_u8(b: u8) -> Option<FrameKind> {
+        Some(match b {
+            1 => FrameKind::ConnReq,
+            2 => FrameKind::ConnAck,
+            3 => FrameKind::Reject,
+            4 => FrameKind::Msg,
+            5 => FrameKind::Disconnect,
+            6 => FrameKind::RdmaWrite,
+            _ => return None,
+        })
+    }
+
+    /// The body lengths allowed for this kind.
+    pub fn body_range(self) -> core::ops::RangeInclusive<usize> {
+        match self {
+            FrameKind::ConnReq | FrameKind::ConnAck | FrameKind::Reject => 0..=PrivateData::MAX,
+            FrameKind::Msg => 1..=MSG_SIZE,
+            FrameKind::Disconnect => 0..=0,
+            FrameKind::RdmaWrite => 0..=0,
+        }
+    }
+}
+
+/// Why the byte stream of a connection was refused. Each closes that connection and is counted.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FrameError {
+    /// A kind byte that is not a frame kind.
+    BadKind(u8),
+    /// A length outside the range of its kind (or zero).
+    BadLength { kind: u8, len: u32 },
+    /// A reserved kind (RDMA_WRITE) this version does not handle.
+    Unsupported(FrameKind),
+    /// End of stream inside a frame.
+    Truncated,
+    /// A well-formed frame that is not allowed in the connection's state (e.g. MSG before
+    /// CONNREQ, a second CONNREQ, anything after DISCONNECT).
+    Unexpected(FrameKind),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::BadKind(k) => write!(f, "bad frame kind {k}"),
+            FrameError::BadLength { kind, len } => {
+                write!(f, "bad frame length {len} for kind {kind}")
+            }
+            FrameError::Unsupported(k) => write!(f, "unsupported frame kind {k:?}"),
+            FrameError::Truncated => f.write_str("end of stream inside a frame"),
+            FrameError::Unexpected(k) => write!(f, "unexpected {k:?} frame"),
+        }
+    }
+}
+
+/// A validated frame head.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    pub kind: FrameKind,
+    /// Body bytes that follow the head.
+    pub body_len: usize,
+}
+
+impl Head {
+    /// Bytes of the whole frame.
+    pub fn frame_len(self) -> usize {
+        HEAD_LEN + self.body_len
+    }
+}
+
+/// Validates the head at the start of `buf`: `Ok(None)` if fewer than [`HEAD_LEN`] bytes are there.
+pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
+    let Some(head) = buf.get(..HEAD_LEN) else {
+        return Ok(None);
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let kind_byte = head[4];
+    let Some(kind) = FrameKind::from_u8(kind_byte) else {
+        return Err(FrameError::BadKind(kind_byte));
+    };
+    if kind == FrameKind::RdmaWrite {
+        return Err(FrameError::Unsupported(kind));
+    }
+    let body_len = (len as usize).wrapping_sub(1);
+    if len == 0 || !kind.body_range().contains(&body_len) {
+        return Err(FrameError::BadLength {
+            kind: kind_byte,
+            len,
+        });
+    }
+    Ok(Some(Head { kind, body_len }))
+}
+
+/// Appends the head of a `kind` frame with a `body_len`-byte body to `out`.
+pub fn push_head(out: &mut Vec<u8>, kind: FrameKind, body_len: usize) {
+    let len = (body_len as u32).wrapping_add(1);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.push(kind as u8);
+}
+
+/// Appends a whole frame to `out`.
+pub fn push_frame(out: &mut Vec<u8>, kind: FrameKind, body: &[u8]) {
+    push_head(out, kind, body.len());
+    out.extend_from_slice(body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_roundtrip_and_limits() {
+        let mut out = Vec::new();
+        push_frame(&mut out, FrameKind::Msg, &[7u8; 100]);
+        assert_eq!(&out[..5], &[101, 0, 0, 0, 4]);
+        let h = parse_head(&out).unwrap().unwrap();
+        assert_eq!(
+            h,
+            Head {
+                kind: FrameKind::Msg,
+                body_len: 100
+            }
+        );
+        assert_eq!(h.frame_len(), out.len());
+        assert_eq!(parse_head(&out[..4]), Ok(None));
+
+        out.clear();
+        push_frame(&mut out, FrameKind::Disconnect, &[]);
+        assert_eq!(out, [1, 0, 0, 0, 5]);
+        assert_eq!(
+            parse_head(&out).unwrap().unwrap().kind,
+            FrameKind::Disconnect
+        );
+
+        // Limits per kind.
+        let head = |len: u32, kind: u8| {
+            let mut b = len.to_le_bytes().to_vec();
+            b.push(kind);
+            b
+        };
+        assert!(parse_head(&head(1 + 4096, 4)).unwrap().is_some());
+        assert!(matches!(
+            parse_head(&head(2 + 4096, 4)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(matches!(
+            parse_head(&head(1, 4)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(matches!(
+            parse_head(&head(0, 1)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(parse_head(&head(65, 1)).unwrap().is_some());
+        assert!(matches!(
+            parse_head(&head(66, 2)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(matches!(
+            parse_head(&head(2, 5)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert_eq!(parse_head(&head(1, 0)), Err(FrameError::BadKind(0)));
+        assert_eq!(parse_head(&head(1, 7)), Err(FrameError::BadKind(7)));
+        assert_eq!(
+            parse_head(&head(1, 6)),
+            Err(FrameError::Unsupported(FrameKind::RdmaWrite))
+        );
+        assert!(matches!(
+            parse_head(&head(u32::MAX, 4)),
+            Err(FrameError::BadLength { .. })
+        ));
+    }
+
+    #[test]
+    fn parse_head_never_panics() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            let _ = parse_head(&b[..(x % 9) as usize]);
+        }
+    }
+}

@@ -1,0 +1,527 @@
+#![allow(unsafe_code)]
+//! A safe ownership wrapper over the `io-uring` crate for socket I/O, and the raw socket calls
+//! std lacks. All of `lnd`'s unsafe code lives in this file.
+//!
+//! # Ownership model
+//!
+//! An io_uring operation lets the kernel read or write user memory until its completion is reaped.
+//! [`Ring`] makes that safe by *owning* everything an operation points at for exactly that long:
+//!
+//! - a receive or send buffer is a `Vec<u8>` moved into the ring ([`Ring::recv`], [`Ring::send`])
+//!   and handed back in the [`Completion`] (its heap block never moves while the kernel uses it;
+//!   the caller reuses it, so steady-state I/O allocates nothing);
+//! - a connect's socket address is boxed inside the ring until the connect completes;
+//! - every operation sits in a slab (`ops`) keyed by the SQE's `user_data`; the caller's own tag
+//!   (conventionally op kind, slab key and generation) rides along and comes back in the
+//!   completion;
+//! - SQEs that do not fit in a full submission queue wait in a backlog `VecDeque` and go in at the
+//!   next submit, in order;
+//! - on drop, the ring cancels everything in flight and waits (bounded) for the kernel to let go;
+//!   whatever it did not let go of in time is leaked rather than freed under the kernel's feet.
+//!
+//! File descriptors are passed as plain numbers: a stale descriptor is a correctness bug (the
+//! caller keeps a socket open while it has operations on it), never a memory-safety one.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use slab::Slab;
+
+/// `user_data` of SQEs the ring issues for itself (the cancel-all on drop).
+const UNTRACKED: u64 = u64::MAX;
+
+/// How long [`Ring`]'s drop waits for the kernel to finish cancelled operations.
+const DROP_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum OpKind {
+    Accept,
+    Connect,
+    Recv,
+    Send,
+    Cancel,
+}
+
+/// A socket address in the C layout, boxed so its address is stable while a connect is in flight.
+struct SockAddr {
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+/// One operation the kernel may still be working on, with everything its SQE points at.
+struct Op {
+    tag: u64,
+    kind: OpKind,
+    /// Kept only so that the memory outlives the kernel's use of it.
+    buf: Option<Vec<u8>>,
+    #[allow(dead_code)]
+    addr: Option<Box<SockAddr>>,
+}
+
+/// A reaped completion.
+#[derive(Debug)]
+pub struct Completion {
+    /// The caller's tag given when the operation was queued.
+    pub tag: u64,
+    /// The CQE result: a byte count, a new descriptor, 0, or `-errno`.
+    pub result: i32,
+    /// More completions will come for this (multishot) operation.
+    pub more: bool,
+    /// The buffer of a receive or send, handed back (receives: the bytes landed at the offset given
+    /// to [`Ring::recv`]).
+    pub buf: Option<Vec<u8>>,
+    /// The connection of a successful accept.
+    pub fd: Option<OwnedFd>,
+}
+
+/// Counters of the ring itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// SQEs queued.
+    pub sqes: u64,
+    /// SQEs that found the submission queue full and waited in the backlog.
+    pub backlogged: u64,
+    /// Calls into the kernel (io_uring_enter).
+    pub enters: u64,
+    /// CQEs reaped.
+    pub cqes: u64,
+}
+
+/// An io_uring instance with owned operations (see the module doc). Single-threaded; may be moved
+/// between threads.
+pub struct Ring {
+    ring: IoUring,
+    ops: Slab<Op>,
+    backlog: VecDeque<squeue::Entry>,
+    stats: RingStats,
+}
+
+impl Ring {
+    /// A ring with `entries` submission slots (the completion queue gets twice that).
+    /// Fails with `Unsupported` on a kernel without `IORING_FEAT_EXT_ARG` (5.11).
+    pub fn new(entries: u32) -> io::Result<Ring> {
+        let ring = IoUring::<squeue::Entry, cqueue::Entry>::builder()
+            .setup_coop_taskrun()
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))?;
+        if !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring without IORING_FEAT_EXT_ARG (kernel < 5.11)",
+            ));
+        }
+        Ok(Ring {
+            ring,
+            ops: Slab::with_capacity(entries as usize),
+            backlog: VecDeque::new(),
+            stats: RingStats::default(),
+        })
+    }
+
+    /// Operations queued or in flight.
+    pub fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RingStats {
+        &self.stats
+    }
+
+    /// Multishot accept on `listener`: one completion per accepted connection (its descriptor in
+    /// [`Completion::fd`]) until one arrives with `more == false`, after which it must be re-armed.
+    pub fn accept_multi(&mut self, listener: BorrowedFd<'_>, tag: u64) {
+        let entry = opcode::AcceptMulti::new(types::Fd(listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build();
+        self.queue(entry, tag, OpKind::Accept, None, None);
+    }
+
+    /// Connects `sock` to `addr`; the result is 0 or `-errno`.
+    pub fn connect(&mut self, sock: BorrowedFd<'_>, addr: SocketAddr, tag: u64) {
+        let addr = sockaddr(addr);
+        let entry = opcode::Connect::new(
+            types::Fd(sock.as_raw_fd()),
+            core::ptr::addr_of!(addr.storage).cast::<libc::sockaddr>(),
+            addr.len,
+        )
+        .build();
+        self.queue(entry, tag, OpKind::Connect, None, Some(addr));
+    }
+
+    /// Receives into `buf[offset..]`; the result is the byte count (0 = end of stream) or `-errno`.
+    /// `buf` comes back in the completion.
+    pub fn recv(&mut self, sock: BorrowedFd<'_>, mut buf: Vec<u8>, offset: usize, tag: u64) {
+        let offset = offset.min(buf.len());
+        let len = u32::try_from(buf.len() - offset).unwrap_or(u32::MAX);
+        let ptr = buf.as_mut_ptr().wrapping_add(offset);
+        let entry = opcode::Recv::new(types::Fd(sock.as_raw_fd()), ptr, len).build();
+        self.queue(entry, tag, OpKind::Recv, Some(buf), None);
+    }
+
+    /// Sends `buf[offset..]` (MSG_NOSIGNAL); the result is the byte count written (possibly
+    /// short) or `-errno`. `buf` comes back in the completion.
+    pub fn send(&mut self, sock: BorrowedFd<'_>, buf: Vec<u8>, offset: usize, tag: u64) {
+        let offset = offset.min(buf.len());
+        let len = u32::try_from(buf.len() - offset).unwrap_or(u32::MAX);
+        let ptr = buf.as_ptr().wrapping_add(offset);
+        let entry = opcode::Send::new(types::Fd(sock.as_raw_fd()), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .build();
+        self.queue(entry, tag, OpKind::Send, Some(buf), None);
+    }
+
+    /// Cancels every operation on `sock` (IORING_ASYNC_CANCEL_FD | ALL); the cancelled ones
+    /// complete with `-ECANCELED`, this one with the number cancelled or `-ENOENT`.
+    pub fn cancel_fd(&mut self, sock: BorrowedFd<'_>, tag: u64) {
+        let entry =
+            opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(sock.as_raw_fd())).all())
+                .build();
+        self.queue(entry, tag, OpKind::Cancel, None, None);
+    }
+
+    fn queue(
+        &mut self,
+        entry: squeue::Entry,
+        tag: u64,
+        kind: OpKind,
+        buf: Option<Vec<u8>>,
+        addr: Option<Box<SockAddr>>,
+    ) {
+        let idx = self.ops.insert(Op {
+            tag,
+            kind,
+            buf,
+            addr,
+        });
+        self.stats.sqes += 1;
+        let entry = entry.user_data(idx as u64);
+        if self.backlog.is_empty() && self.push_sq(&entry) {
+            return;
+        }
+        self.stats.backlogged += 1;
+        self.backlog.push_back(entry);
+    }
+
+    /// Pushes one entry into the submission queue; false if it is full.
+    fn push_sq(&mut self, entry: &squeue::Entry) -> bool {
+        // SAFETY: every pointer in an entry built by this type refers to memory owned by the
+        // matching `ops` slot (a `Vec`'s heap block, or a boxed socket address), which is neither
+        // dropped, moved nor accessed until the final CQE for that slot is reaped in `reap` (or
+        // the drop path has seen the kernel let go of it, or leaks it). Descriptors are plain
+        // integers the kernel validates.
+        unsafe { self.ring.submission().push(entry).is_ok() }
+    }
+
+    /// Moves backlogged entries into the submission queue, submitting to make room as needed.
+    fn flush_backlog(&mut self) -> io::Result<()> {
+        while let Some(entry) = self.backlog.front().cloned() {
+            if self.push_sq(&entry) {
+                self.backlog.pop_front();
+                continue;
+            }
+            self.stats.enters += 1;
+            match self.ring.submit() {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if is_transient(&e) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits everything queued, then waits for at least one completion for up to `timeout`
+    /// (`None`: without limit; zero: not at all). Timeouts and interrupted waits are not errors.
+    pub fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.flush_backlog()?;
+        self.stats.enters += 1;
+        let res = match timeout {
+            Some(t) if t.is_zero() => self.ring.submit(),
+            Some(t) => {
+                let ts = types::Timespec::from(t);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submit_and_wait(1),
+        };
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) if is_transient(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Appends every completion waiting in the completion queue to `out`.
+    pub fn reap(&mut self, out: &mut Vec<Completion>) {
+        let ops = &mut self.ops;
+        let stats = &mut self.stats;
+        for cqe in self.ring.completion() {
+            stats.cqes += 1;
+            let idx = cqe.user_data();
+            if idx == UNTRACKED {
+                continue;
+            }
+            let more = cqueue::more(cqe.flags());
+            let result = cqe.result();
+            let Some(op) = ops.get(idx as usize) else {
+                continue;
+            };
+            let (tag, kind) = (op.tag, op.kind);
+            let buf = if more {
+                None
+            } else {
+                ops.try_remove(idx as usize).and_then(|op| op.buf)
+            };
+            let fd = (kind == OpKind::Accept && result >= 0).then(|| {
+                // SAFETY: a successful accept CQE's result is a descriptor the kernel just
+                // installed in our table for us, owned by nobody else.
+                unsafe { OwnedFd::from_raw_fd(result) }
+            });
+            out.push(Completion {
+                tag,
+                result,
+                more,
+                buf,
+                fd,
+            });
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Entries still in the backlog never reached the kernel: their memory can go.
+        for entry in self.backlog.drain(..) {
+            self.ops.try_remove(entry.get_user_data() as usize);
+        }
+        if self.ops.is_empty() {
+            return;
+        }
+        let cancel = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+            .build()
+            .user_data(UNTRACKED);
+        if !self.push_sq(&cancel) {
+            let _ = self.ring.submit();
+            let _ = self.push_sq(&cancel);
+        }
+        let deadline = Instant::now() + DROP_WAIT;
+        while !self.ops.is_empty() && Instant::now() < deadline {
+            let ts = types::Timespec::from(Duration::from_millis(20));
+            let args = types::SubmitArgs::new().timespec(&ts);
+            if let Err(e) = self.ring.submitter().submit_with_args(1, &args) {
+                if !is_transient(&e) {
+                    break;
+                }
+            }
+            let ops = &mut self.ops;
+            for cqe in self.ring.completion() {
+                let idx = cqe.user_data();
+                if idx == UNTRACKED {
+                    continue;
+                }
+                let kind = ops.get(idx as usize).map(|op| op.kind);
+                if kind == Some(OpKind::Accept) && cqe.result() >= 0 {
+                    // SAFETY: as in `reap`: a fresh descriptor nobody else owns; dropping it
+                    // closes it.
+                    drop(unsafe { OwnedFd::from_raw_fd(cqe.result()) });
+                }
+                if !cqueue::more(cqe.flags()) {
+                    ops.try_remove(idx as usize);
+                }
+            }
+        }
+        if !self.ops.is_empty() {
+            // The kernel may still use these buffers: leak them rather than free them.
+            tracing::error!(
+                ops = self.ops.len(),
+                "io_uring operations did not finish cancelling; leaking their buffers"
+            );
+            std::mem::forget(std::mem::take(&mut self.ops));
+        }
+    }
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+    )
+}
+
+fn sockaddr(addr: SocketAddr) -> Box<SockAddr> {
+    // SAFETY: sockaddr_storage is plain old data; all-zero bytes are a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is at least as large as, and aligned for, every sockaddr
+            // type (that is its purpose); the pointer comes from a live local.
+            unsafe {
+                core::ptr::addr_of_mut!(storage)
+                    .cast::<libc::sockaddr_in>()
+                    .write(sin);
+            }
+            core::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe {
+                core::ptr::addr_of_mut!(storage)
+                    .cast::<libc::sockaddr_in6>()
+                    .write(sin6);
+            }
+            core::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    Box::new(SockAddr {
+        storage,
+        len: len as libc::socklen_t,
+    })
+}
+
+/// A new, unconnected TCP socket for `addr`'s family (blocking mode: io_uring polls it).
+pub fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
+    let domain = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: plain system call with constant arguments; no memory is passed.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `socket` just returned this descriptor; we are its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets TCP_USER_TIMEOUT: how long transmitted data may stay unacknowledged before the kernel
+/// fails the connection with ETIMEDOUT (zero = the system default).
+pub fn set_tcp_user_timeout(sock: BorrowedFd<'_>, timeout: Duration) -> io::Result<()> {
+    let ms: libc::c_uint = timeout.as_millis().try_into().unwrap_or(libc::c_uint::MAX);
+    // SAFETY: the option value points at a live local of the size passed; the descriptor is
+    // borrowed, so open.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            core::ptr::addr_of!(ms).cast::<libc::c_void>(),
+            core::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads TCP_USER_TIMEOUT back (for tests and `lnetctl`).
+pub fn tcp_user_timeout(sock: BorrowedFd<'_>) -> io::Result<Duration> {
+    let mut ms: libc::c_uint = 0;
+    let mut len = core::mem::size_of::<libc::c_uint>() as libc::socklen_t;
+    // SAFETY: value and length point at live locals of the right sizes; the descriptor is
+    // borrowed, so open.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            core::ptr::addr_of_mut!(ms).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Duration::from_millis(u64::from(ms)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn uring_accept_connect_send_recv_roundtrip() {
+        let mut ring = Ring::new(8).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        ring.accept_multi(listener.as_fd(), 1);
+        let sock = tcp_socket(addr).unwrap();
+        ring.connect(sock.as_fd(), addr, 2);
+        let mut out = Vec::new();
+        let mut accepted = None;
+        let mut connected = false;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (accepted.is_none() || !connected) && Instant::now() < deadline {
+            ring.submit_and_wait(Some(Duration::from_millis(50)))
+                .unwrap();
+            ring.reap(&mut out);
+            for c in out.drain(..) {
+                match c.tag {
+                    1 => accepted = c.fd,
+                    2 => {
+                        assert_eq!(c.result, 0);
+                        connected = true;
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
+        let mut server = TcpStream::from(accepted.expect("accepted"));
+        ring.send(sock.as_fd(), b"hello".to_vec(), 1, 3);
+        ring.submit_and_wait(Some(Duration::from_secs(1))).unwrap();
+        let mut got = [0u8; 4];
+        server.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ello");
+        server.write_all(b"world").unwrap();
+        ring.recv(sock.as_fd(), vec![0u8; 16], 3, 4);
+        let mut n = None;
+        while n.is_none() && Instant::now() < deadline {
+            ring.submit_and_wait(Some(Duration::from_millis(50)))
+                .unwrap();
+            ring.reap(&mut out);
+            for c in out.drain(..) {
+                if c.tag == 4 {
+                    let buf = c.buf.unwrap();
+                    let k = c.result as usize;
+                    assert_eq!(&buf[3..3 + k], &b"world"[..k]);
+                    n = Some(k);
+                }
+            }
+        }
+        assert!(n.unwrap() > 0);
+        set_tcp_user_timeout(sock.as_fd(), Duration::from_millis(1500)).unwrap();
+        assert_eq!(
+            tcp_user_timeout(sock.as_fd()).unwrap(),
+            Duration::from_millis(1500)
+        );
+        // The multishot accept is still armed: drop must cancel it and return promptly.
+        let t = Instant::now();
+        drop(ring);
+        assert!(t.elapsed() < DROP_WAIT);
+    }
+}
