@@ -1,186 +1,292 @@
-//! `lnetctl`: ulnet's control tool. At this stage it offers `demo`, which walks one LNet ping
-//! exchange through the real wire encoders and decoders and prints every message as o2iblnd would
-//! put it on the wire, then the result in the shape `lnetctl ping` prints.
+//! `lnetctl`: ulnet's control tool. It asks the `lnet-router` daemon over its control socket
+//! (JSON lines, `router::control`) and prints the answer as YAML in real lnetctl's layout, or as
+//! JSON with `--json`. Without a daemon, `ping` runs an in-process LNet that has only `0@lo`.
+//! `demo` walks one LNet ping exchange through the real wire encoders and decoders.
 
+mod demo;
+mod render;
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use lnd::wire::kib::{EmitOpts, VERSION_2};
-use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
-use lnd::wire::ping::{feat, status};
-use lnd::wire::{
-    ConnParams, KibBody, KibMsg, LnetBody, LnetHdr, NiStatus, Nid, PingInfo, WireError, WireHandle,
+use clap::{Parser, Subcommand};
+use lnd::wire::Nid;
+use router::control::{
+    self, default_socket_path, errno, ClientError, ControlClient, Request, Response,
 };
+use router::{LnetNode, NodeConfig};
 
-const USAGE: &str = "usage: lnetctl demo [SRC_NID DST_NID]
+/// The exit codes a script can rely on.
+mod exit {
+    /// The command worked (every ping answered).
+    pub const OK: u8 = 0;
+    /// The operation failed: a ping failed or timed out, a peer is unknown, the daemon refused.
+    pub const FAILED: u8 = 1;
+    /// Bad command line (clap's own code).
+    pub const USAGE: u8 = 2;
+    /// No daemon: the control socket is missing or refuses connections.
+    pub const NO_DAEMON: u8 = 3;
+    /// A NID on the command line does not parse.
+    pub const BAD_NID: u8 = 4;
+}
 
-  demo    encode, decode and print an LNet ping exchange between two NIDs
-          (default 10.0.0.1@o2ib -> 10.0.0.2@o2ib), as o2iblnd carries it";
+const EXIT_CODES: &str = "\
+Exit status:
+  0  success (for ping: every NID answered)
+  1  the operation failed (a ping failed or timed out, unknown peer, daemon error)
+  2  usage error (bad command line)
+  3  no daemon: the control socket is missing or refused the connection
+  4  a NID on the command line is malformed
+
+Without a daemon, `ping` answers from an in-process LNet that has only 0@lo (so `lnetctl ping
+0@lo` works anywhere); remote NIDs need the lnet-router daemon.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lnetctl",
+    version,
+    about = "ulnet's lnetctl: ping, nets, peers, connections and counters of the lnet-router daemon",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    /// The daemon's control socket [default: /run/ulnet/lnet-router.sock as root, else
+    /// $XDG_RUNTIME_DIR/ulnet/lnet-router.sock]
+    #[arg(long, global = true, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Print JSON instead of YAML
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Ping NIDs (NID,NID... or several arguments)
+    Ping {
+        #[arg(required = true, value_name = "NID")]
+        nids: Vec<String>,
+        /// Seconds to wait for each reply (at most 180, Lustre's cap) [default: 180]
+        #[arg(long, value_name = "SECS")]
+        timeout: Option<u64>,
+        /// Send from this local NID
+        #[arg(long, value_name = "NID")]
+        source: Option<String>,
+    },
+    /// Local networks and NIs
+    Net {
+        #[command(subcommand)]
+        cmd: ShowOnly,
+    },
+    /// Peers: credits, queues, state
+    Peer {
+        #[command(subcommand)]
+        cmd: PeerCmd,
+    },
+    /// LND connections (ours): state, credits, queue depth, races, incarnation, age
+    Conn {
+        #[command(subcommand)]
+        cmd: ShowOnly,
+    },
+    /// LNet's counters
+    Stats {
+        #[command(subcommand)]
+        cmd: Plain,
+    },
+    /// Global settings
+    Global {
+        #[command(subcommand)]
+        cmd: Plain,
+    },
+    /// Encode, decode and print an LNet ping exchange between two NIDs as o2iblnd carries it
+    Demo {
+        #[arg(default_value = "10.0.0.1@o2ib")]
+        src: String,
+        #[arg(default_value = "10.0.0.2@o2ib")]
+        dst: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ShowOnly {
+    /// Show
+    Show {
+        /// Verbose: statistics and tunables
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PeerCmd {
+    /// Show peers
+    Show {
+        /// Only this peer
+        #[arg(long, value_name = "NID")]
+        nid: Option<String>,
+        /// Verbose: credits and statistics
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Plain {
+    /// Show
+    Show,
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("demo") => {
-            let src = args.get(1).map_or("10.0.0.1@o2ib", String::as_str);
-            let dst = args.get(2).map_or("10.0.0.2@o2ib", String::as_str);
-            let (src, dst) = match (src.parse::<Nid>(), dst.parse::<Nid>()) {
+    let cli = Cli::parse();
+    ExitCode::from(run(cli))
+}
+
+/// Parses a NID given on the command line, or says why not.
+fn check_nid(s: &str) -> Result<Nid, u8> {
+    s.trim().parse::<Nid>().map_err(|e| {
+        eprintln!("lnetctl: {e}");
+        exit::BAD_NID
+    })
+}
+
+fn run(cli: Cli) -> u8 {
+    let req = match cli.cmd {
+        Cmd::Demo { src, dst } => {
+            let (src, dst) = match (check_nid(&src), check_nid(&dst)) {
                 (Ok(s), Ok(d)) => (s, d),
-                (Err(e), _) | (_, Err(e)) => {
-                    eprintln!("lnetctl: {e}");
-                    return ExitCode::from(2);
-                }
+                (Err(c), _) | (_, Err(c)) => return c,
             };
-            match demo(src, dst) {
-                Ok(()) => ExitCode::SUCCESS,
+            return match demo::demo(src, dst) {
+                Ok(()) => exit::OK,
                 Err(e) => {
                     eprintln!("lnetctl: demo failed: {e}");
-                    ExitCode::FAILURE
+                    exit::FAILED
+                }
+            };
+        }
+        Cmd::Ping {
+            nids,
+            timeout,
+            source,
+        } => {
+            let nids: Vec<String> = nids
+                .iter()
+                .flat_map(|a| a.split(','))
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect();
+            if nids.is_empty() {
+                eprintln!("lnetctl: ping: no NID given");
+                return exit::USAGE;
+            }
+            for n in nids.iter().chain(source.iter()) {
+                if let Err(c) = check_nid(n) {
+                    return c;
                 }
             }
+            Request::Ping {
+                nids,
+                timeout_secs: timeout,
+                source,
+            }
         }
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
+        Cmd::Net {
+            cmd: ShowOnly::Show { verbose },
+        } => Request::NetShow { verbose },
+        Cmd::Peer {
+            cmd: PeerCmd::Show { nid, verbose },
+        } => {
+            if let Some(n) = &nid {
+                if let Err(c) = check_nid(n) {
+                    return c;
+                }
+            }
+            Request::PeerShow { nid, verbose }
         }
-        _ => {
-            eprintln!("{USAGE}");
-            ExitCode::from(2)
+        Cmd::Conn { .. } => Request::ConnShow,
+        Cmd::Stats { .. } => Request::StatsShow,
+        Cmd::Global { .. } => Request::GlobalShow,
+    };
+    let path = cli.socket.unwrap_or_else(default_socket_path);
+    let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
+        Ok(r) => r,
+        Err(ClientError::NoDaemon { .. }) if matches!(req, Request::Ping { .. }) => {
+            ping_without_daemon(req, &path)
         }
+        Err(e @ ClientError::NoDaemon { .. }) => {
+            eprintln!("lnetctl: {e}");
+            return exit::NO_DAEMON;
+        }
+        Err(e) => {
+            eprintln!("lnetctl: {e}");
+            return exit::FAILED;
+        }
+    };
+    let out = if cli.json {
+        render::json(&resp)
+    } else {
+        render::yaml(&resp)
+    };
+    match (&resp, out) {
+        (Response::Error(e), _) => {
+            eprintln!("lnetctl: {e}");
+            if e.errno == errno::EINVAL && e.message.contains("bad NID") {
+                exit::BAD_NID
+            } else {
+                exit::FAILED
+            }
+        }
+        (r, Some(text)) => {
+            print!("{text}");
+            match r {
+                Response::Ping(p) if !p.manage.is_empty() => exit::FAILED,
+                _ => exit::OK,
+            }
+        }
+        (_, None) => exit::FAILED,
     }
 }
 
-fn hexdump(bytes: &[u8]) {
-    for (i, line) in bytes.chunks(16).enumerate() {
-        let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
-        println!("    {:04x}  {}", i * 16, hex.join(" "));
+/// `ping` with no daemon: an in-process LNet with no NIs, so only `0@lo` answers; every other
+/// NID fails with a message saying why.
+fn ping_without_daemon(req: Request, path: &std::path::Path) -> Response {
+    let t0 = std::time::Instant::now();
+    let clock = move || lnd::time::Instant::from_nanos(t0.elapsed().as_nanos() as u64 + 1);
+    let mut node = LnetNode::new(NodeConfig::new(Vec::new()), clock());
+    let mut resp = control::call_local(&mut node, req, clock);
+    if let Response::Ping(p) = &mut resp {
+        for f in &mut p.manage {
+            f.descr = format!(
+                "{} (no lnet-router daemon at {}; without one only 0@lo is reachable)",
+                f.descr,
+                path.display()
+            );
+        }
     }
+    resp
 }
 
-/// Sends `msg` over an imaginary wire: encode, dump, decode, and check the round trip.
-fn wire<'b>(label: &str, msg: &KibMsg<'_>, buf: &'b mut [u8]) -> Result<KibMsg<'b>, WireError> {
-    let n = msg.emit(buf, EmitOpts::default())?;
-    println!(
-        "{label}: {:?} {} -> {}, {n} bytes",
-        msg.msg_type(),
-        msg.src_nid,
-        msg.dst_nid
-    );
-    hexdump(&buf[..n]);
-    let (back, _) = KibMsg::parse(&buf[..n])?;
-    Ok(back)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
 
-fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
-    let (src_stamp, dst_stamp) = (0x0006_2a3b_0000_0001, 0x0006_2a3b_0000_0002);
-    let cp = ConnParams {
-        queue_depth: 8,
-        max_frags: 257,
-        max_msg_size: 4096,
-    };
-    let base = |from: Nid, to: Nid, from_stamp, to_stamp, body| KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: from,
-        src_stamp: from_stamp,
-        dst_nid: to,
-        dst_stamp: to_stamp,
-        body,
-    };
-    let mut buf = vec![0u8; 4096];
-
-    // Handshake: CONNREQ in the connection manager's private data, CONNACK back.
-    wire(
-        "1",
-        &base(src, dst, src_stamp, 0, KibBody::ConnReq(cp)),
-        &mut buf,
-    )?;
-    wire(
-        "2",
-        &base(dst, src, dst_stamp, src_stamp, KibBody::ConnAck(cp)),
-        &mut buf,
-    )?;
-
-    // The ping: a GET on portal 0 with the ping match bits, sent IMMEDIATE.
-    let get = LnetHdr {
-        dest_nid: dst,
-        src_nid: src,
-        dest_pid: LNET_PID_LUSTRE,
-        src_pid: LNET_PID_LUSTRE,
-        payload_length: 0,
-        body: LnetBody::Get {
-            return_wmd: WireHandle {
-                interface_cookie: 1,
-                object_cookie: 42,
-            },
-            match_bits: LNET_PING_MATCHBITS,
-            ptl_index: LNET_RESERVED_PORTAL,
-            src_offset: 0,
-            sink_length: 4096,
-        },
-    };
-    let imm = |hdr, payload| KibBody::Immediate { hdr, payload };
-    let got = wire(
-        "3",
-        &base(src, dst, src_stamp, dst_stamp, imm(get, &[])),
-        &mut buf,
-    )?;
-    let KibBody::Immediate { hdr: got_get, .. } = got.body else {
-        unreachable!("an IMMEDIATE decodes as an IMMEDIATE");
-    };
-    let LnetBody::Get { return_wmd, .. } = got_get.body else {
-        unreachable!("a GET decodes as a GET");
-    };
-
-    // The reply: the ping payload, 0@lo first with the sequence number in its status.
-    let nis = [
-        NiStatus {
-            nid: Nid::LO_0,
-            status: 1,
-            msg_size: 0,
-        },
-        NiStatus {
-            nid: dst,
-            status: status::UP,
-            msg_size: 4096,
-        },
-    ];
-    let info = PingInfo::new(
-        feat::BASE | feat::NI_STATUS | feat::RTE_DISABLED,
-        LNET_PID_LUSTRE,
-        &nis,
-    );
-    let mut payload = vec![0u8; info.wire_len()];
-    info.emit(&mut payload, Default::default())?;
-    let reply = LnetHdr {
-        dest_nid: src,
-        src_nid: dst,
-        dest_pid: LNET_PID_LUSTRE,
-        src_pid: LNET_PID_LUSTRE,
-        payload_length: payload.len() as u32,
-        body: LnetBody::Reply {
-            dst_wmd: return_wmd,
-        },
-    };
-    let mut buf2 = vec![0u8; 4096];
-    let got = wire(
-        "4",
-        &base(dst, src, dst_stamp, src_stamp, imm(reply, &payload)),
-        &mut buf2,
-    )?;
-    let KibBody::Immediate { payload, .. } = got.body else {
-        unreachable!("an IMMEDIATE decodes as an IMMEDIATE");
-    };
-    let (ping, _) = PingInfo::parse(payload)?;
-
-    // What `lnetctl ping` prints: 0@lo is left out.
-    println!("ping:");
-    println!("    - primary nid: {dst}");
-    println!(
-        "      Multi-Rail: {}",
-        ping.features & feat::MULTI_RAIL != 0
-    );
-    println!("      peer_ni:");
-    for ni in ping.nis.iter().filter(|ni| ni.nid != Nid::LO_0) {
-        println!("        - nid: {}", ni.nid);
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
     }
-    Ok(())
+
+    #[test]
+    fn exit_codes_are_documented() {
+        for code in [
+            exit::OK,
+            exit::FAILED,
+            exit::USAGE,
+            exit::NO_DAEMON,
+            exit::BAD_NID,
+        ] {
+            assert!(EXIT_CODES.contains(&format!("  {code}  ")));
+        }
+    }
 }

@@ -33,6 +33,7 @@
 //! [`LnetNode::poll_action`] (fabric work, tagged with its NI) and [`LnetNode::poll_event`].
 
 mod config;
+pub mod control;
 mod error;
 mod fabric;
 mod node;
@@ -41,6 +42,7 @@ mod ping;
 mod stats;
 #[cfg(test)]
 mod tests;
+pub mod yaml_config;
 
 pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
 pub use error::LnetError;

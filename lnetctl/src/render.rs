@@ -1,0 +1,432 @@
+//! YAML in real lnetctl's layout (reference section 7): four-space indentation, `- ` list items,
+//! the same key names. Written by hand so the layout is exactly lnetctl's.
+
+use std::fmt::Write;
+
+use router::control::{
+    ConnShow, Counts, GlobalShow, NetShow, PeerShow, PingShow, Response, StatsShow,
+};
+
+/// Renders any successful response; `None` for an error response.
+pub fn yaml(resp: &Response) -> Option<String> {
+    Some(match resp {
+        Response::Ping(p) => ping(p),
+        Response::Net(n) => net(n),
+        Response::Peer(p) => peer(p),
+        Response::Conn(c) => conn(c),
+        Response::Stats(s) => stats(s),
+        Response::Global(g) => global(g),
+        Response::Error(_) => return None,
+    })
+}
+
+/// The data of a response as pretty JSON (the same keys as the YAML); `None` for an error.
+pub fn json(resp: &Response) -> Option<String> {
+    let r = match resp {
+        Response::Ping(p) => serde_json::to_string_pretty(p),
+        Response::Net(n) => serde_json::to_string_pretty(n),
+        Response::Peer(p) => serde_json::to_string_pretty(p),
+        Response::Conn(c) => serde_json::to_string_pretty(c),
+        Response::Stats(s) => serde_json::to_string_pretty(s),
+        Response::Global(g) => serde_json::to_string_pretty(g),
+        Response::Error(_) => return None,
+    };
+    r.ok().map(|mut s| {
+        s.push('\n');
+        s
+    })
+}
+
+fn counts(out: &mut String, indent: &str, c: &Counts) {
+    let _ = writeln!(out, "{indent}statistics:");
+    let _ = writeln!(out, "{indent}    send_count: {}", c.send_count);
+    let _ = writeln!(out, "{indent}    recv_count: {}", c.recv_count);
+    let _ = writeln!(out, "{indent}    drop_count: {}", c.drop_count);
+}
+
+/// `ping:` for the peers that answered, `manage:` for the failures.
+pub fn ping(p: &PingShow) -> String {
+    let mut out = String::new();
+    if !p.ping.is_empty() {
+        out.push_str("ping:\n");
+        for peer in &p.ping {
+            let _ = writeln!(out, "    - primary nid: {}", peer.primary_nid);
+            let _ = writeln!(out, "      Multi-Rail: {}", peer.multi_rail);
+            if peer.peer_ni.is_empty() {
+                out.push_str("      peer_ni: []\n");
+            } else {
+                out.push_str("      peer_ni:\n");
+                for nid in &peer.peer_ni {
+                    let _ = writeln!(out, "        - nid: {nid}");
+                }
+            }
+        }
+    }
+    if !p.manage.is_empty() {
+        out.push_str("manage:\n");
+        for f in &p.manage {
+            out.push_str("    - ping:\n");
+            let _ = writeln!(out, "          errno: {}", f.errno);
+            let _ = writeln!(out, "          descr: {}", f.descr);
+        }
+    }
+    out
+}
+
+/// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
+pub fn net(n: &NetShow) -> String {
+    let mut out = String::from("net:\n");
+    for net in &n.net {
+        let _ = writeln!(out, "    - net type: {}", net.net_type);
+        out.push_str("      local NI(s):\n");
+        for ni in &net.local_nis {
+            let _ = writeln!(out, "        - nid: {}", ni.nid);
+            let _ = writeln!(out, "          status: {}", ni.status);
+            if let Some(c) = &ni.statistics {
+                counts(&mut out, "          ", c);
+            }
+            if let Some(t) = &ni.tunables {
+                out.push_str("          tunables:\n");
+                let _ = writeln!(out, "              peer_timeout: {}", t.peer_timeout);
+                let _ = writeln!(out, "              peer_credits: {}", t.peer_credits);
+                let _ = writeln!(
+                    out,
+                    "              peer_buffer_credits: {}",
+                    t.peer_buffer_credits
+                );
+                let _ = writeln!(out, "              credits: {}", t.credits);
+            }
+            if let Some(l) = &ni.lnd_tunables {
+                out.push_str("          lnd tunables:\n");
+                let _ = writeln!(out, "              peercredits_hiw: {}", l.peercredits_hiw);
+                let _ = writeln!(
+                    out,
+                    "              concurrent_sends: {}",
+                    l.concurrent_sends
+                );
+                let _ = writeln!(out, "              timeout: {}", l.timeout);
+                let _ = writeln!(out, "              keepalive: {}", l.keepalive);
+            }
+        }
+    }
+    out
+}
+
+/// `peer:` with `primary nid`, `Multi-Rail` and `peer ni`; credits and statistics with `-v`.
+pub fn peer(p: &PeerShow) -> String {
+    if p.peer.is_empty() {
+        return "peer: []\n".into();
+    }
+    let mut out = String::from("peer:\n");
+    for peer in &p.peer {
+        let _ = writeln!(out, "    - primary nid: {}", peer.primary_nid);
+        let _ = writeln!(out, "      Multi-Rail: {}", peer.multi_rail);
+        out.push_str("      peer ni:\n");
+        for ni in &peer.peer_ni {
+            let _ = writeln!(out, "        - nid: {}", ni.nid);
+            let _ = writeln!(out, "          state: {}", ni.state);
+            if let Some(d) = &ni.detail {
+                let i = "          ";
+                let _ = writeln!(out, "{i}max_ni_tx_credits: {}", d.max_ni_tx_credits);
+                let _ = writeln!(out, "{i}available_tx_credits: {}", d.available_tx_credits);
+                let _ = writeln!(out, "{i}min_tx_credits: {}", d.min_tx_credits);
+                let _ = writeln!(out, "{i}tx_q_num_of_buf: {}", d.tx_q_num_of_buf);
+                let _ = writeln!(out, "{i}available_rtr_credits: {}", d.available_rtr_credits);
+                let _ = writeln!(out, "{i}min_rtr_credits: {}", d.min_rtr_credits);
+                counts(&mut out, i, &d.statistics);
+            }
+        }
+    }
+    out
+}
+
+/// `conn:` (ours): one entry per LND connection.
+pub fn conn(c: &ConnShow) -> String {
+    if c.conn.is_empty() {
+        return "conn: []\n".into();
+    }
+    let mut out = String::from("conn:\n");
+    for e in &c.conn {
+        let _ = writeln!(out, "    - ni: {}", e.ni);
+        let i = "      ";
+        let _ = writeln!(out, "{i}peer: {}", e.peer);
+        let _ = writeln!(out, "{i}state: {}", e.state);
+        let _ = writeln!(out, "{i}side: {}", e.side);
+        let _ = writeln!(out, "{i}credits: {}", e.credits);
+        let _ = writeln!(out, "{i}outstanding_credits: {}", e.outstanding_credits);
+        let _ = writeln!(out, "{i}reserved_credits: {}", e.reserved_credits);
+        let _ = writeln!(out, "{i}queue_depth: {}", e.queue_depth);
+        let _ = writeln!(out, "{i}sends_posted: {}", e.sends_posted);
+        let _ = writeln!(out, "{i}queued: {}", e.queued);
+        let _ = writeln!(out, "{i}races: {}", e.races);
+        let _ = writeln!(out, "{i}incarnation: {}", e.incarnation);
+        let _ = writeln!(out, "{i}age_ms: {}", e.age_ms);
+    }
+    out
+}
+
+/// `statistics:`, in lnetctl's order.
+pub fn stats(s: &StatsShow) -> String {
+    let s = &s.statistics;
+    let fields: [(&str, u64); 19] = [
+        ("msgs_alloc", s.msgs_alloc),
+        ("msgs_max", s.msgs_max),
+        ("errors", s.errors),
+        ("send_count", s.send_count),
+        ("response_timeout_count", s.response_timeout_count),
+        ("local_aborted_count", s.local_aborted_count),
+        ("local_no_route_count", s.local_no_route_count),
+        ("local_timeout_count", s.local_timeout_count),
+        ("local_error_count", s.local_error_count),
+        ("network_timeout_count", s.network_timeout_count),
+        ("recv_count", s.recv_count),
+        ("route_count", s.route_count),
+        ("drop_count", s.drop_count),
+        ("send_length", s.send_length),
+        ("recv_length", s.recv_length),
+        ("route_length", s.route_length),
+        ("drop_length", s.drop_length),
+        ("loopback_count", s.loopback_count),
+        ("loopback_length", s.loopback_length),
+    ];
+    let mut out = String::from("statistics:\n");
+    for (k, v) in fields {
+        let _ = writeln!(out, "    {k}: {v}");
+    }
+    out
+}
+
+/// `global:`.
+pub fn global(g: &GlobalShow) -> String {
+    let g = &g.global;
+    let mut out = String::from("global:\n");
+    let _ = writeln!(out, "    numa_range: {}", g.numa_range);
+    let _ = writeln!(out, "    max_interfaces: {}", g.max_interfaces);
+    let _ = writeln!(out, "    discovery: {}", g.discovery);
+    let _ = writeln!(out, "    drop_asym_route: {}", g.drop_asym_route);
+    let _ = writeln!(out, "    retry_count: {}", g.retry_count);
+    let _ = writeln!(out, "    lnd_timeout: {}", g.lnd_timeout);
+    let _ = writeln!(out, "    routing: {}", g.routing);
+    let _ = writeln!(out, "    pid: {}", g.pid);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lnd::time::Instant;
+    use lnd::wire::Nid;
+    use router::control::*;
+    use router::{LnetNode, NiConfig, NodeConfig};
+
+    fn node() -> LnetNode {
+        let nid: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        LnetNode::new(
+            NodeConfig::new(vec![NiConfig::new(nid, 1)]),
+            Instant::from_secs(1),
+        )
+    }
+
+    #[test]
+    fn ping_snapshot() {
+        let p = PingShow {
+            ping: vec![PingPeer {
+                primary_nid: "10.0.0.5@o2ib".into(),
+                multi_rail: true,
+                peer_ni: vec!["10.0.0.5@o2ib".into(), "10.0.1.5@o2ib1".into()],
+            }],
+            manage: vec![PingFailure {
+                ping: "10.0.0.9@o2ib".into(),
+                errno: -110,
+                descr: "failed to ping 10.0.0.9@o2ib: timed out".into(),
+            }],
+        };
+        assert_eq!(
+            ping(&p),
+            "\
+ping:
+    - primary nid: 10.0.0.5@o2ib
+      Multi-Rail: true
+      peer_ni:
+        - nid: 10.0.0.5@o2ib
+        - nid: 10.0.1.5@o2ib1
+manage:
+    - ping:
+          errno: -110
+          descr: failed to ping 10.0.0.9@o2ib: timed out
+"
+        );
+    }
+
+    #[test]
+    fn net_snapshots() {
+        let n = node();
+        assert_eq!(
+            net(&net_show(&n, &[], false)),
+            "\
+net:
+    - net type: lo
+      local NI(s):
+        - nid: 0@lo
+          status: up
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+"
+        );
+        assert_eq!(
+            net(&net_show(&n, &[], true)),
+            "\
+net:
+    - net type: lo
+      local NI(s):
+        - nid: 0@lo
+          status: up
+          statistics:
+              send_count: 0
+              recv_count: 0
+              drop_count: 0
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+          statistics:
+              send_count: 0
+              recv_count: 0
+              drop_count: 0
+          tunables:
+              peer_timeout: 180
+              peer_credits: 8
+              peer_buffer_credits: 0
+              credits: 256
+          lnd tunables:
+              peercredits_hiw: 0
+              concurrent_sends: 0
+              timeout: 50
+              keepalive: 100
+"
+        );
+    }
+
+    #[test]
+    fn peer_snapshots() {
+        let mut n = node();
+        let peer_nid: Nid = "10.0.0.2@o2ib".parse().unwrap();
+        n.ping(
+            Instant::from_secs(2),
+            peer_nid,
+            lnd::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(peer(&PeerShow::default()), "peer: []\n");
+        assert_eq!(
+            peer(&peer_show(&n, None, false).unwrap()),
+            "\
+peer:
+    - primary nid: 10.0.0.2@o2ib
+      Multi-Rail: false
+      peer ni:
+        - nid: 10.0.0.2@o2ib
+          state: NA
+"
+        );
+        assert_eq!(
+            peer(&peer_show(&n, Some("10.0.0.2@o2ib"), true).unwrap()),
+            "\
+peer:
+    - primary nid: 10.0.0.2@o2ib
+      Multi-Rail: false
+      peer ni:
+        - nid: 10.0.0.2@o2ib
+          state: NA
+          max_ni_tx_credits: 8
+          available_tx_credits: 7
+          min_tx_credits: 7
+          tx_q_num_of_buf: 0
+          available_rtr_credits: 8
+          min_rtr_credits: 8
+          statistics:
+              send_count: 1
+              recv_count: 0
+              drop_count: 0
+"
+        );
+    }
+
+    #[test]
+    fn conn_stats_global_snapshots() {
+        let n = node();
+        assert_eq!(conn(&conn_show(&n, Instant::from_secs(1))), "conn: []\n");
+        let c = ConnShow {
+            conn: vec![ConnEntry {
+                ni: "10.0.0.1@o2ib".into(),
+                peer: "10.0.0.2@o2ib".into(),
+                state: "Established".into(),
+                side: "active".into(),
+                credits: 7,
+                outstanding_credits: 1,
+                reserved_credits: 0,
+                queue_depth: 8,
+                sends_posted: 1,
+                queued: 0,
+                races: 2,
+                incarnation: "0x62a3b00000002".into(),
+                age_ms: 1500,
+            }],
+        };
+        assert_eq!(
+            conn(&c),
+            "\
+conn:
+    - ni: 10.0.0.1@o2ib
+      peer: 10.0.0.2@o2ib
+      state: Established
+      side: active
+      credits: 7
+      outstanding_credits: 1
+      reserved_credits: 0
+      queue_depth: 8
+      sends_posted: 1
+      queued: 0
+      races: 2
+      incarnation: 0x62a3b00000002
+      age_ms: 1500
+"
+        );
+        let s = stats(&stats_show(&n));
+        assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
+        assert!(s.ends_with("    loopback_count: 0\n    loopback_length: 0\n"));
+        assert_eq!(s.lines().count(), 20);
+        assert_eq!(
+            global(&global_show(&n)),
+            "\
+global:
+    numa_range: 0
+    max_interfaces: 200
+    discovery: 0
+    drop_asym_route: 0
+    retry_count: 0
+    lnd_timeout: 50
+    routing: 0
+    pid: 12345
+"
+        );
+    }
+
+    #[test]
+    fn json_has_lnetctl_keys() {
+        let p = PingShow {
+            ping: vec![PingPeer {
+                primary_nid: "0@lo".into(),
+                multi_rail: false,
+                peer_ni: vec![],
+            }],
+            manage: vec![],
+        };
+        let j = json(&Response::Ping(p)).unwrap();
+        assert!(j.contains("\"primary nid\": \"0@lo\""), "{j}");
+        assert!(j.contains("\"Multi-Rail\": false"), "{j}");
+        assert!(json(&Response::Error(ControlError::new(1, "x"))).is_none());
+    }
+}

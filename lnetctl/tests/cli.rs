@@ -1,0 +1,131 @@
+//! The lnetctl binary as a script sees it: output and exit codes.
+
+use std::process::{Command, Output};
+
+fn lnetctl(args: &[&str]) -> Output {
+    // A socket path nobody listens on, so no real daemon on this machine interferes.
+    let sock =
+        std::env::temp_dir().join(format!("ulnet-cli-test-{}/none.sock", std::process::id()));
+    Command::new(env!("CARGO_BIN_EXE_lnetctl"))
+        .arg("--socket")
+        .arg(&sock)
+        .args(args)
+        .output()
+        .expect("run lnetctl")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn ping_lo_without_daemon_succeeds() {
+    let o = lnetctl(&["ping", "0@lo"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stdout),
+        "ping:\n    - primary nid: 0@lo\n      Multi-Rail: false\n      peer_ni: []\n"
+    );
+}
+
+#[test]
+fn ping_lo_json() {
+    let o = lnetctl(&["--json", "ping", "0@lo", "--timeout", "2"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ping"][0]["primary nid"], "0@lo");
+}
+
+#[test]
+fn ping_remote_without_daemon_fails_clearly() {
+    let o = lnetctl(&["ping", "10.0.0.2@o2ib"]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = text(&o.stdout);
+    assert!(
+        out.starts_with("manage:\n    - ping:\n          errno: -113\n"),
+        "{out}"
+    );
+    assert!(out.contains("no route to 10.0.0.2@o2ib"), "{out}");
+    assert!(out.contains("no lnet-router daemon at"), "{out}");
+}
+
+#[test]
+fn bad_arguments_exit_2() {
+    assert_eq!(lnetctl(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(lnetctl(&["ping"]).status.code(), Some(2));
+    assert_eq!(
+        lnetctl(&["ping", "0@lo", "--timeout", "soon"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(lnetctl(&["--help"]).status.code(), Some(0));
+}
+
+#[test]
+fn help_documents_exit_codes() {
+    let o = lnetctl(&["--help"]);
+    let out = text(&o.stdout);
+    assert!(out.contains("3  no daemon"), "{out}");
+    assert!(
+        out.contains("4  a NID on the command line is malformed"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_nid_exits_4() {
+    let o = lnetctl(&["ping", "10.0.0.2@ib0"]);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(
+        text(&o.stderr).contains("bad NID '10.0.0.2@ib0'"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        lnetctl(&["peer", "show", "--nid", "nonsense"])
+            .status
+            .code(),
+        Some(4)
+    );
+    assert_eq!(
+        lnetctl(&["ping", "0@lo", "--source", "x@y"]).status.code(),
+        Some(4)
+    );
+}
+
+#[test]
+fn no_daemon_exits_3_naming_the_path() {
+    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
+        .args(["--socket", "/nonexistent", "peer", "show"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("no lnet-router daemon at /nonexistent"),
+        "{err}"
+    );
+    for cmd in [
+        &["net", "show"][..],
+        &["conn", "show"],
+        &["stats", "show"],
+        &["global", "show"],
+    ] {
+        assert_eq!(lnetctl(cmd).status.code(), Some(3), "{cmd:?}");
+    }
+}
+
+#[test]
+fn demo_still_works() {
+    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
+        .arg("demo")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let out = text(&o.stdout);
+    assert!(
+        out.contains("ping:\n    - primary nid: 10.0.0.2@o2ib\n"),
+        "{out}"
+    );
+}

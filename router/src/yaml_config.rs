@@ -1,0 +1,580 @@
+//! The `lnet-router` configuration file: YAML in the shape `lnetctl export` writes (`net:` with
+//! `net type`, `local NI(s)`, `tunables`, `lnd tunables`), plus ours: a `fabric` key per net
+//! (`tcp`, `sim` or `verbs`), a `listen` address per NI for the tcp fabric, and a `peers:` list
+//! that tells the tcp fabric where a peer NID listens.
+//!
+//! ```yaml
+//! net:
+//!     - net type: o2ib
+//!       fabric: tcp
+//!       local NI(s):
+//!         - nid: 10.0.0.1@o2ib
+//!           listen: 127.0.0.1:9870
+//!           tunables:
+//!               peer_credits: 8
+//!           lnd tunables:
+//!               timeout: 50
+//! peers:
+//!     - nid: 10.0.0.2@o2ib
+//!       address: 127.0.0.1:9871
+//! ```
+//!
+//! Unknown keys and bad values are errors naming the file and the line
+//! (`lnet.yaml:7: unknown key 'peer_credit' (did you mean peer_credits?)`). Keys that
+//! `lnetctl export` writes but that mean nothing here (`status`, `interfaces`, `dev cpt`, `CPT`,
+//! `map_on_demand`, the FMR pool sizes, `ntx`, `conns_per_peer`, `tos`) are accepted and ignored.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use lnd::engine::Tunables;
+use lnd::time::Duration;
+use lnd::wire::{Net, Nid};
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
+
+/// LNet's default peer_timeout in seconds (reference section 9.1).
+pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
+
+/// Which network carries a net's NIs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FabricKind {
+    /// TCP sockets framed as RC queue pairs (`lnd::fabric::tcp`).
+    Tcp,
+    /// The deterministic simulator (tests).
+    Sim,
+    /// rdma_cm + verbs (not implemented yet).
+    Verbs,
+}
+
+impl FabricKind {
+    /// `tcp`, `sim` or `verbs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FabricKind::Tcp => "tcp",
+            FabricKind::Sim => "sim",
+            FabricKind::Verbs => "verbs",
+        }
+    }
+}
+
+/// One local NI as configured.
+#[derive(Clone, Debug)]
+pub struct NiSettings {
+    /// NID, credits and LND tunables (incarnation 0: [`DaemonConfig::node_config`] sets it).
+    pub ni: NiConfig,
+    /// Where the tcp fabric listens for this NI.
+    pub listen: Option<SocketAddr>,
+    /// `tunables: peer_timeout` (seconds; shown by `net show -v`, not enforced yet).
+    pub peer_timeout: u32,
+    /// `tunables: peer_buffer_credits` (router buffer credits; shown, not used yet).
+    pub peer_buffer_credits: u32,
+    /// The line of the NI's `nid:` key.
+    pub line: u64,
+}
+
+/// One `net:` entry.
+#[derive(Clone, Debug)]
+pub struct NetSettings {
+    pub net: Net,
+    pub fabric: FabricKind,
+    pub nis: Vec<NiSettings>,
+}
+
+/// The whole file, checked.
+#[derive(Clone, Debug, Default)]
+pub struct DaemonConfig {
+    pub nets: Vec<NetSettings>,
+    /// Where peer NIDs listen on the tcp fabric (ours; the resolver's table).
+    pub peers: HashMap<Nid, SocketAddr>,
+}
+
+impl DaemonConfig {
+    /// Every NI, in file order ([`NiIndex`](crate::NiIndex) `i` is the `i`th).
+    pub fn nis(&self) -> impl Iterator<Item = (&NetSettings, &NiSettings)> + '_ {
+        self.nets
+            .iter()
+            .flat_map(|n| n.nis.iter().map(move |ni| (n, ni)))
+    }
+
+    /// The node's configuration; NI `i` gets incarnation `incarnation + i`.
+    pub fn node_config(&self, incarnation: u64) -> NodeConfig {
+        let nis = self
+            .nis()
+            .enumerate()
+            .map(|(i, (_, s))| {
+                let mut c = s.ni.clone();
+                c.incarnation = incarnation.wrapping_add(i as u64);
+                c
+            })
+            .collect();
+        NodeConfig::new(nis)
+    }
+
+    /// Parses a configuration; `origin` names it in errors (usually the file name).
+    pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
+        let raw: RawConfig =
+            serde_saphyr::from_str(text).map_err(|e| from_yaml(origin, text, &e))?;
+        let err = |line: u64, message: String| ConfigError {
+            origin: origin.to_string(),
+            line: Some(line),
+            message,
+        };
+        let mut cfg = DaemonConfig::default();
+        let mut seen: HashMap<Nid, u64> = HashMap::new();
+        for n in raw.net {
+            let net_line = n.net_type.referenced.line();
+            let net: Net = n
+                .net_type
+                .value
+                .parse()
+                .map_err(|e| err(net_line, format!("bad 'net type': {e}")))?;
+            if net == Net::LO {
+                // lnetctl export lists the loopback net; it always exists.
+                continue;
+            }
+            let fabric = n.fabric.unwrap_or(FabricKind::Tcp);
+            let mut nis = Vec::new();
+            for ni in n.local_nis {
+                let line = ni.nid.referenced.line();
+                let nid = ni.nid.value.0;
+                if nid.net() != net {
+                    return Err(err(
+                        line,
+                        format!("NID {nid} is not on net type {net} of its 'net:' entry"),
+                    ));
+                }
+                if let Some(first) = seen.insert(nid, line) {
+                    return Err(err(
+                        line,
+                        format!("NID {nid} is configured twice (first on line {first})"),
+                    ));
+                }
+                if fabric == FabricKind::Tcp && ni.listen.is_none() {
+                    return Err(err(
+                        line,
+                        format!("NI {nid} is on the tcp fabric but has no 'listen' address"),
+                    ));
+                }
+                let t = ni.tunables.unwrap_or_default();
+                let l = ni.lnd_tunables.unwrap_or_default();
+                let credits = checked(&t.credits, DEFAULT_CREDITS, 1, u32::MAX, "credits")
+                    .map_err(|(l, m)| err(l, m))?;
+                let peer_credits = checked(
+                    &t.peer_credits,
+                    DEFAULT_PEER_CREDITS,
+                    1,
+                    255,
+                    "peer_credits",
+                )
+                .map_err(|(l, m)| err(l, m))?;
+                let mut c = NiConfig::new(nid, 0);
+                c.credits = credits;
+                c.peer_credits = peer_credits;
+                c.tunables = lnd_tunables(&l, peer_credits as u16).map_err(|(l, m)| err(l, m))?;
+                nis.push(NiSettings {
+                    ni: c,
+                    listen: ni.listen,
+                    peer_timeout: t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
+                    peer_buffer_credits: t.peer_buffer_credits.unwrap_or(0),
+                    line,
+                });
+            }
+            if let Some(existing) = cfg.nets.iter_mut().find(|s| s.net == net) {
+                existing.nis.extend(nis);
+            } else {
+                cfg.nets.push(NetSettings { net, fabric, nis });
+            }
+        }
+        for p in raw.peers {
+            let line = p.nid.referenced.line();
+            let nid = p.nid.value.0;
+            if cfg.peers.insert(nid, p.address).is_some() {
+                return Err(err(line, format!("peer {nid} is listed twice")));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            origin: origin.clone(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?;
+        DaemonConfig::parse(&text, &origin)
+    }
+}
+
+/// A configuration error: where, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file name (or whatever `parse` was given).
+    pub origin: String,
+    /// 1-based line, when known.
+    pub line: Option<u64>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{l}: {}", self.origin, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+// ---------------------------------------------------------------------------------- raw shape
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    net: Vec<RawNet>,
+    #[serde(default)]
+    peers: Vec<RawPeer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNet {
+    #[serde(rename = "net type")]
+    net_type: Spanned<String>,
+    #[serde(default)]
+    fabric: Option<FabricKind>,
+    #[serde(rename = "local NI(s)", default)]
+    local_nis: Vec<RawNi>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
+struct RawNi {
+    nid: Spanned<NidValue>,
+    #[serde(default)]
+    listen: Option<SocketAddr>,
+    #[serde(default)]
+    tunables: Option<RawTunables>,
+    #[serde(rename = "lnd tunables", default)]
+    lnd_tunables: Option<RawLndTunables>,
+    // Written by `lnetctl export`, meaningless here.
+    #[serde(default)]
+    status: Option<IgnoredAny>,
+    #[serde(default)]
+    interfaces: Option<IgnoredAny>,
+    #[serde(rename = "dev cpt", default)]
+    dev_cpt: Option<IgnoredAny>,
+    #[serde(rename = "CPT", default)]
+    cpt: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawTunables {
+    #[serde(default)]
+    peer_timeout: Option<u32>,
+    #[serde(default)]
+    peer_credits: Option<Spanned<u32>>,
+    #[serde(default)]
+    peer_buffer_credits: Option<u32>,
+    #[serde(default)]
+    credits: Option<Spanned<u32>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
+struct RawLndTunables {
+    #[serde(default)]
+    peercredits_hiw: Option<Spanned<u32>>,
+    #[serde(default)]
+    concurrent_sends: Option<Spanned<u32>>,
+    /// Seconds.
+    #[serde(default)]
+    timeout: Option<Spanned<u32>>,
+    /// Seconds.
+    #[serde(default)]
+    keepalive: Option<Spanned<u32>>,
+    // Written by `lnetctl export`, meaningless here.
+    #[serde(default)]
+    map_on_demand: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_pool_size: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_flush_trigger: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_cache: Option<IgnoredAny>,
+    #[serde(default)]
+    ntx: Option<IgnoredAny>,
+    #[serde(default)]
+    conns_per_peer: Option<IgnoredAny>,
+    #[serde(default)]
+    tos: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    nid: Spanned<NidValue>,
+    address: SocketAddr,
+}
+
+/// A NID, parsed while deserializing so that a bad one is reported at its line with lnd's
+/// [`NidParseError`](lnd::wire::NidParseError) message.
+struct NidValue(Nid);
+
+impl<'de> Deserialize<'de> for NidValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<NidValue, D::Error> {
+        let s = String::deserialize(d)?;
+        s.trim()
+            .parse()
+            .map(NidValue)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+type Located = (u64, String);
+
+/// A tunable's value, or its default; out of `lo..=hi` is an error at its line.
+fn checked(
+    v: &Option<Spanned<u32>>,
+    default: u32,
+    lo: u32,
+    hi: u32,
+    key: &str,
+) -> Result<u32, Located> {
+    match v {
+        None => Ok(default),
+        Some(s) if (lo..=hi).contains(&s.value) => Ok(s.value),
+        Some(s) => Err((
+            s.referenced.line(),
+            format!("{key}: {} is out of range {lo}..={hi}", s.value),
+        )),
+    }
+}
+
+/// The o2ib LND's tunables from `lnd tunables:` (0 = automatic, as in o2iblnd).
+fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Located> {
+    let d = Tunables::default();
+    let hiw = checked(&l.peercredits_hiw, 0, 0, 255, "peercredits_hiw")?;
+    let cs = checked(&l.concurrent_sends, 0, 0, 510, "concurrent_sends")?;
+    let timeout = checked(&l.timeout, d.timeout.as_secs() as u32, 1, 3600, "timeout")?;
+    let keepalive = checked(
+        &l.keepalive,
+        d.keepalive.as_secs() as u32,
+        0,
+        86400,
+        "keepalive",
+    )?;
+    Ok(Tunables {
+        peer_credits,
+        peer_credits_hiw: hiw as u16,
+        concurrent_sends: cs as u16,
+        timeout: Duration::from_secs(u64::from(timeout)),
+        keepalive: Duration::from_secs(u64::from(keepalive)),
+        ..d
+    })
+}
+
+// ---------------------------------------------------------------------------------- errors
+
+/// Turns serde-saphyr's error into `origin:line: message`, rewording serde's unknown-field
+/// message as "unknown key 'x' (did you mean y?)" and quoting the offending line otherwise.
+fn from_yaml(origin: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
+    let line = e.location().map(|l| l.line()).filter(|&l| l > 0);
+    let mut msg = e.without_snippet().to_string();
+    // serde-saphyr appends " at line L, column C"; we print the line ourselves.
+    if let Some(i) = msg.rfind(" at line ") {
+        msg.truncate(i);
+    }
+    let message = if let Some(m) = reword_unknown(&msg) {
+        m
+    } else {
+        match line.and_then(|l| text.lines().nth(l as usize - 1)) {
+            Some(src) if !src.trim().is_empty() => format!("{msg}: `{}`", src.trim()),
+            _ => msg,
+        }
+    };
+    ConfigError {
+        origin: origin.to_string(),
+        line,
+        message,
+    }
+}
+
+/// "unknown field `x`, expected one of a, b" -> "unknown key 'x' (did you mean a?)".
+fn reword_unknown(msg: &str) -> Option<String> {
+    let rest = msg.strip_prefix("unknown field `")?;
+    let (key, rest) = rest.split_once('`')?;
+    let expected: Vec<String> = rest
+        .split_once("expected")
+        .map(|(_, list)| {
+            list.trim_start_matches(" one of")
+                .split(',')
+                .map(|s| s.trim().trim_matches('`').to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let best = expected
+        .iter()
+        .map(|k| (edit_distance(key, k), k))
+        .min_by_key(|&(d, _)| d)
+        .filter(|&(d, k)| d <= 3.max(k.len() / 3));
+    Some(match best {
+        Some((_, k)) => format!("unknown key '{key}' (did you mean {k}?)"),
+        None if expected.is_empty() => format!("unknown key '{key}'"),
+        None => format!("unknown key '{key}' (known: {})", expected.join(", ")),
+    })
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+net:
+    - net type: o2ib
+      fabric: tcp
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          listen: 127.0.0.1:9870
+          status: up
+          tunables:
+              peer_timeout: 180
+              peer_credits: 16
+              peer_buffer_credits: 0
+              credits: 512
+          lnd tunables:
+              peercredits_hiw: 8
+              concurrent_sends: 16
+              timeout: 40
+              keepalive: 90
+              map_on_demand: 1
+peers:
+    - nid: 10.0.0.2@o2ib
+      address: 127.0.0.1:9871
+";
+
+    #[test]
+    fn good_config_parses() {
+        let c = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
+        assert_eq!(c.nets.len(), 1);
+        let (net, ni) = c.nis().next().unwrap();
+        assert_eq!(net.fabric, FabricKind::Tcp);
+        assert_eq!(ni.ni.nid.to_string(), "10.0.0.1@o2ib");
+        assert_eq!(ni.listen, Some("127.0.0.1:9870".parse().unwrap()));
+        assert_eq!((ni.ni.credits, ni.ni.peer_credits), (512, 16));
+        assert_eq!(ni.ni.tunables.peer_credits, 16);
+        assert_eq!(ni.ni.tunables.peer_credits_hiw, 8);
+        assert_eq!(ni.ni.tunables.concurrent_sends, 16);
+        assert_eq!(ni.ni.tunables.timeout, Duration::from_secs(40));
+        assert_eq!(ni.ni.tunables.keepalive, Duration::from_secs(90));
+        assert_eq!(ni.line, 5);
+        let peer: Nid = "10.0.0.2@o2ib".parse().unwrap();
+        assert_eq!(c.peers[&peer], "127.0.0.1:9871".parse().unwrap());
+        let node = c.node_config(77);
+        assert_eq!(node.nis.len(), 1);
+        assert_eq!(node.nis[0].incarnation, 77);
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let y = "net:\n  - net type: tcp1\n    fabric: sim\n    local NI(s):\n      - nid: 1.2.3.4@tcp1\n";
+        let c = DaemonConfig::parse(y, "t.yaml").unwrap();
+        let (_, ni) = c.nis().next().unwrap();
+        assert_eq!((ni.ni.credits, ni.ni.peer_credits), (256, 8));
+        assert_eq!(ni.ni.tunables, Tunables::default());
+        assert_eq!(ni.peer_timeout, 180);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_suggests() {
+        let y = GOOD.replace("peer_credits: 16", "peer_credit: 16");
+        let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config.yaml:10: unknown key 'peer_credit' (did you mean peer_credits?)"
+        );
+    }
+
+    #[test]
+    fn bad_nid_names_line_with_lnd_message() {
+        let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.2@ib0");
+        let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
+        assert_eq!(e.line, Some(20));
+        assert!(
+            e.message
+                .contains("bad NID '10.0.0.2@ib0': unknown network type 'ib'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_line_and_value() {
+        let y = GOOD.replace("credits: 512", "credits: lots");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(12), "{e}");
+        assert!(e.message.contains("credits: lots"), "{e}");
+
+        let y = GOOD.replace("peer_credits: 16", "peer_credits: 300");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "c.yaml:10: peer_credits: 300 is out of range 1..=255"
+        );
+
+        let y = GOOD.replace("fabric: tcp", "fabric: ib");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+
+        let y = GOOD.replace("listen: 127.0.0.1:9870", "listen: nowhere");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors_name_line() {
+        let y = GOOD.replace("nid: 10.0.0.1@o2ib", "nid: 10.0.0.1@o2ib1");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("not on net type o2ib"), "{e}");
+
+        let y = GOOD.replace("          listen: 127.0.0.1:9870\n", "");
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("no 'listen'"), "{e}");
+    }
+
+    #[test]
+    fn shipped_example_parses() {
+        let text = include_str!("../examples/lnet-router.yaml");
+        let c = DaemonConfig::parse(text, "lnet-router.yaml").unwrap();
+        assert!(c.nis().count() >= 1);
+    }
+}

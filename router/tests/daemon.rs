@@ -1,0 +1,185 @@
+//! Two `lnet-router` daemons on loopback: ping across the tcp fabric through the control socket,
+//! the show commands, and a graceful SIGTERM.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use router::control::{ControlClient, Request, Response};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
+    let cfg = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+        ),
+    )
+    .unwrap();
+    let socket = dir.join(format!("{name}.sock"));
+    let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(&socket)
+        .env("LNET_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !socket.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{name} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon { child, socket }
+}
+
+fn call(d: &Daemon, req: Request) -> Response {
+    ControlClient::connect(&d.socket)
+        .unwrap()
+        .call(&req)
+        .unwrap()
+}
+
+#[test]
+fn two_daemons_ping_and_stop_gracefully() {
+    let dir = std::env::temp_dir().join(format!("ulnet-daemon-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (pa, pb) = (free_port(), free_port());
+    let a = start(&dir, "a", "10.0.0.1@o2ib", pa, "10.0.0.2@o2ib", pb);
+    let mut b = start(&dir, "b", "10.0.0.2@o2ib", pb, "10.0.0.1@o2ib", pa);
+
+    let resp = call(
+        &a,
+        Request::Ping {
+            nids: vec!["10.0.0.2@o2ib".into(), "0@lo".into()],
+            timeout_secs: Some(10),
+            source: None,
+        },
+    );
+    let Response::Ping(p) = resp else {
+        panic!("{resp:?}")
+    };
+    assert!(p.manage.is_empty(), "{p:?}");
+    assert_eq!(p.ping[0].primary_nid, "10.0.0.2@o2ib");
+    assert_eq!(p.ping[0].peer_ni, vec!["10.0.0.2@o2ib".to_string()]);
+    assert_eq!(p.ping[1].primary_nid, "10.0.0.1@o2ib");
+
+    let Response::Peer(peers) = call(
+        &a,
+        Request::PeerShow {
+            nid: Some("10.0.0.2@o2ib".into()),
+            verbose: true,
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(peers.peer[0].peer_ni[0].state, "up");
+    let Response::Conn(c) = call(&a, Request::ConnShow) else {
+        panic!()
+    };
+    assert_eq!(c.conn.len(), 1, "{c:?}");
+    assert_eq!(c.conn[0].state, "Established");
+    let Response::Conn(c) = call(&b, Request::ConnShow) else {
+        panic!()
+    };
+    assert_eq!(c.conn[0].side, "passive");
+    let Response::Stats(s) = call(&b, Request::StatsShow) else {
+        panic!()
+    };
+    assert!(s.statistics.recv_count >= 1);
+    assert!(matches!(
+        call(&a, Request::NetShow { verbose: true }),
+        Response::Net(_)
+    ));
+    assert!(matches!(call(&a, Request::GlobalShow), Response::Global(_)));
+
+    // SIGTERM: graceful close, exit 0, socket removed.
+    let st = Command::new("kill")
+        .args(["-TERM", &b.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = b.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "b did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    assert!(!b.socket.exists());
+
+    // A saw the graceful close: the peer goes down, its connection is gone.
+    let t0 = Instant::now();
+    loop {
+        let Response::Peer(peers) = call(
+            &a,
+            Request::PeerShow {
+                nid: Some("10.0.0.2@o2ib".into()),
+                verbose: false,
+            },
+        ) else {
+            panic!()
+        };
+        if peers.peer[0].peer_ni[0].state == "down" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{peers:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_config_exits_2_naming_the_line() {
+    let dir = std::env::temp_dir().join(format!("ulnet-daemon-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("bad.yaml");
+    std::fs::write(
+        &cfg,
+        "net:\n    - net type: o2ib\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n          listen: 127.0.0.1:1\n          tunables:\n              peer_credit: 8\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(dir.join("s.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bad.yaml:7: unknown key 'peer_credit' (did you mean peer_credits?)"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
