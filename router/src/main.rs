@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use lnd::fabric::tcp::{MonotonicClock, TcpFabric};
+use lnd::fabric::tcp::{MonotonicClock, TcpConfig, TcpFabric};
 use lnd::time::Duration;
 use router::control::{self, errno, Control, ControlError, NiExtras, Request, Response};
 use router::yaml_config::{DaemonConfig, FabricKind};
@@ -137,7 +137,12 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
             return Err(format!("NI {} has no listen address", ni.ni.nid));
         };
         let peers = cfg.peers.clone();
-        let f = TcpFabric::bind(listen, move |nid| peers.get(&nid).copied())
+        // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
+        let tcp = TcpConfig {
+            user_timeout: ni.ni.tunables.timeout.into(),
+            ..TcpConfig::default()
+        };
+        let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
             .map_err(|e| format!("NI {}: cannot listen on {listen}: {e}", ni.ni.nid))?;
         info!(nid = %ni.ni.nid, listen = %f.local_addr(), "NI up");
         fabrics.push(f);

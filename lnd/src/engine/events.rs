@@ -167,6 +167,8 @@ pub struct LndStats {
     pub bad_connreqs: u64,
     /// Message types this engine does not drive yet (the RDMA PUT/GET rendezvous).
     pub unsupported_msgs: u64,
+    /// Connections closed because nothing was heard from the peer for keepalive + timeout.
+    pub silent_peers: u64,
     /// Peers reported down.
     pub peers_down: u64,
     /// Peers whose incarnation changed (a reboot seen).

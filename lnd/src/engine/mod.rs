@@ -131,6 +131,8 @@ struct Conn {
     tx_cred: VecDeque<TxKey>,
     tx_nocred: VecDeque<TxKey>,
     last_send: Instant,
+    /// When the peer was last heard from on this connection (any message, NOOPs included).
+    last_recv: Instant,
     timer: Option<TimerKey>,
     /// The first error that closed it; `None` for a graceful close.
     error: Option<DownReason>,
@@ -746,11 +748,12 @@ impl Endpoint {
     /// A message arrived in receive slot `slot` of `conn` (kiblnd_rx_complete, kiblnd_handle_rx).
     pub fn handle_recv(&mut self, now: Instant, conn: ConnId, slot: u16, bytes: &[u8]) {
         self.advance(now);
+        let now = self.now;
         let Some(c) = self.conn_mut(conn) else {
             return;
         };
         match c.state {
-            ConnState::Established => {}
+            ConnState::Established => c.last_recv = now,
             ConnState::PassiveWait => {
                 // Data can beat the ESTABLISHED event (LU-8303); keep it for then.
                 c.early_rx.push((slot, bytes.to_vec()));
@@ -981,6 +984,7 @@ impl Endpoint {
             tx_cred: VecDeque::new(),
             tx_nocred: VecDeque::new(),
             last_send: self.now,
+            last_recv: self.now,
             timer: None,
             error: None,
             reconnect: false,
@@ -1220,6 +1224,7 @@ impl Endpoint {
             return;
         };
         c.last_send = now;
+        c.last_recv = now;
         let (p, stamp) = (c.peer, c.peer_stamp);
         self.stats.established += 1;
         // Connections to an older instance of this peer are dead.
@@ -1238,8 +1243,10 @@ impl Endpoint {
         peer.races = 0;
         peer.races_received = 0;
         self.cancel_reconnect(p);
-        let keepalive = self.now + self.cfg.tunables.keepalive;
-        self.arm_conn_timer(conn, keepalive);
+        if !self.cfg.tunables.keepalive.is_zero() {
+            let keepalive = self.now + self.cfg.tunables.keepalive;
+            self.arm_conn_timer(conn, keepalive);
+        }
         let nid = self.peers[p].nid;
         if !self.peers[p].up {
             self.peers[p].up = true;
@@ -1506,6 +1513,7 @@ impl Endpoint {
     }
 
     fn on_conn_timer(&mut self, id: ConnId) {
+        let (keepalive, timeout) = (self.cfg.tunables.keepalive, self.cfg.tunables.timeout);
         let Some(c) = self.conn_mut(id) else {
             return;
         };
@@ -1519,14 +1527,27 @@ impl Endpoint {
                 self.handshake_failed(id, Some(DownReason::Timeout), retry, true);
             }
             ConnState::Established => {
-                let due = c.last_send + self.cfg.tunables.keepalive;
-                if self.now >= due {
-                    self.check_sends(id, true);
-                    let at = self.now + self.cfg.tunables.keepalive;
-                    self.arm_conn_timer(id, at);
-                } else {
-                    self.arm_conn_timer(id, due);
+                // A live peer sends at least every `keepalive` (its own keepalive NOOP, if
+                // nothing else). Silence for keepalive + timeout means it is gone or frozen, even
+                // if the transport still acknowledges what we send: a stopped process's kernel
+                // (or HCA) keeps acking. o2iblnd has no such check; 3FS #426's lesson is to
+                // declare a peer dead on our own deadline, not wait for the transport.
+                let silent_at = c.last_recv + keepalive + timeout;
+                let last_send = c.last_send;
+                if self.now >= silent_at {
+                    self.stats.silent_peers += 1;
+                    debug!(conn = ?id, "nothing heard from the peer for keepalive + timeout");
+                    self.close_conn(id, Some(DownReason::Timeout));
+                    return;
                 }
+                let due = last_send + keepalive;
+                let next = if self.now >= due {
+                    self.check_sends(id, true);
+                    self.now + keepalive
+                } else {
+                    due
+                };
+                self.arm_conn_timer(id, next.min(silent_at));
             }
             ConnState::Closing => {
                 self.stats.close_timeouts += 1;
