@@ -32,6 +32,8 @@
 
 pub mod sim;
 pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use core::fmt;
 

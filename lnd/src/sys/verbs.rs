@@ -1,0 +1,828 @@
+#![allow(unsafe_code)]
+//! A small safe wrapper over `rdma-sys` (libibverbs + librdmacm): the only file of the `verbs`
+//! fabric with `unsafe` code.
+//!
+//! # Ownership model
+//!
+//! - [`EventChannel`] owns an `rdma_event_channel` (non-blocking fd). [`EventChannel::next_event`]
+//!   copies everything we need out of an `rdma_cm_event` (kind, status, the id's token, the
+//!   private data) and acks it at once, so no event is ever held across calls and
+//!   `rdma_destroy_id` never waits on us.
+//! - [`CmId`] owns an `rdma_cm_id` and, once [`CmId::create_qp`] ran, its RC queue pair. The QP
+//!   keeps `Arc`s of its protection domain, its completion queue and every [`MemoryRegion`] a work
+//!   request was posted from or into, so none of them can be freed while the device may still use
+//!   them: they are released only after the QP is destroyed ([`CmId::destroy_qp`] or drop).
+//! - [`ProtectionDomain`], [`CompChannel`], [`CompletionQueue`], [`MemoryRegion`] free their
+//!   object on drop; dependents hold `Arc`s of what they need (a CQ its channel, an MR its PD).
+//! - A [`MemoryRegion`]'s bytes are shared with the device: they are only copied in and out with
+//!   raw copies ([`MemoryRegion::read`], [`MemoryRegion::write`]), never borrowed as Rust slices,
+//!   because the HCA may DMA into a posted range at any time.
+//!
+//! Device contexts (`ibv_context`) are opened and kept by librdmacm for the life of the process;
+//! we only borrow them through a cm_id (`id->verbs`).
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rdma_sys as sys;
+
+fn last_err() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn check(rc: i32) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else if rc > 0 {
+        // Some verbs return a positive errno instead of setting errno.
+        Err(io::Error::from_raw_os_error(rc))
+    } else {
+        Err(last_err())
+    }
+}
+
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own (the channel's), with plain integer arguments.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+/// How many RDMA devices libibverbs sees (0 on a host with no RDMA NIC and no rdma_rxe).
+pub fn device_count() -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: `n` is a valid out-pointer; the returned list is freed right away and not used.
+    let list = unsafe { sys::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return 0;
+    }
+    // SAFETY: `list` came from ibv_get_device_list and is freed exactly once.
+    unsafe { sys::ibv_free_device_list(list) };
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// Writes `addr` into a `sockaddr_storage`.
+fn to_sockaddr(addr: SocketAddr) -> libc::sockaddr_storage {
+    // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in>(), sin) };
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+            unsafe { ptr::write(ptr::addr_of_mut!(ss).cast::<libc::sockaddr_in6>(), sin6) };
+        }
+    }
+    ss
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection-manager events
+
+/// An rdma_cm event channel.
+pub struct EventChannel {
+    raw: NonNull<sys::rdma_event_channel>,
+}
+
+// SAFETY: the channel is a file descriptor wrapper; librdmacm allows using it from any thread,
+// and we never share it (`!Sync` keeps `&self` on one thread at a time).
+unsafe impl Send for EventChannel {}
+
+/// What happened, as `rdma_cm_event_type`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CmEventKind {
+    AddrResolved,
+    AddrError,
+    RouteResolved,
+    RouteError,
+    ConnectRequest,
+    ConnectResponse,
+    ConnectError,
+    Unreachable,
+    Rejected,
+    Established,
+    Disconnected,
+    DeviceRemoval,
+    TimewaitExit,
+    Other(u32),
+}
+
+impl CmEventKind {
+    fn from_raw(t: u32) -> CmEventKind {
+        use sys::rdma_cm_event_type as t_;
+        match t {
+            t_::RDMA_CM_EVENT_ADDR_RESOLVED => CmEventKind::AddrResolved,
+            t_::RDMA_CM_EVENT_ADDR_ERROR => CmEventKind::AddrError,
+            t_::RDMA_CM_EVENT_ROUTE_RESOLVED => CmEventKind::RouteResolved,
+            t_::RDMA_CM_EVENT_ROUTE_ERROR => CmEventKind::RouteError,
+            t_::RDMA_CM_EVENT_CONNECT_REQUEST => CmEventKind::ConnectRequest,
+            t_::RDMA_CM_EVENT_CONNECT_RESPONSE => CmEventKind::ConnectResponse,
+            t_::RDMA_CM_EVENT_CONNECT_ERROR => CmEventKind::ConnectError,
+            t_::RDMA_CM_EVENT_UNREACHABLE => CmEventKind::Unreachable,
+            t_::RDMA_CM_EVENT_REJECTED => CmEventKind::Rejected,
+            t_::RDMA_CM_EVENT_ESTABLISHED => CmEventKind::Established,
+            t_::RDMA_CM_EVENT_DISCONNECTED => CmEventKind::Disconnected,
+            t_::RDMA_CM_EVENT_DEVICE_REMOVAL => CmEventKind::DeviceRemoval,
+            t_::RDMA_CM_EVENT_TIMEWAIT_EXIT => CmEventKind::TimewaitExit,
+            other => CmEventKind::Other(other),
+        }
+    }
+}
+
+/// A connection-manager event, copied out and already acked.
+pub struct CmEvent {
+    pub kind: CmEventKind,
+    /// `event->status`: an errno (negative) or, for REJECTED, the IB CM reject reason.
+    pub status: i32,
+    /// The token of the id the event is for ([`CmId::set_token`]); a connect request carries the
+    /// listener's token.
+    pub token: u64,
+    /// For a connect request: the new id, now owned by the caller (its token is the listener's
+    /// until [`CmId::set_token`]).
+    pub new_id: Option<CmId>,
+    /// The private data (truncated to 64 bytes; IB CM pads it with zeroes).
+    pub private: Vec<u8>,
+}
+
+impl EventChannel {
+    /// Creates a non-blocking event channel (fails with ENODEV when there is no RDMA device).
+    pub fn new() -> io::Result<EventChannel> {
+        // SAFETY: no arguments; a null result means failure with errno set.
+        let raw = unsafe { sys::rdma_create_event_channel() };
+        let raw = NonNull::new(raw).ok_or_else(last_err)?;
+        let ch = EventChannel { raw };
+        set_nonblocking(ch.fd())?;
+        Ok(ch)
+    }
+
+    /// The descriptor to poll(2) for readability.
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: `raw` is a live channel for as long as `self` exists.
+        unsafe { self.raw.as_ref().fd }
+    }
+
+    /// The next event, without blocking (`Ok(None)` when there is none).
+    pub fn next_event(&self) -> io::Result<Option<CmEvent>> {
+        let mut ev: *mut sys::rdma_cm_event = ptr::null_mut();
+        // SAFETY: a live channel and a valid out-pointer; the channel is non-blocking.
+        let rc = unsafe { sys::rdma_get_cm_event(self.raw.as_ptr(), &mut ev) };
+        if rc != 0 {
+            let e = last_err();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock => Ok(None),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: on success `ev` points at an event owned by librdmacm until it is acked below;
+        // we only read plain fields. `param.conn` is the active union member for connection
+        // events; for others its private_data is null / len 0, which we check.
+        let out = unsafe {
+            let e = &*ev;
+            let kind = CmEventKind::from_raw(e.event);
+            let private = {
+                let p = e.param.conn.private_data;
+                let n = usize::from(e.param.conn.private_data_len).min(64);
+                if p.is_null() || n == 0 {
+                    Vec::new()
+                } else {
+                    std::slice::from_raw_parts(p.cast::<u8>(), n).to_vec()
+                }
+            };
+            let (token, new_id) = if kind == CmEventKind::ConnectRequest {
+                let token = if e.listen_id.is_null() {
+                    0
+                } else {
+                    (*e.listen_id).context as u64
+                };
+                (token, NonNull::new(e.id).map(CmId::from_raw))
+            } else if e.id.is_null() {
+                (0, None)
+            } else {
+                ((*e.id).context as u64, None)
+            };
+            CmEvent {
+                kind,
+                status: e.status,
+                token,
+                new_id,
+                private,
+            }
+        };
+        // SAFETY: `ev` came from rdma_get_cm_event and is acked exactly once; we copied what we
+        // need. The new id of a connect request stays valid after the ack (we own it now).
+        check(unsafe { sys::rdma_ack_cm_event(ev) })?;
+        Ok(Some(out))
+    }
+}
+
+impl Drop for EventChannel {
+    fn drop(&mut self) {
+        // SAFETY: the channel is destroyed once; ids created on it are owned by `CmId`s that the
+        // fabric drops first (field order), and no event is held un-acked.
+        unsafe { sys::rdma_destroy_event_channel(self.raw.as_ptr()) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verbs objects
+
+/// A protection domain on a cm_id's device.
+pub struct ProtectionDomain {
+    raw: NonNull<sys::ibv_pd>,
+}
+
+// SAFETY: verbs objects may be used from any thread; the wrappers are not shared mutably.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: the only `&self` operation is reading the pointer.
+unsafe impl Sync for ProtectionDomain {}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every MR and QP on this PD holds an Arc of it, so none is left.
+        unsafe { sys::ibv_dealloc_pd(self.raw.as_ptr()) };
+    }
+}
+
+/// A completion channel: a file descriptor that becomes readable when an armed CQ has a
+/// completion.
+pub struct CompChannel {
+    raw: NonNull<sys::ibv_comp_channel>,
+}
+
+// SAFETY: as for ProtectionDomain.
+unsafe impl Send for CompChannel {}
+// SAFETY: `get_cq_event` on a channel is thread-safe in libibverbs.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    /// The descriptor to poll(2).
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: live channel.
+        unsafe { self.raw.as_ref().fd }
+    }
+
+    /// Reads and acks every pending notification (non-blocking); returns how many there were.
+    pub fn drain(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+            let mut ctx: *mut libc::c_void = ptr::null_mut();
+            // SAFETY: live non-blocking channel, valid out-pointers.
+            let rc = unsafe { sys::ibv_get_cq_event(self.raw.as_ptr(), &mut cq, &mut ctx) };
+            if rc != 0 || cq.is_null() {
+                return n;
+            }
+            // SAFETY: `cq` is the live CQ the event is for (a CQ holds an Arc of its channel and
+            // cannot have been destroyed with an un-acked event); acked exactly once.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ on this channel holds an Arc of it, so none is left.
+        unsafe { sys::ibv_destroy_comp_channel(self.raw.as_ptr()) };
+    }
+}
+
+/// A completion queue bound to a [`CompChannel`].
+pub struct CompletionQueue {
+    raw: NonNull<sys::ibv_cq>,
+    _channel: Arc<CompChannel>,
+}
+
+// SAFETY: as for ProtectionDomain.
+unsafe impl Send for CompletionQueue {}
+// SAFETY: polling and arming a CQ are thread-safe in libibverbs providers.
+unsafe impl Sync for CompletionQueue {}
+
+/// One work completion.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Wc {
+    pub wr_id: u64,
+    /// `ibv_wc_status` (see [`wc`]).
+    pub status: u32,
+    /// True for a receive completion.
+    pub is_recv: bool,
+    pub byte_len: u32,
+}
+
+/// Work-completion status codes.
+pub mod wc {
+    use rdma_sys::ibv_wc_status as s;
+    pub const SUCCESS: u32 = s::IBV_WC_SUCCESS;
+    pub const WR_FLUSH_ERR: u32 = s::IBV_WC_WR_FLUSH_ERR;
+    pub const RETRY_EXC_ERR: u32 = s::IBV_WC_RETRY_EXC_ERR;
+}
+
+impl CompletionQueue {
+    /// Arms the CQ: the channel fires at the next completion.
+    pub fn req_notify(&self) -> io::Result<()> {
+        // SAFETY: live CQ.
+        check(unsafe { sys::ibv_req_notify_cq(self.raw.as_ptr(), 0) })
+    }
+
+    /// Polls up to `max` completions into `out`; returns how many.
+    pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> io::Result<usize> {
+        const BATCH: usize = 16;
+        // SAFETY: ibv_wc is plain old data; zeroes are valid.
+        let mut wcs: [sys::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
+        let n = max.min(BATCH) as i32;
+        // SAFETY: live CQ; `wcs` has room for `n` entries.
+        let got = unsafe { sys::ibv_poll_cq(self.raw.as_ptr(), n, wcs.as_mut_ptr()) };
+        if got < 0 {
+            return Err(io::Error::other(format!("ibv_poll_cq failed ({got})")));
+        }
+        let got = got as usize;
+        for w in &wcs[..got] {
+            out.push(Wc {
+                wr_id: w.wr_id,
+                status: w.status,
+                is_recv: w.opcode & sys::ibv_wc_opcode::IBV_WC_RECV != 0,
+                byte_len: w.byte_len,
+            });
+        }
+        Ok(got)
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: the QP using this CQ holds an Arc of it, so it is destroyed already.
+        unsafe { sys::ibv_destroy_cq(self.raw.as_ptr()) };
+    }
+}
+
+/// A registered buffer (ibv_reg_mr); deregistered, then freed, on drop.
+pub struct MemoryRegion {
+    mr: NonNull<sys::ibv_mr>,
+    buf: NonNull<u8>,
+    len: usize,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: the buffer is only reached through raw copies and the MR pointer through reads.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above; `write` takes `&self` but callers write only unposted ranges.
+unsafe impl Sync for MemoryRegion {}
+
+impl MemoryRegion {
+    /// Allocates `len` zeroed bytes and registers them for local write (and remote write when
+    /// `remote_write`).
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        len: usize,
+        remote_write: bool,
+    ) -> io::Result<Arc<MemoryRegion>> {
+        let len = len.max(1);
+        let boxed: Box<[u8]> = vec![0u8; len].into_boxed_slice();
+        let buf = NonNull::new(Box::into_raw(boxed).cast::<u8>()).expect("Box is non-null");
+        let mut access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote_write {
+            access |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: live PD; `buf` points at `len` bytes we own until drop (after dereg).
+        let mr = unsafe {
+            sys::ibv_reg_mr(
+                pd.raw.as_ptr(),
+                buf.as_ptr().cast(),
+                len,
+                access as libc::c_int,
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            let e = last_err();
+            // SAFETY: re-creates the Box leaked above, exactly once.
+            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(buf.as_ptr(), len)) });
+            return Err(e);
+        };
+        Ok(Arc::new(MemoryRegion {
+            mr,
+            buf,
+            len,
+            _pd: Arc::clone(pd),
+        }))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: live MR.
+        unsafe { self.mr.as_ref().lkey }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: live MR.
+        unsafe { self.mr.as_ref().rkey }
+    }
+
+    /// The address of byte `offset` (for SGEs and remote descriptors).
+    pub fn addr(&self, offset: usize) -> u64 {
+        self.buf.as_ptr() as u64 + offset as u64
+    }
+
+    /// Copies `out.len()` bytes at `offset` out (the range must not be posted for receive).
+    /// Panics if out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked); raw byte copy, no reference to device-shared memory.
+        unsafe {
+            ptr::copy_nonoverlapping(self.buf.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+        };
+    }
+
+    /// Copies `data` in at `offset` (the range must not be posted for send). Panics if out of
+    /// bounds.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(offset
+            .checked_add(data.len())
+            .is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked); raw byte copy into memory we own.
+        unsafe {
+            ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_ptr().add(offset), data.len())
+        };
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: no QP can still use the MR: every QP it was posted on holds an Arc of it and is
+        // destroyed before releasing it. Deregister first, then free the memory.
+        unsafe {
+            sys::ibv_dereg_mr(self.mr.as_ptr());
+            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
+                self.buf.as_ptr(),
+                self.len,
+            )));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// cm_id + QP
+
+/// Everything the QP references, released only after it is destroyed.
+struct QpDeps {
+    _pd: Arc<ProtectionDomain>,
+    _cq: Arc<CompletionQueue>,
+    regions: Vec<Arc<MemoryRegion>>,
+}
+
+/// Connection parameters of rdma_connect / rdma_accept.
+#[derive(Copy, Clone, Debug)]
+pub struct ConnParam {
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+}
+
+/// An rdma_cm id (and its QP).
+pub struct CmId {
+    raw: NonNull<sys::rdma_cm_id>,
+    qp: Option<QpDeps>,
+}
+
+// SAFETY: librdmacm ids may be used from any thread; the wrapper is not Sync.
+unsafe impl Send for CmId {}
+
+impl CmId {
+    fn from_raw(raw: NonNull<sys::rdma_cm_id>) -> CmId {
+        CmId { raw, qp: None }
+    }
+
+    /// A new RDMA_PS_TCP id on `ch`, whose events carry `token`.
+    pub fn new(ch: &EventChannel, token: u64) -> io::Result<CmId> {
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        // SAFETY: live channel, valid out-pointer; the context is an opaque integer.
+        check(unsafe {
+            sys::rdma_create_id(
+                ch.raw.as_ptr(),
+                &mut id,
+                token as *mut libc::c_void,
+                sys::rdma_port_space::RDMA_PS_TCP,
+            )
+        })?;
+        let raw = NonNull::new(id).ok_or_else(|| io::Error::other("rdma_create_id gave null"))?;
+        Ok(CmId::from_raw(raw))
+    }
+
+    /// Sets the token carried by this id's events.
+    pub fn set_token(&mut self, token: u64) {
+        // SAFETY: live id; `context` is ours to set.
+        unsafe { (*self.raw.as_ptr()).context = token as *mut libc::c_void };
+    }
+
+    pub fn bind(&mut self, addr: SocketAddr) -> io::Result<()> {
+        let mut ss = to_sockaddr(addr);
+        // SAFETY: live id; `ss` is a valid sockaddr for the call's duration.
+        check(unsafe { sys::rdma_bind_addr(self.raw.as_ptr(), ptr::addr_of_mut!(ss).cast()) })
+    }
+
+    pub fn listen(&mut self, backlog: i32) -> io::Result<()> {
+        // SAFETY: live, bound id.
+        check(unsafe { sys::rdma_listen(self.raw.as_ptr(), backlog) })
+    }
+
+    /// The port the id is bound to (host order).
+    pub fn src_port(&self) -> u16 {
+        // SAFETY: live id.
+        u16::from_be(unsafe { sys::rdma_get_src_port(self.raw.as_ptr()) })
+    }
+
+    pub fn resolve_addr(&mut self, dst: SocketAddr, timeout_ms: i32) -> io::Result<()> {
+        let mut ss = to_sockaddr(dst);
+        // SAFETY: live id; `ss` outlives the call (librdmacm copies it).
+        check(unsafe {
+            sys::rdma_resolve_addr(
+                self.raw.as_ptr(),
+                ptr::null_mut(),
+                ptr::addr_of_mut!(ss).cast(),
+                timeout_ms,
+            )
+        })
+    }
+
+    pub fn resolve_route(&mut self, timeout_ms: i32) -> io::Result<()> {
+        // SAFETY: live id with a resolved address.
+        check(unsafe { sys::rdma_resolve_route(self.raw.as_ptr(), timeout_ms) })
+    }
+
+    fn verbs(&self) -> io::Result<*mut sys::ibv_context> {
+        // SAFETY: live id; `verbs` is set once the address is bound/resolved.
+        let v = unsafe { self.raw.as_ref().verbs };
+        if v.is_null() {
+            Err(io::Error::other("cm_id has no device yet"))
+        } else {
+            Ok(v)
+        }
+    }
+
+    /// A protection domain on this id's device.
+    pub fn alloc_pd(&self) -> io::Result<Arc<ProtectionDomain>> {
+        let ctx = self.verbs()?;
+        // SAFETY: `ctx` is the id's open device context (kept open by librdmacm).
+        let raw = unsafe { sys::ibv_alloc_pd(ctx) };
+        Ok(Arc::new(ProtectionDomain {
+            raw: NonNull::new(raw).ok_or_else(last_err)?,
+        }))
+    }
+
+    /// A non-blocking completion channel on this id's device.
+    pub fn comp_channel(&self) -> io::Result<Arc<CompChannel>> {
+        let ctx = self.verbs()?;
+        // SAFETY: open device context.
+        let raw = unsafe { sys::ibv_create_comp_channel(ctx) };
+        let ch = CompChannel {
+            raw: NonNull::new(raw).ok_or_else(last_err)?,
+        };
+        set_nonblocking(ch.fd())?;
+        Ok(Arc::new(ch))
+    }
+
+    /// A CQ of `entries` on this id's device, notifying `channel`.
+    pub fn create_cq(
+        &self,
+        entries: u32,
+        channel: &Arc<CompChannel>,
+    ) -> io::Result<Arc<CompletionQueue>> {
+        let ctx = self.verbs()?;
+        // SAFETY: open device context and a live channel of the same device.
+        let raw = unsafe {
+            sys::ibv_create_cq(
+                ctx,
+                entries as libc::c_int,
+                ptr::null_mut(),
+                channel.raw.as_ptr(),
+                0,
+            )
+        };
+        Ok(Arc::new(CompletionQueue {
+            raw: NonNull::new(raw).ok_or_else(last_err)?,
+            _channel: Arc::clone(channel),
+        }))
+    }
+
+    /// Creates the id's RC QP (send and receive on `cq`, one SGE each).
+    pub fn create_qp(
+        &mut self,
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        send_wr: u32,
+        recv_wr: u32,
+    ) -> io::Result<()> {
+        if self.qp.is_some() {
+            return Err(io::Error::other("QP exists already"));
+        }
+        // SAFETY: plain old data, zeroes valid.
+        let mut attr: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = cq.raw.as_ptr();
+        attr.recv_cq = cq.raw.as_ptr();
+        attr.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap.max_send_wr = send_wr;
+        attr.cap.max_recv_wr = recv_wr;
+        attr.cap.max_send_sge = 1;
+        attr.cap.max_recv_sge = 1;
+        // SAFETY: live id, PD and CQ of the id's device; `attr` valid for the call.
+        check(unsafe { sys::rdma_create_qp(self.raw.as_ptr(), pd.raw.as_ptr(), &mut attr) })?;
+        self.qp = Some(QpDeps {
+            _pd: Arc::clone(pd),
+            _cq: Arc::clone(cq),
+            regions: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn qp_for(&mut self, mr: &Arc<MemoryRegion>) -> io::Result<*mut sys::ibv_qp> {
+        let deps = self.qp.as_mut().ok_or_else(|| io::Error::other("no QP"))?;
+        if !deps.regions.iter().any(|r| Arc::ptr_eq(r, mr)) {
+            deps.regions.push(Arc::clone(mr));
+        }
+        // SAFETY: live id with a QP (created above, not destroyed since `qp` is Some).
+        Ok(unsafe { self.raw.as_ref().qp })
+    }
+
+    /// Posts a receive of `len` bytes at `offset` of `mr`.
+    pub fn post_recv(
+        &mut self,
+        mr: &Arc<MemoryRegion>,
+        offset: usize,
+        len: u32,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        if offset
+            .checked_add(len as usize)
+            .is_none_or(|e| e > mr.len())
+        {
+            return Err(io::Error::other("receive outside its region"));
+        }
+        let qp = self.qp_for(mr)?;
+        let mut sge = sys::ibv_sge {
+            addr: mr.addr(offset),
+            length: len,
+            lkey: mr.lkey(),
+        };
+        // SAFETY: plain old data, zeroes valid.
+        let mut wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: live QP; the SGE names memory of a registered region the QP keeps alive (Arc
+        // pinned in `qp_for`), in bounds (checked); `wr` and `sge` live for the call.
+        check(unsafe { sys::ibv_post_recv(qp, &mut wr, &mut bad) })
+    }
+
+    /// Posts a signaled IBV_WR_SEND of `len` bytes at `offset` of `mr`.
+    pub fn post_send(
+        &mut self,
+        mr: &Arc<MemoryRegion>,
+        offset: usize,
+        len: u32,
+        wr_id: u64,
+    ) -> io::Result<()> {
+        if offset
+            .checked_add(len as usize)
+            .is_none_or(|e| e > mr.len())
+        {
+            return Err(io::Error::other("send outside its region"));
+        }
+        let qp = self.qp_for(mr)?;
+        let mut sge = sys::ibv_sge {
+            addr: mr.addr(offset),
+            length: len,
+            lkey: mr.lkey(),
+        };
+        // SAFETY: plain old data, zeroes valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: as for post_recv.
+        check(unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) })
+    }
+
+    fn conn_param(private: &[u8], p: ConnParam) -> sys::rdma_conn_param {
+        // SAFETY: plain old data, zeroes valid.
+        let mut cp: sys::rdma_conn_param = unsafe { std::mem::zeroed() };
+        cp.private_data = private.as_ptr().cast();
+        cp.private_data_len = private.len().min(255) as u8;
+        cp.responder_resources = 0;
+        cp.initiator_depth = 0;
+        cp.flow_control = 1;
+        cp.retry_count = p.retry_count;
+        cp.rnr_retry_count = p.rnr_retry_count;
+        cp
+    }
+
+    pub fn connect(&mut self, private: &[u8], p: ConnParam) -> io::Result<()> {
+        let mut cp = CmId::conn_param(private, p);
+        // SAFETY: live id with a resolved route and a QP; `private` outlives the call.
+        check(unsafe { sys::rdma_connect(self.raw.as_ptr(), &mut cp) })
+    }
+
+    pub fn accept(&mut self, private: &[u8], p: ConnParam) -> io::Result<()> {
+        let mut cp = CmId::conn_param(private, p);
+        // SAFETY: live id of a connect request, with a QP; `private` outlives the call.
+        check(unsafe { sys::rdma_accept(self.raw.as_ptr(), &mut cp) })
+    }
+
+    pub fn reject(&mut self, private: &[u8]) -> io::Result<()> {
+        // SAFETY: live id of a connect request; `private` outlives the call.
+        check(unsafe {
+            sys::rdma_reject(
+                self.raw.as_ptr(),
+                private.as_ptr().cast(),
+                private.len().min(255) as u8,
+            )
+        })
+    }
+
+    pub fn disconnect(&mut self) -> io::Result<()> {
+        // SAFETY: live id.
+        check(unsafe { sys::rdma_disconnect(self.raw.as_ptr()) })
+    }
+
+    /// Destroys the QP (if any), then releases what it pinned (CQ, MRs, PD references).
+    pub fn destroy_qp(&mut self) {
+        if self.qp.take().is_some() {
+            // SAFETY: live id with a QP; after this no work request references any region.
+            unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+        }
+    }
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        // Release order: QP (and what it pinned) first, then the id.
+        if self.qp.is_some() {
+            // SAFETY: live id with a QP.
+            unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+        }
+        let deps = self.qp.take();
+        // SAFETY: the id is destroyed once; we hold no un-acked event for it.
+        unsafe { sys::rdma_destroy_id(self.raw.as_ptr()) };
+        drop(deps);
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ms` passes (-1: forever). Returns the number
+/// of ready descriptors; EINTR counts as 0.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<usize> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `pfds` is a valid array of `len` pollfds for the call's duration.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = last_err();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(rc as usize)
+}
