@@ -1,0 +1,548 @@
+//! LNet over the tcp fabric on loopback: two [`LnetNode`]s in one process, each on its own thread
+//! with its own [`TcpFabric`] on an ephemeral 127.0.0.1 port, NIDs `10.0.0.1@o2ib` (A, the
+//! client) and `10.0.0.2@o2ib` (B, the server).
+//!
+//!     cargo run --release -p benches --bin lnet_perf -- --rtt 20000
+//!     cargo run --release -p benches --bin lnet_perf -- --put-rate 10
+//!
+//! `--rtt N`: N sequential LNet pings (GET/REPLY round trips) from A to B after a warm-up;
+//! prints `FIGURE ulnet_ping_rtt usec median=.. p99=.. min=..`.
+//!
+//! `--put-rate SECS`: a one-way stream of 64-byte PUTs from A to B for SECS seconds, with up to
+//! `--window` (default 256) PUTs outstanding at A (LNet's peer and NI credits bound what is
+//! actually in the LND; the rest waits in LNet's queues); the rate is what B received in the
+//! measured window; prints `FIGURE ulnet_put64_rate msgs/s value=..`.
+//!
+//! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
+//! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
+//! 64). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
+//! fabric with a short timeout, run timers when due, drain events. Results come back to the main
+//! thread over channels; both nodes shut down gracefully at the end (bounded), and the main
+//! thread gives up (exit 1) if a phase overruns its time bound.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+
+use lnd::fabric::tcp::{MonotonicClock, TcpFabric};
+use lnd::time::Duration;
+use lnd::wire::Nid;
+use router::{LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, DEFAULT_PEER_CREDITS};
+
+/// Longest single wait in a node loop (stop flags are looked at least this often).
+const MAX_WAIT: StdDuration = StdDuration::from_millis(2);
+/// Bound on a graceful shutdown.
+const SHUTDOWN_BOUND: StdDuration = StdDuration::from_secs(5);
+/// Per-ping timeout.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// The portal the benchmark PUTs go to (any non-reserved portal).
+const BENCH_PORTAL: u32 = 4;
+
+#[derive(Copy, Clone, Debug)]
+enum Mode {
+    Rtt(usize),
+    PutRate(f64),
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    mode: Mode,
+    warmup: usize,
+    window: usize,
+    peer_credits: u32,
+    payload: usize,
+    max_wait: StdDuration,
+}
+
+/// State both node threads and the main thread see.
+struct Shared {
+    /// Each node's listen address, set by its thread once bound.
+    addrs: [OnceLock<SocketAddr>; 2],
+    /// Main asks A to stop its PUT stream (or, on a failure, everything to stop).
+    stop_client: AtomicBool,
+    /// Main asks B to stop, once A is done (so that A's last PUTs still find B up).
+    stop: AtomicBool,
+    /// PUTs B received.
+    received: AtomicU64,
+}
+
+/// What the node threads tell the main thread.
+enum Report {
+    /// A's warm-up is over and the PUT stream runs.
+    Streaming,
+    /// A finished its RTT samples (nanoseconds each).
+    Rtt(Vec<u64>),
+    /// A stopped streaming.
+    PutsDone { sent: u64, done: u64, errors: u64 },
+    /// A node thread failed.
+    Failed(String),
+}
+
+fn nid(s: &str) -> Nid {
+    s.parse().expect("a valid NID")
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
+         [--peer-credits C] [--payload BYTES] [--max-wait-us US]"
+    );
+    ExitCode::from(2)
+}
+
+fn parse_args() -> Option<Opts> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut mode = None;
+    let mut opts = Opts {
+        mode: Mode::Rtt(0),
+        warmup: 1000,
+        window: 256,
+        peer_credits: DEFAULT_PEER_CREDITS,
+        payload: 64,
+        max_wait: MAX_WAIT,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let val = args.get(i + 1);
+        match args[i].as_str() {
+            "--rtt" => mode = Some(Mode::Rtt(val?.parse().ok().filter(|&n| n > 0)?)),
+            "--put-rate" => {
+                mode = Some(Mode::PutRate(
+                    val?.parse()
+                        .ok()
+                        .filter(|&s: &f64| s > 0.0 && s <= 3600.0)?,
+                ))
+            }
+            "--warmup" => opts.warmup = val?.parse().ok()?,
+            "--window" => opts.window = val?.parse().ok().filter(|&w| w > 0)?,
+            "--peer-credits" => opts.peer_credits = val?.parse().ok().filter(|&c| c > 0)?,
+            "--payload" => opts.payload = val?.parse().ok()?,
+            "--max-wait-us" => opts.max_wait = StdDuration::from_micros(val?.parse().ok()?),
+            other => {
+                eprintln!("lnet_perf: unknown argument '{other}'");
+                return None;
+            }
+        }
+        i += 2;
+    }
+    opts.mode = mode?;
+    Some(opts)
+}
+
+fn main() -> ExitCode {
+    let Some(opts) = parse_args() else {
+        return usage();
+    };
+    let shared = Arc::new(Shared {
+        addrs: [OnceLock::new(), OnceLock::new()],
+        stop_client: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        received: AtomicU64::new(0),
+    });
+    let (tx, rx) = mpsc::channel::<Report>();
+
+    let server = spawn_node(1, &opts, &shared, tx.clone());
+    let client = spawn_node(0, &opts, &shared, tx);
+    let (Ok(server), Ok(client)) = (server, client) else {
+        eprintln!("lnet_perf: cannot start the node threads");
+        return ExitCode::FAILURE;
+    };
+
+    // A bound on every phase; a run that overruns exits without waiting for its threads.
+    let recv = |bound: StdDuration| -> Result<Report, String> {
+        match rx.recv_timeout(bound) {
+            Ok(Report::Failed(e)) => Err(e),
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => Err(format!("no result within {bound:?}")),
+            Err(RecvTimeoutError::Disconnected) => Err("the node threads ended early".into()),
+        }
+    };
+    let result = match opts.mode {
+        Mode::Rtt(n) => {
+            // Warm-up plus samples; generous for a slow machine (5 ms a ping), plus setup.
+            let bound =
+                StdDuration::from_secs(30) + StdDuration::from_millis(5) * (n + opts.warmup) as u32;
+            recv(bound).and_then(|r| match r {
+                Report::Rtt(samples) => {
+                    print_rtt(&samples);
+                    Ok(())
+                }
+                _ => Err("unexpected report".into()),
+            })
+        }
+        Mode::PutRate(secs) => measure_puts(&shared, secs, &opts, recv),
+    };
+    shared.stop_client.store(true, Ordering::Relaxed);
+    shared.stop.store(true, Ordering::Relaxed);
+    if let Err(e) = &result {
+        eprintln!("lnet_perf: {e}");
+        // Do not wait for threads that may be stuck: the process exit closes every socket.
+        return ExitCode::FAILURE;
+    }
+    // Both nodes shut down gracefully (each bounded by SHUTDOWN_BOUND).
+    let mut ok = true;
+    for (name, h) in [("A", client), ("B", server)] {
+        match join_bounded(h, SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                eprintln!("lnet_perf: node {name}: {e}");
+                ok = false;
+            }
+            None => {
+                eprintln!("lnet_perf: node {name} did not stop in time");
+                ok = false;
+            }
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Joins `h`, waiting at most `bound`.
+fn join_bounded(
+    h: JoinHandle<Result<(), String>>,
+    bound: StdDuration,
+) -> Option<Result<(), String>> {
+    let deadline = StdInstant::now() + bound;
+    while !h.is_finished() {
+        if StdInstant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(StdDuration::from_millis(5));
+    }
+    Some(h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+}
+
+fn measure_puts(
+    shared: &Shared,
+    secs: f64,
+    opts: &Opts,
+    recv: impl Fn(StdDuration) -> Result<Report, String>,
+) -> Result<(), String> {
+    let bound = StdDuration::from_secs(30) + StdDuration::from_millis(5) * opts.warmup as u32;
+    match recv(bound)? {
+        Report::Streaming => {}
+        _ => return Err("unexpected report".into()),
+    }
+    // Let the stream settle, then count what B receives over the window.
+    std::thread::sleep(StdDuration::from_millis(500));
+    let (c0, t0) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
+    std::thread::sleep(StdDuration::from_secs_f64(secs));
+    let (c1, t1) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
+    shared.stop_client.store(true, Ordering::Relaxed);
+    let dt = t1.duration_since(t0).as_secs_f64();
+    let rate = (c1 - c0) as f64 / dt;
+    match recv(StdDuration::from_secs(10))? {
+        Report::PutsDone { sent, done, errors } => {
+            eprintln!(
+                "INFO put stream: window {} peer_credits {} payload {} B; A sent {sent}, \
+                 completed {done}, errors {errors}; B received {} in total, {} in {dt:.3} s",
+                opts.window,
+                opts.peer_credits,
+                opts.payload,
+                shared.received.load(Ordering::Relaxed),
+                c1 - c0
+            );
+            if errors > 0 {
+                return Err(format!("{errors} PUTs failed"));
+            }
+        }
+        _ => return Err("unexpected report".into()),
+    }
+    println!(
+        "FIGURE ulnet_put{}_rate msgs/s value={rate:.0}",
+        opts.payload
+    );
+    Ok(())
+}
+
+fn print_rtt(samples: &[u64]) {
+    let mut s = samples.to_vec();
+    s.sort_unstable();
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let n = s.len();
+    let pct = |p: f64| s[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+    let mean = s.iter().map(|&v| v as f64).sum::<f64>() / n as f64 / 1000.0;
+    eprintln!(
+        "INFO ping rtt: {n} samples, mean {mean:.2} us, p90 {:.2} us, p999 {:.2} us, max {:.2} us",
+        us(pct(0.9)),
+        us(pct(0.999)),
+        us(s[n - 1])
+    );
+    println!(
+        "FIGURE ulnet_ping_rtt usec median={:.2} p99={:.2} min={:.2}",
+        us(pct(0.5)),
+        us(pct(0.99)),
+        us(s[0])
+    );
+}
+
+fn spawn_node(
+    idx: usize,
+    opts: &Opts,
+    shared: &Arc<Shared>,
+    tx: Sender<Report>,
+) -> std::io::Result<JoinHandle<Result<(), String>>> {
+    let opts = opts.clone();
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new()
+        .name(if idx == 0 { "node-a" } else { "node-b" }.into())
+        .spawn(move || {
+            let r = node_thread(idx, &opts, &shared, &tx);
+            if let Err(e) = &r {
+                let _ = tx.send(Report::Failed(format!("node {}: {e}", ["A", "B"][idx])));
+                shared.stop_client.store(true, Ordering::Relaxed);
+                shared.stop.store(true, Ordering::Relaxed);
+            }
+            r
+        })
+}
+
+/// One node and its fabric, and the loop that drives them.
+struct Driver {
+    node: LnetNode,
+    fabric: TcpFabric,
+    clock: MonotonicClock,
+    max_wait: StdDuration,
+}
+
+impl Driver {
+    fn drain_actions(&mut self) {
+        let now = self.clock.now();
+        while let Some((_, a)) = self.node.poll_action() {
+            self.fabric.apply(now, a);
+        }
+    }
+
+    /// One turn: actions to the fabric, a bounded poll, the node's processing, due timers.
+    /// The caller drains `node.poll_event()` afterwards.
+    fn turn(&mut self, max_wait: StdDuration) -> Result<(), String> {
+        self.drain_actions();
+        let now = self.clock.now();
+        let wait = self
+            .node
+            .poll_timeout()
+            .map_or(max_wait, |d| d.saturating_duration_since(now).into())
+            .min(max_wait);
+        let clock = self.clock;
+        let ep = self
+            .node
+            .endpoint_mut(NiIndex(0))
+            .ok_or("the node has no NI")?;
+        self.fabric
+            .poll(Some(wait), ep, || clock.now())
+            .map_err(|e| format!("fabric: {e}"))?;
+        self.node.process(clock.now());
+        // The fabric wants the endpoint's actions applied before it is polled again.
+        self.drain_actions();
+        let now = clock.now();
+        if self.node.poll_timeout().is_some_and(|d| d <= now) {
+            self.node.handle_timeout(now);
+        }
+        Ok(())
+    }
+
+    /// Graceful shutdown, bounded; the last actions reach the sockets.
+    fn shutdown(&mut self) {
+        self.node.shutdown(self.clock.now());
+        let deadline = StdInstant::now() + SHUTDOWN_BOUND;
+        while !self.node.is_shut_down() && StdInstant::now() < deadline {
+            if self.turn(StdDuration::from_millis(20)).is_err() {
+                break;
+            }
+            while self.node.poll_event().is_some() {}
+        }
+        if !self.node.is_shut_down() {
+            eprintln!(
+                "WARN node {}: shutdown did not finish within {SHUTDOWN_BOUND:?}",
+                self.node.nids()[0]
+            );
+        }
+        self.drain_actions();
+        let clock = self.clock;
+        if let Some(ep) = self.node.endpoint_mut(NiIndex(0)) {
+            let _ = self
+                .fabric
+                .poll(Some(StdDuration::ZERO), ep, || clock.now());
+        }
+    }
+}
+
+fn node_thread(
+    idx: usize,
+    opts: &Opts,
+    shared: &Arc<Shared>,
+    tx: &Sender<Report>,
+) -> Result<(), String> {
+    let nids = [nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib")];
+    let me = nids[idx];
+    let other = nids[1 - idx];
+    let resolver_shared = Arc::clone(shared);
+    let resolver = move |n: Nid| {
+        if n == other {
+            resolver_shared.addrs[1 - idx].get().copied()
+        } else {
+            None
+        }
+    };
+    let fabric = TcpFabric::bind("127.0.0.1:0".parse().expect("address"), resolver)
+        .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
+    let _ = shared.addrs[idx].set(fabric.local_addr());
+
+    let clock = MonotonicClock::new();
+    let mut ni = NiConfig::new(me, 0x5eed_0000 + idx as u64 + 1);
+    ni.peer_credits = opts.peer_credits;
+    ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
+    ni.credits = ni.credits.max(opts.peer_credits);
+    let node = LnetNode::new(NodeConfig::new(vec![ni]), clock.now());
+    let mut d = Driver {
+        node,
+        fabric,
+        clock,
+        max_wait: opts.max_wait,
+    };
+
+    let r = if idx == 1 {
+        run_server(&mut d, shared)
+    } else {
+        run_client(&mut d, opts, shared, tx, other)
+    };
+    d.shutdown();
+    r
+}
+
+/// B: answers pings (the node's ping service) and counts PUTs until told to stop.
+fn run_server(d: &mut Driver, shared: &Shared) -> Result<(), String> {
+    while !shared.stop.load(Ordering::Relaxed) {
+        d.turn(d.max_wait)?;
+        let mut n = 0;
+        while let Some(ev) = d.node.poll_event() {
+            if let LnetEvent::Put { .. } = ev {
+                n += 1;
+            }
+        }
+        if n > 0 {
+            shared.received.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// One ping from A to `dst`, driven to completion; its round trip in nanoseconds.
+fn ping_once(d: &mut Driver, dst: Nid, shared: &Shared) -> Result<u64, String> {
+    let t0 = StdInstant::now();
+    let id = d
+        .node
+        .ping(d.clock.now(), dst, PING_TIMEOUT)
+        .map_err(|e| format!("ping: {e}"))?;
+    loop {
+        d.turn(d.max_wait)?;
+        while let Some(ev) = d.node.poll_event() {
+            if let LnetEvent::PingDone {
+                id: got, result, ..
+            } = ev
+            {
+                if got == id {
+                    let rtt = t0.elapsed().as_nanos() as u64;
+                    return result.map(|_| rtt).map_err(|e| format!("ping {dst}: {e}"));
+                }
+            }
+        }
+        if shared.stop_client.load(Ordering::Relaxed) {
+            return Err("stopped".into());
+        }
+    }
+}
+
+/// A: warm-up pings (which also set up the connection), then the measurement.
+fn run_client(
+    d: &mut Driver,
+    opts: &Opts,
+    shared: &Shared,
+    tx: &Sender<Report>,
+    dst: Nid,
+) -> Result<(), String> {
+    // The peer's address must be known before the first connect.
+    let deadline = StdInstant::now() + StdDuration::from_secs(5);
+    while shared.addrs[1].get().is_none() {
+        if StdInstant::now() >= deadline {
+            return Err("node B never bound its fabric".into());
+        }
+        std::thread::sleep(StdDuration::from_millis(1));
+    }
+    for _ in 0..opts.warmup.max(1) {
+        ping_once(d, dst, shared)?;
+    }
+    match opts.mode {
+        Mode::Rtt(n) => {
+            let mut samples = Vec::with_capacity(n);
+            for _ in 0..n {
+                samples.push(ping_once(d, dst, shared)?);
+            }
+            let _ = tx.send(Report::Rtt(samples));
+        }
+        Mode::PutRate(_) => {
+            let _ = tx.send(Report::Streaming);
+            let (sent, done, errors) = stream_puts(d, opts, shared, dst)?;
+            let _ = tx.send(Report::PutsDone { sent, done, errors });
+        }
+    }
+    Ok(())
+}
+
+/// Keeps up to `opts.window` PUTs outstanding until told to stop, then lets the outstanding ones
+/// finish (bounded). Returns (sent, completed, failed).
+fn stream_puts(
+    d: &mut Driver,
+    opts: &Opts,
+    shared: &Shared,
+    dst: Nid,
+) -> Result<(u64, u64, u64), String> {
+    let (mut sent, mut done, mut errors) = (0u64, 0u64, 0u64);
+    let mut outstanding = 0usize;
+    let mut drain_deadline = None;
+    loop {
+        let stopping = shared.stop_client.load(Ordering::Relaxed);
+        if stopping && drain_deadline.is_none() {
+            drain_deadline = Some(StdInstant::now() + StdDuration::from_secs(5));
+        }
+        if !stopping {
+            let now = d.clock.now();
+            while outstanding < opts.window {
+                d.node
+                    .send_put(now, dst, BENCH_PORTAL, sent, vec![0x5a; opts.payload])
+                    .map_err(|e| format!("send_put: {e}"))?;
+                sent += 1;
+                outstanding += 1;
+            }
+        }
+        d.turn(d.max_wait)?;
+        while let Some(ev) = d.node.poll_event() {
+            match ev {
+                LnetEvent::PutDone { result, .. } => {
+                    outstanding -= 1;
+                    match result {
+                        Ok(()) => done += 1,
+                        Err(_) => errors += 1,
+                    }
+                }
+                LnetEvent::PeerDown { nid, reason, .. } => {
+                    eprintln!("WARN peer {nid} down during the stream: {reason:?}");
+                }
+                _ => {}
+            }
+        }
+        if let Some(dl) = drain_deadline {
+            if outstanding == 0 || StdInstant::now() >= dl {
+                return Ok((sent, done, errors));
+            }
+        }
+    }
+}
