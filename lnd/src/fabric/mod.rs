@@ -30,6 +30,7 @@
 //! reaches the peer only after the write's data is in place (o2iblnd posts PUT_DONE / GET_DONE
 //! right behind its writes and relies on this).
 
+pub mod driver;
 pub mod sim;
 pub mod tcp;
 #[cfg(feature = "verbs")]

@@ -92,7 +92,7 @@ use std::os::fd::AsFd;
 use slab::Slab;
 use tracing::{debug, trace};
 
-use crate::engine::{Endpoint, LndEvent, Tunables};
+use crate::engine::{Endpoint, Tunables};
 use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
 use crate::time::Instant;
@@ -1321,83 +1321,21 @@ impl TcpFabric {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The event loop
+// The event loop: shared with every real fabric (crate::fabric::driver).
 
-/// The driver's clock: CLOCK_MONOTONIC (through `std::time::Instant`) as our [`Instant`],
-/// nanoseconds since the clock was made. The driver is the only place that reads a clock.
-#[derive(Copy, Clone, Debug)]
-pub struct MonotonicClock {
-    origin: std::time::Instant,
-}
+pub use super::driver::{run_endpoint, turn, MonotonicClock};
 
-impl Default for MonotonicClock {
-    fn default() -> MonotonicClock {
-        MonotonicClock::new()
-    }
-}
-
-impl MonotonicClock {
-    /// A clock whose epoch is now.
-    pub fn new() -> MonotonicClock {
-        MonotonicClock {
-            origin: std::time::Instant::now(),
-        }
+impl super::driver::Driver for TcpFabric {
+    fn apply(&mut self, now: Instant, action: FabricAction) {
+        TcpFabric::apply(self, now, action);
     }
 
-    /// The current time.
-    pub fn now(&self) -> Instant {
-        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    fn poll(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        ep: &mut Endpoint,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()> {
+        TcpFabric::poll(self, timeout, ep, now)
     }
-}
-
-/// One turn of an NI's event loop: apply the endpoint's pending actions, poll the fabric until
-/// the endpoint's next deadline (at most `max_wait`), run the timers that are due, and hand every
-/// endpoint event to `on_event` (which may call `send`, `recv_done`, `shutdown` on the endpoint).
-pub fn turn(
-    fabric: &mut TcpFabric,
-    ep: &mut Endpoint,
-    clock: &MonotonicClock,
-    max_wait: std::time::Duration,
-    on_event: &mut dyn FnMut(&mut Endpoint, Instant, LndEvent),
-) -> io::Result<()> {
-    let now = clock.now();
-    while let Some(a) = ep.poll_action() {
-        fabric.apply(now, a);
-    }
-    let wait = match ep.poll_timeout() {
-        Some(deadline) => {
-            std::time::Duration::from(deadline.saturating_duration_since(now)).min(max_wait)
-        }
-        None => max_wait,
-    };
-    fabric.poll(Some(wait), ep, || clock.now())?;
-    let now = clock.now();
-    if ep.poll_timeout().is_some_and(|d| d <= now) {
-        ep.handle_timeout(now);
-    }
-    while let Some(ev) = ep.poll_event() {
-        on_event(ep, now, ev);
-    }
-    Ok(())
-}
-
-/// Runs [`turn`] until `done(ep)` (e.g. `Endpoint::is_shut_down`), each wait bounded by
-/// `max_wait` so that `done` is checked at least that often.
-pub fn run_endpoint(
-    fabric: &mut TcpFabric,
-    ep: &mut Endpoint,
-    clock: &MonotonicClock,
-    max_wait: std::time::Duration,
-    mut done: impl FnMut(&Endpoint) -> bool,
-    mut on_event: impl FnMut(&mut Endpoint, Instant, LndEvent),
-) -> io::Result<()> {
-    while !done(ep) {
-        turn(fabric, ep, clock, max_wait, &mut on_event)?;
-    }
-    // Hand the last actions (the final Destroys) to the fabric.
-    let now = clock.now();
-    while let Some(a) = ep.poll_action() {
-        fabric.apply(now, a);
-    }
-    Ok(())
 }

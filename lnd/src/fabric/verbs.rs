@@ -36,7 +36,7 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, trace};
 
-use crate::engine::{Endpoint, LndEvent};
+use crate::engine::Endpoint;
 use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
 use crate::sys::verbs::{
     self as v, CmEvent, CmEventKind, CmId, CompChannel, CompletionQueue, ConnParam, EventChannel,
@@ -46,7 +46,7 @@ use crate::time::Instant;
 use crate::wire::kib::MSG_SIZE;
 use crate::wire::Nid;
 
-pub use crate::fabric::tcp::MonotonicClock;
+pub use crate::fabric::driver::{run_endpoint, turn, MonotonicClock};
 
 /// The verbs fabric's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -858,52 +858,19 @@ impl VerbsFabric {
     }
 }
 
-/// One turn of an NI's event loop (see the tcp fabric's `turn`).
-pub fn turn(
-    fabric: &mut VerbsFabric,
-    ep: &mut Endpoint,
-    clock: &MonotonicClock,
-    max_wait: std::time::Duration,
-    on_event: &mut dyn FnMut(&mut Endpoint, Instant, LndEvent),
-) -> io::Result<()> {
-    let now = clock.now();
-    while let Some(a) = ep.poll_action() {
-        fabric.apply(now, a);
+impl crate::fabric::driver::Driver for VerbsFabric {
+    fn apply(&mut self, now: Instant, action: FabricAction) {
+        VerbsFabric::apply(self, now, action);
     }
-    let wait = match ep.poll_timeout() {
-        Some(deadline) => {
-            std::time::Duration::from(deadline.saturating_duration_since(now)).min(max_wait)
-        }
-        None => max_wait,
-    };
-    fabric.poll(Some(wait), ep, || clock.now())?;
-    let now = clock.now();
-    if ep.poll_timeout().is_some_and(|d| d <= now) {
-        ep.handle_timeout(now);
-    }
-    while let Some(ev) = ep.poll_event() {
-        on_event(ep, now, ev);
-    }
-    Ok(())
-}
 
-/// Runs [`turn`] until `done(ep)`, then hands the last actions to the fabric.
-pub fn run_endpoint(
-    fabric: &mut VerbsFabric,
-    ep: &mut Endpoint,
-    clock: &MonotonicClock,
-    max_wait: std::time::Duration,
-    mut done: impl FnMut(&Endpoint) -> bool,
-    mut on_event: impl FnMut(&mut Endpoint, Instant, LndEvent),
-) -> io::Result<()> {
-    while !done(ep) {
-        turn(fabric, ep, clock, max_wait, &mut on_event)?;
+    fn poll(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        ep: &mut Endpoint,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()> {
+        VerbsFabric::poll(self, timeout, ep, now)
     }
-    let now = clock.now();
-    while let Some(a) = ep.poll_action() {
-        fabric.apply(now, a);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Real-socket tests of the tcp fabric over loopback: two endpoints driven alternately from one
 //! thread, each test bounded in time.
 
+use crate::engine::LndEvent;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};

@@ -1,0 +1,103 @@
+//! The event loop every real fabric shares: the driver's clock, and one turn of an NI's loop
+//! (apply the engine's actions, wait on the fabric until the next deadline, run due timers, hand
+//! events on). A fabric plugs in by implementing [`Driver`].
+
+use std::io;
+
+use crate::engine::{Endpoint, LndEvent};
+use crate::fabric::FabricAction;
+use crate::time::Instant;
+
+/// A real fabric, as the event loop drives it.
+pub trait Driver {
+    /// Queues one action from the engine (nothing blocks here).
+    fn apply(&mut self, now: Instant, action: FabricAction);
+
+    /// Submits queued work, waits for something to happen (at most `timeout`), reads the clock
+    /// once with `now` and feeds `ep` everything that happened.
+    fn poll(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        ep: &mut Endpoint,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()>;
+}
+
+/// The driver's clock: CLOCK_MONOTONIC (through `std::time::Instant`) as our [`Instant`],
+/// nanoseconds since the clock was made. The driver is the only place that reads a clock.
+#[derive(Copy, Clone, Debug)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+}
+
+impl Default for MonotonicClock {
+    fn default() -> MonotonicClock {
+        MonotonicClock::new()
+    }
+}
+
+impl MonotonicClock {
+    /// A clock whose epoch is now.
+    pub fn new() -> MonotonicClock {
+        MonotonicClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+
+    /// The current time.
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// One turn of an NI's event loop: apply the endpoint's pending actions, poll the fabric until
+/// the endpoint's next deadline (at most `max_wait`), run the timers that are due, and hand every
+/// endpoint event to `on_event` (which may call `send`, `recv_done`, `shutdown` on the endpoint).
+pub fn turn<D: Driver + ?Sized>(
+    fabric: &mut D,
+    ep: &mut Endpoint,
+    clock: &MonotonicClock,
+    max_wait: std::time::Duration,
+    on_event: &mut dyn FnMut(&mut Endpoint, Instant, LndEvent),
+) -> io::Result<()> {
+    let now = clock.now();
+    while let Some(a) = ep.poll_action() {
+        fabric.apply(now, a);
+    }
+    let wait = match ep.poll_timeout() {
+        Some(deadline) => {
+            std::time::Duration::from(deadline.saturating_duration_since(now)).min(max_wait)
+        }
+        None => max_wait,
+    };
+    fabric.poll(Some(wait), ep, &|| clock.now())?;
+    let now = clock.now();
+    if ep.poll_timeout().is_some_and(|d| d <= now) {
+        ep.handle_timeout(now);
+    }
+    while let Some(ev) = ep.poll_event() {
+        on_event(ep, now, ev);
+    }
+    Ok(())
+}
+
+/// Runs [`turn`] until `done(ep)` (e.g. `Endpoint::is_shut_down`), each wait bounded by
+/// `max_wait` so that `done` is checked at least that often.
+pub fn run_endpoint<D: Driver + ?Sized>(
+    fabric: &mut D,
+    ep: &mut Endpoint,
+    clock: &MonotonicClock,
+    max_wait: std::time::Duration,
+    mut done: impl FnMut(&Endpoint) -> bool,
+    mut on_event: impl FnMut(&mut Endpoint, Instant, LndEvent),
+) -> io::Result<()> {
+    while !done(ep) {
+        turn(fabric, ep, clock, max_wait, &mut on_event)?;
+    }
+    // Hand the last actions (the final Destroys) to the fabric.
+    let now = clock.now();
+    while let Some(a) = ep.poll_action() {
+        fabric.apply(now, a);
+    }
+    Ok(())
+}
