@@ -422,3 +422,53 @@ fn graceful_stop_is_seen_within_a_second() {
     assert_eq!(st.code(), Some(0), "B's graceful stop: {st}");
     assert!(!p.b.socket.exists(), "B left its control socket behind");
 }
+
+/// The reverted LU-7646 patch deadlocked on `lctl ping` of a node's own NID, because the ping went
+/// through the LND and raced with itself. Ours never reaches the LND: 10,000 pings of our own NID
+/// and of `0@lo` through a running daemon all answer, and the daemon has made no connection at
+/// all (its LND was never asked to connect), within an overall bound.
+#[test]
+fn self_ping_10000_never_touches_the_lnd() {
+    let dir = Scratch::new("selfping");
+    let (pa, pb) = (free_port(), free_port());
+    let a = start(&dir.0, "a", NID_A, pa, NID_B, pb);
+    let t0 = Instant::now();
+    // 100 requests of 100 NIDs each: the daemon's loop looks at control requests every 20 ms, so
+    // one ping per request would measure that, not the pings.
+    let nids: Vec<String> = (0..100)
+        .map(|i| {
+            if i % 2 == 0 {
+                NID_A.to_string()
+            } else {
+                "0@lo".to_string()
+            }
+        })
+        .collect();
+    for round in 0..100 {
+        let resp = call_within(
+            &a,
+            Request::Ping {
+                nids: nids.clone(),
+                timeout_secs: Some(5),
+                source: None,
+            },
+            Duration::from_secs(10),
+        );
+        let Response::Ping(r) = resp else {
+            panic!("round {round}: {resp:?}");
+        };
+        assert!(r.manage.is_empty(), "round {round}: {:?}", r.manage);
+        assert_eq!(r.ping.len(), 100, "round {round}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "self-pings stalled after {round} rounds"
+        );
+    }
+    assert!(conns(&a).is_empty(), "a self-ping made an LND connection");
+    let stats = match call(&a, Request::StatsShow) {
+        Response::Stats(s) => s,
+        other => panic!("stats show: {other:?}"),
+    };
+    // A ping is a GET and a REPLY, both delivered in memory.
+    assert!(stats.statistics.loopback_count >= 20_000, "{stats:?}");
+}
