@@ -3,25 +3,18 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use lnd::wire::kib::{EmitOpts, MAX_INLINE};
-use lnd::wire::{KibBody, KibMsg, LnetBody, LnetHdr, Nid, RdmaDesc, RdmaFrag, WireHandle};
+use lnd::wire::{KibBody, KibMsg, LnetHdr, Nid, RdmaDesc, RdmaFrag};
 use std::hint::black_box;
 use std::time::Duration;
 
 fn hdr(len: u32) -> LnetHdr {
-    LnetHdr {
-        dest_nid: "10.0.0.2@o2ib".parse().unwrap(),
-        src_nid: "10.0.0.1@o2ib".parse().unwrap(),
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 0x1234,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(
+        "10.0.0.1@o2ib".parse().unwrap(),
+        "10.0.0.2@o2ib".parse().unwrap(),
+        len,
+        4,
+        0x1234,
+    )
 }
 
 fn msg<'a>(body: KibBody<'a>) -> KibMsg<'a> {

@@ -15,23 +15,10 @@ use std::time::Duration;
 
 use lnd::engine::{Endpoint, EndpointConfig, LndEvent};
 use lnd::fabric::verbs::{run_endpoint, MonotonicClock, VerbsConfig, VerbsFabric};
-use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
+use lnd::wire::{LnetHdr, Nid};
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
-    LnetHdr {
-        dest_nid: to,
-        src_nid: from,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 7,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(from, to, len as u32, 4, 7)
 }
 
 /// A payload carrying its index and its sender tag, of varying size (16..=3915 bytes).

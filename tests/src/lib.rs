@@ -4,24 +4,11 @@
 use lnd::engine::{EndpointConfig, RacePolicy};
 use lnd::fabric::sim::{NodeId, NodeState, SimConfig, World};
 use lnd::time::{Duration, Instant};
-use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
+use lnd::wire::{LnetHdr, Nid};
 
 /// A small LNet PUT header, enough for traffic in scenarios.
 pub fn put_hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
-    LnetHdr {
-        dest_nid: to,
-        src_nid: from,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 0x5eed,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(from, to, len as u32, 4, 0x5eed)
 }
 
 /// `10.0.0.1@o2ib`: the router in scenarios; lower than every client.

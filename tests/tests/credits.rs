@@ -4,24 +4,11 @@
 use lnd::engine::{ConnState, EndpointConfig, Tunables};
 use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
+use lnd::wire::{LnetBody, LnetHdr, Nid};
 use proptest::prelude::*;
 
 fn hdr(from: Nid, to: Nid, seq: u64, len: usize) -> LnetHdr {
-    LnetHdr {
-        dest_nid: to,
-        src_nid: from,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: seq,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(from, to, len as u32, 4, seq)
 }
 
 fn check_credit_bounds(w: &World, nodes: &[NodeId], seed: u64) {

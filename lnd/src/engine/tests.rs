@@ -4,7 +4,6 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::*;
-use crate::wire::{LnetBody, WireHandle};
 
 struct Pair {
     eps: [Endpoint; 2],
@@ -33,20 +32,7 @@ fn nid(s: &str) -> Nid {
 }
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
-    LnetHdr {
-        dest_nid: to,
-        src_nid: from,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 7,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(from, to, len as u32, 4, 7)
 }
 
 impl Pair {

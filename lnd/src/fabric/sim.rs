@@ -84,7 +84,7 @@ use crate::fabric::{
     WrId,
 };
 use crate::time::{Duration, Instant};
-use crate::wire::{LnetBody, LnetHdr, Nid, WireHandle};
+use crate::wire::{LnetHdr, Nid};
 
 // ---------------------------------------------------------------------------------------------
 // Small deterministic helpers
@@ -2205,20 +2205,7 @@ impl World {
 /// An LNet PUT header from `src` to `dst` for a `payload_len`-byte payload, with `match_bits`
 /// (tests use it as a sequence number).
 pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetHdr {
-    LnetHdr {
-        dest_nid: dst,
-        src_nid: src,
-        dest_pid: crate::wire::lnet::LNET_PID_LUSTRE,
-        src_pid: crate::wire::lnet::LNET_PID_LUSTRE,
-        payload_length: payload_len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(src, dst, payload_len as u32, 4, match_bits)
 }
 
 #[cfg(test)]
@@ -2332,7 +2319,7 @@ mod tests {
             let bits: Vec<u64> = got
                 .iter()
                 .map(|m| match m.hdr.body {
-                    LnetBody::Put { match_bits, .. } => match_bits,
+                    crate::wire::LnetBody::Put { match_bits, .. } => match_bits,
                     _ => u64::MAX,
                 })
                 .collect();

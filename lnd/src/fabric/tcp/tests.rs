@@ -10,7 +10,7 @@ use std::time::Duration as StdDuration;
 
 use super::*;
 use crate::engine::{DownReason, EndpointConfig, TxError};
-use crate::wire::{LnetBody, LnetHdr, WireHandle};
+use crate::wire::LnetHdr;
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
 
@@ -21,20 +21,7 @@ fn nid(s: &str) -> Nid {
 }
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
-    LnetHdr {
-        dest_nid: to,
-        src_nid: from,
-        dest_pid: 12345,
-        src_pid: 12345,
-        payload_length: len as u32,
-        body: LnetBody::Put {
-            ack_wmd: WireHandle::NONE,
-            match_bits: 7,
-            hdr_data: 0,
-            ptl_index: 4,
-            offset: 0,
-        },
-    }
+    LnetHdr::put(from, to, len as u32, 4, 7)
 }
 
 /// A payload carrying its index, of varying size (8..=3907 bytes).
