@@ -347,6 +347,8 @@ struct PendingReq<T> {
 /// `T` is the driver's token for routing a reply back.
 pub struct Control<T> {
     extras: Vec<NiExtras>,
+    /// Per NI: the fabric's name and its counters as last refreshed by the driver.
+    fabric_counters: Vec<(&'static str, Vec<(&'static str, u64)>)>,
     pending: HashMap<u64, PendingReq<T>>,
     /// Node ping -> (request, index in its results).
     pings: HashMap<PingId, (u64, usize)>,
@@ -364,10 +366,25 @@ impl<T> Control<T> {
     pub fn new(extras: Vec<NiExtras>) -> Control<T> {
         Control {
             extras,
+            fabric_counters: Vec::new(),
             pending: HashMap::new(),
             pings: HashMap::new(),
             next: 1,
         }
+    }
+
+    /// Records NI `ni`'s fabric counters (`Driver::counters`), shown by `net show -v`. The driver
+    /// refreshes them before it hands over control requests.
+    pub fn set_fabric_counters(
+        &mut self,
+        ni: usize,
+        fabric: &'static str,
+        counters: Vec<(&'static str, u64)>,
+    ) {
+        if self.fabric_counters.len() <= ni {
+            self.fabric_counters.resize(ni + 1, ("", Vec::new()));
+        }
+        self.fabric_counters[ni] = (fabric, counters);
     }
 
     /// Requests still waiting for ping replies.

@@ -3,11 +3,12 @@
 //! control socket (`router::control`), and on SIGTERM/SIGINT closes every connection gracefully
 //! (bounded) and exits 0.
 //!
-//! Threads (first version): ONE event loop thread drives every NI's [`TcpFabric`] and the node
-//! (with several NIs each fabric's wait is split so that none starves; per-NI loops come with
-//! forwarding), and a control thread accepts `lnetctl` connections, each served by a short-lived
-//! thread that forwards requests to the loop over a bounded channel and waits for the reply. The
-//! loop looks at control requests and signals at least every 20 ms.
+//! Threads (first version): ONE event loop thread drives every NI's fabric (tcp on io_uring, or
+//! verbs when built with the `verbs` feature) and the node (with several NIs each fabric's wait is
+//! split so that none starves; per-NI loops come with forwarding), and a control thread accepts
+//! `lnetctl` connections, each served by a short-lived thread that forwards requests to the loop
+//! over a bounded channel and wakes it (a [`Waker`] every fabric watches), then waits for the
+//! reply. The loop looks at signals at least every 20 ms.
 //!
 //! Exit status: 0 after a clean shutdown, 1 on a runtime failure (socket, fabric),
 //! 2 on a bad command line or configuration.
@@ -20,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use lnd::fabric::tcp::{MonotonicClock, TcpConfig, TcpFabric};
+use lnd::fabric::driver::{Driver, MonotonicClock, WakeHandle, Waker};
+use lnd::fabric::tcp::{TcpConfig, TcpFabric};
 use lnd::time::Duration;
 use router::control::{self, errno, Control, ControlError, NiExtras, Request, Response};
 use router::yaml_config::{DaemonConfig, FabricKind};
@@ -44,7 +46,7 @@ enum LogFormat {
 #[command(
     name = "lnet-router",
     version,
-    about = "ulnet's LNet daemon: NIs on the tcp fabric, lnetctl's control socket",
+    about = "ulnet's LNet daemon: NIs on the tcp or verbs fabric, lnetctl's control socket",
     after_help = "Logging: LNET_LOG sets the filter (tracing EnvFilter syntax, default \"info\").\n\
                   Exit status: 0 clean shutdown, 1 runtime failure, 2 bad command line or configuration."
 )]
@@ -78,12 +80,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some((net, _)) = cfg.nis().find(|(n, _)| n.fabric != FabricKind::Tcp) {
-        let msg = format!(
-            "net {}: fabric '{}' is not supported by lnet-router yet (only tcp)",
-            net.net,
-            net.fabric.as_str()
-        );
+    if let Some((net, _)) = cfg.nis().find(|(n, _)| !fabric_supported(n.fabric)) {
+        let msg = match net.fabric {
+            FabricKind::Verbs => format!(
+                "net {}: fabric 'verbs' needs an lnet-router built with the verbs feature \
+                 (cargo build -p router --features verbs)",
+                net.net
+            ),
+            other => format!(
+                "net {}: fabric '{}' runs only inside the simulator, not in lnet-router \
+                 (use tcp or verbs)",
+                net.net,
+                other.as_str()
+            ),
+        };
         eprintln!("lnet-router: {}: {msg}", args.config.display());
         return ExitCode::from(2);
     }
@@ -130,21 +140,12 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
-    let mut fabrics = Vec::new();
+    let (waker, wake) = Waker::new().map_err(|e| format!("cannot create the loop's waker: {e}"))?;
+    let mut fabrics: Vec<NiFabric> = Vec::new();
     let mut extras = Vec::new();
-    for (_, ni) in cfg.nis() {
-        let Some(listen) = ni.listen else {
-            return Err(format!("NI {} has no listen address", ni.ni.nid));
-        };
-        let peers = cfg.peers.clone();
-        // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
-        let tcp = TcpConfig {
-            user_timeout: ni.ni.tunables.timeout.into(),
-            ..TcpConfig::default()
-        };
-        let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
-            .map_err(|e| format!("NI {}: cannot listen on {listen}: {e}", ni.ni.nid))?;
-        info!(nid = %ni.ni.nid, listen = %f.local_addr(), "NI up");
+    for (net, ni) in cfg.nis() {
+        let mut f = start_fabric(&cfg, net.fabric, ni)?;
+        f.driver.set_waker(waker.fd());
         fabrics.push(f);
         extras.push(NiExtras {
             peer_timeout: ni.peer_timeout,
@@ -159,7 +160,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
     let (req_tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
     std::thread::Builder::new()
         .name("control".into())
-        .spawn(move || control_thread(listener, req_tx))
+        .spawn(move || control_thread(listener, req_tx, wake))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
     info!(socket = %socket.display(), nis = fabrics.len(), "lnet-router running");
 
@@ -169,6 +170,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
         &mut fabrics,
         &mut control,
         &req_rx,
+        &waker,
         &clock,
         &term,
     )?;
@@ -176,12 +178,85 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
     Ok(())
 }
 
+/// One NI's fabric, as the loop drives it.
+struct NiFabric {
+    kind: FabricKind,
+    driver: Box<dyn Driver + Send>,
+}
+
+fn fabric_supported(kind: FabricKind) -> bool {
+    match kind {
+        FabricKind::Tcp => true,
+        FabricKind::Verbs => cfg!(feature = "verbs"),
+        FabricKind::Sim => false,
+    }
+}
+
+/// Starts the fabric of one NI: listening, ready for the loop.
+fn start_fabric(
+    cfg: &DaemonConfig,
+    kind: FabricKind,
+    ni: &router::yaml_config::NiSettings,
+) -> Result<NiFabric, String> {
+    let nid = ni.ni.nid;
+    let peers = cfg.peers.clone();
+    let driver: Box<dyn Driver + Send> = match kind {
+        FabricKind::Tcp => {
+            let Some(listen) = ni.listen else {
+                return Err(format!("NI {nid} has no listen address"));
+            };
+            // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
+            let tcp = TcpConfig {
+                user_timeout: ni.ni.tunables.timeout.into(),
+                ..TcpConfig::default()
+            };
+            let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
+                .map_err(|e| format!("NI {nid}: cannot listen on {listen}: {e}"))?;
+            info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
+            Box::new(f)
+        }
+        #[cfg(feature = "verbs")]
+        FabricKind::Verbs => {
+            use lnd::fabric::verbs::{VerbsConfig, VerbsFabric};
+            // o2iblnd's convention: a peer listens on its NID's IPv4 address, port 987 (the
+            // `service` parameter), unless the peers table says otherwise.
+            let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
+            let vc = VerbsConfig {
+                listen,
+                ..VerbsConfig::default()
+            };
+            let f = VerbsFabric::new(vc, move |nid| {
+                peers.get(&nid).copied().or_else(|| Some(o2ib_address(nid)))
+            })
+            .map_err(|e| format!("NI {nid}: {e}"))?;
+            info!(%nid, listen = %f.local_addr(), fabric = "verbs", "NI up");
+            Box::new(f)
+        }
+        other => {
+            return Err(format!(
+                "NI {nid}: fabric '{}' is not available in this lnet-router",
+                other.as_str()
+            ))
+        }
+    };
+    Ok(NiFabric { kind, driver })
+}
+
+/// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987.
+#[cfg(feature = "verbs")]
+fn o2ib_address(nid: lnd::wire::Nid) -> std::net::SocketAddr {
+    let ip = std::net::Ipv4Addr::from(nid.addr());
+    std::net::SocketAddr::new(ip.into(), 987)
+}
+
 /// The loop: fabrics, node, timers, control requests, until a signal and a finished shutdown.
+#[allow(clippy::too_many_arguments)]
 fn event_loop(
     node: &mut LnetNode,
-    fabrics: &mut [TcpFabric],
+    fabrics: &mut [NiFabric],
     control: &mut Control<Sender<Response>>,
     req_rx: &Receiver<ControlMsg>,
+    waker: &Waker,
     clock: &MonotonicClock,
     term: &AtomicBool,
 ) -> Result<(), String> {
@@ -203,7 +278,8 @@ fn event_loop(
                 continue;
             };
             fabrics[i]
-                .poll(Some(wait), ep, || clock.now())
+                .driver
+                .poll(Some(wait), ep, &|| clock.now())
                 .map_err(|e| format!("fabric of NI {i}: {e}"))?;
             node.process(clock.now());
             // The fabric wants the endpoint's actions applied before it is polled again.
@@ -214,8 +290,16 @@ fn event_loop(
             node.handle_timeout(now);
         }
         drain_events(node, control);
+        waker.drain();
+        let mut refreshed = false;
         while let Ok((req, reply)) = req_rx.try_recv() {
             debug!(?req, "control request");
+            if !refreshed {
+                for (i, f) in fabrics.iter().enumerate() {
+                    control.set_fabric_counters(i, f.kind.as_str(), f.driver.counters());
+                }
+                refreshed = true;
+            }
             if let Some((reply, resp)) = control.handle(clock.now(), node, req, reply) {
                 let _ = reply.send(resp);
             }
@@ -241,7 +325,7 @@ fn event_loop(
                 drain_actions(node, fabrics, now);
                 for (i, f) in fabrics.iter_mut().enumerate() {
                     if let Some(ep) = node.endpoint_mut(NiIndex(i)) {
-                        let _ = f.poll(Some(StdDuration::ZERO), ep, || clock.now());
+                        let _ = f.driver.poll(Some(StdDuration::ZERO), ep, &|| clock.now());
                     }
                 }
                 drain_events(node, control);
@@ -251,10 +335,10 @@ fn event_loop(
     }
 }
 
-fn drain_actions(node: &mut LnetNode, fabrics: &mut [TcpFabric], now: lnd::time::Instant) {
+fn drain_actions(node: &mut LnetNode, fabrics: &mut [NiFabric], now: lnd::time::Instant) {
     while let Some((ni, a)) = node.poll_action() {
         if let Some(f) = fabrics.get_mut(ni.0) {
-            f.apply(now, a);
+            f.driver.apply(now, a);
         }
     }
 }
@@ -274,7 +358,11 @@ fn drain_events(node: &mut LnetNode, control: &mut Control<Sender<Response>>) {
 }
 
 /// Accepts lnetctl connections; each is served by its own short-lived thread.
-fn control_thread(listener: std::os::unix::net::UnixListener, req_tx: SyncSender<ControlMsg>) {
+fn control_thread(
+    listener: std::os::unix::net::UnixListener,
+    req_tx: SyncSender<ControlMsg>,
+    wake: WakeHandle,
+) {
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
@@ -285,10 +373,11 @@ fn control_thread(listener: std::os::unix::net::UnixListener, req_tx: SyncSender
             }
         };
         let tx = req_tx.clone();
+        let wake = wake.clone();
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
             .spawn(move || {
-                let r = control::serve_connection(stream, |req| forward(&tx, req));
+                let r = control::serve_connection(stream, |req| forward(&tx, &wake, req));
                 if let Err(e) = r {
                     debug!("control connection: {e}");
                 }
@@ -300,10 +389,10 @@ fn control_thread(listener: std::os::unix::net::UnixListener, req_tx: SyncSender
 }
 
 /// One request through the loop and back.
-fn forward(tx: &SyncSender<ControlMsg>, req: Request) -> Response {
+fn forward(tx: &SyncSender<ControlMsg>, wake: &WakeHandle, req: Request) -> Response {
     let (reply_tx, reply_rx) = mpsc::channel();
     match tx.try_send((req, reply_tx)) {
-        Ok(()) => {}
+        Ok(()) => wake.wake(),
         Err(TrySendError::Full(_)) => {
             return Response::Error(ControlError::new(
                 errno::EIO,

@@ -173,6 +173,8 @@ pub struct LndStats {
     pub peers_down: u64,
     /// Peers whose incarnation changed (a reboot seen).
     pub peer_reboots: u64,
+    /// Captured messages dropped because the driver did not drain the capture fast enough.
+    pub capture_drops: u64,
 }
 
 impl LndStats {

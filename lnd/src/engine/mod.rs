@@ -238,6 +238,37 @@ pub struct Endpoint {
     rng: u64,
     shutting_down: bool,
     leaks: Arc<AtomicU64>,
+    /// Message buffers given back by the fabric and by LNet, reused for the next sends and
+    /// receives so that the steady state allocates nothing per message.
+    pool: Vec<Vec<u8>>,
+    /// Copies of every message sent and received while a capture is on (`lnetctl capture`).
+    capture: Option<VecDeque<Captured>>,
+}
+
+/// Buffers the engine keeps for reuse; beyond this, given-back buffers are freed.
+const POOL_MAX: usize = 1024;
+/// Captured messages held until the driver drains them; beyond this, new ones are dropped and
+/// counted (`LndStats::capture_drops`) rather than growing without bound.
+const CAPTURE_MAX: usize = 65536;
+
+/// Which way a captured message went.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CaptureDir {
+    Sent,
+    Received,
+}
+
+/// One kib message as it crossed the fabric (see [`Endpoint::set_capture`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Captured {
+    /// When the engine handed it to the fabric, or got it from the fabric.
+    pub at: Instant,
+    pub dir: CaptureDir,
+    pub conn: ConnId,
+    /// The peer's NID on that connection.
+    pub peer: Nid,
+    /// The whole kib message, as on the wire.
+    pub bytes: Vec<u8>,
 }
 
 impl Endpoint {
@@ -259,8 +290,61 @@ impl Endpoint {
             rng,
             shutting_down: false,
             leaks: Arc::new(AtomicU64::new(0)),
+            pool: Vec::new(),
+            capture: None,
             cfg,
         }
+    }
+
+    /// Gives a message buffer back for reuse (a `FabricAction::Send`'s bytes once the fabric
+    /// has copied them, or a `Received` payload once LNet is done with it).
+    pub fn recycle(&mut self, mut buf: Vec<u8>) {
+        if self.pool.len() < POOL_MAX && buf.capacity() >= MSG_SIZE {
+            buf.clear();
+            self.pool.push(buf);
+        }
+    }
+
+    /// An empty buffer for a payload to hand to [`Endpoint::send`], from the pool when it has
+    /// one (no allocation in the steady state).
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        self.pool
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MSG_SIZE))
+    }
+
+    /// Starts (`true`) or stops recording every message sent and received; drain the records
+    /// with [`Endpoint::poll_captured`]. Stopping drops records not drained yet.
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(VecDeque::new);
+    }
+
+    /// True while a capture is on.
+    pub fn is_capturing(&self) -> bool {
+        self.capture.is_some()
+    }
+
+    /// The next captured message, oldest first.
+    pub fn poll_captured(&mut self) -> Option<Captured> {
+        self.capture.as_mut()?.pop_front()
+    }
+
+    fn record(&mut self, dir: CaptureDir, conn: ConnId, peer: Nid, bytes: &[u8]) {
+        let at = self.now;
+        let Some(q) = self.capture.as_mut() else {
+            return;
+        };
+        if q.len() >= CAPTURE_MAX {
+            self.stats.capture_drops += 1;
+            return;
+        }
+        q.push_back(Captured {
+            at,
+            dir,
+            conn,
+            peer,
+            bytes: bytes.to_vec(),
+        });
     }
 
     /// This NI's NID.
@@ -776,6 +860,12 @@ impl Endpoint {
             return;
         };
         let peer_nid = self.peers[c.peer].nid;
+        if self.capture.is_some() {
+            self.record(CaptureDir::Received, conn, peer_nid, bytes);
+        }
+        let Some(c) = self.conns.get_mut(conn.index as usize) else {
+            return;
+        };
         if msg.src_nid != peer_nid
             || msg.dst_nid != me
             || msg.src_stamp != c.peer_stamp
@@ -801,10 +891,12 @@ impl Endpoint {
             }
             KibBody::Immediate { hdr, payload } => {
                 self.stats.bytes_received += payload.len() as u64;
+                let mut buf = self.take_buffer();
+                buf.extend_from_slice(payload);
                 self.events.push_back(LndEvent::Received {
                     from: peer_nid,
                     hdr,
-                    payload: payload.to_vec(),
+                    payload: buf,
                     rx: RxToken { conn, slot },
                 });
             }
@@ -1478,6 +1570,9 @@ impl Endpoint {
                     self.stats.bytes_sent += payload.len() as u64;
                 }
             }
+            if let TxBody::Immediate { payload, .. } = tx.body {
+                self.recycle(payload);
+            }
             let peer = self.peers[tx.peer].nid;
             self.events.push_back(LndEvent::SendDone {
                 cookie,
@@ -1665,7 +1760,11 @@ impl Endpoint {
             dst_stamp: peer_stamp,
             body,
         };
-        let mut bytes = vec![0u8; msg.wire_len()];
+        let mut bytes = self
+            .pool
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MSG_SIZE));
+        bytes.resize(msg.wire_len(), 0);
         if let Err(e) = msg.emit(&mut bytes, EmitOpts::default()) {
             // Unreachable by construction: payloads are checked in `send`.
             error!(error = %e, "cannot encode a message");
@@ -1675,6 +1774,10 @@ impl Endpoint {
             if let Some(c) = self.conn_mut(conn) {
                 c.noops_posted += 1;
             }
+        }
+        if self.capture.is_some() {
+            let peer = self.peers[p].nid;
+            self.record(CaptureDir::Sent, conn, peer, &bytes);
         }
         self.actions.push_back(FabricAction::Send {
             conn,

@@ -21,6 +21,67 @@ pub trait Driver {
         ep: &mut Endpoint,
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()>;
+
+    /// Makes `poll` return early whenever `fd` becomes readable. `fd` is the read end of a
+    /// [`Waker`]; the fabric only watches it, and the loop calls [`Waker::drain`] after every
+    /// `poll` (so a level-triggered watch does not fire again for the same wake-up). This is how
+    /// work arriving from other threads (a control request) cuts a wait short instead of
+    /// waiting out the loop's bound.
+    fn set_waker(&mut self, fd: std::os::fd::RawFd);
+
+    /// The fabric's counters under stable snake_case names, for `lnetctl net show -v`.
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+}
+
+/// Wakes an NI loop from another thread: one end of a Unix socket pair. The loop's fabric watches
+/// [`Waker::fd`] (through [`Driver::set_waker`]); [`WakeHandle::wake`] writes one byte (a full
+/// buffer means a wake-up is already pending, so nothing is lost).
+#[derive(Debug)]
+pub struct Waker {
+    rx: std::os::unix::net::UnixStream,
+}
+
+/// The writing side of a [`Waker`]; cheap to clone, `Send`.
+#[derive(Debug, Clone)]
+pub struct WakeHandle {
+    tx: std::sync::Arc<std::os::unix::net::UnixStream>,
+}
+
+impl Waker {
+    /// A waker and the handle that wakes it.
+    pub fn new() -> io::Result<(Waker, WakeHandle)> {
+        let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        Ok((
+            Waker { rx },
+            WakeHandle {
+                tx: std::sync::Arc::new(tx),
+            },
+        ))
+    }
+
+    /// The descriptor to hand to [`Driver::set_waker`].
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.rx.as_raw_fd()
+    }
+
+    /// Consumes every pending wake-up.
+    pub fn drain(&self) {
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        while matches!((&self.rx).read(&mut buf), Ok(n) if n > 0) {}
+    }
+}
+
+impl WakeHandle {
+    /// Wakes the loop (never blocks).
+    pub fn wake(&self) {
+        use std::io::Write;
+        // WouldBlock: the buffer is full of earlier wake-ups, so the loop will wake anyway.
+        let _ = (&*self.tx).write(&[1]);
+    }
 }
 
 /// The driver's clock: CLOCK_MONOTONIC (through `std::time::Instant`) as our [`Instant`],

@@ -121,6 +121,32 @@ pub struct VerbsStats {
     pub stale_events: u64,
 }
 
+impl VerbsStats {
+    /// Every counter under its field name.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("connects", self.connects),
+            ("connect_failures", self.connect_failures),
+            ("requests", self.requests),
+            ("accepts", self.accepts),
+            ("rejects_sent", self.rejects_sent),
+            ("rejects_received", self.rejects_received),
+            ("established", self.established),
+            ("disconnects", self.disconnects),
+            ("msgs_tx", self.msgs_tx),
+            ("msgs_rx", self.msgs_rx),
+            ("early_rx", self.early_rx),
+            ("send_errors", self.send_errors),
+            ("recv_errors", self.recv_errors),
+            ("setup_errors", self.setup_errors),
+            ("unknown_actions", self.unknown_actions),
+            ("rdma_writes_refused", self.rdma_writes_refused),
+            ("bad_sends", self.bad_sends),
+            ("stale_events", self.stale_events),
+        ]
+    }
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Phase {
     ResolvingAddr,
@@ -188,6 +214,8 @@ pub struct VerbsFabric {
     /// Completions polled (by connection key) and not yet handed to the engine.
     pending: Vec<(usize, Wc)>,
     stats: VerbsStats,
+    /// A descriptor whose readability ends a blocking wait (see `Driver::set_waker`).
+    waker: Option<std::os::fd::RawFd>,
 }
 
 fn token(key: usize, generation: u32) -> u64 {
@@ -226,6 +254,7 @@ impl VerbsFabric {
             wcs: Vec::new(),
             pending: Vec::new(),
             stats: VerbsStats::default(),
+            waker: None,
         })
     }
 
@@ -591,6 +620,7 @@ impl VerbsFabric {
             }
             if !self.any_ready()? {
                 let mut fds = vec![self.ch.fd()];
+                fds.extend(self.waker);
                 fds.extend(
                     self.conns
                         .iter()
@@ -870,6 +900,14 @@ impl crate::fabric::driver::Driver for VerbsFabric {
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()> {
         VerbsFabric::poll(self, timeout, ep, now)
+    }
+
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        self.waker = Some(fd);
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.stats.counters()
     }
 }
 

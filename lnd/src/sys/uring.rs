@@ -44,6 +44,7 @@ enum OpKind {
     Recv,
     Send,
     Cancel,
+    Poll,
 }
 
 /// A socket address in the C layout, boxed so its address is stable while a connect is in flight.
@@ -175,6 +176,13 @@ impl Ring {
         self.queue(entry, tag, OpKind::Send, Some(buf), None);
     }
 
+    /// One-shot readiness watch: completes (with the poll mask, or `-errno`) once `fd` is
+    /// readable. Re-arm after each completion.
+    pub fn poll_readable(&mut self, fd: std::os::fd::RawFd, tag: u64) {
+        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
+        self.queue(entry, tag, OpKind::Poll, None, None);
+    }
+
     /// Cancels every operation on `sock` (IORING_ASYNC_CANCEL_FD | ALL); the cancelled ones
     /// complete with `-ECANCELED`, this one with the number cancelled or `-ENOENT`.
     pub fn cancel_fd(&mut self, sock: BorrowedFd<'_>, tag: u64) {
@@ -254,6 +262,11 @@ impl Ring {
             Err(e) if is_transient(&e) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// True if a completion is waiting to be reaped (no system call).
+    pub fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
     }
 
     /// Appends every completion waiting in the completion queue to `out`.
