@@ -1,6 +1,10 @@
-//! LNet over the tcp fabric on loopback: two [`LnetNode`]s in one process, each on its own thread
-//! with its own [`TcpFabric`] on an ephemeral 127.0.0.1 port, NIDs `10.0.0.1@o2ib` (A, the
-//! client) and `10.0.0.2@o2ib` (B, the server).
+//! LNet over the tcp fabric on loopback between two processes, as between two daemons: this
+//! process runs node A (the client, `10.0.0.1@o2ib`) and starts itself again with `--serve` as
+//! node B (the server, `10.0.0.2@o2ib`); each has its own [`LnetNode`] and [`TcpFabric`] on an
+//! ephemeral 127.0.0.1 port and runs the same loop shape as `lnet-router` (apply actions, poll
+//! the fabric, process, timers). B prints `LISTEN <addr>` when bound, serves until its stdin
+//! closes, shuts down gracefully and prints `RECEIVED <n>`: A checks that every PUT it saw
+//! complete was received (nothing lost).
 //!
 //!     cargo run --release -p benches --bin lnet_perf -- --rtt 20000
 //!     cargo run --release -p benches --bin lnet_perf -- --put-rate 10
@@ -10,8 +14,10 @@
 //!
 //! `--put-rate SECS`: a one-way stream of 64-byte PUTs from A to B for SECS seconds, with up to
 //! `--window` (default 256) PUTs outstanding at A (LNet's peer and NI credits bound what is
-//! actually in the LND; the rest waits in LNet's queues); the rate is what B received in the
-//! measured window; prints `FIGURE ulnet_put64_rate msgs/s value=..`.
+//! actually in the LND; the rest waits in LNet's queues); the rate is the PUTs completed at A in
+//! the measured window (a PUT completes when B's LND has it; the LND credits keep at most
+//! peer_credits of them between A's completion and B's receipt); prints
+//! `FIGURE ulnet_put64_rate msgs/s value=..`.
 //!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
@@ -56,6 +62,8 @@ struct Opts {
     peer_credits: u32,
     payload: usize,
     max_wait: StdDuration,
+    /// Run as node B (started by A).
+    serve: bool,
 }
 
 /// State both node threads and the main thread see.
@@ -66,7 +74,7 @@ struct Shared {
     stop_client: AtomicBool,
     /// Main asks B to stop, once A is done (so that A's last PUTs still find B up).
     stop: AtomicBool,
-    /// PUTs B received.
+    /// PUTs B received (in B's process) or A saw complete (in A's).
     received: AtomicU64,
 }
 
@@ -104,6 +112,7 @@ fn parse_args() -> Option<Opts> {
         peer_credits: DEFAULT_PEER_CREDITS,
         payload: 64,
         max_wait: MAX_WAIT,
+        serve: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -122,6 +131,12 @@ fn parse_args() -> Option<Opts> {
             "--peer-credits" => opts.peer_credits = val?.parse().ok().filter(|&c| c > 0)?,
             "--payload" => opts.payload = val?.parse().ok()?,
             "--max-wait-us" => opts.max_wait = StdDuration::from_micros(val?.parse().ok()?),
+            "--serve" => {
+                opts.serve = true;
+                mode = mode.or(Some(Mode::Rtt(1)));
+                i += 1;
+                continue;
+            }
             other => {
                 eprintln!("lnet_perf: unknown argument '{other}'");
                 return None;
@@ -143,13 +158,24 @@ fn main() -> ExitCode {
         stop: AtomicBool::new(false),
         received: AtomicU64::new(0),
     });
+    if opts.serve {
+        return serve_main(&opts, &shared);
+    }
+    let mut server = match Server::start(&opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lnet_perf: cannot start node B: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _ = shared.addrs[1].set(server.addr);
     let (tx, rx) = mpsc::channel::<Report>();
-
-    let server = spawn_node(1, &opts, &shared, tx.clone());
-    let client = spawn_node(0, &opts, &shared, tx);
-    let (Ok(server), Ok(client)) = (server, client) else {
-        eprintln!("lnet_perf: cannot start the node threads");
-        return ExitCode::FAILURE;
+    let client = match spawn_node(0, &opts, &shared, tx) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lnet_perf: cannot start node A: {e}");
+            return ExitCode::FAILURE;
+        }
     };
 
     // A bound on every phase; a run that overruns exits without waiting for its threads.
@@ -183,25 +209,140 @@ fn main() -> ExitCode {
         // Do not wait for threads that may be stuck: the process exit closes every socket.
         return ExitCode::FAILURE;
     }
-    // Both nodes shut down gracefully (each bounded by SHUTDOWN_BOUND).
+    // Both nodes shut down gracefully (each bounded by SHUTDOWN_BOUND): A first, then B
+    // (closing its stdin), which reports what it received.
     let mut ok = true;
-    for (name, h) in [("A", client), ("B", server)] {
-        match join_bounded(h, SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
-            Some(Ok(())) => {}
-            Some(Err(e)) => {
-                eprintln!("lnet_perf: node {name}: {e}");
+    match join_bounded(client, SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
+        Some(Ok(())) => {}
+        Some(Err(e)) => {
+            eprintln!("lnet_perf: node A: {e}");
+            ok = false;
+        }
+        None => {
+            eprintln!("lnet_perf: node A did not stop in time");
+            ok = false;
+        }
+    }
+    match server.stop(SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
+        Ok(received) => {
+            let completed = shared.received.load(Ordering::Relaxed);
+            eprintln!("INFO node B received {received} PUTs; A saw {completed} complete");
+            if matches!(opts.mode, Mode::PutRate(_)) && received != completed {
+                eprintln!("lnet_perf: B received {received} PUTs but A saw {completed} complete");
                 ok = false;
             }
-            None => {
-                eprintln!("lnet_perf: node {name} did not stop in time");
-                ok = false;
-            }
+        }
+        Err(e) => {
+            eprintln!("lnet_perf: node B: {e}");
+            ok = false;
         }
     }
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Node B as a child process (see the module doc).
+struct Server {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(opts: &Opts) -> Result<Server, String> {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let mut child = Command::new(exe)
+            .args([
+                "--serve".to_string(),
+                "--peer-credits".into(),
+                opts.peer_credits.to_string(),
+                "--max-wait-us".into(),
+                opts.max_wait.as_micros().to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn: {e}"))?;
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let first = lines
+            .recv_timeout(StdDuration::from_secs(10))
+            .map_err(|_| "node B did not report its address".to_string())?;
+        let addr = first
+            .strip_prefix("LISTEN ")
+            .and_then(|a| a.parse().ok())
+            .ok_or_else(|| format!("node B said '{first}', not LISTEN <addr>"))?;
+        Ok(Server { child, lines, addr })
+    }
+
+    /// Closes B's stdin (its signal to shut down) and returns what it received.
+    fn stop(&mut self, bound: StdDuration) -> Result<u64, String> {
+        drop(self.child.stdin.take());
+        let deadline = StdInstant::now() + bound;
+        let mut received = None;
+        while received.is_none() {
+            let left = deadline.saturating_duration_since(StdInstant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => received = l.strip_prefix("RECEIVED ").and_then(|n| n.parse().ok()),
+                Err(_) => break,
+            }
+        }
+        while StdInstant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return match (st.success(), received) {
+                    (true, Some(n)) => Ok(n),
+                    (true, None) => Err("exited without reporting RECEIVED".into()),
+                    (false, _) => Err(format!("exited with {st}")),
+                };
+            }
+            std::thread::sleep(StdDuration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        Err("did not stop in time (killed)".into())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `--serve`: node B until stdin closes.
+fn serve_main(opts: &Opts, shared: &Arc<Shared>) -> ExitCode {
+    let stop_on_eof = Arc::clone(shared);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut sink = [0u8; 64];
+        let mut stdin = std::io::stdin();
+        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        stop_on_eof.stop.store(true, Ordering::Relaxed);
+    });
+    let (tx, _rx) = mpsc::channel();
+    let r = node_thread(1, opts, shared, &tx);
+    println!("RECEIVED {}", shared.received.load(Ordering::Relaxed));
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lnet_perf --serve: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -243,7 +384,7 @@ fn measure_puts(
         Report::PutsDone { sent, done, errors } => {
             eprintln!(
                 "INFO put stream: window {} peer_credits {} payload {} B; A sent {sent}, \
-                 completed {done}, errors {errors}; B received {} in total, {} in {dt:.3} s",
+                 completed {done}, errors {errors}; {} completed in total, {} in {dt:.3} s",
                 opts.window,
                 opts.peer_credits,
                 opts.payload,
@@ -395,6 +536,12 @@ fn node_thread(
     let fabric = TcpFabric::bind("127.0.0.1:0".parse().expect("address"), resolver)
         .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
     let _ = shared.addrs[idx].set(fabric.local_addr());
+    if opts.serve {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "LISTEN {}", fabric.local_addr());
+        let _ = out.flush();
+    }
 
     let clock = MonotonicClock::new();
     let mut ni = NiConfig::new(me, 0x5eed_0000 + idx as u64 + 1);
@@ -529,7 +676,10 @@ fn stream_puts(
                 LnetEvent::PutDone { result, .. } => {
                     outstanding -= 1;
                     match result {
-                        Ok(()) => done += 1,
+                        Ok(()) => {
+                            done += 1;
+                            shared.received.fetch_add(1, Ordering::Relaxed);
+                        }
                         Err(_) => errors += 1,
                     }
                 }
