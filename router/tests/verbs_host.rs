@@ -1,0 +1,74 @@
+//! `fabric: verbs` on a host without an RDMA device (CI's machines): the daemon must refuse to
+//! start that NI with one clear message and a non-zero exit, and leave nothing behind (no control
+//! socket). Built without the `verbs` feature it says how to get one; with it, that no device
+//! exists. On a host that has an RDMA device the with-feature case is skipped (the Soft-RoCE guest
+//! run covers the daemon on real verbs).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("ulnet-verbs-host-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs the daemon on a config with one o2ib NI on `fabric: verbs`.
+fn run_verbs_daemon(dir: &std::path::Path) -> Output {
+    let cfg = dir.join("verbs.yaml");
+    std::fs::write(
+        &cfg,
+        "net:\n    - net type: o2ib\n      fabric: verbs\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n",
+    )
+    .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(dir.join("s.sock"))
+        .env("LNET_LOG", "off")
+        .output()
+        .unwrap()
+}
+
+#[cfg(feature = "verbs")]
+fn rdma_device_present() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+#[cfg(not(feature = "verbs"))]
+#[test]
+fn verbs_fabric_without_the_feature_is_a_config_error() {
+    let dir = scratch("nofeature");
+    let o = run_verbs_daemon(&dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("fabric 'verbs' needs an lnet-router built with the verbs feature"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
+    assert!(!dir.join("s.sock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "verbs")]
+#[test]
+fn verbs_fabric_without_a_device_fails_with_one_clear_message() {
+    if rdma_device_present() {
+        eprintln!("an RDMA device exists here: skipping the no-device assertion");
+        return;
+    }
+    let dir = scratch("nodevice");
+    let o = run_verbs_daemon(&dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("NI 10.0.0.1@o2ib: no RDMA device"),
+        "the message names the NI and the cause: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
+    assert!(!dir.join("s.sock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
