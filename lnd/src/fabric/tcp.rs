@@ -12,7 +12,8 @@
 //!
 //! The byte stream of a connection is a sequence of length-prefixed frames,
 //! `[u32 len LE][u8 kind][body]`: CONNREQ, CONNACK, REJECT (private data), MSG (one o2iblnd
-//! message), DISCONNECT, and RDMA_WRITE reserved. See [`frame`] for the exact format and limits.
+//! message), DISCONNECT, and RDMA_WRITE (`[u32 rkey][u64 addr][data]`). See [`frame`] for the
+//! exact format and limits.
 //! A garbage or truncated stream closes that connection only, and is counted in [`TcpStats`].
 //!
 //! # How each fabric operation maps
@@ -27,7 +28,9 @@
 //! | `handle_connect_failed`       | `Unreachable`: no address, ECONNREFUSED, ETIMEDOUT, EOF/RST before a reply; `Rejected(private)`: REJECT frame; `Error`: other errors, bad frames |
 //! | `PostRecv`                    | the slot is marked free; the next MSG frame lands in the lowest free slot   |
 //! | `Send`                        | MSG frame appended to the connection's write queue                         |
-//! | `handle_send_complete`        | `Success` when the whole frame is written to the socket; `RetryExceeded` on ETIMEDOUT (TCP_USER_TIMEOUT); `Error` on another socket error (the first failed send), `Flushed` for those queued behind it or posted on a closing connection |
+//! | `RdmaWrite`                   | RDMA_WRITE frames (at most 64 KiB of data each) copied from the local region into the same write queue, in posting order with the MSG frames |
+//! | [`RegionId`] (driver-side)    | [`TcpFabric::register_region`]: a buffer in a table keyed by its rkey; [`TcpFabric::deregister_region`] |
+//! | `handle_send_complete`        | `Success` when the whole frame (a write: its last frame) is written to the socket; `RetryExceeded` on ETIMEDOUT (TCP_USER_TIMEOUT); `Error` on another socket error (the first failed send), `Flushed` for those queued behind it or posted on a closing connection |
 //! | `Disconnect`                  | DISCONNECT frame after what is queued, then shutdown(WR)                    |
 //! | `handle_disconnected`         | DISCONNECT frame read, EOF or RST, a socket error, or (after our own `Disconnect`) the peer's DISCONNECT/EOF |
 //! | `Destroy`                     | cancel the socket's io_uring work, shutdown, close once the kernel let go   |
@@ -55,28 +58,91 @@
 //!   death). Dropping a [`TcpFabric`] without a `Disconnect` is exactly that.
 //! - **Disconnect** writes what is already queued first (frames are never cut in half), then the
 //!   DISCONNECT frame, then shuts down the write side. Sends posted after it complete `Flushed`.
-//! - **RDMA writes** are not emulated yet: `RdmaWrite` completes with `Error` (counted).
+//! - **RDMA writes.** A write is a work request on the connection's send queue like a send: its
+//!   data is copied from the local region into the write queue as RDMA_WRITE frames of at most
+//!   64 KiB ([`frame::WRITE_CHUNK`]), at most 256 KiB ahead of the socket (the rest, and any
+//!   message posted behind it, waits in a per-connection backlog in posting order, so a large
+//!   write does not grow the buffers); it completes `Success` when its last frame is written, in
+//!   posting order with the sends, and a MSG posted behind it is parsed by the peer only after
+//!   the write's data is in place (one byte stream, parsed in order). The receiver checks the key
+//!   and the bounds `[addr, addr + len)` as soon as the frame's 17-byte head is in, before a byte
+//!   is written, then copies the data from its receive buffer into the region as it arrives (a
+//!   frame need not fit in the receive buffer). Nothing is reported to the receiver's engine and
+//!   no receive slot is used.
+//!   - *Local side invalid* (region not registered, or `[local_offset, +len)` outside it,
+//!     checked before the first frame): the write completes `Error` once everything posted before
+//!     it has completed, exactly as IBV_WC_LOC_PROT_ERR, nothing of it is sent, then the
+//!     connection breaks: what is queued behind it completes `Flushed`, the socket is closed
+//!     and the engine hears `handle_disconnected` (counted in `rdma_local_errors`).
+//!   - *Remote side invalid* (unknown or deregistered key, address below or past the region):
+//!     the receiver writes nothing, counts `rdma_access_errors`, fails its own queued sends
+//!     `Flushed` and closes the socket (its engine hears `handle_disconnected`). **The writer
+//!     does not see `Error` for that write**, unlike IBV_WC_REM_ACCESS_ERR on RC: over TCP a
+//!     write completes when its bytes are in the local socket, which is usually before the peer
+//!     has parsed them (there is no per-write acknowledgement; adding one would hold every
+//!     completion behind it, sends included, for a round trip). What the writer sees is the
+//!     connection failing: the EOF or RST from the peer's close makes whatever it has not yet
+//!     completed finish `Error` (the first) and `Flushed` (the rest), and its engine hears
+//!     `handle_disconnected`. A bad write therefore never goes unnoticed: it costs the
+//!     connection, as on RC; only the status lands on the first incomplete work request rather
+//!     than on the write itself. Writes of another instance's keys cannot hit new regions: keys
+//!     start at a per-instance random point.
+//!   - *Disconnects.* A write posted on a closing or broken connection completes `Flushed`. The
+//!     peer's DISCONNECT frame (its DREQ) flushes every send and write not yet completed, in
+//!     posting order, and drops what was not handed to the socket yet; the peer's EOF without a
+//!     DISCONNECT (a dead process) fails them as an RST does (first `Error`, rest `Flushed`).
+//!     Writes arriving after our own Disconnect are read and dropped (`discarded_writes`).
+//!   - `local` must not change until the write completes (it is read while the frames are
+//!     built); a region deregistered in the middle of a write fails the rest of it like a
+//!     local error (some of its data may already be in place, as on RC).
 //! - **Bounded handshakes.** An accepted socket that does not send its CONNREQ within
 //!   [`TcpConfig::handshake_timeout`] (or does not take our REJECT) is closed and counted; an
 //!   active connect is bounded by the engine's connect deadline (its `Disconnect`/`Destroy`
 //!   cancel the connect in flight).
 //!
-//! # Performance shape, and what is simplified in this first version
+//! # Performance shape, and what is simplified
 //!
 //! Connections live in a slab; io_uring `user_data` encodes (op kind, slab key, generation), so a
-//! late completion for a closed socket is recognised. Steady state allocates nothing per message
-//! in the fabric: each connection has one receive buffer ([`TcpConfig::recv_buffer`]) parsed in
-//! place and two write buffers that alternate (frames are appended to one while the other is being
-//! written, so many frames go out per `send`); all buffers come back from the ring and are reused,
-//! and buffers of closed connections return to a small pool. SQEs are batched: everything queued
+//! late completion for a closed socket is recognised. Steady state allocates nothing and takes no
+//! lock per message in the fabric: each connection has one receive buffer
+//! ([`TcpConfig::recv_buffer`]) parsed in place and two write buffers that alternate (frames are
+//! appended to one while the other is being written, so many frames go out per `send`); all
+//! buffers come back from the ring and are reused, and buffers of closed connections return to a
+//! small pool. The engine's message buffers are copied into the write buffer and handed back at
+//! the next `poll` (`Endpoint::recycle`), so the engine reuses them too. RDMA writes are copied
+//! from the region into the same write buffers (at most 256 KiB ahead of the socket) and, at the
+//! receiver, from the receive buffer into the region: one copy each side besides the kernel's,
+//! no allocation, one hash lookup of the rkey per frame. SQEs are batched: everything queued
 //! during a turn is submitted by one `io_uring_enter`, and SQEs that do not fit in a full
-//! submission queue wait in a backlog. Follow-ups, not done here:
-//! - receives into a provided buffer ring (`RecvMulti` + `register_buf_ring`) instead of one
-//!   single-shot recv into a per-connection buffer;
-//! - registered (fixed) files and buffers, SQPOLL as an option;
-//! - the engine hands each message over as a fresh `Vec` (`FabricAction::Send`), which the fabric
-//!   copies into its write buffer: a pooled message buffer type would remove both;
-//! - the RDMA_WRITE frame;
+//! submission queue wait in a backlog. `poll` busy-polls the completion queue for
+//! [`TcpConfig::busy_poll`] before sleeping in the kernel, and a waker descriptor
+//! ([`TcpFabric::set_waker`]) cuts a sleep short.
+//!
+//! **Why receives do not use a provided buffer ring** (`RecvMulti` + `register_buf_ring`), after
+//! weighing it for this version:
+//! - *Back-pressure.* This fabric's flow control is "no read is posted on a connection whose
+//!   next MSG finds no posted slot": the kernel's socket buffer and TCP's window then hold the
+//!   sender back. A multishot receive keeps pulling bytes out of the socket into shared ring
+//!   buffers whatever the engine's slots, so one stalled connection would drain the ring for all
+//!   (it would have to be cancelled on every stall and re-armed on every `PostRecv`).
+//! - *Frames span buffers.* A MSG frame that straddles two provided buffers has to be copied
+//!   into a contiguous one before the engine can parse it, and a buffer can go back to the ring
+//!   only once every frame in it is consumed: the per-connection buffer does that reassembly for
+//!   free (frames are parsed in place; a partial frame is moved to the front at most once).
+//! - *Nothing to win on the measured path.* With one connection per peer and many frames per
+//!   recv (a 64 KiB buffer holds ~16 full MSGs or ~900 64-byte PUTs), the single-shot recv's
+//!   cost is one SQE per batch of frames, and its memory is 64 KiB per connection, not per
+//!   message. Provided buffers pay off with thousands of mostly idle connections (memory), which
+//!   a router's handful of peers per NI is not.
+//!
+//! Follow-ups, not done here:
+//! - provided buffer rings, for NIs with very many connections (see above for what they must
+//!   solve first);
+//! - registered (fixed) files and buffers, SQPOLL as an option; `SendZc` for RDMA_WRITE data
+//!   (the region's pages straight to the socket instead of a copy into the write buffer), and
+//!   receiving RDMA_WRITE data straight into the region;
+//! - a per-write acknowledgement frame, if an exact `Error` for a refused remote write (rather
+//!   than the connection failing) turns out to matter;
 //! - a poll for POLLRDHUP on a stalled connection so that its peer's death is seen at once too;
 //! - `accept` errors such as EMFILE re-arm at once rather than with a backoff.
 
@@ -84,7 +150,7 @@ pub mod frame;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -93,13 +159,15 @@ use slab::Slab;
 use tracing::{debug, trace};
 
 use crate::engine::{Endpoint, Tunables};
-use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
+use crate::fabric::{
+    ConnId, ConnectFailure, FabricAction, PrivateData, RegionId, RequestId, WcStatus, WrId,
+};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
 use crate::time::Instant;
 use crate::wire::kib::MSG_SIZE;
 use crate::wire::Nid;
 
-use frame::{FrameError, FrameKind, HEAD_LEN, MAX_FRAME};
+use frame::{FrameError, FrameKind, HEAD_LEN, MAX_FRAME, WRITE_CHUNK, WRITE_HEAD_LEN};
 
 /// The tcp fabric's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +239,8 @@ pub struct TcpStats {
     /// Protocol errors, by reason: each closed its connection.
     pub bad_kind: u64,
     pub bad_length: u64,
+    /// Frames of a reserved kind. Every kind is handled in this version (RDMA_WRITE was the
+    /// last reserved one), so this stays zero; kept so that the counter names stay stable.
     pub unsupported_frames: u64,
     pub truncated: u64,
     pub unexpected_frames: u64,
@@ -180,8 +250,21 @@ pub struct TcpStats {
     pub discarded_msgs: u64,
     /// Actions naming a connection or request this fabric does not know.
     pub unknown_actions: u64,
-    /// `RdmaWrite` actions refused (not emulated yet).
-    pub rdma_writes_refused: u64,
+    /// RDMA writes completed at this end (all their frames written) and their data bytes.
+    pub rdma_writes_tx: u64,
+    pub rdma_bytes_tx: u64,
+    /// RDMA_WRITE frames placed in this fabric's regions by peers (a write of more than
+    /// `frame::WRITE_CHUNK` bytes is several), and their data bytes.
+    pub rdma_frames_rx: u64,
+    pub rdma_bytes_rx: u64,
+    /// RDMA_WRITE frames refused because their key names no region here (unknown or
+    /// deregistered) or their bytes fall outside it: nothing written, the connection closed.
+    pub rdma_access_errors: u64,
+    /// `RdmaWrite` actions whose local side is not a registered region or lies outside it
+    /// (IBV_WC_LOC_PROT_ERR): completed `Error`, the connection closed.
+    pub rdma_local_errors: u64,
+    /// RDMA_WRITE frames whose data was dropped because they arrived after our own Disconnect.
+    pub discarded_writes: u64,
     /// `Send` actions with an empty or oversized message.
     pub bad_sends: u64,
     /// Accepted sockets closed for not finishing the handshake within `handshake_timeout`.
@@ -225,7 +308,13 @@ impl TcpStats {
             ("rx_stalls", self.rx_stalls),
             ("discarded_msgs", self.discarded_msgs),
             ("unknown_actions", self.unknown_actions),
-            ("rdma_writes_refused", self.rdma_writes_refused),
+            ("rdma_writes_tx", self.rdma_writes_tx),
+            ("rdma_bytes_tx", self.rdma_bytes_tx),
+            ("rdma_frames_rx", self.rdma_frames_rx),
+            ("rdma_bytes_rx", self.rdma_bytes_rx),
+            ("rdma_access_errors", self.rdma_access_errors),
+            ("rdma_local_errors", self.rdma_local_errors),
+            ("discarded_writes", self.discarded_writes),
             ("bad_sends", self.bad_sends),
             ("handshake_timeouts", self.handshake_timeouts),
         ]
@@ -235,7 +324,6 @@ impl TcpStats {
         match e {
             FrameError::BadKind(_) => self.bad_kind += 1,
             FrameError::BadLength { .. } => self.bad_length += 1,
-            FrameError::Unsupported(_) => self.unsupported_frames += 1,
             FrameError::Truncated => self.truncated += 1,
             FrameError::Unexpected(_) => self.unexpected_frames += 1,
         }
@@ -335,6 +423,11 @@ enum Phase {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Done {
     Send(WrId),
+    /// The last frame of an RDMA write is out (`len` data bytes).
+    Write(WrId, u32),
+    /// An RDMA write whose local side is invalid: everything before it is out; it completes
+    /// `Error` and the connection breaks (what is behind it flushes).
+    Fault(WrId),
     /// The CONNACK is out: the passive side is established.
     Established,
     /// The DISCONNECT is out: shut down the write side.
@@ -362,6 +455,8 @@ struct Sock {
     /// When it was accepted (passive sockets).
     since: Instant,
     // receive side
+    /// The RDMA_WRITE frame whose data is streaming into a region.
+    rx_write: Option<RxWrite>,
     rbuf: Option<Vec<u8>>,
     rstart: usize,
     rend: usize,
@@ -374,6 +469,11 @@ struct Sock {
     w_off: usize,
     send_armed: bool,
     tx_dead: bool,
+    /// Work not yet copied into `wq`, in posting order: non-empty only behind an RDMA write that
+    /// is copied piece by piece (see `TcpFabric::fill`).
+    backlog: VecDeque<Tx>,
+    /// A `Done::Fault` is queued: nothing more goes into `wq`.
+    faulted: bool,
     markers: VecDeque<(u64, Done)>,
     queued: u64,
     written: u64,
@@ -384,6 +484,15 @@ impl Sock {
         self.conn.filter(|_| !self.destroyed)
     }
 
+    /// Sends and writes may be queued (else they complete `Flushed`).
+    fn can_post(&self) -> bool {
+        self.phase == Phase::Open
+            && !self.tx_dead
+            && !self.shut
+            && !self.local_disconnect
+            && !self.peer_disconnect
+    }
+
     fn queue_frame(&mut self, kind: FrameKind, body: &[u8], done: Option<Done>) {
         frame::push_frame(&mut self.wq, kind, body);
         self.queued += (HEAD_LEN + body.len()) as u64;
@@ -391,6 +500,97 @@ impl Sock {
             self.markers.push_back((self.queued, d));
         }
     }
+}
+
+/// Posted work waiting behind an RDMA write for room in the write buffer.
+#[derive(Debug)]
+enum Tx {
+    /// A message (the engine's buffer, given back once copied).
+    Msg(WrId, Vec<u8>),
+    Write(TxWrite),
+    Disconnect,
+}
+
+/// An RDMA write being copied into the write buffer, a frame of at most `WRITE_CHUNK` at a time.
+#[derive(Copy, Clone, Debug)]
+struct TxWrite {
+    wr: WrId,
+    local: RegionId,
+    local_offset: u64,
+    key: u32,
+    addr: u64,
+    len: u32,
+    /// Data bytes already framed.
+    sent: u32,
+}
+
+/// An incoming RDMA_WRITE frame's data still to place: `left` bytes at `off` in the region under
+/// `key` (`discard`: dropped instead, the connection being closed by us).
+#[derive(Copy, Clone, Debug)]
+struct RxWrite {
+    key: u32,
+    off: usize,
+    left: usize,
+    discard: bool,
+}
+
+/// A registered region (see [`TcpFabric::register_region`]).
+struct Region {
+    id: u64,
+    addr: u64,
+    bytes: Vec<u8>,
+}
+
+/// How far the write buffer is filled from an RDMA write's source before it is handed to the
+/// socket (the rest of the write is copied as the socket takes it).
+const WQ_FILL: usize = 256 * 1024;
+/// Where region addresses start (names only; a guard page separates regions).
+const REGION_BASE: u64 = 0x7e00_0000_0000;
+const PAGE: u64 = 4096;
+
+/// The slice `[off, off + len)` of a buffer of `size` bytes, if it lies inside.
+fn span(size: usize, off: u64, len: u64) -> Option<std::ops::Range<usize>> {
+    let start = usize::try_from(off).ok()?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    (end <= size).then_some(start..end)
+}
+
+/// The remote key of region number `id`: an odd multiplier is a bijection on u32, so distinct
+/// ids (modulo 2^32) give distinct keys.
+fn region_key(id: u64) -> u32 {
+    (id as u32).wrapping_mul(0x9e37_79b1)
+}
+
+/// Where a fabric's region numbers start: differs between instances (and processes), so a peer
+/// still holding a key from an earlier instance does not hit a new region.
+fn region_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (t ^ u64::from(std::process::id()).rotate_left(17)) & 0xffff_ffff
+}
+
+/// Completions handed to the engine, recorded in tests (the engine ignores WrIds it does not
+/// know, such as those of writes a test posts directly).
+#[cfg(test)]
+type WcLog = Vec<(ConnId, WrId, WcStatus)>;
+#[cfg(not(test))]
+type WcLog = ();
+
+/// Every send and write completion goes through here.
+fn complete_wr(
+    log: &mut WcLog,
+    ep: &mut Endpoint,
+    now: Instant,
+    conn: ConnId,
+    wr: WrId,
+    st: WcStatus,
+) {
+    #[cfg(test)]
+    log.push((conn, wr, st));
+    #[cfg(not(test))]
+    let () = *log;
+    ep.handle_send_complete(now, conn, wr, st);
 }
 
 /// A report decided in `apply`, delivered at the start of the next `poll`.
@@ -429,6 +629,11 @@ pub struct TcpFabric {
     waker_armed: bool,
     /// Message buffers of applied sends, given back to the engine (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
+    /// Registered regions by remote key; the next region number and address.
+    regions: HashMap<u32, Region>,
+    next_region: u64,
+    next_region_addr: u64,
+    wc_log: WcLog,
 }
 
 /// Buffers of closed connections kept for reuse.
@@ -473,6 +678,10 @@ impl TcpFabric {
             waker: None,
             waker_armed: false,
             spare: Vec::new(),
+            regions: HashMap::new(),
+            next_region: region_seed(),
+            next_region_addr: REGION_BASE,
+            wc_log: WcLog::default(),
             stats: TcpStats::default(),
         };
         f.arm_accept();
@@ -509,6 +718,62 @@ impl TcpFabric {
         !self.out.is_empty() || !self.ready.is_empty()
     }
 
+    // ------------------------------------------------------------------ registered memory
+
+    /// Registers `bytes` for RDMA (the tcp fabric's ibv_reg_mr): returns the local name (the
+    /// source of an [`FabricAction::RdmaWrite`]), and the remote key and address a peer's writes
+    /// target (what an RdmaDesc advertises). Keys start at a per-instance random point and are
+    /// unique within the fabric for 2^32 registrations, so a key of a deregistered region (or of
+    /// an earlier instance of this process) does not match a new one; addresses never repeat.
+    /// The region lives until [`TcpFabric::deregister_region`] or until the fabric is dropped.
+    pub fn register_region(&mut self, bytes: Vec<u8>) -> (RegionId, u32, u64) {
+        self.next_region = self.next_region.wrapping_add(1);
+        let id = self.next_region;
+        let key = region_key(id);
+        let addr = self.next_region_addr;
+        let pages = (bytes.len() as u64).div_ceil(PAGE) + 1;
+        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
+        self.regions.insert(key, Region { id, addr, bytes });
+        (RegionId(id), key, addr)
+    }
+
+    /// The contents of region `id` (`None` if it is not registered).
+    pub fn region(&self, id: RegionId) -> Option<&[u8]> {
+        self.region_ref(id).map(|r| &r.bytes[..])
+    }
+
+    /// The contents of region `id`, to fill a write's source. A region must not change while a
+    /// write from it (or a peer's write into it) is in progress.
+    pub fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
+        self.regions
+            .get_mut(&region_key(id.0))
+            .filter(|r| r.id == id.0)
+            .map(|r| &mut r.bytes[..])
+    }
+
+    /// Deregisters region `id` (ibv_dereg_mr) and gives its buffer back. Later writes into it
+    /// are refused by this fabric (the writer's connection is closed); a write from it that has
+    /// not been copied out yet fails like a write outside the local region.
+    pub fn deregister_region(&mut self, id: RegionId) -> Option<Vec<u8>> {
+        let key = region_key(id.0);
+        self.region_ref(id)?;
+        self.regions.remove(&key).map(|r| r.bytes)
+    }
+
+    /// Test hook: raw bytes on a connection's stream, after what is queued (garbage frames).
+    #[cfg(test)]
+    fn inject_raw(&mut self, conn: ConnId, bytes: &[u8]) {
+        let key = self.lookup(conn).expect("a known connection");
+        let s = &mut self.socks[key];
+        s.wq.extend_from_slice(bytes);
+        s.queued += bytes.len() as u64;
+        self.arm_send(key);
+    }
+
+    fn region_ref(&self, id: RegionId) -> Option<&Region> {
+        self.regions.get(&region_key(id.0)).filter(|r| r.id == id.0)
+    }
+
     // ------------------------------------------------------------------ engine actions
 
     /// Applies one engine action. I/O is only queued here; [`TcpFabric::poll`] submits it, and
@@ -531,19 +796,32 @@ impl TcpFabric {
             FabricAction::Reject { req, private } => self.reject(req, private),
             FabricAction::PostRecv { conn, slot } => self.post_recv(conn, slot),
             FabricAction::Send { conn, wr, bytes } => {
-                self.send(conn, wr, &bytes);
-                // Copied into the write buffer: back to the engine at the next poll.
-                self.spare.push(bytes);
-            }
-            FabricAction::RdmaWrite { conn, wr, .. } => {
-                self.stats.rdma_writes_refused += 1;
-                if self.lookup(conn).is_some() {
-                    self.out
-                        .push_back(Report::SendDone(conn, wr, WcStatus::Error));
-                } else {
-                    self.stats.unknown_actions += 1;
+                // Copied into the write buffer (unless it waits behind a write): back to the
+                // engine at the next poll.
+                if let Some(b) = self.send(conn, wr, bytes) {
+                    self.spare.push(b);
                 }
             }
+            FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                local_offset,
+                remote_key,
+                remote_addr,
+                len,
+            } => self.write(
+                conn,
+                TxWrite {
+                    wr,
+                    local,
+                    local_offset,
+                    key: remote_key,
+                    addr: remote_addr,
+                    len,
+                    sent: 0,
+                },
+            ),
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
         }
@@ -638,26 +916,112 @@ impl TcpFabric {
         }
     }
 
-    fn send(&mut self, conn: ConnId, wr: WrId, bytes: &[u8]) {
+    /// Queues a MSG frame; gives `bytes` back unless they wait in the backlog.
+    fn send(&mut self, conn: ConnId, wr: WrId, bytes: Vec<u8>) -> Option<Vec<u8>> {
         let Some(key) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
-            return;
+            return Some(bytes);
         };
         if bytes.is_empty() || bytes.len() > MSG_SIZE {
             self.stats.bad_sends += 1;
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
-            return;
+            return Some(bytes);
         }
         let s = &mut self.socks[key];
-        if s.phase != Phase::Open || s.tx_dead || s.shut || s.local_disconnect {
+        if !s.can_post() {
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
-            return;
+            return Some(bytes);
         }
-        s.queue_frame(FrameKind::Msg, bytes, Some(Done::Send(wr)));
+        if !s.backlog.is_empty() || s.faulted {
+            s.backlog.push_back(Tx::Msg(wr, bytes));
+            return None;
+        }
+        s.queue_frame(FrameKind::Msg, &bytes, Some(Done::Send(wr)));
         self.stats.msgs_tx += 1;
         self.arm_send(key);
+        Some(bytes)
+    }
+
+    fn write(&mut self, conn: ConnId, w: TxWrite) {
+        let Some(key) = self.lookup(conn) else {
+            self.stats.unknown_actions += 1;
+            return;
+        };
+        let s = &mut self.socks[key];
+        if !s.can_post() {
+            self.out
+                .push_back(Report::SendDone(conn, w.wr, WcStatus::Flushed));
+            return;
+        }
+        s.backlog.push_back(Tx::Write(w));
+        self.arm_send(key);
+    }
+
+    /// Copies backlogged work into the write buffer, in order, until it holds `WQ_FILL` bytes:
+    /// messages whole, writes a frame of at most `WRITE_CHUNK` data bytes at a time. A write whose
+    /// local side is not (or no longer) inside a registered region becomes a `Done::Fault`.
+    fn fill(&mut self, key: usize) {
+        let s = &mut self.socks[key];
+        while !s.faulted && s.wq.len() < WQ_FILL {
+            let Some(front) = s.backlog.front_mut() else {
+                break;
+            };
+            match front {
+                Tx::Msg(..) => {
+                    let Some(Tx::Msg(wr, bytes)) = s.backlog.pop_front() else {
+                        unreachable!("front is a message")
+                    };
+                    s.queue_frame(FrameKind::Msg, &bytes, Some(Done::Send(wr)));
+                    self.stats.msgs_tx += 1;
+                    self.spare.push(bytes);
+                }
+                Tx::Disconnect => {
+                    s.backlog.pop_front();
+                    s.queue_frame(FrameKind::Disconnect, &[], Some(Done::ShutWr));
+                }
+                Tx::Write(w) => {
+                    // The whole local range is checked before the first frame (nothing of a bad
+                    // write is sent); later pieces again, in case the region went away.
+                    let n = u64::from(w.len - w.sent).min(WRITE_CHUNK as u64);
+                    let src = self
+                        .regions
+                        .get(&region_key(w.local.0))
+                        .filter(|r| r.id == w.local.0)
+                        .and_then(|r| {
+                            let whole = if w.sent == 0 { u64::from(w.len) } else { n };
+                            let off = w.local_offset.checked_add(u64::from(w.sent))?;
+                            span(r.bytes.len(), off, whole)?;
+                            let range = span(r.bytes.len(), off, n)?;
+                            Some(&r.bytes[range])
+                        });
+                    let Some(src) = src else {
+                        let wr = w.wr;
+                        s.backlog.pop_front();
+                        s.faulted = true;
+                        s.markers.push_back((s.queued, Done::Fault(wr)));
+                        self.stats.rdma_local_errors += 1;
+                        debug!(key, ?wr, "tcp fabric: RDMA write outside the local region");
+                        if !s.in_ready {
+                            s.in_ready = true;
+                            self.ready.push((key, s.generation));
+                        }
+                        break;
+                    };
+                    let at = w.addr.wrapping_add(u64::from(w.sent));
+                    frame::push_write_head(&mut s.wq, w.key, at, src.len());
+                    s.wq.extend_from_slice(src);
+                    s.queued += (HEAD_LEN + WRITE_HEAD_LEN + src.len()) as u64;
+                    w.sent += src.len() as u32;
+                    if w.sent == w.len {
+                        let (wr, len) = (w.wr, w.len);
+                        s.backlog.pop_front();
+                        s.markers.push_back((s.queued, Done::Write(wr, len)));
+                    }
+                }
+            }
+        }
     }
 
     fn disconnect(&mut self, conn: ConnId) {
@@ -672,7 +1036,11 @@ impl TcpFabric {
         s.local_disconnect = true;
         if s.phase == Phase::Open && !s.tx_dead && !s.shut {
             // Written after what is queued; the peer's DISCONNECT or EOF confirms.
-            s.queue_frame(FrameKind::Disconnect, &[], Some(Done::ShutWr));
+            if s.backlog.is_empty() && !s.faulted {
+                s.queue_frame(FrameKind::Disconnect, &[], Some(Done::ShutWr));
+            } else {
+                s.backlog.push_back(Tx::Disconnect);
+            }
             let stalled = s.stalled;
             self.arm_send(key);
             if stalled {
@@ -808,7 +1176,7 @@ impl TcpFabric {
                 continue; // destroyed since: nothing more is reported for it
             }
             match r {
-                Report::SendDone(c, wr, st) => ep.handle_send_complete(now, c, wr, st),
+                Report::SendDone(c, wr, st) => complete_wr(&mut self.wc_log, ep, now, c, wr, st),
                 Report::Disconnected(c) => ep.handle_disconnected(now, c),
                 Report::ConnectFailed(c, why) => ep.handle_connect_failed(now, c, why),
             }
@@ -825,6 +1193,16 @@ impl TcpFabric {
                 continue;
             }
             s.in_ready = false;
+            if s.faulted {
+                self.run_markers(key, ep, now);
+                let Some(s) = self.socks.get_mut(key) else {
+                    continue;
+                };
+                if s.shut {
+                    continue;
+                }
+            }
+            let s = &mut self.socks[key];
             if s.rbuf.is_some() && !s.recv_armed {
                 s.stalled = false;
                 self.parse(key, ep, now);
@@ -929,13 +1307,18 @@ impl TcpFabric {
         }
         if res == 0 {
             s.rx_eof = true;
-            if s.rstart < s.rend {
+            if s.rstart < s.rend || s.rx_write.is_some() {
                 return self.protocol_error(key, FrameError::Truncated, ep, now);
             }
             if !s.peer_disconnect {
                 self.stats.eof_without_disconnect += 1;
             }
             match s.phase {
+                // The peer died (it sends DISCONNECT before any orderly EOF): what is queued
+                // cannot arrive. Fail it as an RST would, without waiting for a write to fail.
+                Phase::Open if !s.peer_disconnect && !s.local_disconnect => {
+                    self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now)
+                }
                 Phase::Open => self.report_down(key, ConnectFailure::Error, ep, now),
                 Phase::AwaitReply => {
                     self.broken(key, WcStatus::Flushed, ConnectFailure::Unreachable, ep, now)
@@ -1016,14 +1399,26 @@ impl TcpFabric {
             if pos > s.written {
                 return;
             }
+            if let Done::Fault(_) = done {
+                // Completes `Error` (first in the queue now), the rest flushes.
+                return self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now);
+            }
             s.markers.pop_front();
             let conn = s.live_conn();
             match done {
                 Done::Send(wr) => {
                     if let Some(c) = conn {
-                        ep.handle_send_complete(now, c, wr, WcStatus::Success);
+                        complete_wr(&mut self.wc_log, ep, now, c, wr, WcStatus::Success);
                     }
                 }
+                Done::Write(wr, len) => {
+                    self.stats.rdma_writes_tx += 1;
+                    self.stats.rdma_bytes_tx += u64::from(len);
+                    if let Some(c) = conn {
+                        complete_wr(&mut self.wc_log, ep, now, c, wr, WcStatus::Success);
+                    }
+                }
+                Done::Fault(_) => unreachable!("handled above"),
                 Done::Established => {
                     s.established = true;
                     self.stats.established += 1;
@@ -1054,13 +1449,47 @@ impl TcpFabric {
             let Some(buf) = s.rbuf.as_ref() else {
                 return;
             };
+            if let Some(w) = s.rx_write.as_mut() {
+                // An RDMA_WRITE's data: straight from the receive buffer into the region.
+                let n = w.left.min(s.rend - s.rstart);
+                let src = &buf[s.rstart..s.rstart + n];
+                if !w.discard {
+                    let Some(dst) = self
+                        .regions
+                        .get_mut(&w.key)
+                        .and_then(|r| r.bytes.get_mut(w.off..w.off + n))
+                    else {
+                        // Deregistered while the write was streaming in.
+                        return self.access_error(key, "region deregistered", ep, now);
+                    };
+                    dst.copy_from_slice(src);
+                    self.stats.rdma_bytes_rx += n as u64;
+                }
+                w.off += n;
+                w.left -= n;
+                s.rstart += n;
+                if w.left > 0 {
+                    break;
+                }
+                if !w.discard {
+                    self.stats.rdma_frames_rx += 1;
+                }
+                s.rx_write = None;
+                continue;
+            }
             let avail = &buf[s.rstart..s.rend];
             let head = match frame::parse_head(avail) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
                 Err(e) => return self.protocol_error(key, e, ep, now),
             };
-            if avail.len() < head.frame_len() {
+            // An RDMA_WRITE's data streams: only its write head must be here.
+            let need = if head.kind == FrameKind::RdmaWrite {
+                HEAD_LEN + WRITE_HEAD_LEN
+            } else {
+                head.frame_len()
+            };
+            if avail.len() < need {
                 break;
             }
             let body = s.rstart + HEAD_LEN..s.rstart + head.frame_len();
@@ -1115,10 +1544,51 @@ impl TcpFabric {
                         ep.handle_recv(now, c, slot, &buf[body]);
                     }
                 }
+                (Phase::Open, FrameKind::RdmaWrite) if !s.peer_disconnect => {
+                    let Some((rkey, addr)) = frame::parse_write_head(&buf[body.start..]) else {
+                        unreachable!("the write head is in the buffer");
+                    };
+                    let len = head.body_len - WRITE_HEAD_LEN;
+                    s.rstart += HEAD_LEN + WRITE_HEAD_LEN;
+                    if s.local_disconnect {
+                        self.stats.discarded_writes += 1;
+                        s.rx_write = Some(RxWrite {
+                            key: rkey,
+                            off: 0,
+                            left: len,
+                            discard: true,
+                        });
+                        continue;
+                    }
+                    // Key and bounds are checked before a byte is written.
+                    let off = match self.regions.get(&rkey) {
+                        None => Err("no region under the key"),
+                        Some(r) => addr
+                            .checked_sub(r.addr)
+                            .and_then(|off| span(r.bytes.len(), off, len as u64))
+                            .map(|range| range.start)
+                            .ok_or("outside the region"),
+                    };
+                    match off {
+                        Ok(off) => {
+                            s.rx_write = Some(RxWrite {
+                                key: rkey,
+                                off,
+                                left: len,
+                                discard: false,
+                            })
+                        }
+                        Err(why) => {
+                            debug!(rkey, addr, len, "tcp fabric: RDMA write refused");
+                            return self.access_error(key, why, ep, now);
+                        }
+                    }
+                }
                 (Phase::Open, FrameKind::Disconnect) if !s.peer_disconnect => {
                     s.rstart = next;
                     s.peer_disconnect = true;
                     self.stats.peer_disconnects += 1;
+                    self.flush_unsent(key, ep, now);
                     self.report_down(key, ConnectFailure::Error, ep, now);
                 }
                 (_, kind) => {
@@ -1163,6 +1633,21 @@ impl TcpFabric {
         }
     }
 
+    /// A peer's RDMA write names memory we do not have (IBV_WC_REM_ACCESS_ERR at the writer):
+    /// nothing is written, and the connection goes to error as an RC queue pair would. Our own
+    /// pending sends flush; the writer sees the socket close.
+    fn access_error(&mut self, key: usize, why: &'static str, ep: &mut Endpoint, now: Instant) {
+        self.stats.rdma_access_errors += 1;
+        let conn = self.socks[key].conn;
+        debug!(
+            why,
+            ?conn,
+            "tcp fabric: RDMA write access error, closing the connection"
+        );
+        self.socks[key].rx_write = None;
+        self.broken(key, WcStatus::Flushed, ConnectFailure::Error, ep, now);
+    }
+
     fn protocol_error(&mut self, key: usize, e: FrameError, ep: &mut Endpoint, now: Instant) {
         self.stats.count(e);
         let (phase, conn) = {
@@ -1171,6 +1656,43 @@ impl TcpFabric {
         };
         debug!(error = %e, ?phase, ?conn, "tcp fabric: protocol error, closing the connection");
         self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now);
+    }
+
+    /// The peer's DISCONNECT arrived (its DREQ: our queue pair goes to error): every send and
+    /// write not yet completed completes `Flushed`, in posting order, and what is not handed to
+    /// the socket yet is dropped (the peer discards whatever arrives after its DISCONNECT).
+    fn flush_unsent(&mut self, key: usize, ep: &mut Endpoint, now: Instant) {
+        let s = &mut self.socks[key];
+        if s.local_disconnect || s.tx_dead {
+            return;
+        }
+        s.queued -= s.wq.len() as u64;
+        s.wq.clear();
+        s.faulted = false;
+        let conn = s.live_conn();
+        let log = &mut self.wc_log;
+        s.markers.retain(|&(_, done)| match done {
+            Done::Send(wr) | Done::Write(wr, _) | Done::Fault(wr) => {
+                if let Some(c) = conn {
+                    complete_wr(log, ep, now, c, wr, WcStatus::Flushed);
+                }
+                false
+            }
+            Done::Established | Done::ShutWr | Done::RejectSent => true,
+        });
+        while let Some(tx) = s.backlog.pop_front() {
+            let wr = match tx {
+                Tx::Msg(wr, bytes) => {
+                    self.spare.push(bytes);
+                    wr
+                }
+                Tx::Write(w) => w.wr,
+                Tx::Disconnect => continue,
+            };
+            if let Some(c) = conn {
+                complete_wr(log, ep, now, c, wr, WcStatus::Flushed);
+            }
+        }
     }
 
     /// The connection is unusable: fail its queued sends (the first with `first`, the rest
@@ -1189,8 +1711,26 @@ impl TcpFabric {
         let conn = s.live_conn();
         let mut status = first;
         while let Some((_, done)) = s.markers.pop_front() {
-            if let (Done::Send(wr), Some(c)) = (done, conn) {
-                ep.handle_send_complete(now, c, wr, status);
+            let wr = match done {
+                Done::Send(wr) | Done::Write(wr, _) | Done::Fault(wr) => wr,
+                Done::Established | Done::ShutWr | Done::RejectSent => continue,
+            };
+            if let Some(c) = conn {
+                complete_wr(&mut self.wc_log, ep, now, c, wr, status);
+                status = WcStatus::Flushed;
+            }
+        }
+        while let Some(tx) = s.backlog.pop_front() {
+            let wr = match tx {
+                Tx::Msg(wr, bytes) => {
+                    self.spare.push(bytes);
+                    wr
+                }
+                Tx::Write(w) => w.wr,
+                Tx::Disconnect => continue,
+            };
+            if let Some(c) = conn {
+                complete_wr(&mut self.wc_log, ep, now, c, wr, status);
                 status = WcStatus::Flushed;
             }
         }
@@ -1302,6 +1842,7 @@ impl TcpFabric {
             rx_eof: false,
             in_ready: false,
             since: Instant::ZERO,
+            rx_write: None,
             rbuf,
             rstart: 0,
             rend: 0,
@@ -1313,6 +1854,8 @@ impl TcpFabric {
             w_off: 0,
             send_armed: false,
             tx_dead: shut,
+            backlog: VecDeque::new(),
+            faulted: false,
             markers: VecDeque::new(),
             queued: 0,
             written: 0,
@@ -1392,6 +1935,10 @@ impl TcpFabric {
     }
 
     fn arm_send(&mut self, key: usize) {
+        let s = &self.socks[key];
+        if !s.send_armed && !s.backlog.is_empty() && !s.tx_dead && !s.shut {
+            self.fill(key);
+        }
         let s = &mut self.socks[key];
         if s.send_armed || s.tx_dead || s.shut || s.wq.is_empty() || s.phase == Phase::Connecting {
             return;

@@ -18,7 +18,7 @@
 //! | 3    | REJECT       | private data (the reject); then the passive side closes | 0..=64 |
 //! | 4    | MSG          | one o2iblnd message, lands in one receive slot | 1..=4096      |
 //! | 5    | DISCONNECT   | empty; the sender then does shutdown(WR)    | 0                |
-//! | 6    | RDMA_WRITE   | reserved for the RDMA-write emulation       | (refused today)  |
+//! | 6    | RDMA_WRITE   | `[u32 rkey LE][u64 addr LE][data]`: data for the receiver's registered memory | 12..=12 + 1 MiB |
 //!
 //! Private data is whole: a CONNREQ/CONNACK/REJECT frame carries all of it (at most
 //! [`PrivateData::MAX`](crate::fabric::PrivateData::MAX) bytes). Kind 0 and kinds above 6 are
@@ -26,9 +26,15 @@
 //! a length outside its kind's range closes the connection at once (counted), without waiting for
 //! (or buffering) a body. End of stream in the middle of a frame is `Truncated`.
 //!
-//! A future RDMA_WRITE frame (kind 6) will carry `[u32 rkey][u64 addr][data]` and complete at the
-//! sender like a send, in order with MSG frames; its length limit will be its own (up to the
-//! largest write), which is why limits are per kind.
+//! RDMA_WRITE is the emulation of one RDMA write (or one piece of it): `data` goes to the
+//! receiver's region registered under `rkey`, at virtual address `addr` (the region's address plus
+//! an offset), and nothing is reported to the receiver's engine. Its length limit is its own
+//! ([`MAX_WRITE_DATA`] bytes of data, LNET_MTU); senders cut writes into frames of at most
+//! [`WRITE_CHUNK`] bytes of data, so a write is placed piece by piece, in order with the MSG frames
+//! around it. Only MSG-sized frames ([`MAX_FRAME`]) must fit whole in a receive buffer: the
+//! receiver validates the 17 bytes of head and write head ([`parse_write_head`]), checks the key
+//! and the bounds `[addr, addr + data)` before writing anything, then streams the data from its
+//! receive buffer into the region as it arrives.
 
 use core::fmt;
 
@@ -37,8 +43,15 @@ use crate::wire::kib::MSG_SIZE;
 
 /// Bytes before the body: the length and the kind.
 pub const HEAD_LEN: usize = 5;
-/// The largest frame on the wire today (a full MSG).
+/// The largest frame a receiver holds whole in its receive buffer (a full MSG). RDMA_WRITE frames
+/// may be larger: their data streams into the target region.
 pub const MAX_FRAME: usize = HEAD_LEN + MSG_SIZE;
+/// Bytes of an RDMA_WRITE body before its data: the rkey and the target address.
+pub const WRITE_HEAD_LEN: usize = 12;
+/// The most data one RDMA_WRITE frame may carry (LNET_MTU, the largest write o2iblnd makes).
+pub const MAX_WRITE_DATA: usize = 1 << 20;
+/// The most data a sender puts in one RDMA_WRITE frame (a larger write is several frames).
+pub const WRITE_CHUNK: usize = 64 * 1024;
 
 /// What a frame is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -49,7 +62,7 @@ pub enum FrameKind {
     Reject = 3,
     Msg = 4,
     Disconnect = 5,
-    /// Reserved: refused as [`FrameError::Unsupported`] until the RDMA emulation exists.
+    /// One RDMA write (or a piece of one): `[u32 rkey][u64 addr][data]`.
     RdmaWrite = 6,
 }
 
@@ -72,7 +85,7 @@ impl FrameKind {
             FrameKind::ConnReq | FrameKind::ConnAck | FrameKind::Reject => 0..=PrivateData::MAX,
             FrameKind::Msg => 1..=MSG_SIZE,
             FrameKind::Disconnect => 0..=0,
-            FrameKind::RdmaWrite => 0..=0,
+            FrameKind::RdmaWrite => WRITE_HEAD_LEN..=WRITE_HEAD_LEN + MAX_WRITE_DATA,
         }
     }
 }
@@ -84,8 +97,6 @@ pub enum FrameError {
     BadKind(u8),
     /// A length outside the range of its kind (or zero).
     BadLength { kind: u8, len: u32 },
-    /// A reserved kind (RDMA_WRITE) this version does not handle.
-    Unsupported(FrameKind),
     /// End of stream inside a frame.
     Truncated,
     /// A well-formed frame that is not allowed in the connection's state (e.g. MSG before
@@ -100,7 +111,6 @@ impl fmt::Display for FrameError {
             FrameError::BadLength { kind, len } => {
                 write!(f, "bad frame length {len} for kind {kind}")
             }
-            FrameError::Unsupported(k) => write!(f, "unsupported frame kind {k:?}"),
             FrameError::Truncated => f.write_str("end of stream inside a frame"),
             FrameError::Unexpected(k) => write!(f, "unexpected {k:?} frame"),
         }
@@ -132,9 +142,6 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
     let Some(kind) = FrameKind::from_u8(kind_byte) else {
         return Err(FrameError::BadKind(kind_byte));
     };
-    if kind == FrameKind::RdmaWrite {
-        return Err(FrameError::Unsupported(kind));
-    }
     let body_len = (len as usize).wrapping_sub(1);
     if len == 0 || !kind.body_range().contains(&body_len) {
         return Err(FrameError::BadLength {
@@ -150,6 +157,24 @@ pub fn push_head(out: &mut Vec<u8>, kind: FrameKind, body_len: usize) {
     let len = (body_len as u32).wrapping_add(1);
     out.extend_from_slice(&len.to_le_bytes());
     out.push(kind as u8);
+}
+
+/// The (rkey, addr) of an RDMA_WRITE frame whose body starts at `body`: `None` if fewer than
+/// [`WRITE_HEAD_LEN`] bytes are there.
+pub fn parse_write_head(body: &[u8]) -> Option<(u32, u64)> {
+    let b = body.get(..WRITE_HEAD_LEN)?;
+    let key = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut addr = [0u8; 8];
+    addr.copy_from_slice(&b[4..12]);
+    Some((key, u64::from_le_bytes(addr)))
+}
+
+/// Appends the head and write head of an RDMA_WRITE frame carrying `data_len` bytes of data for
+/// (`key`, `addr`); the data follows.
+pub fn push_write_head(out: &mut Vec<u8>, key: u32, addr: u64, data_len: usize) {
+    push_head(out, FrameKind::RdmaWrite, WRITE_HEAD_LEN + data_len);
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&addr.to_le_bytes());
 }
 
 /// Appends a whole frame to `out`.
@@ -216,10 +241,34 @@ mod tests {
         ));
         assert_eq!(parse_head(&head(1, 0)), Err(FrameError::BadKind(0)));
         assert_eq!(parse_head(&head(1, 7)), Err(FrameError::BadKind(7)));
-        assert_eq!(
+        // RDMA_WRITE: at least the write head, at most 1 MiB of data.
+        assert!(matches!(
             parse_head(&head(1, 6)),
-            Err(FrameError::Unsupported(FrameKind::RdmaWrite))
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(matches!(
+            parse_head(&head(12, 6)),
+            Err(FrameError::BadLength { .. })
+        ));
+        assert!(parse_head(&head(13, 6)).unwrap().is_some());
+        assert!(parse_head(&head(13 + (1 << 20), 6)).unwrap().is_some());
+        assert!(matches!(
+            parse_head(&head(14 + (1 << 20), 6)),
+            Err(FrameError::BadLength { .. })
+        ));
+        let mut w = Vec::new();
+        push_write_head(&mut w, 0xdead_beef, 0x7f00_0000_1234, 3);
+        w.extend_from_slice(&[1, 2, 3]);
+        let h = parse_head(&w).unwrap().unwrap();
+        assert_eq!(
+            (h.kind, h.body_len, h.frame_len()),
+            (FrameKind::RdmaWrite, 15, w.len())
         );
+        assert_eq!(
+            parse_write_head(&w[HEAD_LEN..]),
+            Some((0xdead_beef, 0x7f00_0000_1234))
+        );
+        assert_eq!(parse_write_head(&w[HEAD_LEN..HEAD_LEN + 11]), None);
         assert!(matches!(
             parse_head(&head(u32::MAX, 4)),
             Err(FrameError::BadLength { .. })

@@ -367,7 +367,6 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
     let s = b.fabric.stats().clone();
     assert_eq!(s.protocol_errors(), n_cases, "{s:?}");
     assert!(s.bad_kind >= 1 && s.unexpected_frames >= 1 && s.bad_length >= 1);
-    assert_eq!(s.unsupported_frames, 1);
 
     // 5. EOF in the middle of a CONNREQ.
     let mut raw = TcpStream::connect(target).unwrap();
@@ -609,4 +608,526 @@ fn tcp_tags_roundtrip() {
     assert_eq!(s.take_lowest(), Some(2));
     assert_eq!(s.take_lowest(), Some(511));
     assert_eq!(s.take_lowest(), None);
+}
+
+// ------------------------------------------------------------------ RDMA writes
+
+const MIB: usize = 1 << 20;
+
+/// A WrId the engine cannot mistake for its own (as the simulator's injected writes): top bit
+/// set, low 32 bits all ones.
+fn injected(i: u64) -> WrId {
+    WrId(1 << 63 | i << 32 | u64::from(u32::MAX))
+}
+
+fn is_injected(wr: WrId) -> bool {
+    wr.0 >> 63 == 1 && wr.0 as u32 == u32::MAX
+}
+
+fn pattern(seed: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32 ^ seed).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+        .collect()
+}
+
+/// The connection `n` uses to reach `peer`.
+fn conn_to(n: &Node, peer: Nid) -> ConnId {
+    n.ep.conns()
+        .find(|c| c.peer == peer && c.state == crate::engine::ConnState::Established)
+        .expect("connected to the peer")
+        .id
+}
+
+/// How write (or send) `wr` completed at `n`, if it did; panics if it completed twice.
+fn status(n: &Node, wr: WrId) -> Option<WcStatus> {
+    let mut it = n.fabric.wc_log.iter().filter(|(_, w, _)| *w == wr);
+    let first = it.next().map(|e| e.2);
+    assert!(it.next().is_none(), "{wr:?} completed twice");
+    first
+}
+
+#[allow(clippy::too_many_arguments)]
+fn post_write(
+    n: &mut Node,
+    clock: &MonotonicClock,
+    conn: ConnId,
+    wr: WrId,
+    local: RegionId,
+    local_offset: u64,
+    remote: crate::fabric::RemoteRegion,
+    len: u32,
+) {
+    n.fabric.apply(
+        clock.now(),
+        FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            local_offset,
+            remote_key: remote.key,
+            remote_addr: remote.addr,
+            len,
+        },
+    );
+}
+
+/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page.
+fn frags_257() -> Vec<(u64, u32)> {
+    let mut v = vec![(0u64, 2048u32)];
+    let mut off = 2048u64;
+    while off + 4096 <= MIB as u64 {
+        v.push((off, 4096));
+        off += 4096;
+    }
+    v.push((off, (MIB as u64 - off) as u32));
+    v
+}
+
+#[test]
+fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let bn = b.ep.nid();
+    let conn = conn_to(&a, bn);
+    let (src, _, _) = a.fabric.register_region(pattern(1, MIB));
+    let (sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
+    let remote = crate::fabric::RemoteRegion { key, addr };
+    let frags = frags_257();
+    assert_eq!(frags.len(), 257);
+    let got_before = b.got.len();
+    for (i, &(off, len)) in frags.iter().enumerate() {
+        post_write(
+            &mut a,
+            &clock,
+            conn,
+            injected(i as u64),
+            src,
+            off,
+            remote.at(off),
+            len,
+        );
+    }
+    // A message behind the writes (PUT_DONE-like): it must find the data in place.
+    a.send(&clock, bn, 50, payload(50));
+    let ok = run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(10),
+        |n| {
+            if n[1].got.len() > got_before {
+                assert!(
+                    n[1].fabric.region(sink) == n[0].fabric.region(src),
+                    "the message arrived before the data"
+                );
+            }
+            n[0].done.contains_key(&50) && n[1].got.len() > got_before
+        },
+    );
+    assert!(ok, "a: {:?}, b got {}", a.fabric.stats(), b.got.len());
+    assert_eq!(index_of(&b.got.last().unwrap().1), 50);
+    assert_eq!(a.done[&50], Ok(()));
+    // Every write completed Success, in posting order, and before the message behind them.
+    let log: Vec<_> = a.fabric.wc_log.iter().filter(|e| e.0 == conn).collect();
+    let writes: Vec<WrId> = log
+        .iter()
+        .filter(|e| is_injected(e.1))
+        .map(|e| e.1)
+        .collect();
+    assert_eq!(writes, (0..257).map(injected).collect::<Vec<_>>());
+    assert!(log
+        .iter()
+        .filter(|e| is_injected(e.1))
+        .all(|e| e.2 == WcStatus::Success));
+    let last_write = log.iter().rposition(|e| is_injected(e.1)).unwrap();
+    assert!(
+        log[last_write + 1..]
+            .iter()
+            .any(|e| e.2 == WcStatus::Success),
+        "the message completed before the writes"
+    );
+    let (sa, sb) = (a.fabric.stats().clone(), b.fabric.stats().clone());
+    assert_eq!((sa.rdma_writes_tx, sa.rdma_bytes_tx), (257, MIB as u64));
+    assert_eq!((sb.rdma_frames_rx, sb.rdma_bytes_rx), (257, MIB as u64));
+    assert_eq!(sb.rdma_access_errors + sb.protocol_errors(), 0);
+    assert_eq!(sb.rx_stalls, 0);
+
+    // One 1 MiB write: 16 frames of 64 KiB + 17 bytes, each larger than b's 64 KiB receive
+    // buffer (it streams into the region), then a message.
+    assert_eq!(b.fabric.config().recv_buffer, 64 * 1024);
+    let (src2, _, _) = a.fabric.register_region(pattern(2, MIB));
+    let (sink2, key2, addr2) = b.fabric.register_region(vec![0; MIB]);
+    let remote2 = crate::fabric::RemoteRegion {
+        key: key2,
+        addr: addr2,
+    };
+    post_write(
+        &mut a,
+        &clock,
+        conn,
+        injected(1000),
+        src2,
+        0,
+        remote2,
+        MIB as u32,
+    );
+    a.send(&clock, bn, 51, payload(51));
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(10),
+        |n| n[0].done.contains_key(&51) && n[1].got.len() > got_before + 1
+    ));
+    assert_eq!(status(&a, injected(1000)), Some(WcStatus::Success));
+    assert!(b.fabric.region(sink2) == a.fabric.region(src2));
+    assert_eq!(b.fabric.stats().rdma_frames_rx, 257 + 16);
+    // Deregistering gives the buffer back; the key then names nothing.
+    assert!(b.fabric.deregister_region(sink2).unwrap() == pattern(2, MIB));
+    assert!(b.fabric.region(sink2).is_none());
+    assert!(b.fabric.deregister_region(sink2).is_none());
+    shut_down_both(&mut a, &mut b, &clock);
+}
+
+#[test]
+fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
+    use crate::fabric::RemoteRegion;
+    type Aim = fn(RemoteRegion) -> RemoteRegion;
+    // (what, target, local offset, len, refused by the target (else locally))
+    let cases: [(&str, Aim, u64, u32, bool); 6] = [
+        (
+            "unknown key",
+            |r| RemoteRegion {
+                key: r.key ^ 1,
+                ..r
+            },
+            0,
+            4096,
+            true,
+        ),
+        ("past the end", |r| r.at(MIB as u64 - 100), 0, 4096, true),
+        (
+            "below the start",
+            |r| RemoteRegion {
+                addr: r.addr - 1,
+                ..r
+            },
+            0,
+            4096,
+            true,
+        ),
+        ("deregistered", |r| r, 0, 4096, true),
+        ("huge length", |r| r, 0, u32::MAX, false),
+        (
+            "outside the local region",
+            |r| r,
+            MIB as u64 - 8,
+            4096,
+            false,
+        ),
+    ];
+    for (what, aim, local_offset, len, remote_error) in cases {
+        let clock = MonotonicClock::new();
+        let (_book, mut a, mut b) = connected_pair(&clock);
+        let (an, bn) = (a.ep.nid(), b.ep.nid());
+        let conn = conn_to(&a, bn);
+        let (src, _, _) = a.fabric.register_region(pattern(3, MIB));
+        let (sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
+        // A live region right after it: a write past the end must not spill into it.
+        let (next, _, _) = b.fabric.register_region(vec![0; MIB]);
+        let mut sink_alive = true;
+        if what == "deregistered" {
+            b.fabric.deregister_region(sink).unwrap();
+            sink_alive = false;
+        }
+        let got_before = b.got.len();
+        let wr = injected(1);
+        post_write(
+            &mut a,
+            &clock,
+            conn,
+            wr,
+            src,
+            local_offset,
+            aim(RemoteRegion { key, addr }),
+            len,
+        );
+        // Queued behind the bad write.
+        a.send(&clock, bn, 60, payload(60));
+        assert!(
+            run_until(
+                &mut [&mut a, &mut b],
+                &clock,
+                StdDuration::from_secs(5),
+                |n| {
+                    status(n[0], wr).is_some()
+                        && n[0].done.contains_key(&60)
+                        && n[0].downs.iter().any(|d| d.0 == bn)
+                        && n[1].conns() == 0
+                }
+            ),
+            "{what}: a {:?} b {:?}",
+            a.fabric.stats(),
+            b.fabric.stats()
+        );
+        assert_eq!(
+            b.got.len(),
+            got_before,
+            "{what}: the message behind it was delivered"
+        );
+        if sink_alive {
+            assert!(
+                b.fabric.region(sink).unwrap().iter().all(|&x| x == 0),
+                "{what}"
+            );
+        }
+        assert!(
+            b.fabric.region(next).unwrap().iter().all(|&x| x == 0),
+            "{what}"
+        );
+        let (sa, sb) = (a.fabric.stats(), b.fabric.stats());
+        assert_eq!(sb.rdma_frames_rx + sb.rdma_bytes_rx, 0, "{what}");
+        if remote_error {
+            // The target refused it and closed the connection. Over TCP the writer's Success
+            // means "written to the socket": it may come before the close is seen.
+            assert_eq!(sb.rdma_access_errors, 1, "{what}");
+            assert_eq!(sa.rdma_local_errors, 0, "{what}");
+            assert!(b.downs.iter().any(|d| d.0 == an), "{what}: {:?}", b.downs);
+        } else {
+            // Refused before a byte left: Error, the message behind it flushed.
+            assert_eq!(status(&a, wr), Some(WcStatus::Error), "{what}");
+            assert_eq!(sa.rdma_local_errors, 1, "{what}");
+            assert_eq!(sb.rdma_access_errors, 0, "{what}");
+            assert!(a.done[&60].is_err(), "{what}");
+            let log: Vec<_> = a.fabric.wc_log.iter().filter(|e| e.0 == conn).collect();
+            let i = log.iter().position(|e| e.1 == wr).unwrap();
+            assert!(
+                log[i + 1..].iter().all(|e| e.2 == WcStatus::Flushed),
+                "{what}"
+            );
+        }
+        assert_eq!(sa.protocol_errors() + sb.protocol_errors(), 0, "{what}");
+    }
+}
+
+#[test]
+fn tcp_rdma_writes_racing_a_disconnect_flush() {
+    let clock = MonotonicClock::new();
+    // 1. The target dies (its fabric dropped) right after 8 MiB of writes are posted.
+    let (_book, mut a, b) = connected_pair(&clock);
+    let bn = b.ep.nid();
+    let conn = conn_to(&a, bn);
+    let (src, _, _) = a.fabric.register_region(pattern(4, MIB));
+    let Node {
+        fabric: mut fb,
+        ep: b_ep,
+        ..
+    } = b;
+    let (_sink, key, addr) = fb.register_region(vec![0; MIB]);
+    let remote = crate::fabric::RemoteRegion { key, addr };
+    for i in 0..8 {
+        post_write(
+            &mut a,
+            &clock,
+            conn,
+            injected(i),
+            src,
+            0,
+            remote,
+            MIB as u32,
+        );
+    }
+    drop(fb);
+    assert!(run_until(
+        &mut [&mut a],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| { (0..8).all(|i| status(n[0], injected(i)).is_some()) }
+    ));
+    let st: Vec<WcStatus> = (0..8).map(|i| status(&a, injected(i)).unwrap()).collect();
+    let first_bad = st
+        .iter()
+        .position(|s| *s != WcStatus::Success)
+        .expect("some failed");
+    assert!(
+        matches!(st[first_bad], WcStatus::Error | WcStatus::Flushed),
+        "{st:?}"
+    );
+    assert!(
+        st[first_bad + 1..].iter().all(|s| *s == WcStatus::Flushed),
+        "{st:?}"
+    );
+    assert_eq!(st[7], WcStatus::Flushed);
+    assert!(a.downs.iter().any(|d| d.0 == bn));
+    drop(b_ep); // logs the ungraceful drop, as intended
+
+    // 2. The target closes gracefully: its DISCONNECT flushes what the writer has not finished,
+    //    and a write posted on the closing connection flushes at once.
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let bn = b.ep.nid();
+    let conn = conn_to(&a, bn);
+    let (src, _, _) = a.fabric.register_region(pattern(5, MIB));
+    let (_sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
+    let remote = crate::fabric::RemoteRegion { key, addr };
+    b.ep.shutdown(clock.now());
+    b.step(&clock); // b's DISCONNECT goes out first
+    for i in 0..8 {
+        post_write(
+            &mut a,
+            &clock,
+            conn,
+            injected(i),
+            src,
+            0,
+            remote,
+            MIB as u32,
+        );
+    }
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| { (0..8).all(|i| status(n[0], injected(i)).is_some()) }
+    ));
+    let st: Vec<WcStatus> = (0..8).map(|i| status(&a, injected(i)).unwrap()).collect();
+    assert!(st.iter().all(|s| *s == WcStatus::Flushed), "{st:?}");
+    assert!(a.fabric.stats().peer_disconnects >= 1);
+    assert_eq!(a.fabric.stats().rdma_writes_tx, 0);
+    a.ep.shutdown(clock.now());
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| { n.iter().all(|n| n.ep.is_shut_down()) }
+    ));
+}
+
+#[test]
+fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
+    let clock = MonotonicClock::new();
+    let (book, mut c, mut b) = connected_pair(&clock);
+    let (bn, cn) = (b.ep.nid(), c.ep.nid());
+    let (sink, key, addr) = b.fabric.register_region(vec![0; 4096]);
+    let write_frame = |key: u32, addr: u64, data: &[u8]| {
+        let mut f = Vec::new();
+        frame::push_write_head(&mut f, key, addr, data.len());
+        f.extend_from_slice(data);
+        f
+    };
+    // (what, bytes on the stream, then the writer dies)
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        (
+            "write head too short",
+            {
+                let mut f = Vec::new();
+                frame::push_head(&mut f, FrameKind::RdmaWrite, 5);
+                f.extend_from_slice(&[0; 5]);
+                f
+            },
+            false,
+        ),
+        (
+            "truncated write head",
+            {
+                let mut f = Vec::new();
+                frame::push_head(&mut f, FrameKind::RdmaWrite, WRITE_HEAD_LEN + 100);
+                f.extend_from_slice(&key.to_le_bytes());
+                f
+            },
+            true,
+        ),
+        (
+            "truncated data",
+            write_frame(key, addr, &[7; 100])[..60].to_vec(),
+            true,
+        ),
+        (
+            "bad key",
+            write_frame(key.wrapping_add(1), addr, &[7; 100]),
+            false,
+        ),
+        (
+            "bad address",
+            write_frame(key, addr + 4000, &[7; 100]),
+            false,
+        ),
+    ];
+    for (i, (what, bytes, then_die)) in cases.into_iter().enumerate() {
+        let mut a = Node::new(
+            &book,
+            &format!("10.0.1.{}@o2ib", i + 1),
+            300 + i as u64,
+            &clock,
+        );
+        let an = a.ep.nid();
+        a.send(&clock, bn, 1, payload(1));
+        assert!(run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(5),
+            |n| { n[0].done.len() == 1 }
+        ));
+        b.fabric.region_mut(sink).unwrap().fill(0);
+        let before = b.fabric.stats().clone();
+        let conn = conn_to(&a, bn);
+        a.fabric.inject_raw(conn, &bytes);
+        if then_die {
+            assert!(run_until(
+                &mut [&mut a],
+                &clock,
+                StdDuration::from_secs(2),
+                |n| { n[0].fabric.socks.iter().all(|(_, s)| s.written == s.queued) }
+            ));
+            let Node { fabric, ep, .. } = a;
+            drop(fabric);
+            assert!(
+                run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| {
+                    n[0].downs.iter().any(|d| d.0 == an)
+                }),
+                "{what}"
+            );
+            drop(ep);
+        } else {
+            assert!(
+                run_until(
+                    &mut [&mut a, &mut b],
+                    &clock,
+                    StdDuration::from_secs(2),
+                    |n| {
+                        n[1].downs.iter().any(|d| d.0 == an) && n[0].downs.iter().any(|d| d.0 == bn)
+                    }
+                ),
+                "{what}"
+            );
+        }
+        let s = b.fabric.stats();
+        let d = |f: fn(&TcpStats) -> u64| f(s) - f(&before);
+        match what {
+            "write head too short" => assert_eq!(d(|s| s.bad_length), 1, "{what}"),
+            "truncated write head" | "truncated data" => {
+                assert_eq!(d(|s| s.truncated), 1, "{what}")
+            }
+            _ => assert_eq!(d(|s| s.rdma_access_errors), 1, "{what}"),
+        }
+        assert_eq!(d(|s| s.rdma_frames_rx), 0, "{what}");
+        if what != "truncated data" {
+            assert!(
+                b.fabric.region(sink).unwrap().iter().all(|&x| x == 0),
+                "{what}"
+            );
+        }
+        // The other connection never noticed.
+        assert!(!b.downs.iter().any(|d| d.0 == cn), "{what}");
+    }
+    let sent = c.done.len() as u64;
+    for i in 100..110 {
+        c.send(&clock, bn, i, payload(i));
+        b.send(&clock, cn, i, payload(i));
+    }
+    assert!(run_until(
+        &mut [&mut c, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| { n[0].done.len() as u64 == sent + 10 && n[0].got.len() == 11 }
+    ));
+    assert!(c.done.values().all(|r| *r == Ok(())));
+    shut_down_both(&mut c, &mut b, &clock);
 }
