@@ -1103,12 +1103,15 @@ impl TcpFabric {
             let start = std::time::Instant::now();
             // Each round enters the kernel without waiting: the ring is set up with
             // COOP_TASKRUN, so socket completions are posted when we enter, not by an IPI.
+            // Between rounds the thread yields: on a machine with more runnable threads than
+            // cores (a shared login node, a CI box) the spinning must not starve the peer or
+            // the kernel work that produces the very completion it waits for.
             loop {
                 self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
                 if self.ring.has_completions() || start.elapsed() >= spin {
                     break;
                 }
-                std::hint::spin_loop();
+                std::thread::yield_now();
             }
             waited = self.ring.has_completions();
         }
