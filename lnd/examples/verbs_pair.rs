@@ -1,143 +1,30 @@
-//! Two verbs-fabric endpoints in one process (one thread each), over a real RDMA device (run it
-//! inside the Soft-RoCE guest: tests/rxe/run.sh).
+//! Two verbs-fabric endpoints in one process over a real RDMA device (run it inside the Soft-RoCE
+//! guest: tests/rxe/run.sh).
 //!
-//! A (client) connects to B (server) and sends N IMMEDIATE messages; B sends its own N once the
-//! first one arrived. A shuts down once its N sends
-//! completed and it received B's N; B must then see A go (PeerDown after the disconnect) and
-//! shuts down too. Exit 0 on success, 1 with a message otherwise.
+//! 1. A (10.0.0.2@o2ib) connects to B (10.0.0.1@o2ib) and sends N IMMEDIATE messages; B sends its
+//!    own N once the first arrived. Every message arrives intact and in order; credits flow back
+//!    on the messages themselves.
+//! 2. One way: A sends 200 more and B sends nothing, so B can only return credits with NOOPs
+//!    (its `credit_noops` must grow, or A's sends would stall on credits).
+//! 3. Idle for 2.6 s with keepalive = 1 s: both sides send keepalive NOOPs and nobody is declared
+//!    silent (keepalive + timeout = 11 s).
+//! 4. A shuts down gracefully: B sees the disconnect (PeerDown, reason Closed) and shuts down;
+//!    both fabrics end with no connection.
 //!
+//! Exit 0 on success, 1 with the failed checks otherwise.
 //! Usage: verbs_pair [IP] [N]   (defaults: 10.0.0.1, 1000; ports 9870 and 9871)
+
+#[path = "verbs_common/mod.rs"]
+mod common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use lnd::engine::{Endpoint, EndpointConfig, LndEvent};
-use lnd::fabric::verbs::{run_endpoint, MonotonicClock, VerbsConfig, VerbsFabric};
-use lnd::wire::{LnetHdr, Nid};
+use common::{check_payload, nid, payload, run_until, Checks, Node};
+use lnd::engine::DownReason;
 
-fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
-    LnetHdr::put(from, to, len as u32, 4, 7)
-}
-
-/// A payload carrying its index and its sender tag, of varying size (16..=3915 bytes).
-fn payload(tag: u64, i: u64) -> Vec<u8> {
-    let len = 16 + (i as usize * 37) % 3900;
-    let mut p: Vec<u8> = (0..len).map(|k| (k as u64 ^ i ^ tag) as u8).collect();
-    p[..8].copy_from_slice(&i.to_le_bytes());
-    p[8..16].copy_from_slice(&tag.to_le_bytes());
-    p
-}
-
-fn check(tag: u64, p: &[u8]) -> Result<u64, String> {
-    if p.len() < 16 {
-        return Err(format!("short payload ({} bytes)", p.len()));
-    }
-    let i = u64::from_le_bytes(p[..8].try_into().unwrap_or_default());
-    if p != &payload(tag, i)[..] {
-        return Err(format!("payload {i} from {tag} corrupted"));
-    }
-    Ok(i)
-}
-
-#[derive(Debug, Default)]
-struct Outcome {
-    sent_ok: u64,
-    send_failed: u64,
-    received: u64,
-    in_order: bool,
-    peer_down: bool,
-    error: Option<String>,
-    fabric: String,
-    engine: String,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn node(
-    me: Nid,
-    peer: Nid,
-    tag: u64,
-    peer_tag: u64,
-    listen: SocketAddr,
-    book: HashMap<Nid, SocketAddr>,
-    n: u64,
-    initiator: bool,
-) -> Result<Outcome, String> {
-    let cfg = VerbsConfig {
-        listen,
-        log_cm_events: std::env::var_os("VERBS_PAIR_LOG").is_some(),
-        ..VerbsConfig::default()
-    };
-    let mut fabric =
-        VerbsFabric::new(cfg, move |nid| book.get(&nid).copied()).map_err(|e| e.to_string())?;
-    let clock = MonotonicClock::new();
-    let mut ep = Endpoint::new(EndpointConfig::new(me, tag), clock.now());
-    let mut out = Outcome {
-        in_order: true,
-        ..Outcome::default()
-    };
-    let mut started = false;
-    let send_all = |ep: &mut Endpoint, now| -> Result<(), String> {
-        for i in 0..n {
-            let p = payload(tag, i);
-            ep.send(now, peer, hdr(me, peer, p.len()), p, i)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    };
-    if initiator {
-        send_all(&mut ep, clock.now())?;
-        started = true;
-    }
-    run_endpoint(
-        &mut fabric,
-        &mut ep,
-        &clock,
-        Duration::from_millis(5),
-        |ep| ep.is_shut_down(),
-        |ep, now, ev| match ev {
-            LndEvent::Received { payload: p, rx, .. } => {
-                match check(peer_tag, &p) {
-                    Ok(i) => {
-                        out.in_order &= i == out.received;
-                        out.received += 1;
-                    }
-                    Err(e) => out.error = Some(e),
-                }
-                ep.recv_done(now, rx);
-                if !started {
-                    started = true;
-                    if let Err(e) = send_all(ep, now) {
-                        out.error = Some(e);
-                    }
-                }
-                if initiator && out.received == n && out.sent_ok + out.send_failed == n {
-                    ep.shutdown(now);
-                }
-            }
-            LndEvent::SendDone { result, .. } => {
-                match result {
-                    Ok(()) => out.sent_ok += 1,
-                    Err(_) => out.send_failed += 1,
-                }
-                if initiator && out.received == n && out.sent_ok + out.send_failed == n {
-                    ep.shutdown(now);
-                }
-            }
-            LndEvent::PeerDown { .. } => {
-                out.peer_down = true;
-                ep.shutdown(now);
-            }
-            LndEvent::PeerUp { .. } => {}
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    out.fabric = format!("{:?}", fabric.stats());
-    out.engine = format!("{:?}", ep.stats());
-    drop(fabric);
-    Ok(out)
-}
+const ONE_WAY: u64 = 200;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -147,54 +34,172 @@ fn main() {
         .parse()
         .expect("IP");
     let n: u64 = args.next().map_or(1000, |s| s.parse().expect("N"));
-    let (a, b): (Nid, Nid) = (
-        "10.0.0.2@o2ib".parse().expect("nid"),
-        "10.0.0.1@o2ib".parse().expect("nid"),
-    );
+    let mut checks = Checks::new("verbs_pair");
+    if let Err(e) = run(ip, n, &mut checks) {
+        checks.fail(e);
+    }
+    checks.finish();
+}
+
+fn run(ip: IpAddr, n: u64, checks: &mut Checks) -> Result<(), String> {
+    let (a_nid, b_nid) = (nid("10.0.0.2@o2ib"), nid("10.0.0.1@o2ib"));
     let (addr_a, addr_b) = (SocketAddr::new(ip, 9871), SocketAddr::new(ip, 9870));
-    let book: HashMap<Nid, SocketAddr> = [(a, addr_a), (b, addr_b)].into();
-    let (tx, rx) = mpsc::channel();
-    let (tx_b, book_b) = (tx.clone(), book.clone());
-    let tb = std::thread::spawn(move || {
-        let _ = tx_b.send(("server", node(b, a, 2, 1, addr_b, book_b, n, false)));
-    });
-    std::thread::sleep(Duration::from_millis(200));
-    let ta = std::thread::spawn(move || {
-        let _ = tx.send(("client", node(a, b, 1, 2, addr_a, book, n, true)));
-    });
-    let mut failures = Vec::new();
-    for _ in 0..2 {
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok((who, Ok(o))) => {
-                println!("verbs_pair: {who}: {o:?}");
-                if let Some(e) = &o.error {
-                    failures.push(format!("{who}: {e}"));
+    let book: HashMap<_, _> = [(a_nid, addr_a), (b_nid, addr_b)].into();
+    let tune = |c: &mut lnd::engine::EndpointConfig| {
+        c.tunables.keepalive = Duration::from_secs(1).into();
+        c.tunables.timeout = Duration::from_secs(10).into();
+    };
+    let mut b = Node::new("B", b_nid, 2, addr_b, book.clone(), tune)?;
+    let mut a = Node::new("A", a_nid, 1, addr_a, book, tune)?;
+    println!(
+        "verbs_pair: device {}, A {} <-> B {}",
+        a.fabric.device_name(),
+        a.fabric.local_addr(),
+        b.fabric.local_addr()
+    );
+
+    // 1. N each way.
+    let t0 = std::time::Instant::now();
+    for i in 0..n {
+        a.send(b_nid, payload(1, i), i)?;
+    }
+    let mut b_started = false;
+    let (mut a_order, mut b_order) = (true, true);
+    let (mut a_next, mut b_next) = (0u64, 0u64);
+    let mut corrupt = Vec::new();
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(60),
+        "N each way",
+        |ns| {
+            let (a, b) = ns.split_at_mut(1);
+            let (a, b) = (&mut *a[0], &mut *b[0]);
+            while let Some((_, p)) = b.inbox.pop_front() {
+                match check_payload(1, &p) {
+                    Ok(i) => {
+                        b_order &= i == b_next;
+                        b_next += 1;
+                    }
+                    Err(e) => corrupt.push(e),
                 }
-                if o.sent_ok != n || o.received != n || !o.in_order {
-                    failures.push(format!(
-                        "{who}: sent_ok {} received {} of {n} (in order: {})",
-                        o.sent_ok, o.received, o.in_order
-                    ));
-                }
-                if who == "server" && !o.peer_down {
-                    failures.push("server did not see the client's disconnect".into());
+                if !b_started {
+                    b_started = true;
+                    for i in 0..n {
+                        if let Err(e) = b.send(a_nid, payload(2, i), i) {
+                            corrupt.push(e);
+                        }
+                    }
                 }
             }
-            Ok((who, Err(e))) => failures.push(format!("{who}: {e}")),
-            Err(_) => {
-                failures.push("timed out after 120 s".into());
-                break;
+            while let Some((_, p)) = a.inbox.pop_front() {
+                match check_payload(2, &p) {
+                    Ok(i) => {
+                        a_order &= i == a_next;
+                        a_next += 1;
+                    }
+                    Err(e) => corrupt.push(e),
+                }
             }
-        }
+            let fin = |x: &common::Node| x.sent_ok + x.send_failed.len() as u64 == n;
+            (a.received == n && b.received == n && fin(a) && fin(b)) || !corrupt.is_empty()
+        },
+    )?;
+    let dt = t0.elapsed();
+    checks.check(corrupt.is_empty(), format!("payloads intact ({corrupt:?})"));
+    checks.check(
+        a.sent_ok == n && b.sent_ok == n,
+        format!(
+            "{n} sends each way completed ok (A {}, B {})",
+            a.sent_ok, b.sent_ok
+        ),
+    );
+    checks.check(
+        a.received == n && b.received == n && a_order && b_order,
+        format!("{n} received each way, in order"),
+    );
+    println!(
+        "verbs_pair: {} messages in {:.2} s ({:.0} msg/s)",
+        2 * n,
+        dt.as_secs_f64(),
+        (2 * n) as f64 / dt.as_secs_f64()
+    );
+
+    // 2. One way: B returns credits only with NOOPs.
+    let b_noops = b.ep.stats().credit_noops;
+    let b_sent_msgs = b.ep.stats().msgs_sent;
+    for i in 0..ONE_WAY {
+        a.send(b_nid, payload(1, n + i), n + i)?;
     }
-    if failures.is_empty() {
-        let _ = ta.join();
-        let _ = tb.join();
-        println!("verbs_pair: OK: {n} messages each way, graceful disconnect seen");
-    } else {
-        for f in &failures {
-            eprintln!("verbs_pair: FAIL: {f}");
-        }
-        std::process::exit(1);
-    }
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(30),
+        "one way",
+        |ns| ns[0].sent_ok == n + ONE_WAY && ns[1].received == n + ONE_WAY,
+    )?;
+    b.inbox.clear();
+    let noops = b.ep.stats().credit_noops - b_noops;
+    checks.check(
+        noops > 0,
+        format!(
+            "B returned credits with {noops} NOOPs while receiving {ONE_WAY} with nothing to send \
+             ({} messages sent by B in all, all NOOPs)",
+            b.ep.stats().msgs_sent - b_sent_msgs
+        ),
+    );
+
+    // 3. Idle: keepalives on both sides.
+    let (ka, kb) = (a.ep.stats().keepalives, b.ep.stats().keepalives);
+    let idle = std::time::Instant::now();
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(10),
+        "idle",
+        |_| idle.elapsed() >= Duration::from_millis(2600),
+    )?;
+    let (ka, kb) = (a.ep.stats().keepalives - ka, b.ep.stats().keepalives - kb);
+    checks.check(
+        ka > 0 && kb > 0,
+        format!("keepalive NOOPs during 2.6 s idle (keepalive 1 s): A {ka}, B {kb}"),
+    );
+    checks.check(
+        a.downs.is_empty() && b.downs.is_empty() && a.established().len() == 1,
+        "the idle link stayed up on one connection",
+    );
+
+    // 4. A closes gracefully; B sees it and follows.
+    let now = a.now();
+    a.ep.shutdown(now);
+    let closed_at = std::time::Instant::now();
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(10),
+        "B sees A go",
+        |ns| !ns[1].downs.is_empty() && ns[0].ep.is_shut_down(),
+    )?;
+    let seen = b.downs[0].2.duration_since(closed_at);
+    checks.check(
+        b.downs[0].1 == DownReason::Closed && b.fabric.stats().disconnects >= 1,
+        format!(
+            "B saw A's graceful close as a disconnect ({:?}) after {:.1} ms",
+            b.downs[0].1,
+            seen.as_secs_f64() * 1e3
+        ),
+    );
+    common::shutdown_all(&mut [&mut a, &mut b], Duration::from_secs(10))?;
+    checks.check(
+        a.ep.stats().graceful_closes >= 1 && a.ep.stats().ungraceful_drops == 0,
+        format!(
+            "A closed gracefully ({} graceful closes)",
+            a.ep.stats().graceful_closes
+        ),
+    );
+    checks.check(
+        a.fabric.connections() == 0 && b.fabric.connections() == 0,
+        "both fabrics hold no connection at the end",
+    );
+    println!("verbs_pair: A engine {:?}", a.ep.stats());
+    println!("verbs_pair: B engine {:?}", b.ep.stats());
+    println!("verbs_pair: A fabric {:?}", a.fabric.stats());
+    println!("verbs_pair: B fabric {:?}", b.fabric.stats());
+    Ok(())
 }

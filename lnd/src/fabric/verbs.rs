@@ -3,47 +3,78 @@
 //!
 //! Same driver shape as the tcp fabric: one [`VerbsFabric`] per NI event loop, single-threaded;
 //! drain [`Endpoint::poll_action`] into [`VerbsFabric::apply`], then call [`VerbsFabric::poll`],
-//! which busy-polls for a bounded number of rounds, then blocks in poll(2) on the cm event
-//! channel and every connection's completion channel, and feeds the endpoint what happened.
+//! which posts the send-queue work queued by `apply` (one chain per connection), busy-polls for a
+//! bounded number of rounds, then blocks in poll(2) on the cm event channel, every connection's
+//! completion channel and the waker, and feeds the endpoint what happened.
 //! [`turn`] / [`run_endpoint`] are that loop (clock read only there, via [`MonotonicClock`]).
 //!
 //! | engine action / input    | verbs fabric                                                          |
 //! |--------------------------|-----------------------------------------------------------------------|
-//! | `Connect`                | cm_id (RDMA_PS_TCP), rdma_resolve_addr (5 s), rdma_resolve_route (5 s), then PD, comp channel, CQ, RC QP, receive + send regions, post `recv_slots` receives, rdma_connect(CONNREQ) |
+//! | `Connect`                | cm_id (RDMA_PS_TCP), rdma_resolve_addr (5 s), rdma_resolve_route (5 s), then comp channel, CQ, RC QP on the device's PD, receive + send buffers, post `recv_slots` receives, rdma_connect(CONNREQ) |
 //! | `handle_connect_request` | RDMA_CM_EVENT_CONNECT_REQUEST on the listener, with its private data |
 //! | `Accept` / `Reject`      | resources as above + rdma_accept(CONNACK) / rdma_reject(reject bytes), then the id is destroyed |
 //! | `handle_established`     | RDMA_CM_EVENT_ESTABLISHED (active: with the CONNACK private data)    |
 //! | `handle_connect_failed`  | ADDR/ROUTE_ERROR, UNREACHABLE: `Unreachable`; REJECTED: reason 28 (consumer defined) `Rejected(private)`, 8 `NoListener`, 10 `StaleConn`; CONNECT_ERROR and failures to set up: `Error` |
-//! | `PostRecv`               | ibv_post_recv of 4 KiB slot `slot` of the receive region             |
-//! | `Send`                   | copy into a free 4 KiB buffer of the send region, IBV_WR_SEND signaled |
-//! | `handle_send_complete`   | send completion: SUCCESS, WR_FLUSH_ERR `Flushed`, RETRY_EXC_ERR `RetryExceeded`, others `Error` |
+//! | `PostRecv`               | ibv_post_recv of 4 KiB slot `slot` of the receive buffers            |
+//! | `Send`                   | copy into a free 4 KiB send buffer, IBV_WR_SEND signaled             |
+//! | `RdmaWrite`              | IBV_WR_RDMA_WRITE signaled from a region registered here ([`VerbsFabric::register_region`]) to (rkey, addr) |
+//! | `handle_send_complete`   | send or write completion: SUCCESS, WR_FLUSH_ERR `Flushed`, RETRY_EXC_ERR `RetryExceeded`, others (REM_ACCESS_ERR, LOC_PROT_ERR, RNR) `Error` |
 //! | `handle_recv`            | receive completion (those arriving before ESTABLISHED are parked and replayed after it) |
-//! | `Disconnect`             | rdma_disconnect                                                       |
+//! | `Disconnect`             | post what is queued, then rdma_disconnect                            |
 //! | `handle_disconnected`    | RDMA_CM_EVENT_DISCONNECTED (or DEVICE_REMOVAL)                        |
-//! | `Destroy`                | destroy QP, CQ, cm_id, deregister the regions (in that order)        |
-//! | `RdmaWrite`              | **not implemented yet**: completes with `Error` (counted)             |
+//! | `Destroy`                | destroy QP, CQ, cm_id, free the connection's buffers (in that order) |
 //!
-//! Sizing (o2iblnd): recv WRs = `recv_slots` (2 x queue depth + 2); queue depth = (recv_slots -
-//! 2) / 2; send WRs = 2 x queue depth + 2 (messages only: no RDMA writes yet); CQ entries = recv +
-//! send WRs. One receive region of `recv_slots` x 4 KiB and one send region of `send WRs` x 4 KiB
-//! per connection.
+//! # Send queue
+//!
+//! Sends and RDMA writes are queued per connection by `apply` and posted by the next `poll` as
+//! one chain of work requests per connection (one doorbell), in the order the engine emitted
+//! them, so completions come back in that order and a send queued behind a write reaches the
+//! peer after the write's data is in place (RC ordering). At most the send queue's capacity is
+//! outstanding; the rest waits in the connection's backlog and is posted as completions free
+//! room. A write that falls outside its local region (or names one this fabric does not hold)
+//! completes with `Error` without reaching the device; one outside the peer's region fails at
+//! the peer's HCA (REM_ACCESS_ERR, `Error`) and puts the queue pair in error.
+//!
+//! # Sizing (o2iblnd, reference 3.1)
+//!
+//! Queue depth = (`recv_slots` - 2) / 2; receive WRs = `recv_slots` (2 x queue depth + 2); message
+//! buffers = the same number; send WRs = messages + queue depth x [`VerbsConfig::max_frags`]
+//! (o2iblnd's (1 + max_frags) x queue depth, room for every fragment of every RDMA descriptor
+//! in flight); CQ entries = receive + send WRs. When that exceeds the device's `max_qp_wr` (or
+//! `max_cqe`), or creating the QP fails with ENOMEM, the RDMA share of the send queue shrinks
+//! (halved, down to none; counted in `qp_shrinks`). o2iblnd reduces the queue depth instead, but
+//! ours is already negotiated by the engine when the QP is made; a smaller RDMA share only means
+//! writes wait in the backlog.
+//!
+//! # Registered memory
+//!
+//! One protection domain per device, shared by every connection and region of the fabric (o2iblnd
+//! keeps one per HCA). [`VerbsFabric::register_region`] registers a buffer (ibv_reg_mr with
+//! LOCAL_WRITE | REMOTE_WRITE) on the NI's device and returns its [`RegionId`] and the
+//! [`RemoteRegion`] (rkey, address) a peer writes to; [`VerbsFabric::read_region`] copies its
+//! bytes out; [`VerbsFabric::deregister_region`] drops it (ibv_dereg_mr happens once no posted
+//! write reads from it any more). [`VerbsFabric::rdma_write`] posts a write on behalf of a test,
+//! as the simulator's `World::rdma_write` does (the engine does not drive bulk data yet).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use slab::Slab;
-use tracing::{debug, trace};
+use tracing::{debug, trace, warn};
 
 use crate::engine::Endpoint;
-use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
+use crate::fabric::{
+    ConnId, ConnectFailure, FabricAction, PrivateData, RegionId, RemoteRegion, RequestId, WcStatus,
+    WrId,
+};
 use crate::sys::verbs::{
-    self as v, CmEvent, CmEventKind, CmId, CompChannel, CompletionQueue, ConnParam, EventChannel,
-    MemoryRegion, ProtectionDomain, Wc,
+    self as v, CmEvent, CmEventKind, CmId, CompChannel, CompletionQueue, ConnParam, DeviceLimits,
+    DeviceList, EventChannel, MemoryRegion, ProtectionDomain, SendOp, SendWr, Wc,
 };
 use crate::time::Instant;
-use crate::wire::kib::MSG_SIZE;
+use crate::wire::kib::{MAX_RDMA_FRAGS, MSG_SIZE};
 use crate::wire::Nid;
 
 pub use crate::fabric::driver::{run_endpoint, turn, MonotonicClock};
@@ -64,6 +95,11 @@ pub struct VerbsConfig {
     pub backlog: i32,
     /// Print every cm event to stderr (bring-up aid; tracing carries them at `trace` too).
     pub log_cm_events: bool,
+    /// RDMA fragments per message the send queue has room for (IBLND_MAX_RDMA_FRAGS, 257): send
+    /// WRs = messages + queue depth x `max_frags`, reduced to what the device allows.
+    pub max_frags: u16,
+    /// Most work requests posted in one chain (one ibv_post_send).
+    pub max_chain: usize,
 }
 
 impl Default for VerbsConfig {
@@ -76,6 +112,8 @@ impl Default for VerbsConfig {
             busy_poll_rounds: 64,
             backlog: 256,
             log_cm_events: false,
+            max_frags: MAX_RDMA_FRAGS as u16,
+            max_chain: 64,
         }
     }
 }
@@ -97,7 +135,7 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> VerbsError {
     move |source| VerbsError::Io { what, source }
 }
 
-/// Counters. All only grow.
+/// Counters. All only grow, except `regions` (a gauge).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerbsStats {
@@ -116,9 +154,25 @@ pub struct VerbsStats {
     pub recv_errors: u64,
     pub setup_errors: u64,
     pub unknown_actions: u64,
-    pub rdma_writes_refused: u64,
     pub bad_sends: u64,
     pub stale_events: u64,
+    /// RDMA writes posted, and their bytes.
+    pub rdma_writes: u64,
+    pub rdma_write_bytes: u64,
+    /// RDMA writes that completed with an error other than a flush, or were refused before
+    /// reaching the device (outside their local region, unknown region).
+    pub rdma_write_errors: u64,
+    /// Regions registered, deregistered, and held now (gauge).
+    pub regions_registered: u64,
+    pub regions_deregistered: u64,
+    pub regions: u64,
+    /// ibv_post_send calls, and the work requests they carried.
+    pub doorbells: u64,
+    pub wrs_posted: u64,
+    /// Times a connection's send queue was full and work waited in its backlog.
+    pub sq_full: u64,
+    /// Queue pairs made with a smaller RDMA share of the send queue than asked for.
+    pub qp_shrinks: u64,
 }
 
 impl VerbsStats {
@@ -140,9 +194,18 @@ impl VerbsStats {
             ("recv_errors", self.recv_errors),
             ("setup_errors", self.setup_errors),
             ("unknown_actions", self.unknown_actions),
-            ("rdma_writes_refused", self.rdma_writes_refused),
             ("bad_sends", self.bad_sends),
             ("stale_events", self.stale_events),
+            ("rdma_writes", self.rdma_writes),
+            ("rdma_write_bytes", self.rdma_write_bytes),
+            ("rdma_write_errors", self.rdma_write_errors),
+            ("regions_registered", self.regions_registered),
+            ("regions_deregistered", self.regions_deregistered),
+            ("regions", self.regions),
+            ("doorbells", self.doorbells),
+            ("wrs_posted", self.wrs_posted),
+            ("sq_full", self.sq_full),
+            ("qp_shrinks", self.qp_shrinks),
         ]
     }
 }
@@ -159,13 +222,31 @@ enum Phase {
     Closing,
 }
 
-/// Verbs resources of one connection, released in `Destroy` order: QP, CQ, cm_id, regions.
+/// Verbs resources of one connection, released in `Destroy` order: QP, CQ, cm_id, buffers.
 struct Resources {
     cq: Arc<CompletionQueue>,
     chan: Arc<CompChannel>,
     rx: Arc<MemoryRegion>,
     tx: Arc<MemoryRegion>,
-    _pd: Arc<ProtectionDomain>,
+}
+
+/// What a send-queue entry does once posted.
+enum SqOp {
+    /// A message in send buffer `buf`, `len` bytes.
+    Send { buf: u16, len: u32 },
+    /// An RDMA write of `len` bytes from `local` at `offset`.
+    Write {
+        local: Arc<MemoryRegion>,
+        offset: usize,
+        len: u32,
+        remote: RemoteRegion,
+    },
+}
+
+/// A send or write of one connection, from `apply` until its completion.
+struct SqEntry {
+    wr: WrId,
+    op: SqOp,
 }
 
 struct VConn {
@@ -177,9 +258,15 @@ struct VConn {
     active: bool,
     private: PrivateData,
     recv_slots: u16,
-    /// Send buffers: free indices, and the engine's WrId of each busy one.
+    /// Free send buffers.
     free_tx: Vec<u16>,
-    tx_wr: Vec<Option<WrId>>,
+    /// Sends and writes not yet completed (slab key = the work request's wr_id).
+    sq: Slab<SqEntry>,
+    /// Keys of `sq` entries not yet posted, in the engine's order.
+    backlog: VecDeque<usize>,
+    /// Send-queue capacity and work requests posted and not completed.
+    sq_cap: usize,
+    sq_posted: usize,
     reported_up: bool,
     reported_down: bool,
     early: Vec<(u16, Vec<u8>)>,
@@ -195,21 +282,39 @@ enum Report {
 type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 const LISTENER: u64 = u64::MAX;
-const SEND_BIT: u64 = 1 << 63;
+
+/// Set in the WrIds of writes posted with [`VerbsFabric::rdma_write`]; their low 32 bits are all
+/// ones, and the engine reads a WrId as (generation << 32 | tx index) and never has a tx at index
+/// `u32::MAX`, so it cannot mistake one for its own (the simulator's convention).
+const INJECTED_WR: u64 = 1 << 63;
 
 /// The verbs fabric of one NI (see the module doc).
 pub struct VerbsFabric {
-    // Field order = drop order: connections (their ids) before the listener, before the channel.
+    // Field order = drop order: connections (their QPs and ids) before the regions, the listener,
+    // the channel, and the PDs (which keep the device list open).
     conns: Slab<VConn>,
+    regions: HashMap<u64, Arc<MemoryRegion>>,
     /// Held for its lifetime: its events carry the `LISTENER` token.
     _listener: CmId,
     ch: EventChannel,
+    devices: Arc<DeviceList>,
+    /// One PD per device (index in `devices`), made on first use.
+    pds: Vec<Option<Arc<ProtectionDomain>>>,
+    limits: Vec<Option<DeviceLimits>>,
+    /// The NI's device: the listener's, else the first.
+    home: usize,
     local: SocketAddr,
     resolver: Resolver,
     cfg: VerbsConfig,
     next_generation: u32,
-    by_conn: std::collections::HashMap<ConnId, usize>,
+    next_region: u64,
+    next_injected: u64,
+    /// Writes posted with `rdma_write`: their connection and, once completed, their status.
+    injected: HashMap<u64, (ConnId, Option<WcStatus>)>,
+    by_conn: HashMap<ConnId, usize>,
     out: VecDeque<Report>,
+    /// Connections with work in their backlog.
+    dirty: Vec<usize>,
     wcs: Vec<Wc>,
     /// Completions polled (by connection key) and not yet handed to the engine.
     pending: Vec<(usize, Wc)>,
@@ -222,6 +327,31 @@ fn token(key: usize, generation: u32) -> u64 {
     u64::from(generation) << 32 | key as u64
 }
 
+fn wc_status(status: u32) -> WcStatus {
+    match status {
+        v::wc::SUCCESS => WcStatus::Success,
+        v::wc::WR_FLUSH_ERR => WcStatus::Flushed,
+        v::wc::RETRY_EXC_ERR => WcStatus::RetryExceeded,
+        _ => WcStatus::Error,
+    }
+}
+
+/// Send-queue and CQ sizes for a connection of queue depth `qd` (see the module doc): (send
+/// WRs, RDMA share per queue-depth unit), within `limits`.
+fn sq_size(qd: u32, msgs: u32, max_frags: u32, limits: Option<DeviceLimits>) -> (u32, u32) {
+    let mut frags = max_frags;
+    if let Some(l) = limits {
+        let fits = |f: u32| {
+            let send = msgs + qd * f;
+            send <= l.max_qp_wr && send + msgs <= l.max_cqe
+        };
+        while frags > 0 && !fits(frags) {
+            frags /= 2;
+        }
+    }
+    (msgs + qd * frags, frags)
+}
+
 impl VerbsFabric {
     /// Opens the event channel and listens on `cfg.listen`; `resolver` maps a peer NID to the
     /// address (IP and port) its fabric listens on.
@@ -230,6 +360,10 @@ impl VerbsFabric {
         resolver: impl Fn(Nid) -> Option<SocketAddr> + Send + 'static,
     ) -> Result<VerbsFabric, VerbsError> {
         if v::device_count() == 0 {
+            return Err(VerbsError::NoDevice);
+        }
+        let devices = DeviceList::new().map_err(io_err("rdma_get_devices"))?;
+        if devices.is_empty() {
             return Err(VerbsError::NoDevice);
         }
         let ch = EventChannel::new().map_err(io_err("rdma_create_event_channel"))?;
@@ -241,21 +375,37 @@ impl VerbsFabric {
             .listen(cfg.backlog)
             .map_err(io_err("rdma_listen"))?;
         let local = SocketAddr::new(cfg.listen.ip(), listener.src_port());
-        Ok(VerbsFabric {
+        let home = listener
+            .device_key()
+            .and_then(|k| devices.index_of(k))
+            .unwrap_or(0);
+        let n = devices.len();
+        let mut f = VerbsFabric {
             conns: Slab::new(),
+            regions: HashMap::new(),
             _listener: listener,
             ch,
+            devices,
+            pds: vec![None; n],
+            limits: vec![None; n],
+            home,
             local,
             resolver: Box::new(resolver),
             cfg,
             next_generation: 1,
-            by_conn: Default::default(),
+            next_region: 0,
+            next_injected: 0,
+            injected: HashMap::new(),
+            by_conn: HashMap::new(),
             out: VecDeque::new(),
+            dirty: Vec::new(),
             wcs: Vec::new(),
             pending: Vec::new(),
             stats: VerbsStats::default(),
             waker: None,
-        })
+        };
+        f.pd(home).map_err(io_err("ibv_alloc_pd"))?;
+        Ok(f)
     }
 
     /// The listening address (port resolved).
@@ -271,9 +421,53 @@ impl VerbsFabric {
         &self.cfg
     }
 
+    /// Changes how many rounds `poll` busy-polls before blocking (a latency-for-CPU trade).
+    pub fn set_busy_poll_rounds(&mut self, rounds: u32) {
+        self.cfg.busy_poll_rounds = rounds;
+    }
+
     /// Connections and pending requests held.
     pub fn connections(&self) -> usize {
         self.conns.len()
+    }
+
+    /// The name of the NI's device (e.g. `rxe0`).
+    pub fn device_name(&self) -> String {
+        self.devices.name(self.home).unwrap_or_default()
+    }
+
+    /// The send-queue capacity of `conn` (0 if it has no queue pair).
+    pub fn send_queue_capacity(&self, conn: ConnId) -> usize {
+        self.lookup(conn).map_or(0, |k| self.conns[k].sq_cap)
+    }
+
+    fn pd(&mut self, dev: usize) -> io::Result<Arc<ProtectionDomain>> {
+        if let Some(Some(pd)) = self.pds.get(dev) {
+            return Ok(Arc::clone(pd));
+        }
+        let pd = self.devices.alloc_pd(dev)?;
+        if let Some(slot) = self.pds.get_mut(dev) {
+            *slot = Some(Arc::clone(&pd));
+        }
+        Ok(pd)
+    }
+
+    fn device_limits(&mut self, dev: usize) -> Option<DeviceLimits> {
+        if let Some(Some(l)) = self.limits.get(dev) {
+            return Some(*l);
+        }
+        match self.devices.limits(dev) {
+            Ok(l) => {
+                if let Some(slot) = self.limits.get_mut(dev) {
+                    *slot = Some(l);
+                }
+                Some(l)
+            }
+            Err(e) => {
+                debug!(error = %e, "verbs fabric: ibv_query_device");
+                None
+            }
+        }
     }
 
     fn param(&self) -> ConnParam {
@@ -300,7 +494,10 @@ impl VerbsFabric {
             private: PrivateData::EMPTY,
             recv_slots: 0,
             free_tx: Vec::new(),
-            tx_wr: Vec::new(),
+            sq: Slab::new(),
+            backlog: VecDeque::new(),
+            sq_cap: 0,
+            sq_posted: 0,
             reported_up: false,
             reported_down: false,
             early: Vec::new(),
@@ -313,6 +510,134 @@ impl VerbsFabric {
 
     fn lookup(&self, conn: ConnId) -> Option<usize> {
         self.by_conn.get(&conn).copied()
+    }
+
+    // ------------------------------------------------------------------ registered memory
+
+    /// Registers a zeroed buffer of `len` bytes on the NI's device (LOCAL_WRITE | REMOTE_WRITE):
+    /// its local name, and the key and address a peer's writes target (what an RdmaDesc
+    /// advertises). It lives until [`VerbsFabric::deregister_region`] or the fabric is dropped.
+    pub fn register_region(&mut self, len: usize) -> io::Result<(RegionId, RemoteRegion)> {
+        let pd = self.pd(self.home)?;
+        let mr = MemoryRegion::new(&pd, len, true)?;
+        self.next_region += 1;
+        let id = self.next_region;
+        let remote = RemoteRegion {
+            key: mr.rkey(),
+            addr: mr.addr(0),
+        };
+        self.regions.insert(id, mr);
+        self.stats.regions_registered += 1;
+        self.stats.regions = self.regions.len() as u64;
+        Ok((RegionId(id), remote))
+    }
+
+    /// Registers a copy of `bytes` (see [`VerbsFabric::register_region`]).
+    pub fn register_region_with(&mut self, bytes: &[u8]) -> io::Result<(RegionId, RemoteRegion)> {
+        let (id, remote) = self.register_region(bytes.len())?;
+        if let Some(mr) = self.regions.get(&id.0) {
+            mr.write(0, bytes);
+        }
+        Ok((id, remote))
+    }
+
+    /// The length of region `id` (`None` if it is not registered here).
+    pub fn region_len(&self, id: RegionId) -> Option<usize> {
+        self.regions.get(&id.0).map(|r| r.len())
+    }
+
+    /// Copies `out.len()` bytes at `offset` of region `id` out; false if the region is not
+    /// registered here or the range is outside it. A peer writing into the range at the same time
+    /// gives torn bytes, never undefined behaviour (the copy is a raw one).
+    pub fn read_region(&self, id: RegionId, offset: usize, out: &mut [u8]) -> bool {
+        let Some(r) = self.regions.get(&id.0) else {
+            return false;
+        };
+        if offset.checked_add(out.len()).is_none_or(|e| e > r.len()) {
+            return false;
+        }
+        r.read(offset, out);
+        true
+    }
+
+    /// The contents of region `id`.
+    pub fn region(&self, id: RegionId) -> Option<Vec<u8>> {
+        let n = self.region_len(id)?;
+        let mut v = vec![0u8; n];
+        self.read_region(id, 0, &mut v).then_some(v)
+    }
+
+    /// Copies `data` into region `id` at `offset` (do not change a range a posted write reads).
+    pub fn write_region(&self, id: RegionId, offset: usize, data: &[u8]) -> bool {
+        let Some(r) = self.regions.get(&id.0) else {
+            return false;
+        };
+        if offset.checked_add(data.len()).is_none_or(|e| e > r.len()) {
+            return false;
+        }
+        r.write(offset, data);
+        true
+    }
+
+    /// Drops region `id`: later writes from it are refused, later writes to its key fail at the
+    /// HCA. The registration is released once no posted write reads from it.
+    pub fn deregister_region(&mut self, id: RegionId) -> bool {
+        let found = self.regions.remove(&id.0).is_some();
+        if found {
+            self.stats.regions_deregistered += 1;
+            self.stats.regions = self.regions.len() as u64;
+        }
+        found
+    }
+
+    /// Posts an RDMA write on `conn` as if the engine had emitted [`FabricAction::RdmaWrite`]
+    /// (the engine does not drive bulk data yet): `len` bytes from `local_offset` of `local` to
+    /// `remote` on the peer. Its status is kept for [`VerbsFabric::rdma_status`] /
+    /// [`VerbsFabric::take_rdma_completions`] and also handed to the endpoint, which ignores a
+    /// WrId it does not know. A write on a connection this fabric does not know is counted in
+    /// `unknown_actions` and never completes.
+    pub fn rdma_write(
+        &mut self,
+        conn: ConnId,
+        local: RegionId,
+        local_offset: u64,
+        remote: RemoteRegion,
+        len: u32,
+    ) -> WrId {
+        self.next_injected = (self.next_injected + 1) & 0x7fff_ffff;
+        let wr = WrId(INJECTED_WR | self.next_injected << 32 | u64::from(u32::MAX));
+        if self.lookup(conn).is_some() {
+            self.injected.insert(wr.0, (conn, None));
+        }
+        self.write(conn, wr, local, local_offset, remote, len);
+        wr
+    }
+
+    /// How write `wr` (from [`VerbsFabric::rdma_write`]) completed; `None` while it has not (or
+    /// if its connection was destroyed first).
+    pub fn rdma_status(&self, wr: WrId) -> Option<WcStatus> {
+        self.injected.get(&wr.0)?.1
+    }
+
+    /// Every completed write from [`VerbsFabric::rdma_write`] not taken yet, forgetting them.
+    pub fn take_rdma_completions(&mut self) -> Vec<(WrId, WcStatus)> {
+        let done: Vec<(WrId, WcStatus)> = self
+            .injected
+            .iter()
+            .filter_map(|(&wr, &(_, st))| st.map(|st| (WrId(wr), st)))
+            .collect();
+        for (wr, _) in &done {
+            self.injected.remove(&wr.0);
+        }
+        done
+    }
+
+    /// Writes from [`VerbsFabric::rdma_write`] not completed yet.
+    pub fn rdma_in_flight(&self) -> usize {
+        self.injected
+            .values()
+            .filter(|(_, st)| st.is_none())
+            .count()
     }
 
     // ------------------------------------------------------------------ engine actions
@@ -336,15 +661,25 @@ impl VerbsFabric {
             FabricAction::Reject { req, private } => self.reject(req, private),
             FabricAction::PostRecv { conn, slot } => self.post_recv(conn, slot),
             FabricAction::Send { conn, wr, bytes } => self.send(conn, wr, &bytes),
-            FabricAction::RdmaWrite { conn, wr, .. } => {
-                self.stats.rdma_writes_refused += 1;
-                if self.lookup(conn).is_some() {
-                    self.out
-                        .push_back(Report::SendDone(conn, wr, WcStatus::Error));
-                } else {
-                    self.stats.unknown_actions += 1;
-                }
-            }
+            FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                local_offset,
+                remote_key,
+                remote_addr,
+                len,
+            } => self.write(
+                conn,
+                wr,
+                local,
+                local_offset,
+                RemoteRegion {
+                    key: remote_key,
+                    addr: remote_addr,
+                },
+                len,
+            ),
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
         }
@@ -384,19 +719,50 @@ impl VerbsFabric {
         }
     }
 
-    /// PD, completion channel, CQ, QP, regions; posts receives 0..recv_slots.
+    /// Completion channel, CQ, QP on the device's PD, buffers; posts receives 0..recv_slots.
     fn setup(&mut self, key: usize) -> io::Result<()> {
+        let dev = {
+            let c = &self.conns[key];
+            let id = c.id.as_ref().ok_or_else(|| io::Error::other("no cm_id"))?;
+            let dk = id
+                .device_key()
+                .ok_or_else(|| io::Error::other("cm_id has no device"))?;
+            self.devices
+                .index_of(dk)
+                .ok_or_else(|| io::Error::other("cm_id on a device librdmacm did not list"))?
+        };
+        let pd = self.pd(dev)?;
+        let limits = self.device_limits(dev);
+        let max_frags = u32::from(self.cfg.max_frags);
         let c = &mut self.conns[key];
         let id = c.id.as_mut().ok_or_else(|| io::Error::other("no cm_id"))?;
         let recv_wr = u32::from(c.recv_slots.max(2));
         let qd = (recv_wr.saturating_sub(2) / 2).max(1);
-        let send_wr = 2 * qd + 2;
-        let pd = id.alloc_pd()?;
+        let msgs = recv_wr;
+        let (mut send_wr, mut frags) = sq_size(qd, msgs, max_frags, limits);
+        let mut shrunk = frags < max_frags;
         let chan = id.comp_channel()?;
-        let cq = id.create_cq(recv_wr + send_wr, &chan)?;
-        id.create_qp(&pd, &cq, send_wr, recv_wr)?;
+        let (cq, caps) = loop {
+            let cq = id.create_cq(recv_wr + send_wr, &chan)?;
+            match id.create_qp(&pd, &cq, send_wr, recv_wr) {
+                Ok(caps) => break (cq, caps),
+                Err(e) if e.raw_os_error() == Some(libc::ENOMEM) && frags > 0 => {
+                    frags /= 2;
+                    send_wr = msgs + qd * frags;
+                    shrunk = true;
+                    debug!(
+                        send_wr,
+                        "verbs fabric: QP refused (ENOMEM), shrinking its send queue"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if shrunk {
+            self.stats.qp_shrinks += 1;
+        }
         let rx = MemoryRegion::new(&pd, recv_wr as usize * MSG_SIZE, false)?;
-        let tx = MemoryRegion::new(&pd, send_wr as usize * MSG_SIZE, false)?;
+        let tx = MemoryRegion::new(&pd, msgs as usize * MSG_SIZE, false)?;
         for slot in 0..c.recv_slots {
             id.post_recv(
                 &rx,
@@ -406,15 +772,16 @@ impl VerbsFabric {
             )?;
         }
         cq.req_notify()?;
-        c.free_tx = (0..send_wr as u16).rev().collect();
-        c.tx_wr = vec![None; send_wr as usize];
-        c.res = Some(Resources {
-            cq,
-            chan,
-            rx,
-            tx,
-            _pd: pd,
-        });
+        c.free_tx = (0..msgs as u16).rev().collect();
+        c.sq_cap = caps.send_wr as usize;
+        c.res = Some(Resources { cq, chan, rx, tx });
+        trace!(
+            qd,
+            recv_wr,
+            send_wr = caps.send_wr,
+            frags,
+            "verbs fabric: queue pair made"
+        );
         Ok(())
     }
 
@@ -491,6 +858,15 @@ impl VerbsFabric {
         }
     }
 
+    /// True if `c` can take send-queue work.
+    fn usable(c: &VConn) -> bool {
+        c.res.is_some()
+            && matches!(
+                c.phase,
+                Phase::Established | Phase::Accepting | Phase::Connecting
+            )
+    }
+
     fn send(&mut self, conn: ConnId, wr: WrId, bytes: &[u8]) {
         let Some(key) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
@@ -503,34 +879,188 @@ impl VerbsFabric {
             return;
         }
         let c = &mut self.conns[key];
-        let usable = matches!(
-            c.phase,
-            Phase::Established | Phase::Accepting | Phase::Connecting
-        );
-        let (Some(id), Some(res), true) = (c.id.as_mut(), c.res.as_ref(), usable) else {
+        if !Self::usable(c) {
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
             return;
-        };
+        }
         let Some(buf) = c.free_tx.pop() else {
             self.stats.send_errors += 1;
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
             return;
         };
-        let off = usize::from(buf) * MSG_SIZE;
-        res.tx.write(off, bytes);
-        match id.post_send(&res.tx, off, bytes.len() as u32, SEND_BIT | u64::from(buf)) {
-            Ok(()) => {
-                c.tx_wr[usize::from(buf)] = Some(wr);
-                self.stats.msgs_tx += 1;
+        if let Some(res) = c.res.as_ref() {
+            res.tx.write(usize::from(buf) * MSG_SIZE, bytes);
+        }
+        let e = c.sq.insert(SqEntry {
+            wr,
+            op: SqOp::Send {
+                buf,
+                len: bytes.len() as u32,
+            },
+        });
+        c.backlog.push_back(e);
+        self.dirty.push(key);
+    }
+
+    fn write(
+        &mut self,
+        conn: ConnId,
+        wr: WrId,
+        local: RegionId,
+        local_offset: u64,
+        remote: RemoteRegion,
+        len: u32,
+    ) {
+        let Some(key) = self.lookup(conn) else {
+            self.stats.unknown_actions += 1;
+            return;
+        };
+        let c = &mut self.conns[key];
+        if !Self::usable(c) {
+            self.out
+                .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
+            return;
+        }
+        // The local side is checked here (the device would say LOC_PROT_ERR); the remote side is
+        // the peer HCA's to check.
+        let mr = self.regions.get(&local.0).filter(|mr| {
+            usize::try_from(local_offset)
+                .ok()
+                .and_then(|o| o.checked_add(len as usize))
+                .is_some_and(|end| end <= mr.len())
+        });
+        let Some(mr) = mr else {
+            debug!(
+                ?conn,
+                ?local,
+                local_offset,
+                len,
+                "verbs fabric: RDMA write outside its local region"
+            );
+            self.stats.rdma_write_errors += 1;
+            self.out
+                .push_back(Report::SendDone(conn, wr, WcStatus::Error));
+            return;
+        };
+        let e = c.sq.insert(SqEntry {
+            wr,
+            op: SqOp::Write {
+                local: Arc::clone(mr),
+                offset: local_offset as usize,
+                len,
+                remote,
+            },
+        });
+        c.backlog.push_back(e);
+        self.dirty.push(key);
+    }
+
+    /// Posts as much of every dirty connection's backlog as its send queue has room for.
+    fn flush_dirty(&mut self) {
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for key in dirty.drain(..) {
+            self.flush(key);
+        }
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    /// Posts connection `key`'s backlog, in chains of at most `max_chain`, within the send
+    /// queue's capacity. A request the device refuses completes with `Error`.
+    fn flush(&mut self, key: usize) {
+        let max_chain = self.cfg.max_chain.max(1);
+        let Some(c) = self.conns.get_mut(key) else {
+            return;
+        };
+        let Some(conn) = c.conn else { return };
+        let VConn {
+            id,
+            res,
+            sq,
+            backlog,
+            sq_cap,
+            sq_posted,
+            free_tx,
+            ..
+        } = c;
+        let (Some(id), Some(res)) = (id.as_mut(), res.as_ref()) else {
+            return;
+        };
+        while !backlog.is_empty() {
+            let room = sq_cap.saturating_sub(*sq_posted);
+            if room == 0 {
+                self.stats.sq_full += 1;
+                break;
             }
-            Err(e) => {
-                debug!(?conn, error = %e, "verbs fabric: ibv_post_send");
-                c.free_tx.push(buf);
-                self.stats.send_errors += 1;
-                self.out
-                    .push_back(Report::SendDone(conn, wr, WcStatus::Error));
+            let n = backlog.len().min(room).min(max_chain);
+            let wrs: Vec<SendWr<'_>> = backlog
+                .iter()
+                .take(n)
+                .map(|&k| {
+                    let e = &sq[k];
+                    match &e.op {
+                        SqOp::Send { buf, len } => SendWr {
+                            wr_id: k as u64,
+                            mr: &res.tx,
+                            offset: usize::from(*buf) * MSG_SIZE,
+                            len: *len,
+                            op: SendOp::Send,
+                        },
+                        SqOp::Write {
+                            local,
+                            offset,
+                            len,
+                            remote,
+                        } => SendWr {
+                            wr_id: k as u64,
+                            mr: local,
+                            offset: *offset,
+                            len: *len,
+                            op: SendOp::Write {
+                                remote_addr: remote.addr,
+                                rkey: remote.key,
+                            },
+                        },
+                    }
+                })
+                .collect();
+            let (posted, failed) = match id.post_sends(&wrs) {
+                Ok(()) => (n, None),
+                Err(e) => (e.posted, Some(e.error)),
+            };
+            drop(wrs);
+            self.stats.doorbells += 1;
+            self.stats.wrs_posted += posted as u64;
+            *sq_posted += posted;
+            for k in backlog.drain(..posted) {
+                match &sq[k].op {
+                    SqOp::Send { .. } => self.stats.msgs_tx += 1,
+                    SqOp::Write { len, .. } => {
+                        self.stats.rdma_writes += 1;
+                        self.stats.rdma_write_bytes += u64::from(*len);
+                    }
+                }
+            }
+            if let Some(err) = failed {
+                // The first request not posted fails; the rest stay queued for another try.
+                if let Some(k) = backlog.pop_front() {
+                    let e = sq.remove(k);
+                    match e.op {
+                        SqOp::Send { buf, .. } => {
+                            free_tx.push(buf);
+                            self.stats.send_errors += 1;
+                        }
+                        SqOp::Write { .. } => self.stats.rdma_write_errors += 1,
+                    }
+                    warn!(?conn, error = %err, "verbs fabric: ibv_post_send refused a work request");
+                    self.out
+                        .push_back(Report::SendDone(conn, e.wr, WcStatus::Error));
+                }
             }
         }
     }
@@ -540,6 +1070,8 @@ impl VerbsFabric {
             self.stats.unknown_actions += 1;
             return;
         };
+        // What the engine posted before the disconnect goes first.
+        self.flush(key);
         let c = &mut self.conns[key];
         let was = c.phase;
         c.phase = Phase::Closing;
@@ -564,27 +1096,21 @@ impl VerbsFabric {
             return;
         };
         let mut c = self.conns.remove(key);
-        // QP, then CQ (and its channel), then the cm_id, then the regions and the PD.
+        // QP (releasing what its outstanding work pinned), then CQ and its channel, then the
+        // cm_id, then the connection's buffers; the PD is the fabric's.
         if let Some(id) = c.id.as_mut() {
             id.destroy_qp();
         }
         let res = c.res.take();
-        let (rx, tx, pd) = match res {
-            Some(Resources {
-                cq,
-                chan,
-                rx,
-                tx,
-                _pd,
-            }) => {
-                drop(cq);
-                drop(chan);
-                (Some(rx), Some(tx), Some(_pd))
-            }
-            None => (None, None, None),
-        };
+        let bufs = res.map(|Resources { cq, chan, rx, tx }| {
+            drop(cq);
+            drop(chan);
+            (rx, tx)
+        });
         drop(c.id.take());
-        drop((rx, tx, pd));
+        drop(bufs);
+        self.injected
+            .retain(|_, (c, st)| *c != conn || st.is_some());
         self.out
             .retain(|r| !matches!(r, Report::SendDone(c, ..) | Report::Disconnected(c) | Report::ConnectFailed(c, _) if *c == conn));
     }
@@ -593,22 +1119,24 @@ impl VerbsFabric {
 
     /// True if `poll` has reports to deliver without waiting.
     pub fn has_work(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || !self.dirty.is_empty()
     }
 
-    /// Busy-polls the cm channel and every CQ for up to `busy_poll_rounds` rounds; if nothing
-    /// came, arms the CQs and blocks in poll(2) for up to `timeout` (`None`: without limit), then
-    /// reads the clock once with `now_fn` and feeds `ep` everything that happened.
+    /// Posts queued send-queue work, busy-polls the cm channel and every CQ for up to
+    /// `busy_poll_rounds` rounds; if nothing came, arms the CQs and blocks in poll(2) for up to
+    /// `timeout` (`None`: without limit), then reads the clock once with `now_fn` and feeds `ep`
+    /// everything that happened.
     pub fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
         ep: &mut Endpoint,
         now_fn: impl Fn() -> Instant,
     ) -> io::Result<()> {
-        let mut got = self.has_work();
+        self.flush_dirty();
+        let mut got = !self.out.is_empty();
         let mut rounds = 0;
         while !got && rounds < self.cfg.busy_poll_rounds {
-            got = self.any_ready()?;
+            got = self.any_ready(rounds % 16 == 0)?;
             rounds += 1;
         }
         if !got {
@@ -618,7 +1146,7 @@ impl VerbsFabric {
                     r.cq.req_notify()?;
                 }
             }
-            if !self.any_ready()? {
+            if !self.any_ready(true)? {
                 let mut fds = vec![self.ch.fd()];
                 fds.extend(self.waker);
                 fds.extend(
@@ -645,44 +1173,39 @@ impl VerbsFabric {
         }
         self.poll_cqs(ep, now)?;
         self.flush_out(ep, now);
+        // Completions made room: post what waited (the engine's reaction goes next turn).
+        self.flush_dirty();
+        self.flush_out(ep, now);
         Ok(())
     }
 
-    /// Non-destructive readiness check: a cm event or a completion is waiting.
-    fn any_ready(&mut self) -> io::Result<bool> {
-        if v::poll_readable(&[self.ch.fd()], 0)? > 0 {
-            return Ok(true);
-        }
-        // Completions: poll into the buffer, kept for `poll_cqs`.
+    /// Non-destructive readiness check: a completion (polled into `pending`) or, when
+    /// `check_cm`, a cm event is waiting. Polling a CQ is a userspace read on most providers;
+    /// the cm channel costs a system call, so busy rounds look at it only every few rounds.
+    fn any_ready(&mut self, check_cm: bool) -> io::Result<bool> {
         let mut found = false;
-        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
-        for key in keys {
-            if let Some(r) = self.conns[key].res.as_ref() {
+        for (key, c) in self.conns.iter_mut() {
+            if let Some(id) = c.id.as_mut() {
                 let before = self.wcs.len();
-                r.cq.poll(&mut self.wcs, 16)?;
+                id.poll_cq(&mut self.wcs, 16)?;
                 if self.wcs.len() > before {
                     found = true;
-                    self.stash(key, before);
+                    self.pending
+                        .extend(self.wcs.drain(before..).map(|w| (key, w)));
                 }
             }
+        }
+        if !found && check_cm && v::poll_readable(&[self.ch.fd()], 0)? > 0 {
+            return Ok(true);
         }
         Ok(found)
     }
 
-    /// Moves completions polled into `wcs` (from index `from`) to `pending`, tagged with `key`.
-    fn stash(&mut self, key: usize, from: usize) {
-        let wcs: Vec<Wc> = self.wcs.drain(from..).collect();
-        self.pending.extend(wcs.into_iter().map(|w| (key, w)));
-    }
-
     fn poll_cqs(&mut self, ep: &mut Endpoint, now: Instant) -> io::Result<()> {
-        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
-        for key in keys {
-            while let Some(r) = self.conns.get(key).and_then(|c| c.res.as_ref()) {
-                if r.cq.poll(&mut self.wcs, 16)? == 0 {
-                    break;
-                }
-                self.stash(key, 0);
+        for (key, c) in self.conns.iter_mut() {
+            if let Some(id) = c.id.as_mut() {
+                while id.poll_cq(&mut self.wcs, 32)? > 0 {}
+                self.pending.extend(self.wcs.drain(..).map(|w| (key, w)));
             }
         }
         let pending = std::mem::take(&mut self.pending);
@@ -693,6 +1216,17 @@ impl VerbsFabric {
         Ok(())
     }
 
+    /// Hands a send-queue completion to the endpoint, recording it first if it is one of
+    /// [`VerbsFabric::rdma_write`]'s.
+    fn send_done(&mut self, ep: &mut Endpoint, now: Instant, conn: ConnId, wr: WrId, st: WcStatus) {
+        if wr.0 & INJECTED_WR != 0 {
+            if let Some(e) = self.injected.get_mut(&wr.0) {
+                e.1 = Some(st);
+            }
+        }
+        ep.handle_send_complete(now, conn, wr, st);
+    }
+
     fn completion(&mut self, key: usize, w: Wc, ep: &mut Endpoint, now: Instant) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
@@ -700,29 +1234,41 @@ impl VerbsFabric {
         let Some(conn) = c.conn else {
             return;
         };
-        if w.wr_id & SEND_BIT != 0 {
-            let buf = (w.wr_id & 0xffff) as usize;
-            let Some(wr) = c.tx_wr.get_mut(buf).and_then(Option::take) else {
+        if w.is_send {
+            let k = w.wr_id as usize;
+            if !c.sq.contains(k) {
                 return;
-            };
-            c.free_tx.push(buf as u16);
-            let st = match w.status {
-                v::wc::SUCCESS => WcStatus::Success,
-                v::wc::WR_FLUSH_ERR => WcStatus::Flushed,
-                v::wc::RETRY_EXC_ERR => WcStatus::RetryExceeded,
-                _ => WcStatus::Error,
-            };
-            if st != WcStatus::Success {
-                self.stats.send_errors += 1;
             }
-            ep.handle_send_complete(now, conn, wr, st);
+            let e = c.sq.remove(k);
+            c.sq_posted = c.sq_posted.saturating_sub(1);
+            if !c.backlog.is_empty() {
+                self.dirty.push(key);
+            }
+            let st = wc_status(w.status);
+            match e.op {
+                SqOp::Send { buf, .. } => {
+                    c.free_tx.push(buf);
+                    if st != WcStatus::Success {
+                        self.stats.send_errors += 1;
+                    }
+                }
+                SqOp::Write { .. } => {
+                    if !matches!(st, WcStatus::Success | WcStatus::Flushed) {
+                        self.stats.rdma_write_errors += 1;
+                    }
+                }
+            }
+            if st != WcStatus::Success {
+                debug!(?conn, status = %v::wc::name(w.status), "verbs fabric: send-queue completion failed");
+            }
+            self.send_done(ep, now, conn, e.wr, st);
             return;
         }
         let slot = w.wr_id as u16;
         if w.status != v::wc::SUCCESS {
             if w.status != v::wc::WR_FLUSH_ERR {
                 self.stats.recv_errors += 1;
-                debug!(?conn, status = w.status, "verbs fabric: receive error");
+                debug!(?conn, status = %v::wc::name(w.status), "verbs fabric: receive error");
             }
             return;
         }
@@ -744,7 +1290,7 @@ impl VerbsFabric {
     fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {
         while let Some(r) = self.out.pop_front() {
             match r {
-                Report::SendDone(c, wr, st) => ep.handle_send_complete(now, c, wr, st),
+                Report::SendDone(c, wr, st) => self.send_done(ep, now, c, wr, st),
                 Report::Disconnected(c) => ep.handle_disconnected(now, c),
                 Report::ConnectFailed(c, why) => ep.handle_connect_failed(now, c, why),
             }
@@ -929,6 +1475,60 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("no RDMA device"), "{msg}");
         assert!(msg.contains("rdma_rxe"), "{msg}");
+    }
+
+    /// o2iblnd's sizing: messages + queue depth x fragments, the RDMA share halved until the
+    /// device's limits hold.
+    #[test]
+    fn send_queue_sizing() {
+        // Queue depth 8: 18 receives and message buffers, 8 x 257 fragments.
+        assert_eq!(sq_size(8, 18, 257, None), (18 + 8 * 257, 257));
+        let roomy = DeviceLimits {
+            max_qp_wr: 16384,
+            max_cqe: 32767,
+            max_sge: 32,
+            max_mr_size: u64::MAX,
+        };
+        assert_eq!(sq_size(8, 18, 257, Some(roomy)), (2074, 257));
+        // A device with 1024 WRs per queue: 257 and 128 fragments do not fit (18 + 1024 = 1042),
+        // 64 do (18 + 512 = 530).
+        let small = DeviceLimits {
+            max_qp_wr: 1024,
+            ..roomy
+        };
+        assert_eq!(sq_size(8, 18, 257, Some(small)), (18 + 8 * 64, 64));
+        // The CQ bound counts too: send + receive entries.
+        let tiny_cq = DeviceLimits {
+            max_cqe: 100,
+            ..roomy
+        };
+        let (send, frags) = sq_size(8, 18, 257, Some(tiny_cq));
+        assert!(send + 18 <= 100 && frags == 8, "{send} {frags}");
+        // Nothing fits: messages only.
+        let none = DeviceLimits {
+            max_qp_wr: 10,
+            ..roomy
+        };
+        assert_eq!(sq_size(8, 18, 257, Some(none)), (18, 0));
+    }
+
+    #[test]
+    fn completion_statuses_map_to_the_engine() {
+        assert_eq!(wc_status(v::wc::SUCCESS), WcStatus::Success);
+        assert_eq!(wc_status(v::wc::WR_FLUSH_ERR), WcStatus::Flushed);
+        assert_eq!(wc_status(v::wc::RETRY_EXC_ERR), WcStatus::RetryExceeded);
+        assert_eq!(wc_status(v::wc::REM_ACCESS_ERR), WcStatus::Error);
+        assert_eq!(wc_status(v::wc::LOC_PROT_ERR), WcStatus::Error);
+        assert_eq!(wc_status(v::wc::RNR_RETRY_EXC_ERR), WcStatus::Error);
+        assert!(v::wc::name(v::wc::REM_ACCESS_ERR).contains("remote access"));
+    }
+
+    /// Injected write ids can never be taken for one of the engine's (tx index u32::MAX).
+    #[test]
+    fn injected_write_ids_are_not_engine_ids() {
+        let wr = INJECTED_WR | 5 << 32 | u64::from(u32::MAX);
+        assert_eq!(wr as u32, u32::MAX);
+        assert_ne!(wr & INJECTED_WR, 0);
     }
 
     #[test]

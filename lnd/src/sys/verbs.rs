@@ -9,17 +9,27 @@
 //!   private data) and acks it at once, so no event is ever held across calls and
 //!   `rdma_destroy_id` never waits on us.
 //! - [`CmId`] owns an `rdma_cm_id` and, once [`CmId::create_qp`] ran, its RC queue pair. The QP
-//!   keeps `Arc`s of its protection domain, its completion queue and every [`MemoryRegion`] a work
-//!   request was posted from or into, so none of them can be freed while the device may still use
-//!   them: they are released only after the QP is destroyed ([`CmId::destroy_qp`] or drop).
+//!   keeps `Arc`s of its protection domain, its completion queue and every [`MemoryRegion`] a
+//!   receive was posted into, so none of them can be freed while the device may still use them:
+//!   they are released only after the QP is destroyed ([`CmId::destroy_qp`] or drop).
+//! - Send-queue work requests (SEND and RDMA WRITE, [`CmId::post_sends`]) pin the region they read
+//!   from only while they are outstanding: the id numbers them itself (the caller's `wr_id` is
+//!   kept beside), every one is signaled, and [`CmId::poll_cq`] (the only way to poll a QP's CQ)
+//!   releases the pin of each send-queue completion it sees, in posting order (RC completes a send
+//!   queue in order, errors and flushes included). A region the caller dropped is thus
+//!   deregistered as soon as its last write completes, or when the QP is destroyed.
+//! - [`DeviceList`] owns librdmacm's device list (`rdma_get_devices`): the contexts every cm_id
+//!   uses. A [`ProtectionDomain`] allocated on one of them keeps the list alive, so one PD per
+//!   device serves every connection and every registered region of a fabric (as o2iblnd keeps one
+//!   PD per HCA).
 //! - [`ProtectionDomain`], [`CompChannel`], [`CompletionQueue`], [`MemoryRegion`] free their
 //!   object on drop; dependents hold `Arc`s of what they need (a CQ its channel, an MR its PD).
 //! - A [`MemoryRegion`]'s bytes are shared with the device: they are only copied in and out with
 //!   raw copies ([`MemoryRegion::read`], [`MemoryRegion::write`]), never borrowed as Rust slices,
 //!   because the HCA may DMA into a posted range at any time.
 //!
-//! Device contexts (`ibv_context`) are opened and kept by librdmacm for the life of the process;
-//! we only borrow them through a cm_id (`id->verbs`).
+//! Device contexts (`ibv_context`) are opened and kept by librdmacm; we borrow them through a
+//! cm_id (`id->verbs`) or the [`DeviceList`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -257,6 +267,8 @@ impl Drop for EventChannel {
 /// A protection domain on a cm_id's device.
 pub struct ProtectionDomain {
     raw: NonNull<sys::ibv_pd>,
+    /// The list whose context the PD was allocated on, kept open until the PD is gone.
+    _devices: Option<Arc<DeviceList>>,
 }
 
 // SAFETY: verbs objects may be used from any thread; the wrappers are not shared mutably.
@@ -326,14 +338,16 @@ unsafe impl Send for CompletionQueue {}
 // SAFETY: polling and arming a CQ are thread-safe in libibverbs providers.
 unsafe impl Sync for CompletionQueue {}
 
-/// One work completion.
+/// One work completion, as [`CmId::poll_cq`] returns it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct Wc {
+    /// The caller's `wr_id` of the work request.
     pub wr_id: u64,
     /// `ibv_wc_status` (see [`wc`]).
     pub status: u32,
-    /// True for a receive completion.
-    pub is_recv: bool,
+    /// True for a send-queue completion (SEND or RDMA WRITE), false for a receive. Known from the
+    /// id's own numbering, so it holds for error completions too (whose opcode is undefined).
+    pub is_send: bool,
     pub byte_len: u32,
 }
 
@@ -343,6 +357,23 @@ pub mod wc {
     pub const SUCCESS: u32 = s::IBV_WC_SUCCESS;
     pub const WR_FLUSH_ERR: u32 = s::IBV_WC_WR_FLUSH_ERR;
     pub const RETRY_EXC_ERR: u32 = s::IBV_WC_RETRY_EXC_ERR;
+    pub const REM_ACCESS_ERR: u32 = s::IBV_WC_REM_ACCESS_ERR;
+    pub const LOC_PROT_ERR: u32 = s::IBV_WC_LOC_PROT_ERR;
+    pub const RNR_RETRY_EXC_ERR: u32 = s::IBV_WC_RNR_RETRY_EXC_ERR;
+
+    /// libibverbs' name of a status.
+    pub fn name(status: u32) -> String {
+        // SAFETY: ibv_wc_status_str accepts any value and returns a static NUL-terminated string
+        // ("unknown" for values it does not know).
+        let p = unsafe { rdma_sys::ibv_wc_status_str(status) };
+        if p.is_null() {
+            return format!("status {status}");
+        }
+        // SAFETY: non-null, NUL-terminated, static.
+        unsafe { std::ffi::CStr::from_ptr(p) }
+            .to_string_lossy()
+            .into_owned()
+    }
 }
 
 impl CompletionQueue {
@@ -352,9 +383,11 @@ impl CompletionQueue {
         check(unsafe { sys::ibv_req_notify_cq(self.raw.as_ptr(), 0) })
     }
 
-    /// Polls up to `max` completions into `out`; returns how many.
-    pub fn poll(&self, out: &mut Vec<Wc>, max: usize) -> io::Result<usize> {
-        const BATCH: usize = 16;
+    /// Polls up to `max` raw completions (`(wr_id, status, byte_len)`) into `out`; returns how
+    /// many. Private: only [`CmId::poll_cq`] polls, so that it sees every send-queue completion
+    /// and can release what the work request pinned.
+    fn poll_raw(&self, out: &mut Vec<(u64, u32, u32)>, max: usize) -> io::Result<usize> {
+        const BATCH: usize = 32;
         // SAFETY: ibv_wc is plain old data; zeroes are valid.
         let mut wcs: [sys::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
         let n = max.min(BATCH) as i32;
@@ -364,14 +397,7 @@ impl CompletionQueue {
             return Err(io::Error::other(format!("ibv_poll_cq failed ({got})")));
         }
         let got = got as usize;
-        for w in &wcs[..got] {
-            out.push(Wc {
-                wr_id: w.wr_id,
-                status: w.status,
-                is_recv: w.opcode & sys::ibv_wc_opcode::IBV_WC_RECV != 0,
-                byte_len: w.byte_len,
-            });
-        }
+        out.extend(wcs[..got].iter().map(|w| (w.wr_id, w.status, w.byte_len)));
         Ok(got)
     }
 }
@@ -438,6 +464,11 @@ impl MemoryRegion {
         self.len
     }
 
+    /// The protection domain the region is registered on.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self._pd
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -500,8 +531,184 @@ impl Drop for MemoryRegion {
 /// Everything the QP references, released only after it is destroyed.
 struct QpDeps {
     _pd: Arc<ProtectionDomain>,
-    _cq: Arc<CompletionQueue>,
+    cq: Arc<CompletionQueue>,
+    /// Regions receives were posted into (pinned until the QP is destroyed).
     regions: Vec<Arc<MemoryRegion>>,
+    /// Outstanding send-queue work requests in posting order: our sequence number, the caller's
+    /// wr_id, and the region the request reads from (pinned until its completion is polled).
+    inflight: std::collections::VecDeque<(u64, u64, Arc<MemoryRegion>)>,
+    next_seq: u64,
+    /// Scratch space for building work-request chains (reused, so posting does not allocate).
+    sges: Vec<sys::ibv_sge>,
+    wrs: Vec<sys::ibv_send_wr>,
+    raw_wcs: Vec<(u64, u32, u32)>,
+}
+
+/// Set in the wr_id of every send-queue work request the id posts (its own numbering); receive
+/// wr_ids must have it clear.
+const SQ_BIT: u64 = 1 << 63;
+
+/// What a send-queue work request does.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum SendOp {
+    /// IBV_WR_SEND: the bytes land in the peer's next posted receive.
+    Send,
+    /// IBV_WR_RDMA_WRITE into the peer's memory at `remote_addr`, under `rkey`.
+    Write { remote_addr: u64, rkey: u32 },
+}
+
+/// One send-queue work request: `len` bytes at `offset` of `mr`, always signaled.
+pub struct SendWr<'a> {
+    /// Returned in the completion's [`Wc::wr_id`].
+    pub wr_id: u64,
+    pub mr: &'a Arc<MemoryRegion>,
+    pub offset: usize,
+    pub len: u32,
+    pub op: SendOp,
+}
+
+/// A chain that was only partly posted: the first `posted` requests are on the queue, the rest
+/// are not.
+#[derive(Debug)]
+pub struct PostError {
+    pub posted: usize,
+    pub error: io::Error,
+}
+
+/// The capacities a QP was created with (the provider may round the requested ones up).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    pub send_wr: u32,
+    pub recv_wr: u32,
+}
+
+/// The limits of a device that size queue pairs (ibv_query_device).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    pub max_qp_wr: u32,
+    pub max_cqe: u32,
+    pub max_sge: u32,
+    pub max_mr_size: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+
+/// librdmacm's list of device contexts (`rdma_get_devices`), freed on drop. The contexts are the
+/// ones cm_ids bind to, so a PD allocated here serves any cm_id on the same device.
+pub struct DeviceList {
+    list: NonNull<*mut sys::ibv_context>,
+    len: usize,
+}
+
+// SAFETY: the list is an array of context pointers that librdmacm keeps open while the list is
+// held; verbs calls on a context are thread-safe.
+unsafe impl Send for DeviceList {}
+// SAFETY: as above; `&self` methods only read the array.
+unsafe impl Sync for DeviceList {}
+
+impl DeviceList {
+    /// The devices librdmacm sees (an empty list when there are none).
+    pub fn new() -> io::Result<Arc<DeviceList>> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: valid out-pointer; a null result means failure (errno set) or no devices.
+        let list = unsafe { sys::rdma_get_devices(&mut n) };
+        let list = NonNull::new(list).ok_or_else(|| {
+            let e = last_err();
+            if e.raw_os_error().unwrap_or(0) == 0 {
+                io::Error::from_raw_os_error(libc::ENODEV)
+            } else {
+                e
+            }
+        })?;
+        Ok(Arc::new(DeviceList {
+            list,
+            len: usize::try_from(n).unwrap_or(0),
+        }))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn ctx(&self, i: usize) -> Option<*mut sys::ibv_context> {
+        if i >= self.len {
+            return None;
+        }
+        // SAFETY: `i` is within the `len` entries rdma_get_devices returned.
+        let p = unsafe { *self.list.as_ptr().add(i) };
+        (!p.is_null()).then_some(p)
+    }
+
+    /// The key of device `i` (compare with [`CmId::device_key`]).
+    pub fn key(&self, i: usize) -> Option<usize> {
+        self.ctx(i).map(|p| p as usize)
+    }
+
+    /// The index of the device whose key is `key`.
+    pub fn index_of(&self, key: usize) -> Option<usize> {
+        (0..self.len).find(|&i| self.key(i) == Some(key))
+    }
+
+    /// The name of device `i` (e.g. `rxe0`).
+    pub fn name(&self, i: usize) -> Option<String> {
+        let ctx = self.ctx(i)?;
+        // SAFETY: a live context; `device` is set by ibv_open_device and the name is a
+        // NUL-terminated string inside it.
+        let p = unsafe { sys::ibv_get_device_name((*ctx).device) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-null NUL-terminated string owned by the device.
+        Some(
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
+
+    /// The limits of device `i`.
+    pub fn limits(&self, i: usize) -> io::Result<DeviceLimits> {
+        let ctx = self
+            .ctx(i)
+            .ok_or_else(|| io::Error::other("no such device"))?;
+        // SAFETY: plain old data, zeroes valid.
+        let mut a: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live context, valid out-pointer.
+        check(unsafe { sys::ibv_query_device(ctx, &mut a) })?;
+        let u = |v: libc::c_int| u32::try_from(v).unwrap_or(0);
+        Ok(DeviceLimits {
+            max_qp_wr: u(a.max_qp_wr),
+            max_cqe: u(a.max_cqe),
+            max_sge: u(a.max_sge),
+            max_mr_size: a.max_mr_size,
+        })
+    }
+
+    /// A protection domain on device `i`; it keeps the list (and so the context) alive.
+    pub fn alloc_pd(self: &Arc<Self>, i: usize) -> io::Result<Arc<ProtectionDomain>> {
+        let ctx = self
+            .ctx(i)
+            .ok_or_else(|| io::Error::other("no such device"))?;
+        // SAFETY: a live context of the list, which the PD keeps alive.
+        let raw = unsafe { sys::ibv_alloc_pd(ctx) };
+        Ok(Arc::new(ProtectionDomain {
+            raw: NonNull::new(raw).ok_or_else(last_err)?,
+            _devices: Some(Arc::clone(self)),
+        }))
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the list came from rdma_get_devices and is freed once; every PD allocated on
+        // one of its contexts holds an Arc of it, so none is left.
+        unsafe { sys::rdma_free_devices(self.list.as_ptr()) };
+    }
 }
 
 /// Connection parameters of rdma_connect / rdma_accept.
@@ -592,6 +799,12 @@ impl CmId {
         }
     }
 
+    /// The key of this id's device (its context), once bound or resolved; see
+    /// [`DeviceList::key`].
+    pub fn device_key(&self) -> Option<usize> {
+        self.verbs().ok().map(|p| p as usize)
+    }
+
     /// A protection domain on this id's device.
     pub fn alloc_pd(&self) -> io::Result<Arc<ProtectionDomain>> {
         let ctx = self.verbs()?;
@@ -599,6 +812,7 @@ impl CmId {
         let raw = unsafe { sys::ibv_alloc_pd(ctx) };
         Ok(Arc::new(ProtectionDomain {
             raw: NonNull::new(raw).ok_or_else(last_err)?,
+            _devices: None,
         }))
     }
 
@@ -637,14 +851,15 @@ impl CmId {
         }))
     }
 
-    /// Creates the id's RC QP (send and receive on `cq`, one SGE each).
+    /// Creates the id's RC QP (send and receive on `cq`, one SGE each); `pd` must be on the id's
+    /// device. Returns the capacities created (at least those asked for).
     pub fn create_qp(
         &mut self,
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
         send_wr: u32,
         recv_wr: u32,
-    ) -> io::Result<()> {
+    ) -> io::Result<QpCaps> {
         if self.qp.is_some() {
             return Err(io::Error::other("QP exists already"));
         }
@@ -662,10 +877,19 @@ impl CmId {
         check(unsafe { sys::rdma_create_qp(self.raw.as_ptr(), pd.raw.as_ptr(), &mut attr) })?;
         self.qp = Some(QpDeps {
             _pd: Arc::clone(pd),
-            _cq: Arc::clone(cq),
+            cq: Arc::clone(cq),
             regions: Vec::new(),
+            inflight: std::collections::VecDeque::new(),
+            next_seq: 0,
+            sges: Vec::new(),
+            wrs: Vec::new(),
+            raw_wcs: Vec::new(),
         });
-        Ok(())
+        // rdma_create_qp writes the capacities it actually created back into `attr.cap`.
+        Ok(QpCaps {
+            send_wr: attr.cap.max_send_wr.max(send_wr),
+            recv_wr: attr.cap.max_recv_wr.max(recv_wr),
+        })
     }
 
     fn qp_for(&mut self, mr: &Arc<MemoryRegion>) -> io::Result<*mut sys::ibv_qp> {
@@ -690,6 +914,9 @@ impl CmId {
             .is_none_or(|e| e > mr.len())
         {
             return Err(io::Error::other("receive outside its region"));
+        }
+        if wr_id & SQ_BIT != 0 {
+            return Err(io::Error::other("receive wr_id with the top bit set"));
         }
         let qp = self.qp_for(mr)?;
         let mut sge = sys::ibv_sge {
@@ -716,28 +943,183 @@ impl CmId {
         len: u32,
         wr_id: u64,
     ) -> io::Result<()> {
-        if offset
-            .checked_add(len as usize)
-            .is_none_or(|e| e > mr.len())
-        {
-            return Err(io::Error::other("send outside its region"));
-        }
-        let qp = self.qp_for(mr)?;
-        let mut sge = sys::ibv_sge {
-            addr: mr.addr(offset),
-            length: len,
-            lkey: mr.lkey(),
+        self.post_sends(&[SendWr {
+            wr_id,
+            mr,
+            offset,
+            len,
+            op: SendOp::Send,
+        }])
+        .map_err(|e| e.error)
+    }
+
+    /// Posts `wrs` as one chain (one doorbell), every request signaled. Each must lie inside its
+    /// region and its region must be on the QP's protection domain; the first that does not, and
+    /// everything after it, is not posted. Each request pins its region until
+    /// [`CmId::poll_cq`] returns its completion.
+    pub fn post_sends(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let fail = |posted, e: io::Error| PostError { posted, error: e };
+        let qp = match self.qp_ptr() {
+            Ok(qp) => qp,
+            Err(e) => return Err(fail(0, e)),
         };
-        // SAFETY: plain old data, zeroes valid.
-        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: as for post_recv.
-        check(unsafe { sys::ibv_post_send(qp, &mut wr, &mut bad) })
+        let deps = self.qp.as_mut().expect("qp_ptr checked");
+        // Validate first: only a valid prefix is handed to the device.
+        let valid = wrs
+            .iter()
+            .position(|w| {
+                w.offset
+                    .checked_add(w.len as usize)
+                    .is_none_or(|e| e > w.mr.len())
+                    || !Arc::ptr_eq(w.mr.pd(), &deps._pd)
+            })
+            .unwrap_or(wrs.len());
+        let wrs_ok = &wrs[..valid];
+        let mut result = Ok(());
+        if !wrs_ok.is_empty() {
+            deps.sges.clear();
+            deps.wrs.clear();
+            let first_seq = deps.next_seq;
+            for (k, w) in wrs_ok.iter().enumerate() {
+                deps.sges.push(sys::ibv_sge {
+                    addr: w.mr.addr(w.offset),
+                    length: w.len,
+                    lkey: w.mr.lkey(),
+                });
+                // SAFETY: plain old data, zeroes valid.
+                let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+                wr.wr_id = SQ_BIT | ((first_seq + k as u64) & !SQ_BIT);
+                wr.num_sge = if w.len == 0 { 0 } else { 1 };
+                wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                match w.op {
+                    SendOp::Send => wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND,
+                    SendOp::Write { remote_addr, rkey } => {
+                        wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                        wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+                    }
+                }
+                deps.wrs.push(wr);
+            }
+            // Link the chain now that neither vector will move again.
+            let n = deps.wrs.len();
+            let sge_base = deps.sges.as_mut_ptr();
+            let wr_base = deps.wrs.as_mut_ptr();
+            for k in 0..n {
+                // SAFETY: `k` and `k + 1` index the `n` elements just pushed (k + 1 only when
+                // k + 1 < n); the vectors are not resized until the post below returns.
+                unsafe {
+                    let wr = &mut *wr_base.add(k);
+                    wr.sg_list = sge_base.add(k);
+                    wr.next = if k + 1 < n {
+                        wr_base.add(k + 1)
+                    } else {
+                        ptr::null_mut()
+                    };
+                }
+            }
+            let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+            // SAFETY: live QP; every SGE names memory inside a region registered on the QP's PD
+            // (checked above), which stays pinned in `inflight` until its completion is polled
+            // or the QP is destroyed; the chain and its SGEs live until the call returns (the
+            // provider copies them).
+            let rc = unsafe { sys::ibv_post_send(qp, wr_base, &mut bad) };
+            let posted = if rc == 0 {
+                n
+            } else if bad.is_null() {
+                0
+            } else {
+                // SAFETY: on failure `bad` points into the chain we passed.
+                usize::try_from(unsafe { bad.offset_from(wr_base) })
+                    .unwrap_or(0)
+                    .min(n)
+            };
+            for (k, w) in wrs_ok[..posted].iter().enumerate() {
+                deps.inflight
+                    .push_back((first_seq + k as u64, w.wr_id, Arc::clone(w.mr)));
+            }
+            deps.next_seq = first_seq + posted as u64;
+            if rc != 0 {
+                let e = if rc > 0 {
+                    io::Error::from_raw_os_error(rc)
+                } else {
+                    last_err()
+                };
+                result = Err(fail(posted, e));
+            }
+        }
+        result?;
+        if valid < wrs.len() {
+            return Err(fail(
+                valid,
+                io::Error::other("work request outside its region or on another PD"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Polls up to `max` completions of this QP's CQ into `out`; returns how many. Send-queue
+    /// completions carry the caller's wr_id back and release what their request pinned.
+    pub fn poll_cq(&mut self, out: &mut Vec<Wc>, max: usize) -> io::Result<usize> {
+        let Some(deps) = self.qp.as_mut() else {
+            return Ok(0);
+        };
+        deps.raw_wcs.clear();
+        let got = deps.cq.poll_raw(&mut deps.raw_wcs, max)?;
+        for &(wr_id, status, byte_len) in &deps.raw_wcs {
+            if wr_id & SQ_BIT == 0 {
+                out.push(Wc {
+                    wr_id,
+                    status,
+                    is_send: false,
+                    byte_len,
+                });
+                continue;
+            }
+            let seq = wr_id & !SQ_BIT;
+            // In order: anything older than `seq` completed too (all are signaled, so there is
+            // none unless the provider misbehaves).
+            let mut user = None;
+            while let Some(&(s, u, _)) = deps.inflight.front() {
+                if s > seq {
+                    break;
+                }
+                deps.inflight.pop_front();
+                if s == seq {
+                    user = Some(u);
+                    break;
+                }
+            }
+            if let Some(wr_id) = user {
+                out.push(Wc {
+                    wr_id,
+                    status,
+                    is_send: true,
+                    byte_len,
+                });
+            }
+        }
+        Ok(got)
+    }
+
+    /// Send-queue work requests posted and not yet completed.
+    pub fn sends_outstanding(&self) -> usize {
+        self.qp.as_ref().map_or(0, |d| d.inflight.len())
+    }
+
+    /// Arms the QP's CQ (see [`CompletionQueue::req_notify`]).
+    pub fn req_notify(&self) -> io::Result<()> {
+        match self.qp.as_ref() {
+            Some(d) => d.cq.req_notify(),
+            None => Ok(()),
+        }
+    }
+
+    fn qp_ptr(&self) -> io::Result<*mut sys::ibv_qp> {
+        if self.qp.is_none() {
+            return Err(io::Error::other("no QP"));
+        }
+        // SAFETY: live id with a QP (created, not destroyed since `qp` is Some).
+        Ok(unsafe { self.raw.as_ref().qp })
     }
 
     fn conn_param(private: &[u8], p: ConnParam) -> sys::rdma_conn_param {
@@ -783,9 +1165,11 @@ impl CmId {
 
     /// Destroys the QP (if any), then releases what it pinned (CQ, MRs, PD references).
     pub fn destroy_qp(&mut self) {
-        if self.qp.take().is_some() {
+        if self.qp.is_some() {
             // SAFETY: live id with a QP; after this no work request references any region.
             unsafe { sys::rdma_destroy_qp(self.raw.as_ptr()) };
+            // Only now: the pins (regions, CQ, PD) may be the last references to them.
+            self.qp = None;
         }
     }
 }
