@@ -1,8 +1,10 @@
 //! `lnetctl`: ulnet's control tool. It asks the `lnet-router` daemon over its control socket
 //! (JSON lines, `router::control`) and prints the answer as YAML in real lnetctl's layout, or as
 //! JSON with `--json`. Without a daemon, `ping` runs an in-process LNet that has only `0@lo`.
-//! `demo` walks one LNet ping exchange through the real wire encoders and decoders.
+//! `capture` writes the daemon's o2iblnd traffic into a pcap file (`capture.rs`). `demo` walks
+//! one LNet ping exchange through the real wire encoders and decoders.
 
+mod capture;
 mod demo;
 mod render;
 
@@ -17,7 +19,7 @@ use router::control::{
 use router::{LnetNode, NodeConfig};
 
 /// The exit codes a script can rely on.
-mod exit {
+pub(crate) mod exit {
     /// The command worked (every ping answered).
     pub const OK: u8 = 0;
     /// The operation failed: a ping failed or timed out, a peer is unknown, the daemon refused.
@@ -98,6 +100,21 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Plain,
     },
+    /// Record every o2iblnd message the daemon's NIs send and receive into a pcap file that
+    /// Wireshark/tshark's LNet dissector decodes. Runs until Ctrl-C (or --duration), then prints
+    /// how many messages were captured and dropped.
+    Capture {
+        /// The pcap file to write (`-`: standard output, e.g. `| tshark -r -`). An existing
+        /// file is not overwritten without --force.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+        /// Stop after this many seconds [default: until Ctrl-C]
+        #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+        duration: Option<u64>,
+        /// Overwrite FILE if it exists
+        #[arg(long)]
+        force: bool,
+    },
     /// Encode, decode and print an LNet ping exchange between two NIDs as o2iblnd carries it
     Demo {
         #[arg(default_value = "10.0.0.1@o2ib")]
@@ -151,6 +168,14 @@ fn check_nid(s: &str) -> Result<Nid, u8> {
 
 fn run(cli: Cli) -> u8 {
     let req = match cli.cmd {
+        Cmd::Capture {
+            file,
+            duration,
+            force,
+        } => {
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return capture::run(&path, &file, duration, force, cli.json);
+        }
         Cmd::Demo { src, dst } => {
             let (src, dst) = match (check_nid(&src), check_nid(&dst)) {
                 (Ok(s), Ok(d)) => (s, d),

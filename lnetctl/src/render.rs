@@ -4,8 +4,10 @@
 use std::fmt::Write;
 
 use router::control::{
-    ConnShow, Counts, GlobalShow, NetShow, PeerShow, PingShow, Response, StatsShow,
+    ConnShow, Counts, GlobalShow, NamedCounters, NetShow, PeerShow, PingShow, Response, StatsShow,
 };
+
+use crate::capture::Report;
 
 /// Renders any successful response; `None` for an error response.
 pub fn yaml(resp: &Response) -> Option<String> {
@@ -16,7 +18,11 @@ pub fn yaml(resp: &Response) -> Option<String> {
         Response::Conn(c) => conn(c),
         Response::Stats(s) => stats(s),
         Response::Global(g) => global(g),
-        Response::Error(_) => return None,
+        // The capture's stream is written by `capture`, not rendered.
+        Response::CaptureStarted(_)
+        | Response::CaptureData(_)
+        | Response::CaptureDone(_)
+        | Response::Error(_) => return None,
     })
 }
 
@@ -29,7 +35,10 @@ pub fn json(resp: &Response) -> Option<String> {
         Response::Conn(c) => serde_json::to_string_pretty(c),
         Response::Stats(s) => serde_json::to_string_pretty(s),
         Response::Global(g) => serde_json::to_string_pretty(g),
-        Response::Error(_) => return None,
+        Response::CaptureStarted(_)
+        | Response::CaptureData(_)
+        | Response::CaptureDone(_)
+        | Response::Error(_) => return None,
     };
     r.ok().map(|mut s| {
         s.push('\n');
@@ -107,9 +116,52 @@ pub fn net(n: &NetShow) -> String {
                 let _ = writeln!(out, "              timeout: {}", l.timeout);
                 let _ = writeln!(out, "              keepalive: {}", l.keepalive);
             }
+            if let Some(l) = &ni.lnd_statistics {
+                out.push_str("          lnd statistics:\n");
+                named(&mut out, "              ", &l.counters);
+                out.push_str("              rejects_sent:\n");
+                named(&mut out, "                  ", &l.rejects_sent);
+                out.push_str("              rejects_received:\n");
+                named(&mut out, "                  ", &l.rejects_received);
+            }
+            if let Some(f) = &ni.fabric {
+                out.push_str("          fabric:\n");
+                let _ = writeln!(out, "              type: {}", f.kind);
+                named(&mut out, "              ", &f.counters);
+            }
         }
     }
     out
+}
+
+fn named(out: &mut String, indent: &str, c: &NamedCounters) {
+    for (k, v) in &c.0 {
+        let _ = writeln!(out, "{indent}{k}: {v}");
+    }
+}
+
+/// `capture:`, what `lnetctl capture` prints when it ends.
+pub fn capture_yaml(r: &Report) -> String {
+    let mut out = String::from("capture:\n");
+    let _ = writeln!(out, "    file: {}", r.file);
+    let _ = writeln!(out, "    captured: {}", r.captured);
+    match r.dropped {
+        Some(d) => {
+            let _ = writeln!(out, "    dropped: {d}");
+        }
+        None => out.push_str("    dropped: unknown\n"),
+    }
+    let _ = writeln!(out, "    seconds: {:.1}", r.seconds);
+    let _ = writeln!(out, "    reason: {}", r.reason);
+    out
+}
+
+/// The same as JSON: `{"capture": {...}}`.
+pub fn capture_json(r: &Report) -> String {
+    let v = serde_json::json!({ "capture": r });
+    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
+    s.push('\n');
+    s
 }
 
 /// `peer:` with `primary nid`, `Multi-Rail` and `peer ni`; credits and statistics with `-v`.
@@ -275,8 +327,10 @@ net:
           status: up
 "
         );
+        let v = net(&net_show(&n, &[], true));
+        let (head, lnd) = v.split_once("          lnd statistics:\n").expect(&v);
         assert_eq!(
-            net(&net_show(&n, &[], true)),
+            head,
             "\
 net:
     - net type: lo
@@ -307,6 +361,82 @@ net:
               keepalive: 100
 "
         );
+        // The LND's counters: 31 of them, then the rejects by reason, each 0 here.
+        let lines: Vec<&str> = lnd.lines().collect();
+        assert_eq!(lines[0], "              connects: 0");
+        assert_eq!(lines[30], "              capture_drops: 0");
+        assert_eq!(lines[31], "              rejects_sent:");
+        assert_eq!(lines[32], "                  other: 0");
+        assert_eq!(lines[37], "                  conn_stale: 0");
+        assert_eq!(lines[42], "              rejects_received:");
+        assert_eq!(lines.len(), 53, "{lnd}");
+        assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
+    }
+
+    #[test]
+    fn net_fabric_counters() {
+        let n = NetShow {
+            net: vec![NetEntry {
+                net_type: "o2ib".into(),
+                local_nis: vec![NiEntry {
+                    nid: "10.0.0.1@o2ib".into(),
+                    status: "up".into(),
+                    statistics: None,
+                    tunables: None,
+                    lnd_tunables: None,
+                    lnd_statistics: None,
+                    fabric: Some(FabricCounters {
+                        kind: "tcp".into(),
+                        counters: NamedCounters(vec![
+                            ("accepted".into(), 3),
+                            ("truncated".into(), 1),
+                        ]),
+                    }),
+                }],
+            }],
+        };
+        assert_eq!(
+            net(&n),
+            "\
+net:
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+          fabric:
+              type: tcp
+              accepted: 3
+              truncated: 1
+"
+        );
+        let j = json(&Response::Net(n.clone())).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        let f = &v["net"][0]["local NI(s)"][0]["fabric"];
+        assert_eq!(f["type"], "tcp", "{j}");
+        assert_eq!(f["truncated"], 1, "{j}");
+        // And it comes back the same through the control protocol.
+        let back: Response =
+            serde_json::from_str(&router::control::encode_response(&Response::Net(n.clone())))
+                .unwrap();
+        assert_eq!(back, Response::Net(n));
+    }
+
+    #[test]
+    fn capture_report() {
+        let r = Report {
+            file: "/tmp/x.pcap".into(),
+            captured: 12,
+            dropped: Some(0),
+            seconds: 2.04,
+            reason: "stopped".into(),
+        };
+        assert_eq!(
+            capture_yaml(&r),
+            "capture:\n    file: /tmp/x.pcap\n    captured: 12\n    dropped: 0\n    seconds: 2.0\n    reason: stopped\n"
+        );
+        let v: serde_json::Value = serde_json::from_str(&capture_json(&r)).unwrap();
+        assert_eq!(v["capture"]["captured"], 12);
+        assert!(capture_yaml(&Report { dropped: None, ..r }).contains("dropped: unknown\n"));
     }
 
     #[test]

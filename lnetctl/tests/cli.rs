@@ -51,15 +51,59 @@ fn ping_remote_without_daemon_fails_clearly() {
 
 #[test]
 fn bad_arguments_exit_2() {
-    assert_eq!(lnetctl(&["frobnicate"]).status.code(), Some(2));
-    assert_eq!(lnetctl(&["ping"]).status.code(), Some(2));
-    assert_eq!(
-        lnetctl(&["ping", "0@lo", "--timeout", "soon"])
-            .status
-            .code(),
-        Some(2)
-    );
+    for args in [
+        &["frobnicate"][..],
+        &[],
+        &["ping"],
+        &["ping", "0@lo", "--timeout", "soon"],
+        &["net"],
+        &["net", "show", "--frob"],
+        &["peer", "show", "--nid"],
+        &["stats", "show", "-v"],
+        &["capture"],
+        &["capture", "--file"],
+        &["capture", "--file", "x.pcap", "--duration", "0"],
+        &["capture", "--file", "x.pcap", "--duration", "soon"],
+    ] {
+        let o = lnetctl(args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        // clap's message: the usage, or where to find it.
+        assert!(
+            err.contains("Usage: lnetctl") || err.contains("try '--help'"),
+            "{args:?}: {err}"
+        );
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    assert!(!std::path::Path::new("x.pcap").exists());
     assert_eq!(lnetctl(&["--help"]).status.code(), Some(0));
+    assert_eq!(lnetctl(&["capture", "--help"]).status.code(), Some(0));
+}
+
+#[test]
+fn capture_without_daemon_exits_3_and_leaves_no_file() {
+    let dir = std::env::temp_dir().join(format!("ulnet-cli-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.pcap");
+    let o = lnetctl(&["capture", "--file", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("no lnet-router daemon at"));
+    assert!(!f.exists(), "an empty capture file was left behind");
+
+    // An existing file is not overwritten without --force (checked before the daemon is asked).
+    std::fs::write(&f, b"keep me").unwrap();
+    let o = lnetctl(&["capture", "--file", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("exists; pass --force to overwrite it"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read(&f).unwrap(), b"keep me");
+    // With --force it gets as far as the daemon (none here: exit 3, and the file is gone).
+    let o = lnetctl(&["capture", "--file", f.to_str().unwrap(), "--force"]);
+    assert_eq!(o.status.code(), Some(3));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

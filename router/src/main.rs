@@ -10,13 +10,21 @@
 //! over a bounded channel and wakes it (a [`Waker`] every fabric watches), then waits for the
 //! reply. The loop looks at signals at least every 20 ms.
 //!
+//! `lnetctl capture` takes over its connection: the loop turns capturing on in every NI's LND,
+//! streams the records to that connection's thread through a bounded channel (never blocking on
+//! it: a full channel drops and counts), and a watcher thread reading the client's side ends the
+//! capture on `capture_stop` or when the client goes away. One capture at a time. Why lnetctl,
+//! not the daemon, writes the file: see `router::control`'s capture section.
+//!
 //! Exit status: 0 after a clean shutdown, 1 on a runtime failure (socket, fabric),
 //! 2 on a bad command line or configuration.
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
@@ -24,7 +32,10 @@ use clap::{Parser, ValueEnum};
 use lnd::fabric::driver::{Driver, MonotonicClock, WakeHandle, Waker};
 use lnd::fabric::tcp::{TcpConfig, TcpFabric};
 use lnd::time::Duration;
-use router::control::{self, errno, Control, ControlError, NiExtras, Request, Response};
+use router::control::{
+    self, errno, CaptureSession, CaptureSummary, Control, ControlError, Delivery, NiExtras,
+    Request, Response,
+};
 use router::yaml_config::{DaemonConfig, FabricKind};
 use router::{LnetEvent, LnetNode, NiIndex};
 use tracing::{debug, error, info, warn};
@@ -67,7 +78,9 @@ struct Args {
     log_format: LogFormat,
 }
 
-type ControlMsg = (Request, Sender<Response>);
+/// A request and where its answer goes: one response, or for a capture the whole stream
+/// (bounded: the loop never blocks on a slow client).
+type ControlMsg = (Request, SyncSender<Response>);
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -164,7 +177,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
     info!(socket = %socket.display(), nis = fabrics.len(), "lnet-router running");
 
-    let mut control: Control<Sender<Response>> = Control::new(extras);
+    let mut control: Control<SyncSender<Response>> = Control::new(extras);
     event_loop(
         &mut node,
         &mut fabrics,
@@ -254,13 +267,15 @@ fn o2ib_address(nid: lnd::wire::Nid) -> std::net::SocketAddr {
 fn event_loop(
     node: &mut LnetNode,
     fabrics: &mut [NiFabric],
-    control: &mut Control<Sender<Response>>,
+    control: &mut Control<SyncSender<Response>>,
     req_rx: &Receiver<ControlMsg>,
     waker: &Waker,
     clock: &MonotonicClock,
     term: &AtomicBool,
 ) -> Result<(), String> {
     let mut shutdown_deadline = None;
+    let mut capture = CaptureState::Idle;
+    let mut next_capture = 1u64;
     let n = fabrics.len().max(1) as u32;
     loop {
         let now = clock.now();
@@ -300,11 +315,63 @@ fn event_loop(
                 }
                 refreshed = true;
             }
-            if let Some((reply, resp)) = control.handle(clock.now(), node, req, reply) {
-                let _ = reply.send(resp);
+            match req {
+                Request::CaptureStart { duration_secs } => {
+                    let resp = if !matches!(capture, CaptureState::Idle) {
+                        Response::Error(ControlError::new(
+                            errno::EBUSY,
+                            "a capture is already running (one at a time); stop it first",
+                        ))
+                    } else if shutdown_deadline.is_some() {
+                        Response::Error(ControlError::new(
+                            errno::ESHUTDOWN,
+                            "the daemon is shutting down",
+                        ))
+                    } else {
+                        let unix_ns = SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.as_nanos() as u64);
+                        let s = CaptureSession::start(
+                            node,
+                            next_capture,
+                            clock.now(),
+                            unix_ns,
+                            duration_secs.map(Duration::from_secs),
+                        );
+                        next_capture += 1;
+                        info!(id = s.id(), ?duration_secs, "capture started");
+                        let started = Response::CaptureStarted(s.started());
+                        capture = CaptureState::Running(s, reply.clone());
+                        started
+                    };
+                    let _ = reply.try_send(resp);
+                }
+                Request::CaptureStop { id } => {
+                    let resp = match std::mem::take(&mut capture) {
+                        CaptureState::Running(s, out) if s.id() == id => {
+                            let sum = end_capture(node, s, &out, "stopped");
+                            capture = CaptureState::Ending(sum.clone(), out);
+                            Response::CaptureDone(sum)
+                        }
+                        other => {
+                            capture = other;
+                            Response::Error(ControlError::new(
+                                errno::ENOENT,
+                                format!("no capture {id} is running"),
+                            ))
+                        }
+                    };
+                    let _ = reply.try_send(resp);
+                }
+                req => {
+                    if let Some((reply, resp)) = control.handle(clock.now(), node, req, reply) {
+                        let _ = reply.try_send(resp);
+                    }
+                }
             }
             drain_events(node, control);
         }
+        capture = capture.step(node, clock.now());
 
         if shutdown_deadline.is_none() && term.load(Ordering::Relaxed) {
             info!("signal received: closing every connection");
@@ -329,9 +396,82 @@ fn event_loop(
                     }
                 }
                 drain_events(node, control);
+                if let CaptureState::Running(s, out) = std::mem::take(&mut capture) {
+                    let sum = end_capture(node, s, &out, "daemon shutting down");
+                    let _ = out.try_send(Response::CaptureDone(sum));
+                }
                 return Ok(());
             }
         }
+    }
+}
+
+/// The one capture the daemon runs at a time (`lnetctl capture`).
+#[derive(Default)]
+enum CaptureState {
+    #[default]
+    Idle,
+    /// Streaming records to the capturing connection.
+    Running(CaptureSession, SyncSender<Response>),
+    /// Finished; the summary waits for room in the stream.
+    Ending(CaptureSummary, SyncSender<Response>),
+}
+
+impl CaptureState {
+    /// One turn of the loop: stream what the engines captured, end the capture when its
+    /// duration is over or its client is gone, deliver the final summary.
+    fn step(self, node: &mut LnetNode, now: lnd::time::Instant) -> CaptureState {
+        match self {
+            CaptureState::Idle => CaptureState::Idle,
+            CaptureState::Running(mut s, out) => {
+                if !s.drain(node, |chunk| deliver(&out, Response::CaptureData(chunk))) {
+                    let sum = s.finish(node, "lnetctl went away");
+                    info!(
+                        captured = sum.captured,
+                        dropped = sum.dropped,
+                        "capture ended: {}",
+                        sum.reason
+                    );
+                    return CaptureState::Idle;
+                }
+                if s.expired(now) {
+                    let sum = end_capture(node, s, &out, "duration elapsed");
+                    return CaptureState::Ending(sum, out).step(node, now);
+                }
+                CaptureState::Running(s, out)
+            }
+            CaptureState::Ending(sum, out) => {
+                match deliver(&out, Response::CaptureDone(sum.clone())) {
+                    Delivery::Full => CaptureState::Ending(sum, out),
+                    Delivery::Queued | Delivery::Gone => CaptureState::Idle,
+                }
+            }
+        }
+    }
+}
+
+/// Streams the records still held, then turns capturing off.
+fn end_capture(
+    node: &mut LnetNode,
+    mut s: CaptureSession,
+    out: &SyncSender<Response>,
+    reason: &str,
+) -> CaptureSummary {
+    s.drain(node, |chunk| deliver(out, Response::CaptureData(chunk)));
+    let sum = s.finish(node, reason);
+    info!(
+        captured = sum.captured,
+        dropped = sum.dropped,
+        "capture ended: {reason}"
+    );
+    sum
+}
+
+fn deliver(out: &SyncSender<Response>, r: Response) -> Delivery {
+    match out.try_send(r) {
+        Ok(()) => Delivery::Queued,
+        Err(TrySendError::Full(_)) => Delivery::Full,
+        Err(TrySendError::Disconnected(_)) => Delivery::Gone,
     }
 }
 
@@ -343,7 +483,7 @@ fn drain_actions(node: &mut LnetNode, fabrics: &mut [NiFabric], now: lnd::time::
     }
 }
 
-fn drain_events(node: &mut LnetNode, control: &mut Control<Sender<Response>>) {
+fn drain_events(node: &mut LnetNode, control: &mut Control<SyncSender<Response>>) {
     while let Some(ev) = node.poll_event() {
         match &ev {
             LnetEvent::PeerUp { nid, .. } => info!(%nid, "peer up"),
@@ -352,7 +492,7 @@ fn drain_events(node: &mut LnetNode, control: &mut Control<Sender<Response>>) {
             _ => {}
         }
         if let Some((reply, resp)) = control.on_event(&ev) {
-            let _ = reply.send(resp);
+            let _ = reply.try_send(resp);
         }
     }
 }
@@ -377,8 +517,7 @@ fn control_thread(
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
             .spawn(move || {
-                let r = control::serve_connection(stream, |req| forward(&tx, &wake, req));
-                if let Err(e) = r {
+                if let Err(e) = serve_client(stream, &tx, &wake) {
                     debug!("control connection: {e}");
                 }
             });
@@ -388,28 +527,122 @@ fn control_thread(
     }
 }
 
-/// One request through the loop and back.
-fn forward(tx: &SyncSender<ControlMsg>, wake: &WakeHandle, req: Request) -> Response {
-    let (reply_tx, reply_rx) = mpsc::channel();
-    match tx.try_send((req, reply_tx)) {
-        Ok(()) => wake.wake(),
-        Err(TrySendError::Full(_)) => {
-            return Response::Error(ControlError::new(
-                errno::EIO,
-                "the daemon is busy (control queue full); try again",
-            ))
+/// Serves one lnetctl connection: request lines in, one response line each, until the client
+/// closes. A `capture_start` hands the connection over to the capture ([`serve_capture`]).
+fn serve_client(
+    stream: UnixStream,
+    tx: &SyncSender<ControlMsg>,
+    wake: &WakeHandle,
+) -> std::io::Result<()> {
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
         }
-        Err(TrySendError::Disconnected(_)) => {
-            return Response::Error(ControlError::new(
-                errno::ESHUTDOWN,
-                "the daemon is shutting down",
-            ))
+        if line.trim().is_empty() {
+            continue;
+        }
+        let resp = match control::decode_request(&line) {
+            Ok(req @ Request::CaptureStart { .. }) => {
+                return serve_capture(req, reader, writer, tx, wake)
+            }
+            Ok(req) => forward(tx, wake, req),
+            Err(e) => Response::Error(e),
+        };
+        writer.write_all(control::encode_response(&resp).as_bytes())?;
+    }
+}
+
+/// A capture owns its connection: the loop's records are written to the client as they come,
+/// while a watcher thread reads the client's side; a `capture_stop` line, or the client closing
+/// (lnetctl killed, its host gone), ends the capture. So does a failed write: the stream's
+/// receiver is dropped and the loop sees it at its next delivery.
+fn serve_capture(
+    req: Request,
+    mut reader: BufReader<UnixStream>,
+    mut writer: UnixStream,
+    tx: &SyncSender<ControlMsg>,
+    wake: &WakeHandle,
+) -> std::io::Result<()> {
+    let (out_tx, out_rx) = mpsc::sync_channel(control::CAPTURE_QUEUE);
+    if let Err(e) = submit(tx, wake, req, out_tx) {
+        return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
+    }
+    let first = out_rx.recv().unwrap_or_else(|_| shutting_down());
+    writer.write_all(control::encode_response(&first).as_bytes())?;
+    let Response::CaptureStarted(started) = first else {
+        return Ok(());
+    };
+    let (tx2, wake2, id) = (tx.clone(), wake.clone(), started.id);
+    std::thread::Builder::new()
+        .name("capture-watch".into())
+        .spawn(move || {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match reader.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        if let Ok(Request::CaptureStop { .. }) = control::decode_request(&line) {
+                            break;
+                        }
+                        // Anything else is ignored: the connection belongs to the capture.
+                    }
+                }
+            }
+            let (done_tx, _done_rx) = mpsc::sync_channel(1);
+            let _ = submit(&tx2, &wake2, Request::CaptureStop { id }, done_tx);
+        })?;
+    for resp in out_rx.iter() {
+        let last = matches!(resp, Response::CaptureDone(_) | Response::Error(_));
+        writer.write_all(control::encode_response(&resp).as_bytes())?;
+        if last {
+            break;
         }
     }
-    reply_rx.recv().unwrap_or_else(|_| {
-        Response::Error(ControlError::new(
+    // Ends the watcher's read too.
+    let _ = writer.shutdown(std::net::Shutdown::Both);
+    Ok(())
+}
+
+fn shutting_down() -> Response {
+    Response::Error(ControlError::new(
+        errno::ESHUTDOWN,
+        "the daemon is shutting down",
+    ))
+}
+
+/// Hands a request to the loop and wakes it; the answer comes on `reply`.
+fn submit(
+    tx: &SyncSender<ControlMsg>,
+    wake: &WakeHandle,
+    req: Request,
+    reply: SyncSender<Response>,
+) -> Result<(), ControlError> {
+    match tx.try_send((req, reply)) {
+        Ok(()) => {
+            wake.wake();
+            Ok(())
+        }
+        Err(TrySendError::Full(_)) => Err(ControlError::new(
+            errno::EIO,
+            "the daemon is busy (control queue full); try again",
+        )),
+        Err(TrySendError::Disconnected(_)) => Err(ControlError::new(
             errno::ESHUTDOWN,
             "the daemon is shutting down",
-        ))
-    })
+        )),
+    }
+}
+
+/// One request through the loop and back.
+fn forward(tx: &SyncSender<ControlMsg>, wake: &WakeHandle, req: Request) -> Response {
+    let (reply_tx, reply_rx) = mpsc::sync_channel(1);
+    if let Err(e) = submit(tx, wake, req, reply_tx) {
+        return Response::Error(e);
+    }
+    reply_rx.recv().unwrap_or_else(|_| shutting_down())
 }

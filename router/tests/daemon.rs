@@ -183,3 +183,71 @@ fn bad_config_exits_2_naming_the_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every kind of bad configuration stops the daemon at start with exit 2 and a message that
+/// names the file and, where there is one, the line: a bad value, broken YAML, an unknown key in a
+/// nested table, a missing file.
+#[test]
+fn bad_configs_name_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("ulnet-daemon-cfgs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ni = "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n          listen: 127.0.0.1:1\n";
+    let cases: [(&str, String, &str); 4] = [
+        (
+            "value.yaml",
+            format!("{ni}          tunables:\n              peer_credits: lots\n"),
+            "value.yaml:8: invalid u32: `peer_credits: lots`",
+        ),
+        (
+            "syntax.yaml",
+            "net:\n    - net type: o2ib\n      local NI(s): [\n".to_string(),
+            "syntax.yaml:3: unclosed bracket",
+        ),
+        (
+            "lnd.yaml",
+            format!("{ni}          lnd tunables:\n              keepalive: 1\n              timeuot: 2\n"),
+            "lnd.yaml:9: unknown key 'timeuot'",
+        ),
+        ("missing.yaml", String::new(), "missing.yaml: cannot read"),
+    ];
+    for (name, text, want) in cases {
+        let cfg = dir.join(name);
+        if !text.is_empty() {
+            std::fs::write(&cfg, text).unwrap();
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(dir.join("s.sock"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(want), "{name}: expected {want:?} in {err}");
+        assert!(!dir.join("s.sock").exists(), "{name}: a socket was bound");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bad command line is a usage error: exit 2 with clap's usage on stderr, nothing started.
+#[test]
+fn bad_daemon_arguments_exit_2_with_usage() {
+    for args in [
+        &["--frobnicate"][..],
+        &["--log-format", "xml"],
+        &["--config"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(
+            err.contains("Usage: lnet-router") || err.contains("try '--help'"),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -1,335 +1,19 @@
 //! Process-level faults between two `lnet-router` daemons on loopback: a peer killed with
-//! SIGKILL, a peer frozen with SIGSTOP, a peer restarted (new incarnation), and a graceful stop.
+//! SIGKILL, a peer frozen with SIGSTOP, a peer restarted (new incarnation) while traffic to it is
+//! queued, bad input on a listening port, and a graceful stop.
 //!
-//! Every daemon runs with small LND tunables (`timeout: 2`, `keepalive: 1`, seconds) and
-//! `LNET_LOG=debug`, its stderr in a log file that is printed when a test fails. Every process a
-//! test starts is SIGKILLed by a guard's `Drop` (also on panic), every control call runs under a
-//! deadline, and every wait is a poll loop with a deadline of a few seconds.
+//! Every daemon runs with small LND tunables (`timeout: 2`, `keepalive: 1`, seconds) unless a test
+//! says otherwise, and `LNET_LOG=debug`, its stderr in a log file that is printed when a test
+//! fails. Every process a test starts is SIGKILLed by a guard's `Drop` (also on panic), every
+//! control call runs under a deadline, and every wait is a poll loop with a deadline of a few
+//! seconds. The helpers are in `common/`.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use router::control::{ConnEntry, ControlClient, PingShow, Request, Response};
-
-const NID_A: &str = "10.0.0.1@o2ib";
-const NID_B: &str = "10.0.0.2@o2ib";
-/// `lnd tunables: timeout` of both daemons, seconds.
-const LND_TIMEOUT: u64 = 2;
-/// `lnd tunables: keepalive` of both daemons, seconds.
-const LND_KEEPALIVE: u64 = 1;
-/// How long a control call that is not a ping may take.
-const CALL_BOUND: Duration = Duration::from_secs(5);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A per-test scratch directory, removed when the test passes (kept with the logs otherwise).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("ulnet-daemon-faults-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// One daemon process. Dropping it SIGKILLs and reaps the process (a stopped one too) and, when
-/// the test is failing, prints the tail of its log.
-struct Daemon {
-    name: String,
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    /// The process ended and was reaped.
-    exited: Option<ExitStatus>,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.exited.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            // Without ANSI colours and without the test's own control requests.
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let text = strip_ansi(&text);
-            let lines: Vec<&str> = text
-                .lines()
-                .filter(|l| !l.contains("control request"))
-                .collect();
-            let from = lines.len().saturating_sub(80);
-            eprintln!(
-                "----- {} log ({}), last {} lines -----",
-                self.name,
-                self.log.display(),
-                lines.len() - from
-            );
-            for l in &lines[from..] {
-                eprintln!("{l}");
-            }
-        }
-    }
-}
-
-/// `s` without ANSI escape sequences (`ESC [ ... letter`).
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-impl Daemon {
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-
-    /// Sends a signal with kill(1) (`-KILL`, `-STOP`, `-CONT`, `-TERM`).
-    fn signal(&self, sig: &str) {
-        let st = Command::new("kill")
-            .args([sig, &self.pid()])
-            .status()
-            .unwrap();
-        assert!(st.success(), "kill {sig} {} failed", self.pid());
-    }
-
-    /// Waits up to `bound` for the process to exit.
-    fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
-        let t0 = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                self.exited = Some(s);
-                return s;
-            }
-            assert!(
-                t0.elapsed() < bound,
-                "{} did not exit within {bound:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// Writes `name.yaml` (one tcp NI `nid` on 127.0.0.1:`port`, the peer at 127.0.0.1:`peer_port`,
-/// the small LND tunables) and starts the daemon; returns once its control socket answers.
-fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
-    let cfg = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
-        ),
-    )
-    .unwrap();
-    let socket = dir.join(format!("{name}.sock"));
-    let _ = std::fs::remove_file(&socket);
-    // One log per incarnation: a restarted daemon appends to its predecessor's file.
-    let log = dir.join(format!("{name}.log"));
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(&socket)
-        .env(
-            "LNET_LOG",
-            std::env::var("LNET_LOG").unwrap_or_else(|_| "debug".into()),
-        )
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
-    let mut d = Daemon {
-        name: name.into(),
-        child,
-        socket,
-        log,
-        exited: None,
-    };
-    let t0 = Instant::now();
-    loop {
-        if d.socket.exists() && ControlClient::connect(&d.socket).is_ok() {
-            return d;
-        }
-        if let Some(s) = d.child.try_wait().unwrap() {
-            d.exited = Some(s);
-            panic!("{name} exited at start: {s}");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{name} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// One control call, bounded: a daemon that does not answer within `bound` fails the test
-/// instead of hanging it (the blocked reader thread is released when the guard kills the daemon).
-fn call_within(d: &Daemon, req: Request, bound: Duration) -> Response {
-    let socket = d.socket.clone();
-    let (tx, rx) = mpsc::channel();
-    let what = format!("{req:?}");
-    std::thread::spawn(move || {
-        let r = ControlClient::connect(&socket).and_then(|mut c| c.call(&req));
-        let _ = tx.send(r.map_err(|e| e.to_string()));
-    });
-    match rx.recv_timeout(bound) {
-        Ok(Ok(resp)) => resp,
-        Ok(Err(e)) => panic!("{}: {what}: {e}", d.name),
-        Err(_) => panic!("{}: {what}: no answer within {bound:?}", d.name),
-    }
-}
-
-fn call(d: &Daemon, req: Request) -> Response {
-    call_within(d, req, CALL_BOUND)
-}
-
-/// Pings `nid` from `d` with `timeout_secs`; the answer must come within that plus a margin.
-fn ping(d: &Daemon, nid: &str, timeout_secs: u64) -> PingShow {
-    let resp = call_within(
-        d,
-        Request::Ping {
-            nids: vec![nid.into()],
-            timeout_secs: Some(timeout_secs),
-            source: None,
-        },
-        Duration::from_secs(timeout_secs + 3),
-    );
-    match resp {
-        Response::Ping(p) => p,
-        other => panic!("{}: ping {nid}: {other:?}", d.name),
-    }
-}
-
-/// Pings `nid` until it answers, for at most `bound`; returns how many attempts failed first.
-fn ping_until_ok(d: &Daemon, nid: &str, bound: Duration) -> usize {
-    let t0 = Instant::now();
-    let mut failures = Vec::new();
-    loop {
-        let p = ping(d, nid, 2);
-        if p.manage.is_empty() && p.ping.len() == 1 {
-            assert_eq!(p.ping[0].primary_nid, nid, "{p:?}");
-            return failures.len();
-        }
-        failures.push(p);
-        assert!(
-            t0.elapsed() < bound,
-            "{}: ping {nid} kept failing for {bound:?}: {failures:?}",
-            d.name
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The peer's state in `peer show --nid` (`None`: no such peer).
-fn peer_state(d: &Daemon, nid: &str) -> Option<String> {
-    match call(
-        d,
-        Request::PeerShow {
-            nid: Some(nid.into()),
-            verbose: false,
-        },
-    ) {
-        Response::Peer(p) => Some(p.peer[0].peer_ni[0].state.clone()),
-        Response::Error(_) => None,
-        other => panic!("{}: peer show: {other:?}", d.name),
-    }
-}
-
-/// `conn show`, every connection.
-fn conns(d: &Daemon) -> Vec<ConnEntry> {
-    match call(d, Request::ConnShow) {
-        Response::Conn(c) => c.conn,
-        other => panic!("{}: conn show: {other:?}", d.name),
-    }
-}
-
-/// `conn show`, the connections to `nid`.
-fn conns_to(d: &Daemon, nid: &str) -> Vec<ConnEntry> {
-    conns(d).into_iter().filter(|c| c.peer == nid).collect()
-}
-
-/// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
-fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    loop {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        if t0.elapsed() >= bound {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// B is down as A sees it: `peer show` says down, or no connection to B is left.
-fn a_sees_b_down(a: &Daemon) -> bool {
-    peer_state(a, NID_B).as_deref() == Some("down") || conns_to(a, NID_B).is_empty()
-}
-
-struct Pair {
-    // Field order: the daemons are killed before the scratch directory goes.
-    a: Daemon,
-    b: Daemon,
-    pb: u16,
-    pa: u16,
-    dir: Scratch,
-}
-
-/// A and B started, A has pinged B, and A holds one established connection to B.
-fn connected_pair(test: &str) -> Pair {
-    let dir = Scratch::new(test);
-    let (pa, pb) = (free_port(), free_port());
-    let a = start(&dir.0, "a", NID_A, pa, NID_B, pb);
-    let b = start(&dir.0, "b", NID_B, pb, NID_A, pa);
-    let pair = Pair { a, b, pa, pb, dir };
-    ping_until_ok(&pair.a, NID_B, Duration::from_secs(5));
-    assert_eq!(
-        peer_state(&pair.a, NID_B).as_deref(),
-        Some("up"),
-        "after a ping"
-    );
-    let c = conns_to(&pair.a, NID_B);
-    assert_eq!(c.len(), 1, "{c:?}");
-    assert_eq!(c[0].state, "Established", "{c:?}");
-    pair
-}
+use common::*;
+use router::control::{Request, Response};
 
 #[test]
 fn kill_9_peer_is_marked_down_quickly() {
@@ -374,22 +58,103 @@ fn frozen_peer_declared_down_within_keepalive_plus_timeout() {
     );
 }
 
+/// A daemon restarts while its peer has traffic queued for it, and the peer reconnects through
+/// the CONN_STALE path (kiblnd's "stale connection request").
+///
+/// How the path is reached: A's LND keeps B's incarnation in its peer record after the
+/// connection to B is gone, so the first CONNREQ A sends to B's new instance names the old one in
+/// its dststamp; the new B rejects it CONN_STALE with its own incarnation, A learns it and its
+/// retry is accepted. (The other CONN_STALE case, a CONNREQ from a restarted peer while we still
+/// hold its old connection, is not rejected under our default `RacePolicy::Ulnet`: the engine
+/// closes the old connections at once and accepts, counted as `peer_reboots`.)
+///
+/// Queued traffic: B's old instance is killed (SIGKILL: a crash); its new instance is started on
+/// the same port and frozen (SIGSTOP) as soon as it listens, so that A's ping, started then,
+/// connects at the TCP level and waits behind an active connect the frozen B cannot answer (a
+/// ping to a port nobody listens on would fail at once instead). Then B runs again: the queued
+/// ping must complete OK through CONN_STALE, within the LND timeout, without a race storm.
 #[test]
-/// On the tcp fabric a graceful stop (and even a crash) closes B's sockets, so A usually drops the
-/// old connection (peer down, reason Closed) before B's new incarnation is up and the ping makes a
-/// fresh connection: the CONN_STALE / "Rebooted" path is taken only if A still holds the old
-/// connection when the new one arrives. The assertions hold either way.
 fn restart_reconnects_through_conn_stale() {
-    let mut p = connected_pair("restart");
+    // A 10 s LND timeout: the queued ping's deadline; the connect deadline is max(5 s, 10/4).
+    let lnd = Lnd {
+        timeout: 10,
+        keepalive: 100,
+    };
+    let mut p = connected_pair_with("restart", lnd);
     let before = conns_to(&p.a, NID_B)[0].incarnation.clone();
+    let a_before = lnd_counters(&p.a, NID_A);
 
-    p.b.signal("-TERM");
-    let st = p.b.wait_exit(Duration::from_secs(7));
-    assert_eq!(st.code(), Some(0), "B's graceful stop: {st}");
+    p.b.signal("-KILL");
+    let _ = p.b.wait_exit(Duration::from_secs(5));
+    assert!(
+        wait_for(Duration::from_secs(2), || conns_to(&p.a, NID_B).is_empty()).is_some(),
+        "A still holds a connection to the killed B: {:?}",
+        conns_to(&p.a, NID_B)
+    );
 
-    // A new incarnation of B, same configuration and port.
-    p.b = start(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa);
-    ping_until_ok(&p.a, NID_B, Duration::from_secs(6));
+    // B's new instance: listening, then frozen before anyone connects.
+    p.b = start_with(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, lnd);
+    p.b.signal("-STOP");
+
+    let mut ping = std::process::Command::new(lnetctl_bin())
+        .arg("--socket")
+        .arg(&p.a.socket)
+        .args(["ping", NID_B, "--timeout", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The ping waits behind an active connect to the frozen B.
+    let queued = wait_for(Duration::from_secs(4), || {
+        conns_to(&p.a, NID_B)
+            .iter()
+            .any(|c| c.state == "ActiveConnect")
+    });
+    let state = conns_to(&p.a, NID_B);
+    p.b.signal("-CONT");
+    if queued.is_none() {
+        let _ = ping.kill();
+        let _ = ping.wait();
+        panic!("A's ping did not wait behind a connect to the frozen B: {state:?}");
+    }
+
+    // The queued ping completes, OK.
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = ping.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(25) {
+            let _ = ping.kill();
+            let _ = ping.wait();
+            panic!("the queued ping did not finish within 25 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = ping.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "queued ping: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("primary nid: {NID_B}")),
+        "{stdout}"
+    );
+
+    // Through CONN_STALE: B's new instance refused A's first request, A heard it.
+    let a_after = lnd_counters(&p.a, NID_A);
+    let b_after = lnd_counters(&p.b, NID_B);
+    let stale_received = a_after.rejects_received.get("conn_stale").unwrap()
+        - a_before.rejects_received.get("conn_stale").unwrap();
+    let stale_sent = b_after.rejects_sent.get("conn_stale").unwrap();
+    assert!(stale_received >= 1, "A received no CONN_STALE: {a_after:?}");
+    assert!(
+        stale_sent >= 1,
+        "B's new instance sent no CONN_STALE: {b_after:?}"
+    );
 
     let c = conns_to(&p.a, NID_B);
     assert_eq!(c.len(), 1, "{c:?}");
@@ -398,12 +163,171 @@ fn restart_reconnects_through_conn_stale() {
         c[0].incarnation, before,
         "A kept B's old incarnation: {c:?}"
     );
-    for (who, d) in [("A", &p.a), ("B", &p.b)] {
+    assert_eq!(peer_state(&p.a, NID_B).as_deref(), Some("up"));
+    // No race storm: below the race limit (20) per connection and in total.
+    for (who, d, nid) in [("A", &p.a, NID_A), ("B", &p.b, NID_B)] {
         for c in conns(d) {
             assert!(c.races < 20, "{who}: CONN_RACE storm: {c:?}");
         }
+        let races = lnd_counters(d, nid).counters.get("races").unwrap();
+        assert!(races < 20, "{who}: {races} CONN_RACE rejects sent");
     }
-    assert_eq!(peer_state(&p.a, NID_B).as_deref(), Some("up"));
+}
+
+/// Bad input on B's listening port: random bytes, a truncated frame, and a well-formed CONNREQ
+/// frame whose kib message has a wrong magic. Each connection is refused (closed; the CONNREQ
+/// answered with a FATAL reject) and counted in `net show -v` (the fabric's frame counters, the
+/// LND's `bad_connreqs` and `rejects_sent`), while A's connection to B keeps working.
+#[test]
+fn bad_input_on_the_listening_port_is_refused_and_counted() {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
+
+    let p = connected_pair("badinput");
+    let a_conn = conns_to(&p.a, NID_B);
+    let frame_errors = |d: &Daemon| {
+        [
+            "bad_kind",
+            "bad_length",
+            "unsupported_frames",
+            "truncated",
+            "unexpected_frames",
+        ]
+        .iter()
+        .map(|n| fabric_counter(d, NID_B, n))
+        .sum::<u64>()
+    };
+    let bad_connreqs = |d: &Daemon| lnd_counters(d, NID_B).counters.get("bad_connreqs").unwrap();
+    let fatal_sent = |d: &Daemon| lnd_counters(d, NID_B).rejects_sent.get("fatal").unwrap();
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", p.pb)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+        s
+    };
+    // Reads until B closes the connection; what it sent before.
+    let until_closed = |mut s: TcpStream, what: &str| {
+        let mut got = Vec::new();
+        match s.read_to_end(&mut got) {
+            Ok(_) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => got,
+            Err(e) => panic!("{what}: B did not close the connection: {e}"),
+        }
+    };
+
+    // 1. Random bytes (a fixed xorshift sequence: the same bytes every run).
+    let (errors0, bad0) = (frame_errors(&p.b), bad_connreqs(&p.b));
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..512)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut s = connect();
+    s.write_all(&noise).unwrap();
+    until_closed(s, "random bytes");
+    assert!(
+        wait_for(Duration::from_secs(3), || frame_errors(&p.b)
+            + bad_connreqs(&p.b)
+            > errors0 + bad0)
+        .is_some(),
+        "random bytes were not counted: {:?}",
+        ni_entry(&p.b, NID_B)
+    );
+
+    // 2. A truncated frame: a CONNREQ head announcing 56 bytes, 20 of them, then end of stream.
+    let truncated0 = fabric_counter(&p.b, NID_B, "truncated");
+    let mut s = connect();
+    let mut f = 57u32.to_le_bytes().to_vec();
+    f.push(1);
+    f.extend_from_slice(&[0x5a; 20]);
+    s.write_all(&f).unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    until_closed(s, "truncated frame");
+    assert!(
+        wait_for(Duration::from_secs(3), || fabric_counter(
+            &p.b,
+            NID_B,
+            "truncated"
+        ) > truncated0)
+        .is_some(),
+        "the truncated frame was not counted: {:?}",
+        ni_entry(&p.b, NID_B).fabric
+    );
+
+    // 3. A well-formed CONNREQ frame whose kib message has a wrong magic.
+    let (bad0, fatal0) = (bad_connreqs(&p.b), fatal_sent(&p.b));
+    let req = lnd::wire::KibMsg {
+        version: lnd::wire::kib::VERSION_2,
+        credits: 0,
+        src_nid: "10.0.0.9@o2ib".parse().unwrap(),
+        src_stamp: 7,
+        dst_nid: NID_B.parse().unwrap(),
+        dst_stamp: 0,
+        body: lnd::wire::KibBody::ConnReq(lnd::wire::ConnParams {
+            queue_depth: 8,
+            max_frags: 256,
+            max_msg_size: 4096,
+        }),
+    };
+    let mut body = [0u8; 64];
+    let n = req.emit(&mut body, Default::default()).unwrap();
+    assert!(
+        lnd::wire::KibMsg::parse(&body[..n]).is_ok(),
+        "the good CONNREQ"
+    );
+    body[..4].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+    assert!(
+        lnd::wire::KibMsg::parse(&body[..n]).is_err(),
+        "the bad CONNREQ"
+    );
+    let mut f = (n as u32 + 1).to_le_bytes().to_vec();
+    f.push(1);
+    f.extend_from_slice(&body[..n]);
+    let mut s = connect();
+    s.write_all(&f).unwrap();
+    let reply = until_closed(s, "wrong magic");
+    // B answered with a REJECT frame (kind 3) carrying a FATAL reject, then closed.
+    assert!(reply.len() > 5, "no reply to the bad CONNREQ: {reply:?}");
+    assert_eq!(reply[4], 3, "not a REJECT frame: {reply:?}");
+    let len = u32::from_le_bytes([reply[0], reply[1], reply[2], reply[3]]) as usize;
+    let (rej, _) = lnd::wire::KibRej::parse(&reply[5..4 + len]).unwrap();
+    assert_eq!(rej.why, lnd::wire::RejectReason::Fatal, "{rej:?}");
+    assert!(bad_connreqs(&p.b) > bad0, "{:?}", lnd_counters(&p.b, NID_B));
+    assert!(fatal_sent(&p.b) > fatal0, "{:?}", lnd_counters(&p.b, NID_B));
+
+    // The existing connection kept working: same connection, and it still carries pings.
+    ping_until_ok(&p.a, NID_B, Duration::from_secs(3));
+    let now = conns_to(&p.a, NID_B);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_eq!(now[0].incarnation, a_conn[0].incarnation, "{now:?}");
+    assert!(
+        now[0].age_ms >= a_conn[0].age_ms,
+        "A reconnected: {a_conn:?} -> {now:?}"
+    );
+    assert_eq!(peer_state(&p.b, NID_A).as_deref(), Some("up"));
+
+    // And an operator sees it with lnetctl.
+    let o = lnetctl(&p.b, &["--json", "net", "show", "-v"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ni = &v["net"][1]["local NI(s)"][0];
+    assert_eq!(ni["nid"], NID_B, "{v}");
+    assert_eq!(ni["fabric"]["type"], "tcp", "{v}");
+    assert!(ni["fabric"]["truncated"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        ni["lnd statistics"]["bad_connreqs"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert!(
+        ni["lnd statistics"]["rejects_sent"]["fatal"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{v}"
+    );
 }
 
 #[test]

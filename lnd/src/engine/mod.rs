@@ -315,6 +315,11 @@ impl Endpoint {
 
     /// Starts (`true`) or stops recording every message sent and received; drain the records
     /// with [`Endpoint::poll_captured`]. Stopping drops records not drained yet.
+    ///
+    /// Recorded: every MSG (NOOP, IMMEDIATE, PUT_*, GET_*) as sent and as received, and the
+    /// CONNREQ / CONNACK carried in connection-manager private data (a received CONNREQ before
+    /// any check, with connection id 0.0 since it has none yet). Rejects (not kib messages) and
+    /// private data that does not parse are not recorded.
     pub fn set_capture(&mut self, on: bool) {
         self.capture = on.then(VecDeque::new);
     }
@@ -559,6 +564,16 @@ impl Endpoint {
                 return self.reject(req, RejectReason::Fatal);
             }
         };
+        if self.capture.is_some() {
+            // Recorded before any check, so a capture shows the requests we refuse too. It has no
+            // connection yet: conn is the never-allocated id 0.0.
+            self.record(
+                CaptureDir::Received,
+                ConnId::from_u64(0),
+                msg.src_nid,
+                private,
+            );
+        }
         let KibBody::ConnReq(cp) = msg.body else {
             self.stats.bad_connreqs += 1;
             return self.reject(req, RejectReason::Fatal);
@@ -675,6 +690,9 @@ impl Endpoint {
             }),
         };
         let private = encode_private(&ack);
+        if self.capture.is_some() {
+            self.record(CaptureDir::Sent, id, msg.src_nid, private.as_bytes());
+        }
         self.actions.push_back(FabricAction::Accept {
             req,
             conn: id,
@@ -698,6 +716,13 @@ impl Endpoint {
             _ => return,
         }
         let p = c.peer;
+        if self.capture.is_some() && !private.is_empty() {
+            let peer = self.peers[p].nid;
+            self.record(CaptureDir::Received, conn, peer, private);
+        }
+        let Some(c) = self.conn(conn) else {
+            return;
+        };
         let checked = match KibMsg::parse(private) {
             Ok((msg, _)) => match msg.body {
                 KibBody::ConnAck(cp)
@@ -1275,10 +1300,14 @@ impl Endpoint {
             }),
         };
         trace!(peer = %nid, conn = ?id, "active connect");
+        let private = encode_private(&req);
+        if self.capture.is_some() {
+            self.record(CaptureDir::Sent, id, nid, private.as_bytes());
+        }
         self.actions.push_back(FabricAction::Connect {
             conn: id,
             peer: nid,
-            private: encode_private(&req),
+            private,
             recv_slots: recv_slots(qd),
         });
         if self.cfg.race_policy.bounds_connects() {

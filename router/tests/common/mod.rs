@@ -1,0 +1,423 @@
+//! Helpers shared by the process-level tests: `lnet-router` daemons on loopback, each a guarded
+//! child process (SIGKILLed and reaped on drop, its log printed when the test fails), bounded
+//! control calls, poll loops with deadlines, and the `lnetctl` binary.
+//!
+//! Every daemon runs with small LND tunables by default (`timeout: 2`, `keepalive: 1`, seconds)
+//! and `LNET_LOG=debug`, its stderr in a log file.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use router::control::{
+    ConnEntry, ControlClient, LndCounters, NiEntry, PingShow, Request, Response,
+};
+
+pub const NID_A: &str = "10.0.0.1@o2ib";
+pub const NID_B: &str = "10.0.0.2@o2ib";
+/// `lnd tunables: timeout` of both daemons, seconds.
+pub const LND_TIMEOUT: u64 = 2;
+/// `lnd tunables: keepalive` of both daemons, seconds.
+pub const LND_KEEPALIVE: u64 = 1;
+/// How long a control call that is not a ping may take.
+pub const CALL_BOUND: Duration = Duration::from_secs(5);
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A per-test scratch directory, removed when the test passes (kept with the logs otherwise).
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(test: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("ulnet-daemon-faults-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// One daemon process. Dropping it SIGKILLs and reaps the process (a stopped one too) and, when
+/// the test is failing, prints the tail of its log.
+pub struct Daemon {
+    pub name: String,
+    pub child: Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    /// The process ended and was reaped.
+    pub exited: Option<ExitStatus>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            // Without ANSI colours and without the test's own control requests.
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let text = strip_ansi(&text);
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.contains("control request"))
+                .collect();
+            let from = lines.len().saturating_sub(80);
+            eprintln!(
+                "----- {} log ({}), last {} lines -----",
+                self.name,
+                self.log.display(),
+                lines.len() - from
+            );
+            for l in &lines[from..] {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// `s` without ANSI escape sequences (`ESC [ ... letter`).
+pub fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Daemon {
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// Sends a signal with kill(1) (`-KILL`, `-STOP`, `-CONT`, `-TERM`).
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill")
+            .args([sig, &self.pid()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig} {} failed", self.pid());
+    }
+
+    /// Waits up to `bound` for the process to exit.
+    pub fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                self.exited = Some(s);
+                return s;
+            }
+            assert!(
+                t0.elapsed() < bound,
+                "{} did not exit within {bound:?}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Writes `name.yaml` (one tcp NI `nid` on 127.0.0.1:`port`, the peer at 127.0.0.1:`peer_port`,
+/// the small LND tunables) and starts the daemon; returns once its control socket answers.
+pub fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
+    start_with(dir, name, nid, port, peer, peer_port, Lnd::default())
+}
+
+/// [`start`] with other LND tunables.
+pub fn start_with(
+    dir: &Path,
+    name: &str,
+    nid: &str,
+    port: u16,
+    peer: &str,
+    peer_port: u16,
+    lnd: Lnd,
+) -> Daemon {
+    let Lnd { timeout, keepalive } = lnd;
+    let cfg = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+        ),
+    )
+    .unwrap();
+    let socket = dir.join(format!("{name}.sock"));
+    let _ = std::fs::remove_file(&socket);
+    // One log per incarnation: a restarted daemon appends to its predecessor's file.
+    let log = dir.join(format!("{name}.log"));
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(&socket)
+        .env(
+            "LNET_LOG",
+            std::env::var("LNET_LOG").unwrap_or_else(|_| "debug".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut d = Daemon {
+        name: name.into(),
+        child,
+        socket,
+        log,
+        exited: None,
+    };
+    let t0 = Instant::now();
+    loop {
+        if d.socket.exists() && ControlClient::connect(&d.socket).is_ok() {
+            return d;
+        }
+        if let Some(s) = d.child.try_wait().unwrap() {
+            d.exited = Some(s);
+            panic!("{name} exited at start: {s}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{name} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One control call, bounded: a daemon that does not answer within `bound` fails the test
+/// instead of hanging it (the blocked reader thread is released when the guard kills the daemon).
+pub fn call_within(d: &Daemon, req: Request, bound: Duration) -> Response {
+    let socket = d.socket.clone();
+    let (tx, rx) = mpsc::channel();
+    let what = format!("{req:?}");
+    std::thread::spawn(move || {
+        let r = ControlClient::connect(&socket).and_then(|mut c| c.call(&req));
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(bound) {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) => panic!("{}: {what}: {e}", d.name),
+        Err(_) => panic!("{}: {what}: no answer within {bound:?}", d.name),
+    }
+}
+
+pub fn call(d: &Daemon, req: Request) -> Response {
+    call_within(d, req, CALL_BOUND)
+}
+
+/// Pings `nid` from `d` with `timeout_secs`; the answer must come within that plus a margin.
+pub fn ping(d: &Daemon, nid: &str, timeout_secs: u64) -> PingShow {
+    let resp = call_within(
+        d,
+        Request::Ping {
+            nids: vec![nid.into()],
+            timeout_secs: Some(timeout_secs),
+            source: None,
+        },
+        Duration::from_secs(timeout_secs + 3),
+    );
+    match resp {
+        Response::Ping(p) => p,
+        other => panic!("{}: ping {nid}: {other:?}", d.name),
+    }
+}
+
+/// Pings `nid` until it answers, for at most `bound`; returns how many attempts failed first.
+pub fn ping_until_ok(d: &Daemon, nid: &str, bound: Duration) -> usize {
+    let t0 = Instant::now();
+    let mut failures = Vec::new();
+    loop {
+        let p = ping(d, nid, 2);
+        if p.manage.is_empty() && p.ping.len() == 1 {
+            assert_eq!(p.ping[0].primary_nid, nid, "{p:?}");
+            return failures.len();
+        }
+        failures.push(p);
+        assert!(
+            t0.elapsed() < bound,
+            "{}: ping {nid} kept failing for {bound:?}: {failures:?}",
+            d.name
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The peer's state in `peer show --nid` (`None`: no such peer).
+pub fn peer_state(d: &Daemon, nid: &str) -> Option<String> {
+    match call(
+        d,
+        Request::PeerShow {
+            nid: Some(nid.into()),
+            verbose: false,
+        },
+    ) {
+        Response::Peer(p) => Some(p.peer[0].peer_ni[0].state.clone()),
+        Response::Error(_) => None,
+        other => panic!("{}: peer show: {other:?}", d.name),
+    }
+}
+
+/// `conn show`, every connection.
+pub fn conns(d: &Daemon) -> Vec<ConnEntry> {
+    match call(d, Request::ConnShow) {
+        Response::Conn(c) => c.conn,
+        other => panic!("{}: conn show: {other:?}", d.name),
+    }
+}
+
+/// `conn show`, the connections to `nid`.
+pub fn conns_to(d: &Daemon, nid: &str) -> Vec<ConnEntry> {
+    conns(d).into_iter().filter(|c| c.peer == nid).collect()
+}
+
+/// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
+pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    loop {
+        if cond() {
+            return Some(t0.elapsed());
+        }
+        if t0.elapsed() >= bound {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// B is down as A sees it: `peer show` says down, or no connection to B is left.
+pub fn a_sees_b_down(a: &Daemon) -> bool {
+    peer_state(a, NID_B).as_deref() == Some("down") || conns_to(a, NID_B).is_empty()
+}
+
+pub struct Pair {
+    // Field order: the daemons are killed before the scratch directory goes.
+    pub a: Daemon,
+    pub b: Daemon,
+    pub pb: u16,
+    pub pa: u16,
+    pub dir: Scratch,
+}
+
+/// A and B started, A has pinged B, and A holds one established connection to B.
+pub fn connected_pair(test: &str) -> Pair {
+    connected_pair_with(test, Lnd::default())
+}
+
+/// [`connected_pair`] with other LND tunables on both daemons.
+pub fn connected_pair_with(test: &str, lnd: Lnd) -> Pair {
+    let dir = Scratch::new(test);
+    let (pa, pb) = (free_port(), free_port());
+    let a = start_with(&dir.0, "a", NID_A, pa, NID_B, pb, lnd);
+    let b = start_with(&dir.0, "b", NID_B, pb, NID_A, pa, lnd);
+    let pair = Pair { a, b, pa, pb, dir };
+    ping_until_ok(&pair.a, NID_B, Duration::from_secs(5));
+    assert_eq!(
+        peer_state(&pair.a, NID_B).as_deref(),
+        Some("up"),
+        "after a ping"
+    );
+    let c = conns_to(&pair.a, NID_B);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0].state, "Established", "{c:?}");
+    pair
+}
+
+/// The LND tunables a daemon is started with, seconds.
+#[derive(Copy, Clone, Debug)]
+pub struct Lnd {
+    pub timeout: u64,
+    pub keepalive: u64,
+}
+
+impl Default for Lnd {
+    fn default() -> Lnd {
+        Lnd {
+            timeout: LND_TIMEOUT,
+            keepalive: LND_KEEPALIVE,
+        }
+    }
+}
+
+/// The `lnetctl` binary, built next to `lnet-router` (`cargo test` at the workspace root, or
+/// `cargo test -p router -p lnetctl`, builds both).
+pub fn lnetctl_bin() -> PathBuf {
+    let router = Path::new(env!("CARGO_BIN_EXE_lnet-router"));
+    let p = router.with_file_name("lnetctl");
+    assert!(
+        p.exists(),
+        "{} is missing: build it with `cargo build -p lnetctl` (or run `cargo test -p router \
+         -p lnetctl`), these tests drive the real lnetctl",
+        p.display()
+    );
+    p
+}
+
+/// `lnetctl --socket <d's socket> args...`, with its output.
+pub fn lnetctl(d: &Daemon, args: &[&str]) -> std::process::Output {
+    Command::new(lnetctl_bin())
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(args)
+        .output()
+        .expect("run lnetctl")
+}
+
+/// `net show -v`: the entry of `d`'s NI `nid`.
+pub fn ni_entry(d: &Daemon, nid: &str) -> NiEntry {
+    match call(d, Request::NetShow { verbose: true }) {
+        Response::Net(n) => n
+            .net
+            .into_iter()
+            .flat_map(|n| n.local_nis)
+            .find(|ni| ni.nid == nid)
+            .unwrap_or_else(|| panic!("{}: no NI {nid}", d.name)),
+        other => panic!("{}: net show: {other:?}", d.name),
+    }
+}
+
+/// The LND counters of `d`'s NI `nid` (`net show -v`, `lnd statistics`).
+pub fn lnd_counters(d: &Daemon, nid: &str) -> LndCounters {
+    ni_entry(d, nid)
+        .lnd_statistics
+        .unwrap_or_else(|| panic!("{}: net show -v without lnd statistics", d.name))
+}
+
+/// One fabric counter of `d`'s NI `nid` (`net show -v`, `fabric`).
+pub fn fabric_counter(d: &Daemon, nid: &str, name: &str) -> u64 {
+    let f = ni_entry(d, nid)
+        .fabric
+        .unwrap_or_else(|| panic!("{}: net show -v without fabric counters", d.name));
+    f.counters
+        .get(name)
+        .unwrap_or_else(|| panic!("{}: no fabric counter {name}: {f:?}", d.name))
+}
