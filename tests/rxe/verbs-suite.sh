@@ -1,8 +1,9 @@
 #!/bin/sh
 # tests/rxe/verbs-suite.sh — the guest side of tests/rxe/run.sh (run by guest.sh inside the
 # Soft-RoCE guest, busybox sh): the verbs examples, then perftest's ib_send_lat / ib_write_bw
-# beside our figures in one table. Exit status: 0, or the first failure: 11 verbs_pair,
-# 12 verbs_conn, 13 verbs_kill, 14 verbs_bench, 15 perftest.
+# beside our figures in one table; then, when run.sh shipped it in $ULNET_FILES, the daemons suite
+# (daemons-suite.sh). Exit status: 0, or the first failure: 11 verbs_pair, 12 verbs_conn,
+# 13 verbs_kill, 14 verbs_bench, 15 perftest; 21-26 and 28 the daemons suite's, 27 it timed out.
 IP=10.0.0.1
 N=${VERBS_PAIR_N:-1000}
 ITERS=${VERBS_BENCH_ITERS:-1000}
@@ -86,4 +87,14 @@ awk -v lat="$lat" -v bw="$bw" -v half="$half" -v rtt="$rtt" -v wbw="$wbw" -v spi
 }'
 [ -n "$lat" ] && [ -n "$bw" ] || failed 15
 echo "=== verbs suite status: $first"
+
+# The daemons over verbs, in this same boot, when run.sh shipped them (21-28, daemons-suite.sh).
+daemons=${ULNET_FILES:-/opt/ulnet/files}/daemons-suite.sh
+if [ -f "$daemons" ]; then
+  echo; echo "=== daemons suite: $daemons"
+  timeout 150 sh "$daemons"
+  rc=$?
+  [ $rc = 124 ] && { echo "=== daemons suite: timed out after 150 s"; rc=27; }
+  [ $rc = 0 ] || failed "$rc"
+fi
 exit "$first"

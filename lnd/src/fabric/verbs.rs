@@ -16,7 +16,7 @@
 //! | `handle_established`     | RDMA_CM_EVENT_ESTABLISHED (active: with the CONNACK private data)    |
 //! | `handle_connect_failed`  | ADDR/ROUTE_ERROR, UNREACHABLE: `Unreachable`; REJECTED: reason 28 (consumer defined) `Rejected(private)`, 8 `NoListener`, 10 `StaleConn`; CONNECT_ERROR and failures to set up: `Error` |
 //! | `PostRecv`               | ibv_post_recv of 4 KiB slot `slot` of the receive buffers            |
-//! | `Send`                   | copy into a free 4 KiB send buffer, IBV_WR_SEND signaled             |
+//! | `Send`                   | copy into a free 4 KiB send buffer, IBV_WR_SEND signaled; the Vec goes back to the engine (`Endpoint::recycle`) at the next `poll` |
 //! | `RdmaWrite`              | IBV_WR_RDMA_WRITE signaled from a region registered here ([`VerbsFabric::register_region`]) to (rkey, addr) |
 //! | `handle_send_complete`   | send or write completion: SUCCESS, WR_FLUSH_ERR `Flushed`, RETRY_EXC_ERR `RetryExceeded`, others (REM_ACCESS_ERR, LOC_PROT_ERR, RNR) `Error` |
 //! | `handle_recv`            | receive completion (those arriving before ESTABLISHED are parked and replayed after it) |
@@ -321,6 +321,9 @@ pub struct VerbsFabric {
     stats: VerbsStats,
     /// A descriptor whose readability ends a blocking wait (see `Driver::set_waker`).
     waker: Option<std::os::fd::RawFd>,
+    /// Message buffers of applied sends (copied into registered memory), given back to the
+    /// engine at the next `poll` (`Endpoint::recycle`).
+    spare: Vec<Vec<u8>>,
 }
 
 fn token(key: usize, generation: u32) -> u64 {
@@ -403,6 +406,7 @@ impl VerbsFabric {
             pending: Vec::new(),
             stats: VerbsStats::default(),
             waker: None,
+            spare: Vec::new(),
         };
         f.pd(home).map_err(io_err("ibv_alloc_pd"))?;
         Ok(f)
@@ -660,7 +664,11 @@ impl VerbsFabric {
             } => self.accept(req, conn, private, recv_slots),
             FabricAction::Reject { req, private } => self.reject(req, private),
             FabricAction::PostRecv { conn, slot } => self.post_recv(conn, slot),
-            FabricAction::Send { conn, wr, bytes } => self.send(conn, wr, &bytes),
+            FabricAction::Send { conn, wr, bytes } => {
+                // Copied into the registered send buffer: back to the engine at the next poll.
+                self.send(conn, wr, &bytes);
+                self.spare.push(bytes);
+            }
             FabricAction::RdmaWrite {
                 conn,
                 wr,
@@ -1164,6 +1172,9 @@ impl VerbsFabric {
             if let Some(r) = c.res.as_ref() {
                 r.chan.drain();
             }
+        }
+        for b in self.spare.drain(..) {
+            ep.recycle(b);
         }
         let now = now_fn();
         self.flush_out(ep, now);
