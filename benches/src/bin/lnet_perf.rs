@@ -492,6 +492,23 @@ impl Driver {
 
     /// Graceful shutdown, bounded; the last actions reach the sockets.
     fn shutdown(&mut self) {
+        if let Some(ep) = self.node.endpoint(NiIndex(0)) {
+            let s = ep.stats();
+            let f = self.fabric.stats();
+            eprintln!(
+                "INFO node {} LND: msgs sent {} received {}, credit NOOPs {}, keepalives {}; \
+                 fabric: bytes tx {} rx {}, rx stalls {}; ring enters {}",
+                self.node.nids()[0],
+                s.msgs_sent,
+                s.msgs_received,
+                s.credit_noops,
+                s.keepalives,
+                f.bytes_tx,
+                f.bytes_rx,
+                f.rx_stalls,
+                self.fabric.ring_stats().enters,
+            );
+        }
         self.node.shutdown(self.clock.now());
         let deadline = StdInstant::now() + SHUTDOWN_BOUND;
         while !self.node.is_shut_down() && StdInstant::now() < deadline {
