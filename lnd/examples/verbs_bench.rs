@@ -36,8 +36,8 @@ const FRAG: usize = 4096;
 const FRAGS: usize = 257;
 const BIG: usize = 64 << 10;
 const WINDOW: usize = 128;
-/// Busy-poll rounds that amount to spinning (perftest's way of waiting).
-const SPIN: u32 = 1 << 30;
+/// A busy-poll budget that amounts to spinning (perftest's way of waiting).
+const SPIN: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The byte at `k` of A's source region.
 fn pattern(k: usize) -> u8 {
@@ -109,10 +109,10 @@ fn serve(
             if p.starts_with(b"PING") {
                 b.send(from, p, cookie)?;
             } else if p == b"SPIN" {
-                b.fabric.set_busy_poll_rounds(SPIN);
+                b.fabric.set_busy_poll(SPIN);
             } else if p == b"NOSPIN" {
                 b.fabric
-                    .set_busy_poll_rounds(VerbsConfig::default().busy_poll_rounds);
+                    .set_busy_poll(VerbsConfig::default().busy_poll);
             } else if let Some(len) = p.strip_prefix(b"CHECK ") {
                 let len: usize = std::str::from_utf8(len)
                     .ok()
@@ -187,10 +187,10 @@ fn client(
     let (median, p99) = measure(&mut a, "busy-poll 64 rounds, then block")?;
     // Both sides spinning, as perftest waits.
     a.send(peer, b"SPIN".to_vec(), 1 << 41)?;
-    a.fabric.set_busy_poll_rounds(SPIN);
+    a.fabric.set_busy_poll(SPIN);
     let (spin_median, _) = measure(&mut a, "spinning")?;
     a.fabric
-        .set_busy_poll_rounds(VerbsConfig::default().busy_poll_rounds);
+        .set_busy_poll(VerbsConfig::default().busy_poll);
     a.send(peer, b"NOSPIN".to_vec(), 1 << 42)?;
 
     // 2. 257 fragments, then a message behind them.

@@ -89,8 +89,11 @@ pub struct VerbsConfig {
     /// rdma_connect / rdma_accept retry_count (5) and rnr_retry_count (6).
     pub retry_count: u8,
     pub rnr_retry_count: u8,
-    /// Rounds of non-blocking polling in `poll` before blocking in poll(2).
-    pub busy_poll_rounds: u32,
+    /// How long `poll` busy-polls the CQs and the cm channel before it arms the CQs and blocks
+    /// in poll(2) (default 50 us, as the tcp fabric; zero: never spin). Waking from the
+    /// completion channel costs tens of microseconds, more than the next completion on a busy
+    /// link; the budget bounds what an idle link burns per loop turn.
+    pub busy_poll: std::time::Duration,
     /// Listen backlog.
     pub backlog: i32,
     /// Print every cm event to stderr (bring-up aid; tracing carries them at `trace` too).
@@ -109,7 +112,7 @@ impl Default for VerbsConfig {
             resolve_timeout: std::time::Duration::from_secs(5),
             retry_count: 5,
             rnr_retry_count: 6,
-            busy_poll_rounds: 64,
+            busy_poll: std::time::Duration::from_micros(50),
             backlog: 256,
             log_cm_events: false,
             max_frags: MAX_RDMA_FRAGS as u16,
@@ -425,9 +428,9 @@ impl VerbsFabric {
         &self.cfg
     }
 
-    /// Changes how many rounds `poll` busy-polls before blocking (a latency-for-CPU trade).
-    pub fn set_busy_poll_rounds(&mut self, rounds: u32) {
-        self.cfg.busy_poll_rounds = rounds;
+    /// Changes how long `poll` busy-polls before blocking (a latency-for-CPU trade).
+    pub fn set_busy_poll(&mut self, budget: std::time::Duration) {
+        self.cfg.busy_poll = budget;
     }
 
     /// Connections and pending requests held.
@@ -1131,7 +1134,8 @@ impl VerbsFabric {
     }
 
     /// Posts queued send-queue work, busy-polls the cm channel and every CQ for up to
-    /// `busy_poll_rounds` rounds; if nothing came, arms the CQs and blocks in poll(2) for up to
+    /// `busy_poll` (bounded by `timeout`), yielding between rounds so that an oversubscribed
+    /// machine still runs the peer; if nothing came, arms the CQs and blocks in poll(2) for up to
     /// `timeout` (`None`: without limit), then reads the clock once with `now_fn` and feeds `ep`
     /// everything that happened.
     pub fn poll(
@@ -1142,10 +1146,16 @@ impl VerbsFabric {
     ) -> io::Result<()> {
         self.flush_dirty();
         let mut got = !self.out.is_empty();
-        let mut rounds = 0;
-        while !got && rounds < self.cfg.busy_poll_rounds {
+        let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
+        let start = std::time::Instant::now();
+        let mut rounds = 0u32;
+        while !got && !spin.is_zero() {
             got = self.any_ready(rounds % 16 == 0)?;
-            rounds += 1;
+            rounds = rounds.wrapping_add(1);
+            if got || start.elapsed() >= spin {
+                break;
+            }
+            std::thread::yield_now();
         }
         if !got {
             // Arm, then check once more (a completion may have slipped in before arming).
