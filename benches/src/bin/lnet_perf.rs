@@ -21,7 +21,7 @@
 //!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
-//! 64). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
+//! 64), `--busy-poll-us US` (the tcp fabric's busy-poll budget, default 50). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
 //! fabric with a short timeout, run timers when due, drain events. Results come back to the main
 //! thread over channels; both nodes shut down gracefully at the end (bounded), and the main
 //! thread gives up (exit 1) if a phase overruns its time bound.
@@ -64,6 +64,8 @@ struct Opts {
     max_wait: StdDuration,
     /// Run as node B (started by A).
     serve: bool,
+    /// The tcp fabric's busy-poll budget (`TcpConfig::busy_poll`).
+    busy_poll: StdDuration,
 }
 
 /// State both node threads and the main thread see.
@@ -97,7 +99,7 @@ fn nid(s: &str) -> Nid {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
-         [--peer-credits C] [--payload BYTES] [--max-wait-us US]"
+         [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US]"
     );
     ExitCode::from(2)
 }
@@ -113,6 +115,7 @@ fn parse_args() -> Option<Opts> {
         payload: 64,
         max_wait: MAX_WAIT,
         serve: false,
+        busy_poll: lnd::fabric::tcp::TcpConfig::default().busy_poll,
     };
     let mut i = 0;
     while i < args.len() {
@@ -131,6 +134,7 @@ fn parse_args() -> Option<Opts> {
             "--peer-credits" => opts.peer_credits = val?.parse().ok().filter(|&c| c > 0)?,
             "--payload" => opts.payload = val?.parse().ok()?,
             "--max-wait-us" => opts.max_wait = StdDuration::from_micros(val?.parse().ok()?),
+            "--busy-poll-us" => opts.busy_poll = StdDuration::from_micros(val?.parse().ok()?),
             "--serve" => {
                 opts.serve = true;
                 mode = mode.or(Some(Mode::Rtt(1)));
@@ -263,6 +267,8 @@ impl Server {
                 opts.peer_credits.to_string(),
                 "--max-wait-us".into(),
                 opts.max_wait.as_micros().to_string(),
+                "--busy-poll-us".into(),
+                opts.busy_poll.as_micros().to_string(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -550,7 +556,11 @@ fn node_thread(
             None
         }
     };
-    let fabric = TcpFabric::bind("127.0.0.1:0".parse().expect("address"), resolver)
+    let tcp = lnd::fabric::tcp::TcpConfig {
+        busy_poll: opts.busy_poll,
+        ..Default::default()
+    };
+    let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().expect("address"), resolver, tcp)
         .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
     let _ = shared.addrs[idx].set(fabric.local_addr());
     if opts.serve {

@@ -636,6 +636,9 @@ pub struct TcpFabric {
     wc_log: WcLog,
 }
 
+/// Busy-poll rounds between two yields of the CPU (see `poll`).
+const YIELD_EVERY: u32 = 4;
+
 /// Buffers of closed connections kept for reuse.
 const POOL_MAX: usize = 64;
 
@@ -1106,12 +1109,16 @@ impl TcpFabric {
             // Between rounds the thread yields: on a machine with more runnable threads than
             // cores (a shared login node, a CI box) the spinning must not starve the peer or
             // the kernel work that produces the very completion it waits for.
+            let mut rounds = 0u32;
             loop {
                 self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
                 if self.ring.has_completions() || start.elapsed() >= spin {
                     break;
                 }
-                std::thread::yield_now();
+                rounds = rounds.wrapping_add(1);
+                if rounds % YIELD_EVERY == 0 {
+                    std::thread::yield_now();
+                }
             }
             waited = self.ring.has_completions();
         }
