@@ -111,8 +111,7 @@ fn serve(
             } else if p == b"SPIN" {
                 b.fabric.set_busy_poll(SPIN);
             } else if p == b"NOSPIN" {
-                b.fabric
-                    .set_busy_poll(VerbsConfig::default().busy_poll);
+                b.fabric.set_busy_poll(VerbsConfig::default().busy_poll);
             } else if let Some(len) = p.strip_prefix(b"CHECK ") {
                 let len: usize = std::str::from_utf8(len)
                     .ok()
@@ -189,8 +188,7 @@ fn client(
     a.send(peer, b"SPIN".to_vec(), 1 << 41)?;
     a.fabric.set_busy_poll(SPIN);
     let (spin_median, _) = measure(&mut a, "spinning")?;
-    a.fabric
-        .set_busy_poll(VerbsConfig::default().busy_poll);
+    a.fabric.set_busy_poll(VerbsConfig::default().busy_poll);
     a.send(peer, b"NOSPIN".to_vec(), 1 << 42)?;
 
     // 2. 257 fragments, then a message behind them.

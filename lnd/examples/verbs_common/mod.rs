@@ -40,9 +40,15 @@ impl Node {
         book: HashMap<Nid, SocketAddr>,
         tune: impl FnOnce(&mut EndpointConfig),
     ) -> Result<Node, String> {
+        if std::env::var_os("VERBS_LOG").is_some() {
+            // Bring-up aid: every cm event and fabric action, through tracing.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("lnd=trace")
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
         let cfg = VerbsConfig {
             listen,
-            log_cm_events: std::env::var_os("VERBS_LOG").is_some(),
             ..VerbsConfig::default()
         };
         let fabric = VerbsFabric::new(cfg, move |nid| book.get(&nid).copied())

@@ -96,8 +96,6 @@ pub struct VerbsConfig {
     pub busy_poll: std::time::Duration,
     /// Listen backlog.
     pub backlog: i32,
-    /// Print every cm event to stderr (bring-up aid; tracing carries them at `trace` too).
-    pub log_cm_events: bool,
     /// RDMA fragments per message the send queue has room for (IBLND_MAX_RDMA_FRAGS, 257): send
     /// WRs = messages + queue depth x `max_frags`, reduced to what the device allows.
     pub max_frags: u16,
@@ -114,7 +112,6 @@ impl Default for VerbsConfig {
             rnr_retry_count: 6,
             busy_poll: std::time::Duration::from_micros(50),
             backlog: 256,
-            log_cm_events: false,
             max_frags: MAX_RDMA_FRAGS as u16,
             max_chain: 64,
         }
@@ -1319,17 +1316,8 @@ impl VerbsFabric {
     }
 
     fn cm_event(&mut self, ev: CmEvent, ep: &mut Endpoint, now: Instant) {
-        trace!(kind = ?ev.kind, status = ev.status, token = ev.token, "verbs fabric: cm event");
-        if self.cfg.log_cm_events {
-            eprintln!(
-                "verbs fabric {}: cm event {:?} status {} token {:#x} private {} bytes",
-                self.local,
-                ev.kind,
-                ev.status,
-                ev.token,
-                ev.private.len()
-            );
-        }
+        trace!(local = %self.local, kind = ?ev.kind, status = ev.status, token = ev.token,
+               private = ev.private.len(), "verbs fabric: cm event");
         if ev.kind == CmEventKind::ConnectRequest {
             let Some(id) = ev.new_id else { return };
             self.stats.requests += 1;
