@@ -104,6 +104,55 @@ struct OutMsg {
     ni_credit: bool,
 }
 
+/// Outgoing messages by cookie: a slab, each cookie its key in the low 32 bits and the slot's
+/// generation in the high 32, so a stale cookie (its slot since reused) finds nothing.
+#[derive(Default)]
+struct MsgTable {
+    slots: slab::Slab<(u32, OutMsg)>,
+    generation: u32,
+}
+
+impl MsgTable {
+    fn insert(&mut self, m: OutMsg) -> u64 {
+        self.generation = self.generation.wrapping_add(1);
+        let key = self.slots.insert((self.generation, m));
+        u64::from(self.generation) << 32 | key as u64
+    }
+
+    fn split(cookie: u64) -> (usize, u32) {
+        ((cookie & 0xffff_ffff) as usize, (cookie >> 32) as u32)
+    }
+
+    fn get(&self, cookie: &u64) -> Option<&OutMsg> {
+        let (key, generation) = Self::split(*cookie);
+        self.slots
+            .get(key)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, m)| m)
+    }
+
+    fn get_mut(&mut self, cookie: &u64) -> Option<&mut OutMsg> {
+        let (key, generation) = Self::split(*cookie);
+        self.slots
+            .get_mut(key)
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, m)| m)
+    }
+
+    fn remove(&mut self, cookie: &u64) -> Option<OutMsg> {
+        self.get(cookie)?;
+        Some(self.slots.remove(Self::split(*cookie).0).1)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+}
+
 /// A message delivered in memory.
 struct LocalMsg {
     hdr: LnetHdr,
@@ -140,9 +189,9 @@ pub struct LnetNode {
     interface_cookie: u64,
     nis: Vec<Ni>,
     peers: BTreeMap<Nid, PeerNi>,
-    /// Outgoing LND messages by cookie.
-    msgs: HashMap<u64, OutMsg>,
-    next_cookie: u64,
+    /// Outgoing LND messages; a message's cookie is its slab key and a generation (see
+    /// [`MsgTable`]), so finding it on the per-message path is an index, not a hash.
+    msgs: MsgTable,
     /// Messages handed to the LND that it refused on the spot, finished in `process` (never
     /// recursively, however long the credit queues).
     refused: VecDeque<(u64, LnetError)>,
@@ -176,8 +225,7 @@ impl LnetNode {
             ping_buffer: ping::ping_buffer(cfg.pid, &nids),
             nis,
             peers: BTreeMap::new(),
-            msgs: HashMap::new(),
-            next_cookie: 1,
+            msgs: MsgTable::default(),
             refused: VecDeque::new(),
             local: VecDeque::new(),
             pings: HashMap::new(),
@@ -390,6 +438,21 @@ impl LnetNode {
         self.pid
     }
 
+    /// Gives a message buffer back (a `Put` event's payload once consumed) so that the next
+    /// receive or send reuses it instead of allocating.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if let Some(ni) = self.nis.first_mut() {
+            ni.ep.recycle(buf);
+        }
+    }
+
+    /// An empty buffer for a payload, from the LND's pool when it has one.
+    pub fn take_buffer(&mut self) -> Vec<u8> {
+        self.nis
+            .first_mut()
+            .map_or_else(Vec::new, |ni| ni.ep.take_buffer())
+    }
+
     /// Our NIDs, in NI order.
     pub fn nids(&self) -> Vec<Nid> {
         self.nis.iter().map(|n| n.nid).collect()
@@ -519,22 +582,17 @@ impl LnetNode {
                 purpose,
             }),
             Route::Remote(ni) => {
-                let cookie = self.next_cookie;
-                self.next_cookie += 1;
                 self.peer_entry(dst, ni);
-                self.msgs.insert(
-                    cookie,
-                    OutMsg {
-                        peer: dst,
-                        ni,
-                        hdr,
-                        len: payload.len(),
-                        payload,
-                        purpose,
-                        peer_credit: false,
-                        ni_credit: false,
-                    },
-                );
+                let cookie = self.msgs.insert(OutMsg {
+                    peer: dst,
+                    ni,
+                    hdr,
+                    len: payload.len(),
+                    payload,
+                    purpose,
+                    peer_credit: false,
+                    ni_credit: false,
+                });
                 self.post_send(cookie);
             }
         }

@@ -598,8 +598,9 @@ fn run_server(d: &mut Driver, shared: &Shared) -> Result<(), String> {
         d.turn(d.max_wait)?;
         let mut n = 0;
         while let Some(ev) = d.node.poll_event() {
-            if let LnetEvent::Put { .. } = ev {
+            if let LnetEvent::Put { payload, .. } = ev {
                 n += 1;
+                d.node.recycle(payload);
             }
         }
         if n > 0 {
@@ -690,8 +691,10 @@ fn stream_puts(
         if !stopping {
             let now = d.clock.now();
             while outstanding < opts.window {
+                let mut payload = d.node.take_buffer();
+                payload.resize(opts.payload, 0x5a);
                 d.node
-                    .send_put(now, dst, BENCH_PORTAL, sent, vec![0x5a; opts.payload])
+                    .send_put(now, dst, BENCH_PORTAL, sent, payload)
                     .map_err(|e| format!("send_put: {e}"))?;
                 sent += 1;
                 outstanding += 1;
