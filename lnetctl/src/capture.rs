@@ -49,26 +49,25 @@ pub fn run(socket: &Path, file: &Path, duration: Option<u64>, force: bool, json:
             }
         }
     };
-    let out: Box<dyn Write> = match &sink {
-        Sink::Stdout => Box::new(std::io::stdout().lock()),
-        Sink::File(p) => match open(p, force) {
-            Ok(f) => Box::new(BufWriter::new(f)),
-            Err(e) => {
-                eprintln!("lnetctl: capture: {}: {e}", p.display());
-                return exit::FAILED;
-            }
-        },
-    };
-    match capture(socket, &sink, out, duration, json) {
-        Ok(code) => code,
-        Err(code) => {
-            // Nothing was captured (no daemon, refused): do not leave an empty file behind.
-            if let Sink::File(p) = &sink {
-                let _ = std::fs::remove_file(p);
-            }
-            code
+    // Refuse an existing file before asking the daemon anything; the file itself is opened (and
+    // with --force truncated) only once the capture has started, so a capture that cannot start
+    // leaves whatever was there untouched.
+    if let Sink::File(p) = &sink {
+        if !force && std::fs::symlink_metadata(p).is_ok() {
+            eprintln!(
+                "lnetctl: capture: {}: exists; pass --force to overwrite it",
+                p.display()
+            );
+            return exit::FAILED;
         }
     }
+    let open_out = || -> std::io::Result<Box<dyn Write>> {
+        Ok(match &sink {
+            Sink::Stdout => Box::new(std::io::stdout().lock()),
+            Sink::File(p) => Box::new(BufWriter::new(open(p, force)?)),
+        })
+    };
+    capture(socket, &sink, open_out, duration, json).unwrap_or_else(|code| code)
 }
 
 fn open(p: &Path, force: bool) -> std::io::Result<File> {
@@ -88,12 +87,12 @@ fn open(p: &Path, force: bool) -> std::io::Result<File> {
     })
 }
 
-/// Runs the capture: `Err(exit code)` if it could not start (nothing written), else the exit
+/// Runs the capture: `Err(exit code)` if it could not start (no file opened), else the exit
 /// code (the file is kept, complete up to the last whole chunk, even after an error).
 fn capture(
     socket: &Path,
     sink: &Sink,
-    out: Box<dyn Write>,
+    open_out: impl FnOnce() -> std::io::Result<Box<dyn Write>>,
     duration: Option<u64>,
     json: bool,
 ) -> Result<u8, u8> {
@@ -149,6 +148,14 @@ fn capture(
         }
     );
 
+    let out = match open_out() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("lnetctl: capture: {target}: {e}");
+            let _ = client.send(&Request::CaptureStop { id: started.id });
+            return Ok(exit::FAILED);
+        }
+    };
     let mut w = match CaptureWriter::new(out) {
         Ok(w) => w,
         Err(e) => {

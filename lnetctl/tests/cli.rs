@@ -100,9 +100,11 @@ fn capture_without_daemon_exits_3_and_leaves_no_file() {
         text(&o.stderr)
     );
     assert_eq!(std::fs::read(&f).unwrap(), b"keep me");
-    // With --force it gets as far as the daemon (none here: exit 3, and the file is gone).
+    // With --force it gets as far as the daemon (none here: exit 3), and a capture that never
+    // started leaves the existing file as it was.
     let o = lnetctl(&["capture", "--file", f.to_str().unwrap(), "--force"]);
     assert_eq!(o.status.code(), Some(3));
+    assert_eq!(std::fs::read(&f).unwrap(), b"keep me");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -503,6 +503,8 @@ pub const CAPTURE_CHUNK: usize = 256;
 /// Chunks the daemon may have queued for the capturing connection before it drops (and counts)
 /// further records.
 pub const CAPTURE_QUEUE: usize = 64;
+/// Records one event-loop turn may drain into the capture stream (bounds the loop's work).
+pub const CAPTURE_TURN: usize = 4 * CAPTURE_CHUNK;
 
 /// The answer to [`Request::CaptureStart`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -572,6 +574,8 @@ pub struct CaptureSession {
     base_drops: Vec<u64>,
     captured: u64,
     lost: u64,
+    /// The last delivery found the client's stream full: stop draining for this turn.
+    client_full: bool,
 }
 
 impl CaptureSession {
@@ -602,6 +606,7 @@ impl CaptureSession {
             base_drops,
             captured: 0,
             lost: 0,
+            client_full: false,
         }
     }
 
@@ -622,21 +627,31 @@ impl CaptureSession {
         self.deadline.is_some_and(|d| now >= d)
     }
 
-    /// Drains every NI's captured messages into chunks of at most [`CAPTURE_CHUNK`], oldest
+    /// Drains the NIs' captured messages into chunks of at most [`CAPTURE_CHUNK`], oldest
     /// first within each chunk, handing each to `deliver`. Returns `false` once `deliver` says
     /// the client is gone.
+    ///
+    /// Bounded so that capturing cannot stall the event loop: at most [`CAPTURE_TURN`] records
+    /// per call, and none more once the stream to the client is full (what is not drained waits
+    /// in the LND's own bounded queue, which drops and counts when it overflows).
     pub fn drain(
         &mut self,
         node: &mut LnetNode,
         mut deliver: impl FnMut(CaptureData) -> Delivery,
     ) -> bool {
         let mut chunk: Vec<(Instant, CaptureRecord)> = Vec::new();
+        let mut budget = CAPTURE_TURN;
+        self.client_full = false;
         for i in 0..self.nis.len() {
             let ni_s = self.nis[i].to_string();
             let Some(ep) = node.endpoint_mut(NiIndex(i)) else {
                 continue;
             };
-            while let Some(c) = ep.poll_captured() {
+            while budget > 0 && !self.client_full {
+                let Some(c) = ep.poll_captured() else {
+                    break;
+                };
+                budget -= 1;
                 let ts_ns = self
                     .start_unix_ns
                     .saturating_add(c.at.saturating_duration_since(self.start).as_nanos());
@@ -673,6 +688,7 @@ impl CaptureSession {
             }
             Delivery::Full => {
                 self.lost += n;
+                self.client_full = true;
                 true
             }
             Delivery::Gone => false,

@@ -593,8 +593,17 @@ fn serve_capture(
                     }
                 }
             }
-            let (done_tx, _done_rx) = mpsc::sync_channel(1);
-            let _ = submit(&tx2, &wake2, Request::CaptureStop { id }, done_tx);
+            // The stop must get through, or the capture would run (and refuse every other)
+            // until the daemon stops: retry while the control queue is full.
+            loop {
+                let (done_tx, _done_rx) = mpsc::sync_channel(1);
+                match submit(&tx2, &wake2, Request::CaptureStop { id }, done_tx) {
+                    Err(e) if e.errno == errno::EIO => {
+                        std::thread::sleep(StdDuration::from_millis(10));
+                    }
+                    _ => break,
+                }
+            }
         })?;
     for resp in out_rx.iter() {
         let last = matches!(resp, Response::CaptureDone(_) | Response::Error(_));

@@ -948,3 +948,42 @@ impl Ni {
         }
     }
 }
+
+#[cfg(test)]
+mod msg_table_tests {
+    use super::*;
+
+    fn msg(len: usize) -> OutMsg {
+        let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        OutMsg {
+            peer: a,
+            ni: 0,
+            hdr: LnetHdr::put(a, a, len as u32, 4, 0),
+            payload: vec![0; len],
+            len,
+            purpose: Purpose::Response,
+            peer_credit: false,
+            ni_credit: false,
+        }
+    }
+
+    /// A cookie whose slot was freed and reused finds nothing: a late completion for a finished
+    /// message cannot finish (and return the credits of) the message now in its slot.
+    #[test]
+    fn stale_cookie_finds_nothing_after_its_slot_is_reused() {
+        let mut t = MsgTable::default();
+        let old = t.insert(msg(1));
+        assert_eq!(t.get(&old).map(|m| m.len), Some(1));
+        assert_eq!(t.remove(&old).map(|m| m.len), Some(1));
+        let new = t.insert(msg(2));
+        assert_eq!(new & 0xffff_ffff, old & 0xffff_ffff, "the slot is reused");
+        assert_ne!(new, old);
+        assert!(t.get(&old).is_none());
+        assert!(t.get_mut(&old).is_none());
+        assert!(t.remove(&old).is_none());
+        assert_eq!(t.len(), 1, "a stale remove must not free the live message");
+        assert_eq!(t.remove(&new).map(|m| m.len), Some(2));
+        assert!(t.is_empty());
+        assert!(t.remove(&u64::MAX).is_none());
+    }
+}

@@ -299,7 +299,8 @@ impl Endpoint {
     /// Gives a message buffer back for reuse (a `FabricAction::Send`'s bytes once the fabric
     /// has copied them, or a `Received` payload once LNet is done with it).
     pub fn recycle(&mut self, mut buf: Vec<u8>) {
-        if self.pool.len() < POOL_MAX && buf.capacity() >= MSG_SIZE {
+        // Only message-sized buffers: a big one handed back would stay pinned in the pool.
+        if self.pool.len() < POOL_MAX && (MSG_SIZE..=2 * MSG_SIZE).contains(&buf.capacity()) {
             buf.clear();
             self.pool.push(buf);
         }

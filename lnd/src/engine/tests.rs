@@ -231,3 +231,26 @@ fn graceful_shutdown_closes_both_sides() {
         }
     )));
 }
+
+/// The buffer pool keeps message-sized buffers for reuse and refuses others (a big buffer
+/// handed back would stay pinned), and what it gives out is empty.
+#[test]
+fn buffer_pool_reuses_message_sized_buffers_only() {
+    let mut ep = Endpoint::new(EndpointConfig::new(nid("10.0.0.1@o2ib"), 1), Instant::ZERO);
+    let mut b = ep.take_buffer();
+    assert!(b.capacity() >= MSG_SIZE && b.is_empty());
+    b.extend_from_slice(&[7; 100]);
+    let ptr = b.as_ptr();
+    ep.recycle(b);
+    let again = ep.take_buffer();
+    assert_eq!(again.as_ptr(), ptr, "the same allocation comes back");
+    assert!(again.is_empty(), "and comes back empty");
+    ep.recycle(Vec::with_capacity(1 << 20));
+    ep.recycle(Vec::with_capacity(16));
+    let fresh = ep.take_buffer();
+    assert!(
+        (MSG_SIZE..=2 * MSG_SIZE).contains(&fresh.capacity()),
+        "neither the 1 MiB nor the 16-byte buffer was kept: {}",
+        fresh.capacity()
+    );
+}

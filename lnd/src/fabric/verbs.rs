@@ -3,8 +3,8 @@
 //!
 //! Same driver shape as the tcp fabric: one [`VerbsFabric`] per NI event loop, single-threaded;
 //! drain [`Endpoint::poll_action`] into [`VerbsFabric::apply`], then call [`VerbsFabric::poll`],
-//! which posts the send-queue work queued by `apply` (one chain per connection), busy-polls for a
-//! bounded number of rounds, then blocks in poll(2) on the cm event channel, every connection's
+//! which posts the send-queue work queued by `apply` (one chain per connection), busy-polls for
+//! its budget (`VerbsConfig::busy_poll`), then blocks in poll(2) on the cm event channel, every connection's
 //! completion channel and the waker, and feeds the endpoint what happened.
 //! [`turn`] / [`run_endpoint`] are that loop (clock read only there, via [`MonotonicClock`]).
 //!
@@ -319,6 +319,8 @@ pub struct VerbsFabric {
     /// Completions polled (by connection key) and not yet handed to the engine.
     pending: Vec<(usize, Wc)>,
     stats: VerbsStats,
+    /// Where a received message is copied out of its slot before the engine sees it.
+    rx_scratch: Vec<u8>,
     /// A descriptor whose readability ends a blocking wait (see `Driver::set_waker`).
     waker: Option<std::os::fd::RawFd>,
     /// Message buffers of applied sends (copied into registered memory), given back to the
@@ -405,6 +407,7 @@ impl VerbsFabric {
             wcs: Vec::new(),
             pending: Vec::new(),
             stats: VerbsStats::default(),
+            rx_scratch: Vec::with_capacity(MSG_SIZE),
             waker: None,
             spare: Vec::new(),
         };
@@ -781,7 +784,9 @@ impl VerbsFabric {
         }
         cq.req_notify()?;
         c.free_tx = (0..msgs as u16).rev().collect();
-        c.sq_cap = caps.send_wr as usize;
+        // What we asked for, not what the provider rounded it up to: the CQ was sized from the
+        // request, and every work request is signaled, so posting beyond it could overrun the CQ.
+        c.sq_cap = send_wr.min(caps.send_wr) as usize;
         c.res = Some(Resources { cq, chan, rx, tx });
         trace!(
             qd,
@@ -1285,8 +1290,13 @@ impl VerbsFabric {
         let slot = w.wr_id as u16;
         if w.status != v::wc::SUCCESS {
             if w.status != v::wc::WR_FLUSH_ERR {
+                // The QP is in error and this slot is gone: the connection is dead, say so now
+                // (kiblnd_rx_complete closes the connection) rather than leave the peer to the
+                // keepalive horizon. A message longer than a slot gets here, for one.
                 self.stats.recv_errors += 1;
-                debug!(?conn, status = %v::wc::name(w.status), "verbs fabric: receive error");
+                debug!(?conn, status = %v::wc::name(w.status),
+                       "verbs fabric: receive error, breaking the connection");
+                self.disconnect(conn);
             }
             return;
         }
@@ -1294,15 +1304,20 @@ impl VerbsFabric {
             return;
         };
         let n = (w.byte_len as usize).min(MSG_SIZE);
-        let mut bytes = vec![0u8; n];
-        res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
         self.stats.msgs_rx += 1;
         if !c.reported_up {
+            let mut bytes = vec![0u8; n];
+            res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
             self.stats.early_rx += 1;
             c.early.push((slot, bytes));
             return;
         }
+        // Copied out of the slot into a reused buffer: no allocation per message.
+        let mut bytes = std::mem::take(&mut self.rx_scratch);
+        bytes.resize(n, 0);
+        res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
         ep.handle_recv(now, conn, slot, &bytes);
+        self.rx_scratch = bytes;
     }
 
     fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {

@@ -414,12 +414,20 @@ pub struct MemoryRegion {
     mr: NonNull<sys::ibv_mr>,
     buf: NonNull<u8>,
     len: usize,
+    /// Held for the duration of every CPU copy in or out (`read`, `write`): two threads sharing
+    /// the region can never copy into the same bytes at once. Never contended in practice (a
+    /// fabric is driven by one thread); it exists so that `Sync` is sound, not for speed.
+    copying: std::sync::atomic::AtomicBool,
     _pd: Arc<ProtectionDomain>,
 }
 
-// SAFETY: the buffer is only reached through raw copies and the MR pointer through reads.
+// SAFETY: the MR pointer is only read (lkey, rkey) and the buffer only reached through `read` /
+// `write`, which are safe to call from any thread (see `Sync`).
 unsafe impl Send for MemoryRegion {}
-// SAFETY: as above; `write` takes `&self` but callers write only unposted ranges.
+// SAFETY: the only CPU accesses to the buffer are the copies in `read` and `write`, and both run
+// under the `copying` flag (acquire/release), so no two threads ever touch it concurrently. The
+// device's DMA is outside Rust's memory model; which ranges the device may be using is the
+// fabric's bookkeeping (posted slots are not copied into).
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
@@ -456,6 +464,7 @@ impl MemoryRegion {
             mr,
             buf,
             len,
+            copying: std::sync::atomic::AtomicBool::new(false),
             _pd: Arc::clone(pd),
         }))
     }
@@ -488,14 +497,32 @@ impl MemoryRegion {
         self.buf.as_ptr() as u64 + offset as u64
     }
 
+    /// Runs `f` with the region's copy flag held (see the `copying` field).
+    fn exclusive<R>(&self, f: impl FnOnce() -> R) -> R {
+        use std::sync::atomic::Ordering;
+        while self
+            .copying
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        let r = f();
+        self.copying.store(false, Ordering::Release);
+        r
+    }
+
     /// Copies `out.len()` bytes at `offset` out (the range must not be posted for receive).
     /// Panics if out of bounds.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len));
-        // SAFETY: in bounds (checked); raw byte copy, no reference to device-shared memory.
-        unsafe {
-            ptr::copy_nonoverlapping(self.buf.as_ptr().add(offset), out.as_mut_ptr(), out.len())
-        };
+        self.exclusive(|| {
+            // SAFETY: in bounds (checked above); a raw byte copy with the copy flag held, so no
+            // other thread copies into these bytes meanwhile (see `Sync`).
+            unsafe {
+                ptr::copy_nonoverlapping(self.buf.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+            }
+        });
     }
 
     /// Copies `data` in at `offset` (the range must not be posted for send). Panics if out of
@@ -504,24 +531,44 @@ impl MemoryRegion {
         assert!(offset
             .checked_add(data.len())
             .is_some_and(|e| e <= self.len));
-        // SAFETY: in bounds (checked); raw byte copy into memory we own.
-        unsafe {
-            ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_ptr().add(offset), data.len())
-        };
+        self.exclusive(|| {
+            // SAFETY: in bounds (checked above); a raw byte copy into memory we own, with the
+            // copy flag held, so no other thread reads or writes these bytes meanwhile.
+            unsafe {
+                ptr::copy_nonoverlapping(data.as_ptr(), self.buf.as_ptr().add(offset), data.len())
+            }
+        });
     }
+}
+
+/// Memory regions whose deregistration failed: their buffers were leaked rather than freed,
+/// since a peer holding the rkey could still write into them.
+static DEREG_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many memory regions could not be deregistered (and were leaked) in this process.
+pub fn dereg_failures() -> u64 {
+    DEREG_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: no QP can still use the MR: every QP it was posted on holds an Arc of it and is
         // destroyed before releasing it. Deregister first, then free the memory.
-        unsafe {
-            sys::ibv_dereg_mr(self.mr.as_ptr());
-            drop(Box::from_raw(ptr::slice_from_raw_parts_mut(
-                self.buf.as_ptr(),
-                self.len,
-            )));
+        let rc = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            // Still registered: freeing the buffer would let a remote write land in memory the
+            // allocator hands to someone else. Leak it, loudly.
+            DEREG_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(
+                rc,
+                len = self.len,
+                "ibv_dereg_mr failed: leaking the region's buffer rather than freeing memory a \
+                 peer may still write into"
+            );
+            return;
         }
+        // SAFETY: re-creates the Box leaked in `new`, exactly once, after deregistration.
+        drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(self.buf.as_ptr(), self.len)) });
     }
 }
 
