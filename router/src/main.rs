@@ -195,6 +195,9 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
 struct NiFabric {
     kind: FabricKind,
     driver: Box<dyn Driver + Send>,
+    /// The fabric failed (an error from `poll`): it is no longer polled, and the daemon closes
+    /// every other connection gracefully and exits 1.
+    failed: bool,
 }
 
 fn fabric_supported(kind: FabricKind) -> bool {
@@ -252,7 +255,11 @@ fn start_fabric(
             ))
         }
     };
-    Ok(NiFabric { kind, driver })
+    Ok(NiFabric {
+        kind,
+        driver,
+        failed: false,
+    })
 }
 
 /// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987.
@@ -274,6 +281,7 @@ fn event_loop(
     term: &AtomicBool,
 ) -> Result<(), String> {
     let mut shutdown_deadline = None;
+    let mut fatal: Option<String> = None;
     let mut capture = CaptureState::Idle;
     let mut next_capture = 1u64;
     let n = fabrics.len().max(1) as u32;
@@ -289,13 +297,21 @@ fn event_loop(
             std::thread::sleep(wait);
         }
         for i in 0..fabrics.len() {
+            if fabrics[i].failed {
+                continue;
+            }
             let Some(ep) = node.endpoint_mut(NiIndex(i)) else {
                 continue;
             };
-            fabrics[i]
-                .driver
-                .poll(Some(wait), ep, &|| clock.now())
-                .map_err(|e| format!("fabric of NI {i}: {e}"))?;
+            if let Err(e) = fabrics[i].driver.poll(Some(wait), ep, &|| clock.now()) {
+                // One NI's fabric is broken: the others' peers must still see a graceful close
+                // (not find out at their keepalive horizon), so shut down as on SIGTERM, then
+                // exit with the error.
+                error!(ni = i, "fabric failed: {e}; closing every other connection");
+                fabrics[i].failed = true;
+                fatal.get_or_insert_with(|| format!("fabric of NI {i}: {e}"));
+                continue;
+            }
             node.process(clock.now());
             // The fabric wants the endpoint's actions applied before it is polled again.
             drain_actions(node, fabrics, clock.now());
@@ -373,8 +389,8 @@ fn event_loop(
         }
         capture = capture.step(node, clock.now());
 
-        if shutdown_deadline.is_none() && term.load(Ordering::Relaxed) {
-            info!("signal received: closing every connection");
+        if shutdown_deadline.is_none() && (term.load(Ordering::Relaxed) || fatal.is_some()) {
+            info!("closing every connection");
             let now = clock.now();
             node.shutdown(now);
             shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
@@ -391,6 +407,9 @@ fn event_loop(
                 // The last actions (Destroys), and one more turn so they reach the sockets.
                 drain_actions(node, fabrics, now);
                 for (i, f) in fabrics.iter_mut().enumerate() {
+                    if f.failed {
+                        continue;
+                    }
                     if let Some(ep) = node.endpoint_mut(NiIndex(i)) {
                         let _ = f.driver.poll(Some(StdDuration::ZERO), ep, &|| clock.now());
                     }
@@ -400,7 +419,7 @@ fn event_loop(
                     let sum = end_capture(node, s, &out, "daemon shutting down");
                     let _ = out.try_send(Response::CaptureDone(sum));
                 }
-                return Ok(());
+                return fatal.map_or(Ok(()), Err);
             }
         }
     }
