@@ -5,7 +5,7 @@
 //! region whose (rkey, address) it hands to A, and checks the sink's bytes when asked (CHECK).
 //! A (10.0.0.2@o2ib, the main thread):
 //! 1. ping-pong: 64-byte IMMEDIATE messages through both engines, 200 warm-up then `ITERS` timed
-//!    round trips (median and p99), first with the fabric's default wait (busy-poll 64 rounds,
+//!    round trips (median and p99), first with the fabric's default wait (busy-poll 50 us,
 //!    then block on the completion channel), then with both sides spinning (as perftest does);
 //! 2. RDMA write, checked: 257 writes of 4 KiB (one descriptor's worth of fragments) from A's
 //!    source region into B's sink, then a CHECK message behind them on the same connection: B
@@ -183,7 +183,7 @@ fn client(
         );
         Ok((median, p99))
     };
-    let (median, p99) = measure(&mut a, "busy-poll 64 rounds, then block")?;
+    let (median, p99) = measure(&mut a, "busy-poll 50 us, then block")?;
     // Both sides spinning, as perftest waits.
     a.send(peer, b"SPIN".to_vec(), 1 << 41)?;
     a.fabric.set_busy_poll(SPIN);

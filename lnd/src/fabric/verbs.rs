@@ -321,6 +321,8 @@ pub struct VerbsFabric {
     stats: VerbsStats,
     /// Where a received message is copied out of its slot before the engine sees it.
     rx_scratch: Vec<u8>,
+    /// Connections whose work the device refused: disconnected after the current flush.
+    to_break: Vec<ConnId>,
     /// A descriptor whose readability ends a blocking wait (see `Driver::set_waker`).
     waker: Option<std::os::fd::RawFd>,
     /// Message buffers of applied sends (copied into registered memory), given back to the
@@ -408,6 +410,7 @@ impl VerbsFabric {
             pending: Vec::new(),
             stats: VerbsStats::default(),
             rx_scratch: Vec::with_capacity(MSG_SIZE),
+            to_break: Vec::new(),
             waker: None,
             spare: Vec::new(),
         };
@@ -955,6 +958,10 @@ impl VerbsFabric {
             self.stats.rdma_write_errors += 1;
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
+            // Caught before posting, like an ibv_post_send that fails synchronously: the QP never
+            // sees it, so the connection stays usable (the tcp fabric, which has no such
+            // pre-check, closes the connection instead). It completes before work posted
+            // earlier may have.
             return;
         };
         let e = c.sq.insert(SqEntry {
@@ -1060,20 +1067,32 @@ impl VerbsFabric {
                 }
             }
             if let Some(err) = failed {
-                // The first request not posted fails; the rest stay queued for another try.
-                if let Some(k) = backlog.pop_front() {
+                // The first request not posted fails; posting what follows it would leave a gap
+                // in the stream the peer sees, so the rest flush and the connection is broken
+                // (after this flush: `poll` disconnects it).
+                let mut status = WcStatus::Error;
+                while let Some(k) = backlog.pop_front() {
                     let e = sq.remove(k);
                     match e.op {
                         SqOp::Send { buf, .. } => {
                             free_tx.push(buf);
-                            self.stats.send_errors += 1;
+                            if status == WcStatus::Error {
+                                self.stats.send_errors += 1;
+                            }
                         }
-                        SqOp::Write { .. } => self.stats.rdma_write_errors += 1,
+                        SqOp::Write { .. } => {
+                            if status == WcStatus::Error {
+                                self.stats.rdma_write_errors += 1;
+                            }
+                        }
                     }
-                    warn!(?conn, error = %err, "verbs fabric: ibv_post_send refused a work request");
-                    self.out
-                        .push_back(Report::SendDone(conn, e.wr, WcStatus::Error));
+                    self.out.push_back(Report::SendDone(conn, e.wr, status));
+                    status = WcStatus::Flushed;
                 }
+                warn!(?conn, error = %err,
+                      "verbs fabric: ibv_post_send refused a work request; breaking the connection");
+                self.to_break.push(conn);
+                break;
             }
         }
     }
@@ -1147,6 +1166,9 @@ impl VerbsFabric {
         now_fn: impl Fn() -> Instant,
     ) -> io::Result<()> {
         self.flush_dirty();
+        for conn in std::mem::take(&mut self.to_break) {
+            self.disconnect(conn);
+        }
         let mut got = !self.out.is_empty();
         let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
         let start = std::time::Instant::now();
@@ -1198,6 +1220,9 @@ impl VerbsFabric {
         self.flush_out(ep, now);
         // Completions made room: post what waited (the engine's reaction goes next turn).
         self.flush_dirty();
+        for conn in std::mem::take(&mut self.to_break) {
+            self.disconnect(conn);
+        }
         self.flush_out(ep, now);
         Ok(())
     }
