@@ -224,6 +224,7 @@ fn start_fabric(
             // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
             let tcp = TcpConfig {
                 user_timeout: ni.ni.tunables.timeout.into(),
+                busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
                 ..TcpConfig::default()
             };
             let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
@@ -239,6 +240,7 @@ fn start_fabric(
             let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
             let vc = VerbsConfig {
                 listen,
+                busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
                 ..VerbsConfig::default()
             };
             let f = VerbsFabric::new(vc, move |nid| {

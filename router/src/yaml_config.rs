@@ -38,6 +38,9 @@ use serde_saphyr::Spanned;
 
 use crate::config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
 
+/// Microseconds an NI's fabric busy-polls before sleeping, unless `busy poll us` says otherwise.
+pub const DEFAULT_BUSY_POLL_US: u32 = 50;
+
 /// LNet's default peer_timeout in seconds (reference section 9.1).
 pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
 
@@ -71,6 +74,10 @@ pub struct NiSettings {
     pub ni: NiConfig,
     /// Where the tcp fabric listens for this NI.
     pub listen: Option<SocketAddr>,
+    /// `busy poll us` (ours): how long the NI's fabric spins on its completions before it
+    /// sleeps, in microseconds (default 50; 0: never spin, for a router without cores of its
+    /// own: a little latency for no idle CPU).
+    pub busy_poll_us: u32,
     /// `tunables: peer_timeout` (seconds; shown by `net show -v`, not enforced yet).
     pub peer_timeout: u32,
     /// `tunables: peer_buffer_credits` (router buffer credits; shown, not used yet).
@@ -181,6 +188,14 @@ impl DaemonConfig {
                 nis.push(NiSettings {
                     ni: c,
                     listen: ni.listen,
+                    busy_poll_us: checked(
+                        &ni.busy_poll_us,
+                        DEFAULT_BUSY_POLL_US,
+                        0,
+                        1_000_000,
+                        "busy poll us",
+                    )
+                    .map_err(|(l, m)| err(l, m))?,
                     peer_timeout: t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
                     peer_buffer_credits: t.peer_buffer_credits.unwrap_or(0),
                     line,
@@ -264,6 +279,8 @@ struct RawNi {
     nid: Spanned<NidValue>,
     #[serde(default)]
     listen: Option<SocketAddr>,
+    #[serde(rename = "busy poll us", default)]
+    busy_poll_us: Option<Spanned<u32>>,
     #[serde(default)]
     tunables: Option<RawTunables>,
     #[serde(rename = "lnd tunables", default)]
@@ -489,6 +506,7 @@ peers:
         assert_eq!(net.fabric, FabricKind::Tcp);
         assert_eq!(ni.ni.nid.to_string(), "10.0.0.1@o2ib");
         assert_eq!(ni.listen, Some("127.0.0.1:9870".parse().unwrap()));
+        assert_eq!(ni.busy_poll_us, DEFAULT_BUSY_POLL_US);
         assert_eq!((ni.ni.credits, ni.ni.peer_credits), (512, 16));
         assert_eq!(ni.ni.tunables.peer_credits, 16);
         assert_eq!(ni.ni.tunables.peer_credits_hiw, 8);
@@ -576,5 +594,22 @@ peers:
         let text = include_str!("../examples/lnet-router.yaml");
         let c = DaemonConfig::parse(text, "lnet-router.yaml").unwrap();
         assert!(c.nis().count() >= 1);
+    }
+
+    #[test]
+    fn busy_poll_is_per_ni_and_checked() {
+        let y = GOOD.replace(
+            "          listen: 127.0.0.1:9870\n",
+            "          listen: 127.0.0.1:9870\n          busy poll us: 0\n",
+        );
+        let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
+        assert_eq!(c.nis().next().unwrap().1.busy_poll_us, 0);
+        let y = GOOD.replace(
+            "          listen: 127.0.0.1:9870\n",
+            "          listen: 127.0.0.1:9870\n          busy poll us: 2000000\n",
+        );
+        let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
+        assert!(e.message.contains("busy poll us"), "{e}");
     }
 }
