@@ -78,6 +78,24 @@ pub struct RequestId(pub u64);
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WrId(pub u64);
 
+impl WrId {
+    /// Set in the ids of RDMA writes a test or bench posts directly through a fabric
+    /// (`World::rdma_write`, `VerbsFabric::rdma_write`), not through the engine.
+    const INJECTED: u64 = 1 << 63;
+
+    /// The id of the `seq`th directly posted write. Its low 32 bits are all ones: the engine
+    /// reads a WrId as (generation << 32 | tx slab index) and never has a tx at index
+    /// `u32::MAX`, so it cannot mistake one of these for its own.
+    pub const fn injected(seq: u64) -> WrId {
+        WrId(Self::INJECTED | (seq & 0x7fff_ffff) << 32 | u32::MAX as u64)
+    }
+
+    /// True for an id made by [`WrId::injected`].
+    pub const fn is_injected(self) -> bool {
+        self.0 & Self::INJECTED != 0
+    }
+}
+
 /// A local buffer registered with the fabric for RDMA (an LNet MD's pages, or a bounce buffer):
 /// the source of an [`FabricAction::RdmaWrite`], or, advertised to the peer as a key and an
 /// address ([`RemoteRegion`]), the sink of the peer's writes.
@@ -257,4 +275,21 @@ pub enum WcStatus {
     /// (IBV_WC_REM_ACCESS_ERR) or outside the local one (IBV_WC_LOC_PROT_ERR), and a receiver with
     /// no posted slot (RNR).
     Error,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WrId;
+
+    /// Directly posted writes can never be taken for one of the engine's messages (its ids are
+    /// generation << 32 | tx index, and no tx has index u32::MAX), and stay distinct.
+    #[test]
+    fn injected_write_ids_are_not_engine_ids() {
+        let (a, b) = (WrId::injected(5), WrId::injected(6));
+        assert_eq!(a.0 as u32, u32::MAX);
+        assert!(a.is_injected() && b.is_injected());
+        assert_ne!(a, b);
+        let engine = WrId(7 << 32 | 12);
+        assert!(!engine.is_injected());
+    }
 }

@@ -498,11 +498,6 @@ struct RdmaRecord {
     status: Option<WcStatus>,
 }
 
-/// Set in the WrIds of writes injected with [`World::rdma_write`]. Their low 32 bits are all ones:
-/// the engine reads a WrId as (generation << 32 | tx slab index) and never has a tx at index
-/// `u32::MAX`, so it cannot mistake one of them for its own.
-const INJECTED_WR: u64 = 1 << 63;
-
 /// Where the simulator places registered regions (addresses are only names; a guard page
 /// separates regions).
 const REGION_BASE: u64 = 0x7f00_0000_0000;
@@ -988,7 +983,7 @@ impl World {
     /// path as the engine's actions; its completion is recorded ([`World::rdma_status`]) and then
     /// handed to the endpoint's `handle_send_complete`, which ignores a WrId it does not know.
     ///
-    /// The returned WrId has its top bit set and its low 32 bits all ones (see `INJECTED_WR`), so
+    /// The returned WrId has its top bit set and its low 32 bits all ones (see [`WrId::injected`]), so
     /// it cannot be taken for one of the engine's. A write on a connection the fabric does not
     /// know is counted in [`SimStats::unknown_actions`] and never completes. The engine is not
     /// told when such a write puts the queue pair in error.
@@ -1001,8 +996,8 @@ impl World {
         remote: RemoteRegion,
         len: u32,
     ) -> WrId {
-        self.next_rdma = (self.next_rdma + 1) & 0x7fff_ffff;
-        let wr = WrId(INJECTED_WR | self.next_rdma << 32 | u64::from(u32::MAX));
+        self.next_rdma += 1;
+        let wr = WrId::injected(self.next_rdma);
         if let Some(end) = self.end_uid(from, conn) {
             self.rdma.insert(
                 wr.0,

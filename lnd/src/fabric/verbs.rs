@@ -283,11 +283,6 @@ type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 const LISTENER: u64 = u64::MAX;
 
-/// Set in the WrIds of writes posted with [`VerbsFabric::rdma_write`]; their low 32 bits are all
-/// ones, and the engine reads a WrId as (generation << 32 | tx index) and never has a tx at index
-/// `u32::MAX`, so it cannot mistake one for its own (the simulator's convention).
-const INJECTED_WR: u64 = 1 << 63;
-
 /// The verbs fabric of one NI (see the module doc).
 pub struct VerbsFabric {
     // Field order = drop order: connections (their QPs and ids) before the regions, the listener,
@@ -614,8 +609,8 @@ impl VerbsFabric {
         remote: RemoteRegion,
         len: u32,
     ) -> WrId {
-        self.next_injected = (self.next_injected + 1) & 0x7fff_ffff;
-        let wr = WrId(INJECTED_WR | self.next_injected << 32 | u64::from(u32::MAX));
+        self.next_injected += 1;
+        let wr = WrId::injected(self.next_injected);
         if self.lookup(conn).is_some() {
             self.injected.insert(wr.0, (conn, None));
         }
@@ -1267,7 +1262,7 @@ impl VerbsFabric {
     /// Hands a send-queue completion to the endpoint, recording it first if it is one of
     /// [`VerbsFabric::rdma_write`]'s.
     fn send_done(&mut self, ep: &mut Endpoint, now: Instant, conn: ConnId, wr: WrId, st: WcStatus) {
-        if wr.0 & INJECTED_WR != 0 {
+        if wr.is_injected() {
             if let Some(e) = self.injected.get_mut(&wr.0) {
                 e.1 = Some(st);
             }
@@ -1570,14 +1565,6 @@ mod tests {
         assert_eq!(wc_status(v::wc::LOC_PROT_ERR), WcStatus::Error);
         assert_eq!(wc_status(v::wc::RNR_RETRY_EXC_ERR), WcStatus::Error);
         assert!(v::wc::name(v::wc::REM_ACCESS_ERR).contains("remote access"));
-    }
-
-    /// Injected write ids can never be taken for one of the engine's (tx index u32::MAX).
-    #[test]
-    fn injected_write_ids_are_not_engine_ids() {
-        let wr = INJECTED_WR | 5 << 32 | u64::from(u32::MAX);
-        assert_eq!(wr as u32, u32::MAX);
-        assert_ne!(wr & INJECTED_WR, 0);
     }
 
     #[test]
