@@ -11,7 +11,10 @@ fuzz_target!(|data: &[u8]| {
         let mut out = vec![0u8; msg.wire_len()];
         let opts = EmitOpts {
             order: framing.order,
-            checksum: framing.cksum.is_some(),
+            // Re-emit in the flavour the message matched (either, when both gave the same sum).
+            checksum: framing
+                .cksum
+                .map(|c| c.flavour.unwrap_or(lnd::wire::kib::CksumFlavour::Unsigned)),
         };
         if let Ok(n) = msg.emit(&mut out, opts) {
             let (again, _) = KibMsg::parse(&out[..n]).expect("re-emitted message must parse");

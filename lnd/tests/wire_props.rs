@@ -2,7 +2,9 @@
 //! without checksums; parsing arbitrary or mutated bytes never panics; each malformation the
 //! receive path can meet returns its own error.
 
-use lnd::wire::kib::{cksum, EmitOpts, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS};
+use lnd::wire::kib::{
+    cksum, Checksum, CksumFlavour, EmitOpts, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS,
+};
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::ping::feat;
 use lnd::wire::{
@@ -227,13 +229,17 @@ fn material() -> impl Strategy<Value = Material> {
 }
 
 fn opts() -> impl Strategy<Value = EmitOpts> {
-    (any::<bool>(), any::<bool>()).prop_map(|(big, checksum)| EmitOpts {
+    (any::<bool>(), 0..3u8).prop_map(|(big, checksum)| EmitOpts {
         order: if big {
             ByteOrder::Big
         } else {
             ByteOrder::Little
         },
-        checksum,
+        checksum: [
+            None,
+            Some(CksumFlavour::Signed),
+            Some(CksumFlavour::Unsigned),
+        ][usize::from(checksum)],
     })
 }
 
@@ -258,7 +264,12 @@ proptest! {
         prop_assert_eq!(back, msg);
         prop_assert_eq!(framing.order, opts.order);
         prop_assert_eq!(framing.nob, n);
-        prop_assert_eq!(framing.cksum.is_some(), opts.checksum);
+        prop_assert_eq!(framing.cksum.is_some(), opts.checksum.is_some());
+        // The checksum verifies in the flavour it was made in (or in both, when no byte >= 0x80
+        // told them apart), never only in the other one.
+        if let (Some(c), Some(f)) = (framing.cksum, opts.checksum) {
+            prop_assert!(c.flavour.is_none_or(|got| got == f));
+        }
         // A receive buffer is 4 KiB whatever the message: trailing bytes are ignored.
         let (in_slot, _) = KibMsg::parse(&buf).unwrap();
         prop_assert_eq!(in_slot, msg);
@@ -552,7 +563,7 @@ fn checksums_are_checked() {
             &mut b,
             EmitOpts {
                 order: ByteOrder::Little,
-                checksum: true,
+                checksum: Some(CksumFlavour::Unsigned),
             },
         )
         .unwrap();
@@ -563,7 +574,13 @@ fn checksums_are_checked() {
         carried,
         "the sum is computed with the field zeroed"
     );
-    assert_eq!(KibMsg::parse(&b[..n]).unwrap().1.cksum, Some(carried));
+    assert_eq!(
+        KibMsg::parse(&b[..n]).unwrap().1.cksum,
+        Some(Checksum {
+            value: carried,
+            flavour: Some(CksumFlavour::Unsigned)
+        })
+    );
     b[n - 1] ^= 0x40;
     assert!(
         matches!(KibMsg::parse(&b[..n]), Err(WireError::BadChecksum { carried: c, .. }) if c == carried)

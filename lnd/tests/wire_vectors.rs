@@ -375,7 +375,7 @@ fn big_endian_put_done() {
             &mut out,
             EmitOpts {
                 order: ByteOrder::Big,
-                checksum: false,
+                checksum: None,
             },
         )
         .unwrap();

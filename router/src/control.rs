@@ -279,7 +279,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 31] = [
+        let fields: [(&str, u64); 37] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -288,6 +288,8 @@ impl LndCounters {
             ("connect_timeouts", s.connect_timeouts),
             ("races", s.races),
             ("race_yields", s.race_yields),
+            ("race_order_disagreements", s.race_order_disagreements),
+            ("race_order_adoptions", s.race_order_adoptions),
             ("stale_abandons", s.stale_abandons),
             ("peer_reboots", s.peer_reboots),
             ("peers_down", s.peers_down),
@@ -311,6 +313,10 @@ impl LndCounters {
             ("credit_overflows", s.credit_overflows),
             ("unsupported_msgs", s.unsupported_msgs),
             ("capture_drops", s.capture_drops),
+            ("cksum_signed_peers", s.cksum_signed_peers),
+            ("cksum_unsigned_peers", s.cksum_unsigned_peers),
+            ("peers_forgotten", s.peers_forgotten),
+            ("peer_table_full", s.peer_table_full),
         ];
         let by_reason = |t: &[u64; 10]| {
             NamedCounters(

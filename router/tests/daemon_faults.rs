@@ -42,19 +42,107 @@ fn kill_9_peer_is_marked_down_quickly() {
     );
 }
 
+/// A frozen peer that owes us something is declared dead: with more pings queued than the
+/// connection's credits, the ones waiting for credits the stopped B never returns miss their LND
+/// deadline, and A closes the connection within the LND timeout + one keepalive period.
 #[test]
-fn frozen_peer_declared_down_within_keepalive_plus_timeout() {
+fn frozen_peer_with_traffic_beyond_credits_declared_down_within_timeout_plus_keepalive() {
     let p = connected_pair("frozen");
+    let before = lnd_counters(&p.a, NID_A).counters.get("silent_peers");
     p.b.signal("-STOP");
+    // 12 pings at once: 8 take the connection's credits (peer_credits 8), 4 wait for credits.
+    let socket = p.a.socket.clone();
+    let pinger = std::thread::spawn(move || {
+        let mut c = router::control::ControlClient::connect(&socket).expect("connect");
+        let _ = c.call(&Request::Ping {
+            nids: vec![NID_B.to_string(); 12],
+            timeout_secs: Some(10),
+            source: None,
+        });
+    });
     let bound = Duration::from_secs(LND_KEEPALIVE + LND_TIMEOUT) + Duration::from_millis(1500);
     let took = wait_for(bound, || a_sees_b_down(&p.a));
     let (state, c) = (peer_state(&p.a, NID_B), conns_to(&p.a, NID_B));
+    let after = lnd_counters(&p.a, NID_A).counters.get("silent_peers");
     // Cleanup: let B run again before the guard kills it (SIGKILL works on a stopped process
     // too; SIGCONT only keeps the log honest).
     p.b.signal("-CONT");
     assert!(
         took.is_some(),
-        "{bound:?} after B's SIGSTOP A still sees B up: peer {state:?}, conns {c:?}"
+        "{bound:?} after B's SIGSTOP, with pings queued beyond the credits, A still sees B up: \
+         peer {state:?}, conns {c:?}"
+    );
+    assert!(
+        after > before,
+        "the close was not counted as a silent peer: {before:?} -> {after:?}"
+    );
+    let _ = pinger.join();
+}
+
+/// o2iblnd's liveness: a peer that owes us nothing may stay silent forever. B sends no
+/// keepalives at all (keepalive 0, as a kernel with `keepalive=0`) and never answers ours, and A
+/// (keepalive 1 s, timeout 2 s) keeps the idle connection: the same connection, no silent-peer
+/// close, and a ping afterwards goes over it.
+#[test]
+fn idle_peer_that_sends_no_keepalives_keeps_its_connection() {
+    let dir = Scratch::new("nokeepalive");
+    let (pa, pb) = (free_port(), free_port());
+    let a = start_with(&dir.0, "a", NID_A, pa, NID_B, pb, Lnd::default());
+    let b = start_with(
+        &dir.0,
+        "b",
+        NID_B,
+        pb,
+        NID_A,
+        pa,
+        Lnd {
+            timeout: LND_TIMEOUT,
+            keepalive: 0,
+        },
+    );
+    ping_until_ok(&a, NID_B, Duration::from_secs(5));
+    let conn = conns_to(&a, NID_B);
+    assert_eq!(conn.len(), 1, "{conn:?}");
+    let a_before = lnd_counters(&a, NID_A);
+    let b_before = lnd_counters(&b, NID_B);
+    // Well past keepalive + timeout, three times over.
+    std::thread::sleep(Duration::from_secs(3 * (LND_KEEPALIVE + LND_TIMEOUT)));
+    let a_after = lnd_counters(&a, NID_A);
+    let b_after = lnd_counters(&b, NID_B);
+    // The same connection: same peer instance and side, older than before.
+    let same = |now: &[router::control::ConnEntry]| {
+        now.len() == 1
+            && now[0].incarnation == conn[0].incarnation
+            && now[0].side == conn[0].side
+            && now[0].state == "Established"
+            && now[0].age_ms > conn[0].age_ms
+    };
+    let now = conns_to(&a, NID_B);
+    assert!(
+        same(&now),
+        "A's connection to the silent but healthy B changed: {conn:?} -> {now:?}"
+    );
+    let get = |c: &router::control::LndCounters, k: &str| c.counters.get(k).unwrap_or(0);
+    assert_eq!(
+        get(&a_after, "silent_peers"),
+        get(&a_before, "silent_peers")
+    );
+    assert_eq!(get(&a_after, "conns_lost"), get(&a_before, "conns_lost"));
+    assert!(
+        get(&a_after, "keepalives") > get(&a_before, "keepalives"),
+        "A sent no keepalive in the idle time"
+    );
+    assert_eq!(
+        get(&b_after, "keepalives"),
+        get(&b_before, "keepalives"),
+        "B (keepalive 0) sent keepalives"
+    );
+    let p = ping(&a, NID_B, 2);
+    assert_eq!(p.ping.len(), 1, "{p:?}");
+    let now = conns_to(&a, NID_B);
+    assert!(
+        same(&now),
+        "the ping did not use the same connection: {now:?}"
     );
 }
 

@@ -323,7 +323,7 @@ fn case(label: &'static str, m: KibMsg<'_>, checksum: bool) -> Case {
     let mut buf = vec![0u8; lnd::wire::kib::MSG_SIZE];
     let opts = EmitOpts {
         order: ByteOrder::Little,
-        checksum,
+        checksum: checksum.then_some(lnd::wire::kib::CksumFlavour::Unsigned),
     };
     let nob = m
         .emit(&mut buf, opts)

@@ -1,6 +1,7 @@
 //! Tunables and policies of one LND endpoint, with o2iblnd's defaults (reference section 9.1).
 
 use crate::time::Duration;
+use crate::wire::kib::CksumFlavour;
 use crate::wire::Nid;
 
 /// How the passive side settles a connection race, and what ends a stuck active connect.
@@ -37,6 +38,64 @@ impl RacePolicy {
 
     pub(crate) fn abandons_stale(self) -> bool {
         matches!(self, RacePolicy::Ulnet)
+    }
+}
+
+/// Which order of NIDs settles a connection race ("who is higher"). Both sides of a race must
+/// compute the same one, and Lustre changed it, so it is a setting that follows the peers' kernels.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum RaceOrder {
+    /// Lustre 2.16 and later (LU-17743): [`Nid::nidhash`], as a little-endian host computes it.
+    #[default]
+    NidHash,
+    /// Lustre up to 2.15: the raw 64-bit NID.
+    Nid,
+}
+
+impl RaceOrder {
+    /// Both orders.
+    pub const ALL: [RaceOrder; 2] = [RaceOrder::NidHash, RaceOrder::Nid];
+
+    /// The value compared: a peer is "higher" when its key is strictly greater.
+    pub fn key(self, nid: Nid) -> u64 {
+        match self {
+            RaceOrder::NidHash => u64::from(nid.nidhash()),
+            RaceOrder::Nid => nid.raw(),
+        }
+    }
+
+    /// True when `a` is strictly lower than `b` under this order.
+    pub fn lower(self, a: Nid, b: Nid) -> bool {
+        self.key(a) < self.key(b)
+    }
+
+    /// The other order: what a peer that disagrees with this one must be using.
+    pub fn other(self) -> RaceOrder {
+        match self {
+            RaceOrder::NidHash => RaceOrder::Nid,
+            RaceOrder::Nid => RaceOrder::NidHash,
+        }
+    }
+
+    /// The name used in configs and tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            RaceOrder::NidHash => "nidhash",
+            RaceOrder::Nid => "nid",
+        }
+    }
+}
+
+impl std::str::FromStr for RaceOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<RaceOrder, String> {
+        match s {
+            "nidhash" => Ok(RaceOrder::NidHash),
+            "nid" => Ok(RaceOrder::Nid),
+            other => Err(format!(
+                "unknown race order '{other}' (known: nidhash, nid)"
+            )),
+        }
     }
 }
 
@@ -120,6 +179,22 @@ impl Tunables {
     }
 }
 
+/// ulnet's message-checksum settings for one NI (o2iblnd's `cksum` module parameter, plus what
+/// o2iblnd does not need: a kernel only ever computes its own flavour).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct ChecksumConfig {
+    /// Fill `ibm_cksum` on what we send (default off, as o2iblnd's `cksum=0`). Received
+    /// checksums are always verified, in either flavour.
+    pub emit: bool,
+    /// What to send to a peer whose flavour is not known yet (it has sent us nothing
+    /// checksummed): `None` sends no checksum (0), which every kernel accepts.
+    pub default_flavour: Option<CksumFlavour>,
+}
+
+/// Peers the LND keeps at most by default: a router in front of 20,000+ clients, with room
+/// for all of them at once and then some (about 0.5 KiB each).
+pub const DEFAULT_PEER_LIMIT: usize = 131_072;
+
 /// Everything an endpoint needs to start.
 #[derive(Clone, Debug)]
 pub struct EndpointConfig {
@@ -130,6 +205,12 @@ pub struct EndpointConfig {
     pub incarnation: u64,
     pub tunables: Tunables,
     pub race_policy: RacePolicy,
+    /// The order of NIDs our race rule uses, until a peer shows it uses the other.
+    pub race_order: RaceOrder,
+    pub checksum: ChecksumConfig,
+    /// Most peers kept at once; a connect request from a new peer beyond it is refused with
+    /// NO_RESOURCES and a send to one fails with `SendError::PeerTableFull`.
+    pub peer_limit: usize,
     /// Seed of the reconnect jitter.
     pub seed: u64,
 }
@@ -142,6 +223,9 @@ impl EndpointConfig {
             incarnation,
             tunables: Tunables::default(),
             race_policy: RacePolicy::Ulnet,
+            race_order: RaceOrder::default(),
+            checksum: ChecksumConfig::default(),
+            peer_limit: DEFAULT_PEER_LIMIT,
             seed: incarnation ^ nid.raw(),
         }
     }

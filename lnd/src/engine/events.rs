@@ -51,6 +51,8 @@ pub enum SendError {
     Shutdown,
     /// LNET_NID_ANY or another network's NID.
     BadPeer(Nid),
+    /// The peer is new and the LND's peer table is at its limit.
+    PeerTableFull(Nid),
 }
 
 impl fmt::Display for SendError {
@@ -61,6 +63,9 @@ impl fmt::Display for SendError {
             }
             SendError::Shutdown => f.write_str("endpoint is shutting down"),
             SendError::BadPeer(n) => write!(f, "cannot send to {n}"),
+            SendError::PeerTableFull(n) => {
+                write!(f, "cannot send to {n}: the LND's peer table is full")
+            }
         }
     }
 }
@@ -167,7 +172,9 @@ pub struct LndStats {
     pub bad_connreqs: u64,
     /// Message types this engine does not drive yet (the RDMA PUT/GET rendezvous).
     pub unsupported_msgs: u64,
-    /// Connections closed because nothing was heard from the peer for keepalive + timeout.
+    /// Connections closed because a message to the peer missed its LND deadline while the peer
+    /// had said nothing since it was queued: a peer that owed us credits or a completion and
+    /// went silent. (A peer that owes us nothing may stay silent forever, as in o2iblnd.)
     pub silent_peers: u64,
     /// Peers reported down.
     pub peers_down: u64,
@@ -175,6 +182,18 @@ pub struct LndStats {
     pub peer_reboots: u64,
     /// Captured messages dropped because the driver did not drain the capture fast enough.
     pub capture_drops: u64,
+    /// Races in which we refused the peer with CONN_RACE and it refused us too: it orders NIDs
+    /// the other way (a Lustre 2.15 peer among 2.16 ones, or the reverse).
+    pub race_order_disagreements: u64,
+    /// Peers for which we switched to the other race order after such races.
+    pub race_order_adoptions: u64,
+    /// Peers whose checksum flavour we learned from their checksummed messages, by flavour.
+    pub cksum_signed_peers: u64,
+    pub cksum_unsigned_peers: u64,
+    /// Peers forgotten once they had no connection and nothing queued (as o2iblnd frees its
+    /// peer), and connect requests or sends refused because the peer table was full.
+    pub peers_forgotten: u64,
+    pub peer_table_full: u64,
 }
 
 impl LndStats {

@@ -35,15 +35,17 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, error, trace, warn};
 
-pub use config::{EndpointConfig, RacePolicy, Tunables};
+pub use config::{ChecksumConfig, EndpointConfig, RaceOrder, RacePolicy, Tunables};
 pub use conn::{ConnInput, ConnState};
 pub use events::{DownReason, LndEvent, LndStats, RxToken, SendError, TxError};
-pub use race::{resolve_race, RaceDecision, RaceInput};
+pub use race::{adopts_peer_order, resolve_race, RaceDecision, RaceInput};
 
 use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
 use crate::time::{Duration, Instant};
 use crate::wheel::{TimerKey, TimerWheel};
-use crate::wire::kib::{EmitOpts, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS, MSG_SIZE, VERSION_2};
+use crate::wire::kib::{
+    CksumFlavour, EmitOpts, Framing, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS, MSG_SIZE, VERSION_2,
+};
 use crate::wire::{ConnParams, KibBody, KibMsg, KibRej, LnetHdr, Nid, RejectReason};
 
 /// Out-of-band receive slots per connection beyond 2 x queue depth (V2: one keepalive, one for
@@ -108,6 +110,8 @@ struct Tx {
     cookie: Option<u64>,
     timer: Option<TimerKey>,
     place: TxPlace,
+    /// When it was put on a connection's queue: a peer heard from since then is not silent.
+    queued_at: Instant,
 }
 
 struct Conn {
@@ -120,6 +124,10 @@ struct Conn {
     /// The dststamp our CONNREQ carried (active side): if the peer's instance is not that one,
     /// the attempt is doomed.
     sent_dst_stamp: u64,
+    /// Active side: while this attempt was in flight we refused the peer's own request with
+    /// CONN_RACE. If the peer refuses this attempt with CONN_RACE too, it orders NIDs the other
+    /// way.
+    refused_peer_race: bool,
     queue_depth: u16,
     max_frags: u16,
     credits: u16,
@@ -178,6 +186,10 @@ struct Peer {
     up: bool,
     /// Whether LNet was last told the peer is down.
     reported_down: bool,
+    /// The checksum flavour the peer's own checksummed messages use, once seen.
+    cksum: Option<CksumFlavour>,
+    /// Races since the last connection in which both sides refused each other.
+    double_rejects: u32,
 }
 
 impl Peer {
@@ -227,8 +239,13 @@ pub struct Endpoint {
     now: Instant,
     conns: Slab<Conn>,
     conn_generation: u32,
-    peers: Vec<Peer>,
+    /// Peers with a connection, a connect under way, or something queued; an idle one is
+    /// forgotten (`maybe_forget`), so the slot of a forgotten peer is never referred to.
+    peers: Slab<Peer>,
     peer_index: HashMap<Nid, PeerIdx>,
+    /// The race order learned for peers that order NIDs unlike our NI (kept when the peer itself
+    /// is forgotten, bounded by the peer limit).
+    learned_orders: HashMap<Nid, RaceOrder>,
     txs: Slab<Tx>,
     tx_generation: u32,
     wheel: TimerWheel<TimerEvent>,
@@ -279,8 +296,9 @@ impl Endpoint {
             now,
             conns: Slab::new(),
             conn_generation: 0,
-            peers: Vec::new(),
+            peers: Slab::new(),
             peer_index: HashMap::new(),
+            learned_orders: HashMap::new(),
             txs: Slab::new(),
             tx_generation: 0,
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
@@ -380,7 +398,7 @@ impl Endpoint {
 
     /// Views of every peer.
     pub fn peers(&self) -> impl Iterator<Item = PeerView> + '_ {
-        self.peers.iter().map(Peer::view)
+        self.peers.iter().map(|(_, p)| p.view())
     }
 
     /// The view of one peer.
@@ -445,7 +463,7 @@ impl Endpoint {
             + self
                 .peers
                 .iter()
-                .map(|p| {
+                .map(|(_, p)| {
                     p.tx_queue.capacity() * size_of::<TxKey>()
                         + p.conns.capacity() * size_of::<ConnId>()
                 })
@@ -508,7 +526,9 @@ impl Endpoint {
         if peer.is_any() || peer.net() != self.cfg.nid.net() {
             return Err(SendError::BadPeer(peer));
         }
-        let p = self.peer_idx(peer);
+        let Some(p) = self.peer_idx(peer) else {
+            return Err(SendError::PeerTableFull(peer));
+        };
         let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
         self.launch_tx(key);
         Ok(())
@@ -540,7 +560,8 @@ impl Endpoint {
         }
         debug!(nid = %self.cfg.nid, conns = self.conns.len(), "LND shutting down");
         self.shutting_down = true;
-        for p in 0..self.peers.len() {
+        let all: Vec<PeerIdx> = self.peers.iter().map(|(p, _)| p).collect();
+        for p in all {
             self.cancel_reconnect(p);
             self.peers[p].reconnect_wanted = false;
             self.fail_peer_queue(p, TxError::Shutdown);
@@ -557,7 +578,7 @@ impl Endpoint {
     pub fn handle_connect_request(&mut self, now: Instant, req: RequestId, private: &[u8]) {
         self.advance(now);
         let my_cp = self.my_connparams();
-        let (msg, _) = match KibMsg::parse(private) {
+        let (msg, framing) = match KibMsg::parse(private) {
             Ok(m) => m,
             Err(e) => {
                 self.stats.bad_connreqs += 1;
@@ -599,7 +620,12 @@ impl Endpoint {
         if cp.max_msg_size as usize > MSG_SIZE {
             return self.reject(req, RejectReason::Fatal);
         }
-        let p = self.peer_idx(msg.src_nid);
+        let Some(p) = self.peer_idx(msg.src_nid) else {
+            self.stats.peer_table_full += 1;
+            debug!(peer = %msg.src_nid, limit = self.cfg.peer_limit, "peer table full, refusing");
+            return self.reject(req, RejectReason::NoResources);
+        };
+        self.learn_cksum(p, &framing);
         let policy = self.cfg.race_policy;
 
         // A new instance of a peer we knew: everything to the old one is dead (kiblnd step 10).
@@ -628,9 +654,13 @@ impl Endpoint {
             races: self.peers[p].races,
             race_limit: self.cfg.tunables.race_limit,
             policy,
+            order: self.race_order_for(msg.src_nid),
         });
         match decision {
             RaceDecision::RejectRace => {
+                if let Some(c) = active.and_then(|a| self.conn_mut(a)) {
+                    c.refused_peer_race = true;
+                }
                 self.peers[p].races += 1;
                 self.stats.races += 1;
                 trace!(peer = %msg.src_nid, races = self.peers[p].races, "conn race");
@@ -690,7 +720,7 @@ impl Endpoint {
                 max_msg_size: MSG_SIZE as u32,
             }),
         };
-        let private = encode_private(&ack);
+        let private = encode_private(&ack, self.emit_opts(p));
         if self.capture.is_some() {
             self.record(CaptureDir::Sent, id, msg.src_nid, private.as_bytes());
         }
@@ -721,10 +751,14 @@ impl Endpoint {
             let peer = self.peers[p].nid;
             self.record(CaptureDir::Received, conn, peer, private);
         }
+        let parsed = KibMsg::parse(private);
+        if let Ok((_, framing)) = &parsed {
+            self.learn_cksum(p, framing);
+        }
         let Some(c) = self.conn(conn) else {
             return;
         };
-        let checked = match KibMsg::parse(private) {
+        let checked = match parsed {
             Ok((msg, _)) => match msg.body {
                 KibBody::ConnAck(cp)
                     if msg.version == VERSION_2
@@ -812,6 +846,9 @@ impl Endpoint {
                             peer.races_received += 1;
                             peer.peak_races_received =
                                 peer.peak_races_received.max(peer.races_received);
+                            if self.conn(conn).is_some_and(|c| c.refused_peer_race) {
+                                self.orders_disagree(p);
+                            }
                             true
                         }
                         RejectReason::ConnUncompat => true,
@@ -874,7 +911,7 @@ impl Endpoint {
         self.stats.msgs_received += 1;
         let me = self.cfg.nid;
         let my_stamp = self.cfg.incarnation;
-        let (msg, _) = match KibMsg::parse(bytes) {
+        let (msg, framing) = match KibMsg::parse(bytes) {
             Ok(m) => m,
             Err(e) => {
                 self.stats.bad_msgs += 1;
@@ -882,6 +919,11 @@ impl Endpoint {
                 return self.close_conn(conn, Some(DownReason::ProtocolError));
             }
         };
+        if framing.cksum.is_some() {
+            if let Some(p) = self.conn(conn).map(|c| c.peer) {
+                self.learn_cksum(p, &framing);
+            }
+        }
         let Some(c) = self.conns.get_mut(conn.index as usize) else {
             return;
         };
@@ -982,8 +1024,12 @@ impl Endpoint {
                 TimerEvent::Tx(key) => self.on_tx_deadline(key),
                 TimerEvent::Reap(id) => self.reap(id),
                 TimerEvent::Reconnect(p) => {
-                    self.peers[p].reconnect_timer = None;
+                    let Some(peer) = self.peers.get_mut(p) else {
+                        continue;
+                    };
+                    peer.reconnect_timer = None;
                     self.maybe_connect(p);
+                    self.maybe_forget(p);
                 }
             }
         }
@@ -1019,12 +1065,16 @@ impl Endpoint {
             .collect()
     }
 
-    fn peer_idx(&mut self, nid: Nid) -> PeerIdx {
+    /// The peer's slot, made if it is new; `None` when it is new and the table is full.
+    fn peer_idx(&mut self, nid: Nid) -> Option<PeerIdx> {
         if let Some(&p) = self.peer_index.get(&nid) {
-            return p;
+            return Some(p);
+        }
+        if self.peers.len() >= self.cfg.peer_limit {
+            return None;
         }
         let qd = self.cfg.tunables.queue_depth();
-        self.peers.push(Peer {
+        let p = self.peers.insert(Peer {
             nid,
             incarnation: 0,
             version: VERSION_2,
@@ -1045,10 +1095,100 @@ impl Endpoint {
             peak_races_received: 0,
             up: false,
             reported_down: false,
+            cksum: None,
+            double_rejects: 0,
         });
-        let p = self.peers.len() - 1;
         self.peer_index.insert(nid, p);
-        p
+        Some(p)
+    }
+
+    /// Forgets a peer that has no connection (not even a zombie), no connect under way and
+    /// nothing queued, as o2iblnd frees a peer with no connections: what a peer costs is then
+    /// bounded by what it is doing, and a flood of forged NIDs leaves nothing behind.
+    fn maybe_forget(&mut self, p: PeerIdx) {
+        let Some(peer) = self.peers.get(p) else {
+            return;
+        };
+        let idle = peer.conns.is_empty()
+            && peer.active.is_none()
+            && peer.accepting.is_none()
+            && peer.zombies == 0
+            && peer.tx_queue.is_empty()
+            && peer.reconnect_timer.is_none()
+            && !peer.reconnect_wanted;
+        // Every connection of the peer is counted above (handshakes as active/accepting,
+        // established ones in `conns`, closing and disconnected ones as zombies until reaped), so
+        // no connection, message or timer refers to the slot once it is free.
+        if !idle {
+            return;
+        }
+        let nid = peer.nid;
+        self.peers.remove(p);
+        self.peer_index.remove(&nid);
+        self.stats.peers_forgotten += 1;
+        trace!(peer = %nid, "peer forgotten");
+    }
+
+    /// The race order in use with `nid`: the one learned for it, or our NI's.
+    fn race_order_for(&self, nid: Nid) -> RaceOrder {
+        self.learned_orders
+            .get(&nid)
+            .copied()
+            .unwrap_or(self.cfg.race_order)
+    }
+
+    /// Both sides refused each other in one race: the peer orders NIDs the other way. Switch to
+    /// its order for this peer when [`adopts_peer_order`] says so.
+    fn orders_disagree(&mut self, p: PeerIdx) {
+        let nid = self.peers[p].nid;
+        self.stats.race_order_disagreements += 1;
+        self.peers[p].double_rejects += 1;
+        let n = self.peers[p].double_rejects;
+        if !adopts_peer_order(self.cfg.nid, nid, n) {
+            debug!(peer = %nid, double_rejects = n, "both sides refused a connection race");
+            return;
+        }
+        let adopted = self.race_order_for(nid).other();
+        if adopted == self.cfg.race_order {
+            self.learned_orders.remove(&nid);
+        } else if self.learned_orders.len() < self.cfg.peer_limit {
+            self.learned_orders.insert(nid, adopted);
+        }
+        self.peers[p].double_rejects = 0;
+        self.stats.race_order_adoptions += 1;
+        debug!(peer = %nid, order = adopted.name(), "the peer orders NIDs the other way: adopting its order");
+    }
+
+    /// Remembers the flavour of a peer's checksum from a message that carried one.
+    fn learn_cksum(&mut self, p: PeerIdx, framing: &Framing) {
+        let Some(flavour) = framing.cksum.and_then(|c| c.flavour) else {
+            return;
+        };
+        let peer = &mut self.peers[p];
+        if peer.cksum != Some(flavour) {
+            peer.cksum = Some(flavour);
+            match flavour {
+                CksumFlavour::Signed => self.stats.cksum_signed_peers += 1,
+                CksumFlavour::Unsigned => self.stats.cksum_unsigned_peers += 1,
+            }
+        }
+    }
+
+    /// How to encode what we send to peer `p`: checksummed in its flavour when checksums are
+    /// on, in the configured default until its flavour is known.
+    fn emit_opts(&self, p: PeerIdx) -> EmitOpts {
+        let ck = self.cfg.checksum;
+        EmitOpts {
+            order: Default::default(),
+            checksum: if ck.emit {
+                self.peers
+                    .get(p)
+                    .and_then(|peer| peer.cksum)
+                    .or(ck.default_flavour)
+            } else {
+                None
+            },
+        }
     }
 
     fn my_connparams(&self) -> ConnParams {
@@ -1091,6 +1231,7 @@ impl Endpoint {
             active,
             peer_stamp: 0,
             sent_dst_stamp: 0,
+            refused_peer_race: false,
             queue_depth,
             max_frags,
             credits: queue_depth,
@@ -1164,6 +1305,7 @@ impl Endpoint {
             cookie,
             timer: None,
             place: TxPlace::Peer,
+            queued_at: self.now,
         });
         TxKey {
             index: index as u32,
@@ -1220,6 +1362,7 @@ impl Endpoint {
         self.set_tx_deadline(key, at);
         let tx = &mut self.txs[key.index as usize];
         tx.place = TxPlace::Queued(conn);
+        tx.queued_at = self.now;
         let kind = match tx.body {
             TxBody::Immediate { .. } => KibMsgType::Immediate,
             TxBody::Noop { .. } => KibMsgType::Noop,
@@ -1301,7 +1444,7 @@ impl Endpoint {
             }),
         };
         trace!(peer = %nid, conn = ?id, "active connect");
-        let private = encode_private(&req);
+        let private = encode_private(&req, self.emit_opts(p));
         if self.capture.is_some() {
             self.record(CaptureDir::Sent, id, nid, private.as_bytes());
         }
@@ -1364,6 +1507,7 @@ impl Endpoint {
         peer.attempts = 0;
         peer.races = 0;
         peer.races_received = 0;
+        peer.double_rejects = 0;
         self.cancel_reconnect(p);
         if !self.cfg.tunables.keepalive.is_zero() {
             let keepalive = self.now + self.cfg.tunables.keepalive;
@@ -1541,6 +1685,7 @@ impl Endpoint {
             // A reconnect was not allowed (e.g. a fatal reject) and nothing else will come.
             self.fail_peer_queue(p, TxError::ConnectFailed);
         }
+        self.maybe_forget(p);
     }
 
     fn cancel_reconnect(&mut self, p: PeerIdx) {
@@ -1627,9 +1772,16 @@ impl Endpoint {
                 self.peers[p].tx_queue.retain(|&k| k != key);
                 debug!(peer = %self.peers[p].nid, "timed out tx waiting for a connection");
                 self.finish_tx(key, Err(TxError::Timeout));
+                self.maybe_forget(p);
             }
             TxPlace::Queued(conn) | TxPlace::Posted(conn) => {
-                // "Timed out RDMA": the connection is no good.
+                // "Timed out RDMA": the connection is no good (kiblnd_check_txs_locked). This is
+                // how a peer that owes us something (credits for a queued message, a completion
+                // for a posted one) and stays silent is declared dead.
+                let queued_at = tx.queued_at;
+                if self.conn(conn).is_some_and(|c| c.last_recv <= queued_at) {
+                    self.stats.silent_peers += 1;
+                }
                 debug!(conn = ?conn, "timed out tx, closing the connection");
                 self.finish_tx(key, Err(TxError::Timeout));
                 self.close_conn(conn, Some(DownReason::Timeout));
@@ -1638,7 +1790,7 @@ impl Endpoint {
     }
 
     fn on_conn_timer(&mut self, id: ConnId) {
-        let (keepalive, timeout) = (self.cfg.tunables.keepalive, self.cfg.tunables.timeout);
+        let keepalive = self.cfg.tunables.keepalive;
         let Some(c) = self.conn_mut(id) else {
             return;
         };
@@ -1652,27 +1804,19 @@ impl Endpoint {
                 self.handshake_failed(id, Some(DownReason::Timeout), retry, true);
             }
             ConnState::Established => {
-                // A live peer sends at least every `keepalive` (its own keepalive NOOP, if
-                // nothing else). Silence for keepalive + timeout means it is gone or frozen, even
-                // if the transport still acknowledges what we send: a stopped process's kernel
-                // (or HCA) keeps acking. o2iblnd has no such check; 3FS #426's lesson is to
-                // declare a peer dead on our own deadline, not wait for the transport.
-                let silent_at = c.last_recv + keepalive + timeout;
-                let last_send = c.last_send;
-                if self.now >= silent_at {
-                    self.stats.silent_peers += 1;
-                    debug!(conn = ?id, "nothing heard from the peer for keepalive + timeout");
-                    self.close_conn(id, Some(DownReason::Timeout));
-                    return;
-                }
-                let due = last_send + keepalive;
+                // Keepalive only (kiblnd_check_conns): a NOOP when we have sent nothing for
+                // `keepalive`, so a crashed peer is found by the transport (EOF/RST on tcp, a
+                // failed send on verbs). Silence alone is never fatal: a kernel peer sends
+                // NOOPs on its own schedule, or never (keepalive=0), and owes an idle peer
+                // nothing. A peer that owes us something is found by the message deadlines.
+                let due = c.last_send + keepalive;
                 let next = if self.now >= due {
                     self.check_sends(id, true);
                     self.now + keepalive
                 } else {
                     due
                 };
-                self.arm_conn_timer(id, next.min(silent_at));
+                self.arm_conn_timer(id, next);
             }
             ConnState::Closing => {
                 self.stats.close_timeouts += 1;
@@ -1756,6 +1900,10 @@ impl Endpoint {
 
     fn post_tx(&mut self, conn: ConnId, key: TxKey, credit: bool) {
         let me = self.cfg.nid;
+        let Some(p) = self.conn(conn).map(|c| c.peer) else {
+            return;
+        };
+        let opts = self.emit_opts(p);
         let my_stamp = self.cfg.incarnation;
         let now = self.now;
         let c = self.conns.get_mut(conn.index as usize).expect("live conn");
@@ -1795,7 +1943,7 @@ impl Endpoint {
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(MSG_SIZE));
         bytes.resize(msg.wire_len(), 0);
-        if let Err(e) = msg.emit(&mut bytes, EmitOpts::default()) {
+        if let Err(e) = msg.emit(&mut bytes, opts) {
             // Unreachable by construction: payloads are checked in `send`.
             error!(error = %e, "cannot encode a message");
         }
@@ -1835,9 +1983,9 @@ fn recv_slots(queue_depth: u16) -> u16 {
     queue_depth.saturating_mul(2).saturating_add(OOB_SLOTS)
 }
 
-fn encode_private(msg: &KibMsg<'_>) -> PrivateData {
+fn encode_private(msg: &KibMsg<'_>, opts: EmitOpts) -> PrivateData {
     let mut p = PrivateData::EMPTY;
-    match msg.emit(p.buf_mut(), EmitOpts::default()) {
+    match msg.emit(p.buf_mut(), opts) {
         Ok(n) => p.set_len(n),
         Err(e) => error!(error = %e, "cannot encode connection private data"),
     }

@@ -5,8 +5,13 @@
 //! only if the requester's NID is strictly lower than its own. Equal NIDs (a node connecting to
 //! itself) are always accepted; the reverted first LU-7646 patch rejected them and deadlocked a
 //! self-ping. LU-7646 added a counter so a stuck active connect cannot win forever.
+//!
+//! "Lower" is under a [`RaceOrder`]: the raw NID up to Lustre 2.15, `nidhash` since 2.16. Two
+//! peers that order differently either both refuse (a double reject) or both accept (two
+//! connections). A double reject is evidence: [`adopts_peer_order`] says when we switch to the
+//! peer's order for that peer, breaking the symmetry so that two ulnet nodes never both switch.
 
-use super::config::RacePolicy;
+use super::config::{RaceOrder, RacePolicy};
 use crate::wire::Nid;
 
 /// What the passive side knows when a connect request arrives.
@@ -23,6 +28,8 @@ pub struct RaceInput {
     pub races: u32,
     pub race_limit: u32,
     pub policy: RacePolicy,
+    /// The order in use with this peer (the NI's, or the one learned for the peer).
+    pub order: RaceOrder,
 }
 
 /// The outcome.
@@ -46,15 +53,25 @@ pub fn resolve_race(i: RaceInput) -> RaceDecision {
     if i.active_proven_stale && i.policy.abandons_stale() {
         return RaceDecision::AbandonActiveAndAccept;
     }
-    // Strict comparison of the 64-bit NIDs, as Lustre 2.8 did; any total order works if both
-    // sides compute the same one, and equality must accept.
-    if i.peer_nid.raw() >= i.my_nid.raw() {
+    // Strict comparison, as o2iblnd does; any order works if both sides compute the same one,
+    // and equality (a self-connect, or two NIDs with one hash) must accept.
+    if !i.order.lower(i.peer_nid, i.my_nid) {
         return RaceDecision::Accept;
     }
     if i.policy.counts_races() && i.races >= i.race_limit {
         return RaceDecision::Yield;
     }
     RaceDecision::RejectRace
+}
+
+/// Whether to switch to the peer's order after `double_rejects` races in which we refused the
+/// peer with CONN_RACE and it refused us too (it computes the other order). The side with the
+/// lower raw NID switches at the first such race, the other only at a second one: two ulnet nodes
+/// configured differently never both switch (which would leave them disagreeing again), while
+/// against a kernel, which never switches, we always end up switching.
+pub fn adopts_peer_order(my_nid: Nid, peer_nid: Nid, double_rejects: u32) -> bool {
+    let needed = if my_nid.raw() < peer_nid.raw() { 1 } else { 2 };
+    double_rejects >= needed
 }
 
 #[cfg(test)]
@@ -66,7 +83,10 @@ mod tests {
     fn exhaustive() {
         let nids = [Nid::from_raw(1), Nid::from_raw(2), Nid::from_raw(3)];
         let mut seen = std::collections::HashSet::new();
-        for policy in RacePolicy::ALL {
+        for (policy, order) in RacePolicy::ALL
+            .into_iter()
+            .flat_map(|p| RaceOrder::ALL.map(|o| (p, o)))
+        {
             for my_nid in nids {
                 for peer_nid in nids {
                     for active_in_flight in [false, true] {
@@ -80,6 +100,7 @@ mod tests {
                                     races,
                                     race_limit: 20,
                                     policy,
+                                    order,
                                 };
                                 let d = resolve_race(i);
                                 seen.insert(d);
@@ -87,7 +108,7 @@ mod tests {
                                     RaceDecision::Accept
                                 } else if active_proven_stale && policy == RacePolicy::Ulnet {
                                     RaceDecision::AbandonActiveAndAccept
-                                } else if peer_nid >= my_nid {
+                                } else if order.key(peer_nid) >= order.key(my_nid) {
                                     RaceDecision::Accept
                                 } else if policy != RacePolicy::Lustre28 && races >= 20 {
                                     RaceDecision::Yield
@@ -124,6 +145,7 @@ mod tests {
                     races: 0,
                     race_limit: 20,
                     policy: RacePolicy::Ulnet,
+                    order: RaceOrder::Nid,
                 })
             };
             let decisions = [at(a, b), at(b, a)];
@@ -136,5 +158,83 @@ mod tests {
                 "{a} vs {b}: {decisions:?}"
             );
         }
+    }
+
+    fn nid(s: &str) -> Nid {
+        s.parse().expect("NID")
+    }
+
+    /// The hash order with the reference's pair (kernel-interop.md): the raw order and the hash
+    /// order disagree on 10.0.0.2@o2ib vs 10.0.1.1@o2ib.
+    #[test]
+    fn nidhash_order_of_the_reference_pair() {
+        let (a, b) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+        assert_eq!(a.nidhash(), 0x0205_000a);
+        assert_eq!(b.nidhash(), 0x0104_000a);
+        assert!(RaceOrder::NidHash.lower(b, a), "2.16: 10.0.1.1 is lower");
+        assert!(RaceOrder::Nid.lower(a, b), "2.15: 10.0.0.2 is lower");
+        assert!(!RaceOrder::NidHash.lower(a, b));
+        assert!(!RaceOrder::Nid.lower(b, a));
+    }
+
+    /// 0@lo, another o2ib net and tcp: the net is `lnd type << 16 | number`, XORed with the
+    /// address as a little-endian host reads its network-order bytes.
+    #[test]
+    fn nidhash_of_lo_o2ib1_and_tcp() {
+        assert_eq!(nid("0@lo").nidhash(), 0x0009_0000);
+        // o2ib1: net 0x00050001.
+        assert_eq!(nid("10.0.0.2@o2ib1").nidhash(), 0x0205_000b);
+        assert_eq!(nid("10.0.1.1@o2ib1").nidhash(), 0x0104_000b);
+        // tcp: net 0x00020000; 192.168.1.5 is c0 a8 01 05 on the wire, 0x0501a8c0 as read.
+        assert_eq!(nid("192.168.1.5@tcp").nidhash(), 0x0503_a8c0);
+        assert_eq!(nid("192.168.1.5@tcp3").nidhash(), 0x0503_a8c3);
+        // Equal hashes accept both ways: 11.0.0.2@o2ib and 10.0.0.2@o2ib1 collide (the address
+        // word differs in its low bit, the net in its number's).
+        let (x, y) = (nid("11.0.0.2@o2ib"), nid("10.0.0.2@o2ib1"));
+        assert_eq!(x.nidhash(), y.nidhash());
+        assert!(!RaceOrder::NidHash.lower(x, y) && !RaceOrder::NidHash.lower(y, x));
+    }
+
+    /// Under each order, exactly one side of a simultaneous connect refuses; under different
+    /// orders both may refuse (the disagreement ulnet detects) or both accept.
+    #[test]
+    fn orders_agree_with_themselves_and_disagree_with_each_other() {
+        let (a, b) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+        let at = |me: Nid, them: Nid, order: RaceOrder| {
+            resolve_race(RaceInput {
+                my_nid: me,
+                peer_nid: them,
+                active_in_flight: true,
+                active_proven_stale: false,
+                races: 0,
+                race_limit: 20,
+                policy: RacePolicy::Ulnet,
+                order,
+            })
+        };
+        for order in RaceOrder::ALL {
+            let rejects = [at(a, b, order), at(b, a, order)]
+                .iter()
+                .filter(|d| **d == RaceDecision::RejectRace)
+                .count();
+            assert_eq!(rejects, 1, "{order:?}");
+        }
+        // a on 2.15's order, b on 2.16's: each thinks it is higher, both refuse.
+        assert_eq!(at(a, b, RaceOrder::Nid), RaceDecision::Accept);
+        assert_eq!(at(b, a, RaceOrder::NidHash), RaceDecision::Accept);
+        assert_eq!(at(a, b, RaceOrder::NidHash), RaceDecision::RejectRace);
+        assert_eq!(at(b, a, RaceOrder::Nid), RaceDecision::RejectRace);
+    }
+
+    /// The lower raw NID switches at the first double reject, the higher only at the second.
+    #[test]
+    fn adoption_breaks_the_symmetry() {
+        let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+        assert!(!adopts_peer_order(lo, hi, 0));
+        assert!(adopts_peer_order(lo, hi, 1));
+        assert!(!adopts_peer_order(hi, lo, 1));
+        assert!(adopts_peer_order(hi, lo, 2));
+        // At the first double reject exactly one side switches, so the second race agrees.
+        assert_ne!(adopts_peer_order(lo, hi, 1), adopts_peer_order(hi, lo, 1));
     }
 }

@@ -31,8 +31,12 @@ pub enum WireError {
     UnknownLnetType(u32),
     /// An LNet payload length the message type cannot have (ACK/GET > 0, PUT/REPLY > 1 MiB).
     BadPayloadLength { msg_type: LnetMsgType, len: u32 },
-    /// The message checksum does not match its bytes.
-    BadChecksum { carried: u32, computed: u32 },
+    /// The message checksum matches its bytes in neither flavour (signed or unsigned `char`).
+    BadChecksum {
+        carried: u32,
+        unsigned: u32,
+        signed: u32,
+    },
     /// The sender NID is LNET_NID_ANY, which no sender can have.
     AnySourceNid,
     /// A ping reply without the NI_STATUS feature, which every receiver requires.
@@ -71,9 +75,14 @@ impl fmt::Display for WireError {
             WireError::BadPayloadLength { msg_type, len } => {
                 write!(f, "LNet {msg_type:?} cannot carry {len} payload bytes")
             }
-            WireError::BadChecksum { carried, computed } => write!(
+            WireError::BadChecksum {
+                carried,
+                unsigned,
+                signed,
+            } => write!(
                 f,
-                "checksum mismatch: message says {carried:#010x}, bytes sum to {computed:#010x}"
+                "checksum mismatch: message says {carried:#010x}, bytes sum to {unsigned:#010x} \
+                 (unsigned) or {signed:#010x} (signed)"
             ),
             WireError::AnySourceNid => write!(f, "source NID is LNET_NID_ANY"),
             WireError::PingWithoutStatus => write!(f, "ping reply lacks the NI_STATUS feature"),

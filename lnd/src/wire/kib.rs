@@ -308,16 +308,51 @@ pub struct Framing {
     pub order: ByteOrder,
     /// `ibm_nob`: bytes the message occupies (the rest of the buffer is ignored).
     pub nob: usize,
-    /// The checksum it carried, if any (0 on the wire means none).
-    pub cksum: Option<u32>,
+    /// The checksum it carried, if any (0 on the wire means none), and the flavour it matched.
+    pub cksum: Option<Checksum>,
+}
+
+/// How a sender added each byte into o2iblnd's checksum. kiblnd_cksum adds the bytes as C
+/// `char`s, whose signedness is the kernel build's: signed on x86 kernels up to 6.1 (RHEL 8/9,
+/// SLES 15, Debian 12), unsigned on every kernel since 6.2 (built with -funsigned-char). The two
+/// differ on any message, since the o2iblnd magic itself has bytes >= 0x80.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CksumFlavour {
+    /// Bytes >= 0x80 count as negative (pre-6.2 x86 kernels).
+    Signed,
+    /// Bytes count as 0..=255 (kernels since 6.2, and other architectures).
+    Unsigned,
+}
+
+impl CksumFlavour {
+    /// Both flavours, the one most kernels at Lustre sites compute first.
+    pub const ALL: [CksumFlavour; 2] = [CksumFlavour::Signed, CksumFlavour::Unsigned];
+
+    /// The name used in configs and tools.
+    pub fn name(self) -> &'static str {
+        match self {
+            CksumFlavour::Signed => "signed",
+            CksumFlavour::Unsigned => "unsigned",
+        }
+    }
+}
+
+/// A checksum a message carried.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Checksum {
+    pub value: u32,
+    /// The flavour the value matched; `None` when both flavours give the same value (no byte
+    /// >= 0x80 changed the sum), so the message says nothing about its sender's flavour.
+    pub flavour: Option<CksumFlavour>,
 }
 
 /// How to emit a message.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
 pub struct EmitOpts {
     pub order: ByteOrder,
-    /// Fill `ibm_cksum` (the `cksum` module parameter).
-    pub checksum: bool,
+    /// Fill `ibm_cksum` in this flavour (the `cksum` module parameter); `None` sends 0, which
+    /// every receiver reads as "no checksum".
+    pub checksum: Option<CksumFlavour>,
 }
 
 /// A validated o2iblnd message.
@@ -335,10 +370,15 @@ pub struct KibMsg<'a> {
     pub body: KibBody<'a>,
 }
 
-/// o2iblnd's message checksum: rotate left by one and add each byte, computed with the checksum
-/// field zeroed; never 0, which means "no checksum" (kiblnd_cksum). Bytes are added as unsigned
-/// values, as kernels built with -funsigned-char (all since 6.2) do.
+/// o2iblnd's message checksum in the unsigned flavour (kernels since 6.2); see [`cksum_as`].
 pub fn cksum(msg: &[u8]) -> u32 {
+    cksum_as(msg, CksumFlavour::Unsigned)
+}
+
+/// o2iblnd's message checksum (kiblnd_cksum): rotate left by one and add each byte, computed with
+/// the checksum field zeroed; never 0, which means "no checksum". `flavour` says whether a byte
+/// is added as a signed or an unsigned C `char`.
+pub fn cksum_as(msg: &[u8], flavour: CksumFlavour) -> u32 {
     let mut sum: u32 = 0;
     for (i, &byte) in msg.iter().enumerate() {
         let byte = if (field::CKSUM..field::CKSUM + 4).contains(&i) {
@@ -346,13 +386,41 @@ pub fn cksum(msg: &[u8]) -> u32 {
         } else {
             byte
         };
-        sum = sum.rotate_left(1).wrapping_add(u32::from(byte));
+        let value = match flavour {
+            CksumFlavour::Unsigned => u32::from(byte),
+            // Sign-extended, as a signed char promoted to int and then to the u32 sum.
+            CksumFlavour::Signed => i32::from(byte as i8) as u32,
+        };
+        sum = sum.rotate_left(1).wrapping_add(value);
     }
     if sum == 0 {
         1
     } else {
         sum
     }
+}
+
+/// Which flavour of checksum `carried` is for `msg`, if either: a message is accepted when its
+/// checksum matches what either kind of kernel computes.
+pub fn check_cksum(msg: &[u8], carried: u32) -> Result<Checksum, WireError> {
+    let unsigned = cksum_as(msg, CksumFlavour::Unsigned);
+    let signed = cksum_as(msg, CksumFlavour::Signed);
+    let flavour = match (carried == signed, carried == unsigned) {
+        (true, true) => None,
+        (true, false) => Some(CksumFlavour::Signed),
+        (false, true) => Some(CksumFlavour::Unsigned),
+        (false, false) => {
+            return Err(WireError::BadChecksum {
+                carried,
+                unsigned,
+                signed,
+            })
+        }
+    };
+    Ok(Checksum {
+        value: carried,
+        flavour,
+    })
 }
 
 /// Reads only the type code, for cheap dispatch and for counters on a message that fails to parse.
@@ -394,12 +462,11 @@ impl<'a> KibMsg<'a> {
         }
         let carried = o.get_u32(b, field::CKSUM);
         let msg = b.get(..nob).unwrap_or_default();
-        if carried != 0 {
-            let computed = cksum(msg);
-            if computed != carried {
-                return Err(WireError::BadChecksum { carried, computed });
-            }
-        }
+        let checksum = if carried != 0 {
+            Some(check_cksum(msg, carried)?)
+        } else {
+            None
+        };
         let raw_type = b.get(field::TYPE).copied().unwrap_or(0);
         let ty = KibMsgType::from_u8(raw_type).ok_or(WireError::UnknownType(raw_type))?;
         if nob < ty.min_nob() {
@@ -464,7 +531,7 @@ impl<'a> KibMsg<'a> {
             Framing {
                 order: o,
                 nob,
-                cksum: (carried != 0).then_some(carried),
+                cksum: checksum,
             },
         ))
     }
@@ -530,8 +597,8 @@ impl<'a> KibMsg<'a> {
             }
             KibBody::PutNak(c) | KibBody::PutDone(c) | KibBody::GetDone(c) => c.write(b, at, o),
         }
-        if opts.checksum {
-            let sum = cksum(b.get(..nob).unwrap_or_default());
+        if let Some(flavour) = opts.checksum {
+            let sum = cksum_as(b.get(..nob).unwrap_or_default(), flavour);
             o.put_u32(b, field::CKSUM, sum);
         }
         Ok(nob)

@@ -183,6 +183,16 @@ impl Nid {
     pub const fn is_any(self) -> bool {
         self.0 == u64::MAX
     }
+
+    /// Lustre 2.16's `nidhash` (lnet-types.h): the net (`lnd type << 16 | number`) XOR the four
+    /// address words of `struct lnet_nid`, which hold the address in network byte order and are
+    /// read as native u32s. For a 4-byte address only the first word is set, and on the
+    /// little-endian hosts Lustre runs on it reads as the address byte-swapped. Kernel LNet since
+    /// 2.16 (LU-17743) orders NIDs by this value to settle connection races, so a peer must
+    /// compute it as a little-endian host does, whatever host it runs on.
+    pub const fn nidhash(self) -> u32 {
+        self.net().raw() ^ self.addr().swap_bytes()
+    }
 }
 
 impl fmt::Display for Nid {
