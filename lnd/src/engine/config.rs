@@ -39,6 +39,12 @@ impl RacePolicy {
     pub(crate) fn abandons_stale(self) -> bool {
         matches!(self, RacePolicy::Ulnet)
     }
+
+    /// Ours: learn a peer's race order from double rejects, and walk a peer that keeps
+    /// answering CONN_RACE to its race limit at a quick bounded pace. Kernel Lustre does neither.
+    pub(crate) fn adapts_to_peer(self) -> bool {
+        matches!(self, RacePolicy::Ulnet)
+    }
 }
 
 /// Which order of NIDs settles a connection race ("who is higher"). Both sides of a race must
@@ -124,6 +130,11 @@ pub struct Tunables {
     pub reconnect_interval: Duration,
     /// Random extra delay, up to this much, added to each paced reconnect.
     pub reconnect_jitter: Duration,
+    /// Ours: the pace of retries to a peer that refused us with CONN_RACE, until it has done so
+    /// `race_limit` + 1 times (then the usual pacing). The peer is alive and answering; a kernel
+    /// peer lets the lower NID win after `race_limit` refusals (LU-7646), and at one try a
+    /// second that takes 10 s more than it needs to.
+    pub race_retry_interval: Duration,
 }
 
 impl Default for Tunables {
@@ -140,6 +151,7 @@ impl Default for Tunables {
             fast_reconnects: 10,
             reconnect_interval: Duration::from_secs(1),
             reconnect_jitter: Duration::from_millis(250),
+            race_retry_interval: Duration::from_millis(100),
         }
     }
 }

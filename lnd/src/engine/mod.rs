@@ -1144,7 +1144,7 @@ impl Endpoint {
         self.stats.race_order_disagreements += 1;
         self.peers[p].double_rejects += 1;
         let n = self.peers[p].double_rejects;
-        if !adopts_peer_order(self.cfg.nid, nid, n) {
+        if !self.cfg.race_policy.adapts_to_peer() || !adopts_peer_order(self.cfg.nid, nid, n) {
             debug!(peer = %nid, double_rejects = n, "both sides refused a connection race");
             return;
         }
@@ -1393,6 +1393,31 @@ impl Endpoint {
             return;
         }
         let t = &self.cfg.tunables;
+        if self.cfg.race_policy.adapts_to_peer()
+            && peer.attempts >= t.fast_reconnects
+            && peer.races_received > 0
+            && peer.races_received <= t.race_limit.saturating_add(1)
+        {
+            // The peer refused us with CONN_RACE: it is alive, holding a connect of its own that
+            // may never finish. Retry at a quick bounded pace until it has refused us race_limit
+            // + 1 times (a kernel peer lets us win at race_limit), without counting these tries
+            // toward the slow path.
+            let earliest = peer
+                .last_attempt
+                .map_or(self.now, |last| last + t.race_retry_interval);
+            if earliest > self.now {
+                let jitter = jitter(
+                    &mut self.rng,
+                    Duration::from_nanos(t.race_retry_interval.as_nanos() / 4),
+                );
+                let key = self
+                    .wheel
+                    .insert(earliest + jitter, TimerEvent::Reconnect(p));
+                self.peers[p].reconnect_timer = Some(key);
+                return;
+            }
+            return self.connect_now(p);
+        }
         if peer.attempts >= t.fast_reconnects {
             let earliest = peer
                 .last_attempt
