@@ -129,6 +129,18 @@ pub fn net(n: &NetShow) -> String {
                 let _ = writeln!(out, "              type: {}", f.kind);
                 named(&mut out, "              ", &f.counters);
             }
+            if let Some(u) = &ni.ulnet {
+                out.push_str("          ulnet:\n");
+                let _ = writeln!(out, "              checksum: {}", u.checksum);
+                let _ = writeln!(
+                    out,
+                    "              checksum default: {}",
+                    u.checksum_default
+                );
+                let _ = writeln!(out, "              race order: {}", u.race_order);
+                let _ = writeln!(out, "              peer limit: {}", u.peer_limit);
+                let _ = writeln!(out, "              peers: {}", u.peers);
+            }
         }
     }
     out
@@ -361,16 +373,29 @@ net:
               keepalive: 100
 "
         );
-        // The LND's counters: 31 of them, then the rejects by reason, each 0 here.
+        let (lnd, ulnet) = lnd.split_once("          ulnet:\n").expect(lnd);
+        // The LND's counters: 37 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
         assert_eq!(lines[0], "              connects: 0");
-        assert_eq!(lines[30], "              capture_drops: 0");
-        assert_eq!(lines[31], "              rejects_sent:");
-        assert_eq!(lines[32], "                  other: 0");
-        assert_eq!(lines[37], "                  conn_stale: 0");
-        assert_eq!(lines[42], "              rejects_received:");
-        assert_eq!(lines.len(), 53, "{lnd}");
+        assert_eq!(lines[8], "              race_order_disagreements: 0");
+        assert_eq!(lines[32], "              capture_drops: 0");
+        assert_eq!(lines[36], "              peer_table_full: 0");
+        assert_eq!(lines[37], "              rejects_sent:");
+        assert_eq!(lines[38], "                  other: 0");
+        assert_eq!(lines[43], "                  conn_stale: 0");
+        assert_eq!(lines[48], "              rejects_received:");
+        assert_eq!(lines.len(), 59, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
+        // ulnet's own settings, after its counters: the defaults.
+        assert_eq!(
+            ulnet,
+            "              checksum: off
+              checksum default: none
+              race order: nidhash
+              peer limit: 131072
+              peers: 0
+"
+        );
     }
 
     #[test]
@@ -385,6 +410,7 @@ net:
                     tunables: None,
                     lnd_tunables: None,
                     lnd_statistics: None,
+                    ulnet: None,
                     fabric: Some(FabricCounters {
                         kind: "tcp".into(),
                         counters: NamedCounters(vec![

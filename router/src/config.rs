@@ -1,6 +1,7 @@
 //! Configuration of an [`LnetNode`](crate::LnetNode): its NIs and its PID.
 
-use lnd::engine::Tunables;
+use lnd::engine::config::DEFAULT_PEER_LIMIT;
+use lnd::engine::{ChecksumConfig, RaceOrder, Tunables};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::Nid;
 
@@ -27,6 +28,12 @@ pub struct NiConfig {
     /// (kiblnd_tunables_setup). In Lustre this is the same net tunable the LND uses as its queue
     /// depth; `NiConfig::new` keeps `tunables.peer_credits` equal to it.
     pub peer_credits: u32,
+    /// Ours: the NID order the LND's race rule uses (`race order`, default Lustre 2.16's hash).
+    pub race_order: RaceOrder,
+    /// Ours: message checksums (`checksum`, `checksum default`; default off).
+    pub checksum: ChecksumConfig,
+    /// Ours: most peers the LND keeps at once (`peer limit`).
+    pub peer_limit: usize,
 }
 
 impl NiConfig {
@@ -42,6 +49,9 @@ impl NiConfig {
             tunables,
             credits: DEFAULT_CREDITS,
             peer_credits: DEFAULT_PEER_CREDITS,
+            race_order: RaceOrder::default(),
+            checksum: ChecksumConfig::default(),
+            peer_limit: DEFAULT_PEER_LIMIT,
         }
     }
 

@@ -196,6 +196,43 @@ pub struct NiEntry {
     /// Ours, with `-v`: the fabric under this NI and its counters ([`FabricCounters`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fabric: Option<FabricCounters>,
+    /// Ours, with `-v`: ulnet's own settings of this NI ([`UlnetSettings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulnet: Option<UlnetSettings>,
+}
+
+/// ulnet's own per-NI settings, as in effect (`net show -v`, beside ulnet's counters).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UlnetSettings {
+    /// `on` or `off`: whether we checksum what we send.
+    pub checksum: String,
+    /// The flavour sent to a peer whose own is not known yet: `none`, `signed` or `unsigned`.
+    #[serde(rename = "checksum default")]
+    pub checksum_default: String,
+    /// `nidhash` (Lustre 2.16+) or `nid` (Lustre <= 2.15).
+    #[serde(rename = "race order")]
+    pub race_order: String,
+    #[serde(rename = "peer limit")]
+    pub peer_limit: u64,
+    /// Peers the LND holds now.
+    pub peers: u64,
+}
+
+impl UlnetSettings {
+    fn of(ni: &crate::stats::NiInfo) -> UlnetSettings {
+        let c = &ni.lnd_config;
+        UlnetSettings {
+            checksum: if c.checksum.emit { "on" } else { "off" }.into(),
+            checksum_default: c
+                .checksum
+                .default_flavour
+                .map_or("none", |f| f.name())
+                .into(),
+            race_order: c.race_order.name().into(),
+            peer_limit: c.peer_limit as u64,
+            peers: ni.lnd_peers as u64,
+        }
+    }
 }
 
 /// Named counters in a fixed order, shown as a map (`name: value`) in YAML and JSON.
@@ -1090,6 +1127,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             lnd_tunables: None,
             lnd_statistics: None,
             fabric: None,
+            ulnet: None,
         }],
     }];
     for ni in node.nets() {
@@ -1116,6 +1154,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
             lnd_statistics: verbose.then(|| LndCounters::from_stats(&ni.lnd_stats)),
             fabric: None,
+            ulnet: verbose.then(|| UlnetSettings::of(&ni)),
         };
         let net_type = ni.nid.net().to_string();
         match nets.iter_mut().find(|n| n.net_type == net_type) {

@@ -491,6 +491,8 @@ impl LnetNode {
                 drop_count: n.drop_count,
                 lnd_tunables: n.ep.config().tunables.clone(),
                 lnd_stats: n.ep.stats().clone(),
+                lnd_config: n.ep.config().clone(),
+                lnd_peers: n.ep.peer_count(),
             })
             .collect()
     }
@@ -934,6 +936,9 @@ impl Ni {
         let (credits, peer_credits) = c.effective_credits();
         let mut ecfg = EndpointConfig::new(c.nid, c.incarnation);
         ecfg.tunables = c.tunables.clone();
+        ecfg.race_order = c.race_order;
+        ecfg.checksum = c.checksum;
+        ecfg.peer_limit = c.peer_limit;
         Ni {
             nid: c.nid,
             credits,

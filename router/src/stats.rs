@@ -128,4 +128,7 @@ pub struct NiInfo {
     pub lnd_tunables: Tunables,
     /// The LND's own counters.
     pub lnd_stats: LndStats,
+    /// ulnet's own LND settings (race order, checksums, peer limit) and the LND's peer count.
+    pub lnd_config: lnd::engine::EndpointConfig,
+    pub lnd_peers: usize,
 }

@@ -29,8 +29,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use lnd::engine::Tunables;
+use lnd::engine::config::DEFAULT_PEER_LIMIT;
+use lnd::engine::{RaceOrder, Tunables};
 use lnd::time::Duration;
+use lnd::wire::kib::CksumFlavour;
 use lnd::wire::{Net, Nid};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -169,6 +171,8 @@ impl DaemonConfig {
                         format!("NI {nid} is on the tcp fabric but has no 'listen' address"),
                     ));
                 }
+                let mut c = NiConfig::new(nid, 0);
+                ulnet_settings(&ni, &mut c).map_err(|(l, m)| err(l, m))?;
                 let t = ni.tunables.unwrap_or_default();
                 let l = ni.lnd_tunables.unwrap_or_default();
                 let credits = checked(&t.credits, DEFAULT_CREDITS, 1, u32::MAX, "credits")
@@ -181,7 +185,6 @@ impl DaemonConfig {
                     "peer_credits",
                 )
                 .map_err(|(l, m)| err(l, m))?;
-                let mut c = NiConfig::new(nid, 0);
                 c.credits = credits;
                 c.peer_credits = peer_credits;
                 c.tunables = lnd_tunables(&l, peer_credits as u16).map_err(|(l, m)| err(l, m))?;
@@ -282,6 +285,14 @@ struct RawNi {
     #[serde(rename = "busy poll us", default)]
     busy_poll_us: Option<Spanned<u32>>,
     #[serde(default)]
+    checksum: Option<Spanned<Switch>>,
+    #[serde(rename = "checksum default", default)]
+    checksum_default: Option<Spanned<String>>,
+    #[serde(rename = "race order", default)]
+    race_order: Option<Spanned<String>>,
+    #[serde(rename = "peer limit", default)]
+    peer_limit: Option<Spanned<u32>>,
+    #[serde(default)]
     tunables: Option<RawTunables>,
     #[serde(rename = "lnd tunables", default)]
     lnd_tunables: Option<RawLndTunables>,
@@ -345,6 +356,80 @@ struct RawLndTunables {
 struct RawPeer {
     nid: Spanned<NidValue>,
     address: SocketAddr,
+}
+
+/// An on/off setting: YAML's `true`/`false` or the words `on`/`off`.
+struct Switch(bool);
+
+impl<'de> Deserialize<'de> for Switch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Switch, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Switch;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("on or off")
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Switch, E> {
+                Ok(Switch(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Switch, E> {
+                match v.trim() {
+                    "on" | "true" | "yes" | "1" => Ok(Switch(true)),
+                    "off" | "false" | "no" | "0" => Ok(Switch(false)),
+                    other => Err(E::custom(format!("'{other}' is not on or off"))),
+                }
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Switch, E> {
+                match v {
+                    0 => Ok(Switch(false)),
+                    1 => Ok(Switch(true)),
+                    other => Err(E::custom(format!("{other} is not on or off"))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Switch, E> {
+                match u64::try_from(v) {
+                    Ok(u) => self.visit_u64(u),
+                    Err(_) => Err(E::custom(format!("{v} is not on or off"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// ulnet's own per-NI settings (beside `listen` and `busy poll us`), checked at their lines.
+fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
+    if let Some(s) = &ni.checksum {
+        c.checksum.emit = s.value.0;
+    }
+    if let Some(s) = &ni.checksum_default {
+        c.checksum.default_flavour = match s.value.trim() {
+            "none" => None,
+            "signed" => Some(CksumFlavour::Signed),
+            "unsigned" => Some(CksumFlavour::Unsigned),
+            other => return Err((
+                s.referenced.line(),
+                format!(
+                    "checksum default: unknown flavour '{other}' (known: none, signed, unsigned)"
+                ),
+            )),
+        };
+    }
+    if let Some(s) = &ni.race_order {
+        c.race_order = s
+            .value
+            .trim()
+            .parse::<RaceOrder>()
+            .map_err(|m| (s.referenced.line(), format!("race order: {m}")))?;
+    }
+    c.peer_limit = checked(
+        &ni.peer_limit,
+        DEFAULT_PEER_LIMIT as u32,
+        1,
+        16 * 1024 * 1024,
+        "peer limit",
+    )? as usize;
+    Ok(())
 }
 
 /// A NID, parsed while deserializing so that a bad one is reported at its line with lnd's
@@ -594,6 +679,58 @@ peers:
         let text = include_str!("../examples/lnet-router.yaml");
         let c = DaemonConfig::parse(text, "lnet-router.yaml").unwrap();
         assert!(c.nis().count() >= 1);
+    }
+
+    #[test]
+    fn ulnet_keys_checksum_race_order_and_peer_limit() {
+        use lnd::engine::RaceOrder;
+        use lnd::wire::kib::CksumFlavour;
+        let d = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
+        let ni = &d.nis().next().unwrap().1.ni;
+        assert!(
+            !ni.checksum.emit,
+            "checksums are off by default, as cksum=0"
+        );
+        assert_eq!(ni.checksum.default_flavour, None);
+        assert_eq!(ni.race_order, RaceOrder::NidHash, "2.16's order by default");
+        assert_eq!(ni.peer_limit, DEFAULT_PEER_LIMIT);
+        let with = |extra: &str| {
+            GOOD.replace(
+                "          listen: 127.0.0.1:9870\n",
+                &format!("          listen: 127.0.0.1:9870\n{extra}"),
+            )
+        };
+        let y = with(
+            "          checksum: on\n          checksum default: signed\n          race order: nid\n          peer limit: 50000\n",
+        );
+        let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
+        let ni = &c.nis().next().unwrap().1.ni;
+        assert!(ni.checksum.emit);
+        assert_eq!(ni.checksum.default_flavour, Some(CksumFlavour::Signed));
+        assert_eq!(ni.race_order, RaceOrder::Nid);
+        assert_eq!(ni.peer_limit, 50_000);
+        let y = with("          checksum: true\n          checksum default: unsigned\n");
+        let ni = DaemonConfig::parse(&y, "t.yaml")
+            .unwrap()
+            .nis()
+            .next()
+            .unwrap()
+            .1
+            .ni
+            .clone();
+        assert!(ni.checksum.emit);
+        assert_eq!(ni.checksum.default_flavour, Some(CksumFlavour::Unsigned));
+        // Bad values name their line and the key.
+        for (bad, key) in [
+            ("          race order: hash\n", "race order"),
+            ("          checksum default: maybe\n", "checksum default"),
+            ("          checksum: sometimes\n", "on or off"),
+            ("          peer limit: 0\n", "peer limit"),
+        ] {
+            let e = DaemonConfig::parse(&with(bad), "t.yaml").unwrap_err();
+            assert!(e.to_string().contains(key), "{bad}: {e}");
+            assert!(e.to_string().starts_with("t.yaml:"), "{bad}: {e}");
+        }
     }
 
     #[test]

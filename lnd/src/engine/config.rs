@@ -208,7 +208,7 @@ pub struct ChecksumConfig {
 pub const DEFAULT_PEER_LIMIT: usize = 131_072;
 
 /// Everything an endpoint needs to start.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointConfig {
     /// This NI's NID.
     pub nid: Nid,

@@ -401,6 +401,11 @@ impl Endpoint {
         self.peers.iter().map(|(_, p)| p.view())
     }
 
+    /// Peers the LND holds now (each with a connection, a connect or something queued).
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
     /// The view of one peer.
     pub fn peer(&self, nid: Nid) -> Option<PeerView> {
         let i = *self.peer_index.get(&nid)?;
