@@ -407,12 +407,14 @@ fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
             "none" => None,
             "signed" => Some(CksumFlavour::Signed),
             "unsigned" => Some(CksumFlavour::Unsigned),
-            other => return Err((
-                s.referenced.line(),
-                format!(
+            other => {
+                return Err((
+                    s.referenced.line(),
+                    format!(
                     "checksum default: unknown flavour '{other}' (known: none, signed, unsigned)"
                 ),
-            )),
+                ))
+            }
         };
     }
     if let Some(s) = &ni.race_order {

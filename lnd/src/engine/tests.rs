@@ -254,3 +254,189 @@ fn buffer_pool_reuses_message_sized_buffers_only() {
         fresh.capacity()
     );
 }
+
+impl Pair {
+    fn with(a: EndpointConfig, b: EndpointConfig) -> Pair {
+        let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+        p.eps = [Endpoint::new(a, p.now), Endpoint::new(b, p.now)];
+        p
+    }
+}
+
+/// The checksum field of a captured kib message, and the flavour it verifies in.
+fn carried_cksum(bytes: &[u8]) -> (u32, Option<CksumFlavour>) {
+    let (_, framing) = KibMsg::parse(bytes).expect("what we emit parses");
+    match framing.cksum {
+        None => (0, None),
+        Some(c) => (c.value, c.flavour),
+    }
+}
+
+/// With checksums on, each side sends none until it has seen the peer's flavour (or its
+/// configured default), then exactly the peer's flavour; what it receives in either flavour
+/// verifies.
+#[test]
+fn checksums_follow_each_peers_flavour() {
+    let mut ca = EndpointConfig::new(nid("10.0.0.1@o2ib"), 100);
+    ca.checksum = ChecksumConfig {
+        emit: true,
+        default_flavour: None,
+    };
+    let mut cb = EndpointConfig::new(nid("10.0.0.2@o2ib"), 200);
+    cb.checksum = ChecksumConfig {
+        emit: true,
+        default_flavour: Some(CksumFlavour::Signed),
+    };
+    let mut p = Pair::with(ca, cb);
+    p.eps[0].set_capture(true);
+    p.eps[1].set_capture(true);
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    for i in 0..3 {
+        p.eps[0]
+            .send(p.now, b, hdr(a, b, 16), vec![0x90; 16], i)
+            .unwrap();
+    }
+    p.run();
+    assert_eq!(p.received[1].len(), 3);
+    let sent_by = |p: &mut Pair, i: usize| {
+        let mut v = Vec::new();
+        while let Some(c) = p.eps[i].poll_captured() {
+            if c.dir == CaptureDir::Sent {
+                v.push((
+                    KibMsg::parse(&c.bytes).unwrap().0.msg_type(),
+                    carried_cksum(&c.bytes),
+                ));
+            }
+        }
+        v
+    };
+    let a_sent = sent_by(&mut p, 0);
+    let b_sent = sent_by(&mut p, 1);
+    // A knows nothing of B at first: its CONNREQ carries no checksum.
+    assert_eq!(a_sent[0], (KibMsgType::ConnReq, (0, None)), "{a_sent:?}");
+    // B has not seen A's flavour either: its CONNACK is in B's default, signed.
+    assert_eq!(b_sent[0].0, KibMsgType::ConnAck, "{b_sent:?}");
+    assert_eq!(b_sent[0].1 .1, Some(CksumFlavour::Signed), "{b_sent:?}");
+    // A learned signed from the CONNACK: everything after it is signed.
+    let after: Vec<_> = a_sent[1..].iter().map(|(_, (_, f))| *f).collect();
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|f| *f == Some(CksumFlavour::Signed)),
+        "{a_sent:?}"
+    );
+    assert_eq!(p.eps[0].stats().cksum_signed_peers, 1);
+    assert_eq!(
+        p.eps[1].stats().cksum_signed_peers,
+        1,
+        "B learned A's (signed) flavour"
+    );
+    assert_eq!(p.eps[0].stats().bad_msgs + p.eps[1].stats().bad_msgs, 0);
+}
+
+/// Checksums off (the default, as o2iblnd's cksum=0): nothing we send carries one.
+#[test]
+fn checksums_off_by_default() {
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    p.eps[0].set_capture(true);
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.eps[0]
+        .send(p.now, b, hdr(a, b, 16), vec![0x90; 16], 1)
+        .unwrap();
+    p.run();
+    let mut n = 0;
+    while let Some(c) = p.eps[0].poll_captured() {
+        assert_eq!(carried_cksum(&c.bytes).0, 0);
+        n += 1;
+    }
+    assert!(n >= 2);
+}
+
+fn forged_connreq(from: Nid, to: Nid, stamp: u64) -> PrivateData {
+    let msg = KibMsg {
+        version: VERSION_2,
+        credits: 0,
+        src_nid: from,
+        src_stamp: stamp,
+        dst_nid: to,
+        dst_stamp: 0,
+        body: KibBody::ConnReq(ConnParams {
+            queue_depth: 8,
+            max_frags: 257,
+            max_msg_size: MSG_SIZE as u32,
+        }),
+    };
+    encode_private(&msg, EmitOpts::default())
+}
+
+/// A flood of connect requests from distinct NIDs that never complete: the peer table stops at
+/// its limit (the excess refused NO_RESOURCES and counted), and once the handshakes time out the
+/// peers are forgotten, so the table is back to empty and new peers are accepted again.
+#[test]
+fn idle_peers_are_forgotten_and_the_table_is_bounded() {
+    let me = nid("10.0.0.1@o2ib");
+    let mut cfg = EndpointConfig::new(me, 1);
+    cfg.peer_limit = 3;
+    let mut now = Instant::from_secs(1);
+    let mut ep = Endpoint::new(cfg, now);
+    let forged = |i: u32| Nid::new(me.net(), 0x0b00_0000 + i);
+    let (mut accepted, mut refused) = (0, 0);
+    for i in 0..5 {
+        ep.handle_connect_request(
+            now,
+            RequestId(u64::from(i)),
+            forged_connreq(forged(i), me, 7).as_bytes(),
+        );
+        while let Some(a) = ep.poll_action() {
+            match a {
+                FabricAction::Accept { .. } => accepted += 1,
+                FabricAction::Reject { private, .. } => {
+                    let (rej, _) = KibRej::parse(private.as_bytes()).unwrap();
+                    assert_eq!(rej.why, RejectReason::NoResources);
+                    refused += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!((accepted, refused), (3, 2));
+    assert_eq!(ep.peer_count(), 3);
+    assert_eq!(ep.stats().peer_table_full, 2);
+    assert_eq!(
+        ep.send(now, forged(9), hdr(me, forged(9), 1), vec![0], 1),
+        Err(SendError::PeerTableFull(forged(9)))
+    );
+    // None of them completes the handshake: the passive deadline ends each, connd reaps them,
+    // and the idle peers go.
+    now = now + ep.config().tunables.connect_timeout() + Duration::from_secs(1);
+    ep.handle_timeout(now);
+    while ep.poll_action().is_some() {}
+    ep.handle_timeout(now);
+    while ep.poll_action().is_some() {}
+    assert_eq!(ep.conns().count(), 0);
+    assert_eq!(ep.peer_count(), 0, "idle peers were not forgotten");
+    assert_eq!(ep.stats().peers_forgotten, 3);
+    ep.handle_connect_request(
+        now,
+        RequestId(99),
+        forged_connreq(forged(4), me, 7).as_bytes(),
+    );
+    assert!(matches!(
+        ep.poll_action(),
+        Some(FabricAction::Accept { .. })
+    ));
+}
+
+/// A peer we talk to stays while it has a connection, and is forgotten once it is closed and
+/// reaped with nothing queued.
+#[test]
+fn a_closed_peer_is_forgotten_after_its_reap() {
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.eps[0].send(p.now, b, hdr(a, b, 1), vec![0], 1).unwrap();
+    p.run();
+    assert_eq!((p.eps[0].peer_count(), p.eps[1].peer_count()), (1, 1));
+    p.eps[0].shutdown(p.now);
+    p.run();
+    assert_eq!(p.eps[1].peer_count(), 0, "B kept A after the close");
+    assert_eq!(p.eps[1].stats().peers_forgotten, 1);
+}
