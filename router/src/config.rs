@@ -32,8 +32,12 @@ pub struct NiConfig {
     pub race_order: RaceOrder,
     /// Ours: message checksums (`checksum`, `checksum default`; default off).
     pub checksum: ChecksumConfig,
-    /// Ours: most peers the LND keeps at once (`peer limit`).
+    /// Ours: most peers the LND keeps at once (`peer limit`); LNet keeps at most as many
+    /// peer NIs on this NI.
     pub peer_limit: usize,
+    /// `tunables: peer_timeout`: LNet forgets a peer NI that has had no traffic and held no
+    /// message for this long (our rule; default 180 s).
+    pub peer_timeout: lnd::time::Duration,
 }
 
 impl NiConfig {
@@ -52,6 +56,7 @@ impl NiConfig {
             race_order: RaceOrder::default(),
             checksum: ChecksumConfig::default(),
             peer_limit: DEFAULT_PEER_LIMIT,
+            peer_timeout: lnd::time::Duration::from_secs(180),
         }
     }
 

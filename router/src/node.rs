@@ -3,9 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, TxError};
+use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, SendError, TxError};
 use lnd::fabric::FabricAction;
 use lnd::time::{Duration, Instant};
+use lnd::wheel::TimerWheel;
 use lnd::wire::kib::MAX_INLINE;
 use lnd::wire::lnet::{
     LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
@@ -178,6 +179,13 @@ struct Ni {
     send_count: u64,
     recv_count: u64,
     drop_count: u64,
+    /// `peer_timeout`: how long a peer NI reached through this NI may go without traffic
+    /// before it is forgotten.
+    peer_timeout: Duration,
+    /// Most peer NIs kept for this NI (its LND's peer limit).
+    peer_limit: usize,
+    /// Peer NIs reached through this NI now.
+    peers: usize,
 }
 
 /// An LNet node: its NIs and LNDs, peers and credits, ping service and counters. Sans-IO; see
@@ -189,6 +197,9 @@ pub struct LnetNode {
     interface_cookie: u64,
     nis: Vec<Ni>,
     peers: BTreeMap<Nid, PeerNi>,
+    /// When to look at a peer NI again for aging: one timer per peer NI, re-armed from its
+    /// last traffic when it fires, so the cost follows what expires, not the table's size.
+    peer_ages: TimerWheel<Nid>,
     /// Outgoing LND messages; a message's cookie is its slab key and a generation (see
     /// [`MsgTable`]), so finding it on the per-message path is an index, not a hash.
     msgs: MsgTable,
@@ -225,6 +236,7 @@ impl LnetNode {
             ping_buffer: ping::ping_buffer(cfg.pid, &nids),
             nis,
             peers: BTreeMap::new(),
+            peer_ages: TimerWheel::new(now, Duration::from_millis(100)),
             msgs: MsgTable::default(),
             refused: VecDeque::new(),
             local: VecDeque::new(),
@@ -350,6 +362,9 @@ impl LnetNode {
         for ni in &mut self.nis {
             ni.ep.handle_timeout(now);
         }
+        while let Some((_, nid)) = self.peer_ages.poll(now) {
+            self.age_peer(nid);
+        }
         while let Some(&(at, id)) = self.ping_deadlines.first() {
             if at > now {
                 break;
@@ -413,10 +428,8 @@ impl LnetNode {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let lnd = self.nis.iter().filter_map(|n| n.ep.poll_timeout()).min();
         let ping = self.ping_deadlines.first().map(|&(t, _)| t);
-        match (lnd, ping) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let aging = self.peer_ages.next_deadline();
+        [lnd, ping, aging].into_iter().flatten().min()
     }
 
     /// NI `ni`'s LND endpoint (read-only: stats, peers, connections).
@@ -568,11 +581,52 @@ impl LnetNode {
         self.stats.msgs_alloc = self.stats.msgs_alloc.saturating_sub(1);
     }
 
-    fn peer_entry(&mut self, nid: Nid, ni: usize) -> &mut PeerNi {
-        let credits = self.nis[ni].peer_credits;
-        self.peers
-            .entry(nid)
-            .or_insert_with(|| PeerNi::new(nid, NiIndex(ni), credits))
+    /// The peer NI's entry, made if it is new; `None` when it is new and its NI's share of the
+    /// table is full (counted). Every use marks it active.
+    fn peer_entry(&mut self, nid: Nid, ni: usize) -> Option<&mut PeerNi> {
+        let now = self.now;
+        if !self.peers.contains_key(&nid) {
+            let n = &mut self.nis[ni];
+            if n.peers >= n.peer_limit {
+                self.stats.peer_table_full += 1;
+                return None;
+            }
+            n.peers += 1;
+            let mut p = PeerNi::new(nid, NiIndex(ni), n.peer_credits, now);
+            // A peer forgotten while its connection stayed up learns its state from the LND.
+            if n.ep.peer(nid).is_some_and(|v| v.up) {
+                p.state = PeerState::Up;
+            }
+            self.peer_ages.insert(now + n.peer_timeout, nid);
+            self.peers.insert(nid, p);
+        }
+        let p = self.peers.get_mut(&nid)?;
+        p.last_active = now;
+        Some(p)
+    }
+
+    /// A peer NI's aging timer fired: forget it if it has been quiet for peer_timeout and holds
+    /// nothing, else look again when it could next be.
+    fn age_peer(&mut self, nid: Nid) {
+        let Some(p) = self.peers.get(&nid) else {
+            return;
+        };
+        let ni = p.ni.0;
+        let timeout = self.nis[ni].peer_timeout;
+        let due = p.last_active + timeout;
+        if self.now >= due && p.is_idle() {
+            self.peers.remove(&nid);
+            self.nis[ni].peers = self.nis[ni].peers.saturating_sub(1);
+            self.stats.peers_aged += 1;
+            trace!(peer = %nid, "peer aged out");
+            return;
+        }
+        let next = if self.now >= due {
+            self.now + timeout
+        } else {
+            due
+        };
+        self.peer_ages.insert(next, nid);
     }
 
     fn launch(&mut self, route: Route, dst: Nid, hdr: LnetHdr, payload: Vec<u8>, purpose: Purpose) {
@@ -584,7 +638,7 @@ impl LnetNode {
                 purpose,
             }),
             Route::Remote(ni) => {
-                self.peer_entry(dst, ni);
+                let known = self.peer_entry(dst, ni).is_some();
                 let cookie = self.msgs.insert(OutMsg {
                     peer: dst,
                     ni,
@@ -595,7 +649,13 @@ impl LnetNode {
                     peer_credit: false,
                     ni_credit: false,
                 });
-                self.post_send(cookie);
+                if known {
+                    self.post_send(cookie);
+                } else {
+                    // Finished in `process` with a status, holding no credit.
+                    let e = LnetError::Refused(SendError::PeerTableFull(dst));
+                    self.refused.push_back((cookie, e));
+                }
             }
         }
     }
@@ -734,21 +794,27 @@ impl LnetNode {
                 // The contract: hand every received message back exactly once. Nothing here
                 // delays a message, so its slot and credit go back at once.
                 self.nis[ni].ep.recv_done(now, rx);
-                self.peer_entry(from, ni).recv_count += 1;
+                if let Some(p) = self.peer_entry(from, ni) {
+                    p.recv_count += 1;
+                }
                 self.parse(Some(ni), from, hdr, payload);
             }
             LndEvent::SendDone { cookie, result, .. } => {
                 self.finish_out(cookie, result.map_err(LnetError::Lnd));
             }
             LndEvent::PeerUp { nid } => {
-                self.peer_entry(nid, ni).state = PeerState::Up;
+                if let Some(p) = self.peer_entry(nid, ni) {
+                    p.state = PeerState::Up;
+                }
                 self.events.push_back(LnetEvent::PeerUp {
                     ni: NiIndex(ni),
                     nid,
                 });
             }
             LndEvent::PeerDown { nid, reason } => {
-                self.peer_entry(nid, ni).state = PeerState::Down;
+                if let Some(p) = self.peer_entry(nid, ni) {
+                    p.state = PeerState::Down;
+                }
                 self.events.push_back(LnetEvent::PeerDown {
                     ni: NiIndex(ni),
                     nid,
@@ -950,6 +1016,9 @@ impl Ni {
             send_count: 0,
             recv_count: 0,
             drop_count: 0,
+            peer_timeout: c.peer_timeout,
+            peer_limit: c.peer_limit,
+            peers: 0,
         }
     }
 }

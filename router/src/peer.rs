@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use lnd::time::Instant;
 use lnd::wire::Nid;
 
 use crate::stats::{PeerInfo, PeerState};
@@ -28,10 +29,17 @@ pub(crate) struct PeerNi {
     pub send_count: u64,
     pub recv_count: u64,
     pub drop_count: u64,
+    /// The last traffic to or from it, for aging.
+    pub last_active: Instant,
 }
 
 impl PeerNi {
-    pub fn new(nid: Nid, ni: NiIndex, peer_credits: u32) -> PeerNi {
+    /// True when it holds nothing: every credit back and nothing waiting.
+    pub fn is_idle(&self) -> bool {
+        self.tx_credits == self.max_tx_credits && self.txq.is_empty()
+    }
+
+    pub fn new(nid: Nid, ni: NiIndex, peer_credits: u32, now: Instant) -> PeerNi {
         let c = i64::from(peer_credits);
         PeerNi {
             nid,
@@ -45,6 +53,7 @@ impl PeerNi {
             send_count: 0,
             recv_count: 0,
             drop_count: 0,
+            last_active: now,
         }
     }
 

@@ -53,6 +53,10 @@ pub struct LnetStats {
     /// through an LND), and their payload bytes. Included in send/recv counts too.
     pub loopback_count: u64,
     pub loopback_length: u64,
+    /// Ours: peer NIs forgotten after peer_timeout without traffic, and peer NIs not created
+    /// (their messages refused) because the table was at its limit.
+    pub peers_aged: u64,
+    pub peer_table_full: u64,
 }
 
 /// A peer NI's state as `peer show` prints it.

@@ -186,6 +186,9 @@ impl DaemonConfig {
                 )
                 .map_err(|(l, m)| err(l, m))?;
                 c.credits = credits;
+                c.peer_timeout = Duration::from_secs(u64::from(
+                    t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT).max(1),
+                ));
                 c.peer_credits = peer_credits;
                 c.tunables = lnd_tunables(&l, peer_credits as u16).map_err(|(l, m)| err(l, m))?;
                 nis.push(NiSettings {
