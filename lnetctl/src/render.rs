@@ -218,8 +218,8 @@ pub fn conn(c: &ConnShow) -> String {
 }
 
 /// `statistics:`, in lnetctl's order.
-pub fn stats(s: &StatsShow) -> String {
-    let s = &s.statistics;
+pub fn stats(st: &StatsShow) -> String {
+    let s = &st.statistics;
     let fields: [(&str, u64); 19] = [
         ("msgs_alloc", s.msgs_alloc),
         ("msgs_max", s.msgs_max),
@@ -244,6 +244,13 @@ pub fn stats(s: &StatsShow) -> String {
     let mut out = String::from("statistics:\n");
     for (k, v) in fields {
         let _ = writeln!(out, "    {k}: {v}");
+    }
+    // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
+    if let Some(c) = &st.control {
+        out.push_str("control:\n");
+        for (k, v) in &c.0 {
+            let _ = writeln!(out, "    {k}: {v}");
+        }
     }
     out
 }
