@@ -1384,9 +1384,7 @@ impl ControlClient {
 
     /// Sends `req` without waiting for anything.
     pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
-        let mut line =
-            serde_json::to_string(req).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        line.push('\n');
+        let line = encode_request(req).map_err(ClientError::Protocol)?;
         self.writer
             .write_all(line.as_bytes())
             .map_err(ClientError::Io)
@@ -1425,6 +1423,13 @@ impl ControlClient {
             Err(e) => Err(ClientError::Io(e)),
         }
     }
+}
+
+/// Encodes one request line (with its newline), as [`ControlClient`] sends it.
+pub fn encode_request(req: &Request) -> Result<String, String> {
+    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    line.push('\n');
+    Ok(line)
 }
 
 /// Decodes one request line; a bad one becomes the error to send back (EPROTO, quoting at most
