@@ -1930,6 +1930,80 @@ mod tests {
     }
 
     #[test]
+    fn read_request_caps_lines_and_times_out() {
+        use std::time::Duration as D;
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut r = BufReader::with_capacity(1024, a);
+        let mut line = Vec::new();
+        let t = Some(D::from_millis(50));
+        // Several lines in one read, then a pause.
+        b.write_all(b"\"conn_show\"\n\n{\"net_show\":{}}\n")
+            .unwrap();
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Line
+        );
+        assert_eq!(line, b"\"conn_show\"");
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Line
+        );
+        assert!(line.is_empty());
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Line
+        );
+        assert_eq!(
+            decode_request_bytes(&line).unwrap(),
+            Request::NetShow { verbose: false }
+        );
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Idle
+        );
+        // Half a line, then nothing: stalled.
+        b.write_all(b"{\"net_").unwrap();
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Stalled
+        );
+        // A line at the cap without a newline: too long, and what was read is bounded.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut r = BufReader::with_capacity(1024, a);
+        let w = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 4096];
+            let mut sent = 0;
+            while let Ok(n) = b.write(&chunk) {
+                sent += n;
+            }
+            sent
+        });
+        let long = Some(D::from_secs(10));
+        assert_eq!(
+            read_request(&mut r, &mut line, long, long).unwrap(),
+            ReadRequest::TooLong
+        );
+        assert!(line.len() < MAX_REQUEST);
+        drop(r);
+        let sent = w.join().unwrap();
+        assert!(sent < 4 * MAX_REQUEST, "{sent} bytes went in");
+        // A last line without a newline, then EOF.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut r = BufReader::new(a);
+        b.write_all(b"\"stats_show\"").unwrap();
+        drop(b);
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Line
+        );
+        assert_eq!(decode_request_bytes(&line).unwrap(), Request::StatsShow);
+        assert_eq!(
+            read_request(&mut r, &mut line, t, t).unwrap(),
+            ReadRequest::Eof
+        );
+    }
+
+    #[test]
     fn hex_round_trips() {
         let b: Vec<u8> = (0..=255).collect();
         let h = hex_encode(&b);
@@ -2082,8 +2156,18 @@ mod tests {
         ));
         drop(cl);
         t.join().unwrap();
-        // A second bind replaces the now stale socket file.
+        // A second bind replaces the now stale socket file, and leaves nothing else behind.
         let _l2 = bind_socket(&path).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("s.sock")]);
+        // While one answers, a bind fails.
+        assert_eq!(
+            bind_socket(&path).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(matches!(
             ControlClient::connect(&path),

@@ -8,7 +8,10 @@
 //! split so that none starves; per-NI loops come with forwarding), and a control thread accepts
 //! `lnetctl` connections, each served by a short-lived thread that forwards requests to the loop
 //! over a bounded channel and wakes it (a [`Waker`] every fabric watches), then waits for the
-//! reply. The loop looks at signals at least every 20 ms.
+//! reply. At most [`control::MAX_CLIENTS`] connections are served at once (the next are refused
+//! with one line); each reads its requests with a 64 KiB cap, an idle timeout and a request
+//! timeout (`control::read_request`). The loop looks at signals at least every 20 ms: TERM, INT
+//! and QUIT stop the daemon gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
 //! `lnetctl capture` takes over its connection: the loop turns capturing on in every NI's LND,
 //! streams the records to that connection's thread through a bounded channel (never blocking on

@@ -635,6 +635,47 @@ peers:
     }
 
     #[test]
+    fn configs_without_nis_and_self_peers_are_refused() {
+        for (y, line) in [
+            ("", 1),
+            ("# just a comment\n", 1),
+            ("\nnet: []\n", 2),
+            ("net:\n    - net type: lo\n", 2),
+            ("net:\n    - net type: o2ib\n      local NI(s): []\n", 2),
+        ] {
+            let e = DaemonConfig::parse(y, "t.yaml").unwrap_err();
+            assert_eq!(e.line, Some(line), "{y:?}: {e}");
+            assert!(e.message.contains("no NI configured"), "{e}");
+        }
+        let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib");
+        let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.yaml:20: peer 10.0.0.1@o2ib is one of our own NIs (line 5); 'peers:' lists \
+             where other daemons listen"
+        );
+    }
+
+    #[test]
+    fn errors_quote_excerpts_only() {
+        let big = "7".repeat(100_000);
+        let y = GOOD.replace("credits: 512", &format!("credits: {big}"));
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(12), "{e}");
+        assert!(e.to_string().chars().count() < 400, "{e}");
+        assert!(e.message.ends_with("…`") || e.message.ends_with('…'), "{e}");
+        // (YAML's simple keys are at most 1024 characters.)
+        let y = GOOD.replace("peer_credits: 16", &format!("peer_credit{}: 16", &big[..600]));
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.starts_with("unknown key 'peer_credit7"), "{e}");
+        assert!(e.to_string().chars().count() < 400, "{e}");
+        let nested = format!("net: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+        let e = DaemonConfig::parse(&nested, "c.yaml").unwrap_err();
+        assert!(e.to_string().chars().count() < 400, "{e}");
+    }
+
+    #[test]
     fn busy_poll_is_per_ni_and_checked() {
         let y = GOOD.replace(
             "          listen: 127.0.0.1:9870\n",
