@@ -676,7 +676,7 @@ fn serve_client(
 ) -> std::io::Result<()> {
     // A client that does not read its answers is closed too, not waited for.
     stream.set_write_timeout(Some(limits.idle))?;
-    let mut writer = stream.try_clone()?;
+    // One fd per client: answers are written through the reader's stream.
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
@@ -714,6 +714,7 @@ fn serve_client(
             debug!("control client closed: {e}");
             // Best effort: the client may be gone or not reading. What it still sends is never
             // read (closing with unread data resets its side).
+            let mut writer = reader.get_ref();
             let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
             let _ = writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
             return Ok(());
@@ -724,6 +725,9 @@ fn serve_client(
         let resp = match control::decode_request_bytes(&line) {
             Ok(req @ Request::CaptureStart { .. }) => {
                 // The stream's pace is the client's: a capture is never idle.
+                // The capture's watcher reads while this thread writes: a second fd, for the
+                // one capture that runs at a time.
+                let writer = reader.get_ref().try_clone()?;
                 writer.set_write_timeout(None)?;
                 return serve_capture(req, reader, writer, tx, wake);
             }
@@ -740,7 +744,9 @@ fn serve_client(
                 Response::Error(e)
             }
         };
-        writer.write_all(control::encode_response(&resp).as_bytes())?;
+        reader
+            .get_ref()
+            .write_all(control::encode_response(&resp).as_bytes())?;
     }
 }
 

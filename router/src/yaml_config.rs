@@ -665,7 +665,10 @@ peers:
         assert!(e.to_string().chars().count() < 400, "{e}");
         assert!(e.message.ends_with("…`") || e.message.ends_with('…'), "{e}");
         // (YAML's simple keys are at most 1024 characters.)
-        let y = GOOD.replace("peer_credits: 16", &format!("peer_credit{}: 16", &big[..600]));
+        let y = GOOD.replace(
+            "peer_credits: 16",
+            &format!("peer_credit{}: 16", &big[..600]),
+        );
         let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
         assert_eq!(e.line, Some(10), "{e}");
         assert!(e.message.starts_with("unknown key 'peer_credit7"), "{e}");
