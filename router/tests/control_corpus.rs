@@ -135,3 +135,46 @@ fn the_size_cap_is_a_typed_error() {
     let long = format!("{{\"{}\":{{}}}}", "b".repeat(MAX_REQUEST - 16));
     assert_eq!(check(long.as_bytes()), Err(errno::EPROTO));
 }
+
+/// Without cargo-fuzz, a little of what it does: the corpus entries with random edits (bytes
+/// flipped, cut, inserted, repeated), through the same checks.
+mod mutated {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn corpus() -> Vec<Vec<u8>> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/control_request");
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .filter(|d| d.len() < 4096)
+            .collect();
+        v.sort();
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #[test]
+        fn edits_of_the_corpus_never_break_the_decoder(
+            pick in any::<prop::sample::Index>(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..4), 1..6),
+        ) {
+            let seeds = corpus();
+            let mut data = pick.get(&seeds).clone();
+            for (at, byte, op) in edits {
+                let i = if data.is_empty() { 0 } else { at.index(data.len()) };
+                match op {
+                    0 if !data.is_empty() => data[i] = byte,
+                    1 => data.truncate(i),
+                    2 => data.insert(i, byte),
+                    _ => {
+                        let tail = data[i..].to_vec();
+                        data.extend_from_slice(&tail);
+                    }
+                }
+            }
+            let _ = check(&data);
+        }
+    }
+}
