@@ -131,8 +131,9 @@ fn main() -> ExitCode {
     match run(cfg, socket, limits) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // Once, through the log (in its format); the log goes to stderr.
-            error!("lnet-router: {e}");
+            // Once, and whatever LNET_LOG filters (the log is on stderr too: logging it as well
+            // printed it twice).
+            eprintln!("lnet-router: {e}");
             ExitCode::FAILURE
         }
     }

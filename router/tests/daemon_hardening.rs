@@ -487,3 +487,34 @@ fn hup_pipe_usr1_usr2_are_survived_and_term_still_stops() {
     assert_eq!(st.code(), Some(0), "{st}");
     assert!(!d.socket.exists(), "the socket file was left behind");
 }
+
+/// A failure after the configuration was read (here: the NI's port is taken) is printed once
+/// too, with the log on (it used to go to the log and to stderr: twice), and exits 1.
+#[test]
+fn start_failure_is_printed_once() {
+    let dir = Scratch::new("startfail");
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let cfg = dir.0.join("busy.yaml");
+    std::fs::write(
+        &cfg,
+        format!("net:\n    - net type: o2ib\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n          listen: 127.0.0.1:{port}\n"),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--socket")
+        .arg(dir.0.join("s.sock"))
+        .env("LNET_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.matches("cannot listen on").count(),
+        1,
+        "printed other than once: {err}"
+    );
+    assert!(!dir.0.join("s.sock").exists());
+}
