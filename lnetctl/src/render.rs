@@ -535,6 +535,17 @@ conn:
         assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
         assert!(s.ends_with("    loopback_count: 0\n    loopback_length: 0\n"));
         assert_eq!(s.lines().count(), 20);
+        // The daemon adds its control socket's counters after LNet's.
+        let mut with_control = stats_show(&n);
+        with_control.control = Some(router::control::NamedCounters(vec![
+            ("clients".into(), 3),
+            ("refused".into(), 1),
+        ]));
+        let s = stats(&with_control);
+        assert!(
+            s.ends_with("    loopback_length: 0\ncontrol:\n    clients: 3\n    refused: 1\n"),
+            "{s}"
+        );
         assert_eq!(
             global(&global_show(&n)),
             "\
