@@ -230,8 +230,8 @@ pub fn conn(c: &ConnShow) -> String {
 }
 
 /// `statistics:`, in lnetctl's order.
-pub fn stats(s: &StatsShow) -> String {
-    let s = &s.statistics;
+pub fn stats(st: &StatsShow) -> String {
+    let s = &st.statistics;
     let fields: [(&str, u64); 19] = [
         ("msgs_alloc", s.msgs_alloc),
         ("msgs_max", s.msgs_max),
@@ -256,6 +256,13 @@ pub fn stats(s: &StatsShow) -> String {
     let mut out = String::from("statistics:\n");
     for (k, v) in fields {
         let _ = writeln!(out, "    {k}: {v}");
+    }
+    // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
+    if let Some(c) = &st.control {
+        out.push_str("control:\n");
+        for (k, v) in &c.0 {
+            let _ = writeln!(out, "    {k}: {v}");
+        }
     }
     out
 }
@@ -554,6 +561,17 @@ conn:
         assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
         assert!(s.ends_with("    loopback_count: 0\n    loopback_length: 0\n"));
         assert_eq!(s.lines().count(), 20);
+        // The daemon adds its control socket's counters after LNet's.
+        let mut with_control = stats_show(&n);
+        with_control.control = Some(router::control::NamedCounters(vec![
+            ("clients".into(), 3),
+            ("refused".into(), 1),
+        ]));
+        let s = stats(&with_control);
+        assert!(
+            s.ends_with("    loopback_length: 0\ncontrol:\n    clients: 3\n    refused: 1\n"),
+            "{s}"
+        );
         assert_eq!(
             global(&global_show(&n)),
             "\

@@ -42,6 +42,7 @@ mod ping;
 mod stats;
 #[cfg(test)]
 mod tests;
+pub mod text;
 pub mod yaml_config;
 
 pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};

@@ -8,7 +8,10 @@
 //! split so that none starves; per-NI loops come with forwarding), and a control thread accepts
 //! `lnetctl` connections, each served by a short-lived thread that forwards requests to the loop
 //! over a bounded channel and wakes it (a [`Waker`] every fabric watches), then waits for the
-//! reply. The loop looks at signals at least every 20 ms.
+//! reply. At most [`control::MAX_CLIENTS`] connections are served at once (the next are refused
+//! with one line); each reads its requests with a 64 KiB cap, an idle timeout and a request
+//! timeout (`control::read_request`). The loop looks at signals at least every 20 ms: TERM, INT
+//! and QUIT stop the daemon gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
 //! `lnetctl capture` takes over its connection: the loop turns capturing on in every NI's LND,
 //! streams the records to that connection's thread through a bounded channel (never blocking on
@@ -19,7 +22,7 @@
 //! Exit status: 0 after a clean shutdown, 1 on a runtime failure (socket, fabric),
 //! 2 on a bad command line or configuration.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,8 +36,8 @@ use lnd::fabric::driver::{Driver, MonotonicClock, WakeHandle, Waker};
 use lnd::fabric::tcp::{TcpConfig, TcpFabric};
 use lnd::time::Duration;
 use router::control::{
-    self, errno, CaptureSession, CaptureSummary, Control, ControlError, Delivery, NiExtras,
-    Request, Response,
+    self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
+    NiExtras, ReadRequest, Request, Response,
 };
 use router::yaml_config::{DaemonConfig, FabricKind};
 use router::{LnetEvent, LnetNode, NiIndex};
@@ -76,6 +79,16 @@ struct Args {
     /// Log format on stderr
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Close a control client that sends nothing for this many seconds between requests
+    /// (a client waiting for an answer or receiving a capture is not idle)
+    #[arg(long, value_name = "SECS", default_value_t = control::DEFAULT_IDLE_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    control_idle_timeout: u64,
+    /// Close a control client whose request line is not complete this many seconds after its
+    /// first byte
+    #[arg(long, value_name = "SECS", default_value_t = control::DEFAULT_REQUEST_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    control_request_timeout: u64,
 }
 
 /// A request and where its answer goes: one response, or for a capture the whole stream
@@ -85,10 +98,10 @@ type ControlMsg = (Request, SyncSender<Response>);
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_format);
+    // Errors go to stderr once, as one line: before the daemon runs there is no log to keep.
     let cfg = match DaemonConfig::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
-            error!("{e}");
             eprintln!("lnet-router: {e}");
             return ExitCode::from(2);
         }
@@ -111,10 +124,15 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let socket = args.socket.unwrap_or_else(control::default_socket_path);
-    match run(cfg, socket) {
+    let limits = ClientLimits {
+        idle: StdDuration::from_secs(args.control_idle_timeout),
+        request: StdDuration::from_secs(args.control_request_timeout),
+    };
+    match run(cfg, socket, limits) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e}");
+            // Once, and whatever LNET_LOG filters (the log is on stderr too: logging it as well
+            // printed it twice).
             eprintln!("lnet-router: {e}");
             ExitCode::FAILURE
         }
@@ -142,12 +160,58 @@ impl Drop for SocketGuard {
     }
 }
 
-fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&term))
-            .map_err(|e| format!("cannot install a signal handler: {e}"))?;
+/// The signals the daemon handles. SIGTERM, SIGINT and SIGQUIT stop it gracefully; SIGHUP,
+/// SIGUSR1 and SIGUSR2 are logged (once per delivery) and ignored, so that a service manager
+/// reloading or a closed terminal never kills it uncleanly (configuration changes go through
+/// lnetctl). SIGPIPE stays ignored as Rust's runtime sets it at start: a client that goes away
+/// is an EPIPE on its connection, nothing more.
+struct Signals {
+    term: Arc<AtomicBool>,
+    hup: Arc<AtomicBool>,
+    usr1: Arc<AtomicBool>,
+    usr2: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+        let s = Signals {
+            term: Arc::default(),
+            hup: Arc::default(),
+            usr1: Arc::default(),
+            usr2: Arc::default(),
+        };
+        let reg = |sig, flag: &Arc<AtomicBool>| {
+            signal_hook::flag::register(sig, Arc::clone(flag))
+                .map(|_| ())
+                .map_err(|e| format!("cannot install a signal handler: {e}"))
+        };
+        for sig in [SIGTERM, SIGINT, SIGQUIT] {
+            reg(sig, &s.term)?;
+        }
+        reg(SIGHUP, &s.hup)?;
+        reg(SIGUSR1, &s.usr1)?;
+        reg(SIGUSR2, &s.usr2)?;
+        Ok(s)
     }
+
+    /// Logs the ignored signals that arrived since the last look; true once a stop was asked.
+    fn check(&self) -> bool {
+        if self.hup.swap(false, Ordering::Relaxed) {
+            warn!("SIGHUP ignored: configuration changes go through lnetctl");
+        }
+        if self.usr1.swap(false, Ordering::Relaxed) {
+            warn!("SIGUSR1 ignored");
+        }
+        if self.usr2.swap(false, Ordering::Relaxed) {
+            warn!("SIGUSR2 ignored");
+        }
+        self.term.load(Ordering::Relaxed)
+    }
+}
+
+fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), String> {
+    let signals = Signals::install()?;
 
     let clock = MonotonicClock::new();
     let incarnation = SystemTime::now()
@@ -171,9 +235,10 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
     let _guard = SocketGuard(socket.clone());
     let (req_tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
+    let counters = Arc::new(ControlCounters::default());
     std::thread::Builder::new()
         .name("control".into())
-        .spawn(move || control_thread(listener, req_tx, wake))
+        .spawn(move || control_thread(listener, req_tx, wake, limits, counters))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
     info!(socket = %socket.display(), nis = fabrics.len(), "lnet-router running");
 
@@ -185,7 +250,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf) -> Result<(), String> {
         &req_rx,
         &waker,
         &clock,
-        &term,
+        &signals,
     )?;
     info!("lnet-router stopped");
     Ok(())
@@ -280,7 +345,7 @@ fn event_loop(
     req_rx: &Receiver<ControlMsg>,
     waker: &Waker,
     clock: &MonotonicClock,
-    term: &AtomicBool,
+    signals: &Signals,
 ) -> Result<(), String> {
     let mut shutdown_deadline = None;
     let mut fatal: Option<String> = None;
@@ -391,7 +456,8 @@ fn event_loop(
         }
         capture = capture.step(node, clock.now());
 
-        if shutdown_deadline.is_none() && (term.load(Ordering::Relaxed) || fatal.is_some()) {
+        let stop = signals.check();
+        if shutdown_deadline.is_none() && (stop || fatal.is_some()) {
             info!("closing every connection");
             let now = clock.now();
             node.shutdown(now);
@@ -518,11 +584,33 @@ fn drain_events(node: &mut LnetNode, control: &mut Control<SyncSender<Response>>
     }
 }
 
-/// Accepts lnetctl connections; each is served by its own short-lived thread.
+/// How long a control client may idle between requests, and take to send one.
+#[derive(Copy, Clone, Debug)]
+struct ClientLimits {
+    idle: StdDuration,
+    request: StdDuration,
+}
+
+/// Takes one client off [`ControlCounters::active`] when its thread ends, however it ends.
+struct ActiveClient(Arc<ControlCounters>);
+
+impl Drop for ActiveClient {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Accepts lnetctl connections. At most [`control::MAX_CLIENTS`] are served at once, each by
+/// its own thread (a capture adds a watcher); the next are told "too many control clients" in
+/// one line and closed at once, on this thread, so that idle or stuck clients cost a bounded
+/// number of threads and fds. Each client thread reads with a size cap and timeouts
+/// ([`control::read_request`]).
 fn control_thread(
     listener: std::os::unix::net::UnixListener,
     req_tx: SyncSender<ControlMsg>,
     wake: WakeHandle,
+    limits: ClientLimits,
+    counters: Arc<ControlCounters>,
 ) {
     for conn in listener.incoming() {
         let stream = match conn {
@@ -533,47 +621,133 @@ fn control_thread(
                 continue;
             }
         };
-        let tx = req_tx.clone();
-        let wake = wake.clone();
+        // Only this thread adds clients, so the check cannot be overtaken.
+        if counters.active.load(Ordering::Relaxed) >= control::MAX_CLIENTS as u64 {
+            ControlCounters::bump(&counters.refused);
+            debug!(
+                "control client refused: {} served already",
+                control::MAX_CLIENTS
+            );
+            refuse(
+                stream,
+                &format!(
+                    "too many control clients ({} at once); try again",
+                    control::MAX_CLIENTS
+                ),
+            );
+            continue;
+        }
+        counters.active.fetch_add(1, Ordering::Relaxed);
+        let active = ActiveClient(Arc::clone(&counters));
+        let (tx, wake, c) = (req_tx.clone(), wake.clone(), Arc::clone(&counters));
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
             .spawn(move || {
-                if let Err(e) = serve_client(stream, &tx, &wake) {
+                let _active = active;
+                ControlCounters::bump(&c.accepted);
+                if let Err(e) = serve_client(stream, &tx, &wake, limits, &c) {
                     debug!("control connection: {e}");
                 }
             });
         if let Err(e) = spawned {
+            // The closure (and with it the stream and the active count) was dropped.
             warn!("cannot serve a control connection: {e}");
         }
     }
 }
 
+/// Answers a client we do not serve with one error line and closes it, never blocking long
+/// (a fresh connection's send buffer is empty; the write timeout is a belt for the braces).
+fn refuse(stream: UnixStream, message: &str) {
+    let _ = stream.set_write_timeout(Some(StdDuration::from_millis(100)));
+    let resp = Response::Error(ControlError::new(errno::EBUSY, message));
+    let _ = (&stream).write_all(control::encode_response(&resp).as_bytes());
+}
+
 /// Serves one lnetctl connection: request lines in, one response line each, until the client
-/// closes. A `capture_start` hands the connection over to the capture ([`serve_capture`]).
+/// closes, idles past `limits.idle`, takes longer than `limits.request` to send a line, or
+/// sends a line over [`control::MAX_REQUEST`] (each of these gets an error line and is closed).
+/// A `capture_start` hands the connection over to the capture ([`serve_capture`]).
 fn serve_client(
     stream: UnixStream,
     tx: &SyncSender<ControlMsg>,
     wake: &WakeHandle,
+    limits: ClientLimits,
+    counters: &ControlCounters,
 ) -> std::io::Result<()> {
-    let mut writer = stream.try_clone()?;
+    // A client that does not read its answers is closed too, not waited for.
+    stream.set_write_timeout(Some(limits.idle))?;
+    // One fd per client: answers are written through the reader's stream.
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
+    let mut line = Vec::new();
     loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
+        let (counter, err) = match control::read_request(
+            &mut reader,
+            &mut line,
+            Some(limits.idle),
+            Some(limits.request),
+        )? {
+            ReadRequest::Line => (None, None),
+            ReadRequest::Eof => return Ok(()),
+            ReadRequest::Idle => (
+                Some(&counters.idle_timeouts),
+                Some(ControlError::new(
+                    errno::ETIMEDOUT,
+                    format!("idle for {} s; closing", limits.idle.as_secs()),
+                )),
+            ),
+            ReadRequest::Stalled => (
+                Some(&counters.request_timeouts),
+                Some(ControlError::new(
+                    errno::ETIMEDOUT,
+                    format!(
+                        "request not complete within {} s; closing",
+                        limits.request.as_secs()
+                    ),
+                )),
+            ),
+            ReadRequest::TooLong => (Some(&counters.oversized), Some(control::too_long())),
+        };
+        if let Some(e) = err {
+            if let Some(c) = counter {
+                ControlCounters::bump(c);
+            }
+            debug!("control client closed: {e}");
+            // Best effort: the client may be gone or not reading. What it still sends is never
+            // read (closing with unread data resets its side).
+            let mut writer = reader.get_ref();
+            let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
+            let _ = writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
             return Ok(());
         }
-        if line.trim().is_empty() {
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        let resp = match control::decode_request(&line) {
+        let resp = match control::decode_request_bytes(&line) {
             Ok(req @ Request::CaptureStart { .. }) => {
-                return serve_capture(req, reader, writer, tx, wake)
+                // The stream's pace is the client's: a capture is never idle.
+                // The capture's watcher reads while this thread writes: a second fd, for the
+                // one capture that runs at a time.
+                let writer = reader.get_ref().try_clone()?;
+                writer.set_write_timeout(None)?;
+                return serve_capture(req, reader, writer, tx, wake);
             }
+            Ok(req @ Request::StatsShow) => match forward(tx, wake, req) {
+                Response::Stats(mut s) => {
+                    s.control = Some(counters.snapshot());
+                    Response::Stats(s)
+                }
+                other => other,
+            },
             Ok(req) => forward(tx, wake, req),
-            Err(e) => Response::Error(e),
+            Err(e) => {
+                ControlCounters::bump(&counters.bad_requests);
+                Response::Error(e)
+            }
         };
-        writer.write_all(control::encode_response(&resp).as_bytes())?;
+        reader
+            .get_ref()
+            .write_all(control::encode_response(&resp).as_bytes())?;
     }
 }
 
@@ -601,18 +775,16 @@ fn serve_capture(
     std::thread::Builder::new()
         .name("capture-watch".into())
         .spawn(move || {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match reader.read_line(&mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        if let Ok(Request::CaptureStop { .. }) = control::decode_request(&line) {
-                            break;
-                        }
-                        // Anything else is ignored: the connection belongs to the capture.
-                    }
+            let mut line = Vec::new();
+            // No timeouts: the capture's client only ever sends its stop. A line over the cap
+            // ends the capture like a closed connection.
+            while let Ok(ReadRequest::Line) =
+                control::read_request(&mut reader, &mut line, None, None)
+            {
+                if let Ok(Request::CaptureStop { .. }) = control::decode_request_bytes(&line) {
+                    break;
                 }
+                // Anything else is ignored: the connection belongs to the capture.
             }
             // The stop must get through, or the capture would run (and refuse every other)
             // until the daemon stops: retry while the control queue is full.

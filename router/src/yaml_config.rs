@@ -128,16 +128,19 @@ impl DaemonConfig {
 
     /// Parses a configuration; `origin` names it in errors (usually the file name).
     pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
-        let raw: RawConfig =
+        // An empty file (or one of comments) is no document at all for the parser: refuse it
+        // here, with its first line, before serde turns it into a config with nothing in it.
+        let raw: Option<RawConfig> =
             serde_saphyr::from_str(text).map_err(|e| from_yaml(origin, text, &e))?;
-        let err = |line: u64, message: String| ConfigError {
-            origin: origin.to_string(),
-            line: Some(line),
-            message,
-        };
+        let raw = raw.unwrap_or(RawConfig {
+            net: None,
+            peers: Vec::new(),
+        });
+        let err = |line: u64, message: String| ConfigError::new(origin, Some(line), message);
         let mut cfg = DaemonConfig::default();
         let mut seen: HashMap<Nid, u64> = HashMap::new();
-        for n in raw.net {
+        let net_line = raw.net.as_ref().map_or(1, |n| n.referenced.line().max(1));
+        for n in raw.net.map(|n| n.value).unwrap_or_default() {
             let net_line = n.net_type.referenced.line();
             let net: Net = n
                 .net_type
@@ -213,9 +216,28 @@ impl DaemonConfig {
                 cfg.nets.push(NetSettings { net, fabric, nis });
             }
         }
+        if cfg.nis().next().is_none() {
+            // A daemon with no NI does nothing: almost surely a wrong or truncated file. (NIs
+            // removed at runtime through lnetctl are another matter: the daemon keeps running.)
+            return Err(err(
+                net_line,
+                "no NI configured (an empty file, 'net: []', or nets without 'local NI(s)'): \
+                 a daemon needs at least one"
+                    .to_string(),
+            ));
+        }
         for p in raw.peers {
             let line = p.nid.referenced.line();
             let nid = p.nid.value.0;
+            if let Some(ni_line) = seen.get(&nid) {
+                return Err(err(
+                    line,
+                    format!(
+                        "peer {nid} is one of our own NIs (line {ni_line}); 'peers:' lists where \
+                         other daemons listen"
+                    ),
+                ));
+            }
             if cfg.peers.insert(nid, p.address).is_some() {
                 return Err(err(line, format!("peer {nid} is listed twice")));
             }
@@ -226,11 +248,8 @@ impl DaemonConfig {
     /// Reads and parses a file.
     pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            origin: origin.clone(),
-            line: None,
-            message: format!("cannot read: {e}"),
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(&origin, None, format!("cannot read: {e}")))?;
         DaemonConfig::parse(&text, &origin)
     }
 }
@@ -243,6 +262,20 @@ pub struct ConfigError {
     /// 1-based line, when known.
     pub line: Option<u64>,
     pub message: String,
+}
+
+impl ConfigError {
+    /// An error whose message quotes at most an excerpt of whatever it quotes: a 50 MB value
+    /// in the file must not make a 50 MB line (the message is cut at
+    /// 2 × [`EXCERPT_CHARS`](crate::text::EXCERPT_CHARS) characters, with "…").
+    pub fn new(origin: &str, line: Option<u64>, message: impl AsRef<str>) -> ConfigError {
+        let max = 2 * crate::text::EXCERPT_CHARS;
+        ConfigError {
+            origin: crate::text::excerpt(origin, max).into_owned(),
+            line,
+            message: crate::text::excerpt(message.as_ref(), max).into_owned(),
+        }
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -262,7 +295,7 @@ impl std::error::Error for ConfigError {}
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
-    net: Vec<RawNet>,
+    net: Option<Spanned<Vec<RawNet>>>,
     #[serde(default)]
     peers: Vec<RawPeer>,
 }
@@ -498,7 +531,11 @@ fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Locat
 
 /// Turns serde-saphyr's error into `origin:line: message`, rewording serde's unknown-field
 /// message as "unknown key 'x' (did you mean y?)" and quoting the offending line otherwise.
+/// Whatever the parser's message holds (a whole value, a deeply nested structure), the result
+/// quotes at most an excerpt of it and of the line ([`EXCERPT_CHARS`](crate::text::EXCERPT_CHARS)
+/// characters of the line, with "…").
 fn from_yaml(origin: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
+    use crate::text::{excerpt, EXCERPT_CHARS};
     let line = e.location().map(|l| l.line()).filter(|&l| l > 0);
     let mut msg = e.without_snippet().to_string();
     // serde-saphyr appends " at line L, column C"; we print the line ourselves.
@@ -508,22 +545,23 @@ fn from_yaml(origin: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
     let message = if let Some(m) = reword_unknown(&msg) {
         m
     } else {
+        let msg = excerpt(&msg, EXCERPT_CHARS);
         match line.and_then(|l| text.lines().nth(l as usize - 1)) {
-            Some(src) if !src.trim().is_empty() => format!("{msg}: `{}`", src.trim()),
-            _ => msg,
+            Some(src) if !src.trim().is_empty() => {
+                format!("{msg}: `{}`", excerpt(src.trim(), EXCERPT_CHARS))
+            }
+            _ => msg.into_owned(),
         }
     };
-    ConfigError {
-        origin: origin.to_string(),
-        line,
-        message,
-    }
+    ConfigError::new(origin, line, message)
 }
 
 /// "unknown field `x`, expected one of a, b" -> "unknown key 'x' (did you mean a?)".
 fn reword_unknown(msg: &str) -> Option<String> {
     let rest = msg.strip_prefix("unknown field `")?;
     let (key, rest) = rest.split_once('`')?;
+    // A key may be as long as the file: compare and quote an excerpt.
+    let key = &*crate::text::excerpt(key, crate::text::EXCERPT_CHARS);
     let expected: Vec<String> = rest
         .split_once("expected")
         .map(|(_, list)| {
@@ -736,6 +774,50 @@ peers:
             assert!(e.to_string().contains(key), "{bad}: {e}");
             assert!(e.to_string().starts_with("t.yaml:"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn configs_without_nis_and_self_peers_are_refused() {
+        for (y, line) in [
+            ("", 1),
+            ("# just a comment\n", 1),
+            ("\nnet: []\n", 2),
+            ("net:\n    - net type: lo\n", 2),
+            ("net:\n    - net type: o2ib\n      local NI(s): []\n", 2),
+        ] {
+            let e = DaemonConfig::parse(y, "t.yaml").unwrap_err();
+            assert_eq!(e.line, Some(line), "{y:?}: {e}");
+            assert!(e.message.contains("no NI configured"), "{e}");
+        }
+        let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib");
+        let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "t.yaml:20: peer 10.0.0.1@o2ib is one of our own NIs (line 5); 'peers:' lists \
+             where other daemons listen"
+        );
+    }
+
+    #[test]
+    fn errors_quote_excerpts_only() {
+        let big = "7".repeat(100_000);
+        let y = GOOD.replace("credits: 512", &format!("credits: {big}"));
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(12), "{e}");
+        assert!(e.to_string().chars().count() < 400, "{e}");
+        assert!(e.message.ends_with("…`") || e.message.ends_with('…'), "{e}");
+        // (YAML's simple keys are at most 1024 characters.)
+        let y = GOOD.replace(
+            "peer_credits: 16",
+            &format!("peer_credit{}: 16", &big[..600]),
+        );
+        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+        assert_eq!(e.line, Some(10), "{e}");
+        assert!(e.message.starts_with("unknown key 'peer_credit7"), "{e}");
+        assert!(e.to_string().chars().count() < 400, "{e}");
+        let nested = format!("net: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+        let e = DaemonConfig::parse(&nested, "c.yaml").unwrap_err();
+        assert!(e.to_string().chars().count() < 400, "{e}");
     }
 
     #[test]

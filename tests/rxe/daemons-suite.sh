@@ -17,10 +17,12 @@
 #               GET B's HCA had already taken at their own 10 s timeout, none later; a ping started
 #               right after the kill fails within 6 s too
 #   4 qps       A's queue pairs back to the baseline after the kill as well
-#   5 frozen    B restarted, connected, then frozen (SIGSTOP) with no traffic, so no cm event comes:
-#               A's keepalives and tx deadlines mark it down within keepalive + timeout (+1.5 s
-#               for the emulated guest's polls), the connection and its QP are gone 1 s later at
-#               most (the engine's close bound: a frozen peer never answers the DREQ)
+#   5 frozen    B restarted, connected, then frozen (SIGSTOP), so no cm event comes: while idle A
+#               keeps the connection (a peer that owes us nothing may stay silent, as in o2iblnd);
+#               then A sends it 12 pings (more than peer_credits 8): those waiting for credits the
+#               frozen B never returns miss their deadline, and A marks B down within timeout +
+#               keepalive (+1.5 s for the emulated guest's polls), the connection and its QP gone
+#               1 s later at most (the engine's close bound: a frozen peer never answers the DREQ)
 #
 # Exit status: 0, or the first failure: 21 setup (address, GID, daemons did not start), 22 ping,
 # 23 graceful stop, 24 queue pairs after the graceful stop, 25 SIGKILL detection / pending pings,
@@ -261,9 +263,10 @@ else
 fi
 
 # ------------------------------------------------------------------------ 5 frozen peer
-# No cm signal at all (a hung or powered-off host: B's HCA, here the kernel's rxe, still ACKs):
-# only A's keepalives and tx deadlines can find it, within keepalive + timeout.
-echo "=== daemons 5: B frozen (SIGSTOP) without any traffic: found by keepalive + timeout"
+# No cm signal at all (a hung or powered-off host: B's HCA, here the kernel's rxe, still ACKs).
+# Idle, it owes A nothing and A keeps the connection; with traffic beyond the credits, the
+# messages waiting for credits miss their deadline and A declares it dead.
+echo "=== daemons 5: B frozen (SIGSTOP): kept while idle, found by the tx deadlines under traffic"
 start B $NB $SB || { dump_logs; failed 21 "daemon B did not restart"; exit "$first"; }
 ok=0
 for i in 1 2 3 4 5; do
@@ -272,9 +275,21 @@ for i in 1 2 3 4 5; do
 done
 [ $ok = 1 ] || failed 28 "A cannot ping the restarted B"
 echo "A connected to the restarted B (pid $PID_B): A=$(qps "$PID_A") B=$(qps "$PID_B") RC QPs"
-t0=$(now) k0=$(tod)
 kill -STOP "$PID_B"
-# bounds: down by keepalive + timeout; the connection and its QP gone by then + the engine's
+idle=$((2 * (KEEPALIVE + TIMEOUT)))
+sleep "$idle"
+st=$(b_state) nc=$(a_conns_to_b)
+echo "IDLE: $idle s after B's SIGSTOP with no traffic A sees B $st with $nc connection(s)"
+{ [ "$st" = up ] && [ "$nc" = 1 ]; } || failed 28 "A dropped the idle frozen B ($st, $nc connection(s)): a peer that owes nothing may stay silent"
+t0=$(now) k0=$(tod)
+FPINGS=""
+i=0
+while [ $i -lt 12 ]; do
+  i=$((i + 1))
+  ( timeout 30 lnetctl --socket $SA ping $NB --timeout $PING_TO >/dev/null 2>&1 ) &
+  FPINGS="$FPINGS $!"
+done
+# bounds: down by timeout + keepalive; the connection and its QP gone by then + the engine's
 # close bound (1 s: a frozen peer never answers the DREQ); + 1.5 s for the emulated guest's polls
 dbound=$(awk -v k=$KEEPALIVE -v t=$TIMEOUT 'BEGIN { print k + t + 1.5 }')
 gbound=$(awk -v b="$dbound" 'BEGIN { print b + 1 }')
@@ -288,12 +303,15 @@ while lt "$(since "$t0")" "$gbound" || [ -z "$last" ]; do
   sleep 0.1
 done
 d=$(a_logged_down_after "$k0")
-echo "FROZEN: A marked B down ${down:-never} s after SIGSTOP as lnetctl polls see it (A's log: ${d:-(not found)} s; bound keepalive + timeout = $((KEEPALIVE + TIMEOUT)) s + 1.5 s), its connection and QP gone ${gone:-never} s after it (bound $gbound s)"
+echo "FROZEN: with 12 pings queued A marked B down ${down:-never} s after they started as lnetctl polls see it (A's log: ${d:-(not found)} s; bound timeout + keepalive = $((KEEPALIVE + TIMEOUT)) s + 1.5 s), its connection and QP gone ${gone:-never} s after it (bound $gbound s)"
 lnetctl --socket $SA net show -v | grep -E ' (silent_peers|tx_timeouts|keepalives|peers_down|close_timeouts):' | sed 's/^/    /'
+silent=$(lnetctl --socket $SA net show -v | awk '$1 == "silent_peers:" { n += $2 } END { print n + 0 }')
+[ "$silent" -ge 1 ] || failed 28 "the frozen B's close was not counted as a silent peer"
 { [ -n "$down" ] && lt "$down" "$dbound"; } || failed 28 "the frozen B was not marked down within $dbound s"
 { [ -n "$gone" ] && lt "$gone" "$gbound"; } \
   || failed 28 "A still has $(a_conns_to_b) connection(s) to the frozen B and $(qps "$PID_A") RC QPs (baseline $BASE_A) after $gbound s"
 kill -KILL "$PID_B"; kill -CONT "$PID_B" 2>/dev/null; wait "$PID_B" 2>/dev/null
+for p in $FPINGS; do wait "$p" 2>/dev/null; done
 
 # ------------------------------------------------------------------------ end
 kill -TERM "$PID_A"

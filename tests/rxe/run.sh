@@ -4,7 +4,7 @@
 # Soft-RoCE qemu guest with our harness (tests/rxe/guest.sh), through the guest script
 # tests/rxe/verbs-suite.sh, which ends with tests/rxe/daemons-suite.sh:
 #   verbs_pair   1000 IMMEDIATE messages each way, one-way credit NOOPs, idle keepalives, graceful close
-#   verbs_conn   a real CONN_RACE (our policy and Lustre 2.8's) and a real CONN_STALE + reconnect
+#   verbs_conn   a real CONN_RACE (our policy and Lustre 2.8's) and a restarted peer reached again
 #   verbs_kill   a SIGKILLed peer process: detection time, queued messages failed
 #   verbs_bench  64 B round trips and 64 KiB RDMA writes, beside ib_send_lat / ib_write_bw
 #   daemons      two lnet-router daemons on fabric: verbs (10.0.0.1@o2ib, 10.0.0.2@o2ib): lnetctl

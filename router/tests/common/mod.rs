@@ -159,7 +159,36 @@ pub fn start_with(
     peer_port: u16,
     lnd: Lnd,
 ) -> Daemon {
-    let Lnd { timeout, keepalive } = lnd;
+    let opts = Opts {
+        lnd,
+        ..Opts::default()
+    };
+    start_opts(dir, name, nid, port, peer, peer_port, opts)
+}
+
+/// How [`start_opts`] starts a daemon, beyond its NI and peer.
+#[derive(Clone, Debug, Default)]
+pub struct Opts {
+    pub lnd: Lnd,
+    /// Extra command-line arguments.
+    pub args: Vec<String>,
+    /// Start the daemon with this umask (through `sh -c 'umask ..; exec ..'`).
+    pub umask: Option<u32>,
+    /// The control socket [default: `dir/name.sock`].
+    pub socket: Option<PathBuf>,
+}
+
+/// [`start`] with [`Opts`].
+pub fn start_opts(
+    dir: &Path,
+    name: &str,
+    nid: &str,
+    port: u16,
+    peer: &str,
+    peer_port: u16,
+    opts: Opts,
+) -> Daemon {
+    let Lnd { timeout, keepalive } = opts.lnd;
     let cfg = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &cfg,
@@ -168,7 +197,10 @@ pub fn start_with(
         ),
     )
     .unwrap();
-    let socket = dir.join(format!("{name}.sock"));
+    let socket = opts
+        .socket
+        .clone()
+        .unwrap_or_else(|| dir.join(format!("{name}.sock")));
     let _ = std::fs::remove_file(&socket);
     // One log per incarnation: a restarted daemon appends to its predecessor's file.
     let log = dir.join(format!("{name}.log"));
@@ -177,7 +209,20 @@ pub fn start_with(
         .append(true)
         .open(&log)
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+    let bin = env!("CARGO_BIN_EXE_lnet-router");
+    let mut cmd = match opts.umask {
+        None => Command::new(bin),
+        Some(m) => {
+            // exec: the child stays the daemon itself (same pid), only its umask differs.
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!("umask {m:03o} && exec \"$0\" \"$@\""))
+                .arg(bin);
+            c
+        }
+    };
+    let child = cmd
+        .args(&opts.args)
         .arg("--config")
         .arg(&cfg)
         .arg("--socket")
@@ -350,6 +395,15 @@ pub fn connected_pair_with(test: &str, lnd: Lnd) -> Pair {
     assert_eq!(c.len(), 1, "{c:?}");
     assert_eq!(c[0].state, "Established", "{c:?}");
     pair
+}
+
+/// A field of `/proc/PID/status` as a number (`VmRSS` in kB, `Threads`).
+pub fn proc_status(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// The LND tunables a daemon is started with, seconds.
