@@ -2253,6 +2253,31 @@ mod tests {
         w.now() + Duration::from_secs(secs)
     }
 
+    /// The per-pair counter sees each CONN_RACE reject once, whichever side sends it, and
+    /// nothing else.
+    #[test]
+    fn race_rejects_counted_per_unordered_pair() {
+        for seed in 0..10 {
+            let mut w = world(seed);
+            let a = node(&mut w, "10.0.0.1@o2ib", 1);
+            let b = node(&mut w, "10.0.0.2@o2ib", 2);
+            let c = node(&mut w, "10.0.0.3@o2ib", 3);
+            // a and b connect to each other in the same instant: b (higher) refuses a once.
+            send_n(&mut w, a, b, 1, 8);
+            send_n(&mut w, b, a, 1, 8);
+            // c connects alone: no race.
+            send_n(&mut w, c, a, 1, 8);
+            assert!(w.run_until_idle(limit(&w, 10)), "seed {seed}");
+            let races = w.endpoint(b).unwrap().stats().races;
+            assert_eq!(races, 1, "seed {seed}");
+            assert_eq!(w.race_rejects_between(a, b), races, "seed {seed}");
+            assert_eq!(w.race_rejects_between(b, a), races, "seed {seed}");
+            assert_eq!(w.race_rejects_between(a, c), 0, "seed {seed}");
+            let pairs: Vec<_> = w.race_rejects_by_pair().collect();
+            assert_eq!(pairs, vec![((a, b), 1)], "seed {seed}");
+        }
+    }
+
     #[test]
     fn slot_set_lowest_first() {
         let mut s = SlotSet::with_first(3);
