@@ -16,6 +16,12 @@ pub fn router_nid() -> Nid {
     "10.0.0.1@o2ib".parse().expect("valid NID")
 }
 
+/// A router NID on which the two race orders disagree with (almost) every client: lower by raw
+/// NID (`10.0.0.x` against `10.1+.y.z`), higher by nidhash (`0xff05_000a`, above every client
+/// whose last octet is below 255). With it, a client on the raw order and a router on nidhash
+/// both think they are the higher side: both refuse each other's connect (double rejects).
+pub const ROUTER_NID_ORDERS_DISAGREE: &str = "10.0.0.255@o2ib";
+
 /// Clients per value of the second octet: last octet 2..=255, third octet 0..=255.
 const CLIENTS_PER_SECOND_OCTET: usize = 254 * 256;
 
@@ -70,6 +76,9 @@ impl ClientOrders {
 #[derive(Clone, Debug)]
 pub struct StormConfig {
     pub clients: usize,
+    /// The router's NID: [`router_nid`] (lower than every client under both orders), or one
+    /// such as [`ROUTER_NID_ORDERS_DISAGREE`] to make the two orders disagree.
+    pub router_nid: Nid,
     /// The router's race policy, and the clients' unless `client_policy` is set.
     pub policy: RacePolicy,
     /// The clients' policy when it differs from the router's (kernel clients around a ulnet
@@ -96,6 +105,7 @@ impl StormConfig {
     pub fn new(clients: usize, policy: RacePolicy, seed: u64) -> StormConfig {
         StormConfig {
             clients,
+            router_nid: router_nid(),
             policy,
             client_policy: None,
             router_order: RaceOrder::default(),
@@ -177,7 +187,7 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
             seed,
             ..EndpointConfig::new(nid, inc)
         };
-    let rnid = router_nid();
+    let rnid = cfg.router_nid;
     let router = world.add_node(node_cfg(
         rnid,
         1_000,
@@ -418,6 +428,20 @@ mod tests {
             client_nid(CLIENTS_PER_SECOND_OCTET).to_string(),
             "10.2.0.2@o2ib"
         );
+    }
+
+    /// The disagreeing router: lower than every client by raw NID, higher by nidhash than every
+    /// client whose last octet is below 255.
+    #[test]
+    fn router_nid_orders_disagree_with_clients() {
+        let r: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+        for i in (0..100_000).step_by(7) {
+            let c = client_nid(i);
+            assert!(RaceOrder::Nid.lower(r, c), "{c}");
+            if i % 254 != 253 {
+                assert!(RaceOrder::NidHash.lower(c, r), "{c}");
+            }
+        }
     }
 
     #[test]

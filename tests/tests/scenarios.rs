@@ -5,7 +5,9 @@ use lnd::engine::{ConnState, DownReason, EndpointConfig, RaceOrder, RacePolicy, 
 use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::Nid;
-use ulnet_tests::{put_hdr, router_reboot_storm, ClientOrders, StormConfig};
+use ulnet_tests::{
+    put_hdr, router_nid, router_reboot_storm, ClientOrders, StormConfig, ROUTER_NID_ORDERS_DISAGREE,
+};
 
 fn nid(s: &str) -> Nid {
     s.parse().expect("valid NID")
@@ -370,19 +372,31 @@ fn silent_crash_with_traffic_in_flight() {
 /// Kernel interop, defect 2 (race order): a ulnet router reboots among clients of which half
 /// order NIDs as Lustre 2.16 does (nidhash) and half as 2.15 does (raw NID), 10% of their
 /// connects to it stuck. Every client recovers, no pair exchanges more than 3 CONN_RACE rejects
-/// or keeps more than 2 connections, every message has a status. Once with the router on each
-/// order.
+/// or keeps more than 2 connections, every message has a status. With the router on each order,
+/// at the usual router NID (lower than every client under both orders: they agree on every pair)
+/// and at one where the orders disagree (double rejects with the clients on the other order, or
+/// double accepts: two connections).
 #[test]
 fn mixed_race_orders_storm_settles_within_three_rejects_per_pair() {
     let seed = 17743;
-    for router_order in RaceOrder::ALL {
+    // The usual layout (the router lower under both orders, so the orders agree on every pair),
+    // then a router NID on which the orders disagree with the clients (double rejects).
+    let layouts = [
+        (router_nid(), RaceOrder::NidHash),
+        (router_nid(), RaceOrder::Nid),
+        (nid(ROUTER_NID_ORDERS_DISAGREE), RaceOrder::NidHash),
+        (nid(ROUTER_NID_ORDERS_DISAGREE), RaceOrder::Nid),
+    ];
+    for (router, router_order) in layouts {
         let cfg = StormConfig {
+            router_nid: router,
             router_order,
             client_orders: ClientOrders::Alternating,
             ..StormConfig::new(1000, RacePolicy::Ulnet, seed)
         };
         let r = router_reboot_storm(&cfg);
-        eprintln!("seed {seed}: router on {router_order:?}: {r:?}");
+        eprintln!("seed {seed}: router {router} on {router_order:?}: {r:?}");
+        let router_order = (router, router_order);
         let recovery = r.recovery.unwrap_or_else(|| {
             panic!(
                 "seed {seed} {router_order:?}: {} clients never reconnected",
