@@ -665,3 +665,64 @@ fn ulnet_router_among_lu7646_kernel_clients_recovers_every_client() {
     // Kernel clients never learn an order, and the router agrees with them on this layout.
     assert_eq!(r.race_order_adoptions, 0, "seed {seed}");
 }
+
+/// Kernel interop, defect 2, against a kernel that never learns: a ulnet node and a kernel node
+/// (each of Lustre's policies) on different orders, arranged so that both refuse (a double
+/// reject), connect at the same instant. Whichever side has the lower raw NID, the ulnet node
+/// adopts the kernel's order (the kernel never does), once, within at most 5 rejects (3 when it
+/// is the lower side and adopts at the first double reject).
+#[test]
+fn ulnet_node_adopts_a_kernel_peers_order_whichever_side_is_lower() {
+    let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+    for kernel in [
+        RacePolicy::Lustre28,
+        RacePolicy::Lu7646,
+        RacePolicy::Lu17480,
+    ] {
+        for ulnet_is_lo in [true, false] {
+            for seed in 0..20 {
+                let ctx = format!("seed {seed}, kernel {kernel:?}, ulnet is lower: {ulnet_is_lo}");
+                let mut w = world(seed);
+                // lo on nidhash and hi on the raw order refuse each other.
+                let policy = |is_ulnet: bool| if is_ulnet { RacePolicy::Ulnet } else { kernel };
+                let a = w.add_node(EndpointConfig {
+                    race_order: RaceOrder::NidHash,
+                    race_policy: policy(ulnet_is_lo),
+                    ..EndpointConfig::new(lo, 1)
+                });
+                let b = w.add_node(EndpointConfig {
+                    race_order: RaceOrder::Nid,
+                    race_policy: policy(!ulnet_is_lo),
+                    ..EndpointConfig::new(hi, 2)
+                });
+                let (ulnet, kern) = if ulnet_is_lo { (a, b) } else { (b, a) };
+                let mut cookies = Vec::new();
+                let t0 = w.now();
+                cookies.push(w.send(a, hi, put_hdr(lo, hi, 8), vec![1; 8]));
+                cookies.push(w.send(b, lo, put_hdr(hi, lo, 8), vec![2; 8]));
+                w.run_for(Duration::from_secs(10));
+                let rejects = w.race_rejects_between(a, b);
+                let done = cookies
+                    .iter()
+                    .filter_map(|c| w.outcome(*c))
+                    .map(|(t, o)| {
+                        assert_eq!(o, SendOutcome::Delivered, "{ctx}");
+                        t - t0
+                    })
+                    .max();
+                assert!(done.is_some(), "{ctx}: nothing delivered");
+                eprintln!(
+                    "{ctx}: rejects {rejects}, delivered after {:?}, conns {:?}",
+                    done,
+                    established_both(&w, a, b)
+                );
+                let bound = if ulnet_is_lo { 3 } else { 5 };
+                assert!(rejects <= bound, "{ctx}: {rejects} CONN_RACE rejects");
+                let stats = |n: NodeId| w.endpoint(n).unwrap().stats().clone();
+                assert_eq!(stats(kern).race_order_adoptions, 0, "{ctx}");
+                assert_eq!(stats(ulnet).race_order_adoptions, 1, "{ctx}");
+                assert_all_accounted(&w, seed);
+            }
+        }
+    }
+}
