@@ -726,3 +726,35 @@ fn ulnet_node_adopts_a_kernel_peers_order_whichever_side_is_lower() {
         }
     }
 }
+
+/// The counterpart of the idle week: when the peer that sends no keepalives crashes while idle,
+/// the side at the default keepalive still declares it down within keepalive + timeout.
+#[test]
+fn crashed_idle_peer_without_keepalives_is_still_found() {
+    let seed = 100;
+    let mut w = world(seed);
+    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let a = node(&mut w, "10.0.0.1@o2ib", 1);
+    let mut cfg_b = EndpointConfig::new(nb, 2);
+    cfg_b.tunables.keepalive = Duration::ZERO;
+    let b = w.add_node(cfg_b);
+    w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(3600));
+    let t = w.now();
+    w.crash(b);
+    let tun = w.endpoint(a).unwrap().config().tunables.clone();
+    let bound = tun.keepalive + tun.timeout;
+    w.run_for(bound + Duration::from_secs(1));
+    let down = w
+        .peer_events(a)
+        .iter()
+        .find(|e| e.nid == nb && e.down.is_some())
+        .copied()
+        .unwrap_or_else(|| panic!("seed {seed}: crashed peer never declared down"));
+    assert!(
+        down.at - t <= bound,
+        "seed {seed}: down after {}",
+        down.at - t
+    );
+    assert_all_accounted(&w, seed);
+}
