@@ -1,7 +1,7 @@
 //! Shared scenario machinery for the `tests` crate and the bench binaries: the LU-7646 router
 //! reboot storm, run on the deterministic simulator under any race policy.
 
-use lnd::engine::{EndpointConfig, RacePolicy};
+use lnd::engine::{EndpointConfig, RaceOrder, RacePolicy};
 use lnd::fabric::sim::{NodeId, NodeState, SimConfig, World};
 use lnd::time::{Duration, Instant};
 use lnd::wire::{LnetHdr, Nid};
@@ -11,22 +11,83 @@ pub fn put_hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 0x5eed)
 }
 
-/// `10.0.0.1@o2ib`: the router in scenarios; lower than every client.
+/// `10.0.0.1@o2ib`: the router in scenarios; lower than every client under both race orders.
 pub fn router_nid() -> Nid {
     "10.0.0.1@o2ib".parse().expect("valid NID")
 }
 
-/// The NID of client `i`: `10.1.x.y@o2ib`, higher than the router's.
+/// A router NID on which the two race orders disagree with (almost) every client: lower by raw
+/// NID (`10.0.0.x` against `10.1+.y.z`), higher by nidhash (`0xff05_000a`, above every client
+/// whose last octet is below 255). With it, a client on the raw order and a router on nidhash
+/// both think they are the higher side: both refuse each other's connect (double rejects).
+pub const ROUTER_NID_ORDERS_DISAGREE: &str = "10.0.0.255@o2ib";
+
+/// Clients per value of the second octet: last octet 2..=255, third octet 0..=255.
+const CLIENTS_PER_SECOND_OCTET: usize = 254 * 256;
+
+/// The NID of client `i`: `10.x.y.z@o2ib` with `z = 2 + i % 254`, `y = (i / 254) % 256`,
+/// `x = 1 + i / (254 * 256)`: distinct for every `i` below 254 * 256 * 255 (about 16.5 million).
+///
+/// The router is strictly lower than every client under both race orders, which is the shape of
+/// LU-7646 (a client whose connect to the router is stuck refuses the router's connects):
+/// - raw NID: same net, and `10.x...` with `x >= 1` is above `10.0.0.1`;
+/// - nidhash (`net ^ addr.swap_bytes()`): the last octet becomes the top byte, `z >= 2` gives a
+///   hash of at least `0x0200_000a`, above the router's `0x0105_000a`.
+///
+/// # Panics
+/// If `i` is beyond the distinct range.
 pub fn client_nid(i: usize) -> Nid {
-    let i = i as u32 + 1;
-    Nid::new(router_nid().net(), 0x0a01_0000 | i)
+    let x = 1 + i / CLIENTS_PER_SECOND_OCTET;
+    assert!(
+        x <= 255,
+        "client index {i} beyond the NID space of 10.0.0.0/8"
+    );
+    let y = (i / 254) % 256;
+    let z = 2 + i % 254;
+    let addr = 0x0a00_0000 | (x as u32) << 16 | (y as u32) << 8 | z as u32;
+    Nid::new(router_nid().net(), addr)
+}
+
+/// Which race order each client uses in a storm.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ClientOrders {
+    /// Every client uses the router's order.
+    SameAsRouter,
+    /// Half on each order: client `i` uses the router's order when `i + i / 10` is even and the
+    /// other one otherwise, so the stuck clients (every tenth) are split too.
+    Alternating,
+    /// Every client uses this order.
+    All(RaceOrder),
+}
+
+impl ClientOrders {
+    /// The order of client `i` when the router uses `router`.
+    pub fn order_of(self, i: usize, router: RaceOrder) -> RaceOrder {
+        match self {
+            ClientOrders::SameAsRouter => router,
+            ClientOrders::Alternating if (i + i / 10) % 2 == 0 => router,
+            ClientOrders::Alternating => router.other(),
+            ClientOrders::All(o) => o,
+        }
+    }
 }
 
 /// Parameters of the router reboot storm (LU-7646).
 #[derive(Clone, Debug)]
 pub struct StormConfig {
     pub clients: usize,
+    /// The router's NID: [`router_nid`] (lower than every client under both orders), or one
+    /// such as [`ROUTER_NID_ORDERS_DISAGREE`] to make the two orders disagree.
+    pub router_nid: Nid,
+    /// The router's race policy, and the clients' unless `client_policy` is set.
     pub policy: RacePolicy,
+    /// The clients' policy when it differs from the router's (kernel clients around a ulnet
+    /// router).
+    pub client_policy: Option<RacePolicy>,
+    /// The router's race order.
+    pub router_order: RaceOrder,
+    /// The clients' race orders.
+    pub client_orders: ClientOrders,
     /// Every `1/stuck_every` client's first connect to the rebooted router never gets an event.
     pub stuck_every: usize,
     pub seed: u64,
@@ -39,11 +100,16 @@ pub struct StormConfig {
 }
 
 impl StormConfig {
-    /// The acceptance storm: 10% stuck connects, router down 5 s, 60 s to recover.
+    /// The acceptance storm: 10% stuck connects, router down 5 s, 60 s to recover; every node on
+    /// `policy` and the default race order.
     pub fn new(clients: usize, policy: RacePolicy, seed: u64) -> StormConfig {
         StormConfig {
             clients,
+            router_nid: router_nid(),
             policy,
+            client_policy: None,
+            router_order: RaceOrder::default(),
+            client_orders: ClientOrders::SameAsRouter,
             stuck_every: 10,
             seed,
             down_for: Duration::from_secs(5),
@@ -51,12 +117,18 @@ impl StormConfig {
             keep_logs: clients <= 2000,
         }
     }
+
+    /// The clients' race policy.
+    pub fn client_policy(&self) -> RacePolicy {
+        self.client_policy.unwrap_or(self.policy)
+    }
 }
 
 /// What a storm showed.
 #[derive(Clone, Debug)]
 pub struct StormReport {
     pub policy: RacePolicy,
+    pub client_policy: RacePolicy,
     pub clients: usize,
     /// Time from the router being back to the last client connected to its new instance;
     /// `None` if some client never was within the horizon.
@@ -79,6 +151,24 @@ pub struct StormReport {
     /// Engine state of the router per connection it holds.
     pub router_bytes_per_conn: usize,
     pub rnr: u64,
+    /// The most CONN_RACE rejects the router and one client exchanged after the reboot, both
+    /// directions together (counted by the simulator).
+    pub max_race_rejects_per_pair: u64,
+    /// The most established connections the router and one client keep at the end, as either
+    /// side sees it.
+    pub max_conns_per_pair: usize,
+    /// `race_order_disagreements` and `race_order_adoptions` summed over every node.
+    pub race_order_disagreements: u64,
+    pub race_order_adoptions: u64,
+    /// Peak resident memory of this process so far (VmHWM), in KiB, where the OS reports it.
+    pub peak_rss_kib: Option<u64>,
+}
+
+/// The peak resident set of this process (`VmHWM` in /proc/self/status), in KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Runs the storm: clients connected to a router, the router reboots, 10% of the clients'
@@ -90,19 +180,29 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
         keep_logs: cfg.keep_logs,
         ..SimConfig::with_seed(cfg.seed)
     });
-    let node_cfg = |nid: Nid, inc: u64, seed: u64| EndpointConfig {
-        race_policy: cfg.policy,
-        seed,
-        ..EndpointConfig::new(nid, inc)
-    };
-    let rnid = router_nid();
-    let router = world.add_node(node_cfg(rnid, 1_000, cfg.seed));
+    let node_cfg =
+        |nid: Nid, inc: u64, seed: u64, policy: RacePolicy, order: RaceOrder| EndpointConfig {
+            race_policy: policy,
+            race_order: order,
+            seed,
+            ..EndpointConfig::new(nid, inc)
+        };
+    let rnid = cfg.router_nid;
+    let router = world.add_node(node_cfg(
+        rnid,
+        1_000,
+        cfg.seed,
+        cfg.policy,
+        cfg.router_order,
+    ));
     let clients: Vec<NodeId> = (0..cfg.clients)
         .map(|i| {
             world.add_node(node_cfg(
                 client_nid(i),
                 10_000 + i as u64,
                 cfg.seed ^ i as u64,
+                cfg.client_policy(),
+                cfg.client_orders.order_of(i, cfg.router_order),
             ))
         })
         .collect();
@@ -117,6 +217,10 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
 
     // The reboot.
     let t0 = world.now();
+    let rejects_before: Vec<u64> = clients
+        .iter()
+        .map(|&c| world.race_rejects_between(router, c))
+        .collect();
     for (i, &c) in clients.iter().enumerate() {
         if cfg.stuck_every > 0 && i % cfg.stuck_every == 0 {
             world.stuck_next_connect(c, rnid);
@@ -182,6 +286,30 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
     } else {
         None
     };
+    let max_race_rejects_per_pair = clients
+        .iter()
+        .zip(&rejects_before)
+        .map(|(&c, &before)| world.race_rejects_between(router, c) - before)
+        .max()
+        .unwrap_or(0);
+    let router_ep = world.endpoint(router);
+    let max_conns_per_pair = clients
+        .iter()
+        .map(|&c| {
+            let nid = world.nid_of(c);
+            let at_router = router_ep
+                .and_then(|e| e.peer(nid))
+                .map_or(0, |p| p.established);
+            let at_client = world
+                .endpoint(c)
+                .and_then(|e| e.peer(rnid))
+                .map_or(0, |p| p.established);
+            at_router.max(at_client)
+        })
+        .max()
+        .unwrap_or(0);
+    let mut race_order_disagreements = 0;
+    let mut race_order_adoptions = 0;
     let mut connect_attempts = 0;
     let mut race_rejects = 0;
     let mut max_races_per_peer = 0;
@@ -190,6 +318,8 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
         if let Some(e) = world.endpoint(n) {
             connect_attempts += e.stats().connects;
             race_rejects += e.stats().races;
+            race_order_disagreements += e.stats().race_order_disagreements;
+            race_order_adoptions += e.stats().race_order_adoptions;
             for p in e.peers() {
                 max_races_per_peer = max_races_per_peer.max(p.peak_races_received);
                 peak_zombies = peak_zombies.max(p.peak_zombies);
@@ -210,6 +340,7 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
         .unwrap_or(0);
     StormReport {
         policy: cfg.policy,
+        client_policy: cfg.client_policy(),
         clients: cfg.clients,
         recovery,
         unrecovered,
@@ -223,6 +354,11 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
         wall: wall.elapsed(),
         router_bytes_per_conn,
         rnr: world.stats().rnr,
+        max_race_rejects_per_pair,
+        max_conns_per_pair,
+        race_order_disagreements,
+        race_order_adoptions,
+        peak_rss_kib: peak_rss_kib(),
     }
 }
 
@@ -246,4 +382,77 @@ pub fn max_connects_in_window(log: &[(Instant, Nid)], since: Instant, window: Du
         }
     }
     worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Client NIDs are distinct, and the router is strictly lower than each under both orders.
+    #[test]
+    fn client_nids_distinct_and_above_the_router_under_both_orders() {
+        let r = router_nid();
+        assert_eq!(r.nidhash(), 0x0105_000a);
+        let mut seen = std::collections::HashSet::new();
+        let check = |i: usize, seen: &mut std::collections::HashSet<Nid>| {
+            let c = client_nid(i);
+            assert!(seen.insert(c), "client {i}: {c} allocated twice");
+            assert_ne!(c, r);
+            for order in RaceOrder::ALL {
+                assert!(
+                    order.lower(r, c),
+                    "client {i}: {c} not above the router under {order:?}"
+                );
+            }
+        };
+        for i in 0..100_000 {
+            check(i, &mut seen);
+        }
+        // Beyond: a strided sample up to millions, and the edges of the octet wraps.
+        for i in (100_000..5_000_000).step_by(997) {
+            check(i, &mut seen);
+        }
+        for k in 1..80 {
+            let edge = k * CLIENTS_PER_SECOND_OCTET;
+            for i in edge.saturating_sub(2)..edge + 2 {
+                if i >= 100_000 {
+                    seen.remove(&client_nid(i));
+                    check(i, &mut seen);
+                }
+            }
+        }
+        assert_eq!(client_nid(0).to_string(), "10.1.0.2@o2ib");
+        assert_eq!(client_nid(253).to_string(), "10.1.0.255@o2ib");
+        assert_eq!(client_nid(254).to_string(), "10.1.1.2@o2ib");
+        assert_eq!(
+            client_nid(CLIENTS_PER_SECOND_OCTET).to_string(),
+            "10.2.0.2@o2ib"
+        );
+    }
+
+    /// The disagreeing router: lower than every client by raw NID, higher by nidhash than every
+    /// client whose last octet is below 255.
+    #[test]
+    fn router_nid_orders_disagree_with_clients() {
+        let r: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+        for i in (0..100_000).step_by(7) {
+            let c = client_nid(i);
+            assert!(RaceOrder::Nid.lower(r, c), "{c}");
+            if i % 254 != 253 {
+                assert!(RaceOrder::NidHash.lower(c, r), "{c}");
+            }
+        }
+    }
+
+    #[test]
+    fn alternating_orders_split_clients_and_stuck_clients_in_half() {
+        let o = |i| ClientOrders::Alternating.order_of(i, RaceOrder::NidHash);
+        let on_router = (0..1000).filter(|&i| o(i) == RaceOrder::NidHash).count();
+        assert_eq!(on_router, 500);
+        let stuck_on_router = (0..1000)
+            .step_by(10)
+            .filter(|&i| o(i) == RaceOrder::NidHash)
+            .count();
+        assert_eq!(stuck_on_router, 50);
+    }
 }

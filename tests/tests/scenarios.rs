@@ -1,11 +1,13 @@
 //! Scenario tests on the deterministic simulator, named after the failures they reproduce
 //! (shared/seeds/). Each prints its seed on failure; rerun with the same seed to replay it.
 
-use lnd::engine::{ConnState, DownReason, EndpointConfig, RacePolicy, TxError};
+use lnd::engine::{ConnState, DownReason, EndpointConfig, RaceOrder, RacePolicy, TxError};
 use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::Nid;
-use ulnet_tests::{put_hdr, router_reboot_storm, StormConfig};
+use ulnet_tests::{
+    put_hdr, router_nid, router_reboot_storm, ClientOrders, StormConfig, ROUTER_NID_ORDERS_DISAGREE,
+};
 
 fn nid(s: &str) -> Nid {
     s.parse().expect("valid NID")
@@ -364,5 +366,395 @@ fn silent_crash_with_traffic_in_flight() {
         .peer_events(a)
         .iter()
         .any(|e| e.nid == nb && e.down.is_some()));
+    assert_all_accounted(&w, seed);
+}
+
+/// Kernel interop, defect 2 (race order): a ulnet router reboots among clients of which half
+/// order NIDs as Lustre 2.16 does (nidhash) and half as 2.15 does (raw NID), 10% of their
+/// connects to it stuck. Every client recovers, no pair exchanges more than 3 CONN_RACE rejects
+/// or keeps more than 2 connections, every message has a status. With the router on each order,
+/// at the usual router NID (lower than every client under both orders: they agree on every pair)
+/// and at one where the orders disagree (double rejects with the clients on the other order, or
+/// double accepts: two connections).
+#[test]
+fn mixed_race_orders_storm_settles_within_three_rejects_per_pair() {
+    let seed = 17743;
+    // The usual layout (the router lower under both orders, so the orders agree on every pair),
+    // then a router NID on which the orders disagree with the clients (double rejects).
+    let layouts = [
+        (router_nid(), RaceOrder::NidHash),
+        (router_nid(), RaceOrder::Nid),
+        (nid(ROUTER_NID_ORDERS_DISAGREE), RaceOrder::NidHash),
+        (nid(ROUTER_NID_ORDERS_DISAGREE), RaceOrder::Nid),
+    ];
+    for (router, router_order) in layouts {
+        let cfg = StormConfig {
+            router_nid: router,
+            router_order,
+            client_orders: ClientOrders::Alternating,
+            ..StormConfig::new(1000, RacePolicy::Ulnet, seed)
+        };
+        let r = router_reboot_storm(&cfg);
+        eprintln!("seed {seed}: router {router} on {router_order:?}: {r:?}");
+        let router_order = (router, router_order);
+        let recovery = r.recovery.unwrap_or_else(|| {
+            panic!(
+                "seed {seed} {router_order:?}: {} clients never reconnected",
+                r.unrecovered
+            )
+        });
+        // As the single-order storm: the connect deadline plus 2 s.
+        assert!(
+            recovery <= Duration::from_millis(12_500 + 2_000),
+            "seed {seed} {router_order:?}: recovery took {recovery}"
+        );
+        assert!(
+            r.max_race_rejects_per_pair <= 3,
+            "seed {seed} {router_order:?}: {} CONN_RACE rejects between the router and one client",
+            r.max_race_rejects_per_pair
+        );
+        assert!(
+            (1..=2).contains(&r.max_conns_per_pair),
+            "seed {seed} {router_order:?}: {} connections between the router and one client",
+            r.max_conns_per_pair
+        );
+        assert_eq!(
+            r.unaccounted, 0,
+            "seed {seed} {router_order:?}: messages without a status"
+        );
+        assert_eq!(r.rnr, 0, "seed {seed} {router_order:?}");
+    }
+}
+
+/// Per-node counters of the order learning, summed over both nodes.
+fn order_stats(w: &World, nodes: &[NodeId]) -> (u64, u64) {
+    nodes.iter().fold((0, 0), |(d, a), &n| {
+        let s = w.endpoint(n).expect("up").stats();
+        (d + s.race_order_disagreements, a + s.race_order_adoptions)
+    })
+}
+
+/// Established connections each side holds to the other.
+fn established_both(w: &World, a: NodeId, b: NodeId) -> (usize, usize) {
+    let (na, nb) = (w.nid_of(a), w.nid_of(b));
+    let at = |n: NodeId, peer: Nid| {
+        w.endpoint(n)
+            .and_then(|e| e.peer(peer))
+            .map_or(0, |p| p.established)
+    };
+    (at(a, nb), at(b, na))
+}
+
+/// Kernel interop, defect 2: two ulnet nodes on different race orders whose raw and hash orders
+/// disagree (10.0.0.2 is lower by raw NID, 10.0.1.1 by nidhash) connect to each other at the
+/// same instant. Arranged one way both refuse (a double reject): exactly one side adopts the
+/// other's order, at most 3 rejects, one connection. Arranged the other way both accept: two
+/// connections, no reject, nothing to learn from. Then the connections are broken (a partition
+/// until the tx deadline fails them) and both reconnect at the same instant again, several
+/// times: at most one reject per round, and nobody switches again (no oscillation).
+#[test]
+fn two_ulnet_nodes_with_different_orders_never_oscillate() {
+    let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+    assert!(RaceOrder::Nid.lower(lo, hi) && RaceOrder::NidHash.lower(hi, lo));
+    // (lo's order, hi's order, whether both refuse).
+    let arrangements = [
+        (RaceOrder::NidHash, RaceOrder::Nid, true),
+        (RaceOrder::Nid, RaceOrder::NidHash, false),
+    ];
+    for (lo_order, hi_order, double_reject) in arrangements {
+        for seed in 0..100 {
+            let ctx = format!("seed {seed}, {lo} on {lo_order:?}, {hi} on {hi_order:?}");
+            let mut w = world(seed);
+            let a = w.add_node(EndpointConfig {
+                race_order: lo_order,
+                ..EndpointConfig::new(lo, 1)
+            });
+            let b = w.add_node(EndpointConfig {
+                race_order: hi_order,
+                ..EndpointConfig::new(hi, 2)
+            });
+            let mut cookies = Vec::new();
+            let exchange = |w: &mut World, cookies: &mut Vec<u64>| {
+                for _ in 0..5 {
+                    cookies.push(w.send(a, hi, put_hdr(lo, hi, 8), vec![1; 8]));
+                    cookies.push(w.send(b, lo, put_hdr(hi, lo, 8), vec![2; 8]));
+                }
+            };
+            exchange(&mut w, &mut cookies);
+            w.run_for(Duration::from_secs(5));
+            let rejects = w.race_rejects_between(a, b);
+            let (ea, eb) = established_both(&w, a, b);
+            let (disagreements, adoptions) = order_stats(&w, &[a, b]);
+            assert!(rejects <= 3, "{ctx}: {rejects} CONN_RACE rejects");
+            assert!(
+                (1..=2).contains(&ea) && (1..=2).contains(&eb),
+                "{ctx}: {ea}/{eb} connections"
+            );
+            if double_reject {
+                assert!(rejects >= 2, "{ctx}: no double reject ({rejects})");
+                assert_eq!(adoptions, 1, "{ctx}: {adoptions} adoptions");
+                // The lower raw NID switched, at the first double reject.
+                assert_eq!(
+                    w.endpoint(a).unwrap().stats().race_order_adoptions,
+                    1,
+                    "{ctx}"
+                );
+                assert_eq!((ea, eb), (1, 1), "{ctx}: {ea}/{eb} connections");
+            } else {
+                assert_eq!(rejects, 0, "{ctx}: both sides accept, nobody refuses");
+                assert_eq!((disagreements, adoptions), (0, 0), "{ctx}");
+            }
+            for c in &cookies {
+                assert_eq!(
+                    w.outcome(*c).map(|(_, o)| o),
+                    Some(SendOutcome::Delivered),
+                    "{ctx}"
+                );
+            }
+            let adoptions_learned = adoptions;
+
+            // Break and reconnect, simultaneously, a few times.
+            for round in 0..4 {
+                let part = w.partition(&[a], &[b]);
+                // Traffic across the partition: the tx deadline fails the connections.
+                let tun = w.endpoint(a).unwrap().config().tunables.clone();
+                w.send(a, hi, put_hdr(lo, hi, 8), vec![3; 8]);
+                w.send(b, lo, put_hdr(hi, lo, 8), vec![4; 8]);
+                w.run_for(tun.timeout + tun.keepalive + Duration::from_secs(30));
+                assert_eq!(
+                    established_both(&w, a, b),
+                    (0, 0),
+                    "{ctx} round {round}: connections survived the partition"
+                );
+                w.heal_partition(part);
+                let before = w.race_rejects_between(a, b);
+                let mut cookies = Vec::new();
+                exchange(&mut w, &mut cookies);
+                w.run_for(Duration::from_secs(5));
+                let rejects = w.race_rejects_between(a, b) - before;
+                let (ea, eb) = established_both(&w, a, b);
+                let (_, adoptions) = order_stats(&w, &[a, b]);
+                assert!(
+                    rejects <= 1,
+                    "{ctx} round {round}: {rejects} CONN_RACE rejects after learning"
+                );
+                assert_eq!(
+                    adoptions, adoptions_learned,
+                    "{ctx} round {round}: an order switched again"
+                );
+                assert!(
+                    (1..=2).contains(&ea) && (1..=2).contains(&eb),
+                    "{ctx} round {round}: {ea}/{eb} connections"
+                );
+                if double_reject {
+                    assert_eq!((ea, eb), (1, 1), "{ctx} round {round}");
+                }
+                for c in &cookies {
+                    assert_eq!(
+                        w.outcome(*c).map(|(_, o)| o),
+                        Some(SendOutcome::Delivered),
+                        "{ctx} round {round}"
+                    );
+                }
+            }
+            assert_all_accounted(&w, seed);
+        }
+    }
+}
+
+/// Never close a healthy idle connection: a peer that sends no keepalives (keepalive = 0) and
+/// a peer at the default keepalive stay idle for a week of virtual time; both keep the same
+/// connection to the same peer instance, nothing is lost, nobody is declared silent.
+#[test]
+fn idle_peer_without_keepalives_keeps_its_connection_for_a_week() {
+    let seed = 604_800;
+    let mut w = world(seed);
+    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let a = node(&mut w, "10.0.0.1@o2ib", 1);
+    let mut cfg_b = EndpointConfig::new(nb, 2);
+    cfg_b.tunables.keepalive = Duration::ZERO;
+    let b = w.add_node(cfg_b);
+    let c = w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
+    w.send(b, na, put_hdr(nb, na, 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(1));
+    assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    let conns = |w: &World, n: NodeId| {
+        let mut v: Vec<_> = w
+            .endpoint(n)
+            .unwrap()
+            .conns()
+            .filter(|c| c.state == ConnState::Established)
+            .map(|c| (c.id, c.peer, c.peer_incarnation))
+            .collect();
+        v.sort_by_key(|c| c.0);
+        v
+    };
+    let (before_a, before_b) = (conns(&w, a), conns(&w, b));
+    assert_eq!(before_a.len(), 1, "{before_a:?}");
+    assert_eq!(before_b.len(), 1, "{before_b:?}");
+    let events_before = (w.peer_events(a).len(), w.peer_events(b).len());
+
+    w.run_for(Duration::from_secs(7 * 24 * 3600));
+
+    assert_eq!(
+        conns(&w, a),
+        before_a,
+        "seed {seed}: a's connection changed"
+    );
+    assert_eq!(
+        conns(&w, b),
+        before_b,
+        "seed {seed}: b's connection changed"
+    );
+    for (n, peer, inc) in [(a, nb, 2), (b, na, 1)] {
+        let e = w.endpoint(n).unwrap();
+        let p = e.peer(peer).expect("peer kept");
+        assert_eq!(p.incarnation, inc, "seed {seed}");
+        assert_eq!(p.established, 1, "seed {seed}");
+        assert!(p.up, "seed {seed}");
+        let s = e.stats();
+        assert_eq!(s.conns_lost, 0, "seed {seed}: {} lost", e.nid());
+        assert_eq!(
+            s.silent_peers,
+            0,
+            "seed {seed}: {} found a silent peer",
+            e.nid()
+        );
+        assert_eq!(s.tx_timeouts, 0, "seed {seed}");
+    }
+    assert_eq!(
+        (w.peer_events(a).len(), w.peer_events(b).len()),
+        events_before,
+        "seed {seed}: a peer went down or up during the week"
+    );
+    // The default side kept its keepalives going; the other sent none.
+    assert!(
+        w.endpoint(a).unwrap().stats().keepalives >= 6000,
+        "seed {seed}"
+    );
+    assert_eq!(w.endpoint(b).unwrap().stats().keepalives, 0, "seed {seed}");
+    // And the link still works.
+    let c = w.send(b, na, put_hdr(nb, na, 8), vec![9; 8]);
+    w.run_for(Duration::from_secs(1));
+    assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    assert_all_accounted(&w, seed);
+}
+
+/// Deployment sanity: a ulnet router (nidhash) reboots among 2.15 kernel clients (LU-7646 rule,
+/// raw NID order), 10% of their connects stuck: every client recovers within the horizon.
+#[test]
+fn ulnet_router_among_lu7646_kernel_clients_recovers_every_client() {
+    let seed = 215;
+    let cfg = StormConfig {
+        client_policy: Some(RacePolicy::Lu7646),
+        client_orders: ClientOrders::All(RaceOrder::Nid),
+        ..StormConfig::new(1000, RacePolicy::Ulnet, seed)
+    };
+    let r = router_reboot_storm(&cfg);
+    eprintln!("seed {seed}: {r:?}");
+    let recovery = r.recovery.unwrap_or_else(|| {
+        panic!(
+            "seed {seed}: {} kernel clients never reconnected",
+            r.unrecovered
+        )
+    });
+    eprintln!("seed {seed}: every LU-7646 client back after {recovery}");
+    assert!(recovery <= cfg.horizon, "seed {seed}: {recovery}");
+    assert!(r.max_conns_per_pair <= 2, "seed {seed}");
+    assert_eq!(r.unaccounted, 0, "seed {seed}: messages without a status");
+    // Kernel clients never learn an order, and the router agrees with them on this layout.
+    assert_eq!(r.race_order_adoptions, 0, "seed {seed}");
+}
+
+/// Kernel interop, defect 2, against a kernel that never learns: a ulnet node and a kernel node
+/// (each of Lustre's policies) on different orders, arranged so that both refuse (a double
+/// reject), connect at the same instant. Whichever side has the lower raw NID, the ulnet node
+/// adopts the kernel's order (the kernel never does), once, within at most 5 rejects (3 when it
+/// is the lower side and adopts at the first double reject).
+#[test]
+fn ulnet_node_adopts_a_kernel_peers_order_whichever_side_is_lower() {
+    let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+    for kernel in [
+        RacePolicy::Lustre28,
+        RacePolicy::Lu7646,
+        RacePolicy::Lu17480,
+    ] {
+        for ulnet_is_lo in [true, false] {
+            for seed in 0..20 {
+                let ctx = format!("seed {seed}, kernel {kernel:?}, ulnet is lower: {ulnet_is_lo}");
+                let mut w = world(seed);
+                // lo on nidhash and hi on the raw order refuse each other.
+                let policy = |is_ulnet: bool| if is_ulnet { RacePolicy::Ulnet } else { kernel };
+                let a = w.add_node(EndpointConfig {
+                    race_order: RaceOrder::NidHash,
+                    race_policy: policy(ulnet_is_lo),
+                    ..EndpointConfig::new(lo, 1)
+                });
+                let b = w.add_node(EndpointConfig {
+                    race_order: RaceOrder::Nid,
+                    race_policy: policy(!ulnet_is_lo),
+                    ..EndpointConfig::new(hi, 2)
+                });
+                let (ulnet, kern) = if ulnet_is_lo { (a, b) } else { (b, a) };
+                let mut cookies = Vec::new();
+                let t0 = w.now();
+                cookies.push(w.send(a, hi, put_hdr(lo, hi, 8), vec![1; 8]));
+                cookies.push(w.send(b, lo, put_hdr(hi, lo, 8), vec![2; 8]));
+                w.run_for(Duration::from_secs(10));
+                let rejects = w.race_rejects_between(a, b);
+                let done = cookies
+                    .iter()
+                    .filter_map(|c| w.outcome(*c))
+                    .map(|(t, o)| {
+                        assert_eq!(o, SendOutcome::Delivered, "{ctx}");
+                        t - t0
+                    })
+                    .max();
+                assert!(done.is_some(), "{ctx}: nothing delivered");
+                eprintln!(
+                    "{ctx}: rejects {rejects}, delivered after {:?}, conns {:?}",
+                    done,
+                    established_both(&w, a, b)
+                );
+                let bound = if ulnet_is_lo { 3 } else { 5 };
+                assert!(rejects <= bound, "{ctx}: {rejects} CONN_RACE rejects");
+                let stats = |n: NodeId| w.endpoint(n).unwrap().stats().clone();
+                assert_eq!(stats(kern).race_order_adoptions, 0, "{ctx}");
+                assert_eq!(stats(ulnet).race_order_adoptions, 1, "{ctx}");
+                assert_all_accounted(&w, seed);
+            }
+        }
+    }
+}
+
+/// The counterpart of the idle week: when the peer that sends no keepalives crashes while idle,
+/// the side at the default keepalive still declares it down within keepalive + timeout.
+#[test]
+fn crashed_idle_peer_without_keepalives_is_still_found() {
+    let seed = 100;
+    let mut w = world(seed);
+    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let a = node(&mut w, "10.0.0.1@o2ib", 1);
+    let mut cfg_b = EndpointConfig::new(nb, 2);
+    cfg_b.tunables.keepalive = Duration::ZERO;
+    let b = w.add_node(cfg_b);
+    w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(3600));
+    let t = w.now();
+    w.crash(b);
+    let tun = w.endpoint(a).unwrap().config().tunables.clone();
+    let bound = tun.keepalive + tun.timeout;
+    w.run_for(bound + Duration::from_secs(1));
+    let down = w
+        .peer_events(a)
+        .iter()
+        .find(|e| e.nid == nb && e.down.is_some())
+        .copied()
+        .unwrap_or_else(|| panic!("seed {seed}: crashed peer never declared down"));
+    assert!(
+        down.at - t <= bound,
+        "seed {seed}: down after {}",
+        down.at - t
+    );
     assert_all_accounted(&w, seed);
 }

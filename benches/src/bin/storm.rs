@@ -1,13 +1,126 @@
-//! The LU-7646 router reboot storm under each race policy, and at scale.
+//! The LU-7646 router reboot storm under each race policy, with mixed race orders, among kernel
+//! clients, and at scale.
 //!
-//!     cargo run --release -p benches --bin storm                 # policy table, 1000 clients
+//!     cargo run --release -p benches --bin storm                 # all tables, 1000 clients
 //!     cargo run --release -p benches --bin storm -- --scale 10000 # ours only, 10,000 clients
 //!
-//! Virtual-time figures (recovery, attempts, rejects, zombies) are deterministic for a seed; wall
-//! time and events per second depend on the machine.
+//! Virtual-time figures (recovery, attempts, rejects, zombies, connections) are deterministic for
+//! a seed; wall time, events per second and peak RSS depend on the machine.
 
-use lnd::engine::RacePolicy;
-use ulnet_tests::{router_reboot_storm, StormConfig};
+use lnd::engine::{RaceOrder, RacePolicy};
+use lnd::wire::Nid;
+use ulnet_tests::{
+    peak_rss_kib, router_nid, router_reboot_storm, ClientOrders, StormConfig, StormReport,
+    ROUTER_NID_ORDERS_DISAGREE,
+};
+
+fn recovery(r: &StormReport, cfg: &StormConfig) -> String {
+    match r.recovery {
+        Some(t) => format!("{:.3} s", t.as_secs_f64()),
+        None => format!(
+            "never ({} of {} stuck after {} s)",
+            r.unrecovered,
+            r.clients,
+            cfg.horizon.as_secs_f64()
+        ),
+    }
+}
+
+/// The policy table: every node on one policy, the default order.
+fn policy_table(clients: usize, seed: u64, policies: &[RacePolicy]) {
+    println!(
+        "| policy | recovery after router back | connect attempts | CONN_RACE rejects | max races/peer | peak zombies/peer | wall | events/s | router bytes/conn |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &policy in policies {
+        let cfg = StormConfig::new(clients, policy, seed);
+        let r = router_reboot_storm(&cfg);
+        println!(
+            "| {policy:?} | {} | {} | {} | {} | {} | {:.2} s | {:.0} | {} |",
+            recovery(&r, &cfg),
+            r.connect_attempts,
+            r.race_rejects,
+            r.max_races_per_peer,
+            r.peak_zombies,
+            r.wall.as_secs_f64(),
+            r.events as f64 / r.wall.as_secs_f64(),
+            r.router_bytes_per_conn,
+        );
+    }
+}
+
+/// The mixed-order table: every node on one policy, the router on nidhash, half the clients on
+/// each order; at the usual router NID and at one where the orders disagree.
+fn mixed_order_table(clients: usize, seed: u64) {
+    println!(
+        "| policy | router NID | recovery after router back | max CONN_RACE rejects/pair | max conns/pair | order disagreements | order adoptions |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let disagree: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+    for policy in RacePolicy::ALL {
+        for rnid in [router_nid(), disagree] {
+            let cfg = StormConfig {
+                router_nid: rnid,
+                router_order: RaceOrder::NidHash,
+                client_orders: ClientOrders::Alternating,
+                ..StormConfig::new(clients, policy, seed)
+            };
+            let r = router_reboot_storm(&cfg);
+            println!(
+                "| {policy:?} | {rnid} | {} | {} | {} | {} | {} |",
+                recovery(&r, &cfg),
+                r.max_race_rejects_per_pair,
+                r.max_conns_per_pair,
+                r.race_order_disagreements,
+                r.race_order_adoptions,
+            );
+        }
+    }
+}
+
+/// The deployment table: a ulnet router (nidhash) rebooting among clients that run Lustre's own
+/// rules, on 2.15's order or 2.16's; beside it, ulnet everywhere.
+fn deployment_table(clients: usize, seed: u64) {
+    println!(
+        "| clients | client order | router NID | recovery after router back | max CONN_RACE rejects/pair | max conns/pair | order adoptions (router) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let disagree: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+    let mut rows: Vec<(RacePolicy, RaceOrder)> = Vec::new();
+    for policy in [
+        RacePolicy::Lustre28,
+        RacePolicy::Lu7646,
+        RacePolicy::Lu17480,
+    ] {
+        for order in [RaceOrder::Nid, RaceOrder::NidHash] {
+            rows.push((policy, order));
+        }
+    }
+    rows.push((RacePolicy::Ulnet, RaceOrder::NidHash));
+    for (policy, order) in rows {
+        for rnid in [router_nid(), disagree] {
+            let cfg = StormConfig {
+                router_nid: rnid,
+                router_order: RaceOrder::NidHash,
+                client_policy: Some(policy),
+                client_orders: ClientOrders::All(order),
+                ..StormConfig::new(clients, RacePolicy::Ulnet, seed)
+            };
+            let r = router_reboot_storm(&cfg);
+            let release = match order {
+                RaceOrder::Nid => "nid (2.15)",
+                RaceOrder::NidHash => "nidhash (2.16)",
+            };
+            println!(
+                "| {policy:?} | {release} | {rnid} | {} | {} | {} | {} |",
+                recovery(&r, &cfg),
+                r.max_race_rejects_per_pair,
+                r.max_conns_per_pair,
+                r.race_order_adoptions,
+            );
+        }
+    }
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,36 +156,41 @@ fn main() {
         }
         i += 1;
     }
-    let policies: Vec<RacePolicy> = if scale {
-        vec![RacePolicy::Ulnet]
-    } else {
-        RacePolicy::ALL.to_vec()
-    };
+    let wall = std::time::Instant::now();
     println!(
         "router reboot storm: {clients} clients, 10% stuck connects, router down 5 s, seed {seed}"
     );
-    println!(
-        "| policy | recovery after router back | connect attempts | CONN_RACE rejects | max races/peer | peak zombies/peer | wall | events/s | router bytes/conn |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for policy in policies {
-        let r = router_reboot_storm(&StormConfig::new(clients, policy, seed));
-        let recovery = match r.recovery {
-            Some(t) => format!("{:.3} s", t.as_secs_f64()),
-            None => format!(
-                "never ({} of {} stuck after 60 s)",
-                r.unrecovered, r.clients
-            ),
-        };
+    println!();
+    if scale {
+        policy_table(clients, seed, &[RacePolicy::Ulnet]);
+    } else {
+        println!("All nodes on one policy, nidhash order:");
+        println!();
+        policy_table(clients, seed, &RacePolicy::ALL);
+        println!();
         println!(
-            "| {policy:?} | {recovery} | {} | {} | {} | {} | {:.2} s | {:.0} | {} |",
-            r.connect_attempts,
-            r.race_rejects,
-            r.max_races_per_peer,
-            r.peak_zombies,
-            r.wall.as_secs_f64(),
-            r.events as f64 / r.wall.as_secs_f64(),
-            r.router_bytes_per_conn,
+            "Mixed race orders: all nodes on one policy, router on nidhash, half the clients on each \
+             order ({} is lower than every client under both orders; {} is lower by raw NID, higher \
+             by nidhash):",
+            router_nid(),
+            ROUTER_NID_ORDERS_DISAGREE
         );
+        println!();
+        mixed_order_table(clients, seed);
+        println!();
+        println!(
+            "Deployment: a ulnet router (RacePolicy::Ulnet, nidhash) among clients running Lustre's rules:"
+        );
+        println!();
+        deployment_table(clients, seed);
     }
+    println!();
+    println!(
+        "total wall {:.1} s, peak RSS {}",
+        wall.elapsed().as_secs_f64(),
+        peak_rss_kib().map_or_else(
+            || "unknown".to_string(),
+            |k| format!("{:.1} MiB", k as f64 / 1024.0)
+        )
+    );
 }

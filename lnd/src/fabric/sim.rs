@@ -84,7 +84,7 @@ use crate::fabric::{
     WrId,
 };
 use crate::time::{Duration, Instant};
-use crate::wire::{LnetHdr, Nid};
+use crate::wire::{KibRej, LnetHdr, Nid, RejectReason};
 
 // ---------------------------------------------------------------------------------------------
 // Small deterministic helpers
@@ -675,6 +675,8 @@ pub struct World {
     next_region_addr: u64,
     next_rdma: u64,
     rdma: FxMap<u64, RdmaRecord>,
+    /// CONN_RACE rejects carried, per unordered pair of nodes (lower id first).
+    race_rejects: FxMap<(u32, u32), u64>,
     stats: SimStats,
 }
 
@@ -705,6 +707,7 @@ impl World {
             next_region_addr: REGION_BASE,
             next_rdma: 0,
             rdma: FxMap::default(),
+            race_rejects: FxMap::default(),
             stats: SimStats::default(),
             cfg,
         }
@@ -842,6 +845,20 @@ impl World {
     /// Connections that node `n`'s dropped endpoints still owned (crashes).
     pub fn leaked_conns(&self, n: NodeId) -> u64 {
         self.nodes[n.idx()].leaked
+    }
+
+    /// CONN_RACE rejects the fabric has carried between `a` and `b`, in both directions
+    /// together (each counted when the passive side sends it, whether or not it arrives).
+    pub fn race_rejects_between(&self, a: NodeId, b: NodeId) -> u64 {
+        let key = (a.0.min(b.0), a.0.max(b.0));
+        self.race_rejects.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Every pair of nodes that exchanged CONN_RACE rejects, with the count (lower id first).
+    pub fn race_rejects_by_pair(&self) -> impl Iterator<Item = ((NodeId, NodeId), u64)> + '_ {
+        self.race_rejects
+            .iter()
+            .map(|(&(a, b), &n)| ((NodeId(a), NodeId(b)), n))
     }
 
     /// How the message with `cookie` finished, and when; `None` while pending (or if unknown, or
@@ -1599,6 +1616,11 @@ impl World {
                     return;
                 };
                 self.stats.rejects += 1;
+                if matches!(KibRej::parse(private.as_bytes()), Ok((rej, _)) if rej.why == RejectReason::ConnRace)
+                {
+                    let key = (n.0.min(r.active_node.0), n.0.max(r.active_node.0));
+                    *self.race_rejects.entry(key).or_default() += 1;
+                }
                 match self.cm_hop() {
                     Some(d) => self.push(
                         now + d,
@@ -2229,6 +2251,31 @@ mod tests {
 
     fn limit(w: &World, secs: u64) -> Instant {
         w.now() + Duration::from_secs(secs)
+    }
+
+    /// The per-pair counter sees each CONN_RACE reject once, whichever side sends it, and
+    /// nothing else.
+    #[test]
+    fn race_rejects_counted_per_unordered_pair() {
+        for seed in 0..10 {
+            let mut w = world(seed);
+            let a = node(&mut w, "10.0.0.1@o2ib", 1);
+            let b = node(&mut w, "10.0.0.2@o2ib", 2);
+            let c = node(&mut w, "10.0.0.3@o2ib", 3);
+            // a and b connect to each other in the same instant: b (higher) refuses a once.
+            send_n(&mut w, a, b, 1, 8);
+            send_n(&mut w, b, a, 1, 8);
+            // c connects alone: no race.
+            send_n(&mut w, c, a, 1, 8);
+            assert!(w.run_until_idle(limit(&w, 10)), "seed {seed}");
+            let races = w.endpoint(b).unwrap().stats().races;
+            assert_eq!(races, 1, "seed {seed}");
+            assert_eq!(w.race_rejects_between(a, b), races, "seed {seed}");
+            assert_eq!(w.race_rejects_between(b, a), races, "seed {seed}");
+            assert_eq!(w.race_rejects_between(a, c), 0, "seed {seed}");
+            let pairs: Vec<_> = w.race_rejects_by_pair().collect();
+            assert_eq!(pairs, vec![((a, b), 1)], "seed {seed}");
+        }
     }
 
     #[test]
