@@ -128,6 +128,10 @@ struct Conn {
     /// CONN_RACE. If the peer refuses this attempt with CONN_RACE too, it orders NIDs the other
     /// way.
     refused_peer_race: bool,
+    /// Active side: while this attempt was in flight we accepted the peer's own request, as the
+    /// lower side. If the peer accepts this attempt too, it orders NIDs the other way (both
+    /// think they are lower, and two connections result).
+    accepted_peer_race: bool,
     queue_depth: u16,
     max_frags: u16,
     credits: u16,
@@ -188,8 +192,9 @@ struct Peer {
     reported_down: bool,
     /// The checksum flavour the peer's own checksummed messages use, once seen.
     cksum: Option<CksumFlavour>,
-    /// Races since the last connection in which both sides refused each other.
-    double_rejects: u32,
+    /// Races in which both sides refused, or both accepted, each other since we last switched
+    /// order for this peer.
+    disagreements: u32,
 }
 
 impl Peer {
@@ -682,7 +687,11 @@ impl Endpoint {
                     self.handshake_failed(a, None, true, true);
                 }
             }
-            RaceDecision::Accept => {}
+            RaceDecision::Accept => {
+                if let Some(c) = active.and_then(|a| self.conn_mut(a)) {
+                    c.accepted_peer_race = true;
+                }
+            }
         }
 
         // A request while we hold a connection to the same instance means the peer lost its side:
@@ -802,6 +811,11 @@ impl Endpoint {
         }
         self.peers[p].incarnation = stamp;
         self.peers[p].active = None;
+        if self.conn(conn).is_some_and(|c| c.accepted_peer_race) && stamp == known {
+            // Both sides accepted each other's request in one race: the peer thinks it is the
+            // lower one too.
+            self.orders_disagree(p);
+        }
         if let Some(c) = self.conn_mut(conn) {
             c.peer_stamp = stamp;
             c.queue_depth = cp.queue_depth;
@@ -1101,7 +1115,7 @@ impl Endpoint {
             up: false,
             reported_down: false,
             cksum: None,
-            double_rejects: 0,
+            disagreements: 0,
         });
         self.peer_index.insert(nid, p);
         Some(p)
@@ -1142,15 +1156,15 @@ impl Endpoint {
             .unwrap_or(self.cfg.race_order)
     }
 
-    /// Both sides refused each other in one race: the peer orders NIDs the other way. Switch to
-    /// its order for this peer when [`adopts_peer_order`] says so.
+    /// Both sides refused (or both accepted) each other in one race: the peer orders NIDs the
+    /// other way. Switch to its order for this peer when [`adopts_peer_order`] says so.
     fn orders_disagree(&mut self, p: PeerIdx) {
         let nid = self.peers[p].nid;
         self.stats.race_order_disagreements += 1;
-        self.peers[p].double_rejects += 1;
-        let n = self.peers[p].double_rejects;
+        self.peers[p].disagreements += 1;
+        let n = self.peers[p].disagreements;
         if !self.cfg.race_policy.adapts_to_peer() || !adopts_peer_order(self.cfg.nid, nid, n) {
-            debug!(peer = %nid, double_rejects = n, "both sides refused a connection race");
+            debug!(peer = %nid, disagreements = n, "the peer orders NIDs the other way");
             return;
         }
         let adopted = self.race_order_for(nid).other();
@@ -1159,7 +1173,7 @@ impl Endpoint {
         } else if self.learned_orders.len() < self.cfg.peer_limit {
             self.learned_orders.insert(nid, adopted);
         }
-        self.peers[p].double_rejects = 0;
+        self.peers[p].disagreements = 0;
         self.stats.race_order_adoptions += 1;
         debug!(peer = %nid, order = adopted.name(), "the peer orders NIDs the other way: adopting its order");
     }
@@ -1237,6 +1251,7 @@ impl Endpoint {
             peer_stamp: 0,
             sent_dst_stamp: 0,
             refused_peer_race: false,
+            accepted_peer_race: false,
             queue_depth,
             max_frags,
             credits: queue_depth,
@@ -1537,7 +1552,6 @@ impl Endpoint {
         peer.attempts = 0;
         peer.races = 0;
         peer.races_received = 0;
-        peer.double_rejects = 0;
         self.cancel_reconnect(p);
         if !self.cfg.tunables.keepalive.is_zero() {
             let keepalive = self.now + self.cfg.tunables.keepalive;

@@ -64,14 +64,15 @@ pub fn resolve_race(i: RaceInput) -> RaceDecision {
     RaceDecision::RejectRace
 }
 
-/// Whether to switch to the peer's order after `double_rejects` races in which we refused the
-/// peer with CONN_RACE and it refused us too (it computes the other order). The side with the
+/// Whether to switch to the peer's order after `disagreements` races in which we and the peer
+/// both refused each other with CONN_RACE, or both accepted each other (it computes the other
+/// order). The side with the
 /// lower raw NID switches at the first such race, the other only at a second one: two ulnet nodes
 /// configured differently never both switch (which would leave them disagreeing again), while
 /// against a kernel, which never switches, we always end up switching.
-pub fn adopts_peer_order(my_nid: Nid, peer_nid: Nid, double_rejects: u32) -> bool {
+pub fn adopts_peer_order(my_nid: Nid, peer_nid: Nid, disagreements: u32) -> bool {
     let needed = if my_nid.raw() < peer_nid.raw() { 1 } else { 2 };
-    double_rejects >= needed
+    disagreements >= needed
 }
 
 #[cfg(test)]
