@@ -257,6 +257,13 @@ pub fn stats(st: &StatsShow) -> String {
     for (k, v) in fields {
         let _ = writeln!(out, "    {k}: {v}");
     }
+    // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
+    if let Some(c) = &st.peer_table {
+        out.push_str("peer_table:\n");
+        for (k, v) in &c.0 {
+            let _ = writeln!(out, "    {k}: {v}");
+        }
+    }
     // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
     if let Some(c) = &st.control {
         out.push_str("control:\n");

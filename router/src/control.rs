@@ -472,6 +472,11 @@ pub struct ConnEntry {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsShow {
     pub statistics: Statistics,
+    /// Ours: LNet's peer table: `peers` (peer NIs now), `peers_aged` (forgotten after
+    /// peer_timeout without traffic), `peer_table_full` (sends to a new peer refused at the
+    /// limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_table: Option<NamedCounters>,
     /// Ours, from the daemon: its control socket's counters ([`ControlCounters`]): clients
     /// accepted, refused (too many at once), closed for idling, for a half-sent request, for an
     /// oversized request, and malformed requests. Absent from an in-process node.
@@ -1271,6 +1276,11 @@ pub fn stats_show(node: &LnetNode) -> StatsShow {
             loopback_count: s.loopback_count,
             loopback_length: s.loopback_length,
         },
+        peer_table: Some(NamedCounters(vec![
+            ("peers".into(), node.peer_count() as u64),
+            ("peers_aged".into(), s.peers_aged),
+            ("peer_table_full".into(), s.peer_table_full),
+        ])),
         control: None,
     }
 }

@@ -510,6 +510,11 @@ impl LnetNode {
             .collect()
     }
 
+    /// Peer NIs in the table now.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
     /// Pings still waiting for a reply.
     pub fn pending_pings(&self) -> usize {
         self.pings.len()

@@ -679,3 +679,80 @@ proptest! {
         }
     }
 }
+
+/// LNet forgets a peer NI that had no traffic for peer_timeout and holds nothing (our rule),
+/// whether or not its connection is still up; a peer NI in use is kept; a forgotten one comes
+/// back, with its state from the LND, on its next message.
+#[test]
+fn idle_peers_age_out_after_peer_timeout() {
+    let mut f = Fabric::with(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]], |c| {
+        c.peer_timeout = Duration::from_secs(10);
+    });
+    let (a, b) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let now = f.now;
+    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(f.nodes[0].peer_count(), 1);
+    assert_eq!(f.nodes[1].peer_count(), 1);
+    // Traffic every 4 s keeps the peer; then silence ages it out.
+    for _ in 0..5 {
+        f.run_for(Duration::from_secs(4));
+        let now = f.now;
+        f.nodes[0].ping(now, b, Duration::from_secs(2)).unwrap();
+    }
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(f.nodes[0].peer_count(), 1, "a peer in use was aged out");
+    assert_eq!(f.nodes[0].stats().peers_aged, 0);
+    f.run_for(Duration::from_secs(12));
+    assert_eq!(
+        f.nodes[0].peer_count(),
+        0,
+        "an idle peer stayed past peer_timeout"
+    );
+    assert_eq!(f.nodes[1].peer_count(), 0);
+    assert_eq!(f.nodes[0].stats().peers_aged, 1);
+    // The LND connection may stay (its own rule); the next ping re-creates the peer as up.
+    let now = f.now;
+    f.nodes[0].ping(now, b, Duration::from_secs(2)).unwrap();
+    f.run_for(Duration::from_secs(1));
+    let p = f.nodes[0].peer(b).expect("back on its next message");
+    assert_eq!(p.state, PeerState::Up);
+    assert_eq!(f.nodes[1].peer(a).map(|p| p.state), Some(PeerState::Up));
+}
+
+/// The peer table is bounded per NI: a send to a new peer beyond the limit fails with a status
+/// (never queued without bound), counted; peers already known keep working.
+#[test]
+fn peer_table_is_bounded() {
+    let mut f = Fabric::with(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]], |c| {
+        c.peer_limit = 2;
+    });
+    f.blackhole = true;
+    let now = f.now;
+    let b = nid("10.0.0.2@o2ib");
+    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+    f.nodes[0]
+        .ping(now, nid("10.0.0.3@o2ib"), Duration::from_secs(1))
+        .unwrap();
+    let full = f.nodes[0].ping(now, nid("10.0.0.4@o2ib"), Duration::from_secs(1));
+    f.run_for(Duration::from_millis(100));
+    assert!(full.is_ok(), "the ping is accepted and fails with a status");
+    let results = ping_results(&f.take_events(0));
+    let refused = results
+        .iter()
+        .find(|(_, t, _)| *t == nid("10.0.0.4@o2ib"))
+        .expect("the ping to the third peer ended at once");
+    assert!(
+        matches!(
+            refused.2,
+            Err(LnetError::Refused(lnd::engine::SendError::PeerTableFull(_)))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(f.nodes[0].stats().peer_table_full, 1);
+    assert_eq!(f.nodes[0].peer_count(), 2);
+    assert!(
+        results.iter().any(|(_, t, r)| *t == b && r.is_ok()),
+        "{results:?}"
+    );
+}

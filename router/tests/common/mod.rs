@@ -176,6 +176,8 @@ pub struct Opts {
     pub umask: Option<u32>,
     /// The control socket [default: `dir/name.sock`].
     pub socket: Option<PathBuf>,
+    /// Extra YAML lines for the NI, each indented 10 spaces (e.g. `tunables:` or ulnet's keys).
+    pub ni_yaml: String,
 }
 
 /// [`start`] with [`Opts`].
@@ -193,7 +195,8 @@ pub fn start_opts(
     std::fs::write(
         &cfg,
         format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n",
+            opts.ni_yaml
         ),
     )
     .unwrap();
