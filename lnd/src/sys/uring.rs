@@ -428,6 +428,20 @@ pub fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The soft limit on this process's open descriptors (RLIMIT_NOFILE), `None` when unlimited.
+pub fn nofile_limit() -> io::Result<Option<u64>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: the argument points at a live local of the right type; plain system call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64))
+}
+
 /// Sets TCP_USER_TIMEOUT: how long transmitted data may stay unacknowledged before the kernel
 /// fails the connection with ETIMEDOUT (zero = the system default).
 pub fn set_tcp_user_timeout(sock: BorrowedFd<'_>, timeout: Duration) -> io::Result<()> {
