@@ -159,12 +159,47 @@ pub fn start_with(
     peer_port: u16,
     lnd: Lnd,
 ) -> Daemon {
+    start_extra(
+        dir,
+        name,
+        nid,
+        port,
+        peer,
+        peer_port,
+        lnd,
+        &Extra::default(),
+    )
+}
+
+/// What [`start_extra`] adds to [`start_with`].
+#[derive(Clone, Debug, Default)]
+pub struct Extra {
+    /// YAML lines added to the NI (each indented by 10 spaces, ending in a newline), e.g.
+    /// `"          handshake limit: 100\n"`.
+    pub ni_yaml: String,
+    /// The daemon's RLIMIT_NOFILE (set by `sh -c 'ulimit -n N; exec ...'`: same process id).
+    pub nofile: Option<u32>,
+}
+
+/// [`start_with`] with extra NI settings and a descriptor limit.
+#[allow(clippy::too_many_arguments)]
+pub fn start_extra(
+    dir: &Path,
+    name: &str,
+    nid: &str,
+    port: u16,
+    peer: &str,
+    peer_port: u16,
+    lnd: Lnd,
+    extra: &Extra,
+) -> Daemon {
     let Lnd { timeout, keepalive } = lnd;
+    let ni_extra = &extra.ni_yaml;
     let cfg = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &cfg,
         format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{ni_extra}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
         ),
     )
     .unwrap();
@@ -177,7 +212,18 @@ pub fn start_with(
         .append(true)
         .open(&log)
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+    let bin = env!("CARGO_BIN_EXE_lnet-router");
+    let mut cmd = match extra.nofile {
+        None => Command::new(bin),
+        Some(n) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                .arg(bin);
+            c
+        }
+    };
+    let child = cmd
         .arg("--config")
         .arg(&cfg)
         .arg("--socket")
