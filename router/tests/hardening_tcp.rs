@@ -186,9 +186,10 @@ fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
     assert!(answered >= 5);
     // Back-offs of 100 ms doubling to 1 s: at most 50 in 5 s, in practice about 8.
     assert!(backoffs <= 50, "{backoffs} back-offs in 5 s");
-    // Each back-off ends in one accept, plus whatever the kernel accepted before the cancel
-    // landed: bounded by the connections waiting, never by time.
-    assert!(hits <= 700, "{hits} accept failures in 5 s");
+    // Each back-off ends in one probing accept (shed again while at the limit); a kept one
+    // (handshake timeouts free descriptors) lets a burst in until the reserve: a few per
+    // back-off, never one per retry of a spinning loop.
+    assert!(hits <= 150, "{hits} accept failures in 5 s");
     let log = std::fs::read_to_string(&a.log).unwrap_or_default();
     let warnings = log.matches("at the descriptor limit").count();
     assert!(

@@ -112,8 +112,10 @@
 //!   rest of the process (the daemon's control socket) always has some; that, and EMFILE,
 //!   ENFILE, ENOBUFS or ENOMEM from accept, pauses accepting for [`ACCEPT_BACKOFF_MIN`],
 //!   doubling up to [`ACCEPT_BACKOFF_MAX`] while it keeps happening (`accept_backoffs`), with
-//!   one warning per 10 s at most. Connections wait in the listen backlog meanwhile. (Re-arming
-//!   the accept at once failed ~700,000 times a second and held a core.)
+//!   one warning per 10 s at most. Connections wait in the listen backlog meanwhile, and after a
+//!   pause sockets are accepted one at a time until one is kept (a multishot accept would take
+//!   the whole backlog up to EMFILE, only to shed it). Re-arming the accept at once failed
+//!   ~700,000 times a second and held a core.
 //! - **Restart after a crash.** [`TcpFabric::bind_with`] retries a listen address in use for up
 //!   to [`TcpConfig::bind_retry`] (10 s): the listening socket of a process killed a moment ago
 //!   lingers while its io_uring's files are released asynchronously.
@@ -244,6 +246,10 @@ pub const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_mi
 pub const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// At most one warning per this interval about the descriptor limit (with the count since).
 const FD_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// The listen backlog asked for (the kernel caps it at net.core.somaxconn, 4096 by default
+/// since Linux 5.4): the size of the handshake limit, so a reconnect storm waits in the queue
+/// rather than in SYN retransmissions.
+const LISTEN_BACKLOG: u32 = DEFAULT_HANDSHAKE_LIMIT as u32;
 /// How long `bind_with` sleeps between two tries of a listen address in use.
 const BIND_RETRY_STEP: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -697,6 +703,9 @@ pub struct TcpFabric {
     /// Accepting is paused until then (the descriptor limit was hit); the next pause's length.
     accept_pause: Option<std::time::Instant>,
     accept_backoff: std::time::Duration,
+    /// After a pause, accept one socket at a time until one is kept: a multishot accept would
+    /// take the whole listen backlog at once, up to EMFILE, only for it to be shed.
+    accept_probe: bool,
     /// The last warning about the descriptor limit, and the events not logged since.
     fd_warned: Option<std::time::Instant>,
     fd_suppressed: u64,
@@ -762,6 +771,9 @@ impl TcpFabric {
             .handshake_buffer
             .clamp(2 * (HEAD_LEN + PrivateData::MAX), cfg.recv_buffer);
         let listener = bind_listener(listen, cfg.bind_retry)?;
+        // std listens with a backlog of 128: a burst of reconnecting clients beyond that has
+        // its SYNs dropped and retried a second later, however fast we accept.
+        uring::set_listen_backlog(listener.as_fd(), LISTEN_BACKLOG)?;
         let ring = Ring::new(cfg.ring_entries.max(8))?;
         let local = listener.local_addr()?;
         let mut f = TcpFabric {
@@ -771,6 +783,7 @@ impl TcpFabric {
             accept_armed: false,
             accept_pause: None,
             accept_backoff: ACCEPT_BACKOFF_MIN,
+            accept_probe: false,
             fd_warned: None,
             fd_suppressed: 0,
             handshakes: 0,
@@ -1456,6 +1469,7 @@ impl TcpFabric {
         }
         if self.accept_pause.is_none() {
             self.accept_backoff = ACCEPT_BACKOFF_MIN;
+            self.accept_probe = false;
         }
         let stream = TcpStream::from(fd);
         if let Err(e) = self.configure(&stream) {
@@ -1495,6 +1509,7 @@ impl TcpFabric {
         self.accept_backoff = (pause * 2).min(ACCEPT_BACKOFF_MAX);
         let t = std::time::Instant::now();
         self.accept_pause = Some(t + pause);
+        self.accept_probe = true;
         self.stats.accept_backoffs += 1;
         if self.accept_armed {
             self.ring
@@ -2252,8 +2267,12 @@ impl TcpFabric {
     }
 
     fn arm_accept(&mut self) {
-        self.ring
-            .accept_multi(self.listener.as_fd(), tag(OpTag::Accept, 0, 0));
+        let t = tag(OpTag::Accept, 0, 0);
+        if self.accept_probe {
+            self.ring.accept_one(self.listener.as_fd(), t);
+        } else {
+            self.ring.accept_multi(self.listener.as_fd(), t);
+        }
         self.accept_armed = true;
     }
 

@@ -152,12 +152,15 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
     Ok(Some(Head { kind, body_len }))
 }
 
+/// What [`split_frame`] finds: the head, the body, and the bytes after the frame.
+pub type Split<'a> = (Head, &'a [u8], &'a [u8]);
+
 /// A whole frame at the start of `buf`: its validated head, its body, and the bytes after it;
 /// `Ok(None)` while the frame is incomplete (at the end of a stream that is
 /// [`FrameError::Truncated`]). The fabric itself streams an RDMA_WRITE's data instead of waiting
 /// for the whole frame; this is the same validation ([`parse_head`]) for whole buffers (tools,
 /// the corpus test, the `tcp_frame` fuzz target).
-pub fn split_frame(buf: &[u8]) -> Result<Option<(Head, &[u8], &[u8])>, FrameError> {
+pub fn split_frame(buf: &[u8]) -> Result<Option<Split<'_>>, FrameError> {
     let Some(head) = parse_head(buf)? else {
         return Ok(None);
     };
