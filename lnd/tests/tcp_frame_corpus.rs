@@ -1,4 +1,4 @@
-//! Replays the tcp fabric's frame corpus (`tests/corpus/tcp_frame/`, also the seed corpus of the
+//! Replays the tcp fabric's frame corpus (`tests/corpus/tcp_frame/*.bin`, also the seed corpus of the
 //! `tcp_frame` fuzz target) through the fabric's frame parser: every file is a byte stream as a
 //! socket would deliver it. Frames that parse must re-encode to the same bytes through the
 //! encoders the fabric sends with; each stream must end as this table says (cleanly, truncated,
@@ -89,6 +89,7 @@ fn tcp_frame_corpus_replays_as_expected() {
     let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".bin"))
         .collect();
     files.sort();
     let table = expected();
