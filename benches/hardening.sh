@@ -149,7 +149,7 @@ HELD=$(counter rx_buffer_bytes)
 HS=$(counter handshakes)
 release_client
 wait_counter handshakes 0 10 || echo "warning: handshakes still $(counter handshakes)"
-sleep 0.5
+sleep 2 # a sweep of the fabric (every 1.25 s) gives back the socket table's spare capacity
 RSS2=$(rss_kib "$DPID")
 echo "connected:               $CONNECTED silent sockets ($HS in handshake at the sample)"
 echo "RSS before:              $RSS0 KiB"

@@ -1331,6 +1331,12 @@ impl TcpFabric {
             self.maybe_free(key);
         }
         self.scratch = stale;
+        // A burst of sockets (a reconnect storm, a flood of silent ones) leaves the slab's
+        // capacity behind when it is over: give it back (keys of live sockets stay valid; the
+        // slab shrinks down to its highest live key).
+        if self.socks.capacity() > 1024 && self.socks.len() * 4 < self.socks.capacity() {
+            self.socks.shrink_to_fit();
+        }
     }
 
     fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {
