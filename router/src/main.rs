@@ -290,6 +290,7 @@ fn start_fabric(
             let tcp = TcpConfig {
                 user_timeout: ni.ni.tunables.timeout.into(),
                 busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
+                handshake_limit: ni.handshake_limit as usize,
                 ..TcpConfig::default()
             };
             let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)

@@ -80,6 +80,10 @@ pub struct NiSettings {
     /// sleeps, in microseconds (default 50; 0: never spin, for a router without cores of its
     /// own: a little latency for no idle CPU).
     pub busy_poll_us: u32,
+    /// `handshake limit` (ours): accepted sockets that may be in their handshake at once on the
+    /// NI's tcp fabric; the excess is closed at once and counted (default
+    /// `lnd::fabric::tcp::DEFAULT_HANDSHAKE_LIMIT`, 4096; 0: no limit).
+    pub handshake_limit: u32,
     /// `tunables: peer_timeout` (seconds; shown by `net show -v`, not enforced yet).
     pub peer_timeout: u32,
     /// `tunables: peer_buffer_credits` (router buffer credits; shown, not used yet).
@@ -205,6 +209,14 @@ impl DaemonConfig {
                         "busy poll us",
                     )
                     .map_err(|(l, m)| err(l, m))?,
+                    handshake_limit: checked(
+                        &ni.handshake_limit,
+                        lnd::fabric::tcp::DEFAULT_HANDSHAKE_LIMIT as u32,
+                        0,
+                        10_000_000,
+                        "handshake limit",
+                    )
+                    .map_err(|(l, m)| err(l, m))?,
                     peer_timeout: t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
                     peer_buffer_credits: t.peer_buffer_credits.unwrap_or(0),
                     line,
@@ -320,6 +332,8 @@ struct RawNi {
     listen: Option<SocketAddr>,
     #[serde(rename = "busy poll us", default)]
     busy_poll_us: Option<Spanned<u32>>,
+    #[serde(rename = "handshake limit", default)]
+    handshake_limit: Option<Spanned<u32>>,
     #[serde(default)]
     checksum: Option<Spanned<Switch>>,
     #[serde(rename = "checksum default", default)]
@@ -835,5 +849,23 @@ peers:
         let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
         assert_eq!(e.line, Some(7), "{e}");
         assert!(e.message.contains("busy poll us"), "{e}");
+    }
+
+    #[test]
+    fn handshake_limit_is_per_ni_and_checked() {
+        let c = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
+        assert_eq!(c.nis().next().unwrap().1.handshake_limit, 4096);
+        let y = GOOD.replace(
+            "          listen: 127.0.0.1:9870\n",
+            "          listen: 127.0.0.1:9870\n          handshake limit: 100\n",
+        );
+        let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
+        assert_eq!(c.nis().next().unwrap().1.handshake_limit, 100);
+        let y = GOOD.replace(
+            "          listen: 127.0.0.1:9870\n",
+            "          listen: 127.0.0.1:9870\n          handshake limit: -1\n",
+        );
+        let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
+        assert_eq!(e.line, Some(7), "{e}");
     }
 }

@@ -99,6 +99,26 @@
 //!   [`TcpConfig::handshake_timeout`] (or does not take our REJECT) is closed and counted; an
 //!   active connect is bounded by the engine's connect deadline (its `Disconnect`/`Destroy`
 //!   cancel the connect in flight).
+//! - **Cheap unauthenticated sockets.** Until the engine accepts it, an accepted socket holds a
+//!   receive buffer of [`TcpConfig::handshake_buffer`] bytes (512: a CONNREQ frame is at most 69
+//!   and nothing may follow it before our answer; any other frame head is refused at once) and
+//!   no write buffer; it gets the full [`TcpConfig::recv_buffer`] once established, and the
+//!   small buffer is freed, never pooled. At most [`TcpConfig::handshake_limit`] sockets may be
+//!   in their handshake at once: the kernel's further accepts are closed at once and counted
+//!   (`handshakes_refused`). Active sockets (our own connects, one per peer) get the full buffer
+//!   from the start: a CONNACK may be followed at once by messages.
+//! - **The descriptor limit.** A socket accepted when fewer than [`TcpConfig::fd_reserve`]
+//!   descriptors would remain under RLIMIT_NOFILE is closed at once (`accepts_shed`), so the
+//!   rest of the process (the daemon's control socket) always has some; that, and EMFILE,
+//!   ENFILE, ENOBUFS or ENOMEM from accept, pauses accepting for [`ACCEPT_BACKOFF_MIN`],
+//!   doubling up to [`ACCEPT_BACKOFF_MAX`] while it keeps happening (`accept_backoffs`), with
+//!   one warning per 10 s at most. Connections wait in the listen backlog meanwhile, and after a
+//!   pause sockets are accepted one at a time until one is kept (a multishot accept would take
+//!   the whole backlog up to EMFILE, only to shed it). Re-arming the accept at once failed
+//!   ~700,000 times a second and held a core.
+//! - **Restart after a crash.** [`TcpFabric::bind_with`] retries a listen address in use for up
+//!   to [`TcpConfig::bind_retry`] (10 s): the listening socket of a process killed a moment ago
+//!   lingers while its io_uring's files are released asynchronously.
 //!
 //! # Performance shape, and what is simplified
 //!
@@ -147,8 +167,7 @@
 //!   receiving RDMA_WRITE data straight into the region;
 //! - a per-write acknowledgement frame, if an exact `Error` for a refused remote write (rather
 //!   than the connection failing) turns out to matter;
-//! - a poll for POLLRDHUP on a stalled connection so that its peer's death is seen at once too;
-//! - `accept` errors such as EMFILE re-arm at once rather than with a backoff.
+//! - a poll for POLLRDHUP on a stalled connection so that its peer's death is seen at once too.
 
 pub mod frame;
 #[cfg(test)]
@@ -157,10 +176,10 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
 use slab::Slab;
-use tracing::{debug, trace};
+use tracing::{debug, trace, warn};
 
 use crate::engine::{Endpoint, Tunables};
 use crate::fabric::{
@@ -192,7 +211,47 @@ pub struct TcpConfig {
     /// (a sleep and wake-up costs tens of microseconds); the budget bounds the CPU it burns on an
     /// idle link to that much per loop turn.
     pub busy_poll: std::time::Duration,
+    /// Bytes of the receive buffer an accepted socket gets until its handshake is done (default
+    /// 512): a CONNREQ frame is at most 69 bytes and nothing may follow it before our answer, so
+    /// an unauthenticated socket never needs more. The socket gets `recv_buffer` bytes once the
+    /// engine accepts it.
+    pub handshake_buffer: usize,
+    /// The most accepted sockets that may be in their handshake at once (waiting for the
+    /// CONNREQ, for the engine's answer, or for our REJECT to go out); sockets accepted beyond
+    /// it are closed at once and counted in `handshakes_refused` (default 4096, see
+    /// [`DEFAULT_HANDSHAKE_LIMIT`]). Zero: no limit.
+    pub handshake_limit: usize,
+    /// Descriptors kept free for the rest of the process (the daemon's control socket, logs):
+    /// a socket accepted when fewer than this many descriptors would remain under
+    /// RLIMIT_NOFILE is closed at once, counted in `accepts_shed`, and accepting pauses
+    /// (default 16).
+    pub fd_reserve: u32,
+    /// How long [`TcpFabric::bind_with`] retries a listen address that is in use (EADDRINUSE)
+    /// before it fails (default 10 s; zero: no retry). A process killed a moment ago may hold
+    /// its listening socket for a while: a dead io_uring's files are released asynchronously.
+    pub bind_retry: std::time::Duration,
 }
+
+/// The default [`TcpConfig::handshake_limit`]. A handshake lasts about one round trip and one
+/// loop turn (the client sends its CONNREQ right after connecting), so even 20,000 clients
+/// reconnecting at once after a router restart keep far fewer than this many in flight; those
+/// refused retry under their engine's reconnect pacing. At the limit, handshake sockets hold
+/// about 4096 x (512 B buffer + ~1 KiB of state) = 6 MiB, against 256 MiB of 64 KiB buffers.
+pub const DEFAULT_HANDSHAKE_LIMIT: usize = 4096;
+
+/// The first pause of accepting after the descriptor limit was hit; it doubles up to
+/// [`ACCEPT_BACKOFF_MAX`] while the limit keeps being hit, and resets after a kept accept.
+pub const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// The longest pause of accepting (see [`ACCEPT_BACKOFF_MIN`]).
+pub const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+/// At most one warning per this interval about the descriptor limit (with the count since).
+const FD_WARN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+/// The listen backlog asked for (the kernel caps it at net.core.somaxconn, 4096 by default
+/// since Linux 5.4): the size of the handshake limit, so a reconnect storm waits in the queue
+/// rather than in SYN retransmissions.
+const LISTEN_BACKLOG: u32 = DEFAULT_HANDSHAKE_LIMIT as u32;
+/// How long `bind_with` sleeps between two tries of a listen address in use.
+const BIND_RETRY_STEP: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Default for TcpConfig {
     fn default() -> TcpConfig {
@@ -202,15 +261,20 @@ impl Default for TcpConfig {
             ring_entries: 256,
             handshake_timeout: std::time::Duration::from_secs(5),
             busy_poll: std::time::Duration::from_micros(50),
+            handshake_buffer: 512,
+            handshake_limit: DEFAULT_HANDSHAKE_LIMIT,
+            fd_reserve: 16,
+            bind_retry: std::time::Duration::from_secs(10),
         }
     }
 }
 
-/// Counters of one tcp fabric. All only grow.
+/// Counters of one tcp fabric. All only grow, except the gauges `handshakes` and
+/// `rx_buffer_bytes` that [`TcpFabric::counters`] adds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TcpStats {
-    /// Sockets accepted on the listener.
+    /// Sockets accepted on the listener (those refused or shed at once included).
     pub accepted: u64,
     /// Accept completions that failed.
     pub accept_errors: u64,
@@ -273,6 +337,15 @@ pub struct TcpStats {
     pub bad_sends: u64,
     /// Accepted sockets closed for not finishing the handshake within `handshake_timeout`.
     pub handshake_timeouts: u64,
+    /// Accepted sockets closed at once because `handshake_limit` sockets were already in their
+    /// handshake.
+    pub handshakes_refused: u64,
+    /// Accepted sockets closed at once because fewer than `fd_reserve` descriptors would have
+    /// remained (each also pauses accepting).
+    pub accepts_shed: u64,
+    /// Pauses of accepting at the descriptor limit (EMFILE/ENFILE/ENOBUFS/ENOMEM from accept,
+    /// or a shed socket), each [`ACCEPT_BACKOFF_MIN`] doubling up to [`ACCEPT_BACKOFF_MAX`].
+    pub accept_backoffs: u64,
 }
 
 impl TcpStats {
@@ -321,6 +394,9 @@ impl TcpStats {
             ("discarded_writes", self.discarded_writes),
             ("bad_sends", self.bad_sends),
             ("handshake_timeouts", self.handshake_timeouts),
+            ("handshakes_refused", self.handshakes_refused),
+            ("accepts_shed", self.accepts_shed),
+            ("accept_backoffs", self.accept_backoffs),
         ]
     }
 
@@ -345,6 +421,8 @@ enum OpTag {
     Send = 4,
     Cancel = 5,
     Waker = 6,
+    /// The cancel of the multishot accept when accepting pauses.
+    AcceptCancel = 7,
 }
 
 const GEN_MASK: u32 = (1 << 28) - 1;
@@ -361,6 +439,7 @@ fn untag(t: u64) -> (Option<OpTag>, usize, u32) {
         4 => Some(OpTag::Send),
         5 => Some(OpTag::Cancel),
         6 => Some(OpTag::Waker),
+        7 => Some(OpTag::AcceptCancel),
         _ => None,
     };
     (op, (t & 0xffff_ffff) as usize, (t >> 32) as u32 & GEN_MASK)
@@ -460,6 +539,11 @@ struct Sock {
     tx_pending: bool,
     /// When it was accepted (passive sockets).
     since: Instant,
+    /// Counted in `TcpFabric::handshakes` (accepted, handshake not finished, not shut).
+    handshake: bool,
+    /// Bytes of `rbuf` (also while it is lent to the ring): `handshake_buffer` until the
+    /// connection is established, then `recv_buffer`.
+    rbuf_len: usize,
     // receive side
     /// The RDMA_WRITE frame whose data is streaming into a region.
     rx_write: Option<RxWrite>,
@@ -616,6 +700,17 @@ pub struct TcpFabric {
     listener: TcpListener,
     local: SocketAddr,
     accept_armed: bool,
+    /// Accepting is paused until then (the descriptor limit was hit); the next pause's length.
+    accept_pause: Option<std::time::Instant>,
+    accept_backoff: std::time::Duration,
+    /// After a pause, accept one socket at a time until one is kept: a multishot accept would
+    /// take the whole listen backlog at once, up to EMFILE, only for it to be shed.
+    accept_probe: bool,
+    /// The last warning about the descriptor limit, and the events not logged since.
+    fd_warned: Option<std::time::Instant>,
+    fd_suppressed: u64,
+    /// Accepted sockets in their handshake (`Sock::handshake`).
+    handshakes: usize,
     resolver: Resolver,
     cfg: TcpConfig,
     socks: Slab<Sock>,
@@ -671,14 +766,27 @@ impl TcpFabric {
         mut cfg: TcpConfig,
     ) -> io::Result<TcpFabric> {
         cfg.recv_buffer = cfg.recv_buffer.max(2 * MAX_FRAME);
+        // Room for a whole CONNREQ frame (and its compaction), never more than the full buffer.
+        cfg.handshake_buffer = cfg
+            .handshake_buffer
+            .clamp(2 * (HEAD_LEN + PrivateData::MAX), cfg.recv_buffer);
+        let listener = bind_listener(listen, cfg.bind_retry)?;
+        // std listens with a backlog of 128: a burst of reconnecting clients beyond that has
+        // its SYNs dropped and retried a second later, however fast we accept.
+        uring::set_listen_backlog(listener.as_fd(), LISTEN_BACKLOG)?;
         let ring = Ring::new(cfg.ring_entries.max(8))?;
-        let listener = TcpListener::bind(listen)?;
         let local = listener.local_addr()?;
         let mut f = TcpFabric {
             ring,
             listener,
             local,
             accept_armed: false,
+            accept_pause: None,
+            accept_backoff: ACCEPT_BACKOFF_MIN,
+            accept_probe: false,
+            fd_warned: None,
+            fd_suppressed: 0,
+            handshakes: 0,
             resolver: Box::new(resolver),
             cfg,
             socks: Slab::new(),
@@ -727,6 +835,26 @@ impl TcpFabric {
     /// Sockets this fabric still holds (connections, pending requests, closing sockets).
     pub fn sockets(&self) -> usize {
         self.socks.len()
+    }
+
+    /// Accepted sockets in their handshake now (waiting for the CONNREQ, for the engine's
+    /// answer, or for our REJECT to go out): what [`TcpConfig::handshake_limit`] bounds.
+    pub fn handshakes(&self) -> usize {
+        self.handshakes
+    }
+
+    /// Bytes of receive buffers the sockets hold now (buffers kept for reuse not included).
+    pub fn rx_buffer_bytes(&self) -> usize {
+        self.socks.iter().map(|(_, s)| s.rbuf_len).sum()
+    }
+
+    /// The counters of [`TcpStats::counters`], then the gauges `handshakes` and
+    /// `rx_buffer_bytes` (for `lnetctl net show -v`).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.stats.counters();
+        v.push(("handshakes", self.handshakes as u64));
+        v.push(("rx_buffer_bytes", self.rx_buffer_bytes() as u64));
+        v
     }
 
     /// True if `poll` has work that needs no waiting (reports to deliver, parsing to resume).
@@ -888,6 +1016,8 @@ impl TcpFabric {
             return;
         }
         s.slots.post_first(recv_slots);
+        self.end_handshake(key);
+        let s = &mut self.socks[key];
         s.queue_frame(
             FrameKind::ConnAck,
             private.as_bytes(),
@@ -1099,7 +1229,17 @@ impl TcpFabric {
         now_fn: impl Fn() -> Instant,
     ) -> io::Result<()> {
         self.arm_pending_sends();
-        if !self.accept_armed {
+        let mut timeout = timeout;
+        if let Some(until) = self.accept_pause {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                self.accept_pause = None;
+            } else {
+                // Wake up in time to accept again.
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
+        }
+        if !self.accept_armed && self.accept_pause.is_none() {
             self.arm_accept();
         }
         if let (Some(fd), false) = (self.waker, self.waker_armed) {
@@ -1191,6 +1331,12 @@ impl TcpFabric {
             self.maybe_free(key);
         }
         self.scratch = stale;
+        // A burst of sockets (a reconnect storm, a flood of silent ones) leaves the slab's
+        // capacity behind when it is over: give it back (keys of live sockets stay valid; the
+        // slab shrinks down to its highest live key).
+        if self.socks.capacity() > 1024 && self.socks.len() * 4 < self.socks.capacity() {
+            self.socks.shrink_to_fit();
+        }
     }
 
     fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {
@@ -1246,6 +1392,9 @@ impl TcpFabric {
         if op == Some(OpTag::Accept) {
             return self.on_accept(c, now);
         }
+        if op == Some(OpTag::AcceptCancel) {
+            return; // the accept itself completes with ECANCELED
+        }
         if op == Some(OpTag::Waker) {
             // The owner drains the waker after this poll; re-armed at the next one.
             self.waker_armed = false;
@@ -1279,7 +1428,11 @@ impl TcpFabric {
                 self.on_send(key, c.result, c.buf, ep, now);
             }
             Some(OpTag::Connect) => self.on_connect(key, c.result, ep, now),
-            Some(OpTag::Cancel) | Some(OpTag::Accept) | Some(OpTag::Waker) | None => {}
+            Some(OpTag::Cancel)
+            | Some(OpTag::Accept)
+            | Some(OpTag::Waker)
+            | Some(OpTag::AcceptCancel)
+            | None => {}
         }
         self.maybe_free(key);
     }
@@ -1291,19 +1444,133 @@ impl TcpFabric {
         let Some(fd) = c.fd else {
             if c.result != -libc::ECANCELED {
                 self.stats.accept_errors += 1;
-                debug!(errno = -c.result, "tcp fabric: accept failed");
+                let errno = -c.result;
+                if matches!(
+                    errno,
+                    libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
+                ) {
+                    // Re-arming at once would fail again at once, and spin the loop.
+                    self.pause_accept(errno);
+                } else {
+                    debug!(errno, "tcp fabric: accept failed");
+                }
             }
             return;
         };
         self.stats.accepted += 1;
+        if self.fd_short(fd.as_raw_fd()) {
+            // Keep the last descriptors for the rest of the process (the control socket).
+            self.stats.accepts_shed += 1;
+            drop(fd);
+            self.pause_accept(libc::EMFILE);
+            return;
+        }
+        if self.cfg.handshake_limit > 0 && self.handshakes >= self.cfg.handshake_limit {
+            self.stats.handshakes_refused += 1;
+            trace!(
+                limit = self.cfg.handshake_limit,
+                "tcp fabric: too many handshakes, accepted socket closed"
+            );
+            return;
+        }
+        if self.accept_pause.is_none() {
+            self.accept_backoff = ACCEPT_BACKOFF_MIN;
+            self.accept_probe = false;
+        }
         let stream = TcpStream::from(fd);
         if let Err(e) = self.configure(&stream) {
             self.stats.socket_errors += 1;
             debug!(error = %e, "tcp fabric: cannot configure an accepted socket");
         }
         let key = self.new_sock(Some(stream), Phase::AwaitConnReq, false, None);
-        self.socks[key].since = now;
+        let s = &mut self.socks[key];
+        s.since = now;
+        s.handshake = true;
+        self.handshakes += 1;
         self.arm_recv(key);
+    }
+
+    /// True if accepting descriptor `fd` leaves fewer than `fd_reserve` descriptors under
+    /// RLIMIT_NOFILE. Descriptors are allocated lowest first, so every number below `fd` is
+    /// open: at most `limit - fd - 1` remain.
+    fn fd_short(&self, fd: std::os::fd::RawFd) -> bool {
+        let reserve = u64::from(self.cfg.fd_reserve);
+        if reserve == 0 {
+            return false;
+        }
+        match uring::nofile_limit() {
+            Ok(Some(limit)) => u64::try_from(fd).unwrap_or(0) + reserve >= limit,
+            _ => false,
+        }
+    }
+
+    /// Stops accepting for the current back-off (then doubles it, capped), counted in
+    /// `accept_backoffs`, and warns at most once per `FD_WARN_INTERVAL`. Connections wait in
+    /// the listen backlog meanwhile.
+    fn pause_accept(&mut self, errno: i32) {
+        if self.accept_pause.is_some() {
+            return; // Already paused: a socket the kernel accepted before the cancel landed.
+        }
+        let pause = self.accept_backoff;
+        self.accept_backoff = (pause * 2).min(ACCEPT_BACKOFF_MAX);
+        let t = std::time::Instant::now();
+        self.accept_pause = Some(t + pause);
+        self.accept_probe = true;
+        self.stats.accept_backoffs += 1;
+        if self.accept_armed {
+            self.ring
+                .cancel_fd(self.listener.as_fd(), tag(OpTag::AcceptCancel, 0, 0));
+        }
+        match self.fd_warned {
+            Some(last) if t.duration_since(last) < FD_WARN_INTERVAL => self.fd_suppressed += 1,
+            _ => {
+                warn!(
+                    errno,
+                    pause_ms = pause.as_millis() as u64,
+                    not_logged_since = self.fd_suppressed,
+                    accept_errors = self.stats.accept_errors,
+                    accepts_shed = self.stats.accepts_shed,
+                    reserve = self.cfg.fd_reserve,
+                    "tcp fabric: at the descriptor limit (RLIMIT_NOFILE); accepting paused \
+                     (logged at most once per {FD_WARN_INTERVAL:?})"
+                );
+                self.fd_warned = Some(t);
+                self.fd_suppressed = 0;
+            }
+        }
+    }
+
+    /// The socket's handshake is over (established or shut): it no longer counts against the
+    /// limit.
+    fn end_handshake(&mut self, key: usize) {
+        let s = &mut self.socks[key];
+        if s.handshake {
+            s.handshake = false;
+            self.handshakes -= 1;
+        }
+    }
+
+    /// Gives an established connection its full receive buffer (the bytes not parsed yet move
+    /// along); the small handshake buffer is freed, never pooled. A buffer lent to the ring is
+    /// grown when it comes back (every parse starts here).
+    fn grow_rbuf(&mut self, key: usize) {
+        let full = self.cfg.recv_buffer;
+        let s = &mut self.socks[key];
+        if s.phase != Phase::Open || s.rbuf_len >= full {
+            return;
+        }
+        let Some(old) = s.rbuf.take() else {
+            return;
+        };
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.clear();
+        b.resize(full, 0);
+        let n = s.rend - s.rstart;
+        b[..n].copy_from_slice(&old[s.rstart..s.rend]);
+        s.rstart = 0;
+        s.rend = n;
+        s.rbuf = Some(b);
+        s.rbuf_len = full;
     }
 
     fn on_connect(&mut self, key: usize, res: i32, ep: &mut Endpoint, now: Instant) {
@@ -1476,6 +1743,9 @@ impl TcpFabric {
     /// Parses complete frames out of the receive buffer and acts on them, then posts the next
     /// read unless a frame is stalled (see the module doc).
     fn parse(&mut self, key: usize, ep: &mut Endpoint, now: Instant) {
+        if self.socks.contains(key) {
+            self.grow_rbuf(key);
+        }
         loop {
             let Some(s) = self.socks.get_mut(key) else {
                 return;
@@ -1520,6 +1790,10 @@ impl TcpFabric {
                 Ok(None) => break,
                 Err(e) => return self.protocol_error(key, e, ep, now),
             };
+            if s.phase == Phase::AwaitConnReq && head.kind != FrameKind::ConnReq {
+                // Refused on its head: the handshake buffer only ever holds a CONNREQ.
+                return self.protocol_error(key, FrameError::Unexpected(head.kind), ep, now);
+            }
             // An RDMA_WRITE's data streams: only its write head must be here.
             let need = if head.kind == FrameKind::RdmaWrite {
                 HEAD_LEN + WRITE_HEAD_LEN
@@ -1802,6 +2076,11 @@ impl TcpFabric {
         s.shut = true;
         s.phase = Phase::Closed;
         s.stalled = false;
+        if s.handshake {
+            s.handshake = false;
+            self.handshakes -= 1;
+        }
+        let s = &mut self.socks[key];
         if let Some(stream) = &s.stream {
             let _ = stream.shutdown(Shutdown::Both);
             if s.ops > 0 {
@@ -1818,8 +2097,13 @@ impl TcpFabric {
         };
         if s.ops == 0 && s.shut && (s.conn.is_none() || s.destroyed) {
             let s = self.socks.remove(key);
+            debug_assert!(
+                !s.handshake,
+                "a freed socket still counted in its handshake"
+            );
             for mut b in [s.rbuf, s.spare, Some(s.wq)].into_iter().flatten() {
-                if self.pool.len() < POOL_MAX && b.capacity() > 0 {
+                // Small buffers (a handshake's) are freed: only the size worth reusing is kept.
+                if self.pool.len() < POOL_MAX && b.capacity() >= self.cfg.recv_buffer {
                     b.clear();
                     self.pool.push(b);
                 }
@@ -1850,15 +2134,27 @@ impl TcpFabric {
         let generation = self.next_generation;
         self.next_generation = (self.next_generation + 1) & GEN_MASK;
         let shut = stream.is_none();
+        // An accepted socket is unauthenticated until its handshake is done: a small receive
+        // buffer and no write buffers from the pool (its CONNACK or REJECT allocates a little).
+        let small = !active && phase == Phase::AwaitConnReq;
         let rbuf = if shut {
             None
+        } else if small {
+            Some(vec![0; self.cfg.handshake_buffer])
         } else {
             let mut b = self.pool.pop().unwrap_or_default();
             b.resize(self.cfg.recv_buffer, 0);
             Some(b)
         };
-        let spare = (!shut).then(|| self.pool.pop().unwrap_or_default());
-        let wq = if shut {
+        let rbuf_len = rbuf.as_ref().map_or(0, Vec::len);
+        let spare = (!shut).then(|| {
+            if small {
+                Vec::new()
+            } else {
+                self.pool.pop().unwrap_or_default()
+            }
+        });
+        let wq = if shut || small {
             Vec::new()
         } else {
             self.pool.pop().unwrap_or_default()
@@ -1880,6 +2176,8 @@ impl TcpFabric {
             in_ready: false,
             tx_pending: false,
             since: Instant::ZERO,
+            handshake: false,
+            rbuf_len,
             rx_write: None,
             rbuf,
             rstart: 0,
@@ -1975,8 +2273,12 @@ impl TcpFabric {
     }
 
     fn arm_accept(&mut self) {
-        self.ring
-            .accept_multi(self.listener.as_fd(), tag(OpTag::Accept, 0, 0));
+        let t = tag(OpTag::Accept, 0, 0);
+        if self.accept_probe {
+            self.ring.accept_one(self.listener.as_fd(), t);
+        } else {
+            self.ring.accept_multi(self.listener.as_fd(), t);
+        }
         self.accept_armed = true;
     }
 
@@ -2025,6 +2327,46 @@ impl TcpFabric {
     }
 }
 
+/// Binds the listening socket, retrying for up to `retry` while the address is in use: right
+/// after a crash the dead process's listening socket may linger (its io_uring's files are
+/// released asynchronously), and a router restarted by systemd must come back. One warning at
+/// the first failure; then a clear error. SO_REUSEADDR (std sets it) covers TIME_WAIT only.
+fn bind_listener(addr: SocketAddr, retry: std::time::Duration) -> io::Result<TcpListener> {
+    let start = std::time::Instant::now();
+    let mut warned = false;
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(l) => {
+                if warned {
+                    debug!(%addr, after = ?start.elapsed(), "tcp fabric: listening after retrying");
+                }
+                return Ok(l);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                if start.elapsed() >= retry {
+                    if !warned {
+                        return Err(e);
+                    }
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("{e} (still, after retrying for {retry:?})"),
+                    ));
+                }
+                if !warned {
+                    warn!(
+                        %addr,
+                        "tcp fabric: listen address in use (a process killed a moment ago may \
+                         still hold it); retrying for up to {retry:?}"
+                    );
+                    warned = true;
+                }
+                std::thread::sleep(BIND_RETRY_STEP.min(retry.saturating_sub(start.elapsed())));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The event loop: shared with every real fabric (crate::fabric::driver).
 
@@ -2049,6 +2391,6 @@ impl super::driver::Driver for TcpFabric {
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.stats.counters()
+        TcpFabric::counters(self)
     }
 }

@@ -142,6 +142,18 @@ impl Ring {
         self.queue(entry, tag, OpKind::Accept, None, None);
     }
 
+    /// One accept on `listener` (the completion carries the new descriptor, or `-errno`).
+    pub fn accept_one(&mut self, listener: BorrowedFd<'_>, tag: u64) {
+        let entry = opcode::Accept::new(
+            types::Fd(listener.as_raw_fd()),
+            core::ptr::null_mut(),
+            core::ptr::null_mut(),
+        )
+        .flags(libc::SOCK_CLOEXEC)
+        .build();
+        self.queue(entry, tag, OpKind::Accept, None, None);
+    }
+
     /// Connects `sock` to `addr`; the result is 0 or `-errno`.
     pub fn connect(&mut self, sock: BorrowedFd<'_>, addr: SocketAddr, tag: u64) {
         let addr = sockaddr(addr);
@@ -426,6 +438,31 @@ pub fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     }
     // SAFETY: `socket` just returned this descriptor; we are its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets the listen backlog of an already listening socket (Linux applies a second `listen` to
+/// the queue's length; the kernel caps it at net.core.somaxconn).
+pub fn set_listen_backlog(sock: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {
+    let n = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: plain system call on a borrowed (so open) descriptor; no memory is passed.
+    if unsafe { libc::listen(sock.as_raw_fd(), n) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The soft limit on this process's open descriptors (RLIMIT_NOFILE), `None` when unlimited.
+pub fn nofile_limit() -> io::Result<Option<u64>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: the argument points at a live local of the right type; plain system call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur))
 }
 
 /// Sets TCP_USER_TIMEOUT: how long transmitted data may stay unacknowledged before the kernel

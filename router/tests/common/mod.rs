@@ -178,6 +178,8 @@ pub struct Opts {
     pub socket: Option<PathBuf>,
     /// Extra YAML lines for the NI, each indented 10 spaces (e.g. `tunables:` or ulnet's keys).
     pub ni_yaml: String,
+    /// The daemon's RLIMIT_NOFILE (set by `sh -c 'ulimit -n N; exec ...'`: same process id).
+    pub nofile: Option<u32>,
 }
 
 /// [`start`] with [`Opts`].
@@ -213,16 +215,23 @@ pub fn start_opts(
         .open(&log)
         .unwrap();
     let bin = env!("CARGO_BIN_EXE_lnet-router");
-    let mut cmd = match opts.umask {
-        None => Command::new(bin),
-        Some(m) => {
-            // exec: the child stays the daemon itself (same pid), only its umask differs.
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(format!("umask {m:03o} && exec \"$0\" \"$@\""))
-                .arg(bin);
-            c
-        }
+    // Through `sh -c '...; exec'` when the umask or the descriptor limit differ: the child stays
+    // the daemon itself (same pid), so the guard kills the daemon.
+    let mut prelude = Vec::new();
+    if let Some(m) = opts.umask {
+        prelude.push(format!("umask {m:03o}"));
+    }
+    if let Some(n) = opts.nofile {
+        prelude.push(format!("ulimit -n {n}"));
+    }
+    let mut cmd = if prelude.is_empty() {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!("{} && exec \"$0\" \"$@\"", prelude.join(" && ")))
+            .arg(bin);
+        c
     };
     let child = cmd
         .args(&opts.args)

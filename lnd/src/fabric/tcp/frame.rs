@@ -152,6 +152,38 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
     Ok(Some(Head { kind, body_len }))
 }
 
+/// What [`split_frame`] finds: the head, the body, and the bytes after the frame.
+pub type Split<'a> = (Head, &'a [u8], &'a [u8]);
+
+/// A whole frame at the start of `buf`: its validated head, its body, and the bytes after it;
+/// `Ok(None)` while the frame is incomplete (at the end of a stream that is
+/// [`FrameError::Truncated`]). The fabric itself streams an RDMA_WRITE's data instead of waiting
+/// for the whole frame; this is the same validation ([`parse_head`]) for whole buffers (tools,
+/// the corpus test, the `tcp_frame` fuzz target).
+pub fn split_frame(buf: &[u8]) -> Result<Option<Split<'_>>, FrameError> {
+    let Some(head) = parse_head(buf)? else {
+        return Ok(None);
+    };
+    let Some(body) = buf.get(HEAD_LEN..head.frame_len()) else {
+        return Ok(None);
+    };
+    Ok(Some((head, body, &buf[head.frame_len()..])))
+}
+
+/// Appends the frame `split_frame` returned as (`head`, `body`) to `out`, through the encoders
+/// the fabric sends with (an RDMA_WRITE through [`push_write_head`]): re-encoding what parsed
+/// must give the same bytes.
+pub fn push_parsed(out: &mut Vec<u8>, head: Head, body: &[u8]) {
+    if head.kind == FrameKind::RdmaWrite {
+        if let Some((key, addr)) = parse_write_head(body) {
+            push_write_head(out, key, addr, body.len() - WRITE_HEAD_LEN);
+            out.extend_from_slice(&body[WRITE_HEAD_LEN..]);
+            return;
+        }
+    }
+    push_frame(out, head.kind, body);
+}
+
 /// Appends the head of a `kind` frame with a `body_len`-byte body to `out`.
 pub fn push_head(out: &mut Vec<u8>, kind: FrameKind, body_len: usize) {
     let len = (body_len as u32).wrapping_add(1);

@@ -496,6 +496,180 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
     ));
 }
 
+/// Sockets accepted on B: connects raw sockets that send nothing and steps B until it holds
+/// `expect` of them in their handshake.
+fn silent_clients(n: usize, b: &mut Node, clock: &MonotonicClock) -> Vec<TcpStream> {
+    let raws: Vec<TcpStream> = (0..n)
+        .map(|_| TcpStream::connect(b.fabric.local_addr()).unwrap())
+        .collect();
+    let accepted0 = b.fabric.stats().accepted;
+    assert!(
+        run_until(&mut [b], clock, StdDuration::from_secs(3), |n| n[0]
+            .fabric
+            .stats()
+            .accepted
+            >= accepted0 + raws.len() as u64),
+        "B did not accept the silent clients"
+    );
+    raws
+}
+
+#[test]
+fn tcp_handshake_sockets_hold_a_small_buffer_until_established() {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let full = TcpConfig::default().recv_buffer;
+    let small = TcpConfig::default().handshake_buffer;
+    assert!(small <= 1024, "{small}");
+    // Every open connection has the full buffer (B's passive side grew once established);
+    // both connected at once, so there may be two (the race's loser closing).
+    let open_full = |f: &TcpFabric| {
+        let open: Vec<usize> = f
+            .socks
+            .iter()
+            .filter(|(_, s)| s.phase == Phase::Open)
+            .map(|(_, s)| s.rbuf_len)
+            .collect();
+        !open.is_empty() && open.iter().all(|&n| n == full)
+    };
+    assert!(open_full(&a.fabric) && open_full(&b.fabric));
+    assert_eq!(b.fabric.handshakes(), 0);
+    let before = b.fabric.rx_buffer_bytes();
+    assert!(before >= full);
+
+    let raws = silent_clients(10, &mut b, &clock);
+    assert_eq!(b.fabric.handshakes(), 10);
+    assert_eq!(b.fabric.rx_buffer_bytes(), before + 10 * small);
+    let c = b.fabric.counters();
+    assert!(c.contains(&("handshakes", 10)), "{c:?}");
+    assert!(
+        c.contains(&("rx_buffer_bytes", (before + 10 * small) as u64)),
+        "{c:?}"
+    );
+
+    // The connection still carries messages of every size while they wait.
+    let an = a.ep.nid();
+    for i in 1..=20 {
+        b.send(&clock, an, 100 + i, payload(i * 97));
+    }
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[0].got.len() == 21 && n[1].done.len() == 21
+    ));
+
+    // Gone: every handshake buffer is freed (none is kept in the pool).
+    drop(raws);
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(3),
+            |n| n[1].fabric.handshakes() == 0 && n[1].fabric.rx_buffer_bytes() <= before
+        ),
+        "B still holds {} handshakes",
+        b.fabric.handshakes()
+    );
+    assert!(open_full(&b.fabric));
+    assert!(b.fabric.pool.iter().all(|v| v.capacity() >= full));
+    assert_eq!(b.fabric.stats().handshake_timeouts, 0);
+    shut_down_both(&mut a, &mut b, &clock);
+}
+
+#[test]
+fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
+    let clock = MonotonicClock::new();
+    let book = Book::default();
+    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let b_cfg = TcpConfig {
+        handshake_limit: 4,
+        ..TcpConfig::default()
+    };
+    let bk = Arc::clone(&book);
+    let fabric = TcpFabric::bind_with(
+        "127.0.0.1:0".parse().unwrap(),
+        move |n| bk.lock().unwrap().get(&n).copied(),
+        b_cfg,
+    )
+    .unwrap();
+    book.lock()
+        .unwrap()
+        .insert(nid("10.0.0.2@o2ib"), fabric.local_addr());
+    let mut b = Node {
+        fabric,
+        ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
+        got: Vec::new(),
+        done: HashMap::new(),
+        downs: Vec::new(),
+    };
+    let mut raws = silent_clients(7, &mut b, &clock);
+    assert_eq!(b.fabric.handshakes(), 4);
+    assert_eq!(b.fabric.stats().handshakes_refused, 3);
+    // The refused ones are closed at once: three of the seven read EOF.
+    let mut closed = 0;
+    for r in &mut raws {
+        r.set_read_timeout(Some(StdDuration::from_millis(200)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        match r.read(&mut buf) {
+            Ok(0) => closed += 1,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => closed += 1,
+            _ => {} // still waiting for its CONNREQ
+        }
+    }
+    assert_eq!(closed, 3);
+    // Once the silent ones are gone, a real peer connects.
+    drop(raws);
+    assert!(run_until(
+        &mut [&mut b],
+        &clock,
+        StdDuration::from_secs(3),
+        |n| n[0].fabric.handshakes() == 0
+    ));
+    let bn = b.ep.nid();
+    a.send(&clock, bn, 1, payload(1));
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].got.len() == 1
+    ));
+    assert_eq!(b.fabric.stats().handshakes_refused, 3);
+    let c = b.fabric.counters();
+    assert!(c.contains(&("handshakes_refused", 3)), "{c:?}");
+    shut_down_both(&mut a, &mut b, &clock);
+}
+
+#[test]
+fn tcp_bind_retries_an_address_in_use_then_fails_clearly() {
+    let holder = StdListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap();
+    // No retry: fails at once.
+    let cfg = |ms| TcpConfig {
+        bind_retry: StdDuration::from_millis(ms),
+        ..TcpConfig::default()
+    };
+    let e = TcpFabric::bind_with(addr, |_| None, cfg(0)).err().unwrap();
+    assert_eq!(e.kind(), ErrorKind::AddrInUse);
+    // Still held after the retry: a clear error.
+    let t0 = std::time::Instant::now();
+    let e = TcpFabric::bind_with(addr, |_| None, cfg(300))
+        .err()
+        .unwrap();
+    assert!(t0.elapsed() >= StdDuration::from_millis(300));
+    assert_eq!(e.kind(), ErrorKind::AddrInUse);
+    assert!(e.to_string().contains("after retrying"), "{e}");
+    // Released while retrying: binds.
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(StdDuration::from_millis(200));
+        drop(holder);
+    });
+    let f = TcpFabric::bind_with(addr, |_| None, cfg(10_000)).unwrap();
+    assert_eq!(f.local_addr(), addr);
+    t.join().unwrap();
+}
+
 /// The deployment shape: one thread per NI running `run_endpoint`. A sends 200 messages, shuts
 /// down when all are done; B shuts itself down when it sees A go.
 #[test]
@@ -596,6 +770,8 @@ fn tcp_tags_roundtrip() {
         (OpTag::Send, u32::MAX as usize, GEN_MASK),
         (OpTag::Cancel, 77, 12345),
         (OpTag::Connect, 1, 3),
+        (OpTag::Waker, 0, 0),
+        (OpTag::AcceptCancel, 0, 0),
     ] {
         assert_eq!(untag(tag(op, key, generation)), (Some(op), key, generation));
     }
