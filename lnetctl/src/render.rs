@@ -566,8 +566,12 @@ conn:
         );
         let s = stats(&stats_show(&n));
         assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
-        assert!(s.ends_with("    loopback_count: 0\n    loopback_length: 0\n"));
-        assert_eq!(s.lines().count(), 20);
+        // LNet's 19 counters, then ours: the peer table.
+        assert!(s.contains("    loopback_count: 0\n    loopback_length: 0\npeer_table:\n"));
+        assert!(
+            s.ends_with("peer_table:\n    peers: 0\n    peers_aged: 0\n    peer_table_full: 0\n")
+        );
+        assert_eq!(s.lines().count(), 24);
         // The daemon adds its control socket's counters after LNet's.
         let mut with_control = stats_show(&n);
         with_control.control = Some(router::control::NamedCounters(vec![
@@ -576,7 +580,7 @@ conn:
         ]));
         let s = stats(&with_control);
         assert!(
-            s.ends_with("    loopback_length: 0\ncontrol:\n    clients: 3\n    refused: 1\n"),
+            s.ends_with("    peer_table_full: 0\ncontrol:\n    clients: 3\n    refused: 1\n"),
             "{s}"
         );
         assert_eq!(
