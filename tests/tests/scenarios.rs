@@ -578,18 +578,25 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
     }
 }
 
-/// Never close a healthy idle connection: a peer that sends no keepalives (keepalive = 0) and
-/// a peer at the default keepalive stay idle for a week of virtual time; both keep the same
-/// connection to the same peer instance, nothing is lost, nobody is declared silent.
-#[test]
-fn idle_peer_without_keepalives_keeps_its_connection_for_a_week() {
-    let seed = 604_800;
+/// Two nodes: a (10.0.0.1) at the default keepalive, b (10.0.0.2) sending none (keepalive 0,
+/// as a kernel with `keepalive=0`).
+fn with_silent_peer(seed: u64) -> (World, NodeId, NodeId, Nid, Nid) {
     let mut w = world(seed);
     let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
     let a = node(&mut w, "10.0.0.1@o2ib", 1);
     let mut cfg_b = EndpointConfig::new(nb, 2);
     cfg_b.tunables.keepalive = Duration::ZERO;
     let b = w.add_node(cfg_b);
+    (w, a, b, na, nb)
+}
+
+/// Never close a healthy idle connection: a peer that sends no keepalives (keepalive = 0) and
+/// a peer at the default keepalive stay idle for a week of virtual time; both keep the same
+/// connection to the same peer instance, nothing is lost, nobody is declared silent.
+#[test]
+fn idle_peer_without_keepalives_keeps_its_connection_for_a_week() {
+    let seed = 604_800;
+    let (mut w, a, b, na, nb) = with_silent_peer(seed);
     let c = w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
     w.send(b, na, put_hdr(nb, na, 8), vec![0; 8]);
     w.run_for(Duration::from_secs(1));
@@ -748,12 +755,7 @@ fn ulnet_node_adopts_a_kernel_peers_order_whichever_side_is_lower() {
 #[test]
 fn crashed_idle_peer_without_keepalives_is_still_found() {
     let seed = 100;
-    let mut w = world(seed);
-    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let mut cfg_b = EndpointConfig::new(nb, 2);
-    cfg_b.tunables.keepalive = Duration::ZERO;
-    let b = w.add_node(cfg_b);
+    let (mut w, a, b, na, nb) = with_silent_peer(seed);
     w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
     w.run_for(Duration::from_secs(3600));
     let t = w.now();
