@@ -1,10 +1,10 @@
-//! The tcp fabric's frame stream (`lnd::fabric::tcp::frame`): splitting never panics, every frame
+//! The tcp fabric's frame stream (`lnd::driver::tcp::frame`): splitting never panics, every frame
 //! that parses re-encodes to the same bytes, and a bad head is refused before its body.
 //! Seed corpus: `lnd/tests/corpus/tcp_frame/` (replayed by `lnd/tests/tcp_frame_corpus.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lnd::fabric::tcp::frame;
+use lnd::driver::tcp::frame;
 
 fuzz_target!(|data: &[u8]| {
     let mut rest = data;

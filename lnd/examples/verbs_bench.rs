@@ -28,7 +28,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::{nid, run_until, Checks, Node};
-use lnd::fabric::verbs::VerbsConfig;
+use lnd::driver::verbs::VerbsConfig;
 use lnd::fabric::{RemoteRegion, WcStatus};
 
 const REGION: usize = 4 << 20;

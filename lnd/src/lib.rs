@@ -8,8 +8,11 @@
 //! The protocol core in this crate never reads a clock, spawns a thread or does I/O: time is passed
 //! in, actions come out (see `shared/DESIGN.md`).
 
+pub mod driver;
 pub mod engine;
 pub mod fabric;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod sys;
 pub mod time;
 pub mod wheel;

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use lnd::fabric::tcp::frame::{self, FrameError, FrameKind};
+use lnd::driver::tcp::frame::{self, FrameError, FrameKind};
 
 use FrameKind::{ConnAck, ConnReq, Disconnect, Msg, RdmaWrite, Reject};
 

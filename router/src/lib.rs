@@ -27,15 +27,15 @@
 //!   not for us (or unmatched) is dropped and counted (no forwarding yet).
 //! - **Stats** under `lnetctl`'s names ([`LnetStats`], [`PeerInfo`], [`NiInfo`]).
 //!
-//! Driving a node: feed fabric events with [`LnetNode::handle_fabric`] (or through
-//! [`LnetNode::endpoint_mut`] followed by [`LnetNode::process`]), call
+//! Driving a node: a driver pushes fabric events into NI `i`'s [`NiSink`]
+//! ([`LnetNode::fabric_sink`]) and [`LnetNode::process`] hands what they produced to LNet (or,
+//! one event at a time, [`LnetNode::handle_fabric`] does both); call
 //! [`LnetNode::handle_timeout`] at [`LnetNode::poll_timeout`], and after any input drain
 //! [`LnetNode::poll_action`] (fabric work, tagged with its NI) and [`LnetNode::poll_event`].
 
 mod config;
 pub mod control;
 mod error;
-mod fabric;
 mod node;
 mod peer;
 mod ping;
@@ -47,7 +47,7 @@ pub mod yaml_config;
 
 pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
 pub use error::LnetError;
-pub use fabric::FabricEvent;
-pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, PingId};
+pub use lnd::fabric::{FabricEvent, FabricSink};
+pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, NiSink, PingId};
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
 pub use stats::{LnetStats, NiInfo, PeerInfo, PeerState};

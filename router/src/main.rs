@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
-use lnd::fabric::driver::{Driver, MonotonicClock, WakeHandle, Waker};
-use lnd::fabric::tcp::{TcpConfig, TcpFabric};
+use lnd::driver::tcp::{TcpConfig, TcpFabric};
+use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
 use lnd::time::Duration;
 use router::control::{
     self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
@@ -300,7 +300,7 @@ fn start_fabric(
         }
         #[cfg(feature = "verbs")]
         FabricKind::Verbs => {
-            use lnd::fabric::verbs::{VerbsConfig, VerbsFabric};
+            use lnd::driver::verbs::{VerbsConfig, VerbsFabric};
             // o2iblnd's convention: a peer listens on its NID's IPv4 address, port 987 (the
             // `service` parameter), unless the peers table says otherwise.
             let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
@@ -368,10 +368,13 @@ fn event_loop(
             if fabrics[i].failed {
                 continue;
             }
-            let Some(ep) = node.endpoint_mut(NiIndex(i)) else {
+            let Some(mut sink) = node.fabric_sink(NiIndex(i)) else {
                 continue;
             };
-            if let Err(e) = fabrics[i].driver.poll(Some(wait), ep, &|| clock.now()) {
+            if let Err(e) = fabrics[i]
+                .driver
+                .poll(Some(wait), &mut sink, &|| clock.now())
+            {
                 // One NI's fabric is broken: the others' peers must still see a graceful close
                 // (not find out at their keepalive horizon), so shut down as on SIGTERM, then
                 // exit with the error.
@@ -479,8 +482,10 @@ fn event_loop(
                     if f.failed {
                         continue;
                     }
-                    if let Some(ep) = node.endpoint_mut(NiIndex(i)) {
-                        let _ = f.driver.poll(Some(StdDuration::ZERO), ep, &|| clock.now());
+                    if let Some(mut sink) = node.fabric_sink(NiIndex(i)) {
+                        let _ = f
+                            .driver
+                            .poll(Some(StdDuration::ZERO), &mut sink, &|| clock.now());
                     }
                 }
                 drain_events(node, control);

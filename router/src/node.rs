@@ -3,8 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+use lnd::engine::Captured;
 use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, SendError, TxError};
-use lnd::fabric::FabricAction;
+use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
 use lnd::time::{Duration, Instant};
 use lnd::wheel::TimerWheel;
 use lnd::wire::kib::MAX_INLINE;
@@ -16,7 +17,6 @@ use tracing::{debug, trace};
 
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
-use crate::fabric::FabricEvent;
 use crate::peer::PeerNi;
 use crate::ping::{self, PingReply, PING_SINK_LEN};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
@@ -347,12 +347,19 @@ impl LnetNode {
     // ------------------------------------------------------------------ driver
 
     /// Feeds one fabric event to NI `ni`'s endpoint, then processes what it produced.
-    pub fn handle_fabric(&mut self, now: Instant, ni: NiIndex, ev: FabricEvent) {
+    pub fn handle_fabric(&mut self, now: Instant, ni: NiIndex, ev: FabricEvent<'_>) {
         self.advance(now);
         if let Some(n) = self.nis.get_mut(ni.0) {
-            ev.apply(now, &mut n.ep);
+            n.ep.fabric_event(now, ev);
         }
         self.process(now);
+    }
+
+    /// NI `ni` as its driver's [`FabricSink`]: what the driver reports goes to that NI's LND
+    /// endpoint, and nothing else of the endpoint is reachable through it. Call
+    /// [`LnetNode::process`] after the driver's poll.
+    pub fn fabric_sink(&mut self, ni: NiIndex) -> Option<NiSink<'_>> {
+        self.nis.get_mut(ni.0).map(|n| NiSink { ep: &mut n.ep })
     }
 
     /// Runs the timers due at `now`: the LNDs' and the pings' (a ping past its deadline fails
@@ -437,11 +444,22 @@ impl LnetNode {
         self.nis.get(ni.0).map(|n| &n.ep)
     }
 
-    /// NI `ni`'s LND endpoint, for a driver that feeds it fabric events itself. Call
-    /// [`LnetNode::process`] afterwards. Do not call `send`, `recv_done` or `poll_event` on it:
-    /// those belong to LNet.
-    pub fn endpoint_mut(&mut self, ni: NiIndex) -> Option<&mut Endpoint> {
+    /// Starts (`true`) or stops recording every kib message NI `ni` sends and receives
+    /// (`lnetctl capture`); records not drained are dropped when it stops.
+    pub fn set_capture(&mut self, ni: NiIndex, on: bool) {
+        if let Some(n) = self.nis.get_mut(ni.0) {
+            n.ep.set_capture(on);
+        }
+    }
+
+    /// NI `ni`'s endpoint, for the capture code until it uses the calls above.
+    pub(crate) fn endpoint_mut(&mut self, ni: NiIndex) -> Option<&mut Endpoint> {
         self.nis.get_mut(ni.0).map(|n| &mut n.ep)
+    }
+
+    /// The next message NI `ni` recorded, oldest first.
+    pub fn poll_captured(&mut self, ni: NiIndex) -> Option<Captured> {
+        self.nis.get_mut(ni.0)?.ep.poll_captured()
     }
 
     // ------------------------------------------------------------------ views
@@ -1025,6 +1043,21 @@ impl Ni {
             peer_limit: c.peer_limit,
             peers: 0,
         }
+    }
+}
+
+/// One NI of an [`LnetNode`] as its driver sees it: a [`FabricSink`] and nothing more.
+pub struct NiSink<'a> {
+    ep: &'a mut Endpoint,
+}
+
+impl FabricSink for NiSink<'_> {
+    fn fabric_event(&mut self, now: Instant, ev: FabricEvent<'_>) {
+        self.ep.fabric_event(now, ev);
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        self.ep.recycle(buf);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use lnd::fabric::{ConnId, ConnectFailure, FabricAction, RequestId, WcStatus};
+use lnd::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
 use lnd::time::{Duration, Instant};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
@@ -18,10 +18,70 @@ fn nid(s: &str) -> Nid {
 /// (node, NI, connection)
 type End = (usize, usize, ConnId);
 
+/// A fabric event as this fabric queues it: owning its bytes until it is delivered.
+#[derive(Clone, Debug)]
+enum Ev {
+    ConnectRequest {
+        req: RequestId,
+        private: PrivateData,
+    },
+    Established {
+        conn: ConnId,
+        private: PrivateData,
+    },
+    ConnectFailed {
+        conn: ConnId,
+        why: ConnectFailure,
+    },
+    Recv {
+        conn: ConnId,
+        slot: u16,
+        bytes: Vec<u8>,
+    },
+    SendComplete {
+        conn: ConnId,
+        wr: WrId,
+        status: WcStatus,
+    },
+    Disconnected {
+        conn: ConnId,
+    },
+}
+
+impl Ev {
+    fn as_event(&self) -> FabricEvent<'_> {
+        match self {
+            Ev::ConnectRequest { req, private } => FabricEvent::ConnectRequest {
+                req: *req,
+                private: private.as_bytes(),
+            },
+            Ev::Established { conn, private } => FabricEvent::Established {
+                conn: *conn,
+                private: private.as_bytes(),
+            },
+            Ev::ConnectFailed { conn, why } => FabricEvent::ConnectFailed {
+                conn: *conn,
+                why: *why,
+            },
+            Ev::Recv { conn, slot, bytes } => FabricEvent::Recv {
+                conn: *conn,
+                slot: *slot,
+                bytes,
+            },
+            Ev::SendComplete { conn, wr, status } => FabricEvent::SendComplete {
+                conn: *conn,
+                wr: *wr,
+                status: *status,
+            },
+            Ev::Disconnected { conn } => FabricEvent::Disconnected { conn: *conn },
+        }
+    }
+}
+
 struct Fabric {
     nodes: Vec<LnetNode>,
     now: Instant,
-    queue: VecDeque<(usize, usize, FabricEvent)>,
+    queue: VecDeque<(usize, usize, Ev)>,
     links: HashMap<End, End>,
     pending: HashMap<u64, End>,
     next_req: u64,
@@ -103,13 +163,13 @@ impl Fabric {
                     self.pending.insert(self.next_req, (n, ni, conn));
                     let req = RequestId(self.next_req);
                     self.queue
-                        .push_back((tn, tni, FabricEvent::ConnectRequest { req, private }));
+                        .push_back((tn, tni, Ev::ConnectRequest { req, private }));
                 }
                 None if self.blackhole => {}
                 None => {
                     let why = ConnectFailure::Unreachable;
                     self.queue
-                        .push_back((n, ni, FabricEvent::ConnectFailed { conn, why }));
+                        .push_back((n, ni, Ev::ConnectFailed { conn, why }));
                 }
             },
             FabricAction::Accept {
@@ -121,20 +181,20 @@ impl Fabric {
                 self.queue.push_back((
                     from.0,
                     from.1,
-                    FabricEvent::Established {
+                    Ev::Established {
                         conn: from.2,
                         private,
                     },
                 ));
                 let private = lnd::fabric::PrivateData::EMPTY;
                 self.queue
-                    .push_back((n, ni, FabricEvent::Established { conn, private }));
+                    .push_back((n, ni, Ev::Established { conn, private }));
             }
             FabricAction::Reject { req, private } => {
                 let (fnode, fni, conn) = self.pending.remove(&req.0).unwrap();
                 let why = ConnectFailure::Rejected(private);
                 self.queue
-                    .push_back((fnode, fni, FabricEvent::ConnectFailed { conn, why }));
+                    .push_back((fnode, fni, Ev::ConnectFailed { conn, why }));
             }
             FabricAction::Send { conn, wr, bytes } => {
                 let status = match self.links.get(&(n, ni, conn)) {
@@ -142,7 +202,7 @@ impl Fabric {
                         self.queue.push_back((
                             tn,
                             tni,
-                            FabricEvent::Recv {
+                            Ev::Recv {
                                 conn: tconn,
                                 slot: 0,
                                 bytes,
@@ -153,21 +213,20 @@ impl Fabric {
                     None => WcStatus::Flushed,
                 };
                 self.queue
-                    .push_back((n, ni, FabricEvent::SendComplete { conn, wr, status }));
+                    .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
             }
             FabricAction::Disconnect { conn } => {
                 if let Some(&(tn, tni, tconn)) = self.links.get(&(n, ni, conn)) {
                     self.queue
-                        .push_back((tn, tni, FabricEvent::Disconnected { conn: tconn }));
+                        .push_back((tn, tni, Ev::Disconnected { conn: tconn }));
                 }
-                self.queue
-                    .push_back((n, ni, FabricEvent::Disconnected { conn }));
+                self.queue.push_back((n, ni, Ev::Disconnected { conn }));
             }
             FabricAction::RdmaWrite { conn, wr, .. } => {
                 // The engine does not drive the RDMA rendezvous yet; this fabric has no memory.
                 let status = WcStatus::Error;
                 self.queue
-                    .push_back((n, ni, FabricEvent::SendComplete { conn, wr, status }));
+                    .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
             }
             FabricAction::PostRecv { .. } => {}
             FabricAction::Destroy { conn } => {
@@ -181,7 +240,7 @@ impl Fabric {
         for _ in 0..1_000_000 {
             self.drain();
             if let Some((n, ni, ev)) = self.queue.pop_front() {
-                self.nodes[n].handle_fabric(self.now, NiIndex(ni), ev);
+                self.nodes[n].handle_fabric(self.now, NiIndex(ni), ev.as_event());
                 continue;
             }
             let next = self.nodes.iter().filter_map(|n| n.poll_timeout()).min();
@@ -642,7 +701,7 @@ proptest! {
             for _ in 0..steps[i % steps.len()] {
                 f.drain();
                 if let Some((n, ni, ev)) = f.queue.pop_front() {
-                    f.nodes[n].handle_fabric(now, NiIndex(ni), ev);
+                    f.nodes[n].handle_fabric(now, NiIndex(ni), ev.as_event());
                 }
             }
         }

@@ -50,7 +50,7 @@ pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FabricKind {
-    /// TCP sockets framed as RC queue pairs (`lnd::fabric::tcp`).
+    /// TCP sockets framed as RC queue pairs (`lnd::driver::tcp`).
     Tcp,
     /// The deterministic simulator (tests).
     Sim,
@@ -82,7 +82,7 @@ pub struct NiSettings {
     pub busy_poll_us: u32,
     /// `handshake limit` (ours): accepted sockets that may be in their handshake at once on the
     /// NI's tcp fabric; the excess is closed at once and counted (default
-    /// `lnd::fabric::tcp::DEFAULT_HANDSHAKE_LIMIT`, 4096; 0: no limit).
+    /// `lnd::driver::tcp::DEFAULT_HANDSHAKE_LIMIT`, 4096; 0: no limit).
     pub handshake_limit: u32,
     /// `tunables: peer_timeout` (seconds; shown by `net show -v`, not enforced yet).
     pub peer_timeout: u32,
@@ -211,7 +211,7 @@ impl DaemonConfig {
                     .map_err(|(l, m)| err(l, m))?,
                     handshake_limit: checked(
                         &ni.handshake_limit,
-                        lnd::fabric::tcp::DEFAULT_HANDSHAKE_LIMIT as u32,
+                        lnd::driver::tcp::DEFAULT_HANDSHAKE_LIMIT as u32,
                         0,
                         10_000_000,
                         "handshake limit",

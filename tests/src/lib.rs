@@ -2,7 +2,7 @@
 //! reboot storm, run on the deterministic simulator under any race policy.
 
 use lnd::engine::{EndpointConfig, RaceOrder, RacePolicy};
-use lnd::fabric::sim::{NodeId, NodeState, SimConfig, World};
+use lnd::sim::{NodeId, NodeState, SimConfig, World};
 use lnd::time::{Duration, Instant};
 use lnd::wire::{LnetHdr, Nid};
 

@@ -2,7 +2,7 @@
 //! the queue depth, messages arrive in order or fail with a status, and credits are conserved.
 
 use lnd::engine::{ConnState, EndpointConfig, Tunables};
-use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
+use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::{LnetBody, LnetHdr, Nid};
 use proptest::prelude::*;

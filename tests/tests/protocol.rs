@@ -2,8 +2,8 @@
 //! what each reject makes the rejected side do, keepalives and credit NOOPs.
 
 use lnd::engine::{ConnState, DownReason, EndpointConfig, LndStats, RacePolicy, Tunables, TxError};
-use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::fabric::RequestId;
+use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::kib::{EmitOpts, VERSION_2};
 use lnd::wire::{KibBody, KibMsg, Nid, RejectReason};

@@ -2,7 +2,7 @@
 //! (shared/seeds/). Each prints its seed on failure; rerun with the same seed to replay it.
 
 use lnd::engine::{ConnState, DownReason, EndpointConfig, RaceOrder, RacePolicy, TxError};
-use lnd::fabric::sim::{NodeId, SendOutcome, SimConfig, World};
+use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use ulnet_tests::{

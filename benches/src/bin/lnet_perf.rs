@@ -34,7 +34,7 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use lnd::fabric::tcp::{MonotonicClock, TcpFabric};
+use lnd::driver::tcp::{MonotonicClock, TcpFabric};
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::{LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, DEFAULT_PEER_CREDITS};
@@ -115,7 +115,7 @@ fn parse_args() -> Option<Opts> {
         payload: 64,
         max_wait: MAX_WAIT,
         serve: false,
-        busy_poll: lnd::fabric::tcp::TcpConfig::default().busy_poll,
+        busy_poll: lnd::driver::tcp::TcpConfig::default().busy_poll,
     };
     let mut i = 0;
     while i < args.len() {
@@ -479,12 +479,12 @@ impl Driver {
             .map_or(max_wait, |d| d.saturating_duration_since(now).into())
             .min(max_wait);
         let clock = self.clock;
-        let ep = self
+        let mut sink = self
             .node
-            .endpoint_mut(NiIndex(0))
+            .fabric_sink(NiIndex(0))
             .ok_or("the node has no NI")?;
         self.fabric
-            .poll(Some(wait), ep, || clock.now())
+            .poll(Some(wait), &mut sink, || clock.now())
             .map_err(|e| format!("fabric: {e}"))?;
         self.node.process(clock.now());
         // The fabric wants the endpoint's actions applied before it is polled again.
@@ -531,10 +531,10 @@ impl Driver {
         }
         self.drain_actions();
         let clock = self.clock;
-        if let Some(ep) = self.node.endpoint_mut(NiIndex(0)) {
+        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
             let _ = self
                 .fabric
-                .poll(Some(StdDuration::ZERO), ep, || clock.now());
+                .poll(Some(StdDuration::ZERO), &mut sink, || clock.now());
         }
     }
 }
@@ -556,7 +556,7 @@ fn node_thread(
             None
         }
     };
-    let tcp = lnd::fabric::tcp::TcpConfig {
+    let tcp = lnd::driver::tcp::TcpConfig {
         busy_poll: opts.busy_poll,
         ..Default::default()
     };

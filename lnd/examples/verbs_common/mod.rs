@@ -6,8 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use lnd::driver::verbs::{turn, MonotonicClock, VerbsConfig, VerbsFabric};
 use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, TxError};
-use lnd::fabric::verbs::{turn, MonotonicClock, VerbsConfig, VerbsFabric};
 use lnd::fabric::ConnId;
 use lnd::time::Instant;
 use lnd::wire::{LnetHdr, Nid, RejectReason};

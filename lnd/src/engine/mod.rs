@@ -40,7 +40,10 @@ pub use conn::{ConnInput, ConnState};
 pub use events::{DownReason, LndEvent, LndStats, RxToken, SendError, TxError};
 pub use race::{adopts_peer_order, resolve_race, RaceDecision, RaceInput};
 
-use crate::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
+use crate::fabric::{
+    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, PrivateData, RequestId,
+    WcStatus, WrId,
+};
 use crate::time::{Duration, Instant};
 use crate::wheel::{TimerKey, TimerWheel};
 use crate::wire::kib::{
@@ -2006,6 +2009,31 @@ impl Endpoint {
             wr: key.wr(),
             bytes,
         });
+    }
+}
+
+/// The engine is where every fabric event ends up, directly (a bare endpoint) or through the
+/// LNet runtime that owns it.
+impl FabricSink for Endpoint {
+    fn fabric_event(&mut self, now: Instant, ev: FabricEvent<'_>) {
+        match ev {
+            FabricEvent::ConnectRequest { req, private } => {
+                self.handle_connect_request(now, req, private)
+            }
+            FabricEvent::Established { conn, private } => {
+                self.handle_established(now, conn, private)
+            }
+            FabricEvent::ConnectFailed { conn, why } => self.handle_connect_failed(now, conn, why),
+            FabricEvent::Recv { conn, slot, bytes } => self.handle_recv(now, conn, slot, bytes),
+            FabricEvent::SendComplete { conn, wr, status } => {
+                self.handle_send_complete(now, conn, wr, status)
+            }
+            FabricEvent::Disconnected { conn } => self.handle_disconnected(now, conn),
+        }
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        Endpoint::recycle(self, buf);
     }
 }
 

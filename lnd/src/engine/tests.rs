@@ -1,5 +1,5 @@
 //! A minimal two-endpoint driver with instant, lossless delivery: the engine's own unit tests.
-//! The full simulator with faults and thousands of nodes is `crate::fabric::sim`.
+//! The full simulator with faults and thousands of nodes is `crate::sim`.
 
 use std::collections::{HashMap, VecDeque};
 

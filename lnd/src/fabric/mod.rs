@@ -1,10 +1,12 @@
 //! The boundary between the sans-IO engine and a network: reliable-connection queue-pair semantics.
 //!
-//! The engine never calls a fabric. It emits [`FabricAction`]s (drained with
-//! `Endpoint::poll_action`) and a driver applies them to a real or simulated network, then feeds
-//! what happened back as `Endpoint::handle_*` calls, shaped like the connection manager's and the
-//! completion queue's events: those of rdma_cm + ibverbs, because that is the hardest fabric to
-//! fit:
+//! This module is the boundary only: the values that cross it. It depends on nothing above it
+//! (the engine depends on it; the drivers in `crate::driver` and the simulator sit above the
+//! engine). The engine never calls a fabric: it emits [`FabricAction`]s (drained with
+//! `Endpoint::poll_action`), a driver applies them to a real or simulated network and pushes what
+//! happened as [`FabricEvent`]s into a [`FabricSink`] (the engine's endpoint, or an LNet runtime
+//! that owns one), shaped like the connection manager's and the completion queue's events: those
+//! of rdma_cm + ibverbs, because that is the hardest fabric to fit. No driver holds the engine:
 //!
 //! | engine action / input            | rdma_cm + verbs                                   | tcp fabric                          |
 //! |----------------------------------|---------------------------------------------------|-------------------------------------|
@@ -30,14 +32,9 @@
 //! reaches the peer only after the write's data is in place (o2iblnd posts PUT_DONE / GET_DONE
 //! right behind its writes and relies on this).
 
-pub mod driver;
-pub mod sim;
-pub mod tcp;
-#[cfg(feature = "verbs")]
-pub mod verbs;
-
 use core::fmt;
 
+use crate::time::Instant;
 use crate::wire::Nid;
 
 /// The engine's name for one connection (a queue pair and its cm_id): a slab key with a generation,
@@ -291,5 +288,66 @@ mod tests {
         assert_ne!(a, b);
         let engine = WrId(7 << 32 | 12);
         assert!(!engine.is_injected());
+    }
+}
+
+/// What a fabric reports: the connection manager's and the completion queue's events, as one
+/// value each. Bytes are borrowed from the driver's buffers (a receive is handed over without a
+/// copy; the sink copies what it keeps).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FabricEvent<'a> {
+    /// A peer asks to connect, with its CONNREQ in the private data (RDMA_CM_EVENT_CONNECT_REQUEST).
+    ConnectRequest { req: RequestId, private: &'a [u8] },
+    /// A connection is up: on the active side `private` holds the CONNACK, on the passive side it
+    /// is empty (RDMA_CM_EVENT_ESTABLISHED).
+    Established { conn: ConnId, private: &'a [u8] },
+    /// An active connect failed (REJECTED, UNREACHABLE, CONNECT_ERROR, ...).
+    ConnectFailed { conn: ConnId, why: ConnectFailure },
+    /// A message arrived in receive slot `slot`.
+    Recv {
+        conn: ConnId,
+        slot: u16,
+        bytes: &'a [u8],
+    },
+    /// A posted send or RDMA write completed.
+    SendComplete {
+        conn: ConnId,
+        wr: WrId,
+        status: WcStatus,
+    },
+    /// The connection is disconnected (the peer closed, or our close completed).
+    Disconnected { conn: ConnId },
+}
+
+/// Where a driver pushes what happened on its fabric: the engine's endpoint, or whatever owns
+/// one (an LNet runtime, the simulator's node). Drivers see only this, never the engine.
+pub trait FabricSink {
+    /// One event, at `now` (the driver read its clock once for the batch).
+    fn fabric_event(&mut self, now: Instant, ev: FabricEvent<'_>);
+
+    /// A message buffer the fabric is done with (a `FabricAction::Send`'s bytes once copied or
+    /// written), given back for reuse so the steady state allocates nothing per message.
+    fn recycle(&mut self, buf: Vec<u8>);
+}
+
+/// The events as calls, so that a driver reads like the connection manager it wraps.
+impl dyn FabricSink + '_ {
+    pub fn handle_connect_request(&mut self, now: Instant, req: RequestId, private: &[u8]) {
+        self.fabric_event(now, FabricEvent::ConnectRequest { req, private });
+    }
+    pub fn handle_established(&mut self, now: Instant, conn: ConnId, private: &[u8]) {
+        self.fabric_event(now, FabricEvent::Established { conn, private });
+    }
+    pub fn handle_connect_failed(&mut self, now: Instant, conn: ConnId, why: ConnectFailure) {
+        self.fabric_event(now, FabricEvent::ConnectFailed { conn, why });
+    }
+    pub fn handle_recv(&mut self, now: Instant, conn: ConnId, slot: u16, bytes: &[u8]) {
+        self.fabric_event(now, FabricEvent::Recv { conn, slot, bytes });
+    }
+    pub fn handle_send_complete(&mut self, now: Instant, conn: ConnId, wr: WrId, status: WcStatus) {
+        self.fabric_event(now, FabricEvent::SendComplete { conn, wr, status });
+    }
+    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId) {
+        self.fabric_event(now, FabricEvent::Disconnected { conn });
     }
 }

@@ -181,9 +181,10 @@ use std::os::fd::{AsFd, AsRawFd};
 use slab::Slab;
 use tracing::{debug, trace, warn};
 
-use crate::engine::{Endpoint, Tunables};
+use crate::engine::Tunables;
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, PrivateData, RegionId, RequestId, WcStatus, WrId,
+    ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RequestId, WcStatus,
+    WrId,
 };
 use crate::sys::uring::{self, Completion, Ring, RingStats};
 use crate::time::Instant;
@@ -670,7 +671,7 @@ type WcLog = ();
 /// Every send and write completion goes through here.
 fn complete_wr(
     log: &mut WcLog,
-    ep: &mut Endpoint,
+    sink: &mut dyn FabricSink,
     now: Instant,
     conn: ConnId,
     wr: WrId,
@@ -680,7 +681,7 @@ fn complete_wr(
     log.push((conn, wr, st));
     #[cfg(not(test))]
     let () = *log;
-    ep.handle_send_complete(now, conn, wr, st);
+    sink.handle_send_complete(now, conn, wr, st);
 }
 
 /// A report decided in `apply`, delivered at the start of the next `poll`.
@@ -1219,13 +1220,13 @@ impl TcpFabric {
     // ------------------------------------------------------------------ driving
 
     /// Submits queued I/O, waits up to `timeout` for a completion (`None`: without limit; no wait
-    /// at all if [`TcpFabric::has_work`]), then reads the clock once with `now_fn` and feeds `ep`
-    /// everything that happened. Drain `ep`'s actions into [`TcpFabric::apply`] before calling it
+    /// at all if [`TcpFabric::has_work`]), then reads the clock once with `now_fn` and feeds `sink`
+    /// everything that happened. Drain `sink`'s actions into [`TcpFabric::apply`] before calling it
     /// again.
     pub fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now_fn: impl Fn() -> Instant,
     ) -> io::Result<()> {
         self.arm_pending_sends();
@@ -1285,18 +1286,18 @@ impl TcpFabric {
             self.ring.submit_and_wait(rest)?;
         }
         for b in self.spare.drain(..) {
-            ep.recycle(b);
+            sink.recycle(b);
         }
         let now = now_fn();
-        self.flush_out(ep, now);
-        self.run_ready(ep, now);
+        self.flush_out(sink, now);
+        self.run_ready(sink, now);
         let mut cqes = std::mem::take(&mut self.cqes);
         self.ring.reap(&mut cqes);
         for c in cqes.drain(..) {
-            self.complete(c, ep, now);
+            self.complete(c, sink, now);
         }
         self.cqes = cqes;
-        self.run_ready(ep, now);
+        self.run_ready(sink, now);
         self.sweep(now);
         Ok(())
     }
@@ -1339,7 +1340,7 @@ impl TcpFabric {
         }
     }
 
-    fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {
+    fn flush_out(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         while let Some(r) = self.out.pop_front() {
             let conn = match r {
                 Report::SendDone(c, ..) | Report::Disconnected(c) | Report::ConnectFailed(c, _) => {
@@ -1350,14 +1351,14 @@ impl TcpFabric {
                 continue; // destroyed since: nothing more is reported for it
             }
             match r {
-                Report::SendDone(c, wr, st) => complete_wr(&mut self.wc_log, ep, now, c, wr, st),
-                Report::Disconnected(c) => ep.handle_disconnected(now, c),
-                Report::ConnectFailed(c, why) => ep.handle_connect_failed(now, c, why),
+                Report::SendDone(c, wr, st) => complete_wr(&mut self.wc_log, sink, now, c, wr, st),
+                Report::Disconnected(c) => sink.handle_disconnected(now, c),
+                Report::ConnectFailed(c, why) => sink.handle_connect_failed(now, c, why),
             }
         }
     }
 
-    fn run_ready(&mut self, ep: &mut Endpoint, now: Instant) {
+    fn run_ready(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         let mut ready = std::mem::take(&mut self.ready);
         for (key, generation) in ready.drain(..) {
             let Some(s) = self.socks.get_mut(key) else {
@@ -1368,7 +1369,7 @@ impl TcpFabric {
             }
             s.in_ready = false;
             if s.faulted {
-                self.run_markers(key, ep, now);
+                self.run_markers(key, sink, now);
                 let Some(s) = self.socks.get_mut(key) else {
                     continue;
                 };
@@ -1379,7 +1380,7 @@ impl TcpFabric {
             let s = &mut self.socks[key];
             if s.rbuf.is_some() && !s.recv_armed {
                 s.stalled = false;
-                self.parse(key, ep, now);
+                self.parse(key, sink, now);
             }
         }
         if self.ready.is_empty() {
@@ -1387,7 +1388,7 @@ impl TcpFabric {
         }
     }
 
-    fn complete(&mut self, c: Completion, ep: &mut Endpoint, now: Instant) {
+    fn complete(&mut self, c: Completion, sink: &mut dyn FabricSink, now: Instant) {
         let (op, key, generation) = untag(c.tag);
         if op == Some(OpTag::Accept) {
             return self.on_accept(c, now);
@@ -1421,13 +1422,13 @@ impl TcpFabric {
             Some(OpTag::Recv) => {
                 s.recv_armed = false;
                 s.rbuf = c.buf;
-                self.on_recv(key, c.result, ep, now);
+                self.on_recv(key, c.result, sink, now);
             }
             Some(OpTag::Send) => {
                 s.send_armed = false;
-                self.on_send(key, c.result, c.buf, ep, now);
+                self.on_send(key, c.result, c.buf, sink, now);
             }
-            Some(OpTag::Connect) => self.on_connect(key, c.result, ep, now),
+            Some(OpTag::Connect) => self.on_connect(key, c.result, sink, now),
             Some(OpTag::Cancel)
             | Some(OpTag::Accept)
             | Some(OpTag::Waker)
@@ -1573,7 +1574,7 @@ impl TcpFabric {
         s.rbuf_len = full;
     }
 
-    fn on_connect(&mut self, key: usize, res: i32, ep: &mut Endpoint, now: Instant) {
+    fn on_connect(&mut self, key: usize, res: i32, sink: &mut dyn FabricSink, now: Instant) {
         let s = &mut self.socks[key];
         if s.shut {
             return;
@@ -1596,10 +1597,10 @@ impl TcpFabric {
             _ => ConnectFailure::Error,
         };
         debug!(errno, "tcp fabric: connect failed");
-        self.broken(key, WcStatus::Flushed, why, ep, now);
+        self.broken(key, WcStatus::Flushed, why, sink, now);
     }
 
-    fn on_recv(&mut self, key: usize, res: i32, ep: &mut Endpoint, now: Instant) {
+    fn on_recv(&mut self, key: usize, res: i32, sink: &mut dyn FabricSink, now: Instant) {
         let s = &mut self.socks[key];
         if s.shut {
             return;
@@ -1607,12 +1608,12 @@ impl TcpFabric {
         if res > 0 {
             s.rend += res as usize;
             self.stats.bytes_rx += res as u64;
-            return self.parse(key, ep, now);
+            return self.parse(key, sink, now);
         }
         if res == 0 {
             s.rx_eof = true;
             if s.rstart < s.rend || s.rx_write.is_some() {
-                return self.protocol_error(key, FrameError::Truncated, ep, now);
+                return self.protocol_error(key, FrameError::Truncated, sink, now);
             }
             if !s.peer_disconnect {
                 self.stats.eof_without_disconnect += 1;
@@ -1621,12 +1622,16 @@ impl TcpFabric {
                 // The peer died (it sends DISCONNECT before any orderly EOF): what is queued
                 // cannot arrive. Fail it as an RST would, without waiting for a write to fail.
                 Phase::Open if !s.peer_disconnect && !s.local_disconnect => {
-                    self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now)
+                    self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now)
                 }
-                Phase::Open => self.report_down(key, ConnectFailure::Error, ep, now),
-                Phase::AwaitReply => {
-                    self.broken(key, WcStatus::Flushed, ConnectFailure::Unreachable, ep, now)
-                }
+                Phase::Open => self.report_down(key, ConnectFailure::Error, sink, now),
+                Phase::AwaitReply => self.broken(
+                    key,
+                    WcStatus::Flushed,
+                    ConnectFailure::Unreachable,
+                    sink,
+                    now,
+                ),
                 Phase::Rejecting => {} // closes once the REJECT is written
                 _ => self.shut(key),
             }
@@ -1638,7 +1643,7 @@ impl TcpFabric {
         }
         let status = self.count_errno(errno);
         debug!(errno, "tcp fabric: receive failed");
-        self.broken(key, status, ConnectFailure::Unreachable, ep, now);
+        self.broken(key, status, ConnectFailure::Unreachable, sink, now);
     }
 
     fn on_send(
@@ -1646,7 +1651,7 @@ impl TcpFabric {
         key: usize,
         res: i32,
         buf: Option<Vec<u8>>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now: Instant,
     ) {
         let Some(mut buf) = buf else {
@@ -1667,7 +1672,7 @@ impl TcpFabric {
             }
             let status = self.count_errno(errno);
             debug!(errno, "tcp fabric: send failed");
-            return self.broken(key, status, ConnectFailure::Unreachable, ep, now);
+            return self.broken(key, status, ConnectFailure::Unreachable, sink, now);
         }
         let n = res as usize;
         self.stats.bytes_tx += n as u64;
@@ -1687,12 +1692,12 @@ impl TcpFabric {
             s.spare = Some(buf);
             s.w_off = 0;
         }
-        self.run_markers(key, ep, now);
+        self.run_markers(key, sink, now);
         self.arm_send(key);
     }
 
     /// Acts on every marker whose bytes are all written.
-    fn run_markers(&mut self, key: usize, ep: &mut Endpoint, now: Instant) {
+    fn run_markers(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
         loop {
             let Some(s) = self.socks.get_mut(key) else {
                 return;
@@ -1705,21 +1710,21 @@ impl TcpFabric {
             }
             if let Done::Fault(_) = done {
                 // Completes `Error` (first in the queue now), the rest flushes.
-                return self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now);
+                return self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now);
             }
             s.markers.pop_front();
             let conn = s.live_conn();
             match done {
                 Done::Send(wr) => {
                     if let Some(c) = conn {
-                        complete_wr(&mut self.wc_log, ep, now, c, wr, WcStatus::Success);
+                        complete_wr(&mut self.wc_log, sink, now, c, wr, WcStatus::Success);
                     }
                 }
                 Done::Write(wr, len) => {
                     self.stats.rdma_writes_tx += 1;
                     self.stats.rdma_bytes_tx += u64::from(len);
                     if let Some(c) = conn {
-                        complete_wr(&mut self.wc_log, ep, now, c, wr, WcStatus::Success);
+                        complete_wr(&mut self.wc_log, sink, now, c, wr, WcStatus::Success);
                     }
                 }
                 Done::Fault(_) => unreachable!("handled above"),
@@ -1727,7 +1732,7 @@ impl TcpFabric {
                     s.established = true;
                     self.stats.established += 1;
                     if let Some(c) = conn {
-                        ep.handle_established(now, c, &[]);
+                        sink.handle_established(now, c, &[]);
                     }
                 }
                 Done::ShutWr => {
@@ -1742,7 +1747,7 @@ impl TcpFabric {
 
     /// Parses complete frames out of the receive buffer and acts on them, then posts the next
     /// read unless a frame is stalled (see the module doc).
-    fn parse(&mut self, key: usize, ep: &mut Endpoint, now: Instant) {
+    fn parse(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
         if self.socks.contains(key) {
             self.grow_rbuf(key);
         }
@@ -1767,7 +1772,7 @@ impl TcpFabric {
                         .and_then(|r| r.bytes.get_mut(w.off..w.off + n))
                     else {
                         // Deregistered while the write was streaming in.
-                        return self.access_error(key, "region deregistered", ep, now);
+                        return self.access_error(key, "region deregistered", sink, now);
                     };
                     dst.copy_from_slice(src);
                     self.stats.rdma_bytes_rx += n as u64;
@@ -1788,11 +1793,11 @@ impl TcpFabric {
             let head = match frame::parse_head(avail) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
-                Err(e) => return self.protocol_error(key, e, ep, now),
+                Err(e) => return self.protocol_error(key, e, sink, now),
             };
             if s.phase == Phase::AwaitConnReq && head.kind != FrameKind::ConnReq {
                 // Refused on its head: the handshake buffer only ever holds a CONNREQ.
-                return self.protocol_error(key, FrameError::Unexpected(head.kind), ep, now);
+                return self.protocol_error(key, FrameError::Unexpected(head.kind), sink, now);
             }
             // An RDMA_WRITE's data streams: only its write head must be here.
             let need = if head.kind == FrameKind::RdmaWrite {
@@ -1816,7 +1821,7 @@ impl TcpFabric {
                     s.rstart = next;
                     s.phase = Phase::RequestPending;
                     let req = RequestId(u64::from(s.generation) << 32 | key as u64);
-                    ep.handle_connect_request(now, req, &buf[body]);
+                    sink.handle_connect_request(now, req, &buf[body]);
                 }
                 (Phase::AwaitReply, FrameKind::ConnAck) => {
                     s.rstart = next;
@@ -1824,7 +1829,7 @@ impl TcpFabric {
                     s.established = true;
                     self.stats.established += 1;
                     if let Some(c) = conn {
-                        ep.handle_established(now, c, &buf[body]);
+                        sink.handle_established(now, c, &buf[body]);
                     }
                 }
                 (Phase::AwaitReply, FrameKind::Reject) => {
@@ -1834,7 +1839,7 @@ impl TcpFabric {
                     self.stats.rejects_received += 1;
                     self.shut(key);
                     if let Some(c) = conn {
-                        ep.handle_connect_failed(now, c, ConnectFailure::Rejected(private));
+                        sink.handle_connect_failed(now, c, ConnectFailure::Rejected(private));
                     }
                     return;
                 }
@@ -1852,7 +1857,7 @@ impl TcpFabric {
                     s.rstart = next;
                     self.stats.msgs_rx += 1;
                     if let Some(c) = conn {
-                        ep.handle_recv(now, c, slot, &buf[body]);
+                        sink.handle_recv(now, c, slot, &buf[body]);
                     }
                 }
                 (Phase::Open, FrameKind::RdmaWrite) if !s.peer_disconnect => {
@@ -1891,7 +1896,7 @@ impl TcpFabric {
                         }
                         Err(why) => {
                             debug!(rkey, addr, len, "tcp fabric: RDMA write refused");
-                            return self.access_error(key, why, ep, now);
+                            return self.access_error(key, why, sink, now);
                         }
                     }
                 }
@@ -1899,11 +1904,11 @@ impl TcpFabric {
                     s.rstart = next;
                     s.peer_disconnect = true;
                     self.stats.peer_disconnects += 1;
-                    self.flush_unsent(key, ep, now);
-                    self.report_down(key, ConnectFailure::Error, ep, now);
+                    self.flush_unsent(key, sink, now);
+                    self.report_down(key, ConnectFailure::Error, sink, now);
                 }
                 (_, kind) => {
-                    return self.protocol_error(key, FrameError::Unexpected(kind), ep, now)
+                    return self.protocol_error(key, FrameError::Unexpected(kind), sink, now)
                 }
             }
         }
@@ -1947,7 +1952,13 @@ impl TcpFabric {
     /// A peer's RDMA write names memory we do not have (IBV_WC_REM_ACCESS_ERR at the writer):
     /// nothing is written, and the connection goes to error as an RC queue pair would. Our own
     /// pending sends flush; the writer sees the socket close.
-    fn access_error(&mut self, key: usize, why: &'static str, ep: &mut Endpoint, now: Instant) {
+    fn access_error(
+        &mut self,
+        key: usize,
+        why: &'static str,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+    ) {
         self.stats.rdma_access_errors += 1;
         let conn = self.socks[key].conn;
         debug!(
@@ -1956,23 +1967,29 @@ impl TcpFabric {
             "tcp fabric: RDMA write access error, closing the connection"
         );
         self.socks[key].rx_write = None;
-        self.broken(key, WcStatus::Flushed, ConnectFailure::Error, ep, now);
+        self.broken(key, WcStatus::Flushed, ConnectFailure::Error, sink, now);
     }
 
-    fn protocol_error(&mut self, key: usize, e: FrameError, ep: &mut Endpoint, now: Instant) {
+    fn protocol_error(
+        &mut self,
+        key: usize,
+        e: FrameError,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+    ) {
         self.stats.count(e);
         let (phase, conn) = {
             let s = &self.socks[key];
             (s.phase, s.conn)
         };
         debug!(error = %e, ?phase, ?conn, "tcp fabric: protocol error, closing the connection");
-        self.broken(key, WcStatus::Error, ConnectFailure::Error, ep, now);
+        self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now);
     }
 
     /// The peer's DISCONNECT arrived (its DREQ: our queue pair goes to error): every send and
     /// write not yet completed completes `Flushed`, in posting order, and what is not handed to
     /// the socket yet is dropped (the peer discards whatever arrives after its DISCONNECT).
-    fn flush_unsent(&mut self, key: usize, ep: &mut Endpoint, now: Instant) {
+    fn flush_unsent(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
         let s = &mut self.socks[key];
         if s.local_disconnect || s.tx_dead {
             return;
@@ -1985,7 +2002,7 @@ impl TcpFabric {
         s.markers.retain(|&(_, done)| match done {
             Done::Send(wr) | Done::Write(wr, _) | Done::Fault(wr) => {
                 if let Some(c) = conn {
-                    complete_wr(log, ep, now, c, wr, WcStatus::Flushed);
+                    complete_wr(log, sink, now, c, wr, WcStatus::Flushed);
                 }
                 false
             }
@@ -2001,7 +2018,7 @@ impl TcpFabric {
                 Tx::Disconnect => continue,
             };
             if let Some(c) = conn {
-                complete_wr(log, ep, now, c, wr, WcStatus::Flushed);
+                complete_wr(log, sink, now, c, wr, WcStatus::Flushed);
             }
         }
     }
@@ -2013,7 +2030,7 @@ impl TcpFabric {
         key: usize,
         first: WcStatus,
         connect_why: ConnectFailure,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now: Instant,
     ) {
         let s = &mut self.socks[key];
@@ -2027,7 +2044,7 @@ impl TcpFabric {
                 Done::Established | Done::ShutWr | Done::RejectSent => continue,
             };
             if let Some(c) = conn {
-                complete_wr(&mut self.wc_log, ep, now, c, wr, status);
+                complete_wr(&mut self.wc_log, sink, now, c, wr, status);
                 status = WcStatus::Flushed;
             }
         }
@@ -2041,17 +2058,23 @@ impl TcpFabric {
                 Tx::Disconnect => continue,
             };
             if let Some(c) = conn {
-                complete_wr(&mut self.wc_log, ep, now, c, wr, status);
+                complete_wr(&mut self.wc_log, sink, now, c, wr, status);
                 status = WcStatus::Flushed;
             }
         }
         self.shut(key);
-        self.report_down(key, connect_why, ep, now);
+        self.report_down(key, connect_why, sink, now);
     }
 
     /// Tells the engine, once, that the connection is gone (or, for an active connect before its
     /// reply, that the connect failed with `why`).
-    fn report_down(&mut self, key: usize, why: ConnectFailure, ep: &mut Endpoint, now: Instant) {
+    fn report_down(
+        &mut self,
+        key: usize,
+        why: ConnectFailure,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+    ) {
         let s = &mut self.socks[key];
         if s.reported_down {
             return;
@@ -2061,9 +2084,9 @@ impl TcpFabric {
             return;
         };
         if s.active && !s.established {
-            ep.handle_connect_failed(now, conn, why);
+            sink.handle_connect_failed(now, conn, why);
         } else {
-            ep.handle_disconnected(now, conn);
+            sink.handle_disconnected(now, conn);
         }
     }
 
@@ -2368,11 +2391,11 @@ fn bind_listener(addr: SocketAddr, retry: std::time::Duration) -> io::Result<Tcp
 }
 
 // ---------------------------------------------------------------------------------------------
-// The event loop: shared with every real fabric (crate::fabric::driver).
+// The event loop: shared with every real fabric (crate::driver).
 
-pub use super::driver::{run_endpoint, turn, MonotonicClock};
+pub use crate::driver::{run_endpoint, turn, MonotonicClock};
 
-impl super::driver::Driver for TcpFabric {
+impl crate::driver::Driver for TcpFabric {
     fn apply(&mut self, now: Instant, action: FabricAction) {
         TcpFabric::apply(self, now, action);
     }
@@ -2380,10 +2403,10 @@ impl super::driver::Driver for TcpFabric {
     fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()> {
-        TcpFabric::poll(self, timeout, ep, now)
+        TcpFabric::poll(self, timeout, sink, now)
     }
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {

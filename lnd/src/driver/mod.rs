@@ -1,11 +1,17 @@
-//! The event loop every real fabric shares: the driver's clock, and one turn of an NI's loop
-//! (apply the engine's actions, wait on the fabric until the next deadline, run due timers, hand
-//! events on). A fabric plugs in by implementing [`Driver`].
+//! The drivers: what moves bytes, above the engine. `tcp` (TCP on io_uring) and `verbs`
+//! (rdma_cm + ibverbs, feature `verbs`) implement [`Driver`]; this module also holds the event
+//! loop they share: the driver's clock, and one turn of an NI's loop (apply the engine's actions,
+//! wait on the fabric until the next deadline, run due timers, hand events on). A driver pushes
+//! what happened into a [`FabricSink`]; it never holds the engine.
+
+pub mod tcp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use std::io;
 
 use crate::engine::{Endpoint, LndEvent};
-use crate::fabric::FabricAction;
+use crate::fabric::{FabricAction, FabricSink};
 use crate::time::Instant;
 
 /// A real fabric, as the event loop drives it.
@@ -14,11 +20,11 @@ pub trait Driver {
     fn apply(&mut self, now: Instant, action: FabricAction);
 
     /// Submits queued work, waits for something to happen (at most `timeout`), reads the clock
-    /// once with `now` and feeds `ep` everything that happened.
+    /// once with `now` and pushes everything that happened into `sink`.
     fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()>;
 

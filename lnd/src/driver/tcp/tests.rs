@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use super::*;
-use crate::engine::{DownReason, EndpointConfig, TxError};
+use crate::engine::{DownReason, Endpoint, EndpointConfig, TxError};
 use crate::wire::LnetHdr;
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;

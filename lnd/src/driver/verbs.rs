@@ -64,10 +64,9 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, trace, warn};
 
-use crate::engine::Endpoint;
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, PrivateData, RegionId, RemoteRegion, RequestId, WcStatus,
-    WrId,
+    ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RemoteRegion,
+    RequestId, WcStatus, WrId,
 };
 use crate::sys::verbs::{
     self as v, CmEvent, CmEventKind, CmId, CompChannel, CompletionQueue, ConnParam, DeviceLimits,
@@ -77,7 +76,7 @@ use crate::time::Instant;
 use crate::wire::kib::{MAX_RDMA_FRAGS, MSG_SIZE};
 use crate::wire::Nid;
 
-pub use crate::fabric::driver::{run_endpoint, turn, MonotonicClock};
+pub use crate::driver::{run_endpoint, turn, MonotonicClock};
 
 /// The verbs fabric's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1152,12 +1151,12 @@ impl VerbsFabric {
     /// Posts queued send-queue work, busy-polls the cm channel and every CQ for up to
     /// `busy_poll` (bounded by `timeout`), yielding between rounds so that an oversubscribed
     /// machine still runs the peer; if nothing came, arms the CQs and blocks in poll(2) for up to
-    /// `timeout` (`None`: without limit), then reads the clock once with `now_fn` and feeds `ep`
+    /// `timeout` (`None`: without limit), then reads the clock once with `now_fn` and feeds `sink`
     /// everything that happened.
     pub fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now_fn: impl Fn() -> Instant,
     ) -> io::Result<()> {
         self.flush_dirty();
@@ -1203,22 +1202,22 @@ impl VerbsFabric {
             }
         }
         for b in self.spare.drain(..) {
-            ep.recycle(b);
+            sink.recycle(b);
         }
         let now = now_fn();
-        self.flush_out(ep, now);
+        self.flush_out(sink, now);
         while let Some(ev) = self.ch.next_event()? {
-            self.cm_event(ev, ep, now);
-            self.flush_out(ep, now);
+            self.cm_event(ev, sink, now);
+            self.flush_out(sink, now);
         }
-        self.poll_cqs(ep, now)?;
-        self.flush_out(ep, now);
+        self.poll_cqs(sink, now)?;
+        self.flush_out(sink, now);
         // Completions made room: post what waited (the engine's reaction goes next turn).
         self.flush_dirty();
         for conn in std::mem::take(&mut self.to_break) {
             self.disconnect(conn);
         }
-        self.flush_out(ep, now);
+        self.flush_out(sink, now);
         Ok(())
     }
 
@@ -1244,7 +1243,7 @@ impl VerbsFabric {
         Ok(found)
     }
 
-    fn poll_cqs(&mut self, ep: &mut Endpoint, now: Instant) -> io::Result<()> {
+    fn poll_cqs(&mut self, sink: &mut dyn FabricSink, now: Instant) -> io::Result<()> {
         for (key, c) in self.conns.iter_mut() {
             if let Some(id) = c.id.as_mut() {
                 while id.poll_cq(&mut self.wcs, 32)? > 0 {}
@@ -1253,24 +1252,31 @@ impl VerbsFabric {
         }
         let pending = std::mem::take(&mut self.pending);
         for (key, w) in pending {
-            self.completion(key, w, ep, now);
-            self.flush_out(ep, now);
+            self.completion(key, w, sink, now);
+            self.flush_out(sink, now);
         }
         Ok(())
     }
 
     /// Hands a send-queue completion to the endpoint, recording it first if it is one of
     /// [`VerbsFabric::rdma_write`]'s.
-    fn send_done(&mut self, ep: &mut Endpoint, now: Instant, conn: ConnId, wr: WrId, st: WcStatus) {
+    fn send_done(
+        &mut self,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+        conn: ConnId,
+        wr: WrId,
+        st: WcStatus,
+    ) {
         if wr.is_injected() {
             if let Some(e) = self.injected.get_mut(&wr.0) {
                 e.1 = Some(st);
             }
         }
-        ep.handle_send_complete(now, conn, wr, st);
+        sink.handle_send_complete(now, conn, wr, st);
     }
 
-    fn completion(&mut self, key: usize, w: Wc, ep: &mut Endpoint, now: Instant) {
+    fn completion(&mut self, key: usize, w: Wc, sink: &mut dyn FabricSink, now: Instant) {
         let Some(c) = self.conns.get_mut(key) else {
             return;
         };
@@ -1304,7 +1310,7 @@ impl VerbsFabric {
             if st != WcStatus::Success {
                 debug!(?conn, status = %v::wc::name(w.status), "verbs fabric: send-queue completion failed");
             }
-            self.send_done(ep, now, conn, e.wr, st);
+            self.send_done(sink, now, conn, e.wr, st);
             return;
         }
         let slot = w.wr_id as u16;
@@ -1336,21 +1342,21 @@ impl VerbsFabric {
         let mut bytes = std::mem::take(&mut self.rx_scratch);
         bytes.resize(n, 0);
         res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
-        ep.handle_recv(now, conn, slot, &bytes);
+        sink.handle_recv(now, conn, slot, &bytes);
         self.rx_scratch = bytes;
     }
 
-    fn flush_out(&mut self, ep: &mut Endpoint, now: Instant) {
+    fn flush_out(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         while let Some(r) = self.out.pop_front() {
             match r {
-                Report::SendDone(c, wr, st) => self.send_done(ep, now, c, wr, st),
-                Report::Disconnected(c) => ep.handle_disconnected(now, c),
-                Report::ConnectFailed(c, why) => ep.handle_connect_failed(now, c, why),
+                Report::SendDone(c, wr, st) => self.send_done(sink, now, c, wr, st),
+                Report::Disconnected(c) => sink.handle_disconnected(now, c),
+                Report::ConnectFailed(c, why) => sink.handle_connect_failed(now, c, why),
             }
         }
     }
 
-    fn cm_event(&mut self, ev: CmEvent, ep: &mut Endpoint, now: Instant) {
+    fn cm_event(&mut self, ev: CmEvent, sink: &mut dyn FabricSink, now: Instant) {
         trace!(local = %self.local, kind = ?ev.kind, status = ev.status, token = ev.token,
                private = ev.private.len(), "verbs fabric: cm event");
         if ev.kind == CmEventKind::ConnectRequest {
@@ -1358,7 +1364,7 @@ impl VerbsFabric {
             self.stats.requests += 1;
             let key = self.new_vconn(Some(id), Phase::RequestPending, false);
             let req = RequestId(token(key, self.conns[key].generation));
-            ep.handle_connect_request(now, req, &ev.private);
+            sink.handle_connect_request(now, req, &ev.private);
             return;
         }
         if ev.token == LISTENER {
@@ -1426,9 +1432,9 @@ impl VerbsFabric {
                 self.stats.established += 1;
                 let private = if c.active { ev.private } else { Vec::new() };
                 let early = std::mem::take(&mut c.early);
-                ep.handle_established(now, conn, &private);
+                sink.handle_established(now, conn, &private);
                 for (slot, bytes) in early {
-                    ep.handle_recv(now, conn, slot, &bytes);
+                    sink.handle_recv(now, conn, slot, &bytes);
                 }
             }
             CmEventKind::Disconnected | CmEventKind::DeviceRemoval => {
@@ -1446,7 +1452,7 @@ impl VerbsFabric {
                 c.reported_down = true;
                 if c.reported_up {
                     c.phase = Phase::Closing;
-                    ep.handle_disconnected(now, conn);
+                    sink.handle_disconnected(now, conn);
                 } else {
                     self.connect_failed(key, ConnectFailure::Error);
                 }
@@ -1478,7 +1484,7 @@ impl VerbsFabric {
     }
 }
 
-impl crate::fabric::driver::Driver for VerbsFabric {
+impl crate::driver::Driver for VerbsFabric {
     fn apply(&mut self, now: Instant, action: FabricAction) {
         VerbsFabric::apply(self, now, action);
     }
@@ -1486,10 +1492,10 @@ impl crate::fabric::driver::Driver for VerbsFabric {
     fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
-        ep: &mut Endpoint,
+        sink: &mut dyn FabricSink,
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()> {
-        VerbsFabric::poll(self, timeout, ep, now)
+        VerbsFabric::poll(self, timeout, sink, now)
     }
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
