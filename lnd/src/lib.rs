@@ -11,6 +11,7 @@
 pub mod driver;
 pub mod engine;
 pub mod fabric;
+pub mod handle;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod sys;

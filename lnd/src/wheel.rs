@@ -83,6 +83,7 @@ use std::fmt;
 
 use slab::Slab;
 
+use crate::handle::{Handle, Tag};
 use crate::time::{Duration, Instant};
 
 /// Number of levels. 6 levels of 64 slots cover `2^36` ticks.
@@ -110,10 +111,14 @@ const IN_READY: u8 = u8::MAX;
 /// (the generation is the low 32 bits of a per-wheel insertion counter, so
 /// that would take `2^32` insertions between the key going stale and the
 /// reuse, all landing on the same index).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TimerKey {
-    index: u32,
-    generation: u32,
+pub type TimerKey = Handle<TimerTag>;
+
+/// The tag of [`TimerKey`].
+#[derive(Debug)]
+pub enum TimerTag {}
+
+impl Tag for TimerTag {
+    const NAME: &'static str = "timer";
 }
 
 struct Entry<T> {
@@ -235,10 +240,7 @@ impl<T> TimerWheel<T> {
             slot: 0,
         });
         self.schedule(index);
-        TimerKey {
-            index,
-            generation: seq as u32,
-        }
+        TimerKey::from_parts(index, seq as u32)
     }
 
     /// Cancels a pending timer and returns its value, or `None` if `key` is
@@ -247,8 +249,8 @@ impl<T> TimerWheel<T> {
     /// ready queue of r entries.
     pub fn cancel(&mut self, key: TimerKey) -> Option<T> {
         self.lookup(key)?;
-        self.unlink(key.index);
-        Some(self.entries.remove(key.index as usize).value)
+        self.unlink(key.index());
+        Some(self.entries.remove(key.index() as usize).value)
     }
 
     /// The deadline of a pending timer, or `None` if `key` is stale.
@@ -340,8 +342,8 @@ impl<T> TimerWheel<T> {
 
     fn lookup(&self, key: TimerKey) -> Option<&Entry<T>> {
         self.entries
-            .get(key.index as usize)
-            .filter(|e| e.seq as u32 == key.generation)
+            .get(key.index() as usize)
+            .filter(|e| e.seq as u32 == key.generation())
     }
 
     /// Tick number of `t`, rounded up: the first tick at whose start `t`

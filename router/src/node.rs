@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use lnd::engine::Captured;
 use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, SendError, TxError};
 use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
+use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::time::{Duration, Instant};
 use lnd::wheel::TimerWheel;
 use lnd::wire::kib::MAX_INLINE;
@@ -109,40 +110,32 @@ struct OutMsg {
 /// generation in the high 32, so a stale cookie (its slot since reused) finds nothing.
 #[derive(Default)]
 struct MsgTable {
-    slots: slab::Slab<(u32, OutMsg)>,
-    generation: u32,
+    slots: HandleSlab<OutMsg, MsgTag>,
+}
+
+/// The tag of an outgoing message's handle (its cookie is the handle's `as_u64`).
+#[derive(Debug)]
+enum MsgTag {}
+
+impl Tag for MsgTag {
+    const NAME: &'static str = "msg";
 }
 
 impl MsgTable {
     fn insert(&mut self, m: OutMsg) -> u64 {
-        self.generation = self.generation.wrapping_add(1);
-        let key = self.slots.insert((self.generation, m));
-        u64::from(self.generation) << 32 | key as u64
-    }
-
-    fn split(cookie: u64) -> (usize, u32) {
-        ((cookie & 0xffff_ffff) as usize, (cookie >> 32) as u32)
+        self.slots.insert(m).as_u64()
     }
 
     fn get(&self, cookie: &u64) -> Option<&OutMsg> {
-        let (key, generation) = Self::split(*cookie);
-        self.slots
-            .get(key)
-            .filter(|(g, _)| *g == generation)
-            .map(|(_, m)| m)
+        self.slots.get(Handle::from_u64(*cookie))
     }
 
     fn get_mut(&mut self, cookie: &u64) -> Option<&mut OutMsg> {
-        let (key, generation) = Self::split(*cookie);
-        self.slots
-            .get_mut(key)
-            .filter(|(g, _)| *g == generation)
-            .map(|(_, m)| m)
+        self.slots.get_mut(Handle::from_u64(*cookie))
     }
 
     fn remove(&mut self, cookie: &u64) -> Option<OutMsg> {
-        self.get(cookie)?;
-        Some(self.slots.remove(Self::split(*cookie).0).1)
+        self.slots.remove(Handle::from_u64(*cookie))
     }
 
     fn is_empty(&self) -> bool {

@@ -1209,7 +1209,7 @@ impl TcpFabric {
             self.stats.unknown_actions += 1;
             return;
         };
-        if let Some(e) = self.by_conn.get_mut(conn.index as usize) {
+        if let Some(e) = self.by_conn.get_mut(conn.index() as usize) {
             *e = None;
         }
         self.socks[key].destroyed = true;
@@ -2234,16 +2234,16 @@ impl TcpFabric {
     }
 
     fn map(&mut self, conn: ConnId, key: usize) {
-        let i = conn.index as usize;
+        let i = conn.index() as usize;
         if self.by_conn.len() <= i {
             self.by_conn.resize(i + 1, None);
         }
-        self.by_conn[i] = Some((conn.generation, key));
+        self.by_conn[i] = Some((conn.generation(), key));
     }
 
     fn lookup(&self, conn: ConnId) -> Option<usize> {
-        match self.by_conn.get(conn.index as usize) {
-            Some(&Some((generation, key))) if generation == conn.generation => Some(key),
+        match self.by_conn.get(conn.index() as usize) {
+            Some(&Some((generation, key))) if generation == conn.generation() => Some(key),
             _ => None,
         }
     }

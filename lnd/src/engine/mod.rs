@@ -44,6 +44,7 @@ use crate::fabric::{
     ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, PrivateData, RequestId,
     WcStatus, WrId,
 };
+use crate::handle::{Handle, HandleSlab, Tag};
 use crate::time::{Duration, Instant};
 use crate::wheel::{TimerKey, TimerWheel};
 use crate::wire::kib::{
@@ -59,22 +60,19 @@ const MAX_NOOPS_POSTED: u16 = 2;
 
 type PeerIdx = usize;
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-struct TxKey {
-    index: u32,
-    generation: u32,
+/// The tag of a message's handle.
+#[derive(Debug)]
+enum TxTag {}
+
+impl Tag for TxTag {
+    const NAME: &'static str = "tx";
 }
 
-impl TxKey {
-    fn wr(self) -> WrId {
-        WrId(u64::from(self.generation) << 32 | u64::from(self.index))
-    }
-    fn from_wr(wr: WrId) -> TxKey {
-        TxKey {
-            index: wr.0 as u32,
-            generation: (wr.0 >> 32) as u32,
-        }
-    }
+/// A message's handle; its `as_u64` is the send's work-request id.
+type TxKey = Handle<TxTag>;
+
+fn wr_of(key: TxKey) -> WrId {
+    WrId(key.as_u64())
 }
 
 /// What a timer is for. Each is checked against the live object when it fires, so a timer for
@@ -106,7 +104,6 @@ enum TxPlace {
 }
 
 struct Tx {
-    generation: u32,
     peer: PeerIdx,
     body: TxBody,
     /// LNet's cookie; `None` for NOOPs, which LNet never sees.
@@ -118,7 +115,6 @@ struct Tx {
 }
 
 struct Conn {
-    generation: u32,
     peer: PeerIdx,
     state: ConnState,
     active: bool,
@@ -245,8 +241,7 @@ pub struct ConnView {
 pub struct Endpoint {
     cfg: EndpointConfig,
     now: Instant,
-    conns: Slab<Conn>,
-    conn_generation: u32,
+    conns: HandleSlab<Conn, crate::fabric::ConnTag>,
     /// Peers with a connection, a connect under way, or something queued; an idle one is
     /// forgotten (`maybe_forget`), so the slot of a forgotten peer is never referred to.
     peers: Slab<Peer>,
@@ -254,8 +249,7 @@ pub struct Endpoint {
     /// The race order learned for peers that order NIDs unlike our NI (kept when the peer itself
     /// is forgotten, bounded by the peer limit).
     learned_orders: HashMap<Nid, RaceOrder>,
-    txs: Slab<Tx>,
-    tx_generation: u32,
+    txs: HandleSlab<Tx, TxTag>,
     wheel: TimerWheel<TimerEvent>,
     actions: VecDeque<FabricAction>,
     events: VecDeque<LndEvent>,
@@ -302,13 +296,11 @@ impl Endpoint {
         let rng = cfg.seed | 1;
         Endpoint {
             now,
-            conns: Slab::new(),
-            conn_generation: 0,
+            conns: HandleSlab::new(),
             peers: Slab::new(),
             peer_index: HashMap::new(),
             learned_orders: HashMap::new(),
-            txs: Slab::new(),
-            tx_generation: 0,
+            txs: HandleSlab::new(),
             wheel: TimerWheel::new(now, Duration::from_millis(1)),
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -422,11 +414,8 @@ impl Endpoint {
 
     /// Views of every connection.
     pub fn conns(&self) -> impl Iterator<Item = ConnView> + '_ {
-        self.conns.iter().map(|(index, c)| ConnView {
-            id: ConnId {
-                index: index as u32,
-                generation: c.generation,
-            },
+        self.conns.iter().map(|(id, c)| ConnView {
+            id,
             peer: self.peers[c.peer].nid,
             state: c.state,
             active: c.active,
@@ -946,14 +935,14 @@ impl Endpoint {
                 self.learn_cksum(p, &framing);
             }
         }
-        let Some(c) = self.conns.get_mut(conn.index as usize) else {
+        let Some(c) = self.conns.get_mut(conn) else {
             return;
         };
         let peer_nid = self.peers[c.peer].nid;
         if self.capture.is_some() {
             self.record(CaptureDir::Received, conn, peer_nid, bytes);
         }
-        let Some(c) = self.conns.get_mut(conn.index as usize) else {
+        let Some(c) = self.conns.get_mut(conn) else {
             return;
         };
         if msg.src_nid != peer_nid
@@ -1004,17 +993,20 @@ impl Endpoint {
     /// A posted send completed.
     pub fn handle_send_complete(&mut self, now: Instant, conn: ConnId, wr: WrId, status: WcStatus) {
         self.advance(now);
-        let key = TxKey::from_wr(wr);
-        let Some(tx) = self.txs.get(key.index as usize) else {
+        let key = TxKey::from_u64(wr.0);
+        let Some(tx) = self.txs.get(key) else {
             return;
         };
-        if tx.generation != key.generation || !matches!(tx.place, TxPlace::Posted(c) if c == conn) {
+        if !matches!(tx.place, TxPlace::Posted(c) if c == conn) {
             return;
         }
         if let Some(c) = self.conn_mut(conn) {
             c.nsends_posted = c.nsends_posted.saturating_sub(1);
         }
-        let is_noop = matches!(self.txs[key.index as usize].body, TxBody::Noop { .. });
+        let is_noop = matches!(
+            self.txs.get_mut(key).expect("live tx").body,
+            TxBody::Noop { .. }
+        );
         if is_noop {
             if let Some(c) = self.conn_mut(conn) {
                 c.noops_posted = c.noops_posted.saturating_sub(1);
@@ -1066,25 +1058,15 @@ impl Endpoint {
     }
 
     fn conn(&self, id: ConnId) -> Option<&Conn> {
-        self.conns
-            .get(id.index as usize)
-            .filter(|c| c.generation == id.generation)
+        self.conns.get(id)
     }
 
     fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
-        self.conns
-            .get_mut(id.index as usize)
-            .filter(|c| c.generation == id.generation)
+        self.conns.get_mut(id)
     }
 
     fn conn_ids(&self) -> Vec<ConnId> {
-        self.conns
-            .iter()
-            .map(|(i, c)| ConnId {
-                index: i as u32,
-                generation: c.generation,
-            })
-            .collect()
+        self.conns.handles()
     }
 
     /// The peer's slot, made if it is new; `None` when it is new and the table is full.
@@ -1244,10 +1226,7 @@ impl Endpoint {
         queue_depth: u16,
         max_frags: u16,
     ) -> ConnId {
-        self.conn_generation = self.conn_generation.wrapping_add(1);
-        let generation = self.conn_generation;
-        let index = self.conns.insert(Conn {
-            generation,
+        self.conns.insert(Conn {
             peer,
             state: ConnState::Init,
             active,
@@ -1273,11 +1252,7 @@ impl Endpoint {
             disconnect_sent: false,
             early_rx: Vec::new(),
             created: self.now,
-        });
-        ConnId {
-            index: index as u32,
-            generation,
-        }
+        })
     }
 
     /// Applies one input to a connection's state, keeping the peer's zombie count in step.
@@ -1319,32 +1294,23 @@ impl Endpoint {
     }
 
     fn new_tx(&mut self, peer: PeerIdx, body: TxBody, cookie: Option<u64>) -> TxKey {
-        self.tx_generation = self.tx_generation.wrapping_add(1);
-        let generation = self.tx_generation;
-        let index = self.txs.insert(Tx {
-            generation,
+        self.txs.insert(Tx {
             peer,
             body,
             cookie,
             timer: None,
             place: TxPlace::Peer,
             queued_at: self.now,
-        });
-        TxKey {
-            index: index as u32,
-            generation,
-        }
+        })
     }
 
     fn tx_live(&self, key: TxKey) -> bool {
-        self.txs
-            .get(key.index as usize)
-            .is_some_and(|t| t.generation == key.generation)
+        self.txs.contains(key)
     }
 
     fn set_tx_deadline(&mut self, key: TxKey, at: Instant) {
         let t = self.wheel.insert(at, TimerEvent::Tx(key));
-        if let Some(old) = self.txs[key.index as usize].timer.replace(t) {
+        if let Some(old) = self.txs.get_mut(key).expect("live tx").timer.replace(t) {
             self.wheel.cancel(old);
         }
     }
@@ -1352,7 +1318,7 @@ impl Endpoint {
     /// Puts a message on its way: onto an established connection, or onto the peer's queue while
     /// one is made (kiblnd_launch_tx).
     fn launch_tx(&mut self, key: TxKey) {
-        let p = self.txs[key.index as usize].peer;
+        let p = self.txs.get_mut(key).expect("live tx").peer;
         if let Some(conn) = self.pick_conn(p) {
             self.queue_on_conn(key, conn);
             self.check_sends(conn, false);
@@ -1363,7 +1329,7 @@ impl Endpoint {
         let wait = self.cfg.tunables.connect_timeout() + Duration::from_secs(10);
         let at = self.now + wait;
         self.set_tx_deadline(key, at);
-        self.txs[key.index as usize].place = TxPlace::Peer;
+        self.txs.get_mut(key).expect("live tx").place = TxPlace::Peer;
         self.peers[p].tx_queue.push_back(key);
         self.maybe_connect(p);
     }
@@ -1383,7 +1349,7 @@ impl Endpoint {
     fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {
         let at = self.now + self.cfg.tunables.timeout;
         self.set_tx_deadline(key, at);
-        let tx = &mut self.txs[key.index as usize];
+        let tx = &mut self.txs.get_mut(key).expect("live tx");
         tx.place = TxPlace::Queued(conn);
         tx.queued_at = self.now;
         let kind = match tx.body {
@@ -1705,15 +1671,12 @@ impl Endpoint {
             .txs
             .iter()
             .filter(|(_, t)| matches!(t.place, TxPlace::Posted(x) if x == conn))
-            .map(|(i, t)| TxKey {
-                index: i as u32,
-                generation: t.generation,
-            })
+            .map(|(key, _)| key)
             .collect();
         for key in posted {
             self.finish_tx(key, Err(TxError::ConnAborted));
         }
-        self.conns.remove(conn.index as usize);
+        self.conns.remove(conn);
         self.actions.push_back(FabricAction::Destroy { conn });
         self.stats.reaped += 1;
         self.stats.zombies = self.stats.zombies.saturating_sub(1);
@@ -1776,13 +1739,9 @@ impl Endpoint {
 
     /// A message is finished: report it (unless it is a NOOP) and free it.
     fn finish_tx(&mut self, key: TxKey, result: Result<(), TxError>) {
-        let Some(tx) = self.txs.get(key.index as usize) else {
+        let Some(tx) = self.txs.remove(key) else {
             return;
         };
-        if tx.generation != key.generation {
-            return;
-        }
-        let tx = self.txs.remove(key.index as usize);
         if let Some(t) = tx.timer {
             self.wheel.cancel(t);
         }
@@ -1805,12 +1764,9 @@ impl Endpoint {
     }
 
     fn on_tx_deadline(&mut self, key: TxKey) {
-        let Some(tx) = self.txs.get_mut(key.index as usize) else {
+        let Some(tx) = self.txs.get_mut(key) else {
             return;
         };
-        if tx.generation != key.generation {
-            return;
-        }
         tx.timer = None;
         self.stats.tx_timeouts += 1;
         match tx.place {
@@ -1926,11 +1882,7 @@ impl Endpoint {
                 c.tx_nocred.pop_front();
             }
             // A key whose message already finished (its deadline fired) is skipped.
-            let Some(tx) = self
-                .txs
-                .get(key.index as usize)
-                .filter(|t| t.generation == key.generation)
-            else {
+            let Some(tx) = self.txs.get(key) else {
                 continue;
             };
             // A NOOP made redundant by what went before it is dropped (kiblnd_post_tx_locked).
@@ -1953,7 +1905,7 @@ impl Endpoint {
         let opts = self.emit_opts(p);
         let my_stamp = self.cfg.incarnation;
         let now = self.now;
-        let c = self.conns.get_mut(conn.index as usize).expect("live conn");
+        let c = self.conns.get_mut(conn).expect("live conn");
         let returned = c.outstanding.min(255) as u8;
         c.outstanding -= u16::from(returned);
         if credit {
@@ -1962,7 +1914,7 @@ impl Endpoint {
         c.nsends_posted += 1;
         c.last_send = now;
         let (peer_stamp, p) = (c.peer_stamp, c.peer);
-        let tx = &mut self.txs[key.index as usize];
+        let tx = &mut self.txs.get_mut(key).expect("live tx");
         tx.place = TxPlace::Posted(conn);
         let body = match &tx.body {
             TxBody::Immediate { hdr, payload } => KibBody::Immediate { hdr: *hdr, payload },
@@ -2006,7 +1958,7 @@ impl Endpoint {
         }
         self.actions.push_back(FabricAction::Send {
             conn,
-            wr: key.wr(),
+            wr: wr_of(key),
             bytes,
         });
     }

@@ -34,37 +34,21 @@
 
 use core::fmt;
 
+use crate::handle::{Handle, Tag};
 use crate::time::Instant;
 use crate::wire::Nid;
 
-/// The engine's name for one connection (a queue pair and its cm_id): a slab key with a generation,
-/// so an event for a connection that was already destroyed is recognised and dropped.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnId {
-    pub(crate) index: u32,
-    pub(crate) generation: u32,
-}
+/// The engine's name for one connection (a queue pair and its cm_id): a [`Handle`] (slab key with
+/// a generation), so an event for a connection that was already destroyed is recognised and
+/// dropped. `as_u64` / `from_u64` carry it through the kernel (wr_id, io_uring user_data).
+pub type ConnId = Handle<ConnTag>;
 
-impl ConnId {
-    /// A stable integer for tables and logs (index in the low half, generation in the high).
-    pub const fn as_u64(self) -> u64 {
-        (self.generation as u64) << 32 | self.index as u64
-    }
+/// The tag of [`ConnId`].
+#[derive(Debug)]
+pub enum ConnTag {}
 
-    /// The inverse of [`ConnId::as_u64`], for drivers that carry ids through the kernel (wr_id,
-    /// io_uring user_data).
-    pub const fn from_u64(v: u64) -> ConnId {
-        ConnId {
-            index: v as u32,
-            generation: (v >> 32) as u32,
-        }
-    }
-}
-
-impl fmt::Debug for ConnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "conn#{}.{}", self.index, self.generation)
-    }
+impl Tag for ConnTag {
+    const NAME: &'static str = "conn";
 }
 
 /// The fabric's name for an incoming connect request that is not yet accepted or rejected.
