@@ -438,6 +438,9 @@ pub struct SimStats {
     pub shutdowns: u64,
     /// Connections the dropped endpoints still owned (their `Drop` counted them as leaks).
     pub leaked_conns: u64,
+    /// Invalid connection transitions counted by endpoints since dropped (crashes, restarts);
+    /// [`World::invalid_transitions`] adds the live ones.
+    pub invalid_transitions_dropped: u64,
     /// Upper layer: messages handed to `World::send`, and how they finished.
     pub sends: u64,
     pub sends_delivered: u64,
@@ -872,6 +875,17 @@ impl World {
         self.sends.get(&cookie)
     }
 
+    /// Connection state changes any endpoint's transition table refused, live or dropped.
+    pub fn invalid_transitions(&self) -> u64 {
+        self.stats.invalid_transitions_dropped
+            + self
+                .nodes
+                .iter()
+                .filter_map(|n| n.ep.as_ref())
+                .map(|e| e.stats().invalid_transitions)
+                .sum::<u64>()
+    }
+
     /// Messages handed to [`World::send`] that have no outcome yet.
     pub fn pending_sends(&self) -> usize {
         self.pending_sends
@@ -1282,6 +1296,7 @@ impl World {
         node.timer_at = None;
         let mut leaked = 0;
         if let Some(ep) = node.ep.take() {
+            self.stats.invalid_transitions_dropped += ep.stats().invalid_transitions;
             let leaks = ep.leak_counter();
             drop(ep);
             leaked = leaks.load(std::sync::atomic::Ordering::Relaxed);

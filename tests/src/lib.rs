@@ -146,6 +146,8 @@ pub struct StormReport {
     pub max_attempts_per_second: usize,
     /// Messages that ended without a status (must be 0).
     pub unaccounted: usize,
+    /// Connection state changes outside the transition table, all nodes (must be 0).
+    pub invalid_transitions: u64,
     pub events: u64,
     pub wall: std::time::Duration,
     /// Engine state of the router per connection it holds.
@@ -350,6 +352,7 @@ pub fn router_reboot_storm(cfg: &StormConfig) -> StormReport {
         peak_zombies,
         max_attempts_per_second,
         unaccounted: world.pending_sends(),
+        invalid_transitions: world.invalid_transitions(),
         events: world.stats().events,
         wall: wall.elapsed(),
         router_bytes_per_conn,

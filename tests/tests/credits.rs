@@ -74,6 +74,7 @@ proptest! {
             prop_assert_eq!(w.outcome(*c).map(|(_, o)| o), Some(SendOutcome::Delivered), "seed {}", seed);
         }
         prop_assert_eq!(w.stats().rnr, 0, "seed {}: a send found no receive slot", seed);
+        prop_assert_eq!(w.invalid_transitions(), 0, "seed {}: invalid transitions", seed);
         // In order per sender/receiver pair (match bits carry the sequence).
         for &n in &nodes {
             let mut last = std::collections::HashMap::new();

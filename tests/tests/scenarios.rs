@@ -33,6 +33,11 @@ fn assert_all_accounted(w: &World, seed: u64) {
         0,
         "seed {seed}: SendDone not exactly once"
     );
+    assert_eq!(
+        w.invalid_transitions(),
+        0,
+        "seed {seed}: a connection state change outside the table"
+    );
 }
 
 /// S1 (LU-7646): 1000 clients with higher NIDs than the router and traffic for it; the router
@@ -66,6 +71,7 @@ fn lu7646_router_reboot_storm() {
         r.max_attempts_per_second
     );
     assert_eq!(r.unaccounted, 0, "seed {seed}: messages without a status");
+    assert_eq!(r.invalid_transitions, 0, "seed {seed}: invalid transitions");
     assert_eq!(r.rnr, 0, "seed {seed}: a send found no receive posted");
 }
 
@@ -429,6 +435,7 @@ fn mixed_race_orders_storm_settles_within_three_rejects_per_pair() {
             r.unaccounted, 0,
             "seed {seed} {router_order:?}: messages without a status"
         );
+        assert_eq!(r.invalid_transitions, 0, "seed {seed} {router_order:?}");
         assert_eq!(r.rnr, 0, "seed {seed} {router_order:?}");
     }
 }
@@ -685,6 +692,7 @@ fn ulnet_router_among_lu7646_kernel_clients_recovers_every_client() {
     assert!(recovery <= cfg.horizon, "seed {seed}: {recovery}");
     assert!(r.max_conns_per_pair <= 2, "seed {seed}");
     assert_eq!(r.unaccounted, 0, "seed {seed}: messages without a status");
+    assert_eq!(r.invalid_transitions, 0, "seed {seed}: invalid transitions");
     // Kernel clients never learn an order, and the router agrees with them on this layout.
     assert_eq!(r.race_order_adoptions, 0, "seed {seed}");
 }

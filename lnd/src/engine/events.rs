@@ -194,6 +194,9 @@ pub struct LndStats {
     /// peer), and connect requests or sends refused because the peer table was full.
     pub peers_forgotten: u64,
     pub peer_table_full: u64,
+    /// Connection state changes the transition table refused (a bug if ever non-zero: chaos
+    /// tests assert 0).
+    pub invalid_transitions: u64,
 }
 
 impl LndStats {

@@ -1273,6 +1273,7 @@ impl Endpoint {
             }
             Err(e) => {
                 error!(conn = ?id, %e, "invalid connection transition");
+                self.stats.invalid_transitions += 1;
                 None
             }
         }
