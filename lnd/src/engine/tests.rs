@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::handshake::encode_private;
 use super::*;
 
 struct Pair {

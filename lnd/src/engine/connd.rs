@@ -1,0 +1,362 @@
+//! connd's work, driven by the timer wheel so its cost follows what expired (kiblnd_connd):
+//! close, disconnect, reap, reconnect pacing (LU-5718/LU-7569), keepalives, forgetting idle
+//! peers, and telling LNet a peer is down.
+
+use super::*;
+
+impl Endpoint {
+    /// The connection manager says `conn` is disconnected (the peer closed, or our close completed).
+    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId) {
+        self.advance(now);
+        let Some(c) = self.conn(conn) else {
+            return;
+        };
+        match c.state {
+            ConnState::Init | ConnState::ActiveConnect | ConnState::PassiveWait => {
+                self.handshake_failed(conn, Some(DownReason::ConnectFailed), false, false);
+            }
+            ConnState::Established => {
+                // The peer closed first: acknowledge and go.
+                self.close_conn(conn, None);
+                self.finish_close(conn);
+            }
+            ConnState::Closing => self.finish_close(conn),
+            ConnState::Disconnected => {}
+        }
+    }
+
+    /// Runs every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+        while let Some((_, ev)) = self.wheel.poll(self.now) {
+            match ev {
+                TimerEvent::Conn(id) => self.on_conn_timer(id),
+                TimerEvent::Tx(key) => self.on_tx_deadline(key),
+                TimerEvent::Reap(id) => self.reap(id),
+                TimerEvent::Reconnect(p) => {
+                    let Some(peer) = self.peers.get_mut(p) else {
+                        continue;
+                    };
+                    peer.reconnect_timer = None;
+                    self.maybe_connect(p);
+                    self.maybe_forget(p);
+                }
+            }
+        }
+    }
+
+    /// The peer's slot, made if it is new; `None` when it is new and the table is full.
+    pub(super) fn peer_idx(&mut self, nid: Nid) -> Option<PeerIdx> {
+        if let Some(&p) = self.peer_index.get(&nid) {
+            return Some(p);
+        }
+        if self.peers.len() >= self.cfg.peer_limit {
+            return None;
+        }
+        let qd = self.cfg.tunables.queue_depth();
+        let p = self.peers.insert(Peer {
+            nid,
+            incarnation: 0,
+            version: VERSION_2,
+            queue_depth: qd,
+            max_frags: MAX_RDMA_FRAGS as u16,
+            tx_queue: VecDeque::new(),
+            conns: Vec::new(),
+            active: None,
+            accepting: None,
+            zombies: 0,
+            peak_zombies: 0,
+            reconnect_wanted: false,
+            reconnect_timer: None,
+            attempts: 0,
+            last_attempt: None,
+            races: 0,
+            races_received: 0,
+            peak_races_received: 0,
+            up: false,
+            reported_down: false,
+            cksum: None,
+            disagreements: 0,
+        });
+        self.peer_index.insert(nid, p);
+        Some(p)
+    }
+
+    /// Forgets a peer that has no connection (not even a zombie), no connect under way and
+    /// nothing queued, as o2iblnd frees a peer with no connections: what a peer costs is then
+    /// bounded by what it is doing, and a flood of forged NIDs leaves nothing behind.
+    pub(super) fn maybe_forget(&mut self, p: PeerIdx) {
+        let Some(peer) = self.peers.get(p) else {
+            return;
+        };
+        let idle = peer.conns.is_empty()
+            && peer.active.is_none()
+            && peer.accepting.is_none()
+            && peer.zombies == 0
+            && peer.tx_queue.is_empty()
+            && peer.reconnect_timer.is_none()
+            && !peer.reconnect_wanted;
+        // Every connection of the peer is counted above (handshakes as active/accepting,
+        // established ones in `conns`, closing and disconnected ones as zombies until reaped), so
+        // no connection, message or timer refers to the slot once it is free.
+        if !idle {
+            return;
+        }
+        let nid = peer.nid;
+        self.peers.remove(p);
+        self.peer_index.remove(&nid);
+        self.stats.peers_forgotten += 1;
+        trace!(peer = %nid, "peer forgotten");
+    }
+
+    pub(super) fn arm_conn_timer(&mut self, id: ConnId, at: Instant) {
+        let key = self.wheel.insert(at, TimerEvent::Conn(id));
+        if let Some(c) = self.conn_mut(id) {
+            if let Some(old) = c.timer.replace(key) {
+                self.wheel.cancel(old);
+            }
+        }
+    }
+
+    pub(super) fn disarm_conn_timer(&mut self, id: ConnId) {
+        if let Some(old) = self.conn_mut(id).and_then(|c| c.timer.take()) {
+            self.wheel.cancel(old);
+        }
+    }
+
+    /// Starts an active connect if the peer needs one and the pacing rule allows it now; otherwise
+    /// arranges for it to happen when it may (kiblnd_launch_tx, kiblnd_reconnect_peer, LU-7569).
+    pub(super) fn maybe_connect(&mut self, p: PeerIdx) {
+        if self.shutting_down {
+            return;
+        }
+        let peer = &mut self.peers[p];
+        if peer.tx_queue.is_empty() || !peer.conns.is_empty() || peer.connecting() {
+            return;
+        }
+        // Only one failed connection at a time: reconnect once it is reaped.
+        if peer.zombies > 0 {
+            peer.reconnect_wanted = true;
+            return;
+        }
+        let t = &self.cfg.tunables;
+        if self.cfg.race_policy.adapts_to_peer()
+            && peer.attempts >= t.fast_reconnects
+            && peer.races_received > 0
+            && peer.races_received <= t.race_limit.saturating_add(1)
+        {
+            // The peer refused us with CONN_RACE: it is alive, holding a connect of its own that
+            // may never finish. Retry at a quick bounded pace until it has refused us race_limit
+            // + 1 times (a kernel peer lets us win at race_limit), without counting these tries
+            // toward the slow path.
+            let earliest = peer
+                .last_attempt
+                .map_or(self.now, |last| last + t.race_retry_interval);
+            if earliest > self.now {
+                let jitter = jitter(
+                    &mut self.rng,
+                    Duration::from_nanos(t.race_retry_interval.as_nanos() / 4),
+                );
+                let key = self
+                    .wheel
+                    .insert(earliest + jitter, TimerEvent::Reconnect(p));
+                self.peers[p].reconnect_timer = Some(key);
+                return;
+            }
+            return self.connect_now(p);
+        }
+        if peer.attempts >= t.fast_reconnects {
+            let earliest = peer
+                .last_attempt
+                .map_or(self.now, |last| last + t.reconnect_interval);
+            if earliest > self.now || peer.attempts == t.fast_reconnects {
+                let jitter = jitter(&mut self.rng, t.reconnect_jitter);
+                let at = earliest.max(self.now) + jitter;
+                let key = self.wheel.insert(at, TimerEvent::Reconnect(p));
+                self.peers[p].reconnect_timer = Some(key);
+                // Counting this one as scheduled keeps later attempts on the slow path.
+                self.peers[p].attempts += 1;
+                return;
+            }
+        }
+        self.connect_now(p);
+    }
+
+    /// Closes an established connection: Disconnect first, then wait (bounded) for the fabric to
+    /// confirm (kiblnd_close_conn_locked). `error` is `None` for a graceful close.
+    pub(super) fn close_conn(&mut self, conn: ConnId, error: Option<DownReason>) {
+        let Some(c) = self.conn(conn) else {
+            return;
+        };
+        match c.state {
+            ConnState::Established => {}
+            ConnState::Init | ConnState::ActiveConnect | ConnState::PassiveWait => {
+                return self.handshake_failed(conn, error, false, true);
+            }
+            ConnState::Closing | ConnState::Disconnected => return,
+        }
+        let p = c.peer;
+        self.transition(conn, ConnInput::Close);
+        if let Some(c) = self.conn_mut(conn) {
+            c.error = error;
+            c.disconnect_sent = true;
+        }
+        match error {
+            None => self.stats.graceful_closes += 1,
+            Some(_) => self.stats.conns_lost += 1,
+        }
+        self.peers[p].conns.retain(|&x| x != conn);
+        self.actions.push_back(FabricAction::Disconnect { conn });
+        let at = self.now + self.cfg.tunables.close_timeout;
+        self.arm_conn_timer(conn, at);
+        // Queued messages go now; posted ones when their completions flush, or at the reap.
+        self.abort_queued(conn, TxError::ConnAborted);
+        let peer = &self.peers[p];
+        if peer.conns.is_empty() {
+            if !peer.tx_queue.is_empty() {
+                self.maybe_connect(p);
+            } else if !peer.connecting() {
+                self.peer_down(p, error.unwrap_or(DownReason::Closed));
+            }
+        }
+    }
+
+    pub(super) fn close_peer_conns(&mut self, p: PeerIdx, reason: DownReason) {
+        let conns = self.peers[p].conns.clone();
+        for c in conns {
+            self.close_conn(c, Some(reason));
+        }
+    }
+
+    /// The close is complete (the fabric confirmed, or the wait ran out): a zombie now.
+    pub(super) fn finish_close(&mut self, conn: ConnId) {
+        self.disarm_conn_timer(conn);
+        if self.transition(conn, ConnInput::Disconnected).is_some() {
+            self.schedule_reap(conn);
+        }
+    }
+
+    pub(super) fn schedule_reap(&mut self, conn: ConnId) {
+        let key = self.wheel.insert(self.now, TimerEvent::Reap(conn));
+        if let Some(c) = self.conn_mut(conn) {
+            if let Some(old) = c.timer.replace(key) {
+                self.wheel.cancel(old);
+            }
+        }
+    }
+
+    /// connd: destroy a zombie, finish whatever it still held, and reconnect if that was wanted
+    /// (kiblnd_destroy_conn, then the reconnect list).
+    pub(super) fn reap(&mut self, conn: ConnId) {
+        let Some(c) = self.conn(conn) else {
+            return;
+        };
+        if c.state != ConnState::Disconnected {
+            return;
+        }
+        let p = c.peer;
+        let reconnect = c.reconnect;
+        self.abort_queued(conn, TxError::ConnAborted);
+        // Posted messages whose completions never came.
+        let posted: Vec<TxKey> = self
+            .txs
+            .iter()
+            .filter(|(_, t)| matches!(t.place, TxPlace::Posted(x) if x == conn))
+            .map(|(key, _)| key)
+            .collect();
+        for key in posted {
+            self.finish_tx(key, Err(TxError::ConnAborted));
+        }
+        self.conns.remove(conn);
+        self.actions.push_back(FabricAction::Destroy { conn });
+        self.stats.reaped += 1;
+        self.stats.zombies = self.stats.zombies.saturating_sub(1);
+        let peer = &mut self.peers[p];
+        peer.zombies = peer.zombies.saturating_sub(1);
+        if reconnect || peer.reconnect_wanted {
+            peer.reconnect_wanted = false;
+            self.maybe_connect(p);
+        }
+        let peer = &self.peers[p];
+        if peer.conns.is_empty()
+            && !peer.connecting()
+            && !peer.tx_queue.is_empty()
+            && peer.zombies == 0
+        {
+            // A reconnect was not allowed (e.g. a fatal reject) and nothing else will come.
+            self.fail_peer_queue(p, TxError::ConnectFailed);
+        }
+        self.maybe_forget(p);
+    }
+
+    pub(super) fn cancel_reconnect(&mut self, p: PeerIdx) {
+        if let Some(k) = self.peers[p].reconnect_timer.take() {
+            self.wheel.cancel(k);
+        }
+    }
+
+    /// Tells LNet the peer is down, once per change: after it was up, or the first time a peer we
+    /// never reached fails (kiblnd_peer_connect_failed notifies LNet in both cases).
+    pub(super) fn peer_down(&mut self, p: PeerIdx, reason: DownReason) {
+        let peer = &mut self.peers[p];
+        if peer.up || !peer.reported_down {
+            peer.up = false;
+            peer.reported_down = true;
+            self.stats.peers_down += 1;
+            let nid = peer.nid;
+            debug!(peer = %nid, ?reason, "peer down");
+            self.events.push_back(LndEvent::PeerDown { nid, reason });
+        }
+    }
+
+    pub(super) fn on_conn_timer(&mut self, id: ConnId) {
+        let keepalive = self.cfg.tunables.keepalive;
+        let Some(c) = self.conn_mut(id) else {
+            return;
+        };
+        c.timer = None;
+        match c.state {
+            ConnState::ActiveConnect | ConnState::PassiveWait => {
+                // LU-17480: an attempt that outlived its deadline is aborted.
+                let retry = c.active;
+                self.stats.connect_timeouts += 1;
+                debug!(conn = ?id, "connect deadline passed");
+                self.handshake_failed(id, Some(DownReason::Timeout), retry, true);
+            }
+            ConnState::Established => {
+                // Keepalive only (kiblnd_check_conns): a NOOP when we have sent nothing for
+                // `keepalive`, so a crashed peer is found by the transport (EOF/RST on tcp, a
+                // failed send on verbs). Silence alone is never fatal: a kernel peer sends
+                // NOOPs on its own schedule, or never (keepalive=0), and owes an idle peer
+                // nothing. A peer that owes us something is found by the message deadlines.
+                let due = c.last_send + keepalive;
+                let next = if self.now >= due {
+                    self.check_sends(id, true);
+                    self.now + keepalive
+                } else {
+                    due
+                };
+                self.arm_conn_timer(id, next);
+            }
+            ConnState::Closing => {
+                self.stats.close_timeouts += 1;
+                self.finish_close(id);
+            }
+            ConnState::Init | ConnState::Disconnected => {}
+        }
+    }
+}
+
+/// xorshift64: reproducible jitter from the endpoint's seed.
+pub(super) fn jitter(state: &mut u64, max: Duration) -> Duration {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    if max.is_zero() {
+        Duration::ZERO
+    } else {
+        Duration::from_nanos(x % max.as_nanos())
+    }
+}

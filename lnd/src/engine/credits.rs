@@ -1,0 +1,190 @@
+//! The send scheduler and credits (kiblnd_check_sends_locked, kiblnd_post_tx_locked,
+//! kiblnd_need_noop): the reserved / credit / no-credit queues, credits piggy-backed on every
+//! message, NOOPs at the high-water mark, concurrent_sends, and how a message is encoded.
+
+use super::*;
+
+impl Endpoint {
+    /// How to encode what we send to peer `p`: checksummed in its flavour when checksums are
+    /// on, in the configured default until its flavour is known.
+    pub(super) fn emit_opts(&self, p: PeerIdx) -> EmitOpts {
+        let ck = self.cfg.checksum;
+        EmitOpts {
+            order: Default::default(),
+            checksum: if ck.emit {
+                self.peers
+                    .get(p)
+                    .and_then(|peer| peer.cksum)
+                    .or(ck.default_flavour)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// The connection a new message goes on. Always the same one while it lives, so messages to a
+    /// peer stay in order; our own active end first, which also keeps a self-connection (both of
+    /// whose ends are ours) to one stream.
+    pub(super) fn pick_conn(&mut self, p: PeerIdx) -> Option<ConnId> {
+        let peer = &self.peers[p];
+        peer.conns
+            .iter()
+            .copied()
+            .find(|&c| self.conn(c).is_some_and(|c| c.active))
+            .or_else(|| peer.conns.first().copied())
+    }
+
+    pub(super) fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {
+        let at = self.now + self.cfg.tunables.timeout;
+        self.set_tx_deadline(key, at);
+        let tx = &mut self.txs.get_mut(key).expect("live tx");
+        tx.place = TxPlace::Queued(conn);
+        tx.queued_at = self.now;
+        let kind = match tx.body {
+            TxBody::Immediate { .. } => KibMsgType::Immediate,
+            TxBody::Noop { .. } => KibMsgType::Noop,
+        };
+        let Some(c) = self.conn_mut(conn) else {
+            return;
+        };
+        match kind {
+            KibMsgType::PutReq | KibMsgType::GetReq => c.tx_rsrvd.push_back(key),
+            k if k.needs_credit() => c.tx_cred.push_back(key),
+            _ => c.tx_nocred.push_back(key),
+        }
+    }
+
+    /// The send scheduler (kiblnd_check_sends_locked): reserved -> credit queue while reserved
+    /// credits last, maybe a NOOP, then post from the no-credit queue, then the credit queue,
+    /// stopping at concurrent_sends or when credits run out.
+    pub(super) fn check_sends(&mut self, conn: ConnId, keepalive: bool) {
+        let concurrent = self.cfg.tunables.concurrent_sends();
+        let Some(c) = self.conn(conn) else {
+            return;
+        };
+        if c.state != ConnState::Established {
+            return;
+        }
+        let hiw = self.cfg.tunables.credits_hiw(c.queue_depth);
+        let p = c.peer;
+        {
+            let c = self.conn_mut(conn).expect("checked above");
+            while c.reserved > 0 {
+                let Some(k) = c.tx_rsrvd.pop_front() else {
+                    break;
+                };
+                c.reserved -= 1;
+                c.tx_cred.push_back(k);
+            }
+        }
+        let c = self.conn(conn).expect("checked above");
+        let need_noop = (keepalive || c.outstanding >= hiw)
+            && c.tx_nocred.is_empty()
+            && (c.tx_cred.is_empty() || c.credits == 0)
+            && c.noops_posted < MAX_NOOPS_POSTED;
+        if need_noop {
+            let key = self.new_tx(p, TxBody::Noop { keepalive }, None);
+            self.queue_on_conn(key, conn);
+        }
+        loop {
+            let c = self.conn_mut(conn).expect("checked above");
+            if c.nsends_posted >= concurrent {
+                break;
+            }
+            let (key, credit) = if let Some(&k) = c.tx_nocred.front() {
+                (k, false)
+            } else if let Some(&k) = c.tx_cred.front() {
+                if c.credits == 0 {
+                    break;
+                }
+                (k, true)
+            } else {
+                break;
+            };
+            if credit {
+                c.tx_cred.pop_front();
+            } else {
+                c.tx_nocred.pop_front();
+            }
+            // A key whose message already finished (its deadline fired) is skipped.
+            let Some(tx) = self.txs.get(key) else {
+                continue;
+            };
+            // A NOOP made redundant by what went before it is dropped (kiblnd_post_tx_locked).
+            if let TxBody::Noop { keepalive } = tx.body {
+                let c = self.conn(conn).expect("checked above");
+                if (!keepalive && c.outstanding < hiw) || c.noops_posted >= MAX_NOOPS_POSTED {
+                    self.finish_tx(key, Ok(()));
+                    continue;
+                }
+            }
+            self.post_tx(conn, key, credit);
+        }
+    }
+
+    pub(super) fn post_tx(&mut self, conn: ConnId, key: TxKey, credit: bool) {
+        let me = self.cfg.nid;
+        let Some(p) = self.conn(conn).map(|c| c.peer) else {
+            return;
+        };
+        let opts = self.emit_opts(p);
+        let my_stamp = self.cfg.incarnation;
+        let now = self.now;
+        let c = self.conns.get_mut(conn).expect("live conn");
+        let returned = c.outstanding.min(255) as u8;
+        c.outstanding -= u16::from(returned);
+        if credit {
+            c.credits -= 1;
+        }
+        c.nsends_posted += 1;
+        c.last_send = now;
+        let (peer_stamp, p) = (c.peer_stamp, c.peer);
+        let tx = &mut self.txs.get_mut(key).expect("live tx");
+        tx.place = TxPlace::Posted(conn);
+        let body = match &tx.body {
+            TxBody::Immediate { hdr, payload } => KibBody::Immediate { hdr: *hdr, payload },
+            TxBody::Noop { keepalive } => {
+                if *keepalive {
+                    self.stats.keepalives += 1;
+                } else {
+                    self.stats.credit_noops += 1;
+                }
+                KibBody::Noop
+            }
+        };
+        let is_noop = matches!(body, KibBody::Noop);
+        let msg = KibMsg {
+            version: VERSION_2,
+            credits: returned,
+            src_nid: me,
+            src_stamp: my_stamp,
+            dst_nid: self.peers[p].nid,
+            dst_stamp: peer_stamp,
+            body,
+        };
+        let mut bytes = self
+            .pool
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(MSG_SIZE));
+        bytes.resize(msg.wire_len(), 0);
+        if let Err(e) = msg.emit(&mut bytes, opts) {
+            // Unreachable by construction: payloads are checked in `send`.
+            error!(error = %e, "cannot encode a message");
+        }
+        self.stats.msgs_sent += 1;
+        if is_noop {
+            if let Some(c) = self.conn_mut(conn) {
+                c.noops_posted += 1;
+            }
+        }
+        if self.capture.is_some() {
+            let peer = self.peers[p].nid;
+            self.record(CaptureDir::Sent, conn, peer, &bytes);
+        }
+        self.actions.push_back(FabricAction::Send {
+            conn,
+            wr: wr_of(key),
+            bytes,
+        });
+    }
+}
