@@ -81,6 +81,11 @@ pub struct NodeConfig {
     /// process* in front of kernel LNet, whereas this library is the whole LNet stack of its node,
     /// and kernel peers address a node's LNet (ping, routing) at 12345.
     pub pid: u32,
+    /// Every NID of the whole node, in configuration order, when this `LnetNode` runs only some
+    /// of its NIs (the daemon runs one NI per thread, each its own `LnetNode`): the others are
+    /// ours too (a message or ping to them is local) and our ping reply lists them all. Empty:
+    /// the node is just `nis`.
+    pub node_nids: Vec<Nid>,
 }
 
 impl NodeConfig {
@@ -89,6 +94,7 @@ impl NodeConfig {
         NodeConfig {
             nis,
             pid: LNET_PID_LUSTRE,
+            node_nids: Vec::new(),
         }
     }
 }

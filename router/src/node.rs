@@ -189,6 +189,8 @@ pub struct LnetNode {
     /// another cookie is not for any ping of this instance.
     interface_cookie: u64,
     nis: Vec<Ni>,
+    /// Every NID of the node (ours, and those of the node's other runtimes), in order.
+    node_nids: Vec<Nid>,
     peers: BTreeMap<Nid, PeerNi>,
     /// When to look at a peer NI again for aging: one timer per peer NI, re-armed from its
     /// last traffic when it fires, so the cost follows what expires, not the table's size.
@@ -222,11 +224,17 @@ impl LnetNode {
             .fold(0x6c6e_6574_u64 ^ u64::from(cfg.pid), |acc, n| {
                 acc.rotate_left(17) ^ n.incarnation
             });
-        let nids: Vec<Nid> = nis.iter().map(|n| n.nid).collect();
+        let own: Vec<Nid> = nis.iter().map(|n| n.nid).collect();
+        let node_nids = if cfg.node_nids.is_empty() {
+            own
+        } else {
+            cfg.node_nids.clone()
+        };
         LnetNode {
             pid: cfg.pid,
             interface_cookie,
-            ping_buffer: ping::ping_buffer(cfg.pid, &nids),
+            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids),
+            node_nids,
             nis,
             peers: BTreeMap::new(),
             peer_ages: TimerWheel::new(now, Duration::from_millis(100)),
@@ -482,6 +490,11 @@ impl LnetNode {
         self.nis.iter().map(|n| n.nid).collect()
     }
 
+    /// Every NID of the node, this runtime's and its siblings' (see `NodeConfig::node_nids`).
+    pub fn node_nids(&self) -> &[Nid] {
+        &self.node_nids
+    }
+
     /// Node-wide counters (`lnetctl stats show`).
     pub fn stats(&self) -> &LnetStats {
         &self.stats
@@ -543,7 +556,7 @@ impl LnetNode {
     }
 
     fn is_own(&self, nid: Nid) -> bool {
-        self.nis.iter().any(|n| n.nid == nid)
+        self.node_nids.contains(&nid)
     }
 
     /// Route selection for this slice: ourselves in memory, else the first NI on `dst`'s net.

@@ -815,3 +815,37 @@ fn peer_table_is_bounded() {
         "{results:?}"
     );
 }
+
+/// One runtime per NI: a runtime that runs only NI 0 of a two-NI node knows the other NI's NID
+/// as its own. A ping of it is answered in memory (never through the LND), and its reply, like
+/// any ping reply of ours, lists every NID of the node in order.
+#[test]
+fn a_runtime_knows_its_siblings_nids_as_its_own() {
+    let (a0, a1) = (nid("10.0.0.1@o2ib"), nid("10.0.1.1@o2ib1"));
+    let now = Instant::from_secs(1);
+    let mut cfg = NodeConfig::new(vec![NiConfig::new(a0, 1)]);
+    cfg.node_nids = vec![a0, a1];
+    let mut node = LnetNode::new(cfg, now);
+    assert_eq!(node.nids(), vec![a0], "it runs only NI 0");
+    for t in [a0, a1, Nid::LO_0] {
+        let id = node.ping(now, t, Duration::from_secs(1)).unwrap();
+        match node.poll_event() {
+            Some(LnetEvent::PingDone {
+                id: got,
+                result: Ok(reply),
+                ..
+            }) => {
+                assert_eq!(got, id);
+                assert_eq!(reply.nids, vec![a0, a1], "the reply lists the whole node");
+            }
+            other => panic!("{t}: {other:?}"),
+        }
+    }
+    assert!(node.poll_action().is_none(), "nothing went to the LND");
+    assert_eq!(node.endpoint(NiIndex(0)).unwrap().stats().connects, 0);
+    // A net neither NI is on has no route.
+    assert!(matches!(
+        node.ping(now, nid("10.0.2.1@o2ib2"), Duration::from_secs(1)),
+        Err(LnetError::NoRoute(_))
+    ));
+}

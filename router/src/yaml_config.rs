@@ -130,6 +130,23 @@ impl DaemonConfig {
         NodeConfig::new(nis)
     }
 
+    /// The node split into one configuration per NI, for one runtime (thread) per NI: each
+    /// knows every NID of the node (`NodeConfig::node_nids`), NI `i` gets incarnation
+    /// `incarnation + i` as in [`DaemonConfig::node_config`].
+    pub fn ni_node_configs(&self, incarnation: u64) -> Vec<NodeConfig> {
+        let whole = self.node_config(incarnation);
+        let nids: Vec<Nid> = whole.nis.iter().map(|n| n.nid).collect();
+        whole
+            .nis
+            .into_iter()
+            .map(|ni| NodeConfig {
+                nis: vec![ni],
+                pid: whole.pid,
+                node_nids: nids.clone(),
+            })
+            .collect()
+    }
+
     /// Parses a configuration; `origin` names it in errors (usually the file name).
     pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
         // An empty file (or one of comments) is no document at all for the parser: refuse it

@@ -168,3 +168,15 @@ pub fn run_endpoint<D: Driver + ?Sized>(
     }
     Ok(())
 }
+
+/// Each NI's runtime runs on its own thread, so its driver moves there.
+#[cfg(test)]
+mod send_check {
+    fn is_send<T: Send>() {}
+    #[test]
+    fn drivers_are_send() {
+        is_send::<super::tcp::TcpFabric>();
+        #[cfg(feature = "verbs")]
+        is_send::<super::verbs::VerbsFabric>();
+    }
+}
