@@ -39,6 +39,7 @@ mod error;
 mod node;
 mod peer;
 mod ping;
+pub mod runtime;
 mod stats;
 #[cfg(test)]
 mod tests;

@@ -37,6 +37,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use lnd::driver::tcp::{MonotonicClock, TcpFabric};
 use lnd::time::Duration;
 use lnd::wire::Nid;
+use router::runtime::NiRuntime;
 use router::{LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, DEFAULT_PEER_CREDITS};
 
 /// Longest single wait in a node loop (stop flags are looked at least this often).
@@ -452,59 +453,32 @@ fn spawn_node(
         })
 }
 
-/// One node and its fabric, and the loop that drives them.
+/// One node's runtime (its node, fabric, clock and waker: `router::runtime::NiRuntime`, the
+/// same loop the daemon's NI threads run), and how long a turn may wait.
 struct Driver {
-    node: LnetNode,
-    fabric: TcpFabric,
-    clock: MonotonicClock,
+    rt: NiRuntime<TcpFabric>,
     max_wait: StdDuration,
 }
 
 impl Driver {
-    fn drain_actions(&mut self) {
-        let now = self.clock.now();
-        while let Some((_, a)) = self.node.poll_action() {
-            self.fabric.apply(now, a);
-        }
+    /// One turn of the runtime's loop; the caller drains `node().poll_event()` afterwards.
+    fn turn(&mut self, max_wait: StdDuration) -> Result<(), String> {
+        self.rt.turn(max_wait).map_err(|e| format!("fabric: {e}"))
     }
 
-    /// One turn: actions to the fabric, a bounded poll, the node's processing, due timers.
-    /// The caller drains `node.poll_event()` afterwards.
-    fn turn(&mut self, max_wait: StdDuration) -> Result<(), String> {
-        self.drain_actions();
-        let now = self.clock.now();
-        let wait = self
-            .node
-            .poll_timeout()
-            .map_or(max_wait, |d| d.saturating_duration_since(now).into())
-            .min(max_wait);
-        let clock = self.clock;
-        let mut sink = self
-            .node
-            .fabric_sink(NiIndex(0))
-            .ok_or("the node has no NI")?;
-        self.fabric
-            .poll(Some(wait), &mut sink, || clock.now())
-            .map_err(|e| format!("fabric: {e}"))?;
-        self.node.process(clock.now());
-        // The fabric wants the endpoint's actions applied before it is polled again.
-        self.drain_actions();
-        let now = clock.now();
-        if self.node.poll_timeout().is_some_and(|d| d <= now) {
-            self.node.handle_timeout(now);
-        }
-        Ok(())
+    fn node(&mut self) -> &mut LnetNode {
+        self.rt.node_mut()
     }
 
     /// Graceful shutdown, bounded; the last actions reach the sockets.
     fn shutdown(&mut self) {
-        if let Some(ep) = self.node.endpoint(NiIndex(0)) {
+        if let Some(ep) = self.rt.node().endpoint(NiIndex(0)) {
             let s = ep.stats();
-            let f = self.fabric.stats();
+            let f = self.rt.driver().stats();
             eprintln!(
                 "INFO node {} LND: msgs sent {} received {}, credit NOOPs {}, keepalives {}; \
                  fabric: bytes tx {} rx {}, rx stalls {}; ring enters {}",
-                self.node.nids()[0],
+                self.rt.node().nids()[0],
                 s.msgs_sent,
                 s.msgs_received,
                 s.credit_noops,
@@ -512,30 +486,25 @@ impl Driver {
                 f.bytes_tx,
                 f.bytes_rx,
                 f.rx_stalls,
-                self.fabric.ring_stats().enters,
+                self.rt.driver().ring_stats().enters,
             );
         }
-        self.node.shutdown(self.clock.now());
+        let now = self.rt.now();
+        self.node().shutdown(now);
         let deadline = StdInstant::now() + SHUTDOWN_BOUND;
-        while !self.node.is_shut_down() && StdInstant::now() < deadline {
+        while !self.rt.node().is_shut_down() && StdInstant::now() < deadline {
             if self.turn(StdDuration::from_millis(20)).is_err() {
                 break;
             }
-            while self.node.poll_event().is_some() {}
+            while self.node().poll_event().is_some() {}
         }
-        if !self.node.is_shut_down() {
+        if !self.rt.node().is_shut_down() {
             eprintln!(
                 "WARN node {}: shutdown did not finish within {SHUTDOWN_BOUND:?}",
-                self.node.nids()[0]
+                self.rt.node().nids()[0]
             );
         }
-        self.drain_actions();
-        let clock = self.clock;
-        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
-            let _ = self
-                .fabric
-                .poll(Some(StdDuration::ZERO), &mut sink, || clock.now());
-        }
+        self.rt.flush();
     }
 }
 
@@ -576,10 +545,10 @@ fn node_thread(
     ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
     ni.credits = ni.credits.max(opts.peer_credits);
     let node = LnetNode::new(NodeConfig::new(vec![ni]), clock.now());
+    let (rt, _wake) = NiRuntime::new(node, fabric, clock)
+        .map_err(|e| format!("cannot make the node's waker: {e}"))?;
     let mut d = Driver {
-        node,
-        fabric,
-        clock,
+        rt,
         max_wait: opts.max_wait,
     };
 
@@ -597,10 +566,10 @@ fn run_server(d: &mut Driver, shared: &Shared) -> Result<(), String> {
     while !shared.stop.load(Ordering::Relaxed) {
         d.turn(d.max_wait)?;
         let mut n = 0;
-        while let Some(ev) = d.node.poll_event() {
+        while let Some(ev) = d.node().poll_event() {
             if let LnetEvent::Put { payload, .. } = ev {
                 n += 1;
-                d.node.recycle(payload);
+                d.node().recycle(payload);
             }
         }
         if n > 0 {
@@ -613,13 +582,14 @@ fn run_server(d: &mut Driver, shared: &Shared) -> Result<(), String> {
 /// One ping from A to `dst`, driven to completion; its round trip in nanoseconds.
 fn ping_once(d: &mut Driver, dst: Nid, shared: &Shared) -> Result<u64, String> {
     let t0 = StdInstant::now();
+    let now = d.rt.now();
     let id = d
-        .node
-        .ping(d.clock.now(), dst, PING_TIMEOUT)
+        .node()
+        .ping(now, dst, PING_TIMEOUT)
         .map_err(|e| format!("ping: {e}"))?;
     loop {
         d.turn(d.max_wait)?;
-        while let Some(ev) = d.node.poll_event() {
+        while let Some(ev) = d.node().poll_event() {
             if let LnetEvent::PingDone {
                 id: got, result, ..
             } = ev
@@ -689,11 +659,11 @@ fn stream_puts(
             drain_deadline = Some(StdInstant::now() + StdDuration::from_secs(5));
         }
         if !stopping {
-            let now = d.clock.now();
+            let now = d.rt.now();
             while outstanding < opts.window {
-                let mut payload = d.node.take_buffer();
+                let mut payload = d.node().take_buffer();
                 payload.resize(opts.payload, 0x5a);
-                d.node
+                d.node()
                     .send_put(now, dst, BENCH_PORTAL, sent, payload)
                     .map_err(|e| format!("send_put: {e}"))?;
                 sent += 1;
@@ -701,7 +671,7 @@ fn stream_puts(
             }
         }
         d.turn(d.max_wait)?;
-        while let Some(ev) = d.node.poll_event() {
+        while let Some(ev) = d.node().poll_event() {
             match ev {
                 LnetEvent::PutDone { result, .. } => {
                     outstanding -= 1;

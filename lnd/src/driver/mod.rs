@@ -35,8 +35,43 @@ pub trait Driver {
     /// waiting out the loop's bound.
     fn set_waker(&mut self, fd: std::os::fd::RawFd);
 
+    /// Whether the waker became readable during the polls since the last call, so that the
+    /// loop drains it only then (a read per turn otherwise). A driver that cannot tell says
+    /// `true`, which is always safe.
+    fn take_woken(&mut self) -> bool {
+        true
+    }
+
     /// The fabric's counters under stable snake_case names, for `lnetctl net show -v`.
     fn counters(&self) -> Vec<(&'static str, u64)>;
+}
+
+/// A boxed driver is a driver (the daemon keeps each NI's behind `Box<dyn Driver + Send>`).
+impl<T: Driver + ?Sized> Driver for Box<T> {
+    fn apply(&mut self, now: Instant, action: FabricAction) {
+        (**self).apply(now, action)
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        sink: &mut dyn FabricSink,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()> {
+        (**self).poll(timeout, sink, now)
+    }
+
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        (**self).set_waker(fd)
+    }
+
+    fn take_woken(&mut self) -> bool {
+        (**self).take_woken()
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        (**self).counters()
+    }
 }
 
 /// Wakes an NI loop from another thread: one end of a Unix socket pair. The loop's fabric watches

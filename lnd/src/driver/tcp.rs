@@ -732,6 +732,8 @@ pub struct TcpFabric {
     /// The waker descriptor (see `Driver::set_waker`) and whether its poll is in flight.
     waker: Option<std::os::fd::RawFd>,
     waker_armed: bool,
+    /// The waker fired since the owner last asked (`Driver::take_woken`).
+    woken: bool,
     /// Message buffers of applied sends, given back to the engine (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
     /// Registered regions by remote key; the next region number and address.
@@ -802,6 +804,7 @@ impl TcpFabric {
             pool: Vec::new(),
             waker: None,
             waker_armed: false,
+            woken: false,
             spare: Vec::new(),
             regions: HashMap::new(),
             next_region: region_seed(),
@@ -1399,6 +1402,7 @@ impl TcpFabric {
         if op == Some(OpTag::Waker) {
             // The owner drains the waker after this poll; re-armed at the next one.
             self.waker_armed = false;
+            self.woken = true;
             if c.result < 0 && c.result != -libc::ECANCELED {
                 // A broken waker would complete at once on every poll and spin the loop: stop
                 // watching it (the loop's own bound still brings control requests in).
@@ -2407,6 +2411,10 @@ impl crate::driver::Driver for TcpFabric {
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()> {
         TcpFabric::poll(self, timeout, sink, now)
+    }
+
+    fn take_woken(&mut self) -> bool {
+        std::mem::take(&mut self.woken)
     }
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {

@@ -1,0 +1,119 @@
+//! One NI as the unit of execution: that NI's LNet node (an [`LnetNode`] running only this NI,
+//! knowing its siblings' NIDs as its own), its driver, its clock and its waker. [`NiRuntime::turn`]
+//! is the one loop body: the daemon runs one runtime per thread, `lnet_perf` drives one, and
+//! tests drive them the same way.
+//!
+//! The node stays sans-IO; the runtime is where its inputs come from: the driver's events (pushed
+//! into the node's [`NiSink`](crate::NiSink)), the clock, and other threads' requests, which wake
+//! the runtime through its [`WakeHandle`] instead of waiting out the poll bound.
+
+use std::io;
+use std::time::Duration as StdDuration;
+
+use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
+use lnd::time::Instant;
+
+use crate::{LnetNode, NiIndex};
+
+/// One NI's node, driver, clock and waker.
+pub struct NiRuntime<D: Driver> {
+    node: LnetNode,
+    driver: D,
+    clock: MonotonicClock,
+    waker: Waker,
+}
+
+impl<D: Driver> NiRuntime<D> {
+    /// A runtime for `node` (which should run one NI) over `driver`; the handle wakes its
+    /// `turn` from other threads.
+    pub fn new(
+        node: LnetNode,
+        mut driver: D,
+        clock: MonotonicClock,
+    ) -> io::Result<(NiRuntime<D>, WakeHandle)> {
+        let (waker, wake) = Waker::new()?;
+        driver.set_waker(waker.fd());
+        Ok((
+            NiRuntime {
+                node,
+                driver,
+                clock,
+                waker,
+            },
+            wake,
+        ))
+    }
+
+    /// The node.
+    pub fn node(&self) -> &LnetNode {
+        &self.node
+    }
+
+    /// The node, for the upper layer's calls (`ping`, `send_put`, `shutdown`, the control
+    /// requests); its actions reach the driver at the next [`NiRuntime::turn`] or
+    /// [`NiRuntime::apply_actions`].
+    pub fn node_mut(&mut self) -> &mut LnetNode {
+        &mut self.node
+    }
+
+    /// The driver (its counters).
+    pub fn driver(&self) -> &D {
+        &self.driver
+    }
+
+    /// The clock's time now.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Hands every action the node has queued to the driver.
+    pub fn apply_actions(&mut self) {
+        let now = self.clock.now();
+        while let Some((_, a)) = self.node.poll_action() {
+            self.driver.apply(now, a);
+        }
+    }
+
+    /// One turn of the loop: apply the node's actions, wait on the driver until the node's next
+    /// deadline (at most `max_wait`, less if woken), hand what happened to the node, run the
+    /// timers that are due, and apply what all that produced. The node's events are left for
+    /// the caller to drain with `node_mut().poll_event()`.
+    pub fn turn(&mut self, max_wait: StdDuration) -> io::Result<()> {
+        self.apply_actions();
+        let now = self.clock.now();
+        let wait = self
+            .node
+            .poll_timeout()
+            .map_or(max_wait, |d| d.saturating_duration_since(now).into())
+            .min(max_wait);
+        let clock = self.clock;
+        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
+            self.driver.poll(Some(wait), &mut sink, &|| clock.now())?;
+        } else {
+            std::thread::sleep(wait);
+        }
+        if self.driver.take_woken() {
+            self.waker.drain();
+        }
+        let now = self.clock.now();
+        self.node.process(now);
+        if self.node.poll_timeout().is_some_and(|d| d <= now) {
+            self.node.handle_timeout(now);
+        }
+        self.apply_actions();
+        Ok(())
+    }
+
+    /// The last actions (a shutdown's Destroys) and one poll that does not wait, so they reach
+    /// the wire before the runtime is dropped.
+    pub fn flush(&mut self) {
+        self.apply_actions();
+        let clock = self.clock;
+        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
+            let _ = self
+                .driver
+                .poll(Some(StdDuration::ZERO), &mut sink, &|| clock.now());
+        }
+        self.node.process(self.clock.now());
+    }
+}
