@@ -220,6 +220,29 @@ impl<T, K> HandleSlab<T, K> {
     }
 }
 
+/// `slab[h]`: the value `h` names, for code that holds a handle it knows is live (the way a
+/// `Slab` is indexed by key), borrowing only the table. Panics on a stale handle, never reaching
+/// the slot's next occupant; use [`HandleSlab::get`] where the handle may be stale.
+impl<T, K: Tag> core::ops::Index<Handle<K>> for HandleSlab<T, K> {
+    type Output = T;
+
+    fn index(&self, h: Handle<K>) -> &T {
+        match self.get(h) {
+            Some(v) => v,
+            None => panic!("stale handle {h:?}"),
+        }
+    }
+}
+
+impl<T, K: Tag> core::ops::IndexMut<Handle<K>> for HandleSlab<T, K> {
+    fn index_mut(&mut self, h: Handle<K>) -> &mut T {
+        match self.get_mut(h) {
+            Some(v) => v,
+            None => panic!("stale handle {h:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +283,24 @@ mod tests {
             })
             .collect();
         assert_eq!(gens, [1, 2, 3, 1, 2, 3, 1]);
+    }
+
+    #[test]
+    fn indexing_by_a_live_handle_reaches_its_value() {
+        let mut s: HandleSlab<u32, T1> = HandleSlab::new();
+        let a = s.insert(1);
+        s[a] += 41;
+        assert_eq!(s[a], 42);
+    }
+
+    #[test]
+    #[should_panic(expected = "stale handle t1#0.1")]
+    fn indexing_by_a_stale_handle_panics_instead_of_reaching_the_next_occupant() {
+        let mut s: HandleSlab<u32, T1> = HandleSlab::new();
+        let a = s.insert(1);
+        s.remove(a);
+        let b = s.insert(2);
+        assert_eq!(a.index(), b.index());
+        let _ = s[a];
     }
 }

@@ -122,9 +122,10 @@
 //!
 //! # Performance shape, and what is simplified
 //!
-//! Connections live in a slab; io_uring `user_data` encodes (op kind, slab key, generation), so a
-//! late completion for a closed socket is recognised. Steady state allocates nothing and takes no
-//! lock per message in the fabric: each connection has one receive buffer
+//! Connections live in a [`HandleSlab`]; io_uring `user_data` encodes (op kind, the socket's
+//! handle: slab key and generation), so a late completion for a closed socket is recognised, never
+//! applied to the socket that reuses its slot. Steady state allocates nothing and takes no lock
+//! per message in the fabric: each connection has one receive buffer
 //! ([`TcpConfig::recv_buffer`]) parsed in place and two write buffers that alternate (frames are
 //! appended to one while the other is being written, so many frames go out per `send`); all
 //! buffers come back from the ring and are reused, and buffers of closed connections return to a
@@ -178,7 +179,6 @@ use std::io;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 
-use slab::Slab;
 use tracing::{debug, trace, warn};
 
 use crate::engine::Tunables;
@@ -186,6 +186,7 @@ use crate::fabric::{
     ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RequestId, WcStatus,
     WrId,
 };
+use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
 use crate::time::Instant;
 use crate::wire::kib::MSG_SIZE;
@@ -412,7 +413,28 @@ impl TcpStats {
 }
 
 // ---------------------------------------------------------------------------------------------
-// io_uring user_data: (op kind, slab key, generation)
+// Sockets' handles, and io_uring user_data: (op kind, socket handle)
+
+/// The tag of [`SockId`].
+#[derive(Debug)]
+enum SockTag {}
+
+impl Tag for SockTag {
+    const NAME: &'static str = "sock";
+}
+
+/// A socket's handle: its slot in `TcpFabric::socks` and the generation of the socket there, so
+/// a late completion, ready entry or request for a socket already freed never reaches the next
+/// socket in its slot.
+type SockId = Handle<SockTag>;
+
+/// Bits of a socket generation: the op kind takes the top 4 bits of user_data, the slab index
+/// the low 32.
+const GEN_BITS: u32 = 28;
+
+/// The handle in user_data of operations that are not a socket's (accept, waker): generation 0,
+/// which no socket has.
+const NO_SOCK: SockId = Handle::from_parts(0, 0);
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum OpTag {
@@ -426,13 +448,14 @@ enum OpTag {
     AcceptCancel = 7,
 }
 
-const GEN_MASK: u32 = (1 << 28) - 1;
+/// The bits of user_data below the op kind: the handle's `as_u64` (generation above the index).
+const HANDLE_MASK: u64 = (1 << (32 + GEN_BITS)) - 1;
 
-fn tag(op: OpTag, key: usize, generation: u32) -> u64 {
-    (op as u64) << 60 | u64::from(generation & GEN_MASK) << 32 | (key as u64 & 0xffff_ffff)
+fn tag(op: OpTag, sock: SockId) -> u64 {
+    (op as u64) << 60 | (sock.as_u64() & HANDLE_MASK)
 }
 
-fn untag(t: u64) -> (Option<OpTag>, usize, u32) {
+fn untag(t: u64) -> (Option<OpTag>, SockId) {
     let op = match t >> 60 {
         1 => Some(OpTag::Accept),
         2 => Some(OpTag::Connect),
@@ -443,7 +466,7 @@ fn untag(t: u64) -> (Option<OpTag>, usize, u32) {
         7 => Some(OpTag::AcceptCancel),
         _ => None,
     };
-    (op, (t & 0xffff_ffff) as usize, (t >> 32) as u32 & GEN_MASK)
+    (op, Handle::from_u64(t & HANDLE_MASK))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,7 +544,6 @@ enum Done {
 }
 
 struct Sock {
-    generation: u32,
     stream: Option<TcpStream>,
     phase: Phase,
     active: bool,
@@ -714,18 +736,18 @@ pub struct TcpFabric {
     handshakes: usize,
     resolver: Resolver,
     cfg: TcpConfig,
-    socks: Slab<Sock>,
-    next_generation: u32,
+    /// Generations in `GEN_BITS` bits (they travel in io_uring user_data).
+    socks: HandleSlab<Sock, SockTag>,
     /// When to look for accepted sockets that outstayed `handshake_timeout`.
     next_sweep: Instant,
-    scratch: Vec<usize>,
-    /// Engine connection index -> (its generation, socket key).
-    by_conn: Vec<Option<(u32, usize)>>,
+    scratch: Vec<SockId>,
+    /// Engine connection index -> (the connection, its socket).
+    by_conn: Vec<Option<(ConnId, SockId)>>,
     out: VecDeque<Report>,
-    ready: Vec<(usize, u32)>,
-    /// Sockets (key, generation) whose queued sends and writes `poll` hands to the ring first,
-    /// so that everything applied between two polls leaves in one `send`.
-    tx_pending: Vec<(usize, u32)>,
+    ready: Vec<SockId>,
+    /// Sockets whose queued sends and writes `poll` hands to the ring first, so that everything
+    /// applied between two polls leaves in one `send`.
+    tx_pending: Vec<SockId>,
     cqes: Vec<Completion>,
     pool: Vec<Vec<u8>>,
     stats: TcpStats,
@@ -792,8 +814,7 @@ impl TcpFabric {
             handshakes: 0,
             resolver: Box::new(resolver),
             cfg,
-            socks: Slab::new(),
-            next_generation: 1,
+            socks: HandleSlab::with_generation_bits(GEN_BITS),
             next_sweep: Instant::ZERO,
             scratch: Vec::new(),
             by_conn: Vec::new(),
@@ -911,11 +932,11 @@ impl TcpFabric {
     /// Test hook: raw bytes on a connection's stream, after what is queued (garbage frames).
     #[cfg(test)]
     fn inject_raw(&mut self, conn: ConnId, bytes: &[u8]) {
-        let key = self.lookup(conn).expect("a known connection");
-        let s = &mut self.socks[key];
+        let sock = self.lookup(conn).expect("a known connection");
+        let s = &mut self.socks[sock];
         s.wq.extend_from_slice(bytes);
         s.queued += bytes.len() as u64;
-        self.arm_send(key);
+        self.arm_send(sock);
     }
 
     fn region_ref(&self, id: RegionId) -> Option<&Region> {
@@ -993,12 +1014,12 @@ impl TcpFabric {
                 return self.dead_conn(conn, Report::ConnectFailed(conn, ConnectFailure::Error));
             }
         };
-        let key = self.new_sock(Some(stream), Phase::Connecting, true, Some(conn));
-        self.map(conn, key);
-        let s = &mut self.socks[key];
+        let sock = self.new_sock(Some(stream), Phase::Connecting, true, Some(conn));
+        self.map(conn, sock);
+        let s = &mut self.socks[sock];
         s.slots.post_first(recv_slots);
         s.queue_frame(FrameKind::ConnReq, private.as_bytes(), None);
-        let t = tag(OpTag::Connect, key, s.generation);
+        let t = tag(OpTag::Connect, sock);
         if let Some(stream) = &s.stream {
             self.ring.connect(stream.as_fd(), addr, t);
             s.ops += 1;
@@ -1006,12 +1027,12 @@ impl TcpFabric {
     }
 
     fn accept(&mut self, req: RequestId, conn: ConnId, private: PrivateData, recv_slots: u16) {
-        let Some(key) = self.request_key(req) else {
+        let Some(sock) = self.request_sock(req) else {
             self.stats.unknown_actions += 1;
             return self.dead_conn(conn, Report::Disconnected(conn));
         };
-        self.map(conn, key);
-        let s = &mut self.socks[key];
+        self.map(conn, sock);
+        let s = &mut self.socks[sock];
         s.conn = Some(conn);
         if s.phase != Phase::RequestPending {
             // The requester went away meanwhile.
@@ -1020,24 +1041,24 @@ impl TcpFabric {
             return;
         }
         s.slots.post_first(recv_slots);
-        self.end_handshake(key);
-        let s = &mut self.socks[key];
+        self.end_handshake(sock);
+        let s = &mut self.socks[sock];
         s.queue_frame(
             FrameKind::ConnAck,
             private.as_bytes(),
             Some(Done::Established),
         );
         s.phase = Phase::Open;
-        self.arm_send(key);
-        self.make_ready(key);
+        self.arm_send(sock);
+        self.make_ready(sock);
     }
 
     fn reject(&mut self, req: RequestId, private: PrivateData) {
-        let Some(key) = self.request_key(req) else {
+        let Some(sock) = self.request_sock(req) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.phase == Phase::RequestPending {
             s.queue_frame(
                 FrameKind::Reject,
@@ -1046,29 +1067,29 @@ impl TcpFabric {
             );
             s.phase = Phase::Rejecting;
             self.stats.rejects_sent += 1;
-            self.arm_send(key);
+            self.arm_send(sock);
         }
-        self.maybe_free(key);
+        self.maybe_free(sock);
     }
 
     fn post_recv(&mut self, conn: ConnId, slot: u16) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(sock) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if !s.slots.post(slot) {
             self.stats.unknown_actions += 1;
             return;
         }
         if s.stalled {
-            self.make_ready(key);
+            self.make_ready(sock);
         }
     }
 
     /// Queues a MSG frame; gives `bytes` back unless they wait in the backlog.
     fn send(&mut self, conn: ConnId, wr: WrId, bytes: Vec<u8>) -> Option<Vec<u8>> {
-        let Some(key) = self.lookup(conn) else {
+        let Some(sock) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return Some(bytes);
         };
@@ -1078,7 +1099,7 @@ impl TcpFabric {
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
             return Some(bytes);
         }
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if !s.can_post() {
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
@@ -1090,30 +1111,30 @@ impl TcpFabric {
         }
         s.queue_frame(FrameKind::Msg, &bytes, Some(Done::Send(wr)));
         self.stats.msgs_tx += 1;
-        self.defer_send(key);
+        self.defer_send(sock);
         Some(bytes)
     }
 
     fn write(&mut self, conn: ConnId, w: TxWrite) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(sock) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if !s.can_post() {
             self.out
                 .push_back(Report::SendDone(conn, w.wr, WcStatus::Flushed));
             return;
         }
         s.backlog.push_back(Tx::Write(w));
-        self.defer_send(key);
+        self.defer_send(sock);
     }
 
     /// Copies backlogged work into the write buffer, in order, until it holds `WQ_FILL` bytes:
     /// messages whole, writes a frame of at most `WRITE_CHUNK` data bytes at a time. A write whose
     /// local side is not (or no longer) inside a registered region becomes a `Done::Fault`.
-    fn fill(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn fill(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         while !s.faulted && s.wq.len() < WQ_FILL {
             let Some(front) = s.backlog.front_mut() else {
                 break;
@@ -1152,10 +1173,14 @@ impl TcpFabric {
                         s.faulted = true;
                         s.markers.push_back((s.queued, Done::Fault(wr)));
                         self.stats.rdma_local_errors += 1;
-                        debug!(key, ?wr, "tcp fabric: RDMA write outside the local region");
+                        debug!(
+                            ?sock,
+                            ?wr,
+                            "tcp fabric: RDMA write outside the local region"
+                        );
                         if !s.in_ready {
                             s.in_ready = true;
-                            self.ready.push((key, s.generation));
+                            self.ready.push(sock);
                         }
                         break;
                     };
@@ -1175,11 +1200,11 @@ impl TcpFabric {
     }
 
     fn disconnect(&mut self, conn: ConnId) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(sock) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.local_disconnect {
             return;
         }
@@ -1192,15 +1217,15 @@ impl TcpFabric {
                 s.backlog.push_back(Tx::Disconnect);
             }
             let stalled = s.stalled;
-            self.arm_send(key);
+            self.arm_send(sock);
             if stalled {
                 // Parse on (dropping MSGs) so the peer's DISCONNECT or EOF is seen.
-                self.make_ready(key);
+                self.make_ready(sock);
             }
             return;
         }
-        self.shut(key);
-        let s = &mut self.socks[key];
+        self.shut(sock);
+        let s = &mut self.socks[sock];
         if !s.reported_down {
             s.reported_down = true;
             self.out.push_back(Report::Disconnected(conn));
@@ -1208,16 +1233,16 @@ impl TcpFabric {
     }
 
     fn destroy(&mut self, conn: ConnId) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(sock) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
         if let Some(e) = self.by_conn.get_mut(conn.index() as usize) {
             *e = None;
         }
-        self.socks[key].destroyed = true;
-        self.shut(key);
-        self.maybe_free(key);
+        self.socks[sock].destroyed = true;
+        self.shut(sock);
+        self.maybe_free(sock);
     }
 
     // ------------------------------------------------------------------ driving
@@ -1247,7 +1272,7 @@ impl TcpFabric {
             self.arm_accept();
         }
         if let (Some(fd), false) = (self.waker, self.waker_armed) {
-            self.ring.poll_readable(fd, tag(OpTag::Waker, 0, 0));
+            self.ring.poll_readable(fd, tag(OpTag::Waker, NO_SOCK));
             self.waker_armed = true;
         }
         let timeout = if self.has_work() {
@@ -1321,18 +1346,18 @@ impl TcpFabric {
             + crate::time::Duration::from_nanos(limit.as_nanos() / 4)
                 .max(crate::time::Duration::from_millis(10));
         let mut stale = std::mem::take(&mut self.scratch);
-        stale.extend(self.socks.iter().filter_map(|(key, s)| {
+        stale.extend(self.socks.iter().filter_map(|(sock, s)| {
             let waiting = matches!(s.phase, Phase::AwaitConnReq | Phase::Rejecting);
-            (waiting && !s.shut && now.saturating_duration_since(s.since) >= limit).then_some(key)
+            (waiting && !s.shut && now.saturating_duration_since(s.since) >= limit).then_some(sock)
         }));
-        for key in stale.drain(..) {
+        for sock in stale.drain(..) {
             self.stats.handshake_timeouts += 1;
             debug!(
-                key,
+                ?sock,
                 "tcp fabric: accepted socket did not finish its handshake"
             );
-            self.shut(key);
-            self.maybe_free(key);
+            self.shut(sock);
+            self.maybe_free(sock);
         }
         self.scratch = stale;
         // A burst of sockets (a reconnect storm, a flood of silent ones) leaves the slab's
@@ -1363,27 +1388,24 @@ impl TcpFabric {
 
     fn run_ready(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         let mut ready = std::mem::take(&mut self.ready);
-        for (key, generation) in ready.drain(..) {
-            let Some(s) = self.socks.get_mut(key) else {
-                continue;
+        for sock in ready.drain(..) {
+            let Some(s) = self.socks.get_mut(sock) else {
+                continue; // freed since it was queued
             };
-            if s.generation != generation {
-                continue;
-            }
             s.in_ready = false;
             if s.faulted {
-                self.run_markers(key, sink, now);
-                let Some(s) = self.socks.get_mut(key) else {
+                self.run_markers(sock, sink, now);
+                let Some(s) = self.socks.get_mut(sock) else {
                     continue;
                 };
                 if s.shut {
                     continue;
                 }
             }
-            let s = &mut self.socks[key];
+            let s = &mut self.socks[sock];
             if s.rbuf.is_some() && !s.recv_armed {
                 s.stalled = false;
-                self.parse(key, sink, now);
+                self.parse(sock, sink, now);
             }
         }
         if self.ready.is_empty() {
@@ -1392,7 +1414,7 @@ impl TcpFabric {
     }
 
     fn complete(&mut self, c: Completion, sink: &mut dyn FabricSink, now: Instant) {
-        let (op, key, generation) = untag(c.tag);
+        let (op, sock) = untag(c.tag);
         if op == Some(OpTag::Accept) {
             return self.on_accept(c, now);
         }
@@ -1414,32 +1436,28 @@ impl TcpFabric {
             }
             return;
         }
-        let Some(s) = self
-            .socks
-            .get_mut(key)
-            .filter(|s| s.generation == generation)
-        else {
-            return;
+        let Some(s) = self.socks.get_mut(sock) else {
+            return; // a late completion for a freed socket
         };
         s.ops = s.ops.saturating_sub(1);
         match op {
             Some(OpTag::Recv) => {
                 s.recv_armed = false;
                 s.rbuf = c.buf;
-                self.on_recv(key, c.result, sink, now);
+                self.on_recv(sock, c.result, sink, now);
             }
             Some(OpTag::Send) => {
                 s.send_armed = false;
-                self.on_send(key, c.result, c.buf, sink, now);
+                self.on_send(sock, c.result, c.buf, sink, now);
             }
-            Some(OpTag::Connect) => self.on_connect(key, c.result, sink, now),
+            Some(OpTag::Connect) => self.on_connect(sock, c.result, sink, now),
             Some(OpTag::Cancel)
             | Some(OpTag::Accept)
             | Some(OpTag::Waker)
             | Some(OpTag::AcceptCancel)
             | None => {}
         }
-        self.maybe_free(key);
+        self.maybe_free(sock);
     }
 
     fn on_accept(&mut self, c: Completion, now: Instant) {
@@ -1487,12 +1505,12 @@ impl TcpFabric {
             self.stats.socket_errors += 1;
             debug!(error = %e, "tcp fabric: cannot configure an accepted socket");
         }
-        let key = self.new_sock(Some(stream), Phase::AwaitConnReq, false, None);
-        let s = &mut self.socks[key];
+        let sock = self.new_sock(Some(stream), Phase::AwaitConnReq, false, None);
+        let s = &mut self.socks[sock];
         s.since = now;
         s.handshake = true;
         self.handshakes += 1;
-        self.arm_recv(key);
+        self.arm_recv(sock);
     }
 
     /// True if accepting descriptor `fd` leaves fewer than `fd_reserve` descriptors under
@@ -1524,7 +1542,7 @@ impl TcpFabric {
         self.stats.accept_backoffs += 1;
         if self.accept_armed {
             self.ring
-                .cancel_fd(self.listener.as_fd(), tag(OpTag::AcceptCancel, 0, 0));
+                .cancel_fd(self.listener.as_fd(), tag(OpTag::AcceptCancel, NO_SOCK));
         }
         match self.fd_warned {
             Some(last) if t.duration_since(last) < FD_WARN_INTERVAL => self.fd_suppressed += 1,
@@ -1547,8 +1565,8 @@ impl TcpFabric {
 
     /// The socket's handshake is over (established or shut): it no longer counts against the
     /// limit.
-    fn end_handshake(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn end_handshake(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         if s.handshake {
             s.handshake = false;
             self.handshakes -= 1;
@@ -1558,9 +1576,9 @@ impl TcpFabric {
     /// Gives an established connection its full receive buffer (the bytes not parsed yet move
     /// along); the small handshake buffer is freed, never pooled. A buffer lent to the ring is
     /// grown when it comes back (every parse starts here).
-    fn grow_rbuf(&mut self, key: usize) {
+    fn grow_rbuf(&mut self, sock: SockId) {
         let full = self.cfg.recv_buffer;
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.phase != Phase::Open || s.rbuf_len >= full {
             return;
         }
@@ -1578,15 +1596,15 @@ impl TcpFabric {
         s.rbuf_len = full;
     }
 
-    fn on_connect(&mut self, key: usize, res: i32, sink: &mut dyn FabricSink, now: Instant) {
-        let s = &mut self.socks[key];
+    fn on_connect(&mut self, sock: SockId, res: i32, sink: &mut dyn FabricSink, now: Instant) {
+        let s = &mut self.socks[sock];
         if s.shut {
             return;
         }
         if res == 0 {
             s.phase = Phase::AwaitReply;
-            self.arm_send(key);
-            self.arm_recv(key);
+            self.arm_send(sock);
+            self.arm_recv(sock);
             return;
         }
         self.stats.connect_failures += 1;
@@ -1601,23 +1619,23 @@ impl TcpFabric {
             _ => ConnectFailure::Error,
         };
         debug!(errno, "tcp fabric: connect failed");
-        self.broken(key, WcStatus::Flushed, why, sink, now);
+        self.broken(sock, WcStatus::Flushed, why, sink, now);
     }
 
-    fn on_recv(&mut self, key: usize, res: i32, sink: &mut dyn FabricSink, now: Instant) {
-        let s = &mut self.socks[key];
+    fn on_recv(&mut self, sock: SockId, res: i32, sink: &mut dyn FabricSink, now: Instant) {
+        let s = &mut self.socks[sock];
         if s.shut {
             return;
         }
         if res > 0 {
             s.rend += res as usize;
             self.stats.bytes_rx += res as u64;
-            return self.parse(key, sink, now);
+            return self.parse(sock, sink, now);
         }
         if res == 0 {
             s.rx_eof = true;
             if s.rstart < s.rend || s.rx_write.is_some() {
-                return self.protocol_error(key, FrameError::Truncated, sink, now);
+                return self.protocol_error(sock, FrameError::Truncated, sink, now);
             }
             if !s.peer_disconnect {
                 self.stats.eof_without_disconnect += 1;
@@ -1626,18 +1644,18 @@ impl TcpFabric {
                 // The peer died (it sends DISCONNECT before any orderly EOF): what is queued
                 // cannot arrive. Fail it as an RST would, without waiting for a write to fail.
                 Phase::Open if !s.peer_disconnect && !s.local_disconnect => {
-                    self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now)
+                    self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now)
                 }
-                Phase::Open => self.report_down(key, ConnectFailure::Error, sink, now),
+                Phase::Open => self.report_down(sock, ConnectFailure::Error, sink, now),
                 Phase::AwaitReply => self.broken(
-                    key,
+                    sock,
                     WcStatus::Flushed,
                     ConnectFailure::Unreachable,
                     sink,
                     now,
                 ),
                 Phase::Rejecting => {} // closes once the REJECT is written
-                _ => self.shut(key),
+                _ => self.shut(sock),
             }
             return;
         }
@@ -1647,12 +1665,12 @@ impl TcpFabric {
         }
         let status = self.count_errno(errno);
         debug!(errno, "tcp fabric: receive failed");
-        self.broken(key, status, ConnectFailure::Unreachable, sink, now);
+        self.broken(sock, status, ConnectFailure::Unreachable, sink, now);
     }
 
     fn on_send(
         &mut self,
-        key: usize,
+        sock: SockId,
         res: i32,
         buf: Option<Vec<u8>>,
         sink: &mut dyn FabricSink,
@@ -1661,7 +1679,7 @@ impl TcpFabric {
         let Some(mut buf) = buf else {
             return;
         };
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.shut || s.tx_dead {
             buf.clear();
             s.spare = Some(buf);
@@ -1676,7 +1694,7 @@ impl TcpFabric {
             }
             let status = self.count_errno(errno);
             debug!(errno, "tcp fabric: send failed");
-            return self.broken(key, status, ConnectFailure::Unreachable, sink, now);
+            return self.broken(sock, status, ConnectFailure::Unreachable, sink, now);
         }
         let n = res as usize;
         self.stats.bytes_tx += n as u64;
@@ -1684,7 +1702,7 @@ impl TcpFabric {
         s.w_off += n;
         if s.w_off < buf.len() {
             // Short write: the rest of the same buffer.
-            let t = tag(OpTag::Send, key, s.generation);
+            let t = tag(OpTag::Send, sock);
             if let Some(stream) = &s.stream {
                 let off = s.w_off;
                 self.ring.send(stream.as_fd(), buf, off, t);
@@ -1696,14 +1714,14 @@ impl TcpFabric {
             s.spare = Some(buf);
             s.w_off = 0;
         }
-        self.run_markers(key, sink, now);
-        self.arm_send(key);
+        self.run_markers(sock, sink, now);
+        self.arm_send(sock);
     }
 
     /// Acts on every marker whose bytes are all written.
-    fn run_markers(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
+    fn run_markers(&mut self, sock: SockId, sink: &mut dyn FabricSink, now: Instant) {
         loop {
-            let Some(s) = self.socks.get_mut(key) else {
+            let Some(s) = self.socks.get_mut(sock) else {
                 return;
             };
             let Some(&(pos, done)) = s.markers.front() else {
@@ -1714,7 +1732,7 @@ impl TcpFabric {
             }
             if let Done::Fault(_) = done {
                 // Completes `Error` (first in the queue now), the rest flushes.
-                return self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now);
+                return self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now);
             }
             s.markers.pop_front();
             let conn = s.live_conn();
@@ -1744,19 +1762,19 @@ impl TcpFabric {
                         let _ = st.shutdown(Shutdown::Write);
                     }
                 }
-                Done::RejectSent => self.shut(key),
+                Done::RejectSent => self.shut(sock),
             }
         }
     }
 
     /// Parses complete frames out of the receive buffer and acts on them, then posts the next
     /// read unless a frame is stalled (see the module doc).
-    fn parse(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
-        if self.socks.contains(key) {
-            self.grow_rbuf(key);
+    fn parse(&mut self, sock: SockId, sink: &mut dyn FabricSink, now: Instant) {
+        if self.socks.contains(sock) {
+            self.grow_rbuf(sock);
         }
         loop {
-            let Some(s) = self.socks.get_mut(key) else {
+            let Some(s) = self.socks.get_mut(sock) else {
                 return;
             };
             if s.shut {
@@ -1776,7 +1794,7 @@ impl TcpFabric {
                         .and_then(|r| r.bytes.get_mut(w.off..w.off + n))
                     else {
                         // Deregistered while the write was streaming in.
-                        return self.access_error(key, "region deregistered", sink, now);
+                        return self.access_error(sock, "region deregistered", sink, now);
                     };
                     dst.copy_from_slice(src);
                     self.stats.rdma_bytes_rx += n as u64;
@@ -1797,11 +1815,11 @@ impl TcpFabric {
             let head = match frame::parse_head(avail) {
                 Ok(Some(h)) => h,
                 Ok(None) => break,
-                Err(e) => return self.protocol_error(key, e, sink, now),
+                Err(e) => return self.protocol_error(sock, e, sink, now),
             };
             if s.phase == Phase::AwaitConnReq && head.kind != FrameKind::ConnReq {
                 // Refused on its head: the handshake buffer only ever holds a CONNREQ.
-                return self.protocol_error(key, FrameError::Unexpected(head.kind), sink, now);
+                return self.protocol_error(sock, FrameError::Unexpected(head.kind), sink, now);
             }
             // An RDMA_WRITE's data streams: only its write head must be here.
             let need = if head.kind == FrameKind::RdmaWrite {
@@ -1824,7 +1842,7 @@ impl TcpFabric {
                 (Phase::AwaitConnReq, FrameKind::ConnReq) => {
                     s.rstart = next;
                     s.phase = Phase::RequestPending;
-                    let req = RequestId(u64::from(s.generation) << 32 | key as u64);
+                    let req = RequestId(sock.as_u64());
                     sink.handle_connect_request(now, req, &buf[body]);
                 }
                 (Phase::AwaitReply, FrameKind::ConnAck) => {
@@ -1841,7 +1859,7 @@ impl TcpFabric {
                     s.reported_down = true;
                     let private = PrivateData::new(&buf[body]);
                     self.stats.rejects_received += 1;
-                    self.shut(key);
+                    self.shut(sock);
                     if let Some(c) = conn {
                         sink.handle_connect_failed(now, c, ConnectFailure::Rejected(private));
                     }
@@ -1900,7 +1918,7 @@ impl TcpFabric {
                         }
                         Err(why) => {
                             debug!(rkey, addr, len, "tcp fabric: RDMA write refused");
-                            return self.access_error(key, why, sink, now);
+                            return self.access_error(sock, why, sink, now);
                         }
                     }
                 }
@@ -1908,16 +1926,16 @@ impl TcpFabric {
                     s.rstart = next;
                     s.peer_disconnect = true;
                     self.stats.peer_disconnects += 1;
-                    self.flush_unsent(key, sink, now);
-                    self.report_down(key, ConnectFailure::Error, sink, now);
+                    self.flush_unsent(sock, sink, now);
+                    self.report_down(sock, ConnectFailure::Error, sink, now);
                 }
                 (_, kind) => {
-                    return self.protocol_error(key, FrameError::Unexpected(kind), sink, now)
+                    return self.protocol_error(sock, FrameError::Unexpected(kind), sink, now)
                 }
             }
         }
         // Only an incomplete frame (or nothing) is left: compact and read on.
-        let Some(s) = self.socks.get_mut(key) else {
+        let Some(s) = self.socks.get_mut(sock) else {
             return;
         };
         s.stalled = false;
@@ -1931,7 +1949,7 @@ impl TcpFabric {
                 s.rstart = 0;
             }
         }
-        self.arm_recv(key);
+        self.arm_recv(sock);
     }
 
     // ------------------------------------------------------------------ failure paths
@@ -1958,43 +1976,43 @@ impl TcpFabric {
     /// pending sends flush; the writer sees the socket close.
     fn access_error(
         &mut self,
-        key: usize,
+        sock: SockId,
         why: &'static str,
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
         self.stats.rdma_access_errors += 1;
-        let conn = self.socks[key].conn;
+        let conn = self.socks[sock].conn;
         debug!(
             why,
             ?conn,
             "tcp fabric: RDMA write access error, closing the connection"
         );
-        self.socks[key].rx_write = None;
-        self.broken(key, WcStatus::Flushed, ConnectFailure::Error, sink, now);
+        self.socks[sock].rx_write = None;
+        self.broken(sock, WcStatus::Flushed, ConnectFailure::Error, sink, now);
     }
 
     fn protocol_error(
         &mut self,
-        key: usize,
+        sock: SockId,
         e: FrameError,
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
         self.stats.count(e);
         let (phase, conn) = {
-            let s = &self.socks[key];
+            let s = &self.socks[sock];
             (s.phase, s.conn)
         };
         debug!(error = %e, ?phase, ?conn, "tcp fabric: protocol error, closing the connection");
-        self.broken(key, WcStatus::Error, ConnectFailure::Error, sink, now);
+        self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now);
     }
 
     /// The peer's DISCONNECT arrived (its DREQ: our queue pair goes to error): every send and
     /// write not yet completed completes `Flushed`, in posting order, and what is not handed to
     /// the socket yet is dropped (the peer discards whatever arrives after its DISCONNECT).
-    fn flush_unsent(&mut self, key: usize, sink: &mut dyn FabricSink, now: Instant) {
-        let s = &mut self.socks[key];
+    fn flush_unsent(&mut self, sock: SockId, sink: &mut dyn FabricSink, now: Instant) {
+        let s = &mut self.socks[sock];
         if s.local_disconnect || s.tx_dead {
             return;
         }
@@ -2031,13 +2049,13 @@ impl TcpFabric {
     /// flushed), shut the socket and tell the engine once.
     fn broken(
         &mut self,
-        key: usize,
+        sock: SockId,
         first: WcStatus,
         connect_why: ConnectFailure,
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         s.tx_dead = true;
         s.wq.clear();
         let conn = s.live_conn();
@@ -2066,20 +2084,20 @@ impl TcpFabric {
                 status = WcStatus::Flushed;
             }
         }
-        self.shut(key);
-        self.report_down(key, connect_why, sink, now);
+        self.shut(sock);
+        self.report_down(sock, connect_why, sink, now);
     }
 
     /// Tells the engine, once, that the connection is gone (or, for an active connect before its
     /// reply, that the connect failed with `why`).
     fn report_down(
         &mut self,
-        key: usize,
+        sock: SockId,
         why: ConnectFailure,
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.reported_down {
             return;
         }
@@ -2095,8 +2113,8 @@ impl TcpFabric {
     }
 
     /// Shuts the socket down and cancels its I/O; it is closed once the kernel lets go.
-    fn shut(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn shut(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         if s.shut {
             return;
         }
@@ -2107,23 +2125,25 @@ impl TcpFabric {
             s.handshake = false;
             self.handshakes -= 1;
         }
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if let Some(stream) = &s.stream {
             let _ = stream.shutdown(Shutdown::Both);
             if s.ops > 0 {
                 self.ring
-                    .cancel_fd(stream.as_fd(), tag(OpTag::Cancel, key, s.generation));
+                    .cancel_fd(stream.as_fd(), tag(OpTag::Cancel, sock));
                 s.ops += 1;
             }
         }
     }
 
-    fn maybe_free(&mut self, key: usize) {
-        let Some(s) = self.socks.get(key) else {
+    fn maybe_free(&mut self, sock: SockId) {
+        let Some(s) = self.socks.get(sock) else {
             return;
         };
         if s.ops == 0 && s.shut && (s.conn.is_none() || s.destroyed) {
-            let s = self.socks.remove(key);
+            let Some(s) = self.socks.remove(sock) else {
+                unreachable!("the socket was just found")
+            };
             debug_assert!(
                 !s.handshake,
                 "a freed socket still counted in its handshake"
@@ -2157,9 +2177,7 @@ impl TcpFabric {
         phase: Phase,
         active: bool,
         conn: Option<ConnId>,
-    ) -> usize {
-        let generation = self.next_generation;
-        self.next_generation = (self.next_generation + 1) & GEN_MASK;
+    ) -> SockId {
         let shut = stream.is_none();
         // An accepted socket is unauthenticated until its handshake is done: a small receive
         // buffer and no write buffers from the pool (its CONNACK or REJECT allocates a little).
@@ -2187,7 +2205,6 @@ impl TcpFabric {
             self.pool.pop().unwrap_or_default()
         };
         self.socks.insert(Sock {
-            generation,
             stream,
             phase: if shut { Phase::Closed } else { phase },
             active,
@@ -2231,76 +2248,71 @@ impl TcpFabric {
         if self.lookup(conn).is_some() {
             return;
         }
-        let key = self.new_sock(None, Phase::Closed, true, Some(conn));
-        self.socks[key].reported_down = true;
-        self.map(conn, key);
+        let sock = self.new_sock(None, Phase::Closed, true, Some(conn));
+        self.socks[sock].reported_down = true;
+        self.map(conn, sock);
         self.out.push_back(report);
     }
 
-    fn map(&mut self, conn: ConnId, key: usize) {
+    fn map(&mut self, conn: ConnId, sock: SockId) {
         let i = conn.index() as usize;
         if self.by_conn.len() <= i {
             self.by_conn.resize(i + 1, None);
         }
-        self.by_conn[i] = Some((conn.generation(), key));
+        self.by_conn[i] = Some((conn, sock));
     }
 
-    fn lookup(&self, conn: ConnId) -> Option<usize> {
+    fn lookup(&self, conn: ConnId) -> Option<SockId> {
         match self.by_conn.get(conn.index() as usize) {
-            Some(&Some((generation, key))) if generation == conn.generation() => Some(key),
+            Some(&Some((c, sock))) if c == conn => Some(sock),
             _ => None,
         }
     }
 
-    fn request_key(&self, req: RequestId) -> Option<usize> {
-        let key = (req.0 & 0xffff_ffff) as usize;
-        let generation = (req.0 >> 32) as u32;
-        let s = self.socks.get(key)?;
-        (s.generation == generation
-            && s.conn.is_none()
-            && matches!(s.phase, Phase::RequestPending | Phase::Closed))
-        .then_some(key)
+    /// The socket of connect request `req` (its handle's `as_u64`), if it still waits for the
+    /// engine's answer (or closed meanwhile and nobody took it).
+    fn request_sock(&self, req: RequestId) -> Option<SockId> {
+        let sock = SockId::from_u64(req.0);
+        let s = self.socks.get(sock)?;
+        (s.conn.is_none() && matches!(s.phase, Phase::RequestPending | Phase::Closed))
+            .then_some(sock)
     }
 
     /// Arms the socket's send at the start of the next `poll` rather than now: SQEs are only
     /// submitted there anyway, and a send armed at the first of several frames applied in a row
     /// would carry that frame alone, the rest waiting a round through the kernel for its
     /// completion.
-    fn defer_send(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn defer_send(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         if !s.tx_pending {
             s.tx_pending = true;
-            self.tx_pending.push((key, s.generation));
+            self.tx_pending.push(sock);
         }
     }
 
     /// Arms the sends deferred by `defer_send`.
     fn arm_pending_sends(&mut self) {
         let mut pending = std::mem::take(&mut self.tx_pending);
-        for (key, generation) in pending.drain(..) {
-            let Some(s) = self
-                .socks
-                .get_mut(key)
-                .filter(|s| s.generation == generation)
-            else {
-                continue;
+        for sock in pending.drain(..) {
+            let Some(s) = self.socks.get_mut(sock) else {
+                continue; // freed since
             };
             s.tx_pending = false;
-            self.arm_send(key);
+            self.arm_send(sock);
         }
         self.tx_pending = pending;
     }
 
-    fn make_ready(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn make_ready(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         if !s.in_ready {
             s.in_ready = true;
-            self.ready.push((key, s.generation));
+            self.ready.push(sock);
         }
     }
 
     fn arm_accept(&mut self) {
-        let t = tag(OpTag::Accept, 0, 0);
+        let t = tag(OpTag::Accept, NO_SOCK);
         if self.accept_probe {
             self.ring.accept_one(self.listener.as_fd(), t);
         } else {
@@ -2309,8 +2321,8 @@ impl TcpFabric {
         self.accept_armed = true;
     }
 
-    fn arm_recv(&mut self, key: usize) {
-        let s = &mut self.socks[key];
+    fn arm_recv(&mut self, sock: SockId) {
+        let s = &mut self.socks[sock];
         if s.recv_armed || s.shut || s.rx_eof || s.stalled || s.phase == Phase::Connecting {
             return;
         }
@@ -2324,18 +2336,18 @@ impl TcpFabric {
             s.rbuf = Some(buf);
             return;
         }
-        let t = tag(OpTag::Recv, key, s.generation);
+        let t = tag(OpTag::Recv, sock);
         self.ring.recv(stream.as_fd(), buf, s.rend, t);
         s.recv_armed = true;
         s.ops += 1;
     }
 
-    fn arm_send(&mut self, key: usize) {
-        let s = &self.socks[key];
+    fn arm_send(&mut self, sock: SockId) {
+        let s = &self.socks[sock];
         if !s.send_armed && !s.backlog.is_empty() && !s.tx_dead && !s.shut {
-            self.fill(key);
+            self.fill(sock);
         }
-        let s = &mut self.socks[key];
+        let s = &mut self.socks[sock];
         if s.send_armed || s.tx_dead || s.shut || s.wq.is_empty() || s.phase == Phase::Connecting {
             return;
         }
@@ -2347,7 +2359,7 @@ impl TcpFabric {
         };
         std::mem::swap(&mut buf, &mut s.wq);
         s.w_off = 0;
-        let t = tag(OpTag::Send, key, s.generation);
+        let t = tag(OpTag::Send, sock);
         self.ring.send(stream.as_fd(), buf, 0, t);
         s.send_armed = true;
         s.ops += 1;

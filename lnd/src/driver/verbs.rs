@@ -68,6 +68,7 @@ use crate::fabric::{
     ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RemoteRegion,
     RequestId, WcStatus, WrId,
 };
+use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::verbs::{
     self as v, CmEvent, CmEventKind, CmId, CompChannel, CompletionQueue, ConnParam, DeviceLimits,
     DeviceList, EventChannel, MemoryRegion, ProtectionDomain, SendOp, SendWr, Wc,
@@ -249,7 +250,6 @@ struct SqEntry {
 }
 
 struct VConn {
-    generation: u32,
     id: Option<CmId>,
     res: Option<Resources>,
     conn: Option<ConnId>,
@@ -286,7 +286,7 @@ const LISTENER: u64 = u64::MAX;
 pub struct VerbsFabric {
     // Field order = drop order: connections (their QPs and ids) before the regions, the listener,
     // the channel, and the PDs (which keep the device list open).
-    conns: Slab<VConn>,
+    conns: HandleSlab<VConn, VConnTag>,
     regions: HashMap<u64, Arc<MemoryRegion>>,
     /// Held for its lifetime: its events carry the `LISTENER` token.
     _listener: CmId,
@@ -300,18 +300,17 @@ pub struct VerbsFabric {
     local: SocketAddr,
     resolver: Resolver,
     cfg: VerbsConfig,
-    next_generation: u32,
     next_region: u64,
     next_injected: u64,
     /// Writes posted with `rdma_write`: their connection and, once completed, their status.
     injected: HashMap<u64, (ConnId, Option<WcStatus>)>,
-    by_conn: HashMap<ConnId, usize>,
+    by_conn: HashMap<ConnId, VConnId>,
     out: VecDeque<Report>,
     /// Connections with work in their backlog.
-    dirty: Vec<usize>,
+    dirty: Vec<VConnId>,
     wcs: Vec<Wc>,
-    /// Completions polled (by connection key) and not yet handed to the engine.
-    pending: Vec<(usize, Wc)>,
+    /// Completions polled (by connection) and not yet handed to the engine.
+    pending: Vec<(VConnId, Wc)>,
     stats: VerbsStats,
     /// Where a received message is copied out of its slot before the engine sees it.
     rx_scratch: Vec<u8>,
@@ -324,9 +323,20 @@ pub struct VerbsFabric {
     spare: Vec<Vec<u8>>,
 }
 
-fn token(key: usize, generation: u32) -> u64 {
-    u64::from(generation) << 32 | key as u64
+/// The tag of [`VConnId`].
+#[derive(Debug)]
+enum VConnTag {}
+
+impl Tag for VConnTag {
+    const NAME: &'static str = "vconn";
 }
+
+/// A connection's (or pending request's) handle: its slot in `VerbsFabric::conns` and the
+/// generation of the connection there. Its `as_u64` is the cm_id's context (the token its events
+/// carry) and the `RequestId` of a connect request, so an event for a connection already gone is
+/// recognised (`stale_events`) and never reaches the next one in its slot. Generation 0 is never
+/// live: the 0 a cm_id is created with, before it has its token, names nothing.
+type VConnId = Handle<VConnTag>;
 
 fn wc_status(status: u32) -> WcStatus {
     match status {
@@ -382,7 +392,7 @@ impl VerbsFabric {
             .unwrap_or(0);
         let n = devices.len();
         let mut f = VerbsFabric {
-            conns: Slab::new(),
+            conns: HandleSlab::new(),
             regions: HashMap::new(),
             _listener: listener,
             ch,
@@ -393,7 +403,6 @@ impl VerbsFabric {
             local,
             resolver: Box::new(resolver),
             cfg,
-            next_generation: 1,
             next_region: 0,
             next_injected: 0,
             injected: HashMap::new(),
@@ -485,11 +494,8 @@ impl VerbsFabric {
         i32::try_from(self.cfg.resolve_timeout.as_millis()).unwrap_or(i32::MAX)
     }
 
-    fn new_vconn(&mut self, id: Option<CmId>, phase: Phase, active: bool) -> usize {
-        let generation = self.next_generation;
-        self.next_generation = self.next_generation.wrapping_add(1).max(1);
-        let key = self.conns.insert(VConn {
-            generation,
+    fn new_vconn(&mut self, id: Option<CmId>, phase: Phase, active: bool) -> VConnId {
+        let vc = self.conns.insert(VConn {
             id,
             res: None,
             conn: None,
@@ -506,13 +512,13 @@ impl VerbsFabric {
             reported_down: false,
             early: Vec::new(),
         });
-        if let Some(id) = self.conns[key].id.as_mut() {
-            id.set_token(token(key, generation));
+        if let Some(id) = self.conns[vc].id.as_mut() {
+            id.set_token(vc.as_u64());
         }
-        key
+        vc
     }
 
-    fn lookup(&self, conn: ConnId) -> Option<usize> {
+    fn lookup(&self, conn: ConnId) -> Option<VConnId> {
         self.by_conn.get(&conn).copied()
     }
 
@@ -710,27 +716,27 @@ impl VerbsFabric {
                 return fail(self, ConnectFailure::Error);
             }
         };
-        let key = self.new_vconn(Some(id), Phase::ResolvingAddr, true);
+        let vc = self.new_vconn(Some(id), Phase::ResolvingAddr, true);
         let tmo = self.timeout_ms();
-        let c = &mut self.conns[key];
+        let c = &mut self.conns[vc];
         c.conn = Some(conn);
         c.private = private;
         c.recv_slots = recv_slots;
-        self.by_conn.insert(conn, key);
+        self.by_conn.insert(conn, vc);
         if let Err(e) =
             c.id.as_mut()
                 .map_or(Ok(()), |id| id.resolve_addr(addr, tmo))
         {
             debug!(%peer, %addr, error = %e, "verbs fabric: rdma_resolve_addr");
-            self.conns[key].reported_down = true;
+            self.conns[vc].reported_down = true;
             fail(self, ConnectFailure::Unreachable);
         }
     }
 
     /// Completion channel, CQ, QP on the device's PD, buffers; posts receives 0..recv_slots.
-    fn setup(&mut self, key: usize) -> io::Result<()> {
+    fn setup(&mut self, vc: VConnId) -> io::Result<()> {
         let dev = {
-            let c = &self.conns[key];
+            let c = &self.conns[vc];
             let id = c.id.as_ref().ok_or_else(|| io::Error::other("no cm_id"))?;
             let dk = id
                 .device_key()
@@ -742,7 +748,7 @@ impl VerbsFabric {
         let pd = self.pd(dev)?;
         let limits = self.device_limits(dev);
         let max_frags = u32::from(self.cfg.max_frags);
-        let c = &mut self.conns[key];
+        let c = &mut self.conns[vc];
         let id = c.id.as_mut().ok_or_else(|| io::Error::other("no cm_id"))?;
         let recv_wr = u32::from(c.recv_slots.max(2));
         let qd = (recv_wr.saturating_sub(2) / 2).max(1);
@@ -796,11 +802,11 @@ impl VerbsFabric {
     }
 
     fn accept(&mut self, req: RequestId, conn: ConnId, private: PrivateData, recv_slots: u16) {
-        let key = (req.0 & 0xffff_ffff) as usize;
+        let vc = VConnId::from_u64(req.0);
         let ok = self
             .conns
-            .get(key)
-            .is_some_and(|c| token(key, c.generation) == req.0 && c.phase == Phase::RequestPending);
+            .get(vc)
+            .is_some_and(|c| c.phase == Phase::RequestPending);
         if !ok {
             self.stats.unknown_actions += 1;
             self.out
@@ -809,38 +815,38 @@ impl VerbsFabric {
         }
         self.stats.accepts += 1;
         {
-            let c = &mut self.conns[key];
+            let c = &mut self.conns[vc];
             c.conn = Some(conn);
             c.recv_slots = recv_slots;
             c.phase = Phase::Accepting;
         }
-        self.by_conn.insert(conn, key);
+        self.by_conn.insert(conn, vc);
         let param = self.param();
-        let r = self.setup(key).and_then(|()| {
-            let c = &mut self.conns[key];
+        let r = self.setup(vc).and_then(|()| {
+            let c = &mut self.conns[vc];
             c.id.as_mut()
                 .map_or(Ok(()), |id| id.accept(private.as_bytes(), param))
         });
         if let Err(e) = r {
             debug!(error = %e, "verbs fabric: accept failed");
             self.stats.setup_errors += 1;
-            self.conns[key].reported_down = true;
+            self.conns[vc].reported_down = true;
             self.out.push_back(Report::Disconnected(conn));
         }
     }
 
     fn reject(&mut self, req: RequestId, private: PrivateData) {
-        let key = (req.0 & 0xffff_ffff) as usize;
+        let vc = VConnId::from_u64(req.0);
         let ok = self
             .conns
-            .get(key)
-            .is_some_and(|c| token(key, c.generation) == req.0 && c.phase == Phase::RequestPending);
+            .get(vc)
+            .is_some_and(|c| c.phase == Phase::RequestPending);
         if !ok {
             self.stats.unknown_actions += 1;
             return;
         }
         self.stats.rejects_sent += 1;
-        let mut c = self.conns.remove(key);
+        let mut c = self.conns.remove(vc).expect("the request was just found");
         if let Some(id) = c.id.as_mut() {
             if let Err(e) = id.reject(private.as_bytes()) {
                 debug!(error = %e, "verbs fabric: rdma_reject");
@@ -849,11 +855,11 @@ impl VerbsFabric {
     }
 
     fn post_recv(&mut self, conn: ConnId, slot: u16) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(vc) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let c = &mut self.conns[key];
+        let c = &mut self.conns[vc];
         let (Some(id), Some(res)) = (c.id.as_mut(), c.res.as_ref()) else {
             return;
         };
@@ -878,7 +884,7 @@ impl VerbsFabric {
     }
 
     fn send(&mut self, conn: ConnId, wr: WrId, bytes: &[u8]) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(vc) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
@@ -888,7 +894,7 @@ impl VerbsFabric {
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
             return;
         }
-        let c = &mut self.conns[key];
+        let c = &mut self.conns[vc];
         if !Self::usable(c) {
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
@@ -911,7 +917,7 @@ impl VerbsFabric {
             },
         });
         c.backlog.push_back(e);
-        self.dirty.push(key);
+        self.dirty.push(vc);
     }
 
     fn write(
@@ -923,11 +929,11 @@ impl VerbsFabric {
         remote: RemoteRegion,
         len: u32,
     ) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(vc) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let c = &mut self.conns[key];
+        let c = &mut self.conns[vc];
         if !Self::usable(c) {
             self.out
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
@@ -968,7 +974,7 @@ impl VerbsFabric {
             },
         });
         c.backlog.push_back(e);
-        self.dirty.push(key);
+        self.dirty.push(vc);
     }
 
     /// Posts as much of every dirty connection's backlog as its send queue has room for.
@@ -976,19 +982,19 @@ impl VerbsFabric {
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
-        for key in dirty.drain(..) {
-            self.flush(key);
+        for vc in dirty.drain(..) {
+            self.flush(vc);
         }
         if self.dirty.is_empty() {
             self.dirty = dirty;
         }
     }
 
-    /// Posts connection `key`'s backlog, in chains of at most `max_chain`, within the send
+    /// Posts connection `vc`'s backlog, in chains of at most `max_chain`, within the send
     /// queue's capacity. A request the device refuses completes with `Error`.
-    fn flush(&mut self, key: usize) {
+    fn flush(&mut self, vc: VConnId) {
         let max_chain = self.cfg.max_chain.max(1);
-        let Some(c) = self.conns.get_mut(key) else {
+        let Some(c) = self.conns.get_mut(vc) else {
             return;
         };
         let Some(conn) = c.conn else { return };
@@ -1092,13 +1098,13 @@ impl VerbsFabric {
     }
 
     fn disconnect(&mut self, conn: ConnId) {
-        let Some(key) = self.lookup(conn) else {
+        let Some(vc) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
         // What the engine posted before the disconnect goes first.
-        self.flush(key);
-        let c = &mut self.conns[key];
+        self.flush(vc);
+        let c = &mut self.conns[vc];
         let was = c.phase;
         c.phase = Phase::Closing;
         let r = match (was, c.id.as_mut()) {
@@ -1117,11 +1123,14 @@ impl VerbsFabric {
     }
 
     fn destroy(&mut self, conn: ConnId) {
-        let Some(key) = self.by_conn.remove(&conn) else {
+        let Some(vc) = self.by_conn.remove(&conn) else {
             self.stats.unknown_actions += 1;
             return;
         };
-        let mut c = self.conns.remove(key);
+        let mut c = self
+            .conns
+            .remove(vc)
+            .expect("a mapped connection is in the table");
         // QP (releasing what its outstanding work pinned), then CQ and its channel, then the
         // cm_id, then the connection's buffers; the PD is the fabric's.
         if let Some(id) = c.id.as_mut() {
@@ -1226,14 +1235,14 @@ impl VerbsFabric {
     /// the cm channel costs a system call, so busy rounds look at it only every few rounds.
     fn any_ready(&mut self, check_cm: bool) -> io::Result<bool> {
         let mut found = false;
-        for (key, c) in self.conns.iter_mut() {
+        for (vc, c) in self.conns.iter_mut() {
             if let Some(id) = c.id.as_mut() {
                 let before = self.wcs.len();
                 id.poll_cq(&mut self.wcs, 16)?;
                 if self.wcs.len() > before {
                     found = true;
                     self.pending
-                        .extend(self.wcs.drain(before..).map(|w| (key, w)));
+                        .extend(self.wcs.drain(before..).map(|w| (vc, w)));
                 }
             }
         }
@@ -1244,15 +1253,15 @@ impl VerbsFabric {
     }
 
     fn poll_cqs(&mut self, sink: &mut dyn FabricSink, now: Instant) -> io::Result<()> {
-        for (key, c) in self.conns.iter_mut() {
+        for (vc, c) in self.conns.iter_mut() {
             if let Some(id) = c.id.as_mut() {
                 while id.poll_cq(&mut self.wcs, 32)? > 0 {}
-                self.pending.extend(self.wcs.drain(..).map(|w| (key, w)));
+                self.pending.extend(self.wcs.drain(..).map(|w| (vc, w)));
             }
         }
         let pending = std::mem::take(&mut self.pending);
-        for (key, w) in pending {
-            self.completion(key, w, sink, now);
+        for (vc, w) in pending {
+            self.completion(vc, w, sink, now);
             self.flush_out(sink, now);
         }
         Ok(())
@@ -1276,8 +1285,8 @@ impl VerbsFabric {
         sink.handle_send_complete(now, conn, wr, st);
     }
 
-    fn completion(&mut self, key: usize, w: Wc, sink: &mut dyn FabricSink, now: Instant) {
-        let Some(c) = self.conns.get_mut(key) else {
+    fn completion(&mut self, vc: VConnId, w: Wc, sink: &mut dyn FabricSink, now: Instant) {
+        let Some(c) = self.conns.get_mut(vc) else {
             return;
         };
         let Some(conn) = c.conn else {
@@ -1291,7 +1300,7 @@ impl VerbsFabric {
             let e = c.sq.remove(k);
             c.sq_posted = c.sq_posted.saturating_sub(1);
             if !c.backlog.is_empty() {
-                self.dirty.push(key);
+                self.dirty.push(vc);
             }
             let st = wc_status(w.status);
             match e.op {
@@ -1362,21 +1371,16 @@ impl VerbsFabric {
         if ev.kind == CmEventKind::ConnectRequest {
             let Some(id) = ev.new_id else { return };
             self.stats.requests += 1;
-            let key = self.new_vconn(Some(id), Phase::RequestPending, false);
-            let req = RequestId(token(key, self.conns[key].generation));
+            let vc = self.new_vconn(Some(id), Phase::RequestPending, false);
+            let req = RequestId(vc.as_u64());
             sink.handle_connect_request(now, req, &ev.private);
             return;
         }
         if ev.token == LISTENER {
             return;
         }
-        let key = (ev.token & 0xffff_ffff) as usize;
-        let generation = (ev.token >> 32) as u32;
-        let Some(c) = self
-            .conns
-            .get_mut(key)
-            .filter(|c| c.generation == generation)
-        else {
+        let vc = VConnId::from_u64(ev.token);
+        let Some(c) = self.conns.get_mut(vc) else {
             self.stats.stale_events += 1;
             return;
         };
@@ -1385,17 +1389,17 @@ impl VerbsFabric {
             CmEventKind::AddrResolved if c.phase == Phase::ResolvingAddr => {
                 c.phase = Phase::ResolvingRoute;
                 let tmo = self.timeout_ms();
-                let c = &mut self.conns[key];
+                let c = &mut self.conns[vc];
                 if let Some(Err(e)) = c.id.as_mut().map(|id| id.resolve_route(tmo)) {
                     debug!(error = %e, "verbs fabric: rdma_resolve_route");
-                    self.connect_failed(key, ConnectFailure::Unreachable);
+                    self.connect_failed(vc, ConnectFailure::Unreachable);
                 }
             }
             CmEventKind::RouteResolved if c.phase == Phase::ResolvingRoute => {
                 c.phase = Phase::Connecting;
                 let param = self.param();
-                let r = self.setup(key).and_then(|()| {
-                    let c = &mut self.conns[key];
+                let r = self.setup(vc).and_then(|()| {
+                    let c = &mut self.conns[vc];
                     let private = c.private;
                     c.id.as_mut()
                         .map_or(Ok(()), |id| id.connect(private.as_bytes(), param))
@@ -1403,13 +1407,13 @@ impl VerbsFabric {
                 if let Err(e) = r {
                     debug!(error = %e, "verbs fabric: connect setup");
                     self.stats.setup_errors += 1;
-                    self.connect_failed(key, ConnectFailure::Error);
+                    self.connect_failed(vc, ConnectFailure::Error);
                 }
             }
             CmEventKind::AddrError | CmEventKind::RouteError | CmEventKind::Unreachable => {
-                self.connect_failed(key, ConnectFailure::Unreachable)
+                self.connect_failed(vc, ConnectFailure::Unreachable)
             }
-            CmEventKind::ConnectError => self.connect_failed(key, ConnectFailure::Error),
+            CmEventKind::ConnectError => self.connect_failed(vc, ConnectFailure::Error),
             CmEventKind::Rejected => {
                 self.stats.rejects_received += 1;
                 let why = match ev.status {
@@ -1420,7 +1424,7 @@ impl VerbsFabric {
                     }
                     _ => ConnectFailure::Error,
                 };
-                self.connect_failed(key, why);
+                self.connect_failed(vc, why);
             }
             CmEventKind::Established => {
                 let Some(conn) = conn else { return };
@@ -1442,7 +1446,7 @@ impl VerbsFabric {
                 let Some(conn) = conn else {
                     // A request the engine has not answered: drop it.
                     if c.phase == Phase::RequestPending {
-                        self.conns.remove(key);
+                        self.conns.remove(vc);
                     }
                     return;
                 };
@@ -1454,15 +1458,15 @@ impl VerbsFabric {
                     c.phase = Phase::Closing;
                     sink.handle_disconnected(now, conn);
                 } else {
-                    self.connect_failed(key, ConnectFailure::Error);
+                    self.connect_failed(vc, ConnectFailure::Error);
                 }
             }
             _ => {}
         }
     }
 
-    fn connect_failed(&mut self, key: usize, why: ConnectFailure) {
-        let Some(c) = self.conns.get_mut(key) else {
+    fn connect_failed(&mut self, vc: VConnId, why: ConnectFailure) {
+        let Some(c) = self.conns.get_mut(vc) else {
             return;
         };
         c.phase = Phase::Closing;

@@ -767,14 +767,19 @@ fn tcp_tags_roundtrip() {
     for (op, key, generation) in [
         (OpTag::Accept, 0, 0),
         (OpTag::Recv, 5, 1),
-        (OpTag::Send, u32::MAX as usize, GEN_MASK),
+        (OpTag::Send, u32::MAX, (1 << GEN_BITS) - 1),
         (OpTag::Cancel, 77, 12345),
         (OpTag::Connect, 1, 3),
         (OpTag::Waker, 0, 0),
         (OpTag::AcceptCancel, 0, 0),
     ] {
-        assert_eq!(untag(tag(op, key, generation)), (Some(op), key, generation));
+        let sock = SockId::from_parts(key, generation);
+        assert_eq!(untag(tag(op, sock)), (Some(op), sock));
     }
+    assert_eq!(
+        untag(tag(OpTag::Accept, NO_SOCK)),
+        (Some(OpTag::Accept), NO_SOCK)
+    );
     let mut s = Slots::default();
     s.post_first(3);
     assert!(s.post(511));
@@ -784,6 +789,66 @@ fn tcp_tags_roundtrip() {
     assert_eq!(s.take_lowest(), Some(2));
     assert_eq!(s.take_lowest(), Some(511));
     assert_eq!(s.take_lowest(), None);
+}
+
+/// A completion (or a ready or pending-send entry) for a socket that was freed, its slot then
+/// reused, is dropped: it must not count down, disarm or hand a buffer to the socket that lives
+/// in the slot now. Only the socket's own handle reaches it.
+#[test]
+fn tcp_stale_completion_for_a_reused_socket_slot_is_ignored() {
+    struct Events(usize);
+    impl FabricSink for Events {
+        fn fabric_event(&mut self, _: Instant, _: crate::fabric::FabricEvent<'_>) {
+            self.0 += 1;
+        }
+        fn recycle(&mut self, _: Vec<u8>) {}
+    }
+    let mut f = TcpFabric::bind("127.0.0.1:0".parse().unwrap(), |_| None).unwrap();
+    // A socket with nothing in flight is freed at once.
+    let old = f.new_sock(None, Phase::Closed, false, None);
+    f.maybe_free(old);
+    assert_eq!(f.sockets(), 0);
+    let new = f.new_sock(None, Phase::Closed, false, None);
+    assert_eq!(new.index(), old.index(), "the slot is reused");
+    assert_ne!(new, old);
+    // The new socket has a receive in flight, and is queued to parse and to send.
+    {
+        let s = &mut f.socks[new];
+        s.ops = 1;
+        s.recv_armed = true;
+        s.in_ready = true;
+        s.tx_pending = true;
+    }
+    let recv = |sock, result| Completion {
+        tag: tag(OpTag::Recv, sock),
+        result,
+        more: false,
+        buf: Some(vec![0; 64]),
+        fd: None,
+    };
+    let mut sink = Events(0);
+    f.complete(recv(old, 64), &mut sink, Instant::ZERO);
+    f.ready.push(old);
+    f.run_ready(&mut sink, Instant::ZERO);
+    f.tx_pending.push(old);
+    f.arm_pending_sends();
+    let s = &f.socks[new];
+    assert_eq!(
+        (
+            s.ops,
+            s.recv_armed,
+            s.rbuf.is_none(),
+            s.in_ready,
+            s.tx_pending
+        ),
+        (1, true, true, true, true),
+        "untouched by the old socket's completion and entries"
+    );
+    assert_eq!(sink.0, 0);
+    // Its own (cancelled) receive comes back: the shut socket has nothing in flight and goes.
+    f.complete(recv(new, -libc::ECANCELED), &mut sink, Instant::ZERO);
+    assert!(!f.socks.contains(new));
+    assert_eq!((f.sockets(), sink.0), (0, 0));
 }
 
 // ------------------------------------------------------------------ RDMA writes
