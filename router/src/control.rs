@@ -1029,7 +1029,7 @@ impl<T> Control<T> {
                 Ok(n) => n,
                 Err(e) => return Err((token, ControlError::new(errno::EINVAL, e.to_string()))),
             };
-            if src != Nid::LO_0 && !node.nids().contains(&src) {
+            if src != Nid::LO_0 && !node.node_nids().contains(&src) {
                 return Err((
                     token,
                     ControlError::new(errno::EINVAL, format!("source {src} is not a local NID")),

@@ -1,46 +1,51 @@
 //! `lnet-router`: ulnet's LNet daemon. Reads a YAML configuration (`router::yaml_config`),
-//! starts one [`LnetNode`] whose NIs run on the tcp fabric (io_uring), serves `lnetctl` on a Unix
-//! control socket (`router::control`), and on SIGTERM/SIGINT closes every connection gracefully
-//! (bounded) and exits 0.
+//! runs each NI on its own thread, serves `lnetctl` on a Unix control socket (`router::control`),
+//! and on SIGTERM/SIGINT/SIGQUIT closes every connection gracefully (bounded) and exits 0.
 //!
-//! Threads (first version): ONE event loop thread drives every NI's fabric (tcp on io_uring, or
-//! verbs when built with the `verbs` feature) and the node (with several NIs each fabric's wait is
-//! split so that none starves; per-NI loops come with forwarding), and a control thread accepts
-//! `lnetctl` connections, each served by a short-lived thread that forwards requests to the loop
-//! over a bounded channel and wakes it (a [`Waker`] every fabric watches), then waits for the
-//! reply. At most [`control::MAX_CLIENTS`] connections are served at once (the next are refused
+//! Threads: one per NI, each running that NI's [`NiRuntime`] (its `LnetNode`, which knows the
+//! node's other NIDs as its own, its fabric: tcp on io_uring, or verbs with the `verbs` feature,
+//! its waker) with [`NiRuntime::turn`], and answering the control requests for that NI; a slow or
+//! frozen peer on one NI never holds another NI's loop. A control thread accepts `lnetctl`
+//! connections, each served by a short-lived thread that sends each request to the NI loops it
+//! concerns over a bounded channel and wakes them, then merges their answers (a ping goes to the
+//! NI on the target's net; `net show`, `peer show`, `conn show` and `stats show` gather every
+//! NI's). At most [`control::MAX_CLIENTS`] connections are served at once (the next are refused
 //! with one line); each reads its requests with a 64 KiB cap, an idle timeout and a request
-//! timeout (`control::read_request`). The loop looks at signals at least every 20 ms: TERM, INT
-//! and QUIT stop the daemon gracefully, HUP, USR1 and USR2 are logged and ignored.
+//! timeout (`control::read_request`). The main thread watches signals: TERM, INT and QUIT stop
+//! every NI gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
-//! `lnetctl capture` takes over its connection: the loop turns capturing on in every NI's LND,
+//! `lnetctl capture` takes over its connection: every NI loop turns capturing on in its LND and
 //! streams the records to that connection's thread through a bounded channel (never blocking on
-//! it: a full channel drops and counts), and a watcher thread reading the client's side ends the
-//! capture on `capture_stop` or when the client goes away. One capture at a time. Why lnetctl,
-//! not the daemon, writes the file: see `router::control`'s capture section.
+//! it: a full channel drops and counts), the connection's thread merges them, and a watcher
+//! thread reading the client's side ends the capture on `capture_stop` or when the client goes
+//! away. One capture at a time. Why lnetctl, not the daemon, writes the file: see
+//! `router::control`'s capture section.
 //!
 //! Exit status: 0 after a clean shutdown, 1 on a runtime failure (socket, fabric),
 //! 2 on a bad command line or configuration.
 
+use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use lnd::driver::tcp::{TcpConfig, TcpFabric};
-use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
+use lnd::driver::{Driver, MonotonicClock, WakeHandle};
 use lnd::time::Duration;
+use lnd::wire::Nid;
 use router::control::{
     self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
     NiExtras, ReadRequest, Request, Response,
 };
+use router::runtime::NiRuntime;
 use router::yaml_config::{DaemonConfig, FabricKind};
-use router::{LnetEvent, LnetNode, NiIndex};
+use router::{LnetEvent, LnetNode};
 use tracing::{debug, error, info, warn};
 
 /// How long the loop may block before it looks at control requests and signals again.
@@ -217,52 +222,229 @@ fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), S
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
-    let (waker, wake) = Waker::new().map_err(|e| format!("cannot create the loop's waker: {e}"))?;
-    let mut fabrics: Vec<NiFabric> = Vec::new();
-    let mut extras = Vec::new();
-    for (net, ni) in cfg.nis() {
-        let mut f = start_fabric(&cfg, net.fabric, ni)?;
-        f.driver.set_waker(waker.fd());
-        fabrics.push(f);
-        extras.push(NiExtras {
+    // Every NI's fabric first, here: an NI that cannot start fails the start with its message.
+    let mut runtimes = Vec::new();
+    for ((net, ni), node_cfg) in cfg.nis().zip(cfg.ni_node_configs(incarnation)) {
+        let f = start_fabric(&cfg, net.fabric, ni)?;
+        let node = LnetNode::new(node_cfg, clock.now());
+        let (rt, wake) = NiRuntime::new(node, f.driver, clock)
+            .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
+        let extras = NiExtras {
             peer_timeout: ni.peer_timeout,
             peer_buffer_credits: ni.peer_buffer_credits,
-        });
+        };
+        runtimes.push((rt, wake, f.kind, extras));
     }
-    let mut node = LnetNode::new(cfg.node_config(incarnation), clock.now());
 
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
     let _guard = SocketGuard(socket.clone());
-    let (req_tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
+    let shared = Arc::new(Shutdown::default());
+    let mut links = Vec::new();
+    let mut threads = Vec::new();
+    let wakes: Vec<WakeHandle> = runtimes.iter().map(|r| r.1.clone()).collect();
+    let wakes = Arc::new(wakes);
+    for (rt, wake, kind, extras) in runtimes {
+        let nid = rt.node().nids()[0];
+        let (tx, rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
+        links.push(NiLink { nid, tx, wake });
+        let (shared, wakes) = (Arc::clone(&shared), Arc::clone(&wakes));
+        let t = std::thread::Builder::new()
+            .name(format!("ni {nid}"))
+            .spawn(move || ni_loop(rt, kind, extras, &rx, &shared, &wakes))
+            .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
+        threads.push((nid, t));
+    }
+    let loops = Loops {
+        nis: Arc::new(links),
+    };
     let counters = Arc::new(ControlCounters::default());
     std::thread::Builder::new()
         .name("control".into())
-        .spawn(move || control_thread(listener, req_tx, wake, limits, counters))
+        .spawn(move || control_thread(listener, loops, limits, counters))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
-    info!(socket = %socket.display(), nis = fabrics.len(), "lnet-router running");
+    info!(socket = %socket.display(), nis = threads.len(), "lnet-router running");
 
-    let mut control: Control<SyncSender<Response>> = Control::new(extras);
-    event_loop(
-        &mut node,
-        &mut fabrics,
-        &mut control,
-        &req_rx,
-        &waker,
-        &clock,
-        &signals,
-    )?;
+    // The main thread: signals, and the NI threads' ends (a failed fabric stops everyone).
+    loop {
+        if signals.check() && !shared.stop.swap(true, Ordering::Relaxed) {
+            info!("closing every connection");
+            wake_all(&wakes);
+        }
+        if threads.iter().all(|(_, t)| t.is_finished()) {
+            break;
+        }
+        std::thread::sleep(MAX_WAIT);
+    }
+    for (nid, t) in threads {
+        if t.join().is_err() {
+            shared.fail(format!("the thread of NI {nid} panicked"));
+        }
+    }
     info!("lnet-router stopped");
-    Ok(())
+    let fatal = shared.fatal.lock().map(|f| f.clone()).unwrap_or(None);
+    fatal.map_or(Ok(()), Err)
 }
 
-/// One NI's fabric, as the loop drives it.
+/// What the NI threads share: the stop every one of them obeys, and the first fatal error.
+#[derive(Default)]
+struct Shutdown {
+    stop: AtomicBool,
+    fatal: Mutex<Option<String>>,
+}
+
+impl Shutdown {
+    /// Records a fatal error (the first one is reported) and stops every NI.
+    fn fail(&self, e: String) {
+        if let Ok(mut f) = self.fatal.lock() {
+            f.get_or_insert(e);
+        }
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn wake_all(wakes: &[WakeHandle]) {
+    for w in wakes {
+        w.wake();
+    }
+}
+
+/// One NI's loop, on its own thread: its runtime's turns, its control requests, its capture,
+/// until a stop and a finished (bounded) graceful shutdown.
+fn ni_loop(
+    mut rt: NiRuntime<Box<dyn Driver + Send>>,
+    kind: FabricKind,
+    extras: NiExtras,
+    req_rx: &Receiver<ControlMsg>,
+    shared: &Shutdown,
+    wakes: &[WakeHandle],
+) {
+    let nid = rt.node().nids()[0];
+    let mut control: Control<SyncSender<Response>> = Control::new(vec![extras]);
+    let mut shutdown_deadline = None;
+    let mut failed = false;
+    let mut capture = CaptureState::Idle;
+    let mut next_capture = 1u64;
+    loop {
+        if !failed {
+            if let Err(e) = rt.turn(MAX_WAIT) {
+                // This NI's fabric is broken: the other NIs' peers must still see a graceful
+                // close (not find out at their keepalive horizon), so every NI shuts down as on
+                // SIGTERM, then the daemon exits with the error.
+                error!(%nid, "fabric failed: {e}; closing every other connection");
+                failed = true;
+                shared.fail(format!("fabric of NI {nid}: {e}"));
+                wake_all(wakes);
+            }
+        } else {
+            std::thread::sleep(MAX_WAIT);
+        }
+        drain_events(rt.node_mut(), &mut control);
+        let mut refreshed = false;
+        while let Ok((req, reply)) = req_rx.try_recv() {
+            debug!(?req, "control request");
+            if !refreshed {
+                control.set_fabric_counters(0, kind.as_str(), rt.driver().counters());
+                refreshed = true;
+            }
+            let now = rt.now();
+            let node = rt.node_mut();
+            match req {
+                Request::CaptureStart { duration_secs } => {
+                    let resp = if !matches!(capture, CaptureState::Idle) {
+                        Response::Error(ControlError::new(
+                            errno::EBUSY,
+                            "a capture is already running (one at a time); stop it first",
+                        ))
+                    } else if shutdown_deadline.is_some() {
+                        Response::Error(ControlError::new(
+                            errno::ESHUTDOWN,
+                            "the daemon is shutting down",
+                        ))
+                    } else {
+                        let unix_ns = SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.as_nanos() as u64);
+                        let s = CaptureSession::start(
+                            node,
+                            next_capture,
+                            now,
+                            unix_ns,
+                            duration_secs.map(Duration::from_secs),
+                        );
+                        next_capture += 1;
+                        info!(id = s.id(), ?duration_secs, "capture started");
+                        let started = Response::CaptureStarted(s.started());
+                        capture = CaptureState::Running(s, reply.clone());
+                        started
+                    };
+                    let _ = reply.try_send(resp);
+                }
+                Request::CaptureStop { id } => {
+                    let resp = match std::mem::take(&mut capture) {
+                        CaptureState::Running(s, out) if s.id() == id => {
+                            let sum = end_capture(node, s, &out, "stopped");
+                            capture = CaptureState::Ending(sum.clone(), out);
+                            Response::CaptureDone(sum)
+                        }
+                        other => {
+                            capture = other;
+                            Response::Error(ControlError::new(
+                                errno::ENOENT,
+                                format!("no capture {id} is running"),
+                            ))
+                        }
+                    };
+                    let _ = reply.try_send(resp);
+                }
+                req => {
+                    if let Some((reply, resp)) = control.handle(now, node, req, reply) {
+                        let _ = reply.try_send(resp);
+                    }
+                }
+            }
+            drain_events(rt.node_mut(), &mut control);
+        }
+        let now = rt.now();
+        capture = capture.step(rt.node_mut(), now);
+
+        if shutdown_deadline.is_none() && shared.stop.load(Ordering::Relaxed) {
+            rt.node_mut().shutdown(now);
+            shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
+        }
+        if let Some(deadline) = shutdown_deadline {
+            let node = rt.node_mut();
+            if node.is_shut_down() || now >= deadline {
+                if !node.is_shut_down() {
+                    warn!(
+                        %nid,
+                        in_flight = node.messages_in_flight(),
+                        "graceful shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway"
+                    );
+                }
+                // The last actions (Destroys), and one more poll so they reach the wire.
+                if !failed {
+                    rt.flush();
+                }
+                drain_events(rt.node_mut(), &mut control);
+                if let CaptureState::Running(s, out) = std::mem::take(&mut capture) {
+                    let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
+                    let _ = out.try_send(Response::CaptureDone(sum));
+                }
+                // Requests still queued get an answer rather than a dropped channel.
+                while let Ok((_, reply)) = req_rx.try_recv() {
+                    let _ = reply.try_send(shutting_down());
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// One NI's fabric, started.
 struct NiFabric {
     kind: FabricKind,
     driver: Box<dyn Driver + Send>,
-    /// The fabric failed (an error from `poll`): it is no longer polled, and the daemon closes
-    /// every other connection gracefully and exits 1.
-    failed: bool,
 }
 
 fn fabric_supported(kind: FabricKind) -> bool {
@@ -323,11 +505,7 @@ fn start_fabric(
             ))
         }
     };
-    Ok(NiFabric {
-        kind,
-        driver,
-        failed: false,
-    })
+    Ok(NiFabric { kind, driver })
 }
 
 /// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987.
@@ -335,168 +513,6 @@ fn start_fabric(
 fn o2ib_address(nid: lnd::wire::Nid) -> std::net::SocketAddr {
     let ip = std::net::Ipv4Addr::from(nid.addr());
     std::net::SocketAddr::new(ip.into(), 987)
-}
-
-/// The loop: fabrics, node, timers, control requests, until a signal and a finished shutdown.
-#[allow(clippy::too_many_arguments)]
-fn event_loop(
-    node: &mut LnetNode,
-    fabrics: &mut [NiFabric],
-    control: &mut Control<SyncSender<Response>>,
-    req_rx: &Receiver<ControlMsg>,
-    waker: &Waker,
-    clock: &MonotonicClock,
-    signals: &Signals,
-) -> Result<(), String> {
-    let mut shutdown_deadline = None;
-    let mut fatal: Option<String> = None;
-    let mut capture = CaptureState::Idle;
-    let mut next_capture = 1u64;
-    let n = fabrics.len().max(1) as u32;
-    loop {
-        let now = clock.now();
-        drain_actions(node, fabrics, now);
-        let wait = node
-            .poll_timeout()
-            .map_or(MAX_WAIT, |d| d.saturating_duration_since(now).into())
-            .min(MAX_WAIT)
-            / n;
-        if fabrics.is_empty() {
-            std::thread::sleep(wait);
-        }
-        for i in 0..fabrics.len() {
-            if fabrics[i].failed {
-                continue;
-            }
-            let Some(mut sink) = node.fabric_sink(NiIndex(i)) else {
-                continue;
-            };
-            if let Err(e) = fabrics[i]
-                .driver
-                .poll(Some(wait), &mut sink, &|| clock.now())
-            {
-                // One NI's fabric is broken: the others' peers must still see a graceful close
-                // (not find out at their keepalive horizon), so shut down as on SIGTERM, then
-                // exit with the error.
-                error!(ni = i, "fabric failed: {e}; closing every other connection");
-                fabrics[i].failed = true;
-                fatal.get_or_insert_with(|| format!("fabric of NI {i}: {e}"));
-                continue;
-            }
-            node.process(clock.now());
-            // The fabric wants the endpoint's actions applied before it is polled again.
-            drain_actions(node, fabrics, clock.now());
-        }
-        let now = clock.now();
-        if node.poll_timeout().is_some_and(|d| d <= now) {
-            node.handle_timeout(now);
-        }
-        drain_events(node, control);
-        waker.drain();
-        let mut refreshed = false;
-        while let Ok((req, reply)) = req_rx.try_recv() {
-            debug!(?req, "control request");
-            if !refreshed {
-                for (i, f) in fabrics.iter().enumerate() {
-                    control.set_fabric_counters(i, f.kind.as_str(), f.driver.counters());
-                }
-                refreshed = true;
-            }
-            match req {
-                Request::CaptureStart { duration_secs } => {
-                    let resp = if !matches!(capture, CaptureState::Idle) {
-                        Response::Error(ControlError::new(
-                            errno::EBUSY,
-                            "a capture is already running (one at a time); stop it first",
-                        ))
-                    } else if shutdown_deadline.is_some() {
-                        Response::Error(ControlError::new(
-                            errno::ESHUTDOWN,
-                            "the daemon is shutting down",
-                        ))
-                    } else {
-                        let unix_ns = SystemTime::now()
-                            .duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_nanos() as u64);
-                        let s = CaptureSession::start(
-                            node,
-                            next_capture,
-                            clock.now(),
-                            unix_ns,
-                            duration_secs.map(Duration::from_secs),
-                        );
-                        next_capture += 1;
-                        info!(id = s.id(), ?duration_secs, "capture started");
-                        let started = Response::CaptureStarted(s.started());
-                        capture = CaptureState::Running(s, reply.clone());
-                        started
-                    };
-                    let _ = reply.try_send(resp);
-                }
-                Request::CaptureStop { id } => {
-                    let resp = match std::mem::take(&mut capture) {
-                        CaptureState::Running(s, out) if s.id() == id => {
-                            let sum = end_capture(node, s, &out, "stopped");
-                            capture = CaptureState::Ending(sum.clone(), out);
-                            Response::CaptureDone(sum)
-                        }
-                        other => {
-                            capture = other;
-                            Response::Error(ControlError::new(
-                                errno::ENOENT,
-                                format!("no capture {id} is running"),
-                            ))
-                        }
-                    };
-                    let _ = reply.try_send(resp);
-                }
-                req => {
-                    if let Some((reply, resp)) = control.handle(clock.now(), node, req, reply) {
-                        let _ = reply.try_send(resp);
-                    }
-                }
-            }
-            drain_events(node, control);
-        }
-        capture = capture.step(node, clock.now());
-
-        let stop = signals.check();
-        if shutdown_deadline.is_none() && (stop || fatal.is_some()) {
-            info!("closing every connection");
-            let now = clock.now();
-            node.shutdown(now);
-            shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
-        }
-        if let Some(deadline) = shutdown_deadline {
-            let now = clock.now();
-            if node.is_shut_down() || now >= deadline {
-                if !node.is_shut_down() {
-                    warn!(
-                        in_flight = node.messages_in_flight(),
-                        "graceful shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway"
-                    );
-                }
-                // The last actions (Destroys), and one more turn so they reach the sockets.
-                drain_actions(node, fabrics, now);
-                for (i, f) in fabrics.iter_mut().enumerate() {
-                    if f.failed {
-                        continue;
-                    }
-                    if let Some(mut sink) = node.fabric_sink(NiIndex(i)) {
-                        let _ = f
-                            .driver
-                            .poll(Some(StdDuration::ZERO), &mut sink, &|| clock.now());
-                    }
-                }
-                drain_events(node, control);
-                if let CaptureState::Running(s, out) = std::mem::take(&mut capture) {
-                    let sum = end_capture(node, s, &out, "daemon shutting down");
-                    let _ = out.try_send(Response::CaptureDone(sum));
-                }
-                return fatal.map_or(Ok(()), Err);
-            }
-        }
-    }
 }
 
 /// The one capture the daemon runs at a time (`lnetctl capture`).
@@ -568,14 +584,6 @@ fn deliver(out: &SyncSender<Response>, r: Response) -> Delivery {
     }
 }
 
-fn drain_actions(node: &mut LnetNode, fabrics: &mut [NiFabric], now: lnd::time::Instant) {
-    while let Some((ni, a)) = node.poll_action() {
-        if let Some(f) = fabrics.get_mut(ni.0) {
-            f.driver.apply(now, a);
-        }
-    }
-}
-
 fn drain_events(node: &mut LnetNode, control: &mut Control<SyncSender<Response>>) {
     while let Some(ev) = node.poll_event() {
         match &ev {
@@ -613,8 +621,7 @@ impl Drop for ActiveClient {
 /// ([`control::read_request`]).
 fn control_thread(
     listener: std::os::unix::net::UnixListener,
-    req_tx: SyncSender<ControlMsg>,
-    wake: WakeHandle,
+    loops: Loops,
     limits: ClientLimits,
     counters: Arc<ControlCounters>,
 ) {
@@ -645,13 +652,13 @@ fn control_thread(
         }
         counters.active.fetch_add(1, Ordering::Relaxed);
         let active = ActiveClient(Arc::clone(&counters));
-        let (tx, wake, c) = (req_tx.clone(), wake.clone(), Arc::clone(&counters));
+        let (loops, c) = (loops.clone(), Arc::clone(&counters));
         let spawned = std::thread::Builder::new()
             .name("control-conn".into())
             .spawn(move || {
                 let _active = active;
                 ControlCounters::bump(&c.accepted);
-                if let Err(e) = serve_client(stream, &tx, &wake, limits, &c) {
+                if let Err(e) = serve_client(stream, &loops, limits, &c) {
                     debug!("control connection: {e}");
                 }
             });
@@ -676,8 +683,7 @@ fn refuse(stream: UnixStream, message: &str) {
 /// A `capture_start` hands the connection over to the capture ([`serve_capture`]).
 fn serve_client(
     stream: UnixStream,
-    tx: &SyncSender<ControlMsg>,
-    wake: &WakeHandle,
+    loops: &Loops,
     limits: ClientLimits,
     counters: &ControlCounters,
 ) -> std::io::Result<()> {
@@ -736,16 +742,16 @@ fn serve_client(
                 // one capture that runs at a time.
                 let writer = reader.get_ref().try_clone()?;
                 writer.set_write_timeout(None)?;
-                return serve_capture(req, reader, writer, tx, wake);
+                return serve_capture(req, reader, writer, loops);
             }
-            Ok(req @ Request::StatsShow) => match forward(tx, wake, req) {
+            Ok(req @ Request::StatsShow) => match loops.call(req) {
                 Response::Stats(mut s) => {
                     s.control = Some(counters.snapshot());
                     Response::Stats(s)
                 }
                 other => other,
             },
-            Ok(req) => forward(tx, wake, req),
+            Ok(req) => loops.call(req),
             Err(e) => {
                 ControlCounters::bump(&counters.bad_requests);
                 Response::Error(e)
@@ -757,27 +763,63 @@ fn serve_client(
     }
 }
 
-/// A capture owns its connection: the loop's records are written to the client as they come,
-/// while a watcher thread reads the client's side; a `capture_stop` line, or the client closing
-/// (lnetctl killed, its host gone), ends the capture. So does a failed write: the stream's
-/// receiver is dropped and the loop sees it at its next delivery.
+/// A capture owns its connection: every NI loop's records are written to the client as they
+/// come, while a watcher thread reads the client's side; a `capture_stop` line, or the client
+/// closing (lnetctl killed, its host gone), ends the capture on every NI. So does a failed write:
+/// the stream's receiver is dropped and each loop sees it at its next delivery. The NI loops
+/// share one bounded stream; this thread merges their starts and their summaries into one each.
 fn serve_capture(
     req: Request,
     mut reader: BufReader<UnixStream>,
     mut writer: UnixStream,
-    tx: &SyncSender<ControlMsg>,
-    wake: &WakeHandle,
+    loops: &Loops,
 ) -> std::io::Result<()> {
     let (out_tx, out_rx) = mpsc::sync_channel(control::CAPTURE_QUEUE);
-    if let Err(e) = submit(tx, wake, req, out_tx) {
+    let mut asked = Vec::new();
+    for i in 0..loops.nis.len() {
+        match loops.submit(i, req.clone(), out_tx.clone()) {
+            Ok(()) => asked.push(i),
+            Err(e) => {
+                stop_captures(loops, &asked, &HashMap::new());
+                return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
+            }
+        }
+    }
+    drop(out_tx);
+    // Every NI's start (each names its own capture), with the records that beat the last one.
+    let mut ids: HashMap<usize, u64> = HashMap::new();
+    let mut early = Vec::new();
+    let mut failure = None;
+    while ids.len() + usize::from(failure.is_some()) < asked.len() {
+        match out_rx.recv() {
+            Ok(Response::CaptureStarted(s)) => {
+                if let Some(i) = s.nis.first().and_then(|n| loops.index_of(n)) {
+                    ids.insert(i, s.id);
+                }
+            }
+            Ok(Response::Error(e)) => {
+                failure.get_or_insert(e);
+            }
+            Ok(other) => early.push(other),
+            Err(_) => {
+                failure.get_or_insert_with(|| match shutting_down() {
+                    Response::Error(e) => e,
+                    _ => ControlError::new(errno::ESHUTDOWN, "the daemon is shutting down"),
+                });
+                break;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        stop_captures(loops, &asked, &ids);
         return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
     }
-    let first = out_rx.recv().unwrap_or_else(|_| shutting_down());
-    writer.write_all(control::encode_response(&first).as_bytes())?;
-    let Response::CaptureStarted(started) = first else {
-        return Ok(());
+    let started = control::CaptureStarted {
+        id: ids.get(&0).copied().unwrap_or(1),
+        nis: loops.nis.iter().map(|l| l.nid.to_string()).collect(),
     };
-    let (tx2, wake2, id) = (tx.clone(), wake.clone(), started.id);
+    writer.write_all(control::encode_response(&Response::CaptureStarted(started)).as_bytes())?;
+    let (loops2, ids2) = (loops.clone(), ids.clone());
     std::thread::Builder::new()
         .name("capture-watch".into())
         .spawn(move || {
@@ -792,28 +834,57 @@ fn serve_capture(
                 }
                 // Anything else is ignored: the connection belongs to the capture.
             }
-            // The stop must get through, or the capture would run (and refuse every other)
-            // until the daemon stops: retry while the control queue is full.
-            loop {
-                let (done_tx, _done_rx) = mpsc::sync_channel(1);
-                match submit(&tx2, &wake2, Request::CaptureStop { id }, done_tx) {
-                    Err(e) if e.errno == errno::EIO => {
-                        std::thread::sleep(StdDuration::from_millis(10));
-                    }
-                    _ => break,
+            let all: Vec<usize> = ids2.keys().copied().collect();
+            stop_captures(&loops2, &all, &ids2);
+        })?;
+    let mut done: Option<control::CaptureSummary> = None;
+    let mut ended = 0;
+    for resp in early.into_iter().chain(out_rx.iter()) {
+        match resp {
+            Response::CaptureDone(sum) => {
+                ended += 1;
+                let d = done.get_or_insert_with(|| control::CaptureSummary {
+                    reason: sum.reason.clone(),
+                    ..Default::default()
+                });
+                d.captured += sum.captured;
+                d.dropped += sum.dropped;
+                if ended == ids.len() {
+                    break;
                 }
             }
-        })?;
-    for resp in out_rx.iter() {
-        let last = matches!(resp, Response::CaptureDone(_) | Response::Error(_));
-        writer.write_all(control::encode_response(&resp).as_bytes())?;
-        if last {
-            break;
+            Response::Error(_) => {}
+            other => writer.write_all(control::encode_response(&other).as_bytes())?,
         }
     }
+    let sum = done.unwrap_or_else(|| control::CaptureSummary {
+        reason: "daemon shutting down".into(),
+        ..Default::default()
+    });
+    writer.write_all(control::encode_response(&Response::CaptureDone(sum)).as_bytes())?;
     // Ends the watcher's read too.
     let _ = writer.shutdown(std::net::Shutdown::Both);
     Ok(())
+}
+
+/// Asks NI loops `which` to end their capture (ids as each named it). The stop must get through,
+/// or a capture would run (and refuse every other) until the daemon stops: retried while a
+/// control queue is full.
+fn stop_captures(loops: &Loops, which: &[usize], ids: &HashMap<usize, u64>) {
+    for &i in which {
+        let Some(&id) = ids.get(&i) else {
+            continue;
+        };
+        loop {
+            let (done_tx, _done_rx) = mpsc::sync_channel(1);
+            match loops.submit(i, Request::CaptureStop { id }, done_tx) {
+                Err(e) if e.errno == errno::EIO => {
+                    std::thread::sleep(StdDuration::from_millis(10));
+                }
+                _ => break,
+            }
+        }
+    }
 }
 
 fn shutting_down() -> Response {
@@ -823,34 +894,231 @@ fn shutting_down() -> Response {
     ))
 }
 
-/// Hands a request to the loop and wakes it; the answer comes on `reply`.
-fn submit(
-    tx: &SyncSender<ControlMsg>,
-    wake: &WakeHandle,
-    req: Request,
-    reply: SyncSender<Response>,
-) -> Result<(), ControlError> {
-    match tx.try_send((req, reply)) {
-        Ok(()) => {
-            wake.wake();
-            Ok(())
+/// One NI's loop as the control side reaches it.
+#[derive(Clone)]
+struct NiLink {
+    nid: Nid,
+    tx: SyncSender<ControlMsg>,
+    wake: WakeHandle,
+}
+
+/// Every NI's loop, in configuration order.
+#[derive(Clone)]
+struct Loops {
+    nis: Arc<Vec<NiLink>>,
+}
+
+impl Loops {
+    fn index_of(&self, nid: &str) -> Option<usize> {
+        self.nis.iter().position(|l| l.nid.to_string() == nid)
+    }
+
+    /// Hands a request to NI `i`'s loop and wakes it; the answer comes on `reply`.
+    fn submit(
+        &self,
+        i: usize,
+        req: Request,
+        reply: SyncSender<Response>,
+    ) -> Result<(), ControlError> {
+        let Some(link) = self.nis.get(i) else {
+            return Err(ControlError::new(errno::ESHUTDOWN, "the daemon runs no NI"));
+        };
+        match link.tx.try_send((req, reply)) {
+            Ok(()) => {
+                link.wake.wake();
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(ControlError::new(
+                errno::EIO,
+                "the daemon is busy (control queue full); try again",
+            )),
+            Err(TrySendError::Disconnected(_)) => Err(ControlError::new(
+                errno::ESHUTDOWN,
+                "the daemon is shutting down",
+            )),
         }
-        Err(TrySendError::Full(_)) => Err(ControlError::new(
-            errno::EIO,
-            "the daemon is busy (control queue full); try again",
-        )),
-        Err(TrySendError::Disconnected(_)) => Err(ControlError::new(
-            errno::ESHUTDOWN,
-            "the daemon is shutting down",
-        )),
+    }
+
+    /// Asks the loops in `which` at once (each is woken), then waits for every answer.
+    fn ask(&self, which: &[usize], req: &Request) -> Vec<Response> {
+        let mut pending = Vec::new();
+        for &i in which {
+            let (tx, rx) = mpsc::sync_channel(1);
+            match self.submit(i, req.clone(), tx) {
+                Ok(()) => pending.push(Ok(rx)),
+                Err(e) => pending.push(Err(e)),
+            }
+        }
+        pending
+            .into_iter()
+            .map(|p| match p {
+                Ok(rx) => rx.recv().unwrap_or_else(|_| shutting_down()),
+                Err(e) => Response::Error(e),
+            })
+            .collect()
+    }
+
+    /// A request for the whole node: a ping goes to the NI on each target's net, `global show`
+    /// to the first NI, the other shows to every NI, merged.
+    fn call(&self, req: Request) -> Response {
+        let all: Vec<usize> = (0..self.nis.len()).collect();
+        match req {
+            Request::Ping {
+                nids,
+                timeout_secs,
+                source,
+            } => self.ping(nids, timeout_secs, source),
+            Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
+            req => merge(self.ask(&all, &req)),
+        }
+    }
+
+    /// Each target pinged by the loop of the NI on its net (our own NIDs and `0@lo` by the
+    /// first, which knows them all), all at once; the answers in the order asked.
+    fn ping(
+        &self,
+        nids: Vec<String>,
+        timeout_secs: Option<u64>,
+        source: Option<String>,
+    ) -> Response {
+        let targets: Result<Vec<Nid>, _> = nids.iter().map(|s| s.trim().parse::<Nid>()).collect();
+        let Ok(targets) = targets else {
+            // The first loop says what is wrong with the request, as a single node would.
+            let req = Request::Ping {
+                nids,
+                timeout_secs,
+                source,
+            };
+            return self.ask(&[0], &req).remove(0);
+        };
+        if targets.is_empty() {
+            let req = Request::Ping {
+                nids,
+                timeout_secs,
+                source,
+            };
+            return self.ask(&[0], &req).remove(0);
+        }
+        let mut pending = Vec::new();
+        for t in &targets {
+            let own = *t == Nid::LO_0 || self.nis.iter().any(|l| l.nid == *t);
+            let i = if own {
+                0
+            } else {
+                self.nis
+                    .iter()
+                    .position(|l| l.nid.net() == t.net())
+                    .unwrap_or(0)
+            };
+            let req = Request::Ping {
+                nids: vec![t.to_string()],
+                timeout_secs,
+                source: source.clone(),
+            };
+            let (tx, rx) = mpsc::sync_channel(1);
+            pending.push(self.submit(i, req, tx).map(|()| rx));
+        }
+        let mut out = control::PingShow::default();
+        for p in pending {
+            let r = match p {
+                Ok(rx) => rx.recv().unwrap_or_else(|_| shutting_down()),
+                Err(e) => Response::Error(e),
+            };
+            match r {
+                Response::Ping(mut one) => {
+                    out.ping.append(&mut one.ping);
+                    out.manage.append(&mut one.manage);
+                }
+                other => return other,
+            }
+        }
+        Response::Ping(out)
     }
 }
 
-/// One request through the loop and back.
-fn forward(tx: &SyncSender<ControlMsg>, wake: &WakeHandle, req: Request) -> Response {
-    let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-    if let Err(e) = submit(tx, wake, req, reply_tx) {
-        return Response::Error(e);
+/// One answer from the answers of every NI loop to the same show request: the first error if
+/// any, else their union (the `lo` NI once, its loopback counts summed; counters summed).
+fn merge(mut answers: Vec<Response>) -> Response {
+    if let Some(i) = answers.iter().position(|r| matches!(r, Response::Error(_))) {
+        // `peer show --nid` is an error on every NI but the one that knows the peer.
+        if let Some(ok) = answers
+            .iter()
+            .position(|r| !matches!(r, Response::Error(_)))
+        {
+            if matches!(answers[ok], Response::Peer(_)) {
+                return answers.swap_remove(ok);
+            }
+        }
+        return answers.swap_remove(i);
     }
-    reply_rx.recv().unwrap_or_else(|_| shutting_down())
+    let mut it = answers.into_iter();
+    let Some(first) = it.next() else {
+        return Response::Error(ControlError::new(errno::ESHUTDOWN, "the daemon runs no NI"));
+    };
+    it.fold(first, |acc, r| match (acc, r) {
+        (Response::Net(mut a), Response::Net(b)) => {
+            for e in b.net {
+                if e.net_type == "lo" {
+                    if let (Some(lo), Some(x)) = (
+                        a.net.iter_mut().find(|n| n.net_type == "lo"),
+                        e.local_nis.first(),
+                    ) {
+                        if let (Some(s), Some(t)) = (
+                            lo.local_nis.first_mut().and_then(|n| n.statistics.as_mut()),
+                            x.statistics.as_ref(),
+                        ) {
+                            s.send_count += t.send_count;
+                            s.recv_count += t.recv_count;
+                            s.drop_count += t.drop_count;
+                        }
+                    }
+                    continue;
+                }
+                match a.net.iter_mut().find(|n| n.net_type == e.net_type) {
+                    Some(n) => n.local_nis.extend(e.local_nis),
+                    None => a.net.push(e),
+                }
+            }
+            Response::Net(a)
+        }
+        (Response::Peer(mut a), Response::Peer(b)) => {
+            a.peer.extend(b.peer);
+            Response::Peer(a)
+        }
+        (Response::Conn(mut a), Response::Conn(b)) => {
+            a.conn.extend(b.conn);
+            Response::Conn(a)
+        }
+        (Response::Stats(a), Response::Stats(b)) => Response::Stats(sum_stats(a, b)),
+        (a, _) => a,
+    })
+}
+
+/// Two NI loops' `stats show`, added field by field (through their JSON form, so a counter
+/// added to either struct is summed too).
+fn sum_stats(a: control::StatsShow, b: control::StatsShow) -> control::StatsShow {
+    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                for (k, v) in y {
+                    match x.get_mut(k) {
+                        Some(slot) => add(slot, v),
+                        None => {
+                            x.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            (slot @ serde_json::Value::Number(_), serde_json::Value::Number(n)) => {
+                let sum = slot.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
+                *slot = serde_json::Value::from(sum);
+            }
+            _ => {}
+        }
+    }
+    let (Ok(mut x), Ok(y)) = (serde_json::to_value(&a), serde_json::to_value(&b)) else {
+        return a;
+    };
+    add(&mut x, &y);
+    serde_json::from_value(x).unwrap_or(a)
 }
