@@ -32,6 +32,7 @@
 
 pub mod driver;
 pub mod sim;
+#[cfg(feature = "tcp")]
 pub mod tcp;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -23,7 +23,7 @@
 //! - `service`: [`Control`] and [`call_local`].
 //! - `capture`: `lnetctl capture`'s records, [`CaptureSession`] and [`CaptureWriter`].
 //! - `client`: [`ControlClient`].
-//! - `server`: the daemon's socket: `bind_socket`, `read_request` with its
+//! - `server` (feature `daemon`): the daemon's socket: `bind_socket`, `read_request` with its
 //!   cap and timeouts, `MAX_CLIENTS`, `ControlCounters`.
 //!
 //! [`LnetNode`]: crate::LnetNode
@@ -32,6 +32,7 @@
 mod capture;
 mod client;
 mod protocol;
+#[cfg(feature = "daemon")]
 mod server;
 mod service;
 mod views;
@@ -39,6 +40,7 @@ mod views;
 pub use capture::*;
 pub use client::*;
 pub use protocol::*;
+#[cfg(feature = "daemon")]
 pub use server::*;
 pub use service::*;
 pub use views::*;

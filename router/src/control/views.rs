@@ -17,7 +17,7 @@ pub struct NiExtras {
 impl Default for NiExtras {
     fn default() -> NiExtras {
         NiExtras {
-            peer_timeout: crate::yaml_config::DEFAULT_PEER_TIMEOUT,
+            peer_timeout: crate::config::DEFAULT_PEER_TIMEOUT,
             peer_buffer_credits: 0,
         }
     }
