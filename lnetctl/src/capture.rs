@@ -1,7 +1,7 @@
 //! `lnetctl capture --file F.pcap [--duration SECS] [--force]`.
 //!
 //! The daemon streams a copy of every kib message its NIs send and receive over the control
-//! connection; this process writes the pcap file (see `router::control`'s capture section for
+//! connection; this process writes the pcap file (see `router/src/control/capture.rs` for
 //! why the file is written here and not by the daemon). The capture ends when `--duration` has
 //! passed (the daemon ends it), on Ctrl-C or SIGTERM (we ask the daemon to stop, it flushes what
 //! its engines still hold and sends the totals), or when this process dies (its connection closes

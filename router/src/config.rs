@@ -9,6 +9,8 @@ use lnd::wire::Nid;
 pub const DEFAULT_CREDITS: u32 = 256;
 /// LNet's default per-peer tx credits (`peer_credits`, reference section 9.1).
 pub const DEFAULT_PEER_CREDITS: u32 = 8;
+/// LNet's default peer_timeout in seconds (reference section 9.1).
+pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
 
 /// One network interface: its NID, the LND's tunables, and LNet's credits for it.
 #[derive(Clone, Debug)]

@@ -44,6 +44,7 @@ mod stats;
 #[cfg(test)]
 mod tests;
 pub mod text;
+#[cfg(feature = "daemon")]
 pub mod yaml_config;
 
 pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};

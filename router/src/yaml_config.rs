@@ -43,8 +43,7 @@ use crate::config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS}
 /// Microseconds an NI's fabric busy-polls before sleeping, unless `busy poll us` says otherwise.
 pub const DEFAULT_BUSY_POLL_US: u32 = 50;
 
-/// LNet's default peer_timeout in seconds (reference section 9.1).
-pub const DEFAULT_PEER_TIMEOUT: u32 = 180;
+pub use crate::config::DEFAULT_PEER_TIMEOUT;
 
 /// Which network carries a net's NIs.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]

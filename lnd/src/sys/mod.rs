@@ -10,6 +10,7 @@
 //! Everything outside this module is safe Rust; `uring.rs` and `verbs.rs` carry
 //! `#![allow(unsafe_code)]` and a `// SAFETY:` comment on every unsafe block.
 
+#[cfg(feature = "tcp")]
 pub mod uring;
 #[cfg(feature = "verbs")]
 pub mod verbs;

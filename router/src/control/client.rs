@@ -1,0 +1,123 @@
+//! [`ControlClient`]: lnetctl's blocking client of the daemon's control socket.
+
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use super::protocol::{encode_request, Request, Response};
+
+/// Why a client call failed.
+#[derive(Debug)]
+pub enum ClientError {
+    /// Nothing listens at the path (absent, or connection refused).
+    NoDaemon { path: PathBuf, source: io::Error },
+    /// Any other I/O error.
+    Io(io::Error),
+    /// The daemon answered something that is not a response.
+    Protocol(String),
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::NoDaemon { path, source } => write!(
+                f,
+                "no lnet-router daemon at {} ({source}); start lnet-router or pass --socket",
+                path.display()
+            ),
+            ClientError::Io(e) => write!(f, "control socket: {e}"),
+            ClientError::Protocol(m) => write!(f, "control protocol: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// A blocking client: one request at a time (or one capture stream).
+pub struct ControlClient {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    /// A response line read in part when a [`ControlClient::recv_timeout`] timed out.
+    partial: Vec<u8>,
+}
+
+impl ControlClient {
+    /// Connects; a missing socket or a refused connection is [`ClientError::NoDaemon`].
+    pub fn connect(path: &Path) -> Result<ControlClient, ClientError> {
+        match UnixStream::connect(path) {
+            Ok(s) => {
+                let writer = s.try_clone().map_err(ClientError::Io)?;
+                Ok(ControlClient {
+                    reader: BufReader::new(s),
+                    writer,
+                    partial: Vec::new(),
+                })
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Err(ClientError::NoDaemon {
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
+            Err(e) => Err(ClientError::Io(e)),
+        }
+    }
+
+    /// Sends `req`, waits for its response.
+    pub fn call(&mut self, req: &Request) -> Result<Response, ClientError> {
+        self.send(req)?;
+        loop {
+            if let Some(r) = self.recv_timeout(None)? {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Sends `req` without waiting for anything.
+    pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
+        let line = encode_request(req).map_err(ClientError::Protocol)?;
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(ClientError::Io)
+    }
+
+    /// The next response, waiting at most `timeout` (`None`: as long as it takes). `Ok(None)`
+    /// when the time passed first (or a signal interrupted the wait); a line read in part is
+    /// kept for the next call. The daemon closing the connection is a protocol error.
+    pub fn recv_timeout(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Option<Response>, ClientError> {
+        let timeout = timeout.map(|t| t.max(std::time::Duration::from_millis(1)));
+        self.reader
+            .get_ref()
+            .set_read_timeout(timeout)
+            .map_err(ClientError::Io)?;
+        match self.reader.read_until(b'\n', &mut self.partial) {
+            Ok(_) if self.partial.last() == Some(&b'\n') => {
+                let r = serde_json::from_slice(&self.partial)
+                    .map_err(|e| ClientError::Protocol(e.to_string()));
+                self.partial.clear();
+                r.map(Some)
+            }
+            Ok(_) => Err(ClientError::Protocol("daemon closed the connection".into())),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(ClientError::Io(e)),
+        }
+    }
+}

@@ -1,0 +1,546 @@
+//! The wire protocol: [`Request`] and [`Response`] (one JSON object per line), the errnos and the
+//! show structs a response carries in lnetctl's own key names, the encoders and decoders of a
+//! line, the request size cap, and where the socket is by default.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::capture::{CaptureData, CaptureStarted, CaptureSummary};
+
+// ---------------------------------------------------------------------------------- errnos
+
+/// errno values used in [`ControlError::errno`] (Linux numbering, positive).
+pub mod errno {
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const EBUSY: i32 = 16;
+    pub const EINVAL: i32 = 22;
+    pub const EPROTO: i32 = 71;
+    pub const EOPNOTSUPP: i32 = 95;
+    pub const EMSGSIZE: i32 = 90;
+    pub const ESHUTDOWN: i32 = 108;
+    pub const ETIMEDOUT: i32 = 110;
+    pub const ECONNREFUSED: i32 = 111;
+    pub const EHOSTUNREACH: i32 = 113;
+}
+
+/// Lustre's ping timeout when none is given, and the most it accepts (DEFAULT_PEER_TIMEOUT,
+/// reference section 7.2).
+pub const MAX_PING_TIMEOUT_SECS: u64 = 180;
+
+// ---------------------------------------------------------------------------------- protocol
+
+/// What `lnetctl` asks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// `lnetctl ping NID... [--timeout S] [--source NID]`.
+    Ping {
+        nids: Vec<String>,
+        /// Seconds; `None` = 180 (Lustre's cap), larger values are capped.
+        #[serde(default)]
+        timeout_secs: Option<u64>,
+        /// Must be one of our NIDs on the target's net (we send from the first NI on a net).
+        #[serde(default)]
+        source: Option<String>,
+    },
+    NetShow {
+        #[serde(default)]
+        verbose: bool,
+    },
+    PeerShow {
+        #[serde(default)]
+        nid: Option<String>,
+        #[serde(default)]
+        verbose: bool,
+    },
+    ConnShow,
+    StatsShow,
+    GlobalShow,
+    /// `lnetctl capture`: stream a copy of every kib message every NI sends and receives. The
+    /// daemon answers [`Response::CaptureStarted`] (or an error: one capture at a time), then
+    /// [`Response::CaptureData`] chunks, then one [`Response::CaptureDone`], on this connection,
+    /// which the capture then owns. See [`CaptureSession`](super::CaptureSession).
+    CaptureStart {
+        /// Stop after this many seconds (`None`: until stopped or the connection closes).
+        #[serde(default)]
+        duration_secs: Option<u64>,
+    },
+    /// Ends capture `id` (lnetctl sends it on the capture's connection on Ctrl-C). The capture
+    /// then drains what the engines still hold and ends with [`Response::CaptureDone`].
+    CaptureStop {
+        id: u64,
+    },
+}
+
+/// What the daemon answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Response {
+    Ping(PingShow),
+    Net(NetShow),
+    Peer(PeerShow),
+    Conn(ConnShow),
+    Stats(StatsShow),
+    Global(GlobalShow),
+    CaptureStarted(CaptureStarted),
+    CaptureData(CaptureData),
+    CaptureDone(CaptureSummary),
+    Error(ControlError),
+}
+
+/// A request that failed as a whole.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlError {
+    /// A positive errno ([`errno`]).
+    pub errno: i32,
+    pub message: String,
+}
+
+impl ControlError {
+    pub fn new(errno: i32, message: impl Into<String>) -> ControlError {
+        ControlError {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// `lnetctl ping`: the peers that answered (`ping:`) and the failures (`manage:`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingShow {
+    pub ping: Vec<PingPeer>,
+    pub manage: Vec<PingFailure>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingPeer {
+    #[serde(rename = "primary nid")]
+    pub primary_nid: String,
+    #[serde(rename = "Multi-Rail")]
+    pub multi_rail: bool,
+    /// The peer's NIDs, `0@lo` omitted.
+    pub peer_ni: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PingFailure {
+    /// The NID that was pinged.
+    pub ping: String,
+    /// Negative, as lnetctl prints it.
+    pub errno: i32,
+    pub descr: String,
+}
+
+/// `lnetctl net show`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetShow {
+    pub net: Vec<NetEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetEntry {
+    #[serde(rename = "net type")]
+    pub net_type: String,
+    #[serde(rename = "local NI(s)")]
+    pub local_nis: Vec<NiEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NiEntry {
+    pub nid: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statistics: Option<Counts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunables: Option<NiTunables>,
+    #[serde(
+        rename = "lnd tunables",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lnd_tunables: Option<LndTunables>,
+    /// Ours, with `-v`: the LND's counters for this NI ([`LndCounters`]).
+    #[serde(
+        rename = "lnd statistics",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub lnd_statistics: Option<LndCounters>,
+    /// Ours, with `-v`: the fabric under this NI and its counters ([`FabricCounters`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<FabricCounters>,
+    /// Ours, with `-v`: ulnet's own settings of this NI ([`UlnetSettings`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ulnet: Option<UlnetSettings>,
+}
+
+/// ulnet's own per-NI settings, as in effect (`net show -v`, beside ulnet's counters).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UlnetSettings {
+    /// `on` or `off`: whether we checksum what we send.
+    pub checksum: String,
+    /// The flavour sent to a peer whose own is not known yet: `none`, `signed` or `unsigned`.
+    #[serde(rename = "checksum default")]
+    pub checksum_default: String,
+    /// `nidhash` (Lustre 2.16+) or `nid` (Lustre <= 2.15).
+    #[serde(rename = "race order")]
+    pub race_order: String,
+    #[serde(rename = "peer limit")]
+    pub peer_limit: u64,
+    /// Peers the LND holds now.
+    pub peers: u64,
+}
+
+/// Named counters in a fixed order, shown as a map (`name: value`) in YAML and JSON.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamedCounters(pub Vec<(String, u64)>);
+
+impl NamedCounters {
+    /// The counter called `name`, if present.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+}
+
+impl Serialize for NamedCounters {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k.as_str(), *v)))
+    }
+}
+
+impl<'de> Deserialize<'de> for NamedCounters {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = NamedCounters;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of counter names to unsigned integers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<NamedCounters, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = m.next_entry::<String, u64>()? {
+                    out.push((k, v));
+                }
+                Ok(NamedCounters(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `fabric:` of an NI in `net show -v` (ours): which fabric carries it (`type: tcp` or
+/// `verbs`) and that fabric's own counters (for tcp: accepted sockets, frames refused by reason
+/// such as `bad_kind`, `bad_length`, `truncated`, `unexpected_frames`, socket errors, ...), as
+/// the daemon last refreshed them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricCounters {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    pub counters: NamedCounters,
+}
+
+/// `lnd statistics:` of an NI in `net show -v` (ours): the o2ib LND engine's counters
+/// ([`lnd::engine::LndStats`]) under their field names, and the rejects it sent and received by
+/// reason (`conn_race`, `conn_stale`, `fatal`, ...; `other` for unknown codes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LndCounters {
+    #[serde(flatten)]
+    pub counters: NamedCounters,
+    pub rejects_sent: NamedCounters,
+    pub rejects_received: NamedCounters,
+}
+
+/// `statistics: {send_count, recv_count, drop_count}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub send_count: u64,
+    pub recv_count: u64,
+    pub drop_count: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NiTunables {
+    pub peer_timeout: u32,
+    pub peer_credits: u32,
+    pub peer_buffer_credits: u32,
+    pub credits: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LndTunables {
+    /// As configured (0 = automatic).
+    pub peercredits_hiw: u32,
+    pub concurrent_sends: u32,
+    /// Seconds.
+    pub timeout: u64,
+    /// Seconds.
+    pub keepalive: u64,
+}
+
+/// `lnetctl peer show`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerShow {
+    pub peer: Vec<PeerEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerEntry {
+    #[serde(rename = "primary nid")]
+    pub primary_nid: String,
+    #[serde(rename = "Multi-Rail")]
+    pub multi_rail: bool,
+    #[serde(rename = "peer ni")]
+    pub peer_ni: Vec<PeerNiEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerNiEntry {
+    pub nid: String,
+    /// `up`, `down` or `NA`.
+    pub state: String,
+    /// Present with `-v`.
+    #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
+    pub detail: Option<PeerNiDetail>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerNiDetail {
+    pub max_ni_tx_credits: i64,
+    pub available_tx_credits: i64,
+    pub min_tx_credits: i64,
+    pub tx_q_num_of_buf: u64,
+    pub available_rtr_credits: i64,
+    pub min_rtr_credits: i64,
+    pub statistics: Counts,
+}
+
+/// `lnetctl conn show` (ours): every LND connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnShow {
+    pub conn: Vec<ConnEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnEntry {
+    /// Our NI's NID.
+    pub ni: String,
+    pub peer: String,
+    /// The connection state (`Established`, `ActiveConnect`, ...).
+    pub state: String,
+    /// `active` (we connected) or `passive`.
+    pub side: String,
+    /// Send credits we hold (c), credits owed to the peer (oc), reserved for replies (rc).
+    pub credits: u16,
+    pub outstanding_credits: u16,
+    pub reserved_credits: u16,
+    pub queue_depth: u16,
+    pub sends_posted: u16,
+    /// Messages queued on the connection.
+    pub queued: usize,
+    /// CONN_RACE rejects we sent this peer.
+    pub races: u32,
+    /// The peer's incarnation, hex.
+    pub incarnation: String,
+    /// Milliseconds since the connection was created.
+    pub age_ms: u64,
+}
+
+/// `lnetctl stats show`: LNet's counters under lnetctl's names (those this implementation can
+/// produce honestly; see [`LnetStats`](crate::LnetStats)), plus ours at the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsShow {
+    pub statistics: Statistics,
+    /// Ours: LNet's peer table: `peers` (peer NIs now), `peers_aged` (forgotten after
+    /// peer_timeout without traffic), `peer_table_full` (sends to a new peer refused at the
+    /// limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_table: Option<NamedCounters>,
+    /// Ours, from the daemon: its control socket's counters
+    /// ([`ControlCounters`](super::ControlCounters)): clients accepted, refused (too many at
+    /// once), closed for idling, for a half-sent request, for an oversized request, and malformed
+    /// requests. Absent from an in-process node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<NamedCounters>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Statistics {
+    pub msgs_alloc: u64,
+    pub msgs_max: u64,
+    pub errors: u64,
+    pub send_count: u64,
+    pub response_timeout_count: u64,
+    pub local_aborted_count: u64,
+    pub local_no_route_count: u64,
+    pub local_timeout_count: u64,
+    pub local_error_count: u64,
+    pub network_timeout_count: u64,
+    pub recv_count: u64,
+    pub route_count: u64,
+    pub drop_count: u64,
+    pub send_length: u64,
+    pub recv_length: u64,
+    pub route_length: u64,
+    pub drop_length: u64,
+    pub loopback_count: u64,
+    pub loopback_length: u64,
+}
+
+/// `lnetctl global show`: the globals that mean something here.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalShow {
+    pub global: Globals,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Globals {
+    pub numa_range: u32,
+    /// NIs a ping reply may list.
+    pub max_interfaces: u32,
+    /// 0: no peer discovery (no Multi-Rail yet).
+    pub discovery: u32,
+    pub drop_asym_route: u32,
+    /// 0: no LNet resends (no health).
+    pub retry_count: u32,
+    /// The LND timeout of the first NI, seconds.
+    pub lnd_timeout: u64,
+    /// 0: this node does not forward yet.
+    pub routing: u32,
+    /// Ours: the PID we answer as.
+    pub pid: u32,
+}
+
+// ---------------------------------------------------------------------------------- socket
+
+/// The control socket's default path: `/run/ulnet/lnet-router.sock` for root, else
+/// `$XDG_RUNTIME_DIR/ulnet/lnet-router.sock` (or `/tmp/ulnet-UID/lnet-router.sock` without it).
+pub fn default_socket_path() -> PathBuf {
+    let uid = current_uid();
+    if uid == Some(0) {
+        return PathBuf::from("/run/ulnet/lnet-router.sock");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("ulnet/lnet-router.sock"),
+        None => PathBuf::from(format!(
+            "/tmp/ulnet-{}/lnet-router.sock",
+            uid.unwrap_or(u32::MAX)
+        )),
+    }
+}
+
+/// Our uid, without libc: the owner of `/proc/self`.
+fn current_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Encodes one request line (with its newline), as [`ControlClient`](super::ControlClient)
+/// sends it.
+pub fn encode_request(req: &Request) -> Result<String, String> {
+    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    line.push('\n');
+    Ok(line)
+}
+
+/// Decodes one request line; a bad one becomes the error to send back (EPROTO, quoting at most
+/// an excerpt of what was sent: serde's message repeats an unknown variant name whole).
+pub fn decode_request(line: &str) -> Result<Request, ControlError> {
+    serde_json::from_str(line).map_err(|e| {
+        let msg = e.to_string();
+        ControlError::new(
+            errno::EPROTO,
+            format!(
+                "bad request: {}",
+                crate::text::excerpt(&msg, 2 * crate::text::EXCERPT_CHARS)
+            ),
+        )
+    })
+}
+
+/// Decodes one request as it came off the socket (bytes, trailing newline optional): longer
+/// than [`MAX_REQUEST`] is EMSGSIZE, not UTF-8 or not a request is EPROTO. The daemon's decoder
+/// (and the `control_request` fuzz target's).
+pub fn decode_request_bytes(line: &[u8]) -> Result<Request, ControlError> {
+    if line.len() > MAX_REQUEST {
+        return Err(too_long());
+    }
+    let text = std::str::from_utf8(line)
+        .map_err(|e| ControlError::new(errno::EPROTO, format!("bad request: not UTF-8 ({e})")))?;
+    decode_request(text)
+}
+
+/// The error an oversized request gets ([`MAX_REQUEST`]).
+pub fn too_long() -> ControlError {
+    ControlError::new(
+        errno::EMSGSIZE,
+        format!("request too long (over {MAX_REQUEST} bytes without a newline); closing"),
+    )
+}
+
+/// The longest request line the daemon reads, newline included: every request is small (the
+/// largest, a ping of many NIDs, is a few KiB). Reading stops at the cap: the client gets an
+/// EMSGSIZE error and is closed; the rest is never read.
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+/// Encodes one response line (with its newline).
+pub fn encode_response(resp: &Response) -> String {
+    let mut s = serde_json::to_string(resp).unwrap_or_else(|e| {
+        format!(
+            r#"{{"error":{{"errno":{},"message":"encode: {e}"}}}}"#,
+            errno::EIO
+        )
+    });
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_through_json() {
+        let reqs = vec![
+            Request::Ping {
+                nids: vec!["0@lo".into(), "10.0.0.2@o2ib".into()],
+                timeout_secs: Some(3),
+                source: Some("10.0.0.1@o2ib".into()),
+            },
+            Request::NetShow { verbose: true },
+            Request::PeerShow {
+                nid: Some("10.0.0.2@o2ib".into()),
+                verbose: false,
+            },
+            Request::ConnShow,
+            Request::StatsShow,
+            Request::GlobalShow,
+        ];
+        for r in reqs {
+            let s = serde_json::to_string(&r).unwrap();
+            assert!(!s.contains('\n'));
+            assert_eq!(decode_request(&s).unwrap(), r, "{s}");
+        }
+        assert_eq!(
+            decode_request(r#"{"net_show":{}}"#).unwrap(),
+            Request::NetShow { verbose: false }
+        );
+        assert_eq!(decode_request(r#""conn_show""#).unwrap(), Request::ConnShow);
+        match decode_request(r#"{"reboot":{}}"#) {
+            Err(e) => assert_eq!(e.errno, errno::EPROTO),
+            other => panic!("{other:?}"),
+        }
+    }
+}

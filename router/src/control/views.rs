@@ -1,0 +1,346 @@
+//! The show structs built from an [`LnetNode`]: `net show`, `peer show`, `conn show`,
+//! `stats show` and `global show`, and the LND counters and settings `net show -v` adds.
+
+use lnd::time::Instant;
+use lnd::wire::Nid;
+
+use super::protocol::*;
+use crate::{LnetNode, NiIndex, MAX_PING_NIS};
+
+/// Per-NI settings LNetNode does not keep (for `net show -v`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct NiExtras {
+    pub peer_timeout: u32,
+    pub peer_buffer_credits: u32,
+}
+
+impl Default for NiExtras {
+    fn default() -> NiExtras {
+        NiExtras {
+            peer_timeout: crate::config::DEFAULT_PEER_TIMEOUT,
+            peer_buffer_credits: 0,
+        }
+    }
+}
+
+impl UlnetSettings {
+    fn of(ni: &crate::stats::NiInfo) -> UlnetSettings {
+        let c = &ni.lnd_config;
+        UlnetSettings {
+            checksum: if c.checksum.emit { "on" } else { "off" }.into(),
+            checksum_default: c
+                .checksum
+                .default_flavour
+                .map_or("none", |f| f.name())
+                .into(),
+            race_order: c.race_order.name().into(),
+            peer_limit: c.peer_limit as u64,
+            peers: ni.lnd_peers as u64,
+        }
+    }
+}
+
+/// The reject reasons by wire code (index), as `lnd statistics` names them.
+pub const REJECT_NAMES: [&str; 10] = [
+    "other",
+    "conn_race",
+    "no_resources",
+    "fatal",
+    "conn_uncompat",
+    "conn_stale",
+    "rdma_frags",
+    "msg_queue_size",
+    "invalid_srv_id",
+    "early",
+];
+
+impl LndCounters {
+    /// The counters of `s`, in the order an operator reads them: connection setup, races,
+    /// liveness, traffic, closes, protocol errors, capture.
+    pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
+        let fields: [(&str, u64); 37] = [
+            ("connects", s.connects),
+            ("reconnects", s.reconnects),
+            ("accepts", s.accepts),
+            ("established", s.established),
+            ("connect_failures", s.connect_failures),
+            ("connect_timeouts", s.connect_timeouts),
+            ("races", s.races),
+            ("race_yields", s.race_yields),
+            ("race_order_disagreements", s.race_order_disagreements),
+            ("race_order_adoptions", s.race_order_adoptions),
+            ("stale_abandons", s.stale_abandons),
+            ("peer_reboots", s.peer_reboots),
+            ("peers_down", s.peers_down),
+            ("silent_peers", s.silent_peers),
+            ("tx_timeouts", s.tx_timeouts),
+            ("keepalives", s.keepalives),
+            ("credit_noops", s.credit_noops),
+            ("msgs_sent", s.msgs_sent),
+            ("msgs_received", s.msgs_received),
+            ("bytes_sent", s.bytes_sent),
+            ("bytes_received", s.bytes_received),
+            ("graceful_closes", s.graceful_closes),
+            ("conns_lost", s.conns_lost),
+            ("close_timeouts", s.close_timeouts),
+            ("ungraceful_drops", s.ungraceful_drops),
+            ("zombies", s.zombies),
+            ("reaped", s.reaped),
+            ("bad_msgs", s.bad_msgs),
+            ("bad_connreqs", s.bad_connreqs),
+            ("stale_rx", s.stale_rx),
+            ("credit_overflows", s.credit_overflows),
+            ("unsupported_msgs", s.unsupported_msgs),
+            ("capture_drops", s.capture_drops),
+            ("cksum_signed_peers", s.cksum_signed_peers),
+            ("cksum_unsigned_peers", s.cksum_unsigned_peers),
+            ("peers_forgotten", s.peers_forgotten),
+            ("peer_table_full", s.peer_table_full),
+        ];
+        let by_reason = |t: &[u64; 10]| {
+            NamedCounters(
+                REJECT_NAMES
+                    .iter()
+                    .zip(t.iter())
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect(),
+            )
+        };
+        LndCounters {
+            counters: NamedCounters(fields.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
+            rejects_sent: by_reason(&s.rejects_sent),
+            rejects_received: by_reason(&s.rejects_received),
+        }
+    }
+}
+
+/// `net show`: the loopback net first (as Lustre lists it), then each net with its NIs.
+pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow {
+    let mut nets: Vec<NetEntry> = vec![NetEntry {
+        net_type: "lo".into(),
+        local_nis: vec![NiEntry {
+            nid: Nid::LO_0.to_string(),
+            status: "up".into(),
+            statistics: verbose.then(|| {
+                let s = node.stats();
+                Counts {
+                    send_count: s.loopback_count,
+                    recv_count: s.loopback_count,
+                    drop_count: 0,
+                }
+            }),
+            tunables: None,
+            lnd_tunables: None,
+            lnd_statistics: None,
+            fabric: None,
+            ulnet: None,
+        }],
+    }];
+    for ni in node.nets() {
+        let x = extras.get(ni.index.0).copied().unwrap_or_default();
+        let entry = NiEntry {
+            nid: ni.nid.to_string(),
+            status: ni.status.to_string(),
+            statistics: verbose.then_some(Counts {
+                send_count: ni.send_count,
+                recv_count: ni.recv_count,
+                drop_count: ni.drop_count,
+            }),
+            tunables: verbose.then_some(NiTunables {
+                peer_timeout: x.peer_timeout,
+                peer_credits: ni.peer_credits,
+                peer_buffer_credits: x.peer_buffer_credits,
+                credits: ni.credits,
+            }),
+            lnd_tunables: verbose.then(|| LndTunables {
+                peercredits_hiw: u32::from(ni.lnd_tunables.peer_credits_hiw),
+                concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends),
+                timeout: ni.lnd_tunables.timeout.as_secs(),
+                keepalive: ni.lnd_tunables.keepalive.as_secs(),
+            }),
+            lnd_statistics: verbose.then(|| LndCounters::from_stats(&ni.lnd_stats)),
+            fabric: None,
+            ulnet: verbose.then(|| UlnetSettings::of(&ni)),
+        };
+        let net_type = ni.nid.net().to_string();
+        match nets.iter_mut().find(|n| n.net_type == net_type) {
+            Some(n) => n.local_nis.push(entry),
+            None => nets.push(NetEntry {
+                net_type,
+                local_nis: vec![entry],
+            }),
+        }
+    }
+    NetShow { net: nets }
+}
+
+/// `peer show [--nid NID]`: every peer NI (each its own primary: no Multi-Rail yet).
+pub fn peer_show(
+    node: &LnetNode,
+    nid: Option<&str>,
+    verbose: bool,
+) -> Result<PeerShow, ControlError> {
+    let infos = match nid {
+        Some(s) => {
+            let n: Nid = s.trim().parse().map_err(|e: lnd::wire::NidParseError| {
+                ControlError::new(errno::EINVAL, e.to_string())
+            })?;
+            match node.peer(n) {
+                Some(p) => vec![p],
+                None => return Err(ControlError::new(errno::ENOENT, format!("no peer {n}"))),
+            }
+        }
+        None => node.peers(),
+    };
+    let peer = infos
+        .into_iter()
+        .map(|p| PeerEntry {
+            primary_nid: p.primary_nid.to_string(),
+            multi_rail: p.multi_rail,
+            peer_ni: vec![PeerNiEntry {
+                nid: p.nid.to_string(),
+                state: p.state.as_str().to_string(),
+                detail: verbose.then_some(PeerNiDetail {
+                    max_ni_tx_credits: p.max_ni_tx_credits,
+                    available_tx_credits: p.available_tx_credits,
+                    min_tx_credits: p.min_tx_credits,
+                    tx_q_num_of_buf: p.tx_q_num_of_buf,
+                    available_rtr_credits: p.available_rtr_credits,
+                    min_rtr_credits: p.min_rtr_credits,
+                    statistics: Counts {
+                        send_count: p.send_count,
+                        recv_count: p.recv_count,
+                        drop_count: p.drop_count,
+                    },
+                }),
+            }],
+        })
+        .collect();
+    Ok(PeerShow { peer })
+}
+
+/// `conn show`: every connection of every NI's LND.
+pub fn conn_show(node: &LnetNode, now: Instant) -> ConnShow {
+    let mut conn = Vec::new();
+    for (i, nid) in node.nids().into_iter().enumerate() {
+        let Some(ep) = node.endpoint(NiIndex(i)) else {
+            continue;
+        };
+        for c in ep.conns() {
+            conn.push(ConnEntry {
+                ni: nid.to_string(),
+                peer: c.peer.to_string(),
+                state: format!("{:?}", c.state),
+                side: if c.active { "active" } else { "passive" }.into(),
+                credits: c.credits,
+                outstanding_credits: c.outstanding_credits,
+                reserved_credits: c.reserved_credits,
+                queue_depth: c.queue_depth,
+                sends_posted: c.sends_posted,
+                queued: c.queued,
+                races: ep.peer(c.peer).map_or(0, |p| p.races),
+                incarnation: format!("{:#x}", c.peer_incarnation),
+                age_ms: now.saturating_duration_since(c.created).as_millis(),
+            });
+        }
+    }
+    ConnShow { conn }
+}
+
+/// `stats show`.
+pub fn stats_show(node: &LnetNode) -> StatsShow {
+    let s = node.stats();
+    StatsShow {
+        statistics: Statistics {
+            msgs_alloc: s.msgs_alloc,
+            msgs_max: s.msgs_max,
+            errors: s.errors,
+            send_count: s.send_count,
+            response_timeout_count: s.response_timeout_count,
+            local_aborted_count: s.local_aborted_count,
+            local_no_route_count: s.local_no_route_count,
+            local_timeout_count: s.local_timeout_count,
+            local_error_count: s.local_error_count,
+            network_timeout_count: s.network_timeout_count,
+            recv_count: s.recv_count,
+            route_count: s.route_count,
+            drop_count: s.drop_count,
+            send_length: s.send_length,
+            recv_length: s.recv_length,
+            route_length: s.route_length,
+            drop_length: s.drop_length,
+            loopback_count: s.loopback_count,
+            loopback_length: s.loopback_length,
+        },
+        peer_table: Some(NamedCounters(vec![
+            ("peers".into(), node.peer_count() as u64),
+            ("peers_aged".into(), s.peers_aged),
+            ("peer_table_full".into(), s.peer_table_full),
+        ])),
+        control: None,
+    }
+}
+
+/// `global show`.
+pub fn global_show(node: &LnetNode) -> GlobalShow {
+    let lnd_timeout = node
+        .nets()
+        .first()
+        .map_or(lnd::engine::Tunables::default().timeout, |n| {
+            n.lnd_tunables.timeout
+        })
+        .as_secs();
+    GlobalShow {
+        global: Globals {
+            numa_range: 0,
+            max_interfaces: MAX_PING_NIS as u32,
+            discovery: 0,
+            drop_asym_route: 0,
+            retry_count: 0,
+            lnd_timeout,
+            routing: 0,
+            pid: node.pid(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::node;
+    use super::*;
+    use crate::control::{Control, Request, Response};
+
+    #[test]
+    fn net_show_verbose_has_lnd_counters() {
+        let n = node();
+        let s = net_show(&n, &[], true);
+        let ni = &s.net[1].local_nis[0];
+        let l = ni.lnd_statistics.as_ref().unwrap();
+        assert_eq!(l.counters.get("connects"), Some(0));
+        assert_eq!(l.counters.get("capture_drops"), Some(0));
+        assert_eq!(l.rejects_sent.0.len(), REJECT_NAMES.len());
+        assert_eq!(l.rejects_received.get("conn_stale"), Some(0));
+        assert!(net_show(&n, &[], false).net[1].local_nis[0]
+            .lnd_statistics
+            .is_none());
+        // Fabric counters come from the driver, by NI.
+        let mut n = node();
+        let mut c: Control<()> = Control::default();
+        c.set_fabric_counters(0, "tcp", vec![("truncated", 2)]);
+        let (_, Response::Net(s)) = c
+            .handle(
+                Instant::from_secs(2),
+                &mut n,
+                Request::NetShow { verbose: true },
+                (),
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        let f = s.net[1].local_nis[0].fabric.as_ref().unwrap();
+        assert_eq!(f.kind, "tcp");
+        assert_eq!(f.counters.get("truncated"), Some(2));
+        assert!(s.net[0].local_nis[0].fabric.is_none(), "0@lo has no fabric");
+    }
+}
