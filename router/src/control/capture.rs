@@ -121,11 +121,11 @@ impl CaptureSession {
         let nis = node.nids();
         let mut base_drops = Vec::with_capacity(nis.len());
         for i in 0..nis.len() {
-            let ep = node.endpoint_mut(NiIndex(i));
-            base_drops.push(ep.as_ref().map_or(0, |e| e.stats().capture_drops));
-            if let Some(ep) = ep {
-                ep.set_capture(true);
-            }
+            let drops = node
+                .endpoint(NiIndex(i))
+                .map_or(0, |e| e.stats().capture_drops);
+            base_drops.push(drops);
+            node.set_capture(NiIndex(i), true);
         }
         CaptureSession {
             id,
@@ -174,11 +174,8 @@ impl CaptureSession {
         self.client_full = false;
         for i in 0..self.nis.len() {
             let ni_s = self.nis[i].to_string();
-            let Some(ep) = node.endpoint_mut(NiIndex(i)) else {
-                continue;
-            };
             while budget > 0 && !self.client_full {
-                let Some(c) = ep.poll_captured() else {
+                let Some(c) = node.poll_captured(NiIndex(i)) else {
                     break;
                 };
                 budget -= 1;
@@ -193,7 +190,7 @@ impl CaptureSession {
                     conn: c.conn.as_u64(),
                     msg: hex_encode(&c.bytes),
                 };
-                ep.recycle(c.bytes);
+                node.recycle(c.bytes);
                 chunk.push((c.at, rec));
                 if chunk.len() >= CAPTURE_CHUNK && !self.deliver(&mut chunk, &mut deliver) {
                     return false;
@@ -230,10 +227,10 @@ impl CaptureSession {
     pub fn finish(self, node: &mut LnetNode, reason: &str) -> CaptureSummary {
         let mut dropped = self.lost;
         for (i, base) in self.base_drops.iter().enumerate() {
-            if let Some(ep) = node.endpoint_mut(NiIndex(i)) {
+            if let Some(ep) = node.endpoint(NiIndex(i)) {
                 dropped += ep.stats().capture_drops.saturating_sub(*base);
-                ep.set_capture(false);
             }
+            node.set_capture(NiIndex(i), false);
         }
         CaptureSummary {
             captured: self.captured,
