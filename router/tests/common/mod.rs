@@ -193,15 +193,18 @@ pub fn start_opts(
     opts: Opts,
 ) -> Daemon {
     let Lnd { timeout, keepalive } = opts.lnd;
+    let yaml = format!(
+        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n",
+        opts.ni_yaml
+    );
+    start_yaml(dir, name, &yaml, opts)
+}
+
+/// Starts a daemon on the configuration `yaml` (written to `dir/name.yaml`), with [`Opts`]
+/// (its `lnd` and `ni_yaml` are not used: the configuration is whole).
+pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
     let cfg = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n",
-            opts.ni_yaml
-        ),
-    )
-    .unwrap();
+    std::fs::write(&cfg, yaml).unwrap();
     let socket = opts
         .socket
         .clone()
