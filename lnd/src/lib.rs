@@ -3,10 +3,18 @@
 //! - [`wire`]: NIDs, the LNet header, the ping payload and the o2iblnd messages, byte-exact with
 //!   Lustre and parsed through checked views that never panic.
 //! - [`time`] and [`wheel`]: our own instants (the core never reads a clock) and the hierarchical
-//!   timer wheel that holds every deadline.
+//!   timer wheel that holds every deadline; [`handle`]: the one generational handle type every
+//!   table's keys use.
+//! - [`fabric`]: the boundary below the engine (actions out, events into a `FabricSink`).
+//! - [`engine`]: the sans-IO o2ib LND, one `Endpoint` per NI.
+//! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
+//!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share.
+//! - `sim` (feature `sim`): the deterministic simulator, for tests and benches.
+//! - [`sys`]: the only unsafe code (io_uring, verbs).
 //!
-//! The protocol core in this crate never reads a clock, spawns a thread or does I/O: time is passed
-//! in, actions come out (see `shared/DESIGN.md`).
+//! The protocol core (wire, time, wheel, fabric, engine) never reads a clock, spawns a thread or
+//! does I/O: time is passed in, actions come out (see `shared/DESIGN.md`); `module_graph` in the
+//! tests checks that nothing below calls upward.
 
 pub mod driver;
 pub mod engine;

@@ -1,7 +1,9 @@
-//! `router`: ulnet's LNet layer, the part every node runs above its LNDs (and, later, the
-//! `lnet-router` daemon's library).
+//! `router`: ulnet's LNet layer, the part every node runs above its LNDs, and the library of the
+//! `lnet-router` daemon (feature `daemon`): its YAML configuration, its control protocol and
+//! socket, and [`runtime::NiRuntime`], one NI's node, driver and waker with the loop the daemon
+//! runs on a thread per NI.
 //!
-//! This first slice is a plain LNet endpoint node, sans-IO like the LND engine below it: time is
+//! The node is a plain LNet endpoint (no forwarding yet), sans-IO like the LND engine below it: time is
 //! passed in as [`lnd::time::Instant`], nothing reads a clock, spawns a thread or does I/O, and
 //! every output is drained with a `poll_*` call. An [`LnetNode`] owns one
 //! [`lnd::engine::Endpoint`] per NI and provides:

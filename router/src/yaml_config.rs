@@ -53,7 +53,7 @@ pub enum FabricKind {
     Tcp,
     /// The deterministic simulator (tests).
     Sim,
-    /// rdma_cm + verbs (not implemented yet).
+    /// rdma_cm + verbs (`lnd::driver::verbs`, in a daemon built with the `verbs` feature).
     Verbs,
 }
 
