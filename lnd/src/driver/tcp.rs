@@ -3,7 +3,7 @@
 //! network namespace with the same engine that drives verbs.
 //!
 //! One [`TcpFabric`] serves one NI's event loop: single-threaded, run to completion. The driver
-//! drains [`Endpoint::poll_action`] into [`TcpFabric::apply`], then calls [`TcpFabric::poll`], which
+//! drains [`Endpoint::poll_action`](crate::engine::Endpoint::poll_action) into [`TcpFabric::apply`], then calls [`TcpFabric::poll`], which
 //! submits the queued io_uring work, waits (bounded), reaps completions and feeds the endpoint the
 //! matching `handle_*` calls. [`turn`] / [`run_endpoint`] are that loop, with the clock read
 //! (CLOCK_MONOTONIC through [`MonotonicClock`]) done only there.

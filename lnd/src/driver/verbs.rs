@@ -2,7 +2,7 @@
 //! (a NIC, or Soft-RoCE `rdma_rxe`); without one [`VerbsFabric::new`] returns a clear error.
 //!
 //! Same driver shape as the tcp fabric: one [`VerbsFabric`] per NI event loop, single-threaded;
-//! drain [`Endpoint::poll_action`] into [`VerbsFabric::apply`], then call [`VerbsFabric::poll`],
+//! drain [`Endpoint::poll_action`](crate::engine::Endpoint::poll_action) into [`VerbsFabric::apply`], then call [`VerbsFabric::poll`],
 //! which posts the send-queue work queued by `apply` (one chain per connection), busy-polls for
 //! its budget (`VerbsConfig::busy_poll`), then blocks in poll(2) on the cm event channel, every connection's
 //! completion channel and the waker, and feeds the endpoint what happened.
