@@ -1,9 +1,11 @@
 //! A deterministic fabric simulator and world harness: many LND endpoints on one simulated RC
 //! fabric, in virtual time, with RDMA-shaped faults.
 //!
-//! A [`World`] holds nodes ([`NodeId`]), each running one [`Endpoint`] (or none while it is down),
-//! a virtual clock, one event queue ordered by (time, sequence number) and one seeded RNG. Nothing
-//! reads a clock, spawns a thread or does I/O, so a run is a pure function of its seed and of the
+//! A [`World`] holds nodes ([`NodeId`]), each running one [`SimNode`] (or none while it is down):
+//! a bare LND [`Endpoint`] by default (`World` is `World<Endpoint>`), or a node built on one, such
+//! as an LNet node (`router`'s `sim` feature), that talks to the fabric only through
+//! [`crate::fabric`]. It has a virtual clock, one event queue ordered by (time, sequence number)
+//! and one seeded RNG. Nothing reads a clock, spawns a thread or does I/O, so a run is a pure function of its seed and of the
 //! calls made on the world: every bug found here replays.
 //!
 //! # The fabric model (RC queue pairs and the connection manager)
@@ -66,11 +68,14 @@
 //!
 //! # The upper-layer model
 //!
-//! Per node, the world plays LNet: every `Received` is logged and handed back with `recv_done`
+//! What the world books of a node's events is the node's choice ([`SimNode::book`]). For a bare
+//! endpoint, the world plays LNet: every `Received` is logged and handed back with `recv_done`
 //! (at once, or after a random delay set by [`World::set_recv_delay`]); every `SendDone` is
 //! recorded against its cookie; peer up/down events are logged. [`World::pending_sends`] says how
 //! many messages have no outcome yet: "every message ends with a status" is
 //! `run_until_idle(..)` returning `true`.
+//! A node with its own upper layer (an LNet node) books its peer up/down events and keeps the rest
+//! in [`World::node_events`].
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -78,10 +83,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use tracing::{debug, trace};
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use crate::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, PrivateData, RegionId, RemoteRegion, RequestId, WcStatus,
-    WrId,
+    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, PrivateData, RegionId,
+    RemoteRegion, RequestId, WcStatus, WrId,
 };
 use crate::time::{Duration, Instant};
 use crate::wire::{KibRej, LnetHdr, Nid, RejectReason};
@@ -252,6 +260,142 @@ impl NodeId {
 /// A partition made by [`World::partition`], for [`World::heal_partition`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PartitionId(u8);
+
+/// What a [`World`] needs from the node it hosts: the bare LND [`Endpoint`] (the default), or
+/// anything built on one that talks to the fabric through [`crate::fabric`] (an LNet node).
+///
+/// The world feeds the node fabric events through its [`FabricSink`] side, applies what
+/// [`SimNode::poll_action`] gives to the simulated fabric, runs [`SimNode::handle_timeout`] at
+/// [`SimNode::poll_timeout`], and books every [`SimNode::poll_event`] through [`SimNode::book`]
+/// (received messages, send outcomes, peer up/down; anything else goes to
+/// [`World::node_events`]). A crash drops the node; its [`SimNode::leak_counter`] says how many
+/// connections it still owned.
+pub trait SimNode: FabricSink + Sized {
+    /// What the node is made from; kept by the world to make it again at a restart.
+    type Config: Clone;
+    /// What the node tells its upper layer.
+    type Event;
+
+    /// A fresh node at `now`.
+    fn start(cfg: &Self::Config, now: Instant) -> Self;
+    /// The NID connects to this node are routed by.
+    fn config_nid(cfg: &Self::Config) -> Nid;
+    /// The configuration's incarnation.
+    fn config_incarnation(cfg: &Self::Config) -> u64;
+    /// Makes `cfg` the configuration of the node's next life, with `incarnation`.
+    fn reincarnate(cfg: &mut Self::Config, incarnation: u64);
+
+    /// The next fabric action.
+    fn poll_action(&mut self) -> Option<FabricAction>;
+    /// The next event for the upper layer.
+    fn poll_event(&mut self) -> Option<Self::Event>;
+    /// What the world books for `ev`.
+    fn book(ev: Self::Event) -> Booking<Self::Event>;
+    /// A message booked as [`Booking::Received`] with a token is finished with (the world plays
+    /// the upper layer that returns it).
+    fn recv_done(&mut self, now: Instant, rx: RxToken);
+    /// When [`SimNode::handle_timeout`] should next run.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// Runs the timers due at `now`.
+    fn handle_timeout(&mut self, now: Instant);
+
+    /// Starts a graceful stop.
+    fn shutdown(&mut self, now: Instant);
+    /// Whether the graceful stop is complete (the world then removes the node).
+    fn is_shut_down(&self) -> bool;
+    /// A counter that outlives the node: connections it still owned when it was dropped.
+    fn leak_counter(&self) -> Arc<AtomicU64>;
+    /// Connection state changes the node's LND refused so far.
+    fn invalid_transitions(&self) -> u64;
+}
+
+/// How the world books one of a node's events ([`SimNode::book`]).
+#[derive(Debug)]
+pub enum Booking<E> {
+    /// A message for the upper layer: logged in [`World::received`]; `rx`, if any, is handed back
+    /// with [`SimNode::recv_done`] at once or after the node's receive delay.
+    Received {
+        from: Nid,
+        hdr: LnetHdr,
+        len: usize,
+        rx: Option<RxToken>,
+    },
+    /// A message handed to [`World::send`] finished.
+    SendDone {
+        cookie: u64,
+        result: Result<(), TxError>,
+    },
+    /// A peer came up ([`World::peer_events`]).
+    PeerUp { nid: Nid },
+    /// A peer went down ([`World::peer_events`]).
+    PeerDown { nid: Nid, reason: DownReason },
+    /// Anything else: kept in [`World::node_events`] (when `keep_logs`).
+    Other(E),
+}
+
+impl SimNode for Endpoint {
+    type Config = EndpointConfig;
+    type Event = LndEvent;
+
+    fn start(cfg: &EndpointConfig, now: Instant) -> Endpoint {
+        Endpoint::new(cfg.clone(), now)
+    }
+    fn config_nid(cfg: &EndpointConfig) -> Nid {
+        cfg.nid
+    }
+    fn config_incarnation(cfg: &EndpointConfig) -> u64 {
+        cfg.incarnation
+    }
+    fn reincarnate(cfg: &mut EndpointConfig, incarnation: u64) {
+        cfg.incarnation = incarnation;
+        cfg.seed ^= incarnation.rotate_left(17);
+    }
+    fn poll_action(&mut self) -> Option<FabricAction> {
+        Endpoint::poll_action(self)
+    }
+    fn poll_event(&mut self) -> Option<LndEvent> {
+        Endpoint::poll_event(self)
+    }
+    fn book(ev: LndEvent) -> Booking<LndEvent> {
+        match ev {
+            LndEvent::Received {
+                from,
+                hdr,
+                payload,
+                rx,
+            } => Booking::Received {
+                from,
+                hdr,
+                len: payload.len(),
+                rx: Some(rx),
+            },
+            LndEvent::SendDone { cookie, result, .. } => Booking::SendDone { cookie, result },
+            LndEvent::PeerUp { nid } => Booking::PeerUp { nid },
+            LndEvent::PeerDown { nid, reason } => Booking::PeerDown { nid, reason },
+        }
+    }
+    fn recv_done(&mut self, now: Instant, rx: RxToken) {
+        Endpoint::recv_done(self, now, rx);
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Endpoint::poll_timeout(self)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Endpoint::handle_timeout(self, now);
+    }
+    fn shutdown(&mut self, now: Instant) {
+        Endpoint::shutdown(self, now);
+    }
+    fn is_shut_down(&self) -> bool {
+        Endpoint::is_shut_down(self)
+    }
+    fn leak_counter(&self) -> Arc<AtomicU64> {
+        Endpoint::leak_counter(self)
+    }
+    fn invalid_transitions(&self) -> u64 {
+        self.stats().invalid_transitions
+    }
+}
 
 /// The simulator's parameters. `Default` gives an InfiniBand-like fabric.
 #[derive(Clone, Debug)]
@@ -540,10 +684,12 @@ struct PendingReq {
     started: Instant,
 }
 
-struct Node {
-    cfg: EndpointConfig,
+struct Node<N: SimNode> {
+    cfg: N::Config,
+    /// `cfg`'s NID.
+    nid: Nid,
     state: NodeState,
-    ep: Option<Endpoint>,
+    ep: Option<N>,
     /// Changes whenever the endpoint instance changes, so events for an old one are dropped.
     epoch: u32,
     /// The pending timer event's time (at most one live timer event per node).
@@ -566,6 +712,8 @@ struct Node {
     /// Registered regions by id, and their ids by remote key.
     regions: FxMap<u64, Region>,
     rkeys: FxMap<u32, u64>,
+    /// Events booked as [`Booking::Other`], with when (empty unless `keep_logs`).
+    events: Vec<(Instant, N::Event)>,
 }
 
 enum Ev {
@@ -653,8 +801,9 @@ impl Ord for Scheduled {
 // ---------------------------------------------------------------------------------------------
 // The world
 
-/// Many endpoints on one simulated fabric, in virtual time. See the module documentation.
-pub struct World {
+/// Many nodes on one simulated fabric, in virtual time: bare LND endpoints by default, or any
+/// [`SimNode`]. See the module documentation.
+pub struct World<N: SimNode = Endpoint> {
     cfg: SimConfig,
     now: Instant,
     seq: u64,
@@ -662,7 +811,7 @@ pub struct World {
     /// Events in the queue other than timers.
     in_flight: u64,
     rng: SimRng,
-    nodes: Vec<Node>,
+    nodes: Vec<Node<N>>,
     by_nid: FxMap<Nid, NodeId>,
     ends: FxMap<u64, End>,
     next_uid: u64,
@@ -684,10 +833,75 @@ pub struct World {
 }
 
 impl World {
+    /// An empty world of LND endpoints at `cfg.start`.
+    pub fn new(cfg: SimConfig) -> World {
+        World::hosting(cfg)
+    }
+
+    /// Node `n`'s endpoint, if it runs.
+    pub fn endpoint(&self, n: NodeId) -> Option<&Endpoint> {
+        self.node(n)
+    }
+
+    /// Node `n`'s endpoint, mutably. If you give it an input, call [`World::poll_node`] afterwards
+    /// so its actions and events are processed (or use [`World::with_endpoint`], which does).
+    pub fn endpoint_mut(&mut self, n: NodeId) -> Option<&mut Endpoint> {
+        self.node_mut(n)
+    }
+
+    /// Runs `f` on node `n`'s endpoint with the current time, then processes whatever it produced.
+    /// (To stop a node use [`World::shutdown`], which also retires the endpoint once it is shut
+    /// down; `Endpoint::shutdown` called through here does not.)
+    pub fn with_endpoint<R>(
+        &mut self,
+        n: NodeId,
+        f: impl FnOnce(&mut Endpoint, Instant) -> R,
+    ) -> Option<R> {
+        self.with_node(n, f)
+    }
+
+    // ------------------------------------------------------------------ upper layer
+
+    /// Node `from` sends an LNet message to `to` now. Returns the cookie under which its outcome
+    /// is recorded; a refusal by `Endpoint::send` (or a node without endpoint) is recorded as the
+    /// outcome at once.
+    pub fn send(&mut self, from: NodeId, to: Nid, hdr: LnetHdr, payload: Vec<u8>) -> u64 {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.stats.sends += 1;
+        self.sends.insert(
+            cookie,
+            SendRecord {
+                from,
+                to,
+                queued_at: self.now,
+                done: None,
+            },
+        );
+        self.pending_sends += 1;
+        let now = self.now;
+        let node = &mut self.nodes[from.idx()];
+        let Some(ep) = node.ep.as_mut() else {
+            self.finish_send(cookie, SendOutcome::NodeDown);
+            return cookie;
+        };
+        trace!(at = %now, from = %node.nid, %to, cookie, "send");
+        match ep.send(now, to, hdr, payload, cookie) {
+            Ok(()) => {
+                node.pending.insert(cookie, ());
+            }
+            Err(e) => self.finish_send(cookie, SendOutcome::Refused(e)),
+        }
+        self.drain(from, false);
+        cookie
+    }
+}
+
+impl<N: SimNode> World<N> {
     // ------------------------------------------------------------------ construction, queries
 
-    /// An empty world at `cfg.start`.
-    pub fn new(cfg: SimConfig) -> World {
+    /// An empty world of `N` nodes at `cfg.start` (`World::new` for endpoints).
+    pub fn hosting(cfg: SimConfig) -> World<N> {
         World {
             now: cfg.start,
             seq: 0,
@@ -716,16 +930,18 @@ impl World {
         }
     }
 
-    /// Adds a node and starts its endpoint now. Connects to `cfg.nid` are routed to it.
+    /// Adds a node and starts it now. Connects to its NID are routed to it.
     ///
     /// # Panics
     /// If another node already has that NID.
-    pub fn add_node(&mut self, cfg: EndpointConfig) -> NodeId {
+    pub fn add_node(&mut self, cfg: N::Config) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);
-        let prev = self.by_nid.insert(cfg.nid, id);
-        assert!(prev.is_none(), "two simulated nodes with NID {}", cfg.nid);
+        let nid = N::config_nid(&cfg);
+        let prev = self.by_nid.insert(nid, id);
+        assert!(prev.is_none(), "two simulated nodes with NID {nid}");
         self.nodes.push(Node {
             cfg,
+            nid,
             state: NodeState::Crashed,
             ep: None,
             epoch: 0,
@@ -744,6 +960,7 @@ impl World {
             leaked: 0,
             regions: FxMap::default(),
             rkeys: FxMap::default(),
+            events: Vec::new(),
         });
         self.start_node(id);
         id
@@ -781,7 +998,7 @@ impl World {
 
     /// The NID of node `n`.
     pub fn nid_of(&self, n: NodeId) -> Nid {
-        self.nodes[n.idx()].cfg.nid
+        self.nodes[n.idx()].nid
     }
 
     /// Where node `n` is in its life.
@@ -789,25 +1006,22 @@ impl World {
         self.nodes[n.idx()].state
     }
 
-    /// Node `n`'s endpoint, if it runs.
-    pub fn endpoint(&self, n: NodeId) -> Option<&Endpoint> {
+    /// Node `n`'s running instance, if it runs.
+    pub fn node(&self, n: NodeId) -> Option<&N> {
         self.nodes.get(n.idx())?.ep.as_ref()
     }
 
-    /// Node `n`'s endpoint, mutably. If you give it an input, call [`World::poll_node`] afterwards
-    /// so its actions and events are processed (or use [`World::with_endpoint`], which does).
-    pub fn endpoint_mut(&mut self, n: NodeId) -> Option<&mut Endpoint> {
+    /// Node `n`'s running instance, mutably. If you give it an input, call [`World::poll_node`]
+    /// afterwards so its actions and events are processed (or use [`World::with_node`], which
+    /// does).
+    pub fn node_mut(&mut self, n: NodeId) -> Option<&mut N> {
         self.nodes.get_mut(n.idx())?.ep.as_mut()
     }
 
-    /// Runs `f` on node `n`'s endpoint with the current time, then processes whatever it produced.
-    /// (To stop a node use [`World::shutdown`], which also retires the endpoint once it is shut
-    /// down; `Endpoint::shutdown` called through here does not.)
-    pub fn with_endpoint<R>(
-        &mut self,
-        n: NodeId,
-        f: impl FnOnce(&mut Endpoint, Instant) -> R,
-    ) -> Option<R> {
+    /// Runs `f` on node `n`'s running instance with the current time, then processes whatever it
+    /// produced. (To stop a node use [`World::shutdown`], which also retires it once it is shut
+    /// down; a shutdown called through here does not.)
+    pub fn with_node<R>(&mut self, n: NodeId, f: impl FnOnce(&mut N, Instant) -> R) -> Option<R> {
         let now = self.now;
         let r = f(self.nodes.get_mut(n.idx())?.ep.as_mut()?, now);
         self.drain(n, false);
@@ -837,6 +1051,12 @@ impl World {
     /// Peer up/down events node `n`'s upper layer got, in order (empty unless `keep_logs`).
     pub fn peer_events(&self, n: NodeId) -> &[PeerEvent] {
         &self.nodes[n.idx()].peer_events
+    }
+
+    /// Node `n`'s events booked as [`Booking::Other`] (all its instances), with when, in order
+    /// (empty unless `keep_logs`; an endpoint has none).
+    pub fn node_events(&self, n: NodeId) -> &[(Instant, N::Event)] {
+        &self.nodes[n.idx()].events
     }
 
     /// Every active connect node `n` started (all its endpoint instances): when, and to which NID.
@@ -882,7 +1102,7 @@ impl World {
                 .nodes
                 .iter()
                 .filter_map(|n| n.ep.as_ref())
-                .map(|e| e.stats().invalid_transitions)
+                .map(|e| e.invalid_transitions())
                 .sum::<u64>()
     }
 
@@ -924,40 +1144,6 @@ impl World {
 
     // ------------------------------------------------------------------ upper layer
 
-    /// Node `from` sends an LNet message to `to` now. Returns the cookie under which its outcome
-    /// is recorded; a refusal by `Endpoint::send` (or a node without endpoint) is recorded as the
-    /// outcome at once.
-    pub fn send(&mut self, from: NodeId, to: Nid, hdr: LnetHdr, payload: Vec<u8>) -> u64 {
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
-        self.stats.sends += 1;
-        self.sends.insert(
-            cookie,
-            SendRecord {
-                from,
-                to,
-                queued_at: self.now,
-                done: None,
-            },
-        );
-        self.pending_sends += 1;
-        let now = self.now;
-        let node = &mut self.nodes[from.idx()];
-        let Some(ep) = node.ep.as_mut() else {
-            self.finish_send(cookie, SendOutcome::NodeDown);
-            return cookie;
-        };
-        trace!(at = %now, from = %node.cfg.nid, %to, cookie, "send");
-        match ep.send(now, to, hdr, payload, cookie) {
-            Ok(()) => {
-                node.pending.insert(cookie, ());
-            }
-            Err(e) => self.finish_send(cookie, SendOutcome::Refused(e)),
-        }
-        self.drain(from, false);
-        cookie
-    }
-
     /// Node `n`'s upper layer returns received messages after a random delay in `[0, max]`
     /// instead of at once (zero restores "at once"). Varies repost and credit-return schedules.
     pub fn set_recv_delay(&mut self, n: NodeId, max: Duration) {
@@ -980,7 +1166,7 @@ impl World {
         assert!(
             node.ep.is_some(),
             "register_region on node {} without a running endpoint",
-            node.cfg.nid
+            node.nid
         );
         self.next_region += 1;
         let id = self.next_region;
@@ -1217,8 +1403,7 @@ impl World {
         if !matches!(node.state, NodeState::Crashed | NodeState::Stopped) {
             return false;
         }
-        node.cfg.incarnation = new_incarnation;
-        node.cfg.seed ^= new_incarnation.rotate_left(17);
+        N::reincarnate(&mut node.cfg, new_incarnation);
         self.stats.restarts += 1;
         self.start_node(n);
         true
@@ -1235,7 +1420,7 @@ impl World {
         let Some(ep) = node.ep.as_mut() else {
             return;
         };
-        debug!(at = %now, node = %node.cfg.nid, "shutdown");
+        debug!(at = %now, node = %node.nid, "shutdown");
         self.stats.shutdowns += 1;
         node.state = NodeState::Stopping;
         ep.shutdown(now);
@@ -1282,8 +1467,9 @@ impl World {
         node.epoch = node.epoch.wrapping_add(1);
         node.state = NodeState::Up;
         node.timer_at = None;
-        node.ep = Some(Endpoint::new(node.cfg.clone(), now));
-        debug!(at = %now, node = %node.cfg.nid, incarnation = node.cfg.incarnation, "node up");
+        node.ep = Some(N::start(&node.cfg, now));
+        debug!(at = %now, node = %node.nid, incarnation = N::config_incarnation(&node.cfg),
+               "node up");
         self.drain(n, false);
     }
 
@@ -1296,7 +1482,7 @@ impl World {
         node.timer_at = None;
         let mut leaked = 0;
         if let Some(ep) = node.ep.take() {
-            self.stats.invalid_transitions_dropped += ep.stats().invalid_transitions;
+            self.stats.invalid_transitions_dropped += ep.invalid_transitions();
             let leaks = ep.leak_counter();
             drop(ep);
             leaked = leaks.load(std::sync::atomic::Ordering::Relaxed);
@@ -1384,9 +1570,9 @@ impl World {
             return;
         };
         if node.state == NodeState::Stopping && ep.is_shut_down() {
-            debug!(at = %now, node = %node.cfg.nid, "shut down");
+            debug!(at = %now, node = %node.nid, "shut down");
             if !node.ends.is_empty() {
-                debug!(node = %node.cfg.nid, ends = node.ends.len(), "ends left after shutdown");
+                debug!(node = %node.nid, ends = node.ends.len(), "ends left after shutdown");
             }
             self.take_down(n, NodeState::Stopped);
             return;
@@ -1408,29 +1594,27 @@ impl World {
         }
     }
 
-    /// The upper-layer model (LNet) of node `n`.
-    fn upper(&mut self, n: NodeId, ev: LndEvent) {
+    /// The upper-layer model (LNet, for a bare endpoint) of node `n`: books `ev`.
+    fn upper(&mut self, n: NodeId, ev: N::Event) {
         let now = self.now;
         let keep = self.cfg.keep_logs;
-        match ev {
-            LndEvent::Received {
-                from,
-                hdr,
-                payload,
-                rx,
-            } => {
+        match N::book(ev) {
+            Booking::Received { from, hdr, len, rx } => {
                 self.stats.received += 1;
                 let node = &mut self.nodes[n.idx()];
                 node.received_count += 1;
-                trace!(at = %now, node = %node.cfg.nid, %from, len = payload.len(), "received");
+                trace!(at = %now, node = %node.nid, %from, len, "received");
                 if keep {
                     node.received.push(ReceivedMsg {
                         at: now,
                         from,
                         hdr,
-                        len: payload.len(),
+                        len,
                     });
                 }
+                let Some(rx) = rx else {
+                    return;
+                };
                 let max = node.recv_delay;
                 if max.is_zero() {
                     if let Some(ep) = node.ep.as_mut() {
@@ -1442,21 +1626,21 @@ impl World {
                     self.push(now + d, Ev::RecvDone { node: n, epoch, rx });
                 }
             }
-            LndEvent::SendDone { cookie, result, .. } => {
+            Booking::SendDone { cookie, result } => {
                 let outcome = match result {
                     Ok(()) => SendOutcome::Delivered,
                     Err(e) => SendOutcome::Failed(e),
                 };
-                trace!(at = %now, node = %self.nodes[n.idx()].cfg.nid, cookie, ?outcome, "send done");
+                trace!(at = %now, node = %self.nodes[n.idx()].nid, cookie, ?outcome, "send done");
                 if self.nodes[n.idx()].pending.remove(&cookie).is_none() {
                     self.stats.unexpected_send_done += 1;
                     return;
                 }
                 self.finish_send(cookie, outcome);
             }
-            LndEvent::PeerUp { nid } => {
+            Booking::PeerUp { nid } => {
                 let node = &mut self.nodes[n.idx()];
-                debug!(at = %now, node = %node.cfg.nid, peer = %nid, "peer up");
+                debug!(at = %now, node = %node.nid, peer = %nid, "peer up");
                 if keep {
                     node.peer_events.push(PeerEvent {
                         at: now,
@@ -1465,15 +1649,20 @@ impl World {
                     });
                 }
             }
-            LndEvent::PeerDown { nid, reason } => {
+            Booking::PeerDown { nid, reason } => {
                 let node = &mut self.nodes[n.idx()];
-                debug!(at = %now, node = %node.cfg.nid, peer = %nid, ?reason, "peer down");
+                debug!(at = %now, node = %node.nid, peer = %nid, ?reason, "peer down");
                 if keep {
                     node.peer_events.push(PeerEvent {
                         at: now,
                         nid,
                         down: Some(reason),
                     });
+                }
+            }
+            Booking::Other(ev) => {
+                if keep {
+                    self.nodes[n.idx()].events.push((now, ev));
                 }
             }
         }
@@ -1957,7 +2146,14 @@ impl World {
             self.stats.bytes += bytes.len() as u64;
             self.complete(uid, wqe.wr, WcStatus::Success, now + latency);
             if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
-                ep.handle_recv(now, pconn, slot, &bytes);
+                ep.fabric_event(
+                    now,
+                    FabricEvent::Recv {
+                        conn: pconn,
+                        slot,
+                        bytes: &bytes,
+                    },
+                );
             }
             self.drain(pn, false);
         }
@@ -2029,7 +2225,13 @@ impl World {
                 );
                 self.stats.requests += 1;
                 if let Some(ep) = self.nodes[target.idx()].ep.as_mut() {
-                    ep.handle_connect_request(now, RequestId(id), private.as_bytes());
+                    ep.fabric_event(
+                        now,
+                        FabricEvent::ConnectRequest {
+                            req: RequestId(id),
+                            private: private.as_bytes(),
+                        },
+                    );
                 }
                 self.drain(target, false);
             }
@@ -2089,7 +2291,13 @@ impl World {
                 self.stats.established += 1;
                 trace!(at = %now, node = %self.nid_of(active_node), ?conn, "established (active)");
                 if let Some(ep) = self.nodes[active_node.idx()].ep.as_mut() {
-                    ep.handle_established(now, conn, private.as_bytes());
+                    ep.fabric_event(
+                        now,
+                        FabricEvent::Established {
+                            conn,
+                            private: private.as_bytes(),
+                        },
+                    );
                 }
                 self.drain(active_node, false);
                 match self.cm_hop() {
@@ -2129,7 +2337,7 @@ impl World {
                 }
                 trace!(at = %now, node = %self.nid_of(pn), ?conn, "established (passive)");
                 if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
-                    ep.handle_established(now, conn, &[]);
+                    ep.fabric_event(now, FabricEvent::Established { conn, private: &[] });
                 }
                 self.drain(pn, false);
             }
@@ -2165,7 +2373,7 @@ impl World {
                 self.qp_error(end);
                 trace!(at = %now, node = %self.nid_of(n), ?conn, "disconnected");
                 if let Some(ep) = self.nodes[n.idx()].ep.as_mut() {
-                    ep.handle_disconnected(now, conn);
+                    ep.fabric_event(now, FabricEvent::Disconnected { conn });
                 }
                 self.drain(n, false);
             }
@@ -2189,7 +2397,7 @@ impl World {
                 }
                 // An injected write's WrId is unknown to the engine, which ignores it.
                 if let Some(ep) = self.nodes[n.idx()].ep.as_mut() {
-                    ep.handle_send_complete(now, conn, wr, status);
+                    ep.fabric_event(now, FabricEvent::SendComplete { conn, wr, status });
                 }
                 self.drain(n, false);
             }
@@ -2228,7 +2436,7 @@ impl World {
         let (n, conn) = (e.node, e.conn);
         trace!(at = %now, node = %self.nid_of(n), ?conn, ?why, "connect failed");
         if let Some(ep) = self.nodes[n.idx()].ep.as_mut() {
-            ep.handle_connect_failed(now, conn, why);
+            ep.fabric_event(now, FabricEvent::ConnectFailed { conn, why });
         }
         self.drain(n, false);
     }

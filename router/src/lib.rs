@@ -34,6 +34,9 @@
 //! one event at a time, [`LnetNode::handle_fabric`] does both); call
 //! [`LnetNode::handle_timeout`] at [`LnetNode::poll_timeout`], and after any input drain
 //! [`LnetNode::poll_action`] (fabric work, tagged with its NI) and [`LnetNode::poll_event`].
+//!
+//! With the `sim` feature an [`LnetNode`] (one NI) is also a node of `lnd`'s deterministic
+//! simulator (`lnd::sim::World<LnetNode>`), so LNet runs through its faults in virtual time.
 
 mod config;
 pub mod control;
@@ -42,6 +45,8 @@ mod node;
 mod peer;
 mod ping;
 pub mod runtime;
+#[cfg(feature = "sim")]
+mod sim_node;
 mod stats;
 #[cfg(test)]
 mod tests;
