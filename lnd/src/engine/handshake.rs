@@ -130,6 +130,21 @@ impl Endpoint {
         for c in same_instance {
             self.close_conn(c, Some(DownReason::Closed));
         }
+        // Our own established connections to it are kept: its request may have crossed our
+        // CONNACK (both sides connecting at once). But it may also have lost them (our close of
+        // its side was lost with the partition that cut it off), and one that waits for credits
+        // would then hold our messages until the LND timeout. Probe each with a keepalive NOOP
+        // (it needs no credit): a live end ignores it, a gone one fails the send at once and the
+        // connection closes, so new messages take the new connection.
+        let ours: Vec<ConnId> = self.peers[p]
+            .conns
+            .iter()
+            .copied()
+            .filter(|&c| self.conn(c).is_some_and(|c| c.active) && msg.src_nid != self.cfg.nid)
+            .collect();
+        for c in ours {
+            self.check_sends(c, true);
+        }
 
         let peer = &mut self.peers[p];
         peer.races = 0;
