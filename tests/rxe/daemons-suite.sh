@@ -40,10 +40,13 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
 
 # RC queue pairs owned by process $1 (rdma res show qp: "... type RC ... pid N comm ...").
+# The kernel records the *thread* that created a QP (the daemon's "ni <nid>" thread, not
+# its main thread), so count the QPs of every task of the process.
 qps() {
-  rdma res show qp 2>/dev/null | awk -v p="$1" '
+  rdma res show qp 2>/dev/null | awk -v tids="$(ls /proc/"$1"/task 2>/dev/null | tr '\n' ' ')" '
+    BEGIN { n = split(tids, a, " "); for (i = 1; i <= n; i++) mine[a[i]] = 1; n = 0 }
     { for (i = 1; i < NF; i++) { if ($i == "type") t = $(i + 1); if ($i == "pid") q = $(i + 1) } }
-    t == "RC" && q == p { n++ } { t = ""; q = "" } END { print n + 0 }'
+    t == "RC" && (q in mine) { n++ } { t = ""; q = "" } END { print n + 0 }'
 }
 # the UTC time of day to a few ms, as the daemons' logs write it (busybox date has no %N; a
 # tmpfs file's mtime has the kernel's coarse clock: a tick)
