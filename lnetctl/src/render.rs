@@ -131,6 +131,9 @@ pub fn net(n: &NetShow) -> String {
             }
             if let Some(u) = &ni.ulnet {
                 out.push_str("          ulnet:\n");
+                if let Some(l) = &u.listen {
+                    let _ = writeln!(out, "              listen: {l}");
+                }
                 let _ = writeln!(out, "              checksum: {}", u.checksum);
                 let _ = writeln!(
                     out,
@@ -409,6 +412,19 @@ net:
               peer limit: 131072
               peers: 0
 "
+        );
+        // With the address the NI listens on (a daemon's NI): first in ulnet's settings.
+        let x = NiExtras {
+            listen: Some("127.0.0.1:40123".parse().unwrap()),
+            ..Default::default()
+        };
+        let v = net(&net_show(&n, &[x], true));
+        let ulnet = v.split_once("          ulnet:\n").expect(&v).1;
+        assert!(
+            ulnet.starts_with(
+                "              listen: 127.0.0.1:40123\n              checksum: off\n"
+            ),
+            "{ulnet}"
         );
     }
 

@@ -232,6 +232,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), S
         let extras = NiExtras {
             peer_timeout: ni.peer_timeout,
             peer_buffer_credits: ni.peer_buffer_credits,
+            listen: Some(f.listen),
         };
         runtimes.push((rt, wake, f.kind, extras));
     }
@@ -445,6 +446,8 @@ fn ni_loop(
 struct NiFabric {
     kind: FabricKind,
     driver: Box<dyn Driver + Send>,
+    /// The address it listens on, as bound (`net show -v` shows it: a port 0 resolved).
+    listen: std::net::SocketAddr,
 }
 
 fn fabric_supported(kind: FabricKind) -> bool {
@@ -463,7 +466,7 @@ fn start_fabric(
 ) -> Result<NiFabric, String> {
     let nid = ni.ni.nid;
     let peers = cfg.peers.clone();
-    let driver: Box<dyn Driver + Send> = match kind {
+    let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
         FabricKind::Tcp => {
             let Some(listen) = ni.listen else {
                 return Err(format!("NI {nid} has no listen address"));
@@ -478,7 +481,8 @@ fn start_fabric(
             let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
                 .map_err(|e| format!("NI {nid}: cannot listen on {listen}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
-            Box::new(f)
+            let bound = f.local_addr();
+            (Box::new(f), bound)
         }
         #[cfg(feature = "verbs")]
         FabricKind::Verbs => {
@@ -496,7 +500,8 @@ fn start_fabric(
             })
             .map_err(|e| format!("NI {nid}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "verbs", "NI up");
-            Box::new(f)
+            let bound = f.local_addr();
+            (Box::new(f), bound)
         }
         other => {
             return Err(format!(
@@ -505,7 +510,11 @@ fn start_fabric(
             ))
         }
     };
-    Ok(NiFabric { kind, driver })
+    Ok(NiFabric {
+        kind,
+        driver,
+        listen: bound,
+    })
 }
 
 /// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987.

@@ -161,7 +161,7 @@ fn check_ping_capture(tshark: &Path, cap: Capture, file: &Path, who: &str) {
         .status()
         .unwrap();
     assert!(st.success());
-    let (code, out) = finish(cap, Duration::from_secs(15));
+    let (code, out) = finish(cap, WAIT);
     assert_eq!(code, Some(0), "{who}: {out}");
     assert!(out.starts_with("capture:\n"), "{out}");
     assert!(
@@ -246,14 +246,17 @@ fn capture_of_a_ping_decodes_in_tshark() {
         return;
     };
     let dir = Scratch::new("capture");
-    let (pa, pb) = (free_port(), free_port());
     // Default tunables: no keepalive NOOP within the test.
-    let lnd = Lnd {
-        timeout: 50,
-        keepalive: 100,
+    let opts = || Opts {
+        lnd: Lnd {
+            timeout: 50,
+            keepalive: 100,
+        },
+        ..Opts::default()
     };
-    let a = start_with(&dir.0, "a", NID_A, pa, NID_B, pb, lnd);
-    let b = start_with(&dir.0, "b", NID_B, pb, NID_A, pa, lnd);
+    // B on a port the OS assigns; A, which pings B (B answers over A's connection), knows it.
+    let (b, pb) = start_on_any_port(&dir.0, "b", NID_B, None, opts());
+    let (a, _) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts());
     let file = dir.0.join("ping.pcap");
 
     let cap = start_capture(&a, NID_A, &file, &[]);
@@ -307,7 +310,7 @@ fn capture_of_a_ping_decodes_in_tshark() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains("already running"), "{err}");
         assert!(
-            t0.elapsed() < Duration::from_secs(5),
+            t0.elapsed() < WAIT,
             "the killed capture still runs in the daemon"
         );
         std::thread::sleep(Duration::from_millis(50));

@@ -1,20 +1,15 @@
 //! Two `lnet-router` daemons on loopback: ping across the tcp fabric through the control socket,
-//! the show commands, and a graceful SIGTERM.
+//! the show commands, and a graceful SIGTERM. Each daemon listens on a port the OS assigns and
+//! reports in `net show -v`; every wait is bounded by a generous overall limit.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use router::control::{ControlClient, Request, Response};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// The overall limit of every wait: only a condition that never holds reaches it.
+const WAIT: Duration = Duration::from_secs(30);
 
 struct Daemon {
     child: Child,
@@ -28,15 +23,19 @@ impl Drop for Daemon {
     }
 }
 
-fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
+/// Starts a daemon with one NI `nid` on a port the OS assigns, knowing the peer `(nid, port)` if
+/// any; returns it with its port (from `net show -v`).
+fn start(dir: &Path, name: &str, nid: &str, peer: Option<(&str, u16)>) -> (Daemon, u16) {
     let cfg = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
-        ),
-    )
-    .unwrap();
+    let mut yaml = format!(
+        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:0\n"
+    );
+    if let Some((peer, peer_port)) = peer {
+        yaml.push_str(&format!(
+            "peers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+        ));
+    }
+    std::fs::write(&cfg, yaml).unwrap();
     let socket = dir.join(format!("{name}.sock"));
     let child = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
         .arg("--config")
@@ -50,13 +49,30 @@ fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u1
         .unwrap();
     let t0 = Instant::now();
     while !socket.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{name} did not start"
-        );
+        assert!(t0.elapsed() < WAIT, "{name} did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    Daemon { child, socket }
+    let d = Daemon { child, socket };
+    let port = listen_port(&d, nid);
+    (d, port)
+}
+
+/// The port `d`'s NI `nid` listens on, as `net show -v` reports it (`ulnet: listen`).
+fn listen_port(d: &Daemon, nid: &str) -> u16 {
+    let Response::Net(n) = call(d, Request::NetShow { verbose: true }) else {
+        panic!("net show")
+    };
+    let ni = n
+        .net
+        .iter()
+        .flat_map(|n| &n.local_nis)
+        .find(|ni| ni.nid == nid)
+        .expect("our NI");
+    let listen = ni.ulnet.as_ref().and_then(|u| u.listen.as_deref());
+    let addr: std::net::SocketAddr = listen.expect("ulnet: listen").parse().unwrap();
+    assert_eq!(addr.ip().to_string(), "127.0.0.1");
+    assert_ne!(addr.port(), 0);
+    addr.port()
 }
 
 fn call(d: &Daemon, req: Request) -> Response {
@@ -70,9 +86,9 @@ fn call(d: &Daemon, req: Request) -> Response {
 fn two_daemons_ping_and_stop_gracefully() {
     let dir = std::env::temp_dir().join(format!("ulnet-daemon-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let (pa, pb) = (free_port(), free_port());
-    let a = start(&dir, "a", "10.0.0.1@o2ib", pa, "10.0.0.2@o2ib", pb);
-    let mut b = start(&dir, "b", "10.0.0.2@o2ib", pb, "10.0.0.1@o2ib", pa);
+    // B first; A, which pings B, is given B's port (B answers over A's connection).
+    let (mut b, pb) = start(&dir, "b", "10.0.0.2@o2ib", None);
+    let (a, _) = start(&dir, "a", "10.0.0.1@o2ib", Some(("10.0.0.2@o2ib", pb)));
 
     let resp = call(
         &a,
@@ -130,7 +146,7 @@ fn two_daemons_ping_and_stop_gracefully() {
         if let Some(s) = b.child.try_wait().unwrap() {
             break s;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "b did not stop");
+        assert!(t0.elapsed() < WAIT, "b did not stop");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0));
@@ -151,7 +167,7 @@ fn two_daemons_ping_and_stop_gracefully() {
         if peers.peer[0].peer_ni[0].state == "down" {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(5), "{peers:?}");
+        assert!(t0.elapsed() < WAIT, "{peers:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(a);

@@ -22,9 +22,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use router::control::{errno, NamedCounters, Request, Response, MAX_CLIENTS, MAX_REQUEST};
 
-/// A daemon with one NI; `peer_port` is where its peer NID_B "listens".
+/// A daemon with one NI, on a port the OS assigns; `peer_port` is where its peer NID_B
+/// "listens" (a port the test holds: NID_B is never started).
 fn daemon(dir: &Scratch, peer_port: u16, opts: Opts) -> Daemon {
-    start_opts(&dir.0, "a", NID_A, free_port(), NID_B, peer_port, opts)
+    start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, peer_port)), opts).0
 }
 
 fn control_counters(d: &Daemon) -> NamedCounters {
@@ -68,7 +69,8 @@ fn ping_lo_ok(d: &Daemon) {
 #[test]
 fn oversized_request_is_refused_without_buffering_it() {
     let dir = Scratch::new("oversized");
-    let d = daemon(&dir, free_port(), Opts::default());
+    let (_peer, peer_port) = held_port();
+    let d = daemon(&dir, peer_port, Opts::default());
     let pid = d.child.id();
     // Warm up the paths a client takes (a client thread, the allocator's arenas).
     for _ in 0..3 {
@@ -151,11 +153,7 @@ fn idle_clients_are_bounded_and_reaped() {
     let d = daemon(&dir, silent_peer.local_addr().unwrap().port(), opts);
     let pid = d.child.id();
     // Only the stats call itself is being served.
-    assert!(wait_for(Duration::from_secs(5), || counter(
-        &control_counters(&d),
-        "active"
-    ) == 1)
-    .is_some());
+    assert!(wait_for(WAIT, || counter(&control_counters(&d), "active") == 1).is_some());
     let base_threads = proc_status(pid, "Threads");
 
     // Sample the daemon's thread count while the clients come and go.
@@ -215,11 +213,7 @@ fn idle_clients_are_bounded_and_reaped() {
     assert_eq!(counter(&c, "idle_timeouts"), reaped, "{c:?}");
     // A client thread leaves the gauge just after it closed its connection.
     assert!(
-        wait_for(Duration::from_secs(5), || counter(
-            &control_counters(&d),
-            "active"
-        ) == 1)
-        .is_some(),
+        wait_for(WAIT, || counter(&control_counters(&d), "active") == 1).is_some(),
         "clients still counted as served: {:?}",
         control_counters(&d)
     );
@@ -256,7 +250,7 @@ fn idle_clients_are_bounded_and_reaped() {
     let done = loop {
         match cap.recv_timeout(Some(Duration::from_secs(1))).unwrap() {
             Some(Response::CaptureDone(s)) => break s,
-            Some(_) | None => assert!(t0.elapsed() < Duration::from_secs(10), "no capture end"),
+            Some(_) | None => assert!(t0.elapsed() < WAIT, "no capture end"),
         }
     };
     assert_eq!(done.reason, "stopped");
@@ -311,7 +305,8 @@ fn socket_is_private_from_the_first_instant() {
         socket: Some(socket.clone()),
         ..Opts::default()
     };
-    let d = daemon(&dir, free_port(), opts);
+    let (_peer, peer_port) = held_port();
+    let d = daemon(&dir, peer_port, opts);
     // Let the watcher see the socket in place for a moment too.
     std::thread::sleep(Duration::from_millis(100));
     stop.store(true, Ordering::Relaxed);
@@ -459,7 +454,8 @@ fn configs_that_do_nothing_are_refused() {
 #[test]
 fn hup_pipe_usr1_usr2_are_survived_and_term_still_stops() {
     let dir = Scratch::new("signals");
-    let mut d = daemon(&dir, free_port(), Opts::default());
+    let (_peer, peer_port) = held_port();
+    let mut d = daemon(&dir, peer_port, Opts::default());
     ping_lo_ok(&d);
     for sig in ["-HUP", "-PIPE", "-USR1", "-USR2"] {
         d.signal(sig);
@@ -476,14 +472,14 @@ fn hup_pipe_usr1_usr2_are_survived_and_term_still_stops() {
             .count()
     };
     assert!(
-        wait_for(Duration::from_secs(5), || hups() >= 1).is_some(),
+        wait_for(WAIT, || hups() >= 1).is_some(),
         "the HUP was not logged"
     );
     ping_lo_ok(&d);
     assert_eq!(hups(), 1, "one HUP, logged once");
 
     d.signal("-TERM");
-    let st = d.wait_exit(Duration::from_secs(10));
+    let st = d.wait_exit(WAIT);
     assert_eq!(st.code(), Some(0), "{st}");
     assert!(!d.socket.exists(), "the socket file was left behind");
 }

@@ -45,12 +45,13 @@ fn silent_clients(port: u16, n: usize, threads: usize, each: Duration) -> Vec<Tc
 fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
     const LIMIT: u64 = 100;
     let dir = Scratch::new("hs-cap");
-    let (pa, pb) = (free_port(), free_port());
+    // NID_B is never started: its address is a port the test holds.
+    let (_b, pb) = held_port();
     let opts = Opts {
         ni_yaml: format!("          handshake limit: {LIMIT}\n"),
         ..Opts::default()
     };
-    let a = start_opts(&dir.0, "a", NID_A, pa, NID_B, pb, opts);
+    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts);
     let c = |name| fabric_counter(&a, NID_A, name);
     assert_eq!((c("handshakes"), c("rx_buffer_bytes")), (0, 0));
 
@@ -58,7 +59,7 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
     let mut held = silent_clients(pa, LIMIT as usize, 4, Duration::from_secs(2));
     assert_eq!(held.len() as u64, LIMIT);
     assert!(
-        wait_for(Duration::from_secs(4), || c("handshakes") == LIMIT).is_some(),
+        wait_for(WAIT, || c("handshakes") == LIMIT).is_some(),
         "handshakes {} (of {LIMIT})",
         c("handshakes")
     );
@@ -75,10 +76,7 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
     let mut more = silent_clients(pa, 50, 2, Duration::from_secs(2));
     assert_eq!(more.len(), 50);
     assert!(
-        wait_for(Duration::from_secs(3), || c("handshakes_refused")
-            - refused0
-            >= 50)
-        .is_some(),
+        wait_for(WAIT, || c("handshakes_refused") - refused0 >= 50).is_some(),
         "handshakes_refused {} (+50 expected)",
         c("handshakes_refused")
     );
@@ -115,9 +113,7 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
     held.clear();
     more.clear();
     assert!(
-        wait_for(Duration::from_secs(4), || c("handshakes") == 0
-            && c("rx_buffer_bytes") == 0)
-        .is_some(),
+        wait_for(WAIT, || c("handshakes") == 0 && c("rx_buffer_bytes") == 0).is_some(),
         "after close: handshakes {}, rx_buffer_bytes {}",
         c("handshakes"),
         c("rx_buffer_bytes")
@@ -132,12 +128,13 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
 fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
     const NOFILE: u32 = 128;
     let dir = Scratch::new("fd-limit");
-    let (pa, pb) = (free_port(), free_port());
+    // NID_B is never started: its address is a port the test holds.
+    let (_b, pb) = held_port();
     let opts = Opts {
         nofile: Some(NOFILE),
         ..Opts::default()
     };
-    let a = start_opts(&dir.0, "a", NID_A, pa, NID_B, pb, opts);
+    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts);
     let c = |name| fabric_counter(&a, NID_A, name);
     let limit_hits = || c("accept_errors") + c("accepts_shed");
 
@@ -149,19 +146,20 @@ fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
         flood.len()
     );
     assert!(
-        wait_for(Duration::from_secs(5), || c("accept_backoffs") > 0).is_some(),
+        wait_for(WAIT, || c("accept_backoffs") > 0).is_some(),
         "the daemon never reached its descriptor limit: accepted {}, shed {}, errors {}",
         c("accepted"),
         c("accepts_shed"),
         c("accept_errors")
     );
 
-    // 5 s at the limit (the flood still connected): accept failures stay a handful, and the
-    // control socket answers every time.
+    // 5 s at the limit (the flood still connected), and at least 5 answers (a loaded machine
+    // may stretch the window: the bounds below are per second of the window as it was):
+    // accept failures stay a handful, and the control socket answers every time.
     let (hits0, backoffs0) = (limit_hits(), c("accept_backoffs"));
     let t0 = Instant::now();
     let mut answered = 0;
-    while t0.elapsed() < Duration::from_secs(5) {
+    while t0.elapsed() < Duration::from_secs(5) || answered < 5 {
         let o = lnetctl(&a, &["net", "show"]);
         assert_eq!(
             o.status.code(),
@@ -175,8 +173,9 @@ fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
         std::thread::sleep(Duration::from_millis(250));
     }
     let (hits, backoffs) = (limit_hits() - hits0, c("accept_backoffs") - backoffs0);
+    let secs = t0.elapsed().as_secs_f64();
     eprintln!(
-        "over 5 s at the fd limit: {hits} accept failures/sheds, {backoffs} back-offs, \
+        "over {secs:.1} s at the fd limit: {hits} accept failures/sheds, {backoffs} back-offs, \
          {answered} lnetctl answers; totals: accepted {}, shed {}, errors {}, handshakes {}",
         c("accepted"),
         c("accepts_shed"),
@@ -184,18 +183,34 @@ fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
         c("handshakes")
     );
     assert!(answered >= 5);
-    // Back-offs of 100 ms doubling to 1 s: at most 50 in 5 s, in practice about 8.
-    assert!(backoffs <= 50, "{backoffs} back-offs in 5 s");
+    // Back-offs of 100 ms doubling to 1 s: at most 50 in 5 s (10 a second), in practice
+    // about 8.
+    assert!(
+        backoffs as f64 <= 10.0 * secs,
+        "{backoffs} back-offs in {secs:.1} s"
+    );
     // Each back-off ends in one probing accept (shed again while at the limit); a kept one
     // (handshake timeouts free descriptors) lets a burst in until the reserve: a few per
-    // back-off, never one per retry of a spinning loop.
-    assert!(hits <= 150, "{hits} accept failures in 5 s");
-    let log = std::fs::read_to_string(&a.log).unwrap_or_default();
-    let warnings = log.matches("at the descriptor limit").count();
+    // back-off, never one per retry of a spinning loop (at most 150 in 5 s, 30 a second).
     assert!(
-        (1..=2).contains(&warnings),
-        "{warnings} warnings about the limit (at most one per 10 s)"
+        hits as f64 <= 30.0 * secs,
+        "{hits} accept failures in {secs:.1} s"
     );
+    // Warned, at most once per 10 s: on the daemon's clock, consecutive warnings are 10 s
+    // apart (however long a loaded machine made the test).
+    let warned: Vec<f64> = log_lines(&a)
+        .iter()
+        .filter(|l| l.contains("at the descriptor limit"))
+        .filter_map(|l| log_time(l))
+        .collect();
+    assert!(!warned.is_empty(), "no warning about the limit");
+    for w in warned.windows(2) {
+        assert!(
+            w[1] - w[0] >= 9.9,
+            "warnings about the limit {:.3} s apart (at most one per 10 s): {warned:?}",
+            w[1] - w[0]
+        );
+    }
     drop(flood);
 }
 
@@ -209,13 +224,13 @@ fn restart_right_after_sigkill_binds_every_time() {
     let t0 = Instant::now();
     for i in 0..RESTARTS {
         // Both have pinged each other: established sockets on both ends.
-        ping_until_ok(&p.b, NID_A, Duration::from_secs(10));
+        ping_until_ok(&p.b, NID_A, WAIT);
         p.b.signal("-KILL");
-        let _ = p.b.wait_exit(Duration::from_secs(5));
+        let _ = p.b.wait_exit(WAIT);
         // `start_with` panics if the daemon exits at start (it used to: "Address already in
         // use") and returns once its control socket answers, i.e. after its NI is listening.
         p.b = start_with(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, Lnd::default());
-        ping_until_ok(&p.a, NID_B, Duration::from_secs(10));
+        ping_until_ok(&p.a, NID_B, WAIT);
         assert!(
             t0.elapsed() < Duration::from_secs(240),
             "{i} restarts took {:?}",

@@ -1,11 +1,9 @@
 //! One thread per NI: a daemon with two NIs (o2ib and o2ib1) runs each NI's loop on its own
 //! thread beside the control thread, answers pings on both nets, and keeps answering on one NI
 //! while the other NI's peer is frozen with traffic queued for it. Loopback only; every process
-//! is killed by its guard.
+//! is killed by its guard; every daemon listens on a port the OS assigned.
 
 mod common;
-
-use std::time::Duration;
 
 use common::*;
 use router::control::Request;
@@ -15,11 +13,17 @@ const R1: &str = "10.1.0.1@o2ib1";
 const B: &str = "10.0.0.2@o2ib";
 const C: &str = "10.1.0.2@o2ib1";
 
-fn one_ni(nid: &str, net: &str, port: u16, peer: &str, peer_port: u16) -> String {
+/// One NI `nid` on net `net`, on a port the OS assigns, knowing no peer's address (R connects
+/// to it; it answers over R's connection).
+fn one_ni(nid: &str, net: &str) -> String {
     format!(
-        "net:\n    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+        "net:\n    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n"
     )
 }
+
+/// R0's LND timeout, seconds: the pings queued for the frozen B wait until B runs again (or
+/// this long), however slowly a loaded machine runs the pings of C meanwhile.
+const R0_TIMEOUT: u64 = 60;
 
 /// The names of the daemon's threads (`comm`, at most 15 bytes each).
 fn thread_names(d: &Daemon) -> Vec<String> {
@@ -39,23 +43,16 @@ fn thread_names(d: &Daemon) -> Vec<String> {
 #[test]
 fn two_ni_daemon_answers_on_both_nets_while_one_peer_is_frozen() {
     let dir = Scratch::new("nithreads");
-    let (pr0, pr1, pb, pc) = (free_port(), free_port(), free_port(), free_port());
+    // B and C first, on ports the OS assigns; R, which connects to both, is given them.
+    let b = start_yaml(&dir.0, "b", &one_ni(B, "o2ib"), Opts::default());
+    let c = start_yaml(&dir.0, "c", &one_ni(C, "o2ib1"), Opts::default());
+    let (pb, pc) = (listen_port(&b, B), listen_port(&c, C));
     let r_yaml = format!(
-        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {R0}\n          listen: 127.0.0.1:{pr0}\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {R1}\n          listen: 127.0.0.1:{pr1}\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\npeers:\n    - nid: {B}\n      address: 127.0.0.1:{pb}\n    - nid: {C}\n      address: 127.0.0.1:{pc}\n"
+        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {R0}\n          listen: 127.0.0.1:0\n          lnd tunables:\n              timeout: {R0_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {R1}\n          listen: 127.0.0.1:0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\npeers:\n    - nid: {B}\n      address: 127.0.0.1:{pb}\n    - nid: {C}\n      address: 127.0.0.1:{pc}\n"
     );
     let r = start_yaml(&dir.0, "r", &r_yaml, Opts::default());
-    let b = start_yaml(
-        &dir.0,
-        "b",
-        &one_ni(B, "o2ib", pb, R0, pr0),
-        Opts::default(),
-    );
-    let c = start_yaml(
-        &dir.0,
-        "c",
-        &one_ni(C, "o2ib1", pc, R1, pr1),
-        Opts::default(),
-    );
+    // Both NIs listen, each on its own port.
+    assert_ne!(listen_port(&r, R0), listen_port(&r, R1));
 
     // One thread per NI, named after it, beside the control thread.
     let names = thread_names(&r);
@@ -67,8 +64,8 @@ fn two_ni_daemon_answers_on_both_nets_while_one_peer_is_frozen() {
     }
 
     // Both nets answer, each through its own NI; our own NIDs answer in memory and list both.
-    ping_until_ok(&r, B, Duration::from_secs(5));
-    ping_until_ok(&r, C, Duration::from_secs(5));
+    ping_until_ok(&r, B, WAIT);
+    ping_until_ok(&r, C, WAIT);
     let p = ping(&r, R1, 2);
     assert_eq!(p.ping.len(), 1, "{p:?}");
     assert_eq!(p.ping[0].peer_ni, vec![R0.to_string(), R1.to_string()]);
@@ -84,20 +81,21 @@ fn two_ni_daemon_answers_on_both_nets_while_one_peer_is_frozen() {
         let mut cl = router::control::ControlClient::connect(&socket).expect("connect");
         let _ = cl.call(&Request::Ping {
             nids: vec![B.to_string(); 12],
-            timeout_secs: Some(5),
+            timeout_secs: Some(R0_TIMEOUT),
             source: None,
         });
     });
     // Ten pings of C while the pings of B wait on NI 0 (each bounded by its own timeout).
     for i in 0..10 {
-        let p = ping(&r, C, 2);
+        let p = ping(&r, C, 10);
         assert_eq!(p.ping.len(), 1, "ping {i} on the other NI failed: {p:?}");
     }
     assert!(
         !stuck.is_finished(),
         "the pings of the frozen B ended before the pings of C: nothing was waiting"
     );
-    let _ = stuck.join();
+    // B runs again: the queued pings complete (or fail), and the thread ends.
     b.signal("-CONT");
+    let _ = stuck.join();
     drop(c);
 }

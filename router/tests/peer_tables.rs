@@ -81,14 +81,13 @@ fn lnet_table(d: &Daemon, key: &str) -> u64 {
 #[test]
 fn forged_peer_flood_is_bounded_and_ages_out() {
     let dir = Scratch::new("peerflood");
-    let (pa, pb) = (free_port(), free_port());
-    let b = start_opts(
+    // NID_A is never started: its address is a port the test holds.
+    let (_a, pa) = held_port();
+    let (b, pb) = start_on_any_port(
         &dir.0,
         "b",
         NID_B,
-        pb,
-        NID_A,
-        pa,
+        Some((NID_A, pa)),
         Opts {
             ni_yaml: format!(
                 "          peer limit: {LIMIT}\n          tunables:\n              peer_timeout: 2\n"
@@ -128,9 +127,7 @@ fn forged_peer_flood_is_bounded_and_ages_out() {
 
     // The forged peers go away; both tables empty again.
     drop(socks);
-    let back = wait_for(Duration::from_secs(15), || {
-        lnd_peers(&b) == 0 && lnet_table(&b, "peers") == 0
-    });
+    let back = wait_for(WAIT, || lnd_peers(&b) == 0 && lnet_table(&b, "peers") == 0);
     assert!(
         back.is_some(),
         "tables not back to baseline: LND {} peers, LNet {} peers",

@@ -440,6 +440,26 @@ pub fn tcp_socket(addr: SocketAddr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Binds `sock` to `addr` without listening (tests: a port that stays taken while every
+/// connect to it is refused).
+#[cfg(test)]
+pub fn bind(sock: BorrowedFd<'_>, addr: SocketAddr) -> io::Result<()> {
+    let a = sockaddr(addr);
+    // SAFETY: the address points at a live, boxed sockaddr of the length passed; the descriptor
+    // is borrowed, so open.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            core::ptr::addr_of!(a.storage).cast::<libc::sockaddr>(),
+            a.len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Sets the listen backlog of an already listening socket (Linux applies a second `listen` to
 /// the queue's length; the kernel caps it at net.core.somaxconn).
 pub fn set_listen_backlog(sock: BorrowedFd<'_>, backlog: u32) -> io::Result<()> {

@@ -186,6 +186,10 @@ pub struct NiEntry {
 /// ulnet's own per-NI settings, as in effect (`net show -v`, beside ulnet's counters).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UlnetSettings {
+    /// The address the NI listens on, as bound: the port the OS chose when the configuration
+    /// says port 0. Absent when the daemon did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
     /// `on` or `off`: whether we checksum what we send.
     pub checksum: String,
     /// The flavour sent to a peer whose own is not known yet: `none`, `signed` or `unsigned`.

@@ -12,6 +12,8 @@ use crate::{LnetNode, NiIndex, MAX_PING_NIS};
 pub struct NiExtras {
     pub peer_timeout: u32,
     pub peer_buffer_credits: u32,
+    /// The address the NI's fabric listens on, as bound (a configured port 0 resolved).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for NiExtras {
@@ -19,14 +21,16 @@ impl Default for NiExtras {
         NiExtras {
             peer_timeout: crate::config::DEFAULT_PEER_TIMEOUT,
             peer_buffer_credits: 0,
+            listen: None,
         }
     }
 }
 
 impl UlnetSettings {
-    fn of(ni: &crate::stats::NiInfo) -> UlnetSettings {
+    fn of(ni: &crate::stats::NiInfo, x: &NiExtras) -> UlnetSettings {
         let c = &ni.lnd_config;
         UlnetSettings {
+            listen: x.listen.map(|a| a.to_string()),
             checksum: if c.checksum.emit { "on" } else { "off" }.into(),
             checksum_default: c
                 .checksum
@@ -160,7 +164,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
             lnd_statistics: verbose.then(|| LndCounters::from_stats(&ni.lnd_stats)),
             fabric: None,
-            ulnet: verbose.then(|| UlnetSettings::of(&ni)),
+            ulnet: verbose.then(|| UlnetSettings::of(&ni, &x)),
         };
         let net_type = ni.nid.net().to_string();
         match nets.iter_mut().find(|n| n.net_type == net_type) {
@@ -323,6 +327,15 @@ mod tests {
         assert!(net_show(&n, &[], false).net[1].local_nis[0]
             .lnd_statistics
             .is_none());
+        // The listen address, as the daemon bound it, only when it says.
+        assert_eq!(ni.ulnet.as_ref().unwrap().listen, None);
+        let x = NiExtras {
+            listen: Some("127.0.0.1:40123".parse().unwrap()),
+            ..NiExtras::default()
+        };
+        let s = net_show(&n, &[x], true);
+        let u = s.net[1].local_nis[0].ulnet.as_ref().unwrap();
+        assert_eq!(u.listen.as_deref(), Some("127.0.0.1:40123"));
         // Fabric counters come from the driver, by NI.
         let mut n = node();
         let mut c: Control<()> = Control::default();

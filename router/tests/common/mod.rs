@@ -4,6 +4,17 @@
 //!
 //! Every daemon runs with small LND tunables by default (`timeout: 2`, `keepalive: 1`, seconds)
 //! and `LNET_LOG=debug`, its stderr in a log file.
+//!
+//! Ports: a daemon listens on a port the OS assigns (`listen: 127.0.0.1:0`), and the test reads
+//! it back from `net show -v` ([`start_on_any_port`]); only a restart binds a known port again,
+//! the one its previous instance had. A peer address no daemon ever listens on is a port the
+//! test holds ([`held_port`]). No port is bound, released and then bound by someone else.
+//!
+//! Waits: every wait is a condition polled until it holds, bounded by a generous overall limit
+//! ([`WAIT`]): a condition that holds ends the wait at once, so the limit only decides how long
+//! a failing test takes, and a loaded machine does not fail a test whose condition would hold.
+//! Where a test's point is a time bound the daemon guarantees, it is measured from the daemons'
+//! own log timestamps ([`log_time`]), not by the test's clock.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -22,15 +33,19 @@ pub const NID_B: &str = "10.0.0.2@o2ib";
 pub const LND_TIMEOUT: u64 = 2;
 /// `lnd tunables: keepalive` of both daemons, seconds.
 pub const LND_KEEPALIVE: u64 = 1;
-/// How long a control call that is not a ping may take.
-pub const CALL_BOUND: Duration = Duration::from_secs(5);
+/// How long a control call that is not a ping may take before the test calls it a hang.
+pub const CALL_BOUND: Duration = Duration::from_secs(20);
+/// The overall limit of a condition wait (a daemon starting, a peer going down, a counter
+/// moving): far beyond what any of them takes, so only a condition that never holds reaches it.
+pub const WAIT: Duration = Duration::from_secs(30);
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port held by a listener the test keeps and never accepts on: the address of a peer that
+/// is never started. Connects to it complete in the kernel and then hear nothing; no other
+/// process can take the port while the listener lives.
+pub fn held_port() -> (TcpListener, u16) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
 }
 
 /// A per-test scratch directory, removed when the test passes (kept with the logs otherwise).
@@ -192,12 +207,61 @@ pub fn start_opts(
     peer_port: u16,
     opts: Opts,
 ) -> Daemon {
+    let yaml = one_ni_yaml(nid, port, Some((peer, peer_port)), &opts);
+    start_yaml(dir, name, &yaml, opts)
+}
+
+/// One tcp NI `nid` on 127.0.0.1:`port` with [`Opts`]'s tunables and NI lines, and the peer
+/// `(nid, port)` on 127.0.0.1 if any.
+pub fn one_ni_yaml(nid: &str, port: u16, peer: Option<(&str, u16)>, opts: &Opts) -> String {
     let Lnd { timeout, keepalive } = opts.lnd;
-    let yaml = format!(
-        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\npeers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n",
+    let mut yaml = format!(
+        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:{port}\n{}          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\n",
         opts.ni_yaml
     );
-    start_yaml(dir, name, &yaml, opts)
+    if let Some((peer, peer_port)) = peer {
+        yaml.push_str(&format!(
+            "peers:\n    - nid: {peer}\n      address: 127.0.0.1:{peer_port}\n"
+        ));
+    }
+    yaml
+}
+
+/// Starts a daemon whose one NI `nid` listens on a port the OS assigns (`listen: 127.0.0.1:0`),
+/// knowing the peer `(nid, port)` if any; returns it with the port it listens on (read back
+/// from `net show -v`, and checked against the "NI up" line of its log).
+pub fn start_on_any_port(
+    dir: &Path,
+    name: &str,
+    nid: &str,
+    peer: Option<(&str, u16)>,
+    opts: Opts,
+) -> (Daemon, u16) {
+    let yaml = one_ni_yaml(nid, 0, peer, &opts);
+    let d = start_yaml(dir, name, &yaml, opts);
+    let port = listen_port(&d, nid);
+    (d, port)
+}
+
+/// The port `d`'s NI `nid` listens on: `listen` of its `ulnet:` settings in `net show -v`, which
+/// its log's "NI up" line must name too.
+pub fn listen_port(d: &Daemon, nid: &str) -> u16 {
+    let ni = ni_entry(d, nid);
+    let listen = ni
+        .ulnet
+        .as_ref()
+        .and_then(|u| u.listen.clone())
+        .unwrap_or_else(|| panic!("{}: net show -v without ulnet listen: {ni:?}", d.name));
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    assert_ne!(addr.port(), 0, "{}: listen {listen}", d.name);
+    let log = strip_ansi(&std::fs::read_to_string(&d.log).unwrap_or_default());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NI up") && l.contains(&format!("nid={nid} listen={listen}"))),
+        "{}: no \"NI up nid={nid} listen={listen}\" in the log",
+        d.name
+    );
+    addr.port()
 }
 
 /// Starts a daemon on the configuration `yaml` (written to `dir/name.yaml`), with [`Opts`]
@@ -266,10 +330,7 @@ pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
             d.exited = Some(s);
             panic!("{name} exited at start: {s}");
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{name} did not start"
-        );
+        assert!(t0.elapsed() < WAIT, "{name} did not start within {WAIT:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -295,7 +356,8 @@ pub fn call(d: &Daemon, req: Request) -> Response {
     call_within(d, req, CALL_BOUND)
 }
 
-/// Pings `nid` from `d` with `timeout_secs`; the answer must come within that plus a margin.
+/// Pings `nid` from `d` with `timeout_secs`; the answer must come within that plus a generous
+/// margin (a ping that never answers fails the test instead of hanging it).
 pub fn ping(d: &Daemon, nid: &str, timeout_secs: u64) -> PingShow {
     let resp = call_within(
         d,
@@ -304,7 +366,7 @@ pub fn ping(d: &Daemon, nid: &str, timeout_secs: u64) -> PingShow {
             timeout_secs: Some(timeout_secs),
             source: None,
         },
-        Duration::from_secs(timeout_secs + 3),
+        Duration::from_secs(timeout_secs) + CALL_BOUND,
     );
     match resp {
         Response::Ping(p) => p,
@@ -389,6 +451,10 @@ pub struct Pair {
 }
 
 /// A and B started, A has pinged B, and A holds one established connection to B.
+///
+/// Each listens on a port the OS assigned. B starts first, knowing no address of A: A connects
+/// to it (A pings B), and B answers over that connection. A restarted B is given both ports
+/// (its own again, and A's).
 pub fn connected_pair(test: &str) -> Pair {
     connected_pair_with(test, Lnd::default())
 }
@@ -396,11 +462,14 @@ pub fn connected_pair(test: &str) -> Pair {
 /// [`connected_pair`] with other LND tunables on both daemons.
 pub fn connected_pair_with(test: &str, lnd: Lnd) -> Pair {
     let dir = Scratch::new(test);
-    let (pa, pb) = (free_port(), free_port());
-    let a = start_with(&dir.0, "a", NID_A, pa, NID_B, pb, lnd);
-    let b = start_with(&dir.0, "b", NID_B, pb, NID_A, pa, lnd);
+    let opts = || Opts {
+        lnd,
+        ..Opts::default()
+    };
+    let (b, pb) = start_on_any_port(&dir.0, "b", NID_B, None, opts());
+    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts());
     let pair = Pair { a, b, pa, pb, dir };
-    ping_until_ok(&pair.a, NID_B, Duration::from_secs(5));
+    ping_until_ok(&pair.a, NID_B, WAIT);
     assert_eq!(
         peer_state(&pair.a, NID_B).as_deref(),
         Some("up"),
@@ -489,4 +558,44 @@ pub fn fabric_counter(d: &Daemon, nid: &str, name: &str) -> u64 {
     f.counters
         .get(name)
         .unwrap_or_else(|| panic!("{}: no fabric counter {name}: {f:?}", d.name))
+}
+
+/// The lines of `d`'s log, without ANSI colours.
+pub fn log_lines(d: &Daemon) -> Vec<String> {
+    strip_ansi(&std::fs::read_to_string(&d.log).unwrap_or_default())
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The timestamp that starts a log line (`2026-12-02T22:23:44.330919Z ...`, UTC), in seconds
+/// since the Unix epoch: the daemon's own clock, which a slow test harness does not inflate.
+pub fn log_time(line: &str) -> Option<f64> {
+    let ts = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let sec = t.next()?.parse::<f64>().ok()?;
+    // Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
+}
+
+/// The time of the first line of `d`'s log at or after `from` (seconds, [`log_time`]) that
+/// contains every one of `pats`.
+pub fn log_time_of(d: &Daemon, from: f64, pats: &[&str]) -> Option<f64> {
+    log_lines(d).iter().find_map(|l| {
+        let t = log_time(l)?;
+        (t >= from && pats.iter().all(|p| l.contains(p))).then_some(t)
+    })
 }

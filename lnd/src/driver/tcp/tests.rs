@@ -15,6 +15,12 @@ use crate::wire::LnetHdr;
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
 
 const STEP_WAIT: StdDuration = StdDuration::from_micros(500);
+/// The least any [`run_until`] waits before giving up. A condition that holds ends the wait at
+/// once, so this only matters when a test fails; it is generous so that a loaded machine (two
+/// shared cores running other tests) does not fail a test that would have passed. It stays below
+/// the default LND timeout (50 s) and keepalive (100 s): a wait for a close "at once" is not
+/// satisfied by a timeout instead.
+const MIN_WAIT: StdDuration = StdDuration::from_secs(20);
 
 fn nid(s: &str) -> Nid {
     s.parse().unwrap()
@@ -100,13 +106,15 @@ impl Node {
     }
 }
 
-/// Steps every node until `cond` holds or `limit` passes; returns whether it held.
+/// Steps every node until `cond` holds or `limit` (at least [`MIN_WAIT`]) passes; returns
+/// whether it held.
 fn run_until(
     nodes: &mut [&mut Node],
     clock: &MonotonicClock,
     limit: StdDuration,
     mut cond: impl FnMut(&[&mut Node]) -> bool,
 ) -> bool {
+    let limit = limit.max(MIN_WAIT);
     let start = std::time::Instant::now();
     while start.elapsed() < limit {
         if cond(nodes) {
@@ -216,7 +224,6 @@ fn tcp_graceful_shutdown_is_seen_at_once() {
     let clock = MonotonicClock::new();
     let (_book, mut a, mut b) = connected_pair(&clock);
     let an = a.ep.nid();
-    let t0 = std::time::Instant::now();
     a.ep.shutdown(clock.now());
     let ok = run_until(
         &mut [&mut a, &mut b],
@@ -224,14 +231,14 @@ fn tcp_graceful_shutdown_is_seen_at_once() {
         StdDuration::from_secs(2),
         |n| n[0].ep.is_shut_down() && n[1].conns() == 0,
     );
-    let took = t0.elapsed();
+    // "At once": B saw A's DISCONNECT (counted below) within a wait shorter than any LND
+    // timeout, not a keepalive or timeout expiring (50 s and more by default).
     assert!(
         ok,
         "a shut down: {}, b conns: {}",
         a.ep.is_shut_down(),
         b.conns()
     );
-    assert!(took < StdDuration::from_millis(500), "took {took:?}");
     assert!(b.fabric.stats().peer_disconnects >= 1);
     assert_eq!(b.fabric.stats().eof_without_disconnect, 0);
     assert!(b.downs.contains(&(an, DownReason::Closed)), "{:?}", b.downs);
@@ -260,7 +267,6 @@ fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
     let Node {
         fabric, ep: a_ep, ..
     } = a;
-    let t0 = std::time::Instant::now();
     drop(fabric);
     // Messages sent right away: on the dying connection or queued behind it.
     for c in 10..15 {
@@ -269,9 +275,10 @@ fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
     let ok = run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| {
         n[0].conns() == 0
     });
-    let took = t0.elapsed();
+    // "At once": the end of the stream (counted below) closed it within a wait shorter than any
+    // LND timeout, not a keepalive or timeout expiring (50 s and more by default).
     assert!(ok, "b still has {} conns", b.conns());
-    assert!(took < StdDuration::from_millis(500), "took {took:?}");
+    assert_eq!(b.ep.stats().silent_peers, 0, "{:?}", b.ep.stats());
     let s = b.fabric.stats();
     assert!(
         s.eof_without_disconnect + s.resets >= 1,
@@ -414,11 +421,9 @@ fn tcp_connect_to_nobody_fails_queued_messages() {
     let clock = MonotonicClock::new();
     let book = Book::default();
     let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
-    // A port that was free a moment ago and has no listener now.
-    let dead: SocketAddr = {
-        let l = StdListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // A port held by a socket that never listens: a connect to it is refused, and nobody else
+    // can take the port while the test runs.
+    let (_held, dead) = refusing_addr();
     let nobody = nid("10.0.0.9@o2ib");
     book.lock().unwrap().insert(nobody, dead);
     let unknown = nid("10.0.0.10@o2ib"); // not in the book at all
@@ -426,14 +431,14 @@ fn tcp_connect_to_nobody_fails_queued_messages() {
         a.send(&clock, nobody, c, payload(c));
     }
     a.send(&clock, unknown, 7, payload(7));
-    let t0 = std::time::Instant::now();
     assert!(run_until(
         &mut [&mut a],
         &clock,
         StdDuration::from_secs(5),
         |n| { n[0].done.len() == 4 }
     ));
-    assert!(t0.elapsed() < StdDuration::from_secs(1));
+    // Failed by the refusal, not by the connect deadline expiring.
+    assert_eq!(a.ep.stats().connect_timeouts, 0, "{:?}", a.ep.stats());
     for c in [0, 1, 2, 7] {
         assert_eq!(a.done[&c], Err(TxError::ConnectFailed), "message {c}");
     }
@@ -485,8 +490,9 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
     let mut raw = TcpStream::connect(n.fabric.local_addr()).unwrap();
     read_until_closed(&mut raw, &mut [&mut n], &clock);
     let took = t0.elapsed();
+    // Not before the handshake timeout; closed by it (the counter), however late a loaded
+    // machine let the test see the close.
     assert!(took >= StdDuration::from_millis(200), "took {took:?}");
-    assert!(took < StdDuration::from_millis(1000), "took {took:?}");
     assert_eq!(n.fabric.stats().handshake_timeouts, 1);
     assert!(run_until(
         &mut [&mut n],
@@ -1371,4 +1377,17 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
     ));
     assert!(c.done.values().all(|r| *r == Ok(())));
     shut_down_both(&mut c, &mut b, &clock);
+}
+
+/// A loopback address whose port is held by a TCP socket that is bound but never listens (kept
+/// open by the returned stream): a connect to it is refused at once, and no other process can
+/// bind the port meanwhile (unlike a port bound, read and released).
+fn refusing_addr() -> (TcpStream, SocketAddr) {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let fd = uring::tcp_socket(any).unwrap();
+    uring::bind(std::os::fd::AsFd::as_fd(&fd), any).unwrap();
+    // Only for getsockname: the socket is never connected.
+    let s = TcpStream::from(fd);
+    let addr = s.local_addr().unwrap();
+    (s, addr)
 }
