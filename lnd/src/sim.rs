@@ -45,7 +45,7 @@
 //!   behind it flushes); the peer end is left as it is. An unreachable peer and a closing
 //!   connection are handled as for sends ([`WcStatus::RetryExceeded`], [`WcStatus::Flushed`]).
 //! - **Registered regions**: per node, [`World::registry`] is the node's
-//!   [`Registry`](crate::fabric::Registry): registering a buffer gives a [`Registration`] (region
+//!   [`Registry`]: registering a buffer gives a [`Registration`] (region
 //!   id, remote key, address); [`World::region`] reads a region in place. A crash, a reboot or a completed shutdown drops all of the node's regions (the
 //!   driver that owned the registrations is gone).
 //! - **Disconnect**: the queue pair goes to error (queued sends complete [`WcStatus::Flushed`]);

@@ -650,7 +650,7 @@ struct RxWrite {
     discard: bool,
 }
 
-/// A registered region (see [`TcpFabric::register_region`]).
+/// A registered region (see `impl Registry for TcpFabric`).
 struct Region {
     id: u64,
     addr: u64,
