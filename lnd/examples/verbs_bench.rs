@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use common::{nid, run_until, Checks, Node};
 use lnd::driver::verbs::VerbsConfig;
-use lnd::fabric::{RemoteRegion, WcStatus};
+use lnd::fabric::{Registry, RemoteRegion, WcStatus};
 
 const REGION: usize = 4 << 20;
 const FRAG: usize = 4096;
@@ -92,11 +92,11 @@ fn serve(
             return Err(e);
         }
     };
-    let (sink, remote) = b
+    let sink = b
         .fabric
-        .register_region(REGION)
-        .map_err(|e| format!("register_region: {e}"))?;
-    let _ = tx.send(Ok(remote));
+        .register(vec![0; REGION])
+        .map_err(|e| format!("register: {e}"))?;
+    let _ = tx.send(Ok(sink.remote()));
     let mut cookie = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     while b.downs.is_empty() {
@@ -118,7 +118,7 @@ fn serve(
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(0);
                 let mut got = vec![0u8; len];
-                let reply = if !b.fabric.read_region(sink, 0, &mut got) {
+                let reply = if !b.fabric.read(&sink, 0, &mut got) {
                     "BAD read".to_string()
                 } else {
                     match (0..len).find(|&k| got[k] != pattern(k)) {
@@ -131,7 +131,7 @@ fn serve(
         }
     }
     common::shutdown_all(&mut [&mut b], Duration::from_secs(10))?;
-    b.fabric.deregister_region(sink);
+    let _ = b.fabric.deregister(sink);
     Ok(format!("fabric {:?}", b.fabric.stats()))
 }
 
@@ -194,21 +194,27 @@ fn client(
     // 2. 257 fragments, then a message behind them.
     let conn = a.conn_to(peer).ok_or("no connection to B")?;
     let src_bytes: Vec<u8> = (0..REGION).map(pattern).collect();
-    let (src, _) = a
+    let src = a
         .fabric
-        .register_region_with(&src_bytes)
-        .map_err(|e| format!("register_region: {e}"))?;
+        .register(src_bytes)
+        .map_err(|e| format!("register: {e}"))?;
     println!(
         "verbs_bench: send queue capacity {} work requests",
         a.fabric.send_queue_capacity(conn)
     );
-    let wrs: Vec<_> = (0..FRAGS)
-        .map(|f| {
-            let off = (f * FRAG) as u64;
-            a.fabric
-                .rdma_write(conn, src, off, remote.at(off), FRAG as u32)
-        })
+    // One write of 257 local fragments onto 257 remote ones with other boundaries (the first
+    // remote fragment is 1000 bytes): every remote fragment but the first spans two local ones.
+    let local: Vec<_> = (0..FRAGS)
+        .map(|f| src.local_frag((f * FRAG) as u64, FRAG as u32))
         .collect();
+    let mut remote_frags = vec![remote.frag(1000)];
+    let mut off = 1000u64;
+    for _ in 0..FRAGS - 2 {
+        remote_frags.push(remote.at(off).frag(FRAG as u32));
+        off += FRAG as u64;
+    }
+    remote_frags.push(remote.at(off).frag((FRAGS * FRAG) as u32 - off as u32));
+    let wrs = [a.fabric.rdma_write(conn, &local, &remote_frags)];
     a.send(
         peer,
         format!("CHECK {}", FRAGS * FRAG).into_bytes(),
@@ -224,7 +230,7 @@ fn client(
     let statuses: Vec<Option<WcStatus>> = wrs.iter().map(|&w| a.fabric.rdma_status(w)).collect();
     checks.check(
         statuses.iter().all(|s| *s == Some(WcStatus::Success)),
-        format!("{FRAGS} chained 4 KiB writes completed Success"),
+        format!("one write of {FRAGS} fragments a side completed Success"),
     );
     checks.check(
         reply == b"OK",
@@ -243,8 +249,11 @@ fn client(
     while done < writes {
         while posted < writes && posted - done < WINDOW {
             let off = ((posted % slots) * BIG) as u64;
-            a.fabric
-                .rdma_write(conn, src, off, remote.at(off), BIG as u32);
+            a.fabric.rdma_write(
+                conn,
+                &[src.local_frag(off, BIG as u32)],
+                &[remote.at(off).frag(BIG as u32)],
+            );
             posted += 1;
         }
         a.turn(Duration::from_millis(100))?;
@@ -271,9 +280,11 @@ fn client(
     );
 
     // 4. Refusals.
-    let w = a
-        .fabric
-        .rdma_write(conn, src, (REGION - 100) as u64, remote, FRAG as u32);
+    let w = a.fabric.rdma_write(
+        conn,
+        &[src.local_frag((REGION - 100) as u64, FRAG as u32)],
+        &[remote.frag(FRAG as u32)],
+    );
     a.turn(Duration::from_millis(10))?;
     checks.check(
         a.fabric.rdma_status(w) == Some(WcStatus::Error) && a.conn_to(peer) == Some(conn),
@@ -282,9 +293,11 @@ fn client(
             a.fabric.rdma_status(w)
         ),
     );
-    let w = a
-        .fabric
-        .rdma_write(conn, src, 0, remote.at((REGION - 100) as u64), FRAG as u32);
+    let w = a.fabric.rdma_write(
+        conn,
+        &[src.local_frag(0, FRAG as u32)],
+        &[remote.at((REGION - 100) as u64).frag(FRAG as u32)],
+    );
     run_until(
         &mut [&mut a],
         Duration::from_secs(20),
@@ -307,7 +320,7 @@ fn client(
         mib_s
     );
     common::shutdown_all(&mut [&mut a], Duration::from_secs(10))?;
-    a.fabric.deregister_region(src);
+    let _ = a.fabric.deregister(src);
     checks.check(
         a.fabric.stats().regions == 0 && a.fabric.connections() == 0,
         "A deregistered its region and holds no connection",

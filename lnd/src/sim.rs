@@ -35,17 +35,18 @@
 //!   a work request on the same send queue as the sends, so it is delivered and completed in
 //!   posting order with them. Its data takes `len / bandwidth` on the end's link (writes posted
 //!   together are serialised) and arrives `latency` later; then the bytes are copied from the local
-//!   region into the peer node's region registered under the remote key, and the write completes
-//!   with [`WcStatus::Success`] one `latency` later. A send posted behind a write is delivered only
+//!   fragments piece by piece into the peer node's regions registered under the remote
+//!   fragments' keys, and the write completes with [`WcStatus::Success`] one `latency` later. A send posted behind a write is delivered only
 //!   after the write's data is in place. No receive slot is consumed and the peer's endpoint hears
-//!   nothing. A write outside the local region or outside the remote one (unknown or deregistered
-//!   key, address below or past the end) writes nothing, completes with [`WcStatus::Error`]
+//!   nothing. A malformed write (see [`FabricAction::RdmaWrite`]), or one with a fragment outside
+//!   the local region or outside the remote one (unknown or deregistered key, address below or
+//!   past the end) writes nothing (every fragment is checked first), completes with [`WcStatus::Error`]
 //!   (counted in [`SimStats::rdma_errors`]) and puts the local queue pair in error (what is queued
 //!   behind it flushes); the peer end is left as it is. An unreachable peer and a closing
 //!   connection are handled as for sends ([`WcStatus::RetryExceeded`], [`WcStatus::Flushed`]).
-//! - **Registered regions**: per node, [`World::register_region`] gives a buffer a [`RegionId`],
-//!   a remote key and an address; [`World::region`] reads it and [`World::deregister_region`]
-//!   removes it. A crash, a reboot or a completed shutdown drops all of the node's regions (the
+//! - **Registered regions**: per node, [`World::registry`] is the node's
+//!   [`Registry`]: registering a buffer gives a [`Registration`] (region
+//!   id, remote key, address); [`World::region`] reads a region in place. A crash, a reboot or a completed shutdown drops all of the node's regions (the
 //!   driver that owned the registrations is gone).
 //! - **Disconnect**: the queue pair goes to error (queued sends complete [`WcStatus::Flushed`]);
 //!   the peer end gets `handle_disconnected` after `cm_latency` (and its own queue flushes), the
@@ -88,8 +89,9 @@ use std::sync::Arc;
 
 use crate::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, PrivateData, RegionId,
-    RemoteRegion, RequestId, WcStatus, WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink,
+    LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, WcStatus,
+    WrId,
 };
 use crate::time::{Duration, Instant};
 use crate::wire::{KibRej, LnetHdr, Nid, RejectReason};
@@ -597,6 +599,66 @@ pub struct SimStats {
     pub received: u64,
 }
 
+/// Node `n`'s memory registration ([`World::registry`]): what its driver would register. Keys
+/// and addresses are unique in the world, so a key of a region that is gone (or of another node)
+/// never matches a new one. A region lives until it is deregistered, or until the node crashes,
+/// reboots or shuts down (the driver that owned the registrations is gone: deregistering it
+/// later gives `None`). A write into a deregistered region, or from one, fails with
+/// [`WcStatus::Error`].
+pub struct NodeRegistry<'a, N: SimNode = Endpoint> {
+    w: &'a mut World<N>,
+    n: NodeId,
+}
+
+impl<N: SimNode> Registry for NodeRegistry<'_, N> {
+    /// Fails if the node has no running endpoint (crashed or stopped): there is no driver to
+    /// register with.
+    fn register(&mut self, bytes: Vec<u8>) -> std::io::Result<Registration> {
+        let w = &mut *self.w;
+        let node = &mut w.nodes[self.n.idx()];
+        if node.ep.is_none() {
+            return Err(std::io::Error::other(format!(
+                "register on node {} without a running endpoint",
+                node.nid
+            )));
+        }
+        w.next_region += 1;
+        let id = w.next_region;
+        // An odd multiplier is a bijection on u32: distinct ids give distinct keys.
+        let key = (id as u32).wrapping_mul(0x9e37_79b1);
+        let addr = w.next_region_addr;
+        let len = bytes.len() as u64;
+        let pages = len.div_ceil(PAGE) + 1;
+        w.next_region_addr += pages * PAGE;
+        node.rkeys.insert(key, id);
+        node.regions.insert(id, Region { key, addr, bytes });
+        Ok(Registration::new(RegionId(id), key, addr, len))
+    }
+
+    fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool {
+        let Some(b) = self.w.region(self.n, reg) else {
+            return false;
+        };
+        let Ok(len) = u32::try_from(out.len()) else {
+            return false;
+        };
+        match span(b, offset, len) {
+            Some(r) => {
+                out.copy_from_slice(&b[r]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn deregister(&mut self, reg: Registration) -> Option<Vec<u8>> {
+        let node = &mut self.w.nodes[self.n.idx()];
+        let r = node.regions.remove(&reg.id().0)?;
+        node.rkeys.remove(&r.key);
+        Some(r.bytes)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Internals
 
@@ -613,10 +675,10 @@ enum EndState {
 
 /// One RDMA write waiting on a send queue.
 struct Write {
-    local: RegionId,
-    local_offset: u64,
-    remote: RemoteRegion,
-    len: u32,
+    local: Vec<LocalFrag>,
+    remote: Vec<RemoteFrag>,
+    /// Its length; `None` if malformed (refused when it reaches the head of the queue).
+    len: Option<u32>,
 }
 
 enum WqeOp {
@@ -1152,51 +1214,20 @@ impl<N: SimNode> World<N> {
 
     // ------------------------------------------------------------------ registered memory, RDMA
 
-    /// Registers `bytes` on node `n` for RDMA, as its driver would (ibv_reg_mr): returns the local
-    /// name, the remote key and the address that a peer's writes target (what the node would
-    /// advertise in an RdmaDesc). Keys and addresses are unique in the world, so a key of a region
-    /// that is gone (or of another node) never matches a new one. The region lives until
-    /// [`World::deregister_region`] or until the node crashes, reboots or shuts down.
-    ///
-    /// # Panics
-    /// If node `n` has no running endpoint (crashed or stopped): there is no driver to register
-    /// with.
-    pub fn register_region(&mut self, n: NodeId, bytes: Vec<u8>) -> (RegionId, u32, u64) {
-        let node = &mut self.nodes[n.idx()];
-        assert!(
-            node.ep.is_some(),
-            "register_region on node {} without a running endpoint",
-            node.nid
-        );
-        self.next_region += 1;
-        let id = self.next_region;
-        // An odd multiplier is a bijection on u32: distinct ids give distinct keys.
-        let key = (id as u32).wrapping_mul(0x9e37_79b1);
-        let addr = self.next_region_addr;
-        let pages = (bytes.len() as u64).div_ceil(PAGE) + 1;
-        self.next_region_addr += pages * PAGE;
-        node.rkeys.insert(key, id);
-        node.regions.insert(id, Region { key, addr, bytes });
-        (RegionId(id), key, addr)
+    /// Node `n`'s memory registration, as its driver would do it (ibv_reg_mr): see
+    /// [`NodeRegistry`].
+    pub fn registry(&mut self, n: NodeId) -> NodeRegistry<'_, N> {
+        NodeRegistry { w: self, n }
     }
 
-    /// The contents of node `n`'s region `id` (`None` if it is not registered there).
-    pub fn region(&self, n: NodeId, id: RegionId) -> Option<&[u8]> {
-        Some(&self.nodes[n.idx()].regions.get(&id.0)?.bytes)
-    }
-
-    /// Deregisters node `n`'s region `id` (ibv_dereg_mr) and gives its buffer back; later writes
-    /// to its key, or from it, fail with [`WcStatus::Error`].
-    pub fn deregister_region(&mut self, n: NodeId, id: RegionId) -> Option<Vec<u8>> {
-        let node = &mut self.nodes[n.idx()];
-        let r = node.regions.remove(&id.0)?;
-        node.rkeys.remove(&r.key);
-        Some(r.bytes)
+    /// The contents of node `n`'s region `reg`, in place (`None` if it is not registered there).
+    pub fn region(&self, n: NodeId, reg: &Registration) -> Option<&[u8]> {
+        Some(&self.nodes[n.idx()].regions.get(&reg.id().0)?.bytes)
     }
 
     /// Node `from` posts an RDMA write on its connection `conn`, as if its endpoint had emitted
-    /// [`FabricAction::RdmaWrite`] (the engine does not drive bulk data yet): `len` bytes from
-    /// `local_offset` into `local` go to `remote` on the peer. The write goes through the same
+    /// [`FabricAction::RdmaWrite`] (the engine does not drive bulk data yet): the fragments
+    /// `local` go onto the fragments `remote` on the peer. The write goes through the same
     /// path as the engine's actions; its completion is recorded ([`World::rdma_status`]) and then
     /// handed to the endpoint's `handle_send_complete`, which ignores a WrId it does not know.
     ///
@@ -1208,10 +1239,8 @@ impl<N: SimNode> World<N> {
         &mut self,
         from: NodeId,
         conn: ConnId,
-        local: RegionId,
-        local_offset: u64,
-        remote: RemoteRegion,
-        len: u32,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
     ) -> WrId {
         self.next_rdma += 1;
         let wr = WrId::injected(self.next_rdma);
@@ -1231,10 +1260,7 @@ impl<N: SimNode> World<N> {
                 conn,
                 wr,
                 local,
-                local_offset,
-                remote_key: remote.key,
-                remote_addr: remote.addr,
-                len,
+                remote,
             },
         );
         wr
@@ -1860,20 +1886,10 @@ impl<N: SimNode> World<N> {
                 conn,
                 wr,
                 local,
-                local_offset,
-                remote_key,
-                remote_addr,
-                len,
+                remote,
             } => {
-                let w = Write {
-                    local,
-                    local_offset,
-                    remote: RemoteRegion {
-                        key: remote_key,
-                        addr: remote_addr,
-                    },
-                    len,
-                };
+                let len = check_rdma_write(&local, &remote).ok();
+                let w = Write { local, remote, len };
                 self.post(n, conn, wr, WqeOp::Write(w));
             }
             FabricAction::Disconnect { conn } => {
@@ -1945,7 +1961,7 @@ impl<N: SimNode> World<N> {
         let latency = self.cfg.latency;
         let transfer = match &op {
             WqeOp::Send(_) => None,
-            WqeOp::Write(w) => Some(self.transfer_time(w.len)),
+            WqeOp::Write(w) => Some(self.transfer_time(w.len.unwrap_or(0))),
         };
         let e = self.ends.get_mut(&uid).expect("indexed end exists");
         match e.state {
@@ -1986,28 +2002,38 @@ impl<N: SimNode> World<N> {
         }
     }
 
-    /// Copies write `w` of node `from` into node `to`'s memory, or says why it may not.
-    fn place_write(&mut self, from: NodeId, to: NodeId, w: &Write) -> Result<(), &'static str> {
-        let src = self.nodes[from.idx()]
-            .regions
-            .get(&w.local.0)
-            .ok_or("local region not registered")?;
-        let r = span(&src.bytes, w.local_offset, w.len).ok_or("outside the local region")?;
-        let data = src.bytes[r].to_vec();
-        let dst_node = &mut self.nodes[to.idx()];
-        let id = *dst_node
-            .rkeys
-            .get(&w.remote.key)
-            .ok_or("no region under the remote key")?;
-        let dst = dst_node.regions.get_mut(&id).expect("keyed region exists");
-        let off = w
-            .remote
-            .addr
-            .checked_sub(dst.addr)
-            .ok_or("below the remote region")?;
-        let r = span(&dst.bytes, off, w.len).ok_or("past the end of the remote region")?;
-        dst.bytes[r].copy_from_slice(&data);
-        Ok(())
+    /// Copies write `w` of node `from` into node `to`'s memory, or says why it may not. Every
+    /// fragment is checked before a byte is copied, so a refused write places nothing.
+    fn place_write(&mut self, from: NodeId, to: NodeId, w: &Write) -> Result<u32, &'static str> {
+        let len = check_rdma_write(&w.local, &w.remote).map_err(|_| "malformed write")?;
+        let src = &self.nodes[from.idx()].regions;
+        for f in &w.local {
+            let r = src.get(&f.region.0).ok_or("local region not registered")?;
+            span(&r.bytes, f.offset, f.len).ok_or("outside the local region")?;
+        }
+        let dst_node = &self.nodes[to.idx()];
+        for f in &w.remote {
+            let id = dst_node
+                .rkeys
+                .get(&f.key)
+                .ok_or("no region under the remote key")?;
+            let dst = &dst_node.regions[id];
+            let off = f
+                .addr
+                .checked_sub(dst.addr)
+                .ok_or("below the remote region")?;
+            span(&dst.bytes, off, f.len).ok_or("past the end of the remote region")?;
+        }
+        for p in rdma_pieces(&w.local, &w.remote) {
+            let src = &self.nodes[from.idx()].regions[&p.region.0];
+            let data = src.bytes[span(&src.bytes, p.offset, p.len).expect("checked")].to_vec();
+            let dst_node = &mut self.nodes[to.idx()];
+            let id = dst_node.rkeys[&p.key];
+            let dst = dst_node.regions.get_mut(&id).expect("keyed region exists");
+            let r = span(&dst.bytes, p.addr - dst.addr, p.len).expect("checked");
+            dst.bytes[r].copy_from_slice(&data);
+        }
+        Ok(len)
     }
 
     fn schedule_pump(&mut self, uid: u64, at: Instant) {
@@ -2119,16 +2145,19 @@ impl<N: SimNode> World<N> {
             let bytes = match wqe.op {
                 WqeOp::Send(bytes) => bytes,
                 WqeOp::Write(w) => {
-                    if let Err(why) = self.place_write(n, pn, &w) {
-                        self.stats.rdma_errors += 1;
-                        debug!(at = %now, node = %self.nid_of(n), ?conn, key = w.remote.key,
-                               addr = w.remote.addr, len = w.len, why, "RDMA write access error");
-                        self.complete(uid, wqe.wr, WcStatus::Error, now + latency);
-                        self.qp_error(uid);
-                        return;
-                    }
+                    let len = match self.place_write(n, pn, &w) {
+                        Ok(len) => len,
+                        Err(why) => {
+                            self.stats.rdma_errors += 1;
+                            debug!(at = %now, node = %self.nid_of(n), ?conn, local = ?w.local,
+                                   remote = ?w.remote, why, "RDMA write refused");
+                            self.complete(uid, wqe.wr, WcStatus::Error, now + latency);
+                            self.qp_error(uid);
+                            return;
+                        }
+                    };
                     self.stats.rdma_writes += 1;
-                    self.stats.rdma_bytes += u64::from(w.len);
+                    self.stats.rdma_bytes += u64::from(len);
                     self.complete(uid, wqe.wr, WcStatus::Success, now + latency);
                     continue;
                 }
@@ -2452,6 +2481,7 @@ pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetH
 mod tests {
     use super::*;
     use crate::engine::{EndpointConfig, RacePolicy};
+    use crate::fabric::RemoteRegion;
 
     fn nid(s: &str) -> Nid {
         s.parse().unwrap()
@@ -2984,9 +3014,27 @@ mod tests {
         a: NodeId,
         b: NodeId,
         conn: ConnId,
-        src: RegionId,
-        sink: RegionId,
+        src: Registration,
+        sink: Registration,
         remote: RemoteRegion,
+    }
+
+    /// Node `from` writes `len` bytes at `off` of `src` to `remote`: one fragment each side.
+    fn write1(
+        w: &mut World,
+        from: NodeId,
+        conn: ConnId,
+        src: &Registration,
+        off: u64,
+        remote: RemoteRegion,
+        len: u32,
+    ) -> WrId {
+        w.rdma_write(
+            from,
+            conn,
+            vec![src.local_frag(off, len)],
+            vec![remote.frag(len)],
+        )
     }
 
     fn bulk(seed: u64) -> Bulk {
@@ -3005,8 +3053,9 @@ mod tests {
         let pattern: Vec<u8> = (0..MIB)
             .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
             .collect();
-        let (src, _, _) = w.register_region(a, pattern);
-        let (sink, key, addr) = w.register_region(b, vec![0; MIB]);
+        let src = w.registry(a).register(pattern).unwrap();
+        let sink = w.registry(b).register(vec![0; MIB]).unwrap();
+        let remote = sink.remote();
         Bulk {
             w,
             a,
@@ -3014,7 +3063,7 @@ mod tests {
             conn,
             src,
             sink,
-            remote: RemoteRegion { key, addr },
+            remote,
         }
     }
 
@@ -3045,7 +3094,7 @@ mod tests {
         let received_before = t.w.received_count(b);
         let wrs: Vec<WrId> = frags
             .iter()
-            .map(|&(off, len)| t.w.rdma_write(a, t.conn, t.src, off, t.remote.at(off), len))
+            .map(|&(off, len)| write1(&mut t.w, a, t.conn, &t.src, off, t.remote.at(off), len))
             .collect();
         assert!(wrs
             .iter()
@@ -3057,7 +3106,7 @@ mod tests {
             assert_eq!(t.w.rdma_status(a, *wr), Some(WcStatus::Success), "{wr:?}");
             assert_eq!(t.w.rdma_status(b, *wr), None, "not b's write");
         }
-        assert_eq!(t.w.region(b, t.sink), t.w.region(a, t.src));
+        assert_eq!(t.w.region(b, &t.sink), t.w.region(a, &t.src));
         assert!(t.w.outcome(c).unwrap().1.is_delivered());
         // RC ordering: the message arrives only after all the data is in place, which at
         // 12.5 GB/s takes ~84 µs (a lone send takes 2 µs).
@@ -3111,14 +3160,21 @@ mod tests {
             let mut t = bulk(43);
             let (a, b) = (t.a, t.b);
             let received_before = t.w.received_count(b);
-            let wr =
-                t.w.rdma_write(a, t.conn, t.src, local_offset, target(t.remote), len);
+            let wr = write1(
+                &mut t.w,
+                a,
+                t.conn,
+                &t.src,
+                local_offset,
+                target(t.remote),
+                len,
+            );
             // Queued behind the bad write: flushed when the queue pair goes to error.
             let c = send_n(&mut t.w, a, b, 1, 64)[0];
             assert!(t.w.run_until_idle(limit(&t.w, 10)), "{what}");
             assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Error), "{what}");
             assert!(
-                t.w.region(b, t.sink).unwrap().iter().all(|&x| x == 0),
+                t.w.region(b, &t.sink).unwrap().iter().all(|&x| x == 0),
                 "{what}"
             );
             assert_eq!(t.w.received_count(b), received_before, "{what}");
@@ -3139,10 +3195,12 @@ mod tests {
     fn rdma_write_to_a_deregistered_region_fails() {
         let mut t = bulk(45);
         let (a, b) = (t.a, t.b);
-        let buf = t.w.deregister_region(b, t.sink).unwrap();
+        let ghost = Registration::new(t.sink.id(), t.sink.key(), t.sink.addr(), t.sink.len());
+        let buf = t.w.registry(b).deregister(t.sink).unwrap();
         assert_eq!(buf.len(), MIB);
-        assert!(t.w.region(b, t.sink).is_none());
-        let wr = t.w.rdma_write(a, t.conn, t.src, 0, t.remote, 4096);
+        assert!(t.w.region(b, &ghost).is_none());
+        assert!(t.w.registry(b).deregister(ghost).is_none());
+        let wr = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote, 4096);
         assert!(t.w.run_until_idle(limit(&t.w, 10)));
         assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Error));
         assert_eq!(t.w.stats().rdma_errors, 1);
@@ -3154,10 +3212,10 @@ mod tests {
         let (a, b) = (t.a, t.b);
         t.w.crash(b);
         assert!(
-            t.w.region(b, t.sink).is_none(),
+            t.w.region(b, &t.sink).is_none(),
             "a crash drops the node's regions"
         );
-        let wr = t.w.rdma_write(a, t.conn, t.src, 0, t.remote, 4096);
+        let wr = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote, 4096);
         let horizon = t.w.config().retry_horizon;
         t.w.run_for(horizon - Duration::from_millis(10));
         assert_eq!(t.w.rdma_status(a, wr), None, "still retrying");
@@ -3167,7 +3225,8 @@ mod tests {
         assert_eq!((s.retry_exceeded, s.rdma_errors, s.rdma_writes), (1, 0, 0));
         // The restarted node has no regions; its old key names nothing.
         assert!(t.w.restart(b, 3));
-        assert!(t.w.region(b, t.sink).is_none());
+        assert!(t.w.region(b, &t.sink).is_none());
+        assert!(t.w.registry(b).deregister(t.sink).is_none());
     }
 
     #[test]
@@ -3175,8 +3234,8 @@ mod tests {
         let mut t = bulk(53);
         let (a, b) = (t.a, t.b);
         // Two 1 MiB writes take ~170 µs on the link; the peer's DREQ arrives after 20 µs.
-        let w1 = t.w.rdma_write(a, t.conn, t.src, 0, t.remote, MIB as u32);
-        let w2 = t.w.rdma_write(a, t.conn, t.src, 0, t.remote, MIB as u32);
+        let w1 = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote, MIB as u32);
+        let w2 = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote, MIB as u32);
         t.w.shutdown(b);
         t.w.run_for(Duration::from_secs(5));
         assert_eq!(t.w.node_state(b), NodeState::Stopped);
@@ -3186,25 +3245,32 @@ mod tests {
         assert_eq!((s.rdma_writes, s.rdma_bytes, s.rdma_errors), (0, 0, 0));
         assert!(s.flushed >= 2);
         assert!(
-            t.w.region(b, t.sink).is_none(),
+            t.w.region(b, &t.sink).is_none(),
             "shutdown drops the node's regions"
         );
         // A write posted on an end already in error flushes at once.
         let mut t = bulk(59);
         let (a, b) = (t.a, t.b);
-        let wr = t.w.rdma_write(a, t.conn, t.src, 0, t.remote.at(8), 8);
+        let wr = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote.at(8), 8);
         // A bad write first: the queue pair is in error, but the engine still holds the end.
-        let bad =
-            t.w.rdma_write(a, t.conn, t.src, 0, RemoteRegion { key: 0, ..t.remote }, 8);
+        let bad = write1(
+            &mut t.w,
+            a,
+            t.conn,
+            &t.src,
+            0,
+            RemoteRegion { key: 0, ..t.remote },
+            8,
+        );
         assert!(t.w.run_until_idle(limit(&t.w, 1)));
         assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Success));
         assert_eq!(t.w.rdma_status(a, bad), Some(WcStatus::Error));
-        let late = t.w.rdma_write(a, t.conn, t.src, 0, t.remote, 8);
+        let late = write1(&mut t.w, a, t.conn, &t.src, 0, t.remote, 8);
         assert!(t.w.run_until_idle(limit(&t.w, 1)));
         assert_eq!(t.w.rdma_status(a, late), Some(WcStatus::Flushed));
-        assert_eq!(&t.w.region(b, t.sink).unwrap()[..24], {
+        assert_eq!(&t.w.region(b, &t.sink).unwrap()[..24], {
             let mut v = [0u8; 24];
-            v[8..16].copy_from_slice(&t.w.region(a, t.src).unwrap()[..8]);
+            v[8..16].copy_from_slice(&t.w.region(a, &t.src).unwrap()[..8]);
             v
         });
     }
@@ -3221,10 +3287,10 @@ mod tests {
             send_n(&mut w, a, b, 1, 64);
             assert!(w.run_until_idle(limit(&w, 10)));
             let conn = w.endpoint(a).unwrap().conns().next().unwrap().id;
-            let (src, _, _) = w.register_region(a, vec![7; MIB]);
-            let (sink, key, addr) = w.register_region(b, vec![0; MIB]);
+            let src = w.registry(a).register(vec![7; MIB]).unwrap();
+            let sink = w.registry(b).register(vec![0; MIB]).unwrap();
             let t0 = w.now();
-            let wr = w.rdma_write(a, conn, src, 0, RemoteRegion { key, addr }, MIB as u32);
+            let wr = write1(&mut w, a, conn, &src, 0, sink.remote(), MIB as u32);
             let mut done = None;
             while done.is_none() && w.step() {
                 if w.rdma_status(a, wr).is_some() {
@@ -3238,7 +3304,129 @@ mod tests {
                 Duration::from_nanos(wire_ns + 4_000),
                 "bandwidth {bw}"
             );
-            assert_eq!(w.region(b, sink), w.region(a, src));
+            assert_eq!(w.region(b, &sink), w.region(a, &src));
+        }
+    }
+
+    /// What a zeroed sink region at `sink_addr` holds after `local` (offsets into `src`) is
+    /// written onto `remote`.
+    fn expected_sink(
+        src: &[u8],
+        sink_len: usize,
+        sink_addr: u64,
+        local: &[LocalFrag],
+        remote: &[RemoteFrag],
+    ) -> Vec<u8> {
+        let mut v = vec![0; sink_len];
+        for p in rdma_pieces(local, remote) {
+            let (s, d, n) = (
+                p.offset as usize,
+                (p.addr - sink_addr) as usize,
+                p.len as usize,
+            );
+            v[d..d + n].copy_from_slice(&src[s..s + n]);
+        }
+        v
+    }
+
+    #[test]
+    fn rdma_write_fragment_lists_land_byte_exact() {
+        let mut t = bulk(67);
+        let (a, b) = (t.a, t.b);
+        let src = t.w.region(a, &t.src).unwrap().to_vec();
+        // 3 local fragments (out of order), 4 remote ones (with gaps), odd lengths: 150_001 bytes.
+        let local = vec![
+            t.src.local_frag(100_003, 70_001),
+            t.src.local_frag(7, 13),
+            t.src.local_frag(1_000, 79_987),
+        ];
+        let remote = vec![
+            t.sink.remote_frag(5, 33),
+            t.sink.remote_frag(1_001, 65_537),
+            t.sink.remote_frag(80_000, 84_430),
+            t.sink.remote_frag(200_001, 1),
+        ];
+        let want = expected_sink(&src, MIB, t.sink.addr(), &local, &remote);
+        assert!(rdma_pieces(&local, &remote).count() >= 6);
+        let wr = t.w.rdma_write(a, t.conn, local, remote);
+        // 257 fragments each side, with other boundaries, onto a second sink.
+        let sink2 = t.w.registry(b).register(vec![0; 257 * 8192]).unwrap();
+        let local2: Vec<LocalFrag> = frags_257()
+            .iter()
+            .map(|&(off, len)| t.src.local_frag(off, len))
+            .collect();
+        let mut lens = vec![1000u32];
+        lens.extend(std::iter::repeat_n(4096, 255));
+        lens.push(MIB as u32 - 1000 - 255 * 4096);
+        let remote2: Vec<RemoteFrag> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| sink2.remote_frag(k as u64 * 8192, len))
+            .collect();
+        assert_eq!((local2.len(), remote2.len()), (257, 257));
+        let want2 = expected_sink(&src, 257 * 8192, sink2.addr(), &local2, &remote2);
+        let wr2 = t.w.rdma_write(a, t.conn, local2, remote2);
+        assert!(t.w.run_until_idle(limit(&t.w, 10)), "{:?}", t.w.stats());
+        assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Success));
+        assert_eq!(t.w.rdma_status(a, wr2), Some(WcStatus::Success));
+        assert!(t.w.region(b, &t.sink).unwrap() == &want[..]);
+        assert!(t.w.registry(b).contents(&sink2).unwrap() == want2);
+        let s = t.w.stats();
+        assert_eq!(
+            (s.rdma_writes, s.rdma_bytes, s.rdma_errors),
+            (2, 150_001 + MIB as u64, 0)
+        );
+    }
+
+    #[test]
+    fn malformed_rdma_writes_fail_and_write_nothing() {
+        type Frags = (Vec<LocalFrag>, Vec<RemoteFrag>);
+        type Make = fn(&Registration, &Registration) -> Frags;
+        let cases: [(&str, Make); 5] = [
+            ("258 fragments a side", |s, r| {
+                (
+                    (0..258).map(|i| s.local_frag(i * 8, 8)).collect(),
+                    (0..258).map(|i| r.remote_frag(i * 16, 8)).collect(),
+                )
+            }),
+            ("totals differ", |s, r| {
+                (
+                    vec![s.local_frag(0, 100), s.local_frag(100, 100)],
+                    vec![r.remote_frag(0, 150), r.remote_frag(1000, 49)],
+                )
+            }),
+            ("a later local fragment outside its region", |s, r| {
+                (
+                    vec![s.local_frag(0, 100), s.local_frag(MIB as u64 - 50, 100)],
+                    vec![r.remote_frag(0, 200)],
+                )
+            }),
+            ("a later remote fragment outside its region", |s, r| {
+                (
+                    vec![s.local_frag(0, 200)],
+                    vec![r.remote_frag(0, 100), r.remote_frag(MIB as u64 - 50, 100)],
+                )
+            }),
+            ("no fragments", |_, _| (vec![], vec![])),
+        ];
+        for (what, make) in cases {
+            let mut t = bulk(71);
+            let (a, b) = (t.a, t.b);
+            let (local, remote) = make(&t.src, &t.sink);
+            let wr = t.w.rdma_write(a, t.conn, local, remote);
+            let c = send_n(&mut t.w, a, b, 1, 64)[0];
+            assert!(t.w.run_until_idle(limit(&t.w, 10)), "{what}");
+            assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Error), "{what}");
+            assert!(
+                t.w.region(b, &t.sink).unwrap().iter().all(|&x| x == 0),
+                "{what}"
+            );
+            assert!(
+                matches!(t.w.outcome(c).unwrap().1, SendOutcome::Failed(_)),
+                "{what}"
+            );
+            let s = t.w.stats();
+            assert_eq!((s.rdma_errors, s.rdma_writes), (1, 0), "{what}");
         }
     }
 }

@@ -28,8 +28,8 @@
 //! | `handle_connect_failed`       | `Unreachable`: no address, ECONNREFUSED, ETIMEDOUT, EOF/RST before a reply; `Rejected(private)`: REJECT frame; `Error`: other errors, bad frames |
 //! | `PostRecv`                    | the slot is marked free; the next MSG frame lands in the lowest free slot   |
 //! | `Send`                        | MSG frame appended to the connection's write queue                         |
-//! | `RdmaWrite`                   | RDMA_WRITE frames (at most 64 KiB of data each) copied from the local region into the same write queue, in posting order with the MSG frames |
-//! | [`RegionId`] (driver-side)    | [`TcpFabric::register_region`]: a buffer in a table keyed by its rkey; [`TcpFabric::deregister_region`] |
+//! | `RdmaWrite`                   | RDMA_WRITE frames (at most 64 KiB of data each, one or more per piece where a local and a remote fragment overlap) copied from the local regions into the same write queue, in posting order with the MSG frames |
+//! | [`Registry`] (driver-side)    | `impl Registry for TcpFabric`: a buffer in a table keyed by its rkey |
 //! | `handle_send_complete`        | `Success` when the whole frame (a write: its last frame) is written to the socket; `RetryExceeded` on ETIMEDOUT (TCP_USER_TIMEOUT); `Error` on another socket error (the first failed send), `Flushed` for those queued behind it or posted on a closing connection |
 //! | `Disconnect`                  | DISCONNECT frame after what is queued, then shutdown(WR)                    |
 //! | `handle_disconnected`         | DISCONNECT frame read, EOF or RST, a socket error, or (after our own `Disconnect`) the peer's DISCONNECT/EOF |
@@ -69,8 +69,9 @@
 //!   is written, then copies the data from its receive buffer into the region as it arrives (a
 //!   frame need not fit in the receive buffer). Nothing is reported to the receiver's engine and
 //!   no receive slot is used.
-//!   - *Local side invalid* (region not registered, or `[local_offset, +len)` outside it,
-//!     checked before the first frame): the write completes `Error` once everything posted before
+//!   - *Malformed or local side invalid* (see `FabricAction::RdmaWrite`: more than 257
+//!     fragments a side, totals that differ, an empty fragment; or a local fragment whose region
+//!     is not registered or that lies outside it; all checked before the first frame): the write completes `Error` once everything posted before
 //!     it has completed, exactly as IBV_WC_LOC_PROT_ERR, nothing of it is sent, then the
 //!     connection breaks: what is queued behind it completes `Flushed`, the socket is closed
 //!     and the engine hears `handle_disconnected` (counted in `rdma_local_errors`).
@@ -183,8 +184,8 @@ use tracing::{debug, trace, warn};
 
 use crate::engine::Tunables;
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RequestId, WcStatus,
-    WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
+    PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
@@ -624,17 +625,19 @@ enum Tx {
     Disconnect,
 }
 
-/// An RDMA write being copied into the write buffer, a frame of at most `WRITE_CHUNK` at a time.
-#[derive(Copy, Clone, Debug)]
+/// An RDMA write being copied into the write buffer: a frame of at most `WRITE_CHUNK` at a time,
+/// each inside one piece (where a local and a remote fragment overlap, [`rdma_pieces`]).
+#[derive(Debug)]
 struct TxWrite {
     wr: WrId,
-    local: RegionId,
-    local_offset: u64,
-    key: u32,
-    addr: u64,
-    len: u32,
-    /// Data bytes already framed.
+    local: Vec<LocalFrag>,
+    remote: Vec<RemoteFrag>,
+    /// The total length; `None` for a malformed write (refused when it reaches the front).
+    len: Option<u32>,
+    /// Data bytes already framed; pieces done, and bytes framed of the current one.
     sent: u32,
+    piece: usize,
+    piece_sent: u32,
 }
 
 /// An incoming RDMA_WRITE frame's data still to place: `left` bytes at `off` in the region under
@@ -647,7 +650,7 @@ struct RxWrite {
     discard: bool,
 }
 
-/// A registered region (see [`TcpFabric::register_region`]).
+/// A registered region (see `impl Registry for TcpFabric`).
 struct Region {
     id: u64,
     addr: u64,
@@ -889,44 +892,14 @@ impl TcpFabric {
 
     // ------------------------------------------------------------------ registered memory
 
-    /// Registers `bytes` for RDMA (the tcp fabric's ibv_reg_mr): returns the local name (the
-    /// source of an [`FabricAction::RdmaWrite`]), and the remote key and address a peer's writes
-    /// target (what an RdmaDesc advertises). Keys start at a per-instance random point and are
-    /// unique within the fabric for 2^32 registrations, so a key of a deregistered region (or of
-    /// an earlier instance of this process) does not match a new one; addresses never repeat.
-    /// The region lives until [`TcpFabric::deregister_region`] or until the fabric is dropped.
-    pub fn register_region(&mut self, bytes: Vec<u8>) -> (RegionId, u32, u64) {
-        self.next_region = self.next_region.wrapping_add(1);
-        let id = self.next_region;
-        let key = region_key(id);
-        let addr = self.next_region_addr;
-        let pages = (bytes.len() as u64).div_ceil(PAGE) + 1;
-        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
-        self.regions.insert(key, Region { id, addr, bytes });
-        (RegionId(id), key, addr)
-    }
-
-    /// The contents of region `id` (`None` if it is not registered).
-    pub fn region(&self, id: RegionId) -> Option<&[u8]> {
-        self.region_ref(id).map(|r| &r.bytes[..])
-    }
-
     /// The contents of region `id`, to fill a write's source. A region must not change while a
     /// write from it (or a peer's write into it) is in progress.
-    pub fn region_mut(&mut self, id: RegionId) -> Option<&mut [u8]> {
+    pub fn region_mut(&mut self, reg: &Registration) -> Option<&mut [u8]> {
+        let id = reg.id();
         self.regions
             .get_mut(&region_key(id.0))
             .filter(|r| r.id == id.0)
             .map(|r| &mut r.bytes[..])
-    }
-
-    /// Deregisters region `id` (ibv_dereg_mr) and gives its buffer back. Later writes into it
-    /// are refused by this fabric (the writer's connection is closed); a write from it that has
-    /// not been copied out yet fails like a write outside the local region.
-    pub fn deregister_region(&mut self, id: RegionId) -> Option<Vec<u8>> {
-        let key = region_key(id.0);
-        self.region_ref(id)?;
-        self.regions.remove(&key).map(|r| r.bytes)
     }
 
     /// Test hook: raw bytes on a connection's stream, after what is queued (garbage frames).
@@ -941,6 +914,11 @@ impl TcpFabric {
 
     fn region_ref(&self, id: RegionId) -> Option<&Region> {
         self.regions.get(&region_key(id.0)).filter(|r| r.id == id.0)
+    }
+
+    /// The contents of a region (no copy; [`Registry::read`] copies).
+    pub fn region(&self, reg: &Registration) -> Option<&[u8]> {
+        self.region_ref(reg.id()).map(|r| &r.bytes[..])
     }
 
     // ------------------------------------------------------------------ engine actions
@@ -975,22 +953,28 @@ impl TcpFabric {
                 conn,
                 wr,
                 local,
-                local_offset,
-                remote_key,
-                remote_addr,
-                len,
-            } => self.write(
-                conn,
-                TxWrite {
-                    wr,
-                    local,
-                    local_offset,
-                    key: remote_key,
-                    addr: remote_addr,
-                    len,
-                    sent: 0,
-                },
-            ),
+                remote,
+            } => {
+                let len = match check_rdma_write(&local, &remote) {
+                    Ok(n) => Some(n),
+                    Err(e) => {
+                        debug!(?conn, ?wr, error = %e, "tcp fabric: malformed RDMA write");
+                        None
+                    }
+                };
+                self.write(
+                    conn,
+                    TxWrite {
+                        wr,
+                        local,
+                        remote,
+                        len,
+                        sent: 0,
+                        piece: 0,
+                        piece_sent: 0,
+                    },
+                )
+            }
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
         }
@@ -1153,21 +1137,33 @@ impl TcpFabric {
                     s.queue_frame(FrameKind::Disconnect, &[], Some(Done::ShutWr));
                 }
                 Tx::Write(w) => {
-                    // The whole local range is checked before the first frame (nothing of a bad
-                    // write is sent); later pieces again, in case the region went away.
-                    let n = u64::from(w.len - w.sent).min(WRITE_CHUNK as u64);
-                    let src = self
-                        .regions
-                        .get(&region_key(w.local.0))
-                        .filter(|r| r.id == w.local.0)
-                        .and_then(|r| {
-                            let whole = if w.sent == 0 { u64::from(w.len) } else { n };
-                            let off = w.local_offset.checked_add(u64::from(w.sent))?;
-                            span(r.bytes.len(), off, whole)?;
-                            let range = span(r.bytes.len(), off, n)?;
-                            Some(&r.bytes[range])
+                    // A malformed write, or one with a local fragment outside its region, is
+                    // refused before its first frame (nothing of it is sent); the current piece
+                    // is checked again each frame, in case its region went away.
+                    let regions = &self.regions;
+                    let region = |id: RegionId| {
+                        regions
+                            .get(&region_key(id.0))
+                            .filter(|r| r.id == id.0)
+                            .map(|r| &r.bytes[..])
+                    };
+                    let whole_ok = w.len.is_some()
+                        && (w.sent > 0
+                            || w.local.iter().all(|f| {
+                                region(f.region).is_some_and(|b| {
+                                    span(b.len(), f.offset, u64::from(f.len)).is_some()
+                                })
+                            }));
+                    let next = whole_ok
+                        .then(|| rdma_pieces(&w.local, &w.remote).nth(w.piece))
+                        .flatten()
+                        .and_then(|p| {
+                            let n = u64::from(p.len - w.piece_sent).min(WRITE_CHUNK as u64);
+                            let off = p.offset.checked_add(u64::from(w.piece_sent))?;
+                            let b = region(p.region)?;
+                            Some((p, &b[span(b.len(), off, n)?]))
                         });
-                    let Some(src) = src else {
+                    let Some((p, src)) = next else {
                         let wr = w.wr;
                         s.backlog.pop_front();
                         s.faulted = true;
@@ -1176,7 +1172,7 @@ impl TcpFabric {
                         debug!(
                             ?sock,
                             ?wr,
-                            "tcp fabric: RDMA write outside the local region"
+                            "tcp fabric: RDMA write malformed or outside the local region"
                         );
                         if !s.in_ready {
                             s.in_ready = true;
@@ -1184,13 +1180,18 @@ impl TcpFabric {
                         }
                         break;
                     };
-                    let at = w.addr.wrapping_add(u64::from(w.sent));
-                    frame::push_write_head(&mut s.wq, w.key, at, src.len());
+                    let at = p.addr.wrapping_add(u64::from(w.piece_sent));
+                    frame::push_write_head(&mut s.wq, p.key, at, src.len());
                     s.wq.extend_from_slice(src);
                     s.queued += (HEAD_LEN + WRITE_HEAD_LEN + src.len()) as u64;
                     w.sent += src.len() as u32;
-                    if w.sent == w.len {
-                        let (wr, len) = (w.wr, w.len);
+                    w.piece_sent += src.len() as u32;
+                    if w.piece_sent == p.len {
+                        w.piece += 1;
+                        w.piece_sent = 0;
+                    }
+                    if Some(w.sent) == w.len {
+                        let (wr, len) = (w.wr, w.sent);
                         s.backlog.pop_front();
                         s.markers.push_back((s.queued, Done::Write(wr, len)));
                     }
@@ -2435,5 +2436,44 @@ impl crate::driver::Driver for TcpFabric {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         TcpFabric::counters(self)
+    }
+}
+
+/// The tcp fabric's ibv_reg_mr: a region is a buffer in a table keyed by its remote key.
+/// Keys start at a per-instance random point and are unique within the fabric for 2^32
+/// registrations, so a key of a deregistered region (or of an earlier instance of this process)
+/// does not match a new one; addresses never repeat. A region lives until it is deregistered or
+/// the fabric is dropped. Deregistering never fails: later writes into it are refused by this
+/// fabric (the writer's connection is closed), a write from it that has not been copied out yet
+/// fails like a write outside the local region.
+impl Registry for TcpFabric {
+    fn register(&mut self, bytes: Vec<u8>) -> io::Result<Registration> {
+        self.next_region = self.next_region.wrapping_add(1);
+        let id = self.next_region;
+        let key = region_key(id);
+        let addr = self.next_region_addr;
+        let len = bytes.len() as u64;
+        let pages = len.div_ceil(PAGE) + 1;
+        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
+        self.regions.insert(key, Region { id, addr, bytes });
+        Ok(Registration::new(RegionId(id), key, addr, len))
+    }
+
+    fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool {
+        let Some(r) = self.region_ref(reg.id()) else {
+            return false;
+        };
+        match span(r.bytes.len(), offset, out.len() as u64) {
+            Some(range) => {
+                out.copy_from_slice(&r.bytes[range]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn deregister(&mut self, reg: Registration) -> Option<Vec<u8>> {
+        self.region_ref(reg.id())?;
+        self.regions.remove(&reg.key()).map(|r| r.bytes)
     }
 }

@@ -17,7 +17,7 @@
 //! | `handle_connect_failed`  | ADDR/ROUTE_ERROR, UNREACHABLE: `Unreachable`; REJECTED: reason 28 (consumer defined) `Rejected(private)`, 8 `NoListener`, 10 `StaleConn`; CONNECT_ERROR and failures to set up: `Error` |
 //! | `PostRecv`               | ibv_post_recv of 4 KiB slot `slot` of the receive buffers            |
 //! | `Send`                   | copy into a free 4 KiB send buffer, IBV_WR_SEND signaled; the Vec goes back to the engine (`Endpoint::recycle`) at the next `poll` |
-//! | `RdmaWrite`              | IBV_WR_RDMA_WRITE signaled from a region registered here ([`VerbsFabric::register_region`]) to (rkey, addr) |
+//! | `RdmaWrite`              | one IBV_WR_RDMA_WRITE (one SGE, signaled) per piece where a local and a remote fragment overlap, from regions registered here (`impl Registry`); it completes once, when its last piece has, with the first failure |
 //! | `handle_send_complete`   | send or write completion: SUCCESS, WR_FLUSH_ERR `Flushed`, RETRY_EXC_ERR `RetryExceeded`, others (REM_ACCESS_ERR, LOC_PROT_ERR, RNR) `Error` |
 //! | `handle_recv`            | receive completion (those arriving before ESTABLISHED are parked and replayed after it) |
 //! | `Disconnect`             | post what is queued, then rdma_disconnect                            |
@@ -49,10 +49,10 @@
 //! # Registered memory
 //!
 //! One protection domain per device, shared by every connection and region of the fabric (o2iblnd
-//! keeps one per HCA). [`VerbsFabric::register_region`] registers a buffer (ibv_reg_mr with
-//! LOCAL_WRITE | REMOTE_WRITE) on the NI's device and returns its [`RegionId`] and the
-//! [`RemoteRegion`] (rkey, address) a peer writes to; [`VerbsFabric::read_region`] copies its
-//! bytes out; [`VerbsFabric::deregister_region`] drops it (ibv_dereg_mr happens once no posted
+//! keeps one per HCA). `impl Registry for VerbsFabric` registers a buffer (ibv_reg_mr with
+//! LOCAL_WRITE | REMOTE_WRITE) on the NI's device and returns a [`Registration`] (region id,
+//! rkey, address) a peer writes to; `read` copies its bytes out; `deregister` copies them back
+//! and drops the fabric's hold (ibv_dereg_mr happens once no posted
 //! write reads from it any more). [`VerbsFabric::rdma_write`] posts a write on behalf of a test,
 //! as the simulator's `World::rdma_write` does (the engine does not drive bulk data yet).
 
@@ -65,8 +65,9 @@ use slab::Slab;
 use tracing::{debug, trace, warn};
 
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, FabricSink, PrivateData, RegionId, RemoteRegion,
-    RequestId, WcStatus, WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
+    PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion, RequestId, WcStatus,
+    WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::verbs::{
@@ -234,13 +235,23 @@ struct Resources {
 enum SqOp {
     /// A message in send buffer `buf`, `len` bytes.
     Send { buf: u16, len: u32 },
-    /// An RDMA write of `len` bytes from `local` at `offset`.
+    /// An RDMA write of `len` bytes in `pieces` (where a local and a remote fragment overlap),
+    /// one work request each; it completes once, when every piece has (`left` still to
+    /// complete), with the first failure among them.
     Write {
-        local: Arc<MemoryRegion>,
-        offset: usize,
+        pieces: Vec<WritePiece>,
         len: u32,
-        remote: RemoteRegion,
+        left: usize,
+        status: WcStatus,
     },
+}
+
+/// One work request of an RDMA write: `len` bytes at `offset` of `local` to `remote`.
+struct WritePiece {
+    local: Arc<MemoryRegion>,
+    offset: usize,
+    len: u32,
+    remote: RemoteRegion,
 }
 
 /// A send or write of one connection, from `apply` until its completion.
@@ -262,7 +273,8 @@ struct VConn {
     /// Sends and writes not yet completed (slab key = the work request's wr_id).
     sq: Slab<SqEntry>,
     /// Keys of `sq` entries not yet posted, in the engine's order.
-    backlog: VecDeque<usize>,
+    /// Work requests to post, in order: (slab key, piece of a write; 0 for a send).
+    backlog: VecDeque<(usize, usize)>,
     /// Send-queue capacity and work requests posted and not completed.
     sq_cap: usize,
     sq_posted: usize,
@@ -524,62 +536,13 @@ impl VerbsFabric {
 
     // ------------------------------------------------------------------ registered memory
 
-    /// Registers a zeroed buffer of `len` bytes on the NI's device (LOCAL_WRITE | REMOTE_WRITE):
-    /// its local name, and the key and address a peer's writes target (what an RdmaDesc
-    /// advertises). It lives until [`VerbsFabric::deregister_region`] or the fabric is dropped.
-    pub fn register_region(&mut self, len: usize) -> io::Result<(RegionId, RemoteRegion)> {
-        let pd = self.pd(self.home)?;
-        let mr = MemoryRegion::new(&pd, len, true)?;
-        self.next_region += 1;
-        let id = self.next_region;
-        let remote = RemoteRegion {
-            key: mr.rkey(),
-            addr: mr.addr(0),
-        };
-        self.regions.insert(id, mr);
-        self.stats.regions_registered += 1;
-        self.stats.regions = self.regions.len() as u64;
-        Ok((RegionId(id), remote))
+    fn region_of(&self, reg: &Registration) -> Option<&Arc<MemoryRegion>> {
+        self.regions.get(&reg.id().0)
     }
 
-    /// Registers a copy of `bytes` (see [`VerbsFabric::register_region`]).
-    pub fn register_region_with(&mut self, bytes: &[u8]) -> io::Result<(RegionId, RemoteRegion)> {
-        let (id, remote) = self.register_region(bytes.len())?;
-        if let Some(mr) = self.regions.get(&id.0) {
-            mr.write(0, bytes);
-        }
-        Ok((id, remote))
-    }
-
-    /// The length of region `id` (`None` if it is not registered here).
-    pub fn region_len(&self, id: RegionId) -> Option<usize> {
-        self.regions.get(&id.0).map(|r| r.len())
-    }
-
-    /// Copies `out.len()` bytes at `offset` of region `id` out; false if the region is not
-    /// registered here or the range is outside it. A peer writing into the range at the same time
-    /// gives torn bytes, never undefined behaviour (the copy is a raw one).
-    pub fn read_region(&self, id: RegionId, offset: usize, out: &mut [u8]) -> bool {
-        let Some(r) = self.regions.get(&id.0) else {
-            return false;
-        };
-        if offset.checked_add(out.len()).is_none_or(|e| e > r.len()) {
-            return false;
-        }
-        r.read(offset, out);
-        true
-    }
-
-    /// The contents of region `id`.
-    pub fn region(&self, id: RegionId) -> Option<Vec<u8>> {
-        let n = self.region_len(id)?;
-        let mut v = vec![0u8; n];
-        self.read_region(id, 0, &mut v).then_some(v)
-    }
-
-    /// Copies `data` into region `id` at `offset` (do not change a range a posted write reads).
-    pub fn write_region(&self, id: RegionId, offset: usize, data: &[u8]) -> bool {
-        let Some(r) = self.regions.get(&id.0) else {
+    /// Copies `data` into a region at `offset` (do not change a range a posted write reads).
+    pub fn write_region(&self, reg: &Registration, offset: usize, data: &[u8]) -> bool {
+        let Some(r) = self.region_of(reg) else {
             return false;
         };
         if offset.checked_add(data.len()).is_none_or(|e| e > r.len()) {
@@ -589,37 +552,19 @@ impl VerbsFabric {
         true
     }
 
-    /// Drops region `id`: later writes from it are refused, later writes to its key fail at the
-    /// HCA. The registration is released once no posted write reads from it.
-    pub fn deregister_region(&mut self, id: RegionId) -> bool {
-        let found = self.regions.remove(&id.0).is_some();
-        if found {
-            self.stats.regions_deregistered += 1;
-            self.stats.regions = self.regions.len() as u64;
-        }
-        found
-    }
-
     /// Posts an RDMA write on `conn` as if the engine had emitted [`FabricAction::RdmaWrite`]
-    /// (the engine does not drive bulk data yet): `len` bytes from `local_offset` of `local` to
+    /// (the engine does not drive bulk data yet): the fragments `local` onto the fragments
     /// `remote` on the peer. Its status is kept for [`VerbsFabric::rdma_status`] /
     /// [`VerbsFabric::take_rdma_completions`] and also handed to the endpoint, which ignores a
     /// WrId it does not know. A write on a connection this fabric does not know is counted in
     /// `unknown_actions` and never completes.
-    pub fn rdma_write(
-        &mut self,
-        conn: ConnId,
-        local: RegionId,
-        local_offset: u64,
-        remote: RemoteRegion,
-        len: u32,
-    ) -> WrId {
+    pub fn rdma_write(&mut self, conn: ConnId, local: &[LocalFrag], remote: &[RemoteFrag]) -> WrId {
         self.next_injected += 1;
         let wr = WrId::injected(self.next_injected);
         if self.lookup(conn).is_some() {
             self.injected.insert(wr.0, (conn, None));
         }
-        self.write(conn, wr, local, local_offset, remote, len);
+        self.write(conn, wr, local, remote);
         wr
     }
 
@@ -679,21 +624,8 @@ impl VerbsFabric {
                 conn,
                 wr,
                 local,
-                local_offset,
-                remote_key,
-                remote_addr,
-                len,
-            } => self.write(
-                conn,
-                wr,
-                local,
-                local_offset,
-                RemoteRegion {
-                    key: remote_key,
-                    addr: remote_addr,
-                },
-                len,
-            ),
+                remote,
+            } => self.write(conn, wr, &local, &remote),
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
         }
@@ -916,19 +848,11 @@ impl VerbsFabric {
                 len: bytes.len() as u32,
             },
         });
-        c.backlog.push_back(e);
+        c.backlog.push_back((e, 0));
         self.dirty.push(vc);
     }
 
-    fn write(
-        &mut self,
-        conn: ConnId,
-        wr: WrId,
-        local: RegionId,
-        local_offset: u64,
-        remote: RemoteRegion,
-        len: u32,
-    ) {
+    fn write(&mut self, conn: ConnId, wr: WrId, local: &[LocalFrag], remote: &[RemoteFrag]) {
         let Some(vc) = self.lookup(conn) else {
             self.stats.unknown_actions += 1;
             return;
@@ -939,21 +863,26 @@ impl VerbsFabric {
                 .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
             return;
         }
-        // The local side is checked here (the device would say LOC_PROT_ERR); the remote side is
-        // the peer HCA's to check.
-        let mr = self.regions.get(&local.0).filter(|mr| {
-            usize::try_from(local_offset)
-                .ok()
-                .and_then(|o| o.checked_add(len as usize))
-                .is_some_and(|end| end <= mr.len())
-        });
-        let Some(mr) = mr else {
+        // The lists and the local side are checked here (the device would say LOC_PROT_ERR);
+        // the remote side is the peer HCA's to check.
+        let regions = &self.regions;
+        let in_region = |f: &LocalFrag| {
+            regions.get(&f.region.0).filter(|mr| {
+                usize::try_from(f.offset)
+                    .ok()
+                    .and_then(|o| o.checked_add(f.len as usize))
+                    .is_some_and(|end| end <= mr.len())
+            })
+        };
+        let len = check_rdma_write(local, remote)
+            .ok()
+            .filter(|_| local.iter().all(|f| in_region(f).is_some()));
+        let Some(len) = len else {
             debug!(
                 ?conn,
                 ?local,
-                local_offset,
-                len,
-                "verbs fabric: RDMA write outside its local region"
+                ?remote,
+                "verbs fabric: RDMA write malformed or outside its local region"
             );
             self.stats.rdma_write_errors += 1;
             self.out
@@ -964,17 +893,52 @@ impl VerbsFabric {
             // earlier may have.
             return;
         };
+        // One work request per piece (one SGE each): a remote fragment split at the local
+        // boundaries inside it. Each is signaled; the write completes when the last has.
+        let pieces: Vec<WritePiece> = rdma_pieces(local, remote)
+            .map(|p| WritePiece {
+                local: Arc::clone(&regions[&p.region.0]),
+                offset: p.offset as usize,
+                len: p.len,
+                remote: RemoteRegion {
+                    key: p.key,
+                    addr: p.addr,
+                },
+            })
+            .collect();
+        let n = pieces.len();
         let e = c.sq.insert(SqEntry {
             wr,
             op: SqOp::Write {
-                local: Arc::clone(mr),
-                offset: local_offset as usize,
+                pieces,
                 len,
-                remote,
+                left: n,
+                status: WcStatus::Success,
             },
         });
-        c.backlog.push_back(e);
+        c.backlog.extend((0..n).map(|i| (e, i)));
         self.dirty.push(vc);
+    }
+
+    /// One work request of entry `k` of `sq` is done with `st`: the entry's completion once it is
+    /// whole (always for a send; for a write, when its last piece is, with its first failure).
+    fn retire(sq: &mut Slab<SqEntry>, k: usize, st: WcStatus) -> Option<(SqEntry, WcStatus)> {
+        let e = sq.get_mut(k)?;
+        if let SqOp::Write { left, status, .. } = &mut e.op {
+            if *status == WcStatus::Success {
+                *status = st;
+            }
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                return None;
+            }
+        }
+        let e = sq.remove(k);
+        let st = match e.op {
+            SqOp::Write { status, .. } => status,
+            SqOp::Send { .. } => st,
+        };
+        Some((e, st))
     }
 
     /// Posts as much of every dirty connection's backlog as its send queue has room for.
@@ -1021,7 +985,7 @@ impl VerbsFabric {
             let wrs: Vec<SendWr<'_>> = backlog
                 .iter()
                 .take(n)
-                .map(|&k| {
+                .map(|&(k, piece)| {
                     let e = &sq[k];
                     match &e.op {
                         SqOp::Send { buf, len } => SendWr {
@@ -1031,21 +995,19 @@ impl VerbsFabric {
                             len: *len,
                             op: SendOp::Send,
                         },
-                        SqOp::Write {
-                            local,
-                            offset,
-                            len,
-                            remote,
-                        } => SendWr {
-                            wr_id: k as u64,
-                            mr: local,
-                            offset: *offset,
-                            len: *len,
-                            op: SendOp::Write {
-                                remote_addr: remote.addr,
-                                rkey: remote.key,
-                            },
-                        },
+                        SqOp::Write { pieces, .. } => {
+                            let p = &pieces[piece];
+                            SendWr {
+                                wr_id: k as u64,
+                                mr: &p.local,
+                                offset: p.offset,
+                                len: p.len,
+                                op: SendOp::Write {
+                                    remote_addr: p.remote.addr,
+                                    rkey: p.remote.key,
+                                },
+                            }
+                        }
                     }
                 })
                 .collect();
@@ -1057,13 +1019,14 @@ impl VerbsFabric {
             self.stats.doorbells += 1;
             self.stats.wrs_posted += posted as u64;
             *sq_posted += posted;
-            for k in backlog.drain(..posted) {
+            for (k, piece) in backlog.drain(..posted) {
                 match &sq[k].op {
                     SqOp::Send { .. } => self.stats.msgs_tx += 1,
-                    SqOp::Write { len, .. } => {
+                    SqOp::Write { len, .. } if piece == 0 => {
                         self.stats.rdma_writes += 1;
                         self.stats.rdma_write_bytes += u64::from(*len);
                     }
+                    SqOp::Write { .. } => {}
                 }
             }
             if let Some(err) = failed {
@@ -1071,8 +1034,12 @@ impl VerbsFabric {
                 // in the stream the peer sees, so the rest flush and the connection is broken
                 // (after this flush: `poll` disconnects it).
                 let mut status = WcStatus::Error;
-                while let Some(k) = backlog.pop_front() {
-                    let e = sq.remove(k);
+                while let Some((k, _)) = backlog.pop_front() {
+                    // A write some of whose pieces are posted completes with their completions.
+                    let Some((e, st)) = Self::retire(sq, k, status) else {
+                        status = WcStatus::Flushed;
+                        continue;
+                    };
                     match e.op {
                         SqOp::Send { buf, .. } => {
                             free_tx.push(buf);
@@ -1086,7 +1053,7 @@ impl VerbsFabric {
                             }
                         }
                     }
-                    self.out.push_back(Report::SendDone(conn, e.wr, status));
+                    self.out.push_back(Report::SendDone(conn, e.wr, st));
                     status = WcStatus::Flushed;
                 }
                 warn!(?conn, error = %err,
@@ -1297,12 +1264,13 @@ impl VerbsFabric {
             if !c.sq.contains(k) {
                 return;
             }
-            let e = c.sq.remove(k);
             c.sq_posted = c.sq_posted.saturating_sub(1);
             if !c.backlog.is_empty() {
                 self.dirty.push(vc);
             }
-            let st = wc_status(w.status);
+            let Some((e, st)) = Self::retire(&mut c.sq, k, wc_status(w.status)) else {
+                return;
+            };
             match e.op {
                 SqOp::Send { buf, .. } => {
                     c.free_tx.push(buf);
@@ -1508,6 +1476,51 @@ impl crate::driver::Driver for VerbsFabric {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.stats.counters()
+    }
+}
+
+/// Registration on the NI's device: ibv_reg_mr with LOCAL_WRITE | REMOTE_WRITE on the fabric's
+/// protection domain, the bytes copied into the registered buffer. Deregistering copies the bytes
+/// back out and drops the fabric's hold on the MR: later writes from it are refused, later writes
+/// to its key fail at the HCA; ibv_dereg_mr happens once no posted write reads from it any more,
+/// and if it fails the buffer is leaked (rather than freed while a peer may still write into it)
+/// and counted ([`v::dereg_failures`]).
+impl Registry for VerbsFabric {
+    fn register(&mut self, bytes: Vec<u8>) -> io::Result<Registration> {
+        let pd = self.pd(self.home)?;
+        let mr = MemoryRegion::new(&pd, bytes.len(), true)?;
+        mr.write(0, &bytes);
+        self.next_region += 1;
+        let id = self.next_region;
+        let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), bytes.len() as u64);
+        self.regions.insert(id, mr);
+        self.stats.regions_registered += 1;
+        self.stats.regions = self.regions.len() as u64;
+        Ok(reg)
+    }
+
+    fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool {
+        let Some(r) = self.region_of(reg) else {
+            return false;
+        };
+        let Ok(offset) = usize::try_from(offset) else {
+            return false;
+        };
+        if offset.checked_add(out.len()).is_none_or(|e| e > r.len()) {
+            return false;
+        }
+        r.read(offset, out);
+        true
+    }
+
+    fn deregister(&mut self, reg: Registration) -> Option<Vec<u8>> {
+        let bytes = self.contents(&reg);
+        let found = self.regions.remove(&reg.id().0).is_some();
+        if found {
+            self.stats.regions_deregistered += 1;
+            self.stats.regions = self.regions.len() as u64;
+        }
+        bytes
     }
 }
 

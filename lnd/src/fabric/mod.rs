@@ -21,8 +21,8 @@
 //! | `Disconnect`                     | rdma_disconnect (DREQ)                             | disconnect frame, shutdown(WR)      |
 //! | `handle_disconnected`            | RDMA_CM_EVENT_DISCONNECTED                         | disconnect frame or EOF/RST         |
 //! | `Destroy`                        | destroy QP, CQ, cm_id; deregister buffers          | close the socket, free slots        |
-//! | [`RegionId`] (driver-side)       | ibv_reg_mr (lkey, rkey); ibv_dereg_mr on drop      | buffer in a table keyed by its key  |
-//! | `RdmaWrite`                      | IBV_WR_RDMA_WRITE to (rkey, addr), desc chained    | frame: data for the peer's (key, addr) |
+//! | [`Registry`] / [`Registration`]  | ibv_reg_mr (lkey, rkey); ibv_dereg_mr               | buffer in a table keyed by its key  |
+//! | `RdmaWrite` (fragment lists)     | IBV_WR_RDMA_WRITE per remote frag, local SGEs, last signaled | a frame per piece: data for the peer's (key, addr) |
 //!
 //! Ordering contract (what RC guarantees and drivers must keep): messages on one connection arrive
 //! in order and at most once; a send completes (success or error) exactly once unless the connection
@@ -36,6 +36,7 @@ use core::fmt;
 
 use crate::handle::{Handle, Tag};
 use crate::time::Instant;
+use crate::wire::kib::MAX_RDMA_FRAGS;
 use crate::wire::Nid;
 
 /// The engine's name for one connection (a queue pair and its cm_id): a [`Handle`] (slab key with
@@ -79,19 +80,14 @@ impl WrId {
 
 /// A local buffer registered with the fabric for RDMA (an LNet MD's pages, or a bounce buffer):
 /// the source of an [`FabricAction::RdmaWrite`], or, advertised to the peer as a key and an
-/// address ([`RemoteRegion`]), the sink of the peer's writes.
-///
-/// The driver owns the memory registration (ibv_reg_mr on the connection's protection domain; on
-/// the tcp fabric, an entry in the table that incoming write frames are looked up in) and
-/// deregisters it when the region is dropped or the driver shuts down; the engine only names
-/// regions. A write whose remote side was deregistered fails with [`WcStatus::Error`].
+/// address ([`RemoteRegion`]), the sink of the peer's writes. The fabric's local name for a
+/// [`Registration`], which owns the registration.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionId(pub u64);
 
 /// Where an RDMA write lands in the peer's memory: the remote key of a region the peer registered
 /// and advertised (the `key` of an o2iblnd RdmaDesc in PUT_ACK / GET_REQ) and a virtual address
-/// inside it (the `addr` of one RdmaFrag; the frag's `nob` is the write's length). A write of `len`
-/// bytes is valid only if `[addr, addr + len)` lies inside the region registered under `key`.
+/// inside it (the `addr` of one RdmaFrag).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteRegion {
     /// The rkey.
@@ -107,6 +103,229 @@ impl RemoteRegion {
             key: self.key,
             addr: self.addr.wrapping_add(by),
         }
+    }
+
+    /// The remote fragment of `len` bytes starting here.
+    pub const fn frag(self, len: u32) -> RemoteFrag {
+        RemoteFrag {
+            key: self.key,
+            addr: self.addr,
+            len,
+        }
+    }
+}
+
+/// One source fragment of an RDMA write: `len` bytes at `offset` of local region `region`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LocalFrag {
+    pub region: RegionId,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// One sink fragment of an RDMA write (an o2iblnd RdmaFrag with its descriptor's key): `len`
+/// bytes at virtual address `addr` of the peer's region registered under `key`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteFrag {
+    pub key: u32,
+    pub addr: u64,
+    pub len: u32,
+}
+
+/// Why an [`FabricAction::RdmaWrite`] is malformed (refused with [`WcStatus::Error`] before a
+/// byte is sent).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadRdmaWrite {
+    #[error("no local or no remote fragment")]
+    NoFragments,
+    #[error("more than {MAX_RDMA_FRAGS} fragments on one side")]
+    TooManyFragments,
+    #[error("an empty fragment")]
+    EmptyFragment,
+    #[error("a fragment wraps around the address space")]
+    Wraps,
+    #[error("local and remote totals differ ({local} vs {remote} bytes)")]
+    LengthMismatch { local: u64, remote: u64 },
+    #[error("more than u32::MAX bytes")]
+    TooLong,
+}
+
+/// Checks that a write's fragment lists are well-formed (see [`FabricAction::RdmaWrite`]) and
+/// returns its length. Regions and keys are the fabric's to check.
+pub fn check_rdma_write(local: &[LocalFrag], remote: &[RemoteFrag]) -> Result<u32, BadRdmaWrite> {
+    if local.is_empty() || remote.is_empty() {
+        return Err(BadRdmaWrite::NoFragments);
+    }
+    if local.len() > MAX_RDMA_FRAGS || remote.len() > MAX_RDMA_FRAGS {
+        return Err(BadRdmaWrite::TooManyFragments);
+    }
+    let mut totals = (0u64, 0u64);
+    for f in local {
+        if f.len == 0 {
+            return Err(BadRdmaWrite::EmptyFragment);
+        }
+        f.offset
+            .checked_add(u64::from(f.len))
+            .ok_or(BadRdmaWrite::Wraps)?;
+        totals.0 += u64::from(f.len);
+    }
+    for f in remote {
+        if f.len == 0 {
+            return Err(BadRdmaWrite::EmptyFragment);
+        }
+        f.addr
+            .checked_add(u64::from(f.len))
+            .ok_or(BadRdmaWrite::Wraps)?;
+        totals.1 += u64::from(f.len);
+    }
+    if totals.0 != totals.1 {
+        return Err(BadRdmaWrite::LengthMismatch {
+            local: totals.0,
+            remote: totals.1,
+        });
+    }
+    u32::try_from(totals.0).map_err(|_| BadRdmaWrite::TooLong)
+}
+
+/// One contiguous piece of an RDMA write: where both a local and a remote fragment overlap.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RdmaPiece {
+    /// Index of the local fragment, and where in its region the piece starts.
+    pub local_frag: usize,
+    pub region: RegionId,
+    pub offset: u64,
+    /// Index of the remote fragment, its key, and the address the piece lands at.
+    pub remote_frag: usize,
+    pub key: u32,
+    pub addr: u64,
+    pub len: u32,
+}
+
+/// The pieces of a write, in order: the source split at every boundary of either list (what
+/// kiblnd_init_rdma does). Stops at the end of the shorter list; check the lists first
+/// ([`check_rdma_write`]).
+pub fn rdma_pieces<'a>(
+    local: &'a [LocalFrag],
+    remote: &'a [RemoteFrag],
+) -> impl Iterator<Item = RdmaPiece> + 'a {
+    let (mut li, mut lo, mut ri, mut ro) = (0usize, 0u32, 0usize, 0u32);
+    core::iter::from_fn(move || {
+        // Skip exhausted (or empty) fragments.
+        while local.get(li).is_some_and(|f| lo >= f.len) {
+            (li, lo) = (li + 1, 0);
+        }
+        while remote.get(ri).is_some_and(|f| ro >= f.len) {
+            (ri, ro) = (ri + 1, 0);
+        }
+        let (l, r) = (local.get(li)?, remote.get(ri)?);
+        let len = (l.len - lo).min(r.len - ro);
+        let p = RdmaPiece {
+            local_frag: li,
+            region: l.region,
+            offset: l.offset.wrapping_add(u64::from(lo)),
+            remote_frag: ri,
+            key: r.key,
+            addr: r.addr.wrapping_add(u64::from(ro)),
+            len,
+        };
+        lo += len;
+        ro += len;
+        Some(p)
+    })
+}
+
+/// What a peer needs to write into a registered region, and the fabric's local name for it: an
+/// owned memory registration (ibv_reg_mr), made by [`Registry::register`] and ended by
+/// [`Registry::deregister`], which consumes it. Not `Clone`: one owner deregisters it once.
+/// Dropped without being deregistered, the region stays registered until its fabric goes away.
+#[must_use = "a registration is only released by Registry::deregister"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Registration {
+    id: RegionId,
+    key: u32,
+    addr: u64,
+    len: u64,
+}
+
+impl Registration {
+    /// Made by a fabric's [`Registry::register`].
+    pub(crate) fn new(id: RegionId, key: u32, addr: u64, len: u64) -> Registration {
+        Registration { id, key, addr, len }
+    }
+
+    /// The local name (the source of a write: [`LocalFrag::region`]).
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+
+    /// The rkey a peer writes under (an RdmaDesc's key).
+    pub fn key(&self) -> u32 {
+        self.key
+    }
+
+    /// The virtual address of the region's first byte (an RdmaFrag's addr for offset 0).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The region's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a region of no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Key and address, for a peer.
+    pub fn remote(&self) -> RemoteRegion {
+        RemoteRegion {
+            key: self.key,
+            addr: self.addr,
+        }
+    }
+
+    /// The local fragment `[offset, offset + len)` of this region.
+    pub fn local_frag(&self, offset: u64, len: u32) -> LocalFrag {
+        LocalFrag {
+            region: self.id,
+            offset,
+            len,
+        }
+    }
+
+    /// The remote fragment a peer writes `[offset, offset + len)` of this region through.
+    pub fn remote_frag(&self, offset: u64, len: u32) -> RemoteFrag {
+        self.remote().at(offset).frag(len)
+    }
+}
+
+/// Memory registration, the same on every fabric (the tcp fabric, verbs, the simulator's nodes):
+/// a buffer handed over becomes a region peers can write into and writes can read from, until it
+/// is deregistered.
+pub trait Registry {
+    /// Registers `bytes` (taking them over) for local reads and remote writes on this fabric's
+    /// device. Fails when the fabric cannot register (verbs: ibv_reg_mr; the simulator: a node
+    /// with no running driver).
+    fn register(&mut self, bytes: Vec<u8>) -> std::io::Result<Registration>;
+
+    /// Copies `out.len()` bytes at `offset` of the region out; false if the fabric no longer
+    /// holds it or the range is outside it. A peer writing at the same time gives torn bytes.
+    fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool;
+
+    /// Deregisters the region and gives its bytes back: later writes into it fail at the writer
+    /// (or cost it the connection, on tcp), later writes from it fail locally. `None` if the
+    /// fabric had already dropped it (a crashed simulated node) or could not deregister it
+    /// (verbs: a failed ibv_dereg_mr leaks the buffer rather than free memory a peer may still
+    /// write into, and counts it). What happens to a write in flight is the fabric's documented
+    /// rule.
+    fn deregister(&mut self, reg: Registration) -> Option<Vec<u8>>;
+
+    /// The region's whole contents (see [`Registry::read`]).
+    fn contents(&self, reg: &Registration) -> Option<Vec<u8>> {
+        let mut v = vec![0; usize::try_from(reg.len()).ok()?];
+        self.read(reg, 0, &mut v).then_some(v)
     }
 }
 
@@ -194,28 +413,35 @@ pub enum FabricAction {
         wr: WrId,
         bytes: Vec<u8>,
     },
-    /// RDMA-write `len` bytes from `local` (starting `local_offset` bytes into it) into the peer's
-    /// registered memory at (`remote_key`, `remote_addr`) over `conn`, which must be established.
-    /// The bulk-data move of o2iblnd: the data source writes into the buffer the sink advertised,
-    /// one write per RdmaFrag (up to 257 per descriptor, chained, one rkey).
+    /// RDMA-write the local fragments `local`, in order, onto the peer's registered memory
+    /// described by the remote fragments `remote`, in order, over `conn`, which must be
+    /// established: the bulk-data move of o2iblnd (kiblnd_init_rdma), the data source writing
+    /// into the buffer the sink advertised in its PUT_ACK / GET_REQ RdmaDesc. The source bytes are
+    /// the concatenation of the local fragments, the sink is the concatenation of the remote
+    /// ones; the fabric splits the write at every boundary of either list ([`rdma_pieces`]).
     ///
-    /// It is a work request on `conn`'s send queue: it completes with
+    /// Well-formed ([`check_rdma_write`]): 1 to [`MAX_RDMA_FRAGS`] fragments on each side, none
+    /// empty, none wrapping around, and both lists of the same total length (at most `u32::MAX`
+    /// bytes). A malformed write, or one with a local fragment outside its region (unknown or
+    /// deregistered region, out of bounds), is refused before anything is sent: it completes
+    /// with [`WcStatus::Error`] (IBV_WC_LOC_PROT_ERR) and nothing of it lands.
+    ///
+    /// It is a work request on `conn`'s send queue: it completes ONCE, with
     /// `handle_send_complete(conn, wr, status)` exactly like a [`FabricAction::Send`], in posting
-    /// order with the sends, and a send posted after it is delivered only after its data is in
-    /// place. Nothing is reported at the peer (no receive slot is consumed). A write that falls
-    /// outside the region registered under `remote_key` (unknown or deregistered key, out of
-    /// bounds), or outside `local`, completes with [`WcStatus::Error`] (IBV_WC_REM_ACCESS_ERR /
-    /// IBV_WC_LOC_PROT_ERR), nothing is written, and the queue pair goes to error (what is queued
-    /// behind it flushes). An unreachable peer gives [`WcStatus::RetryExceeded`] and a closing
-    /// connection [`WcStatus::Flushed`], as for sends. `local` must not change until completion.
+    /// order with the sends, and a send posted after it is delivered only after all of its data
+    /// is in place. Nothing is reported at the peer (no receive slot is consumed). A remote
+    /// fragment outside the region registered under its key (unknown or deregistered key, out of
+    /// bounds) fails the write with [`WcStatus::Error`] (IBV_WC_REM_ACCESS_ERR; the tcp fabric
+    /// reports it as the connection failing, see its docs) and the queue pair goes to error
+    /// (what is queued behind it flushes); the pieces before the bad fragment may have landed,
+    /// as on RC where each remote fragment is its own work request. An unreachable peer gives
+    /// [`WcStatus::RetryExceeded`] and a closing connection [`WcStatus::Flushed`], as for sends.
+    /// The local regions must not change until completion.
     RdmaWrite {
         conn: ConnId,
         wr: WrId,
-        local: RegionId,
-        local_offset: u64,
-        remote_key: u32,
-        remote_addr: u64,
-        len: u32,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
     },
     /// Tell the peer this connection is closing (rdma_disconnect). Both sides then see
     /// `handle_disconnected`; posted work flushes.
@@ -260,7 +486,76 @@ pub enum WcStatus {
 
 #[cfg(test)]
 mod tests {
-    use super::WrId;
+    use super::*;
+
+    fn l(offset: u64, len: u32) -> LocalFrag {
+        LocalFrag {
+            region: RegionId(1),
+            offset,
+            len,
+        }
+    }
+
+    fn r(addr: u64, len: u32) -> RemoteFrag {
+        RemoteFrag { key: 9, addr, len }
+    }
+
+    /// The pieces split at every boundary of either list, cover the source in order and land in
+    /// the sink in order.
+    #[test]
+    fn pieces_split_at_both_lists_boundaries() {
+        let local = [l(0, 5), l(100, 7), l(200, 3)];
+        let remote = [r(1000, 2), r(2000, 6), r(3000, 4), r(4000, 3)];
+        assert_eq!(check_rdma_write(&local, &remote), Ok(15));
+        let got: Vec<(usize, u64, usize, u64, u32)> = rdma_pieces(&local, &remote)
+            .map(|p| (p.local_frag, p.offset, p.remote_frag, p.addr, p.len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 0, 1000, 2),
+                (0, 2, 1, 2000, 3),
+                (1, 100, 1, 2003, 3),
+                (1, 103, 2, 3000, 4),
+                (2, 200, 3, 4000, 3),
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_writes_are_named() {
+        let one = [l(0, 4)];
+        assert_eq!(
+            check_rdma_write(&[], &[r(0, 4)]),
+            Err(BadRdmaWrite::NoFragments)
+        );
+        assert_eq!(check_rdma_write(&one, &[]), Err(BadRdmaWrite::NoFragments));
+        assert_eq!(
+            check_rdma_write(&one, &[r(0, 3)]),
+            Err(BadRdmaWrite::LengthMismatch {
+                local: 4,
+                remote: 3
+            })
+        );
+        assert_eq!(
+            check_rdma_write(&[l(0, 4), l(4, 0)], &[r(0, 4)]),
+            Err(BadRdmaWrite::EmptyFragment)
+        );
+        assert_eq!(
+            check_rdma_write(&one, &[r(u64::MAX - 1, 4)]),
+            Err(BadRdmaWrite::Wraps)
+        );
+        let many: Vec<LocalFrag> = (0..=MAX_RDMA_FRAGS as u64).map(|i| l(i, 1)).collect();
+        let sink = [r(0, many.len() as u32)];
+        assert_eq!(
+            check_rdma_write(&many, &sink),
+            Err(BadRdmaWrite::TooManyFragments)
+        );
+        assert_eq!(
+            check_rdma_write(&many[1..], &[r(0, MAX_RDMA_FRAGS as u32)]),
+            Ok(MAX_RDMA_FRAGS as u32)
+        );
+    }
 
     /// Directly posted writes can never be taken for one of the engine's messages (its ids are
     /// generation << 32 | tx index, and no tx has index u32::MAX), and stay distinct.

@@ -893,16 +893,13 @@ fn status(n: &Node, wr: WrId) -> Option<WcStatus> {
     first
 }
 
-#[allow(clippy::too_many_arguments)]
 fn post_write(
     n: &mut Node,
     clock: &MonotonicClock,
     conn: ConnId,
     wr: WrId,
-    local: RegionId,
-    local_offset: u64,
-    remote: crate::fabric::RemoteRegion,
-    len: u32,
+    local: Vec<LocalFrag>,
+    remote: Vec<RemoteFrag>,
 ) {
     n.fabric.apply(
         clock.now(),
@@ -910,12 +907,58 @@ fn post_write(
             conn,
             wr,
             local,
-            local_offset,
-            remote_key: remote.key,
-            remote_addr: remote.addr,
-            len,
+            remote,
         },
     );
+}
+
+/// A write of one fragment each side.
+#[allow(clippy::too_many_arguments)]
+fn post_write1(
+    n: &mut Node,
+    clock: &MonotonicClock,
+    conn: ConnId,
+    wr: WrId,
+    src: &Registration,
+    local_offset: u64,
+    remote: crate::fabric::RemoteRegion,
+    len: u32,
+) {
+    let local = vec![src.local_frag(local_offset, len)];
+    post_write(n, clock, conn, wr, local, vec![remote.frag(len)]);
+}
+
+/// What a sink region of `sink_len` bytes at `sink_addr`, zeroed, holds after the write of
+/// `local` (offsets into `src`) onto `remote`.
+fn expected_sink(
+    src: &[u8],
+    sink_len: usize,
+    sink_addr: u64,
+    local: &[LocalFrag],
+    remote: &[RemoteFrag],
+) -> Vec<u8> {
+    let mut v = vec![0; sink_len];
+    for p in crate::fabric::rdma_pieces(local, remote) {
+        let (s, d, n) = (
+            p.offset as usize,
+            (p.addr - sink_addr) as usize,
+            p.len as usize,
+        );
+        v[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+    v
+}
+
+/// Remote fragments with other boundaries than `frags_257`'s, still 257 of them for 1 MiB, each
+/// 8 KiB apart in the sink (so that a piece landing in the wrong fragment shows).
+fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
+    let mut lens = vec![1000u32];
+    lens.extend(std::iter::repeat_n(4096, 255));
+    lens.push(MIB as u32 - 1000 - 255 * 4096);
+    lens.iter()
+        .enumerate()
+        .map(|(k, &len)| sink.remote_frag(k as u64 * 8192, len))
+        .collect()
 }
 
 /// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page.
@@ -936,25 +979,20 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let (_book, mut a, mut b) = connected_pair(&clock);
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
-    let (src, _, _) = a.fabric.register_region(pattern(1, MIB));
-    let (sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
-    let remote = crate::fabric::RemoteRegion { key, addr };
-    let frags = frags_257();
-    assert_eq!(frags.len(), 257);
+    let src = a.fabric.register(pattern(1, MIB)).unwrap();
+    let sink = b.fabric.register(vec![0; 257 * 8192]).unwrap();
+    let local: Vec<LocalFrag> = frags_257()
+        .iter()
+        .map(|&(off, len)| src.local_frag(off, len))
+        .collect();
+    let remote = remote_257(&sink);
+    assert_eq!((local.len(), remote.len()), (257, 257));
+    let want = expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
+    let pieces = crate::fabric::rdma_pieces(&local, &remote).count() as u64;
+    assert!(pieces > 257);
     let got_before = b.got.len();
-    for (i, &(off, len)) in frags.iter().enumerate() {
-        post_write(
-            &mut a,
-            &clock,
-            conn,
-            injected(i as u64),
-            src,
-            off,
-            remote.at(off),
-            len,
-        );
-    }
-    // A message behind the writes (PUT_DONE-like): it must find the data in place.
+    post_write(&mut a, &clock, conn, injected(0), local, remote);
+    // A message behind the write (PUT_DONE-like): it must find the data in place.
     a.send(&clock, bn, 50, payload(50));
     let ok = run_until(
         &mut [&mut a, &mut b],
@@ -963,7 +1001,7 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
         |n| {
             if n[1].got.len() > got_before {
                 assert!(
-                    n[1].fabric.region(sink) == n[0].fabric.region(src),
+                    n[1].fabric.region(&sink) == Some(&want[..]),
                     "the message arrived before the data"
                 );
             }
@@ -973,48 +1011,38 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     assert!(ok, "a: {:?}, b got {}", a.fabric.stats(), b.got.len());
     assert_eq!(index_of(&b.got.last().unwrap().1), 50);
     assert_eq!(a.done[&50], Ok(()));
-    // Every write completed Success, in posting order, and before the message behind them.
+    assert!(b.fabric.contents(&sink).unwrap() == want);
+    // The write completed once, Success, before the message behind it.
     let log: Vec<_> = a.fabric.wc_log.iter().filter(|e| e.0 == conn).collect();
-    let writes: Vec<WrId> = log
-        .iter()
-        .filter(|e| is_injected(e.1))
-        .map(|e| e.1)
-        .collect();
-    assert_eq!(writes, (0..257).map(injected).collect::<Vec<_>>());
-    assert!(log
-        .iter()
-        .filter(|e| is_injected(e.1))
-        .all(|e| e.2 == WcStatus::Success));
+    let writes: Vec<_> = log.iter().filter(|e| is_injected(e.1)).collect();
+    assert_eq!(writes.len(), 1);
+    assert_eq!((writes[0].1, writes[0].2), (injected(0), WcStatus::Success));
     let last_write = log.iter().rposition(|e| is_injected(e.1)).unwrap();
     assert!(
         log[last_write + 1..]
             .iter()
             .any(|e| e.2 == WcStatus::Success),
-        "the message completed before the writes"
+        "the message completed before the write"
     );
     let (sa, sb) = (a.fabric.stats().clone(), b.fabric.stats().clone());
-    assert_eq!((sa.rdma_writes_tx, sa.rdma_bytes_tx), (257, MIB as u64));
-    assert_eq!((sb.rdma_frames_rx, sb.rdma_bytes_rx), (257, MIB as u64));
+    assert_eq!((sa.rdma_writes_tx, sa.rdma_bytes_tx), (1, MIB as u64));
+    assert_eq!((sb.rdma_frames_rx, sb.rdma_bytes_rx), (pieces, MIB as u64));
     assert_eq!(sb.rdma_access_errors + sb.protocol_errors(), 0);
     assert_eq!(sb.rx_stalls, 0);
 
     // One 1 MiB write: 16 frames of 64 KiB + 17 bytes, each larger than b's 64 KiB receive
     // buffer (it streams into the region), then a message.
     assert_eq!(b.fabric.config().recv_buffer, 64 * 1024);
-    let (src2, _, _) = a.fabric.register_region(pattern(2, MIB));
-    let (sink2, key2, addr2) = b.fabric.register_region(vec![0; MIB]);
-    let remote2 = crate::fabric::RemoteRegion {
-        key: key2,
-        addr: addr2,
-    };
-    post_write(
+    let src2 = a.fabric.register(pattern(2, MIB)).unwrap();
+    let sink2 = b.fabric.register(vec![0; MIB]).unwrap();
+    post_write1(
         &mut a,
         &clock,
         conn,
         injected(1000),
-        src2,
+        &src2,
         0,
-        remote2,
+        sink2.remote(),
         MIB as u32,
     );
     a.send(&clock, bn, 51, payload(51));
@@ -1025,78 +1053,200 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
         |n| n[0].done.contains_key(&51) && n[1].got.len() > got_before + 1
     ));
     assert_eq!(status(&a, injected(1000)), Some(WcStatus::Success));
-    assert!(b.fabric.region(sink2) == a.fabric.region(src2));
-    assert_eq!(b.fabric.stats().rdma_frames_rx, 257 + 16);
+    assert!(b.fabric.region(&sink2) == a.fabric.region(&src2));
+    assert_eq!(b.fabric.stats().rdma_frames_rx, pieces + 16);
     // Deregistering gives the buffer back; the key then names nothing.
-    assert!(b.fabric.deregister_region(sink2).unwrap() == pattern(2, MIB));
-    assert!(b.fabric.region(sink2).is_none());
-    assert!(b.fabric.deregister_region(sink2).is_none());
+    let ghost = Registration::new(sink2.id(), sink2.key(), sink2.addr(), sink2.len());
+    assert!(b.fabric.deregister(sink2).unwrap() == pattern(2, MIB));
+    assert!(b.fabric.region(&ghost).is_none());
+    assert!(b.fabric.deregister(ghost).is_none());
+    shut_down_both(&mut a, &mut b, &clock);
+}
+
+/// Writes of 3 local fragments onto 4 remote ones with other boundaries and odd lengths land
+/// byte-exact, pieces in order; so do the same lists reversed in size.
+#[test]
+fn tcp_rdma_write_fragment_lists_land_byte_exact() {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let bn = b.ep.nid();
+    let conn = conn_to(&a, bn);
+    let data = pattern(7, 200_000);
+    let src = a.fabric.register(data.clone()).unwrap();
+    let sink = b.fabric.register(vec![0; 300_000]).unwrap();
+    // 3 local fragments (out of order in the source), 4 remote ones (with gaps), 150_001 bytes.
+    let local = vec![
+        src.local_frag(100_003, 70_001),
+        src.local_frag(7, 13),
+        src.local_frag(1_000, 79_987),
+    ];
+    let remote = vec![
+        sink.remote_frag(5, 33),
+        sink.remote_frag(1_001, 65_537),
+        sink.remote_frag(80_000, 84_430),
+        sink.remote_frag(200_001, 1),
+    ];
+    let mut want = vec![0; 300_000];
+    let mut srcs = vec![];
+    for p in crate::fabric::rdma_pieces(&local, &remote) {
+        srcs.push((p.local_frag, p.remote_frag));
+        let (s, d, n) = (
+            p.offset as usize,
+            (p.addr - sink.addr()) as usize,
+            p.len as usize,
+        );
+        want[d..d + n].copy_from_slice(&data[s..s + n]);
+    }
+    assert!(srcs.len() >= 6, "{srcs:?}");
+    post_write(
+        &mut a,
+        &clock,
+        conn,
+        injected(1),
+        local.clone(),
+        remote.clone(),
+    );
+    // The reversed lists, onto a second sink.
+    let sink2 = b.fabric.register(vec![0; 300_000]).unwrap();
+    let (mut l2, r2): (Vec<_>, Vec<_>) = (
+        local.iter().rev().copied().collect(),
+        remote
+            .iter()
+            .rev()
+            .map(|f| sink2.remote_frag(f.addr - sink.addr(), f.len))
+            .collect(),
+    );
+    l2.iter_mut().for_each(|f| f.region = src.id());
+    let want2 = expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
+    post_write(&mut a, &clock, conn, injected(2), l2, r2);
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| status(n[0], injected(2)).is_some()
+    ));
+    assert_eq!(status(&a, injected(1)), Some(WcStatus::Success));
+    assert_eq!(status(&a, injected(2)), Some(WcStatus::Success));
+    // The peer parsed everything written before a's completion only eventually.
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].fabric.stats().rdma_bytes_rx == 2 * 150_001
+    ));
+    assert!(b.fabric.contents(&sink).unwrap() == want);
+    assert!(b.fabric.contents(&sink2).unwrap() == want2);
+    assert_eq!(a.fabric.stats().rdma_bytes_tx, 2 * 150_001);
     shut_down_both(&mut a, &mut b, &clock);
 }
 
 #[test]
 fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
     use crate::fabric::RemoteRegion;
-    type Aim = fn(RemoteRegion) -> RemoteRegion;
-    // (what, target, local offset, len, refused by the target (else locally))
-    let cases: [(&str, Aim, u64, u32, bool); 6] = [
+    type Frags = (Vec<LocalFrag>, Vec<RemoteFrag>);
+    type Aim = fn(&Registration, &Registration) -> Frags;
+    fn one(src: &Registration, off: u64, r: RemoteRegion, len: u32) -> Frags {
+        (vec![src.local_frag(off, len)], vec![r.frag(len)])
+    }
+    // (what, the write from a's source onto b's sink, refused by the target (else locally))
+    let cases: [(&str, Aim, bool); 10] = [
         (
             "unknown key",
-            |r| RemoteRegion {
-                key: r.key ^ 1,
-                ..r
+            |s, r| {
+                let r = r.remote();
+                one(
+                    s,
+                    0,
+                    RemoteRegion {
+                        key: r.key ^ 1,
+                        ..r
+                    },
+                    4096,
+                )
             },
-            0,
-            4096,
             true,
         ),
-        ("past the end", |r| r.at(MIB as u64 - 100), 0, 4096, true),
+        (
+            "past the end",
+            |s, r| one(s, 0, r.remote().at(MIB as u64 - 100), 4096),
+            true,
+        ),
         (
             "below the start",
-            |r| RemoteRegion {
-                addr: r.addr - 1,
-                ..r
-            },
-            0,
-            4096,
+            |s, r| one(s, 0, r.remote().at(u64::MAX), 4096),
             true,
         ),
-        ("deregistered", |r| r, 0, 4096, true),
-        ("huge length", |r| r, 0, u32::MAX, false),
+        ("deregistered", |s, r| one(s, 0, r.remote(), 4096), true),
+        ("huge length", |s, r| one(s, 0, r.remote(), u32::MAX), false),
         (
             "outside the local region",
-            |r| r,
-            MIB as u64 - 8,
-            4096,
+            |s, r| one(s, MIB as u64 - 8, r.remote(), 4096),
+            false,
+        ),
+        (
+            "a later local fragment outside its region",
+            |s, r| {
+                (
+                    vec![
+                        s.local_frag(0, 100),
+                        s.local_frag(200, 100),
+                        s.local_frag(MIB as u64 - 50, 100),
+                    ],
+                    vec![r.remote_frag(0, 150), r.remote_frag(1000, 150)],
+                )
+            },
+            false,
+        ),
+        (
+            "258 fragments a side",
+            |s, r| {
+                (
+                    (0..258).map(|i| s.local_frag(i * 8, 8)).collect(),
+                    (0..258).map(|i| r.remote_frag(i * 16, 8)).collect(),
+                )
+            },
+            false,
+        ),
+        (
+            "totals differ",
+            |s, r| {
+                (
+                    vec![s.local_frag(0, 100), s.local_frag(100, 100)],
+                    vec![r.remote_frag(0, 150), r.remote_frag(1000, 49)],
+                )
+            },
+            false,
+        ),
+        (
+            "an empty fragment",
+            |s, r| {
+                (
+                    vec![s.local_frag(0, 100), s.local_frag(100, 0)],
+                    vec![r.remote_frag(0, 100)],
+                )
+            },
             false,
         ),
     ];
-    for (what, aim, local_offset, len, remote_error) in cases {
+    for (what, aim, remote_error) in cases {
         let clock = MonotonicClock::new();
         let (_book, mut a, mut b) = connected_pair(&clock);
         let (an, bn) = (a.ep.nid(), b.ep.nid());
         let conn = conn_to(&a, bn);
-        let (src, _, _) = a.fabric.register_region(pattern(3, MIB));
-        let (sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
+        let src = a.fabric.register(pattern(3, MIB)).unwrap();
+        let sink = b.fabric.register(vec![0; MIB]).unwrap();
         // A live region right after it: a write past the end must not spill into it.
-        let (next, _, _) = b.fabric.register_region(vec![0; MIB]);
-        let mut sink_alive = true;
-        if what == "deregistered" {
-            b.fabric.deregister_region(sink).unwrap();
-            sink_alive = false;
-        }
+        let next = b.fabric.register(vec![0; MIB]).unwrap();
+        let (local, remote) = aim(&src, &sink);
+        let sink = if what == "deregistered" {
+            b.fabric.deregister(sink).unwrap();
+            None
+        } else {
+            Some(sink)
+        };
         let got_before = b.got.len();
         let wr = injected(1);
-        post_write(
-            &mut a,
-            &clock,
-            conn,
-            wr,
-            src,
-            local_offset,
-            aim(RemoteRegion { key, addr }),
-            len,
-        );
+        post_write(&mut a, &clock, conn, wr, local, remote);
         // Queued behind the bad write.
         a.send(&clock, bn, 60, payload(60));
         assert!(
@@ -1120,14 +1270,14 @@ fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
             got_before,
             "{what}: the message behind it was delivered"
         );
-        if sink_alive {
+        if let Some(sink) = &sink {
             assert!(
                 b.fabric.region(sink).unwrap().iter().all(|&x| x == 0),
                 "{what}"
             );
         }
         assert!(
-            b.fabric.region(next).unwrap().iter().all(|&x| x == 0),
+            b.fabric.region(&next).unwrap().iter().all(|&x| x == 0),
             "{what}"
         );
         let (sa, sb) = (a.fabric.stats(), b.fabric.stats());
@@ -1143,6 +1293,7 @@ fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
             assert_eq!(status(&a, wr), Some(WcStatus::Error), "{what}");
             assert_eq!(sa.rdma_local_errors, 1, "{what}");
             assert_eq!(sb.rdma_access_errors, 0, "{what}");
+            assert_eq!(sa.rdma_bytes_tx, 0, "{what}");
             assert!(a.done[&60].is_err(), "{what}");
             let log: Vec<_> = a.fabric.wc_log.iter().filter(|e| e.0 == conn).collect();
             let i = log.iter().position(|e| e.1 == wr).unwrap();
@@ -1162,21 +1313,21 @@ fn tcp_rdma_writes_racing_a_disconnect_flush() {
     let (_book, mut a, b) = connected_pair(&clock);
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
-    let (src, _, _) = a.fabric.register_region(pattern(4, MIB));
+    let src = a.fabric.register(pattern(4, MIB)).unwrap();
     let Node {
         fabric: mut fb,
         ep: b_ep,
         ..
     } = b;
-    let (_sink, key, addr) = fb.register_region(vec![0; MIB]);
-    let remote = crate::fabric::RemoteRegion { key, addr };
+    let sink = fb.register(vec![0; MIB]).unwrap();
+    let remote = sink.remote();
     for i in 0..8 {
-        post_write(
+        post_write1(
             &mut a,
             &clock,
             conn,
             injected(i),
-            src,
+            &src,
             0,
             remote,
             MIB as u32,
@@ -1211,18 +1362,18 @@ fn tcp_rdma_writes_racing_a_disconnect_flush() {
     let (_book, mut a, mut b) = connected_pair(&clock);
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
-    let (src, _, _) = a.fabric.register_region(pattern(5, MIB));
-    let (_sink, key, addr) = b.fabric.register_region(vec![0; MIB]);
-    let remote = crate::fabric::RemoteRegion { key, addr };
+    let src = a.fabric.register(pattern(5, MIB)).unwrap();
+    let _sink = b.fabric.register(vec![0; MIB]).unwrap();
+    let remote = _sink.remote();
     b.ep.shutdown(clock.now());
     b.step(&clock); // b's DISCONNECT goes out first
     for i in 0..8 {
-        post_write(
+        post_write1(
             &mut a,
             &clock,
             conn,
             injected(i),
-            src,
+            &src,
             0,
             remote,
             MIB as u32,
@@ -1252,7 +1403,8 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
     let clock = MonotonicClock::new();
     let (book, mut c, mut b) = connected_pair(&clock);
     let (bn, cn) = (b.ep.nid(), c.ep.nid());
-    let (sink, key, addr) = b.fabric.register_region(vec![0; 4096]);
+    let sink = b.fabric.register(vec![0; 4096]).unwrap();
+    let (key, addr) = (sink.key(), sink.addr());
     let write_frame = |key: u32, addr: u64, data: &[u8]| {
         let mut f = Vec::new();
         frame::push_write_head(&mut f, key, addr, data.len());
@@ -1312,7 +1464,7 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
             StdDuration::from_secs(5),
             |n| { n[0].done.len() == 1 }
         ));
-        b.fabric.region_mut(sink).unwrap().fill(0);
+        b.fabric.region_mut(&sink).unwrap().fill(0);
         let before = b.fabric.stats().clone();
         let conn = conn_to(&a, bn);
         a.fabric.inject_raw(conn, &bytes);
@@ -1357,7 +1509,7 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
         assert_eq!(d(|s| s.rdma_frames_rx), 0, "{what}");
         if what != "truncated data" {
             assert!(
-                b.fabric.region(sink).unwrap().iter().all(|&x| x == 0),
+                b.fabric.region(&sink).unwrap().iter().all(|&x| x == 0),
                 "{what}"
             );
         }
