@@ -5,6 +5,9 @@ use lnd::engine::{ChecksumConfig, RaceOrder, Tunables};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::Nid;
 
+use crate::gateway::GatewayHealthConfig;
+use crate::routes::{RouteConfig, RouteError, RouteTable};
+
 /// LNet's default NI tx credits (`credits`, reference section 9.2).
 pub const DEFAULT_CREDITS: u32 = 256;
 /// LNet's default per-peer tx credits (`peer_credits`, reference section 9.1).
@@ -40,6 +43,9 @@ pub struct NiConfig {
     /// `tunables: peer_timeout`: LNet forgets a peer NI that has had no traffic and held no
     /// message for this long (our rule; default 180 s).
     pub peer_timeout: lnd::time::Duration,
+    /// `tunables: peer_buffer_credits`: router buffers one upstream peer may hold at once on
+    /// a routing node (lpni_rtrcredits); 0 means "as many as peer_credits".
+    pub peer_buffer_credits: u32,
 }
 
 impl NiConfig {
@@ -59,6 +65,7 @@ impl NiConfig {
             checksum: ChecksumConfig::default(),
             peer_limit: DEFAULT_PEER_LIMIT,
             peer_timeout: lnd::time::Duration::from_secs(180),
+            peer_buffer_credits: 0,
         }
     }
 
@@ -68,6 +75,62 @@ impl NiConfig {
         let peer = self.peer_credits.clamp(1, credits);
         (credits, peer)
     }
+
+    /// Router buffer credits per upstream peer, as used: peer_buffer_credits, or peer_credits
+    /// when 0 (lnet_peer_buffer_credits).
+    pub(crate) fn effective_rtr_credits(&self) -> u32 {
+        if self.peer_buffer_credits == 0 {
+            self.effective_credits().1
+        } else {
+            self.peer_buffer_credits
+        }
+    }
+}
+
+/// Lustre's router buffer totals (router.c: tiny 512 x 4, small 4096 x 4, large 256 x 4).
+pub const DEFAULT_TINY_BUFFERS: u32 = 2048;
+pub const DEFAULT_SMALL_BUFFERS: u32 = 16384;
+pub const DEFAULT_LARGE_BUFFERS: u32 = 1024;
+
+/// Router buffers of each size (`buffers:`, `lnetctl set tiny_buffers|small_buffers|
+/// large_buffers`): tiny for messages without payload, small for one page, large for up to
+/// LNET_MTU. A node gives each of its NI runtimes its share (each runtime is a CPT).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BufferCounts {
+    pub tiny: u32,
+    pub small: u32,
+    pub large: u32,
+}
+
+impl Default for BufferCounts {
+    fn default() -> BufferCounts {
+        BufferCounts {
+            tiny: DEFAULT_TINY_BUFFERS,
+            small: DEFAULT_SMALL_BUFFERS,
+            large: DEFAULT_LARGE_BUFFERS,
+        }
+    }
+}
+
+impl BufferCounts {
+    /// One of `n` equal shares (at least one buffer of each size).
+    pub fn share(self, n: usize) -> BufferCounts {
+        let n = n.max(1) as u32;
+        BufferCounts {
+            tiny: (self.tiny / n).max(1),
+            small: (self.small / n).max(1),
+            large: (self.large / n).max(1),
+        }
+    }
+}
+
+/// Forwarding: whether this node routes, and its router buffers.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoutingConfig {
+    /// `routing: enable`: forward messages for other nodes (Lustre: off unless configured).
+    pub enabled: bool,
+    /// This node's router buffers (the node's share when a daemon splits them across NIs).
+    pub buffers: BufferCounts,
 }
 
 /// A node: its NIs and the PID it answers as.
@@ -88,6 +151,13 @@ pub struct NodeConfig {
     /// ours too (a message or ping to them is local) and our ping reply lists them all. Empty:
     /// the node is just `nis`.
     pub node_nids: Vec<Nid>,
+    /// Routes to remote nets (`route:`), checked by [`crate::RouteTable::new`] when the node
+    /// starts; a bad one is refused there.
+    pub routes: Vec<RouteConfig>,
+    /// Forwarding for others (`routing:`, `buffers:`).
+    pub routing: RoutingConfig,
+    /// How the gateways of `routes` are watched.
+    pub gateway_health: GatewayHealthConfig,
 }
 
 impl NodeConfig {
@@ -97,6 +167,20 @@ impl NodeConfig {
             nis,
             pid: LNET_PID_LUSTRE,
             node_nids: Vec::new(),
+            routes: Vec::new(),
+            routing: RoutingConfig::default(),
+            gateway_health: GatewayHealthConfig::default(),
         }
+    }
+
+    /// Checks `routes` against the node's NIDs (`node_nids`, else the NIs'): the first bad
+    /// route's position and why.
+    pub fn check_routes(&self) -> Result<RouteTable, (usize, RouteError)> {
+        let own: Vec<Nid> = if self.node_nids.is_empty() {
+            self.nis.iter().map(|n| n.nid).collect()
+        } else {
+            self.node_nids.clone()
+        };
+        RouteTable::new(&self.routes, &own)
     }
 }

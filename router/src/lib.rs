@@ -41,9 +41,12 @@
 mod config;
 pub mod control;
 mod error;
+pub mod forward;
+pub mod gateway;
 mod node;
 mod peer;
 mod ping;
+pub mod routes;
 pub mod runtime;
 #[cfg(feature = "sim")]
 mod sim_node;
@@ -54,7 +57,12 @@ pub mod text;
 #[cfg(feature = "daemon")]
 pub mod yaml_config;
 
-pub use config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
+pub use config::{
+    BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+};
+pub use gateway::{GatewayHealthConfig, GatewayInfo};
+pub use forward::{ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass, RoutingInfo};
+pub use routes::{RouteConfig, RouteError, RouteTable};
 pub use error::LnetError;
 pub use lnd::fabric::{FabricEvent, FabricSink};
 pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, NiSink, PingId};

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use lnd::engine::Captured;
-use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, SendError, TxError};
+use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
 use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
 use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::time::{Duration, Instant};
@@ -13,13 +13,18 @@ use lnd::wire::kib::MAX_INLINE;
 use lnd::wire::lnet::{
     LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
 };
-use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
-use tracing::{debug, trace};
+use lnd::wire::{LnetBody, LnetHdr, Net, Nid, WireHandle};
+use tracing::{debug, trace, warn};
 
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
+use crate::forward::{
+    Fwd, FwdDrop, FwdTag, ForwardStats, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
+};
+use crate::gateway::{GatewayInfo, Gateways};
 use crate::peer::PeerNi;
 use crate::ping::{self, PingReply, PING_SINK_LEN};
+use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 /// Which of the node's NIs: the position in [`NodeConfig::nis`].
@@ -80,6 +85,11 @@ enum Purpose {
     PingGet(PingId),
     /// A REPLY or ACK we answer with: nobody waits.
     Response,
+    /// A message forwarded for another node: held as `key` by the runtime whose NI is
+    /// `origin` (this node, or a sibling runtime that handed it over).
+    Forward { origin: Nid, key: u64 },
+    /// The router pinger's GET to a gateway: its failure marks the gateway dead.
+    GatewayPing(PingId),
 }
 
 /// Where a message goes.
@@ -87,8 +97,10 @@ enum Purpose {
 enum Route {
     /// In memory; the source NID to put in the header (`0@lo` for `0@lo`, else the own NID).
     Local(Nid),
-    /// Through this NI's LND.
-    Remote(usize),
+    /// Through NI `ni`'s LND to `next`: the destination itself, or the gateway towards it.
+    Remote { ni: usize, next: Nid },
+    /// Through a sibling runtime's NI on this net (the daemon runs one runtime per NI).
+    Sibling(Net),
 }
 
 /// An outgoing message for an LND, from its creation until the LND finishes it.
@@ -157,6 +169,8 @@ struct LocalMsg {
 struct PendingPing {
     target: Nid,
     deadline: Instant,
+    /// The router pinger's: its outcome goes to the gateway's health, not to the user.
+    gateway: bool,
 }
 
 /// One NI: its LND endpoint and its tx credits (the CPT tx queue's tq_credits; one CPT here).
@@ -179,6 +193,8 @@ struct Ni {
     peer_limit: usize,
     /// Peer NIs reached through this NI now.
     peers: usize,
+    /// Router credits each peer NI gets (peer_buffer_credits, or peer_credits).
+    rtr_credits: u32,
 }
 
 /// An LNet node: its NIs and LNDs, peers and credits, ping service and counters. Sans-IO; see
@@ -212,6 +228,22 @@ pub struct LnetNode {
     stats: LnetStats,
     now: Instant,
     shutting_down: bool,
+    // ---- routing (see `crate::forward`, `crate::routes`, `crate::gateway`)
+    routes: RouteTable,
+    gateways: Gateways,
+    /// When each gateway was last chosen (round robin across equal routes).
+    route_used: HashMap<Nid, u64>,
+    route_seq: u64,
+    /// Forwarding on (`routing: enable`).
+    routing: bool,
+    pools: Pools,
+    /// Messages held for other nodes, by key.
+    fwds: HandleSlab<Fwd, FwdTag>,
+    /// Held messages that have their router credit and buffer: committed in `process`.
+    fwd_ready: VecDeque<u64>,
+    fwd: ForwardStats,
+    /// Work for sibling runtimes (forwards to send, forwards to release).
+    handovers: VecDeque<Handover>,
 }
 
 impl LnetNode {
@@ -230,10 +262,27 @@ impl LnetNode {
         } else {
             cfg.node_nids.clone()
         };
+        let mut routes = RouteTable::default();
+        for r in &cfg.routes {
+            // The configuration checks its routes with their lines (`NodeConfig::check_routes`);
+            // one that still fails here is left out rather than trusted.
+            if let Err(e) = routes.add(*r, &node_nids) {
+                warn!(net = %r.net, gateway = %r.gateway, "route refused: {e}");
+            }
+        }
+        // Only the gateways this runtime's NIs reach are its to watch; a sibling runtime
+        // watches the others.
+        let mine: Vec<Nid> = routes
+            .gateways()
+            .into_iter()
+            .filter(|g| nis.iter().any(|n| n.nid.net() == g.net()))
+            .collect();
+        let gateways = Gateways::new(cfg.gateway_health, &mine, now);
+        let routing = cfg.routing.enabled;
         LnetNode {
             pid: cfg.pid,
             interface_cookie,
-            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids),
+            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(routing)),
             node_nids,
             nis,
             peers: BTreeMap::new(),
@@ -249,6 +298,16 @@ impl LnetNode {
             stats: LnetStats::default(),
             now,
             shutting_down: false,
+            routes,
+            gateways,
+            route_used: HashMap::new(),
+            route_seq: 0,
+            routing,
+            pools: Pools::new(cfg.routing.buffers),
+            fwds: HandleSlab::default(),
+            fwd_ready: VecDeque::new(),
+            fwd: ForwardStats::default(),
+            handovers: VecDeque::new(),
         }
     }
 
@@ -282,7 +341,7 @@ impl LnetNode {
                 offset: 0,
             },
         };
-        self.launch(route, dst, hdr, payload, Purpose::Put(id));
+        self.launch(route, hdr, payload, Purpose::Put(id));
         self.process(now);
         Ok(id)
     }
@@ -301,6 +360,7 @@ impl LnetNode {
             PendingPing {
                 target: dst,
                 deadline,
+                gateway: false,
             },
         );
         self.ping_deadlines.insert((deadline, id));
@@ -321,7 +381,7 @@ impl LnetNode {
                 sink_length: PING_SINK_LEN,
             },
         };
-        self.launch(route, dst, hdr, Vec::new(), Purpose::PingGet(PingId(id)));
+        self.launch(route, hdr, Vec::new(), Purpose::PingGet(PingId(id)));
         self.process(now);
         Ok(PingId(id))
     }
@@ -331,6 +391,7 @@ impl LnetNode {
     pub fn shutdown(&mut self, now: Instant) {
         self.advance(now);
         self.shutting_down = true;
+        self.drop_waiting_forwards(FwdDrop::Shutdown);
         for ni in &mut self.nis {
             ni.ep.shutdown(now);
         }
@@ -343,6 +404,7 @@ impl LnetNode {
             && self.nis.iter().all(|n| n.ep.is_shut_down())
             && self.msgs.is_empty()
             && self.local.is_empty()
+            && self.fwds.is_empty()
     }
 
     // ------------------------------------------------------------------ driver
@@ -378,16 +440,13 @@ impl LnetNode {
                 break;
             }
             self.ping_deadlines.remove(&(at, id));
-            if let Some(p) = self.pings.remove(&id) {
-                debug!(target = %p.target, "ping timed out");
+            if self.pings.contains_key(&id) {
+                debug!(id, "ping timed out");
                 self.count_error(&LnetError::Timeout);
-                self.events.push_back(LnetEvent::PingDone {
-                    id: PingId(id),
-                    target: p.target,
-                    result: Err(LnetError::Timeout),
-                });
+                self.complete_ping(id, Err(LnetError::Timeout));
             }
         }
+        self.ping_gateways();
         self.process(now);
     }
 
@@ -411,6 +470,10 @@ impl LnetNode {
             while let Some(m) = self.local.pop_front() {
                 progressed = true;
                 self.deliver_local(m);
+            }
+            while let Some(key) = self.fwd_ready.pop_front() {
+                progressed = true;
+                self.commit_forward(key);
             }
             if !progressed {
                 break;
@@ -437,7 +500,8 @@ impl LnetNode {
         let lnd = self.nis.iter().filter_map(|n| n.ep.poll_timeout()).min();
         let ping = self.ping_deadlines.first().map(|&(t, _)| t);
         let aging = self.peer_ages.next_deadline();
-        [lnd, ping, aging].into_iter().flatten().min()
+        let gateways = self.gateways.next_deadline();
+        [lnd, ping, aging, gateways].into_iter().flatten().min()
     }
 
     /// NI `ni`'s LND endpoint (read-only: stats, peers, connections).
@@ -453,10 +517,20 @@ impl LnetNode {
         }
     }
 
-    /// NI `ni`'s endpoint, for unit tests that play a misbehaving sender below LNet.
+    /// Sends `hdr` as it is to peer `next` through NI `ni`, for unit tests that play a
+    /// misbehaving sender (a header LNet would never build).
     #[cfg(test)]
-    pub(crate) fn endpoint_mut(&mut self, ni: NiIndex) -> Option<&mut Endpoint> {
-        self.nis.get_mut(ni.0).map(|n| &mut n.ep)
+    pub(crate) fn send_raw(
+        &mut self,
+        now: Instant,
+        ni: NiIndex,
+        next: Nid,
+        hdr: LnetHdr,
+        payload: Vec<u8>,
+    ) {
+        self.advance(now);
+        self.launch(Route::Remote { ni: ni.0, next }, hdr, payload, Purpose::Response);
+        self.process(now);
     }
 
     /// The next message NI `ni` recorded, oldest first.
@@ -560,16 +634,65 @@ impl LnetNode {
         self.node_nids.contains(&nid)
     }
 
-    /// Route selection for this slice: ourselves in memory, else the first NI on `dst`'s net.
-    fn route(&self, dst: Nid) -> Result<Route, LnetError> {
+    /// Where a message to `dst` goes (lnet_select_pathway, without Multi-Rail): ourselves in
+    /// memory; a peer on the net of one of our NIs directly; a peer on a sibling runtime's net
+    /// through that runtime; else through the best live route's gateway
+    /// ([`RouteTable::select`]), which this call records as used (round robin).
+    fn route(&mut self, dst: Nid) -> Result<Route, LnetError> {
         if dst == Nid::LO_0 || self.is_own(dst) {
             return Ok(Route::Local(dst));
         }
-        self.nis
-            .iter()
-            .position(|n| n.nid.net() == dst.net())
-            .map(Route::Remote)
-            .ok_or(LnetError::NoRoute(dst))
+        if let Some(ni) = self.ni_on(dst.net()) {
+            return Ok(Route::Remote { ni, next: dst });
+        }
+        if self.node_nids.iter().any(|n| n.net() == dst.net()) {
+            return Ok(Route::Sibling(dst.net()));
+        }
+        let chosen = {
+            let (nis, peers, gateways, used) =
+                (&self.nis, &self.peers, &self.gateways, &self.route_used);
+            let node_nids = &self.node_nids;
+            self.routes
+                .select(
+                    dst.net(),
+                    |gw| {
+                        if nis.iter().any(|n| n.nid.net() == gw.net()) {
+                            let p = peers.get(&gw);
+                            Some(GatewayState {
+                                alive: true,
+                                queued_bytes: p.map_or(0, |p| p.txqnob),
+                                credits: p.map_or(i64::MAX, |p| p.tx_credits),
+                            })
+                        } else if node_nids.iter().any(|n| n.net() == gw.net()) {
+                            // A sibling's gateway: usable, after our own at equal rank.
+                            Some(GatewayState {
+                                alive: true,
+                                queued_bytes: u64::MAX,
+                                credits: i64::MIN,
+                            })
+                        } else {
+                            None
+                        }
+                    },
+                    |gw| used.get(&gw).copied().unwrap_or(0),
+                    |r| !gateways.is_gateway(r.gateway) || gateways.route_alive(r),
+                )
+                .map(|r| r.gateway)
+        };
+        let Some(gw) = chosen else {
+            return Err(LnetError::NoRoute(dst));
+        };
+        self.route_seq += 1;
+        self.route_used.insert(gw, self.route_seq);
+        Ok(match self.ni_on(gw.net()) {
+            Some(ni) => Route::Remote { ni, next: gw },
+            None => Route::Sibling(gw.net()),
+        })
+    }
+
+    /// Our first NI on `net`.
+    fn ni_on(&self, net: Net) -> Option<usize> {
+        self.nis.iter().position(|n| n.nid.net() == net)
     }
 
     /// Routes a new user message and checks what the path can carry; a refusal is counted.
@@ -580,7 +703,10 @@ impl LnetNode {
             self.route(dst).and_then(|r| {
                 let max = match r {
                     Route::Local(_) => LNET_MTU as usize,
-                    Route::Remote(_) => MAX_INLINE,
+                    Route::Remote { .. } => MAX_INLINE,
+                    // The daemon hands a user's message to the runtime on the right net; a
+                    // runtime does not relay its own user's messages through a sibling.
+                    Route::Sibling(_) => return Err(LnetError::NoRoute(dst)),
                 };
                 if len > max {
                     Err(LnetError::PayloadTooLarge { len, max })
@@ -598,7 +724,9 @@ impl LnetNode {
     fn src_nid(&self, route: Route) -> Nid {
         match route {
             Route::Local(src) => src,
-            Route::Remote(ni) => self.nis[ni].nid,
+            Route::Remote { ni, .. } => self.nis[ni].nid,
+            // Not sent from here (see `route_checked`).
+            Route::Sibling(_) => Nid::ANY,
         }
     }
 
@@ -622,7 +750,7 @@ impl LnetNode {
                 return None;
             }
             n.peers += 1;
-            let mut p = PeerNi::new(nid, NiIndex(ni), n.peer_credits, now);
+            let mut p = PeerNi::new(nid, NiIndex(ni), n.peer_credits, n.rtr_credits, now);
             // A peer forgotten while its connection stayed up learns its state from the LND.
             if n.ep.peer(nid).is_some_and(|v| v.up) {
                 p.state = PeerState::Up;
@@ -659,7 +787,8 @@ impl LnetNode {
         self.peer_ages.insert(next, nid);
     }
 
-    fn launch(&mut self, route: Route, dst: Nid, hdr: LnetHdr, payload: Vec<u8>, purpose: Purpose) {
+    /// Starts a message on `route` (never `Route::Sibling`: callers hand those over).
+    fn launch(&mut self, route: Route, hdr: LnetHdr, payload: Vec<u8>, purpose: Purpose) {
         self.alloc_msg();
         match route {
             Route::Local(_) => self.local.push_back(LocalMsg {
@@ -667,10 +796,24 @@ impl LnetNode {
                 payload,
                 purpose,
             }),
-            Route::Remote(ni) => {
-                let known = self.peer_entry(dst, ni).is_some();
+            Route::Sibling(_) => {
                 let cookie = self.msgs.insert(OutMsg {
-                    peer: dst,
+                    peer: hdr.dest_nid,
+                    ni: 0,
+                    hdr,
+                    len: payload.len(),
+                    payload,
+                    purpose,
+                    peer_credit: false,
+                    ni_credit: false,
+                });
+                self.refused
+                    .push_back((cookie, LnetError::NoRoute(hdr.dest_nid)));
+            }
+            Route::Remote { ni, next } => {
+                let known = self.peer_entry(next, ni).is_some();
+                let cookie = self.msgs.insert(OutMsg {
+                    peer: next,
                     ni,
                     hdr,
                     len: payload.len(),
@@ -683,7 +826,7 @@ impl LnetNode {
                     self.post_send(cookie);
                 } else {
                     // Finished in `process` with a status, holding no credit.
-                    let e = LnetError::Refused(SendError::PeerTableFull(dst));
+                    let e = LnetError::Refused(SendError::PeerTableFull(next));
                     self.refused.push_back((cookie, e));
                 }
             }
@@ -755,13 +898,24 @@ impl LnetNode {
         }
         match m.purpose {
             Purpose::Put(id) => self.events.push_back(LnetEvent::PutDone { id, result }),
-            Purpose::PingGet(PingId(id)) => {
+            Purpose::PingGet(PingId(id)) | Purpose::GatewayPing(PingId(id)) => {
                 if let Err(e) = result {
                     // The GET never made it: fail the ping now rather than at its timeout.
                     self.complete_ping(id, Err(e));
                 }
             }
             Purpose::Response => {}
+            Purpose::Forward { origin, key } => {
+                if self.nis.iter().any(|n| n.nid == origin) {
+                    self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
+                } else {
+                    self.handovers.push_back(Handover::Done {
+                        origin,
+                        key,
+                        result,
+                    });
+                }
+            }
         }
     }
 
@@ -821,18 +975,28 @@ impl LnetNode {
                 payload,
                 rx,
             } => {
-                // The contract: hand every received message back exactly once. Nothing here
-                // delays a message, so its slot and credit go back at once.
-                self.nis[ni].ep.recv_done(now, rx);
+                // The contract: hand every received message back exactly once. A message for
+                // us goes back at once; one for another node when it has a router buffer
+                // (`forward_recv`).
                 if let Some(p) = self.peer_entry(from, ni) {
                     p.recv_count += 1;
                 }
-                self.parse(Some(ni), from, hdr, payload);
+                if hdr.src_nid != from && self.gateways.is_gateway(from) {
+                    // Passive revival: a gateway forwarding to us is alive (lnet_parse).
+                    self.gateways.notify(from, true);
+                }
+                if hdr.dest_nid == self.nis[ni].nid {
+                    self.nis[ni].ep.recv_done(now, rx);
+                    self.parse(Some(ni), from, hdr, payload);
+                } else {
+                    self.forward_recv(ni, from, hdr, payload, rx);
+                }
             }
             LndEvent::SendDone { cookie, result, .. } => {
                 self.finish_out(cookie, result.map_err(LnetError::Lnd));
             }
             LndEvent::PeerUp { nid } => {
+                self.gateways.notify(nid, true);
                 if let Some(p) = self.peer_entry(nid, ni) {
                     p.state = PeerState::Up;
                 }
@@ -842,6 +1006,9 @@ impl LnetNode {
                 });
             }
             LndEvent::PeerDown { nid, reason } => {
+                if self.gateways.notify(nid, false) {
+                    self.reroute_queued(nid);
+                }
                 if let Some(p) = self.peer_entry(nid, ni) {
                     p.state = PeerState::Down;
                 }
@@ -875,10 +1042,13 @@ impl LnetNode {
     /// local when `None`).
     fn parse(&mut self, via: Option<usize>, from: Nid, hdr: LnetHdr, mut payload: Vec<u8>) {
         self.alloc_msg();
-        let for_me = self.is_own(hdr.dest_nid) || (via.is_none() && hdr.dest_nid == Nid::LO_0);
+        let for_me = match via {
+            Some(ni) => hdr.dest_nid == self.nis[ni].nid,
+            None => self.is_own(hdr.dest_nid) || hdr.dest_nid == Nid::LO_0,
+        };
         let announced = hdr.payload_length as usize;
         let verdict = if !for_me {
-            // Not ours, and no forwarding in this slice.
+            // `on_lnd_event` sends everything else to `forward_recv`.
             Err("not addressed to us")
         } else if payload.len() < announced {
             Err("payload shorter than its header says")
@@ -1002,7 +1172,12 @@ impl LnetNode {
         };
         let src = match route {
             Route::Local(_) => req.dest_nid,
-            Route::Remote(ni) => self.nis[ni].nid,
+            Route::Remote { ni, .. } => self.nis[ni].nid,
+            Route::Sibling(_) => {
+                // The way back is through another runtime's NI: not for a response of ours.
+                self.count_error(&LnetError::NoRoute(dst));
+                return;
+            }
         };
         let hdr = LnetHdr {
             dest_nid: dst,
@@ -1012,17 +1187,489 @@ impl LnetNode {
             payload_length: len,
             body,
         };
-        self.launch(route, dst, hdr, payload, Purpose::Response);
+        self.launch(route, hdr, payload, Purpose::Response);
     }
 
     fn complete_ping(&mut self, id: u64, result: Result<PingReply, LnetError>) {
         if let Some(p) = self.pings.remove(&id) {
             self.ping_deadlines.remove(&(p.deadline, id));
+            if p.gateway {
+                if let Err(e) = &result {
+                    debug!(gateway = %p.target, "gateway ping failed: {e}");
+                }
+                if self.gateways.ping_done(p.target, id, result.as_ref().ok()) {
+                    self.reroute_queued(p.target);
+                }
+                return;
+            }
             self.events.push_back(LnetEvent::PingDone {
                 id: PingId(id),
                 target: p.target,
                 result,
             });
+        }
+    }
+
+    // ------------------------------------------------------------------ router pinger
+
+    /// Pings every gateway that is due (`alive_router_check_interval`), with
+    /// `router_ping_timeout`. Never one of our own NIDs: a gateway is never ours (routes are
+    /// checked), and a ping to ourselves would not go through an LND anyway.
+    fn ping_gateways(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        let now = self.now;
+        let mut next = self.next_ping;
+        let nis: Vec<Net> = self.nis.iter().map(|n| n.nid.net()).collect();
+        let due = self.gateways.due(
+            now,
+            |g| nis.contains(&g.net()),
+            || {
+                let id = next;
+                next += 1;
+                id
+            },
+        );
+        self.next_ping = next;
+        let timeout = self.gateways.config().ping_timeout;
+        for (gw, id) in due {
+            let Some(ni) = self.ni_on(gw.net()) else {
+                continue;
+            };
+            let deadline = now.saturating_add(timeout);
+            self.pings.insert(
+                id,
+                PendingPing {
+                    target: gw,
+                    deadline,
+                    gateway: true,
+                },
+            );
+            self.ping_deadlines.insert((deadline, id));
+            let hdr = LnetHdr {
+                dest_nid: gw,
+                src_nid: self.nis[ni].nid,
+                dest_pid: LNET_PID_LUSTRE,
+                src_pid: self.pid,
+                payload_length: 0,
+                body: LnetBody::Get {
+                    return_wmd: WireHandle {
+                        interface_cookie: self.interface_cookie,
+                        object_cookie: id,
+                    },
+                    match_bits: LNET_PING_MATCHBITS,
+                    ptl_index: LNET_RESERVED_PORTAL,
+                    src_offset: 0,
+                    sink_length: PING_SINK_LEN,
+                },
+            };
+            trace!(gateway = %gw, "router ping");
+            self.launch(
+                Route::Remote { ni, next: gw },
+                hdr,
+                Vec::new(),
+                Purpose::GatewayPing(PingId(id)),
+            );
+        }
+    }
+
+    /// Gateway `gw` just died: the routed messages still waiting in LNet for one of its
+    /// credits (never handed to its LND, so never sent) go by another route now, or fail with
+    /// no route; those already in its LND end there (completion or LND timeout).
+    fn reroute_queued(&mut self, gw: Nid) {
+        let Some(p) = self.peers.get_mut(&gw) else {
+            return;
+        };
+        let queued: Vec<u64> = p.txq.drain(..).collect();
+        p.txqnob = 0;
+        let mut keep = VecDeque::new();
+        let mut moved = Vec::new();
+        for cookie in queued {
+            match self.msgs.get(&cookie) {
+                Some(m) if m.hdr.dest_nid != gw => moved.push(cookie),
+                Some(_) => keep.push_back(cookie),
+                None => {}
+            }
+        }
+        if let Some(p) = self.peers.get_mut(&gw) {
+            // Each moved message had taken a credit it never used.
+            p.tx_credits += moved.len() as i64;
+            for &c in &keep {
+                let len = self.msgs.get(&c).map_or(0, |m| m.len);
+                p.txqnob += (len + LNET_HDR_LEN) as u64;
+            }
+            p.txq = keep;
+        }
+        if !moved.is_empty() {
+            debug!(gateway = %gw, messages = moved.len(), "rerouting messages queued for a dead gateway");
+        }
+        for cookie in moved {
+            let Some(m) = self.msgs.remove(&cookie) else {
+                continue;
+            };
+            self.free_msg();
+            match self.route(m.hdr.dest_nid) {
+                Ok(r @ Route::Remote { .. }) => self.launch(r, m.hdr, m.payload, m.purpose),
+                _ => {
+                    let cookie = self.msgs.insert(OutMsg {
+                        peer_credit: false,
+                        ni_credit: false,
+                        ..m
+                    });
+                    self.alloc_msg();
+                    let dest = self.msgs.get(&cookie).map_or(gw, |m| m.hdr.dest_nid);
+                    self.refused.push_back((cookie, LnetError::NoRoute(dest)));
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ forwarding
+
+    /// A message for another node arrived on NI `ni` from `from` (lnet_parse with `for_me`
+    /// false, then lnet_post_routed_recv_locked). It keeps its LND slot until it has a router
+    /// credit of its sender and a buffer.
+    fn forward_recv(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: LnetHdr,
+        mut payload: Vec<u8>,
+        rx: RxToken,
+    ) {
+        let now = self.now;
+        self.fwd.received += 1;
+        let dest = hdr.dest_nid;
+        let announced = hdr.payload_length as usize;
+        let class = PoolClass::for_len(announced);
+        let why = if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) {
+            // It should have gone directly: the sender is confused, and Lustre closes its
+            // connection (-EPROTO).
+            Some(FwdDrop::WrongNet)
+        } else if dest.net() == Net::LO || dest.is_any() {
+            Some(FwdDrop::WrongNet)
+        } else if !self.routing {
+            Some(FwdDrop::RoutingDisabled)
+        } else if self.shutting_down {
+            Some(FwdDrop::Shutdown)
+        } else if payload.len() < announced || class.is_none() {
+            Some(FwdDrop::Malformed)
+        } else {
+            None
+        };
+        let (Some(class), None) = (class, why) else {
+            let why = why.unwrap_or(FwdDrop::Malformed);
+            if why == FwdDrop::WrongNet {
+                self.nis[ni].ep.recv_failed(now, rx);
+            } else {
+                self.nis[ni].ep.recv_done(now, rx);
+            }
+            debug!(%from, %dest, %why, "not forwarding a message");
+            self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
+            return;
+        };
+        payload.truncate(announced);
+        let key = self
+            .fwds
+            .insert(Fwd {
+                from,
+                ni,
+                hdr,
+                payload,
+                rx: Some(rx),
+                class,
+                rtr_credit: false,
+                buffer: false,
+            })
+            .as_u64();
+        self.fwd.in_flight += 1;
+        self.take_rtr_credit(key);
+    }
+
+    /// The sender's router credit (lpni_rtrcredits); negative: wait on its queue.
+    fn take_rtr_credit(&mut self, key: u64) {
+        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
+            return;
+        };
+        if let Some(p) = self.peers.get_mut(&f.from) {
+            f.rtr_credit = true;
+            p.rtr_credits -= 1;
+            p.min_rtr_credits = p.min_rtr_credits.min(p.rtr_credits);
+            if p.rtr_credits < 0 {
+                p.rtrq.push_back(key);
+                self.fwd.waited_rtr_credit += 1;
+                return;
+            }
+        }
+        // (A sender the peer table had no room for is limited by the pools alone.)
+        self.take_router_buffer(key);
+    }
+
+    /// A buffer of the message's pool (rbp_credits); negative: wait on the pool.
+    fn take_router_buffer(&mut self, key: u64) {
+        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
+            return;
+        };
+        f.buffer = true;
+        let pool = self.pools.get_mut(f.class);
+        pool.credits -= 1;
+        pool.min_credits = pool.min_credits.min(pool.credits);
+        if pool.credits < 0 {
+            pool.waiting.push_back(key);
+            self.fwd.waited_buffer += 1;
+            return;
+        }
+        self.fwd_ready.push_back(key);
+    }
+
+    /// The message has its credit and buffer: its LND slot goes back (the sender's credit
+    /// with it), and it leaves through the egress NI, here or in a sibling runtime.
+    fn commit_forward(&mut self, key: u64) {
+        let now = self.now;
+        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
+            return;
+        };
+        let ni = f.ni;
+        let rx = f.rx.take();
+        let hdr = f.hdr;
+        let payload = std::mem::take(&mut f.payload);
+        if let Some(rx) = rx {
+            self.nis[ni].ep.recv_done(now, rx);
+        }
+        let origin = self.nis[ni].nid;
+        match self.route(hdr.dest_nid) {
+            Ok(r @ Route::Remote { .. }) => {
+                self.launch(r, hdr, payload, Purpose::Forward { origin, key });
+            }
+            Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
+                via,
+                origin,
+                key,
+                hdr,
+                payload,
+            }),
+            Ok(Route::Local(_)) | Err(_) => {
+                self.count_error(&LnetError::NoRoute(hdr.dest_nid));
+                self.forward_done(key, Err(FwdDrop::NoRoute));
+            }
+        }
+    }
+
+    /// The egress is done with held message `key`: count the outcome, and give back its
+    /// buffer and router credit, each to the oldest message waiting for one
+    /// (lnet_return_rx_credits_locked).
+    fn forward_done(&mut self, key: u64, result: Result<(), FwdDrop>) {
+        let now = self.now;
+        let Some(f) = self.fwds.remove(Handle::from_u64(key)) else {
+            debug!(key, "completion for an unknown forwarded message");
+            return;
+        };
+        self.fwd.in_flight = self.fwd.in_flight.saturating_sub(1);
+        let len = u64::from(f.hdr.payload_length);
+        match result {
+            Ok(()) => {
+                self.fwd.forwarded += 1;
+                self.fwd.forwarded_bytes += len;
+                self.stats.route_count += 1;
+                self.stats.route_length += len;
+            }
+            Err(why) => self.count_forward_drop(f.ni, f.from, len, why),
+        }
+        if let Some(rx) = f.rx {
+            self.nis[f.ni].ep.recv_done(now, rx);
+        }
+        if f.buffer {
+            let pool = self.pools.get_mut(f.class);
+            pool.credits += 1;
+            if pool.credits <= 0 {
+                if let Some(next) = pool.waiting.pop_front() {
+                    self.fwd_ready.push_back(next);
+                }
+            }
+        }
+        if f.rtr_credit {
+            if let Some(p) = self.peers.get_mut(&f.from) {
+                p.rtr_credits += 1;
+                if p.rtr_credits <= 0 {
+                    if let Some(next) = p.rtrq.pop_front() {
+                        self.take_router_buffer(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn count_forward_drop(&mut self, ni: usize, from: Nid, len: u64, why: FwdDrop) {
+        self.fwd.count_drop(why);
+        self.stats.drop_count += 1;
+        self.stats.drop_length += len;
+        self.nis[ni].drop_count += 1;
+        if let Some(p) = self.peers.get_mut(&from) {
+            p.drop_count += 1;
+        }
+    }
+
+    /// Drops every held message still waiting for a router credit or a buffer (routing
+    /// turned off, shutdown): they never got a buffer, so nothing waits behind them.
+    fn drop_waiting_forwards(&mut self, why: FwdDrop) {
+        let mut waiting = Vec::new();
+        for p in self.peers.values_mut() {
+            while let Some(k) = p.rtrq.pop_front() {
+                // Its credit was counted while it waited: undo that here.
+                p.rtr_credits += 1;
+                waiting.push((k, false));
+            }
+        }
+        for class in PoolClass::ALL {
+            let pool = self.pools.get_mut(class);
+            while let Some(k) = pool.waiting.pop_front() {
+                pool.credits += 1;
+                waiting.push((k, true));
+            }
+        }
+        for (k, had_rtr_credit) in waiting {
+            if let Some(f) = self.fwds.get_mut(Handle::from_u64(k)) {
+                if had_rtr_credit {
+                    f.buffer = false;
+                } else {
+                    f.rtr_credit = false;
+                }
+            }
+            self.forward_done(k, Err(why));
+        }
+    }
+
+    // ------------------------------------------------------------------ routing, upper layer
+
+    /// Turns forwarding on or off (`lnetctl set routing 1|0`). Off: messages waiting for a
+    /// credit or a buffer are dropped, those already with an egress finish; our ping replies
+    /// say RTE_DISABLED from now on.
+    pub fn set_routing(&mut self, now: Instant, on: bool) {
+        self.advance(now);
+        if self.routing == on {
+            return;
+        }
+        self.routing = on;
+        self.ping_buffer =
+            ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on));
+        if !on {
+            self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
+        }
+        self.process(now);
+    }
+
+    /// Resizes the router buffer pools (`lnetctl set tiny_buffers|small_buffers|
+    /// large_buffers`): growing admits waiting messages at once; shrinking takes effect as
+    /// buffers come back.
+    pub fn set_buffers(&mut self, now: Instant, class: PoolClass, nbuffers: u32) {
+        self.advance(now);
+        let pool = self.pools.get_mut(class);
+        pool.resize(nbuffers);
+        // Each waiter already counted its credit: as many as the pool is no longer short of
+        // may go (a pool at -3 with 5 waiting admits 2).
+        while pool.waiting.len() as i64 > (-pool.credits).max(0) {
+            let Some(k) = pool.waiting.pop_front() else {
+                break;
+            };
+            self.fwd_ready.push_back(k);
+        }
+        self.process(now);
+    }
+
+    /// Replaces the route table (`lnetctl route add|del`); the gateways follow it.
+    pub fn set_routes(&mut self, now: Instant, routes: RouteTable) {
+        self.advance(now);
+        let mine: Vec<Nid> = routes
+            .gateways()
+            .into_iter()
+            .filter(|g| self.ni_on(g.net()).is_some())
+            .collect();
+        self.gateways.set(&mine, now);
+        self.routes = routes;
+    }
+
+    /// A message from a sibling runtime: a forward to send out of this NI, or the end of one
+    /// of ours that a sibling sent.
+    pub fn handle_handover(&mut self, now: Instant, h: Handover) {
+        self.advance(now);
+        match h {
+            Handover::Forward {
+                origin,
+                key,
+                hdr,
+                payload,
+                ..
+            } => match self.route(hdr.dest_nid) {
+                Ok(r @ Route::Remote { .. }) if !self.shutting_down => {
+                    self.launch(r, hdr, payload, Purpose::Forward { origin, key });
+                }
+                _ => {
+                    let result = Err(if self.shutting_down {
+                        LnetError::Shutdown
+                    } else {
+                        LnetError::NoRoute(hdr.dest_nid)
+                    });
+                    self.handovers.push_back(Handover::Done {
+                        origin,
+                        key,
+                        result,
+                    });
+                }
+            },
+            Handover::Done { key, result, .. } => {
+                self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
+            }
+        }
+        self.process(now);
+    }
+
+    /// The next message for a sibling runtime ([`Handover::target`] says which).
+    pub fn poll_handover(&mut self) -> Option<Handover> {
+        self.handovers.pop_front()
+    }
+
+    /// Forwarding on or off.
+    pub fn routing_enabled(&self) -> bool {
+        self.routing
+    }
+
+    /// The route table.
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    /// Whether a route may be used now, as far as this runtime knows (a route through a
+    /// sibling's gateway: `None`).
+    pub fn route_state(&self, r: &RouteConfig) -> Option<bool> {
+        self.gateways
+            .is_gateway(r.gateway)
+            .then(|| self.gateways.route_alive(r))
+    }
+
+    /// The gateways this runtime watches.
+    pub fn gateways(&self) -> Vec<GatewayInfo> {
+        self.gateways.info()
+    }
+
+    /// `routing show`: forwarding, the pools, the books.
+    pub fn routing_info(&self) -> RoutingInfo {
+        RoutingInfo {
+            enabled: self.routing,
+            pools: PoolClass::ALL
+                .iter()
+                .map(|&c| {
+                    let p = &self.pools.0[c.index()];
+                    PoolInfo {
+                        class: c,
+                        npages: c.npages(),
+                        nbuffers: p.nbuffers,
+                        credits: p.credits,
+                        min_credits: p.min_credits,
+                    }
+                })
+                .collect(),
+            stats: self.fwd.clone(),
         }
     }
 }
@@ -1049,6 +1696,7 @@ impl Ni {
             peer_timeout: c.peer_timeout,
             peer_limit: c.peer_limit,
             peers: 0,
+            rtr_credits: c.effective_rtr_credits(),
         }
     }
 }

@@ -31,16 +31,33 @@ pub(crate) struct PeerNi {
     pub drop_count: u64,
     /// The last traffic to or from it, for aging.
     pub last_active: Instant,
+    /// Router credits (lpni_rtrcredits, from peer_buffer_credits): router buffers its
+    /// messages for other nodes may hold at once here; negative = that many wait on `rtrq`.
+    pub max_rtr_credits: i64,
+    pub rtr_credits: i64,
+    pub min_rtr_credits: i64,
+    /// Its messages for other nodes waiting for a router credit (keys of held messages).
+    pub rtrq: VecDeque<u64>,
 }
 
 impl PeerNi {
     /// True when it holds nothing: every credit back and nothing waiting.
     pub fn is_idle(&self) -> bool {
-        self.tx_credits == self.max_tx_credits && self.txq.is_empty()
+        self.tx_credits == self.max_tx_credits
+            && self.txq.is_empty()
+            && self.rtr_credits == self.max_rtr_credits
+            && self.rtrq.is_empty()
     }
 
-    pub fn new(nid: Nid, ni: NiIndex, peer_credits: u32, now: Instant) -> PeerNi {
+    pub fn new(
+        nid: Nid,
+        ni: NiIndex,
+        peer_credits: u32,
+        rtr_credits: u32,
+        now: Instant,
+    ) -> PeerNi {
         let c = i64::from(peer_credits);
+        let r = i64::from(rtr_credits);
         PeerNi {
             nid,
             ni,
@@ -54,6 +71,10 @@ impl PeerNi {
             recv_count: 0,
             drop_count: 0,
             last_active: now,
+            max_rtr_credits: r,
+            rtr_credits: r,
+            min_rtr_credits: r,
+            rtrq: VecDeque::new(),
         }
     }
 
@@ -68,8 +89,8 @@ impl PeerNi {
             available_tx_credits: self.tx_credits,
             min_tx_credits: self.min_tx_credits,
             tx_q_num_of_buf: self.txqnob,
-            available_rtr_credits: self.max_tx_credits,
-            min_rtr_credits: self.max_tx_credits,
+            available_rtr_credits: self.rtr_credits,
+            min_rtr_credits: self.min_rtr_credits,
             send_count: self.send_count,
             recv_count: self.recv_count,
             drop_count: self.drop_count,

@@ -9,9 +9,19 @@ use lnd::wire::kib::MSG_SIZE;
 use lnd::wire::ping::{feat, status, PING_HDR_LEN};
 use lnd::wire::{ByteOrder, NiStatus, Nid, PingInfo, WireError};
 
-/// Features we advertise: the base set and NI status; RTE_DISABLED because this slice does not
-/// forward (a router would clear it). No Multi-Rail, no discovery.
+/// Features we advertise when we do not route: the base set, NI status, and RTE_DISABLED (a
+/// node that routes clears it, so that nodes using it as a gateway know it forwards). No
+/// Multi-Rail, no discovery.
 pub const OUR_FEATURES: u32 = feat::BASE | feat::NI_STATUS | feat::RTE_DISABLED;
+
+/// Our features: [`OUR_FEATURES`], without RTE_DISABLED when we route.
+pub fn our_features(routing: bool) -> u32 {
+    if routing {
+        OUR_FEATURES & !feat::RTE_DISABLED
+    } else {
+        OUR_FEATURES
+    }
+}
 
 /// NIs a ping reply may list before we stop reading it (ours: sizes the GET's sink so the GET and
 /// its REPLY both travel inline in one 4 KiB o2iblnd message).
@@ -38,10 +48,19 @@ pub struct PingReply {
     pub features: u32,
     /// Whether it advertises Multi-Rail.
     pub multi_rail: bool,
+    /// The NIDs it lists with status DOWN (a router's NIs that lost their net).
+    pub down_nids: Vec<Nid>,
+}
+
+impl PingReply {
+    /// The peer says it does not forward (LNET_PING_FEAT_RTE_DISABLED).
+    pub fn routing_disabled(&self) -> bool {
+        self.features & feat::RTE_DISABLED != 0
+    }
 }
 
 /// Encodes our ping buffer for NIs `nids` with PID `pid`.
-pub(crate) fn ping_buffer(pid: u32, nids: &[Nid]) -> Vec<u8> {
+pub(crate) fn ping_buffer(pid: u32, nids: &[Nid], features: u32) -> Vec<u8> {
     let mut entries = Vec::with_capacity(nids.len() + 1);
     entries.push(NiStatus {
         nid: Nid::LO_0,
@@ -53,7 +72,7 @@ pub(crate) fn ping_buffer(pid: u32, nids: &[Nid]) -> Vec<u8> {
         status: status::UP,
         msg_size: MSG_SIZE as u32,
     }));
-    let info = PingInfo::new(OUR_FEATURES, pid, &entries);
+    let info = PingInfo::new(features, pid, &entries);
     let mut out = vec![0u8; info.wire_len()];
     // The buffer is sized by wire_len, so emitting cannot fail.
     let n = info.emit(&mut out, ByteOrder::Little).unwrap_or(0);
@@ -71,9 +90,17 @@ pub(crate) fn parse_reply(target: Nid, payload: &[u8]) -> Result<PingReply, Wire
         .filter(|&nid| nid != Nid::LO_0)
         .take(MAX_PING_NIS)
         .collect();
+    let down_nids = info
+        .nis
+        .iter()
+        .filter(|ni| ni.nid != Nid::LO_0 && ni.status == status::DOWN)
+        .map(|ni| ni.nid)
+        .take(MAX_PING_NIS)
+        .collect();
     Ok(PingReply {
         primary_nid: nids.first().copied().unwrap_or(target),
         nids,
+        down_nids,
         pid: info.pid,
         features: info.features,
         multi_rail: info.features & feat::MULTI_RAIL != 0,
@@ -88,7 +115,7 @@ mod tests {
     fn buffer_round_trips_and_omits_lo() {
         let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
         let b: Nid = "10.0.1.1@o2ib1".parse().unwrap();
-        let buf = ping_buffer(12345, &[a, b]);
+        let buf = ping_buffer(12345, &[a, b], OUR_FEATURES);
         assert_eq!(buf.len(), PING_HDR_LEN + 3 * 16);
         let (info, _) = PingInfo::parse(&buf).unwrap();
         let first = info.nis.get(0).unwrap();

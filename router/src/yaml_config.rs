@@ -38,7 +38,11 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use crate::config::{NiConfig, NodeConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS};
+use crate::config::{
+    BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+};
+use crate::gateway::GatewayHealthConfig;
+use crate::routes::{RouteConfig, RouteError, RouteTable};
 
 /// Microseconds an NI's fabric busy-polls before sleeping, unless `busy poll us` says otherwise.
 pub const DEFAULT_BUSY_POLL_US: u32 = 50;
@@ -85,7 +89,8 @@ pub struct NiSettings {
     pub handshake_limit: u32,
     /// `tunables: peer_timeout` (seconds; shown by `net show -v`, not enforced yet).
     pub peer_timeout: u32,
-    /// `tunables: peer_buffer_credits` (router buffer credits; shown, not used yet).
+    /// `tunables: peer_buffer_credits` (router buffer credits per upstream peer; also in
+    /// `ni.peer_buffer_credits`).
     pub peer_buffer_credits: u32,
     /// The line of the NI's `nid:` key.
     pub line: u64,
@@ -105,6 +110,19 @@ pub struct DaemonConfig {
     pub nets: Vec<NetSettings>,
     /// Where peer NIDs listen on the tcp fabric (ours; the resolver's table).
     pub peers: HashMap<Nid, SocketAddr>,
+    /// `route:`, checked against our NIDs, in file order.
+    pub routes: Vec<RouteSettings>,
+    /// `routing:` and `buffers:`.
+    pub routing: RoutingConfig,
+    /// `routing:`'s router-checking settings.
+    pub gateway_health: GatewayHealthConfig,
+}
+
+/// One `route:` entry and its line.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RouteSettings {
+    pub route: RouteConfig,
+    pub line: u64,
 }
 
 impl DaemonConfig {
@@ -126,22 +144,33 @@ impl DaemonConfig {
                 c
             })
             .collect();
-        NodeConfig::new(nis)
+        NodeConfig {
+            routes: self.routes.iter().map(|r| r.route).collect(),
+            routing: self.routing,
+            gateway_health: self.gateway_health,
+            ..NodeConfig::new(nis)
+        }
     }
 
     /// The node split into one configuration per NI, for one runtime (thread) per NI: each
     /// knows every NID of the node (`NodeConfig::node_nids`), NI `i` gets incarnation
-    /// `incarnation + i` as in [`DaemonConfig::node_config`].
+    /// `incarnation + i` as in [`DaemonConfig::node_config`], every runtime knows every route,
+    /// and each gets an equal share of the router buffers (a runtime is a CPT).
     pub fn ni_node_configs(&self, incarnation: u64) -> Vec<NodeConfig> {
         let whole = self.node_config(incarnation);
         let nids: Vec<Nid> = whole.nis.iter().map(|n| n.nid).collect();
+        let share = whole.routing.buffers.share(whole.nis.len());
         whole
             .nis
-            .into_iter()
+            .iter()
             .map(|ni| NodeConfig {
-                nis: vec![ni],
-                pid: whole.pid,
+                nis: vec![ni.clone()],
                 node_nids: nids.clone(),
+                routing: RoutingConfig {
+                    buffers: share,
+                    ..whole.routing
+                },
+                ..whole.clone()
             })
             .collect()
     }
@@ -155,6 +184,12 @@ impl DaemonConfig {
         let raw = raw.unwrap_or(RawConfig {
             net: None,
             peers: Vec::new(),
+            route: Vec::new(),
+            routing: None,
+            buffers: None,
+            global: None,
+            peer: None,
+            udsp: None,
         });
         let err = |line: u64, message: String| ConfigError::new(origin, Some(line), message);
         let mut cfg = DaemonConfig::default();
@@ -213,6 +248,7 @@ impl DaemonConfig {
                     t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT).max(1),
                 ));
                 c.peer_credits = peer_credits;
+                c.peer_buffer_credits = t.peer_buffer_credits.unwrap_or(0);
                 c.tunables = lnd_tunables(&l, peer_credits as u16).map_err(|(l, m)| err(l, m))?;
                 nis.push(NiSettings {
                     ni: c,
@@ -270,6 +306,72 @@ impl DaemonConfig {
                 return Err(err(line, format!("peer {nid} is listed twice")));
             }
         }
+        let own: Vec<Nid> = cfg.nis().map(|(_, ni)| ni.ni.nid).collect();
+        let mut table = RouteTable::default();
+        for r in raw.route {
+            let line = r.net.referenced.line();
+            let net: Net = r
+                .net
+                .value
+                .parse()
+                .map_err(|e| err(line, format!("route: bad 'net': {e}")))?;
+            let hops = match r.hop {
+                None => None,
+                Some(h) if h.value == -1 => None,
+                Some(h) => match u8::try_from(h.value) {
+                    Ok(v) if v >= 1 => Some(v),
+                    _ => {
+                        return Err(err(
+                            h.referenced.line(),
+                            format!("route: {}", RouteError::BadHops(h.value)),
+                        ))
+                    }
+                },
+            };
+            let route = RouteConfig {
+                net,
+                gateway: r.gateway.value.0,
+                hops,
+                priority: r.priority.map_or(0, |p| p.value),
+            };
+            table.add(route, &own).map_err(|e| {
+                err(
+                    line,
+                    format!("route to {net} via {}: {e}", route.gateway),
+                )
+            })?;
+            cfg.routes.push(RouteSettings { route, line });
+        }
+        if let Some(b) = raw.buffers {
+            let d = BufferCounts::default();
+            let big = 10_000_000;
+            cfg.routing.buffers = BufferCounts {
+                tiny: checked(&b.tiny, d.tiny, 1, big, "buffers: tiny").map_err(|(l, m)| err(l, m))?,
+                small: checked(&b.small, d.small, 1, big, "buffers: small")
+                    .map_err(|(l, m)| err(l, m))?,
+                large: checked(&b.large, d.large, 1, big, "buffers: large")
+                    .map_err(|(l, m)| err(l, m))?,
+            };
+        }
+        if let Some(r) = raw.routing {
+            cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
+            let d = GatewayHealthConfig::default();
+            let secs = |v: &Option<Spanned<u32>>, def: Duration, key: &str| {
+                checked(v, def.as_secs() as u32, 0, 86_400, key)
+                    .map(|s| Duration::from_secs(u64::from(s)))
+                    .map_err(|(l, m)| err(l, m))
+            };
+            cfg.gateway_health = GatewayHealthConfig {
+                check_interval: secs(
+                    &r.alive_router_check_interval,
+                    d.check_interval,
+                    "alive_router_check_interval",
+                )?,
+                ping_timeout: secs(&r.router_ping_timeout, d.ping_timeout, "router_ping_timeout")?
+                    .max(Duration::from_secs(1)),
+                avoid_asym: r.avoid_asym_router_failure.map_or(d.avoid_asym, |s| s.0),
+            };
+        }
         Ok(cfg)
     }
 
@@ -321,11 +423,82 @@ impl std::error::Error for ConfigError {}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored sections are only checked, never read
 struct RawConfig {
     #[serde(default)]
     net: Option<Spanned<Vec<RawNet>>>,
     #[serde(default)]
     peers: Vec<RawPeer>,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+    #[serde(default)]
+    routing: Option<RawRouting>,
+    #[serde(default)]
+    buffers: Option<RawBuffers>,
+    // Written by `lnetctl export`, meaningless here (no Multi-Rail peers, no UDSP; the
+    // global settings that matter to us are ulnet's own keys).
+    #[serde(default)]
+    global: Option<IgnoredAny>,
+    #[serde(default)]
+    peer: Option<IgnoredAny>,
+    #[serde(default)]
+    udsp: Option<IgnoredAny>,
+}
+
+/// A `route:` entry, as `lnetctl export` (and `route show -v`) write it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
+struct RawRoute {
+    net: Spanned<String>,
+    gateway: Spanned<NidValue>,
+    #[serde(default)]
+    hop: Option<Spanned<i64>>,
+    #[serde(default)]
+    priority: Option<Spanned<u32>>,
+    #[serde(default)]
+    health_sensitivity: Option<IgnoredAny>,
+    #[serde(default)]
+    state: Option<IgnoredAny>,
+    #[serde(rename = "type", default)]
+    kind: Option<IgnoredAny>,
+    #[serde(default)]
+    detail: Option<IgnoredAny>,
+    #[serde(default)]
+    seq_no: Option<IgnoredAny>,
+}
+
+/// `routing:`: Lustre's `enable`, and the router-checking module parameters under their
+/// Lustre names.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
+struct RawRouting {
+    #[serde(default)]
+    enable: Option<Switch>,
+    #[serde(default)]
+    alive_router_check_interval: Option<Spanned<u32>>,
+    #[serde(default)]
+    router_ping_timeout: Option<Spanned<u32>>,
+    #[serde(default)]
+    avoid_asym_router_failure: Option<Switch>,
+    #[serde(default)]
+    seq_no: Option<IgnoredAny>,
+}
+
+/// `buffers:`: router buffers of each size, for the whole node.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
+struct RawBuffers {
+    #[serde(default)]
+    tiny: Option<Spanned<u32>>,
+    #[serde(default)]
+    small: Option<Spanned<u32>>,
+    #[serde(default)]
+    large: Option<Spanned<u32>>,
+    #[serde(default)]
+    seq_no: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize)]

@@ -164,6 +164,9 @@ pub struct LndStats {
     pub ungraceful_drops: u64,
     /// Messages refused by the parser, with the connection closed.
     pub bad_msgs: u64,
+    /// Messages LNet refused as a protocol violation (`Endpoint::recv_failed`), with the
+    /// connection closed.
+    pub rx_refused: u64,
     /// Messages whose stamps named another instance (kiblnd "Stale rx").
     pub stale_rx: u64,
     /// Peers that returned more credits than the queue depth.

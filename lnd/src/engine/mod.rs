@@ -563,6 +563,16 @@ impl Endpoint {
         self.check_sends(rx.conn, false);
     }
 
+    /// LNet refused a received message as a protocol violation (lnet_parse returned -EPROTO:
+    /// a message for another node addressed to a peer on the net it arrived on): the slot is
+    /// not reposted and the connection it came on is closed, as o2iblnd closes a connection
+    /// whose receive LNet failed (kiblnd_handle_rx). Counted in `rx_refused`.
+    pub fn recv_failed(&mut self, now: Instant, rx: RxToken) {
+        self.advance(now);
+        self.stats.rx_refused += 1;
+        self.close_conn(rx.conn, Some(DownReason::ProtocolError));
+    }
+
     /// Stops the endpoint: refuses new work, fails queued messages, and closes every connection
     /// gracefully. Keep driving it until [`Endpoint::is_shut_down`].
     pub fn shutdown(&mut self, now: Instant) {

@@ -62,7 +62,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 37] = [
+        let fields: [(&str, u64); 38] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -85,6 +85,7 @@ impl LndCounters {
             ("bytes_sent", s.bytes_sent),
             ("bytes_received", s.bytes_received),
             ("graceful_closes", s.graceful_closes),
+            ("rx_refused", s.rx_refused),
             ("conns_lost", s.conns_lost),
             ("close_timeouts", s.close_timeouts),
             ("ungraceful_drops", s.ungraceful_drops),

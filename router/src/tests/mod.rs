@@ -11,6 +11,8 @@ use proptest::prelude::*;
 
 use crate::*;
 
+mod routing;
+
 fn nid(s: &str) -> Nid {
     s.parse().unwrap()
 }
@@ -87,6 +89,9 @@ struct Fabric {
     next_req: u64,
     /// Connects to a NID no node has are never answered (else: Unreachable at once).
     blackhole: bool,
+    /// Nodes that were killed: nothing reaches them, nothing leaves them, connects to them
+    /// are never answered (a powered-off host).
+    dead: Vec<usize>,
     /// Every event of every node, with the time it was drained.
     events: Vec<Vec<(Instant, LnetEvent)>>,
     actions: Vec<u64>,
@@ -95,6 +100,29 @@ struct Fabric {
 impl Fabric {
     fn new(nodes: &[&[&str]]) -> Fabric {
         Fabric::with(nodes, |_| {})
+    }
+
+    /// Nodes from whole configurations (routes, routing); NI incarnations must be set.
+    fn from_configs(cfgs: Vec<NodeConfig>) -> Fabric {
+        let now = Instant::from_secs(1);
+        let nodes: Vec<LnetNode> = cfgs.into_iter().map(|c| LnetNode::new(c, now)).collect();
+        Fabric::hosting(nodes, now)
+    }
+
+    fn hosting(nodes: Vec<LnetNode>, now: Instant) -> Fabric {
+        let n = nodes.len();
+        Fabric {
+            nodes,
+            now,
+            queue: VecDeque::new(),
+            links: HashMap::new(),
+            pending: HashMap::new(),
+            next_req: 0,
+            blackhole: false,
+            dead: Vec::new(),
+            events: vec![Vec::new(); n],
+            actions: vec![0; n],
+        }
     }
 
     fn with(nodes: &[&[&str]], tweak: impl Fn(&mut NiConfig)) -> Fabric {
@@ -115,22 +143,11 @@ impl Fabric {
                 LnetNode::new(NodeConfig::new(nis), now)
             })
             .collect();
-        let n = nodes.len();
-        Fabric {
-            nodes,
-            now,
-            queue: VecDeque::new(),
-            links: HashMap::new(),
-            pending: HashMap::new(),
-            next_req: 0,
-            blackhole: false,
-            events: vec![Vec::new(); n],
-            actions: vec![0; n],
-        }
+        Fabric::hosting(nodes, now)
     }
 
     fn locate(&self, peer: Nid) -> Option<(usize, usize)> {
-        self.nodes.iter().enumerate().find_map(|(n, node)| {
+        self.nodes.iter().enumerate().filter(|(n, _)| !self.dead.contains(n)).find_map(|(n, node)| {
             node.nids()
                 .iter()
                 .position(|&x| x == peer)
@@ -138,10 +155,36 @@ impl Fabric {
         })
     }
 
+    /// Kills node `n` without a word to anyone: its connections go silent.
+    fn kill(&mut self, n: usize) {
+        self.dead.push(n);
+    }
+
+    /// The runtime a handover from node `from` goes to: a sibling of it (a node whose
+    /// `node_nids` are the same) with the target NID, or an NI on the target net.
+    fn handover_target(&self, from: usize, h: &Handover) -> Option<usize> {
+        let family = self.nodes[from].node_nids().to_vec();
+        self.nodes.iter().position(|node| {
+            node.node_nids() == family.as_slice()
+                && match h.target() {
+                    HandoverTarget::Nid(nid) => node.nids().contains(&nid),
+                    HandoverTarget::Net(net) => node.nids().iter().any(|n| n.net() == net),
+                }
+        })
+    }
+
     fn drain(&mut self) {
         for n in 0..self.nodes.len() {
+            while let Some(h) = self.nodes[n].poll_handover() {
+                let to = self.handover_target(n, &h).expect("a sibling for the handover");
+                let now = self.now;
+                self.nodes[to].handle_handover(now, h);
+            }
             while let Some((NiIndex(ni), a)) = self.nodes[n].poll_action() {
                 self.actions[n] += 1;
+                if self.dead.contains(&n) {
+                    continue;
+                }
                 self.apply(n, ni, a);
             }
             while let Some(e) = self.nodes[n].poll_event() {
@@ -165,7 +208,7 @@ impl Fabric {
                     self.queue
                         .push_back((tn, tni, Ev::ConnectRequest { req, private }));
                 }
-                None if self.blackhole => {}
+                None if self.blackhole || self.is_dead_nid(peer) => {}
                 None => {
                     let why = ConnectFailure::Unreachable;
                     self.queue
@@ -198,6 +241,9 @@ impl Fabric {
             }
             FabricAction::Send { conn, wr, bytes } => {
                 let status = match self.links.get(&(n, ni, conn)) {
+                    // A dead peer's HCA answers nothing: the send hangs until the transport
+                    // gives up, which this fabric leaves to the LND's timeouts.
+                    Some(&(tn, _, _)) if self.dead.contains(&tn) => return,
                     Some(&(tn, tni, tconn)) => {
                         self.queue.push_back((
                             tn,
@@ -240,7 +286,9 @@ impl Fabric {
         for _ in 0..1_000_000 {
             self.drain();
             if let Some((n, ni, ev)) = self.queue.pop_front() {
-                self.nodes[n].handle_fabric(self.now, NiIndex(ni), ev.as_event());
+                if !self.dead.contains(&n) {
+                    self.nodes[n].handle_fabric(self.now, NiIndex(ni), ev.as_event());
+                }
                 continue;
             }
             let next = self.nodes.iter().filter_map(|n| n.poll_timeout()).min();
@@ -258,6 +306,22 @@ impl Fabric {
             }
         }
         panic!("did not settle");
+    }
+
+    /// Brings killed node `n` back as a new instance of `cfg` (NI incarnations from `inc`):
+    /// the fabric forgets its old connections, so its peers' sends on them fail.
+    fn restart(&mut self, n: usize, mut cfg: NodeConfig, inc: u64) {
+        for (i, ni) in cfg.nis.iter_mut().enumerate() {
+            ni.incarnation = inc + i as u64;
+        }
+        self.links.retain(|a, b| a.0 != n && b.0 != n);
+        self.queue.retain(|(to, _, _)| *to != n);
+        self.nodes[n] = LnetNode::new(cfg, self.now);
+        self.dead.retain(|&d| d != n);
+    }
+
+    fn is_dead_nid(&self, peer: Nid) -> bool {
+        self.dead.iter().any(|&n| self.nodes[n].nids().contains(&peer))
     }
 
     fn run_for(&mut self, d: Duration) {
@@ -617,23 +681,29 @@ fn messages_not_for_us_are_dropped_and_counted() {
             offset: 0,
         },
     };
-    // A misbehaving sender, below LNet: a PUT for a third node, one on the reserved portal,
-    // and a good one.
-    let ep = f.nodes[0].endpoint_mut(NiIndex(0)).unwrap();
-    ep.send(now, b, hdr(nid("10.0.0.77@o2ib"), 4), vec![1; 3], 9001)
-        .unwrap();
-    ep.send(now, b, hdr(b, 0), vec![1; 3], 9002).unwrap();
-    ep.send(now, b, hdr(b, 4), vec![1; 3], 9003).unwrap();
-    f.nodes[0].process(now);
+    // A misbehaving sender, below LNet: a PUT for a node on another net (b does not route),
+    // one on the reserved portal, and a good one.
+    let n0 = &mut f.nodes[0];
+    n0.send_raw(now, NiIndex(0), b, hdr(nid("10.9.0.77@o2ib9"), 4), vec![1; 3]);
+    n0.send_raw(now, NiIndex(0), b, hdr(b, 0), vec![1; 3]);
+    n0.send_raw(now, NiIndex(0), b, hdr(b, 4), vec![1; 3]);
     f.run_for(Duration::from_secs(1));
     let s = f.nodes[1].stats();
     assert_eq!((s.drop_count, s.drop_length), (2, 6));
     assert_eq!((s.recv_count, s.route_count), (1, 0));
+    let r = f.nodes[1].routing_info();
+    assert_eq!(r.stats.received, 1);
+    assert_eq!(r.stats.dropped_for(FwdDrop::RoutingDisabled), 1);
+    assert!(r.stats.reconciles());
     let p = f.nodes[1].peer(a).unwrap();
     assert_eq!((p.recv_count, p.drop_count), (3, 2));
     assert_eq!(f.nodes[1].nets()[0].drop_count, 2);
-    // Every receive was handed back: the connection's credits are whole again.
-    for c in f.nodes[1].endpoint(NiIndex(0)).unwrap().conns() {
+    // Every receive was handed back: the connection's credits are whole again, and a drop
+    // for routing being off does not close the connection.
+    let ep = f.nodes[1].endpoint(NiIndex(0)).unwrap();
+    assert_eq!(ep.stats().rx_refused, 0);
+    assert_eq!(ep.conns().count(), 1);
+    for c in ep.conns() {
         assert_eq!(c.sends_posted, 0);
     }
     let puts = f.events[1]
@@ -665,8 +735,7 @@ fn put_with_ack_request_is_acked() {
             offset: 0,
         },
     };
-    let ep = f.nodes[0].endpoint_mut(NiIndex(0)).unwrap();
-    ep.send(now, b, hdr, vec![0; 5], 77).unwrap();
+    f.nodes[0].send_raw(now, NiIndex(0), b, hdr, vec![0; 5]);
     f.run_for(Duration::from_secs(1));
     // b sent the ACK; a (which never asks for ACKs) dropped it as unmatched.
     assert_eq!(f.nodes[1].stats().send_count, 1);

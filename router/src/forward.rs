@@ -1,0 +1,347 @@
+//! Forwarding's state: router buffer pools, the messages a router holds for others, their
+//! accounting, and what one NI runtime hands to another (reference sections 3.4 and 6.3;
+//! lib-move.c lnet_post_routed_recv_locked and lnet_return_rx_credits_locked).
+//!
+//! A message for another node arrives on an ingress NI. It needs, in order, a router credit
+//! of the peer that sent it (so one upstream peer cannot take every buffer), then a buffer
+//! from the pool of its size. Until it has both it keeps its LND receive slot, so the sender's
+//! LND credit does not come back: that is the back pressure upstream. With both, the slot
+//! goes back and the message goes to the egress NI, in this node or, as a [`Handover`], in
+//! a sibling runtime on another thread. Its buffer and router credit come back when the
+//! egress is done with it, whatever the outcome; the ingress node is the one that counts
+//! the outcome, so `received = forwarded + dropped + in flight` holds in one place.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use lnd::engine::RxToken;
+use lnd::handle::Tag;
+use lnd::wire::lnet::LNET_MTU;
+use lnd::wire::{LnetHdr, Net, Nid};
+
+use crate::config::BufferCounts;
+use crate::error::LnetError;
+
+/// Bytes in a router buffer page.
+pub const PAGE_SIZE: usize = 4096;
+
+/// Which router buffer pool a message needs, by payload size (lnet_msg2bufpool).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PoolClass {
+    /// No payload.
+    Tiny,
+    /// Up to one page.
+    Small,
+    /// Up to LNET_MTU.
+    Large,
+}
+
+impl PoolClass {
+    /// Every class, in `routing show` order.
+    pub const ALL: [PoolClass; 3] = [PoolClass::Tiny, PoolClass::Small, PoolClass::Large];
+
+    /// The class for a payload of `len` bytes; `None` beyond LNET_MTU.
+    pub fn for_len(len: usize) -> Option<PoolClass> {
+        match len {
+            0 => Some(PoolClass::Tiny),
+            l if l <= PAGE_SIZE => Some(PoolClass::Small),
+            l if l <= LNET_MTU as usize => Some(PoolClass::Large),
+            _ => None,
+        }
+    }
+
+    /// Pages of one buffer (`npages` in `routing show`).
+    pub fn npages(self) -> u32 {
+        match self {
+            PoolClass::Tiny => 0,
+            PoolClass::Small => 1,
+            PoolClass::Large => LNET_MTU / PAGE_SIZE as u32,
+        }
+    }
+
+    /// `tiny`, `small`, `large`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolClass::Tiny => "tiny",
+            PoolClass::Small => "small",
+            PoolClass::Large => "large",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            PoolClass::Tiny => 0,
+            PoolClass::Small => 1,
+            PoolClass::Large => 2,
+        }
+    }
+}
+
+/// One pool of router buffers (struct lnet_rtrbufpool): its credits go negative by the number
+/// of messages waiting for a buffer.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub nbuffers: u32,
+    pub credits: i64,
+    pub min_credits: i64,
+    /// Messages holding a router credit, waiting for a buffer of this pool (rbp_msgs).
+    pub waiting: VecDeque<u64>,
+}
+
+impl Pool {
+    pub fn new(nbuffers: u32) -> Pool {
+        Pool {
+            nbuffers,
+            credits: i64::from(nbuffers),
+            min_credits: i64::from(nbuffers),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    /// Resizes the pool (lnetctl set ..._buffers): the credits move by the difference, so
+    /// buffers in use stay counted and a shrink below what is in use leaves the pool negative
+    /// until they come back.
+    pub fn resize(&mut self, nbuffers: u32) {
+        self.credits += i64::from(nbuffers) - i64::from(self.nbuffers);
+        self.nbuffers = nbuffers;
+        self.min_credits = self.min_credits.min(self.credits);
+    }
+}
+
+/// The three pools.
+#[derive(Debug)]
+pub(crate) struct Pools(pub [Pool; 3]);
+
+impl Pools {
+    pub fn new(b: BufferCounts) -> Pools {
+        Pools([Pool::new(b.tiny), Pool::new(b.small), Pool::new(b.large)])
+    }
+
+    pub fn get_mut(&mut self, c: PoolClass) -> &mut Pool {
+        &mut self.0[c.index()]
+    }
+}
+
+/// One pool as `routing show` prints it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct PoolInfo {
+    pub class: PoolClass,
+    pub npages: u32,
+    pub nbuffers: u32,
+    /// Buffers free now (negative: that many messages wait for one).
+    pub credits: i64,
+    /// Low-water mark of `credits`.
+    pub min_credits: i64,
+}
+
+/// The tag of a held message's handle.
+#[derive(Debug)]
+pub(crate) enum FwdTag {}
+
+impl Tag for FwdTag {
+    const NAME: &'static str = "forward";
+}
+
+/// A message this node holds for another, from its arrival until its egress is done.
+#[derive(Debug)]
+pub(crate) struct Fwd {
+    /// The peer NI it came from, and our NI it came in on.
+    pub from: Nid,
+    pub ni: usize,
+    pub hdr: LnetHdr,
+    /// Moved to the egress when it is committed.
+    pub payload: Vec<u8>,
+    /// The LND slot it arrived in, until a buffer is taken.
+    pub rx: Option<RxToken>,
+    pub class: PoolClass,
+    pub rtr_credit: bool,
+    pub buffer: bool,
+}
+
+/// A message one NI runtime hands to another of the same node (the daemon carries them over
+/// bounded channels between NI threads).
+#[derive(Debug)]
+pub enum Handover {
+    /// Send this message for another node out of the runtime on `via` (the net of its next
+    /// hop). Its ingress, `origin` (that runtime's NID), gets a [`Handover::Done`] for `key`.
+    Forward {
+        via: Net,
+        origin: Nid,
+        key: u64,
+        hdr: LnetHdr,
+        payload: Vec<u8>,
+    },
+    /// The egress is done with forwarded message `key` of the runtime whose NID is `origin`.
+    Done {
+        origin: Nid,
+        key: u64,
+        result: Result<(), LnetError>,
+    },
+}
+
+impl Handover {
+    /// The NI runtime it is for: the NID of the ingress for `Done`, else any NI on `via`.
+    pub fn target(&self) -> HandoverTarget {
+        match self {
+            Handover::Forward { via, .. } => HandoverTarget::Net(*via),
+            Handover::Done { origin, .. } => HandoverTarget::Nid(*origin),
+        }
+    }
+}
+
+/// Where a [`Handover`] goes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum HandoverTarget {
+    /// The runtime of the NI with this NID.
+    Nid(Nid),
+    /// The (first) runtime with an NI on this net.
+    Net(Net),
+}
+
+/// Why a message for another node was not forwarded.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FwdDrop {
+    /// Routing is off (`routing: enable: 0`).
+    RoutingDisabled,
+    /// Addressed to a peer on the net it arrived on, or to another of our own NIDs: the
+    /// sender should have sent it directly (lnet_parse: -EPROTO; its connection is closed).
+    WrongNet,
+    /// Larger than LNET_MTU, or shorter than its header says.
+    Malformed,
+    /// No route to its destination's net, or none alive.
+    NoRoute,
+    /// The egress LND could not deliver it to the next hop.
+    SendFailed,
+    /// The node is shutting down.
+    Shutdown,
+}
+
+impl FwdDrop {
+    pub const ALL: [FwdDrop; 6] = [
+        FwdDrop::RoutingDisabled,
+        FwdDrop::WrongNet,
+        FwdDrop::Malformed,
+        FwdDrop::NoRoute,
+        FwdDrop::SendFailed,
+        FwdDrop::Shutdown,
+    ];
+
+    /// The counter's name in `stats show -v`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FwdDrop::RoutingDisabled => "routing_disabled",
+            FwdDrop::WrongNet => "wrong_net",
+            FwdDrop::Malformed => "malformed",
+            FwdDrop::NoRoute => "no_route",
+            FwdDrop::SendFailed => "send_failed",
+            FwdDrop::Shutdown => "shutdown",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            FwdDrop::RoutingDisabled => 0,
+            FwdDrop::WrongNet => 1,
+            FwdDrop::Malformed => 2,
+            FwdDrop::NoRoute => 3,
+            FwdDrop::SendFailed => 4,
+            FwdDrop::Shutdown => 5,
+        }
+    }
+
+    /// The reason an egress failure maps to.
+    pub(crate) fn of(e: &LnetError) -> FwdDrop {
+        match e {
+            LnetError::NoRoute(_) => FwdDrop::NoRoute,
+            LnetError::Shutdown => FwdDrop::Shutdown,
+            LnetError::PayloadTooLarge { .. } => FwdDrop::Malformed,
+            _ => FwdDrop::SendFailed,
+        }
+    }
+}
+
+impl fmt::Display for FwdDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A router's account of the messages it accepted for others: every one is forwarded,
+/// dropped for a counted reason, or still held (`in_flight`), and
+/// `received == forwarded + dropped() + in_flight` at every moment the node is not inside a
+/// call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForwardStats {
+    /// Messages for other nodes that arrived on this node's NIs.
+    pub received: u64,
+    /// Forwarded: the next hop's LND has them (`route_count`), and their payload bytes.
+    pub forwarded: u64,
+    pub forwarded_bytes: u64,
+    /// Dropped, by reason (see [`FwdDrop::ALL`] for the order).
+    pub dropped: [u64; 6],
+    /// Held now: waiting for a router credit or a buffer, or with an egress.
+    pub in_flight: u64,
+    /// Messages that had to wait for a router credit of their sender, or for a buffer.
+    pub waited_rtr_credit: u64,
+    pub waited_buffer: u64,
+}
+
+impl ForwardStats {
+    pub fn dropped_for(&self, why: FwdDrop) -> u64 {
+        self.dropped[why.index()]
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.iter().sum()
+    }
+
+    pub(crate) fn count_drop(&mut self, why: FwdDrop) {
+        self.dropped[why.index()] += 1;
+    }
+
+    /// The books balance.
+    pub fn reconciles(&self) -> bool {
+        self.received == self.forwarded + self.dropped() + self.in_flight
+    }
+}
+
+/// `routing show` of one node (one CPT per runtime in the daemon).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoutingInfo {
+    pub enabled: bool,
+    pub pools: Vec<PoolInfo>,
+    pub stats: ForwardStats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_class_by_size_is_lustres() {
+        let rows = [
+            (0, Some(PoolClass::Tiny)),
+            (1, Some(PoolClass::Small)),
+            (4096, Some(PoolClass::Small)),
+            (4097, Some(PoolClass::Large)),
+            (LNET_MTU as usize, Some(PoolClass::Large)),
+            (LNET_MTU as usize + 1, None),
+        ];
+        for (len, want) in rows {
+            assert_eq!(PoolClass::for_len(len), want, "{len}");
+        }
+        assert_eq!(PoolClass::Large.npages(), 256);
+    }
+
+    #[test]
+    fn a_pool_resized_below_its_use_goes_negative_then_recovers() {
+        let mut p = Pool::new(4);
+        p.credits -= 3; // three in use
+        p.resize(2);
+        assert_eq!((p.nbuffers, p.credits, p.min_credits), (2, -1, -1));
+        p.credits += 3;
+        assert_eq!(p.credits, 2);
+        p.resize(8);
+        assert_eq!(p.credits, 8);
+    }
+}

@@ -1,0 +1,323 @@
+//! Gateway health as a node using routes sees it (reference sections 6.4 and 6.5; router.c
+//! lnet_check_routers, lnet_router_discovery_ping_reply, lnet_notify).
+//!
+//! Every gateway this node reaches through one of its own NIs is pinged every
+//! `alive_router_check_interval`; a reply within `router_ping_timeout` marks it alive and
+//! records what it says of itself (RTE_DISABLED: it does not forward; the nets on which it has
+//! an NI up), a failure or a timeout marks it dead. The LND's news counts too, at once: the
+//! gateway's peer NI going down marks it dead, coming up marks it alive (lnet_notify), and a
+//! message the gateway forwards to us revives it (passive revival, lnet_parse). A route is
+//! usable when its gateway is alive, forwards, and, with `avoid_asym_router_failure` on, for a
+//! single-hop route, lists an NI up on the route's net.
+//!
+//! A gateway starts alive (Lustre's `check_routers_before_use` = 0), so a node with routes
+//! sends at once, and the first ping goes out at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use lnd::time::{Duration, Instant};
+use lnd::wire::{Net, Nid};
+
+use crate::ping::PingReply;
+use crate::routes::RouteConfig;
+
+/// Lustre's `alive_router_check_interval` default (seconds).
+pub const DEFAULT_ROUTER_CHECK_INTERVAL: u32 = 60;
+/// Lustre's `router_ping_timeout` default (seconds).
+pub const DEFAULT_ROUTER_PING_TIMEOUT: u32 = 50;
+
+/// How gateways are watched.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GatewayHealthConfig {
+    /// `alive_router_check_interval`: how often each gateway is pinged (0: never).
+    pub check_interval: Duration,
+    /// `router_ping_timeout`: how long a gateway ping may take.
+    pub ping_timeout: Duration,
+    /// `avoid_asym_router_failure`: do not use a single-hop route whose gateway has no NI up
+    /// on the route's net.
+    pub avoid_asym: bool,
+}
+
+impl Default for GatewayHealthConfig {
+    fn default() -> GatewayHealthConfig {
+        GatewayHealthConfig {
+            check_interval: Duration::from_secs(u64::from(DEFAULT_ROUTER_CHECK_INTERVAL)),
+            ping_timeout: Duration::from_secs(u64::from(DEFAULT_ROUTER_PING_TIMEOUT)),
+            avoid_asym: true,
+        }
+    }
+}
+
+/// One gateway's health.
+#[derive(Clone, Debug)]
+struct Gateway {
+    alive: bool,
+    /// From its last ping reply: it does not forward.
+    rte_disabled: bool,
+    /// From its last ping reply: the nets on which it lists an NI up (`None` before any reply).
+    up_nets: Option<BTreeSet<Net>>,
+    /// When to ping it next.
+    next_ping: Instant,
+    /// The ping in flight, if any.
+    pinging: Option<u64>,
+    pings: u64,
+    ping_failures: u64,
+    /// Times it went from alive to dead and back.
+    downs: u64,
+    ups: u64,
+}
+
+/// What `route show -v` and tests read of a gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayInfo {
+    pub nid: Nid,
+    pub alive: bool,
+    pub rte_disabled: bool,
+    pub pings: u64,
+    pub ping_failures: u64,
+    pub downs: u64,
+    pub ups: u64,
+}
+
+/// Every gateway of the node's routes.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gateways {
+    cfg: GatewayHealthConfig,
+    map: BTreeMap<Nid, Gateway>,
+}
+
+impl Gateways {
+    pub fn new(cfg: GatewayHealthConfig, gateways: &[Nid], now: Instant) -> Gateways {
+        let mut g = Gateways {
+            cfg,
+            map: BTreeMap::new(),
+        };
+        g.set(gateways, now);
+        g
+    }
+
+    /// The gateways are now `gateways` (routes changed): new ones start alive and are pinged
+    /// at once, gone ones are forgotten, the others keep their state.
+    pub fn set(&mut self, gateways: &[Nid], now: Instant) {
+        self.map.retain(|g, _| gateways.contains(g));
+        for &g in gateways {
+            self.map.entry(g).or_insert(Gateway {
+                alive: true,
+                rte_disabled: false,
+                up_nets: None,
+                next_ping: now,
+                pinging: None,
+                pings: 0,
+                ping_failures: 0,
+                downs: 0,
+                ups: 0,
+            });
+        }
+    }
+
+    pub fn config(&self) -> GatewayHealthConfig {
+        self.cfg
+    }
+
+    pub fn is_gateway(&self, nid: Nid) -> bool {
+        self.map.contains_key(&nid)
+    }
+
+    /// Whether route `r` may be used now.
+    pub fn route_alive(&self, r: &RouteConfig) -> bool {
+        let Some(g) = self.map.get(&r.gateway) else {
+            return false;
+        };
+        if !g.alive || g.rte_disabled {
+            return false;
+        }
+        let single_hop = r.hops.is_none_or(|h| h == 1);
+        if self.cfg.avoid_asym && single_hop {
+            if let Some(up) = &g.up_nets {
+                return up.contains(&r.net);
+            }
+        }
+        true
+    }
+
+    /// Sets the gateway's aliveness; true when it just died.
+    fn mark(g: &mut Gateway, alive: bool) -> bool {
+        if g.alive == alive {
+            return false;
+        }
+        if alive {
+            g.ups += 1;
+        } else {
+            g.downs += 1;
+        }
+        g.alive = alive;
+        !alive
+    }
+
+    /// The LND (or traffic) says the gateway is reachable, or not (lnet_notify, passive
+    /// revival); true when it just died.
+    pub fn notify(&mut self, nid: Nid, alive: bool) -> bool {
+        self.map
+            .get_mut(&nid)
+            .is_some_and(|g| Gateways::mark(g, alive))
+    }
+
+    /// Gateways whose ping is due at `now` and that `reachable` says we can ping; each is
+    /// marked as being pinged by the id `next_id` hands out.
+    pub fn due(
+        &mut self,
+        now: Instant,
+        reachable: impl Fn(Nid) -> bool,
+        mut next_id: impl FnMut() -> u64,
+    ) -> Vec<(Nid, u64)> {
+        if self.cfg.check_interval == Duration::ZERO {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (&nid, g) in &mut self.map {
+            if g.pinging.is_none() && g.next_ping <= now && reachable(nid) {
+                let id = next_id();
+                g.pinging = Some(id);
+                g.pings += 1;
+                g.next_ping = now + self.cfg.check_interval;
+                out.push((nid, id));
+            }
+        }
+        out
+    }
+
+    /// The earliest time a ping is due (for the node's timer).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.cfg.check_interval == Duration::ZERO {
+            return None;
+        }
+        self.map
+            .values()
+            .filter(|g| g.pinging.is_none())
+            .map(|g| g.next_ping)
+            .min()
+    }
+
+    /// Ping `id` of gateway `nid` ended; true when the gateway just died.
+    pub fn ping_done(&mut self, nid: Nid, id: u64, reply: Option<&PingReply>) -> bool {
+        let Some(g) = self.map.get_mut(&nid) else {
+            return false;
+        };
+        if g.pinging != Some(id) {
+            return false;
+        }
+        g.pinging = None;
+        match reply {
+            Some(r) => {
+                g.rte_disabled = r.routing_disabled();
+                let down: BTreeSet<Nid> = r.down_nids.iter().copied().collect();
+                g.up_nets = Some(
+                    r.nids
+                        .iter()
+                        .filter(|n| !down.contains(n))
+                        .map(|n| n.net())
+                        .collect(),
+                );
+                // A gateway that says it does not forward, or lost the far net, is as good
+                // as dead for the routes it no longer serves: `route_alive` tells per route.
+                Gateways::mark(g, true);
+                false
+            }
+            None => {
+                g.ping_failures += 1;
+                Gateways::mark(g, false)
+            }
+        }
+    }
+
+    pub fn info(&self) -> Vec<GatewayInfo> {
+        self.map
+            .iter()
+            .map(|(&nid, g)| GatewayInfo {
+                nid,
+                alive: g.alive,
+                rte_disabled: g.rte_disabled,
+                pings: g.pings,
+                ping_failures: g.ping_failures,
+                downs: g.downs,
+                ups: g.ups,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nid(s: &str) -> Nid {
+        s.parse().unwrap()
+    }
+
+    fn reply(nids: &[&str], down: &[&str], features: u32) -> PingReply {
+        PingReply {
+            primary_nid: nid(nids[0]),
+            nids: nids.iter().map(|s| nid(s)).collect(),
+            pid: 12345,
+            features,
+            multi_rail: false,
+            down_nids: down.iter().map(|s| nid(s)).collect(),
+        }
+    }
+
+    /// Each input's effect on whether a route through the gateway may be used, as a table.
+    #[test]
+    fn route_aliveness_follows_pings_and_notifications() {
+        use lnd::wire::ping::feat;
+        let t0 = Instant::ZERO;
+        let gw = nid("10.0.0.9@o2ib");
+        let r = RouteConfig {
+            net: "o2ib1".parse().unwrap(),
+            gateway: gw,
+            hops: None,
+            priority: 0,
+        };
+        let base = feat::BASE | feat::NI_STATUS;
+        let mut g = Gateways::new(GatewayHealthConfig::default(), &[gw], t0);
+        assert!(g.route_alive(&r), "a gateway starts alive");
+        let pings = g.due(t0, |_| true, || 7);
+        assert_eq!(pings, vec![(gw, 7)]);
+        assert!(g.due(t0, |_| true, || 8).is_empty(), "one ping at a time");
+        let rows: Vec<(&str, Box<dyn Fn(&mut Gateways)>, bool)> = vec![
+            ("ping timed out", Box::new(move |g| { g.ping_done(gw, 7, None); }), false),
+            ("LND says up", Box::new(move |g| { g.notify(gw, true); }), true),
+            ("LND says down", Box::new(move |g| { g.notify(gw, false); }), false),
+            ("reply: routes, up on o2ib1", Box::new(move |g| {
+                g.map.get_mut(&gw).unwrap().pinging = Some(9);
+                g.ping_done(gw, 9, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
+            }), true),
+            ("reply: RTE_DISABLED", Box::new(move |g| {
+                g.map.get_mut(&gw).unwrap().pinging = Some(10);
+                g.ping_done(gw, 10, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base | feat::RTE_DISABLED)));
+            }), false),
+            ("reply: its o2ib1 NI down (asymmetric failure)", Box::new(move |g| {
+                g.map.get_mut(&gw).unwrap().pinging = Some(11);
+                g.ping_done(gw, 11, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &["10.1.0.9@o2ib1"], base)));
+            }), false),
+            ("stale ping id ignored", Box::new(move |g| { g.ping_done(gw, 3, None); }), false),
+            ("reply: back up", Box::new(move |g| {
+                g.map.get_mut(&gw).unwrap().pinging = Some(12);
+                g.ping_done(gw, 12, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
+            }), true),
+        ];
+        for (what, input, want) in rows {
+            input(&mut g);
+            assert_eq!(g.route_alive(&r), want, "{what}");
+        }
+        let info = &g.info()[0];
+        assert_eq!((info.downs, info.ups, info.ping_failures), (2, 2, 1));
+        // A two-hop route does not need the gateway on the far net.
+        let far = RouteConfig { hops: Some(2), ..r };
+        g.map.get_mut(&gw).unwrap().pinging = Some(13);
+        g.ping_done(gw, 13, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
+        assert!(!g.route_alive(&r));
+        assert!(g.route_alive(&far));
+        // The next ping is due one interval after the last went out.
+        assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(60)));
+    }
+}

@@ -1,0 +1,386 @@
+//! Routing on the unit-test fabric: a client on o2ib, a router on o2ib and o2ib1, a server on
+//! o2ib1, in virtual time. The router runs as one node with both NIs, or split into one
+//! runtime per NI (the daemon's shape) whose forwards cross as handovers.
+
+use super::*;
+
+const CLIENT: &str = "10.0.0.1@o2ib";
+const R_A: &str = "10.0.0.254@o2ib";
+const R_B: &str = "10.1.0.254@o2ib1";
+const R2_A: &str = "10.0.0.253@o2ib";
+const R2_B: &str = "10.1.0.253@o2ib1";
+const SERVER: &str = "10.1.0.2@o2ib1";
+
+
+fn route(net: &str, gw: &str) -> RouteConfig {
+    RouteConfig {
+        net: net.parse().unwrap(),
+        gateway: nid(gw),
+        hops: None,
+        priority: 0,
+    }
+}
+
+fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u64) -> NodeConfig {
+    let nis = nids
+        .iter()
+        .enumerate()
+        .map(|(i, s)| NiConfig::new(nid(s), inc + i as u64))
+        .collect();
+    let mut c = NodeConfig::new(nis);
+    c.routes = routes.to_vec();
+    c.routing.enabled = routing;
+    c
+}
+
+/// The router split as the daemon runs it: one node per NI, each knowing both NIDs.
+fn split(c: NodeConfig) -> Vec<NodeConfig> {
+    let nids: Vec<Nid> = c.nis.iter().map(|n| n.nid).collect();
+    let share = c.routing.buffers.share(c.nis.len());
+    c.nis
+        .iter()
+        .map(|n| NodeConfig {
+            nis: vec![n.clone()],
+            node_nids: nids.clone(),
+            routing: RoutingConfig {
+                buffers: share,
+                ..c.routing
+            },
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// client, router (one node or one per NI), server; returns the fabric and the router nodes.
+fn topology(split_router: bool, tweak_router: impl Fn(&mut NodeConfig)) -> (Fabric, Vec<usize>) {
+    let client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    let server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
+    let mut router = node(&[R_A, R_B], &[], true, 30);
+    tweak_router(&mut router);
+    let mut cfgs = vec![client, server];
+    let routers = if split_router {
+        cfgs.extend(split(router));
+        vec![2, 3]
+    } else {
+        cfgs.push(router);
+        vec![2]
+    };
+    (Fabric::from_configs(cfgs), routers)
+}
+
+fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
+    evs.iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::Put {
+                from,
+                match_bits,
+                payload,
+                ..
+            } => Some((*from, *match_bits, payload.len())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
+    evs.iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::PutDone { result, .. } => Some(result.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The router's books over all its runtimes: received = forwarded + dropped + in flight, and
+/// at quiescence nothing in flight, every buffer and router credit back.
+fn assert_router_quiescent(f: &Fabric, routers: &[usize]) -> ForwardStats {
+    let mut total = ForwardStats::default();
+    for &r in routers {
+        let info = f.nodes[r].routing_info();
+        let s = &info.stats;
+        assert!(s.reconciles(), "router {r}: {s:?}");
+        assert_eq!(s.in_flight, 0, "router {r}: {s:?}");
+        for p in &info.pools {
+            assert_eq!(p.credits, i64::from(p.nbuffers), "router {r} {:?}", p.class);
+        }
+        for p in f.nodes[r].peers() {
+            assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
+            assert_eq!(p.available_tx_credits, p.max_ni_tx_credits, "{}", p.nid);
+        }
+        assert_eq!(f.nodes[r].messages_in_flight(), 0);
+        total.received += s.received;
+        total.forwarded += s.forwarded;
+        total.in_flight += s.in_flight;
+        for (t, d) in total.dropped.iter_mut().zip(s.dropped) {
+            *t += d;
+        }
+    }
+    total
+}
+
+fn routed_traffic(split_router: bool) {
+    let (mut f, routers) = topology(split_router, |_| {});
+    let now = f.now;
+    let server = nid(SERVER);
+    f.nodes[0].ping(now, server, Duration::from_secs(5)).unwrap();
+    for i in 0..50u64 {
+        f.nodes[0]
+            .send_put(now, server, 7, i, vec![i as u8; (i as usize * 61) % 4000])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(2));
+    let client = f.take_events(0);
+    let pings = ping_results(&client);
+    assert_eq!(pings.len(), 1);
+    let reply = pings[0].2.clone().expect("routed ping answered");
+    assert_eq!(reply.nids, vec![server]);
+    assert_eq!(put_results(&client), vec![Ok(()); 50]);
+    let got = puts(&f.take_events(1));
+    assert_eq!(got.len(), 50);
+    for (i, (from, bits, len)) in got.iter().enumerate() {
+        // In order, from the client itself (the router keeps src_nid), whole.
+        assert_eq!((*from, *bits, *len), (nid(CLIENT), i as u64, (i * 61) % 4000));
+    }
+    let books = assert_router_quiescent(&f, &routers);
+    // GET + REPLY + 50 PUTs, each forwarded once, nothing dropped; the router's own gateway
+    // pings are not forwarded messages.
+    assert_eq!((books.received, books.forwarded, books.dropped()), (52, 52, 0));
+    let routed: u64 = routers.iter().map(|&r| f.nodes[r].stats().route_count).sum();
+    assert_eq!(routed, 52);
+    // The client and server never talked directly.
+    assert!(f.nodes[0].peer(server).is_none());
+    assert!(f.nodes[1].peer(nid(CLIENT)).is_none());
+}
+
+#[test]
+fn routed_ping_and_puts_reach_the_server_through_a_router() {
+    routed_traffic(false);
+}
+
+#[test]
+fn routed_ping_and_puts_cross_between_the_runtimes_of_a_split_router() {
+    routed_traffic(true);
+}
+
+/// A client asks the router to forward to a peer on the very net it arrived on: Lustre drops
+/// it with -EPROTO and closes the sender's connection; the books still balance.
+#[test]
+fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
+    let (mut f, routers) = topology(false, |_| {});
+    let now = f.now;
+    let hdr = LnetHdr::put(nid(CLIENT), nid("10.0.0.77@o2ib"), 3, 4, 0);
+    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    f.run_for(Duration::from_secs(1));
+    let r = &f.nodes[routers[0]];
+    let s = r.routing_info().stats;
+    assert_eq!((s.received, s.dropped_for(FwdDrop::WrongNet)), (1, 1));
+    assert!(s.reconciles());
+    let ep = r.endpoint(NiIndex(0)).unwrap();
+    assert_eq!(ep.stats().rx_refused, 1);
+    assert_eq!(ep.stats().conns_lost, 1, "the connection it came on is closed");
+}
+
+/// Routing off: a message to forward is a counted drop, and the connection stays.
+#[test]
+fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
+    let (mut f, routers) = topology(false, |c| c.routing.enabled = false);
+    let now = f.now;
+    let id = f.nodes[0].send_put(now, nid(SERVER), 4, 1, vec![0; 10]).unwrap();
+    f.run_for(Duration::from_secs(1));
+    // The client's LND delivered it to the router: for the client the PUT is done.
+    assert!(f
+        .take_events(0)
+        .iter()
+        .any(|(_, e)| matches!(e, LnetEvent::PutDone { id: i, result: Ok(()) } if *i == id)));
+    let s = f.nodes[routers[0]].routing_info().stats;
+    assert_eq!((s.received, s.dropped_for(FwdDrop::RoutingDisabled)), (1, 1));
+    assert!(puts(&f.take_events(1)).is_empty());
+    let ep = f.nodes[routers[0]].endpoint(NiIndex(0)).unwrap();
+    assert_eq!(ep.stats().rx_refused, 0);
+    // Our ping reply says so, and a client's router pinger would stop using us.
+    let reply = ping_results(&f.take_events(0));
+    assert!(reply.is_empty());
+}
+
+/// No route onward from the router: dropped as no_route, books balance.
+#[test]
+fn a_message_the_router_cannot_route_is_dropped_as_no_route() {
+    let (mut f, routers) = topology(false, |_| {});
+    let now = f.now;
+    let hdr = LnetHdr::put(nid(CLIENT), nid("10.7.0.7@o2ib7"), 3, 4, 0);
+    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    f.run_for(Duration::from_secs(1));
+    let s = f.nodes[routers[0]].routing_info().stats;
+    assert_eq!((s.received, s.dropped_for(FwdDrop::NoRoute)), (1, 1));
+    assert_router_quiescent(&f, &routers);
+}
+
+/// Back pressure: the server is gone, so forwarded messages sit in the router's egress until
+/// the LND gives up. The router holds at most its buffers; the rest wait holding the client's
+/// LND credits, then in the client's LNet queues. When the egress fails, every message ends
+/// with a status, the books balance and every credit and buffer is back.
+#[test]
+fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_fails_cleanly() {
+    let (mut f, routers) = topology(false, |c| {
+        c.routing.buffers = BufferCounts {
+            tiny: 4,
+            small: 4,
+            large: 4,
+        };
+    });
+    f.kill(1);
+    let now = f.now;
+    let n = 40u64;
+    for i in 0..n {
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(5));
+    let r = routers[0];
+    let info = f.nodes[r].routing_info();
+    let small = info.pools[1];
+    assert_eq!(small.nbuffers, 4);
+    assert!(small.credits <= 0, "every small buffer in use: {small:?}");
+    assert!(info.stats.in_flight <= 4 + 8, "{:?}", info.stats);
+    assert!(info.stats.reconciles());
+    // The rest are still with the client: in its LND (credits) or its LNet queue.
+    assert!(f.nodes[0].messages_in_flight() > 0);
+    // The router drains its buffers one LND timeout (or failed connect) at a time; in the
+    // end every PUT ends.
+    let mut results = put_results(&f.take_events(0));
+    let start = f.now;
+    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
+        && f.now < start + Duration::from_secs(3600)
+    {
+        f.run_for(Duration::from_secs(10));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), n as usize, "every PUT ends");
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.received, books.forwarded + books.dropped());
+    assert_eq!(books.forwarded, 0);
+    assert!(books.dropped_for(FwdDrop::SendFailed) > 0);
+    // What the router accepted and what the client failed add up to what was sent.
+    let failed_at_client = results.iter().filter(|r| r.is_err()).count() as u64;
+    assert_eq!(books.received + failed_at_client, n);
+}
+
+/// Two routers to o2ib1. One dies under traffic: the client's router pinger (and its LND)
+/// find it, traffic moves to the other, and every PUT ends with a status. It comes back: it is
+/// used again.
+#[test]
+fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
+    let health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_secs(1),
+        avoid_asym: true,
+    };
+    let mut client = node(
+        &[CLIENT],
+        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
+        false,
+        10,
+    );
+    client.gateway_health = health;
+    let mut server = node(
+        &[SERVER],
+        &[route("o2ib", R_B), route("o2ib", R2_B)],
+        false,
+        20,
+    );
+    server.gateway_health = health;
+    let r1 = node(&[R_A, R_B], &[], true, 30);
+    let r2 = node(&[R2_A, R2_B], &[], true, 40);
+    let mut f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
+    f.run_for(Duration::from_secs(3));
+    let send = |f: &mut Fabric, from: u64, n: u64| {
+        let now = f.now;
+        for i in from..from + n {
+            f.nodes[0].send_put(now, nid(SERVER), 4, i, vec![2; 64]).unwrap();
+        }
+    };
+    send(&mut f, 0, 20);
+    f.run_for(Duration::from_secs(1));
+    let used = |f: &Fabric| {
+        (
+            f.nodes[2].routing_info().stats.forwarded,
+            f.nodes[3].routing_info().stats.forwarded,
+        )
+    };
+    let (a, b) = used(&f);
+    assert!(a > 0 && b > 0, "round robin over both routers: {a} {b}");
+    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 20]);
+
+    f.kill(2);
+    let killed = f.now;
+    send(&mut f, 100, 20);
+    // Everything ends (those given to the dead router's LND fail at the LND timeout, 50 s),
+    // and the dead router is known dead within a ping interval and timeout.
+    f.run_for(Duration::from_secs(4));
+    let gw = f.nodes[0].gateways();
+    assert!(!gw.iter().find(|g| g.nid == nid(R_A)).unwrap().alive, "{gw:?}");
+    let mut results = put_results(&f.take_events(0));
+    while results.len() < 20 && f.now < killed + Duration::from_secs(600) {
+        f.run_for(Duration::from_secs(1));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), 20, "every PUT ends");
+    let ended = f.now - killed;
+    assert!(ended <= Duration::from_secs(60), "the last PUT ended {ended:?} after the kill");
+    let gw = f.nodes[0].gateways();
+    let dead = gw.iter().find(|g| g.nid == nid(R_A)).unwrap();
+    assert!(!dead.alive, "{gw:?}");
+    let before = used(&f).1;
+    send(&mut f, 200, 20);
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 20], "all through the live router");
+    assert_eq!(used(&f).1, before + 20);
+
+    // The dead router returns (a new instance): the pinger finds it, and it carries traffic.
+    f.restart(2, r1, 50);
+    let restarted = f.now;
+    // The client's LND may be inside a connect the dead router never answered: that ends at
+    // the connect deadline (12.5 s here), then the next ping finds the new instance.
+    while !f.nodes[0].gateways().iter().all(|g| g.alive)
+        && f.now < restarted + Duration::from_secs(60)
+    {
+        f.run_for(Duration::from_millis(500));
+    }
+    let back = f.now - restarted;
+    let bound = Duration::from_millis(12_500) + health.check_interval + health.ping_timeout;
+    assert!(back <= bound, "the returned router was seen alive {back:?} after its restart");
+    send(&mut f, 300, 20);
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 20]);
+    assert!(f.nodes[2].routing_info().stats.forwarded > 0, "the returned router is used");
+    // Everything sent while both routers were known alive arrived once; of what was sent as
+    // one died, what the dead router had taken is lost (LNet does not resend without health
+    // and resend, which we do not implement), the rest arrived.
+    let got: Vec<u64> = puts(&f.take_events(1)).iter().map(|p| p.1).collect();
+    let mut unique = got.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), got.len(), "no duplicates");
+    for bits in (0..20).chain(200..220).chain(300..320) {
+        assert!(got.contains(&bits), "PUT {bits} missing");
+    }
+    assert_router_quiescent(&f, &[3]);
+}
+
+/// A node never pings itself as a gateway: a route whose gateway is one of our NIDs is
+/// refused when the node starts, so the pinger has nothing of ours to ping (LU-7646's
+/// reverted patch deadlocked pinging its own NID).
+#[test]
+fn a_route_through_one_of_our_own_nids_is_refused_and_never_pinged() {
+    let cfg = node(&[CLIENT], &[route("o2ib1", CLIENT)], false, 10);
+    assert_eq!(
+        cfg.check_routes().unwrap_err().1,
+        RouteError::GatewayIsOwn(nid(CLIENT))
+    );
+    let mut f = Fabric::from_configs(vec![cfg]);
+    f.run_for(Duration::from_secs(120));
+    assert!(f.nodes[0].gateways().is_empty());
+    assert!(f.nodes[0].routes().is_empty());
+    assert_eq!(f.nodes[0].stats().send_count, 0);
+}
