@@ -100,6 +100,21 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Plain,
     },
+    /// Routes to remote networks: add, del, show
+    Route {
+        #[command(subcommand)]
+        cmd: RouteCmd,
+    },
+    /// Router buffers and forwarding
+    Routing {
+        #[command(subcommand)]
+        cmd: Plain,
+    },
+    /// Change a setting: routing, tiny_buffers, small_buffers, large_buffers
+    Set {
+        #[command(subcommand)]
+        cmd: SetCmd,
+    },
     /// Record every o2iblnd message the daemon's NIs send and receive into a pcap file that
     /// Wireshark/tshark's LNet dissector decodes. Runs until Ctrl-C (or --duration), then prints
     /// how many messages were captured and dropped.
@@ -144,6 +159,69 @@ enum PeerCmd {
         /// Verbose: credits and statistics
         #[arg(short, long)]
         verbose: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RouteCmd {
+    /// Add a route
+    Add {
+        /// The remote net, e.g. o2ib1
+        #[arg(long, value_name = "NET")]
+        net: String,
+        /// The gateway: a router's NID on one of our nets
+        #[arg(long, value_name = "NID")]
+        gateway: String,
+        /// Hops to the remote net (1-255; -1: undefined)
+        #[arg(long, alias = "hop-count", value_name = "N", allow_hyphen_values = true)]
+        hop: Option<i64>,
+        /// Priority (0 is the most preferred)
+        #[arg(long, value_name = "N")]
+        priority: Option<u32>,
+    },
+    /// Delete routes to a net (through one gateway, or all)
+    Del {
+        #[arg(long, value_name = "NET")]
+        net: String,
+        #[arg(long, value_name = "NID")]
+        gateway: Option<String>,
+    },
+    /// Show routes
+    Show {
+        #[arg(long, value_name = "NET")]
+        net: Option<String>,
+        #[arg(long, value_name = "NID")]
+        gateway: Option<String>,
+        /// Verbose: hop, priority, state, type
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SetCmd {
+    /// Forward messages for other nodes: 1 on, 0 off
+    Routing {
+        #[arg(value_parser = clap::value_parser!(u32).range(0..=1))]
+        value: u32,
+    },
+    /// Router buffers for messages without payload (the node's total)
+    #[command(name = "tiny_buffers")]
+    TinyBuffers {
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        value: u32,
+    },
+    /// Router buffers of one page
+    #[command(name = "small_buffers")]
+    SmallBuffers {
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        value: u32,
+    },
+    /// Router buffers of LNET_MTU (1 MiB)
+    #[command(name = "large_buffers")]
+    LargeBuffers {
+        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        value: u32,
     },
 }
 
@@ -232,6 +310,55 @@ fn run(cli: Cli) -> u8 {
         Cmd::Conn { .. } => Request::ConnShow,
         Cmd::Stats { .. } => Request::StatsShow,
         Cmd::Global { .. } => Request::GlobalShow,
+        Cmd::Route { cmd } => match cmd {
+            RouteCmd::Add {
+                net,
+                gateway,
+                hop,
+                priority,
+            } => {
+                if let Err(c) = check_nid(&gateway) {
+                    return c;
+                }
+                Request::RouteAdd {
+                    net,
+                    gateway,
+                    hop,
+                    priority,
+                }
+            }
+            RouteCmd::Del { net, gateway } => {
+                if let Some(Err(c)) = gateway.as_deref().map(check_nid) {
+                    return c;
+                }
+                Request::RouteDel { net, gateway }
+            }
+            RouteCmd::Show {
+                net,
+                gateway,
+                verbose,
+            } => Request::RouteShow {
+                net,
+                gateway,
+                verbose,
+            },
+        },
+        Cmd::Routing { .. } => Request::RoutingShow,
+        Cmd::Set { cmd } => match cmd {
+            SetCmd::Routing { value } => Request::SetRouting { enable: value == 1 },
+            SetCmd::TinyBuffers { value } => Request::SetBuffers {
+                pool: "tiny".into(),
+                count: value,
+            },
+            SetCmd::SmallBuffers { value } => Request::SetBuffers {
+                pool: "small".into(),
+                count: value,
+            },
+            SetCmd::LargeBuffers { value } => Request::SetBuffers {
+                pool: "large".into(),
+                count: value,
+            },
+        },
     };
     let path = cli.socket.unwrap_or_else(default_socket_path);
     let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {

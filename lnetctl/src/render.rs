@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use router::control::{
-    ConnShow, Counts, GlobalShow, NamedCounters, NetShow, PeerShow, PingShow, Response, StatsShow,
+    ConnShow, Counts, GlobalShow, NamedCounters, NetShow, PeerShow, PingShow, PoolShow, Response,
+    RouteShow, RoutingShow, StatsShow,
 };
 
 use crate::capture::Report;
@@ -18,6 +19,9 @@ pub fn yaml(resp: &Response) -> Option<String> {
         Response::Conn(c) => conn(c),
         Response::Stats(s) => stats(s),
         Response::Global(g) => global(g),
+        Response::Route(r) => route(r),
+        Response::Routing(r) => routing(r),
+        Response::Done => String::new(),
         // The capture's stream is written by `capture`, not rendered.
         Response::CaptureStarted(_)
         | Response::CaptureData(_)
@@ -35,6 +39,9 @@ pub fn json(resp: &Response) -> Option<String> {
         Response::Conn(c) => serde_json::to_string_pretty(c),
         Response::Stats(s) => serde_json::to_string_pretty(s),
         Response::Global(g) => serde_json::to_string_pretty(g),
+        Response::Route(r) => serde_json::to_string_pretty(r),
+        Response::Routing(r) => serde_json::to_string_pretty(r),
+        Response::Done => return Some(String::new()),
         Response::CaptureStarted(_)
         | Response::CaptureData(_)
         | Response::CaptureDone(_)
@@ -289,6 +296,67 @@ pub fn global(g: &GlobalShow) -> String {
     let _ = writeln!(out, "    lnd_timeout: {}", g.lnd_timeout);
     let _ = writeln!(out, "    routing: {}", g.routing);
     let _ = writeln!(out, "    pid: {}", g.pid);
+    out
+}
+
+/// `route:` as lnetctl prints it (`route: []` when there is none).
+pub fn route(r: &RouteShow) -> String {
+    if r.route.is_empty() {
+        return "route: []\n".to_string();
+    }
+    let mut out = String::from("route:\n");
+    for e in &r.route {
+        let _ = writeln!(out, "    - net: {}", e.net);
+        let _ = writeln!(out, "      gateway: {}", e.gateway);
+        if let Some(h) = e.hop {
+            let _ = writeln!(out, "      hop: {h}");
+        }
+        if let Some(p) = e.priority {
+            let _ = writeln!(out, "      priority: {p}");
+        }
+        if let Some(h) = e.health_sensitivity {
+            let _ = writeln!(out, "      health_sensitivity: {h}");
+        }
+        if let Some(s) = &e.state {
+            let _ = writeln!(out, "      state: {s}");
+        }
+        if let Some(t) = &e.kind {
+            let _ = writeln!(out, "      type: {t}");
+        }
+    }
+    out
+}
+
+/// `routing:` as lnetctl prints it: each CPT's pools, then `enable`; then ours, the
+/// forwarding books.
+pub fn routing(r: &RoutingShow) -> String {
+    fn pool(out: &mut String, name: &str, p: &PoolShow) {
+        let _ = writeln!(out, "          {name}:");
+        let _ = writeln!(out, "              npages: {}", p.npages);
+        let _ = writeln!(out, "              nbuffers: {}", p.nbuffers);
+        let _ = writeln!(out, "              credits: {}", p.credits);
+        let _ = writeln!(out, "              mincredits: {}", p.mincredits);
+    }
+    let mut out = String::from("routing:\n");
+    for (i, c) in r.cpts.iter().enumerate() {
+        let _ = writeln!(out, "    - cpt[{i}]:");
+        pool(&mut out, "tiny", &c.tiny);
+        pool(&mut out, "small", &c.small);
+        pool(&mut out, "large", &c.large);
+    }
+    let _ = writeln!(out, "    - enable: {}", r.enable);
+    let f = &r.forwarding;
+    out.push_str("forwarding:\n");
+    let _ = writeln!(out, "    received: {}", f.received);
+    let _ = writeln!(out, "    forwarded: {}", f.forwarded);
+    let _ = writeln!(out, "    forwarded_bytes: {}", f.forwarded_bytes);
+    let _ = writeln!(out, "    in_flight: {}", f.in_flight);
+    let _ = writeln!(out, "    dropped: {}", f.dropped);
+    for (why, n) in &f.dropped_by_reason {
+        let _ = writeln!(out, "        {why}: {n}");
+    }
+    let _ = writeln!(out, "    waited_rtr_credit: {}", f.waited_rtr_credit);
+    let _ = writeln!(out, "    waited_buffer: {}", f.waited_buffer);
     out
 }
 

@@ -11,7 +11,12 @@
 //! single-hop route, lists an NI up on the route's net.
 //!
 //! A gateway starts alive (Lustre's `check_routers_before_use` = 0), so a node with routes
-//! sends at once, and the first ping goes out at once.
+//! sends at once, and the first ping goes out at once. A dead gateway is pinged again sooner
+//! than the interval: after 1 s, then 2, 4 ... up to the interval (Lustre 2.8 had a separate
+//! `dead_router_check_interval`), so a router that starts after its clients, or comes back, is
+//! used within seconds rather than a minute.
+
+use tracing::info;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,6 +30,9 @@ use crate::routes::RouteConfig;
 pub const DEFAULT_ROUTER_CHECK_INTERVAL: u32 = 60;
 /// Lustre's `router_ping_timeout` default (seconds).
 pub const DEFAULT_ROUTER_PING_TIMEOUT: u32 = 50;
+
+/// The first re-ping of a gateway whose ping failed.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// How gateways are watched.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -60,6 +68,8 @@ struct Gateway {
     next_ping: Instant,
     /// The ping in flight, if any.
     pinging: Option<u64>,
+    /// How soon to ping again after a failure (doubles up to the interval).
+    retry: Duration,
     pings: u64,
     ping_failures: u64,
     /// Times it went from alive to dead and back.
@@ -107,6 +117,7 @@ impl Gateways {
                 up_nets: None,
                 next_ping: now,
                 pinging: None,
+                retry: FIRST_RETRY,
                 pings: 0,
                 ping_failures: 0,
                 downs: 0,
@@ -141,14 +152,16 @@ impl Gateways {
     }
 
     /// Sets the gateway's aliveness; true when it just died.
-    fn mark(g: &mut Gateway, alive: bool) -> bool {
+    fn mark(nid: Nid, g: &mut Gateway, alive: bool) -> bool {
         if g.alive == alive {
             return false;
         }
         if alive {
             g.ups += 1;
+            info!(gateway = %nid, "gateway up");
         } else {
             g.downs += 1;
+            info!(gateway = %nid, "gateway down");
         }
         g.alive = alive;
         !alive
@@ -159,7 +172,7 @@ impl Gateways {
     pub fn notify(&mut self, nid: Nid, alive: bool) -> bool {
         self.map
             .get_mut(&nid)
-            .is_some_and(|g| Gateways::mark(g, alive))
+            .is_some_and(|g| Gateways::mark(nid, g, alive))
     }
 
     /// Gateways whose ping is due at `now` and that `reachable` says we can ping; each is
@@ -198,8 +211,15 @@ impl Gateways {
             .min()
     }
 
-    /// Ping `id` of gateway `nid` ended; true when the gateway just died.
-    pub fn ping_done(&mut self, nid: Nid, id: u64, reply: Option<&PingReply>) -> bool {
+    /// Ping `id` of gateway `nid` ended at `now`; true when the gateway just died.
+    pub fn ping_done(
+        &mut self,
+        now: Instant,
+        nid: Nid,
+        id: u64,
+        reply: Option<&PingReply>,
+    ) -> bool {
+        let interval = self.cfg.check_interval;
         let Some(g) = self.map.get_mut(&nid) else {
             return false;
         };
@@ -220,12 +240,16 @@ impl Gateways {
                 );
                 // A gateway that says it does not forward, or lost the far net, is as good
                 // as dead for the routes it no longer serves: `route_alive` tells per route.
-                Gateways::mark(g, true);
+                g.retry = FIRST_RETRY;
+                g.next_ping = now + interval;
+                Gateways::mark(nid, g, true);
                 false
             }
             None => {
                 g.ping_failures += 1;
-                Gateways::mark(g, false)
+                g.next_ping = g.next_ping.min(now + g.retry);
+                g.retry = (g.retry + g.retry).min(interval.max(FIRST_RETRY));
+                Gateways::mark(nid, g, false)
             }
         }
     }
@@ -284,25 +308,25 @@ mod tests {
         assert_eq!(pings, vec![(gw, 7)]);
         assert!(g.due(t0, |_| true, || 8).is_empty(), "one ping at a time");
         let rows: Vec<(&str, Box<dyn Fn(&mut Gateways)>, bool)> = vec![
-            ("ping timed out", Box::new(move |g| { g.ping_done(gw, 7, None); }), false),
+            ("ping timed out", Box::new(move |g| { g.ping_done(t0, gw, 7, None); }), false),
             ("LND says up", Box::new(move |g| { g.notify(gw, true); }), true),
             ("LND says down", Box::new(move |g| { g.notify(gw, false); }), false),
             ("reply: routes, up on o2ib1", Box::new(move |g| {
                 g.map.get_mut(&gw).unwrap().pinging = Some(9);
-                g.ping_done(gw, 9, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
+                g.ping_done(t0, gw, 9, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
             }), true),
             ("reply: RTE_DISABLED", Box::new(move |g| {
                 g.map.get_mut(&gw).unwrap().pinging = Some(10);
-                g.ping_done(gw, 10, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base | feat::RTE_DISABLED)));
+                g.ping_done(t0, gw, 10, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base | feat::RTE_DISABLED)));
             }), false),
             ("reply: its o2ib1 NI down (asymmetric failure)", Box::new(move |g| {
                 g.map.get_mut(&gw).unwrap().pinging = Some(11);
-                g.ping_done(gw, 11, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &["10.1.0.9@o2ib1"], base)));
+                g.ping_done(t0, gw, 11, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &["10.1.0.9@o2ib1"], base)));
             }), false),
-            ("stale ping id ignored", Box::new(move |g| { g.ping_done(gw, 3, None); }), false),
+            ("stale ping id ignored", Box::new(move |g| { g.ping_done(t0, gw, 3, None); }), false),
             ("reply: back up", Box::new(move |g| {
                 g.map.get_mut(&gw).unwrap().pinging = Some(12);
-                g.ping_done(gw, 12, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
+                g.ping_done(t0, gw, 12, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
             }), true),
         ];
         for (what, input, want) in rows {
@@ -314,10 +338,22 @@ mod tests {
         // A two-hop route does not need the gateway on the far net.
         let far = RouteConfig { hops: Some(2), ..r };
         g.map.get_mut(&gw).unwrap().pinging = Some(13);
-        g.ping_done(gw, 13, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
+        g.ping_done(t0, gw, 13, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
         assert!(!g.route_alive(&r));
         assert!(g.route_alive(&far));
-        // The next ping is due one interval after the last went out.
+        // The next ping is due one interval after the last went out...
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(60)));
+        // ... but after a failure, in 1 s, then 2, 4 ..., never later than the interval.
+        let mut at = g.next_deadline().unwrap();
+        let mut gaps = Vec::new();
+        for id in 100..110 {
+            let due = g.due(at, |_| true, || id);
+            assert_eq!(due.len(), 1, "a ping due at {at:?}");
+            g.ping_done(at, gw, id, None);
+            let next = g.next_deadline().unwrap();
+            gaps.push((next - at).as_secs());
+            at = next;
+        }
+        assert_eq!(gaps, [1, 2, 4, 8, 16, 32, 60, 60, 60, 60]);
     }
 }

@@ -45,7 +45,7 @@ use router::control::{
 };
 use router::runtime::NiRuntime;
 use router::yaml_config::{DaemonConfig, FabricKind};
-use router::{LnetEvent, LnetNode};
+use router::{Handover, HandoverTarget, LnetEvent, LnetNode, RouteConfig, RouteTable};
 use tracing::{debug, error, info, warn};
 
 /// How long the loop may block before it looks at control requests and signals again.
@@ -54,6 +54,10 @@ const MAX_WAIT: StdDuration = StdDuration::from_millis(20);
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 /// Control requests that may wait for the loop at once.
 const CONTROL_QUEUE: usize = 64;
+/// Handovers (forwarded messages and their releases) that may wait for an NI's loop at once.
+/// A full channel never blocks the sender: what does not fit waits in the sender's outbox
+/// (bounded by its router buffers) and goes at its next turn.
+const HANDOVER_QUEUE: usize = 4096;
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum LogFormat {
@@ -245,19 +249,45 @@ fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), S
     let mut threads = Vec::new();
     let wakes: Vec<WakeHandle> = runtimes.iter().map(|r| r.1.clone()).collect();
     let wakes = Arc::new(wakes);
-    for (rt, wake, kind, extras) in runtimes {
+    // The NI loops hand each other forwarded messages over bounded channels, each with the
+    // receiving loop's waker.
+    let mut hand_rxs = Vec::new();
+    let mut hand_links = Vec::new();
+    for (rt, wake, _, _) in &runtimes {
+        let (tx, rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
+        hand_links.push(HandoverLink {
+            nid: rt.node().nids()[0],
+            tx,
+            wake: wake.clone(),
+        });
+        hand_rxs.push(rx);
+    }
+    let hand_links = Arc::new(hand_links);
+    for ((rt, wake, kind, extras), hand_rx) in runtimes.into_iter().zip(hand_rxs) {
         let nid = rt.node().nids()[0];
         let (tx, rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
         links.push(NiLink { nid, tx, wake });
         let (shared, wakes) = (Arc::clone(&shared), Arc::clone(&wakes));
+        let hands = Handovers {
+            rx: hand_rx,
+            links: Arc::clone(&hand_links),
+            outbox: std::collections::VecDeque::new(),
+        };
         let t = std::thread::Builder::new()
             .name(format!("ni {nid}"))
-            .spawn(move || ni_loop(rt, kind, extras, &rx, &shared, &wakes))
+            .spawn(move || ni_loop(rt, kind, extras, &rx, hands, &shared, &wakes))
             .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
         threads.push((nid, t));
     }
+    let own: Vec<Nid> = links.iter().map(|l| l.nid).collect();
+    let table = RouteTable::new(
+        &cfg.routes.iter().map(|r| r.route).collect::<Vec<_>>(),
+        &own,
+    )
+    .map_err(|(i, e)| format!("route {}: {e}", i + 1))?;
     let loops = Loops {
         nis: Arc::new(links),
+        routes: Arc::new(Mutex::new(table)),
     };
     let counters = Arc::new(ControlCounters::default());
     std::thread::Builder::new()
@@ -317,6 +347,7 @@ fn ni_loop(
     kind: FabricKind,
     extras: NiExtras,
     req_rx: &Receiver<ControlMsg>,
+    mut hands: Handovers,
     shared: &Shutdown,
     wakes: &[WakeHandle],
 ) {
@@ -340,6 +371,7 @@ fn ni_loop(
         } else {
             std::thread::sleep(MAX_WAIT);
         }
+        hands.relay(&mut rt);
         drain_events(rt.node_mut(), &mut control);
         let mut refreshed = false;
         while let Ok((req, reply)) = req_rx.try_recv() {
@@ -438,6 +470,76 @@ fn ni_loop(
                 }
                 return;
             }
+        }
+    }
+}
+
+/// Another NI loop as a handover reaches it.
+struct HandoverLink {
+    nid: Nid,
+    tx: crossbeam_channel::Sender<Handover>,
+    wake: WakeHandle,
+}
+
+/// One NI loop's side of the handovers: its inbox, every loop's link, and what did not fit
+/// in a full channel yet.
+struct Handovers {
+    rx: crossbeam_channel::Receiver<Handover>,
+    links: Arc<Vec<HandoverLink>>,
+    outbox: std::collections::VecDeque<Handover>,
+}
+
+impl Handovers {
+    /// Takes in what the other loops handed over, then hands out what the node produced (and
+    /// what waited), waking each loop that got something. Never blocks: a full channel keeps
+    /// the rest in the outbox for the next turn. A handover for a loop that is gone fails the
+    /// forward at its origin (this node) or is dropped if it was a release for that loop.
+    fn relay(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+        let now = rt.now();
+        while let Ok(h) = self.rx.try_recv() {
+            rt.node_mut().handle_handover(now, h);
+        }
+        while let Some(h) = rt.node_mut().poll_handover() {
+            self.outbox.push_back(h);
+        }
+        let mut woken = vec![false; self.links.len()];
+        let mut stuck = std::collections::VecDeque::new();
+        while let Some(h) = self.outbox.pop_front() {
+            let target = match h.target() {
+                HandoverTarget::Nid(nid) => self.links.iter().position(|l| l.nid == nid),
+                HandoverTarget::Net(net) => self.links.iter().position(|l| l.nid.net() == net),
+            };
+            let Some(i) = target else {
+                self.undeliverable(rt, h);
+                continue;
+            };
+            match self.links[i].tx.try_send(h) {
+                Ok(()) => woken[i] = true,
+                Err(crossbeam_channel::TrySendError::Full(h)) => stuck.push_back(h),
+                Err(crossbeam_channel::TrySendError::Disconnected(h)) => {
+                    self.undeliverable(rt, h)
+                }
+            }
+        }
+        self.outbox = stuck;
+        for (i, w) in woken.into_iter().enumerate() {
+            if w {
+                self.links[i].wake.wake();
+            }
+        }
+    }
+
+    fn undeliverable(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>, h: Handover) {
+        if let Handover::Forward { origin, key, .. } = h {
+            let now = rt.now();
+            rt.node_mut().handle_handover(
+                now,
+                Handover::Done {
+                    origin,
+                    key,
+                    result: Err(router::LnetError::Shutdown),
+                },
+            );
         }
     }
 }
@@ -911,10 +1013,13 @@ struct NiLink {
     wake: WakeHandle,
 }
 
-/// Every NI's loop, in configuration order.
+/// Every NI's loop, in configuration order, and the route table the control side reads to
+/// send a ping to the right loop (each loop's node holds its own copy; `route add|del` change
+/// both).
 #[derive(Clone)]
 struct Loops {
     nis: Arc<Vec<NiLink>>,
+    routes: Arc<Mutex<RouteTable>>,
 }
 
 impl Loops {
@@ -978,8 +1083,74 @@ impl Loops {
                 source,
             } => self.ping(nids, timeout_secs, source),
             Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
+            Request::SetBuffers { pool, count } => {
+                // The node's total, shared out: each NI loop is a CPT with its own pools.
+                let share = (count / self.nis.len().max(1) as u32).max(1);
+                let req = Request::SetBuffers { pool, count: share };
+                merge(self.ask(&all, &req))
+            }
+            req @ (Request::RouteAdd { .. } | Request::RouteDel { .. }) => {
+                let resp = merge(self.ask(&all, &req));
+                if matches!(resp, Response::Done) {
+                    self.mirror_route_change(&req);
+                }
+                resp
+            }
             req => merge(self.ask(&all, &req)),
         }
+    }
+
+    /// Applies a route change every loop accepted to the control side's copy of the table.
+    fn mirror_route_change(&self, req: &Request) {
+        let own: Vec<Nid> = self.nis.iter().map(|l| l.nid).collect();
+        let Ok(mut table) = self.routes.lock() else {
+            return;
+        };
+        match req {
+            Request::RouteAdd {
+                net,
+                gateway,
+                hop,
+                priority,
+            } => {
+                if let (Ok(net), Ok(gateway)) = (net.trim().parse(), gateway.trim().parse()) {
+                    let r = RouteConfig {
+                        net,
+                        gateway,
+                        hops: hop.and_then(|h| u8::try_from(h).ok()).filter(|&h| h >= 1),
+                        priority: priority.unwrap_or(0),
+                    };
+                    let _ = table.add(r, &own);
+                }
+            }
+            Request::RouteDel { net, gateway } => {
+                if let Ok(net) = net.trim().parse() {
+                    let gw = gateway.as_ref().and_then(|g| g.trim().parse().ok());
+                    let _ = table.remove(net, gw);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The loop that sends to `t`: the NI on its net; for a remote net, the NI on the net of
+    /// one of its routes' gateways (the first such route; that loop's node then picks the
+    /// best of its routes); else the first.
+    fn loop_for(&self, t: Nid) -> usize {
+        if t == Nid::LO_0 || self.nis.iter().any(|l| l.nid == t) {
+            return 0;
+        }
+        if let Some(i) = self.nis.iter().position(|l| l.nid.net() == t.net()) {
+            return i;
+        }
+        let Ok(table) = self.routes.lock() else {
+            return 0;
+        };
+        table
+            .to_net(t.net())
+            .iter()
+            .find_map(|r| self.nis.iter().position(|l| l.nid.net() == r.gateway.net()))
+            .unwrap_or(0)
     }
 
     /// Each target pinged by the loop of the NI on its net (our own NIDs and `0@lo` by the
@@ -1010,15 +1181,7 @@ impl Loops {
         }
         let mut pending = Vec::new();
         for t in &targets {
-            let own = *t == Nid::LO_0 || self.nis.iter().any(|l| l.nid == *t);
-            let i = if own {
-                0
-            } else {
-                self.nis
-                    .iter()
-                    .position(|l| l.nid.net() == t.net())
-                    .unwrap_or(0)
-            };
+            let i = self.loop_for(*t);
             let req = Request::Ping {
                 nids: vec![t.to_string()],
                 timeout_secs,
@@ -1099,6 +1262,41 @@ fn merge(mut answers: Vec<Response>) -> Response {
             Response::Conn(a)
         }
         (Response::Stats(a), Response::Stats(b)) => Response::Stats(sum_stats(a, b)),
+        (Response::Route(mut a), Response::Route(b)) => {
+            // Every loop lists every route; the state comes from the loop that watches the
+            // route's gateway (the others have none).
+            for e in b.route {
+                match a
+                    .route
+                    .iter_mut()
+                    .find(|x| x.net == e.net && x.gateway == e.gateway)
+                {
+                    Some(x) => {
+                        if x.state.is_none() {
+                            x.state = e.state;
+                        }
+                    }
+                    None => a.route.push(e),
+                }
+            }
+            Response::Route(a)
+        }
+        (Response::Routing(mut a), Response::Routing(b)) => {
+            a.cpts.extend(b.cpts);
+            a.enable = a.enable.max(b.enable);
+            let (x, y) = (&mut a.forwarding, &b.forwarding);
+            x.received += y.received;
+            x.forwarded += y.forwarded;
+            x.forwarded_bytes += y.forwarded_bytes;
+            x.in_flight += y.in_flight;
+            x.dropped += y.dropped;
+            for (slot, (_, n)) in x.dropped_by_reason.iter_mut().zip(&y.dropped_by_reason) {
+                slot.1 += n;
+            }
+            x.waited_rtr_credit += y.waited_rtr_credit;
+            x.waited_buffer += y.waited_buffer;
+            Response::Routing(a)
+        }
         (a, _) => a,
     })
 }

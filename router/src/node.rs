@@ -1197,7 +1197,8 @@ impl LnetNode {
                 if let Err(e) = &result {
                     debug!(gateway = %p.target, "gateway ping failed: {e}");
                 }
-                if self.gateways.ping_done(p.target, id, result.as_ref().ok()) {
+                let now = self.now;
+                if self.gateways.ping_done(now, p.target, id, result.as_ref().ok()) {
                     self.reroute_queued(p.target);
                 }
                 return;

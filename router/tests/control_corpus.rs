@@ -23,10 +23,16 @@ fn kind(r: &Request) -> &'static str {
         Request::GlobalShow => "global_show",
         Request::CaptureStart { .. } => "capture_start",
         Request::CaptureStop { .. } => "capture_stop",
+        Request::RouteShow { .. } => "route_show",
+        Request::RouteAdd { .. } => "route_add",
+        Request::RouteDel { .. } => "route_del",
+        Request::RoutingShow => "routing_show",
+        Request::SetRouting { .. } => "set_routing",
+        Request::SetBuffers { .. } => "set_buffers",
     }
 }
 
-const EVERY_KIND: [&str; 8] = [
+const EVERY_KIND: [&str; 14] = [
     "ping",
     "net_show",
     "peer_show",
@@ -35,6 +41,12 @@ const EVERY_KIND: [&str; 8] = [
     "global_show",
     "capture_start",
     "capture_stop",
+    "route_show",
+    "route_add",
+    "route_del",
+    "routing_show",
+    "set_routing",
+    "set_buffers",
 ];
 
 /// What the fuzz target checks on every input: never a panic; a request re-encodes to a line

@@ -73,6 +73,38 @@ pub enum Request {
     CaptureStop {
         id: u64,
     },
+    /// `lnetctl route show [--net N] [--gateway NID] [-v]`.
+    RouteShow {
+        #[serde(default)]
+        net: Option<String>,
+        #[serde(default)]
+        gateway: Option<String>,
+        #[serde(default)]
+        verbose: bool,
+    },
+    /// `lnetctl route add --net N --gateway NID [--hop H] [--priority P]`.
+    RouteAdd {
+        net: String,
+        gateway: String,
+        /// 1..=255, or -1 (undefined).
+        #[serde(default)]
+        hop: Option<i64>,
+        #[serde(default)]
+        priority: Option<u32>,
+    },
+    /// `lnetctl route del --net N [--gateway NID]`.
+    RouteDel {
+        net: String,
+        #[serde(default)]
+        gateway: Option<String>,
+    },
+    /// `lnetctl routing show`.
+    RoutingShow,
+    /// `lnetctl set routing 0|1`.
+    SetRouting { enable: bool },
+    /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: the node's total of that
+    /// size (a daemon gives each NI its share).
+    SetBuffers { pool: String, count: u32 },
 }
 
 /// What the daemon answers.
@@ -88,6 +120,10 @@ pub enum Response {
     CaptureStarted(CaptureStarted),
     CaptureData(CaptureData),
     CaptureDone(CaptureSummary),
+    Route(RouteShow),
+    Routing(RoutingShow),
+    /// A change was made (route add/del, set): lnetctl prints nothing, as real lnetctl.
+    Done,
     Error(ControlError),
 }
 
@@ -403,6 +439,71 @@ pub struct Statistics {
     pub loopback_length: u64,
 }
 
+/// `lnetctl route show`: one entry per (net, gateway); the verbose fields only with `-v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteShow {
+    pub route: Vec<RouteEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteEntry {
+    pub net: String,
+    pub gateway: String,
+    /// -1: undefined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hop: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_sensitivity: Option<u32>,
+    /// `up` or `down`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `single-hop` or `multi-hop`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// `lnetctl routing show`: each CPT's router buffer pools (a daemon NI runtime is one CPT),
+/// `enable`, and ours: the forwarding books.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutingShow {
+    pub cpts: Vec<CptPools>,
+    pub enable: u32,
+    /// Ours: every message accepted for forwarding is forwarded, dropped for a reason, or in
+    /// flight (`received == forwarded + dropped + in_flight`).
+    pub forwarding: ForwardingCounts,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CptPools {
+    pub tiny: PoolShow,
+    pub small: PoolShow,
+    pub large: PoolShow,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolShow {
+    pub npages: u32,
+    pub nbuffers: u32,
+    pub credits: i64,
+    pub mincredits: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardingCounts {
+    pub received: u64,
+    pub forwarded: u64,
+    pub forwarded_bytes: u64,
+    pub in_flight: u64,
+    pub dropped: u64,
+    /// Dropped, by reason (`routing_disabled`, `wrong_net`, `malformed`, `no_route`,
+    /// `send_failed`, `shutdown`).
+    pub dropped_by_reason: Vec<(String, u64)>,
+    pub waited_rtr_credit: u64,
+    pub waited_buffer: u64,
+}
+
 /// `lnetctl global show`: the globals that mean something here.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GlobalShow {
@@ -421,7 +522,7 @@ pub struct Globals {
     pub retry_count: u32,
     /// The LND timeout of the first NI, seconds.
     pub lnd_timeout: u64,
-    /// 0: this node does not forward yet.
+    /// 1 when this node forwards for others.
     pub routing: u32,
     /// Ours: the PID we answer as.
     pub pid: u32,

@@ -10,7 +10,10 @@ use lnd::wire::Nid;
 use tracing::warn;
 
 use super::protocol::*;
-use super::views::{conn_show, global_show, net_show, peer_show, stats_show, NiExtras};
+use super::views::{
+    conn_show, global_show, net_show, peer_show, route_add, route_del, route_show, routing_show,
+    set_buffers, stats_show, NiExtras,
+};
 use crate::{LnetError, LnetEvent, LnetNode, PingId};
 
 struct PendingReq<T> {
@@ -125,6 +128,38 @@ impl<T> Control<T> {
             Request::ConnShow => Response::Conn(conn_show(node, now)),
             Request::StatsShow => Response::Stats(stats_show(node)),
             Request::GlobalShow => Response::Global(global_show(node)),
+            Request::RouteShow {
+                net,
+                gateway,
+                verbose,
+            } => match route_show(node, net.as_deref(), gateway.as_deref(), verbose) {
+                Ok(r) => Response::Route(r),
+                Err(e) => Response::Error(e),
+            },
+            Request::RouteAdd {
+                net,
+                gateway,
+                hop,
+                priority,
+            } => match route_add(now, node, &net, &gateway, hop, priority) {
+                Ok(()) => Response::Done,
+                Err(e) => Response::Error(e),
+            },
+            Request::RouteDel { net, gateway } => {
+                match route_del(now, node, &net, gateway.as_deref()) {
+                    Ok(()) => Response::Done,
+                    Err(e) => Response::Error(e),
+                }
+            }
+            Request::RoutingShow => Response::Routing(routing_show(node)),
+            Request::SetRouting { enable } => {
+                node.set_routing(now, enable);
+                Response::Done
+            }
+            Request::SetBuffers { pool, count } => match set_buffers(now, node, &pool, count) {
+                Ok(()) => Response::Done,
+                Err(e) => Response::Error(e),
+            },
         };
         Some((token, resp))
     }

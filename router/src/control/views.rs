@@ -2,10 +2,10 @@
 //! `stats show` and `global show`, and the LND counters and settings `net show -v` adds.
 
 use lnd::time::Instant;
-use lnd::wire::Nid;
+use lnd::wire::{Net, Nid};
 
 use super::protocol::*;
-use crate::{LnetNode, NiIndex, MAX_PING_NIS};
+use crate::{FwdDrop, LnetNode, NiIndex, PoolClass, RouteConfig, RouteError, MAX_PING_NIS};
 
 /// Per-NI settings LNetNode does not keep (for `net show -v`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -303,7 +303,7 @@ pub fn global_show(node: &LnetNode) -> GlobalShow {
             drop_asym_route: 0,
             retry_count: 0,
             lnd_timeout,
-            routing: 0,
+            routing: u32::from(node.routing_enabled()),
             pid: node.pid(),
         },
     }
@@ -357,4 +357,177 @@ mod tests {
         assert_eq!(f.counters.get("truncated"), Some(2));
         assert!(s.net[0].local_nis[0].fabric.is_none(), "0@lo has no fabric");
     }
+}
+
+// ---------------------------------------------------------------------------------- routes
+
+fn parse_net(s: &str) -> Result<Net, ControlError> {
+    s.trim()
+        .parse()
+        .map_err(|e| ControlError::new(errno::EINVAL, format!("bad net '{s}': {e}")))
+}
+
+fn parse_gateway(s: &str) -> Result<Nid, ControlError> {
+    s.trim()
+        .parse()
+        .map_err(|e| ControlError::new(errno::EINVAL, format!("bad gateway '{s}': {e}")))
+}
+
+fn route_error(e: &RouteError) -> ControlError {
+    ControlError::new(-e.errno(), e.to_string())
+}
+
+/// `route show`: every route (only those to `net` and through `gateway`, when given). The
+/// state is the gateway's as this node sees it; a route whose gateway another runtime of the
+/// daemon watches has no state here (the daemon merges the runtimes' answers).
+pub fn route_show(
+    node: &LnetNode,
+    net: Option<&str>,
+    gateway: Option<&str>,
+    verbose: bool,
+) -> Result<RouteShow, ControlError> {
+    let net = net.map(parse_net).transpose()?;
+    let gateway = gateway.map(parse_gateway).transpose()?;
+    let route = node
+        .routes()
+        .routes()
+        .filter(|r| net.is_none_or(|n| n == r.net) && gateway.is_none_or(|g| g == r.gateway))
+        .map(|r| RouteEntry {
+            net: r.net.to_string(),
+            gateway: r.gateway.to_string(),
+            hop: verbose.then(|| r.hops_shown()),
+            priority: verbose.then_some(r.priority),
+            health_sensitivity: verbose.then_some(1),
+            state: if verbose {
+                node.route_state(r)
+                    .map(|up| if up { "up" } else { "down" }.to_string())
+            } else {
+                None
+            },
+            kind: verbose.then(|| {
+                if r.effective_hops() > 1 {
+                    "multi-hop"
+                } else {
+                    "single-hop"
+                }
+                .to_string()
+            }),
+        })
+        .collect();
+    Ok(RouteShow { route })
+}
+
+/// `route add`: checked as lnet_add_route checks (`RouteError`), then added.
+pub fn route_add(
+    now: Instant,
+    node: &mut LnetNode,
+    net: &str,
+    gateway: &str,
+    hop: Option<i64>,
+    priority: Option<u32>,
+) -> Result<(), ControlError> {
+    let net = parse_net(net)?;
+    let gateway = parse_gateway(gateway)?;
+    let hops = match hop {
+        None | Some(-1) => None,
+        Some(h) => match u8::try_from(h) {
+            Ok(v) if v >= 1 => Some(v),
+            _ => return Err(route_error(&RouteError::BadHops(h))),
+        },
+    };
+    let r = RouteConfig {
+        net,
+        gateway,
+        hops,
+        priority: priority.unwrap_or(0),
+    };
+    let mut table = node.routes().clone();
+    table
+        .add(r, node.node_nids())
+        .map_err(|e| route_error(&e))?;
+    node.set_routes(now, table);
+    Ok(())
+}
+
+/// `route del`: the routes to `net` (through `gateway` only, when given).
+pub fn route_del(
+    now: Instant,
+    node: &mut LnetNode,
+    net: &str,
+    gateway: Option<&str>,
+) -> Result<(), ControlError> {
+    let net = parse_net(net)?;
+    let gateway = gateway.map(parse_gateway).transpose()?;
+    let mut table = node.routes().clone();
+    table.remove(net, gateway).map_err(|e| route_error(&e))?;
+    node.set_routes(now, table);
+    Ok(())
+}
+
+/// `routing show` of this node: one CPT.
+pub fn routing_show(node: &LnetNode) -> RoutingShow {
+    let info = node.routing_info();
+    let pool = |c: PoolClass| {
+        info.pools
+            .iter()
+            .find(|p| p.class == c)
+            .map(|p| PoolShow {
+                npages: p.npages,
+                nbuffers: p.nbuffers,
+                credits: p.credits,
+                mincredits: p.min_credits,
+            })
+            .unwrap_or_default()
+    };
+    let s = &info.stats;
+    RoutingShow {
+        cpts: vec![CptPools {
+            tiny: pool(PoolClass::Tiny),
+            small: pool(PoolClass::Small),
+            large: pool(PoolClass::Large),
+        }],
+        enable: u32::from(info.enabled),
+        forwarding: ForwardingCounts {
+            received: s.received,
+            forwarded: s.forwarded,
+            forwarded_bytes: s.forwarded_bytes,
+            in_flight: s.in_flight,
+            dropped: s.dropped(),
+            dropped_by_reason: FwdDrop::ALL
+                .iter()
+                .map(|&d| (d.name().to_string(), s.dropped_for(d)))
+                .collect(),
+            waited_rtr_credit: s.waited_rtr_credit,
+            waited_buffer: s.waited_buffer,
+        },
+    }
+}
+
+/// `set tiny_buffers|small_buffers|large_buffers N` on this node (`pool`: `tiny`, `small`,
+/// `large`, or the lnetctl key).
+pub fn set_buffers(
+    now: Instant,
+    node: &mut LnetNode,
+    pool: &str,
+    count: u32,
+) -> Result<(), ControlError> {
+    let class = match pool.trim_end_matches("_buffers") {
+        "tiny" => PoolClass::Tiny,
+        "small" => PoolClass::Small,
+        "large" => PoolClass::Large,
+        other => {
+            return Err(ControlError::new(
+                errno::EINVAL,
+                format!("no buffer pool '{other}' (tiny, small or large)"),
+            ))
+        }
+    };
+    if count == 0 {
+        return Err(ControlError::new(
+            errno::EINVAL,
+            "a pool needs at least one buffer",
+        ));
+    }
+    node.set_buffers(now, class, count);
+    Ok(())
 }
