@@ -25,6 +25,8 @@ pub enum LnetError {
     BadReply(WireError),
     /// The node is shutting down.
     Shutdown,
+    /// A message for another node would go back to the peer it came from (a routing loop).
+    Loop(Nid),
 }
 
 impl fmt::Display for LnetError {
@@ -39,6 +41,7 @@ impl fmt::Display for LnetError {
             LnetError::Refused(e) => write!(f, "send refused: {e}"),
             LnetError::BadReply(e) => write!(f, "bad ping reply: {e}"),
             LnetError::Shutdown => f.write_str("shutting down"),
+            LnetError::Loop(nid) => write!(f, "would go back to {nid}, which sent it (a routing loop)"),
         }
     }
 }

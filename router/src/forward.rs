@@ -167,6 +167,8 @@ pub enum Handover {
     Forward {
         via: Net,
         origin: Nid,
+        /// The peer it came from (never sent back there: see [`FwdDrop::Loop`]).
+        from: Nid,
         key: u64,
         hdr: LnetHdr,
         payload: Vec<u8>,
@@ -210,6 +212,9 @@ pub enum FwdDrop {
     Malformed,
     /// No route to its destination's net, or none alive.
     NoRoute,
+    /// Its next hop is the peer it came from: two routers that route a net through each
+    /// other. Cut here (split horizon) rather than bounced until a buffer runs out.
+    Loop,
     /// The egress LND could not deliver it to the next hop.
     SendFailed,
     /// The node is shutting down.
@@ -217,11 +222,12 @@ pub enum FwdDrop {
 }
 
 impl FwdDrop {
-    pub const ALL: [FwdDrop; 6] = [
+    pub const ALL: [FwdDrop; 7] = [
         FwdDrop::RoutingDisabled,
         FwdDrop::WrongNet,
         FwdDrop::Malformed,
         FwdDrop::NoRoute,
+        FwdDrop::Loop,
         FwdDrop::SendFailed,
         FwdDrop::Shutdown,
     ];
@@ -233,6 +239,7 @@ impl FwdDrop {
             FwdDrop::WrongNet => "wrong_net",
             FwdDrop::Malformed => "malformed",
             FwdDrop::NoRoute => "no_route",
+            FwdDrop::Loop => "loop",
             FwdDrop::SendFailed => "send_failed",
             FwdDrop::Shutdown => "shutdown",
         }
@@ -246,6 +253,7 @@ impl FwdDrop {
             FwdDrop::NoRoute => 3,
             FwdDrop::SendFailed => 4,
             FwdDrop::Shutdown => 5,
+            FwdDrop::Loop => 6,
         }
     }
 
@@ -253,6 +261,7 @@ impl FwdDrop {
     pub(crate) fn of(e: &LnetError) -> FwdDrop {
         match e {
             LnetError::NoRoute(_) => FwdDrop::NoRoute,
+            LnetError::Loop(_) => FwdDrop::Loop,
             LnetError::Shutdown => FwdDrop::Shutdown,
             LnetError::PayloadTooLarge { .. } => FwdDrop::Malformed,
             _ => FwdDrop::SendFailed,
@@ -278,7 +287,7 @@ pub struct ForwardStats {
     pub forwarded: u64,
     pub forwarded_bytes: u64,
     /// Dropped, by reason (see [`FwdDrop::ALL`] for the order).
-    pub dropped: [u64; 6],
+    pub dropped: [u64; 7],
     /// Held now: waiting for a router credit or a buffer, or with an egress.
     pub in_flight: u64,
     /// Messages that had to wait for a router credit of their sender, or for a buffer.

@@ -960,6 +960,7 @@ impl LnetNode {
                 s.local_error_count += 1
             }
             LnetError::Lnd(TxError::PeerUnreachable) => s.network_timeout_count += 1,
+            LnetError::Loop(_) => s.local_error_count += 1,
             LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {}
         }
     }
@@ -1432,6 +1433,7 @@ impl LnetNode {
             return;
         };
         let ni = f.ni;
+        let from = f.from;
         let rx = f.rx.take();
         let hdr = f.hdr;
         let payload = std::mem::take(&mut f.payload);
@@ -1440,12 +1442,17 @@ impl LnetNode {
         }
         let origin = self.nis[ni].nid;
         match self.route(hdr.dest_nid) {
+            Ok(Route::Remote { next, .. }) if next == from => {
+                self.count_error(&LnetError::Loop(from));
+                self.forward_done(key, Err(FwdDrop::Loop));
+            }
             Ok(r @ Route::Remote { .. }) => {
                 self.launch(r, hdr, payload, Purpose::Forward { origin, key });
             }
             Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
                 via,
                 origin,
+                from,
                 key,
                 hdr,
                 payload,
@@ -1597,17 +1604,20 @@ impl LnetNode {
         match h {
             Handover::Forward {
                 origin,
+                from,
                 key,
                 hdr,
                 payload,
                 ..
             } => match self.route(hdr.dest_nid) {
-                Ok(r @ Route::Remote { .. }) if !self.shutting_down => {
+                Ok(r @ Route::Remote { next, .. }) if !self.shutting_down && next != from => {
                     self.launch(r, hdr, payload, Purpose::Forward { origin, key });
                 }
-                _ => {
+                route => {
                     let result = Err(if self.shutting_down {
                         LnetError::Shutdown
+                    } else if matches!(route, Ok(Route::Remote { next, .. }) if next == from) {
+                        LnetError::Loop(from)
                     } else {
                         LnetError::NoRoute(hdr.dest_nid)
                     });

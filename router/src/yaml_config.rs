@@ -1057,4 +1057,130 @@ peers:
         let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
         assert_eq!(e.line, Some(7), "{e}");
     }
+
+    /// What `lnetctl export` writes on a Lustre router (net, route, routing, buffers, peer,
+    /// global), plus ulnet's `fabric`/`listen`: it loads, with the routing sections read.
+    const ROUTER_EXPORT: &str = "\
+net:
+    - net type: lo
+      local NI(s):
+        - nid: 0@lo
+          status: up
+    - net type: o2ib
+      fabric: tcp
+      local NI(s):
+        - nid: 10.0.0.254@o2ib
+          listen: 127.0.0.1:9881
+          status: up
+          interfaces:
+              0: ib0
+          tunables:
+              peer_timeout: 180
+              peer_credits: 8
+              peer_buffer_credits: 16
+              credits: 256
+          lnd tunables:
+              peercredits_hiw: 4
+              map_on_demand: 1
+              concurrent_sends: 8
+              fmr_pool_size: 512
+              fmr_flush_trigger: 384
+              fmr_cache: 1
+              ntx: 512
+              conns_per_peer: 1
+          dev cpt: 0
+          CPT: \"[0]\"
+    - net type: o2ib1
+      fabric: tcp
+      local NI(s):
+        - nid: 10.1.0.254@o2ib1
+          listen: 127.0.0.1:9882
+route:
+    - net: o2ib2
+      gateway: 10.1.0.253@o2ib1
+      hop: 2
+      priority: 1
+      health_sensitivity: 1
+    - net: o2ib3
+      gateway: 10.0.0.253@o2ib
+      hop: -1
+      priority: 0
+      health_sensitivity: 1
+routing:
+    enable: 1
+buffers:
+    tiny: 512
+    small: 4096
+    large: 256
+peer:
+    - primary nid: 10.0.0.1@o2ib
+      Multi-Rail: False
+      peer ni:
+        - nid: 10.0.0.1@o2ib
+global:
+    numa_range: 0
+    max_interfaces: 200
+    discovery: 1
+";
+
+    #[test]
+    fn a_routers_lnetctl_export_loads_with_its_routes_and_buffers() {
+        let c = DaemonConfig::parse(ROUTER_EXPORT, "export.yaml").unwrap();
+        assert!(c.routing.enabled);
+        assert_eq!(
+            c.routing.buffers,
+            BufferCounts {
+                tiny: 512,
+                small: 4096,
+                large: 256
+            }
+        );
+        let routes: Vec<RouteConfig> = c.routes.iter().map(|r| r.route).collect();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes[0].net.to_string(), "o2ib2");
+        assert_eq!(routes[0].hops, Some(2));
+        assert_eq!(routes[0].priority, 1);
+        assert_eq!(routes[1].hops, None);
+        assert_eq!(c.routes[0].line, 36);
+        assert_eq!(c.routes[1].line, 41);
+        let ni = &c.nis().next().unwrap().1.ni;
+        assert_eq!(ni.peer_buffer_credits, 16);
+        // Each NI runtime gets the routes, routing on, and its share of the buffers.
+        let per_ni = c.ni_node_configs(1);
+        assert_eq!(per_ni.len(), 2);
+        for n in &per_ni {
+            assert_eq!(n.routes, routes);
+            assert!(n.routing.enabled);
+            assert_eq!(n.routing.buffers.small, 2048);
+        }
+        // Without `routing:`, a node does not forward.
+        let plain = ROUTER_EXPORT.replace("routing:\n    enable: 1\n", "");
+        assert!(!DaemonConfig::parse(&plain, "x.yaml").unwrap().routing.enabled);
+    }
+
+    /// Each bad route is refused with its line and the reason.
+    #[test]
+    fn bad_routes_are_refused_with_their_line_and_reason() {
+        let rows = [
+            ("      gateway: 10.1.0.253@o2ib1\n", "      gateway: 10.9.0.1@o2ib9\n", "not on any local net"),
+            ("    - net: o2ib2\n", "    - net: o2ib1\n", "is local"),
+            ("      hop: 2\n", "      hop: 0\n", "outside 1..=255"),
+            ("      hop: 2\n", "      hop: 300\n", "outside 1..=255"),
+            ("      gateway: 10.1.0.253@o2ib1\n", "      gateway: 10.1.0.254@o2ib1\n", "own NIDs"),
+            ("      gateway: 10.0.0.253@o2ib\n", "      gateway: 10.1.0.253@o2ib1\n      bogus: 1\n", "unknown"),
+        ];
+        for (from, to, why) in rows {
+            let y = ROUTER_EXPORT.replacen(from, to, 1);
+            let e = DaemonConfig::parse(&y, "export.yaml").unwrap_err();
+            assert!(e.message.contains(why), "{to:?}: {e}");
+            assert!(e.line.is_some_and(|l| (36..=46).contains(&l)), "{to:?}: {e}");
+        }
+        let dup = ROUTER_EXPORT.replace(
+            "routing:",
+            "    - net: o2ib2\n      gateway: 10.1.0.253@o2ib1\nrouting:",
+        );
+        let e = DaemonConfig::parse(&dup, "export.yaml").unwrap_err();
+        assert!(e.message.contains("already exists"), "{e}");
+        assert_eq!(e.line, Some(46), "{e}");
+    }
 }

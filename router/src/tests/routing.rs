@@ -384,3 +384,26 @@ fn a_route_through_one_of_our_own_nids_is_refused_and_never_pinged() {
     assert!(f.nodes[0].routes().is_empty());
     assert_eq!(f.nodes[0].stats().send_count, 0);
 }
+
+/// Two routers that each route o2ib9 through the other (a configuration mistake no single
+/// node can see): the second sends nothing back to the first; the message is dropped as a
+/// loop there, once, and every buffer comes back.
+#[test]
+fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
+    let client = node(&[CLIENT], &[route("o2ib9", R_A)], false, 10);
+    let r1 = node(&[R_A, R_B], &[route("o2ib9", R2_B)], true, 30);
+    let r2 = node(&[R2_B, "10.2.0.253@o2ib2"], &[route("o2ib9", R_B)], true, 40);
+    let mut f = Fabric::from_configs(vec![client, r1, r2]);
+    let now = f.now;
+    for i in 0..5 {
+        f.nodes[0]
+            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(2));
+    let s1 = f.nodes[1].routing_info().stats;
+    let s2 = f.nodes[2].routing_info().stats;
+    assert_eq!((s1.received, s1.forwarded), (5, 5), "{s1:?}");
+    assert_eq!((s2.received, s2.dropped_for(FwdDrop::Loop)), (5, 5), "{s2:?}");
+    assert_router_quiescent(&f, &[1, 2]);
+}
