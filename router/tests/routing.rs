@@ -1,0 +1,257 @@
+//! Routing between real daemons on the tcp fabric: a client on o2ib, one or two routers on
+//! o2ib and o2ib1, a server on o2ib1, each NI on its own loopback address.
+//!
+//! Addresses: every daemon of a test listens on its own 127.a.b.c (a from the test, b from
+//! this process's id) and the same port, so the three or four daemons know each other's
+//! addresses before any starts, and a restarted router binds its address again. Nothing else
+//! uses those addresses.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use router::control::{Request, Response, RouteEntry, RoutingShow};
+
+const PORT: u16 = 9988;
+const CLIENT: &str = "10.0.0.1@o2ib";
+const SERVER: &str = "10.1.0.2@o2ib1";
+const R1_A: &str = "10.0.0.254@o2ib";
+const R1_B: &str = "10.1.0.254@o2ib1";
+const R2_A: &str = "10.0.0.253@o2ib";
+const R2_B: &str = "10.1.0.253@o2ib1";
+
+/// A loopback address for host `host` of test `test`, private to this process.
+fn addr(test: u8, host: u8) -> String {
+    let b = (std::process::id() % 250) as u8 + 1;
+    format!("127.{}.{b}.{host}:{PORT}", 100 + test)
+}
+
+/// Every NID of the topology and its address.
+fn nids(test: u8) -> Vec<(&'static str, String)> {
+    [CLIENT, SERVER, R1_A, R1_B, R2_A, R2_B]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (*n, addr(test, i as u8 + 1)))
+        .collect()
+}
+
+fn address_of(test: u8, nid: &str) -> String {
+    nids(test).into_iter().find(|(n, _)| *n == nid).unwrap().1
+}
+
+/// A daemon's YAML: its NIs (NID, net), its routes (net, gateway), routing on or off, the
+/// health settings small, the LND's tunables small, and every other NID's address.
+fn yaml(test: u8, nis: &[&str], routes: &[(&str, &str)], routing: bool) -> String {
+    let mut y = String::from("net:\n");
+    for ni in nis {
+        let net = ni.split('@').nth(1).unwrap();
+        y.push_str(&format!(
+            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
+            address_of(test, ni)
+        ));
+    }
+    if !routes.is_empty() {
+        y.push_str("route:\n");
+        for (net, gw) in routes {
+            y.push_str(&format!("    - net: {net}\n      gateway: {gw}\n      hop: 1\n"));
+        }
+    }
+    y.push_str(&format!(
+        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+        u8::from(routing)
+    ));
+    y.push_str("peers:\n");
+    for (n, a) in nids(test) {
+        if !nis.contains(&n) {
+            y.push_str(&format!("    - nid: {n}\n      address: {a}\n"));
+        }
+    }
+    y
+}
+
+fn routes(d: &Daemon) -> Vec<RouteEntry> {
+    match call(
+        d,
+        Request::RouteShow {
+            net: None,
+            gateway: None,
+            verbose: true,
+        },
+    ) {
+        Response::Route(r) => r.route,
+        other => panic!("{}: route show: {other:?}", d.name),
+    }
+}
+
+fn routing(d: &Daemon) -> RoutingShow {
+    match call(d, Request::RoutingShow) {
+        Response::Routing(r) => r,
+        other => panic!("{}: routing show: {other:?}", d.name),
+    }
+}
+
+fn all_routes_up(d: &Daemon) -> bool {
+    routes(d).iter().all(|r| r.state.as_deref() == Some("up"))
+}
+
+/// The books of a router: received = forwarded + dropped + in flight.
+fn assert_books(r: &RoutingShow) {
+    let f = &r.forwarding;
+    assert_eq!(f.received, f.forwarded + f.dropped + f.in_flight, "{f:?}");
+    let by_reason: u64 = f.dropped_by_reason.iter().map(|(_, n)| n).sum();
+    assert_eq!(by_reason, f.dropped, "{f:?}");
+}
+
+#[test]
+fn client_pings_server_through_a_router() {
+    let t = 1;
+    let s = Scratch::new("routed_ping");
+    let router = start_yaml(&s.0, "router", &yaml(t, &[R1_A, R1_B], &[], true), Opts::default());
+    let server = start_yaml(
+        &s.0,
+        "server",
+        &yaml(t, &[SERVER], &[("o2ib", R1_B)], false),
+        Opts::default(),
+    );
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], &[("o2ib1", R1_A)], false),
+        Opts::default(),
+    );
+    // The client's router pinger finds the router (a dead gateway is re-pinged after 1 s, 2 s,
+    // ...); then the server answers through it.
+    assert!(
+        wait_for(WAIT, || all_routes_up(&client)).is_some(),
+        "{:?}",
+        routes(&client)
+    );
+    ping_until_ok(&client, SERVER, WAIT);
+    for _ in 0..20 {
+        let p = ping(&client, SERVER, 5);
+        assert!(p.manage.is_empty(), "{p:?}");
+        assert_eq!(p.ping[0].primary_nid, SERVER);
+    }
+    // The server pings the client back the same way.
+    ping_until_ok(&server, CLIENT, WAIT);
+
+    let r = routing(&router);
+    assert_eq!(r.enable, 1);
+    assert_eq!(r.cpts.len(), 2, "one CPT per NI thread");
+    assert_books(&r);
+    // 21+ pings each way: a GET and a REPLY forwarded per ping.
+    assert!(r.forwarding.forwarded >= 2 * 22, "{:?}", r.forwarding);
+    assert_eq!(r.forwarding.in_flight, 0);
+    for c in &r.cpts {
+        assert_eq!(c.tiny.credits, i64::from(c.tiny.nbuffers));
+        assert_eq!(c.small.credits, i64::from(c.small.nbuffers));
+        assert!(c.tiny.mincredits < i64::from(c.tiny.nbuffers), "GETs held tiny buffers");
+    }
+    // lnetctl shows it as real lnetctl does.
+    let out = lnetctl(&client, &["route", "show", "-v"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "route:",
+        "    - net: o2ib1",
+        &format!("      gateway: {R1_A}"),
+        "      hop: 1",
+        "      state: up",
+        "      type: single-hop",
+    ] {
+        assert!(text.lines().any(|l| l == want), "{want:?} not in\n{text}");
+    }
+    let out = lnetctl(&router, &["routing", "show"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in ["routing:", "    - cpt[0]:", "    - cpt[1]:", "    - enable: 1"] {
+        assert!(text.lines().any(|l| l == want), "{want:?} not in\n{text}");
+    }
+    let out = lnetctl(&router, &["peer", "show", "-v"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("available_rtr_credits: 8"), "{text}");
+    // Routing off at runtime: pings through the router stop, the drops are counted; back on,
+    // they work again.
+    let out = lnetctl(&router, &["set", "routing", "0"]);
+    assert!(out.status.success());
+    let p = ping(&client, SERVER, 2);
+    assert!(!p.manage.is_empty(), "{p:?}");
+    let r = routing(&router);
+    assert_eq!(r.enable, 0);
+    assert_books(&r);
+    assert!(
+        r.forwarding
+            .dropped_by_reason
+            .iter()
+            .any(|(why, n)| why == "routing_disabled" && *n >= 1),
+        "{:?}",
+        r.forwarding
+    );
+    let out = lnetctl(&router, &["set", "routing", "1"]);
+    assert!(out.status.success());
+    ping_until_ok(&client, SERVER, WAIT);
+    drop((client, server, router));
+}
+
+#[test]
+fn traffic_moves_to_the_other_router_when_one_is_killed_and_back_when_it_returns() {
+    let t = 2;
+    let s = Scratch::new("routed_failover");
+    let r1_yaml = yaml(t, &[R1_A, R1_B], &[], true);
+    let mut r1 = start_yaml(&s.0, "r1", &r1_yaml, Opts::default());
+    let r2 = start_yaml(&s.0, "r2", &yaml(t, &[R2_A, R2_B], &[], true), Opts::default());
+    let server = start_yaml(
+        &s.0,
+        "server",
+        &yaml(t, &[SERVER], &[("o2ib", R1_B), ("o2ib", R2_B)], false),
+        Opts::default(),
+    );
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], &[("o2ib1", R1_A), ("o2ib1", R2_A)], false),
+        Opts::default(),
+    );
+    for d in [&client, &server] {
+        assert!(wait_for(WAIT, || all_routes_up(d)).is_some(), "{:?}", routes(d));
+    }
+    for _ in 0..10 {
+        assert!(ping(&client, SERVER, 5).manage.is_empty());
+    }
+    let used = |d: &Daemon| routing(d).forwarding.forwarded;
+    assert!(used(&r1) > 0 && used(&r2) > 0, "round robin over both routers");
+
+    // SIGKILL r1 with pings in flight: each ping ends (answered through r2, or failed with a
+    // status by its timeout); within the health settings every ping goes through r2.
+    r1.signal("-KILL");
+    r1.wait_exit(WAIT);
+    let gone = wait_for(WAIT, || {
+        routes(&client)
+            .iter()
+            .any(|r| r.gateway == R1_A && r.state.as_deref() == Some("down"))
+    });
+    assert!(gone.is_some(), "{:?}", routes(&client));
+    let before = used(&r2);
+    for _ in 0..10 {
+        let p = ping(&client, SERVER, 5);
+        assert!(p.manage.is_empty(), "{p:?}");
+    }
+    assert!(used(&r2) >= before + 20, "every ping through r2");
+
+    // r1 returns on the same addresses: the pinger finds it and it carries traffic again.
+    let r1 = start_yaml(&s.0, "r1", &r1_yaml, Opts::default());
+    assert!(
+        wait_for(WAIT, || all_routes_up(&client) && all_routes_up(&server)).is_some(),
+        "{:?} {:?}",
+        routes(&client),
+        routes(&server)
+    );
+    for _ in 0..10 {
+        assert!(ping(&client, SERVER, 5).manage.is_empty());
+    }
+    assert!(used(&r1) > 0, "the returned router is used again");
+    for d in [&r1, &r2] {
+        assert_books(&routing(d));
+    }
+    drop((client, server, r1, r2));
+}
