@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the shipped default: two lnet-router daemons on loopback (the example configs
-# router/examples/lnet-router.yaml and lnet-router-b.yaml), then lnetctl against the first:
-# ping the second (captured to a pcap and decoded by tshark if present), show peers, connections
-# and counters; then a graceful stop of both.
+# The main job on the shipped default: what a ulnet router is for. Three lnet-router daemons on
+# loopback with the example configs in router/examples/routed/: a client on o2ib, a router
+# between o2ib and o2ib1, a server on o2ib1. The client pings the server through the router
+# (the exchange captured to a pcap, decoded by tshark if present); then `route show -v` on the
+# client, `routing show`, `peer show -v` and `stats show` on the router; then a graceful stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p router -p lnetctl
@@ -16,23 +17,37 @@ cleanup() {
 }
 trap cleanup EXIT
 export LNET_LOG=${LNET_LOG:-warn}
-"$bin/lnet-router" --config router/examples/lnet-router.yaml --socket "$run/a.sock" & pids+=($!)
-"$bin/lnet-router" --config router/examples/lnet-router-b.yaml --socket "$run/b.sock" & pids+=($!)
-for s in a b; do
-    for _ in $(seq 100); do [ -S "$run/$s.sock" ] && break; sleep 0.05; done
+for n in router server client; do
+    "$bin/lnet-router" --config "router/examples/routed/$n.yaml" --socket "$run/$n.sock" &
+    pids+=($!)
 done
-ctl() { echo "\$ lnetctl $*"; "$bin/lnetctl" --socket "$run/a.sock" "$@" || echo "(exit status $?)"; echo; }
-# Record what the first ping puts on the wire (kernel-bypass traffic is invisible to tcpdump).
-"$bin/lnetctl" --socket "$run/a.sock" capture --file "$run/ping.pcap" --duration 2 > "$run/capture.out" &
+for n in router server client; do
+    for _ in $(seq 100); do [ -S "$run/$n.sock" ] && break; sleep 0.05; done
+done
+ctl() {
+    local who=$1
+    shift
+    echo "[$who] \$ lnetctl $*"
+    "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
+    echo
+}
+# The client's router pinger finds the gateway within a few seconds of both starting.
+for _ in $(seq 100); do
+    "$bin/lnetctl" --socket "$run/client.sock" route show -v 2>/dev/null | grep -q 'state: up' && break
+    sleep 0.1
+done
+# Record what the client puts on the wire (kernel-bypass traffic is invisible to tcpdump).
+"$bin/lnetctl" --socket "$run/client.sock" capture --file "$run/ping.pcap" --duration 2 > "$run/capture.out" &
 cap=$!
 sleep 0.3
-ctl ping 10.0.0.2@o2ib
-ctl ping 10.0.0.1@o2ib 0@lo
-ctl peer show -v
-ctl conn show
-ctl stats show
+ctl client ping 10.1.0.2@o2ib1
+ctl client ping 10.0.0.254@o2ib 0@lo
+ctl client route show -v
+ctl router routing show
+ctl router peer show -v
+ctl router stats show
 wait "$cap" || true
-echo "\$ lnetctl capture --file ping.pcap --duration 2   (started before the first ping)"
+echo "[client] \$ lnetctl capture --file ping.pcap --duration 2   (started before the first ping)"
 cat "$run/capture.out"
 if command -v tshark >/dev/null 2>&1; then
     echo "\$ tshark -r ping.pcap   (Wireshark's LNet dissector)"
@@ -41,4 +56,4 @@ else
     echo "(install tshark to decode ping.pcap with Wireshark's LNet dissector)"
 fi
 echo
-echo "stopping both daemons (SIGTERM: graceful close of every connection)"
+echo "stopping the three daemons (SIGTERM: graceful close of every connection)"
