@@ -173,7 +173,12 @@ enum RouteCmd {
         #[arg(long, value_name = "NID")]
         gateway: String,
         /// Hops to the remote net (1-255; -1: undefined)
-        #[arg(long, alias = "hop-count", value_name = "N", allow_hyphen_values = true)]
+        #[arg(
+            long,
+            alias = "hop-count",
+            value_name = "N",
+            allow_hyphen_values = true
+        )]
         hop: Option<i64>,
         /// Priority (0 is the most preferred)
         #[arg(long, value_name = "N")]

@@ -41,7 +41,9 @@ impl fmt::Display for LnetError {
             LnetError::Refused(e) => write!(f, "send refused: {e}"),
             LnetError::BadReply(e) => write!(f, "bad ping reply: {e}"),
             LnetError::Shutdown => f.write_str("shutting down"),
-            LnetError::Loop(nid) => write!(f, "would go back to {nid}, which sent it (a routing loop)"),
+            LnetError::Loop(nid) => {
+                write!(f, "would go back to {nid}, which sent it (a routing loop)")
+            }
         }
     }
 }

@@ -307,27 +307,96 @@ mod tests {
         let pings = g.due(t0, |_| true, || 7);
         assert_eq!(pings, vec![(gw, 7)]);
         assert!(g.due(t0, |_| true, || 8).is_empty(), "one ping at a time");
-        let rows: Vec<(&str, Box<dyn Fn(&mut Gateways)>, bool)> = vec![
-            ("ping timed out", Box::new(move |g| { g.ping_done(t0, gw, 7, None); }), false),
-            ("LND says up", Box::new(move |g| { g.notify(gw, true); }), true),
-            ("LND says down", Box::new(move |g| { g.notify(gw, false); }), false),
-            ("reply: routes, up on o2ib1", Box::new(move |g| {
-                g.map.get_mut(&gw).unwrap().pinging = Some(9);
-                g.ping_done(t0, gw, 9, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
-            }), true),
-            ("reply: RTE_DISABLED", Box::new(move |g| {
-                g.map.get_mut(&gw).unwrap().pinging = Some(10);
-                g.ping_done(t0, gw, 10, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base | feat::RTE_DISABLED)));
-            }), false),
-            ("reply: its o2ib1 NI down (asymmetric failure)", Box::new(move |g| {
-                g.map.get_mut(&gw).unwrap().pinging = Some(11);
-                g.ping_done(t0, gw, 11, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &["10.1.0.9@o2ib1"], base)));
-            }), false),
-            ("stale ping id ignored", Box::new(move |g| { g.ping_done(t0, gw, 3, None); }), false),
-            ("reply: back up", Box::new(move |g| {
-                g.map.get_mut(&gw).unwrap().pinging = Some(12);
-                g.ping_done(t0, gw, 12, Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)));
-            }), true),
+        type Input = Box<dyn Fn(&mut Gateways)>;
+        let rows: Vec<(&str, Input, bool)> = vec![
+            (
+                "ping timed out",
+                Box::new(move |g| {
+                    g.ping_done(t0, gw, 7, None);
+                }),
+                false,
+            ),
+            (
+                "LND says up",
+                Box::new(move |g| {
+                    g.notify(gw, true);
+                }),
+                true,
+            ),
+            (
+                "LND says down",
+                Box::new(move |g| {
+                    g.notify(gw, false);
+                }),
+                false,
+            ),
+            (
+                "reply: routes, up on o2ib1",
+                Box::new(move |g| {
+                    g.map.get_mut(&gw).unwrap().pinging = Some(9);
+                    g.ping_done(
+                        t0,
+                        gw,
+                        9,
+                        Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)),
+                    );
+                }),
+                true,
+            ),
+            (
+                "reply: RTE_DISABLED",
+                Box::new(move |g| {
+                    g.map.get_mut(&gw).unwrap().pinging = Some(10);
+                    g.ping_done(
+                        t0,
+                        gw,
+                        10,
+                        Some(&reply(
+                            &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+                            &[],
+                            base | feat::RTE_DISABLED,
+                        )),
+                    );
+                }),
+                false,
+            ),
+            (
+                "reply: its o2ib1 NI down (asymmetric failure)",
+                Box::new(move |g| {
+                    g.map.get_mut(&gw).unwrap().pinging = Some(11);
+                    g.ping_done(
+                        t0,
+                        gw,
+                        11,
+                        Some(&reply(
+                            &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+                            &["10.1.0.9@o2ib1"],
+                            base,
+                        )),
+                    );
+                }),
+                false,
+            ),
+            (
+                "stale ping id ignored",
+                Box::new(move |g| {
+                    g.ping_done(t0, gw, 3, None);
+                }),
+                false,
+            ),
+            (
+                "reply: back up",
+                Box::new(move |g| {
+                    g.map.get_mut(&gw).unwrap().pinging = Some(12);
+                    g.ping_done(
+                        t0,
+                        gw,
+                        12,
+                        Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)),
+                    );
+                }),
+                true,
+            ),
         ];
         for (what, input, want) in rows {
             input(&mut g);

@@ -60,11 +60,11 @@ pub mod yaml_config;
 pub use config::{
     BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
-pub use gateway::{GatewayHealthConfig, GatewayInfo};
-pub use forward::{ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass, RoutingInfo};
-pub use routes::{RouteConfig, RouteError, RouteTable};
 pub use error::LnetError;
+pub use forward::{ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass, RoutingInfo};
+pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use lnd::fabric::{FabricEvent, FabricSink};
 pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, NiSink, PingId};
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
+pub use routes::{RouteConfig, RouteError, RouteTable};
 pub use stats::{LnetStats, NiInfo, PeerInfo, PeerState};

@@ -516,9 +516,7 @@ impl Handovers {
             match self.links[i].tx.try_send(h) {
                 Ok(()) => woken[i] = true,
                 Err(crossbeam_channel::TrySendError::Full(h)) => stuck.push_back(h),
-                Err(crossbeam_channel::TrySendError::Disconnected(h)) => {
-                    self.undeliverable(rt, h)
-                }
+                Err(crossbeam_channel::TrySendError::Disconnected(h)) => self.undeliverable(rt, h),
             }
         }
         self.outbox = stuck;

@@ -19,7 +19,7 @@ use tracing::{debug, trace, warn};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    Fwd, FwdDrop, FwdTag, ForwardStats, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
+    ForwardStats, Fwd, FwdDrop, FwdTag, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
 use crate::peer::PeerNi;
@@ -529,7 +529,12 @@ impl LnetNode {
         payload: Vec<u8>,
     ) {
         self.advance(now);
-        self.launch(Route::Remote { ni: ni.0, next }, hdr, payload, Purpose::Response);
+        self.launch(
+            Route::Remote { ni: ni.0, next },
+            hdr,
+            payload,
+            Purpose::Response,
+        );
         self.process(now);
     }
 
@@ -1199,7 +1204,10 @@ impl LnetNode {
                     debug!(gateway = %p.target, "gateway ping failed: {e}");
                 }
                 let now = self.now;
-                if self.gateways.ping_done(now, p.target, id, result.as_ref().ok()) {
+                if self
+                    .gateways
+                    .ping_done(now, p.target, id, result.as_ref().ok())
+                {
                     self.reroute_queued(p.target);
                 }
                 return;
@@ -1559,8 +1567,7 @@ impl LnetNode {
             return;
         }
         self.routing = on;
-        self.ping_buffer =
-            ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on));
+        self.ping_buffer = ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on));
         if !on {
             self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
         }

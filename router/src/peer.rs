@@ -49,13 +49,7 @@ impl PeerNi {
             && self.rtrq.is_empty()
     }
 
-    pub fn new(
-        nid: Nid,
-        ni: NiIndex,
-        peer_credits: u32,
-        rtr_credits: u32,
-        now: Instant,
-    ) -> PeerNi {
+    pub fn new(nid: Nid, ni: NiIndex, peer_credits: u32, rtr_credits: u32, now: Instant) -> PeerNi {
         let c = i64::from(peer_credits);
         let r = i64::from(rtr_credits);
         PeerNi {

@@ -70,9 +70,9 @@ impl RouteError {
     pub fn errno(&self) -> i32 {
         match self {
             RouteError::LocalNet(_) | RouteError::Duplicate { .. } => -17, // EEXIST
-            RouteError::GatewayNotLocal(_) => -113,                       // EHOSTUNREACH
-            RouteError::NotFound { .. } => -2,                            // ENOENT
-            _ => -22,                                                     // EINVAL
+            RouteError::GatewayNotLocal(_) => -113,                        // EHOSTUNREACH
+            RouteError::NotFound { .. } => -2,                             // ENOENT
+            _ => -22,                                                      // EINVAL
         }
     }
 }
@@ -83,10 +83,16 @@ impl fmt::Display for RouteError {
             RouteError::BadGateway(g) => write!(f, "gateway {g} is not a usable NID"),
             RouteError::LoopbackNet => f.write_str("cannot route to the loopback net"),
             RouteError::LocalNet(n) => {
-                write!(f, "net {n} is local: its peers are reached directly, not through a gateway")
+                write!(
+                    f,
+                    "net {n} is local: its peers are reached directly, not through a gateway"
+                )
             }
             RouteError::GatewayOnTargetNet { net, gateway } => {
-                write!(f, "gateway {gateway} is on {net}, the net it would route to")
+                write!(
+                    f,
+                    "gateway {gateway} is on {net}, the net it would route to"
+                )
             }
             RouteError::GatewayNotLocal(g) => write!(
                 f,
@@ -97,7 +103,10 @@ impl fmt::Display for RouteError {
             RouteError::Duplicate { net, gateway } => {
                 write!(f, "route to {net} via {gateway} already exists")
             }
-            RouteError::NotFound { net, gateway: Some(g) } => {
+            RouteError::NotFound {
+                net,
+                gateway: Some(g),
+            } => {
                 write!(f, "no route to {net} via {g}")
             }
             RouteError::NotFound { net, gateway: None } => write!(f, "no route to {net}"),
@@ -353,15 +362,77 @@ mod tests {
         };
         let g1 = "10.0.0.11@o2ib";
         let g2 = "10.0.0.12@o2ib";
-        type Row = (&'static str, RouteConfig, RouteConfig, [GatewayState; 2], [u64; 2], &'static str);
+        type Row = (
+            &'static str,
+            RouteConfig,
+            RouteConfig,
+            [GatewayState; 2],
+            [u64; 2],
+            &'static str,
+        );
         let rows: Vec<Row> = vec![
-            ("priority", route("o2ib2", g1, None, 1), route("o2ib2", g2, None, 0), [up(0, 8), up(0, 8)], [0, 0], g2),
-            ("hops", route("o2ib2", g1, Some(2), 0), route("o2ib2", g2, None, 0), [up(0, 8), up(0, 8)], [0, 0], g2),
-            ("alive", route("o2ib2", g1, None, 0), route("o2ib2", g2, None, 5), [GatewayState { alive: false, ..up(0, 8) }, up(0, 8)], [0, 0], g2),
-            ("queued bytes", route("o2ib2", g1, None, 0), route("o2ib2", g2, None, 0), [up(100, 8), up(0, 8)], [0, 0], g2),
-            ("credits", route("o2ib2", g1, None, 0), route("o2ib2", g2, None, 0), [up(0, 2), up(0, 8)], [0, 0], g2),
-            ("round robin", route("o2ib2", g1, None, 0), route("o2ib2", g2, None, 0), [up(0, 8), up(0, 8)], [7, 3], g2),
-            ("round robin, other way", route("o2ib2", g1, None, 0), route("o2ib2", g2, None, 0), [up(0, 8), up(0, 8)], [3, 7], g1),
+            (
+                "priority",
+                route("o2ib2", g1, None, 1),
+                route("o2ib2", g2, None, 0),
+                [up(0, 8), up(0, 8)],
+                [0, 0],
+                g2,
+            ),
+            (
+                "hops",
+                route("o2ib2", g1, Some(2), 0),
+                route("o2ib2", g2, None, 0),
+                [up(0, 8), up(0, 8)],
+                [0, 0],
+                g2,
+            ),
+            (
+                "alive",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 5),
+                [
+                    GatewayState {
+                        alive: false,
+                        ..up(0, 8)
+                    },
+                    up(0, 8),
+                ],
+                [0, 0],
+                g2,
+            ),
+            (
+                "queued bytes",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 0),
+                [up(100, 8), up(0, 8)],
+                [0, 0],
+                g2,
+            ),
+            (
+                "credits",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 0),
+                [up(0, 2), up(0, 8)],
+                [0, 0],
+                g2,
+            ),
+            (
+                "round robin",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 0),
+                [up(0, 8), up(0, 8)],
+                [7, 3],
+                g2,
+            ),
+            (
+                "round robin, other way",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 0),
+                [up(0, 8), up(0, 8)],
+                [3, 7],
+                g1,
+            ),
         ];
         for (what, a, b, states, used, want) in rows {
             let t = RouteTable::new(&[a, b], &own()).unwrap();
@@ -386,7 +457,10 @@ mod tests {
         assert!(t.select(net, |_| Some(down), |_| 0, |_| true).is_none());
         // A gateway the caller cannot use is skipped, and so is a route it says is dead.
         assert!(t.select(net, |_| None, |_| 0, |_| true).is_none());
-        let alive = GatewayState { alive: true, ..down };
+        let alive = GatewayState {
+            alive: true,
+            ..down
+        };
         assert!(t.select(net, |_| Some(alive), |_| 0, |_| false).is_none());
         assert!(t.select(net, |_| Some(alive), |_| 0, |_| true).is_some());
     }

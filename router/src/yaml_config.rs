@@ -334,19 +334,17 @@ impl DaemonConfig {
                 hops,
                 priority: r.priority.map_or(0, |p| p.value),
             };
-            table.add(route, &own).map_err(|e| {
-                err(
-                    line,
-                    format!("route to {net} via {}: {e}", route.gateway),
-                )
-            })?;
+            table
+                .add(route, &own)
+                .map_err(|e| err(line, format!("route to {net} via {}: {e}", route.gateway)))?;
             cfg.routes.push(RouteSettings { route, line });
         }
         if let Some(b) = raw.buffers {
             let d = BufferCounts::default();
             let big = 10_000_000;
             cfg.routing.buffers = BufferCounts {
-                tiny: checked(&b.tiny, d.tiny, 1, big, "buffers: tiny").map_err(|(l, m)| err(l, m))?,
+                tiny: checked(&b.tiny, d.tiny, 1, big, "buffers: tiny")
+                    .map_err(|(l, m)| err(l, m))?,
                 small: checked(&b.small, d.small, 1, big, "buffers: small")
                     .map_err(|(l, m)| err(l, m))?,
                 large: checked(&b.large, d.large, 1, big, "buffers: large")
@@ -367,8 +365,12 @@ impl DaemonConfig {
                     d.check_interval,
                     "alive_router_check_interval",
                 )?,
-                ping_timeout: secs(&r.router_ping_timeout, d.ping_timeout, "router_ping_timeout")?
-                    .max(Duration::from_secs(1)),
+                ping_timeout: secs(
+                    &r.router_ping_timeout,
+                    d.ping_timeout,
+                    "router_ping_timeout",
+                )?
+                .max(Duration::from_secs(1)),
                 avoid_asym: r.avoid_asym_router_failure.map_or(d.avoid_asym, |s| s.0),
             };
         }
@@ -1155,25 +1157,45 @@ global:
         }
         // Without `routing:`, a node does not forward.
         let plain = ROUTER_EXPORT.replace("routing:\n    enable: 1\n", "");
-        assert!(!DaemonConfig::parse(&plain, "x.yaml").unwrap().routing.enabled);
+        assert!(
+            !DaemonConfig::parse(&plain, "x.yaml")
+                .unwrap()
+                .routing
+                .enabled
+        );
     }
 
     /// Each bad route is refused with its line and the reason.
     #[test]
     fn bad_routes_are_refused_with_their_line_and_reason() {
         let rows = [
-            ("      gateway: 10.1.0.253@o2ib1\n", "      gateway: 10.9.0.1@o2ib9\n", "not on any local net"),
+            (
+                "      gateway: 10.1.0.253@o2ib1\n",
+                "      gateway: 10.9.0.1@o2ib9\n",
+                "not on any local net",
+            ),
             ("    - net: o2ib2\n", "    - net: o2ib1\n", "is local"),
             ("      hop: 2\n", "      hop: 0\n", "outside 1..=255"),
             ("      hop: 2\n", "      hop: 300\n", "outside 1..=255"),
-            ("      gateway: 10.1.0.253@o2ib1\n", "      gateway: 10.1.0.254@o2ib1\n", "own NIDs"),
-            ("      gateway: 10.0.0.253@o2ib\n", "      gateway: 10.1.0.253@o2ib1\n      bogus: 1\n", "unknown"),
+            (
+                "      gateway: 10.1.0.253@o2ib1\n",
+                "      gateway: 10.1.0.254@o2ib1\n",
+                "own NIDs",
+            ),
+            (
+                "      gateway: 10.0.0.253@o2ib\n",
+                "      gateway: 10.1.0.253@o2ib1\n      bogus: 1\n",
+                "unknown",
+            ),
         ];
         for (from, to, why) in rows {
             let y = ROUTER_EXPORT.replacen(from, to, 1);
             let e = DaemonConfig::parse(&y, "export.yaml").unwrap_err();
             assert!(e.message.contains(why), "{to:?}: {e}");
-            assert!(e.line.is_some_and(|l| (36..=46).contains(&l)), "{to:?}: {e}");
+            assert!(
+                e.line.is_some_and(|l| (36..=46).contains(&l)),
+                "{to:?}: {e}"
+            );
         }
         let dup = ROUTER_EXPORT.replace(
             "routing:",

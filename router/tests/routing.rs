@@ -8,8 +8,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use router::control::{Request, Response, RouteEntry, RoutingShow};
 
@@ -54,7 +52,9 @@ fn yaml(test: u8, nis: &[&str], routes: &[(&str, &str)], routing: bool) -> Strin
     if !routes.is_empty() {
         y.push_str("route:\n");
         for (net, gw) in routes {
-            y.push_str(&format!("    - net: {net}\n      gateway: {gw}\n      hop: 1\n"));
+            y.push_str(&format!(
+                "    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
+            ));
         }
     }
     y.push_str(&format!(
@@ -107,7 +107,12 @@ fn assert_books(r: &RoutingShow) {
 fn client_pings_server_through_a_router() {
     let t = 1;
     let s = Scratch::new("routed_ping");
-    let router = start_yaml(&s.0, "router", &yaml(t, &[R1_A, R1_B], &[], true), Opts::default());
+    let router = start_yaml(
+        &s.0,
+        "router",
+        &yaml(t, &[R1_A, R1_B], &[], true),
+        Opts::default(),
+    );
     let server = start_yaml(
         &s.0,
         "server",
@@ -146,7 +151,10 @@ fn client_pings_server_through_a_router() {
     for c in &r.cpts {
         assert_eq!(c.tiny.credits, i64::from(c.tiny.nbuffers));
         assert_eq!(c.small.credits, i64::from(c.small.nbuffers));
-        assert!(c.tiny.mincredits < i64::from(c.tiny.nbuffers), "GETs held tiny buffers");
+        assert!(
+            c.tiny.mincredits < i64::from(c.tiny.nbuffers),
+            "GETs held tiny buffers"
+        );
     }
     // lnetctl shows it as real lnetctl does.
     let out = lnetctl(&client, &["route", "show", "-v"]);
@@ -164,7 +172,12 @@ fn client_pings_server_through_a_router() {
     }
     let out = lnetctl(&router, &["routing", "show"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    for want in ["routing:", "    - cpt[0]:", "    - cpt[1]:", "    - enable: 1"] {
+    for want in [
+        "routing:",
+        "    - cpt[0]:",
+        "    - cpt[1]:",
+        "    - enable: 1",
+    ] {
         assert!(text.lines().any(|l| l == want), "{want:?} not in\n{text}");
     }
     let out = lnetctl(&router, &["peer", "show", "-v"]);
@@ -199,7 +212,12 @@ fn traffic_moves_to_the_other_router_when_one_is_killed_and_back_when_it_returns
     let s = Scratch::new("routed_failover");
     let r1_yaml = yaml(t, &[R1_A, R1_B], &[], true);
     let mut r1 = start_yaml(&s.0, "r1", &r1_yaml, Opts::default());
-    let r2 = start_yaml(&s.0, "r2", &yaml(t, &[R2_A, R2_B], &[], true), Opts::default());
+    let r2 = start_yaml(
+        &s.0,
+        "r2",
+        &yaml(t, &[R2_A, R2_B], &[], true),
+        Opts::default(),
+    );
     let server = start_yaml(
         &s.0,
         "server",
@@ -213,13 +231,20 @@ fn traffic_moves_to_the_other_router_when_one_is_killed_and_back_when_it_returns
         Opts::default(),
     );
     for d in [&client, &server] {
-        assert!(wait_for(WAIT, || all_routes_up(d)).is_some(), "{:?}", routes(d));
+        assert!(
+            wait_for(WAIT, || all_routes_up(d)).is_some(),
+            "{:?}",
+            routes(d)
+        );
     }
     for _ in 0..10 {
         assert!(ping(&client, SERVER, 5).manage.is_empty());
     }
     let used = |d: &Daemon| routing(d).forwarding.forwarded;
-    assert!(used(&r1) > 0 && used(&r2) > 0, "round robin over both routers");
+    assert!(
+        used(&r1) > 0 && used(&r2) > 0,
+        "round robin over both routers"
+    );
 
     // SIGKILL r1 with pings in flight: each ping ends (answered through r2, or failed with a
     // status by its timeout); within the health settings every ping goes through r2.

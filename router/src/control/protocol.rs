@@ -101,10 +101,15 @@ pub enum Request {
     /// `lnetctl routing show`.
     RoutingShow,
     /// `lnetctl set routing 0|1`.
-    SetRouting { enable: bool },
+    SetRouting {
+        enable: bool,
+    },
     /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: the node's total of that
     /// size (a daemon gives each NI its share).
-    SetBuffers { pool: String, count: u32 },
+    SetBuffers {
+        pool: String,
+        count: u32,
+    },
 }
 
 /// What the daemon answers.

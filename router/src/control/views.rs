@@ -309,56 +309,6 @@ pub fn global_show(node: &LnetNode) -> GlobalShow {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::testutil::node;
-    use super::*;
-    use crate::control::{Control, Request, Response};
-
-    #[test]
-    fn net_show_verbose_has_lnd_counters() {
-        let n = node();
-        let s = net_show(&n, &[], true);
-        let ni = &s.net[1].local_nis[0];
-        let l = ni.lnd_statistics.as_ref().unwrap();
-        assert_eq!(l.counters.get("connects"), Some(0));
-        assert_eq!(l.counters.get("capture_drops"), Some(0));
-        assert_eq!(l.rejects_sent.0.len(), REJECT_NAMES.len());
-        assert_eq!(l.rejects_received.get("conn_stale"), Some(0));
-        assert!(net_show(&n, &[], false).net[1].local_nis[0]
-            .lnd_statistics
-            .is_none());
-        // The listen address, as the daemon bound it, only when it says.
-        assert_eq!(ni.ulnet.as_ref().unwrap().listen, None);
-        let x = NiExtras {
-            listen: Some("127.0.0.1:40123".parse().unwrap()),
-            ..NiExtras::default()
-        };
-        let s = net_show(&n, &[x], true);
-        let u = s.net[1].local_nis[0].ulnet.as_ref().unwrap();
-        assert_eq!(u.listen.as_deref(), Some("127.0.0.1:40123"));
-        // Fabric counters come from the driver, by NI.
-        let mut n = node();
-        let mut c: Control<()> = Control::default();
-        c.set_fabric_counters(0, "tcp", vec![("truncated", 2)]);
-        let (_, Response::Net(s)) = c
-            .handle(
-                Instant::from_secs(2),
-                &mut n,
-                Request::NetShow { verbose: true },
-                (),
-            )
-            .unwrap()
-        else {
-            panic!()
-        };
-        let f = s.net[1].local_nis[0].fabric.as_ref().unwrap();
-        assert_eq!(f.kind, "tcp");
-        assert_eq!(f.counters.get("truncated"), Some(2));
-        assert!(s.net[0].local_nis[0].fabric.is_none(), "0@lo has no fabric");
-    }
-}
-
 // ---------------------------------------------------------------------------------- routes
 
 fn parse_net(s: &str) -> Result<Net, ControlError> {
@@ -530,4 +480,54 @@ pub fn set_buffers(
     }
     node.set_buffers(now, class, count);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::node;
+    use super::*;
+    use crate::control::{Control, Request, Response};
+
+    #[test]
+    fn net_show_verbose_has_lnd_counters() {
+        let n = node();
+        let s = net_show(&n, &[], true);
+        let ni = &s.net[1].local_nis[0];
+        let l = ni.lnd_statistics.as_ref().unwrap();
+        assert_eq!(l.counters.get("connects"), Some(0));
+        assert_eq!(l.counters.get("capture_drops"), Some(0));
+        assert_eq!(l.rejects_sent.0.len(), REJECT_NAMES.len());
+        assert_eq!(l.rejects_received.get("conn_stale"), Some(0));
+        assert!(net_show(&n, &[], false).net[1].local_nis[0]
+            .lnd_statistics
+            .is_none());
+        // The listen address, as the daemon bound it, only when it says.
+        assert_eq!(ni.ulnet.as_ref().unwrap().listen, None);
+        let x = NiExtras {
+            listen: Some("127.0.0.1:40123".parse().unwrap()),
+            ..NiExtras::default()
+        };
+        let s = net_show(&n, &[x], true);
+        let u = s.net[1].local_nis[0].ulnet.as_ref().unwrap();
+        assert_eq!(u.listen.as_deref(), Some("127.0.0.1:40123"));
+        // Fabric counters come from the driver, by NI.
+        let mut n = node();
+        let mut c: Control<()> = Control::default();
+        c.set_fabric_counters(0, "tcp", vec![("truncated", 2)]);
+        let (_, Response::Net(s)) = c
+            .handle(
+                Instant::from_secs(2),
+                &mut n,
+                Request::NetShow { verbose: true },
+                (),
+            )
+            .unwrap()
+        else {
+            panic!()
+        };
+        let f = s.net[1].local_nis[0].fabric.as_ref().unwrap();
+        assert_eq!(f.kind, "tcp");
+        assert_eq!(f.counters.get("truncated"), Some(2));
+        assert!(s.net[0].local_nis[0].fabric.is_none(), "0@lo has no fabric");
+    }
 }

@@ -147,12 +147,16 @@ impl Fabric {
     }
 
     fn locate(&self, peer: Nid) -> Option<(usize, usize)> {
-        self.nodes.iter().enumerate().filter(|(n, _)| !self.dead.contains(n)).find_map(|(n, node)| {
-            node.nids()
-                .iter()
-                .position(|&x| x == peer)
-                .map(|ni| (n, ni))
-        })
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| !self.dead.contains(n))
+            .find_map(|(n, node)| {
+                node.nids()
+                    .iter()
+                    .position(|&x| x == peer)
+                    .map(|ni| (n, ni))
+            })
     }
 
     /// Kills node `n` without a word to anyone: its connections go silent.
@@ -176,7 +180,9 @@ impl Fabric {
     fn drain(&mut self) {
         for n in 0..self.nodes.len() {
             while let Some(h) = self.nodes[n].poll_handover() {
-                let to = self.handover_target(n, &h).expect("a sibling for the handover");
+                let to = self
+                    .handover_target(n, &h)
+                    .expect("a sibling for the handover");
                 let now = self.now;
                 self.nodes[to].handle_handover(now, h);
             }
@@ -321,7 +327,9 @@ impl Fabric {
     }
 
     fn is_dead_nid(&self, peer: Nid) -> bool {
-        self.dead.iter().any(|&n| self.nodes[n].nids().contains(&peer))
+        self.dead
+            .iter()
+            .any(|&n| self.nodes[n].nids().contains(&peer))
     }
 
     fn run_for(&mut self, d: Duration) {
@@ -684,7 +692,13 @@ fn messages_not_for_us_are_dropped_and_counted() {
     // A misbehaving sender, below LNet: a PUT for a node on another net (b does not route),
     // one on the reserved portal, and a good one.
     let n0 = &mut f.nodes[0];
-    n0.send_raw(now, NiIndex(0), b, hdr(nid("10.9.0.77@o2ib9"), 4), vec![1; 3]);
+    n0.send_raw(
+        now,
+        NiIndex(0),
+        b,
+        hdr(nid("10.9.0.77@o2ib9"), 4),
+        vec![1; 3],
+    );
     n0.send_raw(now, NiIndex(0), b, hdr(b, 0), vec![1; 3]);
     n0.send_raw(now, NiIndex(0), b, hdr(b, 4), vec![1; 3]);
     f.run_for(Duration::from_secs(1));

@@ -11,7 +11,6 @@ const R2_A: &str = "10.0.0.253@o2ib";
 const R2_B: &str = "10.1.0.253@o2ib1";
 const SERVER: &str = "10.1.0.2@o2ib1";
 
-
 fn route(net: &str, gw: &str) -> RouteConfig {
     RouteConfig {
         net: net.parse().unwrap(),
@@ -85,7 +84,7 @@ fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
 fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
     evs.iter()
         .filter_map(|(_, e)| match e {
-            LnetEvent::PutDone { result, .. } => Some(result.clone()),
+            LnetEvent::PutDone { result, .. } => Some(*result),
             _ => None,
         })
         .collect()
@@ -122,7 +121,9 @@ fn routed_traffic(split_router: bool) {
     let (mut f, routers) = topology(split_router, |_| {});
     let now = f.now;
     let server = nid(SERVER);
-    f.nodes[0].ping(now, server, Duration::from_secs(5)).unwrap();
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
     for i in 0..50u64 {
         f.nodes[0]
             .send_put(now, server, 7, i, vec![i as u8; (i as usize * 61) % 4000])
@@ -139,13 +140,22 @@ fn routed_traffic(split_router: bool) {
     assert_eq!(got.len(), 50);
     for (i, (from, bits, len)) in got.iter().enumerate() {
         // In order, from the client itself (the router keeps src_nid), whole.
-        assert_eq!((*from, *bits, *len), (nid(CLIENT), i as u64, (i * 61) % 4000));
+        assert_eq!(
+            (*from, *bits, *len),
+            (nid(CLIENT), i as u64, (i * 61) % 4000)
+        );
     }
     let books = assert_router_quiescent(&f, &routers);
     // GET + REPLY + 50 PUTs, each forwarded once, nothing dropped; the router's own gateway
     // pings are not forwarded messages.
-    assert_eq!((books.received, books.forwarded, books.dropped()), (52, 52, 0));
-    let routed: u64 = routers.iter().map(|&r| f.nodes[r].stats().route_count).sum();
+    assert_eq!(
+        (books.received, books.forwarded, books.dropped()),
+        (52, 52, 0)
+    );
+    let routed: u64 = routers
+        .iter()
+        .map(|&r| f.nodes[r].stats().route_count)
+        .sum();
     assert_eq!(routed, 52);
     // The client and server never talked directly.
     assert!(f.nodes[0].peer(server).is_none());
@@ -177,7 +187,11 @@ fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
     assert!(s.reconciles());
     let ep = r.endpoint(NiIndex(0)).unwrap();
     assert_eq!(ep.stats().rx_refused, 1);
-    assert_eq!(ep.stats().conns_lost, 1, "the connection it came on is closed");
+    assert_eq!(
+        ep.stats().conns_lost,
+        1,
+        "the connection it came on is closed"
+    );
 }
 
 /// Routing off: a message to forward is a counted drop, and the connection stays.
@@ -185,7 +199,9 @@ fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
 fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
     let (mut f, routers) = topology(false, |c| c.routing.enabled = false);
     let now = f.now;
-    let id = f.nodes[0].send_put(now, nid(SERVER), 4, 1, vec![0; 10]).unwrap();
+    let id = f.nodes[0]
+        .send_put(now, nid(SERVER), 4, 1, vec![0; 10])
+        .unwrap();
     f.run_for(Duration::from_secs(1));
     // The client's LND delivered it to the router: for the client the PUT is done.
     assert!(f
@@ -193,7 +209,10 @@ fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
         .iter()
         .any(|(_, e)| matches!(e, LnetEvent::PutDone { id: i, result: Ok(()) } if *i == id)));
     let s = f.nodes[routers[0]].routing_info().stats;
-    assert_eq!((s.received, s.dropped_for(FwdDrop::RoutingDisabled)), (1, 1));
+    assert_eq!(
+        (s.received, s.dropped_for(FwdDrop::RoutingDisabled)),
+        (1, 1)
+    );
     assert!(puts(&f.take_events(1)).is_empty());
     let ep = f.nodes[routers[0]].endpoint(NiIndex(0)).unwrap();
     assert_eq!(ep.stats().rx_refused, 0);
@@ -297,7 +316,9 @@ fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
     let send = |f: &mut Fabric, from: u64, n: u64| {
         let now = f.now;
         for i in from..from + n {
-            f.nodes[0].send_put(now, nid(SERVER), 4, i, vec![2; 64]).unwrap();
+            f.nodes[0]
+                .send_put(now, nid(SERVER), 4, i, vec![2; 64])
+                .unwrap();
         }
     };
     send(&mut f, 0, 20);
@@ -319,7 +340,10 @@ fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
     // and the dead router is known dead within a ping interval and timeout.
     f.run_for(Duration::from_secs(4));
     let gw = f.nodes[0].gateways();
-    assert!(!gw.iter().find(|g| g.nid == nid(R_A)).unwrap().alive, "{gw:?}");
+    assert!(
+        !gw.iter().find(|g| g.nid == nid(R_A)).unwrap().alive,
+        "{gw:?}"
+    );
     let mut results = put_results(&f.take_events(0));
     while results.len() < 20 && f.now < killed + Duration::from_secs(600) {
         f.run_for(Duration::from_secs(1));
@@ -327,14 +351,21 @@ fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
     }
     assert_eq!(results.len(), 20, "every PUT ends");
     let ended = f.now - killed;
-    assert!(ended <= Duration::from_secs(60), "the last PUT ended {ended:?} after the kill");
+    assert!(
+        ended <= Duration::from_secs(60),
+        "the last PUT ended {ended:?} after the kill"
+    );
     let gw = f.nodes[0].gateways();
     let dead = gw.iter().find(|g| g.nid == nid(R_A)).unwrap();
     assert!(!dead.alive, "{gw:?}");
     let before = used(&f).1;
     send(&mut f, 200, 20);
     f.run_for(Duration::from_secs(1));
-    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 20], "all through the live router");
+    assert_eq!(
+        put_results(&f.take_events(0)),
+        vec![Ok(()); 20],
+        "all through the live router"
+    );
     assert_eq!(used(&f).1, before + 20);
 
     // The dead router returns (a new instance): the pinger finds it, and it carries traffic.
@@ -349,11 +380,17 @@ fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
     }
     let back = f.now - restarted;
     let bound = Duration::from_millis(12_500) + health.check_interval + health.ping_timeout;
-    assert!(back <= bound, "the returned router was seen alive {back:?} after its restart");
+    assert!(
+        back <= bound,
+        "the returned router was seen alive {back:?} after its restart"
+    );
     send(&mut f, 300, 20);
     f.run_for(Duration::from_secs(1));
     assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 20]);
-    assert!(f.nodes[2].routing_info().stats.forwarded > 0, "the returned router is used");
+    assert!(
+        f.nodes[2].routing_info().stats.forwarded > 0,
+        "the returned router is used"
+    );
     // Everything sent while both routers were known alive arrived once; of what was sent as
     // one died, what the dead router had taken is lost (LNet does not resend without health
     // and resend, which we do not implement), the rest arrived.
@@ -392,7 +429,12 @@ fn a_route_through_one_of_our_own_nids_is_refused_and_never_pinged() {
 fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
     let client = node(&[CLIENT], &[route("o2ib9", R_A)], false, 10);
     let r1 = node(&[R_A, R_B], &[route("o2ib9", R2_B)], true, 30);
-    let r2 = node(&[R2_B, "10.2.0.253@o2ib2"], &[route("o2ib9", R_B)], true, 40);
+    let r2 = node(
+        &[R2_B, "10.2.0.253@o2ib2"],
+        &[route("o2ib9", R_B)],
+        true,
+        40,
+    );
     let mut f = Fabric::from_configs(vec![client, r1, r2]);
     let now = f.now;
     for i in 0..5 {
@@ -404,6 +446,10 @@ fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
     let s1 = f.nodes[1].routing_info().stats;
     let s2 = f.nodes[2].routing_info().stats;
     assert_eq!((s1.received, s1.forwarded), (5, 5), "{s1:?}");
-    assert_eq!((s2.received, s2.dropped_for(FwdDrop::Loop)), (5, 5), "{s2:?}");
+    assert_eq!(
+        (s2.received, s2.dropped_for(FwdDrop::Loop)),
+        (5, 5),
+        "{s2:?}"
+    );
     assert_router_quiescent(&f, &[1, 2]);
 }
