@@ -355,33 +355,7 @@ impl LnetNode {
         let id = self.next_ping;
         self.next_ping += 1;
         let deadline = now.saturating_add(timeout);
-        self.pings.insert(
-            id,
-            PendingPing {
-                target: dst,
-                deadline,
-                gateway: false,
-            },
-        );
-        self.ping_deadlines.insert((deadline, id));
-        let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.src_nid(route),
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: self.pid,
-            payload_length: 0,
-            body: LnetBody::Get {
-                return_wmd: WireHandle {
-                    interface_cookie: self.interface_cookie,
-                    object_cookie: id,
-                },
-                match_bits: LNET_PING_MATCHBITS,
-                ptl_index: LNET_RESERVED_PORTAL,
-                src_offset: 0,
-                sink_length: PING_SINK_LEN,
-            },
-        };
-        self.launch(route, hdr, Vec::new(), Purpose::PingGet(PingId(id)));
+        self.launch_ping(id, dst, route, deadline, false);
         self.process(now);
         Ok(PingId(id))
     }
@@ -1248,40 +1222,46 @@ impl LnetNode {
                 continue;
             };
             let deadline = now.saturating_add(timeout);
-            self.pings.insert(
-                id,
-                PendingPing {
-                    target: gw,
-                    deadline,
-                    gateway: true,
-                },
-            );
-            self.ping_deadlines.insert((deadline, id));
-            let hdr = LnetHdr {
-                dest_nid: gw,
-                src_nid: self.nis[ni].nid,
-                dest_pid: LNET_PID_LUSTRE,
-                src_pid: self.pid,
-                payload_length: 0,
-                body: LnetBody::Get {
-                    return_wmd: WireHandle {
-                        interface_cookie: self.interface_cookie,
-                        object_cookie: id,
-                    },
-                    match_bits: LNET_PING_MATCHBITS,
-                    ptl_index: LNET_RESERVED_PORTAL,
-                    src_offset: 0,
-                    sink_length: PING_SINK_LEN,
-                },
-            };
             trace!(gateway = %gw, "router ping");
-            self.launch(
-                Route::Remote { ni, next: gw },
-                hdr,
-                Vec::new(),
-                Purpose::GatewayPing(PingId(id)),
-            );
+            self.launch_ping(id, gw, Route::Remote { ni, next: gw }, deadline, true);
         }
+    }
+
+    /// Registers ping `id` of `dst`, answered by `deadline` at the latest, and sends its GET
+    /// on `route`: a user's ping, or the router pinger's (`gateway`).
+    fn launch_ping(&mut self, id: u64, dst: Nid, route: Route, deadline: Instant, gateway: bool) {
+        self.pings.insert(
+            id,
+            PendingPing {
+                target: dst,
+                deadline,
+                gateway,
+            },
+        );
+        self.ping_deadlines.insert((deadline, id));
+        let hdr = LnetHdr {
+            dest_nid: dst,
+            src_nid: self.src_nid(route),
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: self.pid,
+            payload_length: 0,
+            body: LnetBody::Get {
+                return_wmd: WireHandle {
+                    interface_cookie: self.interface_cookie,
+                    object_cookie: id,
+                },
+                match_bits: LNET_PING_MATCHBITS,
+                ptl_index: LNET_RESERVED_PORTAL,
+                src_offset: 0,
+                sink_length: PING_SINK_LEN,
+            },
+        };
+        let purpose = if gateway {
+            Purpose::GatewayPing(PingId(id))
+        } else {
+            Purpose::PingGet(PingId(id))
+        };
+        self.launch(route, hdr, Vec::new(), purpose);
     }
 
     /// Gateway `gw` just died: the routed messages still waiting in LNet for one of its

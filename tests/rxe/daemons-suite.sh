@@ -23,11 +23,15 @@
 #               frozen B never returns miss their deadline, and A marks B down within timeout +
 #               keepalive (+1.5 s for the emulated guest's polls), the connection and its QP gone
 #               1 s later at most (the engine's close bound: a frozen peer never answers the DREQ)
+#   6 routed    routing over verbs: C = 10.0.0.11@o2ib, router R = 10.0.0.13@o2ib + 10.0.1.13@o2ib1,
+#               S = 10.0.1.12@o2ib1 (four more addresses on dummy0, so rxe0 gets their GIDs):
+#               C's `route show -v` shows the route up, C pings S and S pings C through R, and
+#               R's `routing show` has forwarded every GET and REPLY, its books balanced
 #
 # Exit status: 0, or the first failure: 21 setup (address, GID, daemons did not start), 22 ping,
 # 23 graceful stop, 24 queue pairs after the graceful stop, 25 SIGKILL detection / pending pings,
-# 26 queue pairs after the kill, 28 frozen peer (27: verbs-suite.sh's bound on this whole suite
-# ran out). Every check prints what it measured.
+# 26 queue pairs after the kill, 28 frozen peer, 29 routing (27: verbs-suite.sh's bound on this
+# whole suite ran out). Every check prints what it measured.
 A=10.0.0.1 B=10.0.0.2
 NA=$A@o2ib NB=$B@o2ib
 SA=/tmp/a.sock SB=/tmp/b.sock
@@ -76,8 +80,8 @@ net:
 EOF
 }
 
-start() {  # name nid socket ; sets PID_<name>
-  conf "$2" "/tmp/$1.yaml"
+start() {  # name nid socket [yaml already written] ; sets PID_<name>
+  [ -n "${4:-}" ] || conf "$2" "/tmp/$1.yaml"
   lnet-router --config "/tmp/$1.yaml" --socket "$3" >>"/tmp/$1.log" 2>&1 &
   eval "PID_$1=$!"
   n=0
@@ -107,7 +111,7 @@ waitpid_bounded() {  # pid seconds -> sets RC (exit status, or "timeout")
   wait "$w"; RC=$?
 }
 
-dump_logs() { for d in A B; do echo "--- /tmp/$d.log (tail)"; tail -40 "/tmp/$d.log"; done; }
+dump_logs() { for d in A B C R S; do [ -f "/tmp/$d.log" ] || continue; echo "--- /tmp/$d.log (tail)"; tail -40 "/tmp/$d.log"; done; }
 
 # ------------------------------------------------------------------------ setup
 echo "=== daemons: setup"
@@ -315,6 +319,82 @@ silent=$(lnetctl --socket $SA net show -v | awk '$1 == "silent_peers:" { n += $2
   || failed 28 "A still has $(a_conns_to_b) connection(s) to the frozen B and $(qps "$PID_A") RC QPs (baseline $BASE_A) after $gbound s"
 kill -KILL "$PID_B"; kill -CONT "$PID_B" 2>/dev/null; wait "$PID_B" 2>/dev/null
 for p in $FPINGS; do wait "$p" 2>/dev/null; done
+
+# ------------------------------------------------------------------------ 6 routed
+echo "=== daemons 6: routed: C on o2ib, R on o2ib + o2ib1, S on o2ib1"
+NC=10.0.0.11@o2ib NRA=10.0.0.13@o2ib NRB=10.0.1.13@o2ib1 NS=10.0.1.12@o2ib1
+for ip in 10.0.0.11 10.0.0.13 10.0.1.12 10.0.1.13; do
+  ip addr add $ip/24 dev dummy0 || failed 29 "cannot add $ip to dummy0"
+done
+n=0
+until [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -c -E '0a00:(000b|000d|010c|010d)$')" -ge 4 ]; do
+  n=$((n + 1)); [ $n -gt 50 ] && break; sleep 0.1
+done
+rconf() {  # file, then items: "ni NID" ... "route NET GW" ... "routing 0|1"
+  f=$1; shift
+  echo "net:" >"$f"
+  routes="" routing=0
+  for item in "$@"; do
+    set -- $item
+    case $1 in
+      ni) printf '    - net type: %s\n      fabric: verbs\n      local NI(s):\n        - nid: %s\n          lnd tunables:\n              timeout: %s\n              keepalive: %s\n' \
+            "${2#*@}" "$2" "$TIMEOUT" "$KEEPALIVE" >>"$f" ;;
+      route) routes="$routes
+    - net: $2
+      gateway: $3
+      hop: 1" ;;
+      routing) routing=$2 ;;
+    esac
+  done
+  [ -n "$routes" ] && printf 'route:%s\n' "$routes" >>"$f"
+  printf 'routing:\n    enable: %s\n    alive_router_check_interval: 2\n    router_ping_timeout: 2\n' "$routing" >>"$f"
+}
+rconf /tmp/R.yaml "ni $NRA" "ni $NRB" "routing 1"
+rconf /tmp/S.yaml "ni $NS" "route o2ib $NRB"
+rconf /tmp/C.yaml "ni $NC" "route o2ib1 $NRA"
+SR=/tmp/r.sock SS=/tmp/s.sock SC=/tmp/c.sock
+routed_ok=1
+{ start R $NRA $SR yes && start S $NS $SS yes && start C $NC $SC yes; } \
+  || { routed_ok=0; failed 29 "a routing daemon did not start"; }
+if [ $routed_ok = 1 ]; then
+  t0=$(now)
+  until lnetctl --socket $SC route show -v 2>/dev/null | grep -q 'state: up'; do
+    lt "$(since "$t0")" 60 || break; sleep 0.2
+  done
+  echo "C's route up after $(since "$t0") s:"
+  lnetctl --socket $SC route show -v | sed 's/^/    /'
+  lnetctl --socket $SC route show -v | grep -q 'state: up' || failed 29 "C's route to o2ib1 never came up"
+  for dir in "$SC $NS C->S" "$SS $NC S->C"; do
+    set -- $dir
+    t0=$(now) ok=0
+    while lt "$(since "$t0")" 60; do
+      out=$(timeout 40 lnetctl --socket "$1" ping "$2" --timeout 10 2>&1) && { ok=1; break; }
+      sleep 0.5
+    done
+    echo "routed ping $3 ($2): $([ $ok = 1 ] && echo ok || echo FAILED) after $(since "$t0") s"
+    echo "$out" | sed 's/^/    /'
+    [ $ok = 1 ] || failed 29 "routed ping $3 failed"
+  done
+  good=0
+  for i in 1 2 3 4 5 6 7 8 9 10; do
+    lnetctl --socket $SC ping $NS --timeout 10 >/dev/null 2>&1 && good=$((good + 1))
+  done
+  echo "10 more routed pings C->S: $good answered"
+  [ $good = 10 ] || failed 29 "only $good of 10 routed pings answered"
+  lnetctl --socket $SR routing show | sed -n '/^forwarding:/,$p' | sed 's/^/    /'
+  books=$(lnetctl --socket $SR routing show | awk '
+    $1 == "received:" { r = $2 } $1 == "forwarded:" { f = $2 } $1 == "in_flight:" { i = $2 }
+    $1 == "dropped:" { d = $2 } END { print r, f, d, i }')
+  set -- $books
+  echo "R's books: received $1 = forwarded $2 + dropped $3 + in flight $4"
+  [ "$1" = $(($2 + $3 + $4)) ] || failed 29 "R's books do not balance: $books"
+  [ "$2" -ge 24 ] || failed 29 "R forwarded only $2 messages for 12 pings each way"
+  for p in $PID_C $PID_S $PID_R; do kill -TERM "$p"; done
+  for p in $PID_C $PID_S $PID_R; do
+    waitpid_bounded "$p" 7
+    [ "$RC" = 0 ] || failed 29 "a routing daemon exited $RC after SIGTERM"
+  done
+fi
 
 # ------------------------------------------------------------------------ end
 kill -TERM "$PID_A"
