@@ -19,6 +19,13 @@
 //! peer_credits of them between A's completion and B's receipt); prints
 //! `FIGURE ulnet_put64_rate msgs/s value=..`.
 //!
+//! `--via-router BIN`: the same through a router: the `lnet-router` daemon at BIN (a third
+//! process) with NIs on o2ib and o2ib1; A is on o2ib, B on o2ib1, each with a route through it.
+//! `--clients N`: N client nodes in A's process (`10.0.0.1@o2ib`, `.2`, ...; B is `.250`), each
+//! its own thread and fabric, each pinging or streaming as above; the RTT figure is over every
+//! client's samples, the rate their sum. At the end: `FIGURE cpu_seconds client=.. server=..
+//! router=..` (user + system time of each process over the whole run).
+//!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
 //! 64), `--busy-poll-us US` (the tcp fabric's busy-poll budget, default 50). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
@@ -26,11 +33,13 @@
 //! thread over channels; both nodes shut down gracefully at the end (bounded), and the main
 //! thread gives up (exit 1) if a phase overruns its time bound.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
@@ -38,7 +47,10 @@ use lnd::driver::tcp::{MonotonicClock, TcpFabric};
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
-use router::{LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, DEFAULT_PEER_CREDITS};
+use router::{
+    LnetError, LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, RouteConfig,
+    DEFAULT_PEER_CREDITS,
+};
 
 /// Longest single wait in a node loop (stop flags are looked at least this often).
 const MAX_WAIT: StdDuration = StdDuration::from_millis(2);
@@ -48,6 +60,30 @@ const SHUTDOWN_BOUND: StdDuration = StdDuration::from_secs(5);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// The portal the benchmark PUTs go to (any non-reserved portal).
 const BENCH_PORTAL: u32 = 4;
+/// The router's NIDs on the clients' net and on the server's.
+const ROUTER_A: &str = "10.0.0.254@o2ib";
+const ROUTER_B: &str = "10.1.0.254@o2ib1";
+
+/// Who a node thread is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Role {
+    Client(usize),
+    Server,
+}
+
+/// Client `i`'s NID.
+fn client_nid(i: usize) -> Nid {
+    nid(&format!("10.0.0.{}@o2ib", i + 1))
+}
+
+/// The server's NID: on the clients' net, or behind the router on o2ib1.
+fn server_nid(routed: bool) -> Nid {
+    nid(if routed {
+        "10.1.0.250@o2ib1"
+    } else {
+        "10.0.0.250@o2ib"
+    })
+}
 
 #[derive(Copy, Clone, Debug)]
 enum Mode {
@@ -67,12 +103,23 @@ struct Opts {
     serve: bool,
     /// The tcp fabric's busy-poll budget (`TcpConfig::busy_poll`).
     busy_poll: StdDuration,
+    /// `--via-router BIN`: route through this `lnet-router` binary.
+    router: Option<PathBuf>,
+    /// B: it sits behind a router (started with `--routed`).
+    routed: bool,
+    /// Client nodes in A's process.
+    clients: usize,
+    /// The router's NIs' busy-poll budget (default: the same as the nodes').
+    router_busy_poll: Option<StdDuration>,
 }
 
-/// State both node threads and the main thread see.
+/// State the node threads and the main thread see.
 struct Shared {
-    /// Each node's listen address, set by its thread once bound.
-    addrs: [OnceLock<SocketAddr>; 2],
+    /// Where each NID listens (the fabrics' resolver): each node adds its own once bound; main
+    /// adds the server's and the router's.
+    peers: Mutex<HashMap<Nid, SocketAddr>>,
+    /// The clients may start (their peers' addresses are known).
+    go: AtomicBool,
     /// Main asks A to stop its PUT stream (or, on a failure, everything to stop).
     stop_client: AtomicBool,
     /// Main asks B to stop, once A is done (so that A's last PUTs still find B up).
@@ -100,7 +147,8 @@ fn nid(s: &str) -> Nid {
 fn usage() -> ExitCode {
     eprintln!(
         "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
-         [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US]"
+         [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
+         [--clients N] [--via-router LNET_ROUTER_BIN]"
     );
     ExitCode::from(2)
 }
@@ -117,6 +165,10 @@ fn parse_args() -> Option<Opts> {
         max_wait: MAX_WAIT,
         serve: false,
         busy_poll: lnd::driver::tcp::TcpConfig::default().busy_poll,
+        router: None,
+        routed: false,
+        clients: 1,
+        router_busy_poll: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -136,6 +188,16 @@ fn parse_args() -> Option<Opts> {
             "--payload" => opts.payload = val?.parse().ok()?,
             "--max-wait-us" => opts.max_wait = StdDuration::from_micros(val?.parse().ok()?),
             "--busy-poll-us" => opts.busy_poll = StdDuration::from_micros(val?.parse().ok()?),
+            "--clients" => opts.clients = val?.parse().ok().filter(|&n| (1..=200).contains(&n))?,
+            "--via-router" => opts.router = Some(PathBuf::from(val?)),
+            "--router-busy-poll-us" => {
+                opts.router_busy_poll = Some(StdDuration::from_micros(val?.parse().ok()?))
+            }
+            "--routed" => {
+                opts.routed = true;
+                i += 1;
+                continue;
+            }
             "--serve" => {
                 opts.serve = true;
                 mode = mode.or(Some(Mode::Rtt(1)));
@@ -154,11 +216,13 @@ fn parse_args() -> Option<Opts> {
 }
 
 fn main() -> ExitCode {
-    let Some(opts) = parse_args() else {
+    let Some(mut opts) = parse_args() else {
         return usage();
     };
+    opts.routed = opts.routed || opts.router.is_some();
     let shared = Arc::new(Shared {
-        addrs: [OnceLock::new(), OnceLock::new()],
+        peers: Mutex::new(HashMap::new()),
+        go: AtomicBool::new(false),
         stop_client: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         received: AtomicU64::new(0),
@@ -173,15 +237,32 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let _ = shared.addrs[1].set(server.addr);
+    shared.add_peer(server_nid(opts.routed), server.addr);
     let (tx, rx) = mpsc::channel::<Report>();
-    let client = match spawn_node(0, &opts, &shared, tx) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("lnet_perf: cannot start node A: {e}");
-            return ExitCode::FAILURE;
+    let mut clients = Vec::new();
+    for i in 0..opts.clients {
+        match spawn_node(Role::Client(i), &opts, &shared, tx.clone()) {
+            Ok(c) => clients.push(c),
+            Err(e) => {
+                eprintln!("lnet_perf: cannot start client {i}: {e}");
+                return ExitCode::FAILURE;
+            }
         }
-    };
+    }
+    drop(tx);
+    let mut router = None;
+    if let Some(bin) = &opts.router {
+        match Router::start(bin, &opts, &shared, &mut server) {
+            Ok(r) => router = Some(r),
+            Err(e) => {
+                eprintln!("lnet_perf: cannot start the router: {e}");
+                shared.stop_client.store(true, Ordering::Relaxed);
+                shared.stop.store(true, Ordering::Relaxed);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    shared.go.store(true, Ordering::Relaxed);
 
     // A bound on every phase; a run that overruns exits without waiting for its threads.
     let recv = |bound: StdDuration| -> Result<Report, String> {
@@ -197,43 +278,58 @@ fn main() -> ExitCode {
             // Warm-up plus samples; generous for a slow machine (5 ms a ping), plus setup.
             let bound =
                 StdDuration::from_secs(30) + StdDuration::from_millis(5) * (n + opts.warmup) as u32;
-            recv(bound).and_then(|r| match r {
-                Report::Rtt(samples) => {
-                    print_rtt(&samples);
-                    Ok(())
+            let mut all = Vec::new();
+            let mut r = Ok(());
+            for _ in 0..opts.clients {
+                match recv(bound) {
+                    Ok(Report::Rtt(mut samples)) => all.append(&mut samples),
+                    Ok(_) => r = Err("unexpected report".to_string()),
+                    Err(e) => r = Err(e),
                 }
-                _ => Err("unexpected report".into()),
-            })
+                if r.is_err() {
+                    break;
+                }
+            }
+            r.map(|()| print_rtt(&all))
         }
         Mode::PutRate(secs) => measure_puts(&shared, secs, &opts, recv),
     };
     shared.stop_client.store(true, Ordering::Relaxed);
-    shared.stop.store(true, Ordering::Relaxed);
     if let Err(e) = &result {
+        shared.stop.store(true, Ordering::Relaxed);
         eprintln!("lnet_perf: {e}");
         // Do not wait for threads that may be stuck: the process exit closes every socket.
         return ExitCode::FAILURE;
     }
-    // Both nodes shut down gracefully (each bounded by SHUTDOWN_BOUND): A first, then B
-    // (closing its stdin), which reports what it received.
+    // Every node shuts down gracefully (each bounded by SHUTDOWN_BOUND): the clients first,
+    // then B (closing its stdin), which reports what it received, then the router.
     let mut ok = true;
-    match join_bounded(client, SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
-        Some(Ok(())) => {}
-        Some(Err(e)) => {
-            eprintln!("lnet_perf: node A: {e}");
-            ok = false;
-        }
-        None => {
-            eprintln!("lnet_perf: node A did not stop in time");
-            ok = false;
+    for (i, c) in clients.into_iter().enumerate() {
+        match join_bounded(c, SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                eprintln!("lnet_perf: client {i}: {e}");
+                ok = false;
+            }
+            None => {
+                eprintln!("lnet_perf: client {i} did not stop in time");
+                ok = false;
+            }
         }
     }
+    if router.is_some() {
+        // What the router still forwards reaches B before B stops.
+        std::thread::sleep(StdDuration::from_millis(300));
+    }
+    let cpu_server = cpu_seconds(server.child.id());
     match server.stop(SHUTDOWN_BOUND + StdDuration::from_secs(5)) {
         Ok(received) => {
             let completed = shared.received.load(Ordering::Relaxed);
-            eprintln!("INFO node B received {received} PUTs; A saw {completed} complete");
+            eprintln!("INFO node B received {received} PUTs; the clients saw {completed} complete");
             if matches!(opts.mode, Mode::PutRate(_)) && received != completed {
-                eprintln!("lnet_perf: B received {received} PUTs but A saw {completed} complete");
+                eprintln!(
+                    "lnet_perf: B received {received} PUTs but the clients saw {completed} complete"
+                );
                 ok = false;
             }
         }
@@ -242,10 +338,176 @@ fn main() -> ExitCode {
             ok = false;
         }
     }
+    let cpu_router = router.as_ref().map(|r| cpu_seconds(r.child.id()));
+    if let Some(mut r) = router {
+        if let Err(e) = r.stop() {
+            eprintln!("lnet_perf: router: {e}");
+            ok = false;
+        }
+    }
+    println!(
+        "FIGURE cpu_seconds client={:.2} server={:.2} router={}",
+        cpu_seconds(std::process::id()),
+        cpu_server,
+        cpu_router.map_or("-".to_string(), |c| format!("{c:.2}"))
+    );
     if ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+impl Shared {
+    fn add_peer(&self, nid: Nid, addr: SocketAddr) {
+        if let Ok(mut p) = self.peers.lock() {
+            p.insert(nid, addr);
+        }
+    }
+
+    fn peer(&self, nid: Nid) -> Option<SocketAddr> {
+        self.peers.lock().ok()?.get(&nid).copied()
+    }
+}
+
+/// User + system CPU seconds of process `pid` so far (from /proc; 0 if unreadable).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces) end its ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of stat: 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The `lnet-router` daemon between the clients and B, on two loopback listeners the OS
+/// assigns, found through its control socket.
+struct Router {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Router {
+    fn start(
+        bin: &std::path::Path,
+        opts: &Opts,
+        shared: &Shared,
+        server: &mut Server,
+    ) -> Result<Router, String> {
+        use std::io::Write;
+        use std::process::{Command, Stdio};
+        // Every client's address first: the router's peers table lists them.
+        let deadline = StdInstant::now() + StdDuration::from_secs(10);
+        let clients: Vec<Nid> = (0..opts.clients).map(client_nid).collect();
+        while clients.iter().any(|&c| shared.peer(c).is_none()) {
+            if StdInstant::now() >= deadline {
+                return Err("the clients never bound their fabrics".into());
+            }
+            std::thread::sleep(StdDuration::from_millis(1));
+        }
+        let dir = std::env::temp_dir().join(format!("lnet_perf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let pc = opts.peer_credits;
+        let ni = |n: &str, net: &str| {
+            format!(
+                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: 127.0.0.1:0\n          busy poll us: {}\n          tunables:\n              peer_credits: {pc}\n              credits: {}\n",
+                opts.router_busy_poll.unwrap_or(opts.busy_poll).as_micros(),
+                (pc * 64).max(256)
+            )
+        };
+        let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
+        yaml.push_str("routing:\n    enable: 1\npeers:\n");
+        let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(true)]).collect();
+        for p in peer_list {
+            let a = shared.peer(p).ok_or("a peer without an address")?;
+            yaml.push_str(&format!("    - nid: {p}\n      address: {a}\n"));
+        }
+        let cfg = dir.join("router.yaml");
+        std::fs::write(&cfg, yaml).map_err(|e| format!("{}: {e}", cfg.display()))?;
+        let socket = dir.join("router.sock");
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(&socket)
+            .env("LNET_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("{}: {e}", bin.display()))?;
+        let mut r = Router { child, dir };
+        let deadline = StdInstant::now() + StdDuration::from_secs(10);
+        let nets = loop {
+            let resp = router::control::ControlClient::connect(&socket)
+                .and_then(|mut c| c.call(&router::control::Request::NetShow { verbose: true }));
+            if let Ok(router::control::Response::Net(n)) = resp {
+                break n;
+            }
+            if StdInstant::now() >= deadline {
+                return Err("the router did not answer on its control socket".into());
+            }
+            std::thread::sleep(StdDuration::from_millis(20));
+        };
+        for net in &nets.net {
+            for ni in &net.local_nis {
+                let listen = ni.ulnet.as_ref().and_then(|u| u.listen.as_deref());
+                if let (Ok(n), Some(Ok(a))) =
+                    (ni.nid.parse::<Nid>(), listen.map(str::parse::<SocketAddr>))
+                {
+                    shared.add_peer(n, a);
+                    if n == nid(ROUTER_B) {
+                        // B learns where the router's o2ib1 NI listens.
+                        let line = format!("PEER {n} {a}\n");
+                        let stdin = server.child.stdin.as_mut().ok_or("B has no stdin")?;
+                        stdin
+                            .write_all(line.as_bytes())
+                            .and_then(|()| stdin.flush())
+                            .map_err(|e| format!("telling B the router's address: {e}"))?;
+                    }
+                }
+            }
+        }
+        for n in [ROUTER_A, ROUTER_B] {
+            if shared.peer(nid(n)).is_none() {
+                let _ = r.stop();
+                return Err(format!("the router does not show where {n} listens"));
+            }
+        }
+        Ok(r)
+    }
+
+    /// SIGTERM (a graceful stop), bounded; then the scratch directory goes.
+    fn stop(&mut self) -> Result<(), String> {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = StdInstant::now() + SHUTDOWN_BOUND + StdDuration::from_secs(5);
+        let r = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) if st.success() => break Ok(()),
+                Ok(Some(st)) => break Err(format!("exited with {st}")),
+                _ if StdInstant::now() >= deadline => {
+                    let _ = self.child.kill();
+                    break Err("did not stop in time (killed)".into());
+                }
+                _ => std::thread::sleep(StdDuration::from_millis(5)),
+            }
+        };
+        let _ = std::fs::remove_dir_all(&self.dir);
+        r
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -262,6 +524,7 @@ impl Server {
         use std::process::{Command, Stdio};
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut child = Command::new(exe)
+            .args(opts.routed.then_some("--routed"))
             .args([
                 "--serve".to_string(),
                 "--peer-credits".into(),
@@ -331,18 +594,24 @@ impl Drop for Server {
     }
 }
 
-/// `--serve`: node B until stdin closes.
+/// `--serve`: node B until stdin closes. A line `PEER <nid> <addr>` on stdin tells it where a
+/// peer listens (the router, in routed mode).
 fn serve_main(opts: &Opts, shared: &Arc<Shared>) -> ExitCode {
     let stop_on_eof = Arc::clone(shared);
     std::thread::spawn(move || {
-        use std::io::Read;
-        let mut sink = [0u8; 64];
-        let mut stdin = std::io::stdin();
-        while matches!(stdin.read(&mut sink), Ok(n) if n > 0) {}
+        use std::io::BufRead;
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            let mut w = line.split_whitespace();
+            if let (Some("PEER"), Some(n), Some(a)) = (w.next(), w.next(), w.next()) {
+                if let (Ok(n), Ok(a)) = (n.parse(), a.parse()) {
+                    stop_on_eof.add_peer(n, a);
+                }
+            }
+        }
         stop_on_eof.stop.store(true, Ordering::Relaxed);
     });
     let (tx, _rx) = mpsc::channel();
-    let r = node_thread(1, opts, shared, &tx);
+    let r = node_thread(Role::Server, opts, shared, &tx);
     println!("RECEIVED {}", shared.received.load(Ordering::Relaxed));
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -375,9 +644,11 @@ fn measure_puts(
     recv: impl Fn(StdDuration) -> Result<Report, String>,
 ) -> Result<(), String> {
     let bound = StdDuration::from_secs(30) + StdDuration::from_millis(5) * opts.warmup as u32;
-    match recv(bound)? {
-        Report::Streaming => {}
-        _ => return Err("unexpected report".into()),
+    for _ in 0..opts.clients {
+        match recv(bound)? {
+            Report::Streaming => {}
+            _ => return Err("unexpected report".into()),
+        }
     }
     // Let the stream settle, then count what B receives over the window.
     std::thread::sleep(StdDuration::from_millis(500));
@@ -387,22 +658,33 @@ fn measure_puts(
     shared.stop_client.store(true, Ordering::Relaxed);
     let dt = t1.duration_since(t0).as_secs_f64();
     let rate = (c1 - c0) as f64 / dt;
-    match recv(StdDuration::from_secs(10))? {
-        Report::PutsDone { sent, done, errors } => {
-            eprintln!(
-                "INFO put stream: window {} peer_credits {} payload {} B; A sent {sent}, \
-                 completed {done}, errors {errors}; {} completed in total, {} in {dt:.3} s",
-                opts.window,
-                opts.peer_credits,
-                opts.payload,
-                shared.received.load(Ordering::Relaxed),
-                c1 - c0
-            );
-            if errors > 0 {
-                return Err(format!("{errors} PUTs failed"));
+    let (mut sent, mut done, mut errors) = (0, 0, 0);
+    for _ in 0..opts.clients {
+        match recv(StdDuration::from_secs(10))? {
+            Report::PutsDone {
+                sent: s,
+                done: d,
+                errors: e,
+            } => {
+                sent += s;
+                done += d;
+                errors += e;
             }
+            _ => return Err("unexpected report".into()),
         }
-        _ => return Err("unexpected report".into()),
+    }
+    eprintln!(
+        "INFO put stream: {} client(s), window {} peer_credits {} payload {} B; sent {sent}, \
+         completed {done}, errors {errors}; {} completed in total, {} in {dt:.3} s",
+        opts.clients,
+        opts.window,
+        opts.peer_credits,
+        opts.payload,
+        shared.received.load(Ordering::Relaxed),
+        c1 - c0
+    );
+    if errors > 0 {
+        return Err(format!("{errors} PUTs failed"));
     }
     println!(
         "FIGURE ulnet_put{}_rate msgs/s value={rate:.0}",
@@ -433,19 +715,23 @@ fn print_rtt(samples: &[u64]) {
 }
 
 fn spawn_node(
-    idx: usize,
+    role: Role,
     opts: &Opts,
     shared: &Arc<Shared>,
     tx: Sender<Report>,
 ) -> std::io::Result<JoinHandle<Result<(), String>>> {
     let opts = opts.clone();
     let shared = Arc::clone(shared);
+    let name = match role {
+        Role::Client(i) => format!("client-{i}"),
+        Role::Server => "node-b".into(),
+    };
     std::thread::Builder::new()
-        .name(if idx == 0 { "node-a" } else { "node-b" }.into())
+        .name(name.clone())
         .spawn(move || {
-            let r = node_thread(idx, &opts, &shared, &tx);
+            let r = node_thread(role, &opts, &shared, &tx);
             if let Err(e) = &r {
-                let _ = tx.send(Report::Failed(format!("node {}: {e}", ["A", "B"][idx])));
+                let _ = tx.send(Report::Failed(format!("{name}: {e}")));
                 shared.stop_client.store(true, Ordering::Relaxed);
                 shared.stop.store(true, Ordering::Relaxed);
             }
@@ -509,29 +795,25 @@ impl Driver {
 }
 
 fn node_thread(
-    idx: usize,
+    role: Role,
     opts: &Opts,
     shared: &Arc<Shared>,
     tx: &Sender<Report>,
 ) -> Result<(), String> {
-    let nids = [nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib")];
-    let me = nids[idx];
-    let other = nids[1 - idx];
-    let resolver_shared = Arc::clone(shared);
-    let resolver = move |n: Nid| {
-        if n == other {
-            resolver_shared.addrs[1 - idx].get().copied()
-        } else {
-            None
-        }
+    let server = server_nid(opts.routed);
+    let (me, routes) = match role {
+        Role::Client(i) => (client_nid(i), ("o2ib1", ROUTER_A)),
+        Role::Server => (server, ("o2ib", ROUTER_B)),
     };
+    let resolver_shared = Arc::clone(shared);
+    let resolver = move |n: Nid| resolver_shared.peer(n);
     let tcp = lnd::driver::tcp::TcpConfig {
         busy_poll: opts.busy_poll,
         ..Default::default()
     };
     let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().expect("address"), resolver, tcp)
         .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
-    let _ = shared.addrs[idx].set(fabric.local_addr());
+    shared.add_peer(me, fabric.local_addr());
     if opts.serve {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -540,11 +822,24 @@ fn node_thread(
     }
 
     let clock = MonotonicClock::new();
-    let mut ni = NiConfig::new(me, 0x5eed_0000 + idx as u64 + 1);
+    let idx = match role {
+        Role::Client(i) => i as u64 + 1,
+        Role::Server => 1000,
+    };
+    let mut ni = NiConfig::new(me, 0x5eed_0000 + idx);
     ni.peer_credits = opts.peer_credits;
     ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
     ni.credits = ni.credits.max(opts.peer_credits);
-    let node = LnetNode::new(NodeConfig::new(vec![ni]), clock.now());
+    let mut cfg = NodeConfig::new(vec![ni]);
+    if opts.routed {
+        cfg.routes = vec![RouteConfig {
+            net: routes.0.parse().expect("a net"),
+            gateway: nid(routes.1),
+            hops: Some(1),
+            priority: 0,
+        }];
+    }
+    let node = LnetNode::new(cfg, clock.now());
     let (rt, _wake) = NiRuntime::new(node, fabric, clock)
         .map_err(|e| format!("cannot make the node's waker: {e}"))?;
     let mut d = Driver {
@@ -552,10 +847,9 @@ fn node_thread(
         max_wait: opts.max_wait,
     };
 
-    let r = if idx == 1 {
-        run_server(&mut d, shared)
-    } else {
-        run_client(&mut d, opts, shared, tx, other)
+    let r = match role {
+        Role::Server => run_server(&mut d, shared),
+        Role::Client(_) => run_client(&mut d, opts, shared, tx, server),
     };
     d.shutdown();
     r
@@ -579,16 +873,41 @@ fn run_server(d: &mut Driver, shared: &Shared) -> Result<(), String> {
     Ok(())
 }
 
-/// One ping from A to `dst`, driven to completion; its round trip in nanoseconds.
-fn ping_once(d: &mut Driver, dst: Nid, shared: &Shared) -> Result<u64, String> {
+/// Why a ping did not answer.
+enum PingFail {
+    Lnet(LnetError),
+    Other(String),
+}
+
+impl std::fmt::Display for PingFail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PingFail::Lnet(e) => write!(f, "ping: {e}"),
+            PingFail::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Runs the node's loop for `d` (events dropped).
+fn turn_for(d: &mut Driver, t: StdDuration) -> Result<(), String> {
+    let end = StdInstant::now() + t;
+    while StdInstant::now() < end {
+        d.turn(d.max_wait)?;
+        while d.node().poll_event().is_some() {}
+    }
+    Ok(())
+}
+
+/// One ping from a client to `dst`, driven to completion; its round trip in nanoseconds.
+fn ping_once(d: &mut Driver, dst: Nid, shared: &Shared) -> Result<u64, PingFail> {
     let t0 = StdInstant::now();
     let now = d.rt.now();
     let id = d
         .node()
         .ping(now, dst, PING_TIMEOUT)
-        .map_err(|e| format!("ping: {e}"))?;
+        .map_err(PingFail::Lnet)?;
     loop {
-        d.turn(d.max_wait)?;
+        d.turn(d.max_wait).map_err(PingFail::Other)?;
         while let Some(ev) = d.node().poll_event() {
             if let LnetEvent::PingDone {
                 id: got, result, ..
@@ -596,12 +915,12 @@ fn ping_once(d: &mut Driver, dst: Nid, shared: &Shared) -> Result<u64, String> {
             {
                 if got == id {
                     let rtt = t0.elapsed().as_nanos() as u64;
-                    return result.map(|_| rtt).map_err(|e| format!("ping {dst}: {e}"));
+                    return result.map(|_| rtt).map_err(PingFail::Lnet);
                 }
             }
         }
         if shared.stop_client.load(Ordering::Relaxed) {
-            return Err("stopped".into());
+            return Err(PingFail::Other("stopped".into()));
         }
     }
 }
@@ -614,22 +933,35 @@ fn run_client(
     tx: &Sender<Report>,
     dst: Nid,
 ) -> Result<(), String> {
-    // The peer's address must be known before the first connect.
-    let deadline = StdInstant::now() + StdDuration::from_secs(5);
-    while shared.addrs[1].get().is_none() {
-        if StdInstant::now() >= deadline {
-            return Err("node B never bound its fabric".into());
+    // The peers' addresses must be known before the first connect.
+    let deadline = StdInstant::now() + StdDuration::from_secs(15);
+    while !shared.go.load(Ordering::Relaxed) {
+        if StdInstant::now() >= deadline || shared.stop_client.load(Ordering::Relaxed) {
+            return Err("the peers never bound their fabrics".into());
         }
         std::thread::sleep(StdDuration::from_millis(1));
     }
-    for _ in 0..opts.warmup.max(1) {
-        ping_once(d, dst, shared)?;
+    // Through a router, the first pings may find no live route yet (the router pingers of
+    // this node and of B have not found the router): retried for a while.
+    loop {
+        match ping_once(d, dst, shared) {
+            Ok(_) => break,
+            Err(PingFail::Lnet(LnetError::NoRoute(_) | LnetError::Timeout))
+                if opts.routed && StdInstant::now() < deadline + StdDuration::from_secs(15) =>
+            {
+                turn_for(d, StdDuration::from_millis(50))?;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    for _ in 0..opts.warmup {
+        ping_once(d, dst, shared).map_err(|e| e.to_string())?;
     }
     match opts.mode {
         Mode::Rtt(n) => {
             let mut samples = Vec::with_capacity(n);
             for _ in 0..n {
-                samples.push(ping_once(d, dst, shared)?);
+                samples.push(ping_once(d, dst, shared).map_err(|e| e.to_string())?);
             }
             let _ = tx.send(Report::Rtt(samples));
         }

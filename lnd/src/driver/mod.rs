@@ -77,16 +77,20 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
 /// Wakes an NI loop from another thread: one end of a Unix socket pair. The loop's fabric watches
 /// [`Waker::fd`] (through [`Driver::set_waker`]); [`WakeHandle::wake`] writes one byte (a full
-/// buffer means a wake-up is already pending, so nothing is lost).
+/// buffer means a wake-up is already pending, so nothing is lost), and only when no wake-up is
+/// pending yet: a loop handed many messages between two of its turns (a busy router's egress)
+/// costs its senders one write, not one per message.
 #[derive(Debug)]
 pub struct Waker {
     rx: std::os::unix::net::UnixStream,
+    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The writing side of a [`Waker`]; cheap to clone, `Send`.
 #[derive(Debug, Clone)]
 pub struct WakeHandle {
     tx: std::sync::Arc<std::os::unix::net::UnixStream>,
+    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Waker {
@@ -95,10 +99,15 @@ impl Waker {
         let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
         rx.set_nonblocking(true)?;
         tx.set_nonblocking(true)?;
+        let pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         Ok((
-            Waker { rx },
+            Waker {
+                rx,
+                pending: pending.clone(),
+            },
             WakeHandle {
                 tx: std::sync::Arc::new(tx),
+                pending,
             },
         ))
     }
@@ -109,18 +118,25 @@ impl Waker {
         self.rx.as_raw_fd()
     }
 
-    /// Consumes every pending wake-up.
+    /// Consumes every pending wake-up. Call it before looking at what the wakers' owners sent
+    /// (the bytes first, then the flag: a wake-up after this call writes a byte again, one
+    /// before it is seen by the look that follows).
     pub fn drain(&self) {
         use std::io::Read;
         let mut buf = [0u8; 64];
         while matches!((&self.rx).read(&mut buf), Ok(n) if n > 0) {}
+        self.pending
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
 impl WakeHandle {
-    /// Wakes the loop (never blocks).
+    /// Wakes the loop (never blocks); nothing to do when a wake-up is already pending.
     pub fn wake(&self) {
         use std::io::Write;
+        if self.pending.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
         // WouldBlock: the buffer is full of earlier wake-ups, so the loop will wake anyway.
         let _ = (&*self.tx).write(&[1]);
     }
