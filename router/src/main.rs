@@ -98,6 +98,17 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = control::DEFAULT_REQUEST_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     control_request_timeout: u64,
+    /// How NIs map to threads: a thread per NI, or every NI on one thread (forwarded
+    /// messages then never cross threads, which suits a router with fewer cores than NIs
+    /// plus clients; tcp NIs only)
+    #[arg(long, value_enum, default_value = "per-ni")]
+    ni_threads: NiThreads,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum NiThreads {
+    PerNi,
+    Shared,
 }
 
 /// A request and where its answer goes: one response, or for a capture the whole stream
@@ -137,7 +148,7 @@ fn main() -> ExitCode {
         idle: StdDuration::from_secs(args.control_idle_timeout),
         request: StdDuration::from_secs(args.control_request_timeout),
     };
-    match run(cfg, socket, limits) {
+    match run(cfg, socket, limits, args.ni_threads) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Once, and whatever LNET_LOG filters (the log is on stderr too: logging it as well
@@ -219,7 +230,12 @@ impl Signals {
     }
 }
 
-fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), String> {
+fn run(
+    cfg: DaemonConfig,
+    socket: PathBuf,
+    limits: ClientLimits,
+    threading: NiThreads,
+) -> Result<(), String> {
     let signals = Signals::install()?;
 
     let clock = MonotonicClock::new();
@@ -263,21 +279,60 @@ fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), S
         hand_rxs.push(rx);
     }
     let hand_links = Arc::new(hand_links);
+    let mut ni_loops = Vec::new();
     for ((rt, wake, kind, extras), hand_rx) in runtimes.into_iter().zip(hand_rxs) {
         let nid = rt.node().nids()[0];
-        let (tx, rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
+        let (tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
         links.push(NiLink { nid, tx, wake });
-        let (shared, wakes) = (Arc::clone(&shared), Arc::clone(&wakes));
-        let hands = Handovers {
-            rx: hand_rx,
-            links: Arc::clone(&hand_links),
-            outbox: std::collections::VecDeque::new(),
-        };
-        let t = std::thread::Builder::new()
-            .name(format!("ni {nid}"))
-            .spawn(move || ni_loop(rt, kind, extras, &rx, hands, &shared, &wakes))
-            .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
-        threads.push((nid, t));
+        ni_loops.push(NiLoop {
+            nid,
+            rt,
+            kind,
+            control: Control::new(vec![extras]),
+            req_rx,
+            hands: Handovers {
+                rx: hand_rx,
+                links: Arc::clone(&hand_links),
+                outbox: std::collections::VecDeque::new(),
+            },
+            shared: Arc::clone(&shared),
+            wakes: Arc::clone(&wakes),
+            shutdown_deadline: None,
+            failed: false,
+            capture: CaptureState::Idle,
+            next_capture: 1,
+        });
+    }
+    let nis = ni_loops.len();
+    match threading {
+        NiThreads::PerNi => {
+            for l in ni_loops {
+                let nid = l.nid;
+                let t = std::thread::Builder::new()
+                    .name(format!("ni {nid}"))
+                    .spawn(move || l.run())
+                    .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
+                threads.push((nid.to_string(), t));
+            }
+        }
+        NiThreads::Shared => {
+            let (first, rest) = ni_loops.split_first_mut().ok_or("no NI is configured")?;
+            for other in rest.iter() {
+                if !first.rt.watch(&other.rt) {
+                    return Err(format!(
+                        "--ni-threads shared: NI {} cannot share a thread (its fabric, {}, \
+                         cannot be watched from another; only tcp can)",
+                        other.nid,
+                        other.kind.as_str()
+                    ));
+                }
+            }
+            let t = std::thread::Builder::new()
+                .name("nis".into())
+                .spawn(move || run_shared(ni_loops))
+                .map_err(|e| format!("cannot start the NIs' thread: {e}"))?;
+            threads.push(("shared".to_string(), t));
+        }
     }
     let own: Vec<Nid> = links.iter().map(|l| l.nid).collect();
     let table = RouteTable::new(
@@ -294,7 +349,7 @@ fn run(cfg: DaemonConfig, socket: PathBuf, limits: ClientLimits) -> Result<(), S
         .name("control".into())
         .spawn(move || control_thread(listener, loops, limits, counters))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
-    info!(socket = %socket.display(), nis = threads.len(), "lnet-router running");
+    info!(socket = %socket.display(), nis, ni_threads = threads.len(), "lnet-router running");
 
     // The main thread: signals, and the NI threads' ends (a failed fabric stops everyone).
     loop {
@@ -340,56 +395,67 @@ fn wake_all(wakes: &[WakeHandle]) {
     }
 }
 
-/// One NI's loop, on its own thread: its runtime's turns, its control requests, its capture,
-/// until a stop and a finished (bounded) graceful shutdown.
-fn ni_loop(
-    mut rt: NiRuntime<Box<dyn Driver + Send>>,
+/// One NI's loop: its runtime's turns, its control requests, its capture, until a stop and a
+/// finished (bounded) graceful shutdown. It runs on a thread of its own ([`NiLoop::run`]) or
+/// beside other NIs' loops on one thread ([`run_shared`]).
+struct NiLoop {
+    nid: Nid,
+    rt: NiRuntime<Box<dyn Driver + Send>>,
     kind: FabricKind,
-    extras: NiExtras,
-    req_rx: &Receiver<ControlMsg>,
-    mut hands: Handovers,
-    shared: &Shutdown,
-    wakes: &[WakeHandle],
-) {
-    let nid = rt.node().nids()[0];
-    let mut control: Control<SyncSender<Response>> = Control::new(vec![extras]);
-    let mut shutdown_deadline = None;
-    let mut failed = false;
-    let mut capture = CaptureState::Idle;
-    let mut next_capture = 1u64;
-    loop {
-        if !failed {
-            if let Err(e) = rt.turn(MAX_WAIT) {
+    control: Control<SyncSender<Response>>,
+    req_rx: Receiver<ControlMsg>,
+    hands: Handovers,
+    shared: Arc<Shutdown>,
+    wakes: Arc<Vec<WakeHandle>>,
+    shutdown_deadline: Option<lnd::time::Instant>,
+    failed: bool,
+    capture: CaptureState,
+    next_capture: u64,
+}
+
+impl NiLoop {
+    fn run(mut self) {
+        while !self.step(MAX_WAIT) {}
+    }
+
+    /// One turn (waiting at most `wait`) and what follows it: handovers, events, control
+    /// requests, the capture, the shutdown. True once this loop is finished.
+    fn step(&mut self, wait: StdDuration) -> bool {
+        let nid = self.nid;
+        if !self.failed {
+            if let Err(e) = self.rt.turn(wait) {
                 // This NI's fabric is broken: the other NIs' peers must still see a graceful
                 // close (not find out at their keepalive horizon), so every NI shuts down as on
                 // SIGTERM, then the daemon exits with the error.
                 error!(%nid, "fabric failed: {e}; closing every other connection");
-                failed = true;
-                shared.fail(format!("fabric of NI {nid}: {e}"));
-                wake_all(wakes);
+                self.failed = true;
+                self.shared.fail(format!("fabric of NI {nid}: {e}"));
+                wake_all(&self.wakes);
             }
         } else {
-            std::thread::sleep(MAX_WAIT);
+            std::thread::sleep(wait);
         }
-        hands.relay(&mut rt);
-        drain_events(rt.node_mut(), &mut control);
+        let rt = &mut self.rt;
+        let control = &mut self.control;
+        self.hands.relay(rt);
+        drain_events(rt.node_mut(), control);
         let mut refreshed = false;
-        while let Ok((req, reply)) = req_rx.try_recv() {
+        while let Ok((req, reply)) = self.req_rx.try_recv() {
             debug!(?req, "control request");
             if !refreshed {
-                control.set_fabric_counters(0, kind.as_str(), rt.driver().counters());
+                control.set_fabric_counters(0, self.kind.as_str(), rt.driver().counters());
                 refreshed = true;
             }
             let now = rt.now();
             let node = rt.node_mut();
             match req {
                 Request::CaptureStart { duration_secs } => {
-                    let resp = if !matches!(capture, CaptureState::Idle) {
+                    let resp = if !matches!(self.capture, CaptureState::Idle) {
                         Response::Error(ControlError::new(
                             errno::EBUSY,
                             "a capture is already running (one at a time); stop it first",
                         ))
-                    } else if shutdown_deadline.is_some() {
+                    } else if self.shutdown_deadline.is_some() {
                         Response::Error(ControlError::new(
                             errno::ESHUTDOWN,
                             "the daemon is shutting down",
@@ -400,28 +466,28 @@ fn ni_loop(
                             .map_or(0, |d| d.as_nanos() as u64);
                         let s = CaptureSession::start(
                             node,
-                            next_capture,
+                            self.next_capture,
                             now,
                             unix_ns,
                             duration_secs.map(Duration::from_secs),
                         );
-                        next_capture += 1;
+                        self.next_capture += 1;
                         info!(id = s.id(), ?duration_secs, "capture started");
                         let started = Response::CaptureStarted(s.started());
-                        capture = CaptureState::Running(s, reply.clone());
+                        self.capture = CaptureState::Running(s, reply.clone());
                         started
                     };
                     let _ = reply.try_send(resp);
                 }
                 Request::CaptureStop { id } => {
-                    let resp = match std::mem::take(&mut capture) {
+                    let resp = match std::mem::take(&mut self.capture) {
                         CaptureState::Running(s, out) if s.id() == id => {
                             let sum = end_capture(node, s, &out, "stopped");
-                            capture = CaptureState::Ending(sum.clone(), out);
+                            self.capture = CaptureState::Ending(sum.clone(), out);
                             Response::CaptureDone(sum)
                         }
                         other => {
-                            capture = other;
+                            self.capture = other;
                             Response::Error(ControlError::new(
                                 errno::ENOENT,
                                 format!("no capture {id} is running"),
@@ -436,42 +502,71 @@ fn ni_loop(
                     }
                 }
             }
-            drain_events(rt.node_mut(), &mut control);
+            drain_events(rt.node_mut(), control);
         }
         let now = rt.now();
-        capture = capture.step(rt.node_mut(), now);
+        self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
 
-        if shutdown_deadline.is_none() && shared.stop.load(Ordering::Relaxed) {
+        if self.shutdown_deadline.is_none() && self.shared.stop.load(Ordering::Relaxed) {
             rt.node_mut().shutdown(now);
-            shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
+            self.shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
         }
-        if let Some(deadline) = shutdown_deadline {
-            let node = rt.node_mut();
-            if node.is_shut_down() || now >= deadline {
-                if !node.is_shut_down() {
-                    warn!(
-                        %nid,
-                        in_flight = node.messages_in_flight(),
-                        "graceful shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway"
-                    );
-                }
-                // The last actions (Destroys), and one more poll so they reach the wire.
-                if !failed {
-                    rt.flush();
-                }
-                drain_events(rt.node_mut(), &mut control);
-                if let CaptureState::Running(s, out) = std::mem::take(&mut capture) {
-                    let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
-                    let _ = out.try_send(Response::CaptureDone(sum));
-                }
-                // Requests still queued get an answer rather than a dropped channel.
-                while let Ok((_, reply)) = req_rx.try_recv() {
-                    let _ = reply.try_send(shutting_down());
-                }
-                return;
+        let Some(deadline) = self.shutdown_deadline else {
+            return false;
+        };
+        let node = rt.node_mut();
+        if !node.is_shut_down() && now < deadline {
+            return false;
+        }
+        if !node.is_shut_down() {
+            warn!(
+                %nid,
+                in_flight = node.messages_in_flight(),
+                "graceful shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway"
+            );
+        }
+        // The last actions (Destroys), and one more poll so they reach the wire.
+        if !self.failed {
+            rt.flush();
+        }
+        drain_events(rt.node_mut(), control);
+        if let CaptureState::Running(s, out) = std::mem::take(&mut self.capture) {
+            let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
+            let _ = out.try_send(Response::CaptureDone(sum));
+        }
+        // Requests still queued get an answer rather than a dropped channel.
+        while let Ok((_, reply)) = self.req_rx.try_recv() {
+            let _ = reply.try_send(shutting_down());
+        }
+        true
+    }
+}
+
+/// Every NI's loop on the calling thread (`--ni-threads shared`): the first loop sleeps, for
+/// as long as the least any loop may (its own deadline, the others' deadlines and queued
+/// work), and its driver watches the others' readiness descriptors, so that work for any NI
+/// ends the sleep; the others are polled without waiting. Messages forwarded between NIs
+/// then never cross threads. Needs drivers that can be watched (tcp).
+fn run_shared(mut loops: Vec<NiLoop>) {
+    let mut done = vec![false; loops.len()];
+    while done.iter().any(|d| !d) {
+        let mut wait = MAX_WAIT;
+        for (i, l) in loops.iter_mut().enumerate().skip(1) {
+            if !done[i] {
+                done[i] = l.step(StdDuration::ZERO);
+                wait = wait.min(l.rt.wait_hint(MAX_WAIT));
             }
         }
+        if done[0] {
+            // The sleeper is gone (a shutdown that finished first): the others finish within
+            // their own bound, polled at a short interval.
+            std::thread::sleep(wait.min(StdDuration::from_millis(1)));
+        } else {
+            done[0] = loops[0].step(wait);
+        }
     }
+    // Dropped together: a finished loop's ring stays open while another still watches it.
+    drop(loops);
 }
 
 /// Another NI loop as a handover reaches it.

@@ -80,12 +80,7 @@ impl<D: Driver> NiRuntime<D> {
     /// the caller to drain with `node_mut().poll_event()`.
     pub fn turn(&mut self, max_wait: StdDuration) -> io::Result<()> {
         self.apply_actions();
-        let now = self.clock.now();
-        let wait = self
-            .node
-            .poll_timeout()
-            .map_or(max_wait, |d| d.saturating_duration_since(now).into())
-            .min(max_wait);
+        let wait = self.until_deadline(max_wait);
         let clock = self.clock;
         if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
             self.driver.poll(Some(wait), &mut sink, &|| clock.now())?;
@@ -102,6 +97,36 @@ impl<D: Driver> NiRuntime<D> {
         }
         self.apply_actions();
         Ok(())
+    }
+
+    /// How long until the node's next deadline, at most `max_wait`.
+    fn until_deadline(&self, max_wait: StdDuration) -> StdDuration {
+        let now = self.clock.now();
+        self.node
+            .poll_timeout()
+            .map_or(max_wait, |d| d.saturating_duration_since(now).into())
+            .min(max_wait)
+    }
+
+    /// How long this runtime could sleep in its next turn: zero while the driver holds queued
+    /// work, else until the node's next deadline, at most `max_wait`. A thread running several
+    /// runtimes sleeps in one of them for the least of the others' (see [`NiRuntime::watch`]).
+    pub fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
+        self.apply_actions();
+        if self.driver.has_queued_work() {
+            return StdDuration::ZERO;
+        }
+        self.until_deadline(max_wait)
+    }
+
+    /// Makes this runtime's waits end also when `other` has work (its driver's readiness
+    /// descriptor becomes readable), so that several runtimes share one thread: one sleeps,
+    /// the others are polled without waiting. False when either driver cannot do that.
+    pub fn watch(&mut self, other: &NiRuntime<D>) -> bool {
+        match other.driver.readiness_fd() {
+            Some(fd) => self.driver.watch(fd),
+            None => false,
+        }
     }
 
     /// The last actions (a shutdown's Destroys) and one poll that does not wait, so they reach

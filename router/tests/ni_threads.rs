@@ -25,21 +25,6 @@ fn one_ni(nid: &str, net: &str) -> String {
 /// this long), however slowly a loaded machine runs the pings of C meanwhile.
 const R0_TIMEOUT: u64 = 60;
 
-/// The names of the daemon's threads (`comm`, at most 15 bytes each).
-fn thread_names(d: &Daemon) -> Vec<String> {
-    let dir = format!("/proc/{}/task", d.pid());
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok())
-                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
-                .map(|s| s.trim().to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
-
 #[test]
 fn two_ni_daemon_answers_on_both_nets_while_one_peer_is_frozen() {
     let dir = Scratch::new("nithreads");

@@ -105,13 +105,35 @@ fn assert_books(r: &RoutingShow) {
 
 #[test]
 fn client_pings_server_through_a_router() {
-    let t = 1;
-    let s = Scratch::new("routed_ping");
+    routed_ping(1, "per-ni");
+}
+
+/// The same with the router's two NIs on one thread: forwarded messages never cross threads.
+#[test]
+fn client_pings_server_through_a_router_running_its_nis_on_one_thread() {
+    routed_ping(3, "shared");
+}
+
+fn routed_ping(t: u8, ni_threads: &str) {
+    let s = Scratch::new(&format!("routed_ping_{ni_threads}"));
     let router = start_yaml(
         &s.0,
         "router",
         &yaml(t, &[R1_A, R1_B], &[], true),
-        Opts::default(),
+        Opts {
+            args: vec!["--ni-threads".into(), ni_threads.into()],
+            ..Opts::default()
+        },
+    );
+    let ni_threads_running = thread_names(&router)
+        .iter()
+        .filter(|n| n.starts_with("ni ") || *n == "nis")
+        .count();
+    assert_eq!(
+        ni_threads_running,
+        if ni_threads == "shared" { 1 } else { 2 },
+        "{:?}",
+        thread_names(&router)
     );
     let server = start_yaml(
         &s.0,
@@ -143,7 +165,7 @@ fn client_pings_server_through_a_router() {
 
     let r = routing(&router);
     assert_eq!(r.enable, 1);
-    assert_eq!(r.cpts.len(), 2, "one CPT per NI thread");
+    assert_eq!(r.cpts.len(), 2, "one CPT per NI");
     assert_books(&r);
     // 21+ pings each way: a GET and a REPLY forwarded per ping.
     assert!(r.forwarding.forwarded >= 2 * 22, "{:?}", r.forwarding);

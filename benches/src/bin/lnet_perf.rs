@@ -111,6 +111,8 @@ struct Opts {
     clients: usize,
     /// The router's NIs' busy-poll budget (default: the same as the nodes').
     router_busy_poll: Option<StdDuration>,
+    /// `--router-arg ARG` (repeatable): more arguments for the router daemon.
+    router_args: Vec<String>,
 }
 
 /// State the node threads and the main thread see.
@@ -148,7 +150,8 @@ fn usage() -> ExitCode {
     eprintln!(
         "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
-         [--clients N] [--via-router LNET_ROUTER_BIN]"
+         [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
+         [--router-arg ARG]...]"
     );
     ExitCode::from(2)
 }
@@ -169,6 +172,7 @@ fn parse_args() -> Option<Opts> {
         routed: false,
         clients: 1,
         router_busy_poll: None,
+        router_args: Vec::new(),
     };
     let mut i = 0;
     while i < args.len() {
@@ -193,6 +197,7 @@ fn parse_args() -> Option<Opts> {
             "--router-busy-poll-us" => {
                 opts.router_busy_poll = Some(StdDuration::from_micros(val?.parse().ok()?))
             }
+            "--router-arg" => opts.router_args.push(val?.clone()),
             "--routed" => {
                 opts.routed = true;
                 i += 1;
@@ -433,6 +438,7 @@ impl Router {
             .arg(&cfg)
             .arg("--socket")
             .arg(&socket)
+            .args(&opts.router_args)
             .env("LNET_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -36,6 +36,26 @@ pub trait Driver {
     /// waiting out the loop's bound.
     fn set_waker(&mut self, fd: std::os::fd::RawFd);
 
+    /// A descriptor readable whenever the driver has work for its loop (tcp: its io_uring),
+    /// so that a loop running several NIs on one thread can sleep in one of them and wake for
+    /// any (`None`: this driver cannot be shared that way).
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
+    /// Ends this driver's waits also when `fd` becomes readable (another driver's
+    /// [`Driver::readiness_fd`]); false when the driver cannot watch descriptors.
+    fn watch(&mut self, _fd: std::os::fd::RawFd) -> bool {
+        false
+    }
+
+    /// Whether work is queued that the next `poll` does without waiting (actions applied since
+    /// the last poll, reports not yet handed on), so that a loop sharing its thread with this
+    /// driver does not sleep on another one meanwhile. A driver that cannot tell says `true`.
+    fn has_queued_work(&self) -> bool {
+        true
+    }
+
     /// Whether the waker became readable during the polls since the last call, so that the
     /// loop drains it only then (a read per turn otherwise). A driver that cannot tell says
     /// `true`, which is always safe.
@@ -64,6 +84,18 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
         (**self).set_waker(fd)
+    }
+
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).readiness_fd()
+    }
+
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
+        (**self).watch(fd)
+    }
+
+    fn has_queued_work(&self) -> bool {
+        (**self).has_queued_work()
     }
 
     fn take_woken(&mut self) -> bool {

@@ -754,9 +754,10 @@ pub struct TcpFabric {
     cqes: Vec<Completion>,
     pool: Vec<Vec<u8>>,
     stats: TcpStats,
-    /// The waker descriptor (see `Driver::set_waker`) and whether its poll is in flight.
-    waker: Option<std::os::fd::RawFd>,
-    waker_armed: bool,
+    /// Descriptors whose readiness ends a wait: the waker (`Driver::set_waker`) and what
+    /// `Driver::watch` added (the rings of NIs sharing this loop's thread), each with whether
+    /// its poll is in flight; a descriptor whose poll failed is -1 and no longer watched.
+    watched: Vec<(std::os::fd::RawFd, bool)>,
     /// The waker fired since the owner last asked (`Driver::take_woken`).
     woken: bool,
     /// Message buffers of applied sends, given back to the engine (`Endpoint::recycle`).
@@ -826,8 +827,7 @@ impl TcpFabric {
             tx_pending: Vec::new(),
             cqes: Vec::new(),
             pool: Vec::new(),
-            waker: None,
-            waker_armed: false,
+            watched: Vec::new(),
             woken: false,
             spare: Vec::new(),
             regions: HashMap::new(),
@@ -1272,9 +1272,12 @@ impl TcpFabric {
         if !self.accept_armed && self.accept_pause.is_none() {
             self.arm_accept();
         }
-        if let (Some(fd), false) = (self.waker, self.waker_armed) {
-            self.ring.poll_readable(fd, tag(OpTag::Waker, NO_SOCK));
-            self.waker_armed = true;
+        for (i, w) in self.watched.iter_mut().enumerate() {
+            if w.0 >= 0 && !w.1 {
+                self.ring
+                    .poll_readable(w.0, tag(OpTag::Waker, Handle::from_parts(i as u32, 0)));
+                w.1 = true;
+            }
         }
         let timeout = if self.has_work() {
             Some(std::time::Duration::ZERO)
@@ -1335,7 +1338,18 @@ impl TcpFabric {
     /// per `handshake_timeout`, so the scan's cost does not follow the message rate).
     /// See `Driver::set_waker`.
     pub fn set_waker(&mut self, fd: std::os::fd::RawFd) {
-        self.waker = Some(fd);
+        self.watch(fd);
+    }
+
+    /// Ends a wait also when `fd` becomes readable (see `Driver::watch`).
+    pub fn watch(&mut self, fd: std::os::fd::RawFd) {
+        self.watched.push((fd, false));
+    }
+
+    /// A descriptor that is readable whenever this fabric has completions to reap (its
+    /// io_uring): another loop on the same thread watches it (see `Driver::readiness_fd`).
+    pub fn readiness_fd(&self) -> std::os::fd::RawFd {
+        self.ring.raw_fd()
     }
 
     fn sweep(&mut self, now: Instant) {
@@ -1424,7 +1438,10 @@ impl TcpFabric {
         }
         if op == Some(OpTag::Waker) {
             // The owner drains the waker after this poll; re-armed at the next one.
-            self.waker_armed = false;
+            let Some(w) = self.watched.get_mut(sock.index() as usize) else {
+                return;
+            };
+            w.1 = false;
             self.woken = true;
             if c.result < 0 && c.result != -libc::ECANCELED {
                 // A broken waker would complete at once on every poll and spin the loop: stop
@@ -1433,7 +1450,7 @@ impl TcpFabric {
                     errno = -c.result,
                     "tcp fabric: waker poll failed; no longer watching it"
                 );
-                self.waker = None;
+                w.0 = -1;
             }
             return;
         }
@@ -2432,6 +2449,19 @@ impl crate::driver::Driver for TcpFabric {
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
         TcpFabric::set_waker(self, fd);
+    }
+
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(TcpFabric::readiness_fd(self))
+    }
+
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
+        TcpFabric::watch(self, fd);
+        true
+    }
+
+    fn has_queued_work(&self) -> bool {
+        self.has_work() || !self.tx_pending.is_empty() || self.ring.has_unsubmitted()
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {

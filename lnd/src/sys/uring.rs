@@ -99,6 +99,8 @@ pub struct Ring {
     ops: Slab<Op>,
     backlog: VecDeque<squeue::Entry>,
     stats: RingStats,
+    /// Entries were queued since the last submit.
+    unsubmitted: bool,
 }
 
 impl Ring {
@@ -120,7 +122,20 @@ impl Ring {
             ops: Slab::with_capacity(entries as usize),
             backlog: VecDeque::new(),
             stats: RingStats::default(),
+            unsubmitted: false,
         })
+    }
+
+    /// The ring's descriptor: readable when completions (or work that will produce them)
+    /// are pending.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.ring.as_raw_fd()
+    }
+
+    /// Entries queued that no submit has handed to the kernel yet.
+    pub fn has_unsubmitted(&self) -> bool {
+        self.unsubmitted || !self.backlog.is_empty()
     }
 
     /// Operations queued or in flight.
@@ -219,6 +234,7 @@ impl Ring {
             addr,
         });
         self.stats.sqes += 1;
+        self.unsubmitted = true;
         let entry = entry.user_data(idx as u64);
         if self.backlog.is_empty() && self.push_sq(&entry) {
             return;
@@ -270,7 +286,10 @@ impl Ring {
             None => self.ring.submit_and_wait(1),
         };
         match res {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.unsubmitted = false;
+                Ok(())
+            }
             Err(e) if is_transient(&e) => Ok(()),
             Err(e) => Err(e),
         }

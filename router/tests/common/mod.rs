@@ -599,3 +599,18 @@ pub fn log_time_of(d: &Daemon, from: f64, pats: &[&str]) -> Option<f64> {
         (t >= from && pats.iter().all(|p| l.contains(p))).then_some(t)
     })
 }
+
+/// The names of the daemon's threads (`comm`, at most 15 bytes each).
+pub fn thread_names(d: &Daemon) -> Vec<String> {
+    let dir = format!("/proc/{}/task", d.pid());
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|s| s.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}

@@ -1,0 +1,95 @@
+#!/bin/bash
+# routed.sh - LNet through a ulnet router against the direct path, same run, on loopback.
+#
+#   bash benches/routed.sh
+#
+# Builds lnet_perf and lnet-router (release), then runs, each direct (client -> server) and
+# routed (client -> lnet-router daemon -> server, three processes):
+#   ping RTT, 1 client           lnet_perf --rtt 10000 [--via-router target/release/lnet-router]
+#   64-B PUT rate, 1 client      lnet_perf --put-rate 5 [...]
+#   64-B PUT rate, 8 clients     lnet_perf --put-rate 5 --clients 8 [...]
+#   ping RTT, 8 clients          lnet_perf --rtt 2000 --clients 8 [...]
+# Routed runs twice: the router with a thread per NI (--ni-threads per-ni, the default) and with
+# both NIs on one thread (--ni-threads shared). Prints each figure, the routed/direct ratios,
+# and the CPU seconds each process used.
+# Targets (issue "Routing", on a 2-core machine where three processes share two cores):
+# routed rate >= 0.5x direct, routed RTT <= 2.5x direct.
+#
+# Env: ROUTER_BUSY_POLL_US (the router's NIs' busy-poll budget; default: lnet_perf's, 50 us),
+#      RTT_N=10000, PUT_SECS=5. Every run is bounded by `timeout`.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+cd "$ROOT" || exit 1
+RTT_N=${RTT_N:-10000}
+PUT_SECS=${PUT_SECS:-5}
+cargo build --release -q -p benches --bin lnet_perf -p router --bin lnet-router || exit 1
+PERF=target/release/lnet_perf
+ROUTER=target/release/lnet-router
+extra=()
+[ -n "${ROUTER_BUSY_POLL_US:-}" ] && extra=(--router-busy-poll-us "$ROUTER_BUSY_POLL_US")
+
+# run NAME ARGS...: prints "NAME value cpu-line" from lnet_perf's FIGURE lines
+run() {
+  local name=$1
+  shift
+  echo "\$ lnet_perf $*" >&2
+  local out
+  out=$(timeout 300 "$PERF" "$@" 2>/dev/null)
+  local st=$?
+  local fig cpu
+  fig=$(grep -E '^FIGURE ulnet_(ping_rtt|put64_rate)' <<<"$out" | sed -E 's/.*(median|value)=([0-9.]+).*/\2/')
+  cpu=$(grep '^FIGURE cpu_seconds' <<<"$out" | sed 's/^FIGURE cpu_seconds //')
+  [ $st -eq 0 ] && [ -n "$fig" ] || { fig=NA; cpu="(run failed, status $st)"; }
+  printf '%s %s %s\n' "$name" "$fig" "$cpu"
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "NA" || b == "NA" || b == 0) print "NA"; else printf "%.2f", a / b }'; }
+
+declare -A V C
+for spec in \
+  "rtt1|--rtt $RTT_N" \
+  "put1|--put-rate $PUT_SECS" \
+  "put8|--put-rate $PUT_SECS --clients 8" \
+  "rtt8|--rtt $((RTT_N / 5)) --clients 8"; do
+  key=${spec%%|*}
+  args=${spec#*|}
+  # shellcheck disable=SC2086
+  read -r _ v c < <(run "$key-direct" $args)
+  V[$key-direct]=$v C[$key-direct]=$c
+  for mode in per-ni shared; do
+    # shellcheck disable=SC2086
+    read -r _ v c < <(run "$key-$mode" $args --via-router "$ROUTER" "${extra[@]}" \
+      --router-arg --ni-threads --router-arg "$mode")
+    V[$key-$mode]=$v C[$key-$mode]=$c
+  done
+done
+
+echo
+printf '%-28s %10s %14s %14s %8s %8s %8s\n' "figure" "direct" "routed per-ni" "routed shared" "ratio" "ratio" "target"
+row() {  # key label unit target-op target
+  local out verdict r
+  out=$(printf '%-28s %10s %14s %14s' "$2 ($3)" "${V[$1-direct]}" "${V[$1-per-ni]}" "${V[$1-shared]}")
+  verdict=""
+  for mode in per-ni shared; do
+    r=$(ratio "${V[$1-$mode]}" "${V[$1-direct]}")
+    out="$out $(printf '%8s' "$r")"
+    if [ "$r" != NA ] && awk -v r="$r" -v t="$5" -v op="$4" 'BEGIN { exit !((op == "<=" && r <= t) || (op == ">=" && r >= t)) }'; then
+      verdict="$verdict $mode:met"
+    else
+      verdict="$verdict $mode:NOT-met"
+    fi
+  done
+  printf '%s %8s %s\n' "$out" "$4 $5" "$verdict"
+}
+row rtt1 "ping RTT median, 1 client" "us" "<=" 2.5
+row rtt8 "ping RTT median, 8 clients" "us" "<=" 2.5
+row put1 "64-B PUT rate, 1 client" "msgs/s" ">=" 0.5
+row put8 "64-B PUT rate, 8 clients" "msgs/s" ">=" 0.5
+echo
+echo "CPU seconds (user + system) of each process over each run:"
+for k in rtt1 rtt8 put1 put8; do
+  for mode in direct per-ni shared; do
+    printf '  %-6s %-7s %s\n' "$k" "$mode" "${C[$k-$mode]}"
+  done
+done
