@@ -19,6 +19,9 @@ const R1_B: &str = "10.1.0.254@o2ib1";
 const R2_A: &str = "10.0.0.253@o2ib";
 const R2_B: &str = "10.1.0.253@o2ib1";
 
+/// The test across network namespaces: there every NI listens on its NID's own address.
+const NETNS_TEST: u8 = 0;
+
 /// A loopback address for host `host` of test `test`, private to this process.
 fn addr(test: u8, host: u8) -> String {
     let b = (std::process::id() % 250) as u8 + 1;
@@ -30,7 +33,14 @@ fn nids(test: u8) -> Vec<(&'static str, String)> {
     [CLIENT, SERVER, R1_A, R1_B, R2_A, R2_B]
         .iter()
         .enumerate()
-        .map(|(i, n)| (*n, addr(test, i as u8 + 1)))
+        .map(|(i, n)| {
+            let a = if test == NETNS_TEST {
+                format!("{}:{PORT}", n.split('@').next().unwrap())
+            } else {
+                addr(test, i as u8 + 1)
+            };
+            (*n, a)
+        })
         .collect()
 }
 
@@ -114,14 +124,127 @@ fn client_pings_server_through_a_router_running_its_nis_on_one_thread() {
     routed_ping(3, "shared");
 }
 
+/// The same with each daemon in a network namespace of its own, joined by veth pairs, each NI
+/// on its NID's address: client 10.0.0.1 -- 10.0.0.254 router 10.1.0.254 -- 10.1.0.2 server.
+/// Needs root (CI runs as root); elsewhere it says so and does nothing.
+#[test]
+fn client_pings_server_through_a_router_across_network_namespaces() {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user.
+    if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let topo = Namespaces::create();
+    routed_ping_in(
+        NETNS_TEST,
+        "per-ni",
+        [
+            Some(topo.names[0].clone()),
+            Some(topo.names[1].clone()),
+            Some(topo.names[2].clone()),
+        ],
+    );
+    drop(topo);
+}
+
+/// Three namespaces (client, router, server) and two veth pairs, deleted on drop (a deleted
+/// namespace takes its veth ends with it), whatever the test did.
+struct Namespaces {
+    names: [String; 3],
+}
+
+impl Namespaces {
+    fn create() -> Namespaces {
+        let tag = std::process::id() % 100_000;
+        let names = ["c", "r", "s"].map(|r| format!("ulnet{r}{tag}"));
+        let topo = Namespaces { names };
+        let [c, r, s] = &topo.names;
+        let mut cmds: Vec<Vec<String>> = Vec::new();
+        for ns in &topo.names {
+            cmds.push(vec!["netns".into(), "add".into(), ns.clone()]);
+        }
+        let link = |a: &str, na: &str, b: &str, nb: &str| -> Vec<String> {
+            [
+                "link", "add", a, "netns", na, "type", "veth", "peer", "name", b, "netns", nb,
+            ]
+            .map(String::from)
+            .to_vec()
+        };
+        let (vc, vrc, vrs, vs) = (
+            format!("ulc{tag}"),
+            format!("ulrc{tag}"),
+            format!("ulrs{tag}"),
+            format!("uls{tag}"),
+        );
+        cmds.push(link(&vc, c, &vrc, r));
+        cmds.push(link(&vs, s, &vrs, r));
+        for (ns, dev, a) in [
+            (c, &vc, "10.0.0.1/24"),
+            (r, &vrc, "10.0.0.254/24"),
+            (r, &vrs, "10.1.0.254/24"),
+            (s, &vs, "10.1.0.2/24"),
+        ] {
+            cmds.push(
+                ["-n", ns, "addr", "add", a, "dev", dev]
+                    .map(String::from)
+                    .to_vec(),
+            );
+            cmds.push(
+                ["-n", ns, "link", "set", dev, "up"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+        }
+        for ns in &topo.names {
+            cmds.push(
+                ["-n", ns, "link", "set", "lo", "up"]
+                    .map(String::from)
+                    .to_vec(),
+            );
+        }
+        for args in cmds {
+            let out = std::process::Command::new("ip")
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        topo
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .output();
+        }
+    }
+}
+
 fn routed_ping(t: u8, ni_threads: &str) {
-    let s = Scratch::new(&format!("routed_ping_{ni_threads}"));
+    routed_ping_in(t, ni_threads, [None, None, None]);
+}
+
+/// A client pings a server through a router; `netns`: the client's, router's and server's
+/// network namespaces.
+fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
+    let [ns_client, ns_router, ns_server] = netns;
+    let s = Scratch::new(&format!("routed_ping_{t}_{ni_threads}"));
     let router = start_yaml(
         &s.0,
         "router",
         &yaml(t, &[R1_A, R1_B], &[], true),
         Opts {
             args: vec!["--ni-threads".into(), ni_threads.into()],
+            netns: ns_router,
             ..Opts::default()
         },
     );
@@ -139,13 +262,19 @@ fn routed_ping(t: u8, ni_threads: &str) {
         &s.0,
         "server",
         &yaml(t, &[SERVER], &[("o2ib", R1_B)], false),
-        Opts::default(),
+        Opts {
+            netns: ns_server,
+            ..Opts::default()
+        },
     );
     let client = start_yaml(
         &s.0,
         "client",
         &yaml(t, &[CLIENT], &[("o2ib1", R1_A)], false),
-        Opts::default(),
+        Opts {
+            netns: ns_client,
+            ..Opts::default()
+        },
     );
     // The client's router pinger finds the router (a dead gateway is re-pinged after 1 s, 2 s,
     // ...); then the server answers through it.

@@ -195,6 +195,9 @@ pub struct Opts {
     pub ni_yaml: String,
     /// The daemon's RLIMIT_NOFILE (set by `sh -c 'ulimit -n N; exec ...'`: same process id).
     pub nofile: Option<u32>,
+    /// Run the daemon in this network namespace (`ip netns exec NS ...`, which execs: same
+    /// process id). Needs root.
+    pub netns: Option<String>,
 }
 
 /// [`start`] with [`Opts`].
@@ -291,15 +294,18 @@ pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
     if let Some(n) = opts.nofile {
         prelude.push(format!("ulimit -n {n}"));
     }
-    let mut cmd = if prelude.is_empty() {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("sh");
-        c.arg("-c")
-            .arg(format!("{} && exec \"$0\" \"$@\"", prelude.join(" && ")))
-            .arg(bin);
-        c
-    };
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(ns) = &opts.netns {
+        argv.extend(["ip", "netns", "exec", ns].map(Into::into));
+    }
+    if !prelude.is_empty() {
+        argv.push("sh".into());
+        argv.push("-c".into());
+        argv.push(format!("{} && exec \"$0\" \"$@\"", prelude.join(" && ")).into());
+    }
+    argv.push(bin.into());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
     let child = cmd
         .args(&opts.args)
         .arg("--config")
