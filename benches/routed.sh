@@ -93,3 +93,16 @@ for k in rtt1 rtt8 put1 put8; do
     printf '  %-6s %-7s %s\n' "$k" "$mode" "${C[$k-$mode]}"
   done
 done
+
+# A slow consumer: the server stops (SIGSTOP) for STALL_SECS under a routed 8-client PUT stream;
+# the clients must stall on credits, the router's RSS and held messages stay flat, and after it
+# continues the books reconcile (lnet_perf exits 1 otherwise).
+STALL_SECS=${STALL_SECS:-10}
+echo
+echo "Slow consumer: server stopped for ${STALL_SECS} s under a routed PUT stream, 8 clients (every 1 s):"
+echo "\$ lnet_perf --put-rate 2 --clients 8 --via-router $ROUTER --stall-server $STALL_SECS" >&2
+out=$(timeout 300 "$PERF" --put-rate 2 --clients 8 --via-router "$ROUTER" --stall-server "$STALL_SECS" 2>/dev/null)
+st=$?
+grep '^SAMPLE stall' <<<"$out" | awk 'NR % 4 == 1 { $1 = $2 = ""; print "  " $0 }'
+grep -E '^FIGURE (router_rss_kib|router_books)' <<<"$out" | sed 's/^FIGURE /  /'
+[ $st -eq 0 ] && echo "  lnet_perf: ok (nothing lost, books reconcile)" || echo "  lnet_perf FAILED (status $st)"

@@ -24,7 +24,12 @@
 //! `--clients N`: N client nodes in A's process (`10.0.0.1@o2ib`, `.2`, ...; B is `.250`), each
 //! its own thread and fabric, each pinging or streaming as above; the RTT figure is over every
 //! client's samples, the rate their sum. At the end: `FIGURE cpu_seconds client=.. server=..
-//! router=..` (user + system time of each process over the whole run).
+//! router=..` (user + system time of each process over the whole run), and with a router
+//! `FIGURE router_books received=.. forwarded=.. dropped=.. in_flight=..` (its counters after
+//! the run; exit 1 if they do not reconcile). `--router-arg ARG` passes ARG to the router.
+//! `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) for SECS once the stream runs, with
+//! a `SAMPLE stall` line every 250 ms (PUTs completed at the clients, the router's RSS and held
+//! messages) and `FIGURE router_rss_kib`; then B continues and the rate is measured.
 //!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
@@ -113,6 +118,9 @@ struct Opts {
     router_busy_poll: Option<StdDuration>,
     /// `--router-arg ARG` (repeatable): more arguments for the router daemon.
     router_args: Vec<String>,
+    /// `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) this long once the stream
+    /// runs, then continued, before the rate is measured.
+    stall_server: Option<StdDuration>,
 }
 
 /// State the node threads and the main thread see.
@@ -151,7 +159,7 @@ fn usage() -> ExitCode {
         "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
-         [--router-arg ARG]...]"
+         [--router-arg ARG]...] [--stall-server SECS]"
     );
     ExitCode::from(2)
 }
@@ -173,6 +181,7 @@ fn parse_args() -> Option<Opts> {
         clients: 1,
         router_busy_poll: None,
         router_args: Vec::new(),
+        stall_server: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -198,6 +207,11 @@ fn parse_args() -> Option<Opts> {
                 opts.router_busy_poll = Some(StdDuration::from_micros(val?.parse().ok()?))
             }
             "--router-arg" => opts.router_args.push(val?.clone()),
+            "--stall-server" => {
+                opts.stall_server = Some(StdDuration::from_secs_f64(
+                    val?.parse().ok().filter(|&s: &f64| s > 0.0 && s <= 600.0)?,
+                ))
+            }
             "--routed" => {
                 opts.routed = true;
                 i += 1;
@@ -297,7 +311,14 @@ fn main() -> ExitCode {
             }
             r.map(|()| print_rtt(&all))
         }
-        Mode::PutRate(secs) => measure_puts(&shared, secs, &opts, recv),
+        Mode::PutRate(secs) => measure_puts(
+            &shared,
+            secs,
+            &opts,
+            recv,
+            server.child.id(),
+            router.as_ref(),
+        ),
     };
     shared.stop_client.store(true, Ordering::Relaxed);
     if let Err(e) = &result {
@@ -344,6 +365,25 @@ fn main() -> ExitCode {
         }
     }
     let cpu_router = router.as_ref().map(|r| cpu_seconds(r.child.id()));
+    if let Some(r) = &router {
+        // Every message the router accepted was forwarded or dropped with a reason.
+        match r.books() {
+            Ok(f) => {
+                println!(
+                    "FIGURE router_books received={} forwarded={} dropped={} in_flight={}",
+                    f.received, f.forwarded, f.dropped, f.in_flight
+                );
+                if f.received != f.forwarded + f.dropped + f.in_flight {
+                    eprintln!("lnet_perf: the router's books do not reconcile: {f:?}");
+                    ok = false;
+                }
+            }
+            Err(e) => {
+                eprintln!("lnet_perf: router: {e}");
+                ok = false;
+            }
+        }
+    }
     if let Some(mut r) = router {
         if let Err(e) = r.stop() {
             eprintln!("lnet_perf: router: {e}");
@@ -375,6 +415,67 @@ impl Shared {
     }
 }
 
+/// A slow consumer: B stops (SIGSTOP: it neither reads nor returns credits) for `stall` while
+/// the clients keep streaming. Prints a sample every 250 ms: the PUTs completed at the clients
+/// (which must stop growing once credits run out), and the router's RSS and forwarding
+/// counters (which must stay flat: held messages are bounded by its buffers and credits).
+/// Then B continues.
+fn stall_server(
+    shared: &Shared,
+    stall: StdDuration,
+    server_pid: u32,
+    router: Option<&Router>,
+) -> Result<(), String> {
+    let signal = |sig: &str| {
+        std::process::Command::new("kill")
+            .args([sig, &server_pid.to_string()])
+            .status()
+            .map_err(|e| format!("kill {sig}: {e}"))
+    };
+    signal("-STOP")?;
+    let t0 = StdInstant::now();
+    let mut rss_max = 0;
+    let mut rss_first = None;
+    while t0.elapsed() < stall {
+        let rss = router.map_or(0, |r| rss_kib(r.child.id()));
+        rss_max = rss_max.max(rss);
+        let held = router
+            .and_then(|r| r.books().ok())
+            .map_or("-".to_string(), |f| {
+                format!("received={} in_flight={}", f.received, f.in_flight)
+            });
+        println!(
+            "SAMPLE stall t={:.2} client_completed={} router_rss_kib={rss} router {held}",
+            t0.elapsed().as_secs_f64(),
+            shared.received.load(Ordering::Relaxed),
+        );
+        if t0.elapsed() >= StdDuration::from_secs(1) {
+            rss_first.get_or_insert(rss);
+        }
+        std::thread::sleep(StdDuration::from_millis(250));
+    }
+    signal("-CONT")?;
+    if router.is_some() {
+        println!(
+            "FIGURE router_rss_kib during_stall after_1s={} max={rss_max}",
+            rss_first.unwrap_or(rss_max)
+        );
+    }
+    Ok(())
+}
+
+/// Resident set of process `pid` in KiB (0 if unreadable).
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// User + system CPU seconds of process `pid` so far (from /proc; 0 if unreadable).
 fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -393,6 +494,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 struct Router {
     child: std::process::Child,
     dir: PathBuf,
+    socket: PathBuf,
 }
 
 impl Router {
@@ -444,7 +546,11 @@ impl Router {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(|e| format!("{}: {e}", bin.display()))?;
-        let mut r = Router { child, dir };
+        let mut r = Router {
+            child,
+            dir,
+            socket: socket.clone(),
+        };
         let deadline = StdInstant::now() + StdDuration::from_secs(10);
         let nets = loop {
             let resp = router::control::ControlClient::connect(&socket)
@@ -483,6 +589,16 @@ impl Router {
             }
         }
         Ok(r)
+    }
+
+    /// The router's forwarding counters (`lnetctl routing show`'s).
+    fn books(&self) -> Result<router::control::ForwardingCounts, String> {
+        use router::control::{ControlClient, Request, Response};
+        match ControlClient::connect(&self.socket).and_then(|mut c| c.call(&Request::RoutingShow)) {
+            Ok(Response::Routing(r)) => Ok(r.forwarding),
+            Ok(other) => Err(format!("routing show: {other:?}")),
+            Err(e) => Err(format!("routing show: {e}")),
+        }
     }
 
     /// SIGTERM (a graceful stop), bounded; then the scratch directory goes.
@@ -648,6 +764,8 @@ fn measure_puts(
     secs: f64,
     opts: &Opts,
     recv: impl Fn(StdDuration) -> Result<Report, String>,
+    server_pid: u32,
+    router: Option<&Router>,
 ) -> Result<(), String> {
     let bound = StdDuration::from_secs(30) + StdDuration::from_millis(5) * opts.warmup as u32;
     for _ in 0..opts.clients {
@@ -658,6 +776,9 @@ fn measure_puts(
     }
     // Let the stream settle, then count what B receives over the window.
     std::thread::sleep(StdDuration::from_millis(500));
+    if let Some(stall) = opts.stall_server {
+        stall_server(shared, stall, server_pid, router)?;
+    }
     let (c0, t0) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
     std::thread::sleep(StdDuration::from_secs_f64(secs));
     let (c1, t1) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
