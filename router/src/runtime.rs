@@ -142,3 +142,55 @@ impl<D: Driver> NiRuntime<D> {
         self.node.process(self.clock.now());
     }
 }
+
+/// Several runtimes on the calling thread: a swarm of client NIs for tests and storms, each its
+/// own node (its own NID, peers and connections). The first runtime sleeps, for the least time
+/// any may, and its driver watches the others' readiness descriptors so that work for any of
+/// them ends the sleep; the others are polled without waiting. Busy-polling should be off in
+/// their drivers: the thread spins through every runtime each turn already.
+pub struct Swarm<D: Driver> {
+    runtimes: Vec<NiRuntime<D>>,
+}
+
+impl<D: Driver> Swarm<D> {
+    /// The runtimes, first the one that sleeps. Fails if a driver cannot be watched or the
+    /// first cannot watch (tcp can).
+    pub fn new(mut runtimes: Vec<NiRuntime<D>>) -> io::Result<Swarm<D>> {
+        if let Some((first, rest)) = runtimes.split_first_mut() {
+            for other in rest.iter() {
+                if !first.watch(other) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "a driver that cannot share a thread",
+                    ));
+                }
+            }
+        }
+        Ok(Swarm { runtimes })
+    }
+
+    /// One turn of every runtime, sleeping at most `max_wait` (less if any has work sooner).
+    /// Every node's events are left for the caller to drain.
+    pub fn turn(&mut self, max_wait: StdDuration) -> io::Result<()> {
+        let Some((first, rest)) = self.runtimes.split_first_mut() else {
+            std::thread::sleep(max_wait);
+            return Ok(());
+        };
+        let mut wait = max_wait;
+        for rt in rest {
+            rt.turn(StdDuration::ZERO)?;
+            wait = wait.min(rt.wait_hint(max_wait));
+        }
+        first.turn(wait)
+    }
+
+    /// The runtimes, in the order given.
+    pub fn runtimes(&self) -> &[NiRuntime<D>] {
+        &self.runtimes
+    }
+
+    /// The runtimes, in the order given.
+    pub fn runtimes_mut(&mut self) -> &mut [NiRuntime<D>] {
+        &mut self.runtimes
+    }
+}
