@@ -50,6 +50,8 @@ pub mod routes;
 pub mod runtime;
 #[cfg(feature = "sim")]
 mod sim_node;
+#[cfg(feature = "sim")]
+pub mod sim_storm;
 mod stats;
 #[cfg(test)]
 mod tests;
