@@ -4,20 +4,11 @@
 //! count reaches the limit, a peer has more than one zombie or the router's books do not
 //! reconcile; this test also reads its figures. (`benches/`: the same with 1,000 clients.)
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-/// `lnet-router`, built next to the bench binaries by `cargo test` at the workspace root.
-fn router_bin() -> PathBuf {
-    let storm = PathBuf::from(env!("CARGO_BIN_EXE_router_storm"));
-    let p = storm.with_file_name("lnet-router");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo build -p router`",
-        p.display()
-    );
-    p
-}
+use common::{router_bin, stdout_of_success};
 
 /// The value of `key=` on the `FIGURE name` line.
 fn figure(out: &str, name: &str, key: &str) -> String {
@@ -39,18 +30,15 @@ fn num(out: &str, name: &str, key: &str) -> u64 {
 fn every_client_resumes_after_the_router_is_killed_and_restarted() {
     // The clients and the router need a few descriptors each: raise the soft limit in a shell
     // that then becomes the storm (root may raise the hard limit too).
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -n 4096 2>/dev/null || ulimit -n \"$(ulimit -Hn)\"; exec \"$0\" \"$@\"")
-        .arg(env!("CARGO_BIN_EXE_router_storm"))
-        .args(["--clients", "200", "--interval-ms", "0", "--depth", "2"])
-        .args(["--bound-secs", "60", "--router"])
-        .arg(router_bin())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = stdout_of_success(
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 4096 2>/dev/null || ulimit -n \"$(ulimit -Hn)\"; exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_router_storm"))
+            .args(["--clients", "200", "--interval-ms", "0", "--depth", "2"])
+            .args(["--bound-secs", "60", "--router"])
+            .arg(router_bin(env!("CARGO_BIN_EXE_router_storm"))),
+    );
     assert!(
         num(&stdout, "storm_router_restart", "pings_outstanding_at_kill") > 0,
         "{stdout}"

@@ -5,21 +5,11 @@
 //! checks that the server received every PUT the clients saw complete) and the router's books
 //! reconcile. The RSS figures it prints are reported by `benches/routed.sh`, not asserted here.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-/// `lnet-router`, built next to `lnet_perf` by `cargo test` at the workspace root.
-fn router_bin() -> PathBuf {
-    let perf = PathBuf::from(env!("CARGO_BIN_EXE_lnet_perf"));
-    let p = perf.with_file_name("lnet-router");
-    assert!(
-        p.exists(),
-        "{} is missing: build it with `cargo build -p router` (or run `cargo test` at the \
-         workspace root)",
-        p.display()
-    );
-    p
-}
+use common::{router_bin, stdout_of_success};
 
 /// The value of `key=` in `line`.
 fn field(line: &str, key: &str) -> u64 {
@@ -31,15 +21,12 @@ fn field(line: &str, key: &str) -> u64 {
 
 #[test]
 fn a_stopped_server_throttles_its_senders_and_nothing_is_lost() {
-    let out = Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
-        .args(["--put-rate", "1", "--clients", "2", "--stall-server", "3"])
-        .arg("--via-router")
-        .arg(router_bin())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let stdout = stdout_of_success(
+        Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
+            .args(["--put-rate", "1", "--clients", "2", "--stall-server", "3"])
+            .arg("--via-router")
+            .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
+    );
 
     // Once the credits are used up (well within the first second), nothing more completes
     // and the router holds a fixed set of messages until the server continues.

@@ -153,28 +153,21 @@ impl Storm {
         };
         let ra = w.add_node(router_ni(a, 1));
         let rb = w.add_node(router_ni(b, 1));
-        let mut sc = NodeConfig::new(vec![NiConfig::new(s, 2)]);
-        sc.routes = vec![RouteConfig {
-            net: a.net(),
-            gateway: b,
-            hops: Some(1),
-            priority: 0,
-        }];
-        sc.gateway_health = health;
-        let server = w.add_node(sc);
+        // An end node: one NI, one route to the other net through the router.
+        let end_node = |me: Nid, inc: u64, gateway: Nid| {
+            let mut c = NodeConfig::new(vec![NiConfig::new(me, inc)]);
+            c.routes = vec![RouteConfig {
+                net: if gateway == a { b.net() } else { a.net() },
+                gateway,
+                hops: Some(1),
+                priority: 0,
+            }];
+            c.gateway_health = health;
+            c
+        };
+        let server = w.add_node(end_node(s, 2, b));
         let clients: Vec<NodeId> = (0..cfg.clients)
-            .map(|i| {
-                let mut c =
-                    NodeConfig::new(vec![NiConfig::new(storm_client_nid(i), 10 + i as u64)]);
-                c.routes = vec![RouteConfig {
-                    net: b.net(),
-                    gateway: a,
-                    hops: Some(1),
-                    priority: 0,
-                }];
-                c.gateway_health = health;
-                w.add_node(c)
-            })
+            .map(|i| w.add_node(end_node(storm_client_nid(i), 10 + i as u64, a)))
             .collect();
         let ids: Vec<NodeId> = w.node_ids().collect();
         for &n in &ids {
