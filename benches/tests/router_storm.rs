@@ -1,5 +1,6 @@
-//! The router reboot storm with real processes, small: a swarm of clients in one process pings
-//! a server through a real `lnet-router`, which is SIGKILLed with pings in flight and restarted.
+//! The router reboot storm with real processes, small: a swarm of clients and a server in one
+//! process ping each other through a real `lnet-router`, which is SIGKILLed with pings in flight
+//! and restarted.
 //! `router_storm` exits 1 if a client does not recover, a ping is never accounted for, a race
 //! count reaches the limit, a peer has more than one zombie or the router's books do not
 //! reconcile; this test also reads its figures. (`benches/`: the same with 1,000 clients.)
@@ -50,9 +51,9 @@ fn every_client_resumes_after_the_router_is_killed_and_restarted() {
     let failed = num(&stdout, "storm_pings", "failed");
     assert_eq!(started, ok + failed, "{stdout}");
     assert!(ok > 0 && failed > 0, "the kill failed nothing?\n{stdout}");
-    assert!(num(&stdout, "storm_conns", "max_conns_client_to_router") <= 2);
+    assert!(num(&stdout, "storm_conns", "max_conns_per_peer_in_swarm") <= 2);
     assert!(num(&stdout, "storm_conns", "max_conns_per_peer_at_router") <= 2);
-    assert!(num(&stdout, "storm_races", "max_races_per_client") < 20);
+    assert!(num(&stdout, "storm_races", "max_races_per_node") < 20);
     let (r, f) = (
         num(&stdout, "storm_router_books", "received"),
         num(&stdout, "storm_router_books", "forwarded"),

@@ -1,19 +1,19 @@
-//! A router reboot storm with real processes: a swarm of client nodes (one process, one thread:
-//! [`router::runtime::Swarm`], busy-polling off) pings a server through an `lnet-router` daemon;
-//! once every client is healthy the router is SIGKILLed with pings in flight and restarted at
-//! once on the same configuration. Every client must resume.
+//! A router reboot storm with real processes: a swarm of client nodes and a server (one process,
+//! one thread: [`router::runtime::Swarm`], busy-polling off) ping each other through an
+//! `lnet-router` daemon; once every ping stream answers, the router is SIGKILLed with pings in
+//! flight and restarted at once on the same configuration. Every client must resume both ways.
 //!
 //!     cargo build --release -p router -p benches
 //!     target/release/router_storm --clients 1000 --router target/release/lnet-router
 //!     target/release/router_storm --clients 1000 --interval-ms 0 --depth 4 ...   # loaded
 //!
 //! Each client starts a ping every `--interval-ms` (default 1000) while it has fewer than
-//! `--depth` (default 1) outstanding.
+//! `--depth` (default 8) outstanding.
 //!
 //! Topology (tcp fabric on loopback): clients `10.0.<i/250>.<i%250+1>@o2ib` on ports the OS
 //! assigns, the router `10.0.0.254@o2ib` + `10.1.0.254@o2ib1` and the server `10.1.0.2@o2ib1`
-//! (an `lnet-router` daemon too) on their own 127.152.x.y addresses, so that the restarted router
-//! binds the addresses its predecessor had. Gateway health is checked every second.
+//! on their own 127.152.x.y addresses, so that the restarted router binds the addresses its
+//! predecessor had. Gateway health is checked every second.
 //!
 //! Prints `FIGURE` lines: the time until every client had a successful ping at start; the time
 //! from the restart until every client had a successful ping started after it (full recovery),
@@ -69,7 +69,9 @@ fn parse_args() -> Option<Opts> {
         bound: StdDuration::from_secs(120),
         router_busy_poll_us: 0,
         interval: StdDuration::from_secs(1),
-        depth: 1,
+        // More than the pings one timeout spans: a ping lost with the router (it fails at its
+        // 5 s timeout) does not hold back the next one.
+        depth: 8,
     };
     let mut i = 0;
     while i < args.len() {
@@ -102,9 +104,12 @@ fn daemon_addr(host: u8) -> SocketAddr {
     SocketAddr::from(([127, 152, b, host], PORT))
 }
 
-/// One client's pings.
+/// One stream of pings: a client's to the server, or the server's to one client.
 #[derive(Default)]
-struct Client {
+struct Pinger {
+    /// The runtime that pings, and whom.
+    from: usize,
+    to: Option<Nid>,
     /// Pings started and not finished, with when each was started.
     outstanding: Vec<(PingId, StdInstant)>,
     next_ping: Option<StdInstant>,
@@ -122,78 +127,148 @@ struct Tally {
 }
 
 impl Tally {
+    /// Counts a failure under its error with NIDs reduced to their nets (one line per kind).
+    fn fail(&mut self, e: &router::LnetError) {
+        let why: Vec<String> = e
+            .to_string()
+            .split_whitespace()
+            .map(|w| match w.split_once('@') {
+                Some((_, net)) => format!("*@{net}"),
+                None => w.to_string(),
+            })
+            .collect();
+        *self.failed.entry(why.join(" ")).or_default() += 1;
+    }
+
     fn failed_total(&self) -> u64 {
         self.failed.values().sum()
     }
 }
 
-/// The swarm: every client's runtime on this thread, and their pings.
+/// The swarm: every client's runtime and the server's on this thread, and their pings. The
+/// server pings every client back, so that after the restart the router has traffic for the
+/// clients too and connects to them while they connect to it (LU-7646's races).
 struct Clients {
     swarm: Swarm<TcpFabric>,
-    state: Vec<Client>,
+    /// Pinger `i` < n: client `i` to the server; `n + i`: the server to client `i`.
+    pingers: Vec<Pinger>,
+    /// Which pinger each outstanding ping is, by (runtime, ping).
+    owner: HashMap<(usize, PingId), usize>,
+    clients: usize,
     tally: Tally,
-    server: Nid,
     /// Pings are started (else only finished).
     pinging: bool,
     interval: StdDuration,
     depth: usize,
     restart: Option<StdInstant>,
-    /// The most connections any client had to the router at once.
-    peak_conns_to_router: usize,
+    /// The most connections any node had to one peer at once (2: one zombie beside the live
+    /// connection).
+    peak_conns_per_peer: usize,
+}
+
+/// A node of the swarm: one NI on `listen`, one route to the other net through `gateway`.
+fn swarm_node(
+    me: Nid,
+    incarnation: u64,
+    listen: SocketAddr,
+    gateway: &str,
+    peers: &Arc<Mutex<HashMap<Nid, SocketAddr>>>,
+) -> Result<NiRuntime<TcpFabric>, String> {
+    let resolver_peers = Arc::clone(peers);
+    let resolver = move |n: Nid| resolver_peers.lock().ok()?.get(&n).copied();
+    let tcp = TcpConfig {
+        busy_poll: StdDuration::ZERO,
+        ring_entries: 64,
+        ..TcpConfig::default()
+    };
+    let fabric = TcpFabric::bind_with(listen, resolver, tcp)
+        .map_err(|e| format!("{me}: cannot bind {listen}: {e}"))?;
+    if let Ok(mut p) = peers.lock() {
+        p.insert(me, fabric.local_addr());
+    }
+    let clock = MonotonicClock::new();
+    let mut cfg = NodeConfig::new(vec![NiConfig::new(me, incarnation)]);
+    let gateway = nid(gateway);
+    cfg.routes = vec![RouteConfig {
+        net: if me.net() == gateway.net() {
+            nid(if gateway == nid(ROUTER_A) {
+                ROUTER_B
+            } else {
+                ROUTER_A
+            })
+            .net()
+        } else {
+            gateway.net()
+        },
+        gateway,
+        hops: Some(1),
+        priority: 0,
+    }];
+    cfg.gateway_health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(1),
+        ping_timeout: Duration::from_secs(1),
+        ..cfg.gateway_health
+    };
+    let node = LnetNode::new(cfg, clock.now());
+    let (rt, _wake) =
+        NiRuntime::new(node, fabric, clock).map_err(|e| format!("{me}: waker: {e}"))?;
+    Ok(rt)
 }
 
 impl Clients {
-    fn new(opts: &Opts, peers: Arc<Mutex<HashMap<Nid, SocketAddr>>>) -> Result<Clients, String> {
+    fn new(
+        opts: &Opts,
+        server_addr: SocketAddr,
+        peers: &Arc<Mutex<HashMap<Nid, SocketAddr>>>,
+    ) -> Result<Clients, String> {
         let n = opts.clients;
-        let mut runtimes = Vec::with_capacity(n);
+        let mut runtimes = Vec::with_capacity(n + 1);
         let t0 = StdInstant::now();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
         for i in 0..n {
-            let me = client_nid(i);
-            let resolver_peers = Arc::clone(&peers);
-            let resolver = move |n: Nid| resolver_peers.lock().ok()?.get(&n).copied();
-            let tcp = TcpConfig {
-                busy_poll: StdDuration::ZERO,
-                ring_entries: 64,
-                ..TcpConfig::default()
-            };
-            let fabric = TcpFabric::bind_with(SocketAddr::from(([127, 0, 0, 1], 0)), resolver, tcp)
-                .map_err(|e| format!("client {i}: cannot bind: {e}"))?;
-            if let Ok(mut p) = peers.lock() {
-                p.insert(me, fabric.local_addr());
-            }
-            let clock = MonotonicClock::new();
-            let mut cfg = NodeConfig::new(vec![NiConfig::new(me, 0x570_0000 + i as u64)]);
-            cfg.routes = vec![RouteConfig {
-                net: "o2ib1".parse().expect("a net"),
-                gateway: nid(ROUTER_A),
-                hops: Some(1),
-                priority: 0,
-            }];
-            cfg.gateway_health = GatewayHealthConfig {
-                check_interval: Duration::from_secs(1),
-                ping_timeout: Duration::from_secs(1),
-                ..cfg.gateway_health
-            };
-            let node = LnetNode::new(cfg, clock.now());
-            let (rt, _wake) = NiRuntime::new(node, fabric, clock)
-                .map_err(|e| format!("client {i}: waker: {e}"))?;
-            runtimes.push(rt);
+            runtimes.push(swarm_node(
+                client_nid(i),
+                0x570_0000 + i as u64,
+                any,
+                ROUTER_A,
+                peers,
+            )?);
         }
+        runtimes.push(swarm_node(
+            nid(SERVER),
+            0x570_0000 + n as u64,
+            server_addr,
+            ROUTER_B,
+            peers,
+        )?);
         eprintln!(
-            "INFO {n} clients bound in {:.2} s",
+            "INFO {n} clients and the server bound in {:.2} s",
             t0.elapsed().as_secs_f64()
         );
         let swarm = Swarm::new(runtimes).map_err(|e| format!("swarm: {e}"))?;
+        let pingers = (0..n)
+            .map(|i| Pinger {
+                from: i,
+                to: Some(nid(SERVER)),
+                ..Pinger::default()
+            })
+            .chain((0..n).map(|i| Pinger {
+                from: n,
+                to: Some(client_nid(i)),
+                ..Pinger::default()
+            }))
+            .collect();
         Ok(Clients {
             swarm,
-            state: (0..n).map(|_| Client::default()).collect(),
+            pingers,
+            owner: HashMap::new(),
+            clients: n,
             tally: Tally::default(),
-            server: nid(SERVER),
             pinging: true,
             interval: opts.interval,
             depth: opts.depth,
             restart: None,
-            peak_conns_to_router: 0,
+            peak_conns_per_peer: 0,
         })
     }
 
@@ -203,68 +278,85 @@ impl Clients {
             .turn(StdDuration::from_millis(20))
             .map_err(|e| format!("swarm: {e}"))?;
         let wall = StdInstant::now();
-        let n = self.state.len();
-        for (i, rt) in self.swarm.runtimes_mut().iter_mut().enumerate() {
-            let c = &mut self.state[i];
+        for (r, rt) in self.swarm.runtimes_mut().iter_mut().enumerate() {
             while let Some(ev) = rt.node_mut().poll_event() {
                 match ev {
                     LnetEvent::PingDone { id, result, .. } => {
-                        let Some(k) = c.outstanding.iter().position(|o| o.0 == id) else {
+                        let Some(k) = self.owner.remove(&(r, id)) else {
                             continue;
                         };
-                        let (_, started) = c.outstanding.swap_remove(k);
+                        let p = &mut self.pingers[k];
+                        let Some(j) = p.outstanding.iter().position(|o| o.0 == id) else {
+                            continue;
+                        };
+                        let (_, started) = p.outstanding.swap_remove(j);
                         match result {
                             Ok(_) => {
                                 self.tally.ok += 1;
-                                c.last_ok_started = Some(started);
+                                p.last_ok_started = Some(started);
                                 if self.restart.is_some_and(|r| started >= r)
-                                    && c.recovered_at.is_none()
+                                    && p.recovered_at.is_none()
                                 {
-                                    c.recovered_at = Some(wall);
+                                    p.recovered_at = Some(wall);
                                 }
                             }
-                            Err(e) => {
-                                *self.tally.failed.entry(e.to_string()).or_default() += 1;
-                            }
+                            Err(e) => self.tally.fail(&e),
                         }
                     }
                     LnetEvent::Put { payload, .. } => rt.node_mut().recycle(payload),
                     _ => {}
                 }
             }
-            if !self.pinging || c.outstanding.len() >= self.depth {
+        }
+        if !self.pinging {
+            return Ok(());
+        }
+        let n = self.clients;
+        let runtimes = self.swarm.runtimes_mut();
+        for (k, p) in self.pingers.iter_mut().enumerate() {
+            let Some(to) = p.to else {
+                continue;
+            };
+            if p.outstanding.len() >= self.depth {
                 continue;
             }
             // The first pings are spread over one interval.
-            let due = *c
+            let due = *p
                 .next_ping
-                .get_or_insert(wall + self.interval.mul_f64(i as f64 / n as f64));
+                .get_or_insert(wall + self.interval.mul_f64((k % n) as f64 / n as f64));
             if wall < due {
                 continue;
             }
-            c.next_ping = Some(wall + self.interval);
+            p.next_ping = Some(wall + self.interval);
+            let rt = &mut runtimes[p.from];
             let now = rt.now();
             self.tally.started += 1;
-            match rt.node_mut().ping(now, self.server, PING_TIMEOUT) {
-                Ok(id) => c.outstanding.push((id, wall)),
-                Err(e) => *self.tally.failed.entry(e.to_string()).or_default() += 1,
+            match rt.node_mut().ping(now, to, PING_TIMEOUT) {
+                Ok(id) => {
+                    p.outstanding.push((id, wall));
+                    self.owner.insert((p.from, id), k);
+                }
+                Err(e) => self.tally.fail(&e),
             }
         }
         Ok(())
     }
 
-    /// The most connections any one client has to the router now.
+    /// The most connections any one node of the swarm has to one peer now.
     fn sample_conns(&mut self) {
-        let a = nid(ROUTER_A);
         for rt in self.swarm.runtimes() {
             if let Some(ep) = rt.node().endpoint(NiIndex(0)) {
-                let k = ep.conns().filter(|c| c.peer == a).count();
-                self.peak_conns_to_router = self.peak_conns_to_router.max(k);
+                let mut per: HashMap<Nid, usize> = HashMap::new();
+                for c in ep.conns() {
+                    *per.entry(c.peer).or_default() += 1;
+                }
+                let k = per.into_values().max().unwrap_or(0);
+                self.peak_conns_per_peer = self.peak_conns_per_peer.max(k);
             }
         }
     }
 
-    /// (most CONN_RACE rejects any client received, most races any client counted)
+    /// (most CONN_RACE rejects any node received, most races any node counted)
     fn race_counters(&self) -> (u64, u64) {
         let race = usize::from(RejectReason::ConnRace.code());
         let mut worst = (0, 0);
@@ -279,9 +371,20 @@ impl Clients {
     }
 
     fn all_healthy_since(&self, t: StdInstant) -> bool {
-        self.state
+        self.pingers
             .iter()
-            .all(|c| c.last_ok_started.is_some_and(|s| s >= t))
+            .all(|p| p.last_ok_started.is_some_and(|s| s >= t))
+    }
+
+    fn outstanding(&self) -> usize {
+        self.pingers.iter().map(|p| p.outstanding.len()).sum()
+    }
+
+    /// When client `i` had recovered both ways.
+    fn recovered(&self, i: usize) -> Option<StdInstant> {
+        let up = self.pingers[i].recovered_at?;
+        let down = self.pingers[self.clients + i].recovered_at?;
+        Some(up.max(down))
     }
 }
 
@@ -368,11 +471,9 @@ impl Drop for Daemon {
     }
 }
 
-/// A daemon's YAML: its NIs, routes, routing, and the peers' addresses.
-fn yaml(
+/// The router's YAML: its NIs, routing on, and the peers' addresses.
+fn router_yaml(
     nis: &[(&str, SocketAddr)],
-    route: Option<(&str, &str)>,
-    routing: bool,
     busy_poll_us: u64,
     peers: &[(Nid, SocketAddr)],
 ) -> String {
@@ -383,15 +484,7 @@ fn yaml(
             "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: {a}\n          busy poll us: {busy_poll_us}\n"
         ));
     }
-    if let Some((net, gw)) = route {
-        y.push_str(&format!(
-            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-        ));
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\npeers:\n",
-        u8::from(routing)
-    ));
+    y.push_str("routing:\n    enable: 1\npeers:\n");
     for (n, a) in peers {
         y.push_str(&format!("    - nid: {n}\n      address: {a}\n"));
     }
@@ -480,20 +573,10 @@ fn run(opts: &Opts) -> Result<bool, String> {
     if let Ok(mut p) = peers.lock() {
         p.insert(nid(ROUTER_A), ra_addr);
     }
-    let mut clients = Clients::new(opts, Arc::clone(&peers))?;
-
-    let server = Daemon::start(
-        &opts.router,
-        &dir,
-        "server",
-        &yaml(
-            &[(SERVER, server_addr)],
-            Some(("o2ib", ROUTER_B)),
-            false,
-            0,
-            &[(nid(ROUTER_B), rb_addr)],
-        ),
-    )?;
+    if let Ok(mut p) = peers.lock() {
+        p.insert(nid(ROUTER_B), rb_addr);
+    }
+    let mut clients = Clients::new(opts, server_addr, &peers)?;
     let mut router_peers: Vec<(Nid, SocketAddr)> = (0..opts.clients)
         .filter_map(|i| {
             let n = client_nid(i);
@@ -501,16 +584,14 @@ fn run(opts: &Opts) -> Result<bool, String> {
         })
         .collect();
     router_peers.push((nid(SERVER), server_addr));
-    let router_yaml = yaml(
+    let router_yaml = router_yaml(
         &[(ROUTER_A, ra_addr), (ROUTER_B, rb_addr)],
-        None,
-        true,
         opts.router_busy_poll_us,
         &router_peers,
     );
     let mut router = Daemon::start(&opts.router, &dir, "router", &router_yaml)?;
     eprintln!(
-        "INFO server and router up; {} clients pinging",
+        "INFO router up; {} clients and the server pinging each other",
         opts.clients
     );
 
@@ -521,13 +602,14 @@ fn run(opts: &Opts) -> Result<bool, String> {
     })?
     else {
         let n = clients
-            .state
+            .pingers
             .iter()
             .filter(|c| c.last_ok_started.is_none())
             .count();
         return Err(format!(
-            "{n} of {} clients never pinged the server within {:?}",
-            opts.clients, opts.bound
+            "{n} of {} ping streams (clients to the server and back) never answered within {:?}",
+            2 * opts.clients,
+            opts.bound
         ));
     };
     println!(
@@ -543,7 +625,7 @@ fn run(opts: &Opts) -> Result<bool, String> {
         &mut router_peak,
         |_| false,
     )?;
-    let in_flight: usize = clients.state.iter().map(|c| c.outstanding.len()).sum();
+    let in_flight = clients.outstanding();
     let router_held = match router.call(&Request::RoutingShow) {
         Ok(Response::Routing(r)) => r.forwarding.in_flight,
         _ => 0,
@@ -563,12 +645,10 @@ fn run(opts: &Opts) -> Result<bool, String> {
         opts.bound,
         Some(&router),
         &mut router_peak,
-        |c| c.state.iter().all(|s| s.recovered_at.is_some()),
+        |c| (0..c.clients).all(|i| c.recovered(i).is_some()),
     )?;
-    let mut times: Vec<f64> = clients
-        .state
-        .iter()
-        .filter_map(|c| c.recovered_at)
+    let mut times: Vec<f64> = (0..clients.clients)
+        .filter_map(|i| clients.recovered(i))
         .map(|t| t.duration_since(t_restart).as_secs_f64())
         .collect();
     times.sort_by(f64::total_cmp);
@@ -587,13 +667,9 @@ fn run(opts: &Opts) -> Result<bool, String> {
         StdDuration::from_secs(10),
         Some(&router),
         &mut router_peak,
-        |c| c.state.iter().all(|s| s.outstanding.is_empty()),
+        |c| c.outstanding() == 0,
     )?;
-    let outstanding: u64 = clients
-        .state
-        .iter()
-        .map(|c| c.outstanding.len() as u64)
-        .sum();
+    let outstanding = clients.outstanding() as u64;
     let t = &clients.tally;
     let failed: Vec<String> = t.failed.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     println!(
@@ -605,11 +681,11 @@ fn run(opts: &Opts) -> Result<bool, String> {
     );
     let (race_rejects, races) = clients.race_counters();
     println!(
-        "FIGURE storm_races max_conn_race_rejects_per_client={race_rejects} max_races_per_client={races} limit={RACE_LIMIT}"
+        "FIGURE storm_races max_conn_race_rejects_per_node={race_rejects} max_races_per_node={races} limit={RACE_LIMIT}"
     );
     println!(
-        "FIGURE storm_conns max_conns_client_to_router={} max_conns_per_peer_at_router={router_peak}",
-        clients.peak_conns_to_router
+        "FIGURE storm_conns max_conns_per_peer_in_swarm={} max_conns_per_peer_at_router={router_peak}",
+        clients.peak_conns_per_peer
     );
     let books = match router.call(&Request::RoutingShow) {
         Ok(Response::Routing(r)) => Some(r.forwarding),
@@ -643,14 +719,14 @@ fn run(opts: &Opts) -> Result<bool, String> {
     if race_rejects >= RACE_LIMIT || races >= RACE_LIMIT {
         fail("a client reached the race limit".into());
     }
-    if clients.peak_conns_to_router > 2 || router_peak > 2 {
+    if clients.peak_conns_per_peer > 2 || router_peak > 2 {
         fail("a peer had more than one zombie".into());
     }
     match books {
         Some(f) if f.received == f.forwarded + f.dropped + f.in_flight => {}
         other => fail(format!("the router's books do not reconcile: {other:?}")),
     }
-    drop((router, server));
+    drop(router);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(ok)
 }
