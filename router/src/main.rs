@@ -274,7 +274,9 @@ fn run(
         hand_links.push(HandoverLink {
             nid: rt.node().nids()[0],
             tx,
-            wake: wake.clone(),
+            // On one shared thread every loop is stepped each round, and the sleeper does not
+            // sleep with handovers in its inbox (`run_shared`): no wake-up needed.
+            wake: (threading == NiThreads::PerNi).then(|| wake.clone()),
         });
         hand_rxs.push(rx);
     }
@@ -557,6 +559,9 @@ fn run_shared(mut loops: Vec<NiLoop>) {
                 wait = wait.min(l.rt.wait_hint(MAX_WAIT));
             }
         }
+        if !loops[0].hands.rx.is_empty() {
+            wait = StdDuration::ZERO;
+        }
         if done[0] {
             // The sleeper is gone (a shutdown that finished first): the others finish within
             // their own bound, polled at a short interval.
@@ -573,7 +578,8 @@ fn run_shared(mut loops: Vec<NiLoop>) {
 struct HandoverLink {
     nid: Nid,
     tx: crossbeam_channel::Sender<Handover>,
-    wake: WakeHandle,
+    /// The receiving loop's waker (none when every loop shares one thread).
+    wake: Option<WakeHandle>,
 }
 
 /// One NI loop's side of the handovers: its inbox, every loop's link, and what did not fit
@@ -617,7 +623,9 @@ impl Handovers {
         self.outbox = stuck;
         for (i, w) in woken.into_iter().enumerate() {
             if w {
-                self.links[i].wake.wake();
+                if let Some(w) = &self.links[i].wake {
+                    w.wake();
+                }
             }
         }
     }
