@@ -2,6 +2,8 @@
 //! prints every message as o2iblnd would put it on the wire, then the result in the shape
 //! `lnetctl ping` prints.
 
+use std::fmt::Write as _;
+
 use lnd::wire::kib::{EmitOpts, VERSION_2};
 use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
 use lnd::wire::ping::{feat, status};
@@ -9,28 +11,37 @@ use lnd::wire::{
     ConnParams, KibBody, KibMsg, LnetBody, LnetHdr, NiStatus, Nid, PingInfo, WireError, WireHandle,
 };
 
-fn hexdump(bytes: &[u8]) {
+fn hexdump(out: &mut String, bytes: &[u8]) {
     for (i, line) in bytes.chunks(16).enumerate() {
         let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
-        println!("    {:04x}  {}", i * 16, hex.join(" "));
+        let _ = writeln!(out, "    {:04x}  {}", i * 16, hex.join(" "));
     }
 }
 
 /// Sends `msg` over an imaginary wire: encode, dump, decode, and check the round trip.
-fn wire<'b>(label: &str, msg: &KibMsg<'_>, buf: &'b mut [u8]) -> Result<KibMsg<'b>, WireError> {
+fn wire<'b>(
+    out: &mut String,
+    label: &str,
+    msg: &KibMsg<'_>,
+    buf: &'b mut [u8],
+) -> Result<KibMsg<'b>, WireError> {
     let n = msg.emit(buf, EmitOpts::default())?;
-    println!(
+    let _ = writeln!(
+        out,
         "{label}: {:?} {} -> {}, {n} bytes",
         msg.msg_type(),
         msg.src_nid,
         msg.dst_nid
     );
-    hexdump(&buf[..n]);
+    hexdump(out, &buf[..n]);
     let (back, _) = KibMsg::parse(&buf[..n])?;
     Ok(back)
 }
 
-pub fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
+/// The exchange, as the text to print.
+pub fn demo(src: Nid, dst: Nid) -> Result<String, WireError> {
+    let mut out = String::new();
+    let out = &mut out;
     let (src_stamp, dst_stamp) = (0x0006_2a3b_0000_0001, 0x0006_2a3b_0000_0002);
     let cp = ConnParams {
         queue_depth: 8,
@@ -50,11 +61,13 @@ pub fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
 
     // Handshake: CONNREQ in the connection manager's private data, CONNACK back.
     wire(
+        out,
         "1",
         &base(src, dst, src_stamp, 0, KibBody::ConnReq(cp)),
         &mut buf,
     )?;
     wire(
+        out,
         "2",
         &base(dst, src, dst_stamp, src_stamp, KibBody::ConnAck(cp)),
         &mut buf,
@@ -80,6 +93,7 @@ pub fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
     };
     let imm = |hdr, payload| KibBody::Immediate { hdr, payload };
     let got = wire(
+        out,
         "3",
         &base(src, dst, src_stamp, dst_stamp, imm(get, &[])),
         &mut buf,
@@ -123,6 +137,7 @@ pub fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
     };
     let mut buf2 = vec![0u8; 4096];
     let got = wire(
+        out,
         "4",
         &base(dst, src, dst_stamp, src_stamp, imm(reply, &payload)),
         &mut buf2,
@@ -133,15 +148,16 @@ pub fn demo(src: Nid, dst: Nid) -> Result<(), WireError> {
     let (ping, _) = PingInfo::parse(payload)?;
 
     // What `lnetctl ping` prints: 0@lo is left out.
-    println!("ping:");
-    println!("    - primary nid: {dst}");
-    println!(
+    let _ = writeln!(out, "ping:");
+    let _ = writeln!(out, "    - primary nid: {dst}");
+    let _ = writeln!(
+        out,
         "      Multi-Rail: {}",
         ping.features & feat::MULTI_RAIL != 0
     );
-    println!("      peer_ni:");
+    let _ = writeln!(out, "      peer_ni:");
     for ni in ping.nis.iter().filter(|ni| ni.nid != Nid::LO_0) {
-        println!("        - nid: {}", ni.nid);
+        let _ = writeln!(out, "        - nid: {}", ni.nid);
     }
-    Ok(())
+    Ok(std::mem::take(out))
 }

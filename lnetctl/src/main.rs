@@ -241,6 +241,18 @@ fn main() -> ExitCode {
     ExitCode::from(run(cli))
 }
 
+/// Writes `text` to standard output. A reader that went away (`lnetctl peer show | head`) is
+/// not an error worth a panic: the rest is dropped, as the shell tools do.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("lnetctl: writing the output: {e}");
+        }
+    }
+}
+
 /// Parses a NID given on the command line, or says why not.
 fn check_nid(s: &str) -> Result<Nid, u8> {
     s.trim().parse::<Nid>().map_err(|e| {
@@ -265,7 +277,10 @@ fn run(cli: Cli) -> u8 {
                 (Err(c), _) | (_, Err(c)) => return c,
             };
             return match demo::demo(src, dst) {
-                Ok(()) => exit::OK,
+                Ok(text) => {
+                    emit(&text);
+                    exit::OK
+                }
                 Err(e) => {
                     eprintln!("lnetctl: demo failed: {e}");
                     exit::FAILED
@@ -395,7 +410,7 @@ fn run(cli: Cli) -> u8 {
             }
         }
         (r, Some(text)) => {
-            print!("{text}");
+            emit(&text);
             match r {
                 Response::Ping(p) if !p.manage.is_empty() => exit::FAILED,
                 _ => exit::OK,

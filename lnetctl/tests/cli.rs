@@ -175,3 +175,22 @@ fn demo_still_works() {
         "{out}"
     );
 }
+
+/// `lnetctl peer show | head`: the reader may go away before lnetctl writes. lnetctl neither
+/// panics nor fails (Rust ignores SIGPIPE, so a write returns EPIPE instead of killing the
+/// process). The read end is closed before lnetctl can write anything, so every write breaks.
+#[test]
+fn output_into_a_closed_pipe_is_no_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = text(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+}
