@@ -837,11 +837,26 @@ fn control_thread(
     limits: ClientLimits,
     counters: Arc<ControlCounters>,
 ) {
+    // Accept failures (at the descriptor limit, say) are counted, and logged at most once per
+    // ACCEPT_LOG_EVERY with how many were not.
+    const ACCEPT_LOG_EVERY: StdDuration = StdDuration::from_secs(10);
+    let mut last_log: Option<std::time::Instant> = None;
+    let mut unlogged = 0u64;
     for conn in listener.incoming() {
         let stream = match conn {
             Ok(s) => s,
             Err(e) => {
-                warn!("control socket accept: {e}");
+                ControlCounters::bump(&counters.accept_errors);
+                if last_log.is_none_or(|t| t.elapsed() >= ACCEPT_LOG_EVERY) {
+                    warn!(
+                        more_since_last_log = unlogged,
+                        "control socket accept: {e}; retrying every 100 ms"
+                    );
+                    last_log = Some(std::time::Instant::now());
+                    unlogged = 0;
+                } else {
+                    unlogged += 1;
+                }
                 std::thread::sleep(StdDuration::from_millis(100));
                 continue;
             }

@@ -43,6 +43,8 @@ pub struct ControlCounters {
     pub oversized: std::sync::atomic::AtomicU64,
     /// Request lines that were not a request (answered with EPROTO).
     pub bad_requests: std::sync::atomic::AtomicU64,
+    /// Failed accepts on the control socket (at the descriptor limit, say).
+    pub accept_errors: std::sync::atomic::AtomicU64,
 }
 
 impl ControlCounters {
@@ -63,6 +65,7 @@ impl ControlCounters {
                 ("request_timeouts", get(&self.request_timeouts)),
                 ("oversized", get(&self.oversized)),
                 ("bad_requests", get(&self.bad_requests)),
+                ("accept_errors", get(&self.accept_errors)),
             ]
             .iter()
             .map(|(k, v)| (k.to_string(), *v))
