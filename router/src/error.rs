@@ -27,6 +27,9 @@ pub enum LnetError {
     Shutdown,
     /// A message for another node would go back to the peer it came from (a routing loop).
     Loop(Nid),
+    /// A message forwarded for another node would go to a peer NI the LND reported down
+    /// (lnet_check_message_drop: -EHOSTUNREACH rather than waiting on a dead peer).
+    PeerDown(Nid),
 }
 
 impl fmt::Display for LnetError {
@@ -44,6 +47,7 @@ impl fmt::Display for LnetError {
             LnetError::Loop(nid) => {
                 write!(f, "would go back to {nid}, which sent it (a routing loop)")
             }
+            LnetError::PeerDown(nid) => write!(f, "next hop {nid} is down"),
         }
     }
 }

@@ -219,10 +219,12 @@ pub enum FwdDrop {
     SendFailed,
     /// The node is shutting down.
     Shutdown,
+    /// Its next hop is a peer NI the LND reported down (lnet_check_message_drop).
+    PeerDown,
 }
 
 impl FwdDrop {
-    pub const ALL: [FwdDrop; 7] = [
+    pub const ALL: [FwdDrop; 8] = [
         FwdDrop::RoutingDisabled,
         FwdDrop::WrongNet,
         FwdDrop::Malformed,
@@ -230,6 +232,7 @@ impl FwdDrop {
         FwdDrop::Loop,
         FwdDrop::SendFailed,
         FwdDrop::Shutdown,
+        FwdDrop::PeerDown,
     ];
 
     /// The counter's name in `stats show -v`.
@@ -242,6 +245,7 @@ impl FwdDrop {
             FwdDrop::Loop => "loop",
             FwdDrop::SendFailed => "send_failed",
             FwdDrop::Shutdown => "shutdown",
+            FwdDrop::PeerDown => "peer_down",
         }
     }
 
@@ -254,6 +258,7 @@ impl FwdDrop {
             FwdDrop::SendFailed => 4,
             FwdDrop::Shutdown => 5,
             FwdDrop::Loop => 6,
+            FwdDrop::PeerDown => 7,
         }
     }
 
@@ -262,6 +267,7 @@ impl FwdDrop {
         match e {
             LnetError::NoRoute(_) => FwdDrop::NoRoute,
             LnetError::Loop(_) => FwdDrop::Loop,
+            LnetError::PeerDown(_) => FwdDrop::PeerDown,
             LnetError::Shutdown => FwdDrop::Shutdown,
             LnetError::PayloadTooLarge { .. } => FwdDrop::Malformed,
             _ => FwdDrop::SendFailed,
@@ -287,7 +293,7 @@ pub struct ForwardStats {
     pub forwarded: u64,
     pub forwarded_bytes: u64,
     /// Dropped, by reason (see [`FwdDrop::ALL`] for the order).
-    pub dropped: [u64; 7],
+    pub dropped: [u64; 8],
     /// Held now: waiting for a router credit or a buffer, or with an egress.
     pub in_flight: u64,
     /// Messages that had to wait for a router credit of their sender, or for a buffer.

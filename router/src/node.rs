@@ -27,6 +27,9 @@ use crate::ping::{self, PingReply, PING_SINK_LEN};
 use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
+/// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
+const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
+
 /// Which of the node's NIs: the position in [`NodeConfig::nis`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NiIndex(pub usize);
@@ -871,8 +874,24 @@ impl LnetNode {
         if let Err(e) = &result {
             self.count_error(e);
             self.nis[m.ni].drop_count += 1;
+            let routing = self.routing;
             if let Some(p) = self.peers.get_mut(&m.peer) {
                 p.drop_count += 1;
+                // On a router, the LND failing to reach a peer (o2iblnd notifies LNet of a
+                // failed connect, kiblnd_peer_connect_failed -> lnet_notify) marks it down until
+                // the LND reports it up: lnet_check_message_drop then drops what is routed to it
+                // (`drops_for_down_peer`). The LND reports a peer it never reached only once its
+                // retries end, too late to spare the router's buffers.
+                if routing
+                    && matches!(
+                        e,
+                        LnetError::Lnd(
+                            TxError::ConnectFailed | TxError::PeerUnreachable | TxError::Timeout
+                        )
+                    )
+                {
+                    p.state = PeerState::Down;
+                }
             }
         }
         match m.purpose {
@@ -940,6 +959,7 @@ impl LnetNode {
             }
             LnetError::Lnd(TxError::PeerUnreachable) => s.network_timeout_count += 1,
             LnetError::Loop(_) => s.local_error_count += 1,
+            LnetError::PeerDown(_) => s.local_no_route_count += 1,
             LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {}
         }
     }
@@ -1434,6 +1454,9 @@ impl LnetNode {
                 self.count_error(&LnetError::Loop(from));
                 self.forward_done(key, Err(FwdDrop::Loop));
             }
+            Ok(Route::Remote { ni, next }) if self.drops_for_down_peer(next, ni) => {
+                self.forward_done(key, Err(FwdDrop::PeerDown));
+            }
             Ok(r @ Route::Remote { .. }) => {
                 self.launch(r, hdr, payload, Purpose::Forward { origin, key });
             }
@@ -1450,6 +1473,33 @@ impl LnetNode {
                 self.forward_done(key, Err(FwdDrop::NoRoute));
             }
         }
+    }
+
+    /// lnet_check_message_drop: on a router that tracks peer aliveness (routing on and the
+    /// NI's peer_timeout > 0), a message for another node whose next hop is a peer NI the LND
+    /// reported down is dropped at once, instead of holding a router buffer until the LND gives
+    /// up on it: a dead server behind a router must not take the buffers that traffic to live
+    /// ones needs. One message per `DOWN_PEER_PROBE` still goes to it, so that the LND tries the
+    /// peer again and reports it up when it is back (Lustre asks the LND about a dead peer at
+    /// most once a second, lnet_queryinterval).
+    fn drops_for_down_peer(&mut self, next: Nid, ni: usize) -> bool {
+        let now = self.now;
+        if !self.routing || self.nis.get(ni).is_none_or(|n| n.peer_timeout.is_zero()) {
+            return false;
+        }
+        let Some(p) = self.peers.get_mut(&next) else {
+            return false;
+        };
+        if p.state != PeerState::Down {
+            return false;
+        }
+        if p.down_probe
+            .is_none_or(|t| now >= t.saturating_add(DOWN_PEER_PROBE))
+        {
+            p.down_probe = Some(now);
+            return false;
+        }
+        true
     }
 
     /// The egress is done with held message `key`: count the outcome, and give back its
@@ -1597,7 +1647,11 @@ impl LnetNode {
                 payload,
                 ..
             } => match self.route(hdr.dest_nid) {
-                Ok(r @ Route::Remote { next, .. }) if !self.shutting_down && next != from => {
+                Ok(r @ Route::Remote { ni, next })
+                    if !self.shutting_down
+                        && next != from
+                        && !self.drops_for_down_peer(next, ni) =>
+                {
                     self.launch(r, hdr, payload, Purpose::Forward { origin, key });
                 }
                 route => {
@@ -1605,6 +1659,8 @@ impl LnetNode {
                         LnetError::Shutdown
                     } else if matches!(route, Ok(Route::Remote { next, .. }) if next == from) {
                         LnetError::Loop(from)
+                    } else if let Ok(Route::Remote { next, .. }) = route {
+                        LnetError::PeerDown(next)
                     } else {
                         LnetError::NoRoute(hdr.dest_nid)
                     });

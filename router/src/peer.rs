@@ -38,6 +38,9 @@ pub(crate) struct PeerNi {
     pub min_rtr_credits: i64,
     /// Its messages for other nodes waiting for a router credit (keys of held messages).
     pub rtrq: VecDeque<u64>,
+    /// While it is down: when a forwarded message last went to it anyway, to let the LND try
+    /// it again (see `LnetNode::drops_for_down_peer`).
+    pub down_probe: Option<Instant>,
 }
 
 impl PeerNi {
@@ -69,6 +72,7 @@ impl PeerNi {
             rtr_credits: r,
             min_rtr_credits: r,
             rtrq: VecDeque::new(),
+            down_probe: None,
         }
     }
 

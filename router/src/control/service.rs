@@ -283,7 +283,7 @@ fn ping_outcome(
 pub fn lnet_errno(e: &LnetError) -> i32 {
     use lnd::engine::TxError;
     match e {
-        LnetError::NoRoute(_) => errno::EHOSTUNREACH,
+        LnetError::NoRoute(_) | LnetError::PeerDown(_) => errno::EHOSTUNREACH,
         LnetError::PayloadTooLarge { .. } => errno::EMSGSIZE,
         LnetError::Timeout | LnetError::Lnd(TxError::Timeout) => errno::ETIMEDOUT,
         LnetError::Lnd(TxError::ConnectFailed) => errno::ECONNREFUSED,

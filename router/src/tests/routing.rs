@@ -285,6 +285,97 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
     assert_eq!(books.received + failed_at_client, n);
 }
 
+/// lnet_check_message_drop: once the router's LND has reported the server down, messages for
+/// it are dropped at once (counted as peer_down) instead of each
+/// holding a router buffer until the LND gives up on it; one a second still goes to the LND,
+/// which finds the server when it is back.
+#[test]
+fn a_router_drops_messages_for_a_next_hop_known_down_and_finds_it_when_it_returns() {
+    for split_router in [false, true] {
+        let (mut f, routers) = topology(split_router, |_| {});
+        f.kill(1);
+        let now = f.now;
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, 0, vec![1; 100])
+            .unwrap();
+        // Until the router's LND fails the PUT to the silent server (its connect deadline).
+        f.run_for(Duration::from_secs(30));
+        let down_at_router = routers.iter().any(|&r| {
+            f.nodes[r]
+                .peers()
+                .iter()
+                .any(|p| p.nid == nid(SERVER) && p.state == PeerState::Down)
+        });
+        assert!(
+            down_at_router,
+            "the router never marked the server down: {:?}",
+            routers
+                .iter()
+                .map(|&r| f.nodes[r].peers())
+                .collect::<Vec<_>>()
+        );
+        let dropped = |f: &Fabric| -> u64 {
+            routers
+                .iter()
+                .map(|&r| {
+                    f.nodes[r]
+                        .routing_info()
+                        .stats
+                        .dropped_for(FwdDrop::PeerDown)
+                })
+                .sum()
+        };
+        assert_eq!(dropped(&f), 0, "nothing was known down before");
+        let _ = f.take_events(0);
+
+        // A burst while it is down: all but one probe are dropped at once and hold nothing.
+        let now = f.now;
+        for i in 1..=20 {
+            f.nodes[0]
+                .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+                .unwrap();
+        }
+        f.run_for(Duration::from_millis(100));
+        assert!(dropped(&f) >= 19, "split {split_router}: {}", dropped(&f));
+        let held: u64 = routers
+            .iter()
+            .map(|&r| f.nodes[r].routing_info().stats.in_flight)
+            .sum();
+        assert!(held <= 1, "split {split_router}: {held} held");
+        // (The client's PUTs completed when the router took them: a router's drop is counted
+        // at the router, as in Lustre; a GET's sender finds out at its REPLY timeout.)
+        let _ = f.take_events(0);
+
+        // The server returns: within seconds a PUT reaches it again.
+        f.restart(1, node(&[SERVER], &[route("o2ib", R_B)], false, 20), 400);
+        let start = f.now;
+        let mut k = 100;
+        let through = loop {
+            let now = f.now;
+            f.nodes[0]
+                .send_put(now, nid(SERVER), 4, k, vec![1; 100])
+                .unwrap();
+            k += 1;
+            f.run_for(Duration::from_millis(500));
+            if put_results(&f.take_events(0)).iter().any(|r| r.is_ok()) {
+                break f.now - start;
+            }
+            assert!(
+                f.now < start + Duration::from_secs(60),
+                "split {split_router}: the server was never reached again"
+            );
+        };
+        assert!(through <= Duration::from_secs(30), "{through}");
+        f.run_for(Duration::from_secs(60));
+        let books = assert_router_quiescent(&f, &routers);
+        assert_eq!(
+            books.received,
+            books.forwarded + books.dropped(),
+            "{books:?}"
+        );
+    }
+}
+
 /// Two routers to o2ib1. One dies under traffic: the client's router pinger (and its LND)
 /// find it, traffic moves to the other, and every PUT ends with a status. It comes back: it is
 /// used again.
