@@ -143,6 +143,17 @@ fn main() -> ExitCode {
         eprintln!("lnet-router: {}: {msg}", args.config.display());
         return ExitCode::from(2);
     }
+    if args.ni_threads == NiThreads::Shared {
+        if let Some((net, _)) = cfg.nis().find(|(n, _)| n.fabric != FabricKind::Tcp) {
+            eprintln!(
+                "lnet-router: --ni-threads shared: net {} is on fabric '{}'; only tcp NIs can \
+                 share a thread (use --ni-threads per-ni)",
+                net.net,
+                net.fabric.as_str()
+            );
+            return ExitCode::from(2);
+        }
+    }
     let socket = args.socket.unwrap_or_else(control::default_socket_path);
     let limits = ClientLimits {
         idle: StdDuration::from_secs(args.control_idle_timeout),

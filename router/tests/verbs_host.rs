@@ -16,6 +16,11 @@ fn scratch(test: &str) -> PathBuf {
 
 /// Runs the daemon on a config with one o2ib NI on `fabric: verbs`.
 fn run_verbs_daemon(dir: &std::path::Path) -> Output {
+    run_verbs_daemon_with(dir, &[])
+}
+
+/// The same with more command-line arguments.
+fn run_verbs_daemon_with(dir: &std::path::Path, args: &[&str]) -> Output {
     let cfg = dir.join("verbs.yaml");
     std::fs::write(
         &cfg,
@@ -27,6 +32,7 @@ fn run_verbs_daemon(dir: &std::path::Path) -> Output {
         .arg(&cfg)
         .arg("--socket")
         .arg(dir.join("s.sock"))
+        .args(args)
         .env("LNET_LOG", "off")
         .output()
         .unwrap()
@@ -67,6 +73,24 @@ fn verbs_fabric_without_a_device_fails_with_one_clear_message() {
     assert!(
         err.contains("NI 10.0.0.1@o2ib: no RDMA device"),
         "the message names the NI and the cause: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
+    assert!(!dir.join("s.sock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Only tcp NIs can share a thread: asking for it with a verbs NI is a configuration error,
+/// said in one line before anything starts.
+#[cfg(feature = "verbs")]
+#[test]
+fn a_shared_ni_thread_with_a_verbs_ni_is_a_config_error() {
+    let dir = scratch("shared");
+    let o = run_verbs_daemon_with(&dir, &["--ni-threads", "shared"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--ni-threads shared: net o2ib is on fabric 'verbs'"),
+        "{err}"
     );
     assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
     assert!(!dir.join("s.sock").exists());
