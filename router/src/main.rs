@@ -307,6 +307,7 @@ fn run(
                 rx: hand_rx,
                 links: Arc::clone(&hand_links),
                 outbox: std::collections::VecDeque::new(),
+                woken: vec![false; hand_links.len()],
             },
             shared: Arc::clone(&shared),
             wakes: Arc::clone(&wakes),
@@ -599,6 +600,8 @@ struct Handovers {
     rx: crossbeam_channel::Receiver<Handover>,
     links: Arc<Vec<HandoverLink>>,
     outbox: std::collections::VecDeque<Handover>,
+    /// Which loops got a handover in this relay (one flag per link).
+    woken: Vec<bool>,
 }
 
 impl Handovers {
@@ -614,9 +617,12 @@ impl Handovers {
         while let Some(h) = rt.node_mut().poll_handover() {
             self.outbox.push_back(h);
         }
-        let mut woken = vec![false; self.links.len()];
-        let mut stuck = std::collections::VecDeque::new();
-        while let Some(h) = self.outbox.pop_front() {
+        // Each handover is tried once; what finds its channel full goes back in the outbox, in
+        // order. `woken` is reused: this runs every turn of every NI loop.
+        for _ in 0..self.outbox.len() {
+            let Some(h) = self.outbox.pop_front() else {
+                break;
+            };
             let target = match h.target() {
                 HandoverTarget::Nid(nid) => self.links.iter().position(|l| l.nid == nid),
                 HandoverTarget::Net(net) => self.links.iter().position(|l| l.nid.net() == net),
@@ -626,16 +632,15 @@ impl Handovers {
                 continue;
             };
             match self.links[i].tx.try_send(h) {
-                Ok(()) => woken[i] = true,
-                Err(crossbeam_channel::TrySendError::Full(h)) => stuck.push_back(h),
+                Ok(()) => self.woken[i] = true,
+                Err(crossbeam_channel::TrySendError::Full(h)) => self.outbox.push_back(h),
                 Err(crossbeam_channel::TrySendError::Disconnected(h)) => self.undeliverable(rt, h),
             }
         }
-        self.outbox = stuck;
-        for (i, w) in woken.into_iter().enumerate() {
-            if w {
-                if let Some(w) = &self.links[i].wake {
-                    w.wake();
+        for (i, w) in self.woken.iter_mut().enumerate() {
+            if std::mem::take(w) {
+                if let Some(wake) = &self.links[i].wake {
+                    wake.wake();
                 }
             }
         }

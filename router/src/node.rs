@@ -778,24 +778,20 @@ impl LnetNode {
                 payload,
                 purpose,
             }),
-            Route::Sibling(_) => {
+            route => {
+                // Why it cannot be sent, if it cannot: finished in `process` with that status,
+                // holding no credit. A sibling's NI is not ours to send on (the daemon hands such
+                // messages over before they get here).
+                let (peer, ni, refusal) = match route {
+                    Route::Remote { ni, next } => {
+                        let known = self.peer_entry(next, ni).is_some();
+                        let e = LnetError::Refused(SendError::PeerTableFull(next));
+                        (next, ni, (!known).then_some(e))
+                    }
+                    _ => (hdr.dest_nid, 0, Some(LnetError::NoRoute(hdr.dest_nid))),
+                };
                 let cookie = self.msgs.insert(OutMsg {
-                    peer: hdr.dest_nid,
-                    ni: 0,
-                    hdr,
-                    len: payload.len(),
-                    payload,
-                    purpose,
-                    peer_credit: false,
-                    ni_credit: false,
-                });
-                self.refused
-                    .push_back((cookie, LnetError::NoRoute(hdr.dest_nid)));
-            }
-            Route::Remote { ni, next } => {
-                let known = self.peer_entry(next, ni).is_some();
-                let cookie = self.msgs.insert(OutMsg {
-                    peer: next,
+                    peer,
                     ni,
                     hdr,
                     len: payload.len(),
@@ -804,12 +800,9 @@ impl LnetNode {
                     peer_credit: false,
                     ni_credit: false,
                 });
-                if known {
-                    self.post_send(cookie);
-                } else {
-                    // Finished in `process` with a status, holding no credit.
-                    let e = LnetError::Refused(SendError::PeerTableFull(next));
-                    self.refused.push_back((cookie, e));
+                match refusal {
+                    None => self.post_send(cookie),
+                    Some(e) => self.refused.push_back((cookie, e)),
                 }
             }
         }
