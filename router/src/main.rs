@@ -436,6 +436,9 @@ impl NiLoop {
     /// requests, the capture, the shutdown. True once this loop is finished.
     fn step(&mut self, wait: StdDuration) -> bool {
         let nid = self.nid;
+        // Handovers from the other NIs first, so that what they produce (a forward's send) goes
+        // out in this turn's submission rather than a turn later.
+        self.hands.take_in(&mut self.rt);
         if !self.failed {
             if let Err(e) = self.rt.turn(wait) {
                 // This NI's fabric is broken: the other NIs' peers must still see a graceful
@@ -605,15 +608,23 @@ struct Handovers {
 }
 
 impl Handovers {
+    /// Hands what the other loops handed over to this loop's node.
+    fn take_in(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+        if self.rx.is_empty() {
+            return;
+        }
+        let now = rt.now();
+        while let Ok(h) = self.rx.try_recv() {
+            rt.node_mut().handle_handover(now, h);
+        }
+    }
+
     /// Takes in what the other loops handed over, then hands out what the node produced (and
     /// what waited), waking each loop that got something. Never blocks: a full channel keeps
     /// the rest in the outbox for the next turn. A handover for a loop that is gone fails the
     /// forward at its origin (this node) or is dropped if it was a release for that loop.
     fn relay(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
-        let now = rt.now();
-        while let Ok(h) = self.rx.try_recv() {
-            rt.node_mut().handle_handover(now, h);
-        }
+        self.take_in(rt);
         while let Some(h) = rt.node_mut().poll_handover() {
             self.outbox.push_back(h);
         }

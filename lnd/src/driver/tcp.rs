@@ -760,6 +760,8 @@ pub struct TcpFabric {
     watched: Vec<(std::os::fd::RawFd, bool)>,
     /// The waker fired since the owner last asked (`Driver::take_woken`).
     woken: bool,
+    /// The owner's waker (one of `watched`).
+    waker_fd: Option<std::os::fd::RawFd>,
     /// Message buffers of applied sends, given back to the engine (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
     /// Registered regions by remote key; the next region number and address.
@@ -768,12 +770,6 @@ pub struct TcpFabric {
     next_region_addr: u64,
     wc_log: WcLog,
 }
-
-/// Busy-poll rounds between two yields of the CPU (see `poll`).
-const YIELD_EVERY: u32 = 4;
-/// How long `poll` spins before it starts yielding between rounds: about one loopback round
-/// trip, when the completion a streaming peer is waiting for usually arrives.
-const SPIN_BEFORE_YIELD: std::time::Duration = std::time::Duration::from_micros(15);
 
 /// Buffers of closed connections kept for reuse.
 const POOL_MAX: usize = 64;
@@ -829,6 +825,7 @@ impl TcpFabric {
             pool: Vec::new(),
             watched: Vec::new(),
             woken: false,
+            waker_fd: None,
             spare: Vec::new(),
             regions: HashMap::new(),
             next_region: region_seed(),
@@ -1293,23 +1290,21 @@ impl TcpFabric {
             let start = std::time::Instant::now();
             // Each round enters the kernel without waiting: the ring is set up with
             // COOP_TASKRUN, so socket completions are posted when we enter, not by an IPI.
-            // After about one round trip the thread starts yielding between rounds: on a machine
-            // with more runnable threads than cores (a shared login node, a CI box) the spinning
-            // must not starve the peer or the kernel work that produces the very completion it
-            // waits for. Measured (lnet_perf --put-rate, 2 vCPUs): yielding from the first round
-            // cost ~25% when quiet; never yielding collapsed to 24k PUT/s under a parallel build.
-            // Under CPU hogs (`yes` on every core) any spinning collapses: give a busy-polling
-            // router its own cores.
-            let mut rounds = 0u32;
+            // Between rounds the thread yields the CPU: with as many spinning threads as cores
+            // or more (a router beside its clients, a shared login node, a CI box) the spinning
+            // must not starve the peer, or the kernel work that produces the very completion it
+            // waits for. With a core to itself, the yield returns at once. Measured on 2 vCPUs
+            // (lnet_perf, client, router and server processes): yielding from the first round
+            // against yielding only after 15 us of spinning, routed 64-B PUT rate +35-60%,
+            // routed ping RTT -30-45%, the direct PUT rate within 10% (noise). Under CPU hogs
+            // (`yes` on every core) any spinning collapses: give a busy-polling router its own
+            // cores.
             loop {
                 self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
                 if self.ring.has_completions() || start.elapsed() >= spin {
                     break;
                 }
-                rounds = rounds.wrapping_add(1);
-                if rounds % YIELD_EVERY == 0 && start.elapsed() >= SPIN_BEFORE_YIELD {
-                    std::thread::yield_now();
-                }
+                std::thread::yield_now();
             }
             waited = self.ring.has_completions();
         }
@@ -1334,10 +1329,9 @@ impl TcpFabric {
         Ok(())
     }
 
-    /// Closes accepted sockets that did not finish their handshake in time (at most a few times
-    /// per `handshake_timeout`, so the scan's cost does not follow the message rate).
     /// See `Driver::set_waker`.
     pub fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        self.waker_fd = Some(fd);
         self.watch(fd);
     }
 
@@ -1352,6 +1346,8 @@ impl TcpFabric {
         self.ring.raw_fd()
     }
 
+    /// Closes accepted sockets that did not finish their handshake in time (at most a few times
+    /// per `handshake_timeout`, so the scan's cost does not follow the message rate).
     fn sweep(&mut self, now: Instant) {
         if now < self.next_sweep {
             return;
@@ -1442,7 +1438,9 @@ impl TcpFabric {
                 return;
             };
             w.1 = false;
-            self.woken = true;
+            // Only the owner's own waker needs draining; another loop's ring (watched when
+            // several share a thread) is drained by its own poll.
+            self.woken |= Some(w.0) == self.waker_fd;
             if c.result < 0 && c.result != -libc::ECANCELED {
                 // A broken waker would complete at once on every poll and spin the loop: stop
                 // watching it (the loop's own bound still brings control requests in).
