@@ -5,6 +5,7 @@ use lnd::engine::{ChecksumConfig, RaceOrder, Tunables};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::Nid;
 
+use crate::alive::NetAlive;
 use crate::gateway::GatewayHealthConfig;
 use crate::routes::{RouteConfig, RouteError, RouteTable};
 
@@ -158,6 +159,11 @@ pub struct NodeConfig {
     pub routing: RoutingConfig,
     /// How the gateways of `routes` are watched.
     pub gateway_health: GatewayHealthConfig,
+    /// When each NID of the node last heard a message, shared by the runtimes of one node
+    /// (one per NI, see `node_nids`) so that a ping reply on any NI reports every net's
+    /// liveness when routing (see [`crate::alive`]). `None`: the node keeps its own board and
+    /// judges only its own NIs (a sibling's liveness it cannot see is reported UP).
+    pub net_alive: Option<NetAlive>,
 }
 
 impl NodeConfig {
@@ -170,6 +176,7 @@ impl NodeConfig {
             routes: Vec::new(),
             routing: RoutingConfig::default(),
             gateway_health: GatewayHealthConfig::default(),
+            net_alive: None,
         }
     }
 

@@ -38,6 +38,7 @@
 //! With the `sim` feature an [`LnetNode`] (one NI) is also a node of `lnd`'s deterministic
 //! simulator (`lnd::sim::World<LnetNode>`), so LNet runs through its faults in virtual time.
 
+pub mod alive;
 mod config;
 pub mod control;
 mod error;

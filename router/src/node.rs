@@ -16,6 +16,7 @@ use lnd::wire::lnet::{
 use lnd::wire::{LnetBody, LnetHdr, Net, Nid, WireHandle};
 use tracing::{debug, trace, warn};
 
+use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
@@ -225,8 +226,19 @@ pub struct LnetNode {
     ping_deadlines: BTreeSet<(Instant, u64)>,
     next_ping: u64,
     next_msg: u64,
-    /// Our ping buffer, built once (the NI list never changes).
+    /// Our ping buffer with every NI UP, built once (the NI list never changes); a router
+    /// builds each reply afresh with its nets' liveness (`ping_reply`).
     ping_buffer: Vec<u8>,
+    /// When each NID of `node_nids` last heard a message (a board shared with the sibling
+    /// runtimes when the configuration gives one).
+    net_alive: NetAlive,
+    /// For each of our NIs, its slot on `net_alive`.
+    alive_slot: Vec<usize>,
+    /// Which slots of `net_alive` this node may judge: its own NIs', and its siblings' when the
+    /// board is shared.
+    alive_judged: Vec<bool>,
+    /// When the node started: a net is alive for the silence bound from then (lnet_net_alloc).
+    started: Instant,
     events: VecDeque<LnetEvent>,
     stats: LnetStats,
     now: Instant,
@@ -282,10 +294,38 @@ impl LnetNode {
             .collect();
         let gateways = Gateways::new(cfg.gateway_health, &mine, now);
         let routing = cfg.routing.enabled;
+        let alive_slot: Vec<usize> = nis
+            .iter()
+            .map(|n| {
+                node_nids
+                    .iter()
+                    .position(|&x| x == n.nid)
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        let shared = cfg
+            .net_alive
+            .as_ref()
+            .filter(|b| b.len() == node_nids.len());
+        let alive_judged = (0..node_nids.len())
+            .map(|i| shared.is_some() || alive_slot.contains(&i))
+            .collect();
+        let net_alive = shared
+            .cloned()
+            .unwrap_or_else(|| NetAlive::new(node_nids.len()));
         LnetNode {
             pid: cfg.pid,
             interface_cookie,
-            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(routing)),
+            ping_buffer: ping::ping_buffer(
+                cfg.pid,
+                &node_nids,
+                ping::our_features(routing),
+                |_| false,
+            ),
+            net_alive,
+            alive_slot,
+            alive_judged,
+            started: now,
             node_nids,
             nis,
             peers: BTreeMap::new(),
@@ -569,13 +609,23 @@ impl LnetNode {
 
     /// Every local NI (`lnetctl net show -v`).
     pub fn nets(&self) -> Vec<NiInfo> {
+        let down = if self.routing {
+            self.nets_down(self.now)
+        } else {
+            Vec::new()
+        };
         self.nis
             .iter()
             .enumerate()
             .map(|(i, n)| NiInfo {
                 index: NiIndex(i),
                 nid: n.nid,
-                status: "up",
+                // As the ping reply says it (the NI's ns_status in Lustre).
+                status: if down.get(self.alive_slot[i]).copied().unwrap_or(false) {
+                    "down"
+                } else {
+                    "up"
+                },
                 credits: n.credits,
                 peer_credits: n.peer_credits,
                 available_tx_credits: n.tx_credits,
@@ -974,6 +1024,8 @@ impl LnetNode {
                 if let Some(p) = self.peer_entry(from, ni) {
                     p.recv_count += 1;
                 }
+                // The net is alive (lnet_parse refreshes net_last_alive).
+                self.net_alive.heard(self.alive_slot[ni], now);
                 if hdr.src_nid != from && self.gateways.is_gateway(from) {
                     // Passive revival: a gateway forwarding to us is alive (lnet_parse).
                     self.gateways.notify(from, true);
@@ -1029,6 +1081,47 @@ impl LnetNode {
             self.events
                 .push_back(LnetEvent::PutDone { id, result: Ok(()) });
         }
+    }
+
+    /// What we answer a ping with. A router reports each of its nets DOWN once it has heard
+    /// no message on it for router_ping_timeout + alive_router_check_interval (router.c
+    /// lnet_update_ni_status_locked), so that nodes routing through it to that net stop
+    /// (`avoid_asym_router_failure`); a node that does not route says every NI is UP.
+    fn ping_reply(&self) -> Vec<u8> {
+        if !self.routing {
+            return self.ping_buffer.clone();
+        }
+        let down = self.nets_down(self.now);
+        ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(true), |i| {
+            down[i]
+        })
+    }
+
+    /// For each NID of the node, whether a router would report it DOWN at `now` (a sibling's
+    /// NI that this runtime cannot see, never).
+    fn nets_down(&self, now: Instant) -> Vec<bool> {
+        let cfg = self.gateways.config();
+        let bound = cfg.ping_timeout.saturating_add(cfg.check_interval);
+        (0..self.node_nids.len())
+            .map(|i| {
+                self.alive_judged[i]
+                    && !alive::net_alive(self.started, self.net_alive.last(i), now, bound)
+            })
+            .collect()
+    }
+
+    /// The NIDs of the node this router reports DOWN in its ping reply at `now`: their net has
+    /// been silent too long (empty when not routing).
+    pub fn silent_nids(&self, now: Instant) -> Vec<Nid> {
+        if !self.routing {
+            return Vec::new();
+        }
+        let down = self.nets_down(now);
+        self.node_nids
+            .iter()
+            .zip(down)
+            .filter_map(|(&n, d)| d.then_some(n))
+            .collect()
     }
 
     /// lnet_parse and the matching that follows, for one message (from the LND of NI `via`, or
@@ -1120,8 +1213,9 @@ impl LnetNode {
             } => {
                 // The ping service: answer from the ping buffer, cut to the requester's sink
                 // (the ping target MD truncates).
-                let n = self.ping_buffer.len().min(sink_length as usize);
-                let reply = self.ping_buffer[..n].to_vec();
+                let mut reply = self.ping_reply();
+                let n = reply.len().min(sink_length as usize);
+                reply.truncate(n);
                 self.respond(
                     hdr,
                     n as u32,
@@ -1590,7 +1684,8 @@ impl LnetNode {
             return;
         }
         self.routing = on;
-        self.ping_buffer = ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on));
+        self.ping_buffer =
+            ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on), |_| false);
         if !on {
             self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
         }

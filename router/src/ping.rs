@@ -59,17 +59,23 @@ impl PingReply {
     }
 }
 
-/// Encodes our ping buffer for NIs `nids` with PID `pid`.
-pub(crate) fn ping_buffer(pid: u32, nids: &[Nid], features: u32) -> Vec<u8> {
+/// Encodes our ping buffer for NIs `nids` with PID `pid`, each NI UP unless `down(i)` says
+/// NI `i` is not (a router's net gone silent, see [`crate::alive`]).
+pub(crate) fn ping_buffer(
+    pid: u32,
+    nids: &[Nid],
+    features: u32,
+    down: impl Fn(usize) -> bool,
+) -> Vec<u8> {
     let mut entries = Vec::with_capacity(nids.len() + 1);
     entries.push(NiStatus {
         nid: Nid::LO_0,
         status: PING_SEQUENCE,
         msg_size: 0,
     });
-    entries.extend(nids.iter().map(|&nid| NiStatus {
+    entries.extend(nids.iter().enumerate().map(|(i, &nid)| NiStatus {
         nid,
-        status: status::UP,
+        status: if down(i) { status::DOWN } else { status::UP },
         msg_size: MSG_SIZE as u32,
     }));
     let info = PingInfo::new(features, pid, &entries);
@@ -115,7 +121,7 @@ mod tests {
     fn buffer_round_trips_and_omits_lo() {
         let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
         let b: Nid = "10.0.1.1@o2ib1".parse().unwrap();
-        let buf = ping_buffer(12345, &[a, b], OUR_FEATURES);
+        let buf = ping_buffer(12345, &[a, b], OUR_FEATURES, |_| false);
         assert_eq!(buf.len(), PING_HDR_LEN + 3 * 16);
         let (info, _) = PingInfo::parse(&buf).unwrap();
         let first = info.nis.get(0).unwrap();

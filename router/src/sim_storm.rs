@@ -144,9 +144,13 @@ impl Storm {
         };
         let (a, b, s) = (nid(STORM_ROUTER_A), nid(STORM_ROUTER_B), nid(STORM_SERVER));
         // The router: one node per NI, as the daemon runs it.
+        // One liveness board for the router's two runtimes, as the daemon shares one (a
+        // restarted router keeps it: a slot older than the node's start counts from the start).
+        let board = crate::alive::NetAlive::new(2);
         let router_ni = |me: Nid, inc: u64| {
             let mut c = NodeConfig::new(vec![NiConfig::new(me, inc)]);
             c.node_nids = vec![a, b];
+            c.net_alive = Some(board.clone());
             c.routing.enabled = true;
             c.gateway_health = health;
             c

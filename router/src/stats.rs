@@ -116,7 +116,8 @@ pub struct PeerInfo {
 pub struct NiInfo {
     pub index: NiIndex,
     pub nid: Nid,
-    /// Always "up" in this slice (an NI is up from `LnetNode::new` until shutdown).
+    /// "up", or on a router "down" while its net has been silent too long (what its ping
+    /// reply says, see [`crate::alive`]).
     pub status: &'static str,
     /// `tunables: credits` and `peer_credits`, as used (after clamping).
     pub credits: u32,

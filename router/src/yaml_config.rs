@@ -160,12 +160,14 @@ impl DaemonConfig {
         let whole = self.node_config(incarnation);
         let nids: Vec<Nid> = whole.nis.iter().map(|n| n.nid).collect();
         let share = whole.routing.buffers.share(whole.nis.len());
+        let board = crate::alive::NetAlive::new(nids.len());
         whole
             .nis
             .iter()
             .map(|ni| NodeConfig {
                 nis: vec![ni.clone()],
                 node_nids: nids.clone(),
+                net_alive: Some(board.clone()),
                 routing: RoutingConfig {
                     buffers: share,
                     ..whole.routing

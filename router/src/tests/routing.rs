@@ -36,11 +36,13 @@ fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u64) -> NodeC
 fn split(c: NodeConfig) -> Vec<NodeConfig> {
     let nids: Vec<Nid> = c.nis.iter().map(|n| n.nid).collect();
     let share = c.routing.buffers.share(c.nis.len());
+    let board = crate::alive::NetAlive::new(nids.len());
     c.nis
         .iter()
         .map(|n| NodeConfig {
             nis: vec![n.clone()],
             node_nids: nids.clone(),
+            net_alive: Some(board.clone()),
             routing: RoutingConfig {
                 buffers: share,
                 ..c.routing
@@ -543,4 +545,147 @@ fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
         "{s2:?}"
     );
     assert_router_quiescent(&f, &[1, 2]);
+}
+
+/// A router whose net has gone silent says so: once nothing has arrived on o2ib1 for
+/// router_ping_timeout + alive_router_check_interval, its ping reply lists its o2ib1 NI DOWN
+/// (router.c lnet_update_ni_status_locked), so a client routing through it to o2ib1 marks the
+/// route down (avoid_asym_router_failure) and fails its sends at once instead of handing them
+/// to a router that cannot deliver them; the first message on o2ib1 brings it back. Run with
+/// the router as one node and split into one runtime per NI (the runtime on o2ib answers the
+/// client's pings and reports its sibling's net, through the board they share).
+fn a_router_reports_a_silent_net_down(split_router: bool) {
+    let health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_secs(1),
+        avoid_asym: true,
+    };
+    // The client pings its gateway every 2 s; the server never does (default 60 s interval,
+    // and it sends nothing): after the first exchange, o2ib1 is silent.
+    let mut client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    client.gateway_health = health;
+    let server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
+    let mut router = node(&[R_A, R_B], &[], true, 30);
+    router.gateway_health = health;
+    let mut cfgs = vec![client, server];
+    let routers = if split_router {
+        cfgs.extend(split(router));
+        vec![2, 3]
+    } else {
+        cfgs.push(router);
+        vec![2]
+    };
+    let mut f = Fabric::from_configs(cfgs);
+    let r_route = route("o2ib1", R_A);
+    let ping_server = |f: &mut Fabric| {
+        let now = f.now;
+        let id = f.nodes[0].ping(now, nid(SERVER), Duration::from_secs(2));
+        f.run_for(Duration::from_secs(2));
+        let evs = f.take_events(0);
+        (id, evs)
+    };
+    f.run_for(Duration::from_secs(1));
+    let (id, evs) = ping_server(&mut f);
+    assert!(id.is_ok());
+    assert!(
+        evs.iter()
+            .any(|(_, e)| matches!(e, LnetEvent::PingDone { result: Ok(_), .. })),
+        "{evs:?}"
+    );
+    let r = routers[0];
+    assert!(f.nodes[r].silent_nids(f.now).is_empty());
+    assert_eq!(f.nodes[0].route_state(&r_route), Some(true));
+
+    // o2ib1 silent for more than 3 s (the client's pings keep o2ib alive).
+    let quiet_from = f.now;
+    f.run_for(Duration::from_secs(5));
+    for &r in &routers {
+        assert_eq!(f.nodes[r].silent_nids(f.now), vec![nid(R_B)], "router {r}");
+        for ni in f.nodes[r].nets() {
+            let want = if ni.nid == nid(R_B) { "down" } else { "up" };
+            assert_eq!(ni.status, want, "router {r} {}", ni.nid);
+        }
+    }
+    while f.nodes[0].route_state(&r_route) != Some(false)
+        && f.now < quiet_from + Duration::from_secs(20)
+    {
+        f.run_for(Duration::from_millis(500));
+    }
+    assert_eq!(
+        f.nodes[0].route_state(&r_route),
+        Some(false),
+        "the client took the route down from the router's ping reply"
+    );
+    let gw = f.nodes[0].gateways();
+    assert!(gw[0].alive, "the gateway itself is alive: {gw:?}");
+    let now = f.now;
+    assert!(
+        f.nodes[0]
+            .ping(now, nid(SERVER), Duration::from_secs(2))
+            .is_err(),
+        "no usable route: the send fails at once"
+    );
+
+    // The server speaks on o2ib1 (a ping of the router): the net is alive again, the next
+    // ping reply says so, and the client routes through the router again.
+    let revived = f.now;
+    f.nodes[1]
+        .ping(revived, nid(R_B), Duration::from_secs(2))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    for &r in &routers {
+        assert!(f.nodes[r].silent_nids(f.now).is_empty(), "router {r}");
+    }
+    // The client learns it at its next gateway ping.
+    while f.nodes[0].route_state(&r_route) != Some(true)
+        && f.now < revived + Duration::from_secs(30)
+    {
+        f.run_for(Duration::from_millis(250));
+    }
+    assert_eq!(f.nodes[0].route_state(&r_route), Some(true));
+    let back = f.now - revived;
+    assert!(
+        back <= health.check_interval + health.ping_timeout,
+        "the route came back {back:?} after the net did"
+    );
+    f.take_events(0);
+    let (_, evs) = ping_server(&mut f);
+    assert!(
+        evs.iter()
+            .any(|(_, e)| matches!(e, LnetEvent::PingDone { result: Ok(_), .. })),
+        "{evs:?}"
+    );
+}
+
+#[test]
+fn a_router_reports_a_silent_net_down_in_its_ping_reply() {
+    a_router_reports_a_silent_net_down(false);
+}
+
+#[test]
+fn a_split_router_reports_its_siblings_silent_net_down() {
+    a_router_reports_a_silent_net_down(true);
+}
+
+/// A node that does not route never reports an NI down, however quiet its nets.
+#[test]
+fn a_node_that_does_not_route_reports_every_ni_up() {
+    let (mut f, routers) = topology(false, |r| r.routing.enabled = false);
+    f.run_for(Duration::from_secs(400));
+    assert!(f.nodes[routers[0]].silent_nids(f.now).is_empty());
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, nid(R_A), Duration::from_secs(2))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    let reply = f
+        .take_events(0)
+        .into_iter()
+        .find_map(|(_, e)| match e {
+            LnetEvent::PingDone { result: Ok(r), .. } => Some(r),
+            _ => None,
+        })
+        .expect("the ping is answered");
+    assert!(reply.down_nids.is_empty(), "{reply:?}");
+    assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
 }
