@@ -47,6 +47,14 @@ const PORT: u16 = 9990;
 /// The engine's CONN_RACE limit (a peer that keeps racing is given in to after this many).
 const RACE_LIMIT: u64 = 20;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Credits on the server's net (the server's NI and the router's NI there). Every client's
+/// traffic to the server crosses the one router-server connection, and the server shares the
+/// swarm's thread with the clients, so it takes in a batch only once per swarm turn (every
+/// several milliseconds at 1,000 clients): with o2iblnd's default of 8 that connection carries
+/// about 1,100 messages a second (measured: the router's tiny buffers ran out and clients'
+/// pings starved), a quarter of what 1,000 clients pinging both ways each second need. Sites
+/// raise peer_credits on routers and servers for the same reason.
+const SERVER_SIDE_CREDITS: u32 = 128;
 
 struct Opts {
     clients: usize,
@@ -187,7 +195,14 @@ fn swarm_node(
         p.insert(me, fabric.local_addr());
     }
     let clock = MonotonicClock::new();
-    let mut cfg = NodeConfig::new(vec![NiConfig::new(me, incarnation)]);
+    let mut ni = NiConfig::new(me, incarnation);
+    if me.net() == nid(SERVER).net() {
+        // The server's side: one connection to the router carries every client's traffic.
+        ni.peer_credits = SERVER_SIDE_CREDITS;
+        ni.tunables.peer_credits = SERVER_SIDE_CREDITS as u16;
+        ni.credits = ni.credits.max(SERVER_SIDE_CREDITS * 4);
+    }
+    let mut cfg = NodeConfig::new(vec![ni]);
     let gateway = nid(gateway);
     cfg.routes = vec![RouteConfig {
         net: if me.net() == gateway.net() {
@@ -342,6 +357,38 @@ impl Clients {
         Ok(())
     }
 
+    /// Why streams never answered: the failures by reason, and for the first few such streams
+    /// what their pinging node sees (its gateways, its peer and LND state for the next hop).
+    fn explain_unanswered(&self) {
+        self.explain(|p| p.last_ok_started.is_none());
+    }
+
+    fn explain(&self, stuck: impl Fn(&Pinger) -> bool) {
+        eprintln!(
+            "pings started {} ok {} failed {:?}",
+            self.tally.started, self.tally.ok, self.tally.failed
+        );
+        let runtimes = self.swarm.runtimes();
+        for p in self.pingers.iter().filter(|p| stuck(p)).take(5) {
+            let node = runtimes[p.from].node();
+            let to = p.to.map(|n| n.to_string()).unwrap_or_default();
+            eprintln!(
+                "  stream {} -> {to}: outstanding {}, gateways {:?}",
+                node.nids()[0],
+                p.outstanding.len(),
+                node.gateways()
+            );
+            for peer in node.peers().iter().take(3) {
+                eprintln!("    peer {peer:?}");
+            }
+            if let Some(ep) = node.endpoint(NiIndex(0)) {
+                for c in ep.conns().take(4) {
+                    eprintln!("    conn {c:?}");
+                }
+            }
+        }
+    }
+
     /// The most connections any one node of the swarm has to one peer now.
     fn sample_conns(&mut self) {
         for rt in self.swarm.runtimes() {
@@ -483,6 +530,12 @@ fn router_yaml(
         y.push_str(&format!(
             "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: {a}\n          busy poll us: {busy_poll_us}\n"
         ));
+        if *n == ROUTER_B {
+            y.push_str(&format!(
+                "          tunables:\n              peer_credits: {SERVER_SIDE_CREDITS}\n              credits: {}\n",
+                SERVER_SIDE_CREDITS * 4
+            ));
+        }
     }
     y.push_str("routing:\n    enable: 1\npeers:\n");
     for (n, a) in peers {
@@ -606,6 +659,10 @@ fn run(opts: &Opts) -> Result<bool, String> {
             .iter()
             .filter(|c| c.last_ok_started.is_none())
             .count();
+        clients.explain_unanswered();
+        if let Ok(r) = router.call(&Request::RoutingShow) {
+            eprintln!("router: {r:?}");
+        }
         return Err(format!(
             "{n} of {} ping streams (clients to the server and back) never answered within {:?}",
             2 * opts.clients,
@@ -653,6 +710,9 @@ fn run(opts: &Opts) -> Result<bool, String> {
         .collect();
     times.sort_by(f64::total_cmp);
     let unrecovered = opts.clients - times.len();
+    if unrecovered > 0 {
+        clients.explain(|p| p.recovered_at.is_none());
+    }
     let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
     let slowest = times.last().copied().unwrap_or(f64::NAN);
     println!(
