@@ -54,7 +54,17 @@ fn split(c: NodeConfig) -> Vec<NodeConfig> {
 
 /// client, router (one node or one per NI), server; returns the fabric and the router nodes.
 fn topology(split_router: bool, tweak_router: impl Fn(&mut NodeConfig)) -> (Fabric, Vec<usize>) {
-    let client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    topology_with(split_router, |_| {}, tweak_router)
+}
+
+/// [`topology`], with the client's configuration tweaked too.
+fn topology_with(
+    split_router: bool,
+    tweak_client: impl Fn(&mut NodeConfig),
+    tweak_router: impl Fn(&mut NodeConfig),
+) -> (Fabric, Vec<usize>) {
+    let mut client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    tweak_client(&mut client);
     let server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
     let mut router = node(&[R_A, R_B], &[], true, 30);
     tweak_router(&mut router);
@@ -562,20 +572,11 @@ fn a_router_reports_a_silent_net_down(split_router: bool) {
     };
     // The client pings its gateway every 2 s; the server never does (default 60 s interval,
     // and it sends nothing): after the first exchange, o2ib1 is silent.
-    let mut client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
-    client.gateway_health = health;
-    let server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
-    let mut router = node(&[R_A, R_B], &[], true, 30);
-    router.gateway_health = health;
-    let mut cfgs = vec![client, server];
-    let routers = if split_router {
-        cfgs.extend(split(router));
-        vec![2, 3]
-    } else {
-        cfgs.push(router);
-        vec![2]
-    };
-    let mut f = Fabric::from_configs(cfgs);
+    let (mut f, routers) = topology_with(
+        split_router,
+        |c| c.gateway_health = health,
+        |r| r.gateway_health = health,
+    );
     let r_route = route("o2ib1", R_A);
     let ping_server = |f: &mut Fabric| {
         let now = f.now;
