@@ -148,11 +148,6 @@ pub fn net(n: &NetShow) -> String {
                     u.checksum_default
                 );
                 let _ = writeln!(out, "              race order: {}", u.race_order);
-                let _ = writeln!(
-                    out,
-                    "              connect hedge ms: {}",
-                    u.connect_hedge_ms
-                );
                 let _ = writeln!(out, "              peer limit: {}", u.peer_limit);
                 let _ = writeln!(out, "              peers: {}", u.peers);
             }
@@ -484,7 +479,6 @@ net:
             "              checksum: off
               checksum default: none
               race order: nidhash
-              connect hedge ms: 1000
               peer limit: 131072
               peers: 0
 "
