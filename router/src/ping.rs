@@ -3,7 +3,8 @@
 //! A ping is a GET on the reserved portal 0 with match bits LNET_PING_MATCHBITS; the target's
 //! LNet answers it from its ping buffer with a REPLY carrying `struct lnet_ping_info`
 //! (api-ni.c: lnet_ping sends, the ping target MD answers). Our ping buffer lists `0@lo` first,
-//! whose status word carries the buffer's sequence number, then every NI with status UP.
+//! whose status word carries the buffer's sequence number, then every NI with status UP (a
+//! router says DOWN for an NI whose net has gone silent, see [`crate::alive`]).
 
 use lnd::wire::kib::MSG_SIZE;
 use lnd::wire::ping::{feat, status, PING_HDR_LEN};
