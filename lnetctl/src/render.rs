@@ -459,18 +459,19 @@ net:
 "
         );
         let (lnd, ulnet) = lnd.split_once("          ulnet:\n").expect(lnd);
-        // The LND's counters: 38 of them, then the rejects by reason, each 0 here.
+        // The LND's counters: 39 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
         assert_eq!(lines[0], "              connects: 0");
         assert_eq!(lines[8], "              race_order_disagreements: 0");
         assert!(lines.contains(&"              rx_refused: 0"), "{lnd}");
-        assert_eq!(lines[33], "              capture_drops: 0");
-        assert_eq!(lines[37], "              peer_table_full: 0");
-        assert_eq!(lines[38], "              rejects_sent:");
-        assert_eq!(lines[39], "                  other: 0");
-        assert_eq!(lines[44], "                  conn_stale: 0");
-        assert_eq!(lines[49], "              rejects_received:");
-        assert_eq!(lines.len(), 60, "{lnd}");
+        assert_eq!(lines[33], "              rdma_refused: 0");
+        assert_eq!(lines[34], "              capture_drops: 0");
+        assert_eq!(lines[38], "              peer_table_full: 0");
+        assert_eq!(lines[39], "              rejects_sent:");
+        assert_eq!(lines[40], "                  other: 0");
+        assert_eq!(lines[45], "                  conn_stale: 0");
+        assert_eq!(lines[50], "              rejects_received:");
+        assert_eq!(lines.len(), 61, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(

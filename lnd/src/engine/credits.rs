@@ -43,6 +43,7 @@ impl Endpoint {
         let kind = match tx.body {
             TxBody::Immediate { .. } => KibMsgType::Immediate,
             TxBody::Noop { .. } => KibMsgType::Noop,
+            TxBody::Refusal { kind, .. } => kind,
         };
         let Some(c) = self.conn_mut(conn) else {
             return;
@@ -151,6 +152,11 @@ impl Endpoint {
                 }
                 KibBody::Noop
             }
+            TxBody::Refusal {
+                kind: KibMsgType::GetDone,
+                done,
+            } => KibBody::GetDone(*done),
+            TxBody::Refusal { done, .. } => KibBody::PutNak(*done),
         };
         let is_noop = matches!(body, KibBody::Noop);
         let msg = KibMsg {

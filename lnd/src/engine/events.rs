@@ -173,8 +173,13 @@ pub struct LndStats {
     pub credit_overflows: u64,
     /// Connect requests refused because they could not be parsed or were not for us.
     pub bad_connreqs: u64,
-    /// Message types this engine does not drive yet (the RDMA PUT/GET rendezvous).
+    /// RDMA completions we never asked for (PUT_ACK, PUT_NAK, PUT_DONE, GET_DONE: this engine
+    /// sends no PUT_REQ or GET_REQ yet): each closes its connection (EPROTO), as an unmatched
+    /// completion does in o2iblnd.
     pub unsupported_msgs: u64,
+    /// RDMA rendezvous requests (PUT_REQ, GET_REQ: bulk over 3976 bytes) refused with a
+    /// completion carrying -EPROTO: that one message fails at its sender, the connection stays.
+    pub rdma_refused: u64,
     /// Connections closed because a message to the peer missed its LND deadline while the peer
     /// had said nothing since it was queued: a peer that owed us credits or a completion and
     /// went silent. (A peer that owes us nothing may stay silent forever, as in o2iblnd.)

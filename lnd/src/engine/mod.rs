@@ -58,7 +58,8 @@ use crate::handle::{Handle, HandleSlab, Tag};
 use crate::time::{Duration, Instant};
 use crate::wheel::{TimerKey, TimerWheel};
 use crate::wire::kib::{
-    CksumFlavour, EmitOpts, Framing, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS, MSG_SIZE, VERSION_2,
+    CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, EPROTO, MAX_INLINE, MAX_RDMA_FRAGS,
+    MSG_SIZE, VERSION_2,
 };
 use crate::wire::{ConnParams, KibBody, KibMsg, KibRej, LnetHdr, Nid, RejectReason};
 
@@ -100,8 +101,19 @@ enum TimerEvent {
 }
 
 enum TxBody {
-    Immediate { hdr: LnetHdr, payload: Vec<u8> },
-    Noop { keepalive: bool },
+    Immediate {
+        hdr: LnetHdr,
+        payload: Vec<u8>,
+    },
+    Noop {
+        keepalive: bool,
+    },
+    /// The answer to an RDMA rendezvous request we cannot serve (`PutNak` to a PUT_REQ,
+    /// `GetDone` to a GET_REQ): a completion, sent without a credit; LNet never sees it.
+    Refusal {
+        kind: KibMsgType,
+        done: Completion,
+    },
 }
 
 enum TxPlace {

@@ -81,15 +81,53 @@ impl Endpoint {
                     rx: RxToken { conn, slot },
                 });
             }
+            KibBody::PutReq { hdr, cookie } => {
+                self.refuse_rdma(conn, slot, KibMsgType::PutNak, cookie, &hdr);
+            }
+            KibBody::GetReq { hdr, cookie, .. } => {
+                self.refuse_rdma(conn, slot, KibMsgType::GetDone, cookie, &hdr);
+            }
             other => {
-                // The RDMA rendezvous (PUT_REQ/ACK/NAK/DONE, GET_REQ/DONE) belongs to the bulk
-                // path, not yet driven: refuse loudly rather than lose the message silently.
+                // A completion for a rendezvous we never started (we send no PUT_REQ or GET_REQ
+                // yet): o2iblnd closes a connection whose completion matches nothing (EPROTO).
                 self.stats.unsupported_msgs += 1;
-                warn!(peer = %peer_nid, kind = ?other.msg_type(), "RDMA rendezvous not supported yet");
+                warn!(peer = %peer_nid, kind = ?other.msg_type(), "RDMA completion matching nothing we sent");
                 return self.close_conn(conn, Some(DownReason::ProtocolError));
             }
         }
         self.check_sends(conn, false);
+    }
+
+    /// A peer's RDMA rendezvous request (bulk over 3976 bytes) that this engine cannot serve
+    /// yet: answered as o2iblnd's kiblnd_recv answers a request it cannot sink, with a
+    /// completion (`PutNak` or `GetDone`) carrying -EPROTO, sent without a credit; the request's
+    /// slot goes back with its credit. That one message fails at its sender; the connection and
+    /// everything else on it go on (closing it would cost a kernel client all its traffic
+    /// through us for each bulk request).
+    fn refuse_rdma(
+        &mut self,
+        conn: ConnId,
+        slot: u16,
+        kind: KibMsgType,
+        cookie: u64,
+        hdr: &LnetHdr,
+    ) {
+        self.stats.rdma_refused += 1;
+        debug!(?conn, ?kind, src = %hdr.src_nid, dst = %hdr.dest_nid, len = hdr.payload_length,
+               "RDMA rendezvous refused: bulk transfers are not supported yet");
+        let Some(c) = self.conn_mut(conn) else {
+            return;
+        };
+        c.outstanding = c.outstanding.saturating_add(1);
+        let p = c.peer;
+        self.actions
+            .push_back(FabricAction::PostRecv { conn, slot });
+        let done = Completion {
+            cookie,
+            status: -EPROTO,
+        };
+        let key = self.new_tx(p, TxBody::Refusal { kind, done }, None);
+        self.queue_on_conn(key, conn);
     }
 
     /// A posted send completed.

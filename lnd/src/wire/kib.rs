@@ -219,6 +219,10 @@ impl<'a> RdmaDesc<'a> {
     }
 }
 
+/// Linux's EPROTO, the status (negated) of a rendezvous completion that fails one message for a
+/// protocol reason; completion statuses are Linux errnos on the wire, whatever the host.
+pub const EPROTO: i32 = 71;
+
 /// The body of PUT_NAK, PUT_DONE and GET_DONE.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Completion {

@@ -62,7 +62,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 38] = [
+        let fields: [(&str, u64); 39] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -96,6 +96,7 @@ impl LndCounters {
             ("stale_rx", s.stale_rx),
             ("credit_overflows", s.credit_overflows),
             ("unsupported_msgs", s.unsupported_msgs),
+            ("rdma_refused", s.rdma_refused),
             ("capture_drops", s.capture_drops),
             ("cksum_signed_peers", s.cksum_signed_peers),
             ("cksum_unsigned_peers", s.cksum_unsigned_peers),
