@@ -226,8 +226,9 @@ pub struct LnetNode {
     ping_deadlines: BTreeSet<(Instant, u64)>,
     next_ping: u64,
     next_msg: u64,
-    /// Our ping buffer with every NI UP, built once (the NI list never changes); a router
-    /// builds each reply afresh with its nets' liveness (`ping_reply`).
+    /// Our ping reply while we do not route (RTE_DISABLED, every NI UP), built once: the NI
+    /// list never changes. While routing, each reply is built afresh with the nets' liveness
+    /// (`ping_reply`).
     ping_buffer: Vec<u8>,
     /// When each NID of `node_nids` last heard a message (a board shared with the sibling
     /// runtimes when the configuration gives one).
@@ -316,12 +317,9 @@ impl LnetNode {
         LnetNode {
             pid: cfg.pid,
             interface_cookie,
-            ping_buffer: ping::ping_buffer(
-                cfg.pid,
-                &node_nids,
-                ping::our_features(routing),
-                |_| false,
-            ),
+            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(false), |_| {
+                false
+            }),
             net_alive,
             alive_slot,
             alive_judged,
@@ -1684,8 +1682,6 @@ impl LnetNode {
             return;
         }
         self.routing = on;
-        self.ping_buffer =
-            ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(on), |_| false);
         if !on {
             self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
         }

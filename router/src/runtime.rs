@@ -111,8 +111,8 @@ impl<D: Driver> NiRuntime<D> {
     /// How long this runtime could sleep in its next turn: zero while the driver holds queued
     /// work, else until the node's next deadline, at most `max_wait`. The node's pending
     /// actions are handed to the driver first (as the next turn would), so that work the upper
-    /// layer just queued counts. A thread running several
-    /// runtimes sleeps in one of them for the least of the others' (see [`NiRuntime::watch`]).
+    /// layer just queued counts. A thread running several runtimes sleeps in one of them for
+    /// the least of the others' (see [`NiRuntime::watch`]).
     pub fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
         self.apply_actions();
         if self.driver.has_queued_work() {

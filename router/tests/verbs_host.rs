@@ -5,7 +5,7 @@
 //! run covers the daemon on real verbs).
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn scratch(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ulnet-verbs-host-{test}-{}", std::process::id()));
@@ -14,20 +14,18 @@ fn scratch(test: &str) -> PathBuf {
     dir
 }
 
-/// Runs the daemon on a config with one o2ib NI on `fabric: verbs`.
-fn run_verbs_daemon(dir: &std::path::Path) -> Output {
-    run_verbs_daemon_with(dir, &[])
-}
-
-/// The same with more command-line arguments.
-fn run_verbs_daemon_with(dir: &std::path::Path, args: &[&str]) -> Output {
+/// Runs the daemon with `args` on a config with one o2ib NI on `fabric: verbs`, in a scratch
+/// directory of its own, and checks that it refused to start: exit status `code`, one line on
+/// stderr that contains `says`, no control socket left behind.
+fn assert_refused(test: &str, args: &[&str], code: i32, says: &str) {
+    let dir = scratch(test);
     let cfg = dir.join("verbs.yaml");
     std::fs::write(
         &cfg,
         "net:\n    - net type: o2ib\n      fabric: verbs\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n",
     )
     .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
         .arg("--config")
         .arg(&cfg)
         .arg("--socket")
@@ -35,7 +33,13 @@ fn run_verbs_daemon_with(dir: &std::path::Path, args: &[&str]) -> Output {
         .args(args)
         .env("LNET_LOG", "off")
         .output()
-        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "{err}");
+    assert!(err.contains(says), "{err}");
+    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
+    assert!(!dir.join("s.sock").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(feature = "verbs")]
@@ -46,17 +50,12 @@ fn rdma_device_present() -> bool {
 #[cfg(not(feature = "verbs"))]
 #[test]
 fn verbs_fabric_without_the_feature_is_a_config_error() {
-    let dir = scratch("nofeature");
-    let o = run_verbs_daemon(&dir);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("fabric 'verbs' needs an lnet-router built with the verbs feature"),
-        "{err}"
+    assert_refused(
+        "nofeature",
+        &[],
+        2,
+        "fabric 'verbs' needs an lnet-router built with the verbs feature",
     );
-    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
-    assert!(!dir.join("s.sock").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(feature = "verbs")]
@@ -66,17 +65,8 @@ fn verbs_fabric_without_a_device_fails_with_one_clear_message() {
         eprintln!("an RDMA device exists here: skipping the no-device assertion");
         return;
     }
-    let dir = scratch("nodevice");
-    let o = run_verbs_daemon(&dir);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("NI 10.0.0.1@o2ib: no RDMA device"),
-        "the message names the NI and the cause: {err}"
-    );
-    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
-    assert!(!dir.join("s.sock").exists());
-    let _ = std::fs::remove_dir_all(&dir);
+    // The message names the NI and the cause.
+    assert_refused("nodevice", &[], 1, "NI 10.0.0.1@o2ib: no RDMA device");
 }
 
 /// Only tcp NIs can share a thread: asking for it with a verbs NI is a configuration error,
@@ -84,15 +74,10 @@ fn verbs_fabric_without_a_device_fails_with_one_clear_message() {
 #[cfg(feature = "verbs")]
 #[test]
 fn a_shared_ni_thread_with_a_verbs_ni_is_a_config_error() {
-    let dir = scratch("shared");
-    let o = run_verbs_daemon_with(&dir, &["--ni-threads", "shared"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("--ni-threads shared: net o2ib is on fabric 'verbs'"),
-        "{err}"
+    assert_refused(
+        "shared",
+        &["--ni-threads", "shared"],
+        2,
+        "--ni-threads shared: net o2ib is on fabric 'verbs'",
     );
-    assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
-    assert!(!dir.join("s.sock").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }

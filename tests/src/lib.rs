@@ -168,8 +168,16 @@ pub struct StormReport {
 
 /// The peak resident set of this process (`VmHWM` in /proc/self/status), in KiB.
 pub fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    proc_status_kib("self", "VmHWM")
+}
+
+/// A memory field of `/proc/<pid>/status` (`pid`: a process id, or `self`), in KiB: `VmRSS`,
+/// `VmHWM`, ... `None` where the OS does not report it.
+pub fn proc_status_kib(pid: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
 

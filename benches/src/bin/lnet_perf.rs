@@ -437,7 +437,9 @@ fn stall_server(
     let mut rss_max = 0;
     let mut rss_first = None;
     while t0.elapsed() < stall {
-        let rss = router.map_or(0, |r| rss_kib(r.child.id()));
+        let rss = router.map_or(0, |r| {
+            ulnet_tests::proc_status_kib(&r.child.id().to_string(), "VmRSS").unwrap_or(0)
+        });
         rss_max = rss_max.max(rss);
         let held = router
             .and_then(|r| r.books().ok())
@@ -462,18 +464,6 @@ fn stall_server(
         );
     }
     Ok(())
-}
-
-/// Resident set of process `pid` in KiB (0 if unreadable).
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 /// User + system CPU seconds of process `pid` so far (from /proc; 0 if unreadable).

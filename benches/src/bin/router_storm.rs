@@ -544,17 +544,6 @@ fn router_yaml(
     y
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn main() -> ExitCode {
     let Some(opts) = parse_args() else {
         eprintln!(
@@ -757,7 +746,10 @@ fn run(opts: &Opts) -> Result<bool, String> {
             f.received, f.forwarded, f.dropped, f.in_flight
         );
     }
-    println!("FIGURE storm_swarm_peak_rss_kib {}", peak_rss_kib());
+    println!(
+        "FIGURE storm_swarm_peak_rss_kib {}",
+        ulnet_tests::peak_rss_kib().unwrap_or(0)
+    );
 
     let mut ok = true;
     let mut fail = |why: String| {

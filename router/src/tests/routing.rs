@@ -690,3 +690,38 @@ fn a_node_that_does_not_route_reports_every_ni_up() {
     assert!(reply.down_nids.is_empty(), "{reply:?}");
     assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
 }
+
+/// A router's ping reply says whether it forwards (RTE_DISABLED clear while routing), and
+/// `set routing` changes that at once, both ways (router.c lnet_rtrpools_enable/disable).
+#[test]
+fn set_routing_changes_what_the_ping_reply_says_at_once() {
+    let (mut f, routers) = topology(false, |_| {});
+    let r = routers[0];
+    f.run_for(Duration::from_secs(1));
+    let ping_router = |f: &mut Fabric| {
+        let now = f.now;
+        f.nodes[0]
+            .ping(now, nid(R_A), Duration::from_secs(2))
+            .unwrap();
+        f.run_for(Duration::from_secs(1));
+        f.take_events(0)
+            .into_iter()
+            .find_map(|(_, e)| match e {
+                LnetEvent::PingDone { result: Ok(r), .. } => Some(r),
+                _ => None,
+            })
+            .expect("the ping is answered")
+    };
+    assert!(
+        !ping_router(&mut f).routing_disabled(),
+        "routing from the start"
+    );
+    let now = f.now;
+    f.nodes[r].set_routing(now, false);
+    assert!(ping_router(&mut f).routing_disabled(), "routing turned off");
+    let now = f.now;
+    f.nodes[r].set_routing(now, true);
+    let reply = ping_router(&mut f);
+    assert!(!reply.routing_disabled(), "routing turned on again");
+    assert!(reply.down_nids.is_empty(), "{reply:?}");
+}
