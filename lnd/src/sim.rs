@@ -374,6 +374,8 @@ impl SimNode for Endpoint {
             LndEvent::SendDone { cookie, result, .. } => Booking::SendDone { cookie, result },
             LndEvent::PeerUp { nid } => Booking::PeerUp { nid },
             LndEvent::PeerDown { nid, reason } => Booking::PeerDown { nid, reason },
+            // The test plays LNet for a rendezvous: it finds these in `World::node_events`.
+            ev @ (LndEvent::RdmaRequest { .. } | LndEvent::RdmaDone { .. }) => Booking::Other(ev),
         }
     }
     fn recv_done(&mut self, now: Instant, rx: RxToken) {
@@ -949,6 +951,45 @@ impl World {
         };
         trace!(at = %now, from = %node.nid, %to, cookie, "send");
         match ep.send(now, to, hdr, payload, cookie) {
+            Ok(()) => {
+                node.pending.insert(cookie, ());
+            }
+            Err(e) => self.finish_send(cookie, SendOutcome::Refused(e)),
+        }
+        self.drain(from, false);
+        cookie
+    }
+
+    /// Node `from` PUTs the registered fragments `src` to `to` by rendezvous
+    /// (`Endpoint::send_put_rdma`); recorded as [`World::send`] records its messages. The sink's
+    /// side is the test's to play: its `LndEvent::RdmaRequest` is in [`World::node_events`].
+    pub fn send_put_rdma(
+        &mut self,
+        from: NodeId,
+        to: Nid,
+        hdr: LnetHdr,
+        src: Vec<crate::fabric::LocalFrag>,
+    ) -> u64 {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.stats.sends += 1;
+        self.sends.insert(
+            cookie,
+            SendRecord {
+                from,
+                to,
+                queued_at: self.now,
+                done: None,
+            },
+        );
+        self.pending_sends += 1;
+        let now = self.now;
+        let node = &mut self.nodes[from.idx()];
+        let Some(ep) = node.ep.as_mut() else {
+            self.finish_send(cookie, SendOutcome::NodeDown);
+            return cookie;
+        };
+        match ep.send_put_rdma(now, to, hdr, src, cookie) {
             Ok(()) => {
                 node.pending.insert(cookie, ());
             }
@@ -2476,6 +2517,9 @@ impl<N: SimNode> World<N> {
 pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetHdr {
     LnetHdr::put(src, dst, payload_len as u32, 4, match_bits)
 }
+
+#[cfg(test)]
+mod rdma_tests;
 
 #[cfg(test)]
 mod tests {

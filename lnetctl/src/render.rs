@@ -242,7 +242,7 @@ pub fn conn(c: &ConnShow) -> String {
 /// `statistics:`, in lnetctl's order.
 pub fn stats(st: &StatsShow) -> String {
     let s = &st.statistics;
-    let fields: [(&str, u64); 19] = [
+    let fields: [(&str, u64); 20] = [
         ("msgs_alloc", s.msgs_alloc),
         ("msgs_max", s.msgs_max),
         ("errors", s.errors),
@@ -252,6 +252,7 @@ pub fn stats(st: &StatsShow) -> String {
         ("local_no_route_count", s.local_no_route_count),
         ("local_timeout_count", s.local_timeout_count),
         ("local_error_count", s.local_error_count),
+        ("remote_error_count", s.remote_error_count),
         ("network_timeout_count", s.network_timeout_count),
         ("recv_count", s.recv_count),
         ("route_count", s.route_count),

@@ -30,6 +30,8 @@ pub enum LnetError {
     /// A message forwarded for another node would go to a peer NI the LND reported down
     /// (lnet_check_message_drop: -EHOSTUNREACH rather than waiting on a dead peer).
     PeerDown(Nid),
+    /// A bulk operation this node cannot do (the text says which).
+    BulkUnsupported(&'static str),
 }
 
 impl fmt::Display for LnetError {
@@ -48,6 +50,7 @@ impl fmt::Display for LnetError {
                 write!(f, "would go back to {nid}, which sent it (a routing loop)")
             }
             LnetError::PeerDown(nid) => write!(f, "next hop {nid} is down"),
+            LnetError::BulkUnsupported(what) => write!(f, "not supported: {what}"),
         }
     }
 }

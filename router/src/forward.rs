@@ -221,10 +221,14 @@ pub enum FwdDrop {
     Shutdown,
     /// Its next hop is a peer NI the LND reported down (lnet_check_message_drop).
     PeerDown,
+    /// A bulk PUT (PUT_REQ) with no large router buffer in registered memory to take it: refused
+    /// with -EPROTO, so that its sender fails it. An optimized GET (GET_REQ) is never routed and
+    /// counts as malformed.
+    NoBulkBuffer,
 }
 
 impl FwdDrop {
-    pub const ALL: [FwdDrop; 8] = [
+    pub const ALL: [FwdDrop; 9] = [
         FwdDrop::RoutingDisabled,
         FwdDrop::WrongNet,
         FwdDrop::Malformed,
@@ -233,6 +237,7 @@ impl FwdDrop {
         FwdDrop::SendFailed,
         FwdDrop::Shutdown,
         FwdDrop::PeerDown,
+        FwdDrop::NoBulkBuffer,
     ];
 
     /// The counter's name in `stats show -v`.
@@ -246,6 +251,7 @@ impl FwdDrop {
             FwdDrop::SendFailed => "send_failed",
             FwdDrop::Shutdown => "shutdown",
             FwdDrop::PeerDown => "peer_down",
+            FwdDrop::NoBulkBuffer => "no_bulk_buffer",
         }
     }
 
@@ -259,6 +265,7 @@ impl FwdDrop {
             FwdDrop::Shutdown => 5,
             FwdDrop::Loop => 6,
             FwdDrop::PeerDown => 7,
+            FwdDrop::NoBulkBuffer => 8,
         }
     }
 
@@ -293,7 +300,7 @@ pub struct ForwardStats {
     pub forwarded: u64,
     pub forwarded_bytes: u64,
     /// Dropped, by reason (see [`FwdDrop::ALL`] for the order).
-    pub dropped: [u64; 8],
+    pub dropped: [u64; FwdDrop::ALL.len()],
     /// Held now: waiting for a router credit or a buffer, or with an egress.
     pub in_flight: u64,
     /// Messages that had to wait for a router credit of their sender, or for a buffer.

@@ -67,7 +67,7 @@ pub use error::LnetError;
 pub use forward::{ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass, RoutingInfo};
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use lnd::fabric::{FabricEvent, FabricSink};
-pub use node::{LnetEvent, LnetNode, MsgId, NiIndex, NiSink, PingId};
+pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, NiSink, PingId};
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
 pub use routes::{RouteConfig, RouteError, RouteTable};
 pub use stats::{LnetStats, NiInfo, PeerInfo, PeerState};

@@ -28,6 +28,10 @@ use crate::ping::{self, PingReply, PING_SINK_LEN};
 use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
+mod bulk;
+use bulk::{Bulk, Mds};
+pub use bulk::{BulkBuf, MdId};
+
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
 
@@ -63,6 +67,28 @@ pub enum LnetEvent {
         id: MsgId,
         result: Result<(), LnetError>,
     },
+    /// A GET from [`LnetNode::send_get_bulk`] is finished: the bytes written into its buffer, or
+    /// why none were. Exactly once per [`MsgId`].
+    GetDone {
+        id: MsgId,
+        result: Result<u32, LnetError>,
+    },
+    /// A PUT landed in the sink posted as `md` ([`LnetNode::post_sink`]): the bytes written
+    /// there, or why the transfer failed. Exactly once per matched MD.
+    BulkPut {
+        md: MdId,
+        from: Nid,
+        match_bits: u64,
+        hdr_data: u64,
+        result: Result<u32, LnetError>,
+    },
+    /// A GET read the source posted as `md` ([`LnetNode::post_source`]): the bytes written
+    /// into the requester's sink, or why not. Exactly once per matched MD.
+    BulkGetServed {
+        md: MdId,
+        to: Nid,
+        result: Result<u32, LnetError>,
+    },
     /// A ping is finished: the reply, or why there is none. Exactly once per [`PingId`], at the
     /// latest at its timeout.
     PingDone {
@@ -85,6 +111,18 @@ pub enum LnetEvent {
 enum Purpose {
     /// A user's PUT: report [`LnetEvent::PutDone`].
     Put(MsgId),
+    /// A user's GET into registered memory: report [`LnetEvent::GetDone`].
+    GetBulk(MsgId),
+    /// A peer's PUT being written into a posted sink: report [`LnetEvent::BulkPut`], and ACK it
+    /// if the sender asked.
+    SinkPut {
+        md: MdId,
+        match_bits: u64,
+        hdr_data: u64,
+        ack: WireHandle,
+    },
+    /// A peer's GET being answered from a posted source: report [`LnetEvent::BulkGetServed`].
+    ServeGet(MdId),
     /// A ping's GET: a failure fails the ping.
     PingGet(PingId),
     /// A REPLY or ACK we answer with: nobody waits.
@@ -114,6 +152,9 @@ struct OutMsg {
     hdr: LnetHdr,
     /// Held while the message waits for credits; moved into the LND when sent.
     payload: Vec<u8>,
+    /// For a bulk message, what the LND moves instead (registered memory).
+    bulk: Option<Bulk>,
+    /// Payload bytes: sent, or (for a transfer into our memory) received.
     len: usize,
     purpose: Purpose,
     /// Holds a peer tx credit (msg_peertxcredit).
@@ -260,6 +301,8 @@ pub struct LnetNode {
     fwd: ForwardStats,
     /// Work for sibling runtimes (forwards to send, forwards to release).
     handovers: VecDeque<Handover>,
+    /// Posted memory descriptors over registered memory (see `bulk`).
+    mds: Mds,
 }
 
 impl LnetNode {
@@ -349,6 +392,7 @@ impl LnetNode {
             fwd_ready: VecDeque::new(),
             fwd: ForwardStats::default(),
             handovers: VecDeque::new(),
+            mds: Mds::default(),
         }
     }
 
@@ -844,6 +888,7 @@ impl LnetNode {
                     hdr,
                     len: payload.len(),
                     payload,
+                    bulk: None,
                     purpose,
                     peer_credit: false,
                     ni_credit: false,
@@ -889,9 +934,16 @@ impl LnetNode {
             }
         }
         let payload = std::mem::take(&mut m.payload);
+        let bulk = m.bulk.take();
         let hdr = m.hdr;
         let now = self.now;
-        match self.nis[ni].ep.send(now, peer_nid, hdr, payload, cookie) {
+        let ep = &mut self.nis[ni].ep;
+        let sent = match bulk {
+            None => ep.send(now, peer_nid, hdr, payload, cookie),
+            Some(Bulk::Put(src)) => ep.send_put_rdma(now, peer_nid, hdr, src, cookie),
+            Some(Bulk::Get(sink)) => ep.send_get_rdma(now, peer_nid, hdr, sink, cookie),
+        };
+        match sent {
             Ok(()) => {
                 self.stats.send_count += 1;
                 self.stats.send_length += len as u64;
@@ -935,8 +987,57 @@ impl LnetNode {
                 }
             }
         }
+        let len = m.len as u32;
         match m.purpose {
             Purpose::Put(id) => self.events.push_back(LnetEvent::PutDone { id, result }),
+            Purpose::GetBulk(id) => {
+                if result.is_ok() {
+                    self.stats.recv_count += 1;
+                    self.stats.recv_length += u64::from(len);
+                }
+                let result = result.map(|()| len);
+                self.events.push_back(LnetEvent::GetDone { id, result });
+            }
+            Purpose::SinkPut {
+                md,
+                match_bits,
+                hdr_data,
+                ack,
+            } => {
+                if result.is_ok() {
+                    self.stats.recv_count += 1;
+                    self.stats.recv_length += u64::from(len);
+                    self.nis[m.ni].recv_count += 1;
+                }
+                if result.is_ok() && ack != WireHandle::NONE {
+                    // lnet_finalize -> lnet_ack: the PUT is in, tell its sender.
+                    let body = LnetBody::Ack {
+                        dst_wmd: ack,
+                        match_bits,
+                        mlength: len,
+                    };
+                    self.respond(&m.hdr, 0, body, Vec::new());
+                }
+                self.events.push_back(LnetEvent::BulkPut {
+                    md,
+                    from: m.hdr.src_nid,
+                    match_bits,
+                    hdr_data,
+                    result: result.map(|()| len),
+                });
+            }
+            Purpose::ServeGet(md) => {
+                if result.is_ok() {
+                    self.stats.send_count += 1;
+                    self.stats.send_length += u64::from(len);
+                    self.nis[m.ni].send_count += 1;
+                }
+                self.events.push_back(LnetEvent::BulkGetServed {
+                    md,
+                    to: m.hdr.src_nid,
+                    result: result.map(|()| len),
+                });
+            }
             Purpose::PingGet(PingId(id)) | Purpose::GatewayPing(PingId(id)) => {
                 if let Err(e) = result {
                     // The GET never made it: fail the ping now rather than at its timeout.
@@ -999,7 +1100,8 @@ impl LnetNode {
                 s.local_error_count += 1
             }
             LnetError::Lnd(TxError::PeerUnreachable) => s.network_timeout_count += 1,
-            LnetError::Loop(_) => s.local_error_count += 1,
+            LnetError::Lnd(TxError::Rdma(_)) => s.remote_error_count += 1,
+            LnetError::Loop(_) | LnetError::BulkUnsupported(_) => s.local_error_count += 1,
             LnetError::PeerDown(_) => s.local_no_route_count += 1,
             LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {}
         }
@@ -1038,6 +1140,10 @@ impl LnetNode {
             LndEvent::SendDone { cookie, result, .. } => {
                 self.finish_out(cookie, result.map_err(LnetError::Lnd));
             }
+            LndEvent::RdmaRequest { from, hdr, op, rx } => {
+                self.on_rdma_request(ni, from, hdr, op, rx);
+            }
+            LndEvent::RdmaDone { cookie, result, .. } => self.on_rdma_done(cookie, result),
             LndEvent::PeerUp { nid } => {
                 self.gateways.notify(nid, true);
                 if let Some(p) = self.peer_entry(nid, ni) {
@@ -1864,6 +1970,7 @@ mod msg_table_tests {
             peer: a,
             ni: 0,
             hdr: LnetHdr::put(a, a, len as u32, 4, 0),
+            bulk: None,
             payload: vec![0; len],
             len,
             purpose: Purpose::Response,

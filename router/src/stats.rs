@@ -47,6 +47,9 @@ pub struct LnetStats {
     pub local_aborted_count: u64,
     /// Sends that failed because the peer could not be connected, or were refused by the LND.
     pub local_error_count: u64,
+    /// Sends the peer failed with an error of its own (a bulk rendezvous it refused or could not
+    /// complete: LNET_MSG_STATUS_REMOTE_ERROR).
+    pub remote_error_count: u64,
     /// Sends the transport gave up on (retry exceeded): a network timeout.
     pub network_timeout_count: u64,
     /// Ours: messages short-circuited in memory (to 0@lo or to one of our own NIDs, never

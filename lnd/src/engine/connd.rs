@@ -209,8 +209,11 @@ impl Endpoint {
         self.actions.push_back(FabricAction::Disconnect { conn });
         let at = self.now + self.cfg.tunables.close_timeout;
         self.arm_conn_timer(conn, at);
-        // Queued messages go now; posted ones when their completions flush, or at the reap.
+        // Queued messages go now, and those waiting for the peer's side of a rendezvous
+        // (kiblnd_abort_txs on ibc_active_txs); posted ones when their completions flush, or at
+        // the reap.
         self.abort_queued(conn, TxError::ConnAborted);
+        self.abort_waiting(conn);
         let peer = &self.peers[p];
         if peer.conns.is_empty() {
             if !peer.tx_queue.is_empty() {
@@ -257,6 +260,7 @@ impl Endpoint {
         let p = c.peer;
         let reconnect = c.reconnect;
         self.abort_queued(conn, TxError::ConnAborted);
+        self.abort_waiting(conn);
         // Posted messages whose completions never came.
         let posted: Vec<TxKey> = self
             .txs

@@ -3,6 +3,14 @@
 //! message, NOOPs at the high-water mark, concurrent_sends, and how a message is encoded.
 
 use super::*;
+use crate::wire::RdmaDesc;
+
+/// Which of a connection's send queues a message waits on (kiblnd_queue_tx_locked).
+enum Queue {
+    Reserved,
+    Credit,
+    NoCredit,
+}
 
 impl Endpoint {
     /// How to encode what we send to peer `p`: checksummed in its flavour when checksums are
@@ -40,18 +48,24 @@ impl Endpoint {
         let tx = &mut self.txs.get_mut(key).expect("live tx");
         tx.place = TxPlace::Queued(conn);
         tx.queued_at = self.now;
-        let kind = match tx.body {
-            TxBody::Immediate { .. } => KibMsgType::Immediate,
-            TxBody::Noop { .. } => KibMsgType::Noop,
-            TxBody::Refusal { kind, .. } => kind,
+        let queue = match tx.body {
+            TxBody::Immediate { .. } => Queue::Credit,
+            // A request's answer lands in a slot of ours without a credit: it also needs a
+            // reserved credit.
+            TxBody::PutReq { .. } | TxBody::GetReq { .. } => Queue::Reserved,
+            // V2 NOOPs, the answers, and a write (no receive slot at the peer).
+            TxBody::Noop { .. }
+            | TxBody::PutAck { .. }
+            | TxBody::Completion { .. }
+            | TxBody::Write { .. } => Queue::NoCredit,
         };
         let Some(c) = self.conn_mut(conn) else {
             return;
         };
-        match kind {
-            KibMsgType::PutReq | KibMsgType::GetReq => c.tx_rsrvd.push_back(key),
-            k if k.needs_credit() => c.tx_cred.push_back(key),
-            _ => c.tx_nocred.push_back(key),
+        match queue {
+            Queue::Reserved => c.tx_rsrvd.push_back(key),
+            Queue::Credit => c.tx_cred.push_back(key),
+            Queue::NoCredit => c.tx_nocred.push_back(key),
         }
     }
 
@@ -128,6 +142,20 @@ impl Endpoint {
         let Some(p) = self.conn(conn).map(|c| c.peer) else {
             return;
         };
+        if let Some(TxBody::Write { local, remote }) = self.txs.get_mut(key).map(|t| &mut t.body) {
+            // Data, not a message: it lands in the peer's sink without a receive slot, carries
+            // no credits, and is not a sign of life to the peer's LND.
+            let (local, remote) = (std::mem::take(local), std::mem::take(remote));
+            self.txs.get_mut(key).expect("live tx").place = TxPlace::Posted(conn);
+            self.conns.get_mut(conn).expect("live conn").nsends_posted += 1;
+            self.actions.push_back(FabricAction::RdmaWrite {
+                conn,
+                wr: wr_of(key),
+                local,
+                remote,
+            });
+            return;
+        }
         let opts = self.emit_opts(p);
         let my_stamp = self.cfg.incarnation;
         let now = self.now;
@@ -142,7 +170,33 @@ impl Endpoint {
         let (peer_stamp, p) = (c.peer_stamp, c.peer);
         let tx = &mut self.txs.get_mut(key).expect("live tx");
         tx.place = TxPlace::Posted(conn);
-        let body = match &tx.body {
+        let cookie = key.as_u64();
+        let rd_frags;
+        let body = match &mut tx.body {
+            // Posted above, before any credit was touched.
+            TxBody::Write { .. } => return,
+            TxBody::PutReq { hdr, .. } => KibBody::PutReq { hdr: *hdr, cookie },
+            TxBody::GetReq { hdr, sink } => {
+                rd_frags = &sink.frags;
+                KibBody::GetReq {
+                    hdr: *hdr,
+                    cookie,
+                    rd: RdmaDesc::new(sink.key, rd_frags),
+                }
+            }
+            TxBody::PutAck { src_cookie, sink } => {
+                rd_frags = &sink.frags;
+                KibBody::PutAck {
+                    src_cookie: *src_cookie,
+                    dst_cookie: cookie,
+                    rd: RdmaDesc::new(sink.key, rd_frags),
+                }
+            }
+            TxBody::Completion { kind, done } => match kind {
+                KibMsgType::GetDone => KibBody::GetDone(*done),
+                KibMsgType::PutDone => KibBody::PutDone(*done),
+                _ => KibBody::PutNak(*done),
+            },
             TxBody::Immediate { hdr, payload } => KibBody::Immediate { hdr: *hdr, payload },
             TxBody::Noop { keepalive } => {
                 if *keepalive {
@@ -152,11 +206,6 @@ impl Endpoint {
                 }
                 KibBody::Noop
             }
-            TxBody::Refusal {
-                kind: KibMsgType::GetDone,
-                done,
-            } => KibBody::GetDone(*done),
-            TxBody::Refusal { done, .. } => KibBody::PutNak(*done),
         };
         let is_noop = matches!(body, KibBody::Noop);
         let msg = KibMsg {

@@ -28,6 +28,11 @@ pub enum TxError {
     PeerUnreachable,
     /// The endpoint is shutting down.
     Shutdown,
+    /// The bulk transfer failed with this Linux errno, negated: the peer's completion said so
+    /// (PUT_NAK, PUT_DONE or GET_DONE with a status below 0; -ENODATA when a GET matched
+    /// nothing), or we did (-EPROTO when the sink advertised more than the source holds,
+    /// -EMSGSIZE when the write needs more fragments than the connection allows).
+    Rdma(i32),
 }
 
 impl fmt::Display for TxError {
@@ -38,6 +43,7 @@ impl fmt::Display for TxError {
             TxError::ConnectFailed => "could not connect",
             TxError::PeerUnreachable => "peer unreachable",
             TxError::Shutdown => "shutting down",
+            TxError::Rdma(status) => return write!(f, "bulk transfer failed (errno {status})"),
         })
     }
 }
@@ -45,8 +51,11 @@ impl fmt::Display for TxError {
 /// Why a send was refused on the spot.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum SendError {
-    /// More than 3976 bytes: needs the RDMA path, which this engine does not drive yet.
+    /// More than 3976 bytes inline: send it by rendezvous (`Endpoint::send_put_rdma`).
     PayloadTooLarge(usize),
+    /// A bulk source or sink with no fragment, more than 257, an empty one, or a source whose
+    /// length is not the header's payload length.
+    BadBulk,
     /// The endpoint is shutting down.
     Shutdown,
     /// LNET_NID_ANY or another network's NID.
@@ -61,6 +70,7 @@ impl fmt::Display for SendError {
             SendError::PayloadTooLarge(n) => {
                 write!(f, "{n}-byte payload exceeds the 3976-byte inline limit")
             }
+            SendError::BadBulk => f.write_str("malformed bulk source or sink"),
             SendError::Shutdown => f.write_str("endpoint is shutting down"),
             SendError::BadPeer(n) => write!(f, "cannot send to {n}"),
             SendError::PeerTableFull(n) => {
@@ -89,6 +99,18 @@ pub enum DownReason {
     ProtocolError,
 }
 
+/// Which bulk rendezvous a peer asks for.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RdmaOp {
+    /// PUT_REQ: the peer has a PUT (or REPLY) for us too large to go inline. Answer with
+    /// `Endpoint::accept_put_rdma` (a sink it writes into), or `recv_done` (nothing matched).
+    Put,
+    /// GET_REQ: the peer wants data written into its sink, `sink_len` bytes advertised. Answer
+    /// with `Endpoint::reply_get_rdma` (the source to write from), or `recv_done` (nothing
+    /// matched: it gets -ENODATA).
+    Get { sink_len: u64 },
+}
+
 /// What the engine reports to LNet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LndEvent {
@@ -99,7 +121,25 @@ pub enum LndEvent {
         payload: Vec<u8>,
         rx: RxToken,
     },
-    /// A message handed to `send` is finished: delivered to the peer's LND, or failed.
+    /// A peer's bulk rendezvous request (o2iblnd PUT_REQ / GET_REQ): LNet matches `hdr` and
+    /// answers it exactly once through `rx` (see [`RdmaOp`]); until then the request's slot
+    /// stays unposted, as for [`LndEvent::Received`].
+    RdmaRequest {
+        from: Nid,
+        hdr: LnetHdr,
+        op: RdmaOp,
+        rx: RxToken,
+    },
+    /// A bulk transfer into our memory is finished: the sink of `accept_put_rdma` got its
+    /// PUT_DONE, or the sink of `send_get_rdma` its GET_DONE. `Ok` carries the bytes the peer
+    /// says it wrote. Exactly once per cookie.
+    RdmaDone {
+        cookie: u64,
+        peer: Nid,
+        result: Result<u32, TxError>,
+    },
+    /// A message handed to `send` (or `send_put_rdma`, `reply_get_rdma`) is finished: delivered
+    /// to the peer's LND (for a rendezvous, its data written and the completion sent), or failed.
     SendDone {
         cookie: u64,
         peer: Nid,
@@ -173,13 +213,28 @@ pub struct LndStats {
     pub credit_overflows: u64,
     /// Connect requests refused because they could not be parsed or were not for us.
     pub bad_connreqs: u64,
-    /// RDMA completions we never asked for (PUT_ACK, PUT_NAK, PUT_DONE, GET_DONE: this engine
-    /// sends no PUT_REQ or GET_REQ yet): each closes its connection (EPROTO), as an unmatched
-    /// completion does in o2iblnd.
-    pub unsupported_msgs: u64,
-    /// RDMA rendezvous requests (PUT_REQ, GET_REQ: bulk over 3976 bytes) refused with a
-    /// completion carrying -EPROTO: that one message fails at its sender, the connection stays.
+    /// RDMA completions (PUT_ACK, PUT_NAK, PUT_DONE, GET_DONE) matching no message of ours
+    /// waiting for one on that connection, by (cookie, type): each closes its connection
+    /// (EPROTO), as an unmatched completion does in o2iblnd (kiblnd_handle_completion).
+    pub unmatched_completions: u64,
+    /// Rendezvous requests (PUT_REQ, GET_REQ) answered without a transfer: nothing matched
+    /// (PUT_NAK 0, GET_DONE -ENODATA) or LNet refused it (its errno).
     pub rdma_refused: u64,
+    /// Rendezvous finished, by role: PUTs whose data we wrote (source), PUTs written into us
+    /// (sink), GETs answered by our write, GETs written into us; and the bytes moved each way.
+    pub rdma_puts_sent: u64,
+    pub rdma_puts_received: u64,
+    pub rdma_gets_served: u64,
+    pub rdma_gets_received: u64,
+    pub rdma_bytes_sent: u64,
+    pub rdma_bytes_received: u64,
+    /// Rendezvous whose peer advertised a sink larger than our source (PUT_DONE / GET_DONE
+    /// -EPROTO, nothing written), or needing more fragments than the connection allows
+    /// (-EMSGSIZE): that message fails, the connection stays.
+    pub rdma_bad_sinks: u64,
+    /// PUT_ACKs whose descriptor was malformed (a fragment wrapping around the address space):
+    /// the connection is closed.
+    pub rdma_bad_descs: u64,
     /// Connections closed because a message to the peer missed its LND deadline while the peer
     /// had said nothing since it was queued: a peer that owed us credits or a completion and
     /// went silent. (A peer that owes us nothing may stay silent forever, as in o2iblnd.)

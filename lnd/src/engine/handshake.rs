@@ -429,6 +429,7 @@ impl Endpoint {
             reconnect: false,
             disconnect_sent: false,
             early_rx: Vec::new(),
+            rdma_rx: Vec::new(),
             created: self.now,
         })
     }

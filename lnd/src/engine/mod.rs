@@ -34,6 +34,7 @@ mod credits;
 pub mod events;
 mod handshake;
 pub mod race;
+mod rdma;
 #[cfg(test)]
 mod tests;
 mod tx;
@@ -47,19 +48,20 @@ use tracing::{debug, error, trace, warn};
 
 pub use config::{ChecksumConfig, EndpointConfig, RaceOrder, RacePolicy, Tunables};
 pub use conn::{ConnInput, ConnState};
-pub use events::{DownReason, LndEvent, LndStats, RxToken, SendError, TxError};
+pub use events::{DownReason, LndEvent, LndStats, RdmaOp, RxToken, SendError, TxError};
 pub use race::{adopts_peer_order, resolve_race, RaceDecision, RaceInput};
+pub use rdma::RdmaSink;
 
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, PrivateData, RequestId,
-    WcStatus, WrId,
+    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, LocalFrag, PrivateData,
+    RemoteFrag, RequestId, WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::time::{Duration, Instant};
 use crate::wheel::{TimerKey, TimerWheel};
 use crate::wire::kib::{
-    CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, EPROTO, MAX_INLINE, MAX_RDMA_FRAGS,
-    MSG_SIZE, VERSION_2,
+    CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, EMSGSIZE, ENODATA, EPROTO, MAX_INLINE,
+    MAX_RDMA_FRAGS, MSG_SIZE, VERSION_2,
 };
 use crate::wire::{ConnParams, KibBody, KibMsg, KibRej, LnetHdr, Nid, RejectReason};
 
@@ -108,9 +110,31 @@ enum TxBody {
     Noop {
         keepalive: bool,
     },
-    /// The answer to an RDMA rendezvous request we cannot serve (`PutNak` to a PUT_REQ,
-    /// `GetDone` to a GET_REQ): a completion, sent without a credit; LNet never sees it.
-    Refusal {
+    /// PUT_REQ: a PUT or REPLY whose payload is in registered memory (`src`), waiting for the
+    /// sink's PUT_ACK or PUT_NAK (kiblnd_send, the rendezvous branch).
+    PutReq {
+        hdr: LnetHdr,
+        src: Vec<LocalFrag>,
+    },
+    /// GET_REQ: a GET whose REPLY is to be written into `sink`, waiting for GET_DONE.
+    GetReq {
+        hdr: LnetHdr,
+        sink: RdmaSink,
+    },
+    /// PUT_ACK: our `sink` for the peer's PUT_REQ `src_cookie`, waiting for its PUT_DONE
+    /// (kiblnd_recv, IBLND_MSG_PUT_REQ).
+    PutAck {
+        src_cookie: u64,
+        sink: RdmaSink,
+    },
+    /// The data of a rendezvous, written into the peer's advertised sink right ahead of the
+    /// completion that tells it so (kiblnd_init_rdma). Taken when posted.
+    Write {
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    },
+    /// PUT_NAK, PUT_DONE or GET_DONE: a rendezvous completion, sent without a credit.
+    Completion {
         kind: KibMsgType,
         done: Completion,
     },
@@ -123,6 +147,8 @@ enum TxPlace {
     Queued(ConnId),
     /// Posted to the fabric, waiting for its send completion.
     Posted(ConnId),
+    /// Sent, and waiting for the peer's completion of its rendezvous (o2iblnd tx_waiting).
+    Waiting(ConnId),
 }
 
 struct Tx {
@@ -134,6 +160,23 @@ struct Tx {
     place: TxPlace,
     /// When it was put on a connection's queue: a peer heard from since then is not silent.
     queued_at: Instant,
+    /// A rendezvous step still owed by the peer (PUT_ACK / PUT_NAK, PUT_DONE, GET_DONE): the
+    /// message is finished only once this is clear and its own send has completed.
+    waiting: bool,
+    /// The rendezvous status to report: the peer's completion (bytes written, or a negative
+    /// errno), or, for a completion we send, the status it carries.
+    status: i32,
+}
+
+/// A rendezvous request from the peer, held until LNet answers it (by its receive slot, which
+/// stays unposted until then).
+struct PendingRdma {
+    slot: u16,
+    /// The peer's cookie, echoed in our answer.
+    cookie: u64,
+    /// For a GET_REQ, the peer's sink; empty for a PUT_REQ.
+    sink: RdmaSink,
+    get: bool,
 }
 
 struct Conn {
@@ -175,6 +218,8 @@ struct Conn {
     disconnect_sent: bool,
     /// Messages that arrived before the passive side saw ESTABLISHED (kiblnd ibc_early_rxs).
     early_rx: Vec<(u16, Vec<u8>)>,
+    /// The peer's rendezvous requests LNet has not answered yet.
+    rdma_rx: Vec<PendingRdma>,
     created: Instant,
 }
 
@@ -558,7 +603,10 @@ impl Endpoint {
         Ok(())
     }
 
-    /// LNet is done with a received message: repost its slot and return the credit.
+    /// LNet is done with a received message: repost its slot and return the credit. For a
+    /// rendezvous request ([`LndEvent::RdmaRequest`]) this means nothing matched: the peer gets
+    /// PUT_NAK with status 0 (its PUT is done, as a PUT nobody wanted is in LNet) or GET_DONE
+    /// with -ENODATA, as kiblnd_recv answers a request LNet dropped.
     pub fn recv_done(&mut self, now: Instant, rx: RxToken) {
         self.advance(now);
         let Some(c) = self.conn_mut(rx.conn) else {
@@ -566,6 +614,10 @@ impl Endpoint {
         };
         if c.state != ConnState::Established {
             return;
+        }
+        if let Some(req) = Self::take_pending(c, rx.slot) {
+            let status = if req.get { -ENODATA } else { 0 };
+            return self.refuse_pending(rx, req, status);
         }
         c.outstanding = c.outstanding.saturating_add(1);
         self.actions.push_back(FabricAction::PostRecv {

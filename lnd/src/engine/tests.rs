@@ -101,8 +101,10 @@ impl Pair {
                         self.queue.push_back((i, Work::Disconnected(conn)));
                     }
                     FabricAction::PostRecv { .. } => {}
-                    FabricAction::RdmaWrite { .. } => {
-                        panic!("the pair fabric has no registered regions (bulk data)")
+                    FabricAction::RdmaWrite { conn, wr, .. } => {
+                        // No memory here: a write just completes (the simulator moves bytes).
+                        self.queue
+                            .push_back((i, Work::SendDone(conn, wr, WcStatus::Success)));
                     }
                     FabricAction::Destroy { conn } => {
                         self.links.remove(&(i, conn));
@@ -442,14 +444,15 @@ fn a_closed_peer_is_forgotten_after_its_reap() {
     assert_eq!(p.eps[1].stats().peers_forgotten, 1);
 }
 
-/// A peer's PUT_REQ or GET_REQ (bulk over 3976 bytes, which this engine does not drive yet) is
-/// answered as o2iblnd's kiblnd_recv answers a request it cannot sink: a PUT_NAK or GET_DONE
-/// with the sender's cookie and -EPROTO, sent without a credit, and the request's slot
-/// reposted with its credit. Only that message fails; the connection stays up and traffic goes
-/// on. A completion for a rendezvous we never started still closes the connection (EPROTO).
+/// A peer's PUT_REQ or GET_REQ reaches LNet as a rendezvous request and is answered once, as
+/// o2iblnd's kiblnd_recv answers: when LNet matched nothing (`recv_done`) with PUT_NAK 0 or
+/// GET_DONE -ENODATA, when it refuses (`refuse_rdma`) with its errno; either way carrying the
+/// sender's cookie, without a credit, the request's slot reposted with its credit. Only that
+/// message is answered; the connection stays up and traffic goes on. A completion for a
+/// rendezvous we never started closes the connection (EPROTO).
 #[test]
-fn rdma_requests_are_refused_one_message_at_a_time() {
-    use crate::wire::kib::{EmitOpts, RdmaFrag, EPROTO};
+fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
+    use crate::wire::kib::{EmitOpts, RdmaFrag, ENODATA, EPROTO};
     use crate::wire::RdmaDesc;
     let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
     let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
@@ -482,30 +485,70 @@ fn rdma_requests_are_refused_one_message_at_a_time() {
         msg.emit(&mut bytes, EmitOpts::default()).unwrap();
         bytes
     };
+    let put = |cookie| {
+        raw(KibBody::PutReq {
+            hdr: hdr(a, b, 1 << 20),
+            cookie,
+        })
+    };
+    let get = |cookie| {
+        raw(KibBody::GetReq {
+            hdr: hdr(a, b, 0),
+            cookie,
+            rd: RdmaDesc::new(0x77, &frags),
+        })
+    };
+    // (request, LNet refuses with this errno or declines, answer type, cookie, status)
     let requests = [
+        (put(0xc0_0c1e), None, KibMsgType::PutNak, 0xc0_0c1e, 0),
         (
-            raw(KibBody::PutReq {
-                hdr: hdr(a, b, 1 << 20),
-                cookie: 0xc0_0c1e,
-            }),
-            KibMsgType::PutNak,
-            0xc0_0c1e,
-        ),
-        (
-            raw(KibBody::GetReq {
-                hdr: hdr(a, b, 0),
-                cookie: 0xc0_0c1f,
-                rd: RdmaDesc::new(0x77, &frags),
-            }),
+            get(0xc0_0c1f),
+            None,
             KibMsgType::GetDone,
             0xc0_0c1f,
+            -ENODATA,
+        ),
+        (
+            put(0xc0_0c20),
+            Some(EPROTO),
+            KibMsgType::PutNak,
+            0xc0_0c20,
+            -EPROTO,
+        ),
+        (
+            get(0xc0_0c21),
+            Some(EPROTO),
+            KibMsgType::GetDone,
+            0xc0_0c21,
+            -EPROTO,
         ),
     ];
-    for (n, (bytes, want, cookie)) in requests.iter().enumerate() {
+    for (n, (bytes, refuse, want, cookie, status)) in requests.iter().enumerate() {
         let now = p.now;
         let before = p.eps[1].conns().find(|c| c.id == conn_b).unwrap();
         let (credits_before, owed_before) = (before.credits, before.outstanding_credits);
         p.eps[1].handle_recv(now, conn_b, 3, bytes);
+        assert!(
+            p.eps[1].poll_action().is_none(),
+            "nothing goes out before LNet answers"
+        );
+        let rx = match p.eps[1].poll_event() {
+            Some(LndEvent::RdmaRequest { from, op, rx, .. }) => {
+                assert_eq!(from, a);
+                let want_op = if *want == KibMsgType::PutNak {
+                    RdmaOp::Put
+                } else {
+                    RdmaOp::Get { sink_len: 1 << 20 }
+                };
+                assert_eq!(op, want_op);
+                rx
+            }
+            other => panic!("expected a rendezvous request, got {other:?}"),
+        };
+        match refuse {
+            Some(errno) => p.eps[1].refuse_rdma(now, rx, *errno),
+            None => p.eps[1].recv_done(now, rx),
+        }
         let (mut reposted, mut answer) = (false, None);
         while let Some(act) = p.eps[1].poll_action() {
             match act {
@@ -529,7 +572,7 @@ fn rdma_requests_are_refused_one_message_at_a_time() {
         assert!(reposted, "the request's slot goes back");
         let (kind, done, returned) = answer.expect("an answer");
         assert_eq!(kind, *want);
-        assert_eq!(done.map(|d| (d.cookie, d.status)), Some((*cookie, -EPROTO)));
+        assert_eq!(done.map(|d| (d.cookie, d.status)), Some((*cookie, *status)));
         assert_eq!(
             u16::from(returned),
             owed_before + 1,
@@ -539,6 +582,7 @@ fn rdma_requests_are_refused_one_message_at_a_time() {
         assert_eq!(c.state, ConnState::Established);
         assert_eq!(c.credits, credits_before, "the answer took no credit");
         assert_eq!(p.eps[1].stats().rdma_refused, n as u64 + 1);
+        assert!(p.eps[1].poll_event().is_none(), "LNet is told nothing more");
     }
     // The connection carries traffic on.
     p.eps[0]
@@ -546,7 +590,7 @@ fn rdma_requests_are_refused_one_message_at_a_time() {
         .unwrap();
     p.run();
     assert_eq!(p.received[1].len(), 2);
-    assert_eq!(p.eps[1].stats().unsupported_msgs, 0);
+    assert_eq!(p.eps[1].stats().unmatched_completions, 0);
 
     // A PUT_DONE matching nothing we sent closes the connection.
     let now = p.now;
@@ -555,9 +599,164 @@ fn rdma_requests_are_refused_one_message_at_a_time() {
         status: 0,
     }));
     p.eps[1].handle_recv(now, conn_b, 3, &done);
-    assert_eq!(p.eps[1].stats().unsupported_msgs, 1);
+    assert_eq!(p.eps[1].stats().unmatched_completions, 1);
     assert!(p.eps[1]
         .conns()
         .find(|c| c.id == conn_b)
         .is_none_or(|c| c.state != ConnState::Established));
+}
+
+/// Rendezvous completions are matched by (cookie, type, waiting, connection), as
+/// kiblnd_handle_completion does: a PUT_ACK naming no PUT_REQ of ours, a PUT_ACK for a PUT_REQ
+/// already answered, and a PUT_ACK whose descriptor has 258 fragments each close the
+/// connection, counted; the PUT in question ends once (failed, unless its data had already
+/// gone).
+#[test]
+fn hostile_rendezvous_completions_close_the_connection() {
+    use crate::fabric::{LocalFrag, RegionId};
+    use crate::wire::kib::{EmitOpts, RdmaFrag};
+    use crate::wire::RdmaDesc;
+
+    // (what b injects into a's connection, counter that must move)
+    #[derive(Debug)]
+    enum Forgery {
+        UnknownCookie,
+        AckedTwice,
+        TooManyFrags,
+    }
+    for forgery in [
+        Forgery::UnknownCookie,
+        Forgery::AckedTwice,
+        Forgery::TooManyFrags,
+    ] {
+        let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+        let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+        p.eps[0]
+            .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
+            .unwrap();
+        p.run();
+        let conn_a = p
+            .links
+            .keys()
+            .find(|(i, _)| *i == 0)
+            .map(|&(_, c)| c)
+            .unwrap();
+        // a starts a PUT by rendezvous; b's LND gets the PUT_REQ and its LNet holds it.
+        let src = vec![LocalFrag {
+            region: RegionId(1),
+            offset: 0,
+            len: 5000,
+        }];
+        p.eps[0]
+            .send_put_rdma(p.now, b, hdr(a, b, 5000), src, 77)
+            .unwrap();
+        let mut put_req_cookie = None;
+        while let Some(act) = p.eps[0].poll_action() {
+            if let FabricAction::Send { conn, wr, bytes } = act {
+                let (m, _) = KibMsg::parse(&bytes).unwrap();
+                if let KibBody::PutReq { cookie, .. } = m.body {
+                    put_req_cookie = Some(cookie);
+                }
+                p.eps[0].handle_send_complete(p.now, conn, wr, WcStatus::Success);
+            }
+        }
+        let cookie = put_req_cookie.expect("a PUT_REQ went out");
+        let frags: Vec<RdmaFrag> = (0..258)
+            .map(|k| RdmaFrag {
+                nob: 4,
+                addr: 0x1000 + 4 * k,
+            })
+            .collect();
+        let ack = |src_cookie: u64, n: usize| {
+            let rd = RdmaDesc::new(0x55, &frags[..n.min(257)]);
+            let msg = KibMsg {
+                version: VERSION_2,
+                credits: 0,
+                src_nid: b,
+                src_stamp: 200,
+                dst_nid: a,
+                dst_stamp: 100,
+                body: KibBody::PutAck {
+                    src_cookie,
+                    dst_cookie: 5,
+                    rd,
+                },
+            };
+            let mut bytes = vec![0u8; msg.wire_len() + 12];
+            let len = msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+            if n > 257 {
+                // One more fragment than a descriptor may carry, with the lengths to match.
+                let nfrags_at = 48 + 16 + 4;
+                bytes[nfrags_at..nfrags_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
+                bytes[8..12].copy_from_slice(&((len + 12) as u32).to_le_bytes());
+                bytes.truncate(len + 12);
+            } else {
+                bytes.truncate(len);
+            }
+            bytes
+        };
+        let now = p.now;
+        match forgery {
+            Forgery::UnknownCookie => p.eps[0].handle_recv(now, conn_a, 5, &ack(cookie ^ 1, 1)),
+            Forgery::AckedTwice => {
+                // The first PUT_ACK is real (a 5000-byte sink): a writes and sends PUT_DONE.
+                let good = (0..1)
+                    .map(|_| RdmaFrag {
+                        nob: 5000,
+                        addr: 0x9000,
+                    })
+                    .collect::<Vec<_>>();
+                let rd = RdmaDesc::new(0x55, &good);
+                let msg = KibMsg {
+                    version: VERSION_2,
+                    credits: 0,
+                    src_nid: b,
+                    src_stamp: 200,
+                    dst_nid: a,
+                    dst_stamp: 100,
+                    body: KibBody::PutAck {
+                        src_cookie: cookie,
+                        dst_cookie: 5,
+                        rd,
+                    },
+                };
+                let mut bytes = vec![0u8; msg.wire_len()];
+                msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+                p.eps[0].handle_recv(now, conn_a, 4, &bytes);
+                assert_eq!(p.eps[0].stats().unmatched_completions, 0);
+                p.eps[0].handle_recv(now, conn_a, 5, &ack(cookie, 1));
+            }
+            Forgery::TooManyFrags => p.eps[0].handle_recv(now, conn_a, 5, &ack(cookie, 258)),
+        }
+        let st = p.eps[0].stats().clone();
+        match forgery {
+            Forgery::UnknownCookie | Forgery::AckedTwice => {
+                assert_eq!(st.unmatched_completions, 1, "{forgery:?}")
+            }
+            Forgery::TooManyFrags => assert_eq!(st.bad_msgs, 1, "{forgery:?}"),
+        }
+        let c = p.eps[0].conns().find(|c| c.id == conn_a);
+        assert!(
+            c.is_none_or(|c| c.state != ConnState::Established),
+            "{forgery:?}: the connection is closed"
+        );
+        p.run();
+        let outcomes: Vec<_> = p.done[0]
+            .iter()
+            .filter(|e| matches!(e, LndEvent::SendDone { cookie: 77, .. }))
+            .collect();
+        assert_eq!(
+            outcomes.len(),
+            1,
+            "{forgery:?}: the PUT ends once: {outcomes:?}"
+        );
+        // Acked twice, the PUT's write and PUT_DONE were already posted when the forgery came:
+        // it may end either way. Otherwise it never got a sink.
+        if !matches!(forgery, Forgery::AckedTwice) {
+            assert!(
+                matches!(outcomes[0], LndEvent::SendDone { result: Err(_), .. }),
+                "{forgery:?}: {outcomes:?}"
+            );
+        }
+    }
 }

@@ -82,52 +82,36 @@ impl Endpoint {
                 });
             }
             KibBody::PutReq { hdr, cookie } => {
-                self.refuse_rdma(conn, slot, KibMsgType::PutNak, cookie, &hdr);
+                self.on_rdma_request(conn, slot, hdr, cookie, None);
             }
-            KibBody::GetReq { hdr, cookie, .. } => {
-                self.refuse_rdma(conn, slot, KibMsgType::GetDone, cookie, &hdr);
+            KibBody::GetReq { hdr, cookie, rd } => {
+                let sink = RdmaSink {
+                    key: rd.key,
+                    frags: rd.frags.iter().collect(),
+                };
+                self.on_rdma_request(conn, slot, hdr, cookie, Some(sink));
             }
-            other => {
-                // A completion for a rendezvous we never started (we send no PUT_REQ or GET_REQ
-                // yet): o2iblnd closes a connection whose completion matches nothing (EPROTO).
-                self.stats.unsupported_msgs += 1;
-                warn!(peer = %peer_nid, kind = ?other.msg_type(), "RDMA completion matching nothing we sent");
+            KibBody::PutAck {
+                src_cookie,
+                dst_cookie,
+                rd,
+            } => {
+                let sink = RdmaSink {
+                    key: rd.key,
+                    frags: rd.frags.iter().collect(),
+                };
+                self.on_put_ack(conn, slot, src_cookie, dst_cookie, sink);
+            }
+            KibBody::PutNak(done) => self.on_completion(conn, slot, KibMsgType::PutNak, done),
+            KibBody::PutDone(done) => self.on_completion(conn, slot, KibMsgType::PutDone, done),
+            KibBody::GetDone(done) => self.on_completion(conn, slot, KibMsgType::GetDone, done),
+            KibBody::ConnReq(_) | KibBody::ConnAck(_) => {
+                // Handshake messages travel in the CM's private data, never on a connection.
+                self.stats.bad_msgs += 1;
                 return self.close_conn(conn, Some(DownReason::ProtocolError));
             }
         }
         self.check_sends(conn, false);
-    }
-
-    /// A peer's RDMA rendezvous request (bulk over 3976 bytes) that this engine cannot serve
-    /// yet: answered as o2iblnd's kiblnd_recv answers a request it cannot sink, with a
-    /// completion (`PutNak` or `GetDone`) carrying -EPROTO, sent without a credit; the request's
-    /// slot goes back with its credit. That one message fails at its sender; the connection and
-    /// everything else on it go on (closing it would cost a kernel client all its traffic
-    /// through us for each bulk request).
-    fn refuse_rdma(
-        &mut self,
-        conn: ConnId,
-        slot: u16,
-        kind: KibMsgType,
-        cookie: u64,
-        hdr: &LnetHdr,
-    ) {
-        self.stats.rdma_refused += 1;
-        debug!(?conn, ?kind, src = %hdr.src_nid, dst = %hdr.dest_nid, len = hdr.payload_length,
-               "RDMA rendezvous refused: bulk transfers are not supported yet");
-        let Some(c) = self.conn_mut(conn) else {
-            return;
-        };
-        c.outstanding = c.outstanding.saturating_add(1);
-        let p = c.peer;
-        self.actions
-            .push_back(FabricAction::PostRecv { conn, slot });
-        let done = Completion {
-            cookie,
-            status: -EPROTO,
-        };
-        let key = self.new_tx(p, TxBody::Refusal { kind, done }, None);
-        self.queue_on_conn(key, conn);
     }
 
     /// A posted send completed.
@@ -153,7 +137,15 @@ impl Endpoint {
             }
         }
         match status {
-            WcStatus::Success => self.finish_tx(key, Ok(())),
+            WcStatus::Success => {
+                let tx = self.txs.get_mut(key).expect("live tx");
+                if tx.waiting {
+                    // Sent; the peer's answer finishes it (o2iblnd tx_waiting).
+                    tx.place = TxPlace::Waiting(conn);
+                } else {
+                    self.finish_tx(key, Ok(()));
+                }
+            }
             failed => {
                 let err = if failed == WcStatus::RetryExceeded {
                     TxError::PeerUnreachable
@@ -177,6 +169,8 @@ impl Endpoint {
             timer: None,
             place: TxPlace::Peer,
             queued_at: self.now,
+            waiting: false,
+            status: 0,
         })
     }
 
@@ -229,7 +223,21 @@ impl Endpoint {
         }
     }
 
-    /// A message is finished: report it (unless it is a NOOP) and free it.
+    /// Fails the messages on `conn` that were sent and wait for the peer's rendezvous step.
+    pub(super) fn abort_waiting(&mut self, conn: ConnId) {
+        let waiting: Vec<TxKey> = self
+            .txs
+            .iter()
+            .filter(|(_, t)| matches!(t.place, TxPlace::Waiting(x) if x == conn))
+            .map(|(key, _)| key)
+            .collect();
+        for key in waiting {
+            self.finish_tx(key, Err(TxError::ConnAborted));
+        }
+    }
+
+    /// A message is finished: report it (unless LNet never saw it) and free it. `result` is how
+    /// its own sending went; a rendezvous adds the status its completion carried.
     pub(super) fn finish_tx(&mut self, key: TxKey, result: Result<(), TxError>) {
         let Some(tx) = self.txs.remove(key) else {
             return;
@@ -237,21 +245,63 @@ impl Endpoint {
         if let Some(t) = tx.timer {
             self.wheel.cancel(t);
         }
-        if let Some(cookie) = tx.cookie {
-            if result.is_ok() {
-                if let TxBody::Immediate { payload, .. } = &tx.body {
+        let Some(cookie) = tx.cookie else {
+            return;
+        };
+        let peer = self.peers[tx.peer].nid;
+        let status = tx.status;
+        let rdma = |()| {
+            if status < 0 {
+                Err(TxError::Rdma(status))
+            } else {
+                Ok(status as u32)
+            }
+        };
+        match tx.body {
+            TxBody::Immediate { payload, .. } => {
+                if result.is_ok() {
                     self.stats.bytes_sent += payload.len() as u64;
                 }
-            }
-            if let TxBody::Immediate { payload, .. } = tx.body {
                 self.recycle(payload);
+                self.events.push_back(LndEvent::SendDone {
+                    cookie,
+                    peer,
+                    result,
+                });
             }
-            let peer = self.peers[tx.peer].nid;
-            self.events.push_back(LndEvent::SendDone {
-                cookie,
-                peer,
-                result,
-            });
+            // Data written into our memory: the sink's side of a PUT, the requester's of a GET.
+            TxBody::PutAck { .. } | TxBody::GetReq { .. } => {
+                let result = result.and_then(rdma);
+                if let Ok(n) = result {
+                    if matches!(tx.body, TxBody::PutAck { .. }) {
+                        self.stats.rdma_puts_received += 1;
+                    } else {
+                        self.stats.rdma_gets_received += 1;
+                    }
+                    self.stats.rdma_bytes_received += u64::from(n);
+                }
+                self.events.push_back(LndEvent::RdmaDone {
+                    cookie,
+                    peer,
+                    result,
+                });
+            }
+            body => {
+                let result = result.and_then(rdma);
+                if let (Ok(n), TxBody::Completion { kind, .. }) = (result, &body) {
+                    if *kind == KibMsgType::GetDone {
+                        self.stats.rdma_gets_served += 1;
+                    } else {
+                        self.stats.rdma_puts_sent += 1;
+                    }
+                    self.stats.rdma_bytes_sent += u64::from(n);
+                }
+                self.events.push_back(LndEvent::SendDone {
+                    cookie,
+                    peer,
+                    result: result.map(|_| ()),
+                });
+            }
         }
     }
 
@@ -269,7 +319,7 @@ impl Endpoint {
                 self.finish_tx(key, Err(TxError::Timeout));
                 self.maybe_forget(p);
             }
-            TxPlace::Queued(conn) | TxPlace::Posted(conn) => {
+            TxPlace::Queued(conn) | TxPlace::Posted(conn) | TxPlace::Waiting(conn) => {
                 // "Timed out RDMA": the connection is no good (kiblnd_check_txs_locked). This is
                 // how a peer that owes us something (credits for a queued message, a completion
                 // for a posted one) and stays silent is declared dead.

@@ -432,6 +432,7 @@ pub struct Statistics {
     pub local_no_route_count: u64,
     pub local_timeout_count: u64,
     pub local_error_count: u64,
+    pub remote_error_count: u64,
     pub network_timeout_count: u64,
     pub recv_count: u64,
     pub route_count: u64,

@@ -1,0 +1,448 @@
+//! Bulk data: LNet memory descriptors over registered memory, moved by the LND's RDMA
+//! rendezvous (reference 2.4).
+//!
+//! The user registers memory with the fabric of the NI it will use (the driver's `Registry`)
+//! and names a range of it with a [`BulkBuf`]. Then:
+//! - [`LnetNode::send_put_bulk`] PUTs a range to a peer (PUT_REQ, the peer's sink written by
+//!   RDMA, PUT_DONE): [`LnetEvent::PutDone`] when its data is in the peer's sink.
+//! - [`LnetNode::post_sink`] posts a range for one PUT on (portal, match bits): the PUT's data is
+//!   written there and [`LnetEvent::BulkPut`] says how much (lnet_parse_put matching an MD;
+//!   LNet's truncation: a PUT longer than the MD fills the MD).
+//! - [`LnetNode::post_source`] posts a range one GET on (portal, match bits) reads:
+//!   [`LnetEvent::BulkGetServed`] once it is written into the requester's sink.
+//! - [`LnetNode::send_get_bulk`] GETs from a peer's source into a range (GET_REQ carrying the
+//!   sink): [`LnetEvent::GetDone`] with the bytes written.
+//!
+//! MDs here are one-shot (LNet's threshold 1, unlinked once used), as selftest and Lustre's
+//! bulk MDs are. The node itself never reads or writes registered memory: the fabric does.
+//! A GET into registered memory goes only to a peer on a local net: Lustre never routes an
+//! optimized GET (a routed GET is IMMEDIATE and its REPLY would come back as a PUT).
+
+use lnd::engine::{RdmaOp, RdmaSink};
+use lnd::fabric::{LocalFrag, RegionId, Registration};
+use lnd::wire::kib::EPROTO;
+use lnd::wire::lnet::LNET_MTU;
+use lnd::wire::RdmaFrag;
+
+use super::*;
+
+/// A range of memory registered with one NI's fabric, for LNet to move bulk data from (a
+/// source) or into (a sink): the registration's local name, key and address, and the range.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BulkBuf {
+    /// The NI whose fabric the memory is registered with.
+    pub ni: NiIndex,
+    pub region: RegionId,
+    pub key: u32,
+    /// The registration's first byte's address.
+    pub addr: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl BulkBuf {
+    /// `[offset, offset + len)` of `reg`, registered with NI `ni`'s fabric; `None` if the range
+    /// is not inside the registration, empty, or larger than LNET_MTU.
+    pub fn new(ni: NiIndex, reg: &Registration, offset: u64, len: u32) -> Option<BulkBuf> {
+        let end = offset.checked_add(u64::from(len))?;
+        (len > 0 && end <= reg.len() && len <= LNET_MTU).then_some(BulkBuf {
+            ni,
+            region: reg.id(),
+            key: reg.key(),
+            addr: reg.addr(),
+            offset,
+            len,
+        })
+    }
+
+    /// The first `len` bytes as a write's source.
+    fn local(&self, len: u32) -> Vec<LocalFrag> {
+        vec![LocalFrag {
+            region: self.region,
+            offset: self.offset,
+            len: len.min(self.len),
+        }]
+    }
+
+    /// The first `len` bytes as a sink a peer writes into.
+    fn sink(&self, len: u32) -> RdmaSink {
+        RdmaSink {
+            key: self.key,
+            frags: vec![RdmaFrag {
+                nob: len.min(self.len),
+                addr: self.addr.wrapping_add(self.offset),
+            }],
+        }
+    }
+}
+
+/// Names a posted MD from [`LnetNode::post_sink`] or [`LnetNode::post_source`] until its event.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MdId(pub u64);
+
+/// A posted one-shot MD.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct Md {
+    portal: u32,
+    match_bits: u64,
+    buf: BulkBuf,
+    /// PUTs write into it; else GETs read from it.
+    sink: bool,
+}
+
+/// The posted MDs, matched in posting order on (portal, match bits, sink or source).
+#[derive(Default)]
+pub(super) struct Mds {
+    posted: BTreeMap<u64, Md>,
+    next: u64,
+}
+
+impl Mds {
+    fn post(&mut self, md: Md) -> MdId {
+        self.next += 1;
+        self.posted.insert(self.next, md);
+        MdId(self.next)
+    }
+
+    /// Takes the oldest MD matching, on NI `ni`.
+    fn take(&mut self, ni: usize, portal: u32, match_bits: u64, sink: bool) -> Option<(MdId, Md)> {
+        let id = self.posted.iter().find_map(|(&id, m)| {
+            (m.portal == portal && m.match_bits == match_bits && m.sink == sink && m.buf.ni.0 == ni)
+                .then_some(id)
+        })?;
+        self.posted.remove(&id).map(|m| (MdId(id), m))
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.posted.len()
+    }
+}
+
+impl LnetNode {
+    /// PUTs the bytes of `buf` to (`dst`, `portal`, `match_bits`) by rendezvous, without an ACK.
+    /// The outcome comes as [`LnetEvent::PutDone`]: `Ok` once the data is in the peer's sink
+    /// (or the peer matched nothing: LNet PUTs are not acknowledged), `Err` with the LND's or
+    /// the peer's reason. `buf` must stay registered and unchanged until then. An error here
+    /// means nothing was sent and no event follows.
+    pub fn send_put_bulk(
+        &mut self,
+        now: Instant,
+        dst: Nid,
+        portal: u32,
+        match_bits: u64,
+        buf: BulkBuf,
+    ) -> Result<MsgId, LnetError> {
+        self.advance(now);
+        let (ni, next) = self.bulk_route(dst, buf, false)?;
+        let id = MsgId(self.next_msg);
+        self.next_msg += 1;
+        let hdr = LnetHdr {
+            dest_nid: dst,
+            src_nid: self.nis[ni].nid,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: self.pid,
+            payload_length: buf.len,
+            body: LnetBody::Put {
+                ack_wmd: WireHandle::NONE,
+                match_bits,
+                hdr_data: 0,
+                ptl_index: portal,
+                offset: 0,
+            },
+        };
+        let bulk = Bulk::Put(buf.local(buf.len));
+        self.launch_bulk(ni, next, hdr, bulk, Purpose::Put(id));
+        self.process(now);
+        Ok(id)
+    }
+
+    /// GETs up to `buf.len` bytes from (`dst`, `portal`, `match_bits`) into `buf` (GET_REQ with
+    /// `buf` as the sink). `dst` must be on a net of one of our NIs. The outcome comes as
+    /// [`LnetEvent::GetDone`] with the bytes written; a GET that matched nothing fails with
+    /// `Lnd(Rdma(-61))` (ENODATA). `buf` must stay registered until then.
+    pub fn send_get_bulk(
+        &mut self,
+        now: Instant,
+        dst: Nid,
+        portal: u32,
+        match_bits: u64,
+        buf: BulkBuf,
+    ) -> Result<MsgId, LnetError> {
+        self.advance(now);
+        let (ni, next) = self.bulk_route(dst, buf, true)?;
+        let id = MsgId(self.next_msg);
+        self.next_msg += 1;
+        let hdr = LnetHdr {
+            dest_nid: dst,
+            src_nid: self.nis[ni].nid,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: self.pid,
+            payload_length: 0,
+            body: LnetBody::Get {
+                return_wmd: WireHandle {
+                    interface_cookie: self.interface_cookie,
+                    object_cookie: id.0,
+                },
+                match_bits,
+                ptl_index: portal,
+                src_offset: 0,
+                sink_length: buf.len,
+            },
+        };
+        let bulk = Bulk::Get(buf.sink(buf.len));
+        self.launch_bulk(ni, next, hdr, bulk, Purpose::GetBulk(id));
+        self.process(now);
+        Ok(id)
+    }
+
+    /// Posts `buf` for the next PUT to (`portal`, `match_bits`) arriving on `buf.ni`; its
+    /// outcome comes as [`LnetEvent::BulkPut`].
+    pub fn post_sink(&mut self, portal: u32, match_bits: u64, buf: BulkBuf) -> MdId {
+        self.mds.post(Md {
+            portal,
+            match_bits,
+            buf,
+            sink: true,
+        })
+    }
+
+    /// Posts `buf` for the next GET of (`portal`, `match_bits`) arriving on `buf.ni`; its
+    /// outcome comes as [`LnetEvent::BulkGetServed`].
+    pub fn post_source(&mut self, portal: u32, match_bits: u64, buf: BulkBuf) -> MdId {
+        self.mds.post(Md {
+            portal,
+            match_bits,
+            buf,
+            sink: false,
+        })
+    }
+
+    /// Takes back an MD nothing has matched yet (LNetMDUnlink); false if it was used already or
+    /// never posted. No event follows.
+    pub fn unlink_md(&mut self, md: MdId) -> bool {
+        self.mds.posted.remove(&md.0).is_some()
+    }
+
+    /// MDs posted and not used yet.
+    pub fn posted_mds(&self) -> usize {
+        self.mds.len()
+    }
+
+    /// The NI and next hop for a bulk message to `dst` from `buf`; a refusal is counted.
+    fn bulk_route(&mut self, dst: Nid, buf: BulkBuf, get: bool) -> Result<(usize, Nid), LnetError> {
+        let checked = if self.shutting_down {
+            Err(LnetError::Shutdown)
+        } else {
+            match self.route(dst) {
+                Ok(Route::Remote { ni, next }) if ni == buf.ni.0 && (!get || next == dst) => {
+                    Ok((ni, next))
+                }
+                Ok(Route::Remote { next, .. }) if get && next != dst => Err(
+                    LnetError::BulkUnsupported("a GET into registered memory through a router"),
+                ),
+                Ok(Route::Remote { .. }) => Err(LnetError::BulkUnsupported(
+                    "registered memory of another NI than the one the message leaves by",
+                )),
+                Ok(Route::Local(_)) => Err(LnetError::BulkUnsupported(
+                    "bulk data to ourselves (registered memory moves through an LND)",
+                )),
+                Ok(Route::Sibling(_)) => Err(LnetError::NoRoute(dst)),
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = &checked {
+            self.count_error(e);
+        }
+        checked
+    }
+
+    /// Starts a bulk message through NI `ni` to `next` (credits as any message).
+    fn launch_bulk(&mut self, ni: usize, next: Nid, hdr: LnetHdr, bulk: Bulk, purpose: Purpose) {
+        self.alloc_msg();
+        let known = self.peer_entry(next, ni).is_some();
+        let len = match &bulk {
+            Bulk::Put(src) => src.iter().map(|f| f.len as usize).sum(),
+            _ => 0,
+        };
+        let cookie = self.msgs.insert(OutMsg {
+            peer: next,
+            ni,
+            hdr,
+            payload: Vec::new(),
+            bulk: Some(bulk),
+            len,
+            purpose,
+            peer_credit: false,
+            ni_credit: false,
+        });
+        if known {
+            self.post_send(cookie);
+        } else {
+            let e = LnetError::Refused(SendError::PeerTableFull(next));
+            self.refused.push_back((cookie, e));
+        }
+    }
+
+    /// A rendezvous request from `from` on NI `ni` (lnet_parse for a PUT_REQ or GET_REQ).
+    pub(super) fn on_rdma_request(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: LnetHdr,
+        op: RdmaOp,
+        rx: RxToken,
+    ) {
+        let now = self.now;
+        if let Some(p) = self.peer_entry(from, ni) {
+            p.recv_count += 1;
+        }
+        self.net_alive.heard(self.alive_slot[ni], now);
+        if hdr.dest_nid != self.nis[ni].nid {
+            return self.forward_rdma_request(ni, from, hdr, op, rx);
+        }
+        self.alloc_msg();
+        let verdict = match (op, hdr.body) {
+            (
+                RdmaOp::Put,
+                LnetBody::Put {
+                    ptl_index,
+                    match_bits,
+                    hdr_data,
+                    ack_wmd,
+                    ..
+                },
+            ) if ptl_index != LNET_RESERVED_PORTAL => {
+                match self.mds.take(ni, ptl_index, match_bits, true) {
+                    Some((md, m)) => {
+                        let mlen = hdr.payload_length.min(m.buf.len);
+                        let purpose = Purpose::SinkPut {
+                            md,
+                            match_bits,
+                            hdr_data,
+                            ack: ack_wmd,
+                        };
+                        let cookie = self.inbound(ni, from, hdr, mlen, purpose);
+                        self.nis[ni]
+                            .ep
+                            .accept_put_rdma(now, rx, m.buf.sink(mlen), cookie);
+                        Ok(())
+                    }
+                    None => Err("PUT matched no posted sink"),
+                }
+            }
+            (
+                RdmaOp::Get { sink_len },
+                LnetBody::Get {
+                    ptl_index,
+                    match_bits,
+                    sink_length,
+                    ..
+                },
+            ) if ptl_index != LNET_RESERVED_PORTAL => {
+                match self.mds.take(ni, ptl_index, match_bits, false) {
+                    Some((md, m)) => {
+                        let len = m
+                            .buf
+                            .len
+                            .min(sink_length)
+                            .min(u32::try_from(sink_len).unwrap_or(u32::MAX));
+                        let cookie = self.inbound(ni, from, hdr, len, Purpose::ServeGet(md));
+                        let src = if len == 0 {
+                            Vec::new()
+                        } else {
+                            m.buf.local(len)
+                        };
+                        self.nis[ni].ep.reply_get_rdma(now, rx, src, cookie);
+                        Ok(())
+                    }
+                    None => Err("GET matched no posted source"),
+                }
+            }
+            (RdmaOp::Put, LnetBody::Reply { .. }) => {
+                Err("REPLY by rendezvous (we only GET into registered memory directly)")
+            }
+            _ => Err("rendezvous request for nothing we serve"),
+        };
+        if let Err(why) = verdict {
+            // lnet_drop_message: the LND answers "nothing matched" (PUT_NAK 0, GET_DONE
+            // -ENODATA).
+            debug!(%from, kind = ?hdr.msg_type(), why, "dropping a rendezvous request");
+            self.nis[ni].ep.recv_done(now, rx);
+            self.stats.drop_count += 1;
+            self.stats.drop_length += u64::from(hdr.payload_length);
+            self.nis[ni].drop_count += 1;
+            if let Some(p) = self.peers.get_mut(&from) {
+                p.drop_count += 1;
+            }
+            self.free_msg();
+        }
+    }
+
+    /// Records an inbound transfer the LND reports on with the returned cookie.
+    fn inbound(&mut self, ni: usize, from: Nid, hdr: LnetHdr, len: u32, purpose: Purpose) -> u64 {
+        self.msgs.insert(OutMsg {
+            peer: from,
+            ni,
+            hdr,
+            payload: Vec::new(),
+            bulk: None,
+            len: len as usize,
+            purpose,
+            peer_credit: false,
+            ni_credit: false,
+        })
+    }
+
+    /// A rendezvous request for another node. A GET_REQ must never be routed (lnet_parse:
+    /// "Bad optimized GET", -EPROTO, the connection closed); a PUT_REQ needs a large router
+    /// buffer in registered memory, which this router does not have yet: refused with -EPROTO,
+    /// so the sender's PUT fails (rather than PUT_NAK 0, which its LNet would take as done).
+    fn forward_rdma_request(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: LnetHdr,
+        op: RdmaOp,
+        rx: RxToken,
+    ) {
+        let now = self.now;
+        self.fwd.received += 1;
+        let dest = hdr.dest_nid;
+        let why = match op {
+            RdmaOp::Get { .. } => {
+                self.nis[ni].ep.recv_failed(now, rx);
+                FwdDrop::Malformed
+            }
+            RdmaOp::Put if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) => {
+                self.nis[ni].ep.recv_failed(now, rx);
+                FwdDrop::WrongNet
+            }
+            RdmaOp::Put if !self.routing => {
+                self.nis[ni].ep.recv_done(now, rx);
+                FwdDrop::RoutingDisabled
+            }
+            RdmaOp::Put => {
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                FwdDrop::NoBulkBuffer
+            }
+        };
+        debug!(%from, %dest, %why, "not forwarding a rendezvous request");
+        self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
+    }
+
+    /// The LND finished a transfer into our memory (`RdmaDone`).
+    pub(super) fn on_rdma_done(&mut self, cookie: u64, result: Result<u32, TxError>) {
+        if let (Some(m), Ok(n)) = (self.msgs.get_mut(&cookie), result) {
+            m.len = n as usize;
+        }
+        self.finish_out(cookie, result.map(|_| ()).map_err(LnetError::Lnd));
+    }
+}
+
+/// What a bulk message moves, for the LND.
+pub(super) enum Bulk {
+    /// PUT from these registered fragments.
+    Put(Vec<LocalFrag>),
+    /// GET into this sink.
+    Get(RdmaSink),
+}
