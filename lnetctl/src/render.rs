@@ -460,19 +460,21 @@ net:
 "
         );
         let (lnd, ulnet) = lnd.split_once("          ulnet:\n").expect(lnd);
-        // The LND's counters: 39 of them, then the rejects by reason, each 0 here.
+        // The LND's counters: 47 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
         assert_eq!(lines[0], "              connects: 0");
         assert_eq!(lines[8], "              race_order_disagreements: 0");
         assert!(lines.contains(&"              rx_refused: 0"), "{lnd}");
         assert_eq!(lines[33], "              rdma_refused: 0");
-        assert_eq!(lines[34], "              capture_drops: 0");
-        assert_eq!(lines[38], "              peer_table_full: 0");
-        assert_eq!(lines[39], "              rejects_sent:");
-        assert_eq!(lines[40], "                  other: 0");
-        assert_eq!(lines[45], "                  conn_stale: 0");
-        assert_eq!(lines[50], "              rejects_received:");
-        assert_eq!(lines.len(), 61, "{lnd}");
+        assert_eq!(lines[34], "              rdma_puts_sent: 0");
+        assert_eq!(lines[41], "              rdma_bad_descs: 0");
+        assert_eq!(lines[42], "              capture_drops: 0");
+        assert_eq!(lines[46], "              peer_table_full: 0");
+        assert_eq!(lines[47], "              rejects_sent:");
+        assert_eq!(lines[48], "                  other: 0");
+        assert_eq!(lines[53], "                  conn_stale: 0");
+        assert_eq!(lines[58], "              rejects_received:");
+        assert_eq!(lines.len(), 69, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
@@ -653,12 +655,12 @@ conn:
         );
         let s = stats(&stats_show(&n));
         assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
-        // LNet's 19 counters, then ours: the peer table.
+        // LNet's 20 counters, then ours: the peer table.
         assert!(s.contains("    loopback_count: 0\n    loopback_length: 0\npeer_table:\n"));
         assert!(
             s.ends_with("peer_table:\n    peers: 0\n    peers_aged: 0\n    peer_table_full: 0\n")
         );
-        assert_eq!(s.lines().count(), 24);
+        assert_eq!(s.lines().count(), 25);
         // The daemon adds its control socket's counters after LNet's.
         let mut with_control = stats_show(&n);
         with_control.control = Some(router::control::NamedCounters(vec![

@@ -248,12 +248,9 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Made by a fabric's [`Registry::register`] (a build with no fabric has none to call it).
-    #[cfg_attr(
-        not(any(feature = "tcp", feature = "verbs", feature = "sim")),
-        allow(dead_code)
-    )]
-    pub(crate) fn new(id: RegionId, key: u32, addr: u64, len: u64) -> Registration {
+    /// Made by a fabric's [`Registry::register`], and only there (also by fabrics outside this
+    /// crate, such as a test harness's): it names memory that fabric holds.
+    pub fn new(id: RegionId, key: u32, addr: u64, len: u64) -> Registration {
         Registration { id, key, addr, len }
     }
 

@@ -62,7 +62,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 39] = [
+        let fields: [(&str, u64); 47] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -97,6 +97,14 @@ impl LndCounters {
             ("credit_overflows", s.credit_overflows),
             ("unmatched_completions", s.unmatched_completions),
             ("rdma_refused", s.rdma_refused),
+            ("rdma_puts_sent", s.rdma_puts_sent),
+            ("rdma_puts_received", s.rdma_puts_received),
+            ("rdma_gets_served", s.rdma_gets_served),
+            ("rdma_gets_received", s.rdma_gets_received),
+            ("rdma_bytes_sent", s.rdma_bytes_sent),
+            ("rdma_bytes_received", s.rdma_bytes_received),
+            ("rdma_bad_sinks", s.rdma_bad_sinks),
+            ("rdma_bad_descs", s.rdma_bad_descs),
             ("capture_drops", s.capture_drops),
             ("cksum_signed_peers", s.cksum_signed_peers),
             ("cksum_unsigned_peers", s.cksum_unsigned_peers),

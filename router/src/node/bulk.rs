@@ -228,6 +228,24 @@ impl LnetNode {
         self.mds.len()
     }
 
+    /// Sends GET `hdr` with `buf` as its sink to `next` through NI `ni` as it is, for unit tests
+    /// that play a misbehaving sender (an optimized GET through a router, which LNet never
+    /// builds). Its outcome is an [`LnetEvent::GetDone`] with id 0.
+    #[cfg(test)]
+    pub(crate) fn send_raw_get_bulk(
+        &mut self,
+        now: Instant,
+        ni: NiIndex,
+        next: Nid,
+        hdr: LnetHdr,
+        buf: BulkBuf,
+    ) {
+        self.advance(now);
+        let bulk = Bulk::Get(buf.sink(buf.len));
+        self.launch_bulk(ni.0, next, hdr, bulk, Purpose::GetBulk(MsgId(0)));
+        self.process(now);
+    }
+
     /// The NI and next hop for a bulk message to `dst` from `buf`; a refusal is counted.
     fn bulk_route(&mut self, dst: Nid, buf: BulkBuf, get: bool) -> Result<(usize, Nid), LnetError> {
         let checked = if self.shutting_down {

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use crate::*;
 
+mod bulk;
 mod routing;
 
 fn nid(s: &str) -> Nid {
@@ -95,6 +96,30 @@ struct Fabric {
     /// Every event of every node, with the time it was drained.
     events: Vec<Vec<(Instant, LnetEvent)>>,
     actions: Vec<u64>,
+    /// Each node's registered memory (one protection domain per node, shared by its NIs).
+    mem: Vec<Memory>,
+}
+
+/// A node's registered regions: by local id, with their key and address.
+#[derive(Default)]
+struct Memory {
+    regions: HashMap<u64, (u32, u64, Vec<u8>)>,
+    next: u64,
+}
+
+impl Memory {
+    /// The bytes `[addr, addr + len)` of the region registered under `key`.
+    fn by_key(&mut self, key: u32, addr: u64, len: u32) -> Option<&mut [u8]> {
+        let (_, base, bytes) = self.regions.values_mut().find(|r| r.0 == key)?;
+        let start = usize::try_from(addr.checked_sub(*base)?).ok()?;
+        bytes.get_mut(start..start.checked_add(len as usize)?)
+    }
+
+    fn by_id(&self, id: u64, offset: u64, len: u32) -> Option<&[u8]> {
+        let (_, _, bytes) = self.regions.get(&id)?;
+        let start = usize::try_from(offset).ok()?;
+        bytes.get(start..start.checked_add(len as usize)?)
+    }
 }
 
 impl Fabric {
@@ -122,6 +147,7 @@ impl Fabric {
             dead: Vec::new(),
             events: vec![Vec::new(); n],
             actions: vec![0; n],
+            mem: (0..n).map(|_| Memory::default()).collect(),
         }
     }
 
@@ -274,9 +300,22 @@ impl Fabric {
                 }
                 self.queue.push_back((n, ni, Ev::Disconnected { conn }));
             }
-            FabricAction::RdmaWrite { conn, wr, .. } => {
-                // The engine does not drive the RDMA rendezvous yet; this fabric has no memory.
-                let status = WcStatus::Error;
+            FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                remote,
+            } => {
+                // The data lands now, ahead of anything posted after it (RC order); a fragment
+                // outside a region fails the write before a byte lands, and the QP with it.
+                let status = match self.links.get(&(n, ni, conn)) {
+                    Some(&(tn, _, _)) if self.dead.contains(&tn) => return,
+                    Some(&(tn, _, _)) => self.write(n, tn, &local, &remote),
+                    None => WcStatus::Flushed,
+                };
+                if status == WcStatus::Error {
+                    self.apply(n, ni, FabricAction::Disconnect { conn });
+                }
                 self.queue
                     .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
             }
@@ -285,6 +324,56 @@ impl Fabric {
                 self.links.remove(&(n, ni, conn));
             }
         }
+    }
+
+    /// Registers `bytes` as node `n`'s memory.
+    fn register(&mut self, n: usize, bytes: Vec<u8>) -> lnd::fabric::Registration {
+        let m = &mut self.mem[n];
+        m.next += 1;
+        let (id, key, addr) = (m.next, 0x5000 + m.next as u32, m.next << 32);
+        let len = bytes.len() as u64;
+        m.regions.insert(id, (key, addr, bytes));
+        lnd::fabric::Registration::new(lnd::fabric::RegionId(id), key, addr, len)
+    }
+
+    /// Node `n`'s region `reg` as it is now.
+    fn region(&self, n: usize, reg: &lnd::fabric::Registration) -> &[u8] {
+        &self.mem[n].regions[&reg.id().0].2
+    }
+
+    /// Copies a write from node `from`'s memory into node `to`'s, all or nothing.
+    fn write(
+        &mut self,
+        from: usize,
+        to: usize,
+        local: &[lnd::fabric::LocalFrag],
+        remote: &[lnd::fabric::RemoteFrag],
+    ) -> WcStatus {
+        if lnd::fabric::check_rdma_write(local, remote).is_err() {
+            return WcStatus::Error;
+        }
+        let mut pieces = Vec::new();
+        for p in lnd::fabric::rdma_pieces(local, remote) {
+            let Some(src) = self.mem[from].by_id(p.region.0, p.offset, p.len) else {
+                return WcStatus::Error;
+            };
+            pieces.push((p.key, p.addr, src.to_vec()));
+        }
+        for (key, addr, _) in &pieces {
+            let len = pieces
+                .iter()
+                .find(|x| x.1 == *addr)
+                .map_or(0, |x| x.2.len());
+            if self.mem[to].by_key(*key, *addr, len as u32).is_none() {
+                return WcStatus::Error;
+            }
+        }
+        for (key, addr, bytes) in pieces {
+            if let Some(dst) = self.mem[to].by_key(key, addr, bytes.len() as u32) {
+                dst.copy_from_slice(&bytes);
+            }
+        }
+        WcStatus::Success
     }
 
     /// Delivers everything, running timers as virtual time passes, up to `until`.

@@ -725,3 +725,86 @@ fn set_routing_changes_what_the_ping_reply_says_at_once() {
     assert!(!reply.routing_disabled(), "routing turned on again");
     assert!(reply.down_nids.is_empty(), "{reply:?}");
 }
+
+/// Bulk through a router that has no registered large buffers: a PUT by rendezvous is refused
+/// with -EPROTO (its sender's PUT fails, rather than take PUT_NAK 0 for done), counted as
+/// no_bulk_buffer, and the books balance; an optimized GET (GET_REQ) for another node closes
+/// the sender's connection, as Lustre's lnet_parse does ("Bad optimized GET"), and the GET
+/// fails; LNet itself never sends a GET into registered memory through a router. Routed small
+/// messages still flow afterwards.
+#[test]
+fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
+    use lnd::engine::TxError;
+    use lnd::wire::kib::EPROTO;
+    for split_router in [false, true] {
+        let (mut f, routers) = topology(split_router, |_| {});
+        let server = nid(SERVER);
+        let reg = f.register(0, vec![7; 100_000]);
+        let buf = BulkBuf::new(NiIndex(0), &reg, 0, 100_000).unwrap();
+        let now = f.now;
+        let put = f.nodes[0].send_put_bulk(now, server, 4, 1, buf).unwrap();
+        assert!(matches!(
+            f.nodes[0].send_get_bulk(now, server, 4, 1, buf),
+            Err(LnetError::BulkUnsupported(_))
+        ));
+        f.run_for(Duration::from_secs(5));
+        let ev = f.take_events(0);
+        let done: Vec<_> = ev
+            .iter()
+            .filter_map(|(_, e)| match e {
+                LnetEvent::PutDone { id, result } if *id == put => Some(*result),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(done, vec![Err(LnetError::Lnd(TxError::Rdma(-EPROTO)))]);
+        let books = assert_router_quiescent(&f, &routers);
+        assert_eq!(books.dropped_for(FwdDrop::NoBulkBuffer), 1);
+
+        // A forged optimized GET through the router.
+        let before: u64 = routers
+            .iter()
+            .map(|&r| f.nodes[r].endpoint(NiIndex(0)).unwrap().stats().rx_refused)
+            .sum();
+        let hdr = LnetHdr {
+            dest_nid: server,
+            src_nid: nid(CLIENT),
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length: 0,
+            body: LnetBody::Get {
+                return_wmd: WireHandle::NONE,
+                match_bits: 1,
+                ptl_index: 4,
+                src_offset: 0,
+                sink_length: 100_000,
+            },
+        };
+        let now = f.now;
+        f.nodes[0].send_raw_get_bulk(now, NiIndex(0), nid(R_A), hdr, buf);
+        f.run_for(Duration::from_secs(5));
+        let after: u64 = routers
+            .iter()
+            .map(|&r| f.nodes[r].endpoint(NiIndex(0)).unwrap().stats().rx_refused)
+            .sum();
+        assert_eq!(after, before + 1, "the router refused the GET_REQ");
+        let ev = f.take_events(0);
+        assert!(ev
+            .iter()
+            .any(|(_, e)| matches!(e, LnetEvent::GetDone { result: Err(_), .. })));
+        let books = assert_router_quiescent(&f, &routers);
+        assert_eq!(books.dropped_for(FwdDrop::Malformed), 1);
+        // The closed connection told the client its gateway was down; its pinger revives it
+        // within the health settings, and small routed traffic goes on.
+        f.run_for(Duration::from_secs(130));
+        let now = f.now;
+        let id = f.nodes[0]
+            .send_put(now, server, 4, 2, vec![1; 100])
+            .unwrap();
+        f.run_for(Duration::from_secs(10));
+        let ev = f.take_events(0);
+        assert!(ev.iter().any(|(_, e)| matches!(
+            e,
+            LnetEvent::PutDone { id: i, result: Ok(()) } if *i == id
+        )));
+    }
+}
