@@ -1511,7 +1511,16 @@ impl LnetNode {
             };
             self.free_msg();
             match self.route(m.hdr.dest_nid) {
-                Ok(r @ Route::Remote { .. }) => self.launch(r, m.hdr, m.payload, m.purpose),
+                Ok(r @ Route::Remote { .. }) if m.bulk.is_none() => {
+                    self.launch(r, m.hdr, m.payload, m.purpose)
+                }
+                // A bulk message keeps its registered memory, which belongs to its NI: it may
+                // move to another gateway on that NI only.
+                Ok(Route::Remote { ni, next }) if ni == m.ni => {
+                    let purpose = m.purpose;
+                    let bulk = m.bulk.expect("checked above");
+                    self.launch_bulk(ni, next, m.hdr, bulk, purpose);
+                }
                 _ => {
                     let cookie = self.msgs.insert(OutMsg {
                         peer_credit: false,

@@ -61,6 +61,12 @@ impl<D: Driver> NiRuntime<D> {
         &self.driver
     }
 
+    /// The driver, for what the upper layer does with it directly: registering memory for bulk
+    /// data (`lnd::fabric::Registry`).
+    pub fn driver_mut(&mut self) -> &mut D {
+        &mut self.driver
+    }
+
     /// The clock's time now.
     pub fn now(&self) -> Instant {
         self.clock.now()

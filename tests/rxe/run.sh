@@ -7,10 +7,12 @@
 #   verbs_conn   a real CONN_RACE (our policy and Lustre 2.8's) and a restarted peer reached again
 #   verbs_kill   a SIGKILLed peer process: detection time, queued messages failed
 #   verbs_bench  64 B round trips and 64 KiB RDMA writes, beside ib_send_lat / ib_write_bw
+#   verbs_bulk   PUT and GET by the engine's RDMA rendezvous, 1 B..1 MiB byte for byte; a sink
+#                advertising past its registration costs the writer the connection, not the victim
 #   daemons      two lnet-router daemons on fabric: verbs (10.0.0.1@o2ib, 10.0.0.2@o2ib): lnetctl
 #                ping both ways, a graceful stop leaves no queue pair behind (3FS #426), a SIGKILL
 #                is detected and the pending pings fail with a status
-# Exit status: the suite's (0; 11-15 the first failed verbs step, see verbs-suite.sh; 21-28 the
+# Exit status: the suite's (0; 11-16 the first failed verbs step, see verbs-suite.sh; 21-28 the
 # daemons suite's, see daemons-suite.sh), or guest.sh's infrastructure codes (90 and above).
 #   RXE_SUITE=all|verbs|daemons  what to run (default all, in one boot)
 #   VERBS_PAIR_N=1000  VERBS_BENCH_ITERS=1000  VERBS_BENCH_WRITES=2000
@@ -19,7 +21,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 suite=${RXE_SUITE:-all}
-examples="verbs_pair verbs_conn verbs_kill verbs_bench"
+examples="verbs_pair verbs_conn verbs_kill verbs_bench verbs_bulk"
 case $suite in
   all|verbs|daemons) ;;
   *) echo "run.sh: RXE_SUITE must be all, verbs or daemons (not $suite)" >&2; exit 90 ;;

@@ -3,7 +3,7 @@
 # Soft-RoCE guest, busybox sh): the verbs examples, then perftest's ib_send_lat / ib_write_bw
 # beside our figures in one table; then, when run.sh shipped it in $ULNET_FILES, the daemons suite
 # (daemons-suite.sh). Exit status: 0, or the first failure: 11 verbs_pair, 12 verbs_conn,
-# 13 verbs_kill, 14 verbs_bench, 15 perftest; 21-26 and 28 the daemons suite's, 27 it timed out.
+# 13 verbs_kill, 14 verbs_bench, 15 perftest, 16 verbs_bulk; 21-26 and 28 the daemons suite's, 27 it timed out.
 IP=10.0.0.1
 N=${VERBS_PAIR_N:-1000}
 ITERS=${VERBS_BENCH_ITERS:-1000}
@@ -54,6 +54,7 @@ rdma link show
 step verbs_pair 11 verbs_pair "$IP" "$N"
 step verbs_conn 12 verbs_conn "$IP"
 step verbs_kill 13 verbs_kill "$IP"
+step verbs_bulk 16 verbs_bulk "$IP"
 perftest send_lat ib_send_lat -d rxe0 -s 64 -n "$ITERS" -F
 step verbs_bench 14 verbs_bench "$IP" "$ITERS" "$WRITES"
 perftest write_bw ib_write_bw -d rxe0 -s 65536 -n "$WRITES" -F

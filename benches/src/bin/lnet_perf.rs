@@ -19,6 +19,14 @@
 //! peer_credits of them between A's completion and B's receipt); prints
 //! `FIGURE ulnet_put64_rate msgs/s value=..`.
 //!
+//! `--bulk-put SECS` / `--bulk-get SECS`: bulk data by RDMA rendezvous (the LND's PUT_REQ /
+//! PUT_ACK / write / PUT_DONE, or GET_REQ / write / GET_DONE) for SECS seconds: A keeps up to
+//! `--window` (default 8) transfers of `--size` bytes (default 1 MiB) outstanding between its
+//! registered memory and B's, where B keeps twice that many sinks (PUT) or sources (GET)
+//! posted, reposting each as it is used; prints `FIGURE ulnet_bulk_put_<size> MiB/s value=..`
+//! (or `bulk_get`), counted at A from completions, and B's bytes must agree. At the end A checks
+//! the last transferred buffer byte for byte (GET: in its own memory; PUT: B checks its sink).
+//!
 //! `--via-router BIN`: the same through a router: the `lnet-router` daemon at BIN (a third
 //! process) with NIs on o2ib and o2ib1; A is on o2ib, B on o2ib1, each with a route through it.
 //! `--clients N`: N client nodes in A's process (`10.0.0.1@o2ib`, `.2`, ...; B is `.250`), each
@@ -94,6 +102,18 @@ fn server_nid(routed: bool) -> Nid {
 enum Mode {
     Rtt(usize),
     PutRate(f64),
+    /// Bulk transfers for this many seconds; GETs if `get`, else PUTs.
+    Bulk {
+        secs: f64,
+        get: bool,
+    },
+}
+
+impl Mode {
+    /// A streaming mode: A reports `Streaming`, then `PutsDone`.
+    fn streams(self) -> bool {
+        matches!(self, Mode::PutRate(_) | Mode::Bulk { .. })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -121,6 +141,10 @@ struct Opts {
     /// `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) this long once the stream
     /// runs, then continued, before the rate is measured.
     stall_server: Option<StdDuration>,
+    /// Bulk transfer size (`--size`).
+    size: u32,
+    /// B: keep sinks and sources of `size` posted (bulk modes; started with `--bulk-serve`).
+    bulk_serve: bool,
 }
 
 /// State the node threads and the main thread see.
@@ -156,7 +180,8 @@ fn nid(s: &str) -> Nid {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: lnet_perf (--rtt N | --put-rate SECS) [--warmup N] [--window W] \
+        "usage: lnet_perf (--rtt N | --put-rate SECS | --bulk-put SECS | --bulk-get SECS) \
+         [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
          [--router-arg ARG]...] [--stall-server SECS]"
@@ -182,7 +207,10 @@ fn parse_args() -> Option<Opts> {
         router_busy_poll: None,
         router_args: Vec::new(),
         stall_server: None,
+        size: 1 << 20,
+        bulk_serve: false,
     };
+    let mut window = None;
     let mut i = 0;
     while i < args.len() {
         let val = args.get(i + 1);
@@ -195,8 +223,28 @@ fn parse_args() -> Option<Opts> {
                         .filter(|&s: &f64| s > 0.0 && s <= 3600.0)?,
                 ))
             }
+            "--bulk-put" | "--bulk-get" => {
+                mode = Some(Mode::Bulk {
+                    secs: val?
+                        .parse()
+                        .ok()
+                        .filter(|&s: &f64| s > 0.0 && s <= 3600.0)?,
+                    get: args[i] == "--bulk-get",
+                })
+            }
+            "--size" => {
+                opts.size = val?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0 && n <= lnd::wire::lnet::LNET_MTU)?
+            }
+            "--bulk-serve" => {
+                opts.bulk_serve = true;
+                i += 1;
+                continue;
+            }
             "--warmup" => opts.warmup = val?.parse().ok()?,
-            "--window" => opts.window = val?.parse().ok().filter(|&w| w > 0)?,
+            "--window" => window = Some(val?.parse().ok().filter(|&w| w > 0)?),
             "--peer-credits" => opts.peer_credits = val?.parse().ok().filter(|&c| c > 0)?,
             "--payload" => opts.payload = val?.parse().ok()?,
             "--max-wait-us" => opts.max_wait = StdDuration::from_micros(val?.parse().ok()?),
@@ -231,6 +279,9 @@ fn parse_args() -> Option<Opts> {
         i += 2;
     }
     opts.mode = mode?;
+    // Bulk keeps few large transfers in flight; small messages many.
+    let bulk = matches!(opts.mode, Mode::Bulk { .. }) || opts.bulk_serve;
+    opts.window = window.unwrap_or(if bulk { 8 } else { opts.window });
     Some(opts)
 }
 
@@ -311,7 +362,7 @@ fn main() -> ExitCode {
             }
             r.map(|()| print_rtt(&all))
         }
-        Mode::PutRate(secs) => measure_puts(
+        Mode::PutRate(secs) | Mode::Bulk { secs, .. } => measure_puts(
             &shared,
             secs,
             &opts,
@@ -352,7 +403,7 @@ fn main() -> ExitCode {
         Ok(received) => {
             let completed = shared.received.load(Ordering::Relaxed);
             eprintln!("INFO node B received {received} PUTs; the clients saw {completed} complete");
-            if matches!(opts.mode, Mode::PutRate(_)) && received != completed {
+            if opts.mode.streams() && received != completed {
                 eprintln!(
                     "lnet_perf: B received {received} PUTs but the clients saw {completed} complete"
                 );
@@ -637,6 +688,20 @@ impl Server {
         let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
         let mut child = Command::new(exe)
             .args(opts.routed.then_some("--routed"))
+            .args(
+                matches!(opts.mode, Mode::Bulk { .. })
+                    .then(|| {
+                        [
+                            "--bulk-serve".to_string(),
+                            "--size".into(),
+                            opts.size.to_string(),
+                            "--window".into(),
+                            opts.window.to_string(),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
+            )
             .args([
                 "--serve".to_string(),
                 "--peer-credits".into(),
@@ -803,10 +868,18 @@ fn measure_puts(
     if errors > 0 {
         return Err(format!("{errors} PUTs failed"));
     }
-    println!(
-        "FIGURE ulnet_put{}_rate msgs/s value={rate:.0}",
-        opts.payload
-    );
+    match opts.mode {
+        Mode::Bulk { get, .. } => println!(
+            "FIGURE ulnet_bulk_{}_{} MiB/s value={:.1}",
+            if get { "get" } else { "put" },
+            opts.size,
+            rate * f64::from(opts.size) / f64::from(1u32 << 20)
+        ),
+        _ => println!(
+            "FIGURE ulnet_put{}_rate msgs/s value={rate:.0}",
+            opts.payload
+        ),
+    }
     Ok(())
 }
 
@@ -965,6 +1038,7 @@ fn node_thread(
     };
 
     let r = match role {
+        Role::Server if opts.bulk_serve => serve_bulk(&mut d, opts, shared),
         Role::Server => run_server(&mut d, shared),
         Role::Client(_) => run_client(&mut d, opts, shared, tx, server),
     };
@@ -1087,6 +1161,10 @@ fn run_client(
             let (sent, done, errors) = stream_puts(d, opts, shared, dst)?;
             let _ = tx.send(Report::PutsDone { sent, done, errors });
         }
+        Mode::Bulk { get, .. } => {
+            let (sent, done, errors) = stream_bulk(d, opts, shared, tx, dst, get)?;
+            let _ = tx.send(Report::PutsDone { sent, done, errors });
+        }
     }
     Ok(())
 }
@@ -1144,4 +1222,198 @@ fn stream_puts(
             }
         }
     }
+}
+
+/// The bytes of the bulk buffers: position-dependent, so a misplaced or torn transfer shows.
+fn bulk_pattern(len: usize) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
+        .collect()
+}
+
+/// The match bits of every bulk transfer (B's MDs are taken oldest first).
+const BULK_BITS: u64 = 0xb01c;
+
+/// B in a bulk mode: `2 x window` sinks (for A's PUTs) and as many sources (for A's GETs) of
+/// `size` bytes stay posted, each reposted as it is used; counts completed transfers of the full
+/// size. At the end it checks the last sink a PUT filled.
+fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result<(), String> {
+    use lnd::fabric::Registry;
+    use router::BulkBuf;
+    let size = opts.size;
+    let slots = 2 * opts.window;
+    let reg = |d: &mut Driver, bytes: Vec<u8>| {
+        d.rt.driver_mut()
+            .register(bytes)
+            .map_err(|e| format!("register: {e}"))
+    };
+    let sinks = reg(d, vec![0; slots * size as usize])?;
+    let source = reg(d, bulk_pattern(size as usize))?;
+    let ni = NiIndex(0);
+    let sink_buf = |k: usize| BulkBuf::new(ni, &sinks, (k * size as usize) as u64, size);
+    let source_buf = BulkBuf::new(ni, &source, 0, size).ok_or("source range")?;
+    let mut slot_of = HashMap::new();
+    for k in 0..slots {
+        let md = d
+            .node()
+            .post_sink(BENCH_PORTAL, BULK_BITS, sink_buf(k).ok_or("sink range")?);
+        slot_of.insert(md, k);
+        d.node().post_source(BENCH_PORTAL, BULK_BITS, source_buf);
+    }
+    let mut last_sink = None;
+    let mut failed = 0u64;
+    while !shared.stop.load(Ordering::Relaxed) {
+        d.turn(d.max_wait)?;
+        let mut n = 0;
+        while let Some(ev) = d.node().poll_event() {
+            match ev {
+                LnetEvent::BulkPut { md, result, .. } => {
+                    let k = slot_of.remove(&md).ok_or("a sink we did not post")?;
+                    match result {
+                        Ok(len) if len == size => {
+                            n += 1;
+                            last_sink = Some(k);
+                        }
+                        _ => failed += 1,
+                    }
+                    let md = d.node().post_sink(
+                        BENCH_PORTAL,
+                        BULK_BITS,
+                        sink_buf(k).ok_or("sink range")?,
+                    );
+                    slot_of.insert(md, k);
+                }
+                LnetEvent::BulkGetServed { result, .. } => {
+                    match result {
+                        Ok(len) if len == size => n += 1,
+                        _ => failed += 1,
+                    }
+                    d.node().post_source(BENCH_PORTAL, BULK_BITS, source_buf);
+                }
+                _ => {}
+            }
+        }
+        if n > 0 {
+            shared.received.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+    let st = d.node().stats().clone();
+    eprintln!(
+        "INFO node B bulk: {} received, {failed} failed, {} dropped (no MD)",
+        shared.received.load(Ordering::Relaxed),
+        st.drop_count
+    );
+    if let Some(k) = last_sink {
+        let mut got = vec![0; size as usize];
+        let off = (k * size as usize) as u64;
+        if !d.rt.driver().read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
+            return Err(format!(
+                "the last PUT's sink (slot {k}) does not hold the data"
+            ));
+        }
+    }
+    if failed > 0 || st.drop_count > 0 {
+        return Err(format!(
+            "{failed} transfers failed, {} dropped",
+            st.drop_count
+        ));
+    }
+    Ok(())
+}
+
+/// A in a bulk mode: keeps `window` transfers outstanding (PUTs from one registered source, or
+/// GETs into `window` registered sinks) until told to stop, then lets them finish (bounded).
+/// Returns (started, completed, failed).
+fn stream_bulk(
+    d: &mut Driver,
+    opts: &Opts,
+    shared: &Shared,
+    tx: &Sender<Report>,
+    dst: Nid,
+    get: bool,
+) -> Result<(u64, u64, u64), String> {
+    use lnd::fabric::Registry;
+    use router::BulkBuf;
+    let size = opts.size;
+    let ni = NiIndex(0);
+    let reg = |d: &mut Driver, bytes: Vec<u8>| {
+        d.rt.driver_mut()
+            .register(bytes)
+            .map_err(|e| format!("register: {e}"))
+    };
+    let source = reg(d, bulk_pattern(size as usize))?;
+    let sinks = reg(d, vec![0; opts.window * size as usize])?;
+    let source_buf = BulkBuf::new(ni, &source, 0, size).ok_or("source range")?;
+    let sink_buf = |k: usize| BulkBuf::new(ni, &sinks, (k * size as usize) as u64, size);
+    let mut free: Vec<usize> = (0..opts.window).rev().collect();
+    let mut slot_of = HashMap::new();
+    let (mut sent, mut done, mut errors) = (0u64, 0u64, 0u64);
+    let mut last_get = None;
+    let mut drain_deadline = None;
+    let mut streaming = false;
+    loop {
+        let stopping = shared.stop_client.load(Ordering::Relaxed);
+        if stopping && drain_deadline.is_none() {
+            drain_deadline = Some(StdInstant::now() + StdDuration::from_secs(10));
+        }
+        if !stopping {
+            let now = d.rt.now();
+            while let Some(k) = free.pop() {
+                let id = if get {
+                    let b = sink_buf(k).ok_or("sink range")?;
+                    d.node().send_get_bulk(now, dst, BENCH_PORTAL, BULK_BITS, b)
+                } else {
+                    d.node()
+                        .send_put_bulk(now, dst, BENCH_PORTAL, BULK_BITS, source_buf)
+                }
+                .map_err(|e| format!("bulk send: {e}"))?;
+                slot_of.insert(id, k);
+                sent += 1;
+            }
+            if !streaming {
+                streaming = true;
+                let _ = tx.send(Report::Streaming);
+            }
+        }
+        d.turn(d.max_wait)?;
+        while let Some(ev) = d.node().poll_event() {
+            let (id, ok) = match ev {
+                LnetEvent::PutDone { id, result } => (id, result.is_ok()),
+                LnetEvent::GetDone { id, result } => (id, result == Ok(size)),
+                LnetEvent::PeerDown { nid, reason, .. } => {
+                    eprintln!("WARN peer {nid} down during the stream: {reason:?}");
+                    continue;
+                }
+                _ => continue,
+            };
+            let Some(k) = slot_of.remove(&id) else {
+                continue;
+            };
+            free.push(k);
+            if ok {
+                done += 1;
+                shared.received.fetch_add(1, Ordering::Relaxed);
+                if get {
+                    last_get = Some(k);
+                }
+            } else {
+                errors += 1;
+            }
+        }
+        if let Some(dl) = drain_deadline {
+            if slot_of.is_empty() || StdInstant::now() >= dl {
+                break;
+            }
+        }
+    }
+    if let Some(k) = last_get {
+        let mut got = vec![0; size as usize];
+        let off = (k * size as usize) as u64;
+        if !d.rt.driver().read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
+            return Err(format!(
+                "the last GET's sink (slot {k}) does not hold the data"
+            ));
+        }
+    }
+    Ok((sent, done, errors))
 }

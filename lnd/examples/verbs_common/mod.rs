@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use lnd::driver::verbs::{turn, MonotonicClock, VerbsConfig, VerbsFabric};
-use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, TxError};
-use lnd::fabric::ConnId;
+use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RdmaSink, RxToken, TxError};
+use lnd::fabric::{ConnId, LocalFrag};
 use lnd::time::Instant;
 use lnd::wire::{LnetHdr, Nid, RejectReason};
 
@@ -28,6 +28,20 @@ pub struct Node {
     /// While set, received messages are kept (their slots unposted, their credits unreturned).
     pub hold: bool,
     pub held: Vec<RxToken>,
+    /// How this node's "LNet" answers the next rendezvous requests (none left: nothing matched).
+    pub answers: VecDeque<Answer>,
+    /// Transfers into this node's memory that ended: (cookie, bytes or why not).
+    pub rdma_done: Vec<(u64, Result<u32, TxError>)>,
+    /// Cookies of sends and GET replies that completed ok.
+    pub done_ok: Vec<u64>,
+}
+
+/// How a node answers a peer's rendezvous request.
+pub enum Answer {
+    /// PUT_ACK with this sink; the transfer's outcome under this cookie.
+    Accept(RdmaSink, u64),
+    /// Write these fragments for a GET; its outcome under this cookie.
+    Reply(Vec<LocalFrag>, u64),
 }
 
 impl Node {
@@ -70,6 +84,9 @@ impl Node {
             downs: Vec::new(),
             hold: false,
             held: Vec::new(),
+            answers: VecDeque::new(),
+            rdma_done: Vec::new(),
+            done_ok: Vec::new(),
         })
     }
 
@@ -105,6 +122,9 @@ impl Node {
             hold,
             held,
             name,
+            answers,
+            rdma_done,
+            done_ok,
         } = self;
         turn(fabric, ep, clock, wait, &mut |ep, now, ev| match ev {
             LndEvent::Received {
@@ -119,9 +139,18 @@ impl Node {
                 }
             }
             LndEvent::SendDone { cookie, result, .. } => match result {
-                Ok(()) => *sent_ok += 1,
+                Ok(()) => {
+                    *sent_ok += 1;
+                    done_ok.push(cookie);
+                }
                 Err(e) => send_failed.push((cookie, e)),
             },
+            LndEvent::RdmaRequest { rx, .. } => match answers.pop_front() {
+                Some(Answer::Accept(sink, cookie)) => ep.accept_put_rdma(now, rx, sink, cookie),
+                Some(Answer::Reply(src, cookie)) => ep.reply_get_rdma(now, rx, src, cookie),
+                None => ep.recv_done(now, rx),
+            },
+            LndEvent::RdmaDone { cookie, result, .. } => rdma_done.push((cookie, result)),
             LndEvent::PeerUp { nid } => ups.push((nid, std::time::Instant::now())),
             LndEvent::PeerDown { nid, reason } => {
                 downs.push((nid, reason, std::time::Instant::now()))

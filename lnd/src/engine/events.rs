@@ -232,8 +232,9 @@ pub struct LndStats {
     /// -EPROTO, nothing written), or needing more fragments than the connection allows
     /// (-EMSGSIZE): that message fails, the connection stays.
     pub rdma_bad_sinks: u64,
-    /// PUT_ACKs whose descriptor was malformed (a fragment wrapping around the address space):
-    /// the connection is closed.
+    /// Malformed rendezvous descriptors or completions: a PUT_ACK's descriptor with an empty or
+    /// wrapping fragment (the connection is closed), a GET_REQ's (answered GET_DONE -EPROTO),
+    /// a PUT_DONE or GET_DONE claiming more bytes than our sink holds (the connection is closed).
     pub rdma_bad_descs: u64,
     /// Connections closed because a message to the peer missed its LND deadline while the peer
     /// had said nothing since it was queued: a peer that owed us credits or a completion and

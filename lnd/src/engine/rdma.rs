@@ -251,7 +251,11 @@ impl Endpoint {
         };
         // GET_REQ's slot goes back with its credit at once (kiblnd_recv).
         self.repost(rx, Repost::PeerCredit);
-        let plan = if src.is_empty() {
+        let plan = if !req.sink.is_valid() {
+            // An empty or wrapping fragment in the peer's descriptor: nothing is written.
+            self.stats.rdma_bad_descs += 1;
+            WritePlan::Complete(-EPROTO)
+        } else if src.is_empty() {
             WritePlan::Complete(0)
         } else if let Some(len) = source_len(&src) {
             if u64::from(len) > req.sink.len() {
@@ -277,8 +281,17 @@ impl Endpoint {
         let Some(c) = self.conn_mut(rx.conn) else {
             return;
         };
+        if c.state != ConnState::Established {
+            return;
+        }
         if let Some(req) = Self::take_pending(c, rx.slot) {
-            self.refuse_pending(rx, req, -errno.abs());
+            // A Linux errno is small and positive; anything else is sent as EPROTO.
+            let errno = if (1..4096).contains(&errno) {
+                errno
+            } else {
+                EPROTO
+            };
+            self.refuse_pending(rx, req, -errno);
         }
     }
 
@@ -472,6 +485,26 @@ impl Endpoint {
         let Some(key) = self.waiting_tx(conn, done.cookie, sent) else {
             return self.unmatched(conn, got, done.cookie);
         };
+        // A completion claiming more bytes than our sink holds is a lie (o2iblnd ignores
+        // PUT_DONE's count and asserts on GET_DONE's): the transfer fails, the peer is cut off.
+        let advertised = match &self.txs.get(key).expect("matched").body {
+            TxBody::PutAck { sink, .. } | TxBody::GetReq { sink, .. } => sink.len(),
+            _ => u64::MAX,
+        };
+        if done.status >= 0 && done.status as u64 > advertised {
+            self.stats.rdma_bad_descs += 1;
+            warn!(
+                ?conn,
+                status = done.status,
+                advertised,
+                "completion claims more than our sink holds, closing the connection"
+            );
+            let tx = self.txs.get_mut(key).expect("matched");
+            tx.waiting = false;
+            tx.status = -EPROTO;
+            self.finish_tx(key, Ok(()));
+            return self.close_conn(conn, Some(DownReason::ProtocolError));
+        }
         self.repost(RxToken { conn, slot }, repost);
         if got == KibMsgType::PutNak && done.status != 0 {
             debug!(?conn, status = done.status, "PUT_NAK");

@@ -760,3 +760,221 @@ fn hostile_rendezvous_completions_close_the_connection() {
         }
     }
 }
+
+/// a completion's byte count cannot exceed the sink we advertised: a PUT_DONE or
+/// GET_DONE claiming more than our sink holds is the peer lying (o2iblnd LASSERTs on it in
+/// lnet_set_reply_msg_len); it must not reach LNet as Ok(bytes > sink).
+#[test]
+fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
+    use crate::wire::kib::EmitOpts;
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.eps[0]
+        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
+        .unwrap();
+    p.run();
+    let conn_of = |p: &Pair, i: usize| {
+        p.links
+            .keys()
+            .find(|(j, _)| *j == i)
+            .map(|&(_, c)| c)
+            .unwrap()
+    };
+    let (conn_a, conn_b) = (conn_of(&p, 0), conn_of(&p, 1));
+    let raw = |from: Nid, fs: u64, to: Nid, ts: u64, body: KibBody<'_>| {
+        let msg = KibMsg {
+            version: VERSION_2,
+            credits: 0,
+            src_nid: from,
+            src_stamp: fs,
+            dst_nid: to,
+            dst_stamp: ts,
+            body,
+        };
+        let mut bytes = vec![0u8; msg.wire_len()];
+        msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+        bytes
+    };
+    let sink = RdmaSink {
+        key: 1,
+        frags: vec![crate::wire::RdmaFrag {
+            nob: 100,
+            addr: 0x1000,
+        }],
+    };
+    let now = p.now;
+
+    // Sink side of a PUT: b accepts a's PUT_REQ into 100 bytes; a claims 1 MB in PUT_DONE.
+    let req = raw(
+        a,
+        100,
+        b,
+        200,
+        KibBody::PutReq {
+            hdr: hdr(a, b, 5000),
+            cookie: 0xabc,
+        },
+    );
+    p.eps[1].handle_recv(now, conn_b, 3, &req);
+    let Some(LndEvent::RdmaRequest { rx, .. }) = p.eps[1].poll_event() else {
+        panic!("no request")
+    };
+    p.eps[1].accept_put_rdma(now, rx, sink.clone(), 9);
+    let mut dst_cookie = None;
+    while let Some(act) = p.eps[1].poll_action() {
+        if let FabricAction::Send { conn, wr, bytes } = act {
+            if let KibBody::PutAck { dst_cookie: d, .. } = KibMsg::parse(&bytes).unwrap().0.body {
+                dst_cookie = Some(d);
+            }
+            p.eps[1].handle_send_complete(now, conn, wr, WcStatus::Success);
+        }
+    }
+    let done = raw(
+        a,
+        100,
+        b,
+        200,
+        KibBody::PutDone(Completion {
+            cookie: dst_cookie.unwrap(),
+            status: 1_000_000,
+        }),
+    );
+    p.eps[1].handle_recv(now, conn_b, 4, &done);
+    let ev = std::iter::from_fn(|| p.eps[1].poll_event())
+        .find(|e| matches!(e, LndEvent::RdmaDone { cookie: 9, .. }))
+        .expect("the PUT ends");
+    let LndEvent::RdmaDone { result, .. } = ev else {
+        unreachable!()
+    };
+    let put_result = result;
+
+    // Requester side of a GET: a GETs into 100 bytes; b claims 1 MB in GET_DONE.
+    p.eps[0]
+        .send_get_rdma(now, b, hdr(a, b, 0), sink, 10)
+        .unwrap();
+    let mut req_cookie = None;
+    while let Some(act) = p.eps[0].poll_action() {
+        if let FabricAction::Send { conn, wr, bytes } = act {
+            if let KibBody::GetReq { cookie, .. } = KibMsg::parse(&bytes).unwrap().0.body {
+                req_cookie = Some(cookie);
+            }
+            p.eps[0].handle_send_complete(now, conn, wr, WcStatus::Success);
+        }
+    }
+    let done = raw(
+        b,
+        200,
+        a,
+        100,
+        KibBody::GetDone(Completion {
+            cookie: req_cookie.unwrap(),
+            status: 1_000_000,
+        }),
+    );
+    p.eps[0].handle_recv(now, conn_a, 4, &done);
+    let ev = std::iter::from_fn(|| p.eps[0].poll_event())
+        .find(|e| matches!(e, LndEvent::RdmaDone { cookie: 10, .. }))
+        .expect("the GET ends");
+    let LndEvent::RdmaDone { result, .. } = ev else {
+        unreachable!()
+    };
+    let get_result = result;
+    assert_eq!(put_result, Err(TxError::Rdma(-EPROTO)));
+    assert_eq!(get_result, Err(TxError::Rdma(-EPROTO)));
+    assert_eq!(p.eps[0].stats().rdma_bad_descs, 1);
+    assert_eq!(p.eps[1].stats().rdma_bad_descs, 1);
+}
+
+/// A GET_REQ's descriptor is checked as a PUT_ACK's is (`RdmaSink::is_valid`): unchecked, an
+/// empty or wrapping fragment would reach the fabric as a malformed write, which the driver
+/// refuses with WcStatus::Error, and the connection is closed as if the peer were unreachable.
+#[test]
+fn a_get_req_with_a_malformed_descriptor_is_not_written() {
+    use crate::fabric::{check_rdma_write, LocalFrag, RegionId};
+    use crate::wire::kib::{EmitOpts, RdmaFrag};
+    use crate::wire::RdmaDesc;
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.eps[0]
+        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
+        .unwrap();
+    p.run();
+    let conn_b = p
+        .links
+        .keys()
+        .find(|(i, _)| *i == 1)
+        .map(|&(_, c)| c)
+        .unwrap();
+    let frags = [
+        RdmaFrag {
+            nob: 0,
+            addr: 0x1000,
+        },
+        RdmaFrag {
+            nob: 100,
+            addr: 0x2000,
+        },
+    ];
+    let msg = KibMsg {
+        version: VERSION_2,
+        credits: 0,
+        src_nid: a,
+        src_stamp: 100,
+        dst_nid: b,
+        dst_stamp: 200,
+        body: KibBody::GetReq {
+            hdr: hdr(a, b, 0),
+            cookie: 0xabc,
+            rd: RdmaDesc::new(7, &frags),
+        },
+    };
+    let mut bytes = vec![0u8; msg.wire_len()];
+    msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+    let now = p.now;
+    p.eps[1].handle_recv(now, conn_b, 3, &bytes);
+    let Some(LndEvent::RdmaRequest { rx, .. }) = p.eps[1].poll_event() else {
+        panic!("no request")
+    };
+    let src = vec![LocalFrag {
+        region: RegionId(1),
+        offset: 0,
+        len: 100,
+    }];
+    p.eps[1].reply_get_rdma(now, rx, src, 9);
+    let mut answer = None;
+    while let Some(act) = p.eps[1].poll_action() {
+        match act {
+            FabricAction::RdmaWrite { local, remote, .. } => {
+                assert_eq!(
+                    check_rdma_write(&local, &remote).map(|_| ()),
+                    Ok(()),
+                    "the engine asked the fabric for a malformed write: {remote:?}"
+                );
+            }
+            FabricAction::Send { conn, wr, bytes } => {
+                if let KibBody::GetDone(d) = KibMsg::parse(&bytes).unwrap().0.body {
+                    answer = Some(d);
+                }
+                p.eps[1].handle_send_complete(now, conn, wr, WcStatus::Success);
+            }
+            _ => {}
+        }
+    }
+    // Answered GET_DONE -EPROTO, nothing written, the connection kept.
+    assert_eq!(answer.map(|d| (d.cookie, d.status)), Some((0xabc, -EPROTO)));
+    let done: Vec<LndEvent> = std::iter::from_fn(|| p.eps[1].poll_event()).collect();
+    assert!(
+        done.iter().any(|e| matches!(
+            e,
+            LndEvent::SendDone {
+                cookie: 9,
+                result: Err(TxError::Rdma(s)),
+                ..
+            } if *s == -EPROTO
+        )),
+        "{done:?}"
+    );
+    assert_eq!(p.eps[1].stats().rdma_bad_descs, 1);
+    let c = p.eps[1].conns().find(|c| c.id == conn_b).unwrap();
+    assert_eq!(c.state, ConnState::Established);
+}

@@ -275,7 +275,14 @@ impl LnetNode {
     }
 
     /// Starts a bulk message through NI `ni` to `next` (credits as any message).
-    fn launch_bulk(&mut self, ni: usize, next: Nid, hdr: LnetHdr, bulk: Bulk, purpose: Purpose) {
+    pub(super) fn launch_bulk(
+        &mut self,
+        ni: usize,
+        next: Nid,
+        hdr: LnetHdr,
+        bulk: Bulk,
+        purpose: Purpose,
+    ) {
         self.alloc_msg();
         let known = self.peer_entry(next, ni).is_some();
         let len = match &bulk {
@@ -315,6 +322,10 @@ impl LnetNode {
             p.recv_count += 1;
         }
         self.net_alive.heard(self.alive_slot[ni], now);
+        if hdr.src_nid != from && self.gateways.is_gateway(from) {
+            // Passive revival, as for any message a gateway forwards to us (lnet_parse).
+            self.gateways.notify(from, true);
+        }
         if hdr.dest_nid != self.nis[ni].nid {
             return self.forward_rdma_request(ni, from, hdr, op, rx);
         }
@@ -340,9 +351,16 @@ impl LnetNode {
                             ack: ack_wmd,
                         };
                         let cookie = self.inbound(ni, from, hdr, mlen, purpose);
-                        self.nis[ni]
-                            .ep
-                            .accept_put_rdma(now, rx, m.buf.sink(mlen), cookie);
+                        if mlen == 0 {
+                            // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT
+                            // is done).
+                            self.nis[ni].ep.recv_done(now, rx);
+                            self.finish_out(cookie, Ok(()));
+                        } else {
+                            self.nis[ni]
+                                .ep
+                                .accept_put_rdma(now, rx, m.buf.sink(mlen), cookie);
+                        }
                         Ok(())
                     }
                     None => Err("PUT matched no posted sink"),

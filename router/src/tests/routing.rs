@@ -808,3 +808,55 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
         )));
     }
 }
+
+/// a bulk PUT parked on a gateway's peer credits and rerouted when that gateway is
+/// found dead (`reroute_queued`) must stay a bulk PUT. Every bulk PUT through a ulnet router
+/// fails (-EPROTO: no bulk router buffers), so none may end Ok.
+#[test]
+fn a_rerouted_bulk_put_stays_a_bulk_put() {
+    use crate::node::BulkBuf;
+    use lnd::fabric::{RegionId, Registration};
+    let health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_secs(1),
+        avoid_asym: true,
+    };
+    let mut client = node(
+        &[CLIENT],
+        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
+        false,
+        10,
+    );
+    client.gateway_health = health;
+    let mut server = node(
+        &[SERVER],
+        &[route("o2ib", R_B), route("o2ib", R2_B)],
+        false,
+        20,
+    );
+    server.gateway_health = health;
+    let r1 = node(&[R_A, R_B], &[], true, 30);
+    let r2 = node(&[R2_A, R2_B], &[], true, 40);
+    let mut f = Fabric::from_configs(vec![client, server, r1, r2]);
+    f.run_for(Duration::from_secs(3));
+    let reg = Registration::new(RegionId(1), 0x77, 0x10_0000, 1 << 20);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 8192).unwrap();
+    f.kill(2);
+    let now = f.now;
+    for i in 0..30u64 {
+        f.nodes[0]
+            .send_put_bulk(now, nid(SERVER), 4, i, buf)
+            .unwrap();
+    }
+    let mut results = Vec::new();
+    while results.len() < 30 && f.now < now + Duration::from_secs(600) {
+        f.run_for(Duration::from_secs(1));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), 30, "every PUT ends");
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        ok, 0,
+        "a bulk PUT ended Ok though no data moved: {results:?}"
+    );
+}

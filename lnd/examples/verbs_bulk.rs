@@ -1,0 +1,260 @@
+//! Bulk data by RDMA rendezvous through the engine on a real RDMA device (run it inside the
+//! Soft-RoCE guest: tests/rxe/run.sh).
+//!
+//! 1. Sizes 1 B to 1 MiB (odd ones among them), from and into non-zero offsets: A PUTs into a
+//!    sink B registered (PUT_REQ, PUT_ACK, RDMA write, PUT_DONE) and GETs from a source B
+//!    registered (GET_REQ, RDMA write, GET_DONE). Every byte lands, nothing around the range
+//!    changes, each side reports each transfer once, on the one connection.
+//! 2. A sink that lies about its memory: B answers a PUT with a descriptor running past its
+//!    registration. A's write fails at B's HCA (remote access error), which costs A that PUT and
+//!    the connection; B's memory beyond its registration is never reached and its region is
+//!    unchanged. A new connection then carries a PUT intact.
+//! 3. Graceful close; no queue pair left, every registration released.
+//!
+//! Exit 0 on success, 1 with the failed checks otherwise.
+//! Usage: verbs_bulk [IP]   (default 10.0.0.1; ports 9874 and 9875)
+
+#[path = "verbs_common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use common::{nid, run_until, shutdown_all, Answer, Checks, Node};
+use lnd::engine::RdmaSink;
+use lnd::fabric::Registry;
+use lnd::wire::{LnetHdr, RdmaFrag};
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+fn main() {
+    let ip: IpAddr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "10.0.0.1".into())
+        .parse()
+        .expect("IP");
+    let mut checks = Checks::new("verbs_bulk");
+    if let Err(e) = run(ip, &mut checks) {
+        checks.fail(e);
+    }
+    checks.finish();
+}
+
+fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
+    let (a_nid, b_nid) = (nid("10.0.0.2@o2ib"), nid("10.0.0.1@o2ib"));
+    let (addr_a, addr_b) = (SocketAddr::new(ip, 9875), SocketAddr::new(ip, 9874));
+    let book: HashMap<_, _> = [(a_nid, addr_a), (b_nid, addr_b)].into();
+    let tune = |c: &mut lnd::engine::EndpointConfig| {
+        c.tunables.timeout = Duration::from_secs(20).into();
+    };
+    let mut b = Node::new("B", b_nid, 2, addr_b, book.clone(), tune)?;
+    let mut a = Node::new("A", a_nid, 1, addr_a, book, tune)?;
+    println!("verbs_bulk: device {}", a.fabric.device_name());
+    let reg = |n: &mut Node, bytes: Vec<u8>| {
+        n.fabric
+            .register(bytes)
+            .map_err(|e| format!("{}: register: {e}", n.name))
+    };
+    let a_bytes = pattern(MIB + 256, 7);
+    let b_bytes = pattern(MIB + 256, 8);
+    let a_src = reg(&mut a, a_bytes.clone())?;
+    let b_src = reg(&mut b, b_bytes.clone())?;
+
+    // 1. The sweep.
+    let sizes = [
+        1u32,
+        7,
+        3975,
+        3977,
+        65_537,
+        300_001,
+        MIB as u32 - 3,
+        MIB as u32,
+    ];
+    let mut bad = Vec::new();
+    let t0 = std::time::Instant::now();
+    for (i, &len) in sizes.iter().enumerate() {
+        let (src_off, sink_off) = (3 + 11 * i as u64, 1 + 5 * i as u64);
+        let b_sink = reg(&mut b, vec![0xee; MIB + 64])?;
+        let a_sink = reg(&mut a, vec![0xee; MIB + 64])?;
+        let (put, get) = (1000 + i as u64, 2000 + i as u64);
+        b.answers
+            .push_back(Answer::Accept(RdmaSink::of(&b_sink, sink_off, len), put));
+        b.answers
+            .push_back(Answer::Reply(vec![b_src.local_frag(src_off, len)], get));
+        let now = a.now();
+        let h = LnetHdr::put(a_nid, b_nid, len, 4, 7);
+        a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(src_off, len)], put)
+            .map_err(|e| format!("send_put_rdma: {e}"))?;
+        let h = LnetHdr::put(a_nid, b_nid, 0, 4, 8);
+        let into = RdmaSink::of(&a_sink, sink_off, len);
+        a.ep.send_get_rdma(now, b_nid, h, into, get)
+            .map_err(|e| format!("send_get_rdma: {e}"))?;
+        run_until(
+            &mut [&mut a, &mut b],
+            Duration::from_secs(60),
+            &format!("size {len}"),
+            |ns| {
+                let ended = |n: &Node, c: u64| {
+                    n.done_ok.contains(&c)
+                        || n.send_failed.iter().any(|f| f.0 == c)
+                        || n.rdma_done.iter().any(|d| d.0 == c)
+                };
+                ended(ns[0], put) && ended(ns[0], get) && ended(ns[1], put) && ended(ns[1], get)
+            },
+        )?;
+        let ok = a.done_ok.contains(&put)
+            && b.done_ok.contains(&get)
+            && a.rdma_done.contains(&(get, Ok(len)))
+            && b.rdma_done.contains(&(put, Ok(len)));
+        if !ok {
+            bad.push(format!(
+                "size {len}: outcomes A {:?} {:?} B {:?} {:?}",
+                a.send_failed, a.rdma_done, b.send_failed, b.rdma_done
+            ));
+        }
+        let range = sink_off as usize..(sink_off + u64::from(len)) as usize;
+        let src_range = src_off as usize..(src_off + u64::from(len)) as usize;
+        for (who, got, want) in [
+            (
+                "B's sink",
+                b.fabric.contents(&b_sink),
+                &a_bytes[src_range.clone()],
+            ),
+            (
+                "A's sink",
+                a.fabric.contents(&a_sink),
+                &b_bytes[src_range.clone()],
+            ),
+        ] {
+            let Some(got) = got else {
+                bad.push(format!("size {len}: {who} unreadable"));
+                continue;
+            };
+            if got[range.clone()] != *want
+                || got[..range.start].iter().any(|&x| x != 0xee)
+                || got[range.end..].iter().any(|&x| x != 0xee)
+            {
+                bad.push(format!("size {len}: {who} does not hold exactly the data"));
+            }
+        }
+        b.fabric.deregister(b_sink);
+        a.fabric.deregister(a_sink);
+    }
+    let dt = t0.elapsed();
+    checks.check(
+        bad.is_empty(),
+        format!(
+            "{} PUTs and {} GETs of 1 B..1 MiB land byte for byte ({bad:?})",
+            sizes.len(),
+            sizes.len()
+        ),
+    );
+    let total: u64 = sizes.iter().map(|&n| u64::from(n)).sum();
+    checks.check(
+        a.ep.stats().rdma_bytes_sent == total && b.ep.stats().rdma_bytes_sent == total,
+        format!(
+            "rendezvous bytes counted: A wrote {}, B wrote {} (want {total} each)",
+            a.ep.stats().rdma_bytes_sent,
+            b.ep.stats().rdma_bytes_sent
+        ),
+    );
+    checks.check(
+        a.ep.stats().established + b.ep.stats().established == 2,
+        "one connection throughout",
+    );
+    println!(
+        "verbs_bulk: sweep {:.1} ms ({} bytes each way)",
+        dt.as_secs_f64() * 1e3,
+        total
+    );
+
+    // 2. A sink running past its registration: 8 KiB advertised from a 4 KiB region.
+    let small = reg(&mut b, vec![0x5a; 4096])?;
+    let lie = RdmaSink {
+        key: small.key(),
+        frags: vec![RdmaFrag {
+            nob: 8192,
+            addr: small.addr(),
+        }],
+    };
+    b.answers.push_back(Answer::Accept(lie, 3000));
+    let b_writes_before = b.fabric.stats().rdma_writes;
+    let now = a.now();
+    let h = LnetHdr::put(a_nid, b_nid, 8192, 4, 9);
+    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(0, 8192)], 3000)
+        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(60),
+        "the lying sink",
+        |ns| {
+            ns[0].send_failed.iter().any(|f| f.0 == 3000)
+                && ns[1].rdma_done.iter().any(|d| d.0 == 3000)
+        },
+    )?;
+    checks.check(
+        b.fabric.contents(&small) == Some(vec![0x5a; 4096]),
+        "the victim's region is unchanged",
+    );
+    checks.check(
+        b.fabric.stats().rdma_writes == b_writes_before,
+        "the victim posted no write of its own",
+    );
+    checks.check(
+        a.fabric.stats().rdma_write_errors >= 1,
+        format!(
+            "the writer's write failed at the device (rdma_write_errors {})",
+            a.fabric.stats().rdma_write_errors
+        ),
+    );
+    checks.check(
+        b.rdma_done.iter().any(|d| d.0 == 3000 && d.1.is_err()),
+        format!("B's side of it failed too ({:?})", b.rdma_done.last()),
+    );
+    // A new connection carries the next PUT.
+    let sink = reg(&mut b, vec![0xee; 8192])?;
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, 5000), 3001));
+    let now = a.now();
+    let h = LnetHdr::put(a_nid, b_nid, 5000, 4, 10);
+    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(0, 5000)], 3001)
+        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(60),
+        "the PUT after",
+        |ns| {
+            (ns[0].done_ok.contains(&3001) || ns[0].send_failed.iter().any(|f| f.0 == 3001))
+                && ns[1].rdma_done.iter().any(|d| d.0 == 3001)
+        },
+    )?;
+    let got = b.fabric.contents(&sink).unwrap_or_default();
+    checks.check(
+        a.done_ok.contains(&3001) && got.get(..5000) == Some(&a_bytes[..5000]),
+        "a PUT on a new connection lands intact",
+    );
+
+    // 3. Close.
+    for r in [small, sink, b_src] {
+        b.fabric.deregister(r);
+    }
+    a.fabric.deregister(a_src);
+    shutdown_all(&mut [&mut a, &mut b], Duration::from_secs(20))?;
+    checks.check(
+        a.fabric.stats().regions == 0 && b.fabric.stats().regions == 0,
+        "every registration released",
+    );
+    checks.check(
+        a.established().is_empty() && b.established().is_empty(),
+        "no connection left",
+    );
+    Ok(())
+}
