@@ -49,6 +49,7 @@ mod peer;
 mod ping;
 pub mod routes;
 pub mod runtime;
+pub mod selftest;
 #[cfg(feature = "sim")]
 mod sim_node;
 #[cfg(feature = "sim")]
