@@ -156,6 +156,51 @@ pub(crate) struct Fwd {
     pub class: PoolClass,
     pub rtr_credit: bool,
     pub buffer: bool,
+    /// A bulk message (its sender's PUT_REQ): `Some` with the large router buffer in registered
+    /// memory it is written into, once it has one.
+    pub bulk: Option<Option<usize>>,
+}
+
+/// A router's large buffers in registered memory, shared by the node's NI runtimes: buffer `k`
+/// as each NI's fabric registered it. A bulk PUT to forward is written into buffer `k` by its
+/// ingress NI's fabric and written onward from the same memory by the egress NI's: no copy in
+/// the router (the fabrics do what they must).
+#[derive(Clone, Debug, Default)]
+pub struct BulkBuffers {
+    /// For each buffer, (NI NID, the registration on that NI's fabric: id, key, address,
+    /// length).
+    pub bufs: Vec<Vec<(Nid, BulkRegion)>>,
+}
+
+/// One registration of a router buffer (`lnd::fabric::Registration` without its ownership: the
+/// daemon keeps those to deregister at exit).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct BulkRegion {
+    pub region: lnd::fabric::RegionId,
+    pub key: u32,
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl BulkRegion {
+    pub fn of(reg: &lnd::fabric::Registration) -> BulkRegion {
+        BulkRegion {
+            region: reg.id(),
+            key: reg.key(),
+            addr: reg.addr(),
+            len: reg.len(),
+        }
+    }
+}
+
+impl BulkBuffers {
+    /// Buffer `k` as NI `nid`'s fabric registered it.
+    pub fn view(&self, k: usize, nid: Nid) -> Option<BulkRegion> {
+        self.bufs
+            .get(k)?
+            .iter()
+            .find_map(|&(n, r)| (n == nid).then_some(r))
+    }
 }
 
 /// A message one NI runtime hands to another of the same node (the daemon carries them over
@@ -172,6 +217,8 @@ pub enum Handover {
         key: u64,
         hdr: LnetHdr,
         payload: Vec<u8>,
+        /// A bulk message: the router buffer (see [`BulkBuffers`]) that holds its payload.
+        bulk: Option<usize>,
     },
     /// The egress is done with forwarded message `key` of the runtime whose NID is `origin`.
     Done {

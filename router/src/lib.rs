@@ -65,7 +65,10 @@ pub use config::{
     BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
 pub use error::LnetError;
-pub use forward::{ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass, RoutingInfo};
+pub use forward::{
+    BulkBuffers, BulkRegion, ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass,
+    RoutingInfo,
+};
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use lnd::fabric::{FabricEvent, FabricSink};
 pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, NiSink, PingId};

@@ -267,6 +267,9 @@ fn run(
         };
         runtimes.push((rt, wake, f.kind, extras));
     }
+    let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
+        runtimes.iter_mut().map(|r| &mut r.0).collect();
+    give_bulk_buffers(&mut rts, clock.now());
 
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
@@ -685,6 +688,66 @@ fn fabric_supported(kind: FabricKind) -> bool {
         FabricKind::Tcp => true,
         FabricKind::Verbs => cfg!(feature = "verbs"),
         FabricKind::Sim => false,
+    }
+}
+
+/// A router's large buffers in registered memory, shared by every NI's fabric so that a bulk
+/// PUT written in by one NI's fabric is written on by another's from the same memory: each
+/// runtime gets its share of the large pool as buffers of LNET_MTU (lazily backed: only the
+/// buffers used get pages). A fabric that cannot register shared memory (verbs, for now)
+/// leaves the router without them; it then refuses bulk PUTs to forward (`no_bulk_buffer`).
+fn give_bulk_buffers(
+    runtimes: &mut [&mut NiRuntime<Box<dyn Driver + Send>>],
+    now: lnd::time::Instant,
+) {
+    use lnd::fabric::SharedMem;
+    use router::{BulkBuffers, BulkRegion};
+    let routing = runtimes.iter().any(|r| r.node().routing_enabled());
+    if runtimes.len() < 2 && !routing {
+        return;
+    }
+    let shares: Vec<usize> = runtimes
+        .iter()
+        .map(|r| {
+            let info = r.node().routing_info();
+            info.pools
+                .iter()
+                .find(|p| p.class == router::PoolClass::Large)
+                .map_or(0, |p| p.nbuffers as usize)
+        })
+        .collect();
+    let mut table = BulkBuffers::default();
+    let mut owned: Vec<Vec<usize>> = vec![Vec::new(); runtimes.len()];
+    for (i, &n) in shares.iter().enumerate() {
+        for _ in 0..n {
+            let mem = SharedMem::new(lnd::wire::lnet::LNET_MTU as usize);
+            let mut views = Vec::with_capacity(runtimes.len());
+            for r in runtimes.iter_mut() {
+                let nid = r.node().nids()[0];
+                let reg = match r.driver_mut().registry() {
+                    Some(reg) => reg.register_shared(&mem),
+                    None => Err(std::io::Error::other("no memory registration")),
+                };
+                match reg {
+                    Ok(reg) => views.push((nid, BulkRegion::of(&reg))),
+                    Err(e) => {
+                        warn!(%nid, "no router buffers for bulk data ({e}): bulk PUTs through this router will be refused");
+                        return;
+                    }
+                }
+            }
+            owned[i].push(table.bufs.len());
+            table.bufs.push(views);
+        }
+    }
+    info!(
+        buffers = table.bufs.len(),
+        "router buffers for bulk data registered on every NI"
+    );
+    let table = Arc::new(table);
+    for (r, owned) in runtimes.iter_mut().zip(owned) {
+        r.node_mut()
+            .set_bulk_buffers(now, Arc::clone(&table), owned);
     }
 }
 

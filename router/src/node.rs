@@ -20,7 +20,8 @@ use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    ForwardStats, Fwd, FwdDrop, FwdTag, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
+    BulkBuffers, ForwardStats, Fwd, FwdDrop, FwdTag, Handover, PoolClass, PoolInfo, Pools,
+    RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
 use crate::peer::PeerNi;
@@ -123,6 +124,8 @@ enum Purpose {
     },
     /// A peer's GET being answered from a posted source: report [`LnetEvent::BulkGetServed`].
     ServeGet(MdId),
+    /// A bulk PUT for another node being written into a router buffer: forward it once in.
+    ForwardIn(u64),
     /// A ping's GET: a failure fails the ping.
     PingGet(PingId),
     /// A REPLY or ACK we answer with: nobody waits.
@@ -303,6 +306,10 @@ pub struct LnetNode {
     handovers: VecDeque<Handover>,
     /// Posted memory descriptors over registered memory (see `bulk`).
     mds: Mds,
+    /// The node's large router buffers in registered memory (shared with sibling runtimes),
+    /// and which of them this runtime lends out and has free now.
+    bulk_bufs: std::sync::Arc<BulkBuffers>,
+    bulk_free: Vec<usize>,
 }
 
 impl LnetNode {
@@ -393,6 +400,8 @@ impl LnetNode {
             fwd: ForwardStats::default(),
             handovers: VecDeque::new(),
             mds: Mds::default(),
+            bulk_bufs: Default::default(),
+            bulk_free: Vec::new(),
         }
     }
 
@@ -1026,6 +1035,7 @@ impl LnetNode {
                     result: result.map(|()| len),
                 });
             }
+            Purpose::ForwardIn(key) => self.bulk_forward_in(key, result),
             Purpose::ServeGet(md) => {
                 if result.is_ok() {
                     self.stats.send_count += 1;
@@ -1591,6 +1601,7 @@ impl LnetNode {
                 class,
                 rtr_credit: false,
                 buffer: false,
+                bulk: None,
             })
             .as_u64();
         self.fwd.in_flight += 1;
@@ -1640,6 +1651,9 @@ impl LnetNode {
         let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
             return;
         };
+        if f.bulk.is_some() {
+            return self.commit_bulk_forward(key);
+        }
         let ni = f.ni;
         let from = f.from;
         let rx = f.rx.take();
@@ -1667,6 +1681,7 @@ impl LnetNode {
                 key,
                 hdr,
                 payload,
+                bulk: None,
             }),
             Ok(Route::Local(_)) | Err(_) => {
                 self.count_error(&LnetError::NoRoute(hdr.dest_nid));
@@ -1723,7 +1738,18 @@ impl LnetNode {
             Err(why) => self.count_forward_drop(f.ni, f.from, len, why),
         }
         if let Some(rx) = f.rx {
-            self.nis[f.ni].ep.recv_done(now, rx);
+            if f.bulk.is_some() {
+                // A bulk PUT never taken in: its sender's PUT fails (PUT_NAK 0 would tell its
+                // LNet the PUT was done).
+                self.nis[f.ni]
+                    .ep
+                    .refuse_rdma(now, rx, lnd::wire::kib::EPROTO);
+            } else {
+                self.nis[f.ni].ep.recv_done(now, rx);
+            }
+        }
+        if let Some(Some(k)) = f.bulk {
+            self.bulk_free.push(k);
         }
         if f.buffer {
             let pool = self.pools.get_mut(f.class);
@@ -1844,8 +1870,31 @@ impl LnetNode {
                 key,
                 hdr,
                 payload,
+                bulk,
                 ..
             } => match self.route(hdr.dest_nid) {
+                Ok(Route::Remote { ni, next })
+                    if bulk.is_some()
+                        && !self.shutting_down
+                        && next != from
+                        && !self.drops_for_down_peer(next, ni) =>
+                {
+                    let purpose = Purpose::Forward { origin, key };
+                    let len = hdr.payload_length;
+                    match bulk.and_then(|k| self.bulk_view(k, ni, len)) {
+                        Some(buf) => {
+                            let src = Bulk::Put(buf.local(len));
+                            self.launch_bulk(ni, next, hdr, src, purpose);
+                        }
+                        None => self.handovers.push_back(Handover::Done {
+                            origin,
+                            key,
+                            result: Err(LnetError::BulkUnsupported(
+                                "a router buffer not registered on the egress NI",
+                            )),
+                        }),
+                    }
+                }
                 Ok(r @ Route::Remote { ni, next })
                     if !self.shutting_down
                         && next != from

@@ -65,6 +65,12 @@ pub trait Driver {
 
     /// The fabric's counters under stable snake_case names, for `lnetctl net show -v`.
     fn counters(&self) -> Vec<(&'static str, u64)>;
+
+    /// The fabric's memory registration, for the memory LNet moves bulk data from and into
+    /// (`None`: this driver registers nothing).
+    fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
+        None
+    }
 }
 
 /// A boxed driver is a driver (the daemon keeps each NI's behind `Box<dyn Driver + Send>`).
@@ -104,6 +110,10 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         (**self).counters()
+    }
+
+    fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
+        (**self).registry()
     }
 }
 

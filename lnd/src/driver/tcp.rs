@@ -185,7 +185,8 @@ use tracing::{debug, trace, warn};
 use crate::engine::Tunables;
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
-    PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, WcStatus, WrId,
+    PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, SharedMem, WcStatus,
+    WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
@@ -650,11 +651,27 @@ struct RxWrite {
     discard: bool,
 }
 
-/// A registered region (see `impl Registry for TcpFabric`).
+/// A registered region (see `impl Registry for TcpFabric`): its own bytes, or memory shared
+/// with other fabrics (then `bytes` is empty).
 struct Region {
     id: u64,
     addr: u64,
     bytes: Vec<u8>,
+    shared: Option<SharedMem>,
+}
+
+impl Region {
+    fn len(&self) -> usize {
+        self.shared.as_ref().map_or(self.bytes.len(), |m| m.len())
+    }
+
+    /// Runs `f` on the bytes (under the shared memory's lock, if shared).
+    fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        match &self.shared {
+            Some(m) => m.with(f),
+            None => f(&mut self.bytes),
+        }
+    }
 }
 
 /// How far the write buffer is filled from an RDMA write's source before it is handed to the
@@ -890,12 +907,13 @@ impl TcpFabric {
     // ------------------------------------------------------------------ registered memory
 
     /// The contents of region `id`, to fill a write's source. A region must not change while a
-    /// write from it (or a peer's write into it) is in progress.
+    /// write from it (or a peer's write into it) is in progress. `None` for shared memory
+    /// (reach it through its [`SharedMem`]).
     pub fn region_mut(&mut self, reg: &Registration) -> Option<&mut [u8]> {
         let id = reg.id();
         self.regions
             .get_mut(&region_key(id.0))
-            .filter(|r| r.id == id.0)
+            .filter(|r| r.id == id.0 && r.shared.is_none())
             .map(|r| &mut r.bytes[..])
     }
 
@@ -913,9 +931,11 @@ impl TcpFabric {
         self.regions.get(&region_key(id.0)).filter(|r| r.id == id.0)
     }
 
-    /// The contents of a region (no copy; [`Registry::read`] copies).
+    /// The contents of a region (no copy; [`Registry::read`] copies). `None` for shared memory.
     pub fn region(&self, reg: &Registration) -> Option<&[u8]> {
-        self.region_ref(reg.id()).map(|r| &r.bytes[..])
+        self.region_ref(reg.id())
+            .filter(|r| r.shared.is_none())
+            .map(|r| &r.bytes[..])
     }
 
     // ------------------------------------------------------------------ engine actions
@@ -1137,18 +1157,18 @@ impl TcpFabric {
                     // A malformed write, or one with a local fragment outside its region, is
                     // refused before its first frame (nothing of it is sent); the current piece
                     // is checked again each frame, in case its region went away.
-                    let regions = &self.regions;
-                    let region = |id: RegionId| {
+                    let regions = &mut self.regions;
+                    let region_len = |regions: &HashMap<u32, Region>, id: RegionId| {
                         regions
                             .get(&region_key(id.0))
                             .filter(|r| r.id == id.0)
-                            .map(|r| &r.bytes[..])
+                            .map(Region::len)
                     };
                     let whole_ok = w.len.is_some()
                         && (w.sent > 0
                             || w.local.iter().all(|f| {
-                                region(f.region).is_some_and(|b| {
-                                    span(b.len(), f.offset, u64::from(f.len)).is_some()
+                                region_len(regions, f.region).is_some_and(|len| {
+                                    span(len, f.offset, u64::from(f.len)).is_some()
                                 })
                             }));
                     let next = whole_ok
@@ -1157,10 +1177,10 @@ impl TcpFabric {
                         .and_then(|p| {
                             let n = u64::from(p.len - w.piece_sent).min(WRITE_CHUNK as u64);
                             let off = p.offset.checked_add(u64::from(w.piece_sent))?;
-                            let b = region(p.region)?;
-                            Some((p, &b[span(b.len(), off, n)?]))
+                            let range = span(region_len(regions, p.region)?, off, n)?;
+                            Some((p, range))
                         });
-                    let Some((p, src)) = next else {
+                    let Some((p, range)) = next else {
                         let wr = w.wr;
                         s.backlog.pop_front();
                         s.faulted = true;
@@ -1178,11 +1198,15 @@ impl TcpFabric {
                         break;
                     };
                     let at = p.addr.wrapping_add(u64::from(w.piece_sent));
-                    frame::push_write_head(&mut s.wq, p.key, at, src.len());
-                    s.wq.extend_from_slice(src);
-                    s.queued += (HEAD_LEN + WRITE_HEAD_LEN + src.len()) as u64;
-                    w.sent += src.len() as u32;
-                    w.piece_sent += src.len() as u32;
+                    let n = range.len();
+                    frame::push_write_head(&mut s.wq, p.key, at, n);
+                    let wq = &mut s.wq;
+                    if let Some(r) = regions.get_mut(&region_key(p.region.0)) {
+                        r.with(|b| wq.extend_from_slice(&b[range]));
+                    }
+                    s.queued += (HEAD_LEN + WRITE_HEAD_LEN + n) as u64;
+                    w.sent += n as u32;
+                    w.piece_sent += n as u32;
                     if w.piece_sent == p.len {
                         w.piece += 1;
                         w.piece_sent = 0;
@@ -1804,15 +1828,17 @@ impl TcpFabric {
                 let n = w.left.min(s.rend - s.rstart);
                 let src = &buf[s.rstart..s.rstart + n];
                 if !w.discard {
-                    let Some(dst) = self
-                        .regions
-                        .get_mut(&w.key)
-                        .and_then(|r| r.bytes.get_mut(w.off..w.off + n))
-                    else {
+                    let landed = self.regions.get_mut(&w.key).is_some_and(|r| {
+                        r.with(|b| {
+                            b.get_mut(w.off..w.off + n)
+                                .map(|dst| dst.copy_from_slice(src))
+                                .is_some()
+                        })
+                    });
+                    if !landed {
                         // Deregistered while the write was streaming in.
                         return self.access_error(sock, "region deregistered", sink, now);
-                    };
-                    dst.copy_from_slice(src);
+                    }
                     self.stats.rdma_bytes_rx += n as u64;
                 }
                 w.off += n;
@@ -1919,7 +1945,7 @@ impl TcpFabric {
                         None => Err("no region under the key"),
                         Some(r) => addr
                             .checked_sub(r.addr)
-                            .and_then(|off| span(r.bytes.len(), off, len as u64))
+                            .and_then(|off| span(r.len(), off, len as u64))
                             .map(|range| range.start)
                             .ok_or("outside the region"),
                     };
@@ -2432,6 +2458,10 @@ impl crate::driver::Driver for TcpFabric {
         TcpFabric::apply(self, now, action);
     }
 
+    fn registry(&mut self) -> Option<&mut dyn Registry> {
+        Some(self)
+    }
+
     fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
@@ -2483,7 +2513,33 @@ impl Registry for TcpFabric {
         let len = bytes.len() as u64;
         let pages = len.div_ceil(PAGE) + 1;
         self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
-        self.regions.insert(key, Region { id, addr, bytes });
+        self.regions.insert(
+            key,
+            Region {
+                id,
+                addr,
+                bytes,
+                shared: None,
+            },
+        );
+        Ok(Registration::new(RegionId(id), key, addr, len))
+    }
+
+    fn register_shared(&mut self, mem: &SharedMem) -> io::Result<Registration> {
+        self.next_region = self.next_region.wrapping_add(1);
+        let id = self.next_region;
+        let key = region_key(id);
+        let addr = self.next_region_addr;
+        let len = mem.len() as u64;
+        let pages = len.div_ceil(PAGE) + 1;
+        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
+        let region = Region {
+            id,
+            addr,
+            bytes: Vec::new(),
+            shared: Some(mem.clone()),
+        };
+        self.regions.insert(key, region);
         Ok(Registration::new(RegionId(id), key, addr, len))
     }
 
@@ -2491,12 +2547,18 @@ impl Registry for TcpFabric {
         let Some(r) = self.region_ref(reg.id()) else {
             return false;
         };
-        match span(r.bytes.len(), offset, out.len() as u64) {
+        let copy = |b: &mut [u8]| match span(b.len(), offset, out.len() as u64) {
             Some(range) => {
-                out.copy_from_slice(&r.bytes[range]);
+                out.copy_from_slice(&b[range]);
                 true
             }
             None => false,
+        };
+        match &r.shared {
+            Some(m) => m.with(copy),
+            None => span(r.bytes.len(), offset, out.len() as u64)
+                .map(|range| out.copy_from_slice(&r.bytes[range]))
+                .is_some(),
         }
     }
 

@@ -1461,6 +1461,10 @@ impl crate::driver::Driver for VerbsFabric {
         VerbsFabric::apply(self, now, action);
     }
 
+    fn registry(&mut self) -> Option<&mut dyn Registry> {
+        Some(self)
+    }
+
     fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,

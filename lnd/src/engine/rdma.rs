@@ -427,6 +427,16 @@ impl Endpoint {
         let Some(c) = self.conn_mut(conn) else {
             return;
         };
+        if c.rdma_rx.iter().any(|r| r.slot == slot) {
+            // A slot we never reposted delivered again: the fabric broke its contract, and
+            // answering would mix two requests up.
+            self.stats.bad_msgs += 1;
+            error!(
+                ?conn,
+                slot, "a receive slot reported twice before its repost"
+            );
+            return self.close_conn(conn, Some(DownReason::ProtocolError));
+        }
         let from = c.peer;
         let op = match &sink {
             Some(s) => RdmaOp::Get { sink_len: s.len() },

@@ -302,6 +302,43 @@ impl Registration {
     }
 }
 
+/// Memory that several fabrics register at once: a router's large buffers, written by the
+/// ingress NI's fabric (the sender's RDMA write lands there) and read by the egress NI's (its own
+/// write onward goes from there), with no copy between them. Shared ownership, one user at a
+/// time: each fabric takes the lock only while it copies bytes in or out, and LNet hands a
+/// buffer from the ingress to the egress only once the data is in.
+#[derive(Clone, Debug)]
+pub struct SharedMem(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl SharedMem {
+    /// `len` zeroed bytes (left to the kernel to back as they are first written).
+    pub fn new(len: usize) -> SharedMem {
+        SharedMem(std::sync::Arc::new(std::sync::Mutex::new(vec![0; len])))
+    }
+
+    /// Runs `f` on the bytes, holding the lock. A panic of another holder does not make the
+    /// bytes unreachable (they are plain bytes: nothing to repair).
+    pub fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut g)
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.with(|b| b.len())
+    }
+
+    /// True for no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the bytes.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.with(|b| b.to_vec())
+    }
+}
+
 /// Memory registration, the same on every fabric (the tcp fabric, verbs, the simulator's nodes):
 /// a buffer handed over becomes a region peers can write into and writes can read from, until it
 /// is deregistered.
@@ -322,6 +359,17 @@ pub trait Registry {
     /// write into, and counts it). What happens to a write in flight is the fabric's documented
     /// rule.
     fn deregister(&mut self, reg: Registration) -> Option<Vec<u8>>;
+
+    /// Registers memory other fabrics may register too ([`SharedMem`]). Its `deregister` gives
+    /// back no bytes (an empty buffer): the memory stays with its other owners. Fabrics that
+    /// cannot share memory (verbs, for now) refuse.
+    fn register_shared(&mut self, mem: &SharedMem) -> std::io::Result<Registration> {
+        let _ = mem;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this fabric does not register shared memory",
+        ))
+    }
 
     /// The region's whole contents (see [`Registry::read`]).
     fn contents(&self, reg: &Registration) -> Option<Vec<u8>> {

@@ -18,7 +18,12 @@
 //! A GET into registered memory goes only to a peer on a local net: Lustre never routes an
 //! optimized GET (a routed GET is IMMEDIATE and its REPLY would come back as a PUT).
 
+use std::sync::Arc;
+
 use lnd::engine::{RdmaOp, RdmaSink};
+use lnd::wire::LnetMsgType;
+
+use crate::forward::BulkBuffers;
 use lnd::fabric::{LocalFrag, RegionId, Registration};
 use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
@@ -56,7 +61,7 @@ impl BulkBuf {
     }
 
     /// The first `len` bytes as a write's source.
-    fn local(&self, len: u32) -> Vec<LocalFrag> {
+    pub(super) fn local(&self, len: u32) -> Vec<LocalFrag> {
         vec![LocalFrag {
             region: self.region,
             offset: self.offset,
@@ -65,7 +70,7 @@ impl BulkBuf {
     }
 
     /// The first `len` bytes as a sink a peer writes into.
-    fn sink(&self, len: u32) -> RdmaSink {
+    pub(super) fn sink(&self, len: u32) -> RdmaSink {
         RdmaSink {
             key: self.key,
             frags: vec![RdmaFrag {
@@ -457,13 +462,162 @@ impl LnetNode {
                 self.nis[ni].ep.recv_done(now, rx);
                 FwdDrop::RoutingDisabled
             }
-            RdmaOp::Put => {
+            RdmaOp::Put if self.shutting_down => {
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                FwdDrop::Shutdown
+            }
+            RdmaOp::Put
+                if hdr.payload_length > LNET_MTU
+                    || !matches!(hdr.msg_type(), LnetMsgType::Put | LnetMsgType::Reply) =>
+            {
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                FwdDrop::Malformed
+            }
+            RdmaOp::Put
+                if self.pools.get_mut(PoolClass::Large).nbuffers == 0
+                    || self.bulk_bufs.bufs.is_empty() =>
+            {
                 self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
                 FwdDrop::NoBulkBuffer
+            }
+            RdmaOp::Put => {
+                // Held like any message to forward: the sender's router credit, then a large
+                // buffer; its PUT_REQ's slot stays with it until then (the sender's LND credit
+                // does not come back: back pressure).
+                let key = self
+                    .fwds
+                    .insert(Fwd {
+                        from,
+                        ni,
+                        hdr,
+                        payload: Vec::new(),
+                        rx: Some(rx),
+                        class: PoolClass::Large,
+                        rtr_credit: false,
+                        buffer: false,
+                        bulk: Some(None),
+                    })
+                    .as_u64();
+                self.fwd.in_flight += 1;
+                self.take_rtr_credit(key);
+                return;
             }
         };
         debug!(%from, %dest, %why, "not forwarding a rendezvous request");
         self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
+    }
+
+    /// Gives this runtime the node's large router buffers in registered memory (`table`, shared
+    /// with its sibling runtimes) and the ones it lends out (`owned`: its share, as the large
+    /// pool's buffers). Without them a router refuses bulk PUTs to forward (`no_bulk_buffer`).
+    pub fn set_bulk_buffers(&mut self, now: Instant, table: Arc<BulkBuffers>, owned: Vec<usize>) {
+        self.advance(now);
+        let n = owned.len() as u32;
+        self.bulk_bufs = table;
+        self.bulk_free = owned;
+        self.set_buffers(now, PoolClass::Large, n);
+    }
+
+    /// Router buffer `k` as NI `ni`'s fabric registered it, its first `len` bytes.
+    pub(super) fn bulk_view(&self, k: usize, ni: usize, len: u32) -> Option<BulkBuf> {
+        let r = self.bulk_bufs.view(k, self.nis.get(ni)?.nid)?;
+        (u64::from(len) <= r.len && len > 0).then_some(BulkBuf {
+            ni: NiIndex(ni),
+            region: r.region,
+            key: r.key,
+            addr: r.addr,
+            offset: 0,
+            len,
+        })
+    }
+
+    /// A bulk PUT to forward has its router credit and a large buffer: the sender writes it into
+    /// a free router buffer (PUT_ACK), and it is forwarded once it is in (lnet_ni_recv into the
+    /// router buffer's pages).
+    pub(super) fn commit_bulk_forward(&mut self, key: u64) {
+        let now = self.now;
+        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
+            return;
+        };
+        let (ni, from, hdr) = (f.ni, f.from, f.hdr);
+        let Some(rx) = f.rx.take() else {
+            return;
+        };
+        let len = hdr.payload_length;
+        let buf = self
+            .bulk_free
+            .pop()
+            .map(|k| (k, self.bulk_view(k, ni, len.max(1))));
+        let (k, buf) = match buf {
+            Some((k, Some(buf))) => (k, buf),
+            other => {
+                // The pool counts more buffers than this runtime registered (large_buffers set
+                // above what the daemon registered at start), or one is not on this NI.
+                if let Some((k, None)) = other {
+                    self.bulk_free.push(k);
+                }
+                self.fwds.get_mut(Handle::from_u64(key)).expect("live").rx = Some(rx);
+                return self.forward_done(key, Err(FwdDrop::NoBulkBuffer));
+            }
+        };
+        self.fwds.get_mut(Handle::from_u64(key)).expect("live").bulk = Some(Some(k));
+        self.alloc_msg();
+        let cookie = self.inbound(ni, from, hdr, len, Purpose::ForwardIn(key));
+        if len == 0 {
+            self.nis[ni].ep.recv_done(now, rx);
+            self.finish_out(cookie, Ok(()));
+        } else {
+            self.nis[ni]
+                .ep
+                .accept_put_rdma(now, rx, buf.sink(len), cookie);
+        }
+    }
+
+    /// A bulk PUT to forward is in router buffer memory (or failed to come in): send it on, from
+    /// the same memory, by the egress NI here or in a sibling runtime.
+    pub(super) fn bulk_forward_in(&mut self, key: u64, result: Result<(), LnetError>) {
+        let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
+            return;
+        };
+        let (ni, from, hdr) = (f.ni, f.from, f.hdr);
+        let Some(Some(k)) = f.bulk else {
+            return self.forward_done(key, Err(FwdDrop::SendFailed));
+        };
+        if result.is_err() {
+            // The sender's write or PUT_DONE did not come: nothing to forward.
+            return self.forward_done(key, Err(FwdDrop::SendFailed));
+        }
+        let origin = self.nis[ni].nid;
+        let len = hdr.payload_length;
+        match self.route(hdr.dest_nid) {
+            Ok(Route::Remote { next, .. }) if next == from => {
+                self.count_error(&LnetError::Loop(from));
+                self.forward_done(key, Err(FwdDrop::Loop));
+            }
+            Ok(Route::Remote { ni: e, next }) if self.drops_for_down_peer(next, e) => {
+                self.forward_done(key, Err(FwdDrop::PeerDown));
+            }
+            Ok(Route::Remote { ni: e, next }) => match self.bulk_view(k, e, len) {
+                Some(buf) => {
+                    let purpose = Purpose::Forward { origin, key };
+                    self.launch_bulk(e, next, hdr, Bulk::Put(buf.local(len)), purpose);
+                }
+                None => self.forward_done(key, Err(FwdDrop::NoBulkBuffer)),
+            },
+            Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
+                via,
+                origin,
+                from,
+                key,
+                hdr,
+                payload: Vec::new(),
+                bulk: Some(k),
+            }),
+            Ok(Route::Local(_)) | Err(_) => {
+                self.count_error(&LnetError::NoRoute(hdr.dest_nid));
+                self.forward_done(key, Err(FwdDrop::NoRoute));
+            }
+        }
     }
 
     /// The LND finished a transfer into our memory (`RdmaDone`).

@@ -29,7 +29,7 @@ fn pair() -> Fabric {
 
 /// `want` at `off` of node `n`'s region `reg`, the 0xee fill everywhere else.
 fn assert_landed(f: &Fabric, n: usize, reg: &Registration, off: usize, want: &[u8]) {
-    let got = f.region(n, reg);
+    let got = &f.region(n, reg);
     assert!(
         got[off..off + want.len()] == *want,
         "{} bytes at {off} differ",

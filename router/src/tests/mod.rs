@@ -96,29 +96,56 @@ struct Fabric {
     /// Every event of every node, with the time it was drained.
     events: Vec<Vec<(Instant, LnetEvent)>>,
     actions: Vec<u64>,
+    /// The receive slot each end's next message lands in: a fresh one each time (a slot is
+    /// never reused while the engine may still hold it, as with real posted receives).
+    next_slot: HashMap<End, u16>,
     /// Each node's registered memory (one protection domain per node, shared by its NIs).
     mem: Vec<Memory>,
 }
 
-/// A node's registered regions: by local id, with their key and address.
+/// A node's registered regions: by local id, with their key and address; memory of its own,
+/// or shared with other nodes (a router's runtimes share their large buffers).
 #[derive(Default)]
 struct Memory {
-    regions: HashMap<u64, (u32, u64, Vec<u8>)>,
+    regions: HashMap<u64, (u32, u64, lnd::fabric::SharedMem)>,
     next: u64,
 }
 
 impl Memory {
-    /// The bytes `[addr, addr + len)` of the region registered under `key`.
-    fn by_key(&mut self, key: u32, addr: u64, len: u32) -> Option<&mut [u8]> {
-        let (_, base, bytes) = self.regions.values_mut().find(|r| r.0 == key)?;
-        let start = usize::try_from(addr.checked_sub(*base)?).ok()?;
-        bytes.get_mut(start..start.checked_add(len as usize)?)
+    /// Copies `bytes` into `[addr, ..)` of the region registered under `key`; false if outside.
+    fn write_key(&self, key: u32, addr: u64, bytes: &[u8]) -> bool {
+        let Some((_, base, mem)) = self.regions.values().find(|r| r.0 == key) else {
+            return false;
+        };
+        let Some(start) = addr
+            .checked_sub(*base)
+            .and_then(|s| usize::try_from(s).ok())
+        else {
+            return false;
+        };
+        mem.with(|b| {
+            b.get_mut(start..start + bytes.len())
+                .map(|d| d.copy_from_slice(bytes))
+                .is_some()
+        })
     }
 
-    fn by_id(&self, id: u64, offset: u64, len: u32) -> Option<&[u8]> {
-        let (_, _, bytes) = self.regions.get(&id)?;
+    fn fits_key(&self, key: u32, addr: u64, len: usize) -> bool {
+        self.regions.values().any(|(k, base, mem)| {
+            *k == key
+                && addr
+                    .checked_sub(*base)
+                    .is_some_and(|s| s.saturating_add(len as u64) <= mem.len() as u64)
+        })
+    }
+
+    fn read_id(&self, id: u64, offset: u64, len: u32) -> Option<Vec<u8>> {
+        let (_, _, mem) = self.regions.get(&id)?;
         let start = usize::try_from(offset).ok()?;
-        bytes.get(start..start.checked_add(len as usize)?)
+        mem.with(|b| {
+            b.get(start..start.checked_add(len as usize)?)
+                .map(<[u8]>::to_vec)
+        })
     }
 }
 
@@ -148,6 +175,7 @@ impl Fabric {
             events: vec![Vec::new(); n],
             actions: vec![0; n],
             mem: (0..n).map(|_| Memory::default()).collect(),
+            next_slot: HashMap::new(),
         }
     }
 
@@ -277,12 +305,15 @@ impl Fabric {
                     // gives up, which this fabric leaves to the LND's timeouts.
                     Some(&(tn, _, _)) if self.dead.contains(&tn) => return,
                     Some(&(tn, tni, tconn)) => {
+                        let next = self.next_slot.entry((tn, tni, tconn)).or_insert(0);
+                        let slot = *next;
+                        *next = next.wrapping_add(1);
                         self.queue.push_back((
                             tn,
                             tni,
                             Ev::Recv {
                                 conn: tconn,
-                                slot: 0,
+                                slot,
                                 bytes,
                             },
                         ));
@@ -328,17 +359,30 @@ impl Fabric {
 
     /// Registers `bytes` as node `n`'s memory.
     fn register(&mut self, n: usize, bytes: Vec<u8>) -> lnd::fabric::Registration {
+        let mem = {
+            let m = lnd::fabric::SharedMem::new(bytes.len());
+            m.with(|b| b.copy_from_slice(&bytes));
+            m
+        };
+        self.register_shared(n, &mem)
+    }
+
+    /// Registers `mem` with node `n` (several nodes may register the same memory).
+    fn register_shared(
+        &mut self,
+        n: usize,
+        mem: &lnd::fabric::SharedMem,
+    ) -> lnd::fabric::Registration {
         let m = &mut self.mem[n];
         m.next += 1;
         let (id, key, addr) = (m.next, 0x5000 + m.next as u32, m.next << 32);
-        let len = bytes.len() as u64;
-        m.regions.insert(id, (key, addr, bytes));
-        lnd::fabric::Registration::new(lnd::fabric::RegionId(id), key, addr, len)
+        m.regions.insert(id, (key, addr, mem.clone()));
+        lnd::fabric::Registration::new(lnd::fabric::RegionId(id), key, addr, mem.len() as u64)
     }
 
     /// Node `n`'s region `reg` as it is now.
-    fn region(&self, n: usize, reg: &lnd::fabric::Registration) -> &[u8] {
-        &self.mem[n].regions[&reg.id().0].2
+    fn region(&self, n: usize, reg: &lnd::fabric::Registration) -> Vec<u8> {
+        self.mem[n].regions[&reg.id().0].2.to_vec()
     }
 
     /// Copies a write from node `from`'s memory into node `to`'s, all or nothing.
@@ -354,24 +398,19 @@ impl Fabric {
         }
         let mut pieces = Vec::new();
         for p in lnd::fabric::rdma_pieces(local, remote) {
-            let Some(src) = self.mem[from].by_id(p.region.0, p.offset, p.len) else {
+            let Some(src) = self.mem[from].read_id(p.region.0, p.offset, p.len) else {
                 return WcStatus::Error;
             };
-            pieces.push((p.key, p.addr, src.to_vec()));
+            pieces.push((p.key, p.addr, src));
         }
-        for (key, addr, _) in &pieces {
-            let len = pieces
-                .iter()
-                .find(|x| x.1 == *addr)
-                .map_or(0, |x| x.2.len());
-            if self.mem[to].by_key(*key, *addr, len as u32).is_none() {
-                return WcStatus::Error;
-            }
+        if !pieces
+            .iter()
+            .all(|(key, addr, b)| self.mem[to].fits_key(*key, *addr, b.len()))
+        {
+            return WcStatus::Error;
         }
         for (key, addr, bytes) in pieces {
-            if let Some(dst) = self.mem[to].by_key(key, addr, bytes.len() as u32) {
-                dst.copy_from_slice(&bytes);
-            }
+            self.mem[to].write_key(key, addr, &bytes);
         }
         WcStatus::Success
     }

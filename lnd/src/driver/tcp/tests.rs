@@ -1674,3 +1674,47 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
     assert!(b.fabric.deregister(b_src).is_some());
     shut_down_both(&mut a, &mut b, &clock);
 }
+
+/// Memory registered with two fabrics at once (a router's large buffers): a peer's write
+/// through one registration is read through the other's, and a write from the second goes out
+/// with those bytes; deregistering one leaves the other working.
+#[test]
+fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
+    use crate::engine::RdmaSink;
+    use crate::fabric::SharedMem;
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let other = TcpFabric::bind("127.0.0.1:0".parse().unwrap(), |_| None);
+    let mut other = other.unwrap();
+    let mem = SharedMem::new(70_000);
+    let at_b = b.fabric.register_shared(&mem).unwrap();
+    let at_other = other.register_shared(&mem).unwrap();
+    let bytes = pattern(9, 70_000);
+    let src = a.fabric.register(bytes.clone()).unwrap();
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&at_b, 0, 70_000), 10));
+    let h = hdr(an, bn, 70_000);
+    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, 70_000)], 10)
+        .unwrap();
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(10),
+        |n| n[1].rdma_done.contains_key(&10)
+    ));
+    assert_eq!(b.rdma_done[&10], Ok(70_000));
+    assert!(
+        other.contents(&at_other).unwrap() == bytes,
+        "read through the other fabric"
+    );
+    assert!(mem.to_vec() == bytes);
+    assert!(
+        b.fabric.region(&at_b).is_none(),
+        "no borrowed view of shared memory"
+    );
+    // B's registration goes; the other fabric still holds the memory.
+    assert_eq!(b.fabric.deregister(at_b), Some(Vec::new()));
+    assert!(other.contents(&at_other).unwrap() == bytes);
+    shut_down_both(&mut a, &mut b, &clock);
+}
