@@ -9,10 +9,13 @@
 //!    registration. A's write fails at B's HCA (remote access error), which costs A that PUT and
 //!    the connection; B's memory beyond its registration is never reached and its region is
 //!    unchanged. A new connection then carries a PUT intact.
-//! 3. Graceful close; no queue pair left, every registration released.
+//! 3. A router's buffer: memory registered with two fabrics at once (B's and a third node
+//!    C's, `SharedMem`). A PUTs into it through B; C PUTs it on to A from its own
+//!    registration of the same memory. A gets back exactly what it sent.
+//! 4. Graceful close; no queue pair left, every registration released.
 //!
 //! Exit 0 on success, 1 with the failed checks otherwise.
-//! Usage: verbs_bulk [IP]   (default 10.0.0.1; ports 9874 and 9875)
+//! Usage: verbs_bulk [IP]   (default 10.0.0.1; ports 9874, 9875 and 9876)
 
 #[path = "verbs_common/mod.rs"]
 mod common;
@@ -48,13 +51,19 @@ fn main() {
 }
 
 fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
-    let (a_nid, b_nid) = (nid("10.0.0.2@o2ib"), nid("10.0.0.1@o2ib"));
+    let (a_nid, b_nid, c_nid) = (
+        nid("10.0.0.2@o2ib"),
+        nid("10.0.0.1@o2ib"),
+        nid("10.0.0.3@o2ib"),
+    );
     let (addr_a, addr_b) = (SocketAddr::new(ip, 9875), SocketAddr::new(ip, 9874));
-    let book: HashMap<_, _> = [(a_nid, addr_a), (b_nid, addr_b)].into();
+    let addr_c = SocketAddr::new(ip, 9876);
+    let book: HashMap<_, _> = [(a_nid, addr_a), (b_nid, addr_b), (c_nid, addr_c)].into();
     let tune = |c: &mut lnd::engine::EndpointConfig| {
         c.tunables.timeout = Duration::from_secs(20).into();
     };
     let mut b = Node::new("B", b_nid, 2, addr_b, book.clone(), tune)?;
+    let mut c = Node::new("C", c_nid, 3, addr_c, book.clone(), tune)?;
     let mut a = Node::new("A", a_nid, 1, addr_a, book, tune)?;
     println!("verbs_bulk: device {}", a.fabric.device_name());
     let reg = |n: &mut Node, bytes: Vec<u8>| {
@@ -242,14 +251,72 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         "a PUT on a new connection lands intact",
     );
 
-    // 3. Close.
+    // 3. A router buffer shared by two fabrics: in through B, out through C.
+    let len = MIB as u32 - 3;
+    let mem = lnd::fabric::SharedMem::new(MIB);
+    let at_b = b
+        .fabric
+        .register_shared(&mem)
+        .map_err(|e| format!("B: register_shared: {e}"))?;
+    let at_c = c
+        .fabric
+        .register_shared(&mem)
+        .map_err(|e| format!("C: register_shared: {e}"))?;
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&at_b, 0, len), 4000));
+    let now = a.now();
+    let h = LnetHdr::put(a_nid, b_nid, len, 4, 11);
+    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(100, len)], 4000)
+        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    run_until(
+        &mut [&mut a, &mut b],
+        Duration::from_secs(60),
+        "into the shared buffer",
+        |ns| ns[1].rdma_done.iter().any(|d| d.0 == 4000),
+    )?;
+    let want = &a_bytes[100..100 + len as usize];
+    checks.check(
+        b.rdma_done.contains(&(4000, Ok(len))) && mem.with(|m| m[..len as usize] == *want),
+        "a PUT lands in memory registered with two fabrics",
+    );
+    let back = reg(&mut a, vec![0xee; MIB])?;
+    a.answers
+        .push_back(Answer::Accept(RdmaSink::of(&back, 0, len), 4001));
+    let now = c.now();
+    let h = LnetHdr::put(c_nid, a_nid, len, 4, 12);
+    c.ep.send_put_rdma(now, a_nid, h, vec![at_c.local_frag(0, len)], 4001)
+        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    run_until(
+        &mut [&mut a, &mut c],
+        Duration::from_secs(60),
+        "out of the shared buffer",
+        |ns| {
+            ns[0].rdma_done.iter().any(|d| d.0 == 4001)
+                && (ns[1].done_ok.contains(&4001) || ns[1].send_failed.iter().any(|f| f.0 == 4001))
+        },
+    )?;
+    let got = a.fabric.contents(&back).unwrap_or_default();
+    checks.check(
+        c.done_ok.contains(&4001)
+            && a.rdma_done.contains(&(4001, Ok(len)))
+            && got.get(..len as usize) == Some(want)
+            && got[len as usize..].iter().all(|&x| x == 0xee),
+        "written on from the other fabric's registration of it, A gets back what it sent",
+    );
+    b.fabric.deregister(at_b);
+    c.fabric.deregister(at_c);
+    a.fabric.deregister(back);
+
+    // 4. Close.
     for r in [small, sink, b_src] {
         b.fabric.deregister(r);
     }
     a.fabric.deregister(a_src);
-    shutdown_all(&mut [&mut a, &mut b], Duration::from_secs(20))?;
+    shutdown_all(&mut [&mut a, &mut b, &mut c], Duration::from_secs(20))?;
     checks.check(
-        a.fabric.stats().regions == 0 && b.fabric.stats().regions == 0,
+        a.fabric.stats().regions == 0
+            && b.fabric.stats().regions == 0
+            && c.fabric.stats().regions == 0,
         "every registration released",
     );
     checks.check(

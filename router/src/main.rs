@@ -693,17 +693,21 @@ fn fabric_supported(kind: FabricKind) -> bool {
 
 /// A router's large buffers in registered memory, shared by every NI's fabric so that a bulk
 /// PUT written in by one NI's fabric is written on by another's from the same memory: each
-/// runtime gets its share of the large pool as buffers of LNET_MTU (lazily backed: only the
-/// buffers used get pages). A fabric that cannot register shared memory (verbs, for now)
-/// leaves the router without them; it then refuses bulk PUTs to forward (`no_bulk_buffer`).
+/// runtime gets its share of the large pool as buffers of LNET_MTU. On tcp they are lazily
+/// backed (only the buffers used get pages); verbs pins them all at start, so size
+/// `buffers: large:` to what the host may pin (LimitMEMLOCK). Only for a daemon started with
+/// routing on and two NIs or more (`set routing 1` later finds none: bulk PUTs to forward are
+/// then refused, `no_bulk_buffer`). A registration that fails leaves the router without them,
+/// with one warning.
 fn give_bulk_buffers(
     runtimes: &mut [&mut NiRuntime<Box<dyn Driver + Send>>],
     now: lnd::time::Instant,
 ) {
     use lnd::fabric::SharedMem;
     use router::{BulkBuffers, BulkRegion};
+    // Only a router configured as one: the buffers are pinned on verbs.
     let routing = runtimes.iter().any(|r| r.node().routing_enabled());
-    if runtimes.len() < 2 && !routing {
+    if runtimes.len() < 2 || !routing {
         return;
     }
     let shares: Vec<usize> = runtimes
@@ -718,20 +722,30 @@ fn give_bulk_buffers(
         .collect();
     let mut table = BulkBuffers::default();
     let mut owned: Vec<Vec<usize>> = vec![Vec::new(); runtimes.len()];
+    // Every registration made, to undo them all if one fails (verbs pins them).
+    let mut made: Vec<(usize, lnd::fabric::Registration)> = Vec::new();
     for (i, &n) in shares.iter().enumerate() {
         for _ in 0..n {
             let mem = SharedMem::new(lnd::wire::lnet::LNET_MTU as usize);
             let mut views = Vec::with_capacity(runtimes.len());
-            for r in runtimes.iter_mut() {
+            for (j, r) in runtimes.iter_mut().enumerate() {
                 let nid = r.node().nids()[0];
                 let reg = match r.driver_mut().registry() {
                     Some(reg) => reg.register_shared(&mem),
                     None => Err(std::io::Error::other("no memory registration")),
                 };
                 match reg {
-                    Ok(reg) => views.push((nid, BulkRegion::of(&reg))),
+                    Ok(reg) => {
+                        views.push((nid, BulkRegion::of(&reg)));
+                        made.push((j, reg));
+                    }
                     Err(e) => {
-                        warn!(%nid, "no router buffers for bulk data ({e}): bulk PUTs through this router will be refused");
+                        warn!(%nid, buffers = table.bufs.len(), "no router buffers for bulk data ({e}): bulk PUTs through this router will be refused");
+                        for (j, reg) in made {
+                            if let Some(r) = runtimes[j].driver_mut().registry() {
+                                r.deregister(reg);
+                            }
+                        }
                         return;
                     }
                 }
@@ -740,6 +754,7 @@ fn give_bulk_buffers(
             table.bufs.push(views);
         }
     }
+    // `made` goes out of scope registered: for the daemon's lifetime, released with the fabrics.
     info!(
         buffers = table.bufs.len(),
         "router buffers for bulk data registered on every NI"

@@ -248,16 +248,19 @@ fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
             ..Opts::default()
         },
     );
-    let ni_threads_running = thread_names(&router)
-        .iter()
-        .filter(|n| n.starts_with("ni ") || *n == "nis")
-        .count();
-    assert_eq!(
-        ni_threads_running,
-        if ni_threads == "shared" { 1 } else { 2 },
-        "{:?}",
-        thread_names(&router)
-    );
+    // The control socket answers before the NI threads are spawned: wait for them.
+    let want = if ni_threads == "shared" { 1 } else { 2 };
+    let count = |d: &Daemon| {
+        thread_names(d)
+            .iter()
+            .filter(|n| n.starts_with("ni ") || *n == "nis")
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while count(&router) < want && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(count(&router), want, "{:?}", thread_names(&router));
     let server = start_yaml(
         &s.0,
         "server",

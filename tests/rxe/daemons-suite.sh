@@ -26,7 +26,10 @@
 #   6 routed    routing over verbs: C = 10.0.0.11@o2ib, router R = 10.0.0.13@o2ib + 10.0.1.13@o2ib1,
 #               S = 10.0.1.12@o2ib1 (four more addresses on dummy0, so rxe0 gets their GIDs):
 #               C's `route show -v` shows the route up, C pings S and S pings C through R, and
-#               R's `routing show` has forwarded every GET and REPLY, its books balanced
+#               R's `routing show` has forwarded every GET and REPLY, its books balanced; then
+#               bulk PUTs of 1 B..1 MiB from an LNet client (10.0.0.14@o2ib) to an LNet server
+#               (10.0.1.15@o2ib1) through R's registered large buffers, byte for byte
+#               (verbs_routed_bulk), R's books balanced with nothing dropped
 #
 # Exit status: 0, or the first failure: 21 setup (address, GID, daemons did not start), 22 ping,
 # 23 graceful stop, 24 queue pairs after the graceful stop, 25 SIGKILL detection / pending pings,
@@ -323,11 +326,11 @@ for p in $FPINGS; do wait "$p" 2>/dev/null; done
 # ------------------------------------------------------------------------ 6 routed
 echo "=== daemons 6: routed: C on o2ib, R on o2ib + o2ib1, S on o2ib1"
 NC=10.0.0.11@o2ib NRA=10.0.0.13@o2ib NRB=10.0.1.13@o2ib1 NS=10.0.1.12@o2ib1
-for ip in 10.0.0.11 10.0.0.13 10.0.1.12 10.0.1.13; do
+for ip in 10.0.0.11 10.0.0.13 10.0.1.12 10.0.1.13 10.0.0.14 10.0.1.15; do
   ip addr add $ip/24 dev dummy0 || failed 29 "cannot add $ip to dummy0"
 done
 n=0
-until [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -c -E '0a00:(000b|000d|010c|010d)$')" -ge 4 ]; do
+until [ "$(cat /sys/class/infiniband/rxe0/ports/1/gids/* 2>/dev/null | grep -c -E '0a00:(000b|000d|010c|010d|000e|010f)$')" -ge 6 ]; do
   n=$((n + 1)); [ $n -gt 50 ] && break; sleep 0.1
 done
 rconf() {  # file, then items: "ni NID" ... "route NET GW" ... "routing 0|1"
@@ -348,6 +351,9 @@ rconf() {  # file, then items: "ni NID" ... "route NET GW" ... "routing 0|1"
   done
   [ -n "$routes" ] && printf 'route:%s\n' "$routes" >>"$f"
   printf 'routing:\n    enable: %s\n    alive_router_check_interval: 2\n    router_ping_timeout: 2\n' "$routing" >>"$f"
+  # Large router buffers are pinned on verbs: few, in the guest's small memory.
+  [ "$routing" = 1 ] && printf 'buffers:\n    tiny: 64\n    small: 64\n    large: 8\n' >>"$f"
+  return 0
 }
 rconf /tmp/R.yaml "ni $NRA" "ni $NRB" "routing 1"
 rconf /tmp/S.yaml "ni $NS" "route o2ib $NRB"
@@ -389,6 +395,21 @@ if [ $routed_ok = 1 ]; then
   echo "R's books: received $1 = forwarded $2 + dropped $3 + in flight $4"
   [ "$1" = $(($2 + $3 + $4)) ] || failed 29 "R's books do not balance: $books"
   [ "$2" -ge 24 ] || failed 29 "R forwarded only $2 messages for 12 pings each way"
+  # Bulk PUTs through R, from an LNet client on o2ib to an LNet server on o2ib1 (one process,
+  # its own verbs fabrics): into R's registered large buffers, then on to the server's sinks.
+  if command -v verbs_routed_bulk >/dev/null 2>&1; then
+    echo "--- bulk through R (verbs_routed_bulk)"
+    timeout 150 verbs_routed_bulk 10.0.0.14@o2ib 10.0.1.15@o2ib1 $NRA $NRB 2>&1 | sed 's/^/    /' >/tmp/rbulk.log
+    cat /tmp/rbulk.log
+    grep -q 'verbs_routed_bulk: PASS' /tmp/rbulk.log || failed 29 "bulk PUTs through the router failed"
+    lnetctl --socket $SR routing show | sed -n '/^forwarding:/,$p' | sed 's/^/    /'
+    books=$(lnetctl --socket $SR routing show | awk '
+      $1 == "received:" { r = $2 } $1 == "forwarded:" { f = $2 } $1 == "in_flight:" { i = $2 }
+      $1 == "dropped:" { d = $2 } END { print r, f, d, i }')
+    set -- $books
+    echo "R's books after bulk: received $1 = forwarded $2 + dropped $3 + in flight $4"
+    [ "$1" = $(($2 + $3 + $4)) ] && [ "$3" = 0 ] || failed 29 "R's books after bulk: $books"
+  fi
   for p in $PID_C $PID_S $PID_R; do kill -TERM "$p"; done
   for p in $PID_C $PID_S $PID_R; do
     waitpid_bounded "$p" 7

@@ -11,7 +11,8 @@
 #                advertising past its registration costs the writer the connection, not the victim
 #   daemons      two lnet-router daemons on fabric: verbs (10.0.0.1@o2ib, 10.0.0.2@o2ib): lnetctl
 #                ping both ways, a graceful stop leaves no queue pair behind (3FS #426), a SIGKILL
-#                is detected and the pending pings fail with a status
+#                is detected and the pending pings fail with a status; routing through a third
+#                daemon: pings, and bulk PUTs 1 B..1 MiB (verbs_routed_bulk) byte for byte
 # Exit status: the suite's (0; 11-16 the first failed verbs step, see verbs-suite.sh; 21-28 the
 # daemons suite's, see daemons-suite.sh), or guest.sh's infrastructure codes (90 and above).
 #   RXE_SUITE=all|verbs|daemons  what to run (default all, in one boot)
@@ -41,15 +42,15 @@ fi
 files=()
 if [ "$suite" != verbs ]; then
   (cd "$repo" && cargo build --release -p router --features verbs --bin lnet-router \
-    && cargo build --release -p lnetctl --bin lnetctl)
+    --example verbs_routed_bulk && cargo build --release -p lnetctl --bin lnetctl)
   # without their debug info (~50 MiB less initramfs for the emulated guest to unpack)
   dir="${RXE_WORK:-$repo/target/rxe}/daemons"
   mkdir -p "$dir"
-  for b in lnet-router lnetctl; do
+  for b in lnet-router lnetctl examples/verbs_routed_bulk; do
     [ -x "$repo/target/release/$b" ] || { echo "run.sh: no target/release/$b" >&2; exit 94; }
-    objcopy --strip-debug "$repo/target/release/$b" "$dir/$b" 2>/dev/null \
-      || cp "$repo/target/release/$b" "$dir/$b"
-    bins+=(--bin "$dir/$b")
+    objcopy --strip-debug "$repo/target/release/$b" "$dir/${b#examples/}" 2>/dev/null \
+      || cp "$repo/target/release/$b" "$dir/${b#examples/}"
+    bins+=(--bin "$dir/${b#examples/}")
   done
   files+=(--file "$here/daemons-suite.sh")
 fi

@@ -93,9 +93,9 @@ echo "=== verbs suite status: $first"
 daemons=${ULNET_FILES:-/opt/ulnet/files}/daemons-suite.sh
 if [ -f "$daemons" ]; then
   echo; echo "=== daemons suite: $daemons"
-  timeout 150 sh "$daemons"
+  timeout 240 sh "$daemons"
   rc=$?
-  [ $rc = 124 ] && { echo "=== daemons suite: timed out after 150 s"; rc=27; }
+  [ $rc = 124 ] && { echo "=== daemons suite: timed out after 240 s"; rc=27; }
   [ $rc = 0 ] || failed "$rc"
 fi
 exit "$first"

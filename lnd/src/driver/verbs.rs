@@ -66,8 +66,8 @@ use tracing::{debug, trace, warn};
 
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
-    PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion, RequestId, WcStatus,
-    WrId,
+    PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion, RequestId, SharedMem,
+    WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::verbs::{
@@ -1497,6 +1497,18 @@ impl Registry for VerbsFabric {
         self.next_region += 1;
         let id = self.next_region;
         let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), bytes.len() as u64);
+        self.regions.insert(id, mr);
+        self.stats.regions_registered += 1;
+        self.stats.regions = self.regions.len() as u64;
+        Ok(reg)
+    }
+
+    fn register_shared(&mut self, mem: &SharedMem) -> io::Result<Registration> {
+        let pd = self.pd(self.home)?;
+        let mr = MemoryRegion::shared(&pd, mem, true)?;
+        self.next_region += 1;
+        let id = self.next_region;
+        let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), mr.len() as u64);
         self.regions.insert(id, mr);
         self.stats.regions_registered += 1;
         self.stats.regions = self.regions.len() as u64;

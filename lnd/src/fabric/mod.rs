@@ -362,7 +362,7 @@ pub trait Registry {
 
     /// Registers memory other fabrics may register too ([`SharedMem`]). Its `deregister` gives
     /// back no bytes (an empty buffer): the memory stays with its other owners. Fabrics that
-    /// cannot share memory (verbs, for now) refuse.
+    /// cannot share memory refuse (the tcp and verbs fabrics can; the simulator cannot yet).
     fn register_shared(&mut self, mem: &SharedMem) -> std::io::Result<Registration> {
         let _ = mem;
         Err(std::io::Error::new(

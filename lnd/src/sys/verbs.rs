@@ -419,6 +419,9 @@ pub struct MemoryRegion {
     /// fabric is driven by one thread); it exists so that `Sync` is sound, not for speed.
     copying: std::sync::atomic::AtomicBool,
     _pd: Arc<ProtectionDomain>,
+    /// Memory owned elsewhere (`MemoryRegion::shared`): kept alive by this clone, never freed
+    /// here, and copied in or out under its own lock.
+    shared: Option<crate::fabric::SharedMem>,
 }
 
 // SAFETY: the MR pointer is only read (lkey, rkey) and the buffer only reached through `read` /
@@ -466,6 +469,49 @@ impl MemoryRegion {
             len,
             copying: std::sync::atomic::AtomicBool::new(false),
             _pd: Arc::clone(pd),
+            shared: None,
+        }))
+    }
+
+    /// Registers memory that other fabrics register too (a router's large buffers): the bytes
+    /// stay `mem`'s, which this region keeps alive until it is deregistered. `mem` never
+    /// reallocates (it hands out slices, never its vector), so its address is stable.
+    pub fn shared(
+        pd: &Arc<ProtectionDomain>,
+        mem: &crate::fabric::SharedMem,
+        remote_write: bool,
+    ) -> io::Result<Arc<MemoryRegion>> {
+        let (ptr, len) = mem.with(|b| (b.as_mut_ptr(), b.len()));
+        let Some(buf) = NonNull::new(ptr).filter(|_| len > 0) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "cannot register empty memory",
+            ));
+        };
+        let mut access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote_write {
+            access |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: live PD; `buf` points at `len` bytes that `mem` owns and keeps in place for as
+        // long as the clone of it stored below lives, which is until after ibv_dereg_mr.
+        let mr = unsafe {
+            sys::ibv_reg_mr(
+                pd.raw.as_ptr(),
+                buf.as_ptr().cast(),
+                len,
+                access as libc::c_int,
+            )
+        };
+        let Some(mr) = NonNull::new(mr) else {
+            return Err(last_err());
+        };
+        Ok(Arc::new(MemoryRegion {
+            mr,
+            buf,
+            len,
+            copying: std::sync::atomic::AtomicBool::new(false),
+            _pd: Arc::clone(pd),
+            shared: Some(mem.clone()),
         }))
     }
 
@@ -516,6 +562,10 @@ impl MemoryRegion {
     /// Panics if out of bounds.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len));
+        if let Some(mem) = &self.shared {
+            // Other fabrics copy under the memory's own lock: take that one.
+            return mem.with(|b| out.copy_from_slice(&b[offset..offset + out.len()]));
+        }
         self.exclusive(|| {
             // SAFETY: in bounds (checked above); a raw byte copy with the copy flag held, so no
             // other thread copies into these bytes meanwhile (see `Sync`).
@@ -531,6 +581,9 @@ impl MemoryRegion {
         assert!(offset
             .checked_add(data.len())
             .is_some_and(|e| e <= self.len));
+        if let Some(mem) = &self.shared {
+            return mem.with(|b| b[offset..offset + data.len()].copy_from_slice(data));
+        }
         self.exclusive(|| {
             // SAFETY: in bounds (checked above); a raw byte copy into memory we own, with the
             // copy flag held, so no other thread reads or writes these bytes meanwhile.
@@ -565,6 +618,14 @@ impl Drop for MemoryRegion {
                 "ibv_dereg_mr failed: leaking the region's buffer rather than freeing memory a \
                  peer may still write into"
             );
+            // Shared memory too: its other owners must never free it now.
+            if let Some(mem) = self.shared.take() {
+                std::mem::forget(mem);
+            }
+            return;
+        }
+        if self.shared.is_some() {
+            // Not ours to free: dropping our clone lets its owners do that.
             return;
         }
         // SAFETY: re-creates the Box leaked in `new`, exactly once, after deregistration.
