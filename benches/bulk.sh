@@ -8,8 +8,10 @@
 #   1. iperf3 TCP single stream, T seconds       (receiver Gbit/s, as shared/tools/peers.sh)
 #   2. lnet_perf --bulk-put T --size S, for each size S in SIZES   (brw write analogue)
 #   3. lnet_perf --bulk-get T --size S, for each size S in SIZES   (brw read analogue)
-# then prints the median of each figure and the ratio to iperf3's median, in MiB/s.
-# Target (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream.
+#   4. lnet_perf --bulk-put T --size S --via-router lnet-router   (three processes, 2 cores)
+# then prints the median of each figure, its ratio to iperf3's median, and routed / direct.
+# Targets (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream; through one
+# router >= 0.5x direct.
 #
 # Env:  ROUNDS=3  T=4  SIZES="65536 1048576"  WINDOW=8  BULK_NETNS=0 (root namespace)
 # Bounded: every command runs under `timeout`.
@@ -42,7 +44,7 @@ if [ "${BULK_NETNS:-1}" = 1 ] && ip netns add "$NS" 2>/dev/null; then
 fi
 
 echo "building lnet_perf (release)" >&2
-(cd "$ROOT" && timeout 900 cargo build --release -q -p benches --bin lnet_perf) || exit 1
+(cd "$ROOT" && timeout 900 cargo build --release -q -p benches --bin lnet_perf -p router --bin lnet-router) || exit 1
 PERF="$ROOT/target/release/lnet_perf"
 
 # One figure per line in $TMP/figs: "<name> <MiB/s>".
@@ -72,6 +74,14 @@ for r in $(seq 1 "$ROUNDS"); do
         echo "WARN lnet_perf --bulk-$op --size $s round $r failed: $(tail -3 "$TMP/err" | tr '\n' ' ')" >&2
       fi
     done
+    out=$($PRE timeout $((T + 60)) "$PERF" --bulk-put "$T" --size "$s" --window "$WINDOW" \
+      --warmup 100 --via-router "$ROOT/target/release/lnet-router" 2>"$TMP/err")
+    v=$(echo "$out" | awk '/^FIGURE ulnet_bulk_/ {sub("value=", "", $4); print $4}')
+    if [ -n "$v" ]; then
+      echo "routed_bulk_put_$s $v" >>"$TMP/figs"
+    else
+      echo "WARN routed --size $s round $r failed: $(tail -3 "$TMP/err" | tr '\n' ' ')" >&2
+    fi
   done
 done
 
@@ -84,4 +94,10 @@ for name in $(awk '{print $1}' "$TMP/figs" | sort -u); do
   ratio=NA
   [ -n "$base" ] && ratio=$(awk -v a="$m" -v b="$base" 'BEGIN {printf "%.2f", a / b}')
   printf "%-28s %10s   %6s   (%s)\n" "$name" "$m" "$ratio" "$all"
+done
+for s in $SIZES; do
+  d=$(awk -v n="ulnet_bulk_put_$s" '$1 == n {print $2}' "$TMP/figs" | median)
+  ro=$(awk -v n="routed_bulk_put_$s" '$1 == n {print $2}' "$TMP/figs" | median)
+  [ -n "$d" ] && [ -n "$ro" ] && printf "routed / direct bulk PUT %s: %s\n" "$s" \
+    "$(awk -v a="$ro" -v b="$d" 'BEGIN {printf "%.2f", a / b}')"
 done

@@ -310,6 +310,8 @@ pub struct LnetNode {
     /// and which of them this runtime lends out and has free now.
     bulk_bufs: std::sync::Arc<BulkBuffers>,
     bulk_free: Vec<usize>,
+    /// How many of them this runtime lends out (the most its large pool can have).
+    bulk_owned: u32,
 }
 
 impl LnetNode {
@@ -402,6 +404,7 @@ impl LnetNode {
             mds: Mds::default(),
             bulk_bufs: Default::default(),
             bulk_free: Vec::new(),
+            bulk_owned: 0,
         }
     }
 
@@ -973,11 +976,15 @@ impl LnetNode {
         };
         self.free_msg();
         self.return_credits(&m);
+        // A bulk PUT to forward that did not come in is counted as the forward's drop.
+        let forwarding = matches!(m.purpose, Purpose::ForwardIn(_));
         if let Err(e) = &result {
             self.count_error(e);
-            self.nis[m.ni].drop_count += 1;
+            if !forwarding {
+                self.nis[m.ni].drop_count += 1;
+            }
             let routing = self.routing;
-            if let Some(p) = self.peers.get_mut(&m.peer) {
+            if let Some(p) = self.peers.get_mut(&m.peer).filter(|_| !forwarding) {
                 p.drop_count += 1;
                 // On a router, the LND failing to reach a peer (o2iblnd notifies LNet of a
                 // failed connect, kiblnd_peer_connect_failed -> lnet_notify) marks it down until
@@ -1832,8 +1839,20 @@ impl LnetNode {
     /// Resizes the router buffer pools (`lnetctl set tiny_buffers|small_buffers|
     /// large_buffers`): growing admits waiting messages at once; shrinking takes effect as
     /// buffers come back.
-    pub fn set_buffers(&mut self, now: Instant, class: PoolClass, nbuffers: u32) {
+    pub fn set_buffers(&mut self, now: Instant, class: PoolClass, mut nbuffers: u32) {
         self.advance(now);
+        if class == PoolClass::Large
+            && !self.bulk_bufs.bufs.is_empty()
+            && nbuffers > self.bulk_owned
+        {
+            // Large buffers are registered memory, made at start: the pool cannot lend more.
+            warn!(
+                asked = nbuffers,
+                registered = self.bulk_owned,
+                "large_buffers capped at the router buffers registered at start"
+            );
+            nbuffers = self.bulk_owned;
+        }
         let pool = self.pools.get_mut(class);
         pool.resize(nbuffers);
         // Each waiter already counted its credit: as many as the pool is no longer short of

@@ -458,8 +458,14 @@ impl LnetNode {
                 self.nis[ni].ep.recv_failed(now, rx);
                 FwdDrop::WrongNet
             }
+            RdmaOp::Put if dest.net() == Net::LO || dest.is_any() => {
+                self.nis[ni].ep.recv_failed(now, rx);
+                FwdDrop::WrongNet
+            }
             RdmaOp::Put if !self.routing => {
-                self.nis[ni].ep.recv_done(now, rx);
+                // Not PUT_NAK 0 (Lustre's lnet_drop_message): its sender would take the PUT
+                // for done.
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
                 FwdDrop::RoutingDisabled
             }
             RdmaOp::Put if self.shutting_down => {
@@ -467,7 +473,8 @@ impl LnetNode {
                 FwdDrop::Shutdown
             }
             RdmaOp::Put
-                if hdr.payload_length > LNET_MTU
+                if hdr.payload_length == 0
+                    || hdr.payload_length > LNET_MTU
                     || !matches!(hdr.msg_type(), LnetMsgType::Put | LnetMsgType::Reply) =>
             {
                 self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
@@ -515,6 +522,7 @@ impl LnetNode {
         let n = owned.len() as u32;
         self.bulk_bufs = table;
         self.bulk_free = owned;
+        self.bulk_owned = n;
         self.set_buffers(now, PoolClass::Large, n);
     }
 

@@ -231,24 +231,35 @@ impl Fabric {
         })
     }
 
+    /// Moves every handover, action and event until a whole pass finds none (a handover to a
+    /// node already passed makes it act again).
     fn drain(&mut self) {
-        for n in 0..self.nodes.len() {
-            while let Some(h) = self.nodes[n].poll_handover() {
-                let to = self
-                    .handover_target(n, &h)
-                    .expect("a sibling for the handover");
-                let now = self.now;
-                self.nodes[to].handle_handover(now, h);
-            }
-            while let Some((NiIndex(ni), a)) = self.nodes[n].poll_action() {
-                self.actions[n] += 1;
-                if self.dead.contains(&n) {
-                    continue;
+        loop {
+            let mut progressed = false;
+            for n in 0..self.nodes.len() {
+                while let Some(h) = self.nodes[n].poll_handover() {
+                    progressed = true;
+                    let to = self
+                        .handover_target(n, &h)
+                        .expect("a sibling for the handover");
+                    let now = self.now;
+                    self.nodes[to].handle_handover(now, h);
                 }
-                self.apply(n, ni, a);
+                while let Some((NiIndex(ni), a)) = self.nodes[n].poll_action() {
+                    progressed = true;
+                    self.actions[n] += 1;
+                    if self.dead.contains(&n) {
+                        continue;
+                    }
+                    self.apply(n, ni, a);
+                }
+                while let Some(e) = self.nodes[n].poll_event() {
+                    progressed = true;
+                    self.events[n].push((self.now, e));
+                }
             }
-            while let Some(e) = self.nodes[n].poll_event() {
-                self.events[n].push((self.now, e));
+            if !progressed {
+                return;
             }
         }
     }

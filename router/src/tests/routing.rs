@@ -979,3 +979,107 @@ fn bulk_puts_cross_a_router_byte_exact() {
         assert!(waited > 0, "six PUTs on three buffers: some waited");
     }
 }
+
+/// `set large_buffers` above the router buffers registered at start is capped to them: bulk
+/// PUTs then wait for a buffer rather than fail.
+#[test]
+fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let now = f.now;
+    f.nodes[routers[0]].set_buffers(now, PoolClass::Large, 4);
+    let large = |f: &Fabric| {
+        f.nodes[routers[0]]
+            .routing_info()
+            .pools
+            .iter()
+            .find(|p| p.class == PoolClass::Large)
+            .map(|p| p.nbuffers)
+    };
+    assert_eq!(large(&f), Some(2), "capped at what is registered");
+    let len = 200_000u32;
+    let src = f.register(0, vec![0x5a; len as usize]);
+    for i in 0..4u64 {
+        let sink = f.register(1, vec![0; len as usize]);
+        f.nodes[1].post_sink(4, 100 + i, BulkBuf::new(NiIndex(0), &sink, 0, len).unwrap());
+        let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+        f.nodes[0]
+            .send_put_bulk(now, server, 4, 100 + i, b)
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(10));
+    let results = put_results(&f.take_events(0));
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.dropped(), 0, "{results:?} {books:?}");
+    assert_eq!(results, vec![Ok(()); 4]);
+}
+
+/// A bulk PUT refused because routing is off fails at its sender (-EPROTO), never PUT_NAK 0,
+/// which its LNet would take for done.
+#[test]
+fn a_bulk_put_refused_for_routing_disabled_fails_at_its_sender() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 1);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let now = f.now;
+    f.nodes[routers[0]].set_routing(now, false);
+    let len = 100_000u32;
+    let sink = f.register(1, vec![0; len as usize]);
+    f.nodes[1].post_sink(4, 1, BulkBuf::new(NiIndex(0), &sink, 0, len).unwrap());
+    let src = f.register(0, vec![7; len as usize]);
+    let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+    f.nodes[0].send_put_bulk(now, server, 4, 1, b).unwrap();
+    f.run_for(Duration::from_secs(5));
+    let results = put_results(&f.take_events(0));
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.dropped_for(FwdDrop::RoutingDisabled), 1);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].is_err(),
+        "dropped, yet the sender saw {results:?}"
+    );
+}
+
+/// A bulk PUT whose data never comes in (the sender's write fails) is one drop at the router,
+/// counted once in LNet's, the NI's and the peer's counters; its buffer comes back.
+#[test]
+fn a_bulk_ingress_that_fails_is_counted_once() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 1);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let r = routers[0];
+    let (ni0, st0) = (
+        f.nodes[r].nets()[0].drop_count,
+        f.nodes[r].stats().drop_count,
+    );
+    let len = 300_000u32;
+    let src = f.register(0, vec![1; len as usize]);
+    let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+    let now = f.now;
+    f.nodes[0].send_put_bulk(now, server, 4, 1, b).unwrap();
+    // The client's memory goes away before its write: the write fails.
+    f.mem[0].regions.remove(&src.id().0);
+    f.run_for(Duration::from_secs(300));
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.dropped(), 1, "{books:?}");
+    assert_eq!(
+        f.nodes[r].nets()[0].drop_count - ni0,
+        f.nodes[r].stats().drop_count - st0
+    );
+}
