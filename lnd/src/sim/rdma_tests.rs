@@ -591,3 +591,73 @@ fn a_rendezvous_whose_peer_dies_ends_once_on_the_side_that_lives() {
     assert!(p.rdma_done[1][0].1.is_err(), "{:?}", p.rdma_done[1]);
     assert_eq!(p.w.endpoint(p.b).unwrap().pending_sends(), 0);
 }
+
+/// A slow sink throttles its source through credits: while the sink's LNet holds the PUT_REQs
+/// it got (no buffer to take them into yet), no more reach it than the connection's credits
+/// allow, the rest waiting at the source; nothing is lost, and once the sink answers, every
+/// PUT lands.
+#[test]
+fn a_slow_sink_holds_its_source_to_the_credits() {
+    let mut p = Pair::new(20);
+    let len = 100_000u32;
+    let n = 40u64;
+    let src = p.register(p.a, pattern(len as usize, 11));
+    let sink = p.register(p.b, vec![0xee; n as usize * len as usize]);
+    let (a, to) = (p.a, p.w.nid_of(p.b));
+    let cookies: Vec<u64> = (0..n)
+        .map(|_| {
+            let hdr = p.put_hdr(len);
+            p.w.send_put_rdma(a, to, hdr, vec![src.local_frag(0, len)])
+        })
+        .collect();
+    // B's LNet answers nothing for a while: collect the requests without answering.
+    let until = p.w.now() + Duration::from_secs(5);
+    let mut held = Vec::new();
+    while p.w.now() < until && p.w.step() {
+        let evs: Vec<LndEvent> = p.w.node_events(p.b)[p.seen[1]..]
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect();
+        p.seen[1] += evs.len();
+        held.extend(evs.into_iter().filter_map(|e| match e {
+            LndEvent::RdmaRequest { rx, .. } => Some(rx),
+            _ => None,
+        }));
+    }
+    let qd = p
+        .w
+        .endpoint(p.a)
+        .unwrap()
+        .conns()
+        .map(|c| c.queue_depth)
+        .max()
+        .unwrap();
+    assert!(
+        !held.is_empty() && held.len() <= usize::from(qd),
+        "{} requests reached the stalled sink with {qd} credits",
+        held.len()
+    );
+    assert!(cookies.iter().all(|&c| outcome(&p.w, c).is_none()), "nothing ended meanwhile");
+    let waiting = p.w.endpoint(p.a).unwrap().pending_sends();
+    assert_eq!(waiting, n as usize, "the rest wait at the source");
+    // B answers them, and the ones still to come as they come, each into its own slot.
+    let first = held.len() as u64;
+    for (k, rx) in held.into_iter().enumerate() {
+        let s = RdmaSink::of(&sink, k as u64 * u64::from(len), len);
+        p.w.with_endpoint(p.b, |ep, now| ep.accept_put_rdma(now, rx, s, 9000 + k as u64));
+    }
+    for k in first..n {
+        let s = RdmaSink::of(&sink, k * u64::from(len), len);
+        p.answers[1].push_back(Answer::Accept(s));
+    }
+    p.run(120);
+    for c in &cookies {
+        assert_eq!(outcome(&p.w, *c), Some(SendOutcome::Delivered));
+    }
+    let want = pattern(len as usize, 11);
+    let got = p.w.region(p.b, &sink).unwrap();
+    for k in 0..n as usize {
+        assert!(got[k * len as usize..(k + 1) * len as usize] == want[..], "slot {k}");
+    }
+    p.assert_credits_home();
+}
