@@ -624,27 +624,31 @@ fn a_slow_sink_holds_its_source_to_the_credits() {
             _ => None,
         }));
     }
-    let qd = p
-        .w
-        .endpoint(p.a)
-        .unwrap()
-        .conns()
-        .map(|c| c.queue_depth)
-        .max()
-        .unwrap();
+    let qd =
+        p.w.endpoint(p.a)
+            .unwrap()
+            .conns()
+            .map(|c| c.queue_depth)
+            .max()
+            .unwrap();
     assert!(
         !held.is_empty() && held.len() <= usize::from(qd),
         "{} requests reached the stalled sink with {qd} credits",
         held.len()
     );
-    assert!(cookies.iter().all(|&c| outcome(&p.w, c).is_none()), "nothing ended meanwhile");
+    assert!(
+        cookies.iter().all(|&c| outcome(&p.w, c).is_none()),
+        "nothing ended meanwhile"
+    );
     let waiting = p.w.endpoint(p.a).unwrap().pending_sends();
     assert_eq!(waiting, n as usize, "the rest wait at the source");
     // B answers them, and the ones still to come as they come, each into its own slot.
     let first = held.len() as u64;
     for (k, rx) in held.into_iter().enumerate() {
         let s = RdmaSink::of(&sink, k as u64 * u64::from(len), len);
-        p.w.with_endpoint(p.b, |ep, now| ep.accept_put_rdma(now, rx, s, 9000 + k as u64));
+        p.w.with_endpoint(p.b, |ep, now| {
+            ep.accept_put_rdma(now, rx, s, 9000 + k as u64)
+        });
     }
     for k in first..n {
         let s = RdmaSink::of(&sink, k * u64::from(len), len);
@@ -657,7 +661,10 @@ fn a_slow_sink_holds_its_source_to_the_credits() {
     let want = pattern(len as usize, 11);
     let got = p.w.region(p.b, &sink).unwrap();
     for k in 0..n as usize {
-        assert!(got[k * len as usize..(k + 1) * len as usize] == want[..], "slot {k}");
+        assert!(
+            got[k * len as usize..(k + 1) * len as usize] == want[..],
+            "slot {k}"
+        );
     }
     p.assert_credits_home();
 }
