@@ -1083,3 +1083,123 @@ fn a_bulk_ingress_that_fails_is_counted_once() {
         f.nodes[r].stats().drop_count - st0
     );
 }
+
+/// Bulk PUTs through two routers with registered large buffers, one of which dies with bulk in
+/// flight and comes back: every PUT ends once at the client within the LND's bounds; what the
+/// server got is byte for byte the client's data (nothing torn by the dead router); the live
+/// router carries the traffic meanwhile, the returned one (its buffers registered anew) again
+/// after; both routers' books balance with every buffer back.
+#[test]
+fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
+    let health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_secs(1),
+        avoid_asym: true,
+    };
+    let mut client = node(
+        &[CLIENT],
+        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
+        false,
+        10,
+    );
+    client.gateway_health = health;
+    let mut server = node(
+        &[SERVER],
+        &[route("o2ib", R_B), route("o2ib", R2_B)],
+        false,
+        20,
+    );
+    server.gateway_health = health;
+    let r1 = node(&[R_A, R_B], &[], true, 30);
+    let r2 = node(&[R2_A, R2_B], &[], true, 40);
+    let mut f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
+    give_bulk_buffers(&mut f, &[2], 4);
+    give_bulk_buffers(&mut f, &[3], 4);
+    f.run_for(Duration::from_secs(3));
+    let len = 70_001u32;
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i.wrapping_mul(7919) >> 3) as u8)
+        .collect();
+    let src = f.register(0, bytes.clone());
+    // The server's sinks: one per PUT, all on the same match bits, used oldest first.
+    let sinks: Vec<_> = (0..80)
+        .map(|_| {
+            let s = f.register(1, vec![0xee; len as usize]);
+            let b = BulkBuf::new(NiIndex(0), &s, 0, len).unwrap();
+            f.nodes[1].post_sink(4, 7, b);
+            s
+        })
+        .collect();
+    let send = |f: &mut Fabric, n: usize| {
+        let now = f.now;
+        let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+        for _ in 0..n {
+            f.nodes[0].send_put_bulk(now, nid(SERVER), 4, 7, b).unwrap();
+        }
+    };
+    let ended = |f: &mut Fabric, n: usize, bound: Duration| {
+        let t0 = f.now;
+        let mut results = Vec::new();
+        while results.len() < n && f.now < t0 + bound {
+            f.run_for(Duration::from_millis(500));
+            results.extend(put_results(&f.take_events(0)));
+        }
+        (results, f.now - t0)
+    };
+    send(&mut f, 10);
+    let (results, _) = ended(&mut f, 10, Duration::from_secs(10));
+    assert_eq!(results, vec![Ok(()); 10], "both routers up");
+    let fwd = |f: &Fabric, r: usize| f.nodes[r].routing_info().stats.forwarded;
+    assert!(fwd(&f, 2) > 0 && fwd(&f, 3) > 0, "both routers carry bulk");
+
+    // Router 1 dies with PUTs on their way through it.
+    send(&mut f, 10);
+    f.kill(2);
+    let (results, took) = ended(&mut f, 10, Duration::from_secs(300));
+    assert_eq!(results.len(), 10, "every PUT ends once ({took:?})");
+    assert!(
+        took <= Duration::from_secs(60),
+        "the last ended {took:?} after the kill"
+    );
+    send(&mut f, 10);
+    let (results, _) = ended(&mut f, 10, Duration::from_secs(10));
+    assert_eq!(results, vec![Ok(()); 10], "all through the live router");
+
+    // It returns, a new instance with its buffers registered anew, and is used again.
+    f.restart(2, r1, 50);
+    give_bulk_buffers(&mut f, &[2], 4);
+    let back = f.now;
+    while !f.nodes[0].gateways().iter().all(|g| g.alive) && f.now < back + Duration::from_secs(60) {
+        f.run_for(Duration::from_millis(500));
+    }
+    let before = fwd(&f, 2);
+    send(&mut f, 10);
+    let (results, _) = ended(&mut f, 10, Duration::from_secs(10));
+    assert_eq!(results, vec![Ok(()); 10]);
+    assert!(
+        fwd(&f, 2) > before,
+        "the returned router carries bulk again"
+    );
+
+    // What the server received is exactly the client's data; nothing else was touched.
+    let landed = f
+        .take_events(1)
+        .iter()
+        .filter(|(_, e)| matches!(e, LnetEvent::BulkPut { result: Ok(_), .. }))
+        .count();
+    assert!(landed >= 30, "{landed} PUTs landed");
+    let mut full = 0;
+    for s in &sinks {
+        let got = f.region(1, s);
+        if got.iter().all(|&x| x == 0xee) {
+            continue;
+        }
+        assert!(
+            got == bytes,
+            "a sink holds something other than the client's data"
+        );
+        full += 1;
+    }
+    assert_eq!(full, landed, "every landed PUT filled one sink, whole");
+    assert_router_quiescent(&f, &[2, 3]);
+}
