@@ -9,7 +9,8 @@
 #   1. iperf3 TCP single stream, T seconds, writes of S bytes (-l S)   (receiver Gbit/s)
 #   2. lnet_perf --bulk-put T --size S          ulnet PUT by rendezvous  (brw write analogue)
 #   3. lnet_perf --bulk-get T --size S          ulnet GET by rendezvous  (brw read analogue)
-#   4. lnet_perf --bulk-put T --size S --via-router lnet-router   (three processes on 2 cores)
+#   4. lnet_perf --bulk-put / --bulk-get T --size S --via-router lnet-router   (three processes
+#      on 2 cores; a routed GET is IMMEDIATE, its REPLY comes back by rendezvous)
 # then prints, per size, the median of each figure in MiB/s, its ratio to iperf3's, routed /
 # direct, and draws them (MiB/s against size, one line per system) into PLOT (SVG).
 # Targets (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream; through one
@@ -84,6 +85,7 @@ for r in $(seq 1 "$ROUNDS"); do
     lnet ulnet_put "$s" --bulk-put "$T"
     lnet ulnet_get "$s" --bulk-get "$T"
     lnet ulnet_put_routed "$s" --bulk-put "$T" --via-router "$ROOT/target/release/lnet-router"
+    lnet ulnet_get_routed "$s" --bulk-get "$T" --via-router "$ROOT/target/release/lnet-router"
   done
 done
 
@@ -93,11 +95,12 @@ ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN {printf "
 printf "%-9s %-17s %12s %14s %16s\n" size system "MiB/s" "x iperf3" "routed/direct"
 for s in $SIZES; do
   base=$(fig iperf3 "$s")
-  for name in iperf3 ulnet_put ulnet_get ulnet_put_routed; do
+  for name in iperf3 ulnet_put ulnet_get ulnet_put_routed ulnet_get_routed; do
     m=$(fig "$name" "$s")
     [ -n "$m" ] || continue
     rd=""
     [ "$name" = ulnet_put_routed ] && rd=$(ratio "$m" "$(fig ulnet_put "$s")")
+    [ "$name" = ulnet_get_routed ] && rd=$(ratio "$m" "$(fig ulnet_get "$s")")
     printf "%-9s %-17s %12s %14s %16s\n" "$s" "$name" "$m" "$(ratio "$m" "$base")" "$rd"
   done
 done

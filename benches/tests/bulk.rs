@@ -1,6 +1,6 @@
 //! Bulk data between real processes over the tcp fabric, by the LND's RDMA rendezvous:
-//! `lnet_perf --bulk-put/--bulk-get` directly, and PUTs through a real `lnet-router` daemon
-//! whose large buffers are registered on both its NIs. lnet_perf fails unless every transfer
+//! `lnet_perf --bulk-put/--bulk-get` directly and through a real `lnet-router` daemon whose
+//! large buffers are registered on both its NIs. lnet_perf fails unless every transfer
 //! ended `Ok`, the server counted as many as the client, and the last buffer transferred holds
 //! the exact bytes (checked by whichever side received it); through the router, its books must
 //! balance with nothing dropped. The throughput figures are `benches/bulk.sh`'s to report.
@@ -37,19 +37,25 @@ fn bulk_puts_and_gets_between_processes_arrive_intact() {
     }
 }
 
+/// PUTs, and GETs (an IMMEDIATE GET out, the REPLY back by rendezvous), through the daemon.
 #[test]
-fn bulk_puts_cross_a_router_daemon_intact() {
-    let stdout = stdout_of_success(
-        Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
-            .args(["--bulk-put", "1", "--warmup", "20"])
-            .arg("--via-router")
-            .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
-    );
-    assert!(figure(&stdout, "ulnet_bulk_put_1048576") > 0.0, "{stdout}");
-    let books = stdout
-        .lines()
-        .find(|l| l.starts_with("FIGURE router_books"))
-        .unwrap_or_else(|| panic!("no router books:\n{stdout}"));
-    assert!(books.contains(" dropped=0 "), "{books}");
-    assert!(books.contains(" in_flight=0"), "{books}");
+fn bulk_puts_and_gets_cross_a_router_daemon_intact() {
+    for (op, name) in [
+        ("--bulk-put", "ulnet_bulk_put_1048576"),
+        ("--bulk-get", "ulnet_bulk_get_1048576"),
+    ] {
+        let stdout = stdout_of_success(
+            Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
+                .args([op, "1", "--warmup", "20"])
+                .arg("--via-router")
+                .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
+        );
+        assert!(figure(&stdout, name) > 0.0, "{stdout}");
+        let books = stdout
+            .lines()
+            .find(|l| l.starts_with("FIGURE router_books"))
+            .unwrap_or_else(|| panic!("no router books:\n{stdout}"));
+        assert!(books.contains(" dropped=0 "), "{books}");
+        assert!(books.contains(" in_flight=0"), "{books}");
+    }
 }

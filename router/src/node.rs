@@ -114,6 +114,9 @@ enum Purpose {
     Put(MsgId),
     /// A user's GET into registered memory: report [`LnetEvent::GetDone`].
     GetBulk(MsgId),
+    /// A user's routed GET into registered memory, the GET itself: its failure fails the GET
+    /// (its REPLY, by rendezvous, is `GetBulk`).
+    GetRouted(MsgId),
     /// A peer's PUT being written into a posted sink: report [`LnetEvent::BulkPut`], and ACK it
     /// if the sender asked.
     SinkPut {
@@ -312,6 +315,10 @@ pub struct LnetNode {
     bulk_free: Vec<usize>,
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
+    /// GETs into registered memory sent through a router, by their wire handle's object
+    /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
+    bulk_gets: HashMap<u64, bulk::RoutedGet>,
+    bulk_get_deadlines: BTreeSet<(Instant, u64)>,
 }
 
 impl LnetNode {
@@ -405,6 +412,8 @@ impl LnetNode {
             bulk_bufs: Default::default(),
             bulk_free: Vec::new(),
             bulk_owned: 0,
+            bulk_gets: HashMap::new(),
+            bulk_get_deadlines: BTreeSet::new(),
         }
     }
 
@@ -463,6 +472,7 @@ impl LnetNode {
         self.advance(now);
         self.shutting_down = true;
         self.drop_waiting_forwards(FwdDrop::Shutdown);
+        self.fail_bulk_gets();
         for ni in &mut self.nis {
             ni.ep.shutdown(now);
         }
@@ -476,6 +486,7 @@ impl LnetNode {
             && self.msgs.is_empty()
             && self.local.is_empty()
             && self.fwds.is_empty()
+            && self.bulk_gets.is_empty()
     }
 
     // ------------------------------------------------------------------ driver
@@ -517,6 +528,7 @@ impl LnetNode {
                 self.complete_ping(id, Err(LnetError::Timeout));
             }
         }
+        self.expire_bulk_gets(now);
         self.ping_gateways();
         self.process(now);
     }
@@ -569,7 +581,13 @@ impl LnetNode {
     /// deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let lnd = self.nis.iter().filter_map(|n| n.ep.poll_timeout()).min();
-        let ping = self.ping_deadlines.first().map(|&(t, _)| t);
+        let ping = [
+            self.ping_deadlines.first().map(|&(t, _)| t),
+            self.bulk_get_deadlines.first().map(|&(t, _)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let aging = self.peer_ages.next_deadline();
         let gateways = self.gateways.next_deadline();
         [lnd, ping, aging, gateways].into_iter().flatten().min()
@@ -1043,6 +1061,11 @@ impl LnetNode {
                 });
             }
             Purpose::ForwardIn(key) => self.bulk_forward_in(key, result),
+            Purpose::GetRouted(id) => {
+                if let Err(e) = result {
+                    self.end_bulk_get(id.0, Err(e));
+                }
+            }
             Purpose::ServeGet(md) => {
                 if result.is_ok() {
                     self.stats.send_count += 1;
@@ -1263,7 +1286,7 @@ impl LnetNode {
             payload.truncate(announced);
             Ok(())
         };
-        let verdict = verdict.and_then(|()| self.match_msg(&hdr, payload));
+        let verdict = verdict.and_then(|()| self.match_msg(via, &hdr, payload));
         match verdict {
             Ok(len) => {
                 self.stats.recv_count += 1;
@@ -1288,7 +1311,12 @@ impl LnetNode {
     }
 
     /// Delivers a message addressed to us; returns its length, or why it was dropped.
-    fn match_msg(&mut self, hdr: &LnetHdr, payload: Vec<u8>) -> Result<usize, &'static str> {
+    fn match_msg(
+        &mut self,
+        via: Option<usize>,
+        hdr: &LnetHdr,
+        payload: Vec<u8>,
+    ) -> Result<usize, &'static str> {
         let len = payload.len();
         match hdr.body {
             LnetBody::Put {
@@ -1347,12 +1375,27 @@ impl LnetNode {
                 );
                 Ok(0)
             }
-            LnetBody::Get { .. } => Err("GET matched nothing"),
+            LnetBody::Get { .. } => match via {
+                // A GET that came through a router (LNet never routes an optimized one): its
+                // REPLY comes from a posted source, by rendezvous.
+                Some(ni) => self.serve_get_by_reply(ni, hdr),
+                None => Err("GET matched nothing"),
+            },
             LnetBody::Reply { dst_wmd } => {
                 if dst_wmd.interface_cookie != self.interface_cookie {
                     return Err("REPLY for another instance");
                 }
                 let id = dst_wmd.object_cookie;
+                if self.bulk_gets.contains_key(&id) {
+                    // A GET into registered memory answered inline: we cannot write there.
+                    self.end_bulk_get(
+                        id,
+                        Err(LnetError::BulkUnsupported(
+                            "a REPLY inline for a GET into registered memory",
+                        )),
+                    );
+                    return Err("REPLY inline for a GET into registered memory");
+                }
                 let Some(target) = self.pings.get(&id).map(|p| p.target) else {
                     return Err("REPLY for no pending ping (late or unknown)");
                 };

@@ -138,7 +138,7 @@ impl LnetNode {
         buf: BulkBuf,
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
-        let (ni, next) = self.bulk_route(dst, buf, false)?;
+        let (ni, next) = self.bulk_route(dst, buf)?;
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
         let hdr = LnetHdr {
@@ -161,10 +161,13 @@ impl LnetNode {
         Ok(id)
     }
 
-    /// GETs up to `buf.len` bytes from (`dst`, `portal`, `match_bits`) into `buf` (GET_REQ with
-    /// `buf` as the sink). `dst` must be on a net of one of our NIs. The outcome comes as
-    /// [`LnetEvent::GetDone`] with the bytes written; a GET that matched nothing fails with
-    /// `Lnd(Rdma(-61))` (ENODATA). `buf` must stay registered until then.
+    /// GETs up to `buf.len` bytes from (`dst`, `portal`, `match_bits`) into `buf`. To a peer on
+    /// a net of ours it is an optimized GET (GET_REQ with `buf` as the sink); through a router
+    /// it is an IMMEDIATE GET whose REPLY comes back by rendezvous into `buf` (Lustre never
+    /// routes an optimized GET), bounded by twice the LND timeout. The outcome comes as
+    /// [`LnetEvent::GetDone`] with the bytes written; a direct GET that matched nothing fails
+    /// with `Lnd(Rdma(-61))` (ENODATA), a routed one at its deadline (`Timeout`: LNet drops a
+    /// GET nothing matches). `buf` must stay registered until then.
     pub fn send_get_bulk(
         &mut self,
         now: Instant,
@@ -174,7 +177,7 @@ impl LnetNode {
         buf: BulkBuf,
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
-        let (ni, next) = self.bulk_route(dst, buf, true)?;
+        let (ni, next) = self.bulk_route(dst, buf)?;
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
         let hdr = LnetHdr {
@@ -194,10 +197,107 @@ impl LnetNode {
                 sink_length: buf.len,
             },
         };
-        let bulk = Bulk::Get(buf.sink(buf.len));
-        self.launch_bulk(ni, next, hdr, bulk, Purpose::GetBulk(id));
+        if next == dst {
+            let bulk = Bulk::Get(buf.sink(buf.len));
+            self.launch_bulk(ni, next, hdr, bulk, Purpose::GetBulk(id));
+        } else {
+            let wait = self.nis[ni].ep.config().tunables.timeout * 2;
+            let deadline = now.saturating_add(wait);
+            self.bulk_gets.insert(id.0, RoutedGet { id, buf, deadline });
+            self.bulk_get_deadlines.insert((deadline, id.0));
+            let route = Route::Remote { ni, next };
+            self.launch(route, hdr, Vec::new(), Purpose::GetRouted(id));
+        }
         self.process(now);
         Ok(id)
+    }
+
+    /// A routed GET into registered memory is finished: report it (once).
+    pub(super) fn end_bulk_get(&mut self, cookie: u64, result: Result<u32, LnetError>) {
+        let Some(g) = self.bulk_gets.remove(&cookie) else {
+            return;
+        };
+        self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+        if let Err(e) = &result {
+            self.count_error(e);
+        }
+        self.events
+            .push_back(LnetEvent::GetDone { id: g.id, result });
+    }
+
+    /// Routed GETs whose REPLY did not come in time.
+    pub(super) fn expire_bulk_gets(&mut self, now: Instant) {
+        while let Some(&(at, cookie)) = self.bulk_get_deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.bulk_get_deadlines.remove(&(at, cookie));
+            self.end_bulk_get(cookie, Err(LnetError::Timeout));
+        }
+    }
+
+    /// Fails every routed GET still waiting (shutdown).
+    pub(super) fn fail_bulk_gets(&mut self) {
+        let all: Vec<u64> = self.bulk_gets.keys().copied().collect();
+        for cookie in all {
+            self.end_bulk_get(cookie, Err(LnetError::Shutdown));
+        }
+    }
+
+    /// An IMMEDIATE GET for us (it came through a router, or from a peer that sends no
+    /// optimized GET) matching a posted source: the REPLY goes back by rendezvous from the
+    /// source's memory, as any bulk PUT (lnet_parse_get then lnet_send of the REPLY).
+    pub(super) fn serve_get_by_reply(
+        &mut self,
+        ni: usize,
+        hdr: &LnetHdr,
+    ) -> Result<usize, &'static str> {
+        let LnetBody::Get {
+            return_wmd,
+            match_bits,
+            ptl_index,
+            sink_length,
+            ..
+        } = hdr.body
+        else {
+            return Err("not a GET");
+        };
+        if ptl_index == LNET_RESERVED_PORTAL {
+            return Err("GET on the reserved portal matched nothing");
+        }
+        let Some((md, m)) = self.mds.take(ni, ptl_index, match_bits, false) else {
+            return Err("GET matched no posted source");
+        };
+        let len = m.buf.len.min(sink_length);
+        let reply = LnetHdr {
+            dest_nid: hdr.src_nid,
+            src_nid: hdr.dest_nid,
+            dest_pid: hdr.src_pid,
+            src_pid: self.pid,
+            payload_length: len,
+            body: LnetBody::Reply {
+                dst_wmd: return_wmd,
+            },
+        };
+        match self.route(hdr.src_nid) {
+            Ok(Route::Remote { ni: e, next }) if e == m.buf.ni.0 && len > 0 => {
+                let src = Bulk::Put(m.buf.local(len));
+                self.launch_bulk(e, next, reply, src, Purpose::ServeGet(md));
+                Ok(0)
+            }
+            Ok(r @ Route::Remote { .. }) if len == 0 => {
+                self.launch(r, reply, Vec::new(), Purpose::ServeGet(md));
+                Ok(0)
+            }
+            _ => {
+                self.events.push_back(LnetEvent::BulkGetServed {
+                    md,
+                    to: hdr.src_nid,
+                    result: Err(LnetError::NoRoute(hdr.src_nid)),
+                });
+                Err("the REPLY's route does not leave by the source's NI")
+            }
+        }
     }
 
     /// Posts `buf` for the next PUT to (`portal`, `match_bits`) arriving on `buf.ni`; its
@@ -252,17 +352,12 @@ impl LnetNode {
     }
 
     /// The NI and next hop for a bulk message to `dst` from `buf`; a refusal is counted.
-    fn bulk_route(&mut self, dst: Nid, buf: BulkBuf, get: bool) -> Result<(usize, Nid), LnetError> {
+    fn bulk_route(&mut self, dst: Nid, buf: BulkBuf) -> Result<(usize, Nid), LnetError> {
         let checked = if self.shutting_down {
             Err(LnetError::Shutdown)
         } else {
             match self.route(dst) {
-                Ok(Route::Remote { ni, next }) if ni == buf.ni.0 && (!get || next == dst) => {
-                    Ok((ni, next))
-                }
-                Ok(Route::Remote { next, .. }) if get && next != dst => Err(
-                    LnetError::BulkUnsupported("a GET into registered memory through a router"),
-                ),
+                Ok(Route::Remote { ni, next }) if ni == buf.ni.0 => Ok((ni, next)),
                 Ok(Route::Remote { .. }) => Err(LnetError::BulkUnsupported(
                     "registered memory of another NI than the one the message leaves by",
                 )),
@@ -399,9 +494,30 @@ impl LnetNode {
                     None => Err("GET matched no posted source"),
                 }
             }
-            (RdmaOp::Put, LnetBody::Reply { .. }) => {
-                Err("REPLY by rendezvous (we only GET into registered memory directly)")
+            (RdmaOp::Put, LnetBody::Reply { dst_wmd })
+                if dst_wmd.interface_cookie == self.interface_cookie
+                    && self
+                        .bulk_gets
+                        .get(&dst_wmd.object_cookie)
+                        .is_some_and(|g| g.buf.ni.0 == ni) =>
+            {
+                // The REPLY of a routed GET of ours, into its registered memory.
+                let cookie = dst_wmd.object_cookie;
+                let g = self.bulk_gets.remove(&cookie).expect("checked above");
+                self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+                let mlen = hdr.payload_length.min(g.buf.len);
+                let cookie = self.inbound(ni, from, hdr, mlen, Purpose::GetBulk(g.id));
+                if mlen == 0 {
+                    self.nis[ni].ep.recv_done(now, rx);
+                    self.finish_out(cookie, Ok(()));
+                } else {
+                    self.nis[ni]
+                        .ep
+                        .accept_put_rdma(now, rx, g.buf.sink(mlen), cookie);
+                }
+                Ok(())
             }
+            (RdmaOp::Put, LnetBody::Reply { .. }) => Err("REPLY by rendezvous for no GET of ours"),
             _ => Err("rendezvous request for nothing we serve"),
         };
         if let Err(why) = verdict {
@@ -635,6 +751,13 @@ impl LnetNode {
         }
         self.finish_out(cookie, result.map(|_| ()).map_err(LnetError::Lnd));
     }
+}
+
+/// A GET into registered memory sent through a router, waiting for its REPLY.
+pub(super) struct RoutedGet {
+    pub(super) id: MsgId,
+    pub(super) buf: BulkBuf,
+    pub(super) deadline: Instant,
 }
 
 /// What a bulk message moves, for the LND.
