@@ -116,7 +116,10 @@ enum Purpose {
     GetBulk(MsgId),
     /// A user's routed GET into registered memory, the GET itself: its failure fails the GET
     /// (its REPLY, by rendezvous, is `GetBulk`).
-    GetRouted(MsgId),
+    GetRouted(u64),
+    /// A peer's IMMEDIATE GET answered by a REPLY from a posted source (counted as sent by
+    /// `post_send`): report [`LnetEvent::BulkGetServed`].
+    ServeReply(MdId),
     /// A peer's PUT being written into a posted sink: report [`LnetEvent::BulkPut`], and ACK it
     /// if the sender asked.
     SinkPut {
@@ -1061,10 +1064,17 @@ impl LnetNode {
                 });
             }
             Purpose::ForwardIn(key) => self.bulk_forward_in(key, result),
-            Purpose::GetRouted(id) => {
+            Purpose::GetRouted(cookie) => {
                 if let Err(e) = result {
-                    self.end_bulk_get(id.0, Err(e));
+                    self.end_bulk_get(cookie, Err(e), true);
                 }
+            }
+            Purpose::ServeReply(md) => {
+                self.events.push_back(LnetEvent::BulkGetServed {
+                    md,
+                    to: m.hdr.dest_nid,
+                    result: result.map(|()| len),
+                });
             }
             Purpose::ServeGet(md) => {
                 if result.is_ok() {
@@ -1386,13 +1396,23 @@ impl LnetNode {
                     return Err("REPLY for another instance");
                 }
                 let id = dst_wmd.object_cookie;
-                if self.bulk_gets.contains_key(&id) {
+                let ours = self.bulk_gets.get(&id).map(|g| g.dst == hdr.src_nid);
+                if ours == Some(false) {
+                    return Err("REPLY for a GET of ours from another node");
+                }
+                if ours == Some(true) {
+                    if len == 0 {
+                        // Nothing to write: an empty REPLY is a complete one.
+                        self.end_bulk_get(id, Ok(0), false);
+                        return Ok(0);
+                    }
                     // A GET into registered memory answered inline: we cannot write there.
                     self.end_bulk_get(
                         id,
                         Err(LnetError::BulkUnsupported(
                             "a REPLY inline for a GET into registered memory",
                         )),
+                        false,
                     );
                     return Err("REPLY inline for a GET into registered memory");
                 }

@@ -180,6 +180,13 @@ impl LnetNode {
         let (ni, next) = self.bulk_route(dst, buf)?;
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
+        // A routed GET's REPLY is matched by its wire handle, in the pings' cookie space.
+        let object_cookie = if next == dst {
+            id.0
+        } else {
+            self.next_ping += 1;
+            self.next_ping - 1
+        };
         let hdr = LnetHdr {
             dest_nid: dst,
             src_nid: self.nis[ni].nid,
@@ -189,7 +196,7 @@ impl LnetNode {
             body: LnetBody::Get {
                 return_wmd: WireHandle {
                     interface_cookie: self.interface_cookie,
-                    object_cookie: id.0,
+                    object_cookie,
                 },
                 match_bits,
                 ptl_index: portal,
@@ -203,23 +210,48 @@ impl LnetNode {
         } else {
             let wait = self.nis[ni].ep.config().tunables.timeout * 2;
             let deadline = now.saturating_add(wait);
-            self.bulk_gets.insert(id.0, RoutedGet { id, buf, deadline });
-            self.bulk_get_deadlines.insert((deadline, id.0));
+            let g = RoutedGet {
+                id,
+                buf,
+                dst,
+                deadline,
+            };
+            self.bulk_gets.insert(object_cookie, g);
+            self.bulk_get_deadlines.insert((deadline, object_cookie));
             let route = Route::Remote { ni, next };
-            self.launch(route, hdr, Vec::new(), Purpose::GetRouted(id));
+            self.launch(route, hdr, Vec::new(), Purpose::GetRouted(object_cookie));
         }
         self.process(now);
         Ok(id)
     }
 
+    /// The wire handle a routed GET still waiting for its REPLY carries (for tests).
+    #[cfg(test)]
+    pub(crate) fn pending_bulk_get_handle(&self, id: MsgId) -> Option<WireHandle> {
+        self.bulk_gets
+            .iter()
+            .find(|(_, g)| g.id == id)
+            .map(|(&cookie, _)| WireHandle {
+                interface_cookie: self.interface_cookie,
+                object_cookie: cookie,
+            })
+    }
+
     /// A routed GET into registered memory is finished: report it (once).
-    pub(super) fn end_bulk_get(&mut self, cookie: u64, result: Result<u32, LnetError>) {
+    pub(super) fn end_bulk_get(
+        &mut self,
+        cookie: u64,
+        result: Result<u32, LnetError>,
+        counted: bool,
+    ) {
         let Some(g) = self.bulk_gets.remove(&cookie) else {
             return;
         };
         self.bulk_get_deadlines.remove(&(g.deadline, cookie));
         if let Err(e) = &result {
-            self.count_error(e);
+            if !counted {
+                self.count_error(e);
+            }
         }
         self.events
             .push_back(LnetEvent::GetDone { id: g.id, result });
@@ -232,7 +264,7 @@ impl LnetNode {
                 break;
             }
             self.bulk_get_deadlines.remove(&(at, cookie));
-            self.end_bulk_get(cookie, Err(LnetError::Timeout));
+            self.end_bulk_get(cookie, Err(LnetError::Timeout), false);
         }
     }
 
@@ -240,7 +272,7 @@ impl LnetNode {
     pub(super) fn fail_bulk_gets(&mut self) {
         let all: Vec<u64> = self.bulk_gets.keys().copied().collect();
         for cookie in all {
-            self.end_bulk_get(cookie, Err(LnetError::Shutdown));
+            self.end_bulk_get(cookie, Err(LnetError::Shutdown), false);
         }
     }
 
@@ -282,11 +314,11 @@ impl LnetNode {
         match self.route(hdr.src_nid) {
             Ok(Route::Remote { ni: e, next }) if e == m.buf.ni.0 && len > 0 => {
                 let src = Bulk::Put(m.buf.local(len));
-                self.launch_bulk(e, next, reply, src, Purpose::ServeGet(md));
+                self.launch_bulk(e, next, reply, src, Purpose::ServeReply(md));
                 Ok(0)
             }
             Ok(r @ Route::Remote { .. }) if len == 0 => {
-                self.launch(r, reply, Vec::new(), Purpose::ServeGet(md));
+                self.launch(r, reply, Vec::new(), Purpose::ServeReply(md));
                 Ok(0)
             }
             _ => {
@@ -348,6 +380,24 @@ impl LnetNode {
         self.advance(now);
         let bulk = Bulk::Get(buf.sink(buf.len));
         self.launch_bulk(ni.0, next, hdr, bulk, Purpose::GetBulk(MsgId(0)));
+        self.process(now);
+    }
+
+    /// Sends `hdr` (any type) with the bytes of `buf` by rendezvous to `next` through NI `ni`,
+    /// for unit tests that play a hostile peer (a forged REPLY). Its outcome is an
+    /// [`LnetEvent::PutDone`] with id 0.
+    #[cfg(test)]
+    pub(crate) fn send_raw_put_bulk(
+        &mut self,
+        now: Instant,
+        ni: NiIndex,
+        next: Nid,
+        hdr: LnetHdr,
+        buf: BulkBuf,
+    ) {
+        self.advance(now);
+        let bulk = Bulk::Put(buf.local(buf.len));
+        self.launch_bulk(ni.0, next, hdr, bulk, Purpose::Put(MsgId(0)));
         self.process(now);
     }
 
@@ -499,7 +549,7 @@ impl LnetNode {
                     && self
                         .bulk_gets
                         .get(&dst_wmd.object_cookie)
-                        .is_some_and(|g| g.buf.ni.0 == ni) =>
+                        .is_some_and(|g| g.buf.ni.0 == ni && g.dst == hdr.src_nid) =>
             {
                 // The REPLY of a routed GET of ours, into its registered memory.
                 let cookie = dst_wmd.object_cookie;
@@ -757,6 +807,9 @@ impl LnetNode {
 pub(super) struct RoutedGet {
     pub(super) id: MsgId,
     pub(super) buf: BulkBuf,
+    /// Whom it went to: only a REPLY from there is its answer (a wire handle alone is
+    /// guessable, and the REPLY writes into the user's memory).
+    pub(super) dst: Nid,
     pub(super) deadline: Instant,
 }
 

@@ -1278,3 +1278,260 @@ fn bulk_gets_cross_a_router_byte_exact() {
         assert_eq!(books.dropped(), 0, "{books:?}");
     }
 }
+
+/// A ping's REPLY never answers a routed GET (pings and routed GETs draw their wire cookies
+/// from one counter): neither the GET nor the ping is lost.
+#[test]
+fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    // Unmatched routed GETs: MsgIds 1..=10 pending until their deadline.
+    let mut gets = Vec::new();
+    for i in 0..10 {
+        let reg = f.register(0, vec![0; 4096]);
+        let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+        gets.push(
+            f.nodes[0]
+                .send_get_bulk(now, server, 4, 1000 + i, into)
+                .unwrap(),
+        );
+    }
+    let ping = f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(6));
+    let evs = f.take_events(0);
+    let early: Vec<_> = evs
+        .iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::GetDone { id, result } => Some((*id, *result)),
+            _ => None,
+        })
+        .collect();
+    let pinged: Vec<_> = evs
+        .iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::PingDone { id, result, .. } if *id == ping => Some(result.is_ok()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pinged,
+        vec![true],
+        "ping {ping:?} lost; GETs ended early: {early:?}"
+    );
+    assert!(
+        early.is_empty(),
+        "a routed GET ended before its deadline: {early:?}"
+    );
+}
+
+/// A server answering a routed GET by a rendezvous REPLY counts that REPLY as sent once.
+#[test]
+fn serving_a_routed_get_counts_one_send() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let src = f.register(1, vec![7; 300_000]);
+    let b = BulkBuf::new(NiIndex(0), &src, 0, 300_000).unwrap();
+    f.nodes[1].post_source(4, 77, b);
+    let sink = f.register(0, vec![0; 300_000]);
+    let into = BulkBuf::new(NiIndex(0), &sink, 0, 300_000).unwrap();
+    let before = f.nodes[1].stats().clone();
+    let now = f.now;
+    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
+    f.run_for(Duration::from_secs(2));
+    let after = f.nodes[1].stats().clone();
+    let served: Vec<_> = f
+        .take_events(1)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::BulkGetServed { result, .. } => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, vec![Ok(300_000)]);
+    assert_eq!(after.send_count - before.send_count, 1, "sends");
+    assert_eq!(
+        after.send_length - before.send_length,
+        300_000,
+        "bytes sent"
+    );
+}
+
+/// Nor does a gateway ping's REPLY answer a routed GET (its loss would mark the gateway
+/// dead and stop routed traffic until a retry).
+#[test]
+fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    for i in 0..10 {
+        let reg = f.register(0, vec![0; 4096]);
+        let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+        f.nodes[0]
+            .send_get_bulk(now, server, 4, 1000 + i, into)
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(6));
+    let early: Vec<_> = f
+        .take_events(0)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::GetDone { id, result } => Some((id, result)),
+            _ => None,
+        })
+        .collect();
+    f.run_for(Duration::from_secs(120));
+    let gws = f.nodes[0].gateways();
+    assert!(
+        gws.iter().all(|g| g.alive && g.ping_failures == 0),
+        "{early:?} {gws:?}"
+    );
+    assert!(
+        early.is_empty(),
+        "routed GETs ended early: {early:?}; gateways {gws:?}"
+    );
+    assert!(
+        gws.iter().all(|g| g.alive && g.ping_failures == 0),
+        "{gws:?}"
+    );
+}
+
+/// A routed GET whose GET message fails is counted as one error, as a PUT that fails so.
+#[test]
+fn a_routed_get_that_fails_to_send_counts_one_error() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    f.take_events(0);
+    f.kill(routers[0]);
+    let before = f.nodes[0].stats().clone();
+    let pf = |f: &Fabric| {
+        f.nodes[0]
+            .gateways()
+            .iter()
+            .map(|g| g.ping_failures)
+            .sum::<u64>()
+    };
+    let pings_before = pf(&f);
+    let reg = f.register(0, vec![0; 4096]);
+    let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+    let now = f.now;
+    let put = f.nodes[0].send_put_bulk(now, server, 4, 1, into).unwrap();
+    let get = f.nodes[0].send_get_bulk(now, server, 4, 1, into).unwrap();
+    f.run_for(Duration::from_secs(200));
+    let evs = f.take_events(0);
+    let after = f.nodes[0].stats().clone();
+    let ping_fails = pf(&f) - pings_before;
+    let ended: Vec<_> = evs
+        .iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::PutDone { id, result } if *id == put => Some(format!("put {result:?}")),
+            LnetEvent::GetDone { id, result } if *id == get => Some(format!("get {result:?}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    assert_eq!(
+        after.errors - before.errors,
+        2 + ping_fails,
+        "{ended:?} pings {ping_fails} {before:?} {after:?}"
+    );
+}
+
+/// BulkGetServed for a GET answered by a rendezvous REPLY names the requester.
+#[test]
+fn a_get_served_by_reply_names_its_requester() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let src = f.register(1, vec![7; 5000]);
+    let b = BulkBuf::new(NiIndex(0), &src, 0, 5000).unwrap();
+    f.nodes[1].post_source(4, 77, b);
+    let sink = f.register(0, vec![0; 5000]);
+    let into = BulkBuf::new(NiIndex(0), &sink, 0, 5000).unwrap();
+    let now = f.now;
+    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
+    f.run_for(Duration::from_secs(2));
+    let served: Vec<_> = f
+        .take_events(1)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::BulkGetServed { to, result, .. } => Some((to, result)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(served, vec![(nid(CLIENT), Ok(5000))]);
+}
+
+/// A REPLY by rendezvous is the answer to a routed GET only when it comes from the node the GET
+/// went to: a peer forging one (right wire handle, wrong source) writes nothing into the
+/// requester's memory, and the GET still ends, at its deadline.
+#[test]
+fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
+    let (mut f, routers) = topology(false, |_| {});
+    give_bulk_buffers(&mut f, &routers, 2);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    // The server posts nothing: the GET is dropped there, its REPLY never comes.
+    let sink = f.register(0, vec![0xee; 8192]);
+    let into = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
+    let now = f.now;
+    let id = f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
+    f.run_for(Duration::from_millis(100));
+    // The wire handle the GET carried, as the router (which forwarded it) could read it.
+    let wmd = f.nodes[0].pending_bulk_get_handle(id).expect("waiting");
+    // The router, a directly connected peer, forges the REPLY in the server's stead... but
+    // from its own NID, as it must to be delivered.
+    let evil = f.register(2, vec![0x66; 8192]);
+    let buf = BulkBuf::new(NiIndex(0), &evil, 0, 8192).unwrap();
+    let hdr = LnetHdr {
+        dest_nid: nid(CLIENT),
+        src_nid: nid(R_A),
+        dest_pid: LNET_PID_LUSTRE,
+        src_pid: LNET_PID_LUSTRE,
+        payload_length: 8192,
+        body: LnetBody::Reply { dst_wmd: wmd },
+    };
+    let now = f.now;
+    f.nodes[2].send_raw_put_bulk(now, NiIndex(0), nid(CLIENT), hdr, buf);
+    f.run_for(Duration::from_secs(5));
+    assert!(
+        f.region(0, &sink).iter().all(|&x| x == 0xee),
+        "nothing written"
+    );
+    let ev = f.take_events(0);
+    assert!(
+        !ev.iter()
+            .any(|(_, e)| matches!(e, LnetEvent::GetDone { .. })),
+        "{ev:?}"
+    );
+    f.run_for(Duration::from_secs(100));
+    let ev = f.take_events(0);
+    let done: Vec<_> = ev
+        .iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::GetDone { id: i, result } if *i == id => Some(*result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![Err(LnetError::Timeout)]);
+}
