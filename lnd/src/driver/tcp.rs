@@ -86,8 +86,9 @@
 //!     completed finish `Error` (the first) and `Flushed` (the rest), and its engine hears
 //!     `handle_disconnected`. A bad write therefore never goes unnoticed: it costs the
 //!     connection, as on RC; only the status lands on the first incomplete work request rather
-//!     than on the write itself. Writes of another instance's keys cannot hit new regions: keys
-//!     start at a per-instance random point.
+//!     than on the write itself. Keys are a secret permutation of region numbers, per
+//!     instance: a peer cannot derive one region's key from others it has seen, and another
+//!     instance's keys do not hit new regions.
 //!   - *Disconnects.* A write posted on a closing or broken connection completes `Flushed`. The
 //!     peer's DISCONNECT frame (its DREQ) flushes every send and write not yet completed, in
 //!     posting order, and drops what was not handed to the socket yet; the peer's EOF without a
@@ -688,10 +689,55 @@ fn span(size: usize, off: u64, len: u64) -> Option<std::ops::Range<usize>> {
     (end <= size).then_some(start..end)
 }
 
-/// The remote key of region number `id`: an odd multiplier is a bijection on u32, so distinct
-/// ids (modulo 2^32) give distinct keys.
-fn region_key(id: u64) -> u32 {
-    (id as u32).wrapping_mul(0x9e37_79b1)
+/// How a fabric turns region numbers into remote keys: a keyed permutation of u32 (a 4-round
+/// Feistel network over 16-bit halves, each round a 64-bit mix of a secret), so distinct ids
+/// (modulo 2^32) give distinct keys, and a peer that has seen some keys cannot compute the
+/// others. A router's buffers take writes from many peers: one that saw a PUT_ACK must not be
+/// able to aim at another peer's buffer (a wrong key costs it its connection, so guessing is
+/// one try per connection in 2^32).
+#[derive(Copy, Clone, Debug)]
+struct RegionKeys([u64; 4]);
+
+impl RegionKeys {
+    /// Secrets from the kernel's random source; the clock and pid if it cannot be read.
+    fn new() -> RegionKeys {
+        let mut b = [0u8; 32];
+        let random = std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+            .is_ok();
+        if !random {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let seed = t ^ u64::from(std::process::id()).rotate_left(32);
+            for (i, c) in b.chunks_mut(8).enumerate() {
+                c.copy_from_slice(&mix(seed.wrapping_add(i as u64)).to_le_bytes());
+            }
+        }
+        let k = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        RegionKeys([k(0), k(1), k(2), k(3)])
+    }
+
+    /// The remote key of region number `id`.
+    fn key(&self, id: u64) -> u32 {
+        let (mut l, mut r) = ((id >> 16) as u16, id as u16);
+        for k in self.0 {
+            let f = (mix(u64::from(r) ^ k) >> 48) as u16;
+            (l, r) = (r, l ^ f);
+        }
+        u32::from(l) << 16 | u32::from(r)
+    }
+}
+
+/// splitmix64's finalizer: every input bit moves every output bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Where a fabric's region numbers start: differs between instances (and processes), so a peer
@@ -705,6 +751,38 @@ fn region_seed() -> u64 {
 
 /// Completions handed to the engine, recorded in tests (the engine ignores WrIds it does not
 /// know, such as those of writes a test posts directly).
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+
+    /// Keys are a permutation (no two region numbers share one) and unrelated between
+    /// instances and between neighbours: no constant step, no shared key for the same number.
+    #[test]
+    fn region_keys_are_distinct_and_unpredictable() {
+        let (a, b) = (RegionKeys::new(), RegionKeys::new());
+        let ka: Vec<u32> = (1000..3000).map(|i| a.key(i)).collect();
+        let mut sorted = ka.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ka.len(), "distinct numbers, distinct keys");
+        let steps: std::collections::HashSet<u32> =
+            ka.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(
+            steps.len() > 1900,
+            "no arithmetic progression: {} steps",
+            steps.len()
+        );
+        let same = (1000..3000).filter(|&i| a.key(i) == b.key(i)).count();
+        assert!(same < 5, "two instances agree on {same} keys");
+        // Not the identity, nor the previous fixed multiplier.
+        assert!((1000..3000).filter(|&i| a.key(i) == i as u32).count() < 5);
+        let old = (1000..3000u64)
+            .filter(|&i| a.key(i) == (i as u32).wrapping_mul(0x9e37_79b1))
+            .count();
+        assert!(old < 5);
+    }
+}
+
 #[cfg(test)]
 type WcLog = Vec<(ConnId, WrId, WcStatus)>;
 #[cfg(not(test))]
@@ -784,6 +862,8 @@ pub struct TcpFabric {
     /// Registered regions by remote key; the next region number and address.
     regions: HashMap<u32, Region>,
     next_region: u64,
+    /// How region numbers become remote keys (secret per instance).
+    keys: RegionKeys,
     next_region_addr: u64,
     wc_log: WcLog,
 }
@@ -846,6 +926,7 @@ impl TcpFabric {
             spare: Vec::new(),
             regions: HashMap::new(),
             next_region: region_seed(),
+            keys: RegionKeys::new(),
             next_region_addr: REGION_BASE,
             wc_log: WcLog::default(),
             stats: TcpStats::default(),
@@ -912,7 +993,7 @@ impl TcpFabric {
     pub fn region_mut(&mut self, reg: &Registration) -> Option<&mut [u8]> {
         let id = reg.id();
         self.regions
-            .get_mut(&region_key(id.0))
+            .get_mut(&self.keys.key(id.0))
             .filter(|r| r.id == id.0 && r.shared.is_none())
             .map(|r| &mut r.bytes[..])
     }
@@ -928,7 +1009,9 @@ impl TcpFabric {
     }
 
     fn region_ref(&self, id: RegionId) -> Option<&Region> {
-        self.regions.get(&region_key(id.0)).filter(|r| r.id == id.0)
+        self.regions
+            .get(&self.keys.key(id.0))
+            .filter(|r| r.id == id.0)
     }
 
     /// The contents of a region (no copy; [`Registry::read`] copies). `None` for shared memory.
@@ -1158,9 +1241,10 @@ impl TcpFabric {
                     // refused before its first frame (nothing of it is sent); the current piece
                     // is checked again each frame, in case its region went away.
                     let regions = &mut self.regions;
+                    let keys = self.keys;
                     let region_len = |regions: &HashMap<u32, Region>, id: RegionId| {
                         regions
-                            .get(&region_key(id.0))
+                            .get(&keys.key(id.0))
                             .filter(|r| r.id == id.0)
                             .map(Region::len)
                     };
@@ -1201,7 +1285,7 @@ impl TcpFabric {
                     let n = range.len();
                     frame::push_write_head(&mut s.wq, p.key, at, n);
                     let wq = &mut s.wq;
-                    if let Some(r) = regions.get_mut(&region_key(p.region.0)) {
+                    if let Some(r) = regions.get_mut(&keys.key(p.region.0)) {
                         r.with(|b| wq.extend_from_slice(&b[range]));
                     }
                     s.queued += (HEAD_LEN + WRITE_HEAD_LEN + n) as u64;
@@ -2498,9 +2582,10 @@ impl crate::driver::Driver for TcpFabric {
 }
 
 /// The tcp fabric's ibv_reg_mr: a region is a buffer in a table keyed by its remote key.
-/// Keys start at a per-instance random point and are unique within the fabric for 2^32
-/// registrations, so a key of a deregistered region (or of an earlier instance of this process)
-/// does not match a new one; addresses never repeat. A region lives until it is deregistered or
+/// Keys are a secret per-instance permutation of region numbers (`RegionKeys`), unique within
+/// the fabric for 2^32 registrations, so a key of a deregistered region does not match a new
+/// one, and a peer cannot compute a region's key from the keys it was shown (a router's
+/// buffers serve many peers); addresses never repeat. A region lives until it is deregistered or
 /// the fabric is dropped. Deregistering never fails: later writes into it are refused by this
 /// fabric (the writer's connection is closed), a write from it that has not been copied out yet
 /// fails like a write outside the local region.
@@ -2508,7 +2593,7 @@ impl Registry for TcpFabric {
     fn register(&mut self, bytes: Vec<u8>) -> io::Result<Registration> {
         self.next_region = self.next_region.wrapping_add(1);
         let id = self.next_region;
-        let key = region_key(id);
+        let key = self.keys.key(id);
         let addr = self.next_region_addr;
         let len = bytes.len() as u64;
         let pages = len.div_ceil(PAGE) + 1;
@@ -2528,7 +2613,7 @@ impl Registry for TcpFabric {
     fn register_shared(&mut self, mem: &SharedMem) -> io::Result<Registration> {
         self.next_region = self.next_region.wrapping_add(1);
         let id = self.next_region;
-        let key = region_key(id);
+        let key = self.keys.key(id);
         let addr = self.next_region_addr;
         let len = mem.len() as u64;
         let pages = len.div_ceil(PAGE) + 1;
