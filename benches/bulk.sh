@@ -11,10 +11,12 @@
 #   3. lnet_perf --bulk-get T --size S          ulnet GET by rendezvous  (brw read analogue)
 #   4. lnet_perf --bulk-put / --bulk-get T --size S --via-router lnet-router   (three processes
 #      on 2 cores; a routed GET is IMMEDIATE, its REPLY comes back by rendezvous)
+#   5. ucx_perftest -t tag_bw -s S over UCX's tcp transport (as benches/loopback.sh runs it),
+#      about 2 GiB per size (its "overall" bandwidth, MB/s = MiB/s)
 # then prints, per size, the median of each figure in MiB/s, its ratio to iperf3's, routed /
 # direct, and draws them (MiB/s against size, one line per system) into PLOT (SVG).
-# Targets (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream; through one
-# router >= 0.5x direct.
+# Targets (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream (>= 1.0x UCX
+# tag_bw: stretch); through one router >= 0.5x direct.
 #
 # Env:  ROUNDS=3  T=3  SIZES="4096 65536 1048576"  WINDOW=8  PLOT=target/bulk.svg
 #       BULK_NETNS=0 (run in the root namespace)
@@ -40,10 +42,15 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 have() { command -v "$1" >/dev/null 2>&1; }
-if ! have iperf3; then
-  timeout 300 apt-get install -y iperf3 >/dev/null 2>&1 \
-    || { timeout 120 apt-get update >/dev/null 2>&1 && timeout 300 apt-get install -y iperf3 >/dev/null 2>&1; }
+need=()
+have iperf3 || need+=(iperf3)
+have ucx_perftest || need+=(ucx-utils)
+if [ ${#need[@]} -gt 0 ]; then
+  timeout 300 apt-get install -y "${need[@]}" >/dev/null 2>&1 \
+    || { timeout 120 apt-get update >/dev/null 2>&1 && timeout 300 apt-get install -y "${need[@]}" >/dev/null 2>&1; }
 fi
+UCX_ENV="env UCX_TLS=tcp UCX_NET_DEVICES=lo"
+UCX_PORT=15400
 if [ "${BULK_NETNS:-1}" = 1 ] && ip netns add "$NS" 2>/dev/null; then
   ip netns exec "$NS" ip link set lo up && PRE="ip netns exec $NS"
 fi
@@ -82,6 +89,21 @@ for r in $(seq 1 "$ROUNDS"); do
         echo "WARN iperf3 size $s round $r failed" >&2
       fi
     fi
+    if have ucx_perftest; then
+      UCX_PORT=$((UCX_PORT + 1))
+      $PRE timeout 120 $UCX_ENV ucx_perftest -p $UCX_PORT >/dev/null 2>&1 &
+      spid=$!
+      sleep 1
+      n=$(( (2 << 30) / s ))
+      v=$($PRE timeout 120 $UCX_ENV ucx_perftest 127.0.0.1 -p $UCX_PORT -t tag_bw -s "$s" \
+        -n "$n" -w 100 2>/dev/null | awk '/^Final:/ {print $7}')
+      wait $spid 2>/dev/null
+      if [ -n "$v" ]; then
+        echo "ucx_tag_bw $s $v" >>"$TMP/figs"
+      else
+        echo "WARN ucx_perftest tag_bw size $s round $r failed" >&2
+      fi
+    fi
     lnet ulnet_put "$s" --bulk-put "$T"
     lnet ulnet_get "$s" --bulk-get "$T"
     lnet ulnet_put_routed "$s" --bulk-put "$T" --via-router "$ROOT/target/release/lnet-router"
@@ -92,16 +114,18 @@ done
 median() { sort -n | awk '{a[NR] = $1} END {if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 fig() { awk -v n="$1" -v s="$2" '$1 == n && $2 == s {print $3}' "$TMP/figs" | median; }
 ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}' || echo NA; }
-printf "%-9s %-17s %12s %14s %16s\n" size system "MiB/s" "x iperf3" "routed/direct"
+printf "%-9s %-17s %12s %10s %8s %16s\n" size system "MiB/s" "x iperf3" "x UCX" "routed/direct"
 for s in $SIZES; do
   base=$(fig iperf3 "$s")
-  for name in iperf3 ulnet_put ulnet_get ulnet_put_routed ulnet_get_routed; do
+  ucx=$(fig ucx_tag_bw "$s")
+  for name in iperf3 ucx_tag_bw ulnet_put ulnet_get ulnet_put_routed ulnet_get_routed; do
     m=$(fig "$name" "$s")
     [ -n "$m" ] || continue
     rd=""
     [ "$name" = ulnet_put_routed ] && rd=$(ratio "$m" "$(fig ulnet_put "$s")")
     [ "$name" = ulnet_get_routed ] && rd=$(ratio "$m" "$(fig ulnet_get "$s")")
-    printf "%-9s %-17s %12s %14s %16s\n" "$s" "$name" "$m" "$(ratio "$m" "$base")" "$rd"
+    printf "%-9s %-17s %12s %10s %8s %16s\n" "$s" "$name" "$m" "$(ratio "$m" "$base")" \
+      "$(ratio "$m" "$ucx")" "$rd"
   done
 done
 mkdir -p "$(dirname "$PLOT")"
