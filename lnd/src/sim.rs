@@ -930,34 +930,9 @@ impl World {
     /// is recorded; a refusal by `Endpoint::send` (or a node without endpoint) is recorded as the
     /// outcome at once.
     pub fn send(&mut self, from: NodeId, to: Nid, hdr: LnetHdr, payload: Vec<u8>) -> u64 {
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
-        self.stats.sends += 1;
-        self.sends.insert(
-            cookie,
-            SendRecord {
-                from,
-                to,
-                queued_at: self.now,
-                done: None,
-            },
-        );
-        self.pending_sends += 1;
-        let now = self.now;
-        let node = &mut self.nodes[from.idx()];
-        let Some(ep) = node.ep.as_mut() else {
-            self.finish_send(cookie, SendOutcome::NodeDown);
-            return cookie;
-        };
-        trace!(at = %now, from = %node.nid, %to, cookie, "send");
-        match ep.send(now, to, hdr, payload, cookie) {
-            Ok(()) => {
-                node.pending.insert(cookie, ());
-            }
-            Err(e) => self.finish_send(cookie, SendOutcome::Refused(e)),
-        }
-        self.drain(from, false);
-        cookie
+        self.start_send(from, to, |ep, now, cookie| {
+            ep.send(now, to, hdr, payload, cookie)
+        })
     }
 
     /// Node `from` PUTs the registered fragments `src` to `to` by rendezvous
@@ -969,6 +944,19 @@ impl World {
         to: Nid,
         hdr: LnetHdr,
         src: Vec<crate::fabric::LocalFrag>,
+    ) -> u64 {
+        self.start_send(from, to, |ep, now, cookie| {
+            ep.send_put_rdma(now, to, hdr, src, cookie)
+        })
+    }
+
+    /// Records a send from `from` to `to` under a new cookie and starts it with `start`; a
+    /// refusal (or a node without endpoint) is its outcome at once.
+    fn start_send(
+        &mut self,
+        from: NodeId,
+        to: Nid,
+        start: impl FnOnce(&mut Endpoint, Instant, u64) -> Result<(), SendError>,
     ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
@@ -989,7 +977,8 @@ impl World {
             self.finish_send(cookie, SendOutcome::NodeDown);
             return cookie;
         };
-        match ep.send_put_rdma(now, to, hdr, src, cookie) {
+        trace!(at = %now, from = %node.nid, %to, cookie, "send");
+        match start(ep, now, cookie) {
             Ok(()) => {
                 node.pending.insert(cookie, ());
             }

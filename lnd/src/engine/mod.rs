@@ -586,18 +586,10 @@ impl Endpoint {
         cookie: u64,
     ) -> Result<(), SendError> {
         self.advance(now);
-        if self.shutting_down {
-            return Err(SendError::Shutdown);
-        }
-        if payload.len() > MAX_INLINE {
+        if payload.len() > MAX_INLINE && !self.shutting_down {
             return Err(SendError::PayloadTooLarge(payload.len()));
         }
-        if peer.is_any() || peer.net() != self.cfg.nid.net() {
-            return Err(SendError::BadPeer(peer));
-        }
-        let Some(p) = self.peer_idx(peer) else {
-            return Err(SendError::PeerTableFull(peer));
-        };
+        let p = self.peer_for_send(peer)?;
         let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
         self.launch_tx(key);
         Ok(())

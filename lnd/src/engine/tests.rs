@@ -354,6 +354,23 @@ fn checksums_off_by_default() {
     assert!(n >= 2);
 }
 
+/// A V2 message from `from` (instance `from_stamp`) to `to` (instance `to_stamp`), as a peer
+/// (or a forger) puts it on the wire.
+fn raw_msg(from: Nid, from_stamp: u64, to: Nid, to_stamp: u64, body: KibBody<'_>) -> Vec<u8> {
+    let msg = KibMsg {
+        version: VERSION_2,
+        credits: 0,
+        src_nid: from,
+        src_stamp: from_stamp,
+        dst_nid: to,
+        dst_stamp: to_stamp,
+        body,
+    };
+    let mut bytes = vec![0u8; msg.wire_len()];
+    msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+    bytes
+}
+
 fn forged_connreq(from: Nid, to: Nid, stamp: u64) -> PrivateData {
     let msg = KibMsg {
         version: VERSION_2,
@@ -452,7 +469,7 @@ fn a_closed_peer_is_forgotten_after_its_reap() {
 /// rendezvous we never started closes the connection (EPROTO).
 #[test]
 fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
-    use crate::wire::kib::{EmitOpts, RdmaFrag, ENODATA, EPROTO};
+    use crate::wire::kib::{RdmaFrag, ENODATA, EPROTO};
     use crate::wire::RdmaDesc;
     let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
     let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
@@ -471,20 +488,7 @@ fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
         nob: 1 << 20,
         addr: 0x1000,
     }];
-    let raw = |body: KibBody<'_>| {
-        let msg = KibMsg {
-            version: VERSION_2,
-            credits: 0,
-            src_nid: a,
-            src_stamp: 100,
-            dst_nid: b,
-            dst_stamp: 200,
-            body,
-        };
-        let mut bytes = vec![0u8; msg.wire_len()];
-        msg.emit(&mut bytes, EmitOpts::default()).unwrap();
-        bytes
-    };
+    let raw = |body: KibBody<'_>| raw_msg(a, 100, b, 200, body);
     let put = |cookie| {
         raw(KibBody::PutReq {
             hdr: hdr(a, b, 1 << 20),
@@ -614,7 +618,7 @@ fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
 #[test]
 fn hostile_rendezvous_completions_close_the_connection() {
     use crate::fabric::{LocalFrag, RegionId};
-    use crate::wire::kib::{EmitOpts, RdmaFrag};
+    use crate::wire::kib::RdmaFrag;
     use crate::wire::RdmaDesc;
 
     // (what b injects into a's connection, counter that must move)
@@ -669,29 +673,19 @@ fn hostile_rendezvous_completions_close_the_connection() {
             .collect();
         let ack = |src_cookie: u64, n: usize| {
             let rd = RdmaDesc::new(0x55, &frags[..n.min(257)]);
-            let msg = KibMsg {
-                version: VERSION_2,
-                credits: 0,
-                src_nid: b,
-                src_stamp: 200,
-                dst_nid: a,
-                dst_stamp: 100,
-                body: KibBody::PutAck {
-                    src_cookie,
-                    dst_cookie: 5,
-                    rd,
-                },
+            let body = KibBody::PutAck {
+                src_cookie,
+                dst_cookie: 5,
+                rd,
             };
-            let mut bytes = vec![0u8; msg.wire_len() + 12];
-            let len = msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+            let mut bytes = raw_msg(b, 200, a, 100, body);
             if n > 257 {
                 // One more fragment than a descriptor may carry, with the lengths to match.
+                let len = bytes.len();
                 let nfrags_at = 48 + 16 + 4;
                 bytes[nfrags_at..nfrags_at + 4].copy_from_slice(&(n as u32).to_le_bytes());
                 bytes[8..12].copy_from_slice(&((len + 12) as u32).to_le_bytes());
-                bytes.truncate(len + 12);
-            } else {
-                bytes.truncate(len);
+                bytes.resize(len + 12, 0);
             }
             bytes
         };
@@ -707,22 +701,12 @@ fn hostile_rendezvous_completions_close_the_connection() {
                     })
                     .collect::<Vec<_>>();
                 let rd = RdmaDesc::new(0x55, &good);
-                let msg = KibMsg {
-                    version: VERSION_2,
-                    credits: 0,
-                    src_nid: b,
-                    src_stamp: 200,
-                    dst_nid: a,
-                    dst_stamp: 100,
-                    body: KibBody::PutAck {
-                        src_cookie: cookie,
-                        dst_cookie: 5,
-                        rd,
-                    },
+                let body = KibBody::PutAck {
+                    src_cookie: cookie,
+                    dst_cookie: 5,
+                    rd,
                 };
-                let mut bytes = vec![0u8; msg.wire_len()];
-                msg.emit(&mut bytes, EmitOpts::default()).unwrap();
-                p.eps[0].handle_recv(now, conn_a, 4, &bytes);
+                p.eps[0].handle_recv(now, conn_a, 4, &raw_msg(b, 200, a, 100, body));
                 assert_eq!(p.eps[0].stats().unmatched_completions, 0);
                 p.eps[0].handle_recv(now, conn_a, 5, &ack(cookie, 1));
             }
@@ -766,7 +750,6 @@ fn hostile_rendezvous_completions_close_the_connection() {
 /// lnet_set_reply_msg_len); it must not reach LNet as Ok(bytes > sink).
 #[test]
 fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
-    use crate::wire::kib::EmitOpts;
     let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
     let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
     p.eps[0]
@@ -781,20 +764,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
             .unwrap()
     };
     let (conn_a, conn_b) = (conn_of(&p, 0), conn_of(&p, 1));
-    let raw = |from: Nid, fs: u64, to: Nid, ts: u64, body: KibBody<'_>| {
-        let msg = KibMsg {
-            version: VERSION_2,
-            credits: 0,
-            src_nid: from,
-            src_stamp: fs,
-            dst_nid: to,
-            dst_stamp: ts,
-            body,
-        };
-        let mut bytes = vec![0u8; msg.wire_len()];
-        msg.emit(&mut bytes, EmitOpts::default()).unwrap();
-        bytes
-    };
+    let raw = raw_msg;
     let sink = RdmaSink {
         key: 1,
         frags: vec![crate::wire::RdmaFrag {
@@ -891,7 +861,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
 #[test]
 fn a_get_req_with_a_malformed_descriptor_is_not_written() {
     use crate::fabric::{check_rdma_write, LocalFrag, RegionId};
-    use crate::wire::kib::{EmitOpts, RdmaFrag};
+    use crate::wire::kib::RdmaFrag;
     use crate::wire::RdmaDesc;
     let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
     let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
@@ -915,21 +885,12 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
             addr: 0x2000,
         },
     ];
-    let msg = KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: a,
-        src_stamp: 100,
-        dst_nid: b,
-        dst_stamp: 200,
-        body: KibBody::GetReq {
-            hdr: hdr(a, b, 0),
-            cookie: 0xabc,
-            rd: RdmaDesc::new(7, &frags),
-        },
+    let body = KibBody::GetReq {
+        hdr: hdr(a, b, 0),
+        cookie: 0xabc,
+        rd: RdmaDesc::new(7, &frags),
     };
-    let mut bytes = vec![0u8; msg.wire_len()];
-    msg.emit(&mut bytes, EmitOpts::default()).unwrap();
+    let bytes = raw_msg(a, 100, b, 200, body);
     let now = p.now;
     p.eps[1].handle_recv(now, conn_b, 3, &bytes);
     let Some(LndEvent::RdmaRequest { rx, .. }) = p.eps[1].poll_event() else {

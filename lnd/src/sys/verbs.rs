@@ -433,6 +433,33 @@ unsafe impl Send for MemoryRegion {}
 // fabric's bookkeeping (posted slots are not copied into).
 unsafe impl Sync for MemoryRegion {}
 
+/// ibv_reg_mr of `len` bytes at `buf` for local write (and remote write when `remote_write`).
+///
+/// # Safety
+/// `buf` must point at `len` bytes that stay allocated, in place, until the returned MR is
+/// deregistered.
+unsafe fn reg_mr(
+    pd: &Arc<ProtectionDomain>,
+    buf: NonNull<u8>,
+    len: usize,
+    remote_write: bool,
+) -> io::Result<NonNull<sys::ibv_mr>> {
+    let mut access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    if remote_write {
+        access |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    // SAFETY: live PD; the caller guarantees `buf` holds `len` bytes for the MR's lifetime.
+    let mr = unsafe {
+        sys::ibv_reg_mr(
+            pd.raw.as_ptr(),
+            buf.as_ptr().cast(),
+            len,
+            access as libc::c_int,
+        )
+    };
+    NonNull::new(mr).ok_or_else(last_err)
+}
+
 impl MemoryRegion {
     /// Allocates `len` zeroed bytes and registers them for local write (and remote write when
     /// `remote_write`).
@@ -444,33 +471,22 @@ impl MemoryRegion {
         let len = len.max(1);
         let boxed: Box<[u8]> = vec![0u8; len].into_boxed_slice();
         let buf = NonNull::new(Box::into_raw(boxed).cast::<u8>()).expect("Box is non-null");
-        let mut access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if remote_write {
-            access |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        }
-        // SAFETY: live PD; `buf` points at `len` bytes we own until drop (after dereg).
-        let mr = unsafe {
-            sys::ibv_reg_mr(
-                pd.raw.as_ptr(),
-                buf.as_ptr().cast(),
+        // SAFETY: `buf` points at `len` bytes we own until drop (after dereg).
+        match unsafe { reg_mr(pd, buf, len, remote_write) } {
+            Ok(mr) => Ok(Arc::new(MemoryRegion {
+                mr,
+                buf,
                 len,
-                access as libc::c_int,
-            )
-        };
-        let Some(mr) = NonNull::new(mr) else {
-            let e = last_err();
-            // SAFETY: re-creates the Box leaked above, exactly once.
-            drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(buf.as_ptr(), len)) });
-            return Err(e);
-        };
-        Ok(Arc::new(MemoryRegion {
-            mr,
-            buf,
-            len,
-            copying: std::sync::atomic::AtomicBool::new(false),
-            _pd: Arc::clone(pd),
-            shared: None,
-        }))
+                copying: std::sync::atomic::AtomicBool::new(false),
+                _pd: Arc::clone(pd),
+                shared: None,
+            })),
+            Err(e) => {
+                // SAFETY: re-creates the Box leaked above, exactly once.
+                drop(unsafe { Box::from_raw(ptr::slice_from_raw_parts_mut(buf.as_ptr(), len)) });
+                Err(e)
+            }
+        }
     }
 
     /// Registers memory that other fabrics register too (a router's large buffers): the bytes
@@ -488,23 +504,9 @@ impl MemoryRegion {
                 "cannot register empty memory",
             ));
         };
-        let mut access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if remote_write {
-            access |= sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-        }
-        // SAFETY: live PD; `buf` points at `len` bytes that `mem` owns and keeps in place for as
-        // long as the clone of it stored below lives, which is until after ibv_dereg_mr.
-        let mr = unsafe {
-            sys::ibv_reg_mr(
-                pd.raw.as_ptr(),
-                buf.as_ptr().cast(),
-                len,
-                access as libc::c_int,
-            )
-        };
-        let Some(mr) = NonNull::new(mr) else {
-            return Err(last_err());
-        };
+        // SAFETY: `buf` points at `len` bytes that `mem` owns and keeps in place for as long as
+        // the clone of it stored below lives, which is until after ibv_dereg_mr.
+        let mr = unsafe { reg_mr(pd, buf, len, remote_write) }?;
         Ok(Arc::new(MemoryRegion {
             mr,
             buf,

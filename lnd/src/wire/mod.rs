@@ -39,8 +39,10 @@ pub enum ByteOrder {
     Big,
 }
 
+/// Panic-free field access in this order: a read outside `b` gives 0, a write outside it
+/// does nothing (parsers check lengths first; these never index out of bounds).
 impl ByteOrder {
-    pub(crate) fn get_u16(self, b: &[u8], at: usize) -> u16 {
+    pub fn get_u16(self, b: &[u8], at: usize) -> u16 {
         let mut a = [0u8; 2];
         if let Some(s) = b.get(at..at.saturating_add(2)) {
             a.copy_from_slice(s);
@@ -51,7 +53,7 @@ impl ByteOrder {
         }
     }
 
-    pub(crate) fn get_u32(self, b: &[u8], at: usize) -> u32 {
+    pub fn get_u32(self, b: &[u8], at: usize) -> u32 {
         let mut a = [0u8; 4];
         if let Some(s) = b.get(at..at.saturating_add(4)) {
             a.copy_from_slice(s);
@@ -62,7 +64,7 @@ impl ByteOrder {
         }
     }
 
-    pub(crate) fn get_u64(self, b: &[u8], at: usize) -> u64 {
+    pub fn get_u64(self, b: &[u8], at: usize) -> u64 {
         let mut a = [0u8; 8];
         if let Some(s) = b.get(at..at.saturating_add(8)) {
             a.copy_from_slice(s);
@@ -73,7 +75,7 @@ impl ByteOrder {
         }
     }
 
-    pub(crate) fn put_u16(self, b: &mut [u8], at: usize, v: u16) {
+    pub fn put_u16(self, b: &mut [u8], at: usize, v: u16) {
         let a = match self {
             ByteOrder::Little => v.to_le_bytes(),
             ByteOrder::Big => v.to_be_bytes(),
@@ -83,7 +85,7 @@ impl ByteOrder {
         }
     }
 
-    pub(crate) fn put_u32(self, b: &mut [u8], at: usize, v: u32) {
+    pub fn put_u32(self, b: &mut [u8], at: usize, v: u32) {
         let a = match self {
             ByteOrder::Little => v.to_le_bytes(),
             ByteOrder::Big => v.to_be_bytes(),
@@ -93,7 +95,7 @@ impl ByteOrder {
         }
     }
 
-    pub(crate) fn put_u64(self, b: &mut [u8], at: usize, v: u64) {
+    pub fn put_u64(self, b: &mut [u8], at: usize, v: u64) {
         let a = match self {
             ByteOrder::Little => v.to_le_bytes(),
             ByteOrder::Big => v.to_be_bytes(),
@@ -104,7 +106,7 @@ impl ByteOrder {
     }
 
     /// Which order a 32-bit magic was written in, if it is `magic` at all.
-    pub(crate) fn detect(b: &[u8], at: usize, magic: u32) -> Option<ByteOrder> {
+    pub fn detect(b: &[u8], at: usize, magic: u32) -> Option<ByteOrder> {
         if ByteOrder::Little.get_u32(b, at) == magic {
             Some(ByteOrder::Little)
         } else if ByteOrder::Big.get_u32(b, at) == magic {

@@ -98,24 +98,50 @@ pub(super) struct Md {
 /// The posted MDs, matched in posting order on (portal, match bits, sink or source).
 #[derive(Default)]
 pub(super) struct Mds {
-    posted: BTreeMap<u64, Md>,
+    posted: HashMap<u64, Md>,
+    /// The MDs' ids by what matches them, oldest first: matching a message is a lookup, not a
+    /// scan of every posted MD.
+    by_match: HashMap<MatchKey, VecDeque<u64>>,
     next: u64,
 }
+
+/// What an MD matches on: its NI, portal, match bits, and whether PUTs write into it.
+type MatchKey = (usize, u32, u64, bool);
 
 impl Mds {
     fn post(&mut self, md: Md) -> MdId {
         self.next += 1;
+        let key = (md.buf.ni.0, md.portal, md.match_bits, md.sink);
+        self.by_match.entry(key).or_default().push_back(self.next);
         self.posted.insert(self.next, md);
         MdId(self.next)
     }
 
     /// Takes the oldest MD matching, on NI `ni`.
     fn take(&mut self, ni: usize, portal: u32, match_bits: u64, sink: bool) -> Option<(MdId, Md)> {
-        let id = self.posted.iter().find_map(|(&id, m)| {
-            (m.portal == portal && m.match_bits == match_bits && m.sink == sink && m.buf.ni.0 == ni)
-                .then_some(id)
-        })?;
-        self.posted.remove(&id).map(|m| (MdId(id), m))
+        let key = (ni, portal, match_bits, sink);
+        let ids = self.by_match.get_mut(&key)?;
+        let found = std::iter::from_fn(|| ids.pop_front())
+            .find_map(|id| self.posted.remove(&id).map(|m| (MdId(id), m)));
+        if ids.is_empty() {
+            self.by_match.remove(&key);
+        }
+        found
+    }
+
+    /// Takes back an MD nothing matched yet.
+    fn unlink(&mut self, md: MdId) -> bool {
+        let Some(m) = self.posted.remove(&md.0) else {
+            return false;
+        };
+        let key = (m.buf.ni.0, m.portal, m.match_bits, m.sink);
+        if let Some(ids) = self.by_match.get_mut(&key) {
+            ids.retain(|&id| id != md.0);
+            if ids.is_empty() {
+                self.by_match.remove(&key);
+            }
+        }
+        true
     }
 
     pub(super) fn len(&self) -> usize {
@@ -357,7 +383,7 @@ impl LnetNode {
     /// Takes back an MD nothing has matched yet (LNetMDUnlink); false if it was used already or
     /// never posted. No event follows.
     pub fn unlink_md(&mut self, md: MdId) -> bool {
-        self.mds.posted.remove(&md.0).is_some()
+        self.mds.unlink(md)
     }
 
     /// MDs posted and not used yet.

@@ -243,7 +243,7 @@ fn check_room(b: &[u8], needed: usize) -> Result<(), SelftestWireError> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Panic-free field access (lnd's readers are crate-private, so a copy of the idea lives here)
+// Panic-free field access: integers through lnd's `ByteOrder`, byte arrays here
 // ---------------------------------------------------------------------------------------------
 
 fn take<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
@@ -271,17 +271,13 @@ impl Reader<'_> {
         take::<1>(self.b, SRPC_HDR_LEN + at)[0]
     }
     fn u16(&self, at: usize) -> u16 {
-        let a = take(self.b, SRPC_HDR_LEN + at);
-        match self.order {
-            ByteOrder::Little => u16::from_le_bytes(a),
-            ByteOrder::Big => u16::from_be_bytes(a),
-        }
+        self.order.get_u16(self.b, SRPC_HDR_LEN + at)
     }
     fn u32(&self, at: usize) -> u32 {
-        read_u32(self.b, SRPC_HDR_LEN + at, self.order)
+        self.order.get_u32(self.b, SRPC_HDR_LEN + at)
     }
     fn u64(&self, at: usize) -> u64 {
-        read_u64(self.b, SRPC_HDR_LEN + at, self.order)
+        self.order.get_u64(self.b, SRPC_HDR_LEN + at)
     }
     fn sid(&self, at: usize) -> LstSid {
         LstSid {
@@ -305,17 +301,13 @@ impl Writer<'_> {
         put(self.b, SRPC_HDR_LEN + at, [v]);
     }
     fn u16(&mut self, at: usize, v: u16) {
-        let a = match self.order {
-            ByteOrder::Little => v.to_le_bytes(),
-            ByteOrder::Big => v.to_be_bytes(),
-        };
-        put(self.b, SRPC_HDR_LEN + at, a);
+        self.order.put_u16(self.b, SRPC_HDR_LEN + at, v);
     }
     fn u32(&mut self, at: usize, v: u32) {
-        write_u32(self.b, SRPC_HDR_LEN + at, self.order, v);
+        self.order.put_u32(self.b, SRPC_HDR_LEN + at, v);
     }
     fn u64(&mut self, at: usize, v: u64) {
-        write_u64(self.b, SRPC_HDR_LEN + at, self.order, v);
+        self.order.put_u64(self.b, SRPC_HDR_LEN + at, v);
     }
     fn sid(&mut self, at: usize, sid: LstSid) {
         self.u64(at, sid.nid.raw());
@@ -324,38 +316,6 @@ impl Writer<'_> {
     fn name(&mut self, at: usize, name: &LstName) {
         put(self.b, SRPC_HDR_LEN + at, name.0);
     }
-}
-
-fn read_u32(b: &[u8], at: usize, order: ByteOrder) -> u32 {
-    let a = take(b, at);
-    match order {
-        ByteOrder::Little => u32::from_le_bytes(a),
-        ByteOrder::Big => u32::from_be_bytes(a),
-    }
-}
-
-fn read_u64(b: &[u8], at: usize, order: ByteOrder) -> u64 {
-    let a = take(b, at);
-    match order {
-        ByteOrder::Little => u64::from_le_bytes(a),
-        ByteOrder::Big => u64::from_be_bytes(a),
-    }
-}
-
-fn write_u32(b: &mut [u8], at: usize, order: ByteOrder, v: u32) {
-    let a = match order {
-        ByteOrder::Little => v.to_le_bytes(),
-        ByteOrder::Big => v.to_be_bytes(),
-    };
-    put(b, at, a);
-}
-
-fn write_u64(b: &mut [u8], at: usize, order: ByteOrder, v: u64) {
-    let a = match order {
-        ByteOrder::Little => v.to_le_bytes(),
-        ByteOrder::Big => v.to_be_bytes(),
-    };
-    put(b, at, a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -780,11 +740,11 @@ impl SrpcHeader {
         let order = detect_order(b)?;
         Ok((
             SrpcHeader {
-                version: read_u32(b, hdr::VERSION, order),
-                msg_type: read_u32(b, hdr::TYPE, order),
-                features: read_u32(b, hdr::SES_FEATS, order),
-                rpyid: read_u64(b, SRPC_HDR_LEN, order),
-                bulkid: read_u64(b, SRPC_HDR_LEN + 8, order),
+                version: order.get_u32(b, hdr::VERSION),
+                msg_type: order.get_u32(b, hdr::TYPE),
+                features: order.get_u32(b, hdr::SES_FEATS),
+                rpyid: order.get_u64(b, SRPC_HDR_LEN),
+                bulkid: order.get_u64(b, SRPC_HDR_LEN + 8),
             },
             order,
         ))
@@ -792,14 +752,8 @@ impl SrpcHeader {
 }
 
 fn detect_order(b: &[u8]) -> Result<ByteOrder, SelftestWireError> {
-    let le = read_u32(b, hdr::MAGIC, ByteOrder::Little);
-    if le == SRPC_MSG_MAGIC {
-        Ok(ByteOrder::Little)
-    } else if le.swap_bytes() == SRPC_MSG_MAGIC {
-        Ok(ByteOrder::Big)
-    } else {
-        Err(SelftestWireError::BadMagic(le))
-    }
+    ByteOrder::detect(b, hdr::MAGIC, SRPC_MSG_MAGIC)
+        .ok_or_else(|| SelftestWireError::BadMagic(ByteOrder::Little.get_u32(b, hdr::MAGIC)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1803,14 +1757,14 @@ impl SrpcMsg {
     pub fn parse(b: &[u8]) -> Result<(SrpcMsg, ByteOrder), SelftestWireError> {
         check_len(b, SRPC_MSG_LEN)?;
         let order = detect_order(b)?;
-        let version = read_u32(b, hdr::VERSION, order);
+        let version = order.get_u32(b, hdr::VERSION);
         if version != SRPC_MSG_VERSION {
             return Err(SelftestWireError::BadVersion(version));
         }
-        let raw_type = read_u32(b, hdr::TYPE, order);
+        let raw_type = order.get_u32(b, hdr::TYPE);
         let msg_type =
             MsgType::from_u32(raw_type).ok_or(SelftestWireError::UnknownMsgType(raw_type))?;
-        let features = read_u32(b, hdr::SES_FEATS, order);
+        let features = order.get_u32(b, hdr::SES_FEATS);
         let r = Reader { b, order };
         let body = SrpcBody::read(msg_type, &r, features);
         Ok((SrpcMsg { features, body }, order))
@@ -1849,12 +1803,12 @@ impl SrpcMsg {
                 got,
             })?;
         out.fill(0);
-        write_u32(out, hdr::MAGIC, order, SRPC_MSG_MAGIC);
-        write_u32(out, hdr::VERSION, order, SRPC_MSG_VERSION);
-        write_u32(out, hdr::TYPE, order, self.msg_type() as u32);
-        write_u32(out, hdr::RESERVED0, order, 0);
-        write_u32(out, hdr::RESERVED1, order, 0);
-        write_u32(out, hdr::SES_FEATS, order, self.features);
+        order.put_u32(out, hdr::MAGIC, SRPC_MSG_MAGIC);
+        order.put_u32(out, hdr::VERSION, SRPC_MSG_VERSION);
+        order.put_u32(out, hdr::TYPE, self.msg_type() as u32);
+        order.put_u32(out, hdr::RESERVED0, 0);
+        order.put_u32(out, hdr::RESERVED1, 0);
+        order.put_u32(out, hdr::SES_FEATS, self.features);
         self.body.write(&mut Writer { b: out, order });
         Ok(SRPC_MSG_LEN)
     }
@@ -1915,8 +1869,8 @@ pub fn emit_dest_ids(
     check_room(buf, end)?;
     for (i, id) in ids.iter().enumerate() {
         let at = dest_id_offset(i, page_size);
-        write_u64(buf, at, order, id.nid.raw());
-        write_u32(buf, at + 8, order, id.pid);
+        order.put_u64(buf, at, id.nid.raw());
+        order.put_u32(buf, at + 8, id.pid);
     }
     Ok(end)
 }
@@ -1945,8 +1899,8 @@ pub fn parse_dest_ids(
         .map(|i| {
             let at = dest_id_offset(i, page_size);
             ProcessId {
-                nid: Nid::from_raw(read_u64(bulk, at, order)),
-                pid: read_u32(bulk, at + 8, order),
+                nid: Nid::from_raw(order.get_u64(bulk, at)),
+                pid: order.get_u32(bulk, at + 8),
             }
         })
         .collect())
@@ -2023,7 +1977,7 @@ pub fn fill_pattern(
 ) -> Result<(), SelftestWireError> {
     for (start, seg) in segments(buf.len(), offset, page_size)? {
         for at in pattern_words(check, start, seg) {
-            write_u64(buf, at, order, magic);
+            order.put_u64(buf, at, magic);
         }
     }
     Ok(())
@@ -2049,7 +2003,7 @@ pub fn check_pattern(
 ) -> Result<(), SelftestWireError> {
     for (start, seg) in segments(buf.len(), offset, page_size)? {
         for at in pattern_words(check, start, seg) {
-            let found = read_u64(buf, at, order);
+            let found = order.get_u64(buf, at);
             if found != magic {
                 return Err(SelftestWireError::BadBulkData {
                     at,
@@ -2833,9 +2787,9 @@ mod tests {
             order in arb_order(),
             t in 0u32..20,
         ) {
-            write_u32(&mut b, 0, order, SRPC_MSG_MAGIC);
-            write_u32(&mut b, 4, order, SRPC_MSG_VERSION);
-            write_u32(&mut b, 8, order, t);
+            order.put_u32(&mut b, 0, SRPC_MSG_MAGIC);
+            order.put_u32(&mut b, 4, SRPC_MSG_VERSION);
+            order.put_u32(&mut b, 8, t);
             match SrpcMsg::parse(&b) {
                 Ok((m, o)) => {
                     prop_assert_eq!(o, order);

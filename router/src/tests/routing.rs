@@ -391,13 +391,16 @@ fn a_router_drops_messages_for_a_next_hop_known_down_and_finds_it_when_it_return
 /// Two routers to o2ib1. One dies under traffic: the client's router pinger (and its LND)
 /// find it, traffic moves to the other, and every PUT ends with a status. It comes back: it is
 /// used again.
-#[test]
-fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
-    let health = GatewayHealthConfig {
-        check_interval: Duration::from_secs(2),
-        ping_timeout: Duration::from_secs(1),
-        avoid_asym: true,
-    };
+/// Gateway health that finds a dead router within seconds.
+const FAST_HEALTH: GatewayHealthConfig = GatewayHealthConfig {
+    check_interval: Duration::from_secs(2),
+    ping_timeout: Duration::from_secs(1),
+    avoid_asym: true,
+};
+
+/// A client (node 0) and a server (node 1) with a route each way through two routers (nodes
+/// 2 and 3), all on `health`; returns the fabric and router 2's configuration (to restart it).
+fn two_routers(health: GatewayHealthConfig) -> (Fabric, NodeConfig) {
     let mut client = node(
         &[CLIENT],
         &[route("o2ib1", R_A), route("o2ib1", R2_A)],
@@ -414,7 +417,14 @@ fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
     server.gateway_health = health;
     let r1 = node(&[R_A, R_B], &[], true, 30);
     let r2 = node(&[R2_A, R2_B], &[], true, 40);
-    let mut f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
+    let f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
+    (f, r1)
+}
+
+#[test]
+fn traffic_moves_to_the_other_router_when_one_dies_and_back_when_it_returns() {
+    let health = FAST_HEALTH;
+    let (mut f, r1) = two_routers(health);
     f.run_for(Duration::from_secs(3));
     let send = |f: &mut Fabric, from: u64, n: u64| {
         let now = f.now;
@@ -805,35 +815,14 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
     }
 }
 
-/// a bulk PUT parked on a gateway's peer credits and rerouted when that gateway is
+/// A bulk PUT parked on a gateway's peer credits and rerouted when that gateway is
 /// found dead (`reroute_queued`) must stay a bulk PUT. Every bulk PUT through a ulnet router
 /// fails (-EPROTO: no bulk router buffers), so none may end Ok.
 #[test]
 fn a_rerouted_bulk_put_stays_a_bulk_put() {
     use crate::node::BulkBuf;
     use lnd::fabric::{RegionId, Registration};
-    let health = GatewayHealthConfig {
-        check_interval: Duration::from_secs(2),
-        ping_timeout: Duration::from_secs(1),
-        avoid_asym: true,
-    };
-    let mut client = node(
-        &[CLIENT],
-        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &[SERVER],
-        &[route("o2ib", R_B), route("o2ib", R2_B)],
-        false,
-        20,
-    );
-    server.gateway_health = health;
-    let r1 = node(&[R_A, R_B], &[], true, 30);
-    let r2 = node(&[R2_A, R2_B], &[], true, 40);
-    let mut f = Fabric::from_configs(vec![client, server, r1, r2]);
+    let (mut f, _) = two_routers(FAST_HEALTH);
     f.run_for(Duration::from_secs(3));
     let reg = Registration::new(RegionId(1), 0x77, 0x10_0000, 1 << 20);
     let buf = BulkBuf::new(NiIndex(0), &reg, 0, 8192).unwrap();
@@ -1087,28 +1076,7 @@ fn a_bulk_ingress_that_fails_is_counted_once() {
 /// after; both routers' books balance with every buffer back.
 #[test]
 fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
-    let health = GatewayHealthConfig {
-        check_interval: Duration::from_secs(2),
-        ping_timeout: Duration::from_secs(1),
-        avoid_asym: true,
-    };
-    let mut client = node(
-        &[CLIENT],
-        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &[SERVER],
-        &[route("o2ib", R_B), route("o2ib", R2_B)],
-        false,
-        20,
-    );
-    server.gateway_health = health;
-    let r1 = node(&[R_A, R_B], &[], true, 30);
-    let r2 = node(&[R2_A, R2_B], &[], true, 40);
-    let mut f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
+    let (mut f, r1) = two_routers(FAST_HEALTH);
     give_bulk_buffers(&mut f, &[2], 4);
     give_bulk_buffers(&mut f, &[3], 4);
     f.run_for(Duration::from_secs(3));
