@@ -2,8 +2,21 @@
 //! speak over LNet (reference section 8), so that ulnet nodes and kernel Lustre nodes can take
 //! part in the same selftest session.
 //!
-//! For now this is only the wire layer ([`wire`]): the 160-byte `srpc_msg` with every request
-//! and reply body, the destination list a test request's bulk carries, and the bulk data check
-//! patterns of the brw test. The service built on it comes later.
+//! - [`wire`]: the 160-byte `srpc_msg` with every request and reply body, the destination list
+//!   a test request's bulk carries, and the brw data check patterns.
+//! - [`Selftest`]: what one NI of a node runs: the service a console makes sessions on and
+//!   adds tests to, the client side of those tests, the test servers (ping, brw), and the
+//!   console itself ([`LstCommand`]), all over the node's LNet API (small PUTs for the RPCs,
+//!   memory descriptors over registered memory for the bulk).
 
+mod console;
+mod pattern;
+mod service;
+mod srpc;
 pub mod wire;
+
+pub use console::{
+    CheckSpec, ConsoleStart, LstBatchInfo, LstCommand, LstError, LstGroupInfo, LstLatency,
+    LstNodeResult, LstNodeStat, LstReply, TestSpec, DEFAULT_RPC_TIMEOUT, PING_INTERVAL,
+};
+pub use service::{Selftest, DEFAULT_BUFFER_LIMIT, TEST_RPC_TIMEOUT};

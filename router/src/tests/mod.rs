@@ -13,6 +13,7 @@ use crate::*;
 
 mod bulk;
 mod routing;
+mod selftest;
 
 fn nid(s: &str) -> Nid {
     s.parse().unwrap()
@@ -101,6 +102,52 @@ struct Fabric {
     next_slot: HashMap<End, u16>,
     /// Each node's registered memory (one protection domain per node, shared by its NIs).
     mem: Vec<Memory>,
+    /// Each node's selftest, if it runs one: it takes the node's events first.
+    selftests: Vec<Option<crate::selftest::Selftest>>,
+    /// Flip a byte of every RDMA write into these nodes (data corrupted in flight, for the
+    /// data checks).
+    corrupt_writes: Vec<usize>,
+}
+
+/// A node's memory as the fabric's registry, for a selftest on it.
+struct NodeRegistry<'a>(&'a mut Memory);
+
+impl lnd::fabric::Registry for NodeRegistry<'_> {
+    fn register(&mut self, bytes: Vec<u8>) -> std::io::Result<lnd::fabric::Registration> {
+        let mem = lnd::fabric::SharedMem::new(bytes.len());
+        mem.with(|b| b.copy_from_slice(&bytes));
+        self.register_shared(&mem)
+    }
+
+    fn read(&self, reg: &lnd::fabric::Registration, offset: u64, out: &mut [u8]) -> bool {
+        match self.0.read_id(reg.id().0, offset, out.len() as u32) {
+            Some(b) => {
+                out.copy_from_slice(&b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn deregister(&mut self, reg: lnd::fabric::Registration) -> Option<Vec<u8>> {
+        self.0.regions.remove(&reg.id().0).map(|_| Vec::new())
+    }
+
+    fn register_shared(
+        &mut self,
+        mem: &lnd::fabric::SharedMem,
+    ) -> std::io::Result<lnd::fabric::Registration> {
+        let m = &mut *self.0;
+        m.next += 1;
+        let (id, key, addr) = (m.next, 0x5000 + m.next as u32, m.next << 32);
+        m.regions.insert(id, (key, addr, mem.clone()));
+        Ok(lnd::fabric::Registration::new(
+            lnd::fabric::RegionId(id),
+            key,
+            addr,
+            mem.len() as u64,
+        ))
+    }
 }
 
 /// A node's registered regions: by local id, with their key and address; memory of its own,
@@ -176,6 +223,8 @@ impl Fabric {
             actions: vec![0; n],
             mem: (0..n).map(|_| Memory::default()).collect(),
             next_slot: HashMap::new(),
+            selftests: (0..n).map(|_| None).collect(),
+            corrupt_writes: Vec::new(),
         }
     }
 
@@ -255,6 +304,12 @@ impl Fabric {
                 }
                 while let Some(e) = self.nodes[n].poll_event() {
                     progressed = true;
+                    if let Some(st) = self.selftests[n].as_mut() {
+                        let mut reg = NodeRegistry(&mut self.mem[n]);
+                        if st.handle_event(self.now, &mut self.nodes[n], &mut reg, &e) {
+                            continue;
+                        }
+                    }
                     self.events[n].push((self.now, e));
                 }
             }
@@ -420,10 +475,61 @@ impl Fabric {
         {
             return WcStatus::Error;
         }
-        for (key, addr, bytes) in pieces {
+        for (key, addr, mut bytes) in pieces {
+            if self.corrupt_writes.contains(&to) {
+                if let Some(b) = bytes.last_mut() {
+                    *b ^= 0x5a;
+                }
+            }
             self.mem[to].write_key(key, addr, &bytes);
         }
         WcStatus::Success
+    }
+
+    /// Starts a selftest on node `n` (its first NI).
+    fn start_selftest(&mut self, n: usize) {
+        let own = self.nodes[n].nids()[0];
+        self.selftests[n] = Some(crate::selftest::Selftest::new(
+            NiIndex(0),
+            own,
+            1000 + n as u64,
+            crate::selftest::DEFAULT_BUFFER_LIMIT,
+        ));
+    }
+
+    /// Runs a console command on node `n`'s selftest to its answer, moving virtual time on
+    /// (at most `limit`).
+    fn lst(
+        &mut self,
+        n: usize,
+        cmd: crate::selftest::LstCommand,
+        limit: Duration,
+    ) -> Result<crate::selftest::LstReply, crate::selftest::LstError> {
+        let now = self.now;
+        let st = self.selftests[n].as_mut().expect("a selftest on that node");
+        let mut reg = NodeRegistry(&mut self.mem[n]);
+        let id = match st.console(now, &mut self.nodes[n], &mut reg, cmd) {
+            crate::selftest::ConsoleStart::Done(r) => return r,
+            crate::selftest::ConsoleStart::Pending(id) => id,
+        };
+        let end = self.now + limit;
+        loop {
+            let step = self.now + Duration::from_millis(10);
+            self.run_until(step.min(end));
+            let st = self.selftests[n].as_mut().expect("selftest");
+            if let Some((got, r)) = st.poll_console() {
+                assert_eq!(got, id, "answers come in order here");
+                return r;
+            }
+            assert!(
+                self.now < end,
+                "console command {id} got no answer in {limit:?}"
+            );
+        }
+    }
+
+    fn selftest(&self, n: usize) -> &crate::selftest::Selftest {
+        self.selftests[n].as_ref().expect("selftest")
     }
 
     /// Delivers everything, running timers as virtual time passes, up to `until`.
@@ -436,12 +542,28 @@ impl Fabric {
                 }
                 continue;
             }
-            let next = self.nodes.iter().filter_map(|n| n.poll_timeout()).min();
+            let next = self
+                .nodes
+                .iter()
+                .filter_map(|n| n.poll_timeout())
+                .chain(self.selftests.iter().flatten().flat_map(|s| {
+                    [s.poll_timeout(), s.console_timeout()]
+                        .into_iter()
+                        .flatten()
+                }))
+                .min();
             match next {
                 Some(t) if t <= until => {
                     self.now = self.now.max(t);
                     for node in &mut self.nodes {
                         node.handle_timeout(self.now);
+                    }
+                    for (n, st) in self.selftests.iter_mut().enumerate() {
+                        if let Some(st) = st.as_mut() {
+                            let mut reg = NodeRegistry(&mut self.mem[n]);
+                            st.handle_timeout(self.now, &mut self.nodes[n], &mut reg);
+                            st.console_tick(self.now, &mut self.nodes[n], &mut reg);
+                        }
                     }
                 }
                 _ => {

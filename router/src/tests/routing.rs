@@ -11,7 +11,7 @@ const R2_A: &str = "10.0.0.253@o2ib";
 const R2_B: &str = "10.1.0.253@o2ib1";
 const SERVER: &str = "10.1.0.2@o2ib1";
 
-fn route(net: &str, gw: &str) -> RouteConfig {
+pub(super) fn route(net: &str, gw: &str) -> RouteConfig {
     RouteConfig {
         net: net.parse().unwrap(),
         gateway: nid(gw),
@@ -20,7 +20,7 @@ fn route(net: &str, gw: &str) -> RouteConfig {
     }
 }
 
-fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u64) -> NodeConfig {
+pub(super) fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u64) -> NodeConfig {
     let nis = nids
         .iter()
         .enumerate()
@@ -849,7 +849,7 @@ fn a_rerouted_bulk_put_stays_a_bulk_put() {
 /// The router's large buffers in registered memory, shared by its runtimes' fabrics as the
 /// daemon sets them up: `n` buffers of LNET_MTU, each registered on every router NI, split
 /// between the runtimes.
-fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
+pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
     use lnd::fabric::SharedMem;
     let mut table = BulkBuffers::default();
     for _ in 0..n {

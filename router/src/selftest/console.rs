@@ -1,0 +1,1284 @@
+//! The selftest console (conrpc.c and console.c in Lustre, lst's kernel half, in our words):
+//! a session over groups of nodes, batches of tests, and the framework RPCs that set them up
+//! on the nodes, run and stop them, and read their counters. The daemon runs it beside one
+//! NI's selftest; `lnetctl selftest` (lst's commands) drives it over the control socket.
+//!
+//! Each command that talks to nodes is one transaction: one RPC per node, all in parallel,
+//! and its answer once every node answered or failed (per node: its status, or why not).
+//! While a session is open the console pings its nodes every [`PING_INTERVAL`] (a session
+//! query, lstcon_rpc_pinger), which keeps their sessions alive and shows which are down.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use lnd::fabric::Registry;
+use lnd::time::{Duration, Instant};
+use lnd::wire::{ByteOrder, Nid};
+use serde::{Deserialize, Serialize};
+
+use super::service::{errno, Selftest};
+use super::srpc::{BulkDir, Owner, RpcDone, RpcError, SlotId};
+use super::wire::*;
+use crate::LnetNode;
+
+/// How often the console pings its nodes while a session is open.
+pub const PING_INTERVAL: Duration = Duration::from_secs(8);
+
+/// The console's RPC timeout when the session names none (lst's default).
+pub const DEFAULT_RPC_TIMEOUT: u32 = 30;
+
+/// A brw test's data check, as lst spells it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckSpec {
+    None,
+    Simple,
+    Full,
+}
+
+/// A test, as `lst add_test ... ping` or `... brw read|write size=N check=C off=N` gives it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum TestSpec {
+    Ping,
+    Brw {
+        write: bool,
+        size: u32,
+        check: CheckSpec,
+        #[serde(default)]
+        off: u32,
+    },
+}
+
+/// One of lst's commands (`lnetctl selftest ...`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "cmd")]
+pub enum LstCommand {
+    NewSession {
+        name: String,
+        /// Seconds the console waits for a node (its RPC timeout).
+        #[serde(default)]
+        timeout: Option<u32>,
+        #[serde(default)]
+        force: bool,
+    },
+    EndSession,
+    ShowSession,
+    AddGroup {
+        name: String,
+        nids: Vec<String>,
+    },
+    DelGroup {
+        name: String,
+    },
+    ListGroup,
+    AddBatch {
+        name: String,
+    },
+    ListBatch,
+    AddTest {
+        batch: String,
+        /// RPCs per unit (`None` or -1: until stopped).
+        #[serde(default)]
+        loop_count: Option<i64>,
+        #[serde(default)]
+        concurrency: Option<u32>,
+        /// `--distribute D:S`.
+        #[serde(default)]
+        distribute: Option<(u32, u32)>,
+        from: String,
+        to: String,
+        #[serde(default)]
+        stop_onerr: bool,
+        test: TestSpec,
+    },
+    Run {
+        batch: String,
+    },
+    Stop {
+        batch: String,
+        #[serde(default)]
+        force: bool,
+    },
+    Query {
+        batch: String,
+    },
+    Stat {
+        groups: Vec<String>,
+    },
+    Ping {
+        group: String,
+    },
+    /// The latency of the test RPCs this daemon's own NI ran as a client.
+    Latency,
+}
+
+/// One node's answer to a transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstNodeResult {
+    pub nid: String,
+    /// "ok", "busy", "down", or an errno's name.
+    pub state: String,
+    /// The node's status (a positive errno; 0 ok), if it answered.
+    #[serde(default)]
+    pub status: Option<u32>,
+    #[serde(default)]
+    pub error: Option<String>,
+    /// For `ping`: the session the node is in.
+    #[serde(default)]
+    pub detail: Option<String>,
+    /// For `query`: the batch's tests active on the node.
+    #[serde(default)]
+    pub active: Option<u32>,
+}
+
+/// One node's counters (a QUERY_STAT reply), with the console's time it came at.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstNodeStat {
+    pub nid: String,
+    pub group: String,
+    /// Why the node gave none (then every counter is 0).
+    #[serde(default)]
+    pub error: Option<String>,
+    pub running_ms: u32,
+    pub active_batches: u32,
+    pub brw_errors: u32,
+    pub ping_errors: u32,
+    pub rpc_errors: u32,
+    pub rpcs_sent: u32,
+    pub rpcs_rcvd: u32,
+    pub rpcs_dropped: u32,
+    pub rpcs_expired: u32,
+    pub bulk_get: u64,
+    pub bulk_put: u64,
+    pub send_count: u32,
+    pub recv_count: u32,
+    pub send_length: u64,
+    pub recv_length: u64,
+}
+
+/// Latency percentiles of one kind of test RPC, in microseconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstLatency {
+    pub test: String,
+    pub count: u64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    pub p999_us: u64,
+    pub max_us: u64,
+}
+
+/// A group and its nodes' states.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstGroupInfo {
+    pub name: String,
+    pub nodes: Vec<LstNodeResult>,
+}
+
+/// A batch and its tests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstBatchInfo {
+    pub name: String,
+    pub tests: Vec<String>,
+}
+
+/// What a command answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LstReply {
+    /// One line, as lst prints it.
+    pub message: String,
+    #[serde(default)]
+    pub nodes: Vec<LstNodeResult>,
+    #[serde(default)]
+    pub stats: Vec<LstNodeStat>,
+    /// The console's clock when the stats were complete, in milliseconds.
+    #[serde(default)]
+    pub at_ms: u64,
+    #[serde(default)]
+    pub groups: Vec<LstGroupInfo>,
+    #[serde(default)]
+    pub batches: Vec<LstBatchInfo>,
+    #[serde(default)]
+    pub latency: Vec<LstLatency>,
+}
+
+/// Why a command failed as a whole.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LstError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl LstError {
+    fn new(errno: i32, message: impl Into<String>) -> LstError {
+        LstError {
+            errno,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for LstError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// How a command started: answered at once, or pending under an id whose answer
+/// [`Selftest::poll_console`] gives later.
+#[derive(Debug)]
+pub enum ConsoleStart {
+    Done(Result<LstReply, LstError>),
+    Pending(u64),
+}
+
+/// The state of a node as the console last saw it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum NodeState {
+    Unknown,
+    Active,
+    Busy,
+    Down,
+}
+
+impl NodeState {
+    fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Unknown => "unknown",
+            NodeState::Active => "active",
+            NodeState::Busy => "busy",
+            NodeState::Down => "down",
+        }
+    }
+}
+
+struct ConsoleTest {
+    from: String,
+    to: String,
+    spec: TestSpec,
+    concurrency: u32,
+    loop_count: Option<i64>,
+    distribute: (u32, u32),
+}
+
+struct ConsoleBatch {
+    bid: LstBid,
+    tests: Vec<ConsoleTest>,
+}
+
+struct ConsoleSession {
+    name: String,
+    sid: LstSid,
+    timeout: u32,
+    features: u32,
+    /// `new_session --force`: take nodes from other sessions.
+    force: bool,
+    groups: BTreeMap<String, Vec<Nid>>,
+    state: BTreeMap<Nid, NodeState>,
+    batches: BTreeMap<String, ConsoleBatch>,
+    next_bid: u64,
+    next_ping: Instant,
+}
+
+/// What a transaction's answer is made of.
+enum TxnKind {
+    AddGroup { name: String },
+    AddTest { batch: String, test: ConsoleTest },
+    Batch { opc: u32, bid: LstBid, arg: u32 },
+    Stat { groups: Vec<String> },
+    Ping,
+    EndSession,
+    KeepAlive,
+}
+
+struct Txn {
+    kind: TxnKind,
+    nodes: Vec<Nid>,
+    results: Vec<Option<Result<(SrpcBody, ByteOrder), RpcError>>>,
+    left: usize,
+    slots: Vec<SlotId>,
+}
+
+/// The console's state (see the module docs).
+pub(crate) struct Console {
+    seed: u64,
+    session: Option<ConsoleSession>,
+    txns: HashMap<u64, Txn>,
+    next_txn: u64,
+    done: VecDeque<(u64, Result<LstReply, LstError>)>,
+}
+
+impl Console {
+    pub(crate) fn new(seed: u64) -> Console {
+        Console {
+            seed,
+            session: None,
+            txns: HashMap::new(),
+            next_txn: 1,
+            done: VecDeque::new(),
+        }
+    }
+}
+
+fn parse_nids(list: &[String]) -> Result<Vec<Nid>, LstError> {
+    let mut out = Vec::new();
+    for item in list
+        .iter()
+        .flat_map(|s| s.split([',', ' ']))
+        .filter(|s| !s.is_empty())
+    {
+        for expanded in expand_range(item)? {
+            let nid: Nid = expanded
+                .parse()
+                .map_err(|e| LstError::new(-errno_i(errno::EINVAL), format!("{expanded}: {e}")))?;
+            if !out.contains(&nid) {
+                out.push(nid);
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(LstError::new(-errno_i(errno::EINVAL), "no NID given"));
+    }
+    Ok(out)
+}
+
+/// lst's NID ranges in one place of the address: `10.0.0.[1-4]@tcp`, `10.0.0.[1,3,5-6]@tcp`.
+fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
+    let bad = || LstError::new(-errno_i(errno::EINVAL), format!("{s}: bad NID range"));
+    let Some(open) = s.find('[') else {
+        return Ok(vec![s.to_string()]);
+    };
+    let close = s[open..].find(']').map(|c| c + open).ok_or_else(bad)?;
+    let (head, tail) = (&s[..open], &s[close + 1..]);
+    let mut out = Vec::new();
+    for part in s[open + 1..close].split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: u32 = a.trim().parse().map_err(|_| bad())?;
+        let b: u32 = b.trim().parse().map_err(|_| bad())?;
+        if a > b || b - a > 4096 {
+            return Err(bad());
+        }
+        out.extend((a..=b).map(|n| format!("{head}{n}{tail}")));
+    }
+    Ok(out)
+}
+
+fn errno_i(e: u32) -> i32 {
+    e as i32
+}
+
+fn errno_name(e: u32) -> String {
+    match e {
+        0 => "ok".into(),
+        errno::ENOENT => "ENOENT".into(),
+        errno::ESRCH => "ESRCH (no such session)".into(),
+        errno::EIO => "EIO".into(),
+        errno::ENOMEM => "ENOMEM".into(),
+        errno::EBUSY => "EBUSY (in another session)".into(),
+        errno::EINVAL => "EINVAL".into(),
+        errno::EPROTO => "EPROTO".into(),
+        errno::EBADMSG => "EBADMSG".into(),
+        errno::EALREADY => "EALREADY (running)".into(),
+        e => format!("errno {e}"),
+    }
+}
+
+/// The destinations client `i` of `nclients` gets among `ndst` (lst's --distribute D:S: each
+/// run of D clients shares a window of S destinations, the windows walking through the
+/// destination group; lstcon_dstnodes_prep).
+fn distribute(i: usize, ndst: usize, d: u32, s: u32) -> Vec<usize> {
+    let (d, s) = (d.max(1) as usize, (s.max(1) as usize).min(ndst.max(1)));
+    let start = (i / d) * s;
+    (0..s).map(|k| (start + k) % ndst.max(1)).collect()
+}
+
+impl Selftest {
+    /// Runs one console command; see [`ConsoleStart`].
+    pub fn console(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        reg: &mut dyn Registry,
+        cmd: LstCommand,
+    ) -> ConsoleStart {
+        let r = self.console_inner(now, node, reg, cmd);
+        self.srpc.flush(node);
+        self.run_console(now, node, reg);
+        r
+    }
+
+    /// The answer of a pending command, once it has one.
+    pub fn poll_console(&mut self) -> Option<(u64, Result<LstReply, LstError>)> {
+        self.console.done.pop_front()
+    }
+
+    /// When the console next pings its nodes.
+    pub fn console_timeout(&self) -> Option<Instant> {
+        self.console.session.as_ref().map(|s| s.next_ping)
+    }
+
+    /// The console's periodic work: the ping that keeps its nodes' sessions.
+    pub fn console_tick(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
+        let due = self
+            .console
+            .session
+            .as_ref()
+            .is_some_and(|s| s.next_ping <= now);
+        if !due {
+            return;
+        }
+        let busy = self
+            .console
+            .txns
+            .values()
+            .any(|t| matches!(t.kind, TxnKind::KeepAlive));
+        let Some(s) = self.console.session.as_mut() else {
+            return;
+        };
+        s.next_ping = now.saturating_add(PING_INTERVAL);
+        if busy {
+            return;
+        }
+        let nodes: Vec<Nid> = s.state.keys().copied().collect();
+        if !nodes.is_empty() {
+            let _ = self.transaction(now, node, reg, TxnKind::KeepAlive, nodes);
+        }
+    }
+
+    fn console_inner(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        reg: &mut dyn Registry,
+        cmd: LstCommand,
+    ) -> ConsoleStart {
+        use ConsoleStart::Done;
+        let no_session = || Done(Err(LstError::new(-3, "no session: run new_session first")));
+        match cmd {
+            LstCommand::NewSession {
+                name,
+                timeout,
+                force,
+            } => {
+                if LstName::new(&name).is_none() || name.is_empty() {
+                    return Done(Err(LstError::new(-22, "session name: 1 to 31 bytes")));
+                }
+                if let Some(s) = &self.console.session {
+                    if !force {
+                        return Done(Err(LstError::new(
+                            -17,
+                            format!("session {} is open: end_session it, or --force", s.name),
+                        )));
+                    }
+                }
+                let stamp = (self.console.seed / 1000).wrapping_add(now.as_nanos() / 1_000_000);
+                self.console.session = Some(ConsoleSession {
+                    name: name.clone(),
+                    sid: LstSid {
+                        nid: self.srpc.own(),
+                        stamp: stamp as i64,
+                    },
+                    timeout: timeout.unwrap_or(DEFAULT_RPC_TIMEOUT).max(1),
+                    features: LST_FEATS_MASK,
+                    force,
+                    groups: BTreeMap::new(),
+                    state: BTreeMap::new(),
+                    batches: BTreeMap::new(),
+                    next_bid: 1,
+                    next_ping: now.saturating_add(PING_INTERVAL),
+                });
+                Done(Ok(LstReply {
+                    message: format!("session {name} opened by {}", self.srpc.own()),
+                    ..LstReply::default()
+                }))
+            }
+            LstCommand::ShowSession => match &self.console.session {
+                None => no_session(),
+                Some(s) => Done(Ok(LstReply {
+                    message: format!(
+                        "{} ID: {}@{} timeout: {} groups: {} batches: {}",
+                        s.name,
+                        s.sid.stamp,
+                        s.sid.nid,
+                        s.timeout,
+                        s.groups.len(),
+                        s.batches.len()
+                    ),
+                    ..LstReply::default()
+                })),
+            },
+            LstCommand::EndSession => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                let nodes: Vec<Nid> = s.state.keys().copied().collect();
+                if nodes.is_empty() {
+                    self.console.session = None;
+                    return Done(Ok(LstReply {
+                        message: "session ended".into(),
+                        ..LstReply::default()
+                    }));
+                }
+                self.transaction(now, node, reg, TxnKind::EndSession, nodes)
+            }
+            LstCommand::AddGroup { name, nids } => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                if name.is_empty() || LstName::new(&name).is_none() {
+                    return Done(Err(LstError::new(-22, "group name: 1 to 31 bytes")));
+                }
+                if s.groups.contains_key(&name) {
+                    return Done(Err(LstError::new(-17, format!("group {name} exists"))));
+                }
+                let nids = match parse_nids(&nids) {
+                    Ok(n) => n,
+                    Err(e) => return Done(Err(e)),
+                };
+                self.transaction(now, node, reg, TxnKind::AddGroup { name }, nids)
+            }
+            LstCommand::DelGroup { name } => {
+                let Some(s) = self.console.session.as_mut() else {
+                    return no_session();
+                };
+                let used = s
+                    .batches
+                    .values()
+                    .flat_map(|b| &b.tests)
+                    .any(|t| t.from == name || t.to == name);
+                if used {
+                    return Done(Err(LstError::new(
+                        -16,
+                        format!("group {name} is used by a test"),
+                    )));
+                }
+                match s.groups.remove(&name) {
+                    None => Done(Err(LstError::new(-2, format!("no group {name}")))),
+                    Some(_) => {
+                        let still: std::collections::BTreeSet<Nid> =
+                            s.groups.values().flatten().copied().collect();
+                        s.state.retain(|n, _| still.contains(n));
+                        Done(Ok(LstReply {
+                            message: format!("group {name} deleted"),
+                            ..LstReply::default()
+                        }))
+                    }
+                }
+            }
+            LstCommand::ListGroup => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                let groups = s
+                    .groups
+                    .iter()
+                    .map(|(g, nids)| LstGroupInfo {
+                        name: g.clone(),
+                        nodes: nids
+                            .iter()
+                            .map(|n| LstNodeResult {
+                                nid: n.to_string(),
+                                state: s
+                                    .state
+                                    .get(n)
+                                    .copied()
+                                    .unwrap_or(NodeState::Unknown)
+                                    .as_str()
+                                    .into(),
+                                status: None,
+                                error: None,
+                                detail: None,
+                                active: None,
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                Done(Ok(LstReply {
+                    groups,
+                    ..LstReply::default()
+                }))
+            }
+            LstCommand::AddBatch { name } => {
+                let Some(s) = self.console.session.as_mut() else {
+                    return no_session();
+                };
+                if name.is_empty() || LstName::new(&name).is_none() {
+                    return Done(Err(LstError::new(-22, "batch name: 1 to 31 bytes")));
+                }
+                if s.batches.contains_key(&name) {
+                    return Done(Err(LstError::new(-17, format!("batch {name} exists"))));
+                }
+                let bid = LstBid(s.next_bid);
+                s.next_bid += 1;
+                s.batches.insert(
+                    name.clone(),
+                    ConsoleBatch {
+                        bid,
+                        tests: Vec::new(),
+                    },
+                );
+                Done(Ok(LstReply {
+                    message: format!("batch {name} added"),
+                    ..LstReply::default()
+                }))
+            }
+            LstCommand::ListBatch => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                let batches = s
+                    .batches
+                    .iter()
+                    .map(|(n, b)| LstBatchInfo {
+                        name: n.clone(),
+                        tests: b.tests.iter().map(describe).collect(),
+                    })
+                    .collect();
+                Done(Ok(LstReply {
+                    batches,
+                    ..LstReply::default()
+                }))
+            }
+            LstCommand::AddTest {
+                batch,
+                loop_count,
+                concurrency,
+                distribute,
+                from,
+                to,
+                stop_onerr: _,
+                test,
+            } => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                if !s.batches.contains_key(&batch) {
+                    return Done(Err(LstError::new(-2, format!("no batch {batch}"))));
+                }
+                let (Some(clients), Some(_)) = (s.groups.get(&from), s.groups.get(&to)) else {
+                    return Done(Err(LstError::new(-2, format!("no group {from} or {to}"))));
+                };
+                let concurrency = concurrency.unwrap_or(1);
+                if concurrency == 0 || concurrency > LST_MAX_CONCUR {
+                    return Done(Err(LstError::new(
+                        -22,
+                        format!("concurrency: 1 to {LST_MAX_CONCUR}"),
+                    )));
+                }
+                if let TestSpec::Brw { size, off, .. } = test {
+                    if size == 0 || size > LNET_MTU || off % 8 != 0 || off as usize >= PAGE_SIZE_4K
+                    {
+                        return Done(Err(LstError::new(
+                            -22,
+                            "brw: size 1 to 1M, off a multiple of 8 below 4096",
+                        )));
+                    }
+                }
+                let (d, sp) = distribute.unwrap_or((1, 1));
+                if d == 0 || sp == 0 {
+                    return Done(Err(LstError::new(-22, "--distribute D:S, both at least 1")));
+                }
+                let nodes = clients.clone();
+                let t = ConsoleTest {
+                    from,
+                    to,
+                    spec: test,
+                    concurrency,
+                    loop_count,
+                    distribute: (d, sp),
+                };
+                self.transaction(now, node, reg, TxnKind::AddTest { batch, test: t }, nodes)
+            }
+            LstCommand::Run { batch }
+            | LstCommand::Query { batch }
+            | LstCommand::Stop { batch, .. }
+                if self.console.session.is_none() =>
+            {
+                let _ = batch;
+                no_session()
+            }
+            LstCommand::Run { batch } => {
+                self.batch_txn(now, node, reg, &batch, SRPC_BATCH_OPC_RUN, 0)
+            }
+            LstCommand::Stop { batch, force } => self.batch_txn(
+                now,
+                node,
+                reg,
+                &batch,
+                SRPC_BATCH_OPC_STOP,
+                u32::from(force),
+            ),
+            LstCommand::Query { batch } => {
+                self.batch_txn(now, node, reg, &batch, SRPC_BATCH_OPC_QUERY, 0)
+            }
+            LstCommand::Stat { groups } => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                let mut nodes = Vec::new();
+                for g in &groups {
+                    let Some(ns) = s.groups.get(g) else {
+                        return Done(Err(LstError::new(-2, format!("no group {g}"))));
+                    };
+                    nodes.extend(ns.iter().copied());
+                }
+                self.transaction(now, node, reg, TxnKind::Stat { groups }, nodes)
+            }
+            LstCommand::Ping { group } => {
+                let Some(s) = &self.console.session else {
+                    return no_session();
+                };
+                let Some(ns) = s.groups.get(&group).cloned() else {
+                    return Done(Err(LstError::new(-2, format!("no group {group}"))));
+                };
+                self.transaction(now, node, reg, TxnKind::Ping, ns)
+            }
+            LstCommand::Latency => {
+                let l = self.latency();
+                let mk = |name: &str, h: &hdrhistogram::Histogram<u64>| LstLatency {
+                    test: name.into(),
+                    count: h.len(),
+                    p50_us: h.value_at_quantile(0.5),
+                    p99_us: h.value_at_quantile(0.99),
+                    p999_us: h.value_at_quantile(0.999),
+                    max_us: h.max(),
+                };
+                let latency = [
+                    mk("ping", &l.ping),
+                    mk("brw read", &l.brw_read),
+                    mk("brw write", &l.brw_write),
+                ]
+                .into_iter()
+                .filter(|x| x.count > 0)
+                .collect();
+                Done(Ok(LstReply {
+                    latency,
+                    ..LstReply::default()
+                }))
+            }
+        }
+    }
+
+    fn batch_txn(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        reg: &mut dyn Registry,
+        batch: &str,
+        opc: u32,
+        arg: u32,
+    ) -> ConsoleStart {
+        let Some(s) = &self.console.session else {
+            return ConsoleStart::Done(Err(LstError::new(-3, "no session")));
+        };
+        let Some(b) = s.batches.get(batch) else {
+            return ConsoleStart::Done(Err(LstError::new(-2, format!("no batch {batch}"))));
+        };
+        let mut nodes: Vec<Nid> = Vec::new();
+        for t in &b.tests {
+            for n in s.groups.get(&t.from).into_iter().flatten() {
+                if !nodes.contains(n) {
+                    nodes.push(*n);
+                }
+            }
+        }
+        if nodes.is_empty() {
+            return ConsoleStart::Done(Err(LstError::new(
+                -2,
+                format!("batch {batch} has no test"),
+            )));
+        }
+        let bid = b.bid;
+        self.transaction(now, node, reg, TxnKind::Batch { opc, bid, arg }, nodes)
+    }
+
+    /// Sends one framework RPC per node of `nodes` for `kind`.
+    fn transaction(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        reg: &mut dyn Registry,
+        kind: TxnKind,
+        nodes: Vec<Nid>,
+    ) -> ConsoleStart {
+        let Some(s) = &self.console.session else {
+            return ConsoleStart::Done(Err(LstError::new(-3, "no session")));
+        };
+        let (sid, features, timeout, force) = (s.sid, s.features, s.timeout, u32::from(s.force));
+        let name = LstName::new(&s.name).unwrap_or(LstName::EMPTY);
+        let id = self.console.next_txn;
+        self.console.next_txn += 1;
+        let n = nodes.len();
+        let mut txn = Txn {
+            kind,
+            nodes: nodes.clone(),
+            results: (0..n).map(|_| None).collect(),
+            left: n,
+            slots: Vec::new(),
+        };
+        let timeout = Duration::from_secs(u64::from(timeout));
+        for (i, dst) in nodes.iter().copied().enumerate() {
+            let owner = Owner::Console { op: id, node: i };
+            let sent = match &txn.kind {
+                TxnKind::AddGroup { .. } => self.srpc.call(
+                    now,
+                    node,
+                    dst,
+                    ServiceId::MakeSession,
+                    |rpyid, _| {
+                        MakeSessionRequest {
+                            rpyid,
+                            sid,
+                            force,
+                            name,
+                        }
+                        .into()
+                    },
+                    None,
+                    timeout,
+                    owner,
+                ),
+                TxnKind::EndSession => self.srpc.call(
+                    now,
+                    node,
+                    dst,
+                    ServiceId::RemoveSession,
+                    |rpyid, _| RemoveSessionRequest { rpyid, sid }.into(),
+                    None,
+                    timeout,
+                    owner,
+                ),
+                TxnKind::Ping | TxnKind::KeepAlive => self.srpc.call(
+                    now,
+                    node,
+                    dst,
+                    ServiceId::Debug,
+                    |rpyid, _| {
+                        DebugRequest {
+                            rpyid,
+                            sid,
+                            flags: 0,
+                        }
+                        .into()
+                    },
+                    None,
+                    timeout,
+                    owner,
+                ),
+                TxnKind::Stat { .. } => self.srpc.call(
+                    now,
+                    node,
+                    dst,
+                    ServiceId::QueryStat,
+                    |rpyid, _| {
+                        StatRequest {
+                            rpyid,
+                            sid,
+                            stat_type: 0,
+                        }
+                        .into()
+                    },
+                    None,
+                    timeout,
+                    owner,
+                ),
+                TxnKind::Batch { opc, bid, arg } => {
+                    let (bid, arg, opc) = (*bid, *arg, *opc);
+                    self.srpc.call(
+                        now,
+                        node,
+                        dst,
+                        ServiceId::Batch,
+                        |rpyid, _| {
+                            BatchRequest {
+                                rpyid,
+                                sid,
+                                bid,
+                                opc,
+                                testidx: 0,
+                                arg,
+                            }
+                            .into()
+                        },
+                        None,
+                        timeout,
+                        owner,
+                    )
+                }
+                TxnKind::AddTest { batch, test } => {
+                    let s = self.console.session.as_ref();
+                    let bid = s
+                        .and_then(|s| s.batches.get(batch))
+                        .map_or(LstBid(0), |b| b.bid);
+                    let dst_group: Vec<Nid> = s
+                        .and_then(|s| s.groups.get(&test.to))
+                        .cloned()
+                        .unwrap_or_default();
+                    let pick = distribute(i, dst_group.len(), test.distribute.0, test.distribute.1);
+                    let ids: Vec<ProcessId> = pick
+                        .iter()
+                        .filter_map(|&k| dst_group.get(k))
+                        .map(|&nid| ProcessId {
+                            nid,
+                            pid: lnd::wire::lnet::LNET_PID_LUSTRE,
+                        })
+                        .collect();
+                    let len = dest_ids_len(ids.len(), PAGE_SIZE_4K, features).max(1);
+                    let slot = match self.srpc.buffers.take(reg, len) {
+                        Ok(sl) => sl,
+                        Err(e) => {
+                            txn.results[i] = Some(Err(RpcError::BadReply(format!(
+                                "no buffer for the destination list: {e:?}"
+                            ))));
+                            txn.left -= 1;
+                            continue;
+                        }
+                    };
+                    txn.slots.push(slot);
+                    let _ = self.srpc.buffers.with(slot, |b| {
+                        emit_dest_ids(&ids, PAGE_SIZE_4K, b, ByteOrder::Little)
+                    });
+                    let Some(span) = self.srpc.buffers.span(slot, 0, len) else {
+                        txn.left -= 1;
+                        txn.results[i] = Some(Err(RpcError::Aborted));
+                        continue;
+                    };
+                    let params = match test.spec {
+                        TestSpec::Ping => TestParams::Ping { size: 0, flags: 0 },
+                        TestSpec::Brw {
+                            write,
+                            size,
+                            check,
+                            off,
+                        } => TestParams::BulkV1 {
+                            opc: if write {
+                                BrwOp::Write as u16
+                            } else {
+                                BrwOp::Read as u16
+                            },
+                            flags: match check {
+                                CheckSpec::None => BrwCheck::None as u16,
+                                CheckSpec::Simple => BrwCheck::Simple as u16,
+                                CheckSpec::Full => BrwCheck::Full as u16,
+                            },
+                            len: size,
+                            offset: off,
+                        },
+                    };
+                    let loop_count = match test.loop_count {
+                        None => u32::MAX,
+                        Some(n) if n < 0 => u32::MAX,
+                        Some(n) => u32::try_from(n).unwrap_or(u32::MAX - 1),
+                    };
+                    let (concur, ndest) = (test.concurrency, ids.len() as u32);
+                    self.srpc.call(
+                        now,
+                        node,
+                        dst,
+                        ServiceId::Test,
+                        |rpyid, bulkid| {
+                            TestRequest {
+                                rpyid,
+                                bulkid,
+                                sid,
+                                bid,
+                                loop_count,
+                                concur,
+                                is_client: true,
+                                stop_onerr: false,
+                                ndest,
+                                params,
+                            }
+                            .into()
+                        },
+                        Some((span, BulkDir::Source)),
+                        timeout,
+                        owner,
+                    )
+                }
+            };
+            if let Err(e) = sent {
+                txn.results[i] = Some(Err(e));
+                txn.left -= 1;
+            }
+        }
+        if txn.left == 0 {
+            let r = self.finish_txn(txn);
+            return ConsoleStart::Done(r);
+        }
+        self.console.txns.insert(id, txn);
+        ConsoleStart::Pending(id)
+    }
+
+    /// A console RPC ended.
+    pub(crate) fn console_rpc_done(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        reg: &mut dyn Registry,
+        done: RpcDone,
+    ) {
+        let Owner::Console { op, node: i } = done.owner else {
+            return;
+        };
+        let Some(txn) = self.console.txns.get_mut(&op) else {
+            return;
+        };
+        if let Some(slot) = txn.results.get_mut(i) {
+            if slot.is_none() {
+                *slot = Some(done.result);
+                txn.left -= 1;
+            }
+        }
+        if txn.left == 0 {
+            if let Some(txn) = self.console.txns.remove(&op) {
+                let quiet = matches!(txn.kind, TxnKind::KeepAlive);
+                let r = self.finish_txn(txn);
+                if !quiet {
+                    self.console.done.push_back((op, r));
+                }
+            }
+        }
+        let _ = (now, node, reg);
+    }
+
+    fn run_console(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
+        self.handle_timeout(now, node, reg);
+    }
+
+    /// A transaction every node of which answered or failed: its answer, and what it changes
+    /// in the console's state.
+    fn finish_txn(&mut self, txn: Txn) -> Result<LstReply, LstError> {
+        for s in &txn.slots {
+            self.srpc.buffers.give(*s);
+        }
+        let at_ms = 0;
+        let Some(sess) = self.console.session.as_mut() else {
+            return Err(LstError::new(-3, "the session ended meanwhile"));
+        };
+        let mut nodes = Vec::new();
+        let mut stats = Vec::new();
+        let mut failed = 0usize;
+        for (nid, r) in txn.nodes.iter().zip(&txn.results) {
+            let mut res = LstNodeResult {
+                nid: nid.to_string(),
+                state: String::new(),
+                status: None,
+                error: None,
+                detail: None,
+                active: None,
+            };
+            match r {
+                None | Some(Err(_)) => {
+                    let e = match r {
+                        Some(Err(e)) => e.to_string(),
+                        _ => "no answer".into(),
+                    };
+                    res.state = "down".into();
+                    res.error = Some(e.clone());
+                    failed += 1;
+                    sess.state.insert(*nid, NodeState::Down);
+                    if let TxnKind::Stat { .. } = txn.kind {
+                        stats.push(LstNodeStat {
+                            nid: nid.to_string(),
+                            error: Some(e),
+                            ..LstNodeStat::default()
+                        });
+                    }
+                }
+                Some(Ok((body, _))) => {
+                    let status = super::srpc::reply_status(body);
+                    res.status = Some(status);
+                    res.state = errno_name(status);
+                    if status != 0 {
+                        failed += 1;
+                    }
+                    let st = match (status, &txn.kind) {
+                        (errno::EBUSY, TxnKind::AddGroup { .. }) => NodeState::Busy,
+                        (0, _) => NodeState::Active,
+                        (errno::ESRCH, _) => NodeState::Busy,
+                        _ => NodeState::Active,
+                    };
+                    if !matches!(txn.kind, TxnKind::EndSession) {
+                        sess.state.insert(*nid, st);
+                    }
+                    match body {
+                        SrpcBody::BatchReply(b) => res.active = Some(b.active),
+                        SrpcBody::DebugReply(d) => {
+                            res.detail = Some(format!(
+                                "session {} of {}, {} batches",
+                                d.name.to_string_lossy(),
+                                d.sid.nid,
+                                d.nbatch
+                            ))
+                        }
+                        SrpcBody::MakeSessionReply(m) if status != 0 => {
+                            res.detail = Some(format!(
+                                "session {} of {}",
+                                m.name.to_string_lossy(),
+                                m.sid.nid
+                            ))
+                        }
+                        SrpcBody::StatReply(s) if status == 0 => {
+                            stats.push(LstNodeStat {
+                                nid: nid.to_string(),
+                                group: String::new(),
+                                error: None,
+                                running_ms: s.fw.running_ms,
+                                active_batches: s.fw.active_batches,
+                                brw_errors: s.fw.brw_errors,
+                                ping_errors: s.fw.ping_errors,
+                                rpc_errors: s.rpc.errors,
+                                rpcs_sent: s.rpc.rpcs_sent,
+                                rpcs_rcvd: s.rpc.rpcs_rcvd,
+                                rpcs_dropped: s.rpc.rpcs_dropped,
+                                rpcs_expired: s.rpc.rpcs_expired,
+                                bulk_get: s.rpc.bulk_get,
+                                bulk_put: s.rpc.bulk_put,
+                                send_count: s.lnet.send_count,
+                                recv_count: s.lnet.recv_count,
+                                send_length: s.lnet.send_length,
+                                recv_length: s.lnet.recv_length,
+                            });
+                        }
+                        SrpcBody::StatReply(_) => stats.push(LstNodeStat {
+                            nid: nid.to_string(),
+                            error: Some(errno_name(status)),
+                            ..LstNodeStat::default()
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            nodes.push(res);
+        }
+        let total = txn.nodes.len();
+        let message = match txn.kind {
+            TxnKind::AddGroup { name } => {
+                sess.groups.insert(name.clone(), txn.nodes.clone());
+                if failed == 0 {
+                    format!("{total} node(s) added to group {name}")
+                } else {
+                    format!(
+                        "group {name}: {} of {total} node(s) active, {failed} not",
+                        total - failed
+                    )
+                }
+            }
+            TxnKind::AddTest { batch, test } => {
+                if failed == 0 {
+                    let d = describe(&test);
+                    if let Some(b) = sess.batches.get_mut(&batch) {
+                        b.tests.push(test);
+                    }
+                    format!("test {d} added to batch {batch}")
+                } else {
+                    return Err(LstError::new(
+                        -5,
+                        format!(
+                            "add_test failed on {failed} of {total} node(s): {}",
+                            first_failure(&nodes)
+                        ),
+                    ));
+                }
+            }
+            TxnKind::Batch { opc, .. } => {
+                let verb = match opc {
+                    SRPC_BATCH_OPC_RUN => "started",
+                    SRPC_BATCH_OPC_STOP => "stopped",
+                    _ => "queried",
+                };
+                if failed == 0 {
+                    format!("batch {verb} on {total} node(s)")
+                } else {
+                    format!(
+                        "batch {verb} on {} of {total} node(s); {failed} failed: {}",
+                        total - failed,
+                        first_failure(&nodes)
+                    )
+                }
+            }
+            TxnKind::Stat { groups } => {
+                // Which group each node was asked for, in order.
+                let mut order = Vec::new();
+                for g in &groups {
+                    for n in sess.groups.get(g).into_iter().flatten() {
+                        order.push((g.clone(), n.to_string()));
+                    }
+                }
+                for (st, (g, _)) in stats.iter_mut().zip(order) {
+                    st.group = g;
+                }
+                if failed == 0 {
+                    String::new()
+                } else {
+                    format!("Failed to stat on {failed} node(s)")
+                }
+            }
+            TxnKind::Ping => format!("{} of {total} node(s) answered", total - failed),
+            TxnKind::KeepAlive => String::new(),
+            TxnKind::EndSession => {
+                self.console.session = None;
+                if failed == 0 {
+                    "session ended".to_string()
+                } else {
+                    format!("session ended; {failed} node(s) did not answer")
+                }
+            }
+        };
+        Ok(LstReply {
+            message,
+            nodes,
+            stats,
+            at_ms,
+            ..LstReply::default()
+        })
+    }
+}
+
+fn first_failure(nodes: &[LstNodeResult]) -> String {
+    nodes
+        .iter()
+        .find(|n| n.state != "ok")
+        .map(|n| {
+            format!(
+                "{} {}",
+                n.nid,
+                n.error.clone().unwrap_or_else(|| n.state.clone())
+            )
+        })
+        .unwrap_or_default()
+}
+
+fn describe(t: &ConsoleTest) -> String {
+    let what = match t.spec {
+        TestSpec::Ping => "ping".to_string(),
+        TestSpec::Brw {
+            write,
+            size,
+            check,
+            off,
+        } => format!(
+            "brw {} size={} check={} off={}",
+            if write { "write" } else { "read" },
+            size,
+            match check {
+                CheckSpec::None => "none",
+                CheckSpec::Simple => "simple",
+                CheckSpec::Full => "full",
+            },
+            off
+        ),
+    };
+    format!(
+        "{what} --from {} --to {} --concurrency {} --distribute {}:{} --loop {}",
+        t.from,
+        t.to,
+        t.concurrency,
+        t.distribute.0,
+        t.distribute.1,
+        t.loop_count.unwrap_or(-1)
+    )
+}
