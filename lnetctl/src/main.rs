@@ -7,6 +7,7 @@
 mod capture;
 mod demo;
 mod render;
+mod selftest;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -129,6 +130,12 @@ enum Cmd {
         /// Overwrite FILE if it exists
         #[arg(long)]
         force: bool,
+    },
+    /// lnet_selftest: lst's commands (sessions, groups, batches, ping and brw tests, stat),
+    /// run by the daemon's console, and `run-test` for a whole session in one command
+    Selftest {
+        #[command(subcommand)]
+        cmd: selftest::SelftestCmd,
     },
     /// Encode, decode and print an LNet ping exchange between two NIDs as o2iblnd carries it
     Demo {
@@ -270,6 +277,10 @@ fn run(cli: Cli) -> u8 {
         } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return capture::run(&path, &file, duration, force, cli.json);
+        }
+        Cmd::Selftest { cmd } => {
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return selftest::run(&path, cli.json, cmd);
         }
         Cmd::Demo { src, dst } => {
             let (src, dst) = match (check_nid(&src), check_nid(&dst)) {

@@ -21,6 +21,7 @@ pub fn yaml(resp: &Response) -> Option<String> {
         Response::Global(g) => global(g),
         Response::Route(r) => route(r),
         Response::Routing(r) => routing(r),
+        Response::Selftest(r) => crate::selftest::render_reply(r),
         Response::Done => String::new(),
         // The capture's stream is written by `capture`, not rendered.
         Response::CaptureStarted(_)
@@ -41,6 +42,7 @@ pub fn json(resp: &Response) -> Option<String> {
         Response::Global(g) => serde_json::to_string_pretty(g),
         Response::Route(r) => serde_json::to_string_pretty(r),
         Response::Routing(r) => serde_json::to_string_pretty(r),
+        Response::Selftest(r) => serde_json::to_string_pretty(r),
         Response::Done => return Some(String::new()),
         Response::CaptureStarted(_)
         | Response::CaptureData(_)

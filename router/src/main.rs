@@ -44,6 +44,7 @@ use router::control::{
     NiExtras, ReadRequest, Request, Response,
 };
 use router::runtime::NiRuntime;
+use router::selftest::{ConsoleStart, Selftest};
 use router::yaml_config::{DaemonConfig, FabricKind};
 use router::{Handover, HandoverTarget, LnetEvent, LnetNode, RouteConfig, RouteTable};
 use tracing::{debug, error, info, warn};
@@ -318,6 +319,15 @@ fn run(
             failed: false,
             capture: CaptureState::Idle,
             next_capture: 1,
+            lst: NiSelftest {
+                st: Selftest::new(
+                    router::NiIndex(0),
+                    nid,
+                    incarnation,
+                    router::selftest::DEFAULT_BUFFER_LIMIT,
+                ),
+                pending: HashMap::new(),
+            },
         });
     }
     let nis = ni_loops.len();
@@ -428,6 +438,7 @@ struct NiLoop {
     failed: bool,
     capture: CaptureState,
     next_capture: u64,
+    lst: NiSelftest,
 }
 
 impl NiLoop {
@@ -443,6 +454,7 @@ impl NiLoop {
         // out in this turn's submission rather than a turn later.
         self.hands.take_in(&mut self.rt);
         if !self.failed {
+            let wait = self.lst.bound(wait, self.rt.now());
             if let Err(e) = self.rt.turn(wait) {
                 // This NI's fabric is broken: the other NIs' peers must still see a graceful
                 // close (not find out at their keepalive horizon), so every NI shuts down as on
@@ -458,7 +470,8 @@ impl NiLoop {
         let rt = &mut self.rt;
         let control = &mut self.control;
         self.hands.relay(rt);
-        drain_events(rt.node_mut(), control);
+        drain_events(rt, control, &mut self.lst);
+        self.lst.tick(rt);
         let mut refreshed = false;
         while let Ok((req, reply)) = self.req_rx.try_recv() {
             debug!(?req, "control request");
@@ -516,13 +529,20 @@ impl NiLoop {
                     };
                     let _ = reply.try_send(resp);
                 }
+                Request::Selftest { cmd } => {
+                    if self.shutdown_deadline.is_some() {
+                        let _ = reply.try_send(shutting_down());
+                    } else {
+                        self.lst.command(rt, cmd, reply);
+                    }
+                }
                 req => {
                     if let Some((reply, resp)) = control.handle(now, node, req, reply) {
                         let _ = reply.try_send(resp);
                     }
                 }
             }
-            drain_events(rt.node_mut(), control);
+            drain_events(rt, control, &mut self.lst);
         }
         let now = rt.now();
         self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
@@ -549,13 +569,16 @@ impl NiLoop {
         if !self.failed {
             rt.flush();
         }
-        drain_events(rt.node_mut(), control);
+        drain_events(rt, control, &mut self.lst);
         if let CaptureState::Running(s, out) = std::mem::take(&mut self.capture) {
             let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
             let _ = out.try_send(Response::CaptureDone(sum));
         }
         // Requests still queued get an answer rather than a dropped channel.
         while let Ok((_, reply)) = self.req_rx.try_recv() {
+            let _ = reply.try_send(shutting_down());
+        }
+        for (_, reply) in self.lst.pending.drain() {
             let _ = reply.try_send(shutting_down());
         }
         true
@@ -901,8 +924,121 @@ fn deliver(out: &SyncSender<Response>, r: Response) -> Delivery {
     }
 }
 
-fn drain_events(node: &mut LnetNode, control: &mut Control<SyncSender<Response>>) {
+/// A registry for a driver that registers nothing: the selftest then answers brw with
+/// ENOMEM rather than moving data.
+struct NoRegistry;
+
+impl lnd::fabric::Registry for NoRegistry {
+    fn register(&mut self, _: Vec<u8>) -> std::io::Result<lnd::fabric::Registration> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this fabric registers no memory",
+        ))
+    }
+
+    fn read(&self, _: &lnd::fabric::Registration, _: u64, _: &mut [u8]) -> bool {
+        false
+    }
+
+    fn deregister(&mut self, _: lnd::fabric::Registration) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// One NI loop's selftest: the service, test client and console, and the control requests
+/// whose console command is still running.
+struct NiSelftest {
+    st: Selftest,
+    pending: HashMap<u64, SyncSender<Response>>,
+}
+
+impl NiSelftest {
+    /// Bounds a turn's wait by the selftest's next deadline.
+    fn bound(&self, wait: StdDuration, now: lnd::time::Instant) -> StdDuration {
+        [self.st.poll_timeout(), self.st.console_timeout()]
+            .into_iter()
+            .flatten()
+            .map(|d| StdDuration::from(d.saturating_duration_since(now)))
+            .fold(wait, StdDuration::min)
+    }
+
+    /// Runs the selftest's timers that are due, and answers finished console commands.
+    fn tick(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+        let now = rt.now();
+        let due = [self.st.poll_timeout(), self.st.console_timeout()]
+            .into_iter()
+            .flatten()
+            .any(|d| d <= now);
+        if due {
+            let (node, driver) = rt.parts();
+            let mut none = NoRegistry;
+            let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
+                Some(r) => r,
+                None => &mut none,
+            };
+            self.st.handle_timeout(now, node, reg);
+            self.st.console_tick(now, node, reg);
+        }
+        self.answer();
+    }
+
+    /// Runs a console command: answered now, or once its transaction ends.
+    fn command(
+        &mut self,
+        rt: &mut NiRuntime<Box<dyn Driver + Send>>,
+        cmd: router::selftest::LstCommand,
+        reply: SyncSender<Response>,
+    ) {
+        let now = rt.now();
+        let (node, driver) = rt.parts();
+        let mut none = NoRegistry;
+        let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
+            Some(r) => r,
+            None => &mut none,
+        };
+        match self.st.console(now, node, reg, cmd) {
+            ConsoleStart::Done(r) => {
+                let _ = reply.try_send(lst_response(r));
+            }
+            ConsoleStart::Pending(id) => {
+                self.pending.insert(id, reply);
+            }
+        }
+        self.answer();
+    }
+
+    fn answer(&mut self) {
+        while let Some((id, r)) = self.st.poll_console() {
+            if let Some(reply) = self.pending.remove(&id) {
+                let _ = reply.try_send(lst_response(r));
+            }
+        }
+    }
+}
+
+fn lst_response(r: Result<router::selftest::LstReply, router::selftest::LstError>) -> Response {
+    match r {
+        Ok(r) => Response::Selftest(r),
+        Err(e) => Response::Error(ControlError::new(e.errno, e.message)),
+    }
+}
+
+fn drain_events(
+    rt: &mut NiRuntime<Box<dyn Driver + Send>>,
+    control: &mut Control<SyncSender<Response>>,
+    lst: &mut NiSelftest,
+) {
+    let now = rt.now();
+    let (node, driver) = rt.parts();
+    let mut none = NoRegistry;
     while let Some(ev) = node.poll_event() {
+        let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
+            Some(r) => r,
+            None => &mut none,
+        };
+        if lst.st.handle_event(now, node, reg, &ev) {
+            continue;
+        }
         match &ev {
             LnetEvent::PeerUp { nid, .. } => info!(%nid, "peer up"),
             LnetEvent::PeerDown { nid, reason, .. } => info!(%nid, ?reason, "peer down"),
@@ -913,6 +1049,7 @@ fn drain_events(node: &mut LnetNode, control: &mut Control<SyncSender<Response>>
             let _ = reply.try_send(resp);
         }
     }
+    lst.answer();
 }
 
 /// How long a control client may idle between requests, and take to send one.
@@ -1304,6 +1441,8 @@ impl Loops {
                 source,
             } => self.ping(nids, timeout_secs, source),
             Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
+            // The console is the first NI's: one session per daemon, one console NID.
+            req @ Request::Selftest { .. } => self.ask(&[0], &req).remove(0),
             Request::SetBuffers { pool, count } => {
                 // The node's total, shared out: each NI loop is a CPT with its own pools.
                 let share = (count / self.nis.len().max(1) as u32).max(1);

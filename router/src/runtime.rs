@@ -56,6 +56,12 @@ impl<D: Driver> NiRuntime<D> {
         &mut self.node
     }
 
+    /// The node and the driver at once, for an upper layer that drives the node with memory
+    /// registered with the driver's fabric (the selftest).
+    pub fn parts(&mut self) -> (&mut LnetNode, &mut D) {
+        (&mut self.node, &mut self.driver)
+    }
+
     /// The driver (its counters).
     pub fn driver(&self) -> &D {
         &self.driver

@@ -73,6 +73,11 @@ pub enum Request {
     CaptureStop {
         id: u64,
     },
+    /// `lnetctl selftest ...`: one of lst's commands, run by the daemon's selftest console
+    /// (on its first NI, whose NID is the session's console NID).
+    Selftest {
+        cmd: crate::selftest::LstCommand,
+    },
     /// `lnetctl route show [--net N] [--gateway NID] [-v]`.
     RouteShow {
         #[serde(default)]
@@ -127,6 +132,7 @@ pub enum Response {
     CaptureDone(CaptureSummary),
     Route(RouteShow),
     Routing(RoutingShow),
+    Selftest(crate::selftest::LstReply),
     /// A change was made (route add/del, set): lnetctl prints nothing, as real lnetctl.
     Done,
     Error(ControlError),

@@ -121,6 +121,10 @@ impl<T> Control<T> {
                     "capture needs the lnet-router daemon (its driver streams the records)",
                 ))
             }
+            Request::Selftest { .. } => Response::Error(ControlError::new(
+                errno::EOPNOTSUPP,
+                "selftest needs the lnet-router daemon (its NI loops run the selftest)",
+            )),
             Request::PeerShow { nid, verbose } => match peer_show(node, nid.as_deref(), verbose) {
                 Ok(p) => Response::Peer(p),
                 Err(e) => Response::Error(e),

@@ -329,21 +329,21 @@ fn parse_nids(list: &[String]) -> Result<Vec<Nid>, LstError> {
         for expanded in expand_range(item)? {
             let nid: Nid = expanded
                 .parse()
-                .map_err(|e| LstError::new(-errno_i(errno::EINVAL), format!("{expanded}: {e}")))?;
+                .map_err(|e| LstError::new(errno_i(errno::EINVAL), format!("{expanded}: {e}")))?;
             if !out.contains(&nid) {
                 out.push(nid);
             }
         }
     }
     if out.is_empty() {
-        return Err(LstError::new(-errno_i(errno::EINVAL), "no NID given"));
+        return Err(LstError::new(errno_i(errno::EINVAL), "no NID given"));
     }
     Ok(out)
 }
 
 /// lst's NID ranges in one place of the address: `10.0.0.[1-4]@tcp`, `10.0.0.[1,3,5-6]@tcp`.
 fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
-    let bad = || LstError::new(-errno_i(errno::EINVAL), format!("{s}: bad NID range"));
+    let bad = || LstError::new(errno_i(errno::EINVAL), format!("{s}: bad NID range"));
     let Some(open) = s.find('[') else {
         return Ok(vec![s.to_string()]);
     };
@@ -455,7 +455,7 @@ impl Selftest {
         cmd: LstCommand,
     ) -> ConsoleStart {
         use ConsoleStart::Done;
-        let no_session = || Done(Err(LstError::new(-3, "no session: run new_session first")));
+        let no_session = || Done(Err(LstError::new(3, "no session: run new_session first")));
         match cmd {
             LstCommand::NewSession {
                 name,
@@ -463,7 +463,7 @@ impl Selftest {
                 force,
             } => {
                 if LstName::new(&name).is_none() || name.is_empty() {
-                    return Done(Err(LstError::new(-22, "session name: 1 to 31 bytes")));
+                    return Done(Err(LstError::new(22, "session name: 1 to 31 bytes")));
                 }
                 if let Some(s) = &self.console.session {
                     if !force {
@@ -528,10 +528,10 @@ impl Selftest {
                     return no_session();
                 };
                 if name.is_empty() || LstName::new(&name).is_none() {
-                    return Done(Err(LstError::new(-22, "group name: 1 to 31 bytes")));
+                    return Done(Err(LstError::new(22, "group name: 1 to 31 bytes")));
                 }
                 if s.groups.contains_key(&name) {
-                    return Done(Err(LstError::new(-17, format!("group {name} exists"))));
+                    return Done(Err(LstError::new(17, format!("group {name} exists"))));
                 }
                 let nids = match parse_nids(&nids) {
                     Ok(n) => n,
@@ -555,7 +555,7 @@ impl Selftest {
                     )));
                 }
                 match s.groups.remove(&name) {
-                    None => Done(Err(LstError::new(-2, format!("no group {name}")))),
+                    None => Done(Err(LstError::new(2, format!("no group {name}")))),
                     Some(_) => {
                         let still: std::collections::BTreeSet<Nid> =
                             s.groups.values().flatten().copied().collect();
@@ -605,10 +605,10 @@ impl Selftest {
                     return no_session();
                 };
                 if name.is_empty() || LstName::new(&name).is_none() {
-                    return Done(Err(LstError::new(-22, "batch name: 1 to 31 bytes")));
+                    return Done(Err(LstError::new(22, "batch name: 1 to 31 bytes")));
                 }
                 if s.batches.contains_key(&name) {
-                    return Done(Err(LstError::new(-17, format!("batch {name} exists"))));
+                    return Done(Err(LstError::new(17, format!("batch {name} exists"))));
                 }
                 let bid = LstBid(s.next_bid);
                 s.next_bid += 1;
@@ -655,10 +655,10 @@ impl Selftest {
                     return no_session();
                 };
                 if !s.batches.contains_key(&batch) {
-                    return Done(Err(LstError::new(-2, format!("no batch {batch}"))));
+                    return Done(Err(LstError::new(2, format!("no batch {batch}"))));
                 }
                 let (Some(clients), Some(_)) = (s.groups.get(&from), s.groups.get(&to)) else {
-                    return Done(Err(LstError::new(-2, format!("no group {from} or {to}"))));
+                    return Done(Err(LstError::new(2, format!("no group {from} or {to}"))));
                 };
                 let concurrency = concurrency.unwrap_or(1);
                 if concurrency == 0 || concurrency > LST_MAX_CONCUR {
@@ -678,7 +678,7 @@ impl Selftest {
                 }
                 let (d, sp) = distribute.unwrap_or((1, 1));
                 if d == 0 || sp == 0 {
-                    return Done(Err(LstError::new(-22, "--distribute D:S, both at least 1")));
+                    return Done(Err(LstError::new(22, "--distribute D:S, both at least 1")));
                 }
                 let nodes = clients.clone();
                 let t = ConsoleTest {
@@ -720,7 +720,7 @@ impl Selftest {
                 let mut nodes = Vec::new();
                 for g in &groups {
                     let Some(ns) = s.groups.get(g) else {
-                        return Done(Err(LstError::new(-2, format!("no group {g}"))));
+                        return Done(Err(LstError::new(2, format!("no group {g}"))));
                     };
                     nodes.extend(ns.iter().copied());
                 }
@@ -731,7 +731,7 @@ impl Selftest {
                     return no_session();
                 };
                 let Some(ns) = s.groups.get(&group).cloned() else {
-                    return Done(Err(LstError::new(-2, format!("no group {group}"))));
+                    return Done(Err(LstError::new(2, format!("no group {group}"))));
                 };
                 self.transaction(now, node, reg, TxnKind::Ping, ns)
             }
@@ -771,10 +771,10 @@ impl Selftest {
         arg: u32,
     ) -> ConsoleStart {
         let Some(s) = &self.console.session else {
-            return ConsoleStart::Done(Err(LstError::new(-3, "no session")));
+            return ConsoleStart::Done(Err(LstError::new(3, "no session")));
         };
         let Some(b) = s.batches.get(batch) else {
-            return ConsoleStart::Done(Err(LstError::new(-2, format!("no batch {batch}"))));
+            return ConsoleStart::Done(Err(LstError::new(2, format!("no batch {batch}"))));
         };
         let mut nodes: Vec<Nid> = Vec::new();
         for t in &b.tests {
@@ -804,7 +804,7 @@ impl Selftest {
         nodes: Vec<Nid>,
     ) -> ConsoleStart {
         let Some(s) = &self.console.session else {
-            return ConsoleStart::Done(Err(LstError::new(-3, "no session")));
+            return ConsoleStart::Done(Err(LstError::new(3, "no session")));
         };
         let (sid, features, timeout, force) = (s.sid, s.features, s.timeout, u32::from(s.force));
         let name = LstName::new(&s.name).unwrap_or(LstName::EMPTY);
@@ -1056,7 +1056,7 @@ impl Selftest {
         }
         let at_ms = 0;
         let Some(sess) = self.console.session.as_mut() else {
-            return Err(LstError::new(-3, "the session ended meanwhile"));
+            return Err(LstError::new(3, "the session ended meanwhile"));
         };
         let mut nodes = Vec::new();
         let mut stats = Vec::new();
