@@ -29,10 +29,11 @@ fn kind(r: &Request) -> &'static str {
         Request::RoutingShow => "routing_show",
         Request::SetRouting { .. } => "set_routing",
         Request::SetBuffers { .. } => "set_buffers",
+        Request::Selftest { .. } => "selftest",
     }
 }
 
-const EVERY_KIND: [&str; 14] = [
+const EVERY_KIND: [&str; 15] = [
     "ping",
     "net_show",
     "peer_show",
@@ -47,6 +48,7 @@ const EVERY_KIND: [&str; 14] = [
     "routing_show",
     "set_routing",
     "set_buffers",
+    "selftest",
 ];
 
 /// What the fuzz target checks on every input: never a panic; a request re-encodes to a line

@@ -1,0 +1,287 @@
+//! lnet_selftest between real daemons on the tcp fabric, driven by the real `lnetctl`: a
+//! console and client on o2ib, a server beside it, a router to o2ib1 and a server there.
+//! Every daemon listens on its own 127.a.b.c (a from the test, b from this process's id).
+
+mod common;
+
+use common::*;
+use router::control::{Request, Response};
+use router::selftest::{LstCommand, LstReply};
+
+const PORT: u16 = 9977;
+const CLIENT: &str = "10.0.0.1@o2ib";
+const NEAR: &str = "10.0.0.2@o2ib";
+const R_A: &str = "10.0.0.254@o2ib";
+const R_B: &str = "10.1.0.254@o2ib1";
+const FAR: &str = "10.1.0.2@o2ib1";
+
+fn address_of(test: u8, nid: &str) -> String {
+    let b = (std::process::id() % 250) as u8 + 1;
+    let host = [CLIENT, NEAR, R_A, R_B, FAR]
+        .iter()
+        .position(|n| *n == nid)
+        .unwrap() as u8
+        + 1;
+    format!("127.{}.{b}.{host}:{PORT}", 200 + test)
+}
+
+fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
+    let mut y = String::from("net:\n");
+    for ni in nis {
+        let net = ni.split('@').nth(1).unwrap();
+        y.push_str(&format!(
+            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
+            address_of(test, ni)
+        ));
+    }
+    if let Some((net, gw)) = route {
+        y.push_str(&format!(
+            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
+        ));
+    }
+    y.push_str(&format!(
+        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+        u8::from(routing)
+    ));
+    if routing {
+        y.push_str("buffers:\n    large: 64\n");
+    }
+    y.push_str("peers:\n");
+    for n in [CLIENT, NEAR, R_A, R_B, FAR] {
+        if !nis.contains(&n) {
+            y.push_str(&format!(
+                "    - nid: {n}\n      address: {}\n",
+                address_of(test, n)
+            ));
+        }
+    }
+    y
+}
+
+/// client (console), near server, router, far server; the client's route up.
+struct Topo {
+    _s: Scratch,
+    client: Daemon,
+    near: Daemon,
+    router: Daemon,
+    far: Daemon,
+}
+
+fn topo(t: u8, name: &str) -> Topo {
+    let s = Scratch::new(name);
+    let o = Opts::default;
+    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A, R_B], None, true), o());
+    let far = start_yaml(
+        &s.0,
+        "far",
+        &yaml(t, &[FAR], Some(("o2ib", R_B)), false),
+        o(),
+    );
+    let near = start_yaml(
+        &s.0,
+        "near",
+        &yaml(t, &[NEAR], Some(("o2ib1", R_A)), false),
+        o(),
+    );
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        o(),
+    );
+    ping_until_ok(&client, FAR, WAIT);
+    ping_until_ok(&far, CLIENT, WAIT);
+    ping_until_ok(&client, NEAR, WAIT);
+    Topo {
+        _s: s,
+        client,
+        near,
+        router,
+        far,
+    }
+}
+
+fn lst(d: &Daemon, cmd: LstCommand) -> LstReply {
+    match call_within(d, Request::Selftest { cmd: cmd.clone() }, WAIT) {
+        Response::Selftest(r) => r,
+        other => panic!("{}: {cmd:?}: {other:?}", d.name),
+    }
+}
+
+fn ctl(d: &Daemon, args: &[&str]) -> String {
+    let out = lnetctl(d, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lnetctl {args:?}: {:?}\nstdout: {text}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The admin's flow, lst's commands one by one from lnetctl: a session over a client and two
+/// servers (one beside it, one through the router), brw read and write with check=full at
+/// sizes from 1 byte to 1 MiB (odd lengths, a non-zero offset), each batch run to its end;
+/// lst stat's report; no brw error anywhere; the session ends and frees the nodes.
+#[test]
+fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
+    let t = topo(1, "lst_commands");
+    let c = &t.client;
+    ctl(c, &["selftest", "new_session", "--timeout", "20", "sweep"]);
+    let out = ctl(c, &["selftest", "add_group", "c", CLIENT]);
+    assert!(out.contains("1 node(s) added to group c"), "{out}");
+    ctl(c, &["selftest", "add_group", "s", &format!("{NEAR},{FAR}")]);
+    let mut k = 0;
+    for size in ["1", "4095", "65543", "1M"] {
+        for op in ["read", "write"] {
+            k += 1;
+            let b = format!("b{k}");
+            ctl(c, &["selftest", "add_batch", &b]);
+            ctl(
+                c,
+                &[
+                    "selftest",
+                    "add_test",
+                    "--batch",
+                    &b,
+                    "--loop",
+                    "3",
+                    "--concurrency",
+                    "2",
+                    "--distribute",
+                    "1:2",
+                    "--from",
+                    "c",
+                    "--to",
+                    "s",
+                    "brw",
+                    op,
+                    &format!("size={size}"),
+                    "check=full",
+                    "off=8",
+                ],
+            );
+            ctl(c, &["selftest", "run", &b]);
+            let ended = wait_for(WAIT, || {
+                lst(c, LstCommand::Query { batch: b.clone() })
+                    .nodes
+                    .iter()
+                    .all(|n| n.active == Some(0))
+            });
+            assert!(ended.is_some(), "batch {b} ({op} {size}) never ended");
+        }
+    }
+    let stat = lst(
+        c,
+        LstCommand::Stat {
+            groups: vec!["c".into(), "s".into()],
+        },
+    );
+    assert_eq!(stat.stats.len(), 3, "{stat:?}");
+    for s in &stat.stats {
+        assert_eq!(
+            (s.brw_errors, s.rpc_errors, s.rpcs_expired),
+            (0, 0, 0),
+            "{s:?}"
+        );
+    }
+    // Each server got 2 units x 3 loops of each size each way.
+    let bytes: u64 = 6 * (1 + 4095 + 65543 + (1 << 20));
+    for nid in [NEAR, FAR] {
+        let s = stat.stats.iter().find(|s| s.nid == nid).unwrap();
+        assert_eq!((s.bulk_put, s.bulk_get), (bytes, bytes), "{s:?}");
+    }
+    let text = ctl(c, &["selftest", "stat", "--delay", "1", "c", "s"]);
+    for want in [
+        "[LNet Rates of c]",
+        "[LNet Bandwidth of s]",
+        "[R] Avg:",
+        "[W] Avg:",
+    ] {
+        assert!(text.contains(want), "{want} not in\n{text}");
+    }
+    let out = ctl(c, &["selftest", "list_batch"]);
+    assert!(
+        out.contains("brw write size=1048576 check=full off=8"),
+        "{out}"
+    );
+    ctl(c, &["selftest", "end_session"]);
+    // The nodes are free: another console takes them without --force.
+    ctl(&t.far, &["selftest", "new_session", "again"]);
+    let out = ctl(&t.far, &["selftest", "add_group", "g", NEAR]);
+    assert!(out.contains("1 node(s) added"), "{out}");
+    // The router forwarded the routed half and its books balance.
+    let r = match call(&t.router, Request::RoutingShow) {
+        Response::Routing(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(r.forwarding.forwarded > 0);
+    assert_eq!(r.forwarding.dropped, 0, "{:?}", r.forwarding);
+}
+
+/// The second main job: `lnetctl selftest run-test` from the client's console through the
+/// router: progress, lst's report, latency, a JSON summary with every RPC accounted for.
+#[test]
+fn run_test_reports_a_routed_session() {
+    let t = topo(2, "run_test");
+    let out = lnetctl(
+        &t.client,
+        &[
+            "--json",
+            "selftest",
+            "run-test",
+            "--from",
+            CLIENT,
+            "--to",
+            FAR,
+            "--concurrency",
+            "2",
+            "--loop",
+            "25",
+            "brw",
+            "write",
+            "size=1M",
+            "check=full",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("[LNet Bandwidth of servers]"), "{stdout}");
+    assert!(stderr.contains("clients: R"), "a progress line: {stderr}");
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    assert_eq!(v["brw_errors"], 0, "{v}");
+    assert_eq!(v["latency"][0]["test"], "brw write");
+    assert_eq!(v["latency"][0]["count"], 50, "2 units x 25 loops: {v}");
+    let servers = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == "servers")
+        .unwrap();
+    assert!(
+        servers["bw_read"]["avg"].as_f64().unwrap() > 0.0,
+        "{servers}"
+    );
+    // The session ended: the server is free for another console.
+    let r = lst(
+        &t.near,
+        LstCommand::NewSession {
+            name: "next".into(),
+            timeout: None,
+            force: false,
+        },
+    );
+    assert!(r.message.contains("opened"));
+    let r = lst(
+        &t.near,
+        LstCommand::AddGroup {
+            name: "g".into(),
+            nids: vec![FAR.into()],
+        },
+    );
+    assert_eq!(r.nodes[0].status, Some(0), "{r:?}");
+    drop(t.far);
+}
