@@ -83,6 +83,22 @@ pub enum LnetEvent {
         hdr_data: u64,
         result: Result<u32, LnetError>,
     },
+    /// A PUT small enough to travel inline (IMMEDIATE: a kernel o2iblnd sends PUTs under its
+    /// message size so, ksocklnd every PUT) matched the sink posted as `md`: instead of a
+    /// [`LnetEvent::BulkPut`], its bytes, already cut to the MD's length (LNet's truncation).
+    /// The node never writes registered memory (the fabric does): the user copies `payload`
+    /// into the MD's buffer, and the transfer is then done with `payload.len()` bytes.
+    BulkPutInline {
+        md: MdId,
+        from: Nid,
+        match_bits: u64,
+        hdr_data: u64,
+        payload: Vec<u8>,
+    },
+    /// The REPLY of a routed GET from [`LnetNode::send_get_bulk`] came inline (a kernel peer
+    /// answers small GETs so): instead of a [`LnetEvent::GetDone`], its bytes, cut to the
+    /// GET's buffer, for the user to copy there; the GET is then done with `payload.len()`.
+    GetDoneInline { id: MsgId, payload: Vec<u8> },
     /// A GET read the source posted as `md` ([`LnetNode::post_source`]): the bytes written
     /// into the requester's sink, or why not. Exactly once per matched MD.
     BulkGetServed {
@@ -1340,6 +1356,34 @@ impl LnetNode {
                 ptl_index,
                 ..
             } => {
+                // lnet_parse_put: a posted sink on (portal, match bits) takes it first, cut to
+                // its length; else it goes up as a plain PUT.
+                let md = via.and_then(|ni| self.mds.take(ni, ptl_index, match_bits, true));
+                if let Some((md, m)) = md {
+                    let mut payload = payload;
+                    payload.truncate(m.buf.len as usize);
+                    let n = payload.len();
+                    self.events.push_back(LnetEvent::BulkPutInline {
+                        md,
+                        from: hdr.src_nid,
+                        match_bits,
+                        hdr_data,
+                        payload,
+                    });
+                    if ack_wmd != WireHandle::NONE {
+                        self.respond(
+                            hdr,
+                            0,
+                            LnetBody::Ack {
+                                dst_wmd: ack_wmd,
+                                match_bits,
+                                mlength: n as u32,
+                            },
+                            Vec::new(),
+                        );
+                    }
+                    return Ok(len);
+                }
                 self.events.push_back(LnetEvent::Put {
                     from: hdr.src_nid,
                     to: hdr.dest_nid,
@@ -1406,15 +1450,9 @@ impl LnetNode {
                         self.end_bulk_get(id, Ok(0), false);
                         return Ok(0);
                     }
-                    // A GET into registered memory answered inline: we cannot write there.
-                    self.end_bulk_get(
-                        id,
-                        Err(LnetError::BulkUnsupported(
-                            "a REPLY inline for a GET into registered memory",
-                        )),
-                        false,
-                    );
-                    return Err("REPLY inline for a GET into registered memory");
+                    // Answered inline: the user copies it into the GET's memory.
+                    self.end_bulk_get_inline(id, payload);
+                    return Ok(len);
                 }
                 let Some(target) = self.pings.get(&id).map(|p| p.target) else {
                     return Err("REPLY for no pending ping (late or unknown)");

@@ -30,11 +30,17 @@
 #               bulk PUTs of 1 B..1 MiB from an LNet client (10.0.0.14@o2ib) to an LNet server
 #               (10.0.1.15@o2ib1) through R's registered large buffers, byte for byte
 #               (verbs_routed_bulk), R's books balanced with nothing dropped
+#   7 selftest  lnet_selftest over verbs from C's console (`lnetctl selftest run-test`): brw write
+#               and read with check=full, 1 B to 1 MiB (odd lengths, offset 8), each run to A
+#               (direct, on o2ib) and to S (through R) at once, every RPC clean; then brw write
+#               bandwidth C->A at 64 KiB and 1 MiB (check=none) beside ib_write_bw at those sizes
+#               when perftest is in the guest (a ratio for the record: the emulated CPU makes it
+#               no gate)
 #
 # Exit status: 0, or the first failure: 21 setup (address, GID, daemons did not start), 22 ping,
 # 23 graceful stop, 24 queue pairs after the graceful stop, 25 SIGKILL detection / pending pings,
-# 26 queue pairs after the kill, 28 frozen peer, 29 routing (27: verbs-suite.sh's bound on this
-# whole suite ran out). Every check prints what it measured.
+# 26 queue pairs after the kill, 28 frozen peer, 29 routing, 30 selftest (27: verbs-suite.sh's
+# bound on this whole suite ran out). Every check prints what it measured.
 A=10.0.0.1 B=10.0.0.2
 NA=$A@o2ib NB=$B@o2ib
 SA=/tmp/a.sock SB=/tmp/b.sock
@@ -410,6 +416,46 @@ if [ $routed_ok = 1 ]; then
     echo "R's books after bulk: received $1 = forwarded $2 + dropped $3 + in flight $4"
     [ "$1" = $(($2 + $3 + $4)) ] && [ "$3" = 0 ] || failed 29 "R's books after bulk: $books"
   fi
+  # ---------------------------------------------------------------------- 7 selftest
+  echo "=== daemons 7: lnet_selftest over verbs: C's console, brw to A (direct) and S (through R)"
+  t0=$(now) runs=0 bad=0
+  for op in write read; do
+    for size in 1 4097 65543 1M; do
+      runs=$((runs + 1))
+      if timeout 60 lnetctl --socket $SC selftest run-test --from $NC --to $NA,$NS \
+          --distribute 1:2 --concurrency 2 --loop 3 brw $op size=$size check=full off=8 \
+          >/tmp/st.out 2>/tmp/st.err && grep -q 'brw_errors: 0' /tmp/st.out; then
+        echo "selftest brw $op size=$size check=full off=8 to A and S: clean"
+      else
+        bad=$((bad + 1))
+        echo "selftest brw $op size=$size check=full off=8: FAILED"
+        sed 's/^/    /' /tmp/st.out /tmp/st.err | tail -30
+      fi
+    done
+  done
+  echo "selftest: $runs sessions, $bad failed, $(since "$t0") s"
+  [ $bad = 0 ] || failed 30 "$bad selftest sessions failed"
+  for size in 64k 1M; do
+    timeout 60 lnetctl --socket $SC selftest run-test --from $NC --to $NA --concurrency 4 \
+      --duration 3 --interval 3 brw write size=$size check=none >/tmp/st.out 2>/tmp/st.err \
+      || failed 30 "selftest brw write size=$size bandwidth run failed"
+    mib=$(awk '/- group: servers/ { g = 1 } g && $1 == "mib_read:" { gsub(/[{},]/, ""); print $3; exit }' /tmp/st.out)
+    bytes=$((65536)); [ $size = 1M ] && bytes=1048576
+    wbw=""
+    if command -v ib_write_bw >/dev/null 2>&1; then
+      timeout 40 ib_write_bw -d rxe0 -s $bytes -n 200 -F >/dev/null 2>&1 &
+      srv=$!
+      sleep 1
+      wbw=$(timeout 40 ib_write_bw -d rxe0 -s $bytes -n 200 -F 10.0.0.1 2>/dev/null \
+        | awk -v b=$bytes '$1 == b { print $4; exit }')
+      wait $srv 2>/dev/null
+    fi
+    if [ -n "$wbw" ] && [ -n "$mib" ]; then
+      echo "selftest brw write $size C->A: $mib MiB/s; ib_write_bw $size: $wbw MiB/s; ratio $(awk -v a="$mib" -v b="$wbw" 'BEGIN { printf "%.2f", a / b }')"
+    else
+      echo "selftest brw write $size C->A: ${mib:-?} MiB/s (ib_write_bw: ${wbw:-not run})"
+    fi
+  done
   for p in $PID_C $PID_S $PID_R; do kill -TERM "$p"; done
   for p in $PID_C $PID_S $PID_R; do
     waitpid_bounded "$p" 7

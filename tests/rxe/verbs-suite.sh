@@ -3,7 +3,7 @@
 # Soft-RoCE guest, busybox sh): the verbs examples, then perftest's ib_send_lat / ib_write_bw
 # beside our figures in one table; then, when run.sh shipped it in $ULNET_FILES, the daemons suite
 # (daemons-suite.sh). Exit status: 0, or the first failure: 11 verbs_pair, 12 verbs_conn,
-# 13 verbs_kill, 14 verbs_bench, 15 perftest, 16 verbs_bulk; 21-26 and 28 the daemons suite's, 27 it timed out.
+# 13 verbs_kill, 14 verbs_bench, 15 perftest, 16 verbs_bulk; 21-26, 28-30 the daemons suite's, 27 it timed out.
 IP=10.0.0.1
 N=${VERBS_PAIR_N:-1000}
 ITERS=${VERBS_BENCH_ITERS:-1000}
@@ -93,9 +93,9 @@ echo "=== verbs suite status: $first"
 daemons=${ULNET_FILES:-/opt/ulnet/files}/daemons-suite.sh
 if [ -f "$daemons" ]; then
   echo; echo "=== daemons suite: $daemons"
-  timeout 240 sh "$daemons"
+  timeout 330 sh "$daemons"
   rc=$?
-  [ $rc = 124 ] && { echo "=== daemons suite: timed out after 240 s"; rc=27; }
+  [ $rc = 124 ] && { echo "=== daemons suite: timed out after 330 s"; rc=27; }
   [ $rc = 0 ] || failed "$rc"
 fi
 exit "$first"

@@ -90,7 +90,7 @@ pub struct MdId(pub u64);
 pub(super) struct Md {
     portal: u32,
     match_bits: u64,
-    buf: BulkBuf,
+    pub(super) buf: BulkBuf,
     /// PUTs write into it; else GETs read from it.
     sink: bool,
 }
@@ -118,7 +118,13 @@ impl Mds {
     }
 
     /// Takes the oldest MD matching, on NI `ni`.
-    fn take(&mut self, ni: usize, portal: u32, match_bits: u64, sink: bool) -> Option<(MdId, Md)> {
+    pub(super) fn take(
+        &mut self,
+        ni: usize,
+        portal: u32,
+        match_bits: u64,
+        sink: bool,
+    ) -> Option<(MdId, Md)> {
         let key = (ni, portal, match_bits, sink);
         let ids = self.by_match.get_mut(&key)?;
         let found = std::iter::from_fn(|| ids.pop_front())
@@ -281,6 +287,18 @@ impl LnetNode {
         }
         self.events
             .push_back(LnetEvent::GetDone { id: g.id, result });
+    }
+
+    /// A routed GET answered by an inline REPLY: the bytes (cut to its buffer) go to the user,
+    /// who copies them into the GET's memory.
+    pub(super) fn end_bulk_get_inline(&mut self, cookie: u64, mut payload: Vec<u8>) {
+        let Some(g) = self.bulk_gets.remove(&cookie) else {
+            return;
+        };
+        self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+        payload.truncate(g.buf.len as usize);
+        self.events
+            .push_back(LnetEvent::GetDoneInline { id: g.id, payload });
     }
 
     /// Routed GETs whose REPLY did not come in time.

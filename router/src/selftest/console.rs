@@ -258,6 +258,7 @@ struct ConsoleTest {
     concurrency: u32,
     loop_count: Option<i64>,
     distribute: (u32, u32),
+    stop_onerr: bool,
 }
 
 struct ConsoleBatch {
@@ -281,16 +282,36 @@ struct ConsoleSession {
 
 /// What a transaction's answer is made of.
 enum TxnKind {
-    AddGroup { name: String },
-    AddTest { batch: String, test: ConsoleTest },
-    Batch { opc: u32, bid: LstBid, arg: u32 },
-    Stat { groups: Vec<String> },
+    AddGroup {
+        name: String,
+    },
+    /// The first `nservers` nodes are the test's servers (a server-side TEST each, as
+    /// lstcon_test_nodes_add sends before the clients'), the rest its clients.
+    AddTest {
+        batch: String,
+        test: ConsoleTest,
+        nservers: usize,
+    },
+    /// End the session on a deleted group's nodes that are in no other group.
+    DelGroup {
+        name: String,
+    },
+    Batch {
+        opc: u32,
+        bid: LstBid,
+        arg: u32,
+    },
+    Stat {
+        groups: Vec<String>,
+    },
     Ping,
     EndSession,
     KeepAlive,
 }
 
 struct Txn {
+    /// The session it was started in: its answer changes nothing in another.
+    sid: LstSid,
     kind: TxnKind,
     nodes: Vec<Nid>,
     results: Vec<Option<Result<(SrpcBody, ByteOrder), RpcError>>>,
@@ -468,7 +489,7 @@ impl Selftest {
                 if let Some(s) = &self.console.session {
                     if !force {
                         return Done(Err(LstError::new(
-                            -17,
+                            17,
                             format!("session {} is open: end_session it, or --force", s.name),
                         )));
                     }
@@ -550,22 +571,27 @@ impl Selftest {
                     .any(|t| t.from == name || t.to == name);
                 if used {
                     return Done(Err(LstError::new(
-                        -16,
+                        16,
                         format!("group {name} is used by a test"),
                     )));
                 }
-                match s.groups.remove(&name) {
-                    None => Done(Err(LstError::new(2, format!("no group {name}")))),
-                    Some(_) => {
-                        let still: std::collections::BTreeSet<Nid> =
-                            s.groups.values().flatten().copied().collect();
-                        s.state.retain(|n, _| still.contains(n));
-                        Done(Ok(LstReply {
-                            message: format!("group {name} deleted"),
-                            ..LstReply::default()
-                        }))
-                    }
+                let Some(members) = s.groups.get(&name) else {
+                    return Done(Err(LstError::new(2, format!("no group {name}"))));
+                };
+                // Its nodes in no other group leave the session (lstcon_group_del).
+                let only_here: Vec<Nid> = members
+                    .iter()
+                    .filter(|n| !s.groups.iter().any(|(g, ns)| *g != name && ns.contains(n)))
+                    .copied()
+                    .collect();
+                if only_here.is_empty() {
+                    s.groups.remove(&name);
+                    return Done(Ok(LstReply {
+                        message: format!("group {name} deleted"),
+                        ..LstReply::default()
+                    }));
                 }
+                self.transaction(now, node, reg, TxnKind::DelGroup { name }, only_here)
             }
             LstCommand::ListGroup => {
                 let Some(s) = &self.console.session else {
@@ -648,7 +674,7 @@ impl Selftest {
                 distribute,
                 from,
                 to,
-                stop_onerr: _,
+                stop_onerr,
                 test,
             } => {
                 let Some(s) = &self.console.session else {
@@ -657,13 +683,22 @@ impl Selftest {
                 if !s.batches.contains_key(&batch) {
                     return Done(Err(LstError::new(2, format!("no batch {batch}"))));
                 }
-                let (Some(clients), Some(_)) = (s.groups.get(&from), s.groups.get(&to)) else {
+                let (Some(clients), Some(servers)) = (s.groups.get(&from), s.groups.get(&to))
+                else {
                     return Done(Err(LstError::new(2, format!("no group {from} or {to}"))));
                 };
+                if loop_count == Some(0)
+                    || loop_count.is_some_and(|l| l < -1 || l > i64::from(u32::MAX - 1))
+                {
+                    return Done(Err(LstError::new(
+                        22,
+                        "--loop: -1 (until stopped) or 1 to 4294967294",
+                    )));
+                }
                 let concurrency = concurrency.unwrap_or(1);
                 if concurrency == 0 || concurrency > LST_MAX_CONCUR {
                     return Done(Err(LstError::new(
-                        -22,
+                        22,
                         format!("concurrency: 1 to {LST_MAX_CONCUR}"),
                     )));
                 }
@@ -671,7 +706,7 @@ impl Selftest {
                     if size == 0 || size > LNET_MTU || off % 8 != 0 || off as usize >= PAGE_SIZE_4K
                     {
                         return Done(Err(LstError::new(
-                            -22,
+                            22,
                             "brw: size 1 to 1M, off a multiple of 8 below 4096",
                         )));
                     }
@@ -680,7 +715,8 @@ impl Selftest {
                 if d == 0 || sp == 0 {
                     return Done(Err(LstError::new(22, "--distribute D:S, both at least 1")));
                 }
-                let nodes = clients.clone();
+                let nservers = servers.len();
+                let nodes: Vec<Nid> = servers.iter().chain(clients).copied().collect();
                 let t = ConsoleTest {
                     from,
                     to,
@@ -688,8 +724,14 @@ impl Selftest {
                     concurrency,
                     loop_count,
                     distribute: (d, sp),
+                    stop_onerr,
                 };
-                self.transaction(now, node, reg, TxnKind::AddTest { batch, test: t }, nodes)
+                let kind = TxnKind::AddTest {
+                    batch,
+                    test: t,
+                    nservers,
+                };
+                self.transaction(now, node, reg, kind, nodes)
             }
             LstCommand::Run { batch }
             | LstCommand::Query { batch }
@@ -785,10 +827,7 @@ impl Selftest {
             }
         }
         if nodes.is_empty() {
-            return ConsoleStart::Done(Err(LstError::new(
-                -2,
-                format!("batch {batch} has no test"),
-            )));
+            return ConsoleStart::Done(Err(LstError::new(2, format!("batch {batch} has no test"))));
         }
         let bid = b.bid;
         self.transaction(now, node, reg, TxnKind::Batch { opc, bid, arg }, nodes)
@@ -812,6 +851,7 @@ impl Selftest {
         self.console.next_txn += 1;
         let n = nodes.len();
         let mut txn = Txn {
+            sid,
             kind,
             nodes: nodes.clone(),
             results: (0..n).map(|_| None).collect(),
@@ -819,8 +859,29 @@ impl Selftest {
             slots: Vec::new(),
         };
         let timeout = Duration::from_secs(u64::from(timeout));
+        let active: Vec<bool> = match (&txn.kind, &self.console.session) {
+            (TxnKind::AddGroup { .. }, Some(s)) => nodes
+                .iter()
+                .map(|n| s.state.get(n) == Some(&NodeState::Active))
+                .collect(),
+            _ => vec![false; n],
+        };
         for (i, dst) in nodes.iter().copied().enumerate() {
             let owner = Owner::Console { op: id, node: i };
+            if active[i] {
+                // In our session already (another group): not made again, as
+                // lstcon_sesrpc_condition skips active nodes (a kernel node counts each
+                // MAKE_SESSION and one REMOVE_SESSION would not end it).
+                let ok = MakeSessionReply {
+                    status: 0,
+                    sid,
+                    timeout: 0,
+                    name,
+                };
+                txn.results[i] = Some(Ok((ok.into(), ByteOrder::Little)));
+                txn.left -= 1;
+                continue;
+            }
             let sent = match &txn.kind {
                 TxnKind::AddGroup { .. } => self.srpc.call(
                     now,
@@ -840,7 +901,7 @@ impl Selftest {
                     timeout,
                     owner,
                 ),
-                TxnKind::EndSession => self.srpc.call(
+                TxnKind::EndSession | TxnKind::DelGroup { .. } => self.srpc.call(
                     now,
                     node,
                     dst,
@@ -907,7 +968,52 @@ impl Selftest {
                         owner,
                     )
                 }
-                TxnKind::AddTest { batch, test } => {
+                TxnKind::AddTest {
+                    batch,
+                    test,
+                    nservers,
+                } if i < *nservers => {
+                    // The server side: its test service for the batch (lnet_selftest posts
+                    // its request buffers then: one per client unit it may serve).
+                    let s = self.console.session.as_ref();
+                    let bid = s
+                        .and_then(|s| s.batches.get(batch))
+                        .map_or(LstBid(0), |b| b.bid);
+                    let nclients = (nodes.len() - nservers) as u32;
+                    let params = test_params(test.spec);
+                    let concur = test.concurrency;
+                    let stop_onerr = test.stop_onerr;
+                    self.srpc.call(
+                        now,
+                        node,
+                        dst,
+                        ServiceId::Test,
+                        |rpyid, _| {
+                            TestRequest {
+                                rpyid,
+                                bulkid: 0,
+                                sid,
+                                bid,
+                                loop_count: concur.saturating_mul(nclients.max(1)),
+                                concur,
+                                is_client: false,
+                                stop_onerr,
+                                ndest: 0,
+                                params,
+                            }
+                            .into()
+                        },
+                        None,
+                        timeout,
+                        owner,
+                    )
+                }
+                TxnKind::AddTest {
+                    batch,
+                    test,
+                    nservers,
+                } => {
+                    let ci = i - *nservers;
                     let s = self.console.session.as_ref();
                     let bid = s
                         .and_then(|s| s.batches.get(batch))
@@ -916,7 +1022,8 @@ impl Selftest {
                         .and_then(|s| s.groups.get(&test.to))
                         .cloned()
                         .unwrap_or_default();
-                    let pick = distribute(i, dst_group.len(), test.distribute.0, test.distribute.1);
+                    let pick =
+                        distribute(ci, dst_group.len(), test.distribute.0, test.distribute.1);
                     let ids: Vec<ProcessId> = pick
                         .iter()
                         .filter_map(|&k| dst_group.get(k))
@@ -945,28 +1052,8 @@ impl Selftest {
                         txn.results[i] = Some(Err(RpcError::Aborted));
                         continue;
                     };
-                    let params = match test.spec {
-                        TestSpec::Ping => TestParams::Ping { size: 0, flags: 0 },
-                        TestSpec::Brw {
-                            write,
-                            size,
-                            check,
-                            off,
-                        } => TestParams::BulkV1 {
-                            opc: if write {
-                                BrwOp::Write as u16
-                            } else {
-                                BrwOp::Read as u16
-                            },
-                            flags: match check {
-                                CheckSpec::None => BrwCheck::None as u16,
-                                CheckSpec::Simple => BrwCheck::Simple as u16,
-                                CheckSpec::Full => BrwCheck::Full as u16,
-                            },
-                            len: size,
-                            offset: off,
-                        },
-                    };
+                    let params = test_params(test.spec);
+                    let stop_onerr = test.stop_onerr;
                     let loop_count = match test.loop_count {
                         None => u32::MAX,
                         Some(n) if n < 0 => u32::MAX,
@@ -987,7 +1074,7 @@ impl Selftest {
                                 loop_count,
                                 concur,
                                 is_client: true,
-                                stop_onerr: false,
+                                stop_onerr,
                                 ndest,
                                 params,
                             }
@@ -1055,9 +1142,10 @@ impl Selftest {
             self.srpc.buffers.give(*s);
         }
         let at_ms = 0;
-        let Some(sess) = self.console.session.as_mut() else {
+        let Some(sess) = self.console.session.as_mut().filter(|s| s.sid == txn.sid) else {
             return Err(LstError::new(3, "the session ended meanwhile"));
         };
+        let our_sid = sess.sid;
         let mut nodes = Vec::new();
         let mut stats = Vec::new();
         let mut failed = 0usize;
@@ -1089,15 +1177,23 @@ impl Selftest {
                     }
                 }
                 Some(Ok((body, _))) => {
-                    let status = super::srpc::reply_status(body);
+                    let mut status = super::srpc::reply_status(body);
+                    // A session query is answered with whatever session the node is in
+                    // (sfw_debug_session): another console's is "busy", none "unknown".
+                    let foreign =
+                        matches!(body, SrpcBody::DebugReply(d) if status == 0 && d.sid != our_sid);
+                    if foreign {
+                        status = errno::EBUSY;
+                    }
                     res.status = Some(status);
                     res.state = errno_name(status);
                     if status != 0 {
                         failed += 1;
                     }
                     let st = match (status, &txn.kind) {
-                        (errno::EBUSY, TxnKind::AddGroup { .. }) => NodeState::Busy,
                         (0, _) => NodeState::Active,
+                        (errno::EBUSY, _) => NodeState::Busy,
+                        (errno::ESRCH, TxnKind::Ping | TxnKind::KeepAlive) => NodeState::Unknown,
                         (errno::ESRCH, _) => NodeState::Busy,
                         _ => NodeState::Active,
                     };
@@ -1167,7 +1263,7 @@ impl Selftest {
                     )
                 }
             }
-            TxnKind::AddTest { batch, test } => {
+            TxnKind::AddTest { batch, test, .. } => {
                 if failed == 0 {
                     let d = describe(&test);
                     if let Some(b) = sess.batches.get_mut(&batch) {
@@ -1176,7 +1272,7 @@ impl Selftest {
                     format!("test {d} added to batch {batch}")
                 } else {
                     return Err(LstError::new(
-                        -5,
+                        5,
                         format!(
                             "add_test failed on {failed} of {total} node(s): {}",
                             first_failure(&nodes)
@@ -1219,6 +1315,17 @@ impl Selftest {
             }
             TxnKind::Ping => format!("{} of {total} node(s) answered", total - failed),
             TxnKind::KeepAlive => String::new(),
+            TxnKind::DelGroup { name } => {
+                sess.groups.remove(&name);
+                for n in &txn.nodes {
+                    sess.state.remove(n);
+                }
+                if failed == 0 {
+                    format!("group {name} deleted; {total} node(s) left the session")
+                } else {
+                    format!("group {name} deleted; {failed} node(s) did not answer")
+                }
+            }
             TxnKind::EndSession => {
                 self.console.session = None;
                 if failed == 0 {
@@ -1235,6 +1342,33 @@ impl Selftest {
             at_ms,
             ..LstReply::default()
         })
+    }
+}
+
+/// The parameters a TEST request carries for `spec` (v1 brw layout: our sessions have
+/// LST_FEAT_BULK_LEN).
+fn test_params(spec: TestSpec) -> TestParams {
+    match spec {
+        TestSpec::Ping => TestParams::Ping { size: 0, flags: 0 },
+        TestSpec::Brw {
+            write,
+            size,
+            check,
+            off,
+        } => TestParams::BulkV1 {
+            opc: if write {
+                BrwOp::Write as u16
+            } else {
+                BrwOp::Read as u16
+            },
+            flags: match check {
+                CheckSpec::None => BrwCheck::None as u16,
+                CheckSpec::Simple => BrwCheck::Simple as u16,
+                CheckSpec::Full => BrwCheck::Full as u16,
+            },
+            len: size,
+            offset: off,
+        },
     }
 }
 

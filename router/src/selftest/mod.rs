@@ -20,3 +20,5 @@ pub use console::{
     LstNodeResult, LstNodeStat, LstReply, TestSpec, DEFAULT_RPC_TIMEOUT, PING_INTERVAL,
 };
 pub use service::{Selftest, DEFAULT_BUFFER_LIMIT, TEST_RPC_TIMEOUT};
+#[cfg(test)]
+pub(crate) use srpc::reply_status as wire_status;

@@ -17,7 +17,7 @@ use lnd::wire::{ByteOrder, Nid};
 
 use super::console::Console;
 use super::pattern;
-use super::srpc::{BulkDir, Incoming, Owner, RpcDone, SlotId, Srpc, SrpcEvent};
+use super::srpc::{BufferError, BulkDir, Incoming, Owner, RpcDone, SlotId, Srpc, SrpcEvent};
 use super::wire::*;
 use crate::{LnetEvent, LnetNode, NiIndex};
 
@@ -30,6 +30,16 @@ pub const DEFAULT_BUFFER_LIMIT: u64 = 256 << 20;
 
 /// A brw server buffer: the largest transfer and the largest client offset.
 const SERVER_BUF: usize = LNET_MTU as usize + PAGE_SIZE_4K;
+
+/// Seconds a node keeps a session whose console is silent (lnet_selftest's `session_timeout`).
+pub const SESSION_TIMEOUT: u32 = 100;
+
+/// Test units one client test may have (destinations x concurrency): a TEST asking for more
+/// is answered ENOMEM rather than allocated.
+const MAX_UNITS: u64 = 65_536;
+
+/// brw requests that may wait for a server buffer at once.
+const MAX_WAITING: usize = 4096;
 
 /// errno values a selftest reply carries (positive, as Lustre sends them).
 pub(crate) mod errno {
@@ -112,6 +122,8 @@ enum ServerOp {
         check: BrwCheck,
         len: u32,
         order: ByteOrder,
+        /// The request's session features, echoed in the reply.
+        features: u32,
     },
     DestList {
         from: Nid,
@@ -212,7 +224,7 @@ impl Selftest {
             .is_some_and(|at| at <= now)
         {
             tracing::info!("selftest session expired: its console went silent");
-            self.end_session(node, reg);
+            self.end_session(now, node, reg);
         }
         self.run(now, node, reg);
     }
@@ -234,6 +246,17 @@ impl Selftest {
     /// Client RPCs in flight (test units' and the console's).
     pub fn rpcs_in_flight(&self) -> usize {
         self.srpc.rpcs_in_flight()
+    }
+
+    /// What the selftest tracks, by map (for leak checks in tests): the RPC layer's, then
+    /// the server ops, the brw requests waiting for a buffer, and the test instances.
+    #[cfg(test)]
+    pub(crate) fn census(&self) -> Vec<(&'static str, usize)> {
+        let mut c = self.srpc.census();
+        c.push(("ops", self.ops.len()));
+        c.push(("waiting", self.waiting.len()));
+        c.push(("tests", self.tests.len()));
+        c
     }
 
     /// This node's selftest counters, as a QUERY_STAT reply carries them.
@@ -293,20 +316,27 @@ impl Selftest {
     fn serve(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry, inc: Incoming) {
         let from = inc.from;
         let rpyid = inc.rpyid;
+        let req_features = inc.msg.features;
         let our = self.session.as_ref().map_or(LstSid::NONE, |s| s.sid);
         let body: Option<SrpcBody> = match inc.msg.body {
             SrpcBody::MakeSessionRequest(r) => Some(self.make_session(now, node, reg, &inc, r)),
             SrpcBody::RemoveSessionRequest(r) => {
+                // sfw_remove_session: ESRCH without a session, EBUSY for another console's.
                 let status = if self.sid_ok(r.sid, now) {
-                    self.end_session(node, reg);
+                    self.end_session(now, node, reg);
                     0
+                } else if self.session.is_some() {
+                    errno::EBUSY
                 } else {
                     errno::ESRCH
                 };
                 Some(RemoveSessionReply { status, sid: our }.into())
             }
             SrpcBody::DebugRequest(r) => {
-                let status = if self.sid_ok(r.sid, now) {
+                // sfw_debug_session: whatever session the node is in, with its id (the console
+                // compares it with its own); ESRCH only without one.
+                self.sid_ok(r.sid, now);
+                let status = if self.session.is_some() {
                     0
                 } else {
                     errno::ESRCH
@@ -369,7 +399,13 @@ impl Selftest {
             }
         };
         if let Some(b) = body {
-            self.srpc.reply(now, node, from, rpyid, b);
+            // Framework replies carry the session's features, test replies the request's
+            // (sfw_handle_server_rpc, srpc_send_reply).
+            let features = match (&b, &self.session) {
+                (SrpcBody::PingReply(_) | SrpcBody::BrwReply(_), _) | (_, None) => req_features,
+                (_, Some(s)) => s.features,
+            };
+            self.srpc.reply_in(now, node, from, rpyid, b, features);
         }
     }
 
@@ -414,10 +450,11 @@ impl Selftest {
         }
         if self.session.is_some() {
             tracing::info!(console = %r.sid.nid, "selftest session taken over (forced)");
-            self.end_session(node, reg);
+            self.end_session(now, node, reg);
         }
-        // The timeout is the console's (lst new_session --timeout); Lustre's node keeps it.
-        let timeout = 300;
+        // A node ends a session its console has not touched for this long (lnet_selftest's
+        // session_timeout, 100 s); our console pings every 8 s.
+        let timeout = SESSION_TIMEOUT;
         self.session = Some(Session {
             sid: r.sid,
             name: r.name,
@@ -434,7 +471,7 @@ impl Selftest {
 
     /// Ends the session: its tests stop, their RPCs are aborted, their buffers go once those
     /// are back, and idle buffers are deregistered.
-    fn end_session(&mut self, node: &mut LnetNode, reg: &mut dyn Registry) {
+    fn end_session(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
         if self.session.take().is_none() {
             return;
         }
@@ -443,11 +480,32 @@ impl Selftest {
             t.dead = true;
         }
         self.srpc.abort(node, |o| matches!(o, Owner::Unit { .. }));
+        // brw requests still waiting for a buffer: answered (no session to serve them in).
+        for inc in std::mem::take(&mut self.waiting) {
+            self.srpc.reply(
+                now,
+                node,
+                inc.from,
+                inc.rpyid,
+                BrwReply {
+                    status: errno::ESRCH,
+                }
+                .into(),
+            );
+        }
         let keys: Vec<u64> = self.tests.keys().copied().collect();
         for k in keys {
             self.reap(k);
         }
         self.srpc.buffers.trim(reg);
+    }
+
+    /// Without a session, deregisters the buffers given back since it ended (the aborted RPCs
+    /// of its tests and its server ops come back after `end_session` trimmed).
+    fn trim_if_idle(&mut self, reg: &mut dyn Registry) {
+        if self.session.is_none() {
+            self.srpc.buffers.trim(reg);
+        }
     }
 
     /// Removes a dead test whose RPCs are all back, giving its buffers back.
@@ -494,11 +552,12 @@ impl Selftest {
         };
         match r.opc {
             SRPC_BATCH_OPC_RUN => {
+                // sfw_run_batch: running a batch that runs is no error, and changes nothing.
                 if keys
                     .iter()
                     .any(|k| self.tests.get(k).is_some_and(|t| t.active()))
                 {
-                    return reply(errno::EALREADY, 0);
+                    return reply(0, 0);
                 }
                 for k in &keys {
                     self.start_test(now, node, reg, *k);
@@ -521,16 +580,20 @@ impl Selftest {
                 reply(0, 0)
             }
             SRPC_BATCH_OPC_QUERY => {
-                let active = if r.testidx == 0 {
-                    keys.iter()
+                if r.testidx == 0 {
+                    let active = keys
+                        .iter()
                         .filter(|k| self.tests.get(k).is_some_and(|t| t.active()))
-                        .count() as u32
-                } else {
-                    keys.get(r.testidx as usize - 1)
-                        .and_then(|k| self.tests.get(k))
-                        .map_or(0, |t| u32::from(t.active()))
-                };
-                reply(0, active)
+                        .count() as u32;
+                    return reply(0, active);
+                }
+                match keys
+                    .get(r.testidx as usize - 1)
+                    .and_then(|k| self.tests.get(k))
+                {
+                    Some(t) => reply(0, u32::from(t.active())),
+                    None => reply(errno::ENOENT, 0),
+                }
             }
             _ => reply(errno::EINVAL, 0),
         }
@@ -575,8 +638,11 @@ impl Selftest {
             }
             return reply(0);
         }
-        if r.ndest == 0 || r.ndest as usize > SFW_MAX_NDESTS_4K {
+        if r.ndest == 0 || r.ndest as usize > SFW_MAX_NDESTS_4K || r.loop_count == 0 {
             return reply(errno::EINVAL);
+        }
+        if u64::from(r.ndest) * u64::from(r.concur) > MAX_UNITS {
+            return reply(errno::ENOMEM);
         }
         let len = dest_ids_len(r.ndest as usize, PAGE_SIZE_4K, features);
         if len > LNET_MTU as usize {
@@ -631,9 +697,11 @@ impl Selftest {
         let SrpcBody::BrwRequest(r) = inc.msg.body else {
             return;
         };
+        let req_features = inc.msg.features;
         let fail = |me: &mut Selftest, node: &mut LnetNode, status| {
+            let body = BrwReply { status }.into();
             me.srpc
-                .reply(now, node, inc.from, inc.rpyid, BrwReply { status }.into());
+                .reply_in(now, node, inc.from, inc.rpyid, body, req_features);
         };
         let Some(features) = self.session.as_ref().map(|s| s.features) else {
             return fail(self, node, errno::ESRCH);
@@ -644,22 +712,29 @@ impl Selftest {
         let (Some(op), Some(check)) = (r.op(), r.check()) else {
             return fail(self, node, errno::EINVAL);
         };
-        let len = if features & LST_FEAT_BULK_LEN != 0 {
-            r.len as usize
-        } else {
-            (r.len as usize).saturating_mul(PAGE_SIZE_4K)
-        };
+        // brw_len is bytes with or without LST_FEAT_BULK_LEN; without it, whole pages
+        // (brw_client_prep_rpc, brw_server_handle).
+        let len = r.len as usize;
+        if features & LST_FEAT_BULK_LEN == 0 && len % PAGE_SIZE_4K != 0 {
+            return fail(self, node, errno::EINVAL);
+        }
         if len == 0 || len > LNET_MTU as usize {
             return fail(self, node, errno::EINVAL);
         }
         let slot = match self.srpc.buffers.take(reg, SERVER_BUF) {
             Ok(s) => s,
-            Err(_) => {
-                // Every server buffer is in use: the request waits for one (its client's
-                // credit of concurrency bounds how many can wait).
+            Err(BufferError::Limit { .. })
+                if self.waiting.len() < MAX_WAITING
+                    && self.ops.values().any(|o| matches!(o, ServerOp::Brw { .. })) =>
+            {
+                // Every server buffer is in use: the request waits for the next one a brw
+                // op in flight gives back (a stranger cannot queue without bound).
                 self.waiting.push_back(inc);
                 return;
             }
+            // No buffer will come back (the limit is held by other buffers, or the fabric
+            // registers nothing): answered now rather than left to the client's timeout.
+            Err(_) => return fail(self, node, errno::ENOMEM),
         };
         let Some(span) = self.srpc.buffers.span(slot, 0, len) else {
             self.srpc.buffers.give(slot);
@@ -704,12 +779,24 @@ impl Selftest {
                         check,
                         len: len as u32,
                         order: inc.order,
+                        features: req_features,
                     },
                 );
             }
             Err(_) => {
                 self.srpc.buffers.give(slot);
                 fail(self, node, errno::EIO);
+            }
+        }
+    }
+
+    /// Serves the brw requests waiting for a buffer, until one has to wait again.
+    fn serve_waiting(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
+        while let Some(next) = self.waiting.pop_front() {
+            let before = self.waiting.len();
+            self.brw_serve(now, node, reg, next);
+            if self.waiting.len() > before {
+                break;
             }
         }
     }
@@ -734,6 +821,7 @@ impl Selftest {
                 check,
                 len,
                 order,
+                features,
             } => {
                 let status = match (&result, op) {
                     (Err(e), _) => {
@@ -761,11 +849,10 @@ impl Selftest {
                     (Ok(_), BrwOp::Read) => 0,
                 };
                 self.srpc.buffers.give(slot);
-                self.srpc
-                    .reply(now, node, from, rpyid, BrwReply { status }.into());
-                if let Some(next) = self.waiting.pop_front() {
-                    self.brw_serve(now, node, reg, next);
-                }
+                let body = BrwReply { status }.into();
+                self.srpc.reply_in(now, node, from, rpyid, body, features);
+                self.serve_waiting(now, node, reg);
+                self.trim_if_idle(reg);
             }
             ServerOp::DestList {
                 from,
@@ -787,6 +874,7 @@ impl Selftest {
                     Err(_) => None,
                 };
                 self.srpc.buffers.give(slot);
+                self.trim_if_idle(reg);
                 let status = match dests {
                     None => errno::EIO,
                     Some(_) if self.session.as_ref().map(|s| s.sid) != Some(req.sid) => {
@@ -794,8 +882,8 @@ impl Selftest {
                     }
                     Some(d) => self.create_test(reg, req, features, &d),
                 };
-                self.srpc
-                    .reply(now, node, from, rpyid, TestReply { status, sid }.into());
+                let body = TestReply { status, sid }.into();
+                self.srpc.reply_in(now, node, from, rpyid, body, features);
             }
         }
     }
@@ -839,9 +927,9 @@ impl Selftest {
                 }
             }
         }
-        // tsr_loop: -1 (all ones) or 0 is "until stopped".
+        // tsr_loop: -1 (all ones) is "until stopped" (0 was refused).
         let loop_count = match req.loop_count {
-            0 | u32::MAX => None,
+            u32::MAX => None,
             n => Some(u64::from(n)),
         };
         let key = self.fresh_key();
@@ -914,7 +1002,7 @@ impl Selftest {
                 self.ping_seq = self.ping_seq.wrapping_add(1);
                 let seq = self.ping_seq;
                 let ns = now.as_nanos();
-                self.srpc.call(
+                self.srpc.call_in(
                     now,
                     node,
                     dest,
@@ -932,6 +1020,7 @@ impl Selftest {
                     None,
                     TEST_RPC_TIMEOUT,
                     owner,
+                    Some(features),
                 )
             }
             TestKind::Brw {
@@ -961,12 +1050,9 @@ impl Selftest {
                         )
                     });
                 }
-                let wire_len = if features & LST_FEAT_BULK_LEN != 0 {
-                    len
-                } else {
-                    brw_page_count(0, len as usize, PAGE_SIZE_4K) as u32
-                };
-                self.srpc.call(
+                // Bytes in either layout (a v0 test's length is whole pages already).
+                let wire_len = len;
+                self.srpc.call_in(
                     now,
                     node,
                     dest,
@@ -984,6 +1070,7 @@ impl Selftest {
                     Some((span, dir)),
                     TEST_RPC_TIMEOUT,
                     owner,
+                    Some(features),
                 )
             }
         };
@@ -1031,6 +1118,7 @@ impl Selftest {
         }
         if t.dead {
             self.reap(key);
+            self.trim_if_idle(reg);
             return;
         }
         let kind = t.kind;

@@ -250,6 +250,8 @@ struct ClientRpc {
 
 struct ClientBulk {
     md: MdId,
+    /// Where the data is: a PUT that comes inline is copied here.
+    span: Span,
     done: Option<Result<u32, LnetError>>,
 }
 
@@ -275,6 +277,8 @@ pub(crate) struct Srpc {
     rpcs: HashMap<u64, ClientRpc>,
     deadlines: BTreeSet<(Instant, u64)>,
     msgs: HashMap<MsgId, Wait>,
+    /// The memory of the server GETs in `msgs`, for a REPLY that comes inline.
+    server_spans: HashMap<MsgId, Span>,
     mds: HashMap<MdId, Wait>,
     local: HashMap<(u32, u64), LocalMd>,
     next_loop: u64,
@@ -295,6 +299,7 @@ impl Srpc {
             rpcs: HashMap::new(),
             deadlines: BTreeSet::new(),
             msgs: HashMap::new(),
+            server_spans: HashMap::new(),
             mds: HashMap::new(),
             local: HashMap::new(),
             next_loop: LOOPBACK_ID,
@@ -338,18 +343,43 @@ impl Srpc {
         timeout: Duration,
         owner: Owner,
     ) -> Result<u64, RpcError> {
+        self.call_in(now, node, dst, service, make, bulk, timeout, owner, None)
+    }
+
+    /// [`Srpc::call`] in a session of `features` (the header's `msg_ses_feats`, as
+    /// sfw_create_test_rpc sends the session's); `None`: the body's implied features.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn call_in(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        dst: Nid,
+        service: ServiceId,
+        make: impl FnOnce(u64, u64) -> SrpcBody,
+        bulk: Option<(Span, BulkDir)>,
+        timeout: Duration,
+        owner: Owner,
+        features: Option<u32>,
+    ) -> Result<u64, RpcError> {
         let rpyid = self.fresh_id();
         let bulkid = if bulk.is_some() { self.fresh_id() } else { 0 };
         let body = make(rpyid, bulkid);
         let mut payload = vec![0u8; SRPC_MSG_LEN];
-        SrpcMsg::new(body)
-            .emit(&mut payload, ByteOrder::Little)
+        let mut msg = SrpcMsg::new(body);
+        if let Some(f) = features {
+            msg.features = f;
+        }
+        msg.emit(&mut payload, ByteOrder::Little)
             .map_err(|e| RpcError::BadReply(format!("cannot build the request: {e}")))?;
         let cb = match bulk {
             Some((span, dir)) => {
-                let md = self.post(node, dst, SRPC_RDMA_PORTAL, bulkid, span, dir);
+                let md = self.post(node, dst, SRPC_RDMA_PORTAL, bulkid, span.clone(), dir);
                 self.mds.insert(md, Wait::ClientBulk(rpyid));
-                Some(ClientBulk { md, done: None })
+                Some(ClientBulk {
+                    md,
+                    span,
+                    done: None,
+                })
             }
             None => None,
         };
@@ -357,7 +387,9 @@ impl Srpc {
             Ok(id) => id,
             Err(e) => {
                 if let Some(b) = cb {
+                    // Nothing was sent: the MD is unused, and nothing will report on it.
                     self.unlink(node, b.md);
+                    self.mds.remove(&b.md);
                 }
                 self.counters.errors += 1;
                 return Err(RpcError::Lnet(e));
@@ -392,11 +424,24 @@ impl Srpc {
         rpyid: u64,
         body: SrpcBody,
     ) {
+        let features = SrpcMsg::new(body).features;
+        self.reply_in(now, node, to, rpyid, body, features);
+    }
+
+    /// [`Srpc::reply`] with the header's session features `features`.
+    pub(crate) fn reply_in(
+        &mut self,
+        now: Instant,
+        node: &mut LnetNode,
+        to: Nid,
+        rpyid: u64,
+        body: SrpcBody,
+        features: u32,
+    ) {
         let mut payload = vec![0u8; SRPC_MSG_LEN];
-        if SrpcMsg::new(body)
-            .emit(&mut payload, ByteOrder::Little)
-            .is_err()
-        {
+        let mut msg = SrpcMsg::new(body);
+        msg.features = features;
+        if msg.emit(&mut payload, ByteOrder::Little).is_err() {
             self.counters.errors += 1;
             return;
         }
@@ -426,6 +471,7 @@ impl Srpc {
         op: u64,
     ) -> Result<(), LnetError> {
         let len = span.buf.len;
+        let keep = span.clone();
         let id = if self.is_local(peer) {
             self.local_transfer(peer, bulkid, span, client_dir)
         } else {
@@ -441,6 +487,10 @@ impl Srpc {
             BulkDir::Source => self.counters.bulk_get += u64::from(len),
         }
         self.msgs.insert(id, Wait::ServerBulk(op));
+        if client_dir == BulkDir::Source {
+            // A routed GET's REPLY may come inline: copied here then.
+            self.server_spans.insert(id, keep);
+        }
         Ok(())
     }
 
@@ -623,7 +673,38 @@ impl Srpc {
                 let Some(w) = self.msgs.remove(id) else {
                     return false;
                 };
+                self.server_spans.remove(id);
                 self.lnet_done(node, w, *result);
+                true
+            }
+            LnetEvent::GetDoneInline { id, payload } => {
+                let Some(w) = self.msgs.remove(id) else {
+                    return false;
+                };
+                let result = match self.server_spans.remove(id) {
+                    Some(span) => copy_into(&span, payload),
+                    None => Err(LnetError::BulkUnsupported("an inline REPLY with no memory")),
+                };
+                self.lnet_done(node, w, result);
+                true
+            }
+            LnetEvent::BulkPutInline { md, payload, .. } => {
+                let Some(w) = self.mds.remove(md) else {
+                    return false;
+                };
+                let span = match w {
+                    Wait::ClientBulk(rpyid) => self
+                        .rpcs
+                        .get(&rpyid)
+                        .and_then(|r| r.bulk.as_ref())
+                        .map(|b| b.span.clone()),
+                    _ => None,
+                };
+                let result = match span {
+                    Some(span) => copy_into(&span, payload),
+                    None => Err(LnetError::BulkUnsupported("an inline PUT with no memory")),
+                };
+                self.lnet_done(node, w, result);
                 true
             }
             LnetEvent::BulkPut { md, result, .. } | LnetEvent::BulkGetServed { md, result, .. } => {
@@ -789,6 +870,21 @@ impl Srpc {
         }
     }
 
+    /// What this layer tracks, by map (for leak checks in tests).
+    #[cfg(test)]
+    pub(crate) fn census(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("rpcs", self.rpcs.len()),
+            ("deadlines", self.deadlines.len()),
+            ("msgs", self.msgs.len()),
+            ("server_spans", self.server_spans.len()),
+            ("mds", self.mds.len()),
+            ("local", self.local.len()),
+            ("loop_events", self.loop_events.len()),
+            ("events", self.events.len()),
+        ]
+    }
+
     /// The next deadline.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.deadlines.first().map(|&(at, _)| at)
@@ -797,6 +893,22 @@ impl Srpc {
     /// The next thing this layer has to report.
     pub(crate) fn poll_event(&mut self) -> Option<SrpcEvent> {
         self.events.pop_front()
+    }
+}
+
+/// Copies the bytes of a transfer that came inline into `span` (at most its length).
+fn copy_into(span: &Span, bytes: &[u8]) -> Result<u32, LnetError> {
+    let r = span.range();
+    let n = bytes.len().min(r.len());
+    let landed = span.mem.with(|b| {
+        b.get_mut(r.start..r.start + n)
+            .map(|d| d.copy_from_slice(&bytes[..n]))
+            .is_some()
+    });
+    if landed {
+        Ok(n as u32)
+    } else {
+        Err(LnetError::BulkUnsupported("inline data outside its buffer"))
     }
 }
 

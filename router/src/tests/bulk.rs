@@ -260,3 +260,50 @@ fn bulk_calls_refuse_what_they_cannot_do() {
     assert_eq!(f.nodes[0].stats().msgs_alloc, 0);
     let _ = EPROTO;
 }
+
+/// An inline PUT (IMMEDIATE, as a kernel o2iblnd sends small PUTs and ksocklnd all of them)
+/// matching a posted sink takes that MD, cut to its length (lnet_parse_put), and goes up as
+/// `BulkPutInline` for the user to copy; a PUT on bits no sink holds is still a plain `Put`.
+#[test]
+fn an_inline_put_matching_a_posted_sink_is_handed_over_for_that_sink() {
+    let mut f = pair();
+    let sink = f.register(1, vec![0; 4096]);
+    let md = f.nodes[1].post_sink(PORTAL, 0x77, buf(0, &sink, 100, 50));
+    let now = f.now;
+    let b = nid(B);
+    f.nodes[0]
+        .send_put(now, b, PORTAL, 0x77, pattern(80, 3))
+        .unwrap();
+    f.nodes[0]
+        .send_put(now, b, PORTAL, 0x77, pattern(20, 4))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    let eb = f.take_events(1);
+    let inline: Vec<_> = eb
+        .iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::BulkPutInline {
+                md,
+                match_bits,
+                payload,
+                ..
+            } => Some((*md, *match_bits, payload.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(inline, vec![(md, 0x77, pattern(80, 3)[..50].to_vec())]);
+    let plain = eb
+        .iter()
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                LnetEvent::Put {
+                    match_bits: 0x77,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(plain, 1, "the second PUT found no sink: {eb:?}");
+    assert_eq!(f.nodes[1].posted_mds(), 0);
+}

@@ -216,8 +216,19 @@ fn one_session_per_node_and_force_takes_over() {
     let r = ok(f.lst(3, group("g", &[S1]), LIMIT));
     assert_eq!(r.nodes[0].status, Some(0), "{r:?}");
     let r = ok(f.lst(0, LstCommand::Ping { group: "s".into() }, LIMIT));
+    // S1 answers the session query with the other console's session: busy, for us.
     let states: Vec<Option<u32>> = r.nodes.iter().map(|n| n.status).collect();
-    assert_eq!(states, vec![Some(3), Some(0)], "{r:?}");
+    assert_eq!(states, vec![Some(16), Some(0)], "{r:?}");
+    assert_eq!(r.nodes[0].state, "EBUSY (in another session)");
+    // Our REMOVE_SESSION does not end the other console's session there (EBUSY).
+    let r = ok(f.lst(0, LstCommand::EndSession, LIMIT));
+    assert!(r.nodes.iter().any(|n| n.status == Some(16)), "{r:?}");
+    let r = ok(f.lst(3, LstCommand::Ping { group: "g".into() }, LIMIT));
+    assert_eq!(
+        r.nodes[0].status,
+        Some(0),
+        "still in the other session: {r:?}"
+    );
 }
 
 /// The session on a node ends when its console goes silent (the console's pings keep it
@@ -291,4 +302,694 @@ fn loopback_tests_run_on_the_console_node() {
     assert_eq!(me.brw_errors, 0, "{me:?}");
     // Two destination lists of one 12-byte id, then 6 RPCs of 10 001 bytes each way.
     assert_eq!((me.bulk_put, me.bulk_get), (60_006, 60_006 + 24), "{me:?}");
+}
+
+// ------------------------------------------------------------------------------------------
+// Review tests: leaks, hostile peers, Lustre fidelity, liveness.
+// ------------------------------------------------------------------------------------------
+
+use crate::selftest::wire::{
+    BatchRequest, BrwReply, BrwRequest, LstBid, LstName, LstSid, MakeSessionRequest, PingRequest,
+    SrpcBody, SrpcMsg, TestParams, TestRequest, BRW_MAGIC, LST_FEATS_MASK, LST_FEAT_NONE,
+    LST_PING_TEST_MAGIC, SRPC_BATCH_OPC_QUERY, SRPC_FRAMEWORK_REQUEST_PORTAL, SRPC_MSG_LEN,
+    SRPC_RDMA_PORTAL, SRPC_REQUEST_PORTAL,
+};
+use crate::selftest::wire::{BrwCheck, BrwOp, ServiceId};
+
+/// Entries of `census` that are not zero.
+fn nonzero(c: &[(&'static str, usize)]) -> Vec<(&'static str, usize)> {
+    c.iter().copied().filter(|(_, v)| *v != 0).collect()
+}
+
+/// A stranger on node `from` (no selftest there: a kernel node, or a hostile one) PUTs `bytes`
+/// to (`to`, `portal`, `mb`), and the fabric runs a little.
+fn raw_put(f: &mut Fabric, from: usize, to: &str, portal: u32, mb: u64, bytes: Vec<u8>) {
+    let now = f.now;
+    f.nodes[from]
+        .send_put(now, nid(to), portal, mb, bytes)
+        .expect("sent");
+    f.run_for(Duration::from_millis(100));
+}
+
+fn raw_msg(features: u32, body: SrpcBody) -> Vec<u8> {
+    let mut p = vec![0u8; SRPC_MSG_LEN];
+    SrpcMsg { features, body }
+        .emit(&mut p, lnd::wire::ByteOrder::Little)
+        .expect("emits");
+    p
+}
+
+/// The selftest replies node `n` (without a selftest) got: (rpyid, message).
+fn raw_replies(f: &mut Fabric, n: usize) -> Vec<(u64, SrpcMsg)> {
+    f.take_events(n)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::Put {
+                portal,
+                match_bits,
+                payload,
+                ..
+            } if portal == SRPC_RDMA_PORTAL => {
+                Some((match_bits, SrpcMsg::parse(&payload).expect("a reply").0))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runs `batch` and waits (up to `secs` of virtual time) until no client has it active, then
+/// reads the counters of every node.
+fn run_slow_to_end(f: &mut Fabric, batch: &str, secs: u64) -> Vec<LstNodeStat> {
+    ok(f.lst(
+        0,
+        LstCommand::Run {
+            batch: batch.into(),
+        },
+        LIMIT,
+    ));
+    for _ in 0..secs {
+        f.run_for(Duration::from_secs(1));
+        let q = ok(f.lst(
+            0,
+            LstCommand::Query {
+                batch: batch.into(),
+            },
+            LIMIT,
+        ));
+        if q.nodes.iter().all(|n| n.active == Some(0)) {
+            let g = vec!["c".into()];
+            return ok(f.lst(0, LstCommand::Stat { groups: g }, LIMIT)).stats;
+        }
+    }
+    panic!("batch {batch} still active after {secs} s");
+}
+
+/// Ending a session while a batch runs: the aborted RPCs come back after `end_session` trimmed
+/// the buffers, and the units' buffers given back then are never deregistered. Memory must be
+/// flat once the session is gone, and nothing may stay tracked.
+#[test]
+fn end_session_mid_run_leaves_nothing_behind() {
+    let mut f = three_nets();
+    ok(f.lst(0, group("s2", &[S2]), LIMIT));
+    ok(f.lst(0, LstCommand::AddBatch { name: "b".into() }, LIMIT));
+    let add = LstCommand::AddTest {
+        batch: "b".into(),
+        loop_count: Some(-1),
+        concurrency: Some(4),
+        distribute: Some((1, 1)),
+        from: "c".into(),
+        to: "s2".into(),
+        stop_onerr: false,
+        test: TestSpec::Brw {
+            write: true,
+            size: 65_536,
+            check: CheckSpec::Full,
+            off: 0,
+        },
+    };
+    ok(f.lst(0, add, LIMIT));
+    // S2 goes silent: the units' RPCs stay in flight (the fabric is instant otherwise).
+    f.kill(3);
+    ok(f.lst(0, LstCommand::Run { batch: "b".into() }, LIMIT));
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(f.selftest(0).rpcs_in_flight(), 4);
+    ok(f.lst(0, LstCommand::EndSession, LIMIT));
+    f.run_for(Duration::from_secs(200));
+    let st = f.selftest(0);
+    assert_eq!(f.nodes[0].posted_mds(), 0);
+    assert_eq!(nonzero(&st.census()), vec![], "the client tracks leftovers");
+    assert_eq!(st.registered_bytes(), 0, "the client's memory is not flat");
+}
+
+/// A brw server whose buffer limit is reached with no server op in flight (here: the limit
+/// is below one server buffer) answers the request (ENOMEM) rather than queueing it where
+/// nothing would ever serve it; nothing stays queued after the session.
+#[test]
+fn brw_request_waiting_for_a_buffer_is_answered() {
+    let mut f = three_nets();
+    // S1 restarts its selftest with 1 MiB of registered memory; the console's ping finds it
+    // out of the session, and a new group makes it join again.
+    let own = f.nodes[1].nids()[0];
+    f.selftests[1] = Some(crate::selftest::Selftest::new(
+        NiIndex(0),
+        own,
+        2000,
+        1 << 20,
+    ));
+    let r = ok(f.lst(0, LstCommand::Ping { group: "s".into() }, LIMIT));
+    assert_eq!(r.nodes[0].status, Some(3), "S1 has no session now: {r:?}");
+    ok(f.lst(0, group("s1", &[S1]), LIMIT));
+    ok(f.lst(0, LstCommand::AddBatch { name: "b".into() }, LIMIT));
+    let add = LstCommand::AddTest {
+        batch: "b".into(),
+        loop_count: Some(1),
+        concurrency: Some(1),
+        distribute: Some((1, 1)),
+        from: "c".into(),
+        to: "s1".into(),
+        stop_onerr: false,
+        test: TestSpec::Brw {
+            write: false,
+            size: 8,
+            check: CheckSpec::Full,
+            off: 0,
+        },
+    };
+    ok(f.lst(0, add, LIMIT));
+    let stats = run_slow_to_end(&mut f, "b", 200);
+    let c = stat(&stats, C);
+    assert_eq!(
+        c.rpcs_expired, 0,
+        "the server never answered the brw request: {c:?}"
+    );
+    ok(f.lst(0, LstCommand::EndSession, LIMIT));
+    assert_eq!(
+        nonzero(&f.selftest(1).census()),
+        vec![],
+        "S1 after the session"
+    );
+}
+
+/// A send that fails at once (no route to the node) after the bulk was posted: the MD is
+/// unlinked in the node but its entry stays in the RPC layer's `mds` map for ever.
+#[test]
+fn unroutable_add_test_leaks_no_md_entry() {
+    let mut f = three_nets();
+    let r = ok(f.lst(0, group("x", &["10.9.0.1@o2ib9"]), LIMIT));
+    assert_eq!(r.nodes[0].state, "down", "{r:?}");
+    ok(f.lst(0, LstCommand::AddBatch { name: "b".into() }, LIMIT));
+    let add = LstCommand::AddTest {
+        batch: "b".into(),
+        loop_count: Some(1),
+        concurrency: Some(1),
+        distribute: None,
+        from: "x".into(),
+        to: "s".into(),
+        stop_onerr: false,
+        test: TestSpec::Ping,
+    };
+    assert!(f.lst(0, add, LIMIT).is_err());
+    assert_eq!(f.nodes[0].posted_mds(), 0);
+    let c = f.selftest(0).census();
+    assert_eq!(
+        c.iter().find(|(k, _)| *k == "mds").map(|e| e.1),
+        Some(0),
+        "{c:?}"
+    );
+}
+
+/// A kernel node in a session without LST_FEAT_BULK_LEN (v0) sends `brw_len` in bytes, a
+/// whole number of pages (brw_client_prep_rpc: `req->brw_len = len`, `len = npg * PAGE_SIZE`;
+/// brw_server_handle only checks `brw_len & ~PAGE_MASK`). Our server reads it as a page count.
+#[test]
+fn v0_brw_len_is_bytes_as_lustre_sends_it() {
+    let mut f = three_nets();
+    let sid = LstSid {
+        nid: nid(RA),
+        stamp: 7,
+    };
+    // A kernel console on the router's NID takes S1 into a v0 session.
+    let mk = MakeSessionRequest {
+        rpyid: 0x1000,
+        sid,
+        force: 1,
+        name: LstName::new("k").unwrap(),
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_FRAMEWORK_REQUEST_PORTAL,
+        ServiceId::MakeSession as u64,
+        raw_msg(LST_FEAT_NONE, mk.into()),
+    );
+    let r = raw_replies(&mut f, 2);
+    assert!(
+        matches!(&r[..], [(0x1000, m)] if matches!(m.body, SrpcBody::MakeSessionReply(ref x) if x.status == 0)),
+        "{r:?}"
+    );
+    // A kernel brw client of that session: one page, read, check=full; its sink is posted.
+    let reg = f.register(2, vec![0u8; 4096]);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+    f.nodes[2].post_sink(SRPC_RDMA_PORTAL, 0x1002, buf);
+    let brw = BrwRequest {
+        rpyid: 0x1001,
+        bulkid: 0x1002,
+        rw: BrwOp::Read as u32,
+        len: 4096,
+        flags: BrwCheck::Full as u32,
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_REQUEST_PORTAL,
+        ServiceId::Brw as u64,
+        raw_msg(LST_FEAT_NONE, brw.into()),
+    );
+    let r = raw_replies(&mut f, 2);
+    assert!(
+        matches!(&r[..], [(0x1001, m)] if m.body == SrpcBody::BrwReply(BrwReply { status: 0 })),
+        "a 4096-byte v0 brw read is valid: {r:?}"
+    );
+    let data = f.region(2, &reg);
+    assert_eq!(&data[..8], &BRW_MAGIC.to_le_bytes(), "the page came");
+}
+
+/// Malformed and misdirected srpc messages from a stranger: nothing panics, each is counted,
+/// and the node still answers.
+#[test]
+fn hostile_srpc_messages_are_dropped_or_answered() {
+    let mut f = three_nets();
+    let before = f.selftest(1).counters(f.now).1;
+    // Garbage, short, wrong portal for the service, match bits not a service, a reply type.
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_FRAMEWORK_REQUEST_PORTAL,
+        1,
+        vec![0xa5; 160],
+    );
+    raw_put(&mut f, 2, S1, SRPC_REQUEST_PORTAL, 12, vec![0; 10]);
+    let ping = PingRequest {
+        rpyid: 0x2000,
+        magic: LST_PING_TEST_MAGIC,
+        seq: 1,
+        time_sec: 0,
+        time_nsec: 0,
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_FRAMEWORK_REQUEST_PORTAL,
+        ServiceId::Ping as u64,
+        raw_msg(LST_FEATS_MASK, ping.into()),
+    );
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_REQUEST_PORTAL,
+        ServiceId::Ping as u64 | 1 << 40,
+        raw_msg(LST_FEATS_MASK, ping.into()),
+    );
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_REQUEST_PORTAL,
+        ServiceId::Ping as u64,
+        raw_msg(LST_FEATS_MASK, BrwReply { status: 0 }.into()),
+    );
+    // A reply nobody waits for.
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_RDMA_PORTAL,
+        0xdead,
+        raw_msg(LST_FEATS_MASK, BrwReply { status: 0 }.into()),
+    );
+    assert!(raw_replies(&mut f, 2).is_empty());
+    let after = f.selftest(1).counters(f.now).1;
+    assert_eq!(after.rpcs_dropped - before.rpcs_dropped, 6, "{after:?}");
+    // brw beyond LNET_MTU (v1), no session for a stranger's sid; the node still answers pings.
+    let brw = BrwRequest {
+        rpyid: 0x2001,
+        bulkid: 0x2002,
+        rw: BrwOp::Read as u32,
+        len: 2 << 20,
+        flags: 0,
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_REQUEST_PORTAL,
+        ServiceId::Brw as u64,
+        raw_msg(LST_FEATS_MASK, brw.into()),
+    );
+    let sid = LstSid {
+        nid: nid(RA),
+        stamp: 9,
+    };
+    let test = TestRequest {
+        rpyid: 0x2003,
+        bulkid: 0x2004,
+        sid,
+        bid: LstBid(1),
+        loop_count: 1,
+        concur: 1,
+        is_client: true,
+        stop_onerr: false,
+        ndest: u32::MAX,
+        params: TestParams::Ping { size: 0, flags: 0 },
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_FRAMEWORK_REQUEST_PORTAL,
+        ServiceId::Test as u64,
+        raw_msg(LST_FEATS_MASK, test.into()),
+    );
+    let q = BatchRequest {
+        rpyid: 0x2005,
+        sid,
+        bid: LstBid(1),
+        opc: SRPC_BATCH_OPC_QUERY,
+        testidx: u32::MAX,
+        arg: 0,
+    };
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_FRAMEWORK_REQUEST_PORTAL,
+        ServiceId::Batch as u64,
+        raw_msg(LST_FEATS_MASK, q.into()),
+    );
+    raw_put(
+        &mut f,
+        2,
+        S1,
+        SRPC_REQUEST_PORTAL,
+        ServiceId::Ping as u64,
+        raw_msg(LST_FEATS_MASK, ping.into()),
+    );
+    let r: Vec<(u64, u32)> = raw_replies(&mut f, 2)
+        .into_iter()
+        .map(|(id, m)| (id, crate::selftest::wire_status(&m.body)))
+        .collect();
+    assert_eq!(r, vec![(0x2001, 22), (0x2003, 3), (0x2005, 3), (0x2000, 0)]);
+    assert_eq!(nonzero(&f.selftest(1).census()), vec![]);
+}
+
+/// A server dies in the middle of a brw run: its client units fail after TEST_RPC_TIMEOUT,
+/// the batch becomes inactive, and the client tracks nothing for those units afterwards.
+#[test]
+fn dead_server_fails_units_and_the_batch_ends() {
+    let mut f = three_nets();
+    ok(f.lst(0, LstCommand::AddBatch { name: "b".into() }, LIMIT));
+    let spec = TestSpec::Brw {
+        write: false,
+        size: 1 << 20,
+        check: CheckSpec::Full,
+        off: 0,
+    };
+    ok(f.lst(0, add_test("b", spec, 3, 2), LIMIT));
+    f.kill(3);
+    let stats = run_slow_to_end(&mut f, "b", 400);
+    let c = stat(&stats, C);
+    assert!(c.brw_errors >= 2 && c.brw_errors <= 6, "{c:?}");
+    assert_eq!(f.nodes[0].posted_mds(), 0);
+    let cen = f.selftest(0).census();
+    assert_eq!(
+        cen.iter().find(|(k, _)| *k == "mds").map(|e| e.1),
+        Some(0),
+        "{cen:?}"
+    );
+}
+
+/// A kernel console (raw, on the router's NID) drives our nodes in a v0 session (no
+/// LST_FEAT_BULK_LEN): the client must send its session's features and brw_len in bytes, the
+/// server must take them; 3 one-page reads move 3 pages and check clean.
+#[test]
+fn v0_session_from_a_kernel_console_moves_checked_data() {
+    use crate::selftest::wire::{emit_dest_ids, ProcessId, StatRequest, SRPC_BATCH_OPC_RUN};
+    let mut f = three_nets();
+    let sid = LstSid {
+        nid: nid(RA),
+        stamp: 11,
+    };
+    let fw = SRPC_FRAMEWORK_REQUEST_PORTAL;
+    for (i, to) in [C, S1].into_iter().enumerate() {
+        let mk = MakeSessionRequest {
+            rpyid: 0x3000 + i as u64,
+            sid,
+            force: 1,
+            name: LstName::new("k").unwrap(),
+        };
+        let svc = ServiceId::MakeSession as u64;
+        raw_put(&mut f, 2, to, fw, svc, raw_msg(LST_FEAT_NONE, mk.into()));
+    }
+    // The destination list (v0: whole pages), posted for C's GET.
+    let mut list = vec![0u8; 4096];
+    let s1 = ProcessId {
+        nid: nid(S1),
+        pid: LNET_PID_LUSTRE,
+    };
+    emit_dest_ids(&[s1], 4096, &mut list, lnd::wire::ByteOrder::Little).unwrap();
+    let reg = f.register(2, list);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+    f.nodes[2].post_source(SRPC_RDMA_PORTAL, 0x3101, buf);
+    let test = TestRequest {
+        rpyid: 0x3100,
+        bulkid: 0x3101,
+        sid,
+        bid: LstBid(5),
+        loop_count: 3,
+        concur: 1,
+        is_client: true,
+        stop_onerr: false,
+        ndest: 1,
+        params: TestParams::BulkV0 {
+            opc: BrwOp::Read as u32,
+            npg: 1,
+            flags: BrwCheck::Full as u32,
+        },
+    };
+    let svc = ServiceId::Test as u64;
+    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, test.into()));
+    let run = BatchRequest {
+        rpyid: 0x3200,
+        sid,
+        bid: LstBid(5),
+        opc: SRPC_BATCH_OPC_RUN,
+        testidx: 0,
+        arg: 0,
+    };
+    let svc = ServiceId::Batch as u64;
+    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, run.into()));
+    f.run_for(Duration::from_secs(1));
+    let st = StatRequest {
+        rpyid: 0x3300,
+        sid,
+        stat_type: 0,
+    };
+    let svc = ServiceId::QueryStat as u64;
+    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, st.into()));
+    let st = StatRequest {
+        rpyid: 0x3301,
+        ..st
+    };
+    raw_put(&mut f, 2, S1, fw, svc, raw_msg(LST_FEAT_NONE, st.into()));
+    let r = raw_replies(&mut f, 2);
+    let status: Vec<(u64, u32)> = r
+        .iter()
+        .map(|(id, m)| (*id, crate::selftest::wire_status(&m.body)))
+        .collect();
+    assert_eq!(
+        status,
+        vec![
+            (0x3000, 0),
+            (0x3001, 0),
+            (0x3100, 0),
+            (0x3200, 0),
+            (0x3300, 0),
+            (0x3301, 0)
+        ]
+    );
+    let stats: Vec<_> = r
+        .iter()
+        .filter_map(|(_, m)| match &m.body {
+            SrpcBody::StatReply(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        (stats[0].fw.brw_errors, stats[0].rpc.errors),
+        (0, 0),
+        "client: {:?}",
+        stats[0]
+    );
+    assert_eq!(stats[1].rpc.bulk_put, 3 * 4096, "server: {:?}", stats[1]);
+}
+
+/// A kernel brw server answers a small read (below IBLND_MSG_SIZE) with an IMMEDIATE PUT into
+/// the client's sink (kiblnd_send sends PUTs that fit a message inline; ksocklnd sends every
+/// PUT inline): the node matches it against the posted sink (`LnetEvent::BulkPutInline`) and
+/// the RPC layer copies it into the buffer, so the RPC completes with its data checked.
+#[test]
+fn kernel_server_small_read_as_immediate_put_reaches_the_sink() {
+    use crate::selftest::wire::{emit_dest_ids, ProcessId, StatRequest, SRPC_BATCH_OPC_RUN};
+    let mut f = three_nets();
+    let sid = LstSid {
+        nid: nid(RA),
+        stamp: 12,
+    };
+    let fw = SRPC_FRAMEWORK_REQUEST_PORTAL;
+    let mk = MakeSessionRequest {
+        rpyid: 0x4000,
+        sid,
+        force: 1,
+        name: LstName::new("k").unwrap(),
+    };
+    raw_put(
+        &mut f,
+        2,
+        C,
+        fw,
+        ServiceId::MakeSession as u64,
+        raw_msg(LST_FEATS_MASK, mk.into()),
+    );
+    let mut list = vec![0u8; 12];
+    let me = ProcessId {
+        nid: nid(RA),
+        pid: LNET_PID_LUSTRE,
+    };
+    emit_dest_ids(&[me], 4096, &mut list, lnd::wire::ByteOrder::Little).unwrap();
+    let reg = f.register(2, list);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 12).unwrap();
+    f.nodes[2].post_source(SRPC_RDMA_PORTAL, 0x4101, buf);
+    let test = TestRequest {
+        rpyid: 0x4100,
+        bulkid: 0x4101,
+        sid,
+        bid: LstBid(5),
+        loop_count: 1,
+        concur: 1,
+        is_client: true,
+        stop_onerr: false,
+        ndest: 1,
+        params: TestParams::BulkV1 {
+            opc: BrwOp::Read as u16,
+            flags: BrwCheck::Full as u16,
+            len: 1024,
+            offset: 0,
+        },
+    };
+    raw_put(
+        &mut f,
+        2,
+        C,
+        fw,
+        ServiceId::Test as u64,
+        raw_msg(LST_FEATS_MASK, test.into()),
+    );
+    let run = BatchRequest {
+        rpyid: 0x4200,
+        sid,
+        bid: LstBid(5),
+        opc: SRPC_BATCH_OPC_RUN,
+        testidx: 0,
+        arg: 0,
+    };
+    raw_put(
+        &mut f,
+        2,
+        C,
+        fw,
+        ServiceId::Batch as u64,
+        raw_msg(LST_FEATS_MASK, run.into()),
+    );
+    // Node 2 as the kernel brw server: the data inline, then the reply.
+    let reqs: Vec<BrwRequest> = f
+        .take_events(2)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::Put {
+                portal, payload, ..
+            } if portal == SRPC_REQUEST_PORTAL => match SrpcMsg::parse(&payload) {
+                Ok((
+                    SrpcMsg {
+                        body: SrpcBody::BrwRequest(r),
+                        ..
+                    },
+                    _,
+                )) => Some(r),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reqs.len(), 1, "one brw request");
+    let data: Vec<u8> = (0..128).flat_map(|_| BRW_MAGIC.to_le_bytes()).collect();
+    raw_put(&mut f, 2, C, SRPC_RDMA_PORTAL, reqs[0].bulkid, data);
+    let reply = raw_msg(LST_FEATS_MASK, BrwReply { status: 0 }.into());
+    raw_put(&mut f, 2, C, SRPC_RDMA_PORTAL, reqs[0].rpyid, reply);
+    f.run_for(Duration::from_secs(100));
+    let st = StatRequest {
+        rpyid: 0x4300,
+        sid,
+        stat_type: 0,
+    };
+    raw_put(
+        &mut f,
+        2,
+        C,
+        fw,
+        ServiceId::QueryStat as u64,
+        raw_msg(LST_FEATS_MASK, st.into()),
+    );
+    let r = raw_replies(&mut f, 2);
+    let s = r
+        .iter()
+        .find_map(|(_, m)| match &m.body {
+            SrpcBody::StatReply(s) => Some(s),
+            _ => None,
+        })
+        .expect("a stat reply");
+    assert_eq!(
+        (s.fw.brw_errors, s.rpc.rpcs_expired, s.rpc.rpcs_dropped),
+        (0, 0, 0),
+        "{s:?}"
+    );
+}
+
+/// add_test sets the test up on the servers first (a server-side TEST each, as Lustre's
+/// console does: a kernel server posts its test service's buffers then), then on the clients;
+/// `--loop 0` is refused before anything is sent.
+#[test]
+fn add_test_reaches_servers_and_clients() {
+    let mut f = three_nets();
+    ok(f.lst(0, LstCommand::AddBatch { name: "p".into() }, LIMIT));
+    let r = ok(f.lst(0, add_test("p", TestSpec::Ping, 5, 1), LIMIT));
+    assert_eq!(r.nodes.len(), 3, "two servers then the client: {r:?}");
+    assert_eq!(r.nodes[2].nid, C);
+    let r = ok(f.lst(0, LstCommand::Ping { group: "s".into() }, LIMIT));
+    for n in &r.nodes {
+        assert!(
+            n.detail
+                .as_deref()
+                .is_some_and(|d| d.ends_with("1 batches")),
+            "a server knows the batch: {r:?}"
+        );
+    }
+    let e = f
+        .lst(0, add_test("p", TestSpec::Ping, 0, 1), LIMIT)
+        .unwrap_err();
+    assert_eq!(e.errno, 22, "{e}");
+}
+
+/// del_group ends the session on its nodes that are in no other group, and only there.
+#[test]
+fn del_group_releases_its_nodes_only() {
+    let mut f = three_nets();
+    ok(f.lst(0, group("both", &[S1, C]), LIMIT));
+    ok(f.lst(0, group("far", &[S2]), LIMIT));
+    // S2 is in "s" and "far": deleting "far" keeps it.
+    let r = ok(f.lst(0, LstCommand::DelGroup { name: "far".into() }, LIMIT));
+    assert_eq!(r.message, "group far deleted", "{r:?}");
+    f.run_for(Duration::from_secs(2));
+    ok(f.lst(0, LstCommand::DelGroup { name: "s".into() }, LIMIT));
+    // S2 was only in "s" now: it left the session (no session: running 0); S1 stays through
+    // "both".
+    let now = f.now;
+    assert_eq!(f.selftest(3).counters(now).0.running_ms, 0);
+    assert!(f.selftest(1).counters(now).0.running_ms >= 2000);
+    let r = ok(f.lst(0, group("again", &[S1, S2]), LIMIT));
+    assert!(r.nodes.iter().all(|n| n.status == Some(0)), "{r:?}");
 }
