@@ -89,6 +89,12 @@ pub enum SelftestCmd {
         #[arg(required = true, value_name = "GROUP")]
         groups: Vec<String>,
     },
+    /// Error counters of groups' nodes, as `lst show_error` prints them
+    #[command(name = "show_error", alias = "show-error")]
+    ShowError {
+        #[arg(required = true, value_name = "GROUP")]
+        groups: Vec<String>,
+    },
     /// Latency of the test RPCs this daemon ran as a client (p50/p99/p99.9)
     Latency,
     /// A whole session in one command: clients and servers, one test, a live progress line,
@@ -284,6 +290,7 @@ pub fn run(socket: &Path, json: bool, cmd: SelftestCmd) -> u8 {
     let mut c = Console { client };
     let r = match cmd {
         SelftestCmd::Stat { opts, groups } => stat_loop(&mut c, &opts, &groups),
+        SelftestCmd::ShowError { groups } => show_error(&mut c, json, groups),
         SelftestCmd::RunTest {
             from,
             to,
@@ -346,7 +353,9 @@ fn one(c: &mut Console, json: bool, cmd: SelftestCmd) -> Result<(), (u8, String)
         SelftestCmd::Query { batch } => LstCommand::Query { batch },
         SelftestCmd::Ping { group } => LstCommand::Ping { group },
         SelftestCmd::Latency => LstCommand::Latency,
-        SelftestCmd::Stat { .. } | SelftestCmd::RunTest { .. } => unreachable!("handled by run"),
+        SelftestCmd::Stat { .. } | SelftestCmd::RunTest { .. } | SelftestCmd::ShowError { .. } => {
+            unreachable!("handled by run")
+        }
     };
     let r = c.call(lst)?;
     emit(&if json {
@@ -413,6 +422,69 @@ pub(crate) fn render_reply(r: &LstReply) -> String {
             l.test, l.count, l.p50_us, l.p99_us, l.p999_us, l.max_us
         );
     }
+    out
+}
+
+/// `show_error`: each node's test errors (framework: brw and ping; RPC: failed, dropped,
+/// expired) and the nodes that could not be asked; exit 1 if any node has errors.
+fn show_error(c: &mut Console, json: bool, groups: Vec<String>) -> Result<(), (u8, String)> {
+    let r = c.call(LstCommand::Stat { groups })?;
+    if json {
+        emit(&(serde_json::to_string_pretty(&r.stats).unwrap_or_default() + "\n"));
+    } else {
+        emit(&render_errors(&r.stats));
+    }
+    let bad = r
+        .stats
+        .iter()
+        .filter(|s| s.error.is_some() || node_errors(s) > 0)
+        .count();
+    if bad > 0 {
+        return Err((
+            exit::FAILED,
+            format!("{bad} node(s) with errors or unreachable"),
+        ));
+    }
+    Ok(())
+}
+
+fn node_errors(s: &LstNodeStat) -> u64 {
+    u64::from(s.brw_errors)
+        + u64::from(s.ping_errors)
+        + u64::from(s.rpc_errors)
+        + u64::from(s.rpcs_dropped)
+        + u64::from(s.rpcs_expired)
+}
+
+fn render_errors(stats: &[LstNodeStat]) -> String {
+    let mut out = String::new();
+    let mut group = "";
+    let mut total = 0u64;
+    for s in stats {
+        if s.group != group {
+            group = &s.group;
+            let _ = writeln!(out, "{group}:");
+        }
+        match &s.error {
+            Some(e) => {
+                let _ = writeln!(out, "    {}: unreachable ({e})", s.nid);
+            }
+            None => {
+                total += node_errors(s);
+                let _ = writeln!(
+                    out,
+                    "    {}: [Session {} brw errors, {} ping errors] [RPC: {} errors, {} dropped, {} expired]",
+                    s.nid,
+                    s.brw_errors,
+                    s.ping_errors,
+                    s.rpc_errors,
+                    s.rpcs_dropped,
+                    s.rpcs_expired
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "Total {total} error(s) in {} node(s)", stats.len());
     out
 }
 
@@ -884,6 +956,20 @@ mod tests {
             send_length: sl,
             ..LstNodeStat::default()
         }
+    }
+
+    #[test]
+    fn show_error_lists_every_node_and_the_unreachable() {
+        let mut a = st("a", "s", 10, 0, 0, 0, 0);
+        a.brw_errors = 2;
+        a.rpcs_expired = 1;
+        let mut b = st("b", "s", 10, 0, 0, 0, 0);
+        b.error = Some("RPC timed out".into());
+        let text = render_errors(&[a, b]);
+        assert_eq!(
+            text,
+            "s:\n    a: [Session 2 brw errors, 0 ping errors] [RPC: 0 errors, 0 dropped, 1 expired]\n    b: unreachable (RPC timed out)\nTotal 3 error(s) in 2 node(s)\n"
+        );
     }
 
     #[test]
