@@ -66,10 +66,35 @@ enum LogFormat {
     Json,
 }
 
+/// `--version`: the crate's version, the git revision it was built from and the features
+/// built in.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("ULNET_GIT_REV"),
+    "; fabrics: tcp",
+    verbs_feature!(),
+    ")"
+);
+
+#[cfg(feature = "verbs")]
+macro_rules! verbs_feature {
+    () => {
+        ", verbs"
+    };
+}
+#[cfg(not(feature = "verbs"))]
+macro_rules! verbs_feature {
+    () => {
+        ""
+    };
+}
+use verbs_feature;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "lnet-router",
-    version,
+    version = VERSION,
     about = "ulnet's LNet daemon: NIs on the tcp or verbs fabric, lnetctl's control socket",
     after_help = "Logging: LNET_LOG sets the filter (tracing EnvFilter syntax, default \"info\").\n\
                   Exit status: 0 clean shutdown, 1 runtime failure, 2 bad command line or configuration."
@@ -174,12 +199,41 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LNET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: a log redirected to a file or the journal gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().init(),
+    }
+}
+
+/// Sends `state` to the service manager's notification socket ($NOTIFY_SOCKET, sd_notify's
+/// protocol: one datagram of newline-separated assignments; a name starting with '@' is in
+/// the abstract namespace). Without $NOTIFY_SOCKET (not run by systemd with Type=notify) it
+/// does nothing; a failure is logged, never fatal.
+fn sd_notify(state: &str) {
+    use std::os::unix::net::UnixDatagram;
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = UnixDatagram::unbound().and_then(|sock| {
+        let bytes = path.as_encoded_bytes();
+        match bytes.strip_prefix(b"@") {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+                sock.send_to_addr(state.as_bytes(), &addr)
+            }
+            None => sock.send_to(state.as_bytes(), &path),
+        }
+    });
+    match sent {
+        Ok(_) => debug!(state, "notified the service manager"),
+        Err(e) => warn!("cannot notify the service manager at {path:?}: {e}"),
     }
 }
 
@@ -377,11 +431,18 @@ fn run(
         .spawn(move || control_thread(listener, loops, limits, counters))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
     info!(socket = %socket.display(), nis, ni_threads = threads.len(), "lnet-router running");
+    // Every NI listens and the control socket answers: tell the service manager.
+    sd_notify(&format!(
+        "READY=1\nSTATUS=running: {nis} NI(s), control socket {}\nMAINPID={}",
+        socket.display(),
+        std::process::id()
+    ));
 
     // The main thread: signals, and the NI threads' ends (a failed fabric stops everyone).
     loop {
         if signals.check() && !shared.stop.swap(true, Ordering::Relaxed) {
             info!("closing every connection");
+            sd_notify("STOPPING=1\nSTATUS=closing every connection");
             wake_all(&wakes);
         }
         if threads.iter().all(|(_, t)| t.is_finished()) {

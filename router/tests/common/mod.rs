@@ -198,6 +198,8 @@ pub struct Opts {
     /// Run the daemon in this network namespace (`ip netns exec NS ...`, which execs: same
     /// process id). Needs root.
     pub netns: Option<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
 }
 
 /// [`start`] with [`Opts`].
@@ -316,6 +318,7 @@ pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
             "LNET_LOG",
             std::env::var("LNET_LOG").unwrap_or_else(|_| "debug".into()),
         )
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()

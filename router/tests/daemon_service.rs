@@ -1,0 +1,169 @@
+//! lnet-router as a system service: readiness and stopping notified to the service manager
+//! (sd_notify's protocol on a socket the test creates, as systemd would with Type=notify), a
+//! log without colour codes when it is not on a terminal, `--version` with the git revision
+//! and the fabrics built in, and the unit file in the repository.
+
+mod common;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use common::*;
+use router::control::{Request, Response};
+
+/// The datagrams the daemon sent, each as text, waiting at most `bound` for the first one
+/// that contains `want`.
+fn wait_notice(sock: &UnixDatagram, want: &str, bound: Duration) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while t0.elapsed() < bound {
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        if let Ok(n) = sock.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let done = text.lines().any(|l| l == want);
+            got.push(text);
+            if done {
+                return got;
+            }
+        }
+    }
+    panic!("no {want} within {bound:?}; got {got:?}");
+}
+
+fn notify_case(name: &str, abstract_name: bool) {
+    let s = Scratch::new(name);
+    let (path, env) = if abstract_name {
+        let n = format!("ulnet-notify-{}-{name}", std::process::id());
+        (None, format!("@{n}"))
+    } else {
+        let p = s.0.join("notify.sock");
+        (Some(p.clone()), p.display().to_string())
+    };
+    let sock = match &path {
+        Some(p) => UnixDatagram::bind(p).unwrap(),
+        None => {
+            use std::os::linux::net::SocketAddrExt;
+            let n = env.trim_start_matches('@');
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(n).unwrap();
+            UnixDatagram::bind_addr(&addr).unwrap()
+        }
+    };
+    let (_held, port) = held_port();
+    drop(_held);
+    let opts = Opts {
+        env: vec![("NOTIFY_SOCKET".into(), env)],
+        ..Opts::default()
+    };
+    let yaml = one_ni_yaml("10.0.0.1@o2ib", port, None, &opts);
+    let mut d = start_yaml(&s.0, "d", &yaml, opts);
+    let got = wait_notice(&sock, "READY=1", WAIT);
+    let ready = got.last().unwrap();
+    assert!(
+        ready
+            .lines()
+            .any(|l| l == format!("MAINPID={}", d.child.id())),
+        "{ready}"
+    );
+    assert!(ready.contains("STATUS=running: 1 NI(s)"), "{ready}");
+    // By then the NI listens and the control socket answers.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    assert!(matches!(call(&d, Request::GlobalShow), Response::Global(_)));
+    assert_eq!(
+        got.iter().filter(|g| g.contains("READY=1")).count(),
+        1,
+        "READY once: {got:?}"
+    );
+    d.signal("-TERM");
+    wait_notice(&sock, "STOPPING=1", WAIT);
+    assert!(d.wait_exit(WAIT).success());
+}
+
+#[test]
+fn readiness_and_stopping_are_notified_on_a_path_socket() {
+    notify_case("notify_path", false);
+}
+
+#[test]
+fn readiness_and_stopping_are_notified_on_an_abstract_socket() {
+    notify_case("notify_abstract", true);
+}
+
+/// Without $NOTIFY_SOCKET nothing is sent and nothing fails; the log written to a file (not
+/// a terminal) has no ANSI colour codes.
+#[test]
+fn a_log_off_the_terminal_has_no_colour_codes() {
+    let s = Scratch::new("plain_log");
+    let (_held, port) = held_port();
+    drop(_held);
+    let yaml = one_ni_yaml("10.0.0.1@o2ib", port, None, &Opts::default());
+    let mut d = start_yaml(&s.0, "d", &yaml, Opts::default());
+    d.signal("-TERM");
+    assert!(d.wait_exit(WAIT).success());
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(log.contains("lnet-router running"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file:\n{log}"
+    );
+}
+
+#[test]
+fn version_names_the_revision_and_the_fabrics() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v = String::from_utf8(out.stdout).unwrap();
+    let v = v.trim();
+    assert!(
+        v.starts_with(&format!("lnet-router {} (git ", env!("CARGO_PKG_VERSION"))),
+        "{v}"
+    );
+    let rev = v.split("(git ").nth(1).unwrap().split(';').next().unwrap();
+    assert!(
+        rev == "unknown" || (rev.len() == 12 && rev.chars().all(|c| c.is_ascii_hexdigit())),
+        "{v}"
+    );
+    let want = if cfg!(feature = "verbs") {
+        "fabrics: tcp, verbs)"
+    } else {
+        "fabrics: tcp)"
+    };
+    assert!(v.ends_with(want), "{v}");
+}
+
+/// The unit file in the repository: Type=notify, a private runtime directory for the control
+/// socket, limits for verbs and for many clients, and a stop timeout above the daemon's 5 s
+/// graceful-close bound.
+#[test]
+fn the_unit_file_is_a_notify_service_with_room_to_close() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/lnet-router.service"
+    ))
+    .unwrap();
+    let get = |k: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k}= in the unit"))
+            .to_string()
+    };
+    assert_eq!(get("Type"), "notify");
+    assert_eq!(get("RuntimeDirectory"), "ulnet");
+    assert_eq!(get("RuntimeDirectoryMode"), "0700");
+    assert_eq!(get("LimitMEMLOCK"), "infinity");
+    assert!(get("LimitNOFILE").parse::<u64>().unwrap() >= 65_536);
+    assert!(get("TimeoutStopSec").parse::<u64>().unwrap() > 5);
+    let exec = get("ExecStart");
+    assert!(
+        exec.contains("--socket /run/ulnet/lnet-router.sock"),
+        "{exec}"
+    );
+    assert!(
+        exec.contains("--config /etc/ulnet/lnet-router.yaml"),
+        "{exec}"
+    );
+}
