@@ -309,6 +309,13 @@ fn run(
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
     // Every NI's fabric first, here: an NI that cannot start fails the start with its message.
+    for net in cfg.nets.iter().filter(|n| !n.fabric_given) {
+        warn!(
+            net = %net.net,
+            "no 'fabric' for this net: using tcp (o2iblnd over TCP sockets); set 'fabric: verbs' \
+             for RDMA"
+        );
+    }
     let mut runtimes = Vec::new();
     for ((net, ni), node_cfg) in cfg.nis().zip(cfg.ni_node_configs(incarnation)) {
         let f = start_fabric(&cfg, net.fabric, ni)?;
@@ -860,9 +867,8 @@ fn start_fabric(
     let peers = cfg.peers.clone();
     let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
         FabricKind::Tcp => {
-            let Some(listen) = ni.listen else {
-                return Err(format!("NI {nid} has no listen address"));
-            };
+            // As o2iblnd: the NID's address and port 987 unless the file says otherwise.
+            let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
             // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
             let tcp = TcpConfig {
                 user_timeout: ni.ni.tunables.timeout.into(),
@@ -870,7 +876,8 @@ fn start_fabric(
                 handshake_limit: ni.handshake_limit as usize,
                 ..TcpConfig::default()
             };
-            let f = TcpFabric::bind_with(listen, move |nid| peers.get(&nid).copied(), tcp)
+            let resolve = move |nid| peers.get(&nid).copied().or_else(|| Some(o2ib_address(nid)));
+            let f = TcpFabric::bind_with(listen, resolve, tcp)
                 .map_err(|e| format!("NI {nid}: cannot listen on {listen}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
             let bound = f.local_addr();
@@ -909,8 +916,8 @@ fn start_fabric(
     })
 }
 
-/// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987.
-#[cfg(feature = "verbs")]
+/// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987 (on
+/// either fabric, unless `listen:` / `peers:` say otherwise).
 fn o2ib_address(nid: lnd::wire::Nid) -> std::net::SocketAddr {
     let ip = std::net::Ipv4Addr::from(nid.addr());
     std::net::SocketAddr::new(ip.into(), 987)

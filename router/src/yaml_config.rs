@@ -1,7 +1,9 @@
 //! The `lnet-router` configuration file: YAML in the shape `lnetctl export` writes (`net:` with
-//! `net type`, `local NI(s)`, `tunables`, `lnd tunables`), plus ours: a `fabric` key per net
-//! (`tcp`, `sim` or `verbs`), a `listen` address per NI for the tcp fabric, and a `peers:` list
-//! that tells the tcp fabric where a peer NID listens.
+//! `net type`, `local NI(s)`, `tunables`, `lnd tunables`; `route:`, `routing:`, `buffers:`;
+//! `global:`, `numa:` and one-NI `peer:` entries accepted), plus ours: a `fabric` key per net
+//! (`tcp` when absent, `sim` or `verbs`), a `listen` address per NI, and a `peers:` list that
+//! tells the fabric where a peer NID listens (both default to the NID's address and o2iblnd's
+//! port 987). `udsp:`, `ip2nets:` and Multi-Rail peers are refused by name.
 //!
 //! ```yaml
 //! net:
@@ -77,7 +79,7 @@ impl FabricKind {
 pub struct NiSettings {
     /// NID, credits and LND tunables (incarnation 0: [`DaemonConfig::node_config`] sets it).
     pub ni: NiConfig,
-    /// Where the tcp fabric listens for this NI.
+    /// Where the fabric listens for this NI (default: the NID's address, o2iblnd's port 987).
     pub listen: Option<SocketAddr>,
     /// `busy poll us` (ours): how long the NI's fabric spins on its completions before it
     /// sleeps, in microseconds (default 50; 0: never spin, for a router without cores of its
@@ -101,6 +103,8 @@ pub struct NiSettings {
 pub struct NetSettings {
     pub net: Net,
     pub fabric: FabricKind,
+    /// The file named the fabric (else tcp was taken).
+    pub fabric_given: bool,
     pub nis: Vec<NiSettings>,
 }
 
@@ -190,10 +194,35 @@ impl DaemonConfig {
             routing: None,
             buffers: None,
             global: None,
+            numa: None,
             peer: None,
             udsp: None,
+            ip2nets: None,
         });
         let err = |line: u64, message: String| ConfigError::new(origin, Some(line), message);
+        for (key, v) in [("udsp", &raw.udsp), ("ip2nets", &raw.ip2nets)] {
+            if let Some(v) = v.as_ref().filter(|v| !v.value.empty) {
+                return Err(err(
+                    v.referenced.line(),
+                    format!(
+                        "'{key}:' is not supported by ulnet (remove it, or configure the \
+                         NIs it would select under 'net:')"
+                    ),
+                ));
+            }
+        }
+        for p in raw.peer.iter().flat_map(|p| p.value.iter()) {
+            if p.peer_ni.len() > 1 {
+                return Err(err(
+                    p.primary_nid.referenced.line(),
+                    format!(
+                        "peer {}: Multi-Rail peers with several NIs are not supported by ulnet \
+                         (one NI per peer; remove this 'peer:' entry)",
+                        p.primary_nid.value.0
+                    ),
+                ));
+            }
+        }
         let mut cfg = DaemonConfig::default();
         let mut seen: HashMap<Nid, u64> = HashMap::new();
         let net_line = raw.net.as_ref().map_or(1, |n| n.referenced.line().max(1));
@@ -208,6 +237,8 @@ impl DaemonConfig {
                 // lnetctl export lists the loopback net; it always exists.
                 continue;
             }
+            // Without `fabric`, tcp (the daemon says so once at start).
+            let fabric_given = n.fabric.is_some();
             let fabric = n.fabric.unwrap_or(FabricKind::Tcp);
             let mut nis = Vec::new();
             for ni in n.local_nis {
@@ -223,12 +254,6 @@ impl DaemonConfig {
                     return Err(err(
                         line,
                         format!("NID {nid} is configured twice (first on line {first})"),
-                    ));
-                }
-                if fabric == FabricKind::Tcp && ni.listen.is_none() {
-                    return Err(err(
-                        line,
-                        format!("NI {nid} is on the tcp fabric but has no 'listen' address"),
                     ));
                 }
                 let mut c = NiConfig::new(nid, 0);
@@ -279,7 +304,12 @@ impl DaemonConfig {
             if let Some(existing) = cfg.nets.iter_mut().find(|s| s.net == net) {
                 existing.nis.extend(nis);
             } else {
-                cfg.nets.push(NetSettings { net, fabric, nis });
+                cfg.nets.push(NetSettings {
+                    net,
+                    fabric,
+                    fabric_given,
+                    nis,
+                });
             }
         }
         if cfg.nis().next().is_none() {
@@ -439,14 +469,58 @@ struct RawConfig {
     routing: Option<RawRouting>,
     #[serde(default)]
     buffers: Option<RawBuffers>,
-    // Written by `lnetctl export`, meaningless here (no Multi-Rail peers, no UDSP; the
-    // global settings that matter to us are ulnet's own keys).
+    // Written by `lnetctl export` and lnet.conf. `global:` and `numa:` are accepted and their
+    // values not used (the global settings that matter to us are ulnet's own keys); `peer:`
+    // entries with one NI are what discovery would find anyway; what we do not implement is
+    // refused by name (`check_unsupported`).
     #[serde(default)]
     global: Option<IgnoredAny>,
     #[serde(default)]
-    peer: Option<IgnoredAny>,
+    numa: Option<IgnoredAny>,
     #[serde(default)]
-    udsp: Option<IgnoredAny>,
+    peer: Option<Spanned<Vec<RawMrPeer>>>,
+    #[serde(default)]
+    udsp: Option<Spanned<UnsupportedValue>>,
+    #[serde(default)]
+    ip2nets: Option<Spanned<UnsupportedValue>>,
+}
+
+/// A `peer:` entry as `lnetctl export` writes it (Multi-Rail peers): accepted with one NI.
+#[derive(Deserialize)]
+#[allow(dead_code)] // only checked
+struct RawMrPeer {
+    #[serde(rename = "primary nid")]
+    primary_nid: Spanned<NidValue>,
+    #[serde(rename = "peer ni", default)]
+    peer_ni: Vec<IgnoredAny>,
+}
+
+/// A section we do not implement: its value is only looked at for emptiness.
+struct UnsupportedValue {
+    empty: bool,
+}
+
+impl<'de> Deserialize<'de> for UnsupportedValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Anything; an empty list, map or a null counts as absent.
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Any {
+            Seq(Vec<IgnoredAny>),
+            Map(HashMap<String, IgnoredAny>),
+            Other(IgnoredAny),
+        }
+        Ok(match Option::<Any>::deserialize(d)? {
+            None => UnsupportedValue { empty: true },
+            Some(Any::Seq(v)) => UnsupportedValue {
+                empty: v.is_empty(),
+            },
+            Some(Any::Map(m)) => UnsupportedValue {
+                empty: m.is_empty(),
+            },
+            Some(Any::Other(_)) => UnsupportedValue { empty: false },
+        })
+    }
 }
 
 /// A `route:` entry, as `lnetctl export` (and `route show -v`) write it.
@@ -548,6 +622,19 @@ struct RawNi {
     dev_cpt: Option<IgnoredAny>,
     #[serde(rename = "CPT", default)]
     cpt: Option<IgnoredAny>,
+    // Read-only state `lnetctl export` (without --backup) writes per NI.
+    #[serde(default)]
+    statistics: Option<IgnoredAny>,
+    #[serde(default)]
+    sent_stats: Option<IgnoredAny>,
+    #[serde(default)]
+    received_stats: Option<IgnoredAny>,
+    #[serde(default)]
+    dropped_stats: Option<IgnoredAny>,
+    #[serde(rename = "health stats", default)]
+    health_stats: Option<IgnoredAny>,
+    #[serde(rename = "udsp info", default)]
+    udsp_info: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize, Default)]
@@ -918,10 +1005,182 @@ peers:
         assert_eq!(e.line, Some(5), "{e}");
         assert!(e.message.contains("not on net type o2ib"), "{e}");
 
+        // Without `listen`, the NI listens where o2iblnd would (its address, port 987: the
+        // daemon's default), and a net without `fabric` is tcp.
         let y = GOOD.replace("          listen: 127.0.0.1:9870\n", "");
-        let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-        assert_eq!(e.line, Some(5), "{e}");
-        assert!(e.message.contains("no 'listen'"), "{e}");
+        let c = DaemonConfig::parse(&y, "c.yaml").unwrap();
+        assert_eq!(c.nis().next().unwrap().1.listen, None);
+        let y = GOOD.replace("      fabric: tcp\n", "");
+        let c = DaemonConfig::parse(&y, "c.yaml").unwrap();
+        assert_eq!(
+            (c.nets[0].fabric, c.nets[0].fabric_given),
+            (FabricKind::Tcp, false)
+        );
+    }
+
+    /// A file in the shape `lnetctl export` writes (lnetctl.c and liblnetconfig.c's YAML
+    /// builders: the `lo` net, each NI's status, interfaces, statistics, sent/received/dropped
+    /// stats, health stats, tunables with the LND's, `dev cpt` and `CPT`; `route:` with
+    /// health_sensitivity; one-NI `peer:` entries; `global:` with 2.16's keys; `numa:`),
+    /// written from those sources' key lists, loads unedited; `udsp:`, `ip2nets:` and
+    /// Multi-Rail peers are refused, each with one line naming it.
+    #[test]
+    fn an_lnetctl_export_loads_and_unsupported_sections_are_named() {
+        let export = "\
+net:
+    - net type: lo
+      local NI(s):
+        - nid: 0@lo
+          status: up
+          statistics:
+              send_count: 0
+              recv_count: 0
+              drop_count: 0
+          sent_stats:
+              put: 0
+              get: 0
+              reply: 0
+              ack: 0
+              hello: 0
+          received_stats:
+              put: 0
+              get: 0
+              reply: 0
+              ack: 0
+              hello: 0
+          dropped_stats:
+              put: 0
+              get: 0
+              reply: 0
+              ack: 0
+              hello: 0
+          health stats:
+              health value: 0
+              interrupts: 0
+              dropped: 0
+              aborted: 0
+              no route: 0
+              timeouts: 0
+              error: 0
+              ping_count: 0
+              next_ping: 0
+          tunables:
+              peer_timeout: 0
+              peer_credits: 0
+              peer_buffer_credits: 0
+              credits: 0
+          dev cpt: 0
+          CPT: \"[0]\"
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+          interfaces:
+              0: ib0
+          statistics:
+              send_count: 12
+              recv_count: 12
+              drop_count: 0
+          health stats:
+              health value: 1000
+              interrupts: 0
+              dropped: 0
+              aborted: 0
+              no route: 0
+              timeouts: 0
+              error: 0
+              ping_count: 0
+              next_ping: 0
+          tunables:
+              peer_timeout: 180
+              peer_credits: 8
+              peer_buffer_credits: 0
+              credits: 256
+          lnd tunables:
+              peercredits_hiw: 4
+              map_on_demand: 1
+              concurrent_sends: 8
+              fmr_pool_size: 512
+              fmr_flush_trigger: 384
+              fmr_cache: 1
+              ntx: 512
+              conns_per_peer: 1
+              timeout: 50
+          dev cpt: -1
+          CPT: \"[0,1]\"
+route:
+    - net: o2ib1
+      gateway: 10.0.0.254@o2ib
+      hop: -1
+      priority: 0
+      health_sensitivity: 1
+peer:
+    - primary nid: 10.0.0.2@o2ib
+      Multi-Rail: True
+      peer ni:
+        - nid: 10.0.0.2@o2ib
+          state: NA
+routing:
+    enable: 0
+buffers:
+    tiny: 2048
+    small: 16384
+    large: 1024
+global:
+    numa_range: 0
+    max_interfaces: 200
+    discovery: 1
+    drop_asym_route: 0
+    retry_count: 2
+    transaction_timeout: 150
+    health_sensitivity: 100
+    recovery_interval: 1
+    router_sensitivity: 100
+    lnd_timeout: 49
+    response_tracking: 3
+    recovery_limit: 0
+    max_recovery_ping_interval: 900
+numa:
+    range: 0
+";
+        let c = DaemonConfig::parse(export, "export.yaml").unwrap();
+        let nis: Vec<_> = c
+            .nis()
+            .map(|(n, ni)| (n.fabric, ni.ni.nid, ni.listen))
+            .collect();
+        assert_eq!(
+            nis,
+            vec![(FabricKind::Tcp, "10.0.0.1@o2ib".parse().unwrap(), None)]
+        );
+        assert!(!c.nets[0].fabric_given);
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(
+            c.nis().next().unwrap().1.ni.tunables.timeout,
+            Duration::from_secs(50)
+        );
+
+        let with = |extra: &str| format!("{export}{extra}");
+        let e = DaemonConfig::parse(
+            &with("udsp:\n    - src: o2ib\n      action:\n          priority: 0\n"),
+            "x.yaml",
+        )
+        .unwrap_err();
+        assert!(e.message.contains("'udsp:' is not supported"), "{e}");
+        let e =
+            DaemonConfig::parse(&with("ip2nets:\n    - net-spec: o2ib\n"), "x.yaml").unwrap_err();
+        assert!(e.message.contains("'ip2nets:' is not supported"), "{e}");
+        // An empty udsp list (what an export without rules writes) is fine.
+        DaemonConfig::parse(&with("udsp: []\n"), "x.yaml").unwrap();
+        let mr = export.replace(
+            "        - nid: 10.0.0.2@o2ib\n          state: NA\n",
+            "        - nid: 10.0.0.2@o2ib\n          state: NA\n        - nid: 10.0.1.2@o2ib1\n          state: NA\n",
+        );
+        let e = DaemonConfig::parse(&mr, "x.yaml").unwrap_err();
+        assert!(
+            e.message.contains("Multi-Rail peers with several NIs"),
+            "{e}"
+        );
+        assert_eq!(e.to_string().lines().count(), 1, "{e}");
     }
 
     #[test]

@@ -167,3 +167,32 @@ fn the_unit_file_is_a_notify_service_with_room_to_close() {
         "{exec}"
     );
 }
+
+/// A config as lnet.conf writes it, without ulnet's keys: no `fabric` (tcp, with a warning),
+/// no `listen` and no `peers:`. Each daemon listens on its NID's address at o2iblnd's port
+/// 987 and reaches the other there. Needs root for port 987 (CI runs as root); elsewhere it
+/// says so and does nothing.
+#[test]
+fn daemons_without_ulnet_keys_find_each_other_at_port_987() {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) {
+        eprintln!("skipped: port 987 needs root");
+        return;
+    }
+    let s = Scratch::new("plain_lnet_conf");
+    let b = (std::process::id() % 200) as u8 + 20;
+    let (na, nb) = (format!("127.9.{b}.1@o2ib"), format!("127.9.{b}.2@o2ib"));
+    let conf = |nid: &str| {
+        format!(
+            "net:\n    - net type: o2ib\n      local NI(s):\n        - nid: {nid}\n          \
+             lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: \
+             {LND_KEEPALIVE}\n"
+        )
+    };
+    let a = start_yaml(&s.0, "a", &conf(&na), Opts::default());
+    let _b = start_yaml(&s.0, "b", &conf(&nb), Opts::default());
+    ping_until_ok(&a, &nb, WAIT);
+    let log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(log.contains("no 'fabric' for this net: using tcp"), "{log}");
+    assert!(log.contains(&format!("127.9.{b}.1:987")), "{log}");
+}
