@@ -244,18 +244,27 @@ pub fn conn(c: &ConnShow) -> String {
 /// `statistics:`, in lnetctl's order.
 pub fn stats(st: &StatsShow) -> String {
     let s = &st.statistics;
-    let fields: [(&str, u64); 20] = [
+    // lnetctl's keys in its order (liblnetconfig.c), then ours.
+    let fields: [(&str, u64); 28] = [
         ("msgs_alloc", s.msgs_alloc),
         ("msgs_max", s.msgs_max),
+        ("rst_alloc", s.rst_alloc),
         ("errors", s.errors),
         ("send_count", s.send_count),
+        ("resend_count", s.resend_count),
         ("response_timeout_count", s.response_timeout_count),
+        ("local_interrupt_count", s.local_interrupt_count),
+        ("local_dropped_count", s.local_dropped_count),
         ("local_aborted_count", s.local_aborted_count),
         ("local_no_route_count", s.local_no_route_count),
         ("local_timeout_count", s.local_timeout_count),
         ("local_error_count", s.local_error_count),
+        ("remote_dropped_count", s.remote_dropped_count),
         ("remote_error_count", s.remote_error_count),
+        ("remote_timeout_count", s.remote_timeout_count),
         ("network_timeout_count", s.network_timeout_count),
+        ("failed_resends", s.failed_resends),
+        ("successful_resends", s.successful_resends),
         ("recv_count", s.recv_count),
         ("route_count", s.route_count),
         ("drop_count", s.drop_count),
@@ -296,7 +305,18 @@ pub fn global(g: &GlobalShow) -> String {
     let _ = writeln!(out, "    discovery: {}", g.discovery);
     let _ = writeln!(out, "    drop_asym_route: {}", g.drop_asym_route);
     let _ = writeln!(out, "    retry_count: {}", g.retry_count);
+    let _ = writeln!(out, "    transaction_timeout: {}", g.transaction_timeout);
+    let _ = writeln!(out, "    health_sensitivity: {}", g.health_sensitivity);
+    let _ = writeln!(out, "    recovery_interval: {}", g.recovery_interval);
+    let _ = writeln!(out, "    router_sensitivity: {}", g.router_sensitivity);
     let _ = writeln!(out, "    lnd_timeout: {}", g.lnd_timeout);
+    let _ = writeln!(out, "    response_tracking: {}", g.response_tracking);
+    let _ = writeln!(out, "    recovery_limit: {}", g.recovery_limit);
+    let _ = writeln!(
+        out,
+        "    max_recovery_ping_interval: {}",
+        g.max_recovery_ping_interval
+    );
     let _ = writeln!(out, "    routing: {}", g.routing);
     let _ = writeln!(out, "    pid: {}", g.pid);
     out
@@ -656,13 +676,51 @@ conn:
 "
         );
         let s = stats(&stats_show(&n));
-        assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n    msgs_max: 0\n    errors: 0\n"));
-        // LNet's 20 counters, then ours: the peer table.
-        assert!(s.contains("    loopback_count: 0\n    loopback_length: 0\npeer_table:\n"));
+        // lnetctl's keys in lnetctl's order (reference 7.4: liblnetconfig.c's stats builder
+        // and the counter structs of lnet-idl.h), then ours: loopback, the peer table.
+        let lnetctl_keys = [
+            "msgs_alloc",
+            "msgs_max",
+            "rst_alloc",
+            "errors",
+            "send_count",
+            "resend_count",
+            "response_timeout_count",
+            "local_interrupt_count",
+            "local_dropped_count",
+            "local_aborted_count",
+            "local_no_route_count",
+            "local_timeout_count",
+            "local_error_count",
+            "remote_dropped_count",
+            "remote_error_count",
+            "remote_timeout_count",
+            "network_timeout_count",
+            "failed_resends",
+            "successful_resends",
+            "recv_count",
+            "route_count",
+            "drop_count",
+            "send_length",
+            "recv_length",
+            "route_length",
+            "drop_length",
+        ];
+        let keys: Vec<&str> = s
+            .lines()
+            .skip(1)
+            .take(lnetctl_keys.len())
+            .map(|l| l.trim().split(':').next().unwrap())
+            .collect();
+        assert_eq!(keys, lnetctl_keys, "{s}");
+        assert!(s.starts_with("statistics:\n    msgs_alloc: 0\n"));
+        assert!(s.contains(
+            "    drop_length: 0\n    loopback_count: 0\n    loopback_length: 0\npeer_table:\n"
+        ));
         assert!(
             s.ends_with("peer_table:\n    peers: 0\n    peers_aged: 0\n    peer_table_full: 0\n")
         );
-        assert_eq!(s.lines().count(), 25);
+        assert_eq!(s.lines().count(), 1 + 26 + 2 + 4);
         // The daemon adds its control socket's counters after LNet's.
         let mut with_control = stats_show(&n);
         with_control.control = Some(router::control::NamedCounters(vec![
@@ -683,7 +741,14 @@ global:
     discovery: 0
     drop_asym_route: 0
     retry_count: 0
+    transaction_timeout: 51
+    health_sensitivity: 0
+    recovery_interval: 0
+    router_sensitivity: 0
     lnd_timeout: 50
+    response_tracking: 0
+    recovery_limit: 0
+    max_recovery_ping_interval: 0
     routing: 0
     pid: 12345
 "

@@ -431,15 +431,39 @@ pub struct StatsShow {
 pub struct Statistics {
     pub msgs_alloc: u64,
     pub msgs_max: u64,
+    /// Response-tracking blocks allocated: 0, ulnet tracks no ACK/REPLY deadlines beyond its
+    /// pings and routed GETs (no LNet health).
+    #[serde(default)]
+    pub rst_alloc: u64,
     pub errors: u64,
     pub send_count: u64,
+    /// LNet resends: 0, ulnet does not resend (no LNet health; `retry_count: 0`).
+    #[serde(default)]
+    pub resend_count: u64,
     pub response_timeout_count: u64,
+    /// Sends ended by an interrupted LND transfer: 0 (ulnet's LND reports none such).
+    #[serde(default)]
+    pub local_interrupt_count: u64,
+    /// Sends dropped locally by LNet health: 0 (no health).
+    #[serde(default)]
+    pub local_dropped_count: u64,
     pub local_aborted_count: u64,
     pub local_no_route_count: u64,
     pub local_timeout_count: u64,
     pub local_error_count: u64,
+    /// The peer dropped it (health status REMOTE_DROPPED): 0 (no health).
+    #[serde(default)]
+    pub remote_dropped_count: u64,
     pub remote_error_count: u64,
+    /// Timed out at the peer (health status REMOTE_TIMEOUT): 0 (no health).
+    #[serde(default)]
+    pub remote_timeout_count: u64,
     pub network_timeout_count: u64,
+    /// Resends that failed / succeeded: 0 (no resends).
+    #[serde(default)]
+    pub failed_resends: u64,
+    #[serde(default)]
+    pub successful_resends: u64,
     pub recv_count: u64,
     pub route_count: u64,
     pub drop_count: u64,
@@ -532,8 +556,30 @@ pub struct Globals {
     pub drop_asym_route: u32,
     /// 0: no LNet resends (no health).
     pub retry_count: u32,
+    /// Seconds a transaction may take: as Lustre relates them, lnd_timeout * (retry_count +
+    /// 1) + 1.
+    #[serde(default)]
+    pub transaction_timeout: u64,
+    /// 0: no LNet health (Lustre's 0 turns health off).
+    #[serde(default)]
+    pub health_sensitivity: u32,
+    /// 0: no recovery pings of unhealthy NIs (no health).
+    #[serde(default)]
+    pub recovery_interval: u32,
+    /// 0: routes are judged by the router pinger alone, not by health values.
+    #[serde(default)]
+    pub router_sensitivity: u32,
     /// The LND timeout of the first NI, seconds.
     pub lnd_timeout: u64,
+    /// 0: no response tracking (no ACK/REPLY deadlines beyond pings and routed GETs).
+    #[serde(default)]
+    pub response_tracking: u32,
+    /// 0 (no recovery).
+    #[serde(default)]
+    pub recovery_limit: u32,
+    /// 0 (no recovery pings).
+    #[serde(default)]
+    pub max_recovery_ping_interval: u32,
     /// 1 when this node forwards for others.
     pub routing: u32,
     /// Ours: the PID we answer as.
