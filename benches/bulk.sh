@@ -93,7 +93,7 @@ st_yaml() {  # name nis(nid=port,...) route(net=gw or -) routing(0/1)
       "${nid#*@}" "$nid" "$port" >>"$y"
   done
   [ "$3" != - ] && printf 'route:\n    - net: %s\n      gateway: %s\n      hop: 1\n' "${3%=*}" "${3#*=}" >>"$y"
-  printf 'routing:\n    enable: %s\nbuffers:\n    large: 256\npeers:\n' "$4" >>"$y"
+  printf 'routing:\n    enable: %s\nbuffers:\n    large: 256\nselftest:\n    enable: 1\npeers:\n' "$4" >>"$y"
   for ni in $all; do
     case ",$2," in *",$ni,"*) continue ;; esac
     printf '    - nid: %s\n      address: 127.0.0.1:%s\n' "${ni%=*}" "${ni#*=}" >>"$y"

@@ -329,6 +329,7 @@ fn run(
         };
         runtimes.push((rt, wake, f.kind, extras));
     }
+    let selftest = cfg.selftest;
     let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
         runtimes.iter_mut().map(|r| &mut r.0).collect();
     give_bulk_buffers(&mut rts, clock.now());
@@ -381,12 +382,14 @@ fn run(
             capture: CaptureState::Idle,
             next_capture: 1,
             lst: NiSelftest {
-                st: Selftest::new(
-                    router::NiIndex(0),
-                    nid,
-                    incarnation,
-                    router::selftest::DEFAULT_BUFFER_LIMIT,
-                ),
+                st: selftest.then(|| {
+                    Selftest::new(
+                        router::NiIndex(0),
+                        nid,
+                        incarnation,
+                        router::selftest::DEFAULT_BUFFER_LIMIT,
+                    )
+                }),
                 pending: HashMap::new(),
             },
         });
@@ -1013,17 +1016,21 @@ impl lnd::fabric::Registry for NoRegistry {
     }
 }
 
-/// One NI loop's selftest: the service, test client and console, and the control requests
-/// whose console command is still running.
+/// One NI loop's selftest: the service, test client and console (none unless the config
+/// says `selftest: enable: 1`), and the control requests whose console command is still
+/// running.
 struct NiSelftest {
-    st: Selftest,
+    st: Option<Selftest>,
     pending: HashMap<u64, SyncSender<Response>>,
 }
 
 impl NiSelftest {
     /// Bounds a turn's wait by the selftest's next deadline.
     fn bound(&self, wait: StdDuration, now: lnd::time::Instant) -> StdDuration {
-        [self.st.poll_timeout(), self.st.console_timeout()]
+        let Some(st) = &self.st else {
+            return wait;
+        };
+        [st.poll_timeout(), st.console_timeout()]
             .into_iter()
             .flatten()
             .map(|d| StdDuration::from(d.saturating_duration_since(now)))
@@ -1032,8 +1039,11 @@ impl NiSelftest {
 
     /// Runs the selftest's timers that are due, and answers finished console commands.
     fn tick(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+        let Some(st) = self.st.as_mut() else {
+            return;
+        };
         let now = rt.now();
-        let due = [self.st.poll_timeout(), self.st.console_timeout()]
+        let due = [st.poll_timeout(), st.console_timeout()]
             .into_iter()
             .flatten()
             .any(|d| d <= now);
@@ -1044,8 +1054,8 @@ impl NiSelftest {
                 Some(r) => r,
                 None => &mut none,
             };
-            self.st.handle_timeout(now, node, reg);
-            self.st.console_tick(now, node, reg);
+            st.handle_timeout(now, node, reg);
+            st.console_tick(now, node, reg);
         }
         self.answer();
     }
@@ -1057,6 +1067,14 @@ impl NiSelftest {
         cmd: router::selftest::LstCommand,
         reply: SyncSender<Response>,
     ) {
+        let Some(st) = self.st.as_mut() else {
+            let _ = reply.try_send(Response::Error(ControlError::new(
+                errno::EOPNOTSUPP,
+                "lnet_selftest is not enabled on this daemon ('selftest: enable: 1' in its \
+                 config, as a Lustre node loads lnet_selftest)",
+            )));
+            return;
+        };
         let now = rt.now();
         let (node, driver) = rt.parts();
         let mut none = NoRegistry;
@@ -1064,7 +1082,7 @@ impl NiSelftest {
             Some(r) => r,
             None => &mut none,
         };
-        match self.st.console(now, node, reg, cmd) {
+        match st.console(now, node, reg, cmd) {
             ConsoleStart::Done(r) => {
                 let _ = reply.try_send(lst_response(r));
             }
@@ -1076,7 +1094,10 @@ impl NiSelftest {
     }
 
     fn answer(&mut self) {
-        while let Some((id, r)) = self.st.poll_console() {
+        let Some(st) = self.st.as_mut() else {
+            return;
+        };
+        while let Some((id, r)) = st.poll_console() {
             if let Some(reply) = self.pending.remove(&id) {
                 let _ = reply.try_send(lst_response(r));
             }
@@ -1104,8 +1125,10 @@ fn drain_events(
             Some(r) => r,
             None => &mut none,
         };
-        if lst.st.handle_event(now, node, reg, &ev) {
-            continue;
+        if let Some(st) = lst.st.as_mut() {
+            if st.handle_event(now, node, reg, &ev) {
+                continue;
+            }
         }
         match &ev {
             LnetEvent::PeerUp { nid, .. } => info!(%nid, "peer up"),

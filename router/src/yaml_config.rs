@@ -120,6 +120,10 @@ pub struct DaemonConfig {
     pub routing: RoutingConfig,
     /// `routing:`'s router-checking settings.
     pub gateway_health: GatewayHealthConfig,
+    /// `selftest: enable: 1` (ours): the daemon runs lnet_selftest's service and console, as
+    /// a Lustre node does once `lnet_selftest` is loaded. Off by default: a node without it
+    /// answers no selftest RPC, so no console can make it send test traffic.
+    pub selftest: bool,
 }
 
 /// One `route:` entry and its line.
@@ -192,6 +196,7 @@ impl DaemonConfig {
             peers: Vec::new(),
             route: Vec::new(),
             routing: None,
+            selftest: None,
             buffers: None,
             global: None,
             numa: None,
@@ -383,6 +388,7 @@ impl DaemonConfig {
                     .map_err(|(l, m)| err(l, m))?,
             };
         }
+        cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
         if let Some(r) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
             let d = GatewayHealthConfig::default();
@@ -467,6 +473,8 @@ struct RawConfig {
     route: Vec<RawRoute>,
     #[serde(default)]
     routing: Option<RawRouting>,
+    #[serde(default)]
+    selftest: Option<RawSelftest>,
     #[serde(default)]
     buffers: Option<RawBuffers>,
     // Written by `lnetctl export` and lnet.conf. `global:` and `numa:` are accepted and their
@@ -562,6 +570,14 @@ struct RawRouting {
     avoid_asym_router_failure: Option<Switch>,
     #[serde(default)]
     seq_no: Option<IgnoredAny>,
+}
+
+/// `selftest:` (ours): whether the daemon runs lnet_selftest.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSelftest {
+    #[serde(default)]
+    enable: Option<Switch>,
 }
 
 /// `buffers:`: router buffers of each size, for the whole node.
@@ -1153,6 +1169,9 @@ numa:
             vec![(FabricKind::Tcp, "10.0.0.1@o2ib".parse().unwrap(), None)]
         );
         assert!(!c.nets[0].fabric_given);
+        assert!(!c.selftest, "lnet_selftest is off unless asked for");
+        let on = DaemonConfig::parse(&format!("{export}selftest:\n    enable: 1\n"), "x").unwrap();
+        assert!(on.selftest);
         assert_eq!(c.routes.len(), 1);
         assert_eq!(
             c.nis().next().unwrap().1.ni.tunables.timeout,

@@ -46,6 +46,7 @@ fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> S
     if routing {
         y.push_str("buffers:\n    large: 64\n");
     }
+    y.push_str("selftest:\n    enable: 1\n");
     y.push_str("peers:\n");
     for n in [CLIENT, NEAR, R_A, R_B, FAR] {
         if !nis.contains(&n) {
@@ -284,4 +285,49 @@ fn run_test_reports_a_routed_session() {
     );
     assert_eq!(r.nodes[0].status, Some(0), "{r:?}");
     drop(t.far);
+}
+
+/// Without `selftest: enable: 1` a daemon runs no selftest: its console commands are refused
+/// with one line saying how to enable it, and a console elsewhere finds it unreachable (it
+/// answers no selftest RPC, as a Lustre node without lnet_selftest loaded).
+#[test]
+fn selftest_is_off_unless_enabled() {
+    let s = Scratch::new("selftest_off");
+    let t = 3;
+    let off =
+        yaml(t, &[NEAR], Some(("o2ib1", R_A)), false).replace("selftest:\n    enable: 1\n", "");
+    let near = start_yaml(&s.0, "near", &off, Opts::default());
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        Opts::default(),
+    );
+    ping_until_ok(&client, NEAR, WAIT);
+    match call(
+        &near,
+        Request::Selftest {
+            cmd: LstCommand::ShowSession,
+        },
+    ) {
+        Response::Error(e) => assert!(e.message.contains("selftest: enable: 1"), "{e:?}"),
+        other => panic!("{other:?}"),
+    }
+    lst(
+        &client,
+        LstCommand::NewSession {
+            name: "s".into(),
+            timeout: Some(2),
+            force: false,
+        },
+    );
+    let r = lst(
+        &client,
+        LstCommand::AddGroup {
+            name: "g".into(),
+            nids: vec![NEAR.into()],
+        },
+    );
+    assert_eq!(r.nodes[0].state, "down", "{r:?}");
+    assert_eq!(r.nodes[0].error.as_deref(), Some("RPC timed out"), "{r:?}");
 }

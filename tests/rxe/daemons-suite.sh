@@ -86,6 +86,8 @@ net:
           lnd tunables:
               timeout: $TIMEOUT
               keepalive: $KEEPALIVE
+selftest:
+    enable: 1
 EOF
 }
 
@@ -359,6 +361,7 @@ rconf() {  # file, then items: "ni NID" ... "route NET GW" ... "routing 0|1"
   printf 'routing:\n    enable: %s\n    alive_router_check_interval: 2\n    router_ping_timeout: 2\n' "$routing" >>"$f"
   # Large router buffers are pinned on verbs: few, in the guest's small memory.
   [ "$routing" = 1 ] && printf 'buffers:\n    tiny: 64\n    small: 64\n    large: 8\n' >>"$f"
+  printf 'selftest:\n    enable: 1\n' >>"$f"
   return 0
 }
 rconf /tmp/R.yaml "ni $NRA" "ni $NRB" "routing 1"
