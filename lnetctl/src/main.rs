@@ -70,16 +70,16 @@ enum Cmd {
         #[arg(required = true, value_name = "NID")]
         nids: Vec<String>,
         /// Seconds to wait for each reply (at most 180, Lustre's cap) [default: 180]
-        #[arg(long, value_name = "SECS")]
+        #[arg(short = 't', long, value_name = "SECS")]
         timeout: Option<u64>,
         /// Send from this local NID
-        #[arg(long, value_name = "NID")]
+        #[arg(short = 's', long, value_name = "NID")]
         source: Option<String>,
     },
     /// Local networks and NIs
     Net {
         #[command(subcommand)]
-        cmd: ShowOnly,
+        cmd: NetCmd,
     },
     /// Peers: credits, queues, state
     Peer {
@@ -150,6 +150,19 @@ enum Cmd {
 enum ShowOnly {
     /// Show
     Show {
+        /// Verbose: statistics and tunables
+        #[arg(short, long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NetCmd {
+    /// Show
+    Show {
+        /// Only this net (e.g. o2ib1)
+        #[arg(long, value_name = "NET")]
+        net: Option<String>,
         /// Verbose: statistics and tunables
         #[arg(short, long)]
         verbose: bool,
@@ -269,6 +282,8 @@ fn check_nid(s: &str) -> Result<Nid, u8> {
 }
 
 fn run(cli: Cli) -> u8 {
+    // `net show --net N`: the daemon's answer, cut to that net here.
+    let mut net_filter: Option<String> = None;
     let req = match cli.cmd {
         Cmd::Capture {
             file,
@@ -326,8 +341,11 @@ fn run(cli: Cli) -> u8 {
             }
         }
         Cmd::Net {
-            cmd: ShowOnly::Show { verbose },
-        } => Request::NetShow { verbose },
+            cmd: NetCmd::Show { net, verbose },
+        } => {
+            net_filter = net;
+            Request::NetShow { verbose }
+        }
         Cmd::Peer {
             cmd: PeerCmd::Show { nid, verbose },
         } => {
@@ -393,6 +411,15 @@ fn run(cli: Cli) -> u8 {
     };
     let path = cli.socket.unwrap_or_else(default_socket_path);
     let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
+        Ok(Response::Net(mut n)) if net_filter.is_some() => {
+            let want = net_filter.unwrap_or_default();
+            n.net.retain(|e| e.net_type == want);
+            if n.net.is_empty() {
+                eprintln!("lnetctl: net show: no net {want} here");
+                return exit::FAILED;
+            }
+            Response::Net(n)
+        }
         Ok(r) => r,
         Err(ClientError::NoDaemon { .. }) if matches!(req, Request::Ping { .. }) => {
             ping_without_daemon(req, &path)

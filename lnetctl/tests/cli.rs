@@ -194,3 +194,14 @@ fn output_into_a_closed_pipe_is_no_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(o.status.code(), Some(0), "{err}");
 }
+
+/// lnetctl's short options for ping: `-t` (timeout) and `-s` (source).
+#[test]
+fn ping_takes_lnetctls_short_options() {
+    let o = lnetctl(&["ping", "-t", "2", "0@lo"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    let o = lnetctl(&["ping", "-s", "0@lo", "-t", "2", "0@lo"]);
+    // Without a daemon the only NID is 0@lo: the source is accepted or refused with a
+    // message, never a usage error.
+    assert_ne!(o.status.code(), Some(2), "stderr: {}", text(&o.stderr));
+}

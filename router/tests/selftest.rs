@@ -284,6 +284,12 @@ fn run_test_reports_a_routed_session() {
         },
     );
     assert_eq!(r.nodes[0].status, Some(0), "{r:?}");
+    // `net show --net` (lnetctl's filter) on the router: one of its two nets.
+    let out = ctl(&t.router, &["net", "show", "--net", "o2ib1"]);
+    assert!(out.contains(R_B) && !out.contains(R_A), "{out}");
+    let o = lnetctl(&t.router, &["net", "show", "--net", "o2ib9"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no net o2ib9"));
     drop(t.far);
 }
 
