@@ -205,3 +205,38 @@ fn ping_takes_lnetctls_short_options() {
     // message, never a usage error.
     assert_ne!(o.status.code(), Some(2), "stderr: {}", text(&o.stderr));
 }
+
+/// A daemon that speaks another control protocol version: lnetctl says so in one line on
+/// stderr and exits 1.
+#[test]
+fn a_daemon_of_another_protocol_version_is_named_plainly() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = std::env::temp_dir().join(format!("ulnet-cli-version-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("old.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        (&s).write_all(b"{\"v\":9,\"resp\":\"done\"}\n").unwrap();
+        line
+    });
+    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
+        .arg("--socket")
+        .arg(&sock)
+        .args(["global", "show"])
+        .output()
+        .unwrap();
+    let sent = server.join().unwrap();
+    assert!(sent.starts_with("{\"v\":1,\"req\":"), "{sent}");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("control protocol mismatch: lnet-router speaks version 9"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -47,7 +47,7 @@ fn counter(c: &NamedCounters, name: &str) -> u64 {
 fn read_response(r: &mut BufReader<UnixStream>) -> Response {
     let mut line = String::new();
     r.read_line(&mut line).expect("a response line");
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    router::control::decode_response(line.as_bytes()).unwrap_or_else(|e| panic!("{e}: {line:?}"))
 }
 
 /// True once the daemon closed its side: EOF, or a reset because we had sent data it never read.

@@ -101,8 +101,7 @@ impl ControlClient {
             .map_err(ClientError::Io)?;
         match self.reader.read_until(b'\n', &mut self.partial) {
             Ok(_) if self.partial.last() == Some(&b'\n') => {
-                let r = serde_json::from_slice(&self.partial)
-                    .map_err(|e| ClientError::Protocol(e.to_string()));
+                let r = super::decode_response(&self.partial).map_err(ClientError::Protocol);
                 self.partial.clear();
                 r.map(Some)
             }

@@ -20,6 +20,7 @@ pub mod errno {
     pub const EPROTO: i32 = 71;
     pub const EOPNOTSUPP: i32 = 95;
     pub const EMSGSIZE: i32 = 90;
+    pub const EPROTONOSUPPORT: i32 = 93;
     pub const ESHUTDOWN: i32 = 108;
     pub const ETIMEDOUT: i32 = 110;
     pub const ECONNREFUSED: i32 = 111;
@@ -613,15 +614,40 @@ fn current_uid() -> Option<u32> {
 /// Encodes one request line (with its newline), as [`ControlClient`](super::ControlClient)
 /// sends it.
 pub fn encode_request(req: &Request) -> Result<String, String> {
-    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
-    line.push('\n');
-    Ok(line)
+    let inner = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    Ok(format!("{{\"v\":{PROTOCOL_VERSION},\"req\":{inner}}}\n"))
+}
+
+/// The control protocol's version. Every line lnetctl and the daemon send is
+/// `{"v":1,"req":{...}}` / `{"v":1,"resp":{...}}`; a line of another version is refused with one
+/// plain line saying which two met. A bare request or response (what lnetctl and lnet-router
+/// sent before the version existed) is taken as version 1.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// A versioned line: the version, and the request or response as it was written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope<'a> {
+    v: serde_json::Value,
+    #[serde(borrow, default)]
+    req: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default)]
+    resp: Option<&'a serde_json::value::RawValue>,
+}
+
+/// The error a line of another protocol version gets.
+fn version_mismatch(theirs: &serde_json::Value, who: &str) -> String {
+    format!(
+        "control protocol mismatch: {who} speaks version {theirs}, this one version \
+         {PROTOCOL_VERSION}; use an lnetctl and an lnet-router from the same build"
+    )
 }
 
 /// Decodes one request line; a bad one becomes the error to send back (EPROTO, quoting at most
-/// an excerpt of what was sent: serde's message repeats an unknown variant name whole).
+/// an excerpt of what was sent: serde's message repeats an unknown variant name whole; a line of
+/// another protocol version, EPROTONOSUPPORT).
 pub fn decode_request(line: &str) -> Result<Request, ControlError> {
-    serde_json::from_str(line).map_err(|e| {
+    let bad = |e: serde_json::Error| {
         let msg = e.to_string();
         ControlError::new(
             errno::EPROTO,
@@ -630,7 +656,35 @@ pub fn decode_request(line: &str) -> Result<Request, ControlError> {
                 crate::text::excerpt(&msg, 2 * crate::text::EXCERPT_CHARS)
             ),
         )
-    })
+    };
+    match serde_json::from_str::<Envelope<'_>>(line) {
+        Ok(env) if env.v.as_u64() != Some(PROTOCOL_VERSION) => Err(ControlError::new(
+            errno::EPROTONOSUPPORT,
+            version_mismatch(&env.v, "lnetctl"),
+        )),
+        Ok(Envelope { req: Some(raw), .. }) => serde_json::from_str(raw.get()).map_err(bad),
+        Ok(_) => Err(ControlError::new(
+            errno::EPROTO,
+            "bad request: a versioned line without 'req'",
+        )),
+        // Not an envelope: a bare request (version 1 without the envelope).
+        Err(_) => serde_json::from_str(line).map_err(bad),
+    }
+}
+
+/// Decodes one response line (lnetctl's side): a line of another protocol version is an error
+/// saying so.
+pub fn decode_response(line: &[u8]) -> Result<Response, String> {
+    match serde_json::from_slice::<Envelope<'_>>(line) {
+        Ok(env) if env.v.as_u64() != Some(PROTOCOL_VERSION) => {
+            Err(version_mismatch(&env.v, "lnet-router"))
+        }
+        Ok(Envelope {
+            resp: Some(raw), ..
+        }) => serde_json::from_str(raw.get()).map_err(|e| e.to_string()),
+        Ok(_) => Err("a versioned line without 'resp'".into()),
+        Err(_) => serde_json::from_slice(line).map_err(|e| e.to_string()),
+    }
 }
 
 /// Decodes one request as it came off the socket (bytes, trailing newline optional): longer
@@ -660,19 +714,42 @@ pub const MAX_REQUEST: usize = 64 * 1024;
 
 /// Encodes one response line (with its newline).
 pub fn encode_response(resp: &Response) -> String {
-    let mut s = serde_json::to_string(resp).unwrap_or_else(|e| {
+    let inner = serde_json::to_string(resp).unwrap_or_else(|e| {
         format!(
             r#"{{"error":{{"errno":{},"message":"encode: {e}"}}}}"#,
             errno::EIO
         )
     });
-    s.push('\n');
-    s
+    format!("{{\"v\":{PROTOCOL_VERSION},\"resp\":{inner}}}\n")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lines carry the protocol version; another version is refused with one plain line
+    /// naming both; a bare (pre-version) line is taken as version 1.
+    #[test]
+    fn lines_carry_the_version_and_a_mismatch_says_so() {
+        let line = encode_request(&Request::ConnShow).unwrap();
+        assert_eq!(line, "{\"v\":1,\"req\":\"conn_show\"}\n");
+        assert_eq!(decode_request(&line), Ok(Request::ConnShow));
+        assert_eq!(decode_request("\"conn_show\""), Ok(Request::ConnShow));
+        let e = decode_request("{\"v\":2,\"req\":\"conn_show\"}").unwrap_err();
+        assert_eq!(e.errno, errno::EPROTONOSUPPORT);
+        assert!(
+            e.message
+                .contains("lnetctl speaks version 2, this one version 1"),
+            "{e}"
+        );
+        assert!(!e.message.contains('\n'));
+        let resp = encode_response(&Response::Done);
+        assert_eq!(resp, "{\"v\":1,\"resp\":\"done\"}\n");
+        assert_eq!(decode_response(resp.as_bytes()), Ok(Response::Done));
+        assert_eq!(decode_response(b"\"done\""), Ok(Response::Done));
+        let e = decode_response(b"{\"v\":7,\"resp\":\"done\"}").unwrap_err();
+        assert!(e.contains("lnet-router speaks version 7"), "{e}");
+    }
 
     #[test]
     fn requests_round_trip_through_json() {

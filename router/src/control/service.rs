@@ -359,7 +359,7 @@ mod tests {
         ] {
             let (_, resp) = c.handle(now, &mut n, req, 0).unwrap();
             let line = encode_response(&resp);
-            let back: Response = serde_json::from_str(&line).unwrap();
+            let back: Response = decode_response(line.as_bytes()).unwrap();
             assert_eq!(back, resp, "{line}");
         }
     }
