@@ -137,6 +137,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: selftest::SelftestCmd,
     },
+    /// Print lnetctl's manual page (roff, section 8) on standard output
+    #[command(hide = true)]
+    Man,
+    /// Print a completion script for SHELL on standard output
+    #[command(hide = true)]
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Encode, decode and print an LNet ping exchange between two NIDs as o2iblnd carries it
     Demo {
         #[arg(default_value = "10.0.0.1@o2ib")]
@@ -296,6 +305,27 @@ fn run(cli: Cli) -> u8 {
         Cmd::Selftest { cmd } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return selftest::run(&path, cli.json, cmd);
+        }
+        Cmd::Man => {
+            let mut out = Vec::new();
+            let cmd = <Cli as clap::CommandFactory>::command();
+            return match clap_mangen::Man::new(cmd).section("8").render(&mut out) {
+                Ok(()) => {
+                    emit(&String::from_utf8_lossy(&out));
+                    exit::OK
+                }
+                Err(e) => {
+                    eprintln!("lnetctl: man: {e}");
+                    exit::FAILED
+                }
+            };
+        }
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "lnetctl", &mut out);
+            emit(&String::from_utf8_lossy(&out));
+            return exit::OK;
         }
         Cmd::Demo { src, dst } => {
             let (src, dst) = match (check_nid(&src), check_nid(&dst)) {

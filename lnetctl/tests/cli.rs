@@ -240,3 +240,29 @@ fn a_daemon_of_another_protocol_version_is_named_plainly() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The manual page and completion scripts come from lnetctl's own command definitions.
+#[test]
+fn man_page_and_completions_are_generated() {
+    let o = lnetctl(&["man"]);
+    assert_eq!(o.status.code(), Some(0));
+    let man = text(&o.stdout);
+    assert!(
+        man.starts_with(".ie \\n(.g .ds Aq"),
+        "{}",
+        &man[..80.min(man.len())]
+    );
+    assert!(man.contains(".TH lnetctl 8"), "{man}");
+    for cmd in ["ping", "selftest", "route", "capture"] {
+        assert!(man.contains(cmd), "{cmd} not in the man page");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let o = lnetctl(&["completions", shell]);
+        assert_eq!(o.status.code(), Some(0), "{shell}");
+        let s = text(&o.stdout);
+        assert!(
+            s.contains("lnetctl") && s.contains("selftest"),
+            "{shell}: {s}"
+        );
+    }
+}

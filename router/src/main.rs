@@ -129,6 +129,9 @@ struct Args {
     /// plus clients; tcp NIs only)
     #[arg(long, value_enum, default_value = "per-ni")]
     ni_threads: NiThreads,
+    /// Print this manual page (roff, section 8) on standard output and exit
+    #[arg(long, hide = true)]
+    print_man: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -143,6 +146,16 @@ type ControlMsg = (Request, SyncSender<Response>);
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.print_man {
+        let mut out = Vec::new();
+        let cmd = <Args as clap::CommandFactory>::command();
+        if let Err(e) = clap_mangen::Man::new(cmd).section("8").render(&mut out) {
+            eprintln!("lnet-router: man page: {e}");
+            return ExitCode::FAILURE;
+        }
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), &out);
+        return ExitCode::SUCCESS;
+    }
     init_logging(args.log_format);
     // Errors go to stderr once, as one line: before the daemon runs there is no log to keep.
     let cfg = match DaemonConfig::load(&args.config) {

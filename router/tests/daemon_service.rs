@@ -196,3 +196,16 @@ fn daemons_without_ulnet_keys_find_each_other_at_port_987() {
     assert!(log.contains("no 'fabric' for this net: using tcp"), "{log}");
     assert!(log.contains(&format!("127.9.{b}.1:987")), "{log}");
 }
+
+/// lnet-router's manual page, from its own argument definitions.
+#[test]
+fn the_daemon_prints_its_man_page() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .arg("--print-man")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let man = String::from_utf8(out.stdout).unwrap();
+    assert!(man.contains(".TH lnet-router 8"), "{man}");
+    assert!(man.contains("ni\\-threads"), "{man}");
+}
