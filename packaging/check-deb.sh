@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Unpacks a ulnet .deb into a temporary root (never installs it on this host) and checks its
+# files: the binaries run (--version, lnetctl --help), the unit, the conffile, the manual
+# pages and completions, and the control fields.
+#
+#   bash packaging/check-deb.sh FILE.deb
+set -euo pipefail
+deb=$1
+root=$(mktemp -d /tmp/ulnet-deb-check.XXXXXX)
+trap 'rm -rf "$root"' EXIT
+dpkg-deb -x "$deb" "$root"
+fail() { echo "check-deb: $*" >&2; exit 1; }
+for f in usr/bin/lnet-router usr/bin/lnetctl lib/systemd/system/lnet-router.service \
+  etc/ulnet/lnet-router.yaml usr/share/man/man8/lnet-router.8.gz usr/share/man/man8/lnetctl.8.gz \
+  usr/share/bash-completion/completions/lnetctl usr/share/zsh/vendor-completions/_lnetctl \
+  usr/share/fish/vendor_completions.d/lnetctl.fish usr/share/doc/ulnet/README.md; do
+  [ -s "$root/$f" ] || fail "missing or empty: $f"
+done
+[ -x "$root/usr/bin/lnet-router" ] && [ -x "$root/usr/bin/lnetctl" ] || fail "binaries not executable"
+"$root/usr/bin/lnet-router" --version | grep -q '^lnet-router .* (git ' || fail "lnet-router --version"
+"$root/usr/bin/lnetctl" --help | grep -q selftest || fail "lnetctl --help"
+grep -q '^ExecStart=/usr/bin/lnet-router ' "$root/lib/systemd/system/lnet-router.service" \
+  || fail "the unit does not start /usr/bin/lnet-router"
+zcat "$root/usr/share/man/man8/lnetctl.8.gz" | grep -q '^\.TH lnetctl 8' || fail "lnetctl.8"
+zcat "$root/usr/share/man/man8/lnet-router.8.gz" | grep -q '^\.TH lnet-router 8' || fail "lnet-router.8"
+ctl=$(dpkg-deb -f "$deb" Package Version Architecture)
+echo "$ctl" | grep -q '^Package: ulnet$' || fail "control: $ctl"
+dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/ulnet/lnet-router.yaml \
+  || fail "the config is not a conffile"
+owners=$(dpkg-deb -c "$deb" | awk '{print $2}' | sort -u)
+[ "$owners" = "root/root" ] || fail "files not owned by root: $owners"
+echo "check-deb: $deb: $(dpkg-deb -c "$deb" | wc -l) entries, all checks passed"
