@@ -94,7 +94,7 @@ enum Cmd {
     /// LNet's counters
     Stats {
         #[command(subcommand)]
-        cmd: Plain,
+        cmd: StatsCmd,
     },
     /// Global settings
     Global {
@@ -260,6 +260,14 @@ enum SetCmd {
 }
 
 #[derive(Subcommand, Debug)]
+enum StatsCmd {
+    /// Show
+    Show,
+    /// Reset LNet's counters to zero
+    Reset,
+}
+
+#[derive(Subcommand, Debug)]
 enum Plain {
     /// Show
     Show,
@@ -387,7 +395,12 @@ fn run(cli: Cli) -> u8 {
             Request::PeerShow { nid, verbose }
         }
         Cmd::Conn { .. } => Request::ConnShow,
-        Cmd::Stats { .. } => Request::StatsShow,
+        Cmd::Stats {
+            cmd: StatsCmd::Show,
+        } => Request::StatsShow,
+        Cmd::Stats {
+            cmd: StatsCmd::Reset,
+        } => Request::StatsReset,
         Cmd::Global { .. } => Request::GlobalShow,
         Cmd::Route { cmd } => match cmd {
             RouteCmd::Add {

@@ -688,6 +688,17 @@ impl LnetNode {
         &self.stats
     }
 
+    /// `lnetctl stats reset`: every counter back to zero; the messages allocated now stay
+    /// counted (a gauge), and become the new high-water mark.
+    pub fn reset_stats(&mut self) {
+        let alloc = self.stats.msgs_alloc;
+        self.stats = LnetStats {
+            msgs_alloc: alloc,
+            msgs_max: alloc,
+            ..LnetStats::default()
+        };
+    }
+
     /// Every peer NI we sent to or heard from, by NID (`lnetctl peer show`).
     pub fn peers(&self) -> Vec<PeerInfo> {
         self.peers.values().map(PeerNi::info).collect()

@@ -20,6 +20,7 @@ fn kind(r: &Request) -> &'static str {
         Request::PeerShow { .. } => "peer_show",
         Request::ConnShow => "conn_show",
         Request::StatsShow => "stats_show",
+        Request::StatsReset => "stats_reset",
         Request::GlobalShow => "global_show",
         Request::CaptureStart { .. } => "capture_start",
         Request::CaptureStop { .. } => "capture_stop",
@@ -33,12 +34,13 @@ fn kind(r: &Request) -> &'static str {
     }
 }
 
-const EVERY_KIND: [&str; 15] = [
+const EVERY_KIND: [&str; 16] = [
     "ping",
     "net_show",
     "peer_show",
     "conn_show",
     "stats_show",
+    "stats_reset",
     "global_show",
     "capture_start",
     "capture_stop",

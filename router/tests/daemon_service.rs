@@ -209,3 +209,26 @@ fn the_daemon_prints_its_man_page() {
     assert!(man.contains(".TH lnet-router 8"), "{man}");
     assert!(man.contains("ni\\-threads"), "{man}");
 }
+
+/// `lnetctl stats reset` zeroes LNet's counters on every NI (lnetctl's command), live, and
+/// counting starts again from there.
+#[test]
+fn stats_reset_zeroes_the_counters() {
+    let p = connected_pair("stats_reset");
+    let stats = |d: &Daemon| match call(d, Request::StatsShow) {
+        Response::Stats(s) => s.statistics,
+        other => panic!("{other:?}"),
+    };
+    ping_until_ok(&p.a, NID_B, WAIT);
+    assert!(stats(&p.a).send_count > 0);
+    let o = lnetctl(&p.a, &["stats", "reset"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let s = stats(&p.a);
+    assert_eq!(
+        (s.send_count, s.recv_count, s.send_length),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    ping_until_ok(&p.a, NID_B, WAIT);
+    assert!(stats(&p.a).send_count > 0, "counting goes on");
+}

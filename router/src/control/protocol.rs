@@ -59,6 +59,8 @@ pub enum Request {
     },
     ConnShow,
     StatsShow,
+    /// `lnetctl stats reset`: LNet's counters back to zero on every NI.
+    StatsReset,
     GlobalShow,
     /// `lnetctl capture`: stream a copy of every kib message every NI sends and receives. The
     /// daemon answers [`Response::CaptureStarted`] (or an error: one capture at a time), then

@@ -131,6 +131,10 @@ impl<T> Control<T> {
             },
             Request::ConnShow => Response::Conn(conn_show(node, now)),
             Request::StatsShow => Response::Stats(stats_show(node)),
+            Request::StatsReset => {
+                node.reset_stats();
+                Response::Done
+            }
             Request::GlobalShow => Response::Global(global_show(node)),
             Request::RouteShow {
                 net,
