@@ -132,7 +132,8 @@ enum Cmd {
         force: bool,
     },
     /// lnet_selftest: lst's commands (sessions, groups, batches, ping and brw tests, stat),
-    /// run by the daemon's console, and `run-test` for a whole session in one command
+    /// run by the daemon's console, and `run-test` for a whole session in one command (every
+    /// node's daemon needs `selftest: enable: 1` in its config)
     Selftest {
         #[command(subcommand)]
         cmd: selftest::SelftestCmd,
