@@ -4,26 +4,7 @@
 # between o2ib and o2ib1, a server on o2ib1. The client pings the server through the router
 # (the exchange captured to a pcap, decoded by tshark if present); then `route show -v` on the
 # client, `routing show`, `peer show -v` and `stats show` on the router; then a graceful stop.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-cargo build --release -q -p router -p lnetctl
-bin=target/release
-run=$(mktemp -d /tmp/ulnet-demo.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$run"
-}
-trap cleanup EXIT
-export LNET_LOG=${LNET_LOG:-warn}
-for n in router server client; do
-    "$bin/lnet-router" --config "router/examples/routed/$n.yaml" --socket "$run/$n.sock" &
-    pids+=($!)
-done
-for n in router server client; do
-    for _ in $(seq 100); do [ -S "$run/$n.sock" ] && break; sleep 0.05; done
-done
+source "$(dirname "$0")/routed-daemons.sh"
 ctl() {
     local who=$1
     shift
@@ -31,11 +12,6 @@ ctl() {
     "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
     echo
 }
-# The client's router pinger finds the gateway within a few seconds of both starting.
-for _ in $(seq 100); do
-    "$bin/lnetctl" --socket "$run/client.sock" route show -v 2>/dev/null | grep -q 'state: up' && break
-    sleep 0.1
-done
 # Record what the client puts on the wire (kernel-bypass traffic is invisible to tcpdump).
 "$bin/lnetctl" --socket "$run/client.sock" capture --file "$run/ping.pcap" --duration 2 > "$run/capture.out" &
 cap=$!

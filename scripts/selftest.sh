@@ -9,31 +9,7 @@
 #   bash scripts/selftest.sh [TEST...]     e.g.  bash scripts/selftest.sh brw read size=64k check=full
 #
 # Env: DURATION=5 (seconds), CONCURRENCY=4
-set -euo pipefail
-cd "$(dirname "$0")/.."
-cargo build --release -q -p router -p lnetctl
-bin=target/release
-run=$(mktemp -d /tmp/ulnet-selftest.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$run"
-}
-trap cleanup EXIT
-export LNET_LOG=${LNET_LOG:-warn}
-for n in router server client; do
-    "$bin/lnet-router" --config "router/examples/routed/$n.yaml" --socket "$run/$n.sock" &
-    pids+=($!)
-done
-for n in router server client; do
-    for _ in $(seq 100); do [ -S "$run/$n.sock" ] && break; sleep 0.05; done
-done
-# The client's router pinger finds the gateway within a few seconds of both starting.
-for _ in $(seq 100); do
-    "$bin/lnetctl" --socket "$run/client.sock" route show -v 2>/dev/null | grep -q 'state: up' && break
-    sleep 0.1
-done
+source "$(dirname "$0")/routed-daemons.sh"
 test=("$@")
 [ ${#test[@]} -gt 0 ] || test=(brw write size=1M check=full)
 echo "[client] \$ lnetctl selftest run-test --from 10.0.0.1@o2ib --to 10.1.0.2@o2ib1" \

@@ -1029,6 +1029,17 @@ impl lnd::fabric::Registry for NoRegistry {
     }
 }
 
+/// The driver's memory registration, or `none`'s refusals for a driver that has none.
+fn registry<'a>(
+    driver: &'a mut Box<dyn Driver + Send>,
+    none: &'a mut NoRegistry,
+) -> &'a mut dyn lnd::fabric::Registry {
+    match driver.registry() {
+        Some(r) => r,
+        None => none,
+    }
+}
+
 /// One NI loop's selftest: the service, test client and console (none unless the config
 /// says `selftest: enable: 1`), and the control requests whose console command is still
 /// running.
@@ -1063,10 +1074,7 @@ impl NiSelftest {
         if due {
             let (node, driver) = rt.parts();
             let mut none = NoRegistry;
-            let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
-                Some(r) => r,
-                None => &mut none,
-            };
+            let reg = registry(driver, &mut none);
             st.handle_timeout(now, node, reg);
             st.console_tick(now, node, reg);
         }
@@ -1091,10 +1099,7 @@ impl NiSelftest {
         let now = rt.now();
         let (node, driver) = rt.parts();
         let mut none = NoRegistry;
-        let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
-            Some(r) => r,
-            None => &mut none,
-        };
+        let reg = registry(driver, &mut none);
         match st.console(now, node, reg, cmd) {
             ConsoleStart::Done(r) => {
                 let _ = reply.try_send(lst_response(r));
@@ -1134,10 +1139,7 @@ fn drain_events(
     let (node, driver) = rt.parts();
     let mut none = NoRegistry;
     while let Some(ev) = node.poll_event() {
-        let reg: &mut dyn lnd::fabric::Registry = match driver.registry() {
-            Some(r) => r,
-            None => &mut none,
-        };
+        let reg = registry(driver, &mut none);
         if let Some(st) = lst.st.as_mut() {
             if st.handle_event(now, node, reg, &ev) {
                 continue;

@@ -350,21 +350,21 @@ fn parse_nids(list: &[String]) -> Result<Vec<Nid>, LstError> {
         for expanded in expand_range(item)? {
             let nid: Nid = expanded
                 .parse()
-                .map_err(|e| LstError::new(errno_i(errno::EINVAL), format!("{expanded}: {e}")))?;
+                .map_err(|e| LstError::new(errno::EINVAL as i32, format!("{expanded}: {e}")))?;
             if !out.contains(&nid) {
                 out.push(nid);
             }
         }
     }
     if out.is_empty() {
-        return Err(LstError::new(errno_i(errno::EINVAL), "no NID given"));
+        return Err(LstError::new(errno::EINVAL as i32, "no NID given"));
     }
     Ok(out)
 }
 
 /// lst's NID ranges in one place of the address: `10.0.0.[1-4]@tcp`, `10.0.0.[1,3,5-6]@tcp`.
 fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
-    let bad = || LstError::new(errno_i(errno::EINVAL), format!("{s}: bad NID range"));
+    let bad = || LstError::new(errno::EINVAL as i32, format!("{s}: bad NID range"));
     let Some(open) = s.find('[') else {
         return Ok(vec![s.to_string()]);
     };
@@ -384,10 +384,6 @@ fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
         out.extend((a..=b).map(|n| format!("{head}{n}{tail}")));
     }
     Ok(out)
-}
-
-fn errno_i(e: u32) -> i32 {
-    e as i32
 }
 
 fn errno_name(e: u32) -> String {
@@ -425,8 +421,8 @@ impl Selftest {
         cmd: LstCommand,
     ) -> ConsoleStart {
         let r = self.console_inner(now, node, reg, cmd);
-        self.srpc.flush(node);
-        self.run_console(now, node, reg);
+        // What the command set off at once (loopback RPCs to this node) is taken now.
+        self.run(now, node, reg);
         r
     }
 
@@ -733,14 +729,6 @@ impl Selftest {
                 };
                 self.transaction(now, node, reg, kind, nodes)
             }
-            LstCommand::Run { batch }
-            | LstCommand::Query { batch }
-            | LstCommand::Stop { batch, .. }
-                if self.console.session.is_none() =>
-            {
-                let _ = batch;
-                no_session()
-            }
             LstCommand::Run { batch } => {
                 self.batch_txn(now, node, reg, &batch, SRPC_BATCH_OPC_RUN, 0)
             }
@@ -813,7 +801,7 @@ impl Selftest {
         arg: u32,
     ) -> ConsoleStart {
         let Some(s) = &self.console.session else {
-            return ConsoleStart::Done(Err(LstError::new(3, "no session")));
+            return ConsoleStart::Done(Err(LstError::new(3, "no session: run new_session first")));
         };
         let Some(b) = s.batches.get(batch) else {
             return ConsoleStart::Done(Err(LstError::new(2, format!("no batch {batch}"))));
@@ -900,6 +888,7 @@ impl Selftest {
                     None,
                     timeout,
                     owner,
+                    None,
                 ),
                 TxnKind::EndSession | TxnKind::DelGroup { .. } => self.srpc.call(
                     now,
@@ -910,6 +899,7 @@ impl Selftest {
                     None,
                     timeout,
                     owner,
+                    None,
                 ),
                 TxnKind::Ping | TxnKind::KeepAlive => self.srpc.call(
                     now,
@@ -927,6 +917,7 @@ impl Selftest {
                     None,
                     timeout,
                     owner,
+                    None,
                 ),
                 TxnKind::Stat { .. } => self.srpc.call(
                     now,
@@ -944,6 +935,7 @@ impl Selftest {
                     None,
                     timeout,
                     owner,
+                    None,
                 ),
                 TxnKind::Batch { opc, bid, arg } => {
                     let (bid, arg, opc) = (*bid, *arg, *opc);
@@ -966,6 +958,7 @@ impl Selftest {
                         None,
                         timeout,
                         owner,
+                        None,
                     )
                 }
                 TxnKind::AddTest {
@@ -1006,6 +999,7 @@ impl Selftest {
                         None,
                         timeout,
                         owner,
+                        None,
                     )
                 }
                 TxnKind::AddTest {
@@ -1083,6 +1077,7 @@ impl Selftest {
                         Some((span, BulkDir::Source)),
                         timeout,
                         owner,
+                        None,
                     )
                 }
             };
@@ -1100,13 +1095,7 @@ impl Selftest {
     }
 
     /// A console RPC ended.
-    pub(crate) fn console_rpc_done(
-        &mut self,
-        now: Instant,
-        node: &mut LnetNode,
-        reg: &mut dyn Registry,
-        done: RpcDone,
-    ) {
+    pub(crate) fn console_rpc_done(&mut self, done: RpcDone) {
         let Owner::Console { op, node: i } = done.owner else {
             return;
         };
@@ -1128,11 +1117,6 @@ impl Selftest {
                 }
             }
         }
-        let _ = (now, node, reg);
-    }
-
-    fn run_console(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
-        self.handle_timeout(now, node, reg);
     }
 
     /// A transaction every node of which answered or failed: its answer, and what it changes

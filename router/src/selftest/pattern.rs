@@ -7,6 +7,13 @@ use lnd::wire::ByteOrder;
 
 use super::wire::{check_pattern, fill_pattern, BrwCheck, SelftestWireError, BRW_MSIZE};
 
+/// `magic` as the 8 bytes a node of byte order `order` writes.
+fn word(magic: u64, order: ByteOrder) -> [u8; BRW_MSIZE] {
+    let mut w = [0u8; BRW_MSIZE];
+    order.put_u64(&mut w, 0, magic);
+    w
+}
+
 /// Writes the pattern of `check` into `buf` (a bulk starting at in-page offset `offset`).
 pub(crate) fn fill(
     buf: &mut [u8],
@@ -20,9 +27,7 @@ pub(crate) fn fill(
     let (words, tail) = buf.split_at_mut(whole);
     fill_pattern(words, offset, page, check, magic, order)?;
     if matches!(check, BrwCheck::Simple | BrwCheck::Full) && !tail.is_empty() {
-        let mut w = [0u8; BRW_MSIZE];
-        order.put_u64(&mut w, 0, magic);
-        tail.copy_from_slice(&w[..tail.len()]);
+        tail.copy_from_slice(&word(magic, order)[..tail.len()]);
     }
     Ok(())
 }
@@ -39,18 +44,15 @@ pub(crate) fn check(
     let whole = buf.len() / BRW_MSIZE * BRW_MSIZE;
     let (words, tail) = buf.split_at(whole);
     check_pattern(words, offset, page, check, magic, order)?;
-    if matches!(check, BrwCheck::Simple | BrwCheck::Full) && !tail.is_empty() {
-        let mut w = [0u8; BRW_MSIZE];
-        order.put_u64(&mut w, 0, magic);
-        if tail != &w[..tail.len()] {
-            let mut found = [0u8; BRW_MSIZE];
-            found[..tail.len()].copy_from_slice(tail);
-            return Err(SelftestWireError::BadBulkData {
-                at: whole,
-                found: order.get_u64(&found, 0),
-                expected: magic,
-            });
-        }
+    let checked = matches!(check, BrwCheck::Simple | BrwCheck::Full);
+    if checked && !tail.is_empty() && tail != &word(magic, order)[..tail.len()] {
+        let mut found = [0u8; BRW_MSIZE];
+        found[..tail.len()].copy_from_slice(tail);
+        return Err(SelftestWireError::BadBulkData {
+            at: whole,
+            found: order.get_u64(&found, 0),
+            expected: magic,
+        });
     }
     Ok(())
 }

@@ -292,7 +292,7 @@ impl Selftest {
     }
 
     /// Everything the RPC layer reported, until it has nothing more.
-    fn run(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
+    pub(crate) fn run(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry) {
         loop {
             self.srpc.flush(node);
             let Some(ev) = self.srpc.poll_event() else {
@@ -302,7 +302,7 @@ impl Selftest {
                 SrpcEvent::Request(inc) => self.serve(now, node, reg, inc),
                 SrpcEvent::Rpc(done) => match done.owner {
                     Owner::Unit { test, unit } => self.unit_done(now, node, reg, test, unit, done),
-                    Owner::Console { .. } => self.console_rpc_done(now, node, reg, done),
+                    Owner::Console { .. } => self.console_rpc_done(done),
                 },
                 SrpcEvent::ServerBulk { op, result } => {
                     self.server_bulk_done(now, node, reg, op, result)
@@ -371,7 +371,7 @@ impl Selftest {
                     .into(),
                 )
             }
-            SrpcBody::BatchRequest(r) => Some(self.batch(now, node, reg, r).into()),
+            SrpcBody::BatchRequest(r) => Some(self.batch(now, node, r).into()),
             SrpcBody::TestRequest(r) => self.add_test(now, node, reg, &inc, r),
             SrpcBody::PingRequest(r) => {
                 let status = if r.magic == LST_PING_TEST_MAGIC {
@@ -405,7 +405,7 @@ impl Selftest {
                 (SrpcBody::PingReply(_) | SrpcBody::BrwReply(_), _) | (_, None) => req_features,
                 (_, Some(s)) => s.features,
             };
-            self.srpc.reply_in(now, node, from, rpyid, b, features);
+            self.srpc.reply(now, node, from, rpyid, b, features);
         }
     }
 
@@ -482,16 +482,13 @@ impl Selftest {
         self.srpc.abort(node, |o| matches!(o, Owner::Unit { .. }));
         // brw requests still waiting for a buffer: answered (no session to serve them in).
         for inc in std::mem::take(&mut self.waiting) {
-            self.srpc.reply(
-                now,
-                node,
-                inc.from,
-                inc.rpyid,
-                BrwReply {
-                    status: errno::ESRCH,
-                }
-                .into(),
-            );
+            let body = BrwReply {
+                status: errno::ESRCH,
+            }
+            .into();
+            let features = inc.msg.features;
+            self.srpc
+                .reply(now, node, inc.from, inc.rpyid, body, features);
         }
         let keys: Vec<u64> = self.tests.keys().copied().collect();
         for k in keys {
@@ -525,13 +522,7 @@ impl Selftest {
         }
     }
 
-    fn batch(
-        &mut self,
-        now: Instant,
-        node: &mut LnetNode,
-        reg: &mut dyn Registry,
-        r: BatchRequest,
-    ) -> BatchReply {
+    fn batch(&mut self, now: Instant, node: &mut LnetNode, r: BatchRequest) -> BatchReply {
         let sid = self.session.as_ref().map_or(LstSid::NONE, |s| s.sid);
         let reply = |status, active| BatchReply {
             status,
@@ -560,7 +551,7 @@ impl Selftest {
                     return reply(0, 0);
                 }
                 for k in &keys {
-                    self.start_test(now, node, reg, *k);
+                    self.start_test(now, node, *k);
                 }
                 reply(0, 0)
             }
@@ -701,7 +692,7 @@ impl Selftest {
         let fail = |me: &mut Selftest, node: &mut LnetNode, status| {
             let body = BrwReply { status }.into();
             me.srpc
-                .reply_in(now, node, inc.from, inc.rpyid, body, req_features);
+                .reply(now, node, inc.from, inc.rpyid, body, req_features);
         };
         let Some(features) = self.session.as_ref().map(|s| s.features) else {
             return fail(self, node, errno::ESRCH);
@@ -850,7 +841,7 @@ impl Selftest {
                 };
                 self.srpc.buffers.give(slot);
                 let body = BrwReply { status }.into();
-                self.srpc.reply_in(now, node, from, rpyid, body, features);
+                self.srpc.reply(now, node, from, rpyid, body, features);
                 self.serve_waiting(now, node, reg);
                 self.trim_if_idle(reg);
             }
@@ -883,7 +874,7 @@ impl Selftest {
                     Some(d) => self.create_test(reg, req, features, &d),
                 };
                 let body = TestReply { status, sid }.into();
-                self.srpc.reply_in(now, node, from, rpyid, body, features);
+                self.srpc.reply(now, node, from, rpyid, body, features);
             }
         }
     }
@@ -954,7 +945,7 @@ impl Selftest {
 
     // ------------------------------------------------------------------ client side
 
-    fn start_test(&mut self, now: Instant, node: &mut LnetNode, reg: &mut dyn Registry, key: u64) {
+    fn start_test(&mut self, now: Instant, node: &mut LnetNode, key: u64) {
         let Some(t) = self.tests.get_mut(&key) else {
             return;
         };
@@ -964,20 +955,12 @@ impl Selftest {
             u.left = lc;
         }
         for i in 0..t.units.len() {
-            self.unit_next(now, node, reg, key, i);
+            self.unit_next(now, node, key, i);
         }
     }
 
     /// Sends unit `i`'s next RPC if its test runs and it has loops left.
-    fn unit_next(
-        &mut self,
-        now: Instant,
-        node: &mut LnetNode,
-        reg: &mut dyn Registry,
-        key: u64,
-        i: usize,
-    ) {
-        let _ = reg;
+    fn unit_next(&mut self, now: Instant, node: &mut LnetNode, key: u64, i: usize) {
         let Some(t) = self.tests.get_mut(&key) else {
             return;
         };
@@ -1002,7 +985,7 @@ impl Selftest {
                 self.ping_seq = self.ping_seq.wrapping_add(1);
                 let seq = self.ping_seq;
                 let ns = now.as_nanos();
-                self.srpc.call_in(
+                self.srpc.call(
                     now,
                     node,
                     dest,
@@ -1052,7 +1035,7 @@ impl Selftest {
                 }
                 // Bytes in either layout (a v0 test's length is whole pages already).
                 let wire_len = len;
-                self.srpc.call_in(
+                self.srpc.call(
                     now,
                     node,
                     dest,
@@ -1181,7 +1164,7 @@ impl Selftest {
                 }
             }
         }
-        self.unit_next(now, node, reg, key, i);
+        self.unit_next(now, node, key, i);
     }
 }
 

@@ -330,26 +330,11 @@ impl Srpc {
 
     /// Starts a client RPC to `dst`'s `service`: `make(rpyid, bulkid)` builds the request
     /// body. With `bulk`, that span is posted for the server on the RDMA portal under `bulkid`.
-    /// Its end comes as [`SrpcEvent::Rpc`]; an error here means nothing was sent.
+    /// `features` goes in the header's `msg_ses_feats` (a test RPC carries its session's, as
+    /// sfw_create_test_rpc does); `None`: the body's implied features. Its end comes as
+    /// [`SrpcEvent::Rpc`]; an error here means nothing was sent.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn call(
-        &mut self,
-        now: Instant,
-        node: &mut LnetNode,
-        dst: Nid,
-        service: ServiceId,
-        make: impl FnOnce(u64, u64) -> SrpcBody,
-        bulk: Option<(Span, BulkDir)>,
-        timeout: Duration,
-        owner: Owner,
-    ) -> Result<u64, RpcError> {
-        self.call_in(now, node, dst, service, make, bulk, timeout, owner, None)
-    }
-
-    /// [`Srpc::call`] in a session of `features` (the header's `msg_ses_feats`, as
-    /// sfw_create_test_rpc sends the session's); `None`: the body's implied features.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn call_in(
         &mut self,
         now: Instant,
         node: &mut LnetNode,
@@ -415,21 +400,9 @@ impl Srpc {
         Ok(rpyid)
     }
 
-    /// Sends the reply `body` to a request from `to` whose reply buffer is `rpyid`.
+    /// Sends the reply `body` to a request from `to` whose reply buffer is `rpyid`, with the
+    /// header's session features `features`.
     pub(crate) fn reply(
-        &mut self,
-        now: Instant,
-        node: &mut LnetNode,
-        to: Nid,
-        rpyid: u64,
-        body: SrpcBody,
-    ) {
-        let features = SrpcMsg::new(body).features;
-        self.reply_in(now, node, to, rpyid, body, features);
-    }
-
-    /// [`Srpc::reply`] with the header's session features `features`.
-    pub(crate) fn reply_in(
         &mut self,
         now: Instant,
         node: &mut LnetNode,
@@ -604,9 +577,7 @@ impl Srpc {
     /// Takes an event of the node; false if it is not this layer's (the caller hands it on).
     pub(crate) fn handle_event(&mut self, node: &mut LnetNode, ev: &LnetEvent) -> bool {
         let taken = self.take_event(node, ev);
-        while let Some(ev) = self.loop_events.pop_front() {
-            self.take_event(node, &ev);
-        }
+        self.flush(node);
         taken
     }
 
