@@ -884,7 +884,7 @@ fn reword_unknown(msg: &str) -> Option<String> {
         .unwrap_or_default();
     let best = expected
         .iter()
-        .map(|k| (edit_distance(key, k), k))
+        .map(|k| (strsim::levenshtein(key, k), k))
         .min_by_key(|&(d, _)| d)
         .filter(|&(d, k)| d <= 3.max(k.len() / 3));
     Some(match best {
@@ -892,20 +892,6 @@ fn reword_unknown(msg: &str) -> Option<String> {
         None if expected.is_empty() => format!("unknown key '{key}'"),
         None => format!("unknown key '{key}' (known: {})", expected.join(", ")),
     })
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 #[cfg(test)]

@@ -492,57 +492,19 @@ pub fn set_listen_backlog(sock: BorrowedFd<'_>, backlog: u32) -> io::Result<()> 
 
 /// The soft limit on this process's open descriptors (RLIMIT_NOFILE), `None` when unlimited.
 pub fn nofile_limit() -> io::Result<Option<u64>> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: the argument points at a live local of the right type; plain system call.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur))
+    Ok(rustix::process::getrlimit(rustix::process::Resource::Nofile).current)
 }
 
 /// Sets TCP_USER_TIMEOUT: how long transmitted data may stay unacknowledged before the kernel
 /// fails the connection with ETIMEDOUT (zero = the system default).
 pub fn set_tcp_user_timeout(sock: BorrowedFd<'_>, timeout: Duration) -> io::Result<()> {
-    let ms: libc::c_uint = timeout.as_millis().try_into().unwrap_or(libc::c_uint::MAX);
-    // SAFETY: the option value points at a live local of the size passed; the descriptor is
-    // borrowed, so open.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            core::ptr::addr_of!(ms).cast::<libc::c_void>(),
-            core::mem::size_of::<libc::c_uint>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    rustix::net::sockopt::set_tcp_user_timeout(sock, ms).map_err(io::Error::from)
 }
 
 /// Reads TCP_USER_TIMEOUT back (for tests and `lnetctl`).
 pub fn tcp_user_timeout(sock: BorrowedFd<'_>) -> io::Result<Duration> {
-    let mut ms: libc::c_uint = 0;
-    let mut len = core::mem::size_of::<libc::c_uint>() as libc::socklen_t;
-    // SAFETY: value and length point at live locals of the right sizes; the descriptor is
-    // borrowed, so open.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_USER_TIMEOUT,
-            core::ptr::addr_of_mut!(ms).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let ms = rustix::net::sockopt::tcp_user_timeout(sock).map_err(io::Error::from)?;
     Ok(Duration::from_millis(u64::from(ms)))
 }
 

@@ -594,23 +594,14 @@ pub struct Globals {
 /// The control socket's default path: `/run/ulnet/lnet-router.sock` for root, else
 /// `$XDG_RUNTIME_DIR/ulnet/lnet-router.sock` (or `/tmp/ulnet-UID/lnet-router.sock` without it).
 pub fn default_socket_path() -> PathBuf {
-    let uid = current_uid();
-    if uid == Some(0) {
+    let uid = rustix::process::geteuid().as_raw();
+    if uid == 0 {
         return PathBuf::from("/run/ulnet/lnet-router.sock");
     }
     match std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir).join("ulnet/lnet-router.sock"),
-        None => PathBuf::from(format!(
-            "/tmp/ulnet-{}/lnet-router.sock",
-            uid.unwrap_or(u32::MAX)
-        )),
+        None => PathBuf::from(format!("/tmp/ulnet-{}/lnet-router.sock", uid)),
     }
-}
-
-/// Our uid, without libc: the owner of `/proc/self`.
-fn current_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
 }
 
 /// Encodes one request line (with its newline), as [`ControlClient`](super::ControlClient)
