@@ -8,6 +8,7 @@ mod capture;
 mod demo;
 mod render;
 mod selftest;
+mod tree;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

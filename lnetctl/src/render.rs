@@ -1,7 +1,6 @@
-//! YAML in real lnetctl's layout (reference section 7): four-space indentation, `- ` list items,
-//! the same key names. Written by hand so the layout is exactly lnetctl's.
-
-use std::fmt::Write;
+//! lnetctl's documents for each answer, built once as a [`tree`](crate::tree) and printed as
+//! YAML in real lnetctl's layout (reference section 7) or as JSON with `--json`: the same keys,
+//! order and values either way.
 
 use router::control::{
     ConnShow, Counts, GlobalShow, NamedCounters, NetShow, PeerShow, PingShow, PoolShow, Response,
@@ -9,383 +8,407 @@ use router::control::{
 };
 
 use crate::capture::Report;
+use crate::tree::{to_json, to_yaml, Map};
 
-/// Renders any successful response; `None` for an error response.
-pub fn yaml(resp: &Response) -> Option<String> {
+/// The document of a successful response; `None` for an error, a capture's stream and
+/// selftest's replies (rendered by `selftest`).
+pub fn tree(resp: &Response) -> Option<Map> {
     Some(match resp {
-        Response::Ping(p) => ping(p),
-        Response::Net(n) => net(n),
-        Response::Peer(p) => peer(p),
-        Response::Conn(c) => conn(c),
-        Response::Stats(s) => stats(s),
-        Response::Global(g) => global(g),
-        Response::Route(r) => route(r),
-        Response::Routing(r) => routing(r),
-        Response::Selftest(r) => crate::selftest::render_reply(r),
-        Response::Done => String::new(),
-        // The capture's stream is written by `capture`, not rendered.
-        Response::CaptureStarted(_)
+        Response::Ping(p) => ping_tree(p),
+        Response::Net(n) => net_tree(n),
+        Response::Peer(p) => peer_tree(p),
+        Response::Conn(c) => conn_tree(c),
+        Response::Stats(s) => stats_tree(s),
+        Response::Global(g) => global_tree(g),
+        Response::Route(r) => route_tree(r),
+        Response::Routing(r) => routing_tree(r),
+        Response::Done => Map::new(),
+        Response::Selftest(_)
+        | Response::CaptureStarted(_)
         | Response::CaptureData(_)
         | Response::CaptureDone(_)
         | Response::Error(_) => return None,
     })
 }
 
-/// The data of a response as pretty JSON (the same keys as the YAML); `None` for an error.
+/// Renders any successful response as YAML; `None` for an error response.
+pub fn yaml(resp: &Response) -> Option<String> {
+    if let Response::Selftest(r) = resp {
+        return Some(crate::selftest::render_reply(r));
+    }
+    tree(resp).map(|t| to_yaml(&t))
+}
+
+/// The same document as JSON; `None` for an error.
 pub fn json(resp: &Response) -> Option<String> {
-    let r = match resp {
-        Response::Ping(p) => serde_json::to_string_pretty(p),
-        Response::Net(n) => serde_json::to_string_pretty(n),
-        Response::Peer(p) => serde_json::to_string_pretty(p),
-        Response::Conn(c) => serde_json::to_string_pretty(c),
-        Response::Stats(s) => serde_json::to_string_pretty(s),
-        Response::Global(g) => serde_json::to_string_pretty(g),
-        Response::Route(r) => serde_json::to_string_pretty(r),
-        Response::Routing(r) => serde_json::to_string_pretty(r),
-        Response::Selftest(r) => serde_json::to_string_pretty(r),
-        Response::Done => return Some(String::new()),
-        Response::CaptureStarted(_)
-        | Response::CaptureData(_)
-        | Response::CaptureDone(_)
-        | Response::Error(_) => return None,
-    };
-    r.ok().map(|mut s| {
-        s.push('\n');
-        s
+    if let Response::Selftest(r) = resp {
+        return serde_json::to_string_pretty(r).ok().map(|mut s| {
+            s.push('\n');
+            s
+        });
+    }
+    let t = tree(resp)?;
+    Some(if t.0.is_empty() {
+        String::new()
+    } else {
+        to_json(&t)
     })
 }
 
-fn counts(out: &mut String, indent: &str, c: &Counts) {
-    let _ = writeln!(out, "{indent}statistics:");
-    let _ = writeln!(out, "{indent}    send_count: {}", c.send_count);
-    let _ = writeln!(out, "{indent}    recv_count: {}", c.recv_count);
-    let _ = writeln!(out, "{indent}    drop_count: {}", c.drop_count);
+fn counts(c: &Counts) -> Map {
+    Map::new()
+        .with("send_count", c.send_count)
+        .with("recv_count", c.recv_count)
+        .with("drop_count", c.drop_count)
 }
 
-/// `ping:` for the peers that answered, `manage:` for the failures.
-pub fn ping(p: &PingShow) -> String {
-    let mut out = String::new();
+fn named(c: &NamedCounters) -> Map {
+    Map::new().counters(c.0.iter().map(|(k, v)| (k, v)))
+}
+
+/// `ping:` for the peers that answered, `manage:` for the failures (the netlink layout:
+/// `peer_ni` with an underscore, `Multi-Rail` as true/false).
+pub fn ping_tree(p: &PingShow) -> Map {
+    let mut doc = Map::new();
     if !p.ping.is_empty() {
-        out.push_str("ping:\n");
-        for peer in &p.ping {
-            let _ = writeln!(out, "    - primary nid: {}", peer.primary_nid);
-            let _ = writeln!(out, "      Multi-Rail: {}", peer.multi_rail);
-            if peer.peer_ni.is_empty() {
-                out.push_str("      peer_ni: []\n");
-            } else {
-                out.push_str("      peer_ni:\n");
-                for nid in &peer.peer_ni {
-                    let _ = writeln!(out, "        - nid: {nid}");
-                }
-            }
-        }
+        let peers: Vec<Map> = p
+            .ping
+            .iter()
+            .map(|peer| {
+                Map::new()
+                    .with("primary nid", &peer.primary_nid)
+                    .with("Multi-Rail", peer.multi_rail)
+                    .with(
+                        "peer_ni",
+                        peer.peer_ni
+                            .iter()
+                            .map(|n| Map::new().with("nid", n))
+                            .collect::<Vec<_>>(),
+                    )
+            })
+            .collect();
+        doc.push("ping", peers);
     }
     if !p.manage.is_empty() {
-        out.push_str("manage:\n");
-        for f in &p.manage {
-            out.push_str("    - ping:\n");
-            let _ = writeln!(out, "          errno: {}", f.errno);
-            let _ = writeln!(out, "          descr: {}", f.descr);
-        }
+        let fails: Vec<Map> = p
+            .manage
+            .iter()
+            .map(|f| {
+                Map::new().with(
+                    "ping",
+                    Map::new().with("errno", f.errno).with("descr", &f.descr),
+                )
+            })
+            .collect();
+        doc.push("manage", fails);
     }
-    out
+    doc
 }
 
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
-pub fn net(n: &NetShow) -> String {
-    let mut out = String::from("net:\n");
-    for net in &n.net {
-        let _ = writeln!(out, "    - net type: {}", net.net_type);
-        out.push_str("      local NI(s):\n");
-        for ni in &net.local_nis {
-            let _ = writeln!(out, "        - nid: {}", ni.nid);
-            let _ = writeln!(out, "          status: {}", ni.status);
-            if let Some(c) = &ni.statistics {
-                counts(&mut out, "          ", c);
-            }
-            if let Some(t) = &ni.tunables {
-                out.push_str("          tunables:\n");
-                let _ = writeln!(out, "              peer_timeout: {}", t.peer_timeout);
-                let _ = writeln!(out, "              peer_credits: {}", t.peer_credits);
-                let _ = writeln!(
-                    out,
-                    "              peer_buffer_credits: {}",
-                    t.peer_buffer_credits
-                );
-                let _ = writeln!(out, "              credits: {}", t.credits);
-            }
-            if let Some(l) = &ni.lnd_tunables {
-                out.push_str("          lnd tunables:\n");
-                let _ = writeln!(out, "              peercredits_hiw: {}", l.peercredits_hiw);
-                let _ = writeln!(
-                    out,
-                    "              concurrent_sends: {}",
-                    l.concurrent_sends
-                );
-                let _ = writeln!(out, "              timeout: {}", l.timeout);
-                let _ = writeln!(out, "              keepalive: {}", l.keepalive);
-            }
-            if let Some(l) = &ni.lnd_statistics {
-                out.push_str("          lnd statistics:\n");
-                named(&mut out, "              ", &l.counters);
-                out.push_str("              rejects_sent:\n");
-                named(&mut out, "                  ", &l.rejects_sent);
-                out.push_str("              rejects_received:\n");
-                named(&mut out, "                  ", &l.rejects_received);
-            }
-            if let Some(f) = &ni.fabric {
-                out.push_str("          fabric:\n");
-                let _ = writeln!(out, "              type: {}", f.kind);
-                named(&mut out, "              ", &f.counters);
-            }
-            if let Some(u) = &ni.ulnet {
-                out.push_str("          ulnet:\n");
-                if let Some(l) = &u.listen {
-                    let _ = writeln!(out, "              listen: {l}");
-                }
-                let _ = writeln!(out, "              checksum: {}", u.checksum);
-                let _ = writeln!(
-                    out,
-                    "              checksum default: {}",
-                    u.checksum_default
-                );
-                let _ = writeln!(out, "              race order: {}", u.race_order);
-                let _ = writeln!(out, "              peer limit: {}", u.peer_limit);
-                let _ = writeln!(out, "              peers: {}", u.peers);
-            }
-        }
-    }
-    out
-}
-
-fn named(out: &mut String, indent: &str, c: &NamedCounters) {
-    for (k, v) in &c.0 {
-        let _ = writeln!(out, "{indent}{k}: {v}");
-    }
+pub fn net_tree(n: &NetShow) -> Map {
+    let nets: Vec<Map> = n
+        .net
+        .iter()
+        .map(|net| {
+            let nis: Vec<Map> = net
+                .local_nis
+                .iter()
+                .map(|ni| {
+                    let mut m = Map::new().with("nid", &ni.nid).with("status", &ni.status);
+                    if let Some(c) = &ni.statistics {
+                        m.push("statistics", counts(c));
+                    }
+                    if let Some(t) = &ni.tunables {
+                        m.push(
+                            "tunables",
+                            Map::new()
+                                .with("peer_timeout", t.peer_timeout)
+                                .with("peer_credits", t.peer_credits)
+                                .with("peer_buffer_credits", t.peer_buffer_credits)
+                                .with("credits", t.credits),
+                        );
+                    }
+                    if let Some(l) = &ni.lnd_tunables {
+                        m.push(
+                            "lnd tunables",
+                            Map::new()
+                                .with("peercredits_hiw", l.peercredits_hiw)
+                                .with("concurrent_sends", l.concurrent_sends)
+                                .with("timeout", l.timeout)
+                                .with("keepalive", l.keepalive),
+                        );
+                    }
+                    if let Some(l) = &ni.lnd_statistics {
+                        m.push(
+                            "lnd statistics",
+                            named(&l.counters)
+                                .with("rejects_sent", named(&l.rejects_sent))
+                                .with("rejects_received", named(&l.rejects_received)),
+                        );
+                    }
+                    if let Some(f) = &ni.fabric {
+                        let mut fm = Map::new().with("type", &f.kind);
+                        fm.0.extend(named(&f.counters).0);
+                        m.push("fabric", fm);
+                    }
+                    if let Some(u) = &ni.ulnet {
+                        m.push(
+                            "ulnet",
+                            Map::new()
+                                .with_opt("listen", u.listen.as_ref())
+                                .with("checksum", &u.checksum)
+                                .with("checksum default", &u.checksum_default)
+                                .with("race order", &u.race_order)
+                                .with("peer limit", u.peer_limit)
+                                .with("peers", u.peers),
+                        );
+                    }
+                    m
+                })
+                .collect();
+            Map::new()
+                .with("net type", &net.net_type)
+                .with("local NI(s)", nis)
+        })
+        .collect();
+    Map::new().with("net", nets)
 }
 
 /// `capture:`, what `lnetctl capture` prints when it ends.
-pub fn capture_yaml(r: &Report) -> String {
-    let mut out = String::from("capture:\n");
-    let _ = writeln!(out, "    file: {}", r.file);
-    let _ = writeln!(out, "    captured: {}", r.captured);
-    match r.dropped {
-        Some(d) => {
-            let _ = writeln!(out, "    dropped: {d}");
-        }
-        None => out.push_str("    dropped: unknown\n"),
-    }
-    let _ = writeln!(out, "    seconds: {:.1}", r.seconds);
-    let _ = writeln!(out, "    reason: {}", r.reason);
-    out
+fn capture_tree(r: &Report) -> Map {
+    let dropped = match r.dropped {
+        Some(d) => crate::tree::Node::from(d),
+        None => crate::tree::Node::from("unknown"),
+    };
+    Map::new().with(
+        "capture",
+        Map::new()
+            .with("file", &r.file)
+            .with("captured", r.captured)
+            .with("dropped", dropped)
+            .with(
+                "seconds",
+                crate::tree::Node::Scalar(crate::tree::Scalar::Num(format!("{:.1}", r.seconds))),
+            )
+            .with("reason", &r.reason),
+    )
 }
 
-/// The same as JSON: `{"capture": {...}}`.
+pub fn capture_yaml(r: &Report) -> String {
+    to_yaml(&capture_tree(r))
+}
+
 pub fn capture_json(r: &Report) -> String {
-    let v = serde_json::json!({ "capture": r });
-    let mut s = serde_json::to_string_pretty(&v).unwrap_or_default();
-    s.push('\n');
-    s
+    to_json(&capture_tree(r))
 }
 
 /// `peer:` with `primary nid`, `Multi-Rail` and `peer ni`; credits and statistics with `-v`.
-pub fn peer(p: &PeerShow) -> String {
-    if p.peer.is_empty() {
-        return "peer: []\n".into();
-    }
-    let mut out = String::from("peer:\n");
-    for peer in &p.peer {
-        let _ = writeln!(out, "    - primary nid: {}", peer.primary_nid);
-        let _ = writeln!(out, "      Multi-Rail: {}", peer.multi_rail);
-        out.push_str("      peer ni:\n");
-        for ni in &peer.peer_ni {
-            let _ = writeln!(out, "        - nid: {}", ni.nid);
-            let _ = writeln!(out, "          state: {}", ni.state);
-            if let Some(d) = &ni.detail {
-                let i = "          ";
-                let _ = writeln!(out, "{i}max_ni_tx_credits: {}", d.max_ni_tx_credits);
-                let _ = writeln!(out, "{i}available_tx_credits: {}", d.available_tx_credits);
-                let _ = writeln!(out, "{i}min_tx_credits: {}", d.min_tx_credits);
-                let _ = writeln!(out, "{i}tx_q_num_of_buf: {}", d.tx_q_num_of_buf);
-                let _ = writeln!(out, "{i}available_rtr_credits: {}", d.available_rtr_credits);
-                let _ = writeln!(out, "{i}min_rtr_credits: {}", d.min_rtr_credits);
-                counts(&mut out, i, &d.statistics);
-            }
-        }
-    }
-    out
+pub fn peer_tree(p: &PeerShow) -> Map {
+    let peers: Vec<Map> = p
+        .peer
+        .iter()
+        .map(|peer| {
+            let nis: Vec<Map> = peer
+                .peer_ni
+                .iter()
+                .map(|ni| {
+                    let mut m = Map::new().with("nid", &ni.nid).with("state", &ni.state);
+                    if let Some(d) = &ni.detail {
+                        m = m
+                            .with("max_ni_tx_credits", d.max_ni_tx_credits)
+                            .with("available_tx_credits", d.available_tx_credits)
+                            .with("min_tx_credits", d.min_tx_credits)
+                            .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
+                            .with("available_rtr_credits", d.available_rtr_credits)
+                            .with("min_rtr_credits", d.min_rtr_credits)
+                            .with("statistics", counts(&d.statistics));
+                    }
+                    m
+                })
+                .collect();
+            Map::new()
+                .with("primary nid", &peer.primary_nid)
+                .with("Multi-Rail", peer.multi_rail)
+                .with("peer ni", nis)
+        })
+        .collect();
+    Map::new().with("peer", peers)
 }
 
 /// `conn:` (ours): one entry per LND connection.
-pub fn conn(c: &ConnShow) -> String {
-    if c.conn.is_empty() {
-        return "conn: []\n".into();
-    }
-    let mut out = String::from("conn:\n");
-    for e in &c.conn {
-        let _ = writeln!(out, "    - ni: {}", e.ni);
-        let i = "      ";
-        let _ = writeln!(out, "{i}peer: {}", e.peer);
-        let _ = writeln!(out, "{i}state: {}", e.state);
-        let _ = writeln!(out, "{i}side: {}", e.side);
-        let _ = writeln!(out, "{i}credits: {}", e.credits);
-        let _ = writeln!(out, "{i}outstanding_credits: {}", e.outstanding_credits);
-        let _ = writeln!(out, "{i}reserved_credits: {}", e.reserved_credits);
-        let _ = writeln!(out, "{i}queue_depth: {}", e.queue_depth);
-        let _ = writeln!(out, "{i}sends_posted: {}", e.sends_posted);
-        let _ = writeln!(out, "{i}queued: {}", e.queued);
-        let _ = writeln!(out, "{i}races: {}", e.races);
-        let _ = writeln!(out, "{i}incarnation: {}", e.incarnation);
-        let _ = writeln!(out, "{i}age_ms: {}", e.age_ms);
-    }
-    out
+pub fn conn_tree(c: &ConnShow) -> Map {
+    let conns: Vec<Map> = c
+        .conn
+        .iter()
+        .map(|e| {
+            Map::new()
+                .with("ni", &e.ni)
+                .with("peer", &e.peer)
+                .with("state", &e.state)
+                .with("side", &e.side)
+                .with("credits", u32::from(e.credits))
+                .with("outstanding_credits", u32::from(e.outstanding_credits))
+                .with("reserved_credits", u32::from(e.reserved_credits))
+                .with("queue_depth", u32::from(e.queue_depth))
+                .with("sends_posted", u32::from(e.sends_posted))
+                .with("queued", e.queued)
+                .with("races", e.races)
+                .with("incarnation", &e.incarnation)
+                .with("age_ms", e.age_ms)
+        })
+        .collect();
+    Map::new().with("conn", conns)
 }
 
-/// `statistics:`, in lnetctl's order.
-pub fn stats(st: &StatsShow) -> String {
+/// `statistics:`, in lnetctl's order (liblnetconfig.c's stats builder), then ours.
+pub fn stats_tree(st: &StatsShow) -> Map {
     let s = &st.statistics;
-    // lnetctl's keys in its order (liblnetconfig.c), then ours.
-    let fields: [(&str, u64); 28] = [
-        ("msgs_alloc", s.msgs_alloc),
-        ("msgs_max", s.msgs_max),
-        ("rst_alloc", s.rst_alloc),
-        ("errors", s.errors),
-        ("send_count", s.send_count),
-        ("resend_count", s.resend_count),
-        ("response_timeout_count", s.response_timeout_count),
-        ("local_interrupt_count", s.local_interrupt_count),
-        ("local_dropped_count", s.local_dropped_count),
-        ("local_aborted_count", s.local_aborted_count),
-        ("local_no_route_count", s.local_no_route_count),
-        ("local_timeout_count", s.local_timeout_count),
-        ("local_error_count", s.local_error_count),
-        ("remote_dropped_count", s.remote_dropped_count),
-        ("remote_error_count", s.remote_error_count),
-        ("remote_timeout_count", s.remote_timeout_count),
-        ("network_timeout_count", s.network_timeout_count),
-        ("failed_resends", s.failed_resends),
-        ("successful_resends", s.successful_resends),
-        ("recv_count", s.recv_count),
-        ("route_count", s.route_count),
-        ("drop_count", s.drop_count),
-        ("send_length", s.send_length),
-        ("recv_length", s.recv_length),
-        ("route_length", s.route_length),
-        ("drop_length", s.drop_length),
-        ("loopback_count", s.loopback_count),
-        ("loopback_length", s.loopback_length),
-    ];
-    let mut out = String::from("statistics:\n");
-    for (k, v) in fields {
-        let _ = writeln!(out, "    {k}: {v}");
-    }
-    // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
-    if let Some(c) = &st.peer_table {
-        out.push_str("peer_table:\n");
-        for (k, v) in &c.0 {
-            let _ = writeln!(out, "    {k}: {v}");
-        }
-    }
-    // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
-    if let Some(c) = &st.control {
-        out.push_str("control:\n");
-        for (k, v) in &c.0 {
-            let _ = writeln!(out, "    {k}: {v}");
-        }
-    }
-    out
+    let stats = Map::new()
+        .with("msgs_alloc", s.msgs_alloc)
+        .with("msgs_max", s.msgs_max)
+        .with("rst_alloc", s.rst_alloc)
+        .with("errors", s.errors)
+        .with("send_count", s.send_count)
+        .with("resend_count", s.resend_count)
+        .with("response_timeout_count", s.response_timeout_count)
+        .with("local_interrupt_count", s.local_interrupt_count)
+        .with("local_dropped_count", s.local_dropped_count)
+        .with("local_aborted_count", s.local_aborted_count)
+        .with("local_no_route_count", s.local_no_route_count)
+        .with("local_timeout_count", s.local_timeout_count)
+        .with("local_error_count", s.local_error_count)
+        .with("remote_dropped_count", s.remote_dropped_count)
+        .with("remote_error_count", s.remote_error_count)
+        .with("remote_timeout_count", s.remote_timeout_count)
+        .with("network_timeout_count", s.network_timeout_count)
+        .with("failed_resends", s.failed_resends)
+        .with("successful_resends", s.successful_resends)
+        .with("recv_count", s.recv_count)
+        .with("route_count", s.route_count)
+        .with("drop_count", s.drop_count)
+        .with("send_length", s.send_length)
+        .with("recv_length", s.recv_length)
+        .with("route_length", s.route_length)
+        .with("drop_length", s.drop_length)
+        .with("loopback_count", s.loopback_count)
+        .with("loopback_length", s.loopback_length);
+    Map::new()
+        .with("statistics", stats)
+        // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
+        .with_opt("peer_table", st.peer_table.as_ref().map(named))
+        // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
+        .with_opt("control", st.control.as_ref().map(named))
 }
 
-/// `global:`.
-pub fn global(g: &GlobalShow) -> String {
+/// `global:`, in lnetctl's order (jt_show_global), then ours.
+pub fn global_tree(g: &GlobalShow) -> Map {
     let g = &g.global;
-    let mut out = String::from("global:\n");
-    let _ = writeln!(out, "    numa_range: {}", g.numa_range);
-    let _ = writeln!(out, "    max_interfaces: {}", g.max_interfaces);
-    let _ = writeln!(out, "    discovery: {}", g.discovery);
-    let _ = writeln!(out, "    drop_asym_route: {}", g.drop_asym_route);
-    let _ = writeln!(out, "    retry_count: {}", g.retry_count);
-    let _ = writeln!(out, "    transaction_timeout: {}", g.transaction_timeout);
-    let _ = writeln!(out, "    health_sensitivity: {}", g.health_sensitivity);
-    let _ = writeln!(out, "    recovery_interval: {}", g.recovery_interval);
-    let _ = writeln!(out, "    router_sensitivity: {}", g.router_sensitivity);
-    let _ = writeln!(out, "    lnd_timeout: {}", g.lnd_timeout);
-    let _ = writeln!(out, "    response_tracking: {}", g.response_tracking);
-    let _ = writeln!(out, "    recovery_limit: {}", g.recovery_limit);
-    let _ = writeln!(
-        out,
-        "    max_recovery_ping_interval: {}",
-        g.max_recovery_ping_interval
-    );
-    let _ = writeln!(out, "    routing: {}", g.routing);
-    let _ = writeln!(out, "    pid: {}", g.pid);
-    out
+    Map::new().with(
+        "global",
+        Map::new()
+            .with("numa_range", g.numa_range)
+            .with("max_interfaces", g.max_interfaces)
+            .with("discovery", g.discovery)
+            .with("drop_asym_route", g.drop_asym_route)
+            .with("retry_count", g.retry_count)
+            .with("transaction_timeout", g.transaction_timeout)
+            .with("health_sensitivity", g.health_sensitivity)
+            .with("recovery_interval", g.recovery_interval)
+            .with("router_sensitivity", g.router_sensitivity)
+            .with("lnd_timeout", g.lnd_timeout)
+            .with("response_tracking", g.response_tracking)
+            .with("recovery_limit", g.recovery_limit)
+            .with("max_recovery_ping_interval", g.max_recovery_ping_interval)
+            .with("routing", g.routing)
+            .with("pid", g.pid),
+    )
 }
 
 /// `route:` as lnetctl prints it (`route: []` when there is none).
-pub fn route(r: &RouteShow) -> String {
-    if r.route.is_empty() {
-        return "route: []\n".to_string();
-    }
-    let mut out = String::from("route:\n");
-    for e in &r.route {
-        let _ = writeln!(out, "    - net: {}", e.net);
-        let _ = writeln!(out, "      gateway: {}", e.gateway);
-        if let Some(h) = e.hop {
-            let _ = writeln!(out, "      hop: {h}");
-        }
-        if let Some(p) = e.priority {
-            let _ = writeln!(out, "      priority: {p}");
-        }
-        if let Some(h) = e.health_sensitivity {
-            let _ = writeln!(out, "      health_sensitivity: {h}");
-        }
-        if let Some(s) = &e.state {
-            let _ = writeln!(out, "      state: {s}");
-        }
-        if let Some(t) = &e.kind {
-            let _ = writeln!(out, "      type: {t}");
-        }
-    }
-    out
+pub fn route_tree(r: &RouteShow) -> Map {
+    let routes: Vec<Map> = r
+        .route
+        .iter()
+        .map(|e| {
+            Map::new()
+                .with("net", &e.net)
+                .with("gateway", &e.gateway)
+                .with_opt("hop", e.hop)
+                .with_opt("priority", e.priority)
+                .with_opt("health_sensitivity", e.health_sensitivity)
+                .with_opt("state", e.state.as_ref())
+                .with_opt("type", e.kind.as_ref())
+        })
+        .collect();
+    Map::new().with("route", routes)
 }
 
 /// `routing:` as lnetctl prints it: each CPT's pools, then `enable`; then ours, the
 /// forwarding books.
-pub fn routing(r: &RoutingShow) -> String {
-    fn pool(out: &mut String, name: &str, p: &PoolShow) {
-        let _ = writeln!(out, "          {name}:");
-        let _ = writeln!(out, "              npages: {}", p.npages);
-        let _ = writeln!(out, "              nbuffers: {}", p.nbuffers);
-        let _ = writeln!(out, "              credits: {}", p.credits);
-        let _ = writeln!(out, "              mincredits: {}", p.mincredits);
+pub fn routing_tree(r: &RoutingShow) -> Map {
+    fn pool(p: &PoolShow) -> Map {
+        Map::new()
+            .with("npages", p.npages)
+            .with("nbuffers", p.nbuffers)
+            .with("credits", p.credits)
+            .with("mincredits", p.mincredits)
     }
-    let mut out = String::from("routing:\n");
-    for (i, c) in r.cpts.iter().enumerate() {
-        let _ = writeln!(out, "    - cpt[{i}]:");
-        pool(&mut out, "tiny", &c.tiny);
-        pool(&mut out, "small", &c.small);
-        pool(&mut out, "large", &c.large);
-    }
-    let _ = writeln!(out, "    - enable: {}", r.enable);
+    let mut items: Vec<Map> = r
+        .cpts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            Map::new().with(
+                &format!("cpt[{i}]"),
+                Map::new()
+                    .with("tiny", pool(&c.tiny))
+                    .with("small", pool(&c.small))
+                    .with("large", pool(&c.large)),
+            )
+        })
+        .collect();
+    items.push(Map::new().with("enable", r.enable));
     let f = &r.forwarding;
-    out.push_str("forwarding:\n");
-    let _ = writeln!(out, "    received: {}", f.received);
-    let _ = writeln!(out, "    forwarded: {}", f.forwarded);
-    let _ = writeln!(out, "    forwarded_bytes: {}", f.forwarded_bytes);
-    let _ = writeln!(out, "    in_flight: {}", f.in_flight);
-    let _ = writeln!(out, "    dropped: {}", f.dropped);
-    for (why, n) in &f.dropped_by_reason {
-        let _ = writeln!(out, "        {why}: {n}");
-    }
-    let _ = writeln!(out, "    waited_rtr_credit: {}", f.waited_rtr_credit);
-    let _ = writeln!(out, "    waited_buffer: {}", f.waited_buffer);
-    out
+    Map::new().with("routing", items).with(
+        "forwarding",
+        Map::new()
+            .with("received", f.received)
+            .with("forwarded", f.forwarded)
+            .with("forwarded_bytes", f.forwarded_bytes)
+            .with("in_flight", f.in_flight)
+            .with("dropped", f.dropped)
+            .with(
+                "dropped_by_reason",
+                Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
+            )
+            .with("waited_rtr_credit", f.waited_rtr_credit)
+            .with("waited_buffer", f.waited_buffer),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ping(p: &PingShow) -> String {
+        to_yaml(&ping_tree(p))
+    }
+    fn net(n: &NetShow) -> String {
+        to_yaml(&net_tree(n))
+    }
+    fn peer(p: &PeerShow) -> String {
+        to_yaml(&peer_tree(p))
+    }
+    fn conn(c: &ConnShow) -> String {
+        to_yaml(&conn_tree(c))
+    }
+    fn stats(st: &StatsShow) -> String {
+        to_yaml(&stats_tree(st))
+    }
+    fn global(g: &GlobalShow) -> String {
+        to_yaml(&global_tree(g))
+    }
     use lnd::time::Instant;
     use lnd::wire::Nid;
     use router::control::*;
@@ -425,7 +448,7 @@ ping:
 manage:
     - ping:
           errno: -110
-          descr: failed to ping 10.0.0.9@o2ib: timed out
+          descr: \"failed to ping 10.0.0.9@o2ib: timed out\"
 "
         );
     }
@@ -501,7 +524,7 @@ net:
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
             ulnet,
-            "              checksum: off
+            "              checksum: \"off\"
               checksum default: none
               race order: nidhash
               peer limit: 131072
@@ -517,7 +540,7 @@ net:
         let ulnet = v.split_once("          ulnet:\n").expect(&v).1;
         assert!(
             ulnet.starts_with(
-                "              listen: 127.0.0.1:40123\n              checksum: off\n"
+                "              listen: 127.0.0.1:40123\n              checksum: \"off\"\n"
             ),
             "{ulnet}"
         );
@@ -670,7 +693,7 @@ conn:
       sends_posted: 1
       queued: 0
       races: 2
-      incarnation: 0x62a3b00000002
+      incarnation: \"0x62a3b00000002\"
       age_ms: 1500
 "
         );
@@ -768,5 +791,82 @@ global:
         assert!(j.contains("\"primary nid\": \"0@lo\""), "{j}");
         assert!(j.contains("\"Multi-Rail\": false"), "{j}");
         assert!(json(&Response::Error(ControlError::new(1, "x"))).is_none());
+    }
+
+    /// Every answer lnetctl renders, with content in each field that has any.
+    fn every_response() -> Vec<Response> {
+        let mut n = node();
+        let now = Instant::from_secs(2);
+        n.ping(
+            now,
+            "10.0.0.2@o2ib".parse().unwrap(),
+            lnd::time::Duration::from_secs(5),
+        )
+        .unwrap();
+        route_add(now, &mut n, "o2ib1", "10.0.0.3@o2ib", Some(2), Some(1)).unwrap();
+        route_add(now, &mut n, "tcp", "10.0.0.4@o2ib", None, None).unwrap();
+        let mut routing = routing_show(&n);
+        routing.forwarding.dropped_by_reason = vec![("no_route".into(), 3)];
+        vec![
+            Response::Ping(PingShow {
+                ping: vec![PingPeer {
+                    primary_nid: "10.0.0.5@o2ib".into(),
+                    multi_rail: true,
+                    peer_ni: vec!["10.0.0.5@o2ib".into()],
+                }],
+                manage: vec![PingFailure {
+                    ping: "10.0.0.9@o2ib".into(),
+                    errno: -110,
+                    descr: "failed to ping 10.0.0.9@o2ib: Connection timed out".into(),
+                }],
+            }),
+            Response::Net(net_show(&n, &[], true)),
+            Response::Peer(peer_show(&n, None, true).unwrap()),
+            Response::Peer(PeerShow::default()),
+            Response::Conn(conn_show(&n, now)),
+            Response::Stats(stats_show(&n)),
+            Response::Global(global_show(&n)),
+            Response::Route(route_show(&n, None, None, true).unwrap()),
+            Response::Route(route_show(&n, None, None, false).unwrap()),
+            Response::Routing(routing),
+        ]
+    }
+
+    /// The acceptance's "a test converts one to the other": each answer's YAML, read by a YAML
+    /// 1.2 reader, and its JSON, read by a JSON reader, are the same tree as the one built.
+    #[test]
+    fn yaml_and_json_carry_the_same_tree() {
+        use crate::tree::{canonical, from_json, Node};
+        for resp in every_response() {
+            let built = canonical(&Node::from(tree(&resp).unwrap()));
+            let y = yaml(&resp).unwrap();
+            let from_yaml: serde_json::Value =
+                serde_saphyr::from_str(&y).unwrap_or_else(|e| panic!("not YAML: {e}\n{y}"));
+            let j = json(&resp).unwrap();
+            let from_json_text: serde_json::Value = serde_json::from_str(&j).unwrap();
+            assert_eq!(canonical(&from_json(&from_yaml)), built, "{y}");
+            assert_eq!(canonical(&from_json(&from_json_text)), built, "{j}");
+        }
+    }
+
+    /// Order is part of the tree: the JSON lists each mapping's keys in the YAML's order.
+    #[test]
+    fn json_keys_come_in_the_yaml_order() {
+        for resp in every_response() {
+            let y = yaml(&resp).unwrap();
+            let j = json(&resp).unwrap();
+            let ykeys: Vec<&str> = y
+                .lines()
+                .filter_map(|l| l.trim_start().trim_start_matches("- ").split_once(':'))
+                .map(|(k, _)| k)
+                .collect();
+            let jkeys: Vec<&str> = j
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix('"'))
+                .filter_map(|l| l.split_once("\": "))
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(ykeys, jkeys, "{y}{j}");
+        }
     }
 }

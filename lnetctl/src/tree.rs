@@ -1,0 +1,413 @@
+//! One document tree for every answer lnetctl prints. Real lnetctl builds a cYAML tree and prints
+//! it as YAML, or as JSON with `--json` (liblnetconfig's cYAML_print_tree / cYAML_dump); we do the
+//! same, so the two forms cannot drift: a key, its place and its value are decided once, when the
+//! tree is built.
+//!
+//! The YAML layout is lnetctl's: a mapping's children four columns right of its key; a sequence
+//! under a top-level key has its `- ` at column 4, under any other key two columns right of the
+//! key; the first key of a sequence item shares the `- ` line; an empty sequence prints as `[]`.
+//! A string that a YAML reader would misread (one with `: ` inside, a leading indicator, or one
+//! that YAML 1.2 or 1.1 reads as a number, a boolean or null) is double-quoted, so that `yaml.safe_load` and
+//! friends read what we meant; lnetctl prints its error texts bare, which no YAML reader takes.
+
+use std::fmt::Write;
+
+/// A scalar: lnetctl prints integers and strings; netlink-era flags are booleans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scalar {
+    Int(i64),
+    /// A number already formatted (`2.5`): bare in YAML and in JSON.
+    Num(String),
+    Bool(bool),
+    Str(String),
+}
+
+/// A node of the document: a scalar, a mapping (keys in print order) or a sequence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    Scalar(Scalar),
+    Map(Vec<(String, Node)>),
+    List(Vec<Node>),
+}
+
+impl From<i64> for Node {
+    fn from(v: i64) -> Node {
+        Node::Scalar(Scalar::Int(v))
+    }
+}
+impl From<i32> for Node {
+    fn from(v: i32) -> Node {
+        Node::Scalar(Scalar::Int(v.into()))
+    }
+}
+impl From<u32> for Node {
+    fn from(v: u32) -> Node {
+        Node::Scalar(Scalar::Int(v.into()))
+    }
+}
+impl From<u64> for Node {
+    /// Counters beyond i64 cannot happen in practice; saturate rather than wrap.
+    fn from(v: u64) -> Node {
+        Node::Scalar(Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX)))
+    }
+}
+impl From<usize> for Node {
+    fn from(v: usize) -> Node {
+        Node::from(v as u64)
+    }
+}
+impl From<bool> for Node {
+    fn from(v: bool) -> Node {
+        Node::Scalar(Scalar::Bool(v))
+    }
+}
+impl From<&str> for Node {
+    fn from(v: &str) -> Node {
+        Node::Scalar(Scalar::Str(v.to_string()))
+    }
+}
+impl From<String> for Node {
+    fn from(v: String) -> Node {
+        Node::Scalar(Scalar::Str(v))
+    }
+}
+impl From<&String> for Node {
+    fn from(v: &String) -> Node {
+        Node::Scalar(Scalar::Str(v.clone()))
+    }
+}
+impl From<Map> for Node {
+    fn from(m: Map) -> Node {
+        Node::Map(m.0)
+    }
+}
+impl<T: Into<Node>> From<Vec<T>> for Node {
+    fn from(v: Vec<T>) -> Node {
+        Node::List(v.into_iter().map(Into::into).collect())
+    }
+}
+
+/// A mapping under construction, in print order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Map(pub Vec<(String, Node)>);
+
+impl Map {
+    pub fn new() -> Map {
+        Map::default()
+    }
+
+    /// Adds `key: value`.
+    pub fn with(mut self, key: &str, value: impl Into<Node>) -> Map {
+        self.0.push((key.to_string(), value.into()));
+        self
+    }
+
+    /// Adds `key: value` when there is a value.
+    pub fn with_opt<T: Into<Node>>(self, key: &str, value: Option<T>) -> Map {
+        match value {
+            Some(v) => self.with(key, v),
+            None => self,
+        }
+    }
+
+    /// Adds `key: value` in place.
+    pub fn push(&mut self, key: &str, value: impl Into<Node>) {
+        self.0.push((key.to_string(), value.into()));
+    }
+
+    /// Adds each `(name, count)` pair as its own key.
+    pub fn counters<'a>(mut self, pairs: impl IntoIterator<Item = (&'a String, &'a u64)>) -> Map {
+        for (k, v) in pairs {
+            self.push(k, *v);
+        }
+        self
+    }
+}
+
+// ------------------------------------------------------------------------------------ YAML
+
+/// The document as lnetctl prints it.
+pub fn to_yaml(doc: &Map) -> String {
+    let mut out = String::new();
+    map_yaml(&mut out, &doc.0, 0, None);
+    out
+}
+
+/// Writes the entries of a mapping whose keys sit at column `col`. With `first`, the first key
+/// continues a `- ` already written.
+fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, mut first: Option<()>) {
+    for (key, value) in entries {
+        if first.take().is_none() {
+            pad(out, col);
+        }
+        out.push_str(key);
+        out.push(':');
+        match value {
+            Node::Scalar(s) => {
+                out.push(' ');
+                scalar_yaml(out, s);
+                out.push('\n');
+            }
+            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
+            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
+            Node::Map(m) => {
+                out.push('\n');
+                map_yaml(out, m, col + 4, None);
+            }
+            Node::List(items) => {
+                out.push('\n');
+                let dash = if col == 0 { 4 } else { col + 2 };
+                list_yaml(out, items, dash);
+            }
+        }
+    }
+}
+
+fn list_yaml(out: &mut String, items: &[Node], dash: usize) {
+    for item in items {
+        pad(out, dash);
+        out.push_str("- ");
+        match item {
+            Node::Scalar(s) => {
+                scalar_yaml(out, s);
+                out.push('\n');
+            }
+            Node::Map(m) if m.is_empty() => out.push_str("{}\n"),
+            Node::List(l) if l.is_empty() => out.push_str("[]\n"),
+            Node::Map(m) => map_yaml(out, m, dash + 2, Some(())),
+            Node::List(l) => {
+                out.push('\n');
+                list_yaml(out, l, dash + 4);
+            }
+        }
+    }
+}
+
+fn pad(out: &mut String, n: usize) {
+    out.extend(std::iter::repeat_n(' ', n));
+}
+
+fn scalar_yaml(out: &mut String, s: &Scalar) {
+    match s {
+        Scalar::Int(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Scalar::Num(v) => out.push_str(v),
+        Scalar::Bool(b) => {
+            let _ = write!(out, "{b}");
+        }
+        Scalar::Str(v) if needs_quotes(v) => out.push_str(&json_string(v)),
+        Scalar::Str(v) => out.push_str(v),
+    }
+}
+
+/// Whether a plain YAML scalar would not read back as this very string.
+fn needs_quotes(s: &str) -> bool {
+    let Some(first) = s.chars().next() else {
+        return true;
+    };
+    let digits = |t: &str, radix: u32| !t.is_empty() && t.chars().all(|c| c.is_digit(radix));
+    let unsigned = s.strip_prefix(['-', '+']).unwrap_or(s);
+    s.contains(": ")
+        || s.contains(" #")
+        || s.ends_with(':')
+        || s.starts_with(' ')
+        || s.ends_with(' ')
+        || s.chars().any(char::is_control)
+        || "-?:,[]{}#&*!|>'\"%@`".contains(first)
+        // YAML 1.2's booleans and null, and 1.1's (PyYAML and others still read `off` as false).
+        || matches!(
+            s.to_ascii_lowercase().as_str(),
+            "true" | "false" | "null" | "~" | "yes" | "no" | "y" | "n" | "on" | "off"
+        )
+        || s.parse::<f64>().is_ok()
+        || unsigned.strip_prefix("0x").is_some_and(|t| digits(t, 16))
+        || unsigned.strip_prefix("0o").is_some_and(|t| digits(t, 8))
+        || matches!(
+            unsigned.to_ascii_lowercase().as_str(),
+            ".inf" | ".nan"
+        )
+}
+
+// ------------------------------------------------------------------------------------ JSON
+
+/// The same document as JSON (two-space indentation, keys in the YAML's order).
+pub fn to_json(doc: &Map) -> String {
+    let mut out = String::new();
+    map_json(&mut out, &doc.0, 0);
+    out.push('\n');
+    out
+}
+
+fn node_json(out: &mut String, node: &Node, indent: usize) {
+    match node {
+        Node::Scalar(Scalar::Int(v)) => {
+            let _ = write!(out, "{v}");
+        }
+        Node::Scalar(Scalar::Num(v)) => out.push_str(v),
+        Node::Scalar(Scalar::Bool(b)) => {
+            let _ = write!(out, "{b}");
+        }
+        Node::Scalar(Scalar::Str(s)) => out.push_str(&json_string(s)),
+        Node::Map(m) => map_json(out, m, indent),
+        Node::List(items) if items.is_empty() => out.push_str("[]"),
+        Node::List(items) => {
+            out.push_str("[\n");
+            for (i, item) in items.iter().enumerate() {
+                pad(out, indent + 2);
+                node_json(out, item, indent + 2);
+                out.push_str(if i + 1 < items.len() { ",\n" } else { "\n" });
+            }
+            pad(out, indent);
+            out.push(']');
+        }
+    }
+}
+
+fn map_json(out: &mut String, entries: &[(String, Node)], indent: usize) {
+    if entries.is_empty() {
+        out.push_str("{}");
+        return;
+    }
+    out.push_str("{\n");
+    for (i, (k, v)) in entries.iter().enumerate() {
+        pad(out, indent + 2);
+        out.push_str(&json_string(k));
+        out.push_str(": ");
+        node_json(out, v, indent + 2);
+        out.push_str(if i + 1 < entries.len() { ",\n" } else { "\n" });
+    }
+    pad(out, indent);
+    out.push('}');
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""))
+}
+
+// ------------------------------------------------------------------------------------ back
+
+#[cfg(test)]
+/// The tree of a parsed JSON value: the inverse of
+/// [`to_json`] (in serde_json's key order).
+pub fn from_json(v: &serde_json::Value) -> Node {
+    match v {
+        serde_json::Value::Null => Node::from(""),
+        serde_json::Value::Bool(b) => Node::from(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Node::from(i),
+            None => Node::Scalar(Scalar::Num(n.to_string())),
+        },
+        serde_json::Value::String(s) => Node::from(s.as_str()),
+        serde_json::Value::Array(a) => Node::List(a.iter().map(from_json).collect()),
+        serde_json::Value::Object(o) => {
+            Node::Map(o.iter().map(|(k, v)| (k.clone(), from_json(v))).collect())
+        }
+    }
+}
+
+#[cfg(test)]
+/// The tree with every mapping's keys sorted: what is left to compare once key order is not
+/// the question (serde_json's maps do not keep order).
+pub fn canonical(n: &Node) -> Node {
+    match n {
+        Node::Scalar(s) => Node::Scalar(s.clone()),
+        Node::List(l) => Node::List(l.iter().map(canonical).collect()),
+        Node::Map(m) => {
+            let mut m: Vec<(String, Node)> =
+                m.iter().map(|(k, v)| (k.clone(), canonical(v))).collect();
+            m.sort_by(|a, b| a.0.cmp(&b.0));
+            Node::Map(m)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Map {
+        Map::new()
+            .with(
+                "net",
+                vec![Map::new().with("net type", "o2ib").with(
+                    "local NI(s)",
+                    vec![Map::new()
+                        .with("nid", "10.0.0.1@o2ib")
+                        .with("status", "up")
+                        .with("statistics", Map::new().with("send_count", 3u64))
+                        .with("interfaces", Map::new().with("0", "ib0"))],
+                )],
+            )
+            .with("route", Vec::<Map>::new())
+            .with(
+                "manage",
+                vec![Map::new().with(
+                    "ping",
+                    Map::new()
+                        .with("errno", -110)
+                        .with("descr", "failed to ping 10.0.0.9@o2ib: timed out"),
+                )],
+            )
+    }
+
+    #[test]
+    fn yaml_has_lnetctl_layout() {
+        assert_eq!(
+            to_yaml(&sample()),
+            "\
+net:
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+          statistics:
+              send_count: 3
+          interfaces:
+              0: ib0
+route: []
+manage:
+    - ping:
+          errno: -110
+          descr: \"failed to ping 10.0.0.9@o2ib: timed out\"
+"
+        );
+    }
+
+    #[test]
+    fn json_keeps_order_and_types() {
+        let j = to_json(&sample());
+        assert!(
+            j.starts_with("{\n  \"net\": [\n    {\n      \"net type\": \"o2ib\",\n"),
+            "{j}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["net"][0]["local NI(s)"][0]["statistics"]["send_count"], 3);
+        assert_eq!(v["route"], serde_json::json!([]));
+        assert_eq!(canonical(&Node::from(sample())), canonical(&from_json(&v)));
+    }
+
+    #[test]
+    fn strings_that_yaml_would_misread_are_quoted() {
+        for s in [
+            "true", "False", "12", "1.5", "-3", "a: b", "", " x", "- x", "0x1f", "x #y", "~",
+            "off", "Yes",
+        ] {
+            assert!(needs_quotes(s), "{s}");
+        }
+        for s in [
+            "10.0.0.1@o2ib",
+            "up",
+            "down",
+            "NA",
+            "o2ib1",
+            "cpt[0]",
+            "failed to ping x",
+            "0@lo",
+        ] {
+            assert!(!needs_quotes(s), "{s}");
+        }
+        let m = Map::new().with("descr", "a: b").with("v", "true");
+        assert_eq!(to_yaml(&m), "descr: \"a: b\"\nv: \"true\"\n");
+    }
+}
