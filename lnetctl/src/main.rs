@@ -112,7 +112,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: Plain,
     },
-    /// Change a setting: routing, tiny_buffers, small_buffers, large_buffers
+    /// Change a setting at run time: routing, router buffers, LNet's global tunables
+    #[command(after_help = SET_NOTES)]
     Set {
         #[command(subcommand)]
         cmd: SetCmd,
@@ -259,7 +260,100 @@ enum SetCmd {
         #[arg(value_parser = clap::value_parser!(u32).range(1..))]
         value: u32,
     },
+    /// NUMA range for NI selection (0 and up)
+    #[command(name = "numa_range")]
+    NumaRange(GlobalValue),
+    /// Most NIs a ping reply lists (16 and up)
+    #[command(name = "max_interfaces")]
+    MaxInterfaces(GlobalValue),
+    /// Peer discovery: 1 on, 0 off
+    #[command(name = "discovery")]
+    Discovery(GlobalValue),
+    /// Drop messages that arrive through an unexpected router: 1 on, 0 off
+    #[command(name = "drop_asym_route")]
+    DropAsymRoute(GlobalValue),
+    /// Resends of a failed message (0 and up)
+    #[command(name = "retry_count")]
+    RetryCount(GlobalValue),
+    /// Seconds a message and its resends may take (1 and up)
+    #[command(name = "transaction_timeout")]
+    TransactionTimeout(GlobalValue),
+    /// Health value lost per failure (0-1000; 0 turns health off)
+    #[command(name = "health_sensitivity")]
+    HealthSensitivity(GlobalValue),
+    /// Seconds between recovery pings of unhealthy NIs (1 and up)
+    #[command(name = "recovery_interval")]
+    RecoveryInterval(GlobalValue),
+    /// Percent of health a route's gateway needs to be used (0-100)
+    #[command(name = "router_sensitivity")]
+    RouterSensitivity(GlobalValue),
+    /// 0 none, 1 REPLY, 2 ACK, 3 both
+    #[command(name = "response_tracking")]
+    ResponseTracking(GlobalValue),
+    /// Seconds to keep pinging an unhealthy NI (0: forever)
+    #[command(name = "recovery_limit")]
+    RecoveryLimit(GlobalValue),
+    /// Most seconds between recovery pings (1 and up)
+    #[command(name = "max_recovery_ping_interval")]
+    MaxRecoveryPingInterval(GlobalValue),
 }
+
+/// The value of a global tunable; the daemon checks it against Lustre's range.
+#[derive(clap::Args, Debug)]
+struct GlobalValue {
+    #[arg(allow_hyphen_values = true)]
+    value: i64,
+}
+
+impl SetCmd {
+    /// The request that makes the change.
+    fn request(&self) -> Request {
+        let buffers = |pool: &str, count: u32| Request::SetBuffers {
+            pool: pool.into(),
+            count,
+        };
+        let (name, v) = match self {
+            SetCmd::Routing { value } => {
+                return Request::SetRouting {
+                    enable: *value == 1,
+                }
+            }
+            SetCmd::TinyBuffers { value } => return buffers("tiny", *value),
+            SetCmd::SmallBuffers { value } => return buffers("small", *value),
+            SetCmd::LargeBuffers { value } => return buffers("large", *value),
+            SetCmd::NumaRange(v) => ("numa_range", v),
+            SetCmd::MaxInterfaces(v) => ("max_interfaces", v),
+            SetCmd::Discovery(v) => ("discovery", v),
+            SetCmd::DropAsymRoute(v) => ("drop_asym_route", v),
+            SetCmd::RetryCount(v) => ("retry_count", v),
+            SetCmd::TransactionTimeout(v) => ("transaction_timeout", v),
+            SetCmd::HealthSensitivity(v) => ("health_sensitivity", v),
+            SetCmd::RecoveryInterval(v) => ("recovery_interval", v),
+            SetCmd::RouterSensitivity(v) => ("router_sensitivity", v),
+            SetCmd::ResponseTracking(v) => ("response_tracking", v),
+            SetCmd::RecoveryLimit(v) => ("recovery_limit", v),
+            SetCmd::MaxRecoveryPingInterval(v) => ("max_recovery_ping_interval", v),
+        };
+        Request::SetGlobal {
+            name: name.to_string(),
+            value: v.value,
+        }
+    }
+}
+
+/// What each global does in ulnet (`router::globals::TUNABLES`; a test checks the two agree).
+const SET_NOTES: &str = "\
+In ulnet:
+  routing, *_buffers           take effect at once, without dropping connections
+  max_interfaces               kept and shown; ulnet's ping replies list at most its NIs (fewer than 16)
+  numa_range                   kept and shown; no effect: ulnet runs each NI on its own thread, not by NUMA
+  discovery                    kept and shown; no effect yet: ulnet has no peer discovery (no Multi-Rail)
+  drop_asym_route              kept and shown; no effect yet: routed messages are not checked for asymmetry
+  transaction_timeout          kept and shown; LND timeouts stay as each NI's config sets them
+  router_sensitivity           kept and shown; routes are judged by the router pinger, not health values
+  retry_count, health_sensitivity, recovery_interval, response_tracking, recovery_limit,
+  max_recovery_ping_interval   kept and shown; no effect yet: ulnet has no LNet health
+Values outside Lustre's range are refused (exit status 1) and change nothing.";
 
 #[derive(Subcommand, Debug)]
 enum StatsCmd {
@@ -438,21 +532,7 @@ fn run(cli: Cli) -> u8 {
             },
         },
         Cmd::Routing { .. } => Request::RoutingShow,
-        Cmd::Set { cmd } => match cmd {
-            SetCmd::Routing { value } => Request::SetRouting { enable: value == 1 },
-            SetCmd::TinyBuffers { value } => Request::SetBuffers {
-                pool: "tiny".into(),
-                count: value,
-            },
-            SetCmd::SmallBuffers { value } => Request::SetBuffers {
-                pool: "small".into(),
-                count: value,
-            },
-            SetCmd::LargeBuffers { value } => Request::SetBuffers {
-                pool: "large".into(),
-                count: value,
-            },
-        },
+        Cmd::Set { cmd } => cmd.request(),
     };
     let path = cli.socket.unwrap_or_else(default_socket_path);
     let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
@@ -530,6 +610,25 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn set_help_says_what_each_global_does_here() {
+        for t in router::globals::TUNABLES {
+            assert!(SET_NOTES.contains(t.name), "{} not in the notes", t.name);
+            assert!(SET_NOTES.contains(t.effect), "{}: {}", t.name, t.effect);
+            let cmd = Cli::try_parse_from(["lnetctl", "set", t.name, "7"]).unwrap();
+            match cmd.cmd {
+                Cmd::Set { cmd } => assert_eq!(
+                    cmd.request(),
+                    Request::SetGlobal {
+                        name: t.name.into(),
+                        value: 7
+                    }
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

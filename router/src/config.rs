@@ -164,6 +164,8 @@ pub struct NodeConfig {
     /// liveness when routing (see [`crate::alive`]). `None`: the node keeps its own board and
     /// judges only its own NIs (a sibling's liveness it cannot see is reported UP).
     pub net_alive: Option<NetAlive>,
+    /// LNet's global tunables (`global:`, `lnetctl set`).
+    pub globals: crate::GlobalTunables,
 }
 
 impl NodeConfig {
@@ -177,6 +179,7 @@ impl NodeConfig {
             routing: RoutingConfig::default(),
             gateway_health: GatewayHealthConfig::default(),
             net_alive: None,
+            globals: crate::GlobalTunables::default(),
         }
     }
 

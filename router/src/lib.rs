@@ -44,6 +44,7 @@ pub mod control;
 mod error;
 pub mod forward;
 pub mod gateway;
+pub mod globals;
 mod node;
 mod peer;
 mod ping;
@@ -70,6 +71,7 @@ pub use forward::{
     RoutingInfo,
 };
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
+pub use globals::{GlobalError, GlobalTunables};
 pub use lnd::fabric::{FabricEvent, FabricSink};
 pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, NiSink, PingId};
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};

@@ -271,6 +271,8 @@ struct Ni {
 /// the crate documentation for how to drive it.
 pub struct LnetNode {
     pid: u32,
+    /// LNet's global tunables (`global show`, `lnetctl set`).
+    globals: crate::GlobalTunables,
     /// Our half of every wire handle we hand out (Lustre's ln_interface_cookie): a REPLY naming
     /// another cookie is not for any ping of this instance.
     interface_cookie: u64,
@@ -392,8 +394,21 @@ impl LnetNode {
         let net_alive = shared
             .cloned()
             .unwrap_or_else(|| NetAlive::new(node_nids.len()));
+        let mut globals = cfg.globals.clone();
+        if globals.get("transaction_timeout") == Some(0) {
+            // Not set: as Lustre relates them, lnd_timeout * (retry_count + 1) + 1 with no
+            // retries, from the first NI's LND timeout.
+            let lnd = cfg
+                .nis
+                .first()
+                .map_or(lnd::engine::Tunables::default().timeout, |n| {
+                    n.tunables.timeout
+                });
+            let _ = globals.set("transaction_timeout", lnd.as_secs() as i64 + 1);
+        }
         LnetNode {
             pid: cfg.pid,
+            globals,
             interface_cookie,
             ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(false), |_| {
                 false
@@ -656,6 +671,16 @@ impl LnetNode {
     /// Our PID.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// LNet's global tunables.
+    pub fn globals(&self) -> &crate::GlobalTunables {
+        &self.globals
+    }
+
+    /// `lnetctl set NAME VALUE` for a global tunable: checked against Lustre's range, then kept.
+    pub fn set_global(&mut self, name: &str, value: i64) -> Result<(), crate::GlobalError> {
+        self.globals.set(name, value)
     }
 
     /// Gives a message buffer back (a `Put` event's payload once consumed) so that the next

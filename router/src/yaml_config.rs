@@ -124,6 +124,8 @@ pub struct DaemonConfig {
     /// a Lustre node does once `lnet_selftest` is loaded. Off by default: a node without it
     /// answers no selftest RPC, so no console can make it send test traffic.
     pub selftest: bool,
+    /// `global:` (and `numa: range:`): LNet's global tunables.
+    pub globals: crate::GlobalTunables,
 }
 
 /// One `route:` entry and its line.
@@ -156,6 +158,7 @@ impl DaemonConfig {
             routes: self.routes.iter().map(|r| r.route).collect(),
             routing: self.routing,
             gateway_health: self.gateway_health,
+            globals: self.globals.clone(),
             ..NodeConfig::new(nis)
         }
     }
@@ -388,6 +391,19 @@ impl DaemonConfig {
                     .map_err(|(l, m)| err(l, m))?,
             };
         }
+        let numa = raw
+            .numa
+            .and_then(|n| n.range)
+            .map(|r| ("numa_range".to_string(), r));
+        for (key, v) in raw.global.into_iter().flatten().chain(numa) {
+            if crate::globals::READ_ONLY.contains(&key.as_str()) {
+                // Shown by `global show`, so in every export; set elsewhere or derived.
+                continue;
+            }
+            cfg.globals
+                .set(&key, v.value)
+                .map_err(|e| err(v.referenced.line(), format!("global: {e}")))?;
+        }
         cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
         if let Some(r) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
@@ -477,20 +493,26 @@ struct RawConfig {
     selftest: Option<RawSelftest>,
     #[serde(default)]
     buffers: Option<RawBuffers>,
-    // Written by `lnetctl export` and lnet.conf. `global:` and `numa:` are accepted and their
-    // values not used (the global settings that matter to us are ulnet's own keys); `peer:`
-    // entries with one NI are what discovery would find anyway; what we do not implement is
-    // refused by name (`check_unsupported`).
+    // Written by `lnetctl export` and lnet.conf. `global:` and `numa: range:` set LNet's global
+    // tunables, checked as `lnetctl set` checks them (`crate::globals`); `peer:` entries with
+    // one NI are what discovery would find anyway; what we do not implement is refused by name.
     #[serde(default)]
-    global: Option<IgnoredAny>,
+    global: Option<std::collections::BTreeMap<String, Spanned<i64>>>,
     #[serde(default)]
-    numa: Option<IgnoredAny>,
+    numa: Option<RawNuma>,
     #[serde(default)]
     peer: Option<Spanned<Vec<RawMrPeer>>>,
     #[serde(default)]
     udsp: Option<Spanned<UnsupportedValue>>,
     #[serde(default)]
     ip2nets: Option<Spanned<UnsupportedValue>>,
+}
+
+/// `numa:` as lnetctl exports it: `range: N` is the global `numa_range`.
+#[derive(Deserialize)]
+struct RawNuma {
+    #[serde(default)]
+    range: Option<Spanned<i64>>,
 }
 
 /// A `peer:` entry as `lnetctl export` writes it (Multi-Rail peers): accepted with one NI.
@@ -1155,6 +1177,28 @@ numa:
             vec![(FabricKind::Tcp, "10.0.0.1@o2ib".parse().unwrap(), None)]
         );
         assert!(!c.nets[0].fabric_given);
+        // `global:` is applied, read-only keys (lnd_timeout) skipped.
+        let g = &c.node_config(1).globals;
+        assert_eq!(g.get("retry_count"), Some(2));
+        assert_eq!(g.get("transaction_timeout"), Some(150));
+        assert_eq!(g.get("max_recovery_ping_interval"), Some(900));
+        assert_eq!(g.get("discovery"), Some(1));
+        for (bad, want) in [
+            (
+                "    health_sensitivity: 100\n",
+                "    health_sensitivity: 1001\n",
+            ),
+            ("    numa_range: 0\n", "    numa_rnge: 0\n"),
+            ("    range: 0\n", "    range: -4\n"),
+        ] {
+            let text = export.replace(bad, want);
+            let line = text.lines().position(|l| l == want.trim_end()).unwrap() + 1;
+            let e = DaemonConfig::parse(&text, "export.yaml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("export.yaml:{line}")), "{e}");
+            assert!(e.contains("global: "), "{e}");
+        }
         assert!(!c.selftest, "lnet_selftest is off unless asked for");
         let on = DaemonConfig::parse(&format!("{export}selftest:\n    enable: 1\n"), "x").unwrap();
         assert!(on.selftest);

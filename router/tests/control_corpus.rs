@@ -30,11 +30,12 @@ fn kind(r: &Request) -> &'static str {
         Request::RoutingShow => "routing_show",
         Request::SetRouting { .. } => "set_routing",
         Request::SetBuffers { .. } => "set_buffers",
+        Request::SetGlobal { .. } => "set_global",
         Request::Selftest { .. } => "selftest",
     }
 }
 
-const EVERY_KIND: [&str; 16] = [
+const EVERY_KIND: [&str; 17] = [
     "ping",
     "net_show",
     "peer_show",
@@ -50,6 +51,7 @@ const EVERY_KIND: [&str; 16] = [
     "routing_show",
     "set_routing",
     "set_buffers",
+    "set_global",
     "selftest",
 ];
 

@@ -231,3 +231,54 @@ fn stats_reset_zeroes_the_counters() {
     ping_until_ok(&p.a, NID_B, WAIT);
     assert!(stats(&p.a).send_count > 0, "counting goes on");
 }
+
+/// `lnetctl set NAME VALUE` changes a global live, on every NI, without touching the
+/// connections; a value outside Lustre's range is refused with exit status 1, one line on
+/// stderr naming it, and changes nothing.
+#[test]
+fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
+    let p = connected_pair("set_globals");
+    let global = |d: &Daemon| {
+        let o = lnetctl(d, &["global", "show"]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
+        Response::Conn(c) => c.conn.iter().map(|c| c.incarnation.clone()).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let before = conns(&p.a);
+    assert!(!before.is_empty());
+    assert!(global(&p.a).contains("\n    retry_count: 0\n"));
+    for (name, value) in [
+        ("retry_count", "3"),
+        ("health_sensitivity", "1000"),
+        ("discovery", "1"),
+    ] {
+        let o = lnetctl(&p.a, &["set", name, value]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        assert!(o.stdout.is_empty() && o.stderr.is_empty(), "{o:?}");
+        assert!(
+            global(&p.a).contains(&format!("\n    {name}: {value}\n")),
+            "{}",
+            global(&p.a)
+        );
+    }
+    for (name, value) in [
+        ("health_sensitivity", "1001"),
+        ("discovery", "2"),
+        ("max_interfaces", "15"),
+        ("retry_count", "-1"),
+    ] {
+        let before = global(&p.a);
+        let o = lnetctl(&p.a, &["set", name, value]);
+        assert_eq!(o.status.code(), Some(1), "{name} {value}: {o:?}");
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(name) && err.contains(value), "{err}");
+        assert!(o.stdout.is_empty());
+        assert_eq!(global(&p.a), before);
+    }
+    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    ping_until_ok(&p.a, NID_B, WAIT);
+}

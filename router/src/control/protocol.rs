@@ -112,6 +112,12 @@ pub enum Request {
     SetRouting {
         enable: bool,
     },
+    /// `lnetctl set NAME VALUE` for one of LNet's global tunables
+    /// ([`TUNABLES`](crate::globals::TUNABLES)), on every NI.
+    SetGlobal {
+        name: String,
+        value: i64,
+    },
     /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: the node's total of that
     /// size (a daemon gives each NI its share).
     SetBuffers {

@@ -160,6 +160,10 @@ impl<T> Control<T> {
                 }
             }
             Request::RoutingShow => Response::Routing(routing_show(node)),
+            Request::SetGlobal { name, value } => match node.set_global(&name, value) {
+                Ok(()) => Response::Done,
+                Err(e) => Response::Error(ControlError::new(e.errno(), e.to_string())),
+            },
             Request::SetRouting { enable } => {
                 node.set_routing(now, enable);
                 Response::Done

@@ -5,7 +5,7 @@ use lnd::time::Instant;
 use lnd::wire::{Net, Nid};
 
 use super::protocol::*;
-use crate::{FwdDrop, LnetNode, NiIndex, PoolClass, RouteConfig, RouteError, MAX_PING_NIS};
+use crate::{FwdDrop, LnetNode, NiIndex, PoolClass, RouteConfig, RouteError};
 
 /// Per-NI settings LNetNode does not keep (for `net show -v`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -313,21 +313,26 @@ pub fn global_show(node: &LnetNode) -> GlobalShow {
             n.lnd_tunables.timeout
         })
         .as_secs();
+    let g = node.globals();
+    let get = |name: &str| {
+        g.get(name)
+            .map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX))
+    };
     GlobalShow {
         global: Globals {
-            numa_range: 0,
-            max_interfaces: MAX_PING_NIS as u32,
-            discovery: 0,
-            drop_asym_route: 0,
-            retry_count: 0,
-            transaction_timeout: lnd_timeout + 1,
-            health_sensitivity: 0,
-            recovery_interval: 0,
-            router_sensitivity: 0,
+            numa_range: get("numa_range"),
+            max_interfaces: get("max_interfaces"),
+            discovery: get("discovery"),
+            drop_asym_route: get("drop_asym_route"),
+            retry_count: get("retry_count"),
+            transaction_timeout: u64::from(get("transaction_timeout")),
+            health_sensitivity: get("health_sensitivity"),
+            recovery_interval: get("recovery_interval"),
+            router_sensitivity: get("router_sensitivity"),
             lnd_timeout,
-            response_tracking: 0,
-            recovery_limit: 0,
-            max_recovery_ping_interval: 0,
+            response_tracking: get("response_tracking"),
+            recovery_limit: get("recovery_limit"),
+            max_recovery_ping_interval: get("max_recovery_ping_interval"),
             routing: u32::from(node.routing_enabled()),
             pid: node.pid(),
         },
