@@ -25,8 +25,11 @@ pub struct Tunable {
 const NO_HEALTH: &str = "kept and shown; no effect yet: ulnet has no LNet health";
 
 /// Every global `lnetctl set` takes besides `routing` and the router buffers, in `global
-/// show`'s order (lnetctl.c, jt_show_global). Ranges as the kernel's setters check them
-/// (api-ni.c, the *_set module-parameter handlers; router.c for router_sensitivity).
+/// show`'s order (lnetctl.c, jt_show_global). Ranges and rules as the kernel's setters check
+/// them (api-ni.c, the lnet_*_set module-parameter handlers; router.c for
+/// router_sensitivity); [`GlobalTunables::set_all`] applies the rules that tie two together.
+/// Each value at start is valid for `set` (sanity-lnet's restore_lnet_params sets every
+/// value `global show` printed).
 pub const TUNABLES: &[Tunable] = &[
     Tunable {
         name: "numa_range",
@@ -36,27 +39,30 @@ pub const TUNABLES: &[Tunable] = &[
         effect: "kept and shown; no effect: ulnet runs each NI on its own thread, not by NUMA",
     },
     Tunable {
+        // Lustre replaces a value under 16 by its default, 4096, and says nothing.
         name: "max_interfaces",
-        min: 16,
+        min: 0,
         max: u32::MAX as i64,
         initial: crate::ping::MAX_PING_NIS as i64,
-        effect: "kept and shown; ulnet's ping replies list at most its NIs (fewer than 16)",
+        effect: "kept and shown; a ping reply lists the node's NIs (at most 200)",
     },
     Tunable {
+        // Any non-zero value is on (the kernel keeps the inverse, discovery_disabled).
         name: "discovery",
         min: 0,
-        max: 1,
+        max: u32::MAX as i64,
         initial: 0,
         effect: "kept and shown; no effect yet: ulnet has no peer discovery (no Multi-Rail)",
     },
     Tunable {
         name: "drop_asym_route",
         min: 0,
-        max: 1,
+        max: u32::MAX as i64,
         initial: 0,
         effect: "kept and shown; no effect yet: routed messages are not checked for asymmetry",
     },
     Tunable {
+        // Must stay below transaction_timeout, and 0 while health_sensitivity is 0.
         name: "retry_count",
         min: 0,
         max: u32::MAX as i64,
@@ -64,6 +70,7 @@ pub const TUNABLES: &[Tunable] = &[
         effect: NO_HEALTH,
     },
     Tunable {
+        // Must stay above retry_count.
         name: "transaction_timeout",
         min: 1,
         max: u32::MAX as i64,
@@ -71,6 +78,7 @@ pub const TUNABLES: &[Tunable] = &[
         effect: "kept and shown; LND timeouts stay as each NI's config sets them",
     },
     Tunable {
+        // 0 turns health off and retry_count with it.
         name: "health_sensitivity",
         min: 0,
         max: 1000,
@@ -78,11 +86,12 @@ pub const TUNABLES: &[Tunable] = &[
         effect: NO_HEALTH,
     },
     Tunable {
+        // Deprecated in Lustre: the kernel accepts a value and keeps 1.
         name: "recovery_interval",
-        min: 1,
+        min: 0,
         max: u32::MAX as i64,
-        initial: 0,
-        effect: NO_HEALTH,
+        initial: 1,
+        effect: "accepted and ignored, as in Lustre (deprecated there)",
     },
     Tunable {
         name: "router_sensitivity",
@@ -109,7 +118,7 @@ pub const TUNABLES: &[Tunable] = &[
         name: "max_recovery_ping_interval",
         min: 1,
         max: u32::MAX as i64,
-        initial: 0,
+        initial: 900,
         effect: NO_HEALTH,
     },
 ];
@@ -129,6 +138,8 @@ pub enum GlobalError {
         max: i64,
     },
     ReadOnly(String),
+    /// Two values that Lustre does not allow together.
+    Conflict(String),
 }
 
 impl GlobalError {
@@ -162,6 +173,7 @@ impl fmt::Display for GlobalError {
                 write!(f, "{name}: {value} is out of range ({min}..{max})")
             }
             GlobalError::ReadOnly(n) => write!(f, "{n} cannot be set (it is shown, not set)"),
+            GlobalError::Conflict(m) => f.write_str(m),
         }
     }
 }
@@ -193,24 +205,64 @@ impl GlobalTunables {
         Self::lookup(name).map(|(i, _)| self.values[i])
     }
 
-    /// Sets `name` to `value` if Lustre's range allows it; nothing changes otherwise.
+    /// Sets `name` to `value` if Lustre allows it; nothing changes otherwise.
     pub fn set(&mut self, name: &str, value: i64) -> Result<(), GlobalError> {
-        let Some((i, t)) = Self::lookup(name) else {
-            if READ_ONLY.contains(&name) {
-                return Err(GlobalError::ReadOnly(name.to_string()));
+        self.set_all(&[(name, value)])
+    }
+
+    /// Sets several at once (a `global:` section): each value is checked against its range,
+    /// then the rules that tie two together are checked on the result, so the order of the
+    /// keys does not matter (a kernel export lists retry_count before health_sensitivity).
+    /// All or nothing.
+    pub fn set_all(&mut self, values: &[(&str, i64)]) -> Result<(), GlobalError> {
+        let mut next = self.clone();
+        for &(name, value) in values {
+            let Some((i, t)) = Self::lookup(name) else {
+                if READ_ONLY.contains(&name) {
+                    return Err(GlobalError::ReadOnly(name.to_string()));
+                }
+                return Err(GlobalError::Unknown(name.to_string()));
+            };
+            if !(t.min..=t.max).contains(&value) {
+                return Err(GlobalError::OutOfRange {
+                    name: t.name,
+                    value,
+                    min: t.min,
+                    max: t.max,
+                });
             }
-            return Err(GlobalError::Unknown(name.to_string()));
-        };
-        if !(t.min..=t.max).contains(&value) {
-            return Err(GlobalError::OutOfRange {
-                name: t.name,
-                value,
-                min: t.min,
-                max: t.max,
-            });
+            next.values[i] = match t.name {
+                "max_interfaces" if value < 16 => 4096,
+                "discovery" | "drop_asym_route" => i64::from(value != 0),
+                "recovery_interval" => self.values[i],
+                _ => value,
+            };
+            if t.name == "health_sensitivity" && value == 0 {
+                // Health off takes resends with it (lnet_health_sensitivity_set).
+                next.values[Self::index("retry_count")] = 0;
+            }
         }
-        self.values[i] = value;
+        let retry = next.values[Self::index("retry_count")];
+        let timeout = next.values[Self::index("transaction_timeout")];
+        let health = next.values[Self::index("health_sensitivity")];
+        if retry > 0 && health == 0 {
+            return Err(GlobalError::Conflict(format!(
+                "retry_count: {retry} needs health_sensitivity above 0 (resends are part of \
+                 LNet health)"
+            )));
+        }
+        // transaction_timeout 0 is "not set yet" (the node derives it from its LND timeout).
+        if timeout != 0 && retry >= timeout {
+            return Err(GlobalError::Conflict(format!(
+                "retry_count ({retry}) must stay below transaction_timeout ({timeout})"
+            )));
+        }
+        *self = next;
         Ok(())
+    }
+
+    fn index(name: &str) -> usize {
+        Self::lookup(name).map_or(0, |(i, _)| i)
     }
 
     /// Every `(name, value)` in `global show`'s order.
@@ -253,14 +305,13 @@ mod tests {
         let mut g = GlobalTunables::default();
         let before = g.clone();
         for (name, bad) in [
-            ("discovery", 2),
             ("drop_asym_route", -1),
             ("health_sensitivity", 1001),
             ("router_sensitivity", 101),
             ("response_tracking", 4),
-            ("max_interfaces", 15),
             ("transaction_timeout", 0),
-            ("recovery_interval", 0),
+            ("max_recovery_ping_interval", 0),
+            ("recovery_limit", -1),
             ("numa_range", -1),
         ] {
             let e = g.set(name, bad).unwrap_err();
@@ -277,5 +328,45 @@ mod tests {
         g.set("max_interfaces", 16).unwrap();
         assert_eq!(g.get("health_sensitivity"), Some(1000));
         assert_eq!(g.get("max_interfaces"), Some(16));
+    }
+
+    /// Lustre's quirks, kept: what the kernel's setters do with odd values.
+    #[test]
+    fn lustres_setters_rules_hold() {
+        let mut g = GlobalTunables::default();
+        g.set("max_interfaces", 15).unwrap();
+        assert_eq!(g.get("max_interfaces"), Some(4096), "under 16: the default");
+        g.set("discovery", 7).unwrap();
+        assert_eq!(g.get("discovery"), Some(1), "non-zero is on");
+        g.set("recovery_interval", 30).unwrap();
+        assert_eq!(g.get("recovery_interval"), Some(1), "deprecated: ignored");
+        // Resends need health, and a transaction longer than its retries.
+        let e = g.set("retry_count", 2).unwrap_err();
+        assert!(matches!(e, GlobalError::Conflict(_)), "{e}");
+        g.set_all(&[("retry_count", 2), ("transaction_timeout", 150), ("health_sensitivity", 100)])
+            .unwrap();
+        assert_eq!(g.get("retry_count"), Some(2));
+        assert!(g.set("transaction_timeout", 2).is_err());
+        assert!(g.set("retry_count", 150).is_err());
+        g.set("health_sensitivity", 0).unwrap();
+        assert_eq!(g.get("retry_count"), Some(0), "health off takes resends with it");
+        // All or nothing.
+        let before = g.clone();
+        assert!(g.set_all(&[("numa_range", 3), ("response_tracking", 9)]).is_err());
+        assert_eq!(g, before);
+    }
+
+    /// sanity-lnet's restore_lnet_params sets every value `global show` printed: each one
+    /// at start must be accepted back.
+    #[test]
+    fn every_value_at_start_can_be_set_back() {
+        let mut g = GlobalTunables::default();
+        let _ = g.set("transaction_timeout", 51);
+        let shown: Vec<(&str, i64)> = g.iter().collect();
+        for (name, value) in shown {
+            let mut h = g.clone();
+            h.set(name, value).unwrap_or_else(|e| panic!("{name} {value}: {e}"));
+            assert_eq!(h, g);
+        }
     }
 }

@@ -40,6 +40,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
+use crate::GlobalError;
+
 use crate::config::{
     BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
@@ -126,6 +128,22 @@ pub struct DaemonConfig {
     pub selftest: bool,
     /// `global:` (and `numa: range:`): LNet's global tunables.
     pub globals: crate::GlobalTunables,
+    /// Which sections the document had (what `lnetctl import` applies).
+    pub given: GivenSections,
+}
+
+/// The sections a document had, beyond its nets and routes: an import applies only these, and
+/// leaves the rest of the running daemon as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GivenSections {
+    /// `routing: enable:`.
+    pub routing: bool,
+    /// `buffers:`.
+    pub buffers: bool,
+    /// `peer:` entries (one NI each: what discovery would find, nothing to apply).
+    pub peers: usize,
+    /// `global:` keys (and `numa: range:`), settable ones only, in file order.
+    pub globals: Vec<(String, i64)>,
 }
 
 /// One `route:` entry and its line.
@@ -190,6 +208,26 @@ impl DaemonConfig {
 
     /// Parses a configuration; `origin` names it in errors (usually the file name).
     pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, None)
+    }
+
+    /// Parses a document for `lnetctl import` into a running daemon whose NIs are `running`:
+    /// checked as a configuration file is, except that it may name no NI, and a route's
+    /// gateway may be on a net of the file or of the daemon. [`DaemonConfig::given`] says which
+    /// sections it had.
+    pub fn parse_import(
+        text: &str,
+        origin: &str,
+        running: &[Nid],
+    ) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, Some(running))
+    }
+
+    fn parse_with(
+        text: &str,
+        origin: &str,
+        running: Option<&[Nid]>,
+    ) -> Result<DaemonConfig, ConfigError> {
         // An empty file (or one of comments) is no document at all for the parser: refuse it
         // here, with its first line, before serde turns it into a config with nothing in it.
         let raw: Option<RawConfig> =
@@ -320,7 +358,7 @@ impl DaemonConfig {
                 });
             }
         }
-        if cfg.nis().next().is_none() {
+        if cfg.nis().next().is_none() && running.is_none() {
             // A daemon with no NI does nothing: almost surely a wrong or truncated file. (NIs
             // removed at runtime through lnetctl are another matter: the daemon keeps running.)
             return Err(err(
@@ -346,7 +384,12 @@ impl DaemonConfig {
                 return Err(err(line, format!("peer {nid} is listed twice")));
             }
         }
-        let own: Vec<Nid> = cfg.nis().map(|(_, ni)| ni.ni.nid).collect();
+        let mut own: Vec<Nid> = cfg.nis().map(|(_, ni)| ni.ni.nid).collect();
+        for &n in running.into_iter().flatten() {
+            if !own.contains(&n) {
+                own.push(n);
+            }
+        }
         let mut table = RouteTable::default();
         for r in raw.route {
             let line = r.net.referenced.line();
@@ -379,6 +422,9 @@ impl DaemonConfig {
                 .map_err(|e| err(line, format!("route to {net} via {}: {e}", route.gateway)))?;
             cfg.routes.push(RouteSettings { route, line });
         }
+        cfg.given.buffers = raw.buffers.is_some();
+        cfg.given.routing = raw.routing.as_ref().is_some_and(|r| r.enable.is_some());
+        cfg.given.peers = raw.peer.as_ref().map_or(0, |p| p.value.len());
         if let Some(b) = raw.buffers {
             let d = BufferCounts::default();
             let big = 10_000_000;
@@ -395,15 +441,30 @@ impl DaemonConfig {
             .numa
             .and_then(|n| n.range)
             .map(|r| ("numa_range".to_string(), r));
-        for (key, v) in raw.global.into_iter().flatten().chain(numa) {
+        // One key at a time for the ranges (an error names its line), then all together for
+        // the rules that tie two of them (the section's first line).
+        let global_line = raw.global.as_ref().map_or(1, |g| g.referenced.line());
+        for (key, v) in raw.global.into_iter().flat_map(|g| g.value).chain(numa) {
             if crate::globals::READ_ONLY.contains(&key.as_str()) {
                 // Shown by `global show`, so in every export; set elsewhere or derived.
                 continue;
             }
-            cfg.globals
-                .set(&key, v.value)
-                .map_err(|e| err(v.referenced.line(), format!("global: {e}")))?;
+            if let Err(e @ (GlobalError::Unknown(_) | GlobalError::OutOfRange { .. })) =
+                crate::GlobalTunables::default().set_all(&[(&key, v.value)])
+            {
+                return Err(err(v.referenced.line(), format!("global: {e}")));
+            }
+            cfg.given.globals.push((key, v.value));
         }
+        let all: Vec<(&str, i64)> = cfg
+            .given
+            .globals
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        cfg.globals
+            .set_all(&all)
+            .map_err(|e| err(global_line, format!("global: {e}")))?;
         cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
         if let Some(r) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
@@ -497,7 +558,7 @@ struct RawConfig {
     // tunables, checked as `lnetctl set` checks them (`crate::globals`); `peer:` entries with
     // one NI are what discovery would find anyway; what we do not implement is refused by name.
     #[serde(default)]
-    global: Option<std::collections::BTreeMap<String, Spanned<i64>>>,
+    global: Option<Spanned<std::collections::BTreeMap<String, Spanned<i64>>>>,
     #[serde(default)]
     numa: Option<RawNuma>,
     #[serde(default)]

@@ -31,11 +31,12 @@ fn kind(r: &Request) -> &'static str {
         Request::SetRouting { .. } => "set_routing",
         Request::SetBuffers { .. } => "set_buffers",
         Request::SetGlobal { .. } => "set_global",
+        Request::Import { .. } => "import",
         Request::Selftest { .. } => "selftest",
     }
 }
 
-const EVERY_KIND: [&str; 17] = [
+const EVERY_KIND: [&str; 18] = [
     "ping",
     "net_show",
     "peer_show",
@@ -52,6 +53,7 @@ const EVERY_KIND: [&str; 17] = [
     "set_routing",
     "set_buffers",
     "set_global",
+    "import",
     "selftest",
 ];
 

@@ -251,8 +251,8 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     assert!(!before.is_empty());
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
     for (name, value) in [
-        ("retry_count", "3"),
         ("health_sensitivity", "1000"),
+        ("retry_count", "3"),
         ("discovery", "1"),
     ] {
         let o = lnetctl(&p.a, &["set", name, value]);
@@ -266,9 +266,9 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     }
     for (name, value) in [
         ("health_sensitivity", "1001"),
-        ("discovery", "2"),
-        ("max_interfaces", "15"),
+        ("response_tracking", "4"),
         ("retry_count", "-1"),
+        ("transaction_timeout", "3"),
     ] {
         let before = global(&p.a);
         let o = lnetctl(&p.a, &["set", name, value]);
@@ -279,6 +279,10 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
         assert!(o.stdout.is_empty());
         assert_eq!(global(&p.a), before);
     }
+    // Lustre's rules that tie two together: health off takes the resends with it.
+    let o = lnetctl(&p.a, &["set", "health_sensitivity", "0"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(global(&p.a).contains("\n    retry_count: 0\n"));
     assert_eq!(conns(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }

@@ -112,6 +112,14 @@ pub enum Request {
     SetRouting {
         enable: bool,
     },
+    /// `lnetctl import [--add|--del|--show] FILE`: a document as `lnetctl export` or lnet.conf
+    /// writes it, checked first as a configuration file is (errors name its lines), then
+    /// applied to the running daemon item by item ([`ImportOp`]).
+    Import {
+        yaml: String,
+        #[serde(default)]
+        op: ImportOp,
+    },
     /// `lnetctl set NAME VALUE` for one of LNet's global tunables
     /// ([`TUNABLES`](crate::globals::TUNABLES)), on every NI.
     SetGlobal {
@@ -142,9 +150,46 @@ pub enum Response {
     Route(RouteShow),
     Routing(RoutingShow),
     Selftest(crate::selftest::LstReply),
+    /// What an import did, item by item.
+    Import(ImportReport),
     /// A change was made (route add/del, set): lnetctl prints nothing, as real lnetctl.
     Done,
     Error(ControlError),
+}
+
+/// What an import does with its document.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportOp {
+    /// Configure what it names (`--add`, the default).
+    #[default]
+    Add,
+    /// Remove what it names (`--del`): its routes.
+    Del,
+    /// Change nothing; report what `Add` would do (`--show`).
+    Show,
+}
+
+/// What `lnetctl import` did: each item of the document applied, already so, or failed (in
+/// document order), so that a partly applied import says exactly what is left to do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportReport {
+    pub op: ImportOp,
+    /// Items changed.
+    pub applied: u32,
+    /// Items the daemon already had as the document says (an export imported back).
+    pub unchanged: u32,
+    pub failed: Vec<ImportFailure>,
+}
+
+/// One item an import could not apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportFailure {
+    /// The section: `net`, `route`, `routing`, `buffers`, `global`.
+    pub section: String,
+    /// Negative, as lnetctl prints it.
+    pub errno: i32,
+    pub descr: String,
 }
 
 /// A request that failed as a whole.

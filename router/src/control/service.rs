@@ -125,6 +125,10 @@ impl<T> Control<T> {
                 errno::EOPNOTSUPP,
                 "selftest needs the lnet-router daemon (its NI loops run the selftest)",
             )),
+            Request::Import { .. } => Response::Error(ControlError::new(
+                errno::EOPNOTSUPP,
+                "import needs the lnet-router daemon (it reads the document as its config)",
+            )),
             Request::PeerShow { nid, verbose } => match peer_show(node, nid.as_deref(), verbose) {
                 Ok(p) => Response::Peer(p),
                 Err(e) => Response::Error(e),

@@ -1,0 +1,256 @@
+//! `lnetctl import`: a document as `lnetctl export` or lnet.conf writes it, checked as the
+//! daemon's configuration file is ([`DaemonConfig::parse_import`], errors name the line), then
+//! applied to the running daemon one item at a time through the same requests `lnetctl route
+//! add`, `set` and friends send, so an import changes exactly what those commands would and
+//! nothing else: connections it does not concern stay up.
+//!
+//! Lustre's import walks the document's sections and reports each item that failed in an
+//! `add:` / `del:` block with its errno (lnetctl.c, jt_import; liblnetconfig.c,
+//! lustre_yaml_config / lustre_yaml_del). We do the same, and also count what was already as
+//! the document says, so `lnetctl export | lnetctl import` on the same daemon is a clean no-op.
+//!
+//! What ulnet cannot do to a running daemon yet, adding or removing an NI, fails for that item
+//! with EOPNOTSUPP and says how to do it instead (the configuration file and a restart).
+
+use lnd::wire::Nid;
+
+use super::protocol::{
+    errno, ControlError, ImportFailure, ImportOp, ImportReport, Request, Response,
+};
+use crate::yaml_config::DaemonConfig;
+use crate::BufferCounts;
+
+/// Applies `yaml` to the daemon whose NIs are `running`, asking it through `call`.
+pub fn import(
+    yaml: &str,
+    op: ImportOp,
+    running: &[Nid],
+    mut call: impl FnMut(Request) -> Response,
+) -> Response {
+    let cfg = match DaemonConfig::parse_import(yaml, "import", running) {
+        Ok(c) => c,
+        Err(e) => return Response::Error(ControlError::new(errno::EINVAL, e.to_string())),
+    };
+    let mut rep = ImportReport {
+        op,
+        ..ImportReport::default()
+    };
+    let dry = op == ImportOp::Show;
+    let del = op == ImportOp::Del;
+    let mut apply = |rep: &mut ImportReport, section: &str, req: Request| {
+        if dry {
+            rep.applied += 1;
+            return;
+        }
+        match call(req) {
+            Response::Done => rep.applied += 1,
+            Response::Error(e) => rep.failed.push(ImportFailure {
+                section: section.to_string(),
+                errno: -e.errno,
+                descr: e.message,
+            }),
+            other => rep.failed.push(ImportFailure {
+                section: section.to_string(),
+                errno: -errno::EPROTO,
+                descr: format!("unexpected answer from the daemon: {other:?}"),
+            }),
+        }
+    };
+    let fail = |rep: &mut ImportReport, section: &str, errno: i32, descr: String| {
+        rep.failed.push(ImportFailure {
+            section: section.to_string(),
+            errno: -errno,
+            descr,
+        });
+    };
+
+    // What the daemon has now, to tell a change from what is already so.
+    let (routes_now, routing_now, buffers_now, globals_now) = match now(&mut call) {
+        Ok(s) => s,
+        Err(e) => return Response::Error(e),
+    };
+
+    // Routes first on del (Lustre removes routes before the nets they go through), nets first
+    // on add; with NIs fixed at start the order only decides the order of the report.
+    let mut nets = |rep: &mut ImportReport| {
+        for (_, ni) in cfg.nis() {
+            let nid = ni.ni.nid;
+            match (running.contains(&nid), del) {
+                (true, false) => rep.unchanged += 1,
+                (false, false) => fail(
+                    rep,
+                    "net",
+                    errno::EOPNOTSUPP,
+                    format!(
+                        "net add {nid}: ulnet cannot add an NI to a running daemon yet; add it \
+                         to the daemon's configuration and restart it"
+                    ),
+                ),
+                (true, true) => fail(
+                    rep,
+                    "net",
+                    errno::EOPNOTSUPP,
+                    format!(
+                        "net del {nid}: ulnet cannot remove an NI from a running daemon yet; \
+                         remove it from the daemon's configuration and restart it"
+                    ),
+                ),
+                (false, true) => fail(
+                    rep,
+                    "net",
+                    errno::ENOENT,
+                    format!("net del {nid}: no such NI"),
+                ),
+            }
+        }
+    };
+    if !del {
+        nets(&mut rep);
+    }
+    for r in &cfg.routes {
+        let r = r.route;
+        let same = routes_now.iter().any(|x| {
+            (x.0.as_str(), x.1.as_str()) == (r.net.to_string().as_str(), r.gateway.to_string().as_str())
+                && x.2 == r.hops.map_or(-1, i64::from)
+                && x.3 == r.priority
+        });
+        let exists = routes_now
+            .iter()
+            .any(|x| x.0 == r.net.to_string() && x.1 == r.gateway.to_string());
+        match (del, same, exists) {
+            (false, true, _) => rep.unchanged += 1,
+            (false, false, _) => apply(
+                &mut rep,
+                "route",
+                Request::RouteAdd {
+                    net: r.net.to_string(),
+                    gateway: r.gateway.to_string(),
+                    hop: Some(r.hops.map_or(-1, i64::from)),
+                    priority: Some(r.priority),
+                },
+            ),
+            (true, _, false) => fail(
+                &mut rep,
+                "route",
+                errno::ENOENT,
+                format!("route del {} via {}: no such route", r.net, r.gateway),
+            ),
+            (true, _, true) => apply(
+                &mut rep,
+                "route",
+                Request::RouteDel {
+                    net: r.net.to_string(),
+                    gateway: Some(r.gateway.to_string()),
+                },
+            ),
+        }
+    }
+    if del {
+        nets(&mut rep);
+        // Peers, routing, buffers and globals have nothing to remove: they are settings.
+        return Response::Import(rep);
+    }
+    // Peers with one NI (Multi-Rail ones were refused by the parser): ulnet creates a peer
+    // when it first talks to it, as discovery would; nothing to apply.
+    rep.unchanged += cfg.given.peers as u32;
+    if cfg.given.routing {
+        if cfg.routing.enabled == routing_now {
+            rep.unchanged += 1;
+        } else {
+            apply(
+                &mut rep,
+                "routing",
+                Request::SetRouting {
+                    enable: cfg.routing.enabled,
+                },
+            );
+        }
+    }
+    if cfg.given.buffers {
+        let want = cfg.routing.buffers;
+        for (pool, w, n) in [
+            ("tiny", want.tiny, buffers_now.tiny),
+            ("small", want.small, buffers_now.small),
+            ("large", want.large, buffers_now.large),
+        ] {
+            if w == n {
+                rep.unchanged += 1;
+            } else {
+                apply(
+                    &mut rep,
+                    "buffers",
+                    Request::SetBuffers {
+                        pool: pool.to_string(),
+                        count: w,
+                    },
+                );
+            }
+        }
+    }
+    for (name, value) in &cfg.given.globals {
+        if globals_now.iter().any(|(n, v)| n == name && v == value) {
+            rep.unchanged += 1;
+        } else {
+            apply(
+                &mut rep,
+                "global",
+                Request::SetGlobal {
+                    name: name.clone(),
+                    value: *value,
+                },
+            );
+        }
+    }
+    Response::Import(rep)
+}
+
+/// (net, gateway, hop, priority) of each route.
+type RouteRow = (String, String, i64, u32);
+
+/// The daemon's routes, routing switch, router buffers (the node's totals) and globals.
+#[allow(clippy::type_complexity)]
+fn now(
+    call: &mut impl FnMut(Request) -> Response,
+) -> Result<(Vec<RouteRow>, bool, BufferCounts, Vec<(String, i64)>), ControlError> {
+    let unexpected = |r: Response| match r {
+        Response::Error(e) => e,
+        other => ControlError::new(errno::EPROTO, format!("unexpected answer: {other:?}")),
+    };
+    let routes = match call(Request::RouteShow {
+        net: None,
+        gateway: None,
+        verbose: true,
+    }) {
+        Response::Route(r) => r
+            .route
+            .into_iter()
+            .map(|e| (e.net, e.gateway, e.hop.unwrap_or(-1), e.priority.unwrap_or(0)))
+            .collect(),
+        other => return Err(unexpected(other)),
+    };
+    let (routing, buffers) = match call(Request::RoutingShow) {
+        Response::Routing(r) => {
+            let sum = |f: fn(&super::CptPools) -> u32| r.cpts.iter().map(f).sum::<u32>();
+            (
+                r.enable == 1,
+                BufferCounts {
+                    tiny: sum(|c| c.tiny.nbuffers),
+                    small: sum(|c| c.small.nbuffers),
+                    large: sum(|c| c.large.nbuffers),
+                },
+            )
+        }
+        other => return Err(unexpected(other)),
+    };
+    let globals = match call(Request::GlobalShow) {
+        Response::Global(g) => {
+            let v = serde_json::to_value(&g.global).unwrap_or_default();
+            crate::globals::TUNABLES
+                .iter()
+                .filter_map(|t| v.get(t.name).and_then(|x| x.as_i64()).map(|x| (t.name.to_string(), x)))
+                .collect()
+        }
+        other => return Err(unexpected(other)),
+    };
+    Ok((routes, routing, buffers, globals))
+}
