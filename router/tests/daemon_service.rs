@@ -252,6 +252,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
     for (name, value) in [
         ("health_sensitivity", "1000"),
+        ("transaction_timeout", "150"),
         ("retry_count", "3"),
         ("discovery", "1"),
     ] {
