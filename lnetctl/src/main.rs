@@ -345,14 +345,18 @@ impl SetCmd {
 const SET_NOTES: &str = "\
 In ulnet:
   routing, *_buffers           take effect at once, without dropping connections
-  max_interfaces               kept and shown; ulnet's ping replies list at most its NIs (fewer than 16)
+  max_interfaces               kept and shown; a ping reply lists the node's NIs (at most 200)
   numa_range                   kept and shown; no effect: ulnet runs each NI on its own thread, not by NUMA
   discovery                    kept and shown; no effect yet: ulnet has no peer discovery (no Multi-Rail)
   drop_asym_route              kept and shown; no effect yet: routed messages are not checked for asymmetry
   transaction_timeout          kept and shown; LND timeouts stay as each NI's config sets them
   router_sensitivity           kept and shown; routes are judged by the router pinger, not health values
-  retry_count, health_sensitivity, recovery_interval, response_tracking, recovery_limit,
+  recovery_interval            accepted and ignored, as in Lustre (deprecated there)
+  retry_count, health_sensitivity, response_tracking, recovery_limit,
   max_recovery_ping_interval   kept and shown; no effect yet: ulnet has no LNet health
+As in Lustre: max_interfaces under 16 means 4096; discovery and drop_asym_route take any
+non-zero value as 1; retry_count stays below transaction_timeout and is 0 while
+health_sensitivity is 0 (setting health_sensitivity 0 sets it to 0).
 Values outside Lustre's range are refused (exit status 1) and change nothing.";
 
 #[derive(Subcommand, Debug)]

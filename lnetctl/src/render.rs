@@ -3,16 +3,25 @@
 //! order and values either way.
 
 use router::control::{
-    ConnShow, Counts, GlobalShow, NamedCounters, NetShow, PeerShow, PingShow, PoolShow, Response,
-    RouteShow, RoutingShow, StatsShow,
+    ConnShow, Counts, GlobalShow, ImportOp, ImportReport, NamedCounters, NetShow, PeerShow,
+    PingShow, PoolShow, Response, RouteShow, RoutingShow, StatsShow,
 };
 
 use crate::capture::Report;
-use crate::tree::{to_json, to_yaml, Map};
+use crate::tree::{to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLINK, PING};
 
-/// The document of a successful response; `None` for an error, a capture's stream and
-/// selftest's replies (rendered by `selftest`).
-pub fn tree(resp: &Response) -> Option<Map> {
+/// The document of a successful response and the printer lnetctl lays it out with; `None`
+/// for an error, a capture's stream and selftest's replies (rendered by `selftest`).
+pub fn tree(resp: &Response) -> Option<(Map, Style)> {
+    let style = match resp {
+        Response::Ping(_) => PING,
+        Response::Net(_) | Response::Peer(_) | Response::Route(_) => NETLINK,
+        _ => Style::Cyaml,
+    };
+    Some((tree_of(resp)?, style))
+}
+
+fn tree_of(resp: &Response) -> Option<Map> {
     Some(match resp {
         Response::Ping(p) => ping_tree(p),
         Response::Net(n) => net_tree(n),
@@ -22,6 +31,7 @@ pub fn tree(resp: &Response) -> Option<Map> {
         Response::Global(g) => global_tree(g),
         Response::Route(r) => route_tree(r),
         Response::Routing(r) => routing_tree(r),
+        Response::Import(r) => import_tree(r),
         Response::Done => Map::new(),
         Response::Selftest(_)
         | Response::CaptureStarted(_)
@@ -36,7 +46,7 @@ pub fn yaml(resp: &Response) -> Option<String> {
     if let Response::Selftest(r) = resp {
         return Some(crate::selftest::render_reply(r));
     }
-    tree(resp).map(|t| to_yaml(&t))
+    tree(resp).map(|(t, style)| to_yaml_as(&t, style))
 }
 
 /// The same document as JSON; `None` for an error.
@@ -47,7 +57,7 @@ pub fn json(resp: &Response) -> Option<String> {
             s
         });
     }
-    let t = tree(resp)?;
+    let (t, _) = tree(resp)?;
     Some(if t.0.is_empty() {
         String::new()
     } else {
@@ -94,15 +104,43 @@ pub fn ping_tree(p: &PingShow) -> Map {
             .manage
             .iter()
             .map(|f| {
-                Map::new().with(
-                    "ping",
-                    Map::new().with("errno", f.errno).with("descr", &f.descr),
-                )
+                // lnetctl's failure item: an empty `ping:` then errno and descr beside it
+                // (yaml_lnet_ping_display); the NID is in descr.
+                Map::new()
+                    .with("ping", Node::Scalar(Scalar::Null))
+                    .with("errno", f.errno)
+                    .with("descr", &f.descr)
             })
             .collect();
         doc.push("manage", fails);
     }
     doc
+}
+
+/// What `import --show` would do (`import:`); an import that ran prints only its failures.
+fn import_tree(r: &ImportReport) -> Map {
+    let applied = if r.op == ImportOp::Show {
+        "would apply"
+    } else {
+        "applied"
+    };
+    let failed: Vec<Map> = r
+        .failed
+        .iter()
+        .map(|f| {
+            Map::new()
+                .with(&f.section, Node::Scalar(Scalar::Null))
+                .with("errno", f.errno)
+                .with("descr", &f.descr)
+        })
+        .collect();
+    Map::new().with(
+        "import",
+        Map::new()
+            .with(applied, r.applied)
+            .with("unchanged", r.unchanged)
+            .with("failed", failed),
+    )
 }
 
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
@@ -336,7 +374,6 @@ pub fn route_tree(r: &RouteShow) -> Map {
                 .with("gateway", &e.gateway)
                 .with_opt("hop", e.hop)
                 .with_opt("priority", e.priority)
-                .with_opt("health_sensitivity", e.health_sensitivity)
                 .with_opt("state", e.state.as_ref())
                 .with_opt("type", e.kind.as_ref())
         })
@@ -392,22 +429,22 @@ mod tests {
     use super::*;
 
     fn ping(p: &PingShow) -> String {
-        to_yaml(&ping_tree(p))
+        yaml(&Response::Ping(p.clone())).unwrap()
     }
     fn net(n: &NetShow) -> String {
-        to_yaml(&net_tree(n))
+        yaml(&Response::Net(n.clone())).unwrap()
     }
     fn peer(p: &PeerShow) -> String {
-        to_yaml(&peer_tree(p))
+        yaml(&Response::Peer(p.clone())).unwrap()
     }
     fn conn(c: &ConnShow) -> String {
-        to_yaml(&conn_tree(c))
+        yaml(&Response::Conn(c.clone())).unwrap()
     }
     fn stats(st: &StatsShow) -> String {
-        to_yaml(&stats_tree(st))
+        yaml(&Response::Stats(st.clone())).unwrap()
     }
     fn global(g: &GlobalShow) -> String {
-        to_yaml(&global_tree(g))
+        yaml(&Response::Global(g.clone())).unwrap()
     }
     use lnd::time::Instant;
     use lnd::wire::Nid;
@@ -440,15 +477,15 @@ mod tests {
             ping(&p),
             "\
 ping:
-    - primary nid: 10.0.0.5@o2ib
-      Multi-Rail: true
-      peer_ni:
-        - nid: 10.0.0.5@o2ib
-        - nid: 10.0.1.5@o2ib1
+- primary nid: 10.0.0.5@o2ib
+  Multi-Rail: true
+  peer_ni:
+  - nid: 10.0.0.5@o2ib
+  - nid: 10.0.1.5@o2ib1
 manage:
-    - ping:
-          errno: -110
-          descr: \"failed to ping 10.0.0.9@o2ib: timed out\"
+- ping:
+  errno: -110
+  descr: \"failed to ping 10.0.0.9@o2ib: timed out\"
 "
         );
     }
@@ -460,75 +497,75 @@ manage:
             net(&net_show(&n, &[], false)),
             "\
 net:
-    - net type: lo
+-     net type: lo
       local NI(s):
-        - nid: 0@lo
-          status: up
-    - net type: o2ib
+      -     nid: 0@lo
+            status: up
+-     net type: o2ib
       local NI(s):
-        - nid: 10.0.0.1@o2ib
-          status: up
+      -     nid: 10.0.0.1@o2ib
+            status: up
 "
         );
         let v = net(&net_show(&n, &[], true));
-        let (head, lnd) = v.split_once("          lnd statistics:\n").expect(&v);
+        let (head, lnd) = v.split_once("            lnd statistics:\n").expect(&v);
         assert_eq!(
             head,
             "\
 net:
-    - net type: lo
+-     net type: lo
       local NI(s):
-        - nid: 0@lo
-          status: up
-          statistics:
-              send_count: 0
-              recv_count: 0
-              drop_count: 0
-    - net type: o2ib
+      -     nid: 0@lo
+            status: up
+            statistics:
+                  send_count: 0
+                  recv_count: 0
+                  drop_count: 0
+-     net type: o2ib
       local NI(s):
-        - nid: 10.0.0.1@o2ib
-          status: up
-          statistics:
-              send_count: 0
-              recv_count: 0
-              drop_count: 0
-          tunables:
-              peer_timeout: 180
-              peer_credits: 8
-              peer_buffer_credits: 0
-              credits: 256
-          lnd tunables:
-              peercredits_hiw: 0
-              concurrent_sends: 0
-              timeout: 50
-              keepalive: 100
+      -     nid: 10.0.0.1@o2ib
+            status: up
+            statistics:
+                  send_count: 0
+                  recv_count: 0
+                  drop_count: 0
+            tunables:
+                  peer_timeout: 180
+                  peer_credits: 8
+                  peer_buffer_credits: 0
+                  credits: 256
+            lnd tunables:
+                  peercredits_hiw: 0
+                  concurrent_sends: 0
+                  timeout: 50
+                  keepalive: 100
 "
         );
-        let (lnd, ulnet) = lnd.split_once("          ulnet:\n").expect(lnd);
+        let (lnd, ulnet) = lnd.split_once("            ulnet:\n").expect(lnd);
         // The LND's counters: 47 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
-        assert_eq!(lines[0], "              connects: 0");
-        assert_eq!(lines[8], "              race_order_disagreements: 0");
-        assert!(lines.contains(&"              rx_refused: 0"), "{lnd}");
-        assert_eq!(lines[33], "              rdma_refused: 0");
-        assert_eq!(lines[34], "              rdma_puts_sent: 0");
-        assert_eq!(lines[41], "              rdma_bad_descs: 0");
-        assert_eq!(lines[42], "              capture_drops: 0");
-        assert_eq!(lines[46], "              peer_table_full: 0");
-        assert_eq!(lines[47], "              rejects_sent:");
-        assert_eq!(lines[48], "                  other: 0");
-        assert_eq!(lines[53], "                  conn_stale: 0");
-        assert_eq!(lines[58], "              rejects_received:");
+        assert_eq!(lines[0], "                  connects: 0");
+        assert_eq!(lines[8], "                  race_order_disagreements: 0");
+        assert!(lines.contains(&"                  rx_refused: 0"), "{lnd}");
+        assert_eq!(lines[33], "                  rdma_refused: 0");
+        assert_eq!(lines[34], "                  rdma_puts_sent: 0");
+        assert_eq!(lines[41], "                  rdma_bad_descs: 0");
+        assert_eq!(lines[42], "                  capture_drops: 0");
+        assert_eq!(lines[46], "                  peer_table_full: 0");
+        assert_eq!(lines[47], "                  rejects_sent:");
+        assert_eq!(lines[48], "                        other: 0");
+        assert_eq!(lines[53], "                        conn_stale: 0");
+        assert_eq!(lines[58], "                  rejects_received:");
         assert_eq!(lines.len(), 69, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
             ulnet,
-            "              checksum: \"off\"
-              checksum default: none
-              race order: nidhash
-              peer limit: 131072
-              peers: 0
+            "                  checksum: \"off\"
+                  checksum default: none
+                  race order: nidhash
+                  peer limit: 131072
+                  peers: 0
 "
         );
         // With the address the NI listens on (a daemon's NI): first in ulnet's settings.
@@ -537,10 +574,10 @@ net:
             ..Default::default()
         };
         let v = net(&net_show(&n, &[x], true));
-        let ulnet = v.split_once("          ulnet:\n").expect(&v).1;
+        let ulnet = v.split_once("            ulnet:\n").expect(&v).1;
         assert!(
             ulnet.starts_with(
-                "              listen: 127.0.0.1:40123\n              checksum: \"off\"\n"
+                "                  listen: 127.0.0.1:40123\n                  checksum: \"off\"\n"
             ),
             "{ulnet}"
         );
@@ -573,14 +610,14 @@ net:
             net(&n),
             "\
 net:
-    - net type: o2ib
+-     net type: o2ib
       local NI(s):
-        - nid: 10.0.0.1@o2ib
-          status: up
-          fabric:
-              type: tcp
-              accepted: 3
-              truncated: 1
+      -     nid: 10.0.0.1@o2ib
+            status: up
+            fabric:
+                  type: tcp
+                  accepted: 3
+                  truncated: 1
 "
         );
         let j = json(&Response::Net(n.clone())).unwrap();
@@ -627,32 +664,32 @@ net:
             peer(&peer_show(&n, None, false).unwrap()),
             "\
 peer:
-    - primary nid: 10.0.0.2@o2ib
+-     primary nid: 10.0.0.2@o2ib
       Multi-Rail: false
       peer ni:
-        - nid: 10.0.0.2@o2ib
-          state: NA
+      -     nid: 10.0.0.2@o2ib
+            state: NA
 "
         );
         assert_eq!(
             peer(&peer_show(&n, Some("10.0.0.2@o2ib"), true).unwrap()),
             "\
 peer:
-    - primary nid: 10.0.0.2@o2ib
+-     primary nid: 10.0.0.2@o2ib
       Multi-Rail: false
       peer ni:
-        - nid: 10.0.0.2@o2ib
-          state: NA
-          max_ni_tx_credits: 8
-          available_tx_credits: 7
-          min_tx_credits: 7
-          tx_q_num_of_buf: 0
-          available_rtr_credits: 8
-          min_rtr_credits: 8
-          statistics:
-              send_count: 1
-              recv_count: 0
-              drop_count: 0
+      -     nid: 10.0.0.2@o2ib
+            state: NA
+            max_ni_tx_credits: 8
+            available_tx_credits: 7
+            min_tx_credits: 7
+            tx_q_num_of_buf: 0
+            available_rtr_credits: 8
+            min_rtr_credits: 8
+            statistics:
+                  send_count: 1
+                  recv_count: 0
+                  drop_count: 0
 "
         );
     }
@@ -765,12 +802,12 @@ global:
     retry_count: 0
     transaction_timeout: 51
     health_sensitivity: 0
-    recovery_interval: 0
+    recovery_interval: 1
     router_sensitivity: 0
     lnd_timeout: 50
     response_tracking: 0
     recovery_limit: 0
-    max_recovery_ping_interval: 0
+    max_recovery_ping_interval: 900
     routing: 0
     pid: 12345
 "
@@ -838,7 +875,7 @@ global:
     fn yaml_and_json_carry_the_same_tree() {
         use crate::tree::{canonical, from_json, Node};
         for resp in every_response() {
-            let built = canonical(&Node::from(tree(&resp).unwrap()));
+            let built = canonical(&Node::from(tree(&resp).unwrap().0));
             let y = yaml(&resp).unwrap();
             let from_yaml: serde_json::Value =
                 serde_saphyr::from_str(&y).unwrap_or_else(|e| panic!("not YAML: {e}\n{y}"));
@@ -857,7 +894,7 @@ global:
             let j = json(&resp).unwrap();
             let ykeys: Vec<&str> = y
                 .lines()
-                .filter_map(|l| l.trim_start().trim_start_matches("- ").split_once(':'))
+                .filter_map(|l| l.trim_start().trim_start_matches('-').trim_start().split_once(':'))
                 .map(|(k, _)| k)
                 .collect();
             let jkeys: Vec<&str> = j

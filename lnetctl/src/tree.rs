@@ -3,9 +3,10 @@
 //! same, so the two forms cannot drift: a key, its place and its value are decided once, when the
 //! tree is built.
 //!
-//! The YAML layout is lnetctl's: a mapping's children four columns right of its key; a sequence
-//! under a top-level key has its `- ` at column 4, under any other key two columns right of the
-//! key; the first key of a sequence item shares the `- ` line; an empty sequence prints as `[]`.
+//! The YAML layouts are lnetctl's two printers' ([`Style`]): its cYAML tree printer (cyaml.c,
+//! `global show`, `routing show`, `stats show`), and libyaml's emitter re-dumping what the kernel
+//! sent over netlink, with indent 6 for `net`, `route` and `peer show` and the default 2 for
+//! `ping` (lnetctl.c; LNET_DEFAULT_INDENT in liblnetconfig.h).
 //! A string that a YAML reader would misread (one with `: ` inside, a leading indicator, or one
 //! that YAML 1.2 or 1.1 reads as a number, a boolean or null) is double-quoted, so that `yaml.safe_load` and
 //! friends read what we meant; lnetctl prints its error texts bare, which no YAML reader takes.
@@ -15,6 +16,8 @@ use std::fmt::Write;
 /// A scalar: lnetctl prints integers and strings; netlink-era flags are booleans.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scalar {
+    /// No value: `key:` alone (lnetctl's `manage: - ping:`), `null` in JSON.
+    Null,
     Int(i64),
     /// A number already formatted (`2.5`): bare in YAML and in JSON.
     Num(String),
@@ -126,10 +129,35 @@ impl Map {
 
 // ------------------------------------------------------------------------------------ YAML
 
-/// The document as lnetctl prints it.
+/// Which of lnetctl's printers a document is laid out as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    /// cYAML: a mapping's children four columns right of its key; a sequence under a
+    /// top-level key has its `- ` at column 4, under any other key two columns right of the
+    /// key; the first key of an item shares the `- ` line.
+    Cyaml,
+    /// libyaml with indent N: a sequence is indentless (its `-` in its key's column); an item
+    /// mapping's first key follows `-` and N-1 spaces; a mapping's children N columns right.
+    Libyaml(usize),
+}
+
+/// The net, route and peer shows (and those sections of an export).
+pub const NETLINK: Style = Style::Libyaml(6);
+/// `ping` and `discover`.
+pub const PING: Style = Style::Libyaml(2);
+
+/// The document in cYAML's layout.
 pub fn to_yaml(doc: &Map) -> String {
+    to_yaml_as(doc, Style::Cyaml)
+}
+
+/// The document in `style`.
+pub fn to_yaml_as(doc: &Map, style: Style) -> String {
     let mut out = String::new();
-    map_yaml(&mut out, &doc.0, 0, None);
+    match style {
+        Style::Cyaml => map_yaml(&mut out, &doc.0, 0, None),
+        Style::Libyaml(n) => map_lib(&mut out, &doc.0, 0, n.max(2), false),
+    }
     out
 }
 
@@ -143,6 +171,7 @@ fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, mut first:
         out.push_str(key);
         out.push(':');
         match value {
+            Node::Scalar(Scalar::Null) => out.push('\n'),
             Node::Scalar(s) => {
                 out.push(' ');
                 scalar_yaml(out, s);
@@ -168,6 +197,7 @@ fn list_yaml(out: &mut String, items: &[Node], dash: usize) {
         pad(out, dash);
         out.push_str("- ");
         match item {
+            Node::Scalar(Scalar::Null) => out.push('\n'),
             Node::Scalar(s) => {
                 scalar_yaml(out, s);
                 out.push('\n');
@@ -183,12 +213,69 @@ fn list_yaml(out: &mut String, items: &[Node], dash: usize) {
     }
 }
 
+/// libyaml's block layout with indent `n`: keys at `col`; with `first`, the first key follows
+/// a `-` already written.
+fn map_lib(out: &mut String, entries: &[(String, Node)], col: usize, n: usize, first: bool) {
+    let mut first = first;
+    for (key, value) in entries {
+        if !std::mem::take(&mut first) {
+            pad(out, col);
+        }
+        out.push_str(key);
+        out.push(':');
+        match value {
+            Node::Scalar(Scalar::Null) => out.push('\n'),
+            Node::Scalar(s) => {
+                out.push(' ');
+                scalar_yaml(out, s);
+                out.push('\n');
+            }
+            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
+            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
+            Node::Map(m) => {
+                out.push('\n');
+                map_lib(out, m, col + n, n, false);
+            }
+            Node::List(items) => {
+                out.push('\n');
+                list_lib(out, items, col, n);
+            }
+        }
+    }
+}
+
+fn list_lib(out: &mut String, items: &[Node], dash: usize, n: usize) {
+    for item in items {
+        pad(out, dash);
+        out.push('-');
+        match item {
+            Node::Scalar(Scalar::Null) => out.push('\n'),
+            Node::Scalar(s) => {
+                out.push(' ');
+                scalar_yaml(out, s);
+                out.push('\n');
+            }
+            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
+            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
+            Node::Map(m) => {
+                pad(out, n - 1);
+                map_lib(out, m, dash + n, n, true);
+            }
+            Node::List(l) => {
+                out.push('\n');
+                list_lib(out, l, dash + n, n);
+            }
+        }
+    }
+}
+
 fn pad(out: &mut String, n: usize) {
     out.extend(std::iter::repeat_n(' ', n));
 }
 
 fn scalar_yaml(out: &mut String, s: &Scalar) {
     match s {
+        Scalar::Null => {}
         Scalar::Int(v) => {
             let _ = write!(out, "{v}");
         }
@@ -241,6 +328,7 @@ pub fn to_json(doc: &Map) -> String {
 
 fn node_json(out: &mut String, node: &Node, indent: usize) {
     match node {
+        Node::Scalar(Scalar::Null) => out.push_str("null"),
         Node::Scalar(Scalar::Int(v)) => {
             let _ = write!(out, "{v}");
         }
@@ -292,7 +380,7 @@ fn json_string(s: &str) -> String {
 /// [`to_json`] (in serde_json's key order).
 pub fn from_json(v: &serde_json::Value) -> Node {
     match v {
-        serde_json::Value::Null => Node::from(""),
+        serde_json::Value::Null => Node::Scalar(Scalar::Null),
         serde_json::Value::Bool(b) => Node::from(*b),
         serde_json::Value::Number(n) => match n.as_i64() {
             Some(i) => Node::from(i),
@@ -370,6 +458,61 @@ manage:
     - ping:
           errno: -110
           descr: \"failed to ping 10.0.0.9@o2ib: timed out\"
+"
+        );
+    }
+
+    /// sanity-lnet test 108's expected `net show` lines, and lnetctl's ping layout (libyaml's
+    /// default indent).
+    #[test]
+    fn libyaml_layouts_are_lnetctls() {
+        let doc = Map::new().with(
+            "net",
+            vec![Map::new().with("net type", "tcp").with(
+                "local NI(s)",
+                vec![Map::new()
+                    .with("nid", "192.168.1.10@tcp")
+                    .with("status", "up")
+                    .with("interfaces", Map::new().with("0", "eth0"))],
+            )],
+        );
+        assert_eq!(
+            to_yaml_as(&doc, NETLINK),
+            "\
+net:
+-     net type: tcp
+      local NI(s):
+      -     nid: 192.168.1.10@tcp
+            status: up
+            interfaces:
+                  0: eth0
+"
+        );
+        let ping = Map::new()
+            .with(
+                "ping",
+                vec![Map::new()
+                    .with("primary nid", "10.0.0.2@tcp")
+                    .with("Multi-Rail", true)
+                    .with("peer_ni", vec![Map::new().with("nid", "10.0.0.2@tcp")])],
+            )
+            .with(
+                "manage",
+                vec![Map::new()
+                    .with("ping", Node::Scalar(Scalar::Null))
+                    .with("errno", -113)],
+            );
+        assert_eq!(
+            to_yaml_as(&ping, PING),
+            "\
+ping:
+- primary nid: 10.0.0.2@tcp
+  Multi-Rail: true
+  peer_ni:
+  - nid: 10.0.0.2@tcp
+manage:
+- ping:
+  errno: -113
 "
         );
     }

@@ -24,7 +24,7 @@ fn ping_lo_without_daemon_succeeds() {
     assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
     assert_eq!(
         text(&o.stdout),
-        "ping:\n    - primary nid: 0@lo\n      Multi-Rail: false\n      peer_ni: []\n"
+        "ping:\n- primary nid: 0@lo\n  Multi-Rail: false\n  peer_ni: []\n"
     );
 }
 
@@ -42,7 +42,7 @@ fn ping_remote_without_daemon_fails_clearly() {
     assert_eq!(o.status.code(), Some(1));
     let out = text(&o.stdout);
     assert!(
-        out.starts_with("manage:\n    - ping:\n          errno: -113\n"),
+        out.starts_with("manage:\n- ping:\n  errno: -113\n"),
         "{out}"
     );
     assert!(out.contains("no route to 10.0.0.2@o2ib"), "{out}");
