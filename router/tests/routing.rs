@@ -308,13 +308,13 @@ fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
             "GETs held tiny buffers"
         );
     }
-    // lnetctl shows it as real lnetctl does.
+    // lnetctl shows it as real lnetctl does (libyaml's layout, route_props_list's keys).
     let out = lnetctl(&client, &["route", "show", "-v"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     for want in [
         "route:",
-        "    - net: o2ib1",
+        "-     net: o2ib1",
         &format!("      gateway: {R1_A}"),
         "      hop: 1",
         "      state: up",
