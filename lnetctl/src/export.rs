@@ -1,18 +1,24 @@
 //! `lnetctl export [--backup] [FILE]`: the daemon's running configuration as one YAML document in
-//! the layout `lnetctl export` writes (lnetctl.c, jt_export: each show's tree merged, in the
-//! order net, peer, route, routing, buffers, global), which `lnet-router --config` loads and
-//! `lnetctl import` applies. `--backup` leaves out what is state rather than configuration
-//! (statistics, status), as Lustre's backup flag does.
+//! the layout `lnetctl export` writes (lnetctl.c, jt_export): net, route and peer as the kernel's
+//! netlink dumps re-emitted by libyaml (indent 6), then routing, buffers and global from
+//! lnetctl's cYAML tree; `lnet-router --config` loads it and `lnetctl import` applies it.
+//!
+//! `--backup` keeps what reconfigures a node and drops its state, as the kernel's backup dumps
+//! do: no loopback net, no status or statistics, routes without state and type, peers with
+//! their NIDs only, `routing: enable:` as a mapping. Two differences, both because ulnet's NI
+//! is named by its NID and not by a network interface: each NI keeps its `nid` (Lustre's backup
+//! has `interfaces` instead), and its `lnd tunables` keep `timeout` (ulnet's LND timeout is per
+//! NI configuration; Lustre derives it from the globals).
 //!
 //! ulnet's own keys (`fabric` per net; `listen`, `checksum`, `checksum default`, `race order`,
 //! `peer limit` per NI) are written where the daemon's configuration takes them, so an export
-//! restarts the daemon as it runs; a kernel lnetctl ignores them.
+//! restarts the daemon as it runs; a kernel lnetctl's import ignores keys it does not know.
 
 use router::control::{
-    GlobalShow, NetShow, PeerShow, Request, Response, RouteShow, RoutingShow,
+    CptPools, GlobalShow, NetShow, NiEntry, PeerShow, Request, Response, RouteShow, RoutingShow,
 };
 
-use crate::tree::Map;
+use crate::tree::{to_json, to_yaml_as, Map, Node, Style, NETLINK};
 
 /// What an export needs from the daemon.
 pub struct Running {
@@ -29,7 +35,7 @@ pub fn requests() -> [Request; 5] {
         Request::NetShow { verbose: true },
         Request::PeerShow {
             nid: None,
-            verbose: false,
+            verbose: true,
         },
         Request::RouteShow {
             net: None,
@@ -77,12 +83,13 @@ impl Running {
     }
 }
 
-/// The export document.
-pub fn export(r: &Running, backup: bool) -> Map {
+/// The export document: its sections in order, each with the printer lnetctl uses for it.
+pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
     let nets: Vec<Map> = r
         .net
         .net
         .iter()
+        .filter(|net| !(backup && net.net_type == "lo"))
         .map(|net| {
             let fabric = net
                 .local_nis
@@ -91,56 +98,30 @@ pub fn export(r: &Running, backup: bool) -> Map {
             let nis: Vec<Map> = net
                 .local_nis
                 .iter()
-                .map(|ni| {
-                    let mut m = Map::new().with("nid", &ni.nid);
-                    if !backup {
-                        m.push("status", &ni.status);
-                        if let Some(c) = &ni.statistics {
-                            m.push(
-                                "statistics",
-                                Map::new()
-                                    .with("send_count", c.send_count)
-                                    .with("recv_count", c.recv_count)
-                                    .with("drop_count", c.drop_count),
-                            );
-                        }
-                    }
-                    if let Some(t) = &ni.tunables {
-                        m.push(
-                            "tunables",
-                            Map::new()
-                                .with("peer_timeout", t.peer_timeout)
-                                .with("peer_credits", t.peer_credits)
-                                .with("peer_buffer_credits", t.peer_buffer_credits)
-                                .with("credits", t.credits),
-                        );
-                    }
-                    if let Some(l) = &ni.lnd_tunables {
-                        m.push(
-                            "lnd tunables",
-                            Map::new()
-                                .with("peercredits_hiw", l.peercredits_hiw)
-                                .with("concurrent_sends", l.concurrent_sends)
-                                .with("timeout", l.timeout)
-                                .with("keepalive", l.keepalive),
-                        );
-                    }
-                    // ulnet's own keys, where the daemon's configuration takes them.
-                    if let Some(u) = &ni.ulnet {
-                        m = m
-                            .with_opt("listen", u.listen.as_ref())
-                            .with("checksum", &u.checksum)
-                            .with("checksum default", &u.checksum_default)
-                            .with("race order", &u.race_order)
-                            .with("peer limit", u.peer_limit);
-                    }
-                    m
-                })
+                .map(|ni| export_ni(ni, backup))
                 .collect();
             Map::new()
                 .with("net type", &net.net_type)
                 .with_opt("fabric", fabric)
                 .with("local NI(s)", nis)
+        })
+        .collect();
+    let routes: Vec<Map> = r
+        .route
+        .route
+        .iter()
+        .map(|e| {
+            let m = Map::new()
+                .with("net", &e.net)
+                .with("gateway", &e.gateway)
+                .with("hop", e.hop.unwrap_or(-1))
+                .with("priority", e.priority.unwrap_or(0));
+            if backup {
+                m
+            } else {
+                m.with_opt("state", e.state.as_ref())
+                    .with_opt("type", e.kind.as_ref())
+            }
         })
         .collect();
     let peers: Vec<Map> = r
@@ -153,10 +134,24 @@ pub fn export(r: &Running, backup: bool) -> Map {
                 .iter()
                 .map(|ni| {
                     let m = Map::new().with("nid", &ni.nid);
-                    if backup {
-                        m
-                    } else {
-                        m.with("state", &ni.state)
+                    match (&ni.detail, backup) {
+                        (_, true) => m,
+                        (None, false) => m.with("state", &ni.state),
+                        (Some(d), false) => m
+                            .with("state", &ni.state)
+                            .with("max_ni_tx_credits", d.max_ni_tx_credits)
+                            .with("available_tx_credits", d.available_tx_credits)
+                            .with("min_tx_credits", d.min_tx_credits)
+                            .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
+                            .with("available_rtr_credits", d.available_rtr_credits)
+                            .with("min_rtr_credits", d.min_rtr_credits)
+                            .with(
+                                "statistics",
+                                Map::new()
+                                    .with("send_count", d.statistics.send_count)
+                                    .with("recv_count", d.statistics.recv_count)
+                                    .with("drop_count", d.statistics.drop_count),
+                            ),
                     }
                 })
                 .collect();
@@ -166,54 +161,112 @@ pub fn export(r: &Running, backup: bool) -> Map {
                 .with("peer ni", nis)
         })
         .collect();
-    let routes: Vec<Map> = r
-        .route
-        .route
-        .iter()
-        .map(|e| {
-            Map::new()
-                .with("net", &e.net)
-                .with("gateway", &e.gateway)
-                .with("hop", e.hop.unwrap_or(-1))
-                .with("priority", e.priority.unwrap_or(0))
-                .with("health_sensitivity", e.health_sensitivity.unwrap_or(1))
-        })
-        .collect();
-    let sum = |f: fn(&router::control::CptPools) -> u32| -> u32 {
-        r.routing.cpts.iter().map(f).sum()
+    let mut out = Vec::new();
+    // Sections with nothing in them are left out, as Lustre's export does.
+    for (key, items) in [("net", nets), ("route", routes), ("peer", peers)] {
+        if !items.is_empty() {
+            out.push((Map::new().with(key, items), NETLINK));
+        }
+    }
+    let sum = |f: fn(&CptPools) -> u32| -> u32 { r.routing.cpts.iter().map(f).sum() };
+    let routing = if backup {
+        Node::from(Map::new().with("enable", r.routing.enable))
+    } else {
+        // As `routing show` prints it: each CPT's pools, then `enable`.
+        crate::render::routing_tree(&r.routing)
+            .0
+            .into_iter()
+            .find(|(k, _)| k == "routing")
+            .map_or(Node::List(Vec::new()), |(_, v)| v)
     };
     let g = &r.global.global;
-    let mut doc = Map::new().with("net", nets);
-    if !peers.is_empty() {
-        doc.push("peer", peers);
+    let tail = Map::new()
+        .with("routing", routing)
+        .with(
+            "buffers",
+            Map::new()
+                .with("tiny", sum(|c| c.tiny.nbuffers))
+                .with("small", sum(|c| c.small.nbuffers))
+                .with("large", sum(|c| c.large.nbuffers)),
+        )
+        .with(
+            "global",
+            Map::new()
+                .with("numa_range", g.numa_range)
+                .with("max_interfaces", g.max_interfaces)
+                .with("discovery", g.discovery)
+                .with("drop_asym_route", g.drop_asym_route)
+                .with("retry_count", g.retry_count)
+                .with("transaction_timeout", g.transaction_timeout)
+                .with("health_sensitivity", g.health_sensitivity)
+                .with("recovery_interval", g.recovery_interval)
+                .with("router_sensitivity", g.router_sensitivity)
+                .with("lnd_timeout", g.lnd_timeout)
+                .with("response_tracking", g.response_tracking)
+                .with("recovery_limit", g.recovery_limit)
+                .with("max_recovery_ping_interval", g.max_recovery_ping_interval),
+        );
+    out.push((tail, Style::Cyaml));
+    out
+}
+
+/// One local NI of the export.
+fn export_ni(ni: &NiEntry, backup: bool) -> Map {
+    let mut m = Map::new().with("nid", &ni.nid);
+    if !backup {
+        m.push("status", &ni.status);
+        if let Some(c) = &ni.statistics {
+            m.push(
+                "statistics",
+                Map::new()
+                    .with("send_count", c.send_count)
+                    .with("recv_count", c.recv_count)
+                    .with("drop_count", c.drop_count),
+            );
+        }
     }
-    if !routes.is_empty() {
-        doc.push("route", routes);
+    if let Some(t) = &ni.tunables {
+        m.push(
+            "tunables",
+            Map::new()
+                .with("peer_timeout", t.peer_timeout)
+                .with("peer_credits", t.peer_credits)
+                .with("peer_buffer_credits", t.peer_buffer_credits)
+                .with("credits", t.credits),
+        );
     }
-    doc.push("routing", Map::new().with("enable", r.routing.enable));
-    doc.push(
-        "buffers",
-        Map::new()
-            .with("tiny", sum(|c| c.tiny.nbuffers))
-            .with("small", sum(|c| c.small.nbuffers))
-            .with("large", sum(|c| c.large.nbuffers)),
-    );
-    doc.push(
-        "global",
-        Map::new()
-            .with("numa_range", g.numa_range)
-            .with("max_interfaces", g.max_interfaces)
-            .with("discovery", g.discovery)
-            .with("drop_asym_route", g.drop_asym_route)
-            .with("retry_count", g.retry_count)
-            .with("transaction_timeout", g.transaction_timeout)
-            .with("health_sensitivity", g.health_sensitivity)
-            .with("recovery_interval", g.recovery_interval)
-            .with("router_sensitivity", g.router_sensitivity)
-            .with("lnd_timeout", g.lnd_timeout)
-            .with("response_tracking", g.response_tracking)
-            .with("recovery_limit", g.recovery_limit)
-            .with("max_recovery_ping_interval", g.max_recovery_ping_interval),
-    );
-    doc
+    if let Some(l) = ni.lnd_tunables.as_ref().filter(|_| ni.nid != "0@lo") {
+        m.push(
+            "lnd tunables",
+            Map::new()
+                .with("peercredits_hiw", l.peercredits_hiw)
+                .with("concurrent_sends", l.concurrent_sends)
+                .with("timeout", l.timeout)
+                .with("keepalive", l.keepalive),
+        );
+    }
+    // ulnet's own keys, where the daemon's configuration takes them.
+    if let Some(u) = &ni.ulnet {
+        m = m
+            .with_opt("listen", u.listen.as_ref())
+            .with("checksum", &u.checksum)
+            .with("checksum default", &u.checksum_default)
+            .with("race order", &u.race_order)
+            .with("peer limit", u.peer_limit);
+    }
+    m
+}
+
+/// The export as text: each section in its printer's layout, one YAML document.
+pub fn to_text(sections: &[(Map, Style)]) -> String {
+    sections.iter().map(|(m, s)| to_yaml_as(m, *s)).collect()
+}
+
+/// The export as one JSON object (the same tree).
+pub fn to_json_text(sections: &[(Map, Style)]) -> String {
+    let mut all = Map::new();
+    for (m, _) in sections {
+        all.0.extend(m.0.iter().cloned());
+    }
+    to_json(&all)
 }

@@ -6,6 +6,7 @@
 
 mod capture;
 mod demo;
+mod export;
 mod render;
 mod selftest;
 mod tree;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use lnd::wire::Nid;
 use router::control::{
-    self, default_socket_path, errno, ClientError, ControlClient, Request, Response,
+    self, default_socket_path, errno, ClientError, ControlClient, ImportOp, Request, Response,
 };
 use router::{LnetNode, NodeConfig};
 
@@ -117,6 +118,36 @@ enum Cmd {
     Set {
         #[command(subcommand)]
         cmd: SetCmd,
+    },
+    /// Write the running configuration as YAML (net, route, peer, routing, buffers, global), in
+    /// the layout `lnetctl export` writes; `lnet-router --config` loads it, `import` applies it
+    Export {
+        /// Only what reconfigures the node: no loopback net, status or statistics
+        #[arg(short, long)]
+        backup: bool,
+        /// Write into FILE instead of standard output
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Apply a YAML document (an export, lnet.conf) to the running daemon: routes, routing,
+    /// buffers and globals change at once, item by item; adding or removing an NI needs the
+    /// daemon's configuration and a restart. Reads standard input without FILE (or with -)
+    #[command(group(clap::ArgGroup::new("mode").args(["add", "del", "show", "exec"])))]
+    Import {
+        /// Configure what the document names (the default)
+        #[arg(short, long)]
+        add: bool,
+        /// Remove what the document names (its routes)
+        #[arg(short, long)]
+        del: bool,
+        /// Change nothing: say what --add would do
+        #[arg(short, long)]
+        show: bool,
+        /// Run the document's ping and discover sections (not supported by ulnet)
+        #[arg(short, long)]
+        exec: bool,
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
     },
     /// Record every o2iblnd message the daemon's NIs send and receive into a pcap file that
     /// Wireshark/tshark's LNet dissector decodes. Runs until Ctrl-C (or --duration), then prints
@@ -414,6 +445,32 @@ fn run(cli: Cli) -> u8 {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return selftest::run(&path, cli.json, cmd);
         }
+        Cmd::Export { backup, file } => {
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return run_export(&path, cli.json, backup, file.as_deref());
+        }
+        Cmd::Import {
+            add: _,
+            del,
+            show,
+            exec,
+            file,
+        } => {
+            if exec {
+                eprintln!(
+                    "lnetctl: import --exec: ulnet does not run ping or discover sections from \
+                     a document; use `lnetctl ping`"
+                );
+                return exit::FAILED;
+            }
+            let op = match (del, show) {
+                (true, _) => ImportOp::Del,
+                (_, true) => ImportOp::Show,
+                _ => ImportOp::Add,
+            };
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return run_import(&path, cli.json, op, file.as_deref());
+        }
         Cmd::Man => {
             let mut out = Vec::new();
             let cmd = <Cli as clap::CommandFactory>::command();
@@ -584,6 +641,139 @@ fn run(cli: Cli) -> u8 {
             }
         }
         (_, None) => exit::FAILED,
+    }
+}
+
+/// `lnetctl export`: the shows an export is made of, on one connection, as one document.
+fn run_export(
+    path: &std::path::Path,
+    json: bool,
+    backup: bool,
+    file: Option<&std::path::Path>,
+) -> u8 {
+    let answers = ControlClient::connect(path).and_then(|mut c| {
+        export::requests()
+            .iter()
+            .map(|r| c.call(r))
+            .collect::<Result<Vec<_>, _>>()
+    });
+    let running = match answers.map(export::Running::from_answers) {
+        Ok(Ok(r)) => r,
+        Ok(Err(Response::Error(e))) => {
+            eprintln!("lnetctl: export: {e}");
+            return exit::FAILED;
+        }
+        Ok(Err(other)) => {
+            eprintln!("lnetctl: export: unexpected answer from the daemon: {other:?}");
+            return exit::FAILED;
+        }
+        Err(e @ ClientError::NoDaemon { .. }) => {
+            eprintln!("lnetctl: {e}");
+            return exit::NO_DAEMON;
+        }
+        Err(e) => {
+            eprintln!("lnetctl: {e}");
+            return exit::FAILED;
+        }
+    };
+    let doc = export::export(&running, backup);
+    let text = if json {
+        export::to_json_text(&doc)
+    } else {
+        export::to_text(&doc)
+    };
+    match file.filter(|f| f.as_os_str() != "-") {
+        None => {
+            emit(&text);
+            exit::OK
+        }
+        Some(f) => match std::fs::write(f, text) {
+            Ok(()) => exit::OK,
+            Err(e) => {
+                eprintln!("lnetctl: export: cannot write {}: {e}", f.display());
+                exit::FAILED
+            }
+        },
+    }
+}
+
+/// `lnetctl import`: the document goes to the daemon, which checks it as a configuration and
+/// applies it item by item; what failed is said on stderr, one line each.
+fn run_import(
+    path: &std::path::Path,
+    json: bool,
+    op: ImportOp,
+    file: Option<&std::path::Path>,
+) -> u8 {
+    use std::io::Read;
+    let text = match file.filter(|f| f.as_os_str() != "-") {
+        Some(f) => {
+            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))
+        }
+        None => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map(|_| s)
+                .map_err(|e| format!("cannot read standard input: {e}"))
+        }
+    };
+    let yaml = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("lnetctl: import: {e}");
+            return exit::FAILED;
+        }
+    };
+    let req = Request::Import { yaml, op };
+    let report = match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
+        Ok(Response::Import(r)) => r,
+        Ok(Response::Error(e)) => {
+            eprintln!("lnetctl: import: {e}");
+            return exit::FAILED;
+        }
+        Ok(other) => {
+            eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
+            return exit::FAILED;
+        }
+        Err(e @ ClientError::NoDaemon { .. }) => {
+            eprintln!("lnetctl: {e}");
+            return exit::NO_DAEMON;
+        }
+        Err(e) => {
+            eprintln!("lnetctl: {e}");
+            return exit::FAILED;
+        }
+    };
+    let failed = !report.failed.is_empty();
+    if op == ImportOp::Show {
+        let resp = Response::Import(report);
+        let out = if json {
+            render::json(&resp)
+        } else {
+            render::yaml(&resp)
+        };
+        emit(&out.unwrap_or_default());
+    } else {
+        for f in &report.failed {
+            eprintln!(
+                "lnetctl: import: {}: {} (errno {})",
+                f.section, f.descr, f.errno
+            );
+        }
+        if failed {
+            eprintln!(
+                "lnetctl: import: {} applied, {} already so, {} failed",
+                report.applied,
+                report.unchanged,
+                report.failed.len()
+            );
+        }
+    }
+    if failed {
+        exit::FAILED
+    } else {
+        exit::OK
     }
 }
 

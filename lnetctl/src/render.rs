@@ -894,7 +894,12 @@ global:
             let j = json(&resp).unwrap();
             let ykeys: Vec<&str> = y
                 .lines()
-                .filter_map(|l| l.trim_start().trim_start_matches('-').trim_start().split_once(':'))
+                .filter_map(|l| {
+                    l.trim_start()
+                        .trim_start_matches('-')
+                        .trim_start()
+                        .split_once(':')
+                })
                 .map(|(k, _)| k)
                 .collect();
             let jkeys: Vec<&str> = j

@@ -343,16 +343,26 @@ mod tests {
         // Resends need health, and a transaction longer than its retries.
         let e = g.set("retry_count", 2).unwrap_err();
         assert!(matches!(e, GlobalError::Conflict(_)), "{e}");
-        g.set_all(&[("retry_count", 2), ("transaction_timeout", 150), ("health_sensitivity", 100)])
-            .unwrap();
+        g.set_all(&[
+            ("retry_count", 2),
+            ("transaction_timeout", 150),
+            ("health_sensitivity", 100),
+        ])
+        .unwrap();
         assert_eq!(g.get("retry_count"), Some(2));
         assert!(g.set("transaction_timeout", 2).is_err());
         assert!(g.set("retry_count", 150).is_err());
         g.set("health_sensitivity", 0).unwrap();
-        assert_eq!(g.get("retry_count"), Some(0), "health off takes resends with it");
+        assert_eq!(
+            g.get("retry_count"),
+            Some(0),
+            "health off takes resends with it"
+        );
         // All or nothing.
         let before = g.clone();
-        assert!(g.set_all(&[("numa_range", 3), ("response_tracking", 9)]).is_err());
+        assert!(g
+            .set_all(&[("numa_range", 3), ("response_tracking", 9)])
+            .is_err());
         assert_eq!(g, before);
     }
 
@@ -365,7 +375,8 @@ mod tests {
         let shown: Vec<(&str, i64)> = g.iter().collect();
         for (name, value) in shown {
             let mut h = g.clone();
-            h.set(name, value).unwrap_or_else(|e| panic!("{name} {value}: {e}"));
+            h.set(name, value)
+                .unwrap_or_else(|e| panic!("{name} {value}: {e}"));
             assert_eq!(h, g);
         }
     }

@@ -1547,6 +1547,10 @@ impl Loops {
                 source,
             } => self.ping(nids, timeout_secs, source),
             Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
+            Request::Import { yaml, op } => {
+                let own: Vec<Nid> = self.nis.iter().map(|l| l.nid).collect();
+                control::import(&yaml, op, &own, |r| self.call(r))
+            }
             // The console is the first NI's: one session per daemon, one console NID.
             req @ Request::Selftest { .. } => self.ask(&[0], &req).remove(0),
             Request::SetBuffers { pool, count } => {

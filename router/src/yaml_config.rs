@@ -288,8 +288,7 @@ impl DaemonConfig {
             let fabric = n.fabric.unwrap_or(FabricKind::Tcp);
             let mut nis = Vec::new();
             for ni in n.local_nis {
-                let line = ni.nid.referenced.line();
-                let nid = ni.nid.value.0;
+                let (nid, line) = ni_nid(&ni, net, net_line).map_err(|(l, m)| err(l, m))?;
                 if nid.net() != net {
                     return Err(err(
                         line,
@@ -576,6 +575,39 @@ struct RawNuma {
     range: Option<Spanned<i64>>,
 }
 
+/// An NI's NID: `nid`, else the IPv4 address of its first interface on `net` (as the kernel
+/// makes an NI from `interfaces:`, lnet_ipif_query), with the line to name in errors.
+fn ni_nid(ni: &RawNi, net: Net, net_line: u64) -> Result<(Nid, u64), (u64, String)> {
+    if let Some(n) = &ni.nid {
+        return Ok((n.value.0, n.referenced.line()));
+    }
+    let Some(ifs) = ni.interfaces.as_ref().filter(|i| !i.value.is_empty()) else {
+        return Err((
+            net_line,
+            "an NI needs 'nid' (or 'interfaces:' to take the NID from)".to_string(),
+        ));
+    };
+    let line = ifs.referenced.line();
+    let name = ifs.value.values().next().map_or("", String::as_str);
+    let addrs = if_addrs::get_if_addrs()
+        .map_err(|e| (line, format!("interface {name}: cannot list interfaces: {e}")))?;
+    let ip = addrs
+        .iter()
+        .filter(|a| a.name == name)
+        .find_map(|a| match a.ip() {
+            std::net::IpAddr::V4(v4) => Some(v4),
+            std::net::IpAddr::V6(_) => None,
+        });
+    match ip {
+        Some(ip) => Ok((Nid::new(net, u32::from(ip)), line)),
+        None if addrs.iter().any(|a| a.name == name) => Err((
+            line,
+            format!("interface {name} has no IPv4 address to make an NID on {net} from"),
+        )),
+        None => Err((line, format!("no interface {name} on this host"))),
+    }
+}
+
 /// A `peer:` entry as `lnetctl export` writes it (Multi-Rail peers): accepted with one NI.
 #[derive(Deserialize)]
 #[allow(dead_code)] // only checked
@@ -693,7 +725,9 @@ struct RawNet {
 #[serde(deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 struct RawNi {
-    nid: Spanned<NidValue>,
+    /// Absent in `lnetctl export --backup`, which names the NI by its interface.
+    #[serde(default)]
+    nid: Option<Spanned<NidValue>>,
     #[serde(default)]
     listen: Option<SocketAddr>,
     #[serde(rename = "busy poll us", default)]
@@ -715,8 +749,10 @@ struct RawNi {
     // Written by `lnetctl export`, meaningless here.
     #[serde(default)]
     status: Option<IgnoredAny>,
+    /// `0: ib0`: the network interface whose IPv4 address makes the NID when `nid` is absent
+    /// (lnetctl's `net add --if`; the kernel takes the interface's first address).
     #[serde(default)]
-    interfaces: Option<IgnoredAny>,
+    interfaces: Option<Spanned<std::collections::BTreeMap<u32, String>>>,
     #[serde(rename = "dev cpt", default)]
     dev_cpt: Option<IgnoredAny>,
     #[serde(rename = "CPT", default)]
@@ -1495,6 +1531,100 @@ global:
     max_interfaces: 200
     discovery: 1
 ";
+
+    /// `lnetctl export --backup` of a Lustre 2.16 node with one o2ib NI on an interface, one
+    /// route, routing on and the default globals, in the layout lnetctl writes it (libyaml's
+    /// indent 6 for net, route and peer; cYAML for the rest). Facts from lnetctl.c
+    /// (jt_export), api-ni.c (the backup dumps: no nid, no lnd `timeout`, `map_on_demand` as a
+    /// flag, `CPT` quoted) and liblnetconfig.c (routing/buffers/global); the interface is `lo`
+    /// here so that the test host has it.
+    const LUSTRE_BACKUP: &str = "\
+net:
+-     net type: o2ib
+      local NI(s):
+      -     interfaces:
+                  0: lo
+            tunables:
+                  peer_timeout: 180
+                  peer_credits: 8
+                  peer_buffer_credits: 0
+                  credits: 256
+            lnd tunables:
+                  peercredits_hiw: 4
+                  map_on_demand: true
+                  concurrent_sends: 8
+                  fmr_pool_size: 512
+                  fmr_flush_trigger: 384
+                  fmr_cache: 1
+                  ntx: 512
+                  conns_per_peer: 1
+                  tos: -1
+            CPT: \"[0]\"
+route:
+-     net: tcp
+      gateway: 127.0.0.2@o2ib
+      hop: -1
+      priority: 0
+peer:
+-     primary nid: 127.0.0.2@o2ib
+      Multi-Rail: false
+      peer ni:
+      -     nid: 127.0.0.2@o2ib
+routing:
+    enable: 1
+buffers:
+    tiny: 2048
+    small: 16384
+    large: 1024
+global:
+    numa_range: 0
+    max_interfaces: 4096
+    discovery: 1
+    drop_asym_route: 0
+    retry_count: 2
+    transaction_timeout: 150
+    health_sensitivity: 100
+    recovery_interval: 1
+    router_sensitivity: 100
+    lnd_timeout: 49
+    response_tracking: 3
+    recovery_limit: 0
+    max_recovery_ping_interval: 900
+";
+
+    #[test]
+    fn a_lustre_backup_loads_its_ni_named_by_interface() {
+        let c = DaemonConfig::parse(LUSTRE_BACKUP, "backup.yaml").unwrap();
+        let nids: Vec<Nid> = c.nis().map(|(_, ni)| ni.ni.nid).collect();
+        assert_eq!(nids, vec!["127.0.0.1@o2ib".parse::<Nid>().unwrap()]);
+        let ni = &c.nis().next().unwrap().1.ni;
+        assert_eq!((ni.credits, ni.peer_credits), (256, 8));
+        assert_eq!(c.routes.len(), 1);
+        assert!(c.routing.enabled);
+        assert_eq!(c.routing.buffers.small, 16384);
+        let g = &c.globals;
+        assert_eq!(
+            (g.get("retry_count"), g.get("health_sensitivity"), g.get("max_interfaces")),
+            (Some(2), Some(100), Some(4096))
+        );
+        assert_eq!(c.given.globals.len(), 12, "lnd_timeout is shown, not set");
+        // An interface this host does not have is named, with its line.
+        let e = DaemonConfig::parse(
+            &LUSTRE_BACKUP.replace("0: lo\n", "0: ulnet-nosuch0\n"),
+            "backup.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("backup.yaml:5") && e.contains("no interface ulnet-nosuch0"), "{e}");
+        // Neither nid nor interfaces: said plainly.
+        let e = DaemonConfig::parse(
+            "net:\n-     net type: o2ib\n      local NI(s):\n      -     status: up\n",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs 'nid'"), "{e}");
+    }
 
     #[test]
     fn a_routers_lnetctl_export_loads_with_its_routes_and_buffers() {

@@ -244,7 +244,11 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
         String::from_utf8(o.stdout).unwrap()
     };
     let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c.conn.iter().map(|c| c.incarnation.clone()).collect::<Vec<_>>(),
+        Response::Conn(c) => c
+            .conn
+            .iter()
+            .map(|c| c.incarnation.clone())
+            .collect::<Vec<_>>(),
         other => panic!("{other:?}"),
     };
     let before = conns(&p.a);

@@ -35,6 +35,12 @@ pub fn import(
         op,
         ..ImportReport::default()
     };
+    // What the daemon has now, to tell a change from what is already so.
+    let (routes_now, routing_now, buffers_now, globals_now) = match now(&mut call) {
+        Ok(s) => s,
+        Err(e) => return Response::Error(e),
+    };
+
     let dry = op == ImportOp::Show;
     let del = op == ImportOp::Del;
     let mut apply = |rep: &mut ImportReport, section: &str, req: Request| {
@@ -64,15 +70,9 @@ pub fn import(
         });
     };
 
-    // What the daemon has now, to tell a change from what is already so.
-    let (routes_now, routing_now, buffers_now, globals_now) = match now(&mut call) {
-        Ok(s) => s,
-        Err(e) => return Response::Error(e),
-    };
-
     // Routes first on del (Lustre removes routes before the nets they go through), nets first
     // on add; with NIs fixed at start the order only decides the order of the report.
-    let mut nets = |rep: &mut ImportReport| {
+    let nets = |rep: &mut ImportReport| {
         for (_, ni) in cfg.nis() {
             let nid = ni.ni.nid;
             match (running.contains(&nid), del) {
@@ -110,7 +110,8 @@ pub fn import(
     for r in &cfg.routes {
         let r = r.route;
         let same = routes_now.iter().any(|x| {
-            (x.0.as_str(), x.1.as_str()) == (r.net.to_string().as_str(), r.gateway.to_string().as_str())
+            (x.0.as_str(), x.1.as_str())
+                == (r.net.to_string().as_str(), r.gateway.to_string().as_str())
                 && x.2 == r.hops.map_or(-1, i64::from)
                 && x.3 == r.priority
         });
@@ -224,7 +225,14 @@ fn now(
         Response::Route(r) => r
             .route
             .into_iter()
-            .map(|e| (e.net, e.gateway, e.hop.unwrap_or(-1), e.priority.unwrap_or(0)))
+            .map(|e| {
+                (
+                    e.net,
+                    e.gateway,
+                    e.hop.unwrap_or(-1),
+                    e.priority.unwrap_or(0),
+                )
+            })
             .collect(),
         other => return Err(unexpected(other)),
     };
@@ -247,7 +255,11 @@ fn now(
             let v = serde_json::to_value(&g.global).unwrap_or_default();
             crate::globals::TUNABLES
                 .iter()
-                .filter_map(|t| v.get(t.name).and_then(|x| x.as_i64()).map(|x| (t.name.to_string(), x)))
+                .filter_map(|t| {
+                    v.get(t.name)
+                        .and_then(|x| x.as_i64())
+                        .map(|x| (t.name.to_string(), x))
+                })
                 .collect()
         }
         other => return Err(unexpected(other)),

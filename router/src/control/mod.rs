@@ -31,6 +31,8 @@
 
 mod capture;
 mod client;
+#[cfg(feature = "daemon")]
+mod import;
 mod protocol;
 #[cfg(feature = "daemon")]
 mod server;
@@ -39,6 +41,8 @@ mod views;
 
 pub use capture::*;
 pub use client::*;
+#[cfg(feature = "daemon")]
+pub use import::import;
 pub use protocol::*;
 #[cfg(feature = "daemon")]
 pub use server::*;
