@@ -422,7 +422,7 @@ impl DaemonConfig {
             cfg.routes.push(RouteSettings { route, line });
         }
         cfg.given.buffers = raw.buffers.is_some();
-        cfg.given.routing = raw.routing.as_ref().is_some_and(|r| r.enable.is_some());
+        cfg.given.routing = raw.routing.as_ref().is_some_and(|r| r.0.enable.is_some());
         cfg.given.peers = raw.peer.as_ref().map_or(0, |p| p.value.len());
         if let Some(b) = raw.buffers {
             let d = BufferCounts::default();
@@ -465,7 +465,7 @@ impl DaemonConfig {
             .set_all(&all)
             .map_err(|e| err(global_line, format!("global: {e}")))?;
         cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
-        if let Some(r) = raw.routing {
+        if let Some(RoutingSection(r)) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
             let d = GatewayHealthConfig::default();
             let secs = |v: &Option<Spanned<u32>>, def: Duration, key: &str| {
@@ -548,7 +548,7 @@ struct RawConfig {
     #[serde(default)]
     route: Vec<RawRoute>,
     #[serde(default)]
-    routing: Option<RawRouting>,
+    routing: Option<RoutingSection>,
     #[serde(default)]
     selftest: Option<RawSelftest>,
     #[serde(default)]
@@ -685,6 +685,55 @@ struct RawRouting {
     avoid_asym_router_failure: Option<Switch>,
     #[serde(default)]
     seq_no: Option<IgnoredAny>,
+}
+
+/// `routing:` either as a mapping (lnet.conf, `export --backup`) or as `routing show` and a
+/// plain `lnetctl export` print it: one `- cpt[N]:` item per CPT (state, skipped) and a last
+/// `- enable: N` item.
+struct RoutingSection(RawRouting);
+
+impl<'de> Deserialize<'de> for RoutingSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RoutingSection;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping (enable: 1), or routing show's list of cpt[N] and enable")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RoutingSection, A::Error> {
+                RawRouting::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(RoutingSection)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut s: A,
+            ) -> Result<RoutingSection, A::Error> {
+                let mut enable = None;
+                while let Some(item) = s.next_element::<RoutingItem>()? {
+                    if item.enable.is_some() {
+                        enable = item.enable;
+                    }
+                }
+                Ok(RoutingSection(RawRouting {
+                    enable,
+                    alive_router_check_interval: None,
+                    router_ping_timeout: None,
+                    avoid_asym_router_failure: None,
+                    seq_no: None,
+                }))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One item of `routing show`'s list: `cpt[N]:` (the pools' state, skipped) or `enable:`.
+#[derive(Deserialize)]
+struct RoutingItem {
+    #[serde(default)]
+    enable: Option<Switch>,
+    #[serde(flatten)]
+    _cpts: std::collections::BTreeMap<String, IgnoredAny>,
 }
 
 /// `selftest:` (ours): whether the daemon runs lnet_selftest.

@@ -291,3 +291,114 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     assert_eq!(conns(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
+
+fn out(o: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `lnetctl export` loads as the daemon's configuration and imports back into the daemon as
+/// a no-op (both forms); `export --backup | import` round-trips; an import changes what it
+/// names, live and item by item, `--del` takes its routes away, `--show` changes nothing;
+/// what cannot be done to a running daemon fails for that item only, saying how to do it;
+/// refused documents name what is wrong. No connection is dropped on the way.
+#[test]
+fn export_and_import_round_trip_on_a_running_daemon() {
+    use router::yaml_config::DaemonConfig;
+    let p = connected_pair("export_import");
+    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
+        Response::Conn(c) => c.conn.iter().map(|c| c.incarnation.clone()).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let before = conns(&p.a);
+    assert!(!before.is_empty());
+    let run = |args: &[&str]| out(&lnetctl(&p.a, args));
+    assert_eq!(
+        run(&["route", "add", "--net", "o2ib7", "--gateway", NID_B]).0,
+        Some(0)
+    );
+    for (k, v) in [
+        ("health_sensitivity", "100"),
+        ("transaction_timeout", "150"),
+        ("retry_count", "2"),
+    ] {
+        assert_eq!(run(&["set", k, v]).0, Some(0));
+    }
+    let file = p.dir.0.join("export.yaml");
+    let f = file.to_str().unwrap();
+    for args in [&["export"][..], &["export", "--backup"]] {
+        let (code, text, err) = run(args);
+        assert_eq!(code, Some(0), "{err}");
+        // The daemon's own configuration parser takes it, with what was set at run time.
+        let cfg = DaemonConfig::parse(&text, "export").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(cfg.routes.len(), 1, "{text}");
+        assert_eq!(cfg.globals.get("retry_count"), Some(2), "{text}");
+        assert_eq!(cfg.nis().count(), 1);
+        assert!(text.starts_with("net:\n-     net type: "), "{text}");
+        assert_eq!(text.contains("net type: lo"), args.len() == 1, "{text}");
+        // Imported back: nothing to change, nothing printed.
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+        let (code, shown, _) = run(&["import", "--show", f]);
+        assert_eq!(code, Some(0));
+        assert!(shown.contains("would apply: 0\n"), "{shown}");
+    }
+    let (_, backup1, _) = run(&["export", "--backup"]);
+    std::fs::write(&file, &backup1).unwrap();
+    assert_eq!(run(&["import", f]).0, Some(0));
+    assert_eq!(run(&["export", "--backup"]).1, backup1, "export --backup | import round-trips");
+
+    // A document that changes things: one more route, a global.
+    let doc = format!(
+        "route:\n-     net: o2ib8\n      gateway: {NID_B}\n      hop: 2\n      priority: 1\n\
+         global:\n    recovery_limit: 60\n"
+    );
+    std::fs::write(&file, &doc).unwrap();
+    let (_, shown, _) = run(&["import", "-s", f]);
+    assert!(shown.contains("would apply: 2\n"), "{shown}");
+    assert!(!run(&["route", "show"]).1.contains("o2ib8"), "--show changed nothing");
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    let routes = run(&["route", "show", "-v"]).1;
+    assert!(routes.contains("net: o2ib8") && routes.contains("priority: 1"), "{routes}");
+    assert!(run(&["global", "show"]).1.contains("    recovery_limit: 60\n"));
+    // --del takes its routes away; settings have nothing to remove.
+    assert_eq!(run(&["import", "--del", f]).0, Some(0));
+    let routes = run(&["route", "show"]).1;
+    assert!(!routes.contains("o2ib8") && routes.contains("o2ib7"), "{routes}");
+
+    // An NI this daemon does not have: that item fails and says how; the route applies.
+    let doc = format!(
+        "net:\n    - net type: o2ib5\n      local NI(s):\n        - nid: 10.9.9.9@o2ib5\n\
+         route:\n    - net: o2ib9\n      gateway: {NID_B}\n"
+    );
+    std::fs::write(&file, &doc).unwrap();
+    let (code, stdout, err) = run(&["import", f]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(stdout.is_empty());
+    assert!(
+        err.contains("net add 10.9.9.9@o2ib5") && err.contains("restart"),
+        "{err}"
+    );
+    assert!(err.contains("1 applied"), "{err}");
+    assert!(run(&["route", "show"]).1.contains("o2ib9"));
+
+    // Refused documents: one line naming what is wrong; nothing applied.
+    for (doc, want) in [
+        ("udsp:\n    - src: o2ib\n", "udsp"),
+        ("global:\n    retry_count: 1\n    health_sensitivity: 5000\n", ":3"),
+        ("route:\n    - net: o2ib6\n      gateway: 10.0.0.2@o2ib\n      hop: 300\n", ":4"),
+        ("garbage: 1\n", "garbage"),
+    ] {
+        std::fs::write(&file, doc).unwrap();
+        let (code, _, err) = run(&["import", f]);
+        assert_eq!(code, Some(1), "{doc}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{doc}: {err}");
+    }
+    assert!(!run(&["route", "show"]).1.contains("o2ib6"));
+    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    ping_until_ok(&p.a, NID_B, WAIT);
+}
