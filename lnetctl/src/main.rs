@@ -204,24 +204,28 @@ enum NetCmd {
     /// Show
     Show {
         /// Only this net (e.g. o2ib1)
-        #[arg(long, value_name = "NET")]
+        #[arg(short, long, value_name = "NET")]
         net: Option<String>,
-        /// Verbose: statistics and tunables
-        #[arg(short, long)]
-        verbose: bool,
+        /// Verbose: statistics and tunables (levels 1-4, as lnetctl's); 5 adds ulnet's own:
+        /// the LND's counters, the fabric's, and ulnet's NI settings
+        #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
+        verbose: Option<u8>,
     },
 }
+
+/// The `net show -v` level from which ulnet's own keys are shown (lnetctl's levels end at 4).
+const ULNET_LEVEL: u8 = 5;
 
 #[derive(Subcommand, Debug)]
 enum PeerCmd {
     /// Show peers
     Show {
         /// Only this peer
-        #[arg(long, value_name = "NID")]
+        #[arg(short, long, value_name = "NID")]
         nid: Option<String>,
-        /// Verbose: credits and statistics
-        #[arg(short, long)]
-        verbose: bool,
+        /// Verbose: credits and statistics (any level: ulnet has no more to show)
+        #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
+        verbose: Option<u8>,
     },
 }
 
@@ -432,6 +436,8 @@ fn check_nid(s: &str) -> Result<Nid, u8> {
 fn run(cli: Cli) -> u8 {
     // `net show --net N`: the daemon's answer, cut to that net here.
     let mut net_filter: Option<String> = None;
+    // `net show -v LEVEL`: ulnet's own keys from ULNET_LEVEL up.
+    let mut net_level = 0u8;
     let req = match cli.cmd {
         Cmd::Capture {
             file,
@@ -539,7 +545,10 @@ fn run(cli: Cli) -> u8 {
             cmd: NetCmd::Show { net, verbose },
         } => {
             net_filter = net;
-            Request::NetShow { verbose }
+            net_level = verbose.unwrap_or(0);
+            Request::NetShow {
+                verbose: verbose.is_some(),
+            }
         }
         Cmd::Peer {
             cmd: PeerCmd::Show { nid, verbose },
@@ -549,7 +558,10 @@ fn run(cli: Cli) -> u8 {
                     return c;
                 }
             }
-            Request::PeerShow { nid, verbose }
+            Request::PeerShow {
+                nid,
+                verbose: verbose.is_some(),
+            }
         }
         Cmd::Conn { .. } => Request::ConnShow,
         Cmd::Stats {
@@ -597,12 +609,20 @@ fn run(cli: Cli) -> u8 {
     };
     let path = cli.socket.unwrap_or_else(default_socket_path);
     let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
-        Ok(Response::Net(mut n)) if net_filter.is_some() => {
-            let want = net_filter.unwrap_or_default();
-            n.net.retain(|e| e.net_type == want);
-            if n.net.is_empty() {
-                eprintln!("lnetctl: net show: no net {want} here");
-                return exit::FAILED;
+        Ok(Response::Net(mut n)) => {
+            if let Some(want) = &net_filter {
+                n.net.retain(|e| &e.net_type == want);
+                if n.net.is_empty() {
+                    eprintln!("lnetctl: net show: no net {want} here");
+                    return exit::FAILED;
+                }
+            }
+            if net_level < ULNET_LEVEL {
+                for ni in n.net.iter_mut().flat_map(|e| e.local_nis.iter_mut()) {
+                    ni.lnd_statistics = None;
+                    ni.fabric = None;
+                    ni.ulnet = None;
+                }
             }
             Response::Net(n)
         }

@@ -589,8 +589,12 @@ fn ni_nid(ni: &RawNi, net: Net, net_line: u64) -> Result<(Nid, u64), (u64, Strin
     };
     let line = ifs.referenced.line();
     let name = ifs.value.values().next().map_or("", String::as_str);
-    let addrs = if_addrs::get_if_addrs()
-        .map_err(|e| (line, format!("interface {name}: cannot list interfaces: {e}")))?;
+    let addrs = if_addrs::get_if_addrs().map_err(|e| {
+        (
+            line,
+            format!("interface {name}: cannot list interfaces: {e}"),
+        )
+    })?;
     let ip = addrs
         .iter()
         .filter(|a| a.name == name)
@@ -700,7 +704,10 @@ impl<'de> Deserialize<'de> for RoutingSection {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a mapping (enable: 1), or routing show's list of cpt[N] and enable")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RoutingSection, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> Result<RoutingSection, A::Error> {
                 RawRouting::deserialize(serde::de::value::MapAccessDeserializer::new(m))
                     .map(RoutingSection)
             }
@@ -1653,7 +1660,11 @@ global:
         assert_eq!(c.routing.buffers.small, 16384);
         let g = &c.globals;
         assert_eq!(
-            (g.get("retry_count"), g.get("health_sensitivity"), g.get("max_interfaces")),
+            (
+                g.get("retry_count"),
+                g.get("health_sensitivity"),
+                g.get("max_interfaces")
+            ),
             (Some(2), Some(100), Some(4096))
         );
         assert_eq!(c.given.globals.len(), 12, "lnd_timeout is shown, not set");
@@ -1664,7 +1675,10 @@ global:
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("backup.yaml:5") && e.contains("no interface ulnet-nosuch0"), "{e}");
+        assert!(
+            e.contains("backup.yaml:5") && e.contains("no interface ulnet-nosuch0"),
+            "{e}"
+        );
         // Neither nid nor interfaces: said plainly.
         let e = DaemonConfig::parse(
             "net:\n-     net type: o2ib\n      local NI(s):\n      -     status: up\n",

@@ -428,7 +428,7 @@ fn bad_input_on_the_listening_port_is_refused_and_counted() {
     assert_eq!(peer_state(&p.b, NID_A).as_deref(), Some("up"));
 
     // And an operator sees it with lnetctl.
-    let o = lnetctl(&p.b, &["--json", "net", "show", "-v"]);
+    let o = lnetctl(&p.b, &["--json", "net", "show", "-v", "5"]);
     assert_eq!(o.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let ni = &v["net"][1]["local NI(s)"][0];

@@ -310,7 +310,11 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     use router::yaml_config::DaemonConfig;
     let p = connected_pair("export_import");
     let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c.conn.iter().map(|c| c.incarnation.clone()).collect::<Vec<_>>(),
+        Response::Conn(c) => c
+            .conn
+            .iter()
+            .map(|c| c.incarnation.clone())
+            .collect::<Vec<_>>(),
         other => panic!("{other:?}"),
     };
     let before = conns(&p.a);
@@ -349,7 +353,11 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     let (_, backup1, _) = run(&["export", "--backup"]);
     std::fs::write(&file, &backup1).unwrap();
     assert_eq!(run(&["import", f]).0, Some(0));
-    assert_eq!(run(&["export", "--backup"]).1, backup1, "export --backup | import round-trips");
+    assert_eq!(
+        run(&["export", "--backup"]).1,
+        backup1,
+        "export --backup | import round-trips"
+    );
 
     // A document that changes things: one more route, a global.
     let doc = format!(
@@ -359,15 +367,26 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     std::fs::write(&file, &doc).unwrap();
     let (_, shown, _) = run(&["import", "-s", f]);
     assert!(shown.contains("would apply: 2\n"), "{shown}");
-    assert!(!run(&["route", "show"]).1.contains("o2ib8"), "--show changed nothing");
+    assert!(
+        !run(&["route", "show"]).1.contains("o2ib8"),
+        "--show changed nothing"
+    );
     assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
     let routes = run(&["route", "show", "-v"]).1;
-    assert!(routes.contains("net: o2ib8") && routes.contains("priority: 1"), "{routes}");
-    assert!(run(&["global", "show"]).1.contains("    recovery_limit: 60\n"));
+    assert!(
+        routes.contains("net: o2ib8") && routes.contains("priority: 1"),
+        "{routes}"
+    );
+    assert!(run(&["global", "show"])
+        .1
+        .contains("    recovery_limit: 60\n"));
     // --del takes its routes away; settings have nothing to remove.
     assert_eq!(run(&["import", "--del", f]).0, Some(0));
     let routes = run(&["route", "show"]).1;
-    assert!(!routes.contains("o2ib8") && routes.contains("o2ib7"), "{routes}");
+    assert!(
+        !routes.contains("o2ib8") && routes.contains("o2ib7"),
+        "{routes}"
+    );
 
     // An NI this daemon does not have: that item fails and says how; the route applies.
     let doc = format!(
@@ -388,8 +407,14 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     // Refused documents: one line naming what is wrong; nothing applied.
     for (doc, want) in [
         ("udsp:\n    - src: o2ib\n", "udsp"),
-        ("global:\n    retry_count: 1\n    health_sensitivity: 5000\n", ":3"),
-        ("route:\n    - net: o2ib6\n      gateway: 10.0.0.2@o2ib\n      hop: 300\n", ":4"),
+        (
+            "global:\n    retry_count: 1\n    health_sensitivity: 5000\n",
+            ":3",
+        ),
+        (
+            "route:\n    - net: o2ib6\n      gateway: 10.0.0.2@o2ib\n      hop: 300\n",
+            ":4",
+        ),
         ("garbage: 1\n", "garbage"),
     ] {
         std::fs::write(&file, doc).unwrap();

@@ -95,7 +95,7 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
         }
     }
     // The operator sees them (lnetctl renders every fabric counter).
-    let o = lnetctl(&a, &["--json", "net", "show", "-v"]);
+    let o = lnetctl(&a, &["--json", "net", "show", "-v", "5"]);
     assert_eq!(o.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let f = &v["net"][1]["local NI(s)"][0]["fabric"];

@@ -266,8 +266,8 @@ echo "ping started after the kill: status $1, ended $rel s after the kill: $msg"
 { [ "$1" != 0 ] && [ "$1" != 124 ] && [ "$1" != none ] && echo "$msg" | grep -q 'failed to ping' && lt "$rel" $((KEEPALIVE + TIMEOUT)); } \
   || failed 25 "the ping started after the kill did not fail with a status within $((KEEPALIVE + TIMEOUT)) s"
 echo "--- A: peer show"; lnetctl --socket $SA peer show | sed 's/^/    /'
-echo "--- A: net show -v (some lnd and fabric counters)"
-lnetctl --socket $SA net show -v | grep -E ' (connects|established|peers_down|conns_lost|graceful_closes|ungraceful_drops|silent_peers|tx_timeouts|zombies|reaped|disconnects|send_errors|type):' | grep -v 'net type' | sed 's/^/    /'
+echo "--- A: net show -v 5 (some lnd and fabric counters)"
+lnetctl --socket $SA net show -v 5 | grep -E ' (connects|established|peers_down|conns_lost|graceful_closes|ungraceful_drops|silent_peers|tx_timeouts|zombies|reaped|disconnects|send_errors|type):' | grep -v 'net type' | sed 's/^/    /'
 
 # ------------------------------------------------------------------------ 4 queue pairs after the kill
 echo "=== daemons 4: A's queue pairs after the kill"
@@ -322,8 +322,8 @@ while lt "$(since "$t0")" "$gbound" || [ -z "$last" ]; do
 done
 d=$(a_logged_down_after "$k0")
 echo "FROZEN: with 12 pings queued A marked B down ${down:-never} s after they started as lnetctl polls see it (A's log: ${d:-(not found)} s; bound timeout + keepalive = $((KEEPALIVE + TIMEOUT)) s + 1.5 s), its connection and QP gone ${gone:-never} s after it (bound $gbound s)"
-lnetctl --socket $SA net show -v | grep -E ' (silent_peers|tx_timeouts|keepalives|peers_down|close_timeouts):' | sed 's/^/    /'
-silent=$(lnetctl --socket $SA net show -v | awk '$1 == "silent_peers:" { n += $2 } END { print n + 0 }')
+lnetctl --socket $SA net show -v 5 | grep -E ' (silent_peers|tx_timeouts|keepalives|peers_down|close_timeouts):' | sed 's/^/    /'
+silent=$(lnetctl --socket $SA net show -v 5 | awk '$1 == "silent_peers:" { n += $2 } END { print n + 0 }')
 [ "$silent" -ge 1 ] || failed 28 "the frozen B's close was not counted as a silent peer"
 { [ -n "$down" ] && lt "$down" "$dbound"; } || failed 28 "the frozen B was not marked down within $dbound s"
 { [ -n "$gone" ] && lt "$gone" "$gbound"; } \
