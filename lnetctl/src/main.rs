@@ -101,7 +101,7 @@ enum Cmd {
     /// Global settings
     Global {
         #[command(subcommand)]
-        cmd: Plain,
+        cmd: GlobalCmd,
     },
     /// Routes to remote networks: add, del, show
     Route {
@@ -212,9 +212,6 @@ enum NetCmd {
         verbose: Option<u8>,
     },
 }
-
-/// The `net show -v` level from which ulnet's own keys are shown (lnetctl's levels end at 4).
-const ULNET_LEVEL: u8 = 5;
 
 #[derive(Subcommand, Debug)]
 enum PeerCmd {
@@ -396,10 +393,22 @@ Values outside Lustre's range are refused (exit status 1) and change nothing.";
 
 #[derive(Subcommand, Debug)]
 enum StatsCmd {
-    /// Show
-    Show,
+    /// Show (-v: also ulnet's own counters: loopback, the peer table, the control socket)
+    Show {
+        #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
+        verbose: Option<u8>,
+    },
     /// Reset LNet's counters to zero
     Reset,
+}
+
+#[derive(Subcommand, Debug)]
+enum GlobalCmd {
+    /// Show (-v: also ulnet's own: routing and the PID)
+    Show {
+        #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
+        verbose: Option<u8>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -436,8 +445,9 @@ fn check_nid(s: &str) -> Result<Nid, u8> {
 fn run(cli: Cli) -> u8 {
     // `net show --net N`: the daemon's answer, cut to that net here.
     let mut net_filter: Option<String> = None;
-    // `net show -v LEVEL`: ulnet's own keys from ULNET_LEVEL up.
-    let mut net_level = 0u8;
+    // `-v LEVEL`: ulnet's own keys from render::ULNET_LEVEL up (net show), at any -v (stats,
+    // global show).
+    let mut level = 0u8;
     let req = match cli.cmd {
         Cmd::Capture {
             file,
@@ -545,7 +555,7 @@ fn run(cli: Cli) -> u8 {
             cmd: NetCmd::Show { net, verbose },
         } => {
             net_filter = net;
-            net_level = verbose.unwrap_or(0);
+            level = verbose.unwrap_or(0);
             Request::NetShow {
                 verbose: verbose.is_some(),
             }
@@ -565,12 +575,20 @@ fn run(cli: Cli) -> u8 {
         }
         Cmd::Conn { .. } => Request::ConnShow,
         Cmd::Stats {
-            cmd: StatsCmd::Show,
-        } => Request::StatsShow,
+            cmd: StatsCmd::Show { verbose },
+        } => {
+            level = verbose.unwrap_or(0);
+            Request::StatsShow
+        }
         Cmd::Stats {
             cmd: StatsCmd::Reset,
         } => Request::StatsReset,
-        Cmd::Global { .. } => Request::GlobalShow,
+        Cmd::Global {
+            cmd: GlobalCmd::Show { verbose },
+        } => {
+            level = verbose.unwrap_or(0);
+            Request::GlobalShow
+        }
         Cmd::Route { cmd } => match cmd {
             RouteCmd::Add {
                 net,
@@ -617,13 +635,6 @@ fn run(cli: Cli) -> u8 {
                     return exit::FAILED;
                 }
             }
-            if net_level < ULNET_LEVEL {
-                for ni in n.net.iter_mut().flat_map(|e| e.local_nis.iter_mut()) {
-                    ni.lnd_statistics = None;
-                    ni.fabric = None;
-                    ni.ulnet = None;
-                }
-            }
             Response::Net(n)
         }
         Ok(r) => r,
@@ -640,9 +651,9 @@ fn run(cli: Cli) -> u8 {
         }
     };
     let out = if cli.json {
-        render::json(&resp)
+        render::json_at(&resp, level)
     } else {
-        render::yaml(&resp)
+        render::yaml_at(&resp, level)
     };
     match (&resp, out) {
         (Response::Error(e), _) => {

@@ -12,23 +12,33 @@ use crate::tree::{to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLIN
 
 /// The document of a successful response and the printer lnetctl lays it out with; `None`
 /// for an error, a capture's stream and selftest's replies (rendered by `selftest`).
+#[cfg(test)]
 pub fn tree(resp: &Response) -> Option<(Map, Style)> {
+    tree_at(resp, u8::MAX)
+}
+
+/// The `-v` level from which `net show` adds ulnet's own keys (lnetctl's levels end at 4);
+/// `stats show` and `global show`, which have no levels in lnetctl, add ours at any `-v`.
+pub const ULNET_LEVEL: u8 = 5;
+
+/// [`tree`] at `-v` level `level` (0: no `-v`).
+pub fn tree_at(resp: &Response, level: u8) -> Option<(Map, Style)> {
     let style = match resp {
         Response::Ping(_) => PING,
         Response::Net(_) | Response::Peer(_) | Response::Route(_) => NETLINK,
         _ => Style::Cyaml,
     };
-    Some((tree_of(resp)?, style))
+    Some((tree_of(resp, level)?, style))
 }
 
-fn tree_of(resp: &Response) -> Option<Map> {
+fn tree_of(resp: &Response, level: u8) -> Option<Map> {
     Some(match resp {
         Response::Ping(p) => ping_tree(p),
-        Response::Net(n) => net_tree(n),
+        Response::Net(n) => net_tree(n, level >= ULNET_LEVEL),
         Response::Peer(p) => peer_tree(p),
         Response::Conn(c) => conn_tree(c),
-        Response::Stats(s) => stats_tree(s),
-        Response::Global(g) => global_tree(g),
+        Response::Stats(s) => stats_tree(s, level > 0),
+        Response::Global(g) => global_tree(g, level > 0),
         Response::Route(r) => route_tree(r),
         Response::Routing(r) => routing_tree(r),
         Response::Import(r) => import_tree(r),
@@ -41,23 +51,33 @@ fn tree_of(resp: &Response) -> Option<Map> {
     })
 }
 
-/// Renders any successful response as YAML; `None` for an error response.
+/// Renders any successful response as YAML, everything shown; `None` for an error response.
 pub fn yaml(resp: &Response) -> Option<String> {
+    yaml_at(resp, u8::MAX)
+}
+
+/// [`yaml`] at `-v` level `level`.
+pub fn yaml_at(resp: &Response, level: u8) -> Option<String> {
     if let Response::Selftest(r) = resp {
         return Some(crate::selftest::render_reply(r));
     }
-    tree(resp).map(|(t, style)| to_yaml_as(&t, style))
+    tree_at(resp, level).map(|(t, style)| to_yaml_as(&t, style))
 }
 
 /// The same document as JSON; `None` for an error.
 pub fn json(resp: &Response) -> Option<String> {
+    json_at(resp, u8::MAX)
+}
+
+/// [`json`] at `-v` level `level`.
+pub fn json_at(resp: &Response, level: u8) -> Option<String> {
     if let Response::Selftest(r) = resp {
         return serde_json::to_string_pretty(r).ok().map(|mut s| {
             s.push('\n');
             s
         });
     }
-    let (t, _) = tree(resp)?;
+    let (t, _) = tree_at(resp, level)?;
     Some(if t.0.is_empty() {
         String::new()
     } else {
@@ -144,7 +164,7 @@ fn import_tree(r: &ImportReport) -> Map {
 }
 
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
-pub fn net_tree(n: &NetShow) -> Map {
+pub fn net_tree(n: &NetShow, ours: bool) -> Map {
     let nets: Vec<Map> = n
         .net
         .iter()
@@ -177,7 +197,7 @@ pub fn net_tree(n: &NetShow) -> Map {
                                 .with("keepalive", l.keepalive),
                         );
                     }
-                    if let Some(l) = &ni.lnd_statistics {
+                    if let Some(l) = ni.lnd_statistics.as_ref().filter(|_| ours) {
                         m.push(
                             "lnd statistics",
                             named(&l.counters)
@@ -185,12 +205,12 @@ pub fn net_tree(n: &NetShow) -> Map {
                                 .with("rejects_received", named(&l.rejects_received)),
                         );
                     }
-                    if let Some(f) = &ni.fabric {
+                    if let Some(f) = ni.fabric.as_ref().filter(|_| ours) {
                         let mut fm = Map::new().with("type", &f.kind);
                         fm.0.extend(named(&f.counters).0);
                         m.push("fabric", fm);
                     }
-                    if let Some(u) = &ni.ulnet {
+                    if let Some(u) = ni.ulnet.as_ref().filter(|_| ours) {
                         m.push(
                             "ulnet",
                             Map::new()
@@ -300,7 +320,7 @@ pub fn conn_tree(c: &ConnShow) -> Map {
 }
 
 /// `statistics:`, in lnetctl's order (liblnetconfig.c's stats builder), then ours.
-pub fn stats_tree(st: &StatsShow) -> Map {
+pub fn stats_tree(st: &StatsShow, ours: bool) -> Map {
     let s = &st.statistics;
     let stats = Map::new()
         .with("msgs_alloc", s.msgs_alloc)
@@ -328,11 +348,17 @@ pub fn stats_tree(st: &StatsShow) -> Map {
         .with("send_length", s.send_length)
         .with("recv_length", s.recv_length)
         .with("route_length", s.route_length)
-        .with("drop_length", s.drop_length)
-        .with("loopback_count", s.loopback_count)
-        .with("loopback_length", s.loopback_length);
+        .with("drop_length", s.drop_length);
+    if !ours {
+        return Map::new().with("statistics", stats);
+    }
     Map::new()
-        .with("statistics", stats)
+        .with(
+            "statistics",
+            stats
+                .with("loopback_count", s.loopback_count)
+                .with("loopback_length", s.loopback_length),
+        )
         // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
         .with_opt("peer_table", st.peer_table.as_ref().map(named))
         // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
@@ -340,27 +366,29 @@ pub fn stats_tree(st: &StatsShow) -> Map {
 }
 
 /// `global:`, in lnetctl's order (jt_show_global), then ours.
-pub fn global_tree(g: &GlobalShow) -> Map {
+pub fn global_tree(g: &GlobalShow, ours: bool) -> Map {
     let g = &g.global;
-    Map::new().with(
-        "global",
-        Map::new()
-            .with("numa_range", g.numa_range)
-            .with("max_interfaces", g.max_interfaces)
-            .with("discovery", g.discovery)
-            .with("drop_asym_route", g.drop_asym_route)
-            .with("retry_count", g.retry_count)
-            .with("transaction_timeout", g.transaction_timeout)
-            .with("health_sensitivity", g.health_sensitivity)
-            .with("recovery_interval", g.recovery_interval)
-            .with("router_sensitivity", g.router_sensitivity)
-            .with("lnd_timeout", g.lnd_timeout)
-            .with("response_tracking", g.response_tracking)
-            .with("recovery_limit", g.recovery_limit)
-            .with("max_recovery_ping_interval", g.max_recovery_ping_interval)
-            .with("routing", g.routing)
-            .with("pid", g.pid),
-    )
+    let lnetctl = Map::new()
+        .with("numa_range", g.numa_range)
+        .with("max_interfaces", g.max_interfaces)
+        .with("discovery", g.discovery)
+        .with("drop_asym_route", g.drop_asym_route)
+        .with("retry_count", g.retry_count)
+        .with("transaction_timeout", g.transaction_timeout)
+        .with("health_sensitivity", g.health_sensitivity)
+        .with("recovery_interval", g.recovery_interval)
+        .with("router_sensitivity", g.router_sensitivity)
+        .with("lnd_timeout", g.lnd_timeout)
+        .with("response_tracking", g.response_tracking)
+        .with("recovery_limit", g.recovery_limit)
+        .with("max_recovery_ping_interval", g.max_recovery_ping_interval);
+    let all = if ours {
+        // Ours: whether this node forwards, and the PID it answers as.
+        lnetctl.with("routing", g.routing).with("pid", g.pid)
+    } else {
+        lnetctl
+    };
+    Map::new().with("global", all)
 }
 
 /// `route:` as lnetctl prints it (`route: []` when there is none).

@@ -59,7 +59,7 @@ fn bad_arguments_exit_2() {
         &["net"],
         &["net", "show", "--frob"],
         &["peer", "show", "--nid"],
-        &["stats", "show", "-v"],
+        &["stats", "show", "--frob"],
         &["capture"],
         &["capture", "--file"],
         &["capture", "--file", "x.pcap", "--duration", "0"],
