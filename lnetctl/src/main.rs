@@ -7,6 +7,8 @@
 mod capture;
 mod demo;
 mod export;
+#[cfg(test)]
+mod golden;
 mod render;
 mod selftest;
 mod tree;

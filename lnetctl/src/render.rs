@@ -563,8 +563,8 @@ net:
                   peer_buffer_credits: 0
                   credits: 256
             lnd tunables:
-                  peercredits_hiw: 0
-                  concurrent_sends: 0
+                  peercredits_hiw: 4
+                  concurrent_sends: 8
                   timeout: 50
                   keepalive: 100
 "

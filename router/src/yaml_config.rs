@@ -1594,59 +1594,7 @@ global:
     /// (jt_export), api-ni.c (the backup dumps: no nid, no lnd `timeout`, `map_on_demand` as a
     /// flag, `CPT` quoted) and liblnetconfig.c (routing/buffers/global); the interface is `lo`
     /// here so that the test host has it.
-    const LUSTRE_BACKUP: &str = "\
-net:
--     net type: o2ib
-      local NI(s):
-      -     interfaces:
-                  0: lo
-            tunables:
-                  peer_timeout: 180
-                  peer_credits: 8
-                  peer_buffer_credits: 0
-                  credits: 256
-            lnd tunables:
-                  peercredits_hiw: 4
-                  map_on_demand: true
-                  concurrent_sends: 8
-                  fmr_pool_size: 512
-                  fmr_flush_trigger: 384
-                  fmr_cache: 1
-                  ntx: 512
-                  conns_per_peer: 1
-                  tos: -1
-            CPT: \"[0]\"
-route:
--     net: tcp
-      gateway: 127.0.0.2@o2ib
-      hop: -1
-      priority: 0
-peer:
--     primary nid: 127.0.0.2@o2ib
-      Multi-Rail: false
-      peer ni:
-      -     nid: 127.0.0.2@o2ib
-routing:
-    enable: 1
-buffers:
-    tiny: 2048
-    small: 16384
-    large: 1024
-global:
-    numa_range: 0
-    max_interfaces: 4096
-    discovery: 1
-    drop_asym_route: 0
-    retry_count: 2
-    transaction_timeout: 150
-    health_sensitivity: 100
-    recovery_interval: 1
-    router_sensitivity: 100
-    lnd_timeout: 49
-    response_tracking: 3
-    recovery_limit: 0
-    max_recovery_ping_interval: 900
-";
+    const LUSTRE_BACKUP: &str = include_str!("../tests/data/lustre-2.16-export-backup.yaml");
 
     #[test]
     fn a_lustre_backup_loads_its_ni_named_by_interface() {

@@ -427,3 +427,31 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     assert_eq!(conns(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
+
+/// A Lustre node's `export --backup` (written from lnetctl's source, not by us) starts the
+/// daemon unedited: its NI is named by an interface, its globals are the kernel's defaults,
+/// routing is on; and imported into the daemon it started, it changes nothing.
+#[test]
+fn a_lustre_backup_starts_the_daemon_unedited() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: port 987 needs root");
+        return;
+    }
+    let backup = include_str!("data/lustre-2.16-export-backup.yaml");
+    let s = Scratch::new("lustre_backup");
+    let d = start_yaml(&s.0, "node", backup, Opts::default());
+    let run = |args: &[&str]| out(&lnetctl(&d, args));
+    let (code, net, _) = run(&["net", "show"]);
+    assert_eq!(code, Some(0));
+    assert!(net.contains("      -     nid: 127.0.0.1@o2ib\n"), "{net}");
+    assert!(run(&["global", "show"]).1.contains("    retry_count: 2\n"));
+    assert!(run(&["routing", "show"]).1.contains("    - enable: 1\n"));
+    assert!(run(&["route", "show"]).1.contains("      gateway: 127.0.0.2@o2ib\n"));
+    assert_eq!(run(&["ping", "127.0.0.1@o2ib"]).0, Some(0));
+    let file = s.0.join("backup.yaml");
+    std::fs::write(&file, backup).unwrap();
+    assert_eq!(
+        run(&["import", file.to_str().unwrap()]),
+        (Some(0), String::new(), String::new())
+    );
+}

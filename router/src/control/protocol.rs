@@ -386,7 +386,7 @@ pub struct NiTunables {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LndTunables {
-    /// As configured (0 = automatic).
+    /// In effect (a configured 0 means peer_credits / 2), as the kernel shows it.
     pub peercredits_hiw: u32,
     pub concurrent_sends: u32,
     /// Seconds.

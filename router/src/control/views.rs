@@ -167,8 +167,11 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                 credits: ni.credits,
             }),
             lnd_tunables: verbose.then(|| LndTunables {
-                peercredits_hiw: u32::from(ni.lnd_tunables.peer_credits_hiw),
-                concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends),
+                // In effect, as the kernel shows them (a configured 0 is "automatic").
+                peercredits_hiw: u32::from(
+                    ni.lnd_tunables.credits_hiw(ni.lnd_tunables.queue_depth()),
+                ),
+                concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends()),
                 timeout: ni.lnd_tunables.timeout.as_secs(),
                 keepalive: ni.lnd_tunables.keepalive.as_secs(),
             }),
