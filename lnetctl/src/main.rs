@@ -80,6 +80,25 @@ enum Cmd {
         #[arg(short = 's', long, value_name = "NID")]
         source: Option<String>,
     },
+    /// Discover peers: ping each NID and show its NIs (ulnet has no Multi-Rail discovery, so
+    /// this is a ping under discover's names)
+    Discover {
+        #[arg(required = true, value_name = "NID")]
+        nids: Vec<String>,
+        /// Accepted for lnetctl's sake; every discover here is a fresh ping
+        #[arg(short, long)]
+        force: bool,
+    },
+    /// The LNet service: configure (the daemon is configured when it runs), unconfigure
+    Lnet {
+        #[command(subcommand)]
+        cmd: LnetCmd,
+    },
+    /// Debugging views: recovery queues
+    Debug {
+        #[command(subcommand)]
+        cmd: DebugCmd,
+    },
     /// Local networks and NIs
     Net {
         #[command(subcommand)]
@@ -202,7 +221,51 @@ enum ShowOnly {
 }
 
 #[derive(Subcommand, Debug)]
+enum LnetCmd {
+    /// Succeeds when the daemon runs: its configuration file configured LNet at start
+    Configure {
+        /// Accepted for lnetctl's sake (every configured NI is already up)
+        #[arg(short, long)]
+        all: bool,
+        /// Accepted for lnetctl's sake (large NIDs: ulnet's are IPv4)
+        #[arg(short, long)]
+        large: bool,
+    },
+    /// Refused: stop the lnet-router service instead (`systemctl stop lnet-router`), which
+    /// closes every connection gracefully first
+    Unconfigure,
+}
+
+#[derive(Subcommand, Debug)]
+enum DebugCmd {
+    /// The NIs in LNet health's recovery queue: none in ulnet, which has no LNet health yet,
+    /// so this prints nothing, as lnetctl does for an empty queue
+    Recovery {
+        #[arg(short, long)]
+        local: bool,
+        #[arg(short, long)]
+        peer: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum NetCmd {
+    /// Refused at run time: add the NI to the daemon's configuration and restart it
+    Add {
+        #[arg(long, value_name = "NET")]
+        net: Option<String>,
+        #[arg(long, value_name = "IF")]
+        r#if: Option<String>,
+        #[arg(long, value_name = "NID")]
+        nid: Option<String>,
+    },
+    /// Refused at run time: remove the NI from the daemon's configuration and restart it
+    Del {
+        #[arg(long, value_name = "NET")]
+        net: Option<String>,
+        #[arg(long, value_name = "NID")]
+        nid: Option<String>,
+    },
     /// Show
     Show {
         /// Only this net (e.g. o2ib1)
@@ -217,6 +280,22 @@ enum NetCmd {
 
 #[derive(Subcommand, Debug)]
 enum PeerCmd {
+    /// Refused: ulnet has no Multi-Rail; a peer with one NI is created when first used
+    Add {
+        #[arg(long = "prim_nid", value_name = "NID")]
+        prim_nid: Option<String>,
+        #[arg(long, value_name = "NID")]
+        nid: Option<String>,
+        #[arg(long = "non_mr")]
+        non_mr: bool,
+    },
+    /// Refused: ulnet has no Multi-Rail; peers age out after peer_timeout without traffic
+    Del {
+        #[arg(long = "prim_nid", value_name = "NID")]
+        prim_nid: Option<String>,
+        #[arg(long, value_name = "NID")]
+        nid: Option<String>,
+    },
     /// Show peers
     Show {
         /// Only this peer
@@ -436,6 +515,16 @@ fn emit(text: &str) {
     }
 }
 
+/// NIDs given as `A,B` or as several arguments.
+fn split_nids(args: &[String]) -> Vec<String> {
+    args.iter()
+        .flat_map(|a| a.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// Parses a NID given on the command line, or says why not.
 fn check_nid(s: &str) -> Result<Nid, u8> {
     s.trim().parse::<Nid>().map_err(|e| {
@@ -462,6 +551,137 @@ fn run(cli: Cli) -> u8 {
         Cmd::Selftest { cmd } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return selftest::run(&path, cli.json, cmd);
+        }
+        Cmd::Discover { nids, force: _ } => {
+            let nids = split_nids(&nids);
+            for n in &nids {
+                if let Err(c) = check_nid(n) {
+                    return c;
+                }
+            }
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            let req = Request::Ping {
+                nids,
+                timeout_secs: None,
+                source: None,
+            };
+            let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
+                Ok(r) => r,
+                Err(e @ ClientError::NoDaemon { .. }) => {
+                    eprintln!("lnetctl: {e}");
+                    return exit::NO_DAEMON;
+                }
+                Err(e) => {
+                    eprintln!("lnetctl: {e}");
+                    return exit::FAILED;
+                }
+            };
+            return match resp {
+                Response::Ping(p) => {
+                    let doc = render::ping_as(&p, "discover");
+                    emit(&if cli.json {
+                        tree::to_json(&doc)
+                    } else {
+                        tree::to_yaml_as(&doc, tree::PING)
+                    });
+                    if p.manage.is_empty() {
+                        exit::OK
+                    } else {
+                        exit::FAILED
+                    }
+                }
+                Response::Error(e) => {
+                    eprintln!("lnetctl: discover: {e}");
+                    exit::FAILED
+                }
+                other => {
+                    eprintln!("lnetctl: discover: unexpected answer: {other:?}");
+                    exit::FAILED
+                }
+            };
+        }
+        Cmd::Lnet { cmd } => {
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return match cmd {
+                LnetCmd::Configure { .. } => {
+                    match ControlClient::connect(&path)
+                        .and_then(|mut c| c.call(&Request::GlobalShow))
+                    {
+                        Ok(Response::Global(_)) => exit::OK,
+                        Ok(other) => {
+                            eprintln!("lnetctl: lnet configure: the daemon answered {other:?}");
+                            exit::FAILED
+                        }
+                        Err(e @ ClientError::NoDaemon { .. }) => {
+                            eprintln!("lnetctl: {e} (lnet configure: start the lnet-router service, which configures LNet from its file)");
+                            exit::NO_DAEMON
+                        }
+                        Err(e) => {
+                            eprintln!("lnetctl: {e}");
+                            exit::FAILED
+                        }
+                    }
+                }
+                LnetCmd::Unconfigure => {
+                    eprintln!(
+                        "lnetctl: lnet unconfigure: stop the lnet-router service instead \
+                         (systemctl stop lnet-router): it closes every connection gracefully"
+                    );
+                    exit::FAILED
+                }
+            };
+        }
+        Cmd::Debug {
+            cmd: DebugCmd::Recovery { local, peer },
+        } => {
+            if !local && !peer {
+                eprintln!("lnetctl: debug recovery: give --local or --peer");
+                return exit::USAGE;
+            }
+            // Nothing is ever queued for recovery (no LNet health): an empty queue, which
+            // lnetctl prints as nothing. The daemon is still asked, so that a missing one is
+            // said.
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            return match ControlClient::connect(&path)
+                .and_then(|mut c| c.call(&Request::GlobalShow))
+            {
+                Ok(_) => exit::OK,
+                Err(e @ ClientError::NoDaemon { .. }) => {
+                    eprintln!("lnetctl: {e}");
+                    exit::NO_DAEMON
+                }
+                Err(e) => {
+                    eprintln!("lnetctl: {e}");
+                    exit::FAILED
+                }
+            };
+        }
+        Cmd::Net {
+            cmd: NetCmd::Add { .. },
+        } => {
+            eprintln!(
+                "lnetctl: net add: ulnet cannot add an NI to a running daemon yet; add it to the \
+                 daemon's configuration (net:) and restart it"
+            );
+            return exit::FAILED;
+        }
+        Cmd::Net {
+            cmd: NetCmd::Del { .. },
+        } => {
+            eprintln!(
+                "lnetctl: net del: ulnet cannot remove an NI from a running daemon yet; remove it \
+                 from the daemon's configuration (net:) and restart it"
+            );
+            return exit::FAILED;
+        }
+        Cmd::Peer {
+            cmd: PeerCmd::Add { .. } | PeerCmd::Del { .. },
+        } => {
+            eprintln!(
+                "lnetctl: peer add/del: ulnet has no Multi-Rail peers; a peer with one NI is \
+                 created when first used and forgotten after peer_timeout without traffic"
+            );
+            return exit::FAILED;
         }
         Cmd::Export { backup, file } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
@@ -531,13 +751,7 @@ fn run(cli: Cli) -> u8 {
             timeout,
             source,
         } => {
-            let nids: Vec<String> = nids
-                .iter()
-                .flat_map(|a| a.split(','))
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(String::from)
-                .collect();
+            let nids = split_nids(&nids);
             if nids.is_empty() {
                 eprintln!("lnetctl: ping: no NID given");
                 return exit::USAGE;

@@ -99,6 +99,12 @@ fn named(c: &NamedCounters) -> Map {
 /// `ping:` for the peers that answered, `manage:` for the failures (the netlink layout:
 /// `peer_ni` with an underscore, `Multi-Rail` as true/false).
 pub fn ping_tree(p: &PingShow) -> Map {
+    ping_as(p, "ping")
+}
+
+/// The same for `lnetctl discover` (`what` = "discover"): its header and failure items are
+/// named after the command (lnetctl.c, jt_discover).
+pub fn ping_as(p: &PingShow, what: &str) -> Map {
     let mut doc = Map::new();
     if !p.ping.is_empty() {
         let peers: Vec<Map> = p
@@ -117,7 +123,7 @@ pub fn ping_tree(p: &PingShow) -> Map {
                     )
             })
             .collect();
-        doc.push("ping", peers);
+        doc.push(what, peers);
     }
     if !p.manage.is_empty() {
         let fails: Vec<Map> = p
@@ -126,10 +132,14 @@ pub fn ping_tree(p: &PingShow) -> Map {
             .map(|f| {
                 // lnetctl's failure item: an empty `ping:` then errno and descr beside it
                 // (yaml_lnet_ping_display); the NID is in descr.
+                let descr = match f.descr.strip_prefix("failed to ping ") {
+                    Some(rest) => format!("failed to {what} {rest}"),
+                    None => f.descr.clone(),
+                };
                 Map::new()
-                    .with("ping", Node::Scalar(Scalar::Null))
+                    .with(what, Node::Scalar(Scalar::Null))
                     .with("errno", f.errno)
-                    .with("descr", &f.descr)
+                    .with("descr", descr)
             })
             .collect();
         doc.push("manage", fails);

@@ -266,3 +266,44 @@ fn man_page_and_completions_are_generated() {
         );
     }
 }
+
+/// What ulnet cannot do at run time is refused with one line that says what to do instead,
+/// exit status 1; a debug recovery without a queue named is a usage error.
+#[test]
+fn commands_ulnet_refuses_say_what_to_do_instead() {
+    for (args, want) in [
+        (
+            &["net", "add", "--net", "o2ib1", "--if", "ib1"][..],
+            "restart",
+        ),
+        (&["net", "del", "--net", "o2ib1"], "restart"),
+        (
+            &["peer", "add", "--prim_nid", "10.0.0.5@o2ib"],
+            "Multi-Rail",
+        ),
+        (
+            &["peer", "del", "--prim_nid", "10.0.0.5@o2ib"],
+            "Multi-Rail",
+        ),
+        (&["lnet", "unconfigure"], "systemctl stop lnet-router"),
+        (&["import", "--exec", "x.yaml"], "lnetctl ping"),
+    ] {
+        let o = lnetctl(args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(o.stdout.is_empty());
+    }
+    assert_eq!(lnetctl(&["debug", "recovery"]).status.code(), Some(2));
+    // Without a daemon, the commands that need one say so (exit 3).
+    for args in [
+        &["lnet", "configure"][..],
+        &["discover", "10.0.0.2@o2ib"],
+        &["debug", "recovery", "--local"],
+        &["export"],
+        &["import", "-"],
+    ] {
+        assert_eq!(lnetctl(args).status.code(), Some(3), "{args:?}");
+    }
+}

@@ -446,12 +446,43 @@ fn a_lustre_backup_starts_the_daemon_unedited() {
     assert!(net.contains("      -     nid: 127.0.0.1@o2ib\n"), "{net}");
     assert!(run(&["global", "show"]).1.contains("    retry_count: 2\n"));
     assert!(run(&["routing", "show"]).1.contains("    - enable: 1\n"));
-    assert!(run(&["route", "show"]).1.contains("      gateway: 127.0.0.2@o2ib\n"));
+    assert!(run(&["route", "show"])
+        .1
+        .contains("      gateway: 127.0.0.2@o2ib\n"));
     assert_eq!(run(&["ping", "127.0.0.1@o2ib"]).0, Some(0));
     let file = s.0.join("backup.yaml");
     std::fs::write(&file, backup).unwrap();
     assert_eq!(
         run(&["import", file.to_str().unwrap()]),
+        (Some(0), String::new(), String::new())
+    );
+}
+
+/// `lnetctl discover` pings under discover's names (lnetctl.c, jt_discover): `discover:` with
+/// the peer's NIs, failures under `manage: - discover:`, exit status 1 when one failed;
+/// `lnet configure` succeeds on a running daemon and `debug recovery` prints an empty queue.
+#[test]
+fn discover_configure_and_recovery_on_a_running_daemon() {
+    let p = connected_pair("discover");
+    let (code, text, err) = out(&lnetctl(&p.a, &["discover", NID_B]));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        text,
+        format!("discover:\n- primary nid: {NID_B}\n  Multi-Rail: false\n  peer_ni:\n  - nid: {NID_B}\n")
+    );
+    let (code, text, _) = out(&lnetctl(&p.a, &["discover", "10.0.9.9@o2ib9"]));
+    assert_eq!(code, Some(1));
+    assert!(
+        text.starts_with("manage:\n- discover:\n  errno: "),
+        "{text}"
+    );
+    assert!(text.contains("failed to discover 10.0.9.9@o2ib9"), "{text}");
+    assert_eq!(
+        out(&lnetctl(&p.a, &["lnet", "configure"])),
+        (Some(0), String::new(), String::new())
+    );
+    assert_eq!(
+        out(&lnetctl(&p.a, &["debug", "recovery", "--local"])),
         (Some(0), String::new(), String::new())
     );
 }
