@@ -49,29 +49,33 @@ pub fn requests() -> [Request; 5] {
 
 impl Running {
     /// Puts the answers to [`requests`] together; the first that is not the expected show is
-    /// returned as the error (a daemon error, usually).
-    pub fn from_answers(answers: Vec<Response>) -> Result<Running, Response> {
+    /// the error (a daemon error, usually), said in one line.
+    pub fn from_answers(answers: Vec<Response>) -> Result<Running, String> {
         let mut it = answers.into_iter();
         let mut next = || it.next().unwrap_or(Response::Done);
+        let other = |r: Response| match r {
+            Response::Error(e) => e.to_string(),
+            r => format!("unexpected answer from the daemon: {r:?}"),
+        };
         let net = match next() {
             Response::Net(n) => n,
-            other => return Err(other),
+            r => return Err(other(r)),
         };
         let peer = match next() {
             Response::Peer(p) => p,
-            other => return Err(other),
+            r => return Err(other(r)),
         };
         let route = match next() {
             Response::Route(r) => r,
-            other => return Err(other),
+            r => return Err(other(r)),
         };
         let routing = match next() {
             Response::Routing(r) => r,
-            other => return Err(other),
+            r => return Err(other(r)),
         };
         let global = match next() {
             Response::Global(g) => g,
-            other => return Err(other),
+            r => return Err(other(r)),
         };
         Ok(Running {
             net,

@@ -906,12 +906,8 @@ fn run_export(
     });
     let running = match answers.map(export::Running::from_answers) {
         Ok(Ok(r)) => r,
-        Ok(Err(Response::Error(e))) => {
+        Ok(Err(e)) => {
             eprintln!("lnetctl: export: {e}");
-            return exit::FAILED;
-        }
-        Ok(Err(other)) => {
-            eprintln!("lnetctl: export: unexpected answer from the daemon: {other:?}");
             return exit::FAILED;
         }
         Err(e @ ClientError::NoDaemon { .. }) => {
