@@ -447,9 +447,8 @@ impl SetCmd {
             SetCmd::RecoveryLimit(v) => ("recovery_limit", v),
             SetCmd::MaxRecoveryPingInterval(v) => ("max_recovery_ping_interval", v),
         };
-        Request::SetGlobal {
-            name: name.to_string(),
-            value: v.value,
+        Request::SetGlobals {
+            values: vec![(name.to_string(), v.value)],
         }
     }
 }
@@ -1058,9 +1057,8 @@ mod tests {
             match cmd.cmd {
                 Cmd::Set { cmd } => assert_eq!(
                     cmd.request(),
-                    Request::SetGlobal {
-                        name: t.name.into(),
-                        value: 7
+                    Request::SetGlobals {
+                        values: vec![(t.name.into(), 7)]
                     }
                 ),
                 other => panic!("{other:?}"),

@@ -678,9 +678,11 @@ impl LnetNode {
         &self.globals
     }
 
-    /// `lnetctl set NAME VALUE` for a global tunable: checked against Lustre's range, then kept.
-    pub fn set_global(&mut self, name: &str, value: i64) -> Result<(), crate::GlobalError> {
-        self.globals.set(name, value)
+    /// `lnetctl set NAME VALUE` for global tunables: checked against Lustre's ranges and rules
+    /// as a whole, then kept; nothing changes on an error.
+    pub fn set_globals(&mut self, values: &[(String, i64)]) -> Result<(), crate::GlobalError> {
+        let v: Vec<(&str, i64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        self.globals.set_all(&v)
     }
 
     /// Gives a message buffer back (a `Put` event's payload once consumed) so that the next

@@ -4,7 +4,7 @@
 //! must decode and round-trip through the client's encoder (and together cover every kind of
 //! request; serde also takes a struct as the sequence of its fields, `ok-net-show-as-seq`);
 //! `err-eproto-*` are malformed, and must be refused with EPROTO and a short message.
-//! Generated cases add what would be too big to commit: a line over the 64 KiB cap (EMSGSIZE).
+//! Generated cases add what would be too big to commit: a line over the 1 MiB cap (EMSGSIZE).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -30,7 +30,7 @@ fn kind(r: &Request) -> &'static str {
         Request::RoutingShow => "routing_show",
         Request::SetRouting { .. } => "set_routing",
         Request::SetBuffers { .. } => "set_buffers",
-        Request::SetGlobal { .. } => "set_global",
+        Request::SetGlobals { .. } => "set_globals",
         Request::Import { .. } => "import",
         Request::Selftest { .. } => "selftest",
     }
@@ -52,7 +52,7 @@ const EVERY_KIND: [&str; 18] = [
     "routing_show",
     "set_routing",
     "set_buffers",
-    "set_global",
+    "set_globals",
     "import",
     "selftest",
 ];

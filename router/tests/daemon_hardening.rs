@@ -64,7 +64,7 @@ fn ping_lo_ok(d: &Daemon) {
     assert!(p.manage.is_empty() && p.ping.len() == 1, "{p:?}");
 }
 
-/// A 100 MiB request line: the daemon reads at most 64 KiB of it, answers EMSGSIZE, closes the
+/// A 100 MiB request line: the daemon reads at most MAX_REQUEST (1 MiB) of it, answers EMSGSIZE, closes the
 /// connection, and its memory does not grow by anything like the request's size.
 #[test]
 fn oversized_request_is_refused_without_buffering_it() {

@@ -324,15 +324,16 @@ fn export_and_import_round_trip_on_a_running_daemon() {
         run(&["route", "add", "--net", "o2ib7", "--gateway", NID_B]).0,
         Some(0)
     );
-    for (k, v) in [
-        ("health_sensitivity", "100"),
-        ("transaction_timeout", "150"),
-        ("retry_count", "2"),
-    ] {
-        assert_eq!(run(&["set", k, v]).0, Some(0));
-    }
     let file = p.dir.0.join("export.yaml");
     let f = file.to_str().unwrap();
+    // A kernel's globals, in its export's order: retry_count comes before the
+    // health_sensitivity it needs, so the section is applied as a whole.
+    std::fs::write(
+        &file,
+        "global:\n    retry_count: 2\n    transaction_timeout: 150\n    health_sensitivity: 100\n",
+    )
+    .unwrap();
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
     for args in [&["export"][..], &["export", "--backup"]] {
         let (code, text, err) = run(args);
         assert_eq!(code, Some(0), "{err}");

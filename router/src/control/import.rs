@@ -188,18 +188,22 @@ pub fn import(
             }
         }
     }
-    for (name, value) in &cfg.given.globals {
-        if globals_now.iter().any(|(n, v)| n == name && v == value) {
-            rep.unchanged += 1;
-        } else {
-            apply(
-                &mut rep,
-                "global",
-                Request::SetGlobal {
-                    name: name.clone(),
-                    value: *value,
-                },
-            );
+    // The section at once: a kernel export lists retry_count before health_sensitivity, and
+    // only the whole satisfies the rules that tie them.
+    let changed: Vec<(String, i64)> = cfg
+        .given
+        .globals
+        .iter()
+        .filter(|(name, value)| !globals_now.iter().any(|(n, v)| n == name && v == value))
+        .cloned()
+        .collect();
+    rep.unchanged += (cfg.given.globals.len() - changed.len()) as u32;
+    if !changed.is_empty() {
+        let n = changed.len() as u32;
+        let before = rep.applied;
+        apply(&mut rep, "global", Request::SetGlobals { values: changed });
+        if rep.applied > before {
+            rep.applied += n - 1;
         }
     }
     Response::Import(rep)

@@ -121,10 +121,11 @@ pub enum Request {
         op: ImportOp,
     },
     /// `lnetctl set NAME VALUE` for one of LNet's global tunables
-    /// ([`TUNABLES`](crate::globals::TUNABLES)), on every NI.
-    SetGlobal {
-        name: String,
-        value: i64,
+    /// ([`TUNABLES`](crate::globals::TUNABLES)), on every NI; an import's `global:` section
+    /// sets several at once, all or nothing, so that the rules tying two of them hold for the
+    /// result and not for each step (`GlobalTunables::set_all`).
+    SetGlobals {
+        values: Vec<(String, i64)>,
     },
     /// `lnetctl set tiny_buffers|small_buffers|large_buffers N`: the node's total of that
     /// size (a daemon gives each NI its share).
@@ -751,10 +752,11 @@ pub fn too_long() -> ControlError {
     )
 }
 
-/// The longest request line the daemon reads, newline included: every request is small (the
-/// largest, a ping of many NIDs, is a few KiB). Reading stops at the cap: the client gets an
-/// EMSGSIZE error and is closed; the rest is never read.
-pub const MAX_REQUEST: usize = 64 * 1024;
+/// The longest request line the daemon reads, newline included: an `import` carries its
+/// document (an export of a router with thousands of peers is some hundred KiB); every other
+/// request is small. Reading stops at the cap: the client gets an EMSGSIZE error and is
+/// closed; the rest is never read. At most 64 clients at once hold a line each.
+pub const MAX_REQUEST: usize = 1024 * 1024;
 
 /// Encodes one response line (with its newline).
 pub fn encode_response(resp: &Response) -> String {

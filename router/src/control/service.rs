@@ -164,7 +164,7 @@ impl<T> Control<T> {
                 }
             }
             Request::RoutingShow => Response::Routing(routing_show(node)),
-            Request::SetGlobal { name, value } => match node.set_global(&name, value) {
+            Request::SetGlobals { values } => match node.set_globals(&values) {
                 Ok(()) => Response::Done,
                 Err(e) => Response::Error(ControlError::new(e.errno(), e.to_string())),
             },
