@@ -48,6 +48,8 @@ pub mod globals;
 mod node;
 mod peer;
 mod ping;
+#[cfg(feature = "daemon")]
+pub mod rdma;
 pub mod routes;
 pub mod runtime;
 pub mod selftest;

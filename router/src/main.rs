@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -310,7 +310,7 @@ impl Signals {
 }
 
 fn run(
-    cfg: DaemonConfig,
+    mut cfg: DaemonConfig,
     socket: PathBuf,
     limits: ClientLimits,
     threading: NiThreads,
@@ -321,12 +321,35 @@ fn run(
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
-    // Every NI's fabric first, here: an NI that cannot start fails the start with its message.
-    for net in cfg.nets.iter().filter(|n| !n.fabric_given) {
+    // A net without `fabric`: verbs when built with it and every NI's address is on an RDMA
+    // device, else tcp with one warning saying why.
+    for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
+        let devices: Vec<Option<String>> = net
+            .nis
+            .iter()
+            .map(|ni| {
+                let ip = std::net::Ipv4Addr::from(ni.ni.nid.addr());
+                router::rdma::interface_of(ip)
+                    .and_then(|ifname| router::rdma::rdma_device_of(&ifname, Path::new("/sys")))
+            })
+            .collect();
+        let all_rdma = !devices.is_empty() && devices.iter().all(Option::is_some);
+        if all_rdma && fabric_supported(FabricKind::Verbs) {
+            info!(net = %net.net, devices = ?devices, "no 'fabric' for this net: its NIs are on RDMA devices, using verbs");
+            net.fabric = FabricKind::Verbs;
+            continue;
+        }
+        let why = if all_rdma {
+            "its NIs are on RDMA devices but this daemon is built without verbs"
+        } else if devices.iter().any(Option::is_some) {
+            "not every NI of it is on an RDMA device"
+        } else {
+            "no NI of it is on an RDMA device"
+        };
         warn!(
             net = %net.net,
-            "no 'fabric' for this net: using tcp (o2iblnd over TCP sockets); set 'fabric: verbs' \
-             for RDMA"
+            "no 'fabric' for this net: using tcp (o2iblnd over TCP sockets): {why}; set \
+             'fabric: verbs' for RDMA"
         );
     }
     let mut runtimes = Vec::new();
