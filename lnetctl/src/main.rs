@@ -9,6 +9,7 @@ mod demo;
 mod export;
 #[cfg(test)]
 mod golden;
+mod import;
 mod render;
 mod selftest;
 mod tree;
@@ -960,18 +961,38 @@ fn run_import(
                 .map_err(|e| format!("cannot read standard input: {e}"))
         }
     };
-    let yaml = match text {
-        Ok(t) => t,
+    let origin = file
+        .filter(|f| f.as_os_str() != "-")
+        .map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
+    let mut stripped = match text.and_then(|t| import::strip_peers(&t, &origin)) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("lnetctl: import: {e}");
             return exit::FAILED;
         }
     };
-    let req = Request::Import { yaml, op };
+    let req = Request::Import {
+        yaml: std::mem::take(&mut stripped.text),
+        op,
+    };
+    if let Ok(line) = control::encode_request(&req) {
+        if line.len() > control::MAX_REQUEST {
+            eprintln!(
+                "lnetctl: import: {origin} is {} KiB without its peers; the daemon takes at \
+                 most {} KiB at once: split it (nets, routes, globals)",
+                line.len() >> 10,
+                control::MAX_REQUEST >> 10
+            );
+            return exit::FAILED;
+        }
+    }
     let report = match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
-        Ok(Response::Import(r)) => r,
+        Ok(Response::Import(mut r)) => {
+            r.unchanged += stripped.peers;
+            r
+        }
         Ok(Response::Error(e)) => {
-            eprintln!("lnetctl: import: {e}");
+            eprintln!("lnetctl: import: {}", stripped.locate(&e.message, &origin));
             return exit::FAILED;
         }
         Ok(other) => {

@@ -283,7 +283,7 @@ fn scalar_yaml(out: &mut String, s: &Scalar) {
         Scalar::Bool(b) => {
             let _ = write!(out, "{b}");
         }
-        Scalar::Str(v) if needs_quotes(v) => out.push_str(&json_string(v)),
+        Scalar::Str(v) if needs_quotes(v) => out.push_str(&yaml_quoted(v)),
         Scalar::Str(v) => out.push_str(v),
     }
 }
@@ -314,6 +314,26 @@ fn needs_quotes(s: &str) -> bool {
             unsigned.to_ascii_lowercase().as_str(),
             ".inf" | ".nan"
         )
+        // YAML 1.1's other numbers (1_000, 0b101, 12:30 sexagesimal), its dates
+        // (2024-01-01), and its merge and value keys.
+        || (unsigned.contains('_') && digits(&unsigned.replace('_', ""), 10))
+        || unsigned.strip_prefix("0b").is_some_and(|t| digits(t, 2))
+        || (unsigned.contains(':') && unsigned.split(':').all(|p| digits(p, 10)))
+        || is_date(s)
+        || s == "<<"
+        || s == "="
+}
+
+/// `YYYY-MM-DD`, which YAML 1.1 readers turn into a date.
+fn is_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 8
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && s[5..]
+            .split(['-', 'T', ' '])
+            .take(2)
+            .all(|p| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
 }
 
 // ------------------------------------------------------------------------------------ JSON
@@ -367,6 +387,20 @@ fn map_json(out: &mut String, entries: &[(String, Node)], indent: usize) {
     }
     pad(out, indent);
     out.push('}');
+}
+
+/// A double-quoted YAML scalar: JSON's escapes (valid in YAML), plus DEL and the C1 controls,
+/// which YAML forbids raw and JSON leaves as they are.
+fn yaml_quoted(s: &str) -> String {
+    let mut q = String::with_capacity(s.len() + 2);
+    for c in json_string(s).chars() {
+        if ('\u{7f}'..='\u{9f}').contains(&c) {
+            let _ = write!(q, "\\u{:04x}", u32::from(c));
+        } else {
+            q.push(c);
+        }
+    }
+    q
 }
 
 fn json_string(s: &str) -> String {
@@ -533,8 +567,28 @@ manage:
     #[test]
     fn strings_that_yaml_would_misread_are_quoted() {
         for s in [
-            "true", "False", "12", "1.5", "-3", "a: b", "", " x", "- x", "0x1f", "x #y", "~",
-            "off", "Yes",
+            "true",
+            "False",
+            "12",
+            "1.5",
+            "-3",
+            "a: b",
+            "",
+            " x",
+            "- x",
+            "0x1f",
+            "x #y",
+            "~",
+            "off",
+            "Yes",
+            "1_000",
+            "0b101",
+            "12:30",
+            "1:2:3",
+            "2024-01-01",
+            "<<",
+            "=",
+            "a\u{7f}",
         ] {
             assert!(needs_quotes(s), "{s}");
         }
@@ -552,5 +606,11 @@ manage:
         }
         let m = Map::new().with("descr", "a: b").with("v", "true");
         assert_eq!(to_yaml(&m), "descr: \"a: b\"\nv: \"true\"\n");
+        let c1 = Map::new().with("x", "a\u{85}b");
+        assert_eq!(to_yaml(&c1), "x: \"a\\u0085b\"\n");
+        // IPv6 NIDs and interface labels stay plain.
+        for s in ["fe80::1@tcp", "eth0:1", "10.0.0.1@o2ib"] {
+            assert!(!needs_quotes(s), "{s}");
+        }
     }
 }

@@ -180,6 +180,17 @@ impl fmt::Display for GlobalError {
 
 impl std::error::Error for GlobalError {}
 
+/// What the kernel's setter keeps for `value` (lnetctl's quirks included); `None`: it keeps
+/// the value it has (recovery_interval, deprecated). Ranges are checked elsewhere.
+pub fn stored(name: &str, value: i64) -> Option<i64> {
+    match name {
+        "max_interfaces" if value < 16 => Some(4096),
+        "discovery" | "drop_asym_route" => Some(i64::from(value != 0)),
+        "recovery_interval" => None,
+        _ => Some(value),
+    }
+}
+
 /// The node's values of [`TUNABLES`], in that order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GlobalTunables {
@@ -231,12 +242,7 @@ impl GlobalTunables {
                     max: t.max,
                 });
             }
-            next.values[i] = match t.name {
-                "max_interfaces" if value < 16 => 4096,
-                "discovery" | "drop_asym_route" => i64::from(value != 0),
-                "recovery_interval" => self.values[i],
-                _ => value,
-            };
+            next.values[i] = stored(t.name, value).unwrap_or(self.values[i]);
             if t.name == "health_sensitivity" && value == 0 {
                 // Health off takes resends with it (lnet_health_sensitivity_set).
                 next.values[Self::index("retry_count")] = 0;
@@ -259,6 +265,18 @@ impl GlobalTunables {
         }
         *self = next;
         Ok(())
+    }
+
+    /// Gives transaction_timeout a value when none was set (0): as Lustre relates them,
+    /// lnd_timeout * (retry_count + 1) + 1 with no retries, and always above retry_count, so
+    /// that `global show` never prints a value `set` would refuse.
+    pub fn derive_transaction_timeout(&mut self, lnd_timeout_secs: u64) {
+        let i = Self::index("transaction_timeout");
+        if self.values[i] == 0 {
+            let retry = self.values[Self::index("retry_count")];
+            let lnd = i64::try_from(lnd_timeout_secs).unwrap_or(i64::MAX - 1);
+            self.values[i] = (lnd + 1).max(retry + 1);
+        }
     }
 
     fn index(name: &str) -> usize {
@@ -367,11 +385,14 @@ mod tests {
     }
 
     /// sanity-lnet's restore_lnet_params sets every value `global show` printed: each one
-    /// at start must be accepted back.
+    /// at start must be accepted back, whatever retry_count a config gave.
     #[test]
     fn every_value_at_start_can_be_set_back() {
         let mut g = GlobalTunables::default();
-        let _ = g.set("transaction_timeout", 51);
+        g.set_all(&[("health_sensitivity", 100), ("retry_count", 60)])
+            .unwrap();
+        g.derive_transaction_timeout(50);
+        assert_eq!(g.get("transaction_timeout"), Some(61));
         let shown: Vec<(&str, i64)> = g.iter().collect();
         for (name, value) in shown {
             let mut h = g.clone();

@@ -470,6 +470,7 @@ fn run(
     let loops = Loops {
         nis: Arc::new(links),
         routes: Arc::new(Mutex::new(table)),
+        import: Arc::new(Mutex::new(())),
     };
     let counters = Arc::new(ControlCounters::default());
     std::thread::Builder::new()
@@ -1333,7 +1334,12 @@ fn serve_client(
         if line.trim_ascii().is_empty() {
             continue;
         }
-        let resp = match control::decode_request_bytes(&line) {
+        let decoded = control::decode_request_bytes(&line);
+        // A big request (an import) leaves no big buffer behind it for the connection's life.
+        if line.capacity() > 64 * 1024 {
+            line = Vec::new();
+        }
+        let resp = match decoded {
             Ok(req @ Request::CaptureStart { .. }) => {
                 // The stream's pace is the client's: a capture is never idle.
                 // The capture's watcher reads while this thread writes: a second fd, for the
@@ -1507,6 +1513,9 @@ struct NiLink {
 struct Loops {
     nis: Arc<Vec<NiLink>>,
     routes: Arc<Mutex<RouteTable>>,
+    /// One import at a time: each compares the daemon's state with its document, then changes
+    /// it; two at once would each see the other's half.
+    import: Arc<Mutex<()>>,
 }
 
 impl Loops {
@@ -1571,6 +1580,10 @@ impl Loops {
             } => self.ping(nids, timeout_secs, source),
             Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
             Request::Import { yaml, op } => {
+                let _one = self
+                    .import
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let own: Vec<Nid> = self.nis.iter().map(|l| l.nid).collect();
                 control::import(&yaml, op, &own, |r| self.call(r))
             }

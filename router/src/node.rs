@@ -395,17 +395,14 @@ impl LnetNode {
             .cloned()
             .unwrap_or_else(|| NetAlive::new(node_nids.len()));
         let mut globals = cfg.globals.clone();
-        if globals.get("transaction_timeout") == Some(0) {
-            // Not set: as Lustre relates them, lnd_timeout * (retry_count + 1) + 1 with no
-            // retries, from the first NI's LND timeout.
-            let lnd = cfg
-                .nis
-                .first()
-                .map_or(lnd::engine::Tunables::default().timeout, |n| {
-                    n.tunables.timeout
-                });
-            let _ = globals.set("transaction_timeout", lnd.as_secs() as i64 + 1);
-        }
+        // Not set (a library user's config; the daemon derives it for the whole node).
+        let lnd = cfg
+            .nis
+            .first()
+            .map_or(lnd::engine::Tunables::default().timeout, |n| {
+                n.tunables.timeout
+            });
+        globals.derive_transaction_timeout(lnd.as_secs());
         LnetNode {
             pid: cfg.pid,
             globals,

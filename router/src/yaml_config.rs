@@ -172,11 +172,17 @@ impl DaemonConfig {
                 c
             })
             .collect();
+        // One transaction_timeout for the whole node when the file gives none: from the first
+        // NI's LND timeout, so that every NI's runtime holds the same globals.
+        let mut globals = self.globals.clone();
+        if let Some((_, ni)) = self.nis().next() {
+            globals.derive_transaction_timeout(ni.ni.tunables.timeout.as_secs());
+        }
         NodeConfig {
             routes: self.routes.iter().map(|r| r.route).collect(),
             routing: self.routing,
             gateway_health: self.gateway_health,
-            globals: self.globals.clone(),
+            globals,
             ..NodeConfig::new(nis)
         }
     }
@@ -455,15 +461,20 @@ impl DaemonConfig {
             }
             cfg.given.globals.push((key, v.value));
         }
-        let all: Vec<(&str, i64)> = cfg
-            .given
-            .globals
-            .iter()
-            .map(|(k, v)| (k.as_str(), *v))
-            .collect();
-        cfg.globals
-            .set_all(&all)
-            .map_err(|e| err(global_line, format!("global: {e}")))?;
+        // The rules that tie two values are checked against what they will join: the defaults
+        // for a configuration file; for an import, the running daemon's values, which only
+        // the daemon has (it applies the section all or nothing).
+        if running.is_none() {
+            let all: Vec<(&str, i64)> = cfg
+                .given
+                .globals
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect();
+            cfg.globals
+                .set_all(&all)
+                .map_err(|e| err(global_line, format!("global: {e}")))?;
+        }
         cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
         if let Some(RoutingSection(r)) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);

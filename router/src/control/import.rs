@@ -168,7 +168,14 @@ pub fn import(
         }
     }
     if cfg.given.buffers {
-        let want = cfg.routing.buffers;
+        // The node's total as the daemon keeps it: an equal share per NI, at least one.
+        let want = cfg.routing.buffers.share(running.len().max(1));
+        let n = running.len().max(1) as u32;
+        let want = BufferCounts {
+            tiny: want.tiny * n,
+            small: want.small * n,
+            large: want.large * n,
+        };
         for (pool, w, n) in [
             ("tiny", want.tiny, buffers_now.tiny),
             ("small", want.small, buffers_now.small),
@@ -194,7 +201,14 @@ pub fn import(
         .given
         .globals
         .iter()
-        .filter(|(name, value)| !globals_now.iter().any(|(n, v)| n == name && v == value))
+        .filter(|(name, value)| {
+            // Compared as the kernel would keep it (discovery 7 is 1, recovery_interval is
+            // ignored), so that an import that changes nothing says so.
+            match crate::globals::stored(name, *value) {
+                None => false,
+                Some(value) => !globals_now.iter().any(|(n, v)| n == name && *v == value),
+            }
+        })
         .cloned()
         .collect();
     rep.unchanged += (cfg.given.globals.len() - changed.len()) as u32;
