@@ -102,3 +102,81 @@ proptest! {
         }
     }
 }
+
+/// The proptest case that found it (seed 5829289380477399085), as a plain test. 10.0.0.2 connects
+/// to 10.0.0.1 and 10.0.0.1 to it at about the same time; 10.0.0.1 accepts (it is the lower NID)
+/// and 10.0.0.2's own connect has already completed when 10.0.0.1's request arrives, so it
+/// accepts too: two connections. 10.0.0.1's passive end comes up first and takes its queued
+/// PUTs 1 and 2, which use both credits (queue depth 2, slow receiver); PUT 3 waits there for a
+/// credit. Its active end then comes up, and PUT 4 must not take it and overtake PUT 3.
+#[test]
+fn out_of_order_from_10_0_0_1_after_both_sides_accept() {
+    let seed = 5_829_289_380_477_399_085;
+    let mut w = World::new(SimConfig::with_seed(seed));
+    w.cm_delay(Duration::from_micros(99));
+    let tunables = Tunables {
+        peer_credits: 2,
+        ..Tunables::default()
+    };
+    let net = "10.0.0.0@o2ib".parse::<Nid>().unwrap().net();
+    let nodes: Vec<NodeId> = (0..2u32)
+        .map(|i| {
+            let nid = Nid::new(net, 0x0a00_0001 + i);
+            w.add_node(EndpointConfig {
+                tunables: tunables.clone(),
+                ..EndpointConfig::new(nid, 100 + u64::from(i))
+            })
+        })
+        .collect();
+    w.set_recv_delay(nodes[0], Duration::from_micros(11_890));
+    w.set_recv_delay(nodes[1], Duration::from_micros(17_927));
+    // (from, to, len, pause in 50 us): a self-send twice, 1 -> 0, then 0 -> 1 four times.
+    let msgs: [(usize, usize, usize, u64); 7] = [
+        (1, 1, 0, 0),
+        (1, 1, 0, 3),
+        (1, 0, 0, 1),
+        (0, 1, 0, 1),
+        (0, 1, 27, 2),
+        (0, 1, 489, 2),
+        (0, 1, 165, 2),
+    ];
+    let mut seqs = std::collections::HashMap::new();
+    let mut cookies = Vec::new();
+    for (from, to, len, pause) in msgs {
+        let (from, to) = (nodes[from], nodes[to]);
+        let (fnid, tnid) = (w.nid_of(from), w.nid_of(to));
+        let seq = seqs.entry((from, to)).or_insert(0u64);
+        *seq += 1;
+        if (from, to, *seq) == (nodes[0], nodes[1], 4) {
+            // The situation: two established connections to the peer, PUT 3 queued on one.
+            let e = w.endpoint(from).unwrap();
+            let conns: Vec<_> = e
+                .conns()
+                .filter(|c| c.peer == tnid && c.state == ConnState::Established)
+                .collect();
+            assert_eq!(conns.len(), 2, "{conns:?}");
+            assert!(
+                conns
+                    .iter()
+                    .any(|c| !c.active && c.queued == 1 && c.credits == 0),
+                "{conns:?}"
+            );
+        }
+        cookies.push(w.send(from, tnid, hdr(fnid, tnid, *seq, len), vec![0xa5; len]));
+        w.run_for(Duration::from_micros(pause * 50));
+    }
+    w.run_for(Duration::from_secs(5));
+    for c in &cookies {
+        assert_eq!(w.outcome(*c).map(|(_, o)| o), Some(SendOutcome::Delivered));
+    }
+    let from0: Vec<u64> = w
+        .received(nodes[1])
+        .iter()
+        .filter(|m| m.from == w.nid_of(nodes[0]))
+        .filter_map(|m| match m.hdr.body {
+            LnetBody::Put { match_bits, .. } => Some(match_bits),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(from0, [1, 2, 3, 4]);
+}

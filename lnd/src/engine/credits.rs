@@ -30,16 +30,15 @@ impl Endpoint {
         }
     }
 
-    /// The connection a new message goes on. Always the same one while it lives, so messages to a
-    /// peer stay in order; our own active end first, which also keeps a self-connection (both of
-    /// whose ends are ours) to one stream.
-    pub(super) fn pick_conn(&mut self, p: PeerIdx) -> Option<ConnId> {
-        let peer = &self.peers[p];
-        peer.conns
-            .iter()
-            .copied()
-            .find(|&c| self.conn(c).is_some_and(|c| c.active))
-            .or_else(|| peer.conns.first().copied())
+    /// The connection a new message goes on: the oldest established one. Always the same one
+    /// while it lives, so messages to a peer stay in order, and a self-connection (both of whose
+    /// ends are ours) stays one stream. Not "our active end first": when both sides connect at
+    /// once and both accept, our passive end can come up first and take the queued messages
+    /// (kiblnd_connreq_done); switching to the active end when it comes up would let a new
+    /// message overtake those still waiting for credits on the passive one. (o2iblnd round-robins
+    /// over `ibp_conns`; LNet does not need order, ulnet keeps it.)
+    pub(super) fn pick_conn(&self, p: PeerIdx) -> Option<ConnId> {
+        self.peers[p].conns.first().copied()
     }
 
     pub(super) fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {
