@@ -155,7 +155,8 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
                                     .with("send_count", d.statistics.send_count)
                                     .with("recv_count", d.statistics.recv_count)
                                     .with("drop_count", d.statistics.drop_count),
-                            ),
+                            )
+                            .with("health stats", crate::render::peer_health(&d.health_stats)),
                     }
                 })
                 .collect();
@@ -227,6 +228,9 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
                     .with("recv_count", c.recv_count)
                     .with("drop_count", c.drop_count),
             );
+        }
+        if let Some(h) = &ni.health_stats {
+            m.push("health stats", crate::render::ni_health(h));
         }
     }
     if let Some(t) = &ni.tunables {

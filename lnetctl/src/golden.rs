@@ -144,7 +144,7 @@ peer:
 "
     );
     assert_eq!(
-        yaml(&Response::Peer(peer_show(&n, None, true).unwrap())).unwrap(),
+        yaml_at(&Response::Peer(peer_show(&n, None, true).unwrap()), 1).unwrap(),
         "\
 peer:
 -     primary nid: 10.0.0.2@o2ib
@@ -168,7 +168,7 @@ peer:
 
 /// `lnetctl stats show`: cYAML; the 26 counters of liblnetconfig.c's lustre_lnet_show_stats
 /// in its order. One message allocated (the ping's GET, not answered), one send of it; every
-/// health and resend counter 0 (ulnet has no LNet health).
+/// health and resend counter 0 (nothing failed; no resends to a single-rail peer).
 #[test]
 fn golden_stats_show() {
     let n = node();
@@ -350,4 +350,52 @@ global:
     ] {
         assert!(full.contains(want), "{want:?} not in\n{full}");
     }
+}
+
+/// `peer show -v 2` and `net show -v 2`: `health stats` after `statistics` (api-ni.c's key
+/// tables: the peer NI's `health value, dropped, timeout, error, network timeout, ping_count,
+/// next_ping`; the local NI's `fatal_error, health value, interrupts, dropped, aborted, no
+/// route, timeouts, error, ping_count, next_ping`), at the maximum (1000) with health off.
+#[test]
+fn golden_health_stats() {
+    let n = node();
+    let peer = yaml_at(&Response::Peer(peer_show(&n, None, true).unwrap()), 2).unwrap();
+    assert!(
+        peer.ends_with(
+            "            statistics:
+                  send_count: 1
+                  recv_count: 0
+                  drop_count: 0
+            health stats:
+                  health value: 1000
+                  dropped: 0
+                  timeout: 0
+                  error: 0
+                  network timeout: 0
+                  ping_count: 0
+                  next_ping: 0
+"
+        ),
+        "{peer}"
+    );
+    let net = yaml_at(&Response::Net(net_show(&n, &[], true)), 2).unwrap();
+    assert!(
+        net.contains(
+            "                  drop_count: 0
+            health stats:
+                  fatal_error: 0
+                  health value: 1000
+                  interrupts: 0
+                  dropped: 0
+                  aborted: 0
+                  no route: 0
+                  timeouts: 0
+                  error: 0
+                  ping_count: 0
+                  next_ping: 0
+            tunables:
+"
+        ),
+        "{net}"
+    );
 }

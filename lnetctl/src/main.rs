@@ -239,8 +239,8 @@ enum LnetCmd {
 
 #[derive(Subcommand, Debug)]
 enum DebugCmd {
-    /// The NIs in LNet health's recovery queue: none in ulnet, which has no LNet health yet,
-    /// so this prints nothing, as lnetctl does for an empty queue
+    /// The NIDs in LNet health's recovery queue: our NIs below the maximum health (--local),
+    /// or peer NIs getting recovery pings (--peer); nothing for an empty queue, as lnetctl
     Recovery {
         #[arg(short, long)]
         local: bool,
@@ -302,7 +302,7 @@ enum PeerCmd {
         /// Only this peer
         #[arg(short, long, value_name = "NID")]
         nid: Option<String>,
-        /// Verbose: credits and statistics (any level: ulnet has no more to show)
+        /// Verbose: credits and statistics; level 2 adds `health stats`
         #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
         verbose: Option<u8>,
     },
@@ -458,15 +458,18 @@ impl SetCmd {
 const SET_NOTES: &str = "\
 In ulnet:
   routing, *_buffers           take effect at once, without dropping connections
+  health_sensitivity           LNet health: what a failure costs an NI or a gateway's (a router's: any) peer NI, and a success gives back; 0 turns it off
+  recovery_limit               seconds a peer NI in recovery gets recovery pings (0: for ever)
+  max_recovery_ping_interval   the longest gap between two recovery pings of a peer NI
+  transaction_timeout          the recovery pings' timeout; LND timeouts stay as each NI's config sets them
+  retry_count                  kept and shown; no resends: every ulnet peer is single-rail, for which Lustre resends nothing either
+  recovery_interval            accepted and ignored, as in Lustre (deprecated there)
+  router_sensitivity           kept and shown; no effect (deprecated in Lustre too)
+  response_tracking            kept and shown; no effect: ulnet tracks no ACK or REPLY deadlines beyond its pings
   max_interfaces               kept and shown; a ping reply lists the node's NIs (at most 200)
   numa_range                   kept and shown; no effect: ulnet runs each NI on its own thread, not by NUMA
   discovery                    kept and shown; no effect yet: ulnet has no peer discovery (no Multi-Rail)
   drop_asym_route              kept and shown; no effect yet: routed messages are not checked for asymmetry
-  transaction_timeout          kept and shown; LND timeouts stay as each NI's config sets them
-  router_sensitivity           kept and shown; routes are judged by the router pinger, not health values
-  recovery_interval            accepted and ignored, as in Lustre (deprecated there)
-  retry_count, health_sensitivity, response_tracking, recovery_limit,
-  max_recovery_ping_interval   kept and shown; no effect yet: ulnet has no LNet health
 As in Lustre: max_interfaces under 16 means 4096; discovery and drop_asym_route take any
 non-zero value as 1; retry_count stays below transaction_timeout and is 0 while
 health_sensitivity is 0 (setting health_sensitivity 0 sets it to 0).
@@ -634,27 +637,11 @@ fn run(cli: Cli) -> u8 {
         Cmd::Debug {
             cmd: DebugCmd::Recovery { local, peer },
         } => {
-            if !local && !peer {
+            if local == peer {
                 eprintln!("lnetctl: debug recovery: give --local or --peer");
                 return exit::USAGE;
             }
-            // Nothing is ever queued for recovery (no LNet health): an empty queue, which
-            // lnetctl prints as nothing. The daemon is still asked, so that a missing one is
-            // said.
-            let path = cli.socket.unwrap_or_else(default_socket_path);
-            return match ControlClient::connect(&path)
-                .and_then(|mut c| c.call(&Request::GlobalShow))
-            {
-                Ok(_) => exit::OK,
-                Err(e @ ClientError::NoDaemon { .. }) => {
-                    eprintln!("lnetctl: {e}");
-                    exit::NO_DAEMON
-                }
-                Err(e) => {
-                    eprintln!("lnetctl: {e}");
-                    exit::FAILED
-                }
-            };
+            Request::DebugRecovery { local }
         }
         Cmd::Net {
             cmd: NetCmd::Add { .. },
@@ -779,6 +766,7 @@ fn run(cli: Cli) -> u8 {
         Cmd::Peer {
             cmd: PeerCmd::Show { nid, verbose },
         } => {
+            level = verbose.unwrap_or(0);
             if let Some(n) = &nid {
                 if let Err(c) = check_nid(n) {
                     return c;

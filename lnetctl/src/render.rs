@@ -3,8 +3,9 @@
 //! order and values either way.
 
 use router::control::{
-    ConnShow, Counts, GlobalShow, ImportOp, ImportReport, NamedCounters, NetShow, PeerShow,
-    PingShow, PoolShow, Response, RouteShow, RoutingShow, StatsShow,
+    ConnShow, Counts, GlobalShow, ImportOp, ImportReport, NamedCounters, NetShow, NiHealthShow,
+    PeerHealthShow, PeerShow, PingShow, PoolShow, RecoveryShow, Response, RouteShow, RoutingShow,
+    StatsShow,
 };
 
 use crate::capture::Report;
@@ -25,7 +26,9 @@ pub const ULNET_LEVEL: u8 = 5;
 pub fn tree_at(resp: &Response, level: u8) -> Option<(Map, Style)> {
     let style = match resp {
         Response::Ping(_) => PING,
-        Response::Net(_) | Response::Peer(_) | Response::Route(_) => NETLINK,
+        Response::Net(_) | Response::Peer(_) | Response::Route(_) | Response::Recovery(_) => {
+            NETLINK
+        }
         _ => Style::Cyaml,
     };
     Some((tree_of(resp, level)?, style))
@@ -34,14 +37,15 @@ pub fn tree_at(resp: &Response, level: u8) -> Option<(Map, Style)> {
 fn tree_of(resp: &Response, level: u8) -> Option<Map> {
     Some(match resp {
         Response::Ping(p) => ping_tree(p),
-        Response::Net(n) => net_tree(n, level >= ULNET_LEVEL),
-        Response::Peer(p) => peer_tree(p),
+        Response::Net(n) => net_tree(n, level),
+        Response::Peer(p) => peer_tree(p, level),
         Response::Conn(c) => conn_tree(c),
         Response::Stats(s) => stats_tree(s, level > 0),
         Response::Global(g) => global_tree(g, level > 0),
         Response::Route(r) => route_tree(r),
         Response::Routing(r) => routing_tree(r),
         Response::Import(r) => import_tree(r),
+        Response::Recovery(r) => recovery_tree(r),
         Response::Done => Map::new(),
         Response::Selftest(_)
         | Response::CaptureStarted(_)
@@ -173,8 +177,57 @@ fn import_tree(r: &ImportReport) -> Map {
     )
 }
 
+/// `debug recovery`: `Local NI recovery:` or `Peer NI recovery:` with `nid-0`, `nid-1`, ...
+/// (lnetctl.c, yaml_debug_recovery); nothing at all for an empty queue.
+fn recovery_tree(r: &RecoveryShow) -> Map {
+    if r.nids.is_empty() {
+        return Map::new();
+    }
+    let mut m = Map::new();
+    for (i, n) in r.nids.iter().enumerate() {
+        m.push(&format!("nid-{i}"), n);
+    }
+    let head = if r.local {
+        "Local NI recovery"
+    } else {
+        "Peer NI recovery"
+    };
+    Map::new().with(head, m)
+}
+
+/// The `-v` level from which `health stats` show (lnetctl's second level).
+pub const HEALTH_LEVEL: u8 = 2;
+
+/// A local NI's `health stats:`.
+pub fn ni_health(h: &NiHealthShow) -> Map {
+    Map::new()
+        .with("fatal_error", h.fatal_error)
+        .with("health value", h.health_value)
+        .with("interrupts", h.interrupts)
+        .with("dropped", h.dropped)
+        .with("aborted", h.aborted)
+        .with("no route", h.no_route)
+        .with("timeouts", h.timeouts)
+        .with("error", h.error)
+        .with("ping_count", h.ping_count)
+        .with("next_ping", h.next_ping)
+}
+
+/// A peer NI's `health stats:`.
+pub fn peer_health(h: &PeerHealthShow) -> Map {
+    Map::new()
+        .with("health value", h.health_value)
+        .with("dropped", h.dropped)
+        .with("timeout", h.timeout)
+        .with("error", h.error)
+        .with("network timeout", h.network_timeout)
+        .with("ping_count", h.ping_count)
+        .with("next_ping", h.next_ping)
+}
+
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
-pub fn net_tree(n: &NetShow, ours: bool) -> Map {
+pub fn net_tree(n: &NetShow, level: u8) -> Map {
+    let ours = level >= ULNET_LEVEL;
     let nets: Vec<Map> = n
         .net
         .iter()
@@ -186,6 +239,9 @@ pub fn net_tree(n: &NetShow, ours: bool) -> Map {
                     let mut m = Map::new().with("nid", &ni.nid).with("status", &ni.status);
                     if let Some(c) = &ni.statistics {
                         m.push("statistics", counts(c));
+                    }
+                    if let Some(h) = ni.health_stats.as_ref().filter(|_| level >= HEALTH_LEVEL) {
+                        m.push("health stats", ni_health(h));
                     }
                     if let Some(t) = &ni.tunables {
                         m.push(
@@ -272,7 +328,7 @@ pub fn capture_json(r: &Report) -> String {
 }
 
 /// `peer:` with `primary nid`, `Multi-Rail` and `peer ni`; credits and statistics with `-v`.
-pub fn peer_tree(p: &PeerShow) -> Map {
+pub fn peer_tree(p: &PeerShow, level: u8) -> Map {
     let peers: Vec<Map> = p
         .peer
         .iter()
@@ -291,6 +347,9 @@ pub fn peer_tree(p: &PeerShow) -> Map {
                             .with("available_rtr_credits", d.available_rtr_credits)
                             .with("min_rtr_credits", d.min_rtr_credits)
                             .with("statistics", counts(&d.statistics));
+                        if level >= HEALTH_LEVEL {
+                            m.push("health stats", peer_health(&d.health_stats));
+                        }
                     }
                     m
                 })
@@ -473,7 +532,7 @@ mod tests {
         yaml(&Response::Net(n.clone())).unwrap()
     }
     fn peer(p: &PeerShow) -> String {
-        yaml(&Response::Peer(p.clone())).unwrap()
+        yaml_at(&Response::Peer(p.clone()), 1).unwrap()
     }
     fn conn(c: &ConnShow) -> String {
         yaml(&Response::Conn(c.clone())).unwrap()
@@ -567,6 +626,17 @@ net:
                   send_count: 0
                   recv_count: 0
                   drop_count: 0
+            health stats:
+                  fatal_error: 0
+                  health value: 1000
+                  interrupts: 0
+                  dropped: 0
+                  aborted: 0
+                  no route: 0
+                  timeouts: 0
+                  error: 0
+                  ping_count: 0
+                  next_ping: 0
             tunables:
                   peer_timeout: 180
                   peer_credits: 8
@@ -632,6 +702,7 @@ net:
                     statistics: None,
                     tunables: None,
                     lnd_tunables: None,
+                    health_stats: None,
                     lnd_statistics: None,
                     ulnet: None,
                     fabric: Some(FabricCounters {

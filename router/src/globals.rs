@@ -3,11 +3,11 @@
 //! start and what it does here. The config file's `global:` section, `lnetctl set` and `lnetctl
 //! import` all go through [`GlobalTunables::set`], so one value is checked one way.
 //!
-//! Several of them drive mechanisms ulnet does not have yet (LNet health and its resends and
-//! recovery pings, peer discovery, NUMA): they are accepted within Lustre's range, kept and
-//! shown, so an export from a kernel node imports unchanged, and their [`Tunable::effect`] says
-//! so (`lnetctl set --help` prints it). Their values at start are ulnet's true ones (0 where
-//! the mechanism is absent), not the kernel's defaults.
+//! Some drive mechanisms ulnet does not have (resends, which need Multi-Rail; peer discovery;
+//! NUMA): they are accepted within Lustre's range, kept and shown, so an export from a kernel
+//! node imports unchanged, and their [`Tunable::effect`] says so (`lnetctl set --help` prints
+//! it). Values at start are ulnet's true ones (health off, no discovery), not the kernel's
+//! defaults.
 
 use std::fmt;
 
@@ -21,8 +21,6 @@ pub struct Tunable {
     pub initial: i64,
     pub effect: &'static str,
 }
-
-const NO_HEALTH: &str = "kept and shown; no effect yet: ulnet has no LNet health";
 
 /// Every global `lnetctl set` takes besides `routing` and the router buffers, in `global
 /// show`'s order (lnetctl.c, jt_show_global). Ranges and rules as the kernel's setters check
@@ -67,7 +65,7 @@ pub const TUNABLES: &[Tunable] = &[
         min: 0,
         max: u32::MAX as i64,
         initial: 0,
-        effect: NO_HEALTH,
+        effect: "kept and shown; no resends: every ulnet peer is single-rail, for which Lustre resends nothing either",
     },
     Tunable {
         // Must stay above retry_count.
@@ -75,7 +73,7 @@ pub const TUNABLES: &[Tunable] = &[
         min: 1,
         max: u32::MAX as i64,
         initial: 0,
-        effect: "kept and shown; LND timeouts stay as each NI's config sets them",
+        effect: "the recovery pings' timeout; LND timeouts stay as each NI's config sets them",
     },
     Tunable {
         // 0 turns health off and retry_count with it.
@@ -83,7 +81,7 @@ pub const TUNABLES: &[Tunable] = &[
         min: 0,
         max: 1000,
         initial: 0,
-        effect: NO_HEALTH,
+        effect: "LNet health: what a failure costs an NI or a gateway's (a router's: any) peer NI, and a success gives back; 0 turns it off",
     },
     Tunable {
         // Deprecated in Lustre: the kernel accepts a value and keeps 1.
@@ -98,28 +96,28 @@ pub const TUNABLES: &[Tunable] = &[
         min: 0,
         max: 100,
         initial: 0,
-        effect: "kept and shown; routes are judged by the router pinger, not health values",
+        effect: "kept and shown; no effect (deprecated in Lustre too)",
     },
     Tunable {
         name: "response_tracking",
         min: 0,
         max: 3,
         initial: 0,
-        effect: NO_HEALTH,
+        effect: "kept and shown; no effect: ulnet tracks no ACK or REPLY deadlines beyond its pings",
     },
     Tunable {
         name: "recovery_limit",
         min: 0,
         max: u32::MAX as i64,
         initial: 0,
-        effect: NO_HEALTH,
+        effect: "seconds a peer NI in recovery gets recovery pings (0: for ever)",
     },
     Tunable {
         name: "max_recovery_ping_interval",
         min: 1,
         max: u32::MAX as i64,
         initial: 900,
-        effect: NO_HEALTH,
+        effect: "the longest gap between two recovery pings of a peer NI",
     },
 ];
 

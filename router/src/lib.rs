@@ -45,6 +45,7 @@ mod error;
 pub mod forward;
 pub mod gateway;
 pub mod globals;
+pub mod health;
 mod node;
 mod peer;
 mod ping;

@@ -1763,6 +1763,10 @@ fn merge(mut answers: Vec<Response>) -> Response {
             a.peer.extend(b.peer);
             Response::Peer(a)
         }
+        (Response::Recovery(mut a), Response::Recovery(b)) => {
+            a.nids.extend(b.nids);
+            Response::Recovery(a)
+        }
         (Response::Conn(mut a), Response::Conn(b)) => {
             a.conn.extend(b.conn);
             Response::Conn(a)

@@ -1,6 +1,7 @@
 //! [`LnetNode`]: the NIs, the send path with its credits, local delivery, the receive path and
 //! the ping service.
 
+use crate::health::{HStatus, MAX_HEALTH};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use lnd::engine::Captured;
@@ -239,8 +240,39 @@ struct LocalMsg {
 struct PendingPing {
     target: Nid,
     deadline: Instant,
-    /// The router pinger's: its outcome goes to the gateway's health, not to the user.
-    gateway: bool,
+    kind: PingKind,
+}
+
+/// Whose a ping is, and so where its outcome goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PingKind {
+    /// A user's (`lnetctl ping`): a `PingDone` event.
+    User,
+    /// The router pinger's: the gateway's liveness.
+    Gateway,
+    /// LNet health's recovery ping of a peer NI below the maximum: its health.
+    Recovery,
+}
+
+/// The health tunables, read on the per-message path, cached from the globals.
+#[derive(Clone, Copy, Debug)]
+struct HealthCfg {
+    sensitivity: u32,
+    recovery_limit: u32,
+    max_ping_interval: u32,
+    transaction_timeout: u64,
+}
+
+impl HealthCfg {
+    fn of(g: &crate::GlobalTunables) -> HealthCfg {
+        let get = |n: &str| g.get(n).map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
+        HealthCfg {
+            sensitivity: get("health_sensitivity"),
+            recovery_limit: get("recovery_limit"),
+            max_ping_interval: get("max_recovery_ping_interval").max(1),
+            transaction_timeout: u64::from(get("transaction_timeout").max(1)),
+        }
+    }
 }
 
 /// One NI: its LND endpoint and its tx credits (the CPT tx queue's tq_credits; one CPT here).
@@ -265,6 +297,9 @@ struct Ni {
     peers: usize,
     /// Router credits each peer NI gets (peer_buffer_credits, or peer_credits).
     rtr_credits: u32,
+    /// LNet health of this NI (local failures) and its counters.
+    health: crate::health::Health,
+    hstats: crate::health::NiHealthStats,
 }
 
 /// An LNet node: its NIs and LNDs, peers and credits, ping service and counters. Sans-IO; see
@@ -273,6 +308,12 @@ pub struct LnetNode {
     pid: u32,
     /// LNet's global tunables (`global show`, `lnetctl set`).
     globals: crate::GlobalTunables,
+    /// The health ones, as the per-message path reads them.
+    health: HealthCfg,
+    /// Peer NIs in LNet health's recovery (below the maximum), pinged from `recovery_tick`.
+    recovery: BTreeSet<Nid>,
+    /// The next look at `recovery`: once a second while it has any (lnet_monitor_thread).
+    recovery_tick: Option<Instant>,
     /// Our half of every wire handle we hand out (Lustre's ln_interface_cookie): a REPLY naming
     /// another cookie is not for any ping of this instance.
     interface_cookie: u64,
@@ -405,6 +446,9 @@ impl LnetNode {
         globals.derive_transaction_timeout(lnd.as_secs());
         LnetNode {
             pid: cfg.pid,
+            health: HealthCfg::of(&globals),
+            recovery: BTreeSet::new(),
+            recovery_tick: None,
             globals,
             interface_cookie,
             ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(false), |_| {
@@ -492,7 +536,7 @@ impl LnetNode {
         let id = self.next_ping;
         self.next_ping += 1;
         let deadline = now.saturating_add(timeout);
-        self.launch_ping(id, dst, route, deadline, false);
+        self.launch_ping(id, dst, route, deadline, PingKind::User);
         self.process(now);
         Ok(PingId(id))
     }
@@ -561,6 +605,7 @@ impl LnetNode {
         }
         self.expire_bulk_gets(now);
         self.ping_gateways();
+        self.recover_peers();
         self.process(now);
     }
 
@@ -621,7 +666,10 @@ impl LnetNode {
         .min();
         let aging = self.peer_ages.next_deadline();
         let gateways = self.gateways.next_deadline();
-        [lnd, ping, aging, gateways].into_iter().flatten().min()
+        [lnd, ping, aging, gateways, self.recovery_tick]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// NI `ni`'s LND endpoint (read-only: stats, peers, connections).
@@ -679,7 +727,19 @@ impl LnetNode {
     /// as a whole, then kept; nothing changes on an error.
     pub fn set_globals(&mut self, values: &[(String, i64)]) -> Result<(), crate::GlobalError> {
         let v: Vec<(&str, i64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        self.globals.set_all(&v)
+        self.globals.set_all(&v)?;
+        self.health = HealthCfg::of(&self.globals);
+        if self.health.sensitivity == 0 {
+            // Health off (Lustre's 0): every value back to the maximum, nothing in recovery.
+            for p in self.peers.values_mut() {
+                p.health.restore();
+            }
+            for n in &mut self.nis {
+                n.health.restore();
+            }
+            self.recovery.clear();
+        }
+        Ok(())
     }
 
     /// Gives a message buffer back (a `Put` event's payload once consumed) so that the next
@@ -763,6 +823,8 @@ impl LnetNode {
                 lnd_stats: n.ep.stats().clone(),
                 lnd_config: n.ep.config().clone(),
                 lnd_peers: n.ep.peer_count(),
+                health: n.health,
+                hstats: n.hstats,
             })
             .collect()
     }
@@ -820,6 +882,7 @@ impl LnetNode {
                                 alive: true,
                                 queued_bytes: p.map_or(0, |p| p.txqnob),
                                 credits: p.map_or(i64::MAX, |p| p.tx_credits),
+                                health: p.map_or(MAX_HEALTH, |p| p.health.value),
                             })
                         } else if node_nids.iter().any(|n| n.net() == gw.net()) {
                             // A sibling's gateway: usable, after our own at equal rank.
@@ -827,6 +890,7 @@ impl LnetNode {
                                 alive: true,
                                 queued_bytes: u64::MAX,
                                 credits: i64::MIN,
+                                health: 0,
                             })
                         } else {
                             None
@@ -1050,6 +1114,7 @@ impl LnetNode {
         self.return_credits(&m);
         // A bulk PUT to forward that did not come in is counted as the forward's drop.
         let forwarding = matches!(m.purpose, Purpose::ForwardIn(_));
+        self.judge_health(m.ni, m.peer, result.as_ref().err());
         if let Err(e) = &result {
             self.count_error(e);
             if !forwarding {
@@ -1160,6 +1225,115 @@ impl LnetNode {
         }
     }
 
+    /// LNet health after a message to `peer` on NI `ni` ended (lnet_health_check, for a
+    /// single-rail peer): a success gives the NI back `health_sensitivity`; a local failure
+    /// costs the NI, a remote one the peer NI, the latter only when the peer is a gateway or
+    /// this node routes. Each failure is counted in `health stats` whatever the sensitivity.
+    fn judge_health(&mut self, ni: usize, peer: Nid, err: Option<&LnetError>) {
+        let (sens, now) = (self.health.sensitivity, self.now);
+        let Some(e) = err else {
+            if let Some(n) = self.nis.get_mut(ni).filter(|n| n.health.value < MAX_HEALTH) {
+                n.health.succeed(sens);
+            }
+            return;
+        };
+        let Some(h) = HStatus::of(e) else {
+            return;
+        };
+        if h.is_local() {
+            if let Some(n) = self.nis.get_mut(ni) {
+                n.hstats.count(h);
+                n.health.fail(sens, now);
+            }
+        }
+        if h.is_remote() {
+            let judged = self.routing || self.gateways.is_gateway(peer);
+            let Some(p) = self.peers.get_mut(&peer) else {
+                return;
+            };
+            p.hstats.count(h);
+            if judged {
+                p.health.fail(sens, now);
+                if p.health.in_recovery() {
+                    self.recovery.insert(peer);
+                    if self.recovery_tick.is_none() {
+                        self.recovery_tick = Some(now.saturating_add(Duration::from_secs(1)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The recovery queue's turn (lnet_recover_peer_nis, once a second): each peer NI still
+    /// below the maximum whose next recovery ping is due gets one, answered within
+    /// transaction_timeout; one past `recovery_limit` leaves the queue as it is.
+    fn recover_peers(&mut self) {
+        let now = self.now;
+        if self.recovery_tick.is_none_or(|t| t > now) {
+            return;
+        }
+        self.recovery_tick = None;
+        if self.shutting_down {
+            self.recovery.clear();
+            return;
+        }
+        let cfg = self.health;
+        let mut due = Vec::new();
+        let peers = &mut self.peers;
+        self.recovery.retain(|nid| {
+            let Some(p) = peers.get_mut(nid) else {
+                return false;
+            };
+            if !p.health.in_recovery() {
+                return false;
+            }
+            if p.health.recovery_expired(now, cfg.recovery_limit) {
+                debug!(peer = %nid, "recovery_limit reached: no more recovery pings");
+                p.health.stop_recovery();
+                return false;
+            }
+            if p.health.next_ping.is_some_and(|t| t <= now) {
+                p.health.pinged(now, cfg.max_ping_interval);
+                due.push((*nid, p.ni.0));
+            }
+            true
+        });
+        let deadline = now.saturating_add(Duration::from_secs(cfg.transaction_timeout));
+        for (nid, ni) in due {
+            let id = self.next_ping;
+            self.next_ping += 1;
+            trace!(peer = %nid, "recovery ping");
+            self.launch_ping(
+                id,
+                nid,
+                Route::Remote { ni, next: nid },
+                deadline,
+                PingKind::Recovery,
+            );
+        }
+        if !self.recovery.is_empty() {
+            self.recovery_tick = Some(now.saturating_add(Duration::from_secs(1)));
+        }
+    }
+
+    /// The NIDs in LNet health's recovery: our NIs (`local`) or peer NIs below the maximum
+    /// (`lnetctl debug recovery --local|--peer`).
+    pub fn recovery_queue(&self, local: bool) -> Vec<Nid> {
+        if local {
+            self.nis
+                .iter()
+                .filter(|n| n.health.value < MAX_HEALTH)
+                .map(|n| n.nid)
+                .collect()
+        } else {
+            self.recovery
+                .iter()
+                .copied()
+                .filter(|n| self.peers.get(n).is_some_and(|p| p.health.in_recovery()))
+                .collect()
+        }
+    }
+
     /// lnet_return_tx_credits_locked: give back the NI credit, then the peer credit; a counter
     /// still at or below zero after the return means someone waits, and the oldest goes now.
     fn return_credits(&mut self, m: &OutMsg) {
@@ -1190,21 +1364,23 @@ impl LnetNode {
     fn count_error(&mut self, e: &LnetError) {
         let s = &mut self.stats;
         s.errors += 1;
-        match e {
-            LnetError::NoRoute(_) => s.local_no_route_count += 1,
-            LnetError::Timeout => s.response_timeout_count += 1,
-            LnetError::Lnd(TxError::Timeout) => s.local_timeout_count += 1,
-            LnetError::Lnd(TxError::ConnAborted | TxError::Shutdown) | LnetError::Shutdown => {
-                s.local_aborted_count += 1
-            }
-            LnetError::Lnd(TxError::ConnectFailed) | LnetError::Refused(_) => {
-                s.local_error_count += 1
-            }
-            LnetError::Lnd(TxError::PeerUnreachable) => s.network_timeout_count += 1,
-            LnetError::Lnd(TxError::Rdma(_)) => s.remote_error_count += 1,
-            LnetError::Loop(_) | LnetError::BulkUnsupported(_) => s.local_error_count += 1,
-            LnetError::PeerDown(_) => s.local_no_route_count += 1,
-            LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {}
+        if matches!(e, LnetError::Timeout) {
+            s.response_timeout_count += 1;
+        }
+        // The health status's counter (lnet_incr_hstats), one mapping for these and for
+        // the NI's and peer NI's `health stats` (`HStatus::of`).
+        match HStatus::of(e) {
+            Some(HStatus::LocalInterrupt) => s.local_interrupt_count += 1,
+            Some(HStatus::LocalDropped) => s.local_dropped_count += 1,
+            Some(HStatus::LocalAborted) => s.local_aborted_count += 1,
+            Some(HStatus::LocalNoRoute) => s.local_no_route_count += 1,
+            Some(HStatus::LocalTimeout) => s.local_timeout_count += 1,
+            Some(HStatus::LocalError) => s.local_error_count += 1,
+            Some(HStatus::RemoteDropped) => s.remote_dropped_count += 1,
+            Some(HStatus::RemoteError) => s.remote_error_count += 1,
+            Some(HStatus::RemoteTimeout) => s.remote_timeout_count += 1,
+            Some(HStatus::NetworkTimeout) => s.network_timeout_count += 1,
+            None => {}
         }
     }
 
@@ -1222,8 +1398,22 @@ impl LnetNode {
                 // The contract: hand every received message back exactly once. A message for
                 // us goes back at once; one for another node when it has a router buffer
                 // (`forward_recv`).
+                // LNet health: a message in is the sure sign a peer NI works; a router's, or
+                // any while we route, sets it to the maximum (lnet_health_check).
+                let restore = self.routing || self.gateways.is_gateway(from);
+                let sens = self.health.sensitivity;
                 if let Some(p) = self.peer_entry(from, ni) {
                     p.recv_count += 1;
+                    if p.health.value < MAX_HEALTH {
+                        if restore {
+                            p.health.restore();
+                        } else {
+                            p.health.succeed(sens);
+                        }
+                    }
+                }
+                if self.nis[ni].health.value < MAX_HEALTH {
+                    self.nis[ni].health.succeed(sens);
                 }
                 // The net is alive (lnet_parse refreshes net_last_alive).
                 self.net_alive.heard(self.alive_slot[ni], now);
@@ -1537,7 +1727,19 @@ impl LnetNode {
     fn complete_ping(&mut self, id: u64, result: Result<PingReply, LnetError>) {
         if let Some(p) = self.pings.remove(&id) {
             self.ping_deadlines.remove(&(p.deadline, id));
-            if p.gateway {
+            if p.kind == PingKind::Recovery {
+                // A reply raised the peer NI's health when it came in (`on_lnd_event`); a
+                // failure costs it (lnet_handle_recovery_reply).
+                if let Err(e) = &result {
+                    debug!(peer = %p.target, "recovery ping failed: {e}");
+                    let (sens, now) = (self.health.sensitivity, self.now);
+                    if let Some(peer) = self.peers.get_mut(&p.target) {
+                        peer.health.fail(sens, now);
+                    }
+                }
+                return;
+            }
+            if p.kind == PingKind::Gateway {
                 if let Err(e) = &result {
                     debug!(gateway = %p.target, "gateway ping failed: {e}");
                 }
@@ -1587,19 +1789,25 @@ impl LnetNode {
             };
             let deadline = now.saturating_add(timeout);
             trace!(gateway = %gw, "router ping");
-            self.launch_ping(id, gw, Route::Remote { ni, next: gw }, deadline, true);
+            self.launch_ping(
+                id,
+                gw,
+                Route::Remote { ni, next: gw },
+                deadline,
+                PingKind::Gateway,
+            );
         }
     }
 
     /// Registers ping `id` of `dst`, answered by `deadline` at the latest, and sends its GET
     /// on `route`: a user's ping, or the router pinger's (`gateway`).
-    fn launch_ping(&mut self, id: u64, dst: Nid, route: Route, deadline: Instant, gateway: bool) {
+    fn launch_ping(&mut self, id: u64, dst: Nid, route: Route, deadline: Instant, kind: PingKind) {
         self.pings.insert(
             id,
             PendingPing {
                 target: dst,
                 deadline,
-                gateway,
+                kind,
             },
         );
         self.ping_deadlines.insert((deadline, id));
@@ -1620,7 +1828,7 @@ impl LnetNode {
                 sink_length: PING_SINK_LEN,
             },
         };
-        let purpose = if gateway {
+        let purpose = if kind == PingKind::Gateway {
             Purpose::GatewayPing(PingId(id))
         } else {
             Purpose::PingGet(PingId(id))
@@ -2154,6 +2362,8 @@ impl Ni {
             peer_limit: c.peer_limit,
             peers: 0,
             rtr_credits: c.effective_rtr_credits(),
+            health: crate::health::Health::default(),
+            hstats: crate::health::NiHealthStats::default(),
         }
     }
 }

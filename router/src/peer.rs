@@ -41,6 +41,9 @@ pub(crate) struct PeerNi {
     /// While it is down: when a forwarded message last went to it anyway, to let the LND try
     /// it again (see `LnetNode::drops_for_down_peer`).
     pub down_probe: Option<Instant>,
+    /// LNet health (`crate::health`): its value and recovery, and what failed.
+    pub health: crate::health::Health,
+    pub hstats: crate::health::PeerHealthStats,
 }
 
 impl PeerNi {
@@ -73,6 +76,8 @@ impl PeerNi {
             min_rtr_credits: r,
             rtrq: VecDeque::new(),
             down_probe: None,
+            health: crate::health::Health::default(),
+            hstats: crate::health::PeerHealthStats::default(),
         }
     }
 
@@ -92,6 +97,8 @@ impl PeerNi {
             send_count: self.send_count,
             recv_count: self.recv_count,
             drop_count: self.drop_count,
+            health: self.health,
+            hstats: self.hstats,
         }
     }
 }

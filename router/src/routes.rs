@@ -155,6 +155,9 @@ pub struct GatewayState {
     pub queued_bytes: u64,
     /// Its tx credits left: more is better.
     pub credits: i64,
+    /// Its LNet health value (lpni_healthv): higher is better, before queued bytes
+    /// (lnet_compare_gw_lpnis).
+    pub health: u32,
 }
 
 /// Every route, by remote net; each net's routes in configuration order.
@@ -230,8 +233,9 @@ impl RouteTable {
 
     /// The best route to `net` by lnet_compare_routes, among the routes `alive` accepts whose
     /// gateway `state` knows (a gateway we can send to from here) and says is alive: lower
-    /// priority first; then fewer hops; then the gateway with fewer queued bytes, then more
-    /// credits; then the one used least recently (`last_used`, the round robin across equals).
+    /// priority first; then fewer hops; then, as lnet_compare_gw_lpnis, the healthier gateway,
+    /// the one with fewer queued bytes, then more credits; then the one used least recently
+    /// (`last_used`, the round robin across equals).
     pub fn select(
         &self,
         net: Net,
@@ -247,6 +251,7 @@ impl RouteTable {
                 a.priority
                     .cmp(&b.priority)
                     .then(a.effective_hops().cmp(&b.effective_hops()))
+                    .then(sb.health.cmp(&sa.health))
                     .then(sa.queued_bytes.cmp(&sb.queued_bytes))
                     .then(sb.credits.cmp(&sa.credits))
                     .then(last_used(a.gateway).cmp(&last_used(b.gateway)))
@@ -359,6 +364,7 @@ mod tests {
             alive: true,
             queued_bytes: q,
             credits: c,
+            health: crate::health::MAX_HEALTH,
         };
         let g1 = "10.0.0.11@o2ib";
         let g2 = "10.0.0.12@o2ib";
@@ -397,6 +403,20 @@ mod tests {
                         ..up(0, 8)
                     },
                     up(0, 8),
+                ],
+                [0, 0],
+                g2,
+            ),
+            (
+                "health, before queued bytes",
+                route("o2ib2", g1, None, 0),
+                route("o2ib2", g2, None, 0),
+                [
+                    GatewayState {
+                        health: 900,
+                        ..up(0, 8)
+                    },
+                    up(100, 2),
                 ],
                 [0, 0],
                 g2,
@@ -452,6 +472,7 @@ mod tests {
             alive: false,
             queued_bytes: 0,
             credits: 8,
+            health: crate::health::MAX_HEALTH,
         };
         let net = "o2ib2".parse().unwrap();
         assert!(t.select(net, |_| Some(down), |_| 0, |_| true).is_none());

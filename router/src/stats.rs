@@ -9,10 +9,9 @@ use crate::NiIndex;
 /// Node-wide counters, `lnetctl stats show`. Lengths are payload bytes. Counters only grow,
 /// except the gauge `msgs_alloc`.
 ///
-/// Fields of Lustre's output that this slice cannot produce honestly are left out rather than
-/// shown as zero: `rst_alloc`, `resend_count`, `failed_resends`, `successful_resends` (no
-/// resends: LNet health is not implemented), `local_interrupt_count`, `local_dropped_count`,
-/// `remote_dropped_count`, `remote_error_count`, `remote_timeout_count` (we get no remote status).
+/// `rst_alloc`, `resend_count`, `failed_resends` and `successful_resends` are not kept: ulnet
+/// tracks no response deadlines beyond its pings, and resends need a second path to a peer
+/// (Multi-Rail), which a single-rail peer never has in Lustre either (lnet_health_check).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LnetStats {
     /// Messages LNet holds right now: outgoing ones from creation until the LND (or local
@@ -41,16 +40,25 @@ pub struct LnetStats {
     pub response_timeout_count: u64,
     /// Sends refused because no NI reaches the destination.
     pub local_no_route_count: u64,
-    /// Sends the LND gave up on because they timed out (o2iblnd -ETIMEDOUT).
+    /// LNET_MSG_STATUS_LOCAL_INTERRUPT / LOCAL_DROPPED / REMOTE_DROPPED / REMOTE_TIMEOUT:
+    /// statuses ulnet's LND does not report today, counted if it ever does.
+    pub local_interrupt_count: u64,
+    pub local_dropped_count: u64,
+    pub remote_dropped_count: u64,
+    pub remote_timeout_count: u64,
+    /// LNET_MSG_STATUS_LOCAL_TIMEOUT: a status ulnet's LND does not give (its timeouts are
+    /// network timeouts, as o2iblnd reports what it sent or queued for a silent peer).
     pub local_timeout_count: u64,
     /// Sends aborted because their connection closed or the LND shut down.
     pub local_aborted_count: u64,
-    /// Sends that failed because the peer could not be connected, or were refused by the LND.
+    /// Sends the LND refused on the spot, or LNet could not make (a loop, bulk on no path).
     pub local_error_count: u64,
     /// Sends the peer failed with an error of its own (a bulk rendezvous it refused or could not
     /// complete: LNET_MSG_STATUS_REMOTE_ERROR).
     pub remote_error_count: u64,
-    /// Sends the transport gave up on (retry exceeded): a network timeout.
+    /// Sends the transport gave up on (retry exceeded), or whose peer could not be
+    /// connected (o2iblnd's kiblnd_peer_connect_failed: EHOSTUNREACH or ETIMEDOUT): a network
+    /// timeout.
     pub network_timeout_count: u64,
     /// Ours: messages short-circuited in memory (to 0@lo or to one of our own NIDs, never
     /// through an LND), and their payload bytes. Included in send/recv counts too.
@@ -112,6 +120,9 @@ pub struct PeerInfo {
     pub send_count: u64,
     pub recv_count: u64,
     pub drop_count: u64,
+    /// LNet health: the value, its recovery, and the remote failures counted.
+    pub health: crate::health::Health,
+    pub hstats: crate::health::PeerHealthStats,
 }
 
 /// One local NI, `lnetctl net show -v`.
@@ -139,4 +150,7 @@ pub struct NiInfo {
     /// ulnet's own LND settings (race order, checksums, peer limit) and the LND's peer count.
     pub lnd_config: lnd::engine::EndpointConfig,
     pub lnd_peers: usize,
+    /// LNet health: the value, and the local failures counted.
+    pub health: crate::health::Health,
+    pub hstats: crate::health::NiHealthStats,
 }

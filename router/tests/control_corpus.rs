@@ -32,11 +32,12 @@ fn kind(r: &Request) -> &'static str {
         Request::SetBuffers { .. } => "set_buffers",
         Request::SetGlobals { .. } => "set_globals",
         Request::Import { .. } => "import",
+        Request::DebugRecovery { .. } => "debug_recovery",
         Request::Selftest { .. } => "selftest",
     }
 }
 
-const EVERY_KIND: [&str; 18] = [
+const EVERY_KIND: [&str; 19] = [
     "ping",
     "net_show",
     "peer_show",
@@ -54,6 +55,7 @@ const EVERY_KIND: [&str; 18] = [
     "set_buffers",
     "set_globals",
     "import",
+    "debug_recovery",
     "selftest",
 ];
 

@@ -120,6 +120,10 @@ pub enum Request {
         #[serde(default)]
         op: ImportOp,
     },
+    /// `lnetctl debug recovery --local|--peer`.
+    DebugRecovery {
+        local: bool,
+    },
     /// `lnetctl set NAME VALUE` for one of LNet's global tunables
     /// ([`TUNABLES`](crate::globals::TUNABLES)), on every NI; an import's `global:` section
     /// sets several at once, all or nothing, so that the rules tying two of them hold for the
@@ -153,6 +157,7 @@ pub enum Response {
     Selftest(crate::selftest::LstReply),
     /// What an import did, item by item.
     Import(ImportReport),
+    Recovery(RecoveryShow),
     /// A change was made (route add/del, set): lnetctl prints nothing, as real lnetctl.
     Done,
     Error(ControlError),
@@ -270,6 +275,13 @@ pub struct NiEntry {
         skip_serializing_if = "Option::is_none"
     )]
     pub lnd_tunables: Option<LndTunables>,
+    /// With `-v`: LNet health of this NI (`health stats`, api-ni.c's local NI keys).
+    #[serde(
+        rename = "health stats",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_stats: Option<NiHealthShow>,
     /// Ours, with `-v`: the LND's counters for this NI ([`LndCounters`]).
     #[serde(
         rename = "lnd statistics",
@@ -422,6 +434,41 @@ pub struct PeerNiEntry {
     pub detail: Option<PeerNiDetail>,
 }
 
+/// A local NI's `health stats`, in lnetctl's key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NiHealthShow {
+    pub fatal_error: u32,
+    pub health_value: u32,
+    pub interrupts: u64,
+    pub dropped: u64,
+    pub aborted: u64,
+    pub no_route: u64,
+    pub timeouts: u64,
+    pub error: u64,
+    pub ping_count: u32,
+    /// When the next recovery ping is due, seconds on the daemon's clock (0: none).
+    pub next_ping: u64,
+}
+
+/// A peer NI's `health stats`, in lnetctl's key order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerHealthShow {
+    pub health_value: u32,
+    pub dropped: u64,
+    pub timeout: u64,
+    pub error: u64,
+    pub network_timeout: u64,
+    pub ping_count: u32,
+    pub next_ping: u64,
+}
+
+/// `lnetctl debug recovery --local|--peer`: the NIDs in that recovery queue.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryShow {
+    pub local: bool,
+    pub nids: Vec<String>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerNiDetail {
     pub max_ni_tx_credits: i64,
@@ -431,6 +478,8 @@ pub struct PeerNiDetail {
     pub available_rtr_credits: i64,
     pub min_rtr_credits: i64,
     pub statistics: Counts,
+    #[serde(rename = "health stats", default)]
+    pub health_stats: PeerHealthShow,
 }
 
 /// `lnetctl conn show` (ours): every LND connection.
@@ -487,30 +536,30 @@ pub struct Statistics {
     pub msgs_alloc: u64,
     pub msgs_max: u64,
     /// Response-tracking blocks allocated: 0, ulnet tracks no ACK/REPLY deadlines beyond its
-    /// pings and routed GETs (no LNet health).
+    /// pings and routed GETs.
     #[serde(default)]
     pub rst_alloc: u64,
     pub errors: u64,
     pub send_count: u64,
-    /// LNet resends: 0, ulnet does not resend (no LNet health; `retry_count: 0`).
+    /// LNet resends: 0, every ulnet peer is single-rail (Lustre resends to none such).
     #[serde(default)]
     pub resend_count: u64,
     pub response_timeout_count: u64,
     /// Sends ended by an interrupted LND transfer: 0 (ulnet's LND reports none such).
     #[serde(default)]
     pub local_interrupt_count: u64,
-    /// Sends dropped locally by LNet health: 0 (no health).
+    /// Health status LOCAL_DROPPED: ulnet's LND gives none.
     #[serde(default)]
     pub local_dropped_count: u64,
     pub local_aborted_count: u64,
     pub local_no_route_count: u64,
     pub local_timeout_count: u64,
     pub local_error_count: u64,
-    /// The peer dropped it (health status REMOTE_DROPPED): 0 (no health).
+    /// Health status REMOTE_DROPPED: ulnet's LND gives none.
     #[serde(default)]
     pub remote_dropped_count: u64,
     pub remote_error_count: u64,
-    /// Timed out at the peer (health status REMOTE_TIMEOUT): 0 (no health).
+    /// Health status REMOTE_TIMEOUT: ulnet's LND gives none.
     #[serde(default)]
     pub remote_timeout_count: u64,
     pub network_timeout_count: u64,
@@ -609,16 +658,16 @@ pub struct Globals {
     /// 0: no peer discovery (no Multi-Rail yet).
     pub discovery: u32,
     pub drop_asym_route: u32,
-    /// 0: no LNet resends (no health).
+    /// Kept and shown; no resends to single-rail peers.
     pub retry_count: u32,
     /// Seconds a transaction may take: as Lustre relates them, lnd_timeout * (retry_count +
     /// 1) + 1.
     #[serde(default)]
     pub transaction_timeout: u64,
-    /// 0: no LNet health (Lustre's 0 turns health off).
+    /// 0 (at start): LNet health off (Lustre's 0 turns it off).
     #[serde(default)]
     pub health_sensitivity: u32,
-    /// 0: no recovery pings of unhealthy NIs (no health).
+    /// Accepted and ignored (deprecated in Lustre).
     #[serde(default)]
     pub recovery_interval: u32,
     /// 0: routes are judged by the router pinger alone, not by health values.

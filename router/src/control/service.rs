@@ -164,6 +164,14 @@ impl<T> Control<T> {
                 }
             }
             Request::RoutingShow => Response::Routing(routing_show(node)),
+            Request::DebugRecovery { local } => Response::Recovery(RecoveryShow {
+                local,
+                nids: node
+                    .recovery_queue(local)
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            }),
             Request::SetGlobals { values } => match node.set_globals(&values) {
                 Ok(()) => Response::Done,
                 Err(e) => Response::Error(ControlError::new(e.errno(), e.to_string())),

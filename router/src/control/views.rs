@@ -145,6 +145,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
             tunables: None,
             lnd_tunables: None,
+            health_stats: None,
             lnd_statistics: None,
             fabric: None,
             ulnet: None,
@@ -174,6 +175,21 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                 concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends()),
                 timeout: ni.lnd_tunables.timeout.as_secs(),
                 keepalive: ni.lnd_tunables.keepalive.as_secs(),
+            }),
+            health_stats: verbose.then(|| NiHealthShow {
+                fatal_error: 0,
+                health_value: ni.health.value,
+                interrupts: ni.hstats.interrupts,
+                dropped: ni.hstats.dropped,
+                aborted: ni.hstats.aborted,
+                no_route: ni.hstats.no_route,
+                timeouts: ni.hstats.timeouts,
+                error: ni.hstats.error,
+                ping_count: ni.health.ping_count,
+                next_ping: ni
+                    .health
+                    .next_ping
+                    .map_or(0, |t| t.as_nanos() / 1_000_000_000),
             }),
             lnd_statistics: verbose.then(|| LndCounters::from_stats(&ni.lnd_stats)),
             fabric: None,
@@ -229,6 +245,18 @@ pub fn peer_show(
                         recv_count: p.recv_count,
                         drop_count: p.drop_count,
                     },
+                    health_stats: PeerHealthShow {
+                        health_value: p.health.value,
+                        dropped: p.hstats.dropped,
+                        timeout: p.hstats.timeout,
+                        error: p.hstats.error,
+                        network_timeout: p.hstats.network_timeout,
+                        ping_count: p.health.ping_count,
+                        next_ping: p
+                            .health
+                            .next_ping
+                            .map_or(0, |t| t.as_nanos() / 1_000_000_000),
+                    },
                 }),
             }],
         })
@@ -276,15 +304,15 @@ pub fn stats_show(node: &LnetNode) -> StatsShow {
             send_count: s.send_count,
             resend_count: 0,
             response_timeout_count: s.response_timeout_count,
-            local_interrupt_count: 0,
-            local_dropped_count: 0,
+            local_interrupt_count: s.local_interrupt_count,
+            local_dropped_count: s.local_dropped_count,
             local_aborted_count: s.local_aborted_count,
             local_no_route_count: s.local_no_route_count,
             local_timeout_count: s.local_timeout_count,
             local_error_count: s.local_error_count,
-            remote_dropped_count: 0,
+            remote_dropped_count: s.remote_dropped_count,
             remote_error_count: s.remote_error_count,
-            remote_timeout_count: 0,
+            remote_timeout_count: s.remote_timeout_count,
             network_timeout_count: s.network_timeout_count,
             failed_resends: 0,
             successful_resends: 0,

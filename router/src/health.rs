@@ -1,0 +1,298 @@
+//! LNet health, as Lustre 2.16 keeps it (lib-msg.c, lnet_health_check; lib-lnet.h, the
+//! health value helpers): each local NI and each peer NI has a health value, at most
+//! [`MAX_HEALTH`]. A failed message costs the NI (local failures) or the peer NI (remote
+//! failures) `health_sensitivity`; a message that worked gives it back; a peer NI below the
+//! maximum is in recovery and gets recovery pings, 1, 2, 4 ... s apart up to
+//! `max_recovery_ping_interval`, for at most `recovery_limit` seconds (0: for ever).
+//! `health_sensitivity` 0 turns it off: values stay at the maximum (the counters still count).
+//!
+//! Which failures touch a peer NI's health follows lnet_health_check for single-rail peers
+//! (every ulnet peer has one NI): only when the peer is a gateway or this node routes, where
+//! health is what judges a router or a routed-to peer. Resends need a second path, so a
+//! single-rail peer gets none there either (ulnet has no Multi-Rail): `resend_count` stays 0,
+//! as a kernel's does for the same peers.
+
+use lnd::engine::TxError;
+use lnd::time::{Duration, Instant};
+
+use crate::LnetError;
+
+/// LNET_MAX_HEALTH_VALUE.
+pub const MAX_HEALTH: u32 = 1000;
+
+/// How a message ended, as LNet health sorts it (enum lnet_msg_hstatus).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HStatus {
+    LocalInterrupt,
+    LocalDropped,
+    LocalAborted,
+    LocalNoRoute,
+    LocalTimeout,
+    LocalError,
+    RemoteDropped,
+    RemoteError,
+    RemoteTimeout,
+    NetworkTimeout,
+}
+
+impl HStatus {
+    /// The health status of a failed message; `None` for failures health does not judge (a
+    /// payload too large, a malformed reply, an LNet-level response timeout).
+    pub fn of(e: &LnetError) -> Option<HStatus> {
+        Some(match e {
+            LnetError::NoRoute(_) | LnetError::PeerDown(_) => HStatus::LocalNoRoute,
+            LnetError::Lnd(TxError::ConnAborted | TxError::Shutdown) | LnetError::Shutdown => {
+                HStatus::LocalAborted
+            }
+            LnetError::Refused(_) | LnetError::Loop(_) | LnetError::BulkUnsupported(_) => {
+                HStatus::LocalError
+            }
+            // o2iblnd fails with NETWORK_TIMEOUT what waited for a connection that never came
+            // (kiblnd_peer_connect_failed), what was in flight on a connection that timed out
+            // (kiblnd_abort_txs, kiblnd_check_conns) and what its transport gave up on.
+            LnetError::Lnd(
+                TxError::ConnectFailed | TxError::PeerUnreachable | TxError::Timeout,
+            ) => HStatus::NetworkTimeout,
+            LnetError::Lnd(TxError::Rdma(_)) => HStatus::RemoteError,
+            LnetError::Timeout | LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {
+                return None
+            }
+        })
+    }
+
+    /// Whether it costs the local NI health (lnet_handle_local_failure).
+    pub fn is_local(self) -> bool {
+        matches!(
+            self,
+            HStatus::LocalInterrupt
+                | HStatus::LocalDropped
+                | HStatus::LocalAborted
+                | HStatus::LocalNoRoute
+                | HStatus::LocalTimeout
+                | HStatus::LocalError
+                | HStatus::NetworkTimeout
+        )
+    }
+
+    /// Whether it costs the peer NI health (lnet_handle_remote_failure).
+    pub fn is_remote(self) -> bool {
+        matches!(
+            self,
+            HStatus::RemoteDropped
+                | HStatus::RemoteError
+                | HStatus::RemoteTimeout
+                | HStatus::NetworkTimeout
+        )
+    }
+}
+
+/// One health value and its recovery state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Health {
+    pub value: u32,
+    /// Recovery pings sent since it last worked.
+    pub ping_count: u32,
+    /// When the next recovery ping is due, while in recovery.
+    pub next_ping: Option<Instant>,
+    /// When it went into recovery (for `recovery_limit`).
+    pub since: Option<Instant>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            value: MAX_HEALTH,
+            ping_count: 0,
+            next_ping: None,
+            since: None,
+        }
+    }
+}
+
+impl Health {
+    /// A failure: `sensitivity` less, down to 0 (lnet_dec_healthv_locked), and into recovery
+    /// if it is below the maximum and not there yet.
+    pub fn fail(&mut self, sensitivity: u32, now: Instant) {
+        self.value = self.value.saturating_sub(sensitivity);
+        if self.value < MAX_HEALTH && self.next_ping.is_none() {
+            self.next_ping = Some(next_recovery_ping(self.ping_count, now, u32::MAX));
+            self.since = Some(now);
+        }
+    }
+
+    /// A success: `sensitivity` more, up to the maximum (lnet_inc_healthv); out of recovery at
+    /// the maximum.
+    pub fn succeed(&mut self, sensitivity: u32) {
+        self.value = self.value.saturating_add(sensitivity).min(MAX_HEALTH);
+        self.ping_count = 0;
+        if self.value == MAX_HEALTH {
+            self.leave_recovery();
+        }
+    }
+
+    /// Straight to the maximum: a message from a router, or any message while routing
+    /// (lnet_set_lpni_healthv_locked in lnet_health_check).
+    pub fn restore(&mut self) {
+        self.value = MAX_HEALTH;
+        self.ping_count = 0;
+        self.leave_recovery();
+    }
+
+    fn leave_recovery(&mut self) {
+        self.next_ping = None;
+        self.since = None;
+    }
+
+    /// In the recovery queue.
+    pub fn in_recovery(&self) -> bool {
+        self.next_ping.is_some()
+    }
+
+    /// A recovery ping goes now: count it, and set when the next one is due.
+    pub fn pinged(&mut self, now: Instant, max_interval_secs: u32) {
+        self.ping_count = self.ping_count.saturating_add(1);
+        if self.next_ping.is_some() {
+            self.next_ping = Some(next_recovery_ping(self.ping_count, now, max_interval_secs));
+        }
+    }
+
+    /// Whether `recovery_limit` (seconds, 0: none) has run out: it leaves recovery, as
+    /// lnet_recover_peer_nis drops a peer NI that stayed unhealthy that long.
+    pub fn recovery_expired(&self, now: Instant, limit_secs: u32) -> bool {
+        limit_secs > 0
+            && self.since.is_some_and(|s| {
+                now.saturating_duration_since(s) >= Duration::from_secs(u64::from(limit_secs))
+            })
+    }
+
+    /// Gives up recovering (recovery_limit): the value stays where it is.
+    pub fn stop_recovery(&mut self) {
+        self.leave_recovery();
+    }
+}
+
+/// lnet_get_next_recovery_ping: 2^ping_count seconds from now, at most `max_interval_secs`.
+pub fn next_recovery_ping(ping_count: u32, now: Instant, max_interval_secs: u32) -> Instant {
+    let secs = if ping_count >= 31 {
+        u64::from(max_interval_secs)
+    } else {
+        (1u64 << ping_count).min(u64::from(max_interval_secs.max(1)))
+    };
+    now.saturating_add(Duration::from_secs(secs))
+}
+
+/// A local NI's health counters, under `net show`'s `health stats` names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NiHealthStats {
+    pub interrupts: u64,
+    pub dropped: u64,
+    pub aborted: u64,
+    pub no_route: u64,
+    pub timeouts: u64,
+    pub error: u64,
+}
+
+impl NiHealthStats {
+    /// Counts a local status (lnet_incr_hstats).
+    pub fn count(&mut self, h: HStatus) {
+        match h {
+            HStatus::LocalInterrupt => self.interrupts += 1,
+            HStatus::LocalDropped => self.dropped += 1,
+            HStatus::LocalAborted => self.aborted += 1,
+            HStatus::LocalNoRoute => self.no_route += 1,
+            HStatus::LocalTimeout => self.timeouts += 1,
+            HStatus::LocalError => self.error += 1,
+            _ => {}
+        }
+    }
+}
+
+/// A peer NI's health counters, under `peer show`'s `health stats` names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerHealthStats {
+    pub dropped: u64,
+    pub timeout: u64,
+    pub error: u64,
+    pub network_timeout: u64,
+}
+
+impl PeerHealthStats {
+    /// Counts a remote status (lnet_incr_hstats).
+    pub fn count(&mut self, h: HStatus) {
+        match h {
+            HStatus::RemoteDropped => self.dropped += 1,
+            HStatus::RemoteTimeout => self.timeout += 1,
+            HStatus::RemoteError => self.error += 1,
+            HStatus::NetworkTimeout => self.network_timeout += 1,
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_costs_the_sensitivity_and_a_success_gives_it_back() {
+        let t0 = Instant::from_secs(10);
+        let mut h = Health::default();
+        h.fail(100, t0);
+        assert_eq!(h.value, 900);
+        assert!(h.in_recovery());
+        assert_eq!(h.next_ping, Some(Instant::from_secs(11)), "2^0 s");
+        for _ in 0..20 {
+            h.fail(100, t0);
+        }
+        assert_eq!(h.value, 0, "never below 0");
+        h.succeed(100);
+        assert_eq!(h.value, 100);
+        assert!(h.in_recovery());
+        h.restore();
+        assert_eq!((h.value, h.in_recovery()), (MAX_HEALTH, false));
+        // Sensitivity 0: health off, nothing moves.
+        let mut off = Health::default();
+        off.fail(0, t0);
+        assert_eq!((off.value, off.in_recovery()), (MAX_HEALTH, false));
+    }
+
+    #[test]
+    fn recovery_pings_back_off_to_the_maximum_interval() {
+        let t0 = Instant::from_secs(100);
+        let mut h = Health::default();
+        h.fail(100, t0);
+        let mut gaps = Vec::new();
+        let mut now = t0;
+        for _ in 0..12 {
+            h.pinged(now, 900);
+            let next = h.next_ping.unwrap();
+            gaps.push(next.saturating_duration_since(now).as_secs());
+            now = next;
+        }
+        assert_eq!(gaps, [2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900, 900]);
+        assert!(!h.recovery_expired(now, 0), "no limit");
+        assert!(h.recovery_expired(now, 60));
+        assert!(!h.recovery_expired(t0, 60));
+    }
+
+    #[test]
+    fn failures_sort_as_lnet_health_sorts_them() {
+        use HStatus::*;
+        let cases = [
+            (LnetError::Lnd(TxError::Timeout), Some(NetworkTimeout)),
+            (
+                LnetError::Lnd(TxError::PeerUnreachable),
+                Some(NetworkTimeout),
+            ),
+            (LnetError::Lnd(TxError::ConnectFailed), Some(NetworkTimeout)),
+            (LnetError::Lnd(TxError::ConnAborted), Some(LocalAborted)),
+            (LnetError::Timeout, None),
+        ];
+        for (e, want) in cases {
+            assert_eq!(HStatus::of(&e), want, "{e:?}");
+        }
+        assert!(NetworkTimeout.is_local() && NetworkTimeout.is_remote());
+        assert!(LocalAborted.is_local() && !LocalAborted.is_remote());
+        assert!(RemoteError.is_remote() && !RemoteError.is_local());
+    }
+}
