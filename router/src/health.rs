@@ -40,7 +40,10 @@ impl HStatus {
     /// payload too large, a malformed reply, an LNet-level response timeout).
     pub fn of(e: &LnetError) -> Option<HStatus> {
         Some(match e {
-            LnetError::NoRoute(_) | LnetError::PeerDown(_) => HStatus::LocalNoRoute,
+            LnetError::NoRoute(_) => HStatus::LocalNoRoute,
+            // Dropped for a next hop LNet holds down (lnet_check_message_drop): the peer is
+            // not alive, REMOTE_DROPPED (lib-move.c).
+            LnetError::PeerDown(_) => HStatus::RemoteDropped,
             LnetError::Lnd(TxError::ConnAborted | TxError::Shutdown) | LnetError::Shutdown => {
                 HStatus::LocalAborted
             }
@@ -60,14 +63,14 @@ impl HStatus {
         })
     }
 
-    /// Whether it costs the local NI health (lnet_handle_local_failure).
+    /// Whether it costs the local NI health (lnet_handle_local_failure). Not LOCAL_NO_ROUTE:
+    /// a message without a route never had an NI (Lustre sets it before any NI is chosen).
     pub fn is_local(self) -> bool {
         matches!(
             self,
             HStatus::LocalInterrupt
                 | HStatus::LocalDropped
                 | HStatus::LocalAborted
-                | HStatus::LocalNoRoute
                 | HStatus::LocalTimeout
                 | HStatus::LocalError
                 | HStatus::NetworkTimeout
@@ -94,8 +97,8 @@ pub struct Health {
     pub ping_count: u32,
     /// When the next recovery ping is due, while in recovery.
     pub next_ping: Option<Instant>,
-    /// When it went into recovery (for `recovery_limit`).
-    pub since: Option<Instant>,
+    /// A recovery ping is out (LNET_PEER_NI_RECOVERY_PENDING): no other goes until it ends.
+    pub pending: bool,
 }
 
 impl Default for Health {
@@ -104,19 +107,22 @@ impl Default for Health {
             value: MAX_HEALTH,
             ping_count: 0,
             next_ping: None,
-            since: None,
+            pending: false,
         }
     }
 }
 
 impl Health {
-    /// A failure: `sensitivity` less, down to 0 (lnet_dec_healthv_locked), and into recovery
-    /// if it is below the maximum and not there yet.
-    pub fn fail(&mut self, sensitivity: u32, now: Instant) {
+    /// A failure: `sensitivity` less, down to 0 (lnet_dec_healthv_locked).
+    pub fn fail(&mut self, sensitivity: u32) {
         self.value = self.value.saturating_sub(sensitivity);
+    }
+
+    /// Into recovery if below the maximum and not there yet (lnet_peer_ni_add_to_recoveryq):
+    /// the first recovery ping after 2^ping_count s, at most `max_interval_secs`.
+    pub fn enter_recovery(&mut self, now: Instant, max_interval_secs: u32) {
         if self.value < MAX_HEALTH && self.next_ping.is_none() {
-            self.next_ping = Some(next_recovery_ping(self.ping_count, now, u32::MAX));
-            self.since = Some(now);
+            self.next_ping = Some(next_recovery_ping(self.ping_count, now, max_interval_secs));
         }
     }
 
@@ -140,7 +146,6 @@ impl Health {
 
     fn leave_recovery(&mut self) {
         self.next_ping = None;
-        self.since = None;
     }
 
     /// In the recovery queue.
@@ -156,18 +161,24 @@ impl Health {
         }
     }
 
-    /// Whether `recovery_limit` (seconds, 0: none) has run out: it leaves recovery, as
-    /// lnet_recover_peer_nis drops a peer NI that stayed unhealthy that long.
-    pub fn recovery_expired(&self, now: Instant, limit_secs: u32) -> bool {
-        limit_secs > 0
-            && self.since.is_some_and(|s| {
-                now.saturating_duration_since(s) >= Duration::from_secs(u64::from(limit_secs))
-            })
-    }
-
-    /// Gives up recovering (recovery_limit): the value stays where it is.
+    /// Gives up recovering (recovery_limit): the value stays where it is, the ping count
+    /// starts again (lnet_recover_peer_nis).
     pub fn stop_recovery(&mut self) {
         self.leave_recovery();
+        self.ping_count = 0;
+    }
+}
+
+/// Whether `recovery_limit` (seconds, 0: none) has run out for a peer NI last heard from at
+/// `last_alive` (never: `None`): measured from lpni_last_alive, as lnet_recover_peer_nis and
+/// lnet_peer_ni_add_to_recoveryq_locked do.
+pub fn recovery_expired(last_alive: Option<Instant>, now: Instant, limit_secs: u32) -> bool {
+    if limit_secs == 0 {
+        return false;
+    }
+    match last_alive {
+        None => true,
+        Some(t) => now.saturating_duration_since(t) > Duration::from_secs(u64::from(limit_secs)),
     }
 }
 
@@ -237,12 +248,13 @@ mod tests {
     fn a_failure_costs_the_sensitivity_and_a_success_gives_it_back() {
         let t0 = Instant::from_secs(10);
         let mut h = Health::default();
-        h.fail(100, t0);
+        h.fail(100);
+        h.enter_recovery(t0, 900);
         assert_eq!(h.value, 900);
         assert!(h.in_recovery());
         assert_eq!(h.next_ping, Some(Instant::from_secs(11)), "2^0 s");
         for _ in 0..20 {
-            h.fail(100, t0);
+            h.fail(100);
         }
         assert_eq!(h.value, 0, "never below 0");
         h.succeed(100);
@@ -252,7 +264,8 @@ mod tests {
         assert_eq!((h.value, h.in_recovery()), (MAX_HEALTH, false));
         // Sensitivity 0: health off, nothing moves.
         let mut off = Health::default();
-        off.fail(0, t0);
+        off.fail(0);
+        off.enter_recovery(t0, 900);
         assert_eq!((off.value, off.in_recovery()), (MAX_HEALTH, false));
     }
 
@@ -260,7 +273,8 @@ mod tests {
     fn recovery_pings_back_off_to_the_maximum_interval() {
         let t0 = Instant::from_secs(100);
         let mut h = Health::default();
-        h.fail(100, t0);
+        h.fail(100);
+        h.enter_recovery(t0, 900);
         let mut gaps = Vec::new();
         let mut now = t0;
         for _ in 0..12 {
@@ -270,9 +284,19 @@ mod tests {
             now = next;
         }
         assert_eq!(gaps, [2, 4, 8, 16, 32, 64, 128, 256, 512, 900, 900, 900]);
-        assert!(!h.recovery_expired(now, 0), "no limit");
-        assert!(h.recovery_expired(now, 60));
-        assert!(!h.recovery_expired(t0, 60));
+        // A limit counts from when the peer was last heard from; never heard: expired.
+        assert!(!recovery_expired(Some(t0), now, 0), "no limit");
+        assert!(recovery_expired(Some(t0), now, 60));
+        assert!(!recovery_expired(Some(t0), t0, 60));
+        assert!(recovery_expired(None, t0, 60));
+        assert!(!recovery_expired(None, t0, 0));
+        // Re-entering after a stop starts the backoff again, capped by the maximum.
+        h.stop_recovery();
+        h.enter_recovery(now, 900);
+        assert_eq!(
+            h.next_ping,
+            Some(now.saturating_add(Duration::from_secs(1)))
+        );
     }
 
     #[test]

@@ -1230,7 +1230,7 @@ impl LnetNode {
     /// costs the NI, a remote one the peer NI, the latter only when the peer is a gateway or
     /// this node routes. Each failure is counted in `health stats` whatever the sensitivity.
     fn judge_health(&mut self, ni: usize, peer: Nid, err: Option<&LnetError>) {
-        let (sens, now) = (self.health.sensitivity, self.now);
+        let sens = self.health.sensitivity;
         let Some(e) = err else {
             if let Some(n) = self.nis.get_mut(ni).filter(|n| n.health.value < MAX_HEALTH) {
                 n.health.succeed(sens);
@@ -1241,32 +1241,71 @@ impl LnetNode {
             return;
         };
         if h.is_local() {
+            // Local NIs get no recovery pings here (a ping to our own NID never reaches an
+            // LND): an NI's health comes back with its next successes.
             if let Some(n) = self.nis.get_mut(ni) {
                 n.hstats.count(h);
-                n.health.fail(sens, now);
+                n.health.fail(sens);
             }
         }
         if h.is_remote() {
-            let judged = self.routing || self.gateways.is_gateway(peer);
-            let Some(p) = self.peers.get_mut(&peer) else {
-                return;
-            };
-            p.hstats.count(h);
-            if judged {
-                p.health.fail(sens, now);
-                if p.health.in_recovery() {
-                    self.recovery.insert(peer);
-                    if self.recovery_tick.is_none() {
-                        self.recovery_tick = Some(now.saturating_add(Duration::from_secs(1)));
-                    }
-                }
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.hstats.count(h);
+            }
+            if self.routing || self.gateways.is_gateway(peer) {
+                self.peer_failed(peer);
             }
         }
     }
 
-    /// The recovery queue's turn (lnet_recover_peer_nis, once a second): each peer NI still
-    /// below the maximum whose next recovery ping is due gets one, answered within
-    /// transaction_timeout; one past `recovery_limit` leaves the queue as it is.
+    /// A remote failure judged against `peer` (lnet_handle_remote_failure_locked): its health
+    /// falls, and it goes into recovery unless `recovery_limit` says it has been silent too
+    /// long already.
+    fn peer_failed(&mut self, peer: Nid) {
+        let (cfg, now) = (self.health, self.now);
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        p.health.fail(cfg.sensitivity);
+        if crate::health::recovery_expired(p.last_heard, now, cfg.recovery_limit) {
+            return;
+        }
+        p.health.enter_recovery(now, cfg.max_ping_interval);
+        if p.health.in_recovery() && self.recovery.insert(peer) {
+            self.arm_recovery(now.saturating_add(Duration::from_secs(1)));
+        }
+    }
+
+    /// The recovery queue is looked at again by `at` at the latest.
+    fn arm_recovery(&mut self, at: Instant) {
+        self.recovery_tick = Some(self.recovery_tick.map_or(at, |t| t.min(at)));
+    }
+
+    /// A message from `from` came in on NI `ni` (lnet_health_check's OK path for a receive):
+    /// the sure sign a peer NI works. A router's, or any while we route, sets it to the
+    /// maximum; otherwise it gains the sensitivity. The NI gains it too.
+    pub(super) fn heard_from(&mut self, ni: usize, from: Nid) {
+        let sens = self.health.sensitivity;
+        if self.nis[ni].health.value < MAX_HEALTH {
+            self.nis[ni].health.succeed(sens);
+        }
+        let Some(p) = self
+            .peers
+            .get_mut(&from)
+            .filter(|p| p.health.value < MAX_HEALTH)
+        else {
+            return;
+        };
+        if self.routing || self.gateways.is_gateway(from) {
+            p.health.restore();
+        } else {
+            p.health.succeed(sens);
+        }
+    }
+
+    /// The recovery queue's turn (lnet_recover_peer_nis): each peer NI still below the
+    /// maximum whose next recovery ping is due, and that has none out, gets one, answered
+    /// within transaction_timeout; one silent past `recovery_limit` leaves the queue as it is.
     fn recover_peers(&mut self) {
         let now = self.now;
         if self.recovery_tick.is_none_or(|t| t > now) {
@@ -1279,6 +1318,7 @@ impl LnetNode {
         }
         let cfg = self.health;
         let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
         let peers = &mut self.peers;
         self.recovery.retain(|nid| {
             let Some(p) = peers.get_mut(nid) else {
@@ -1287,14 +1327,18 @@ impl LnetNode {
             if !p.health.in_recovery() {
                 return false;
             }
-            if p.health.recovery_expired(now, cfg.recovery_limit) {
+            if crate::health::recovery_expired(p.last_heard, now, cfg.recovery_limit) {
                 debug!(peer = %nid, "recovery_limit reached: no more recovery pings");
                 p.health.stop_recovery();
                 return false;
             }
-            if p.health.next_ping.is_some_and(|t| t <= now) {
+            if !p.health.pending && p.health.next_ping.is_some_and(|t| t <= now) {
                 p.health.pinged(now, cfg.max_ping_interval);
+                p.health.pending = true;
                 due.push((*nid, p.ni.0));
+            }
+            if let Some(t) = p.health.next_ping {
+                next = Some(next.map_or(t, |n: Instant| n.min(t)));
             }
             true
         });
@@ -1311,8 +1355,9 @@ impl LnetNode {
                 PingKind::Recovery,
             );
         }
-        if !self.recovery.is_empty() {
-            self.recovery_tick = Some(now.saturating_add(Duration::from_secs(1)));
+        if let Some(t) = next {
+            // At least a second apart, as the monitor thread runs.
+            self.arm_recovery(t.max(now.saturating_add(Duration::from_secs(1))));
         }
     }
 
@@ -1398,22 +1443,14 @@ impl LnetNode {
                 // The contract: hand every received message back exactly once. A message for
                 // us goes back at once; one for another node when it has a router buffer
                 // (`forward_recv`).
-                // LNet health: a message in is the sure sign a peer NI works; a router's, or
-                // any while we route, sets it to the maximum (lnet_health_check).
-                let restore = self.routing || self.gateways.is_gateway(from);
-                let sens = self.health.sensitivity;
+                let mut unhealthy = self.nis[ni].health.value < MAX_HEALTH;
                 if let Some(p) = self.peer_entry(from, ni) {
                     p.recv_count += 1;
-                    if p.health.value < MAX_HEALTH {
-                        if restore {
-                            p.health.restore();
-                        } else {
-                            p.health.succeed(sens);
-                        }
-                    }
+                    p.last_heard = Some(now);
+                    unhealthy |= p.health.value < MAX_HEALTH;
                 }
-                if self.nis[ni].health.value < MAX_HEALTH {
-                    self.nis[ni].health.succeed(sens);
+                if unhealthy {
+                    self.heard_from(ni, from);
                 }
                 // The net is alive (lnet_parse refreshes net_last_alive).
                 self.net_alive.heard(self.alive_slot[ni], now);
@@ -1728,13 +1765,16 @@ impl LnetNode {
         if let Some(p) = self.pings.remove(&id) {
             self.ping_deadlines.remove(&(p.deadline, id));
             if p.kind == PingKind::Recovery {
-                // A reply raised the peer NI's health when it came in (`on_lnd_event`); a
-                // failure costs it (lnet_handle_recovery_reply).
+                if let Some(peer) = self.peers.get_mut(&p.target) {
+                    peer.health.pending = false;
+                }
+                // A reply raised the peer NI's health when it came in (`heard_from`); a GET
+                // the LND failed was judged when it ended (`judge_health`). What is left is a
+                // GET that went and got no reply: the peer's failure, once.
                 if let Err(e) = &result {
                     debug!(peer = %p.target, "recovery ping failed: {e}");
-                    let (sens, now) = (self.health.sensitivity, self.now);
-                    if let Some(peer) = self.peers.get_mut(&p.target) {
-                        peer.health.fail(sens, now);
+                    if matches!(e, LnetError::Timeout) {
+                        self.peer_failed(p.target);
                     }
                 }
                 return;

@@ -44,6 +44,8 @@ pub(crate) struct PeerNi {
     /// LNet health (`crate::health`): its value and recovery, and what failed.
     pub health: crate::health::Health,
     pub hstats: crate::health::PeerHealthStats,
+    /// When a message from it last came in (lpni_last_alive), for `recovery_limit`.
+    pub last_heard: Option<Instant>,
 }
 
 impl PeerNi {
@@ -78,6 +80,7 @@ impl PeerNi {
             down_probe: None,
             health: crate::health::Health::default(),
             hstats: crate::health::PeerHealthStats::default(),
+            last_heard: None,
         }
     }
 

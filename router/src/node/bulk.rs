@@ -18,6 +18,7 @@
 //! A GET into registered memory goes only to a peer on a local net: Lustre never routes an
 //! optimized GET (a routed GET is IMMEDIATE and its REPLY would come back as a PUT).
 
+use crate::health::MAX_HEALTH;
 use std::sync::Arc;
 
 use lnd::engine::{RdmaOp, RdmaSink};
@@ -512,8 +513,14 @@ impl LnetNode {
         rx: RxToken,
     ) {
         let now = self.now;
+        let mut unhealthy = self.nis[ni].health.value < MAX_HEALTH;
         if let Some(p) = self.peer_entry(from, ni) {
             p.recv_count += 1;
+            p.last_heard = Some(now);
+            unhealthy |= p.health.value < MAX_HEALTH;
+        }
+        if unhealthy {
+            self.heard_from(ni, from);
         }
         self.net_alive.heard(self.alive_slot[ni], now);
         if hdr.src_nid != from && self.gateways.is_gateway(from) {
