@@ -56,6 +56,8 @@ impl HStatus {
             LnetError::Lnd(
                 TxError::ConnectFailed | TxError::PeerUnreachable | TxError::Timeout,
             ) => HStatus::NetworkTimeout,
+            // A refused connect: the peer is there and said no (ECONNREFUSED, REMOTE_DROPPED).
+            LnetError::Lnd(TxError::ConnectRefused) => HStatus::RemoteDropped,
             LnetError::Lnd(TxError::Rdma(_)) => HStatus::RemoteError,
             LnetError::Timeout | LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {
                 return None
@@ -309,6 +311,7 @@ mod tests {
                 Some(NetworkTimeout),
             ),
             (LnetError::Lnd(TxError::ConnectFailed), Some(NetworkTimeout)),
+            (LnetError::Lnd(TxError::ConnectRefused), Some(RemoteDropped)),
             (LnetError::Lnd(TxError::ConnAborted), Some(LocalAborted)),
             (LnetError::Timeout, None),
         ];

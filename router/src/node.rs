@@ -1132,7 +1132,10 @@ impl LnetNode {
                     && matches!(
                         e,
                         LnetError::Lnd(
-                            TxError::ConnectFailed | TxError::PeerUnreachable | TxError::Timeout
+                            TxError::ConnectFailed
+                                | TxError::ConnectRefused
+                                | TxError::PeerUnreachable
+                                | TxError::Timeout
                         )
                     )
                 {

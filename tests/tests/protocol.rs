@@ -162,7 +162,8 @@ fn no_listener_fails_without_retrying() {
     w.run_for(Duration::from_secs(5));
     assert_eq!(
         w.outcome(c).map(|(_, o)| o),
-        Some(SendOutcome::Failed(TxError::ConnectFailed))
+        Some(SendOutcome::Failed(TxError::ConnectRefused)),
+        "nothing listens: refused (ECONNREFUSED), not unreachable"
     );
     assert_eq!(
         stats(&w, a).connects,

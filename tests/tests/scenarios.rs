@@ -343,6 +343,7 @@ fn silent_crash_detected() {
             Some(SendOutcome::Failed(e)) => assert!(matches!(
                 e,
                 TxError::ConnectFailed
+                    | TxError::ConnectRefused
                     | TxError::Timeout
                     | TxError::PeerUnreachable
                     | TxError::ConnAborted

@@ -1734,8 +1734,9 @@ impl TcpFabric {
         self.stats.connect_failures += 1;
         let errno = -res;
         let why = match errno {
-            libc::ECONNREFUSED
-            | libc::ETIMEDOUT
+            // Nothing listens there: refused, as rdma_cm's REJECTED with reason 8.
+            libc::ECONNREFUSED => ConnectFailure::NoListener,
+            libc::ETIMEDOUT
             | libc::EHOSTUNREACH
             | libc::ENETUNREACH
             | libc::ECONNRESET

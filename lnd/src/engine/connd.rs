@@ -13,6 +13,8 @@ impl Endpoint {
         };
         match c.state {
             ConnState::Init | ConnState::ActiveConnect | ConnState::PassiveWait => {
+                let p = c.peer;
+                self.peers[p].refused = false;
                 self.handshake_failed(conn, Some(DownReason::ConnectFailed), false, false);
             }
             ConnState::Established => {
@@ -73,6 +75,7 @@ impl Endpoint {
             races: 0,
             races_received: 0,
             peak_races_received: 0,
+            refused: false,
             up: false,
             reported_down: false,
             cksum: None,
@@ -288,7 +291,8 @@ impl Endpoint {
             && peer.zombies == 0
         {
             // A reconnect was not allowed (e.g. a fatal reject) and nothing else will come.
-            self.fail_peer_queue(p, TxError::ConnectFailed);
+            let err = self.connect_error(p);
+            self.fail_peer_queue(p, err);
         }
         self.maybe_forget(p);
     }
@@ -323,6 +327,8 @@ impl Endpoint {
             ConnState::ActiveConnect | ConnState::PassiveWait => {
                 // LU-17480: an attempt that outlived its deadline is aborted.
                 let retry = c.active;
+                let p = c.peer;
+                self.peers[p].refused = false;
                 self.stats.connect_timeouts += 1;
                 debug!(conn = ?id, "connect deadline passed");
                 self.handshake_failed(id, Some(DownReason::Timeout), retry, true);

@@ -21,9 +21,12 @@ pub enum TxError {
     Timeout,
     /// The connection it was on closed before it completed (-ECONNABORTED).
     ConnAborted,
-    /// The peer could not be connected: rejected, unreachable, no listener, or the connect
-    /// deadline passed with no connection (-ECONNREFUSED / -EHOSTUNREACH / -ENETDOWN).
+    /// The peer could not be connected: unreachable, or the connect deadline passed with no
+    /// connection (-EHOSTUNREACH / -ETIMEDOUT / -ENETDOWN).
     ConnectFailed,
+    /// The peer refused the connection: nothing listens, or it rejected the request for good
+    /// (-ECONNREFUSED).
+    ConnectRefused,
     /// The transport gave up on the peer (retry exceeded).
     PeerUnreachable,
     /// The endpoint is shutting down.
@@ -41,6 +44,7 @@ impl fmt::Display for TxError {
             TxError::Timeout => "timed out",
             TxError::ConnAborted => "connection aborted",
             TxError::ConnectFailed => "could not connect",
+            TxError::ConnectRefused => "connection refused",
             TxError::PeerUnreachable => "peer unreachable",
             TxError::Shutdown => "shutting down",
             TxError::Rdma(status) => return write!(f, "bulk transfer failed (errno {status})"),

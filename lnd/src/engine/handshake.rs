@@ -273,6 +273,12 @@ impl Endpoint {
             return;
         }
         let p = c.peer;
+        // Refused (nothing listens, or a reject), or not reached at all: what waits for the
+        // peer fails with the one or the other (kiblnd_peer_connect_failed).
+        self.peers[p].refused = matches!(
+            why,
+            ConnectFailure::Rejected(_) | ConnectFailure::NoListener
+        );
         let retry = match why {
             ConnectFailure::Rejected(private) => match KibRej::parse(private.as_bytes()) {
                 Ok((rej, _)) => {
@@ -594,7 +600,8 @@ impl Endpoint {
         self.schedule_reap(conn);
         let peer = &self.peers[p];
         if !retry && peer.conns.is_empty() && !peer.connecting() {
-            self.fail_peer_queue(p, TxError::ConnectFailed);
+            let err = self.connect_error(p);
+            self.fail_peer_queue(p, err);
             if let Some(reason) = reason {
                 self.peer_down(p, reason);
             }

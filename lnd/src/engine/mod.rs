@@ -252,6 +252,10 @@ struct Peer {
     races_received: u32,
     /// The most CONN_RACE rejects this peer ever sent us between two connections.
     peak_races_received: u32,
+    /// The last connect failed because the peer refused it (no listener, or it rejected the
+    /// request), not because it could not be reached: what waits for it then fails with
+    /// [`TxError::ConnectRefused`] (o2iblnd's ECONNREFUSED, REMOTE_DROPPED).
+    refused: bool,
     /// Whether LNet was last told the peer is up.
     up: bool,
     /// Whether LNet was last told the peer is down.

@@ -204,6 +204,15 @@ impl Endpoint {
         self.maybe_connect(p);
     }
 
+    /// How the messages waiting for `p` fail when its connect did: refused or not reached.
+    pub(super) fn connect_error(&self, p: PeerIdx) -> TxError {
+        if self.peers[p].refused {
+            TxError::ConnectRefused
+        } else {
+            TxError::ConnectFailed
+        }
+    }
+
     pub(super) fn fail_peer_queue(&mut self, p: PeerIdx, err: TxError) {
         let queued: Vec<TxKey> = self.peers[p].tx_queue.drain(..).collect();
         for key in queued {

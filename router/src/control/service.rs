@@ -310,7 +310,7 @@ pub fn lnet_errno(e: &LnetError) -> i32 {
         LnetError::NoRoute(_) | LnetError::PeerDown(_) => errno::EHOSTUNREACH,
         LnetError::PayloadTooLarge { .. } => errno::EMSGSIZE,
         LnetError::Timeout | LnetError::Lnd(TxError::Timeout) => errno::ETIMEDOUT,
-        LnetError::Lnd(TxError::ConnectFailed) => errno::ECONNREFUSED,
+        LnetError::Lnd(TxError::ConnectFailed | TxError::ConnectRefused) => errno::ECONNREFUSED,
         LnetError::Lnd(TxError::PeerUnreachable) => errno::EHOSTUNREACH,
         LnetError::Shutdown | LnetError::Lnd(TxError::Shutdown) => errno::ESHUTDOWN,
         LnetError::BadReply(_) => errno::EPROTO,
