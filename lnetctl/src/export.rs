@@ -18,6 +18,7 @@ use router::control::{
     CptPools, GlobalShow, NetShow, NiEntry, PeerShow, Request, Response, RouteShow, RoutingShow,
 };
 
+use crate::render;
 use crate::tree::{to_json, to_yaml_as, Map, Node, Style, NETLINK};
 
 /// What an export needs from the daemon.
@@ -141,22 +142,8 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
                     match (&ni.detail, backup) {
                         (_, true) => m,
                         (None, false) => m.with("state", &ni.state),
-                        (Some(d), false) => m
-                            .with("state", &ni.state)
-                            .with("max_ni_tx_credits", d.max_ni_tx_credits)
-                            .with("available_tx_credits", d.available_tx_credits)
-                            .with("min_tx_credits", d.min_tx_credits)
-                            .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
-                            .with("available_rtr_credits", d.available_rtr_credits)
-                            .with("min_rtr_credits", d.min_rtr_credits)
-                            .with(
-                                "statistics",
-                                Map::new()
-                                    .with("send_count", d.statistics.send_count)
-                                    .with("recv_count", d.statistics.recv_count)
-                                    .with("drop_count", d.statistics.drop_count),
-                            )
-                            .with("health stats", crate::render::peer_health(&d.health_stats)),
+                        (Some(d), false) => render::peer_ni_detail(m.with("state", &ni.state), d)
+                            .with("health stats", render::peer_health(&d.health_stats)),
                     }
                 })
                 .collect();
@@ -178,13 +165,8 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         Node::from(Map::new().with("enable", r.routing.enable))
     } else {
         // As `routing show` prints it: each CPT's pools, then `enable`.
-        crate::render::routing_tree(&r.routing)
-            .0
-            .into_iter()
-            .find(|(k, _)| k == "routing")
-            .map_or(Node::List(Vec::new()), |(_, v)| v)
+        Node::from(render::routing_items(&r.routing))
     };
-    let g = &r.global.global;
     let tail = Map::new()
         .with("routing", routing)
         .with(
@@ -194,23 +176,7 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
                 .with("small", sum(|c| c.small.nbuffers))
                 .with("large", sum(|c| c.large.nbuffers)),
         )
-        .with(
-            "global",
-            Map::new()
-                .with("numa_range", g.numa_range)
-                .with("max_interfaces", g.max_interfaces)
-                .with("discovery", g.discovery)
-                .with("drop_asym_route", g.drop_asym_route)
-                .with("retry_count", g.retry_count)
-                .with("transaction_timeout", g.transaction_timeout)
-                .with("health_sensitivity", g.health_sensitivity)
-                .with("recovery_interval", g.recovery_interval)
-                .with("router_sensitivity", g.router_sensitivity)
-                .with("lnd_timeout", g.lnd_timeout)
-                .with("response_tracking", g.response_tracking)
-                .with("recovery_limit", g.recovery_limit)
-                .with("max_recovery_ping_interval", g.max_recovery_ping_interval),
-        );
+        .with("global", render::lnetctl_globals(&r.global.global));
     out.push((tail, Style::Cyaml));
     out
 }
@@ -221,37 +187,17 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
     if !backup {
         m.push("status", &ni.status);
         if let Some(c) = &ni.statistics {
-            m.push(
-                "statistics",
-                Map::new()
-                    .with("send_count", c.send_count)
-                    .with("recv_count", c.recv_count)
-                    .with("drop_count", c.drop_count),
-            );
+            m.push("statistics", render::counts(c));
         }
         if let Some(h) = &ni.health_stats {
-            m.push("health stats", crate::render::ni_health(h));
+            m.push("health stats", render::ni_health(h));
         }
     }
     if let Some(t) = &ni.tunables {
-        m.push(
-            "tunables",
-            Map::new()
-                .with("peer_timeout", t.peer_timeout)
-                .with("peer_credits", t.peer_credits)
-                .with("peer_buffer_credits", t.peer_buffer_credits)
-                .with("credits", t.credits),
-        );
+        m.push("tunables", render::ni_tunables(t));
     }
     if let Some(l) = ni.lnd_tunables.as_ref().filter(|_| ni.nid != "0@lo") {
-        m.push(
-            "lnd tunables",
-            Map::new()
-                .with("peercredits_hiw", l.peercredits_hiw)
-                .with("concurrent_sends", l.concurrent_sends)
-                .with("timeout", l.timeout)
-                .with("keepalive", l.keepalive),
-        );
+        m.push("lnd tunables", render::lnd_tunables(l));
     }
     // ulnet's own keys, where the daemon's configuration takes them.
     if let Some(u) = &ni.ulnet {

@@ -518,6 +518,15 @@ fn emit(text: &str) {
     }
 }
 
+/// A failed call to the daemon, said on stderr, as the exit status it means.
+fn client_failed(e: &ClientError) -> u8 {
+    eprintln!("lnetctl: {e}");
+    match e {
+        ClientError::NoDaemon { .. } => exit::NO_DAEMON,
+        _ => exit::FAILED,
+    }
+}
+
 /// NIDs given as `A,B` or as several arguments.
 fn split_nids(args: &[String]) -> Vec<String> {
     args.iter()
@@ -570,14 +579,7 @@ fn run(cli: Cli) -> u8 {
             };
             let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
                 Ok(r) => r,
-                Err(e @ ClientError::NoDaemon { .. }) => {
-                    eprintln!("lnetctl: {e}");
-                    return exit::NO_DAEMON;
-                }
-                Err(e) => {
-                    eprintln!("lnetctl: {e}");
-                    return exit::FAILED;
-                }
+                Err(e) => return client_failed(&e),
             };
             return match resp {
                 Response::Ping(p) => {
@@ -619,10 +621,7 @@ fn run(cli: Cli) -> u8 {
                             eprintln!("lnetctl: {e} (lnet configure: start the lnet-router service, which configures LNet from its file)");
                             exit::NO_DAEMON
                         }
-                        Err(e) => {
-                            eprintln!("lnetctl: {e}");
-                            exit::FAILED
-                        }
+                        Err(e) => client_failed(&e),
                     }
                 }
                 LnetCmd::Unconfigure => {
@@ -845,14 +844,7 @@ fn run(cli: Cli) -> u8 {
         Err(ClientError::NoDaemon { .. }) if matches!(req, Request::Ping { .. }) => {
             ping_without_daemon(req, &path)
         }
-        Err(e @ ClientError::NoDaemon { .. }) => {
-            eprintln!("lnetctl: {e}");
-            return exit::NO_DAEMON;
-        }
-        Err(e) => {
-            eprintln!("lnetctl: {e}");
-            return exit::FAILED;
-        }
+        Err(e) => return client_failed(&e),
     };
     let out = if cli.json {
         render::json_at(&resp, level)
@@ -898,14 +890,7 @@ fn run_export(
             eprintln!("lnetctl: export: {e}");
             return exit::FAILED;
         }
-        Err(e @ ClientError::NoDaemon { .. }) => {
-            eprintln!("lnetctl: {e}");
-            return exit::NO_DAEMON;
-        }
-        Err(e) => {
-            eprintln!("lnetctl: {e}");
-            return exit::FAILED;
-        }
+        Err(e) => return client_failed(&e),
     };
     let doc = export::export(&running, backup);
     let text = if json {
@@ -987,14 +972,7 @@ fn run_import(
             eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
             return exit::FAILED;
         }
-        Err(e @ ClientError::NoDaemon { .. }) => {
-            eprintln!("lnetctl: {e}");
-            return exit::NO_DAEMON;
-        }
-        Err(e) => {
-            eprintln!("lnetctl: {e}");
-            return exit::FAILED;
-        }
+        Err(e) => return client_failed(&e),
     };
     let failed = !report.failed.is_empty();
     if op == ImportOp::Show {

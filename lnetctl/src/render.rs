@@ -3,9 +3,9 @@
 //! order and values either way.
 
 use router::control::{
-    ConnShow, Counts, GlobalShow, ImportOp, ImportReport, NamedCounters, NetShow, NiHealthShow,
-    PeerHealthShow, PeerShow, PingShow, PoolShow, RecoveryShow, Response, RouteShow, RoutingShow,
-    StatsShow,
+    ConnShow, Counts, GlobalShow, Globals, ImportOp, ImportReport, LndTunables, NamedCounters,
+    NetShow, NiHealthShow, NiTunables, PeerHealthShow, PeerNiDetail, PeerShow, PingShow, PoolShow,
+    RecoveryShow, Response, RouteShow, RoutingShow, StatsShow,
 };
 
 use crate::capture::Report;
@@ -89,7 +89,7 @@ pub fn json_at(resp: &Response, level: u8) -> Option<String> {
     })
 }
 
-fn counts(c: &Counts) -> Map {
+pub(crate) fn counts(c: &Counts) -> Map {
     Map::new()
         .with("send_count", c.send_count)
         .with("recv_count", c.recv_count)
@@ -225,6 +225,53 @@ pub fn peer_health(h: &PeerHealthShow) -> Map {
         .with("next_ping", h.next_ping)
 }
 
+/// An NI's `tunables:`.
+pub(crate) fn ni_tunables(t: &NiTunables) -> Map {
+    Map::new()
+        .with("peer_timeout", t.peer_timeout)
+        .with("peer_credits", t.peer_credits)
+        .with("peer_buffer_credits", t.peer_buffer_credits)
+        .with("credits", t.credits)
+}
+
+/// An NI's `lnd tunables:` (ours: o2iblnd's that ulnet has, and keepalive).
+pub(crate) fn lnd_tunables(l: &LndTunables) -> Map {
+    Map::new()
+        .with("peercredits_hiw", l.peercredits_hiw)
+        .with("concurrent_sends", l.concurrent_sends)
+        .with("timeout", l.timeout)
+        .with("keepalive", l.keepalive)
+}
+
+/// A peer NI's credits and `statistics` (`peer show -v`), after `m`'s keys.
+pub(crate) fn peer_ni_detail(m: Map, d: &PeerNiDetail) -> Map {
+    m.with("max_ni_tx_credits", d.max_ni_tx_credits)
+        .with("available_tx_credits", d.available_tx_credits)
+        .with("min_tx_credits", d.min_tx_credits)
+        .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
+        .with("available_rtr_credits", d.available_rtr_credits)
+        .with("min_rtr_credits", d.min_rtr_credits)
+        .with("statistics", counts(&d.statistics))
+}
+
+/// lnetctl's 13 globals in jt_show_global's order (`global show`, and an export's `global:`).
+pub(crate) fn lnetctl_globals(g: &Globals) -> Map {
+    Map::new()
+        .with("numa_range", g.numa_range)
+        .with("max_interfaces", g.max_interfaces)
+        .with("discovery", g.discovery)
+        .with("drop_asym_route", g.drop_asym_route)
+        .with("retry_count", g.retry_count)
+        .with("transaction_timeout", g.transaction_timeout)
+        .with("health_sensitivity", g.health_sensitivity)
+        .with("recovery_interval", g.recovery_interval)
+        .with("router_sensitivity", g.router_sensitivity)
+        .with("lnd_timeout", g.lnd_timeout)
+        .with("response_tracking", g.response_tracking)
+        .with("recovery_limit", g.recovery_limit)
+        .with("max_recovery_ping_interval", g.max_recovery_ping_interval)
+}
+
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
 pub fn net_tree(n: &NetShow, level: u8) -> Map {
     let ours = level >= ULNET_LEVEL;
@@ -244,24 +291,10 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                         m.push("health stats", ni_health(h));
                     }
                     if let Some(t) = &ni.tunables {
-                        m.push(
-                            "tunables",
-                            Map::new()
-                                .with("peer_timeout", t.peer_timeout)
-                                .with("peer_credits", t.peer_credits)
-                                .with("peer_buffer_credits", t.peer_buffer_credits)
-                                .with("credits", t.credits),
-                        );
+                        m.push("tunables", ni_tunables(t));
                     }
                     if let Some(l) = &ni.lnd_tunables {
-                        m.push(
-                            "lnd tunables",
-                            Map::new()
-                                .with("peercredits_hiw", l.peercredits_hiw)
-                                .with("concurrent_sends", l.concurrent_sends)
-                                .with("timeout", l.timeout)
-                                .with("keepalive", l.keepalive),
-                        );
+                        m.push("lnd tunables", lnd_tunables(l));
                     }
                     if let Some(l) = ni.lnd_statistics.as_ref().filter(|_| ours) {
                         m.push(
@@ -339,14 +372,7 @@ pub fn peer_tree(p: &PeerShow, level: u8) -> Map {
                 .map(|ni| {
                     let mut m = Map::new().with("nid", &ni.nid).with("state", &ni.state);
                     if let Some(d) = &ni.detail {
-                        m = m
-                            .with("max_ni_tx_credits", d.max_ni_tx_credits)
-                            .with("available_tx_credits", d.available_tx_credits)
-                            .with("min_tx_credits", d.min_tx_credits)
-                            .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
-                            .with("available_rtr_credits", d.available_rtr_credits)
-                            .with("min_rtr_credits", d.min_rtr_credits)
-                            .with("statistics", counts(&d.statistics));
+                        m = peer_ni_detail(m, d);
                         if level >= HEALTH_LEVEL {
                             m.push("health stats", peer_health(&d.health_stats));
                         }
@@ -437,20 +463,7 @@ pub fn stats_tree(st: &StatsShow, ours: bool) -> Map {
 /// `global:`, in lnetctl's order (jt_show_global), then ours.
 pub fn global_tree(g: &GlobalShow, ours: bool) -> Map {
     let g = &g.global;
-    let lnetctl = Map::new()
-        .with("numa_range", g.numa_range)
-        .with("max_interfaces", g.max_interfaces)
-        .with("discovery", g.discovery)
-        .with("drop_asym_route", g.drop_asym_route)
-        .with("retry_count", g.retry_count)
-        .with("transaction_timeout", g.transaction_timeout)
-        .with("health_sensitivity", g.health_sensitivity)
-        .with("recovery_interval", g.recovery_interval)
-        .with("router_sensitivity", g.router_sensitivity)
-        .with("lnd_timeout", g.lnd_timeout)
-        .with("response_tracking", g.response_tracking)
-        .with("recovery_limit", g.recovery_limit)
-        .with("max_recovery_ping_interval", g.max_recovery_ping_interval);
+    let lnetctl = lnetctl_globals(g);
     let all = if ours {
         // Ours: whether this node forwards, and the PID it answers as.
         lnetctl.with("routing", g.routing).with("pid", g.pid)
@@ -481,6 +494,26 @@ pub fn route_tree(r: &RouteShow) -> Map {
 /// `routing:` as lnetctl prints it: each CPT's pools, then `enable`; then ours, the
 /// forwarding books.
 pub fn routing_tree(r: &RoutingShow) -> Map {
+    let f = &r.forwarding;
+    Map::new().with("routing", routing_items(r)).with(
+        "forwarding",
+        Map::new()
+            .with("received", f.received)
+            .with("forwarded", f.forwarded)
+            .with("forwarded_bytes", f.forwarded_bytes)
+            .with("in_flight", f.in_flight)
+            .with("dropped", f.dropped)
+            .with(
+                "dropped_by_reason",
+                Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
+            )
+            .with("waited_rtr_credit", f.waited_rtr_credit)
+            .with("waited_buffer", f.waited_buffer),
+    )
+}
+
+/// `routing:`'s items as lnetctl prints them: each CPT's pools, then `enable`.
+pub(crate) fn routing_items(r: &RoutingShow) -> Vec<Map> {
     fn pool(p: &PoolShow) -> Map {
         Map::new()
             .with("npages", p.npages)
@@ -503,22 +536,7 @@ pub fn routing_tree(r: &RoutingShow) -> Map {
         })
         .collect();
     items.push(Map::new().with("enable", r.enable));
-    let f = &r.forwarding;
-    Map::new().with("routing", items).with(
-        "forwarding",
-        Map::new()
-            .with("received", f.received)
-            .with("forwarded", f.forwarded)
-            .with("forwarded_bytes", f.forwarded_bytes)
-            .with("in_flight", f.in_flight)
-            .with("dropped", f.dropped)
-            .with(
-                "dropped_by_reason",
-                Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
-            )
-            .with("waited_rtr_credit", f.waited_rtr_credit)
-            .with("waited_buffer", f.waited_buffer),
-    )
+    items
 }
 
 #[cfg(test)]

@@ -154,68 +154,49 @@ pub fn to_yaml(doc: &Map) -> String {
 /// The document in `style`.
 pub fn to_yaml_as(doc: &Map, style: Style) -> String {
     let mut out = String::new();
-    match style {
-        Style::Cyaml => map_yaml(&mut out, &doc.0, 0, None),
-        Style::Libyaml(n) => map_lib(&mut out, &doc.0, 0, n.max(2), false),
-    }
+    map_yaml(&mut out, &doc.0, 0, false, style);
     out
 }
 
+impl Style {
+    /// Columns from a key to its mapping's keys.
+    fn map_indent(self) -> usize {
+        match self {
+            Style::Cyaml => 4,
+            Style::Libyaml(n) => n.max(2),
+        }
+    }
+
+    /// Columns from an item's `-` to its keys (`- ` then the key in cYAML).
+    fn item_indent(self) -> usize {
+        match self {
+            Style::Cyaml => 2,
+            Style::Libyaml(n) => n.max(2),
+        }
+    }
+
+    /// The `-` column of a sequence under a key at `col`.
+    fn dash_under(self, col: usize) -> usize {
+        match self {
+            Style::Cyaml if col == 0 => 4,
+            Style::Cyaml => col + 2,
+            // Indentless: the `-` in its key's column.
+            Style::Libyaml(_) => col,
+        }
+    }
+
+    /// The `-` column of a sequence that is itself an item at `dash`.
+    fn nested_dash(self, dash: usize) -> usize {
+        match self {
+            Style::Cyaml => dash + 4,
+            Style::Libyaml(n) => dash + n.max(2),
+        }
+    }
+}
+
 /// Writes the entries of a mapping whose keys sit at column `col`. With `first`, the first key
-/// continues a `- ` already written.
-fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, mut first: Option<()>) {
-    for (key, value) in entries {
-        if first.take().is_none() {
-            pad(out, col);
-        }
-        out.push_str(key);
-        out.push(':');
-        match value {
-            Node::Scalar(Scalar::Null) => out.push('\n'),
-            Node::Scalar(s) => {
-                out.push(' ');
-                scalar_yaml(out, s);
-                out.push('\n');
-            }
-            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
-            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
-            Node::Map(m) => {
-                out.push('\n');
-                map_yaml(out, m, col + 4, None);
-            }
-            Node::List(items) => {
-                out.push('\n');
-                let dash = if col == 0 { 4 } else { col + 2 };
-                list_yaml(out, items, dash);
-            }
-        }
-    }
-}
-
-fn list_yaml(out: &mut String, items: &[Node], dash: usize) {
-    for item in items {
-        pad(out, dash);
-        out.push_str("- ");
-        match item {
-            Node::Scalar(Scalar::Null) => out.push('\n'),
-            Node::Scalar(s) => {
-                scalar_yaml(out, s);
-                out.push('\n');
-            }
-            Node::Map(m) if m.is_empty() => out.push_str("{}\n"),
-            Node::List(l) if l.is_empty() => out.push_str("[]\n"),
-            Node::Map(m) => map_yaml(out, m, dash + 2, Some(())),
-            Node::List(l) => {
-                out.push('\n');
-                list_yaml(out, l, dash + 4);
-            }
-        }
-    }
-}
-
-/// libyaml's block layout with indent `n`: keys at `col`; with `first`, the first key follows
-/// a `-` already written.
-fn map_lib(out: &mut String, entries: &[(String, Node)], col: usize, n: usize, first: bool) {
+/// continues a `-` already written.
+fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, first: bool, st: Style) {
     let mut first = first;
     for (key, value) in entries {
         if !std::mem::take(&mut first) {
@@ -234,17 +215,17 @@ fn map_lib(out: &mut String, entries: &[(String, Node)], col: usize, n: usize, f
             Node::List(l) if l.is_empty() => out.push_str(" []\n"),
             Node::Map(m) => {
                 out.push('\n');
-                map_lib(out, m, col + n, n, false);
+                map_yaml(out, m, col + st.map_indent(), false, st);
             }
             Node::List(items) => {
                 out.push('\n');
-                list_lib(out, items, col, n);
+                list_yaml(out, items, st.dash_under(col), st);
             }
         }
     }
 }
 
-fn list_lib(out: &mut String, items: &[Node], dash: usize, n: usize) {
+fn list_yaml(out: &mut String, items: &[Node], dash: usize, st: Style) {
     for item in items {
         pad(out, dash);
         out.push('-');
@@ -258,12 +239,12 @@ fn list_lib(out: &mut String, items: &[Node], dash: usize, n: usize) {
             Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
             Node::List(l) if l.is_empty() => out.push_str(" []\n"),
             Node::Map(m) => {
-                pad(out, n - 1);
-                map_lib(out, m, dash + n, n, true);
+                pad(out, st.item_indent() - 1);
+                map_yaml(out, m, dash + st.item_indent(), true, st);
             }
             Node::List(l) => {
                 out.push('\n');
-                list_lib(out, l, dash + n, n);
+                list_yaml(out, l, st.nested_dash(dash), st);
             }
         }
     }

@@ -109,39 +109,34 @@ pub fn import(
     }
     for r in &cfg.routes {
         let r = r.route;
-        let same = routes_now.iter().any(|x| {
-            (x.0.as_str(), x.1.as_str())
-                == (r.net.to_string().as_str(), r.gateway.to_string().as_str())
-                && x.2 == r.hops.map_or(-1, i64::from)
-                && x.3 == r.priority
-        });
-        let exists = routes_now
-            .iter()
-            .any(|x| x.0 == r.net.to_string() && x.1 == r.gateway.to_string());
-        match (del, same, exists) {
-            (false, true, _) => rep.unchanged += 1,
-            (false, false, _) => apply(
+        let (net, gateway) = (r.net.to_string(), r.gateway.to_string());
+        let hop = r.hops.map_or(-1, i64::from);
+        let existing = routes_now.iter().find(|x| x.0 == net && x.1 == gateway);
+        let same = existing.is_some_and(|x| x.2 == hop && x.3 == r.priority);
+        match (del, existing.is_some()) {
+            (false, _) if same => rep.unchanged += 1,
+            (false, _) => apply(
                 &mut rep,
                 "route",
                 Request::RouteAdd {
-                    net: r.net.to_string(),
-                    gateway: r.gateway.to_string(),
-                    hop: Some(r.hops.map_or(-1, i64::from)),
+                    net,
+                    gateway,
+                    hop: Some(hop),
                     priority: Some(r.priority),
                 },
             ),
-            (true, _, false) => fail(
+            (true, false) => fail(
                 &mut rep,
                 "route",
                 errno::ENOENT,
-                format!("route del {} via {}: no such route", r.net, r.gateway),
+                format!("route del {net} via {gateway}: no such route"),
             ),
-            (true, _, true) => apply(
+            (true, true) => apply(
                 &mut rep,
                 "route",
                 Request::RouteDel {
-                    net: r.net.to_string(),
-                    gateway: Some(r.gateway.to_string()),
+                    net,
+                    gateway: Some(gateway),
                 },
             ),
         }
