@@ -34,6 +34,85 @@ impl Stripped {
     }
 }
 
+/// `lnetctl net add`'s options, sent as the one-NI `net:` document an import of it would be
+/// (the daemon checks it as its configuration file: the interface's address, the tunables'
+/// ranges, the fabric), so that `net add` and `import` add an NI the same way.
+pub struct NiToAdd {
+    pub net: Option<String>,
+    pub interface: Option<String>,
+    pub nid: Option<String>,
+    /// (key, value) of the NI's `tunables:`; `None` leaves the default.
+    pub tunables: [(&'static str, Option<u32>); 4],
+    pub fabric: Option<String>,
+    pub listen: Option<String>,
+}
+
+impl NiToAdd {
+    /// The document, or why the options cannot make one (lnetctl's own messages).
+    pub fn document(&self) -> Result<String, String> {
+        // Every value the user gave is a double-quoted scalar (a JSON string is one), so no
+        // text of theirs can be read as YAML structure.
+        let q = |v: &str| serde_json::to_string(v.trim()).unwrap_or_default();
+        let net = match (&self.net, &self.nid) {
+            (Some(_), Some(_)) => return Err("--net is invalid with --nid option".into()),
+            (Some(n), None) => n.trim().to_string(),
+            (None, Some(nid)) => match nid.trim().rsplit_once('@') {
+                Some((_, net)) if !net.is_empty() => net.to_string(),
+                _ => return Err(format!("bad NID '{}'", nid.trim())),
+            },
+            (None, None) => {
+                return Err("missing mandatory parameters in NI config: 'network'".into())
+            }
+        };
+        if self.nid.is_none() && self.interface.is_none() {
+            return Err("creating a local NI needs at least one interface".into());
+        }
+        if let Some(i) = &self.interface {
+            if i.contains(',') || i.contains('[') {
+                return Err(format!(
+                    "bad interface list '{}': ulnet takes one interface per NI (no Multi-Rail, \
+                     no CPT list)",
+                    i.trim()
+                ));
+            }
+        }
+        let mut y = format!("net:\n    - net type: {}\n", q(&net));
+        if let Some(f) = &self.fabric {
+            y += &format!("      fabric: {}\n", q(f));
+        }
+        y += "      local NI(s):\n";
+        let mut first = true;
+        let mut item = |y: &mut String, line: String| {
+            y.push_str(if first { "        - " } else { "          " });
+            y.push_str(&line);
+            y.push('\n');
+            first = false;
+        };
+        if let Some(nid) = &self.nid {
+            item(&mut y, format!("nid: {}", q(nid)));
+        }
+        if let Some(i) = &self.interface {
+            item(&mut y, "interfaces:".to_string());
+            y += &format!("                0: {}\n", q(i));
+        }
+        if let Some(l) = &self.listen {
+            item(&mut y, format!("listen: {}", q(l)));
+        }
+        let given: Vec<_> = self
+            .tunables
+            .iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        if !given.is_empty() {
+            item(&mut y, "tunables:".to_string());
+            for (k, v) in given {
+                y += &format!("                {k}: {v}\n");
+            }
+        }
+        Ok(y)
+    }
+}
+
 /// Takes the top-level `peer:` section out of `text`. A section is a line that starts a
 /// top-level key (column 0, not `-`, `#` or a space) and what follows until the next one; a
 /// peer item is a `- primary nid:` line, and its NIs are the `- nid:` lines after it. A peer
@@ -93,6 +172,59 @@ pub fn strip_peers(text: &str, origin: &str) -> Result<Stripped, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn net_add_options_make_the_one_ni_document_an_import_would_be() {
+        let add = |net: Option<&str>, i: Option<&str>, nid: Option<&str>| NiToAdd {
+            net: net.map(String::from),
+            interface: i.map(String::from),
+            nid: nid.map(String::from),
+            tunables: [
+                ("peer_timeout", None),
+                ("peer_credits", Some(16)),
+                ("peer_buffer_credits", None),
+                ("credits", None),
+            ],
+            fabric: None,
+            listen: Some("127.0.0.1:9870".into()),
+        };
+        assert_eq!(
+            add(Some("o2ib1"), Some("eth0"), None).document().unwrap(),
+            "net:\n    - net type: \"o2ib1\"\n      local NI(s):\n        - interfaces:\n                \
+             0: \"eth0\"\n          listen: \"127.0.0.1:9870\"\n          tunables:\n                \
+             peer_credits: 16\n"
+        );
+        let by_nid = add(None, None, Some("10.0.0.1@o2ib")).document().unwrap();
+        assert!(by_nid.starts_with("net:\n    - net type: \"o2ib\"\n      local NI(s):\n        - nid: \"10.0.0.1@o2ib\"\n"), "{by_nid}");
+        // lnetctl's refusals, in its words.
+        for (a, want) in [
+            (add(None, Some("eth0"), None), "'network'"),
+            (
+                add(Some("o2ib"), None, Some("10.0.0.1@o2ib")),
+                "--net is invalid with --nid",
+            ),
+            (
+                add(Some("o2ib"), None, None),
+                "needs at least one interface",
+            ),
+            (
+                add(Some("o2ib"), Some("eth0,eth1"), None),
+                "one interface per NI",
+            ),
+            (add(None, None, Some("nonsense")), "bad NID"),
+        ] {
+            let e = a.document().unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        // A value cannot smuggle YAML structure in.
+        let sneaky = add(Some("o2ib\n  route: x"), Some("eth0"), None)
+            .document()
+            .unwrap();
+        assert!(
+            sneaky.contains("net type: \"o2ib\\n  route: x\""),
+            "{sneaky}"
+        );
+    }
 
     #[test]
     fn the_peer_section_goes_and_the_rest_stays_in_order() {

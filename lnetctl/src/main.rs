@@ -223,7 +223,8 @@ enum ShowOnly {
 
 #[derive(Subcommand, Debug)]
 enum LnetCmd {
-    /// Succeeds when the daemon runs: its configuration file configured LNet at start
+    /// Succeeds when the daemon runs: LNet is up with the NIs of its configuration (none
+    /// for a daemon started with --no-nis: `import` or `net add` give it its NIs)
     Configure {
         /// Accepted for lnetctl's sake (every configured NI is already up)
         #[arg(short, long)]
@@ -232,8 +233,8 @@ enum LnetCmd {
         #[arg(short, long)]
         large: bool,
     },
-    /// Refused: stop the lnet-router service instead (`systemctl stop lnet-router`), which
-    /// closes every connection gracefully first
+    /// Removes every NI, each closing its connections gracefully; the daemon keeps running
+    /// with none (to stop it: systemctl stop lnet-router)
     Unconfigure,
 }
 
@@ -251,19 +252,60 @@ enum DebugCmd {
 
 #[derive(Subcommand, Debug)]
 enum NetCmd {
-    /// Refused at run time: add the NI to the daemon's configuration and restart it
+    /// Add an NI to the running daemon: --net and --if (its address is the interface's), or
+    /// --nid; it listens at once, with the daemon's routes, routing and globals
     Add {
-        #[arg(long, value_name = "NET")]
+        /// The net (e.g. o2ib1)
+        #[arg(short, long, value_name = "NET")]
         net: Option<String>,
-        #[arg(long, value_name = "IF")]
+        /// The interface whose IPv4 address the NI takes (one; ulnet has no Multi-Rail)
+        #[arg(short, long, value_name = "IF")]
         r#if: Option<String>,
+        /// The NI's NID (instead of --net and --if)
         #[arg(long, value_name = "NID")]
         nid: Option<String>,
+        /// Seconds without traffic before a peer is judged dead
+        #[arg(short = 't', long, value_name = "SECS")]
+        peer_timeout: Option<u32>,
+        /// Credits per peer
+        #[arg(short = 'c', long, value_name = "N")]
+        peer_credits: Option<u32>,
+        /// Router buffer credits per peer
+        #[arg(short = 'b', long, value_name = "N")]
+        peer_buffer_credits: Option<u32>,
+        /// The NI's send credits
+        #[arg(short = 'r', long, value_name = "N")]
+        credits: Option<u32>,
+        /// Accepted and ignored (one NI is one loop, on its own thread)
+        #[arg(short = 's', long, value_name = "EXPR")]
+        cpt: Option<String>,
+        /// Accepted and ignored (o2iblnd's conns_per_peer: ulnet keeps one connection)
+        #[arg(short = 'm', long, value_name = "N")]
+        conns_per_peer: Option<u32>,
+        /// Accepted and ignored (no Multi-Rail routes to set up)
+        #[arg(short = 'k', long)]
+        skip_mr_route_setup: bool,
+        /// Refused: ip2nets is not supported; give --net and --if, or --nid
+        #[arg(short = 'p', long, value_name = "SPEC")]
+        ip2net: Option<String>,
+        /// ulnet's own: the fabric (tcp or verbs; default: verbs if the address is on an RDMA
+        /// device and the daemon has verbs, else tcp)
+        #[arg(long, value_name = "FABRIC")]
+        fabric: Option<String>,
+        /// ulnet's own: where the NI listens (default: its NID's address, port 987)
+        #[arg(long, value_name = "ADDR:PORT")]
+        listen: Option<String>,
     },
-    /// Refused at run time: remove the NI from the daemon's configuration and restart it
+    /// Remove NIs from the running daemon: every NI of --net, or the one --nid; each closes
+    /// its connections gracefully first
     Del {
-        #[arg(long, value_name = "NET")]
+        /// The net whose NIs go
+        #[arg(short, long, value_name = "NET")]
         net: Option<String>,
+        /// Refused: ulnet keeps no interface names; give --nid
+        #[arg(short, long, value_name = "IF")]
+        r#if: Option<String>,
+        /// The one NI that goes
         #[arg(long, value_name = "NID")]
         nid: Option<String>,
     },
@@ -625,11 +667,46 @@ fn run(cli: Cli) -> u8 {
                     }
                 }
                 LnetCmd::Unconfigure => {
-                    eprintln!(
-                        "lnetctl: lnet unconfigure: stop the lnet-router service instead \
-                         (systemctl stop lnet-router): it closes every connection gracefully"
-                    );
-                    exit::FAILED
+                    // Every net but lo, one `net del` each (LNet with no NI, as after Lustre's
+                    // unconfigure; the daemon stays to take them back).
+                    let mut c = match ControlClient::connect(&path) {
+                        Ok(c) => c,
+                        Err(e) => return client_failed(&e),
+                    };
+                    let nets = match c.call(&Request::NetShow { verbose: false }) {
+                        Ok(Response::Net(n)) => n.net,
+                        Ok(Response::Error(e)) => {
+                            eprintln!("lnetctl: lnet unconfigure: {e}");
+                            return exit::FAILED;
+                        }
+                        Ok(other) => {
+                            eprintln!("lnetctl: lnet unconfigure: unexpected answer: {other:?}");
+                            return exit::FAILED;
+                        }
+                        Err(e) => return client_failed(&e),
+                    };
+                    let mut code = exit::OK;
+                    for n in nets.iter().filter(|n| n.net_type != "lo") {
+                        let req = Request::NetDel {
+                            net: Some(n.net_type.clone()),
+                            nid: None,
+                        };
+                        match c.call(&req) {
+                            Ok(Response::Done) => {}
+                            Ok(Response::Error(e)) => {
+                                eprintln!("lnetctl: lnet unconfigure: {}: {e}", n.net_type);
+                                code = exit::FAILED;
+                            }
+                            Ok(other) => {
+                                eprintln!(
+                                    "lnetctl: lnet unconfigure: unexpected answer: {other:?}"
+                                );
+                                code = exit::FAILED;
+                            }
+                            Err(e) => return client_failed(&e),
+                        }
+                    }
+                    code
                 }
             };
         }
@@ -643,22 +720,107 @@ fn run(cli: Cli) -> u8 {
             Request::DebugRecovery { local }
         }
         Cmd::Net {
-            cmd: NetCmd::Add { .. },
+            cmd:
+                NetCmd::Add {
+                    net,
+                    r#if,
+                    nid,
+                    peer_timeout,
+                    peer_credits,
+                    peer_buffer_credits,
+                    credits,
+                    cpt: _,
+                    conns_per_peer: _,
+                    skip_mr_route_setup: _,
+                    ip2net,
+                    fabric,
+                    listen,
+                },
         } => {
-            eprintln!(
-                "lnetctl: net add: ulnet cannot add an NI to a running daemon yet; add it to the \
-                 daemon's configuration (net:) and restart it"
-            );
-            return exit::FAILED;
+            if ip2net.is_some() {
+                eprintln!("lnetctl: net add: --ip2net is not supported by ulnet; give --net and --if, or --nid");
+                return exit::FAILED;
+            }
+            let ni = import::NiToAdd {
+                net,
+                interface: r#if,
+                nid,
+                tunables: [
+                    ("peer_timeout", peer_timeout),
+                    ("peer_credits", peer_credits),
+                    ("peer_buffer_credits", peer_buffer_credits),
+                    ("credits", credits),
+                ],
+                fabric,
+                listen,
+            };
+            let yaml = match ni.document() {
+                Ok(y) => y,
+                Err(e) => {
+                    eprintln!("lnetctl: net add: {e}");
+                    return exit::USAGE;
+                }
+            };
+            let path = cli.socket.unwrap_or_else(default_socket_path);
+            let req = Request::Import {
+                yaml,
+                op: ImportOp::Add,
+            };
+            return match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
+                Ok(Response::Import(r)) => {
+                    for f in &r.failed {
+                        eprintln!("lnetctl: net add: {}", f.descr);
+                    }
+                    if !r.failed.is_empty() {
+                        exit::FAILED
+                    } else if r.applied == 0 {
+                        eprintln!("lnetctl: net add: the NI exists");
+                        exit::FAILED
+                    } else {
+                        exit::OK
+                    }
+                }
+                Ok(Response::Error(e)) => {
+                    // The document is ours: what the daemon says of it is about the options
+                    // (its `import:LINE:` says nothing to the user).
+                    let msg = e.message.strip_prefix("import:").map_or(&*e.message, |m| {
+                        m.trim_start_matches(|c: char| c.is_ascii_digit())
+                            .trim_start_matches(':')
+                    });
+                    eprintln!("lnetctl: net add: {}", msg.trim_start());
+                    exit::FAILED
+                }
+                Ok(other) => {
+                    eprintln!("lnetctl: net add: unexpected answer from the daemon: {other:?}");
+                    exit::FAILED
+                }
+                Err(e) => client_failed(&e),
+            };
         }
         Cmd::Net {
-            cmd: NetCmd::Del { .. },
+            cmd: NetCmd::Del { net, r#if, nid },
         } => {
-            eprintln!(
-                "lnetctl: net del: ulnet cannot remove an NI from a running daemon yet; remove it \
-                 from the daemon's configuration (net:) and restart it"
-            );
-            return exit::FAILED;
+            if r#if.is_some() {
+                eprintln!(
+                    "lnetctl: net del: --if: ulnet does not keep the interface names of its NIs; \
+                     give --nid (lnetctl net show lists them)"
+                );
+                return exit::FAILED;
+            }
+            if net.is_some() && nid.is_some() {
+                eprintln!("lnetctl: net del: --net is invalid with --nid option");
+                return exit::USAGE;
+            }
+            if net.is_none() && nid.is_none() {
+                eprintln!("lnetctl: net del: missing mandatory parameter: --net or --nid");
+                return exit::USAGE;
+            }
+            if let Some(n) = &nid {
+                if let Err(c) = check_nid(n) {
+                    return c;
+                }
+            }
+            Request::NetDel { net, nid }
         }
         Cmd::Peer {
             cmd: PeerCmd::Add { .. } | PeerCmd::Del { .. },

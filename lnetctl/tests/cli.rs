@@ -267,16 +267,20 @@ fn man_page_and_completions_are_generated() {
     }
 }
 
-/// What ulnet cannot do at run time is refused with one line that says what to do instead,
-/// exit status 1; a debug recovery without a queue named is a usage error.
+/// What ulnet cannot do is refused with one line that says what to do instead, exit status
+/// 1; a debug recovery without a queue named, or a net add|del whose options name no NI, is a
+/// usage error.
 #[test]
 fn commands_ulnet_refuses_say_what_to_do_instead() {
     for (args, want) in [
         (
-            &["net", "add", "--net", "o2ib1", "--if", "ib1"][..],
-            "restart",
+            &["net", "add", "--net", "o2ib1", "--ip2net", "o2ib1 10.*.*.*"][..],
+            "--net and --if",
         ),
-        (&["net", "del", "--net", "o2ib1"], "restart"),
+        (
+            &["net", "del", "--net", "o2ib1", "--if", "ib1"],
+            "give --nid",
+        ),
         (
             &["peer", "add", "--prim_nid", "10.0.0.5@o2ib"],
             "Multi-Rail",
@@ -285,7 +289,6 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
             &["peer", "del", "--prim_nid", "10.0.0.5@o2ib"],
             "Multi-Rail",
         ),
-        (&["lnet", "unconfigure"], "systemctl stop lnet-router"),
         (&["import", "--exec", "x.yaml"], "lnetctl ping"),
     ] {
         let o = lnetctl(args);
@@ -296,6 +299,25 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
         assert!(o.stdout.is_empty());
     }
     assert_eq!(lnetctl(&["debug", "recovery"]).status.code(), Some(2));
+    // net add / del: options that make no NI are usage errors, named as lnetctl names them.
+    for (args, want) in [
+        (&["net", "add", "--if", "ib0"][..], "'network'"),
+        (&["net", "add", "--net", "o2ib"], "at least one interface"),
+        (
+            &["net", "add", "--net", "o2ib", "--nid", "10.0.0.1@o2ib"],
+            "--net is invalid with --nid",
+        ),
+        (&["net", "del"], "--net or --nid"),
+        (
+            &["net", "del", "--net", "o2ib", "--nid", "10.0.0.1@o2ib"],
+            "--net is invalid with --nid",
+        ),
+    ] {
+        let o = lnetctl(args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
     // Without a daemon, the commands that need one say so (exit 3).
     for args in [
         &["lnet", "configure"][..],
@@ -303,6 +325,9 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
         &["debug", "recovery", "--local"],
         &["export"],
         &["import", "-"],
+        &["lnet", "unconfigure"],
+        &["net", "add", "--nid", "10.0.0.1@o2ib"],
+        &["net", "del", "--nid", "10.0.0.1@o2ib"],
     ] {
         assert_eq!(lnetctl(args).status.code(), Some(3), "{args:?}");
     }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use lnd::time::{Duration, Instant};
+use lnd::wire::Nid;
 
 /// How stale a slot may get before a message refreshes it (Lustre's is one second too).
 pub const RESOLUTION: Duration = Duration::from_secs(1);
@@ -69,6 +70,22 @@ impl NetAlive {
     /// Whether two handles share one board.
     pub fn same_board(&self, other: &NetAlive) -> bool {
         Arc::ptr_eq(&self.slots, &other.slots)
+    }
+
+    /// A new board for a node whose NIDs went from `old` (this board's order) to `new` (an NI
+    /// added or removed at run time), each NID that stays keeping its last-heard time. A
+    /// runtime still writing to this board until it adopts the new one loses at most one
+    /// refresh ([`RESOLUTION`]).
+    pub fn carried(&self, old: &[Nid], new: &[Nid]) -> NetAlive {
+        let board = NetAlive::new(new.len());
+        for (slot, nid) in board.slots.iter().zip(new) {
+            if let Some(i) = old.iter().position(|o| o == nid) {
+                if let Some(prev) = self.slots.get(i) {
+                    slot.store(prev.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+        }
+        board
     }
 }
 
@@ -122,5 +139,24 @@ mod tests {
         let c = b.clone();
         assert!(c.same_board(&b));
         assert!(!NetAlive::new(1).same_board(&b));
+    }
+
+    #[test]
+    fn a_carried_board_keeps_the_times_of_the_nids_that_stay() {
+        let nid = |s: &str| s.parse::<Nid>().unwrap();
+        let (a, b, c) = (
+            nid("10.0.0.1@o2ib"),
+            nid("10.0.1.1@o2ib1"),
+            nid("10.0.2.1@o2ib2"),
+        );
+        let old = NetAlive::new(2);
+        old.heard(0, Instant::from_secs(3));
+        old.heard(1, Instant::from_secs(4));
+        // b removed, c added, a moved: a keeps its time, c starts unheard.
+        let new = old.carried(&[a, b], &[c, a]);
+        assert_eq!(new.len(), 2);
+        assert_eq!(new.last(0), None);
+        assert_eq!(new.last(1), Some(Instant::from_secs(3)));
+        assert!(!new.same_board(&old));
     }
 }

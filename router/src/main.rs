@@ -5,7 +5,11 @@
 //! Threads: one per NI, each running that NI's [`NiRuntime`] (its `LnetNode`, which knows the
 //! node's other NIDs as its own, its fabric: tcp on io_uring, or verbs with the `verbs` feature,
 //! its waker) with [`NiRuntime::turn`], and answering the control requests for that NI; a slow or
-//! frozen peer on one NI never holds another NI's loop. A control thread accepts `lnetctl`
+//! frozen peer on one NI never holds another NI's loop. `lnetctl net add|del` (and `import`)
+//! start and stop NI threads at run time: the NIs are a [`NiSet`] whose every change the loops
+//! adopt at their next turn; a template node with no NI of its own keeps the node-wide
+//! settings an added NI starts with, and answers while the daemon runs none (`--no-nis`).
+//! A control thread accepts `lnetctl`
 //! connections, each served by a short-lived thread that sends each request to the NI loops it
 //! concerns over a bounded channel and wakes them, then merges their answers (a ping goes to the
 //! NI on the target's net; `net show`, `peer show`, `conn show` and `stats show` gather every
@@ -29,7 +33,7 @@ use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
@@ -39,14 +43,15 @@ use lnd::driver::tcp::{TcpConfig, TcpFabric};
 use lnd::driver::{Driver, MonotonicClock, WakeHandle};
 use lnd::time::Duration;
 use lnd::wire::Nid;
+use router::alive::NetAlive;
 use router::control::{
     self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
-    NiExtras, ReadRequest, Request, Response,
+    NetChange, NiExtras, ReadRequest, Request, Response,
 };
 use router::runtime::NiRuntime;
 use router::selftest::{ConsoleStart, Selftest};
 use router::yaml_config::{DaemonConfig, FabricKind};
-use router::{Handover, HandoverTarget, LnetEvent, LnetNode, RouteConfig, RouteTable};
+use router::{BufferCounts, Handover, HandoverTarget, LnetEvent, LnetNode};
 use tracing::{debug, error, info, warn};
 
 /// How long the loop may block before it looks at control requests and signals again.
@@ -129,6 +134,11 @@ struct Args {
     /// plus clients; tcp NIs only)
     #[arg(long, value_enum, default_value = "per-ni")]
     ni_threads: NiThreads,
+    /// Start even when the configuration names no NI, or is missing: NIs come later through
+    /// lnetctl (`net add`, `import`), as with Lustre's lnet.service (`lnetctl lnet
+    /// configure`, then `lnetctl import /etc/lnet.conf`). Needs --ni-threads per-ni
+    #[arg(long)]
+    no_nis: bool,
     /// Print this manual page (roff, section 8) on standard output and exit
     #[arg(long, hide = true)]
     print_man: bool,
@@ -158,7 +168,19 @@ fn main() -> ExitCode {
     }
     init_logging(args.log_format);
     // Errors go to stderr once, as one line: before the daemon runs there is no log to keep.
-    let cfg = match DaemonConfig::load(&args.config) {
+    if args.no_nis && args.ni_threads == NiThreads::Shared {
+        eprintln!(
+            "lnet-router: --no-nis needs --ni-threads per-ni (NIs added at run time each get \
+             a thread; a shared thread is fixed at start)"
+        );
+        return ExitCode::from(2);
+    }
+    let loaded = if args.no_nis {
+        DaemonConfig::load_allowing_no_nis(&args.config)
+    } else {
+        DaemonConfig::load(&args.config)
+    };
+    let cfg = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lnet-router: {e}");
@@ -321,51 +343,22 @@ fn run(
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
-    // A net without `fabric`: verbs when built with it and every NI's address is on an RDMA
-    // device, else tcp with one warning saying why.
     for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
-        let devices: Vec<Option<String>> = net
-            .nis
-            .iter()
-            .map(|ni| {
-                let ip = std::net::Ipv4Addr::from(ni.ni.nid.addr());
-                router::rdma::interface_of(ip)
-                    .and_then(|ifname| router::rdma::rdma_device_of(&ifname, Path::new("/sys")))
-            })
-            .collect();
-        let all_rdma = !devices.is_empty() && devices.iter().all(Option::is_some);
-        if all_rdma && fabric_supported(FabricKind::Verbs) {
-            info!(net = %net.net, devices = ?devices, "no 'fabric' for this net: its NIs are on RDMA devices, using verbs");
-            net.fabric = FabricKind::Verbs;
-            continue;
-        }
-        let why = if all_rdma {
-            "its NIs are on RDMA devices but this daemon is built without verbs"
-        } else if devices.iter().any(Option::is_some) {
-            "not every NI of it is on an RDMA device"
-        } else {
-            "no NI of it is on an RDMA device"
-        };
-        warn!(
-            net = %net.net,
-            "no 'fabric' for this net: using tcp (o2iblnd over TCP sockets): {why}; set \
-             'fabric: verbs' for RDMA"
-        );
+        choose_fabric(net);
     }
+    let node_cfgs = cfg.ni_node_configs(incarnation);
+    let board = node_cfgs
+        .first()
+        .and_then(|c| c.net_alive.clone())
+        .unwrap_or_else(|| NetAlive::new(0));
     let mut runtimes = Vec::new();
-    for ((net, ni), node_cfg) in cfg.nis().zip(cfg.ni_node_configs(incarnation)) {
-        let f = start_fabric(&cfg, net.fabric, ni)?;
+    for ((net, ni), node_cfg) in cfg.nis().zip(node_cfgs) {
+        let f = start_fabric(&cfg.peers, net.fabric, ni)?;
         let node = LnetNode::new(node_cfg, clock.now());
         let (rt, wake) = NiRuntime::new(node, f.driver, clock)
             .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
-        let extras = NiExtras {
-            peer_timeout: ni.peer_timeout,
-            peer_buffer_credits: ni.peer_buffer_credits,
-            listen: Some(f.listen),
-        };
-        runtimes.push((rt, wake, f.kind, extras));
+        runtimes.push((rt, wake, f.kind, extras_of(ni, f.listen)));
     }
-    let selftest = cfg.selftest;
     let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
         runtimes.iter_mut().map(|r| &mut r.0).collect();
     give_bulk_buffers(&mut rts, clock.now());
@@ -373,75 +366,47 @@ fn run(
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
     let _guard = SocketGuard(socket.clone());
-    let shared = Arc::new(Shutdown::default());
-    let mut links = Vec::new();
-    let mut threads = Vec::new();
-    let wakes: Vec<WakeHandle> = runtimes.iter().map(|r| r.1.clone()).collect();
-    let wakes = Arc::new(wakes);
-    // The NI loops hand each other forwarded messages over bounded channels, each with the
-    // receiving loop's waker.
-    let mut hand_rxs = Vec::new();
-    let mut hand_links = Vec::new();
-    for (rt, wake, _, _) in &runtimes {
-        let (tx, rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
-        hand_links.push(HandoverLink {
-            nid: rt.node().nids()[0],
-            tx,
-            // On one shared thread every loop is stepped each round, and the sleeper does not
-            // sleep with handovers in its inbox (`run_shared`): no wake-up needed.
-            wake: (threading == NiThreads::PerNi).then(|| wake.clone()),
-        });
-        hand_rxs.push(rx);
-    }
-    let hand_links = Arc::new(hand_links);
+    let nids: Vec<Nid> = cfg.nis().map(|(_, ni)| ni.ni.nid).collect();
+    // The node without NIs of its own, knowing every NID: it keeps the node-wide settings
+    // (routes, routing, buffers, globals) that an NI added later starts with, and answers for
+    // the daemon while it runs no NI.
+    let template = LnetNode::new(
+        router::NodeConfig {
+            nis: Vec::new(),
+            node_nids: nids.clone(),
+            net_alive: Some(board.clone()),
+            ..cfg.node_config(incarnation)
+        },
+        clock.now(),
+    );
+    let daemon = Arc::new(Daemon {
+        set: NiSet::default(),
+        shared: Shutdown::default(),
+        next_incarnation: AtomicU64::new(incarnation.wrapping_add(nids.len() as u64)),
+        base: cfg,
+        clock,
+        threading,
+        template: Mutex::new(template),
+    });
     let mut ni_loops = Vec::new();
-    for ((rt, wake, kind, extras), hand_rx) in runtimes.into_iter().zip(hand_rxs) {
-        let nid = rt.node().nids()[0];
-        let (tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
-        links.push(NiLink { nid, tx, wake });
-        ni_loops.push(NiLoop {
-            nid,
-            rt,
-            kind,
-            control: Control::new(vec![extras]),
-            req_rx,
-            hands: Handovers {
-                rx: hand_rx,
-                links: Arc::clone(&hand_links),
-                outbox: std::collections::VecDeque::new(),
-                woken: vec![false; hand_links.len()],
-            },
-            shared: Arc::clone(&shared),
-            wakes: Arc::clone(&wakes),
-            shutdown_deadline: None,
-            failed: false,
-            capture: CaptureState::Idle,
-            next_capture: 1,
-            lst: NiSelftest {
-                st: selftest.then(|| {
-                    Selftest::new(
-                        router::NiIndex(0),
-                        nid,
-                        incarnation,
-                        router::selftest::DEFAULT_BUFFER_LIMIT,
-                    )
-                }),
-                pending: HashMap::new(),
-            },
-        });
+    let mut members = Vec::new();
+    for (rt, wake, kind, extras) in runtimes {
+        let (l, m) = daemon.make_loop(rt, wake, kind, extras);
+        ni_loops.push(l);
+        members.push(m);
     }
+    daemon.set.publish(Members {
+        list: members,
+        board,
+    });
     let nis = ni_loops.len();
     match threading {
         NiThreads::PerNi => {
             for l in ni_loops {
-                let nid = l.nid;
-                let t = std::thread::Builder::new()
-                    .name(format!("ni {nid}"))
-                    .spawn(move || l.run())
-                    .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
-                threads.push((nid.to_string(), t));
+                daemon.spawn(l)?;
             }
         }
+        NiThreads::Shared if ni_loops.is_empty() => {}
         NiThreads::Shared => {
             let (first, rest) = ni_loops.split_first_mut().ok_or("no NI is configured")?;
             for other in rest.iter() {
@@ -458,18 +423,14 @@ fn run(
                 .name("nis".into())
                 .spawn(move || run_shared(ni_loops))
                 .map_err(|e| format!("cannot start the NIs' thread: {e}"))?;
-            threads.push(("shared".to_string(), t));
+            lock(&daemon.set.threads).push(NiThread {
+                nid: None,
+                handle: t,
+            });
         }
     }
-    let own: Vec<Nid> = links.iter().map(|l| l.nid).collect();
-    let table = RouteTable::new(
-        &cfg.routes.iter().map(|r| r.route).collect::<Vec<_>>(),
-        &own,
-    )
-    .map_err(|(i, e)| format!("route {}: {e}", i + 1))?;
     let loops = Loops {
-        nis: Arc::new(links),
-        routes: Arc::new(Mutex::new(table)),
+        daemon: Arc::clone(&daemon),
         import: Arc::new(Mutex::new(())),
     };
     let counters = Arc::new(ControlCounters::default());
@@ -477,7 +438,7 @@ fn run(
         .name("control".into())
         .spawn(move || control_thread(listener, loops, limits, counters))
         .map_err(|e| format!("cannot start the control thread: {e}"))?;
-    info!(socket = %socket.display(), nis, ni_threads = threads.len(), "lnet-router running");
+    info!(socket = %socket.display(), nis, "lnet-router running");
     // Every NI listens and the control socket answers: tell the service manager.
     sd_notify(&format!(
         "READY=1\nSTATUS=running: {nis} NI(s), control socket {}\nMAINPID={}",
@@ -485,26 +446,453 @@ fn run(
         std::process::id()
     ));
 
-    // The main thread: signals, and the NI threads' ends (a failed fabric stops everyone).
+    // The main thread: signals, and the end once every NI thread has finished after a stop
+    // (a signal, or a failed fabric, which stops everyone). A thread started after the stop
+    // is refused under the same lock, so none is missed.
+    let shared = &daemon.shared;
     loop {
         if signals.check() && !shared.stop.swap(true, Ordering::Relaxed) {
             info!("closing every connection");
             sd_notify("STOPPING=1\nSTATUS=closing every connection");
-            wake_all(&wakes);
+            daemon.wake_all();
         }
-        if threads.iter().all(|(_, t)| t.is_finished()) {
+        if shared.stop.load(Ordering::Relaxed)
+            && lock(&daemon.set.threads)
+                .iter()
+                .all(|t| t.handle.is_finished())
+        {
             break;
         }
         std::thread::sleep(MAX_WAIT);
     }
-    for (nid, t) in threads {
-        if t.join().is_err() {
-            shared.fail(format!("the thread of NI {nid} panicked"));
+    for t in std::mem::take(&mut *lock(&daemon.set.threads)) {
+        if t.handle.join().is_err() {
+            let which = t.nid.map_or("the NIs' thread".to_string(), |n| {
+                format!("the thread of NI {n}")
+            });
+            shared.fail(format!("{which} panicked"));
         }
     }
     info!("lnet-router stopped");
-    let fatal = shared.fatal.lock().map(|f| f.clone()).unwrap_or(None);
+    let fatal = lock(&shared.fatal).clone();
     fatal.map_or(Ok(()), Err)
+}
+
+/// A lock that a panicked holder left poisoned is still the daemon's state: taken anyway.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A net without `fabric`: verbs when built with it and every NI's address is on an RDMA
+/// device, else tcp with one warning saying why.
+fn choose_fabric(net: &mut router::yaml_config::NetSettings) {
+    let devices: Vec<Option<String>> = net
+        .nis
+        .iter()
+        .map(|ni| {
+            let ip = std::net::Ipv4Addr::from(ni.ni.nid.addr());
+            router::rdma::interface_of(ip)
+                .and_then(|ifname| router::rdma::rdma_device_of(&ifname, Path::new("/sys")))
+        })
+        .collect();
+    let all_rdma = !devices.is_empty() && devices.iter().all(Option::is_some);
+    if all_rdma && fabric_supported(FabricKind::Verbs) {
+        info!(net = %net.net, devices = ?devices, "no 'fabric' for this net: its NIs are on RDMA devices, using verbs");
+        net.fabric = FabricKind::Verbs;
+        return;
+    }
+    let why = if all_rdma {
+        "its NIs are on RDMA devices but this daemon is built without verbs"
+    } else if devices.iter().any(Option::is_some) {
+        "not every NI of it is on an RDMA device"
+    } else {
+        "no NI of it is on an RDMA device"
+    };
+    warn!(
+        net = %net.net,
+        "no 'fabric' for this net: using tcp (o2iblnd over TCP sockets): {why}; set \
+         'fabric: verbs' for RDMA"
+    );
+}
+
+fn extras_of(ni: &router::yaml_config::NiSettings, listen: std::net::SocketAddr) -> NiExtras {
+    NiExtras {
+        peer_timeout: ni.peer_timeout,
+        peer_buffer_credits: ni.peer_buffer_credits,
+        listen: Some(listen),
+    }
+}
+
+/// The daemon as its threads share it: the NIs it runs, the stop, the settings an NI added at
+/// run time starts with.
+struct Daemon {
+    set: NiSet,
+    shared: Shutdown,
+    /// The configuration the daemon started with: what an added NI takes from it besides its
+    /// own settings (gateway health, selftest, where peers listen).
+    base: DaemonConfig,
+    clock: MonotonicClock,
+    /// The next NI's incarnation: every NI started gets its own, so that a NID removed and
+    /// added again is a new instance to its peers (they drop what they held for the old one).
+    next_incarnation: AtomicU64,
+    threading: NiThreads,
+    /// A node with no NI of its own that knows every NID: it holds the node-wide settings as
+    /// `route`, `set` and `routing` changed them (each change every NI accepted is applied
+    /// to it too), gives them to an NI added later, and answers while the daemon runs none.
+    template: Mutex<LnetNode>,
+}
+
+/// The NIs the daemon runs now, as the control side and every NI loop reach them. `net
+/// add|del` change it at run time: each change publishes a new [`Members`] and bumps
+/// `epoch`, so that a loop notices with one load per turn and then adopts it (its node's
+/// NIDs, its handover links).
+#[derive(Default)]
+struct NiSet {
+    epoch: AtomicU64,
+    members: Mutex<Arc<Members>>,
+    /// Every NI thread not yet joined: the main thread joins them at the end, `net del` the
+    /// ones it stopped. A thread is added only while no stop is asked, under this lock.
+    threads: Mutex<Vec<NiThread>>,
+    /// One NI change at a time (held through a whole `net add|del`, its join included).
+    change: Mutex<()>,
+}
+
+struct NiThread {
+    /// `None`: the one thread of `--ni-threads shared`.
+    nid: Option<Nid>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+/// The NIs at one epoch, in order (the configuration's, then as added), and their nets'
+/// liveness board (one slot per NID, in the same order; see `router::alive`).
+struct Members {
+    list: Vec<Member>,
+    board: NetAlive,
+}
+
+impl Default for Members {
+    fn default() -> Members {
+        Members {
+            list: Vec::new(),
+            board: NetAlive::new(0),
+        }
+    }
+}
+
+impl Members {
+    fn nids(&self) -> Vec<Nid> {
+        self.list.iter().map(|m| m.nid).collect()
+    }
+
+    fn index_of(&self, nid: &str) -> Option<usize> {
+        self.list.iter().position(|l| l.nid.to_string() == nid)
+    }
+}
+
+/// One NI's loop as the control side and the other loops reach it.
+#[derive(Clone)]
+struct Member {
+    nid: Nid,
+    /// Its control requests, and its waker.
+    ctl: SyncSender<ControlMsg>,
+    wake: WakeHandle,
+    /// Its handovers (forwarded messages and their releases), and whether a handover wakes
+    /// it (not when every loop shares one thread: each is stepped every round).
+    hand: crossbeam_channel::Sender<Handover>,
+    hand_wake: Option<WakeHandle>,
+    /// Set by `net del`: the loop shuts its NI down gracefully and ends.
+    stop: Arc<AtomicBool>,
+}
+
+impl Member {
+    /// Hands a request to this loop and wakes it; the answer comes on `reply`.
+    fn submit(&self, req: Request, reply: SyncSender<Response>) -> Result<(), ControlError> {
+        match self.ctl.try_send((req, reply)) {
+            Ok(()) => {
+                self.wake.wake();
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => Err(ControlError::new(
+                errno::EIO,
+                "the daemon is busy (control queue full); try again",
+            )),
+            Err(TrySendError::Disconnected(_)) => Err(ControlError::new(
+                errno::ESHUTDOWN,
+                "the daemon is shutting down",
+            )),
+        }
+    }
+}
+
+impl NiSet {
+    fn snapshot(&self) -> Arc<Members> {
+        Arc::clone(&lock(&self.members))
+    }
+
+    fn publish(&self, m: Members) {
+        *lock(&self.members) = Arc::new(m);
+        self.epoch.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Daemon {
+    fn wake_all(&self) {
+        for m in &self.set.snapshot().list {
+            m.wake.wake();
+        }
+    }
+
+    /// A loop for `rt`, and the member the others reach it by.
+    fn make_loop(
+        self: &Arc<Self>,
+        rt: NiRuntime<Box<dyn Driver + Send>>,
+        wake: WakeHandle,
+        kind: FabricKind,
+        extras: NiExtras,
+    ) -> (NiLoop, Member) {
+        let nid = rt.node().nids()[0];
+        let (tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
+        let (hand_tx, hand_rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
+        let stop = Arc::new(AtomicBool::new(false));
+        let member = Member {
+            nid,
+            ctl: tx,
+            wake: wake.clone(),
+            hand: hand_tx,
+            hand_wake: (self.threading == NiThreads::PerNi).then(|| wake.clone()),
+            stop: Arc::clone(&stop),
+        };
+        let incarnation = rt
+            .node()
+            .endpoint(router::NiIndex(0))
+            .map_or(0, |e| e.incarnation());
+        let l = NiLoop {
+            nid,
+            rt,
+            kind,
+            control: Control::new(vec![extras]),
+            req_rx,
+            hands: Handovers {
+                rx: hand_rx,
+                links: Arc::default(),
+                outbox: std::collections::VecDeque::new(),
+                woken: Vec::new(),
+            },
+            daemon: Arc::clone(self),
+            seen_epoch: 0,
+            stop,
+            shutdown_deadline: None,
+            failed: false,
+            capture: CaptureState::Idle,
+            next_capture: 1,
+            lst: NiSelftest {
+                st: self.base.selftest.then(|| {
+                    Selftest::new(
+                        router::NiIndex(0),
+                        nid,
+                        incarnation,
+                        router::selftest::DEFAULT_BUFFER_LIMIT,
+                    )
+                }),
+                pending: HashMap::new(),
+            },
+        };
+        (l, member)
+    }
+
+    /// Runs `l` on a thread of its own, unless a stop was asked.
+    fn spawn(&self, l: NiLoop) -> Result<(), String> {
+        let nid = l.nid;
+        let mut threads = lock(&self.set.threads);
+        if self.shared.stop.load(Ordering::Relaxed) {
+            return Err("the daemon is shutting down".into());
+        }
+        let t = std::thread::Builder::new()
+            .name(format!("ni {nid}"))
+            .spawn(move || l.run())
+            .map_err(|e| format!("cannot start the thread of NI {nid}: {e}"))?;
+        threads.push(NiThread {
+            nid: Some(nid),
+            handle: t,
+        });
+        Ok(())
+    }
+
+    fn fixed_nis(&self, what: &str) -> Option<ControlError> {
+        (self.threading == NiThreads::Shared).then(|| {
+            ControlError::new(
+                errno::EOPNOTSUPP,
+                format!(
+                    "{what}: this daemon runs every NI on one thread (--ni-threads shared), \
+                     fixed at start; change its configuration and restart it, or run it \
+                     with --ni-threads per-ni"
+                ),
+            )
+        })
+    }
+
+    /// `net add` (an import's new NI): starts NI `ni` of `net` on its own thread, with the
+    /// node-wide settings as they are now (routes, routing, buffers, globals: the template's),
+    /// then tells every other loop its NID. As lnet_add_net_common: a NID already running is
+    /// EEXIST, and a net that a route leads to is EUSERS (adding it would invalidate the
+    /// routing configuration). Router buffers for bulk data are registered at start only: an
+    /// NI added later forwards no bulk PUT (counted `no_bulk_buffer`).
+    fn add_ni(
+        self: &Arc<Self>,
+        net: &router::yaml_config::NetSettings,
+        ni: &router::yaml_config::NiSettings,
+        doc: &DaemonConfig,
+    ) -> Result<(), ControlError> {
+        let nid = ni.ni.nid;
+        let what = format!("net add {nid}");
+        if let Some(e) = self.fixed_nis(&what) {
+            return Err(e);
+        }
+        let _one = lock(&self.set.change);
+        let m = self.set.snapshot();
+        if m.list.iter().any(|x| x.nid == nid) {
+            return Err(ControlError::new(
+                errno::EEXIST,
+                format!("{what}: the NI exists"),
+            ));
+        }
+        let mut nids = m.nids();
+        nids.push(nid);
+        let board = m.board.carried(&m.nids(), &nids);
+        let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let node_cfg = {
+            let t = lock(&self.template);
+            if !t.routes().to_net(nid.net()).is_empty() {
+                return Err(ControlError::new(
+                    errno::EUSERS,
+                    format!(
+                        "{what}: a route leads to {}; adding the net would invalidate the \
+                         routing configuration (delete the route first)",
+                        nid.net()
+                    ),
+                ));
+            }
+            let info = t.routing_info();
+            let total = |class| {
+                info.pools
+                    .iter()
+                    .find(|p| p.class == class)
+                    .map_or(0, |p| p.nbuffers)
+            };
+            let whole = BufferCounts {
+                tiny: total(router::PoolClass::Tiny),
+                small: total(router::PoolClass::Small),
+                large: total(router::PoolClass::Large),
+            };
+            let single = DaemonConfig {
+                nets: vec![router::yaml_config::NetSettings {
+                    nis: vec![ni.clone()],
+                    ..net.clone()
+                }],
+                ..self.base.clone()
+            };
+            let mut c = single.node_config(incarnation);
+            c.routes = t.routes().routes().copied().collect();
+            c.globals = t.globals().clone();
+            c.routing = router::RoutingConfig {
+                enabled: t.routing_enabled(),
+                buffers: whole.share(nids.len()),
+            };
+            c.node_nids = nids.clone();
+            c.net_alive = Some(board.clone());
+            c
+        };
+        let mut net = net.clone();
+        net.nis = vec![ni.clone()];
+        if !net.fabric_given {
+            choose_fabric(&mut net);
+        }
+        if !fabric_supported(net.fabric) {
+            return Err(ControlError::new(
+                errno::EINVAL,
+                format!(
+                    "{what}: fabric '{}' is not available in this lnet-router",
+                    net.fabric.as_str()
+                ),
+            ));
+        }
+        let mut peers = self.base.peers.clone();
+        peers.extend(doc.peers.iter().map(|(k, v)| (*k, *v)));
+        let f = start_fabric(&peers, net.fabric, ni)
+            .map_err(|e| ControlError::new(errno::EADDRNOTAVAIL, format!("{what}: {e}")))?;
+        let node = LnetNode::new(node_cfg, self.clock.now());
+        let (rt, wake) = NiRuntime::new(node, f.driver, self.clock)
+            .map_err(|e| ControlError::new(errno::EIO, format!("{what}: {e}")))?;
+        let (l, member) = self.make_loop(rt, wake, f.kind, extras_of(ni, f.listen));
+        self.spawn(l)
+            .map_err(|e| ControlError::new(errno::ESHUTDOWN, format!("{what}: {e}")))?;
+        let mut list = m.list.clone();
+        list.push(member);
+        self.set.publish(Members {
+            list,
+            board: board.clone(),
+        });
+        lock(&self.template).set_node_nids(nids, board);
+        info!(%nid, fabric = f.kind.as_str(), listen = %f.listen, "NI added");
+        Ok(())
+    }
+
+    /// `net del`: stops the NIs `which` picks, each closing its connections gracefully (within
+    /// the shutdown bound), after telling every other loop they are gone; returns how many.
+    /// Routes through them stay, unusable until a net of their gateway is back (as Lustre's).
+    fn del_nis(&self, what: &str, which: impl Fn(Nid) -> bool) -> Result<usize, ControlError> {
+        if let Some(e) = self.fixed_nis(what) {
+            return Err(e);
+        }
+        let _one = lock(&self.set.change);
+        let m = self.set.snapshot();
+        let (gone, stay): (Vec<Member>, Vec<Member>) =
+            m.list.iter().cloned().partition(|x| which(x.nid));
+        if gone.is_empty() {
+            return Err(ControlError::new(
+                errno::ENOENT,
+                format!("{what}: no such NI"),
+            ));
+        }
+        let nids: Vec<Nid> = stay.iter().map(|x| x.nid).collect();
+        let board = m.board.carried(&m.nids(), &nids);
+        self.set.publish(Members {
+            list: stay,
+            board: board.clone(),
+        });
+        lock(&self.template).set_node_nids(nids, board);
+        for g in &gone {
+            g.stop.store(true, Ordering::Relaxed);
+            g.wake.wake();
+        }
+        // Each ends within the shutdown bound; joined here so that the NID and its port are
+        // free when the answer comes (a `net add` of it may follow at once).
+        let bound = StdDuration::from_nanos(SHUTDOWN_BOUND.as_nanos()) + StdDuration::from_secs(2);
+        let started = std::time::Instant::now();
+        for g in &gone {
+            let handle = {
+                let mut threads = lock(&self.set.threads);
+                threads
+                    .iter()
+                    .position(|t| t.nid == Some(g.nid))
+                    .map(|i| threads.swap_remove(i))
+            };
+            let Some(t) = handle else { continue };
+            while !t.handle.is_finished() && started.elapsed() < bound {
+                std::thread::sleep(StdDuration::from_millis(5));
+            }
+            if t.handle.is_finished() {
+                if t.handle.join().is_err() {
+                    error!(nid = %g.nid, "the thread of the NI removed panicked");
+                }
+            } else {
+                warn!(nid = %g.nid, "the NI removed has not finished closing; left to end by itself");
+                lock(&self.set.threads).push(t);
+            }
+            info!(nid = %g.nid, "NI removed");
+        }
+        Ok(gone.len())
+    }
 }
 
 /// What the NI threads share: the stop every one of them obeys, and the first fatal error.
@@ -517,16 +905,8 @@ struct Shutdown {
 impl Shutdown {
     /// Records a fatal error (the first one is reported) and stops every NI.
     fn fail(&self, e: String) {
-        if let Ok(mut f) = self.fatal.lock() {
-            f.get_or_insert(e);
-        }
+        lock(&self.fatal).get_or_insert(e);
         self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-fn wake_all(wakes: &[WakeHandle]) {
-    for w in wakes {
-        w.wake();
     }
 }
 
@@ -540,8 +920,11 @@ struct NiLoop {
     control: Control<SyncSender<Response>>,
     req_rx: Receiver<ControlMsg>,
     hands: Handovers,
-    shared: Arc<Shutdown>,
-    wakes: Arc<Vec<WakeHandle>>,
+    daemon: Arc<Daemon>,
+    /// The [`NiSet`] epoch this loop last adopted.
+    seen_epoch: u64,
+    /// This NI alone is to stop (`net del`).
+    stop: Arc<AtomicBool>,
     shutdown_deadline: Option<lnd::time::Instant>,
     failed: bool,
     capture: CaptureState,
@@ -558,6 +941,14 @@ impl NiLoop {
     /// requests, the capture, the shutdown. True once this loop is finished.
     fn step(&mut self, wait: StdDuration) -> bool {
         let nid = self.nid;
+        // An NI added or removed: adopt the node's NIDs and the loops as they are now.
+        let epoch = self.daemon.set.epoch.load(Ordering::Acquire);
+        if epoch != self.seen_epoch {
+            self.seen_epoch = epoch;
+            let m = self.daemon.set.snapshot();
+            self.rt.node_mut().set_node_nids(m.nids(), m.board.clone());
+            self.hands.adopt(m);
+        }
         // Handovers from the other NIs first, so that what they produce (a forward's send) goes
         // out in this turn's submission rather than a turn later.
         self.hands.take_in(&mut self.rt);
@@ -569,8 +960,8 @@ impl NiLoop {
                 // SIGTERM, then the daemon exits with the error.
                 error!(%nid, "fabric failed: {e}; closing every other connection");
                 self.failed = true;
-                self.shared.fail(format!("fabric of NI {nid}: {e}"));
-                wake_all(&self.wakes);
+                self.daemon.shared.fail(format!("fabric of NI {nid}: {e}"));
+                self.daemon.wake_all();
             }
         } else {
             std::thread::sleep(wait);
@@ -655,7 +1046,10 @@ impl NiLoop {
         let now = rt.now();
         self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
 
-        if self.shutdown_deadline.is_none() && self.shared.stop.load(Ordering::Relaxed) {
+        if self.shutdown_deadline.is_none()
+            && (self.daemon.shared.stop.load(Ordering::Relaxed)
+                || self.stop.load(Ordering::Relaxed))
+        {
             rt.node_mut().shutdown(now);
             self.shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
         }
@@ -723,25 +1117,23 @@ fn run_shared(mut loops: Vec<NiLoop>) {
     drop(loops);
 }
 
-/// Another NI loop as a handover reaches it.
-struct HandoverLink {
-    nid: Nid,
-    tx: crossbeam_channel::Sender<Handover>,
-    /// The receiving loop's waker (none when every loop shares one thread).
-    wake: Option<WakeHandle>,
-}
-
 /// One NI loop's side of the handovers: its inbox, every loop's link, and what did not fit
 /// in a full channel yet.
 struct Handovers {
     rx: crossbeam_channel::Receiver<Handover>,
-    links: Arc<Vec<HandoverLink>>,
+    links: Arc<Members>,
     outbox: std::collections::VecDeque<Handover>,
     /// Which loops got a handover in this relay (one flag per link).
     woken: Vec<bool>,
 }
 
 impl Handovers {
+    /// The loops as they are now (an NI added or removed).
+    fn adopt(&mut self, links: Arc<Members>) {
+        self.woken = vec![false; links.list.len()];
+        self.links = links;
+    }
+
     /// Hands what the other loops handed over to this loop's node.
     fn take_in(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
         if self.rx.is_empty() {
@@ -769,14 +1161,14 @@ impl Handovers {
                 break;
             };
             let target = match h.target() {
-                HandoverTarget::Nid(nid) => self.links.iter().position(|l| l.nid == nid),
-                HandoverTarget::Net(net) => self.links.iter().position(|l| l.nid.net() == net),
+                HandoverTarget::Nid(nid) => self.links.list.iter().position(|l| l.nid == nid),
+                HandoverTarget::Net(net) => self.links.list.iter().position(|l| l.nid.net() == net),
             };
             let Some(i) = target else {
                 self.undeliverable(rt, h);
                 continue;
             };
-            match self.links[i].tx.try_send(h) {
+            match self.links.list[i].hand.try_send(h) {
                 Ok(()) => self.woken[i] = true,
                 Err(crossbeam_channel::TrySendError::Full(h)) => self.outbox.push_back(h),
                 Err(crossbeam_channel::TrySendError::Disconnected(h)) => self.undeliverable(rt, h),
@@ -784,7 +1176,7 @@ impl Handovers {
         }
         for (i, w) in self.woken.iter_mut().enumerate() {
             if std::mem::take(w) {
-                if let Some(wake) = &self.links[i].wake {
+                if let Some(wake) = &self.links.list[i].hand_wake {
                     wake.wake();
                 }
             }
@@ -899,12 +1291,12 @@ fn give_bulk_buffers(
 
 /// Starts the fabric of one NI: listening, ready for the loop.
 fn start_fabric(
-    cfg: &DaemonConfig,
+    peers: &HashMap<Nid, std::net::SocketAddr>,
     kind: FabricKind,
     ni: &router::yaml_config::NiSettings,
 ) -> Result<NiFabric, String> {
     let nid = ni.ni.nid;
-    let peers = cfg.peers.clone();
+    let peers = peers.clone();
     let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
         FabricKind::Tcp => {
             // As o2iblnd: the NID's address and port 987 unless the file says otherwise.
@@ -1379,12 +1771,19 @@ fn serve_capture(
     loops: &Loops,
 ) -> std::io::Result<()> {
     let (out_tx, out_rx) = mpsc::sync_channel(control::CAPTURE_QUEUE);
+    // The NIs as they are when the capture starts: the capture is theirs (an NI added later
+    // is not captured; one removed ends its part with its loop).
+    let m = loops.members();
+    if m.list.is_empty() {
+        let e = no_ni();
+        return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
+    }
     let mut asked = Vec::new();
-    for i in 0..loops.nis.len() {
-        match loops.submit(i, req.clone(), out_tx.clone()) {
+    for (i, member) in m.list.iter().enumerate() {
+        match member.submit(req.clone(), out_tx.clone()) {
             Ok(()) => asked.push(i),
             Err(e) => {
-                stop_captures(loops, &asked, &HashMap::new());
+                stop_captures(&m, &asked, &HashMap::new());
                 return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
             }
         }
@@ -1397,7 +1796,7 @@ fn serve_capture(
     while ids.len() + usize::from(failure.is_some()) < asked.len() {
         match out_rx.recv() {
             Ok(Response::CaptureStarted(s)) => {
-                if let Some(i) = s.nis.first().and_then(|n| loops.index_of(n)) {
+                if let Some(i) = s.nis.first().and_then(|n| m.index_of(n)) {
                     ids.insert(i, s.id);
                 }
             }
@@ -1415,15 +1814,15 @@ fn serve_capture(
         }
     }
     if let Some(e) = failure {
-        stop_captures(loops, &asked, &ids);
+        stop_captures(&m, &asked, &ids);
         return writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
     }
     let started = control::CaptureStarted {
         id: ids.get(&0).copied().unwrap_or(1),
-        nis: loops.nis.iter().map(|l| l.nid.to_string()).collect(),
+        nis: m.list.iter().map(|l| l.nid.to_string()).collect(),
     };
     writer.write_all(control::encode_response(&Response::CaptureStarted(started)).as_bytes())?;
-    let (loops2, ids2) = (loops.clone(), ids.clone());
+    let (m2, ids2) = (Arc::clone(&m), ids.clone());
     std::thread::Builder::new()
         .name("capture-watch".into())
         .spawn(move || {
@@ -1439,7 +1838,7 @@ fn serve_capture(
                 // Anything else is ignored: the connection belongs to the capture.
             }
             let all: Vec<usize> = ids2.keys().copied().collect();
-            stop_captures(&loops2, &all, &ids2);
+            stop_captures(&m2, &all, &ids2);
         })?;
     let mut done: Option<control::CaptureSummary> = None;
     let mut ended = 0;
@@ -1474,14 +1873,15 @@ fn serve_capture(
 /// Asks NI loops `which` to end their capture (ids as each named it). The stop must get through,
 /// or a capture would run (and refuse every other) until the daemon stops: retried while a
 /// control queue is full.
-fn stop_captures(loops: &Loops, which: &[usize], ids: &HashMap<usize, u64>) {
+fn stop_captures(m: &Members, which: &[usize], ids: &HashMap<usize, u64>) {
     for &i in which {
         let Some(&id) = ids.get(&i) else {
             continue;
         };
         loop {
             let (done_tx, _done_rx) = mpsc::sync_channel(1);
-            match loops.submit(i, Request::CaptureStop { id }, done_tx) {
+            let Some(member) = m.list.get(i) else { break };
+            match member.submit(Request::CaptureStop { id }, done_tx) {
                 Err(e) if e.errno == errno::EIO => {
                     std::thread::sleep(StdDuration::from_millis(10));
                 }
@@ -1498,65 +1898,37 @@ fn shutting_down() -> Response {
     ))
 }
 
-/// One NI's loop as the control side reaches it.
-#[derive(Clone)]
-struct NiLink {
-    nid: Nid,
-    tx: SyncSender<ControlMsg>,
-    wake: WakeHandle,
-}
-
-/// Every NI's loop, in configuration order, and the route table the control side reads to
-/// send a ping to the right loop (each loop's node holds its own copy; `route add|del` change
-/// both).
+/// The daemon as the control side reaches it: every NI's loop (as [`NiSet`] has them now) and
+/// the template node that keeps the node-wide settings.
 #[derive(Clone)]
 struct Loops {
-    nis: Arc<Vec<NiLink>>,
-    routes: Arc<Mutex<RouteTable>>,
+    daemon: Arc<Daemon>,
     /// One import at a time: each compares the daemon's state with its document, then changes
     /// it; two at once would each see the other's half.
     import: Arc<Mutex<()>>,
 }
 
+fn no_ni() -> ControlError {
+    ControlError::new(
+        errno::ENETDOWN,
+        "the daemon runs no NI (add one: lnetctl net add, or lnetctl import a configuration)",
+    )
+}
+
 impl Loops {
-    fn index_of(&self, nid: &str) -> Option<usize> {
-        self.nis.iter().position(|l| l.nid.to_string() == nid)
+    fn members(&self) -> Arc<Members> {
+        self.daemon.set.snapshot()
     }
 
-    /// Hands a request to NI `i`'s loop and wakes it; the answer comes on `reply`.
-    fn submit(
-        &self,
-        i: usize,
-        req: Request,
-        reply: SyncSender<Response>,
-    ) -> Result<(), ControlError> {
-        let Some(link) = self.nis.get(i) else {
-            return Err(ControlError::new(errno::ESHUTDOWN, "the daemon runs no NI"));
-        };
-        match link.tx.try_send((req, reply)) {
-            Ok(()) => {
-                link.wake.wake();
-                Ok(())
-            }
-            Err(TrySendError::Full(_)) => Err(ControlError::new(
-                errno::EIO,
-                "the daemon is busy (control queue full); try again",
-            )),
-            Err(TrySendError::Disconnected(_)) => Err(ControlError::new(
-                errno::ESHUTDOWN,
-                "the daemon is shutting down",
-            )),
-        }
-    }
-
-    /// Asks the loops in `which` at once (each is woken), then waits for every answer.
-    fn ask(&self, which: &[usize], req: &Request) -> Vec<Response> {
+    /// Asks the loops in `which` of `m` at once (each is woken), then waits for every answer.
+    fn ask(&self, m: &Members, which: &[usize], req: &Request) -> Vec<Response> {
         let mut pending = Vec::new();
         for &i in which {
             let (tx, rx) = mpsc::sync_channel(1);
-            match self.submit(i, req.clone(), tx) {
-                Ok(()) => pending.push(Ok(rx)),
-                Err(e) => pending.push(Err(e)),
+            match m.list.get(i).map(|l| l.submit(req.clone(), tx)) {
+                Some(Ok(())) => pending.push(Ok(rx)),
+                Some(Err(e)) => pending.push(Err(e)),
+                None => pending.push(Err(no_ni())),
             }
         }
         pending
@@ -1568,94 +1940,133 @@ impl Loops {
             .collect()
     }
 
+    /// The template node answers `req` (in this thread: it has no fabric).
+    fn template(&self, req: Request) -> Response {
+        let clock = self.daemon.clock;
+        let mut t = lock(&self.daemon.template);
+        control::call_local(&mut t, req, || clock.now())
+    }
+
     /// A request for the whole node: a ping goes to the NI on each target's net, `global show`
-    /// to the first NI, the other shows to every NI, merged.
+    /// to the first NI, the other shows to every NI, merged; a change of node-wide settings
+    /// that every NI took is kept by the template too. With no NI, the template answers.
     fn call(&self, req: Request) -> Response {
-        let all: Vec<usize> = (0..self.nis.len()).collect();
+        let m = self.members();
+        let all: Vec<usize> = (0..m.list.len()).collect();
         match req {
+            Request::Import { yaml, op } => {
+                let _one = lock(&self.import);
+                let own = m.nids();
+                drop(m);
+                control::import(
+                    &yaml,
+                    op,
+                    &own,
+                    |r| self.call(r),
+                    |change| match change {
+                        NetChange::Add { net, ni, doc } => self.daemon.add_ni(net, ni, doc),
+                        NetChange::Del(nid) => self
+                            .daemon
+                            .del_nis(&format!("net del {nid}"), |x| x == nid)
+                            .map(|_| ()),
+                    },
+                )
+            }
+            Request::NetDel { net, nid } => self.net_del(net, nid),
+            req @ (Request::Selftest { .. } | Request::CaptureStart { .. })
+                if m.list.is_empty() =>
+            {
+                let _ = req;
+                Response::Error(no_ni())
+            }
+            req if m.list.is_empty() => self.template(req),
             Request::Ping {
                 nids,
                 timeout_secs,
                 source,
-            } => self.ping(nids, timeout_secs, source),
-            Request::GlobalShow => self.ask(&[0], &Request::GlobalShow).remove(0),
-            Request::Import { yaml, op } => {
-                let _one = self
-                    .import
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let own: Vec<Nid> = self.nis.iter().map(|l| l.nid).collect();
-                control::import(&yaml, op, &own, |r| self.call(r))
-            }
+            } => self.ping(&m, nids, timeout_secs, source),
+            Request::GlobalShow => self.ask(&m, &[0], &Request::GlobalShow).remove(0),
             // The console is the first NI's: one session per daemon, one console NID.
-            req @ Request::Selftest { .. } => self.ask(&[0], &req).remove(0),
+            req @ Request::Selftest { .. } => self.ask(&m, &[0], &req).remove(0),
             Request::SetBuffers { pool, count } => {
                 // The node's total, shared out: each NI loop is a CPT with its own pools.
-                let share = (count / self.nis.len().max(1) as u32).max(1);
-                let req = Request::SetBuffers { pool, count: share };
-                merge(self.ask(&all, &req))
-            }
-            req @ (Request::RouteAdd { .. } | Request::RouteDel { .. }) => {
-                let resp = merge(self.ask(&all, &req));
+                let share = (count / m.list.len().max(1) as u32).max(1);
+                let each = Request::SetBuffers {
+                    pool: pool.clone(),
+                    count: share,
+                };
+                let resp = merge(self.ask(&m, &all, &each));
                 if matches!(resp, Response::Done) {
-                    self.mirror_route_change(&req);
+                    self.template(Request::SetBuffers { pool, count });
                 }
                 resp
             }
-            req => merge(self.ask(&all, &req)),
+            req @ (Request::RouteAdd { .. }
+            | Request::RouteDel { .. }
+            | Request::SetGlobals { .. }
+            | Request::SetRouting { .. }) => {
+                let resp = merge(self.ask(&m, &all, &req));
+                if matches!(resp, Response::Done) {
+                    let kept = self.template(req);
+                    if !matches!(kept, Response::Done) {
+                        warn!(?kept, "a change every NI took was refused by the template");
+                    }
+                }
+                resp
+            }
+            req => merge(self.ask(&m, &all, &req)),
         }
     }
 
-    /// Applies a route change every loop accepted to the control side's copy of the table.
-    fn mirror_route_change(&self, req: &Request) {
-        let own: Vec<Nid> = self.nis.iter().map(|l| l.nid).collect();
-        let Ok(mut table) = self.routes.lock() else {
-            return;
+    /// `net del --net NET` (every NI of it) or `--nid NID`.
+    fn net_del(&self, net: Option<String>, nid: Option<String>) -> Response {
+        let bad = |what: &str, v: &str| {
+            Response::Error(ControlError::new(
+                errno::EINVAL,
+                format!("net del: bad {what} '{}'", router::text::excerpt(v, 64)),
+            ))
         };
-        match req {
-            Request::RouteAdd {
-                net,
-                gateway,
-                hop,
-                priority,
-            } => {
-                if let (Ok(net), Ok(gateway)) = (net.trim().parse(), gateway.trim().parse()) {
-                    let r = RouteConfig {
-                        net,
-                        gateway,
-                        hops: hop.and_then(|h| u8::try_from(h).ok()).filter(|&h| h >= 1),
-                        priority: priority.unwrap_or(0),
-                    };
-                    let _ = table.add(r, &own);
-                }
+        let r = match (net, nid) {
+            (_, Some(nid)) => match nid.trim().parse::<Nid>() {
+                Ok(n) => self.daemon.del_nis(&format!("net del {n}"), |x| x == n),
+                Err(_) => return bad("NID", &nid),
+            },
+            (Some(net), None) => match net.trim().parse::<lnd::wire::Net>() {
+                Ok(n) => self
+                    .daemon
+                    .del_nis(&format!("net del {n}"), |x| x.net() == n),
+                Err(_) => return bad("net", &net),
+            },
+            (None, None) => {
+                return Response::Error(ControlError::new(
+                    errno::EINVAL,
+                    "net del: give the net or the NID",
+                ))
             }
-            Request::RouteDel { net, gateway } => {
-                if let Ok(net) = net.trim().parse() {
-                    let gw = gateway.as_ref().and_then(|g| g.trim().parse().ok());
-                    let _ = table.remove(net, gw);
-                }
-            }
-            _ => {}
+        };
+        match r {
+            Ok(_) => Response::Done,
+            Err(e) => Response::Error(e),
         }
     }
 
     /// The loop that sends to `t`: the NI on its net; for a remote net, the NI on the net of
     /// one of its routes' gateways (the first such route; that loop's node then picks the
     /// best of its routes); else the first.
-    fn loop_for(&self, t: Nid) -> usize {
-        if t == Nid::LO_0 || self.nis.iter().any(|l| l.nid == t) {
+    fn loop_for(&self, m: &Members, t: Nid) -> usize {
+        if t == Nid::LO_0 || m.list.iter().any(|l| l.nid == t) {
             return 0;
         }
-        if let Some(i) = self.nis.iter().position(|l| l.nid.net() == t.net()) {
+        if let Some(i) = m.list.iter().position(|l| l.nid.net() == t.net()) {
             return i;
         }
-        let Ok(table) = self.routes.lock() else {
-            return 0;
-        };
-        table
-            .to_net(t.net())
+        let t_net = t.net();
+        let template = lock(&self.daemon.template);
+        template
+            .routes()
+            .to_net(t_net)
             .iter()
-            .find_map(|r| self.nis.iter().position(|l| l.nid.net() == r.gateway.net()))
+            .find_map(|r| m.list.iter().position(|l| l.nid.net() == r.gateway.net()))
             .unwrap_or(0)
     }
 
@@ -1663,38 +2074,34 @@ impl Loops {
     /// first, which knows them all), all at once; the answers in the order asked.
     fn ping(
         &self,
+        m: &Members,
         nids: Vec<String>,
         timeout_secs: Option<u64>,
         source: Option<String>,
     ) -> Response {
         let targets: Result<Vec<Nid>, _> = nids.iter().map(|s| s.trim().parse::<Nid>()).collect();
-        let Ok(targets) = targets else {
+        let targets = match targets {
+            Ok(t) if !t.is_empty() => t,
             // The first loop says what is wrong with the request, as a single node would.
-            let req = Request::Ping {
-                nids,
-                timeout_secs,
-                source,
-            };
-            return self.ask(&[0], &req).remove(0);
+            _ => {
+                let req = Request::Ping {
+                    nids,
+                    timeout_secs,
+                    source,
+                };
+                return self.ask(m, &[0], &req).remove(0);
+            }
         };
-        if targets.is_empty() {
-            let req = Request::Ping {
-                nids,
-                timeout_secs,
-                source,
-            };
-            return self.ask(&[0], &req).remove(0);
-        }
         let mut pending = Vec::new();
         for t in &targets {
-            let i = self.loop_for(*t);
+            let i = self.loop_for(m, *t);
             let req = Request::Ping {
                 nids: vec![t.to_string()],
                 timeout_secs,
                 source: source.clone(),
             };
             let (tx, rx) = mpsc::sync_channel(1);
-            pending.push(self.submit(i, req, tx).map(|()| rx));
+            pending.push(m.list[i].submit(req, tx).map(|()| rx));
         }
         let mut out = control::PingShow::default();
         for p in pending {

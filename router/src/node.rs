@@ -767,6 +767,38 @@ impl LnetNode {
         &self.node_nids
     }
 
+    /// The node's NIDs changed (an NI added or removed at run time, `lnetctl net add|del`,
+    /// in a sibling runtime): `nids` is every NID of the node now and `board` their shared
+    /// liveness board, in the same order. Our own NIDs stay ours whatever `nids` says (a
+    /// runtime being removed keeps them until it is gone). From now on a message to a new NID
+    /// is local, a net of a new sibling is reached through it, a route whose gateway is on a
+    /// removed net is unusable (as in Lustre, where the route stays but no NI reaches its
+    /// gateway), and our ping reply lists exactly `nids` (lnet_ping_target_update).
+    pub fn set_node_nids(&mut self, nids: Vec<Nid>, board: NetAlive) {
+        let mut nids = nids;
+        for n in &self.nis {
+            if !nids.contains(&n.nid) {
+                nids.push(n.nid);
+            }
+        }
+        let shared = board.len() == nids.len();
+        self.alive_slot = self
+            .nis
+            .iter()
+            .map(|n| nids.iter().position(|&x| x == n.nid).unwrap_or(usize::MAX))
+            .collect();
+        self.alive_judged = (0..nids.len())
+            .map(|i| shared || self.alive_slot.contains(&i))
+            .collect();
+        self.net_alive = if shared {
+            board
+        } else {
+            self.net_alive.carried(&self.node_nids, &nids)
+        };
+        self.ping_buffer = ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
+        self.node_nids = nids;
+    }
+
     /// Node-wide counters (`lnetctl stats show`).
     pub fn stats(&self) -> &LnetStats {
         &self.stats

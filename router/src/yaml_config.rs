@@ -214,7 +214,16 @@ impl DaemonConfig {
 
     /// Parses a configuration; `origin` names it in errors (usually the file name).
     pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
-        Self::parse_with(text, origin, None)
+        Self::parse_with(text, origin, None, false)
+    }
+
+    /// Parses a configuration for a daemon started with `--no-nis` (lnet.service's flow: LNet
+    /// comes up with no NI, `lnetctl import` or `net add` gives it its NIs): as [`parse`], but
+    /// a file that names no NI, or is empty, is a daemon with none yet.
+    ///
+    /// [`parse`]: DaemonConfig::parse
+    pub fn parse_allowing_no_nis(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, None, true)
     }
 
     /// Parses a document for `lnetctl import` into a running daemon whose NIs are `running`:
@@ -226,13 +235,14 @@ impl DaemonConfig {
         origin: &str,
         running: &[Nid],
     ) -> Result<DaemonConfig, ConfigError> {
-        Self::parse_with(text, origin, Some(running))
+        Self::parse_with(text, origin, Some(running), true)
     }
 
     fn parse_with(
         text: &str,
         origin: &str,
         running: Option<&[Nid]>,
+        allow_no_nis: bool,
     ) -> Result<DaemonConfig, ConfigError> {
         // An empty file (or one of comments) is no document at all for the parser: refuse it
         // here, with its first line, before serde turns it into a config with nothing in it.
@@ -363,13 +373,14 @@ impl DaemonConfig {
                 });
             }
         }
-        if cfg.nis().next().is_none() && running.is_none() {
-            // A daemon with no NI does nothing: almost surely a wrong or truncated file. (NIs
-            // removed at runtime through lnetctl are another matter: the daemon keeps running.)
+        if cfg.nis().next().is_none() && !allow_no_nis {
+            // A daemon with no NI does nothing: almost surely a wrong or truncated file, unless
+            // asked for (`--no-nis`: NIs come later through lnetctl, as with lnet.service).
             return Err(err(
                 net_line,
                 "no NI configured (an empty file, 'net: []', or nets without 'local NI(s)'): \
-                 a daemon needs at least one"
+                 a daemon needs at least one, or --no-nis to start without and add them with \
+                 lnetctl net add or import"
                     .to_string(),
             ));
         }
@@ -508,6 +519,18 @@ impl DaemonConfig {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(&origin, None, format!("cannot read: {e}")))?;
         DaemonConfig::parse(&text, &origin)
+    }
+
+    /// Reads the configuration of a daemon started with `--no-nis`: a missing file is a
+    /// daemon with nothing configured yet (every default), else
+    /// [`DaemonConfig::parse_allowing_no_nis`].
+    pub fn load_allowing_no_nis(path: &Path) -> Result<DaemonConfig, ConfigError> {
+        let origin = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => DaemonConfig::parse_allowing_no_nis(&text, &origin),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DaemonConfig::default()),
+            Err(e) => Err(ConfigError::new(&origin, None, format!("cannot read: {e}"))),
+        }
     }
 }
 
@@ -1467,7 +1490,25 @@ numa:
             let e = DaemonConfig::parse(y, "t.yaml").unwrap_err();
             assert_eq!(e.line, Some(line), "{y:?}: {e}");
             assert!(e.message.contains("no NI configured"), "{e}");
+            // Asked for (--no-nis), each is a daemon with no NI yet.
+            let c = DaemonConfig::parse_allowing_no_nis(y, "t.yaml").unwrap();
+            assert_eq!(c.nis().count(), 0, "{y:?}");
         }
+        // --no-nis still reads what the file says, and still refuses what is wrong in it.
+        let c = DaemonConfig::parse_allowing_no_nis("routing:\n    enable: 1\n", "t.yaml").unwrap();
+        assert!(c.routing.enabled);
+        let e = DaemonConfig::parse_allowing_no_nis("routing:\n    enable: maybe\n", "t.yaml")
+            .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        let missing = std::path::Path::new("/nonexistent/ulnet/lnet-router.yaml");
+        assert_eq!(
+            DaemonConfig::load_allowing_no_nis(missing)
+                .unwrap()
+                .nis()
+                .count(),
+            0
+        );
+        assert!(DaemonConfig::load(missing).is_err());
         let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib");
         let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
         assert_eq!(

@@ -389,7 +389,8 @@ fn export_and_import_round_trip_on_a_running_daemon() {
         "{routes}"
     );
 
-    // An NI this daemon does not have: that item fails and says how; the route applies.
+    // An NI whose address is not this host's: that item fails and says why; the route
+    // applies.
     let doc = format!(
         "net:\n    - net type: o2ib5\n      local NI(s):\n        - nid: 10.9.9.9@o2ib5\n\
          route:\n    - net: o2ib9\n      gateway: {NID_B}\n"
@@ -399,7 +400,7 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(
-        err.contains("net add 10.9.9.9@o2ib5") && err.contains("restart"),
+        err.contains("net add 10.9.9.9@o2ib5") && err.contains("cannot listen"),
         "{err}"
     );
     assert!(err.contains("1 applied"), "{err}");
@@ -538,4 +539,205 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
     );
     assert_eq!(run(&["set", "health_sensitivity", "0"]).0, Some(0));
     assert_eq!(run(&["debug", "recovery", "--local"]).1, "");
+}
+
+/// lnet.service's flow, and NIs changed at run time. A daemon started with `--no-nis` (and an
+/// empty file) runs and answers with only `lo`; `import` gives it its NI, which talks at once;
+/// another net comes by import and a third by `net add`, each listening at once, each known to
+/// the NIs already running (their ping reply lists it); `net del` takes one away, gracefully,
+/// and a NID removed can come back as a new instance. What Lustre refuses is refused the same
+/// way (a NID that exists, a net a route leads to, a net with no NI), and no connection that
+/// a change does not concern is dropped.
+#[test]
+fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
+    const NID_A1: &str = "10.0.1.1@o2ib1";
+    const NID_C: &str = "10.0.1.2@o2ib1";
+    const NID_A2: &str = "10.0.2.1@o2ib2";
+    let s = Scratch::new("runtime_nis");
+    let (b, pb) = start_on_any_port(&s.0, "b", NID_B, None, Opts::default());
+    let c = start_yaml(
+        &s.0,
+        "c",
+        &format!(
+            "net:\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_C}\n          listen: 127.0.0.1:0\n"
+        ),
+        Opts::default(),
+    );
+    let pc = listen_port(&c, NID_C);
+    let a = start_yaml(
+        &s.0,
+        "a",
+        "",
+        Opts {
+            args: vec!["--no-nis".into()],
+            ..Opts::default()
+        },
+    );
+    let run = |args: &[&str]| out(&lnetctl(&a, args));
+    let (code, net, err) = run(&["net", "show"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        net.contains("net type: lo") && !net.contains("o2ib"),
+        "{net}"
+    );
+    assert_eq!(run(&["global", "show"]).0, Some(0));
+    assert_ne!(run(&["ping", NID_B]).0, Some(0), "no NI, no route");
+    let (code, _, err) = run(&["route", "add", "--net", "o2ib9", "--gateway", NID_B]);
+    assert_eq!(code, Some(1), "a gateway on no local net is refused: {err}");
+
+    // The configuration comes by import, as lnet.service's `lnetctl import /etc/lnet.conf`.
+    let file = s.0.join("lnet.conf");
+    let f = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n\
+             peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
+             global:\n    recovery_limit: 77\n"
+        ),
+    )
+    .unwrap();
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    ping_until_ok(&a, NID_B, WAIT);
+    let conns = |d: &Daemon| {
+        conns(d)
+            .into_iter()
+            .map(|c| (c.peer.clone(), c.incarnation.clone()))
+            .collect::<Vec<_>>()
+    };
+    let a_to_b = conns(&a);
+    assert_eq!(a_to_b.len(), 1, "{a_to_b:?}");
+
+    // A second net by import (with where its peer listens), a third by `net add`.
+    std::fs::write(
+        &file,
+        format!(
+            "net:\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A1}\n          listen: 127.0.0.1:0\n\
+             peers:\n    - nid: {NID_C}\n      address: 127.0.0.1:{pc}\n"
+        ),
+    )
+    .unwrap();
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    ping_until_ok(&a, NID_C, WAIT);
+    let add = [
+        "net",
+        "add",
+        "--nid",
+        NID_A2,
+        "--listen",
+        "127.0.0.1:0",
+        "--peer-credits",
+        "16",
+    ];
+    assert_eq!(run(&add), (Some(0), String::new(), String::new()));
+    let (_, net, _) = run(&["net", "show", "-v"]);
+    for n in [NID_A, NID_A1, NID_A2] {
+        assert!(net.contains(&format!("nid: {n}\n")), "{n}: {net}");
+    }
+    // The added NIs started with the node's settings as they are now, and their own tunables.
+    let a2 = ni_entry(&a, NID_A2);
+    assert_eq!(
+        a2.tunables.as_ref().map(|t| t.peer_credits),
+        Some(16),
+        "{a2:?}"
+    );
+    let (_, global, _) = run(&["global", "show"]);
+    assert!(global.contains("    recovery_limit: 77\n"), "{global}");
+    // The NI that was there first knows them: its ping reply lists the whole node.
+    let reply = |d: &Daemon, t: &str| {
+        ping_until_ok(d, t, WAIT);
+        format!("{:?}", ping(d, t, 5))
+    };
+    let r = reply(&b, NID_A);
+    assert!(r.contains(NID_A1) && r.contains(NID_A2), "{r}");
+
+    // Lustre's refusals: a NID that exists, a net a route leads to, a net with no NI.
+    let (code, _, err) = run(&add);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(
+        run(&["route", "add", "--net", "o2ib3", "--gateway", NID_B]).0,
+        Some(0)
+    );
+    let (code, _, err) = run(&[
+        "net",
+        "add",
+        "--nid",
+        "10.0.3.1@o2ib3",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("route") && err.lines().count() == 1, "{err}");
+    let (code, _, err) = run(&["net", "del", "--net", "o2ib7"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no such NI"), "{err}");
+
+    // `net del`: the NI goes, gracefully (C sees its connection closed, not timed out), the
+    // others stay connected and stop listing it.
+    assert_eq!(
+        run(&["net", "del", "--nid", NID_A1]),
+        (Some(0), String::new(), String::new())
+    );
+    let (_, net, _) = run(&["net", "show"]);
+    assert!(!net.contains(NID_A1) && net.contains(NID_A2), "{net}");
+    assert!(
+        wait_for(WAIT, || conns_to(&c, NID_A1).is_empty()).is_some(),
+        "C's connection to the NI removed is closed"
+    );
+    let r = reply(&b, NID_A);
+    assert!(!r.contains(NID_A1) && r.contains(NID_A2), "{r}");
+    assert_ne!(
+        run(&["ping", "--timeout", "2", NID_C]).0,
+        Some(0),
+        "o2ib1 is gone"
+    );
+    assert_eq!(conns(&a).iter().filter(|c| c.0 == NID_B).count(), 1);
+    assert!(
+        conns(&a).contains(&a_to_b[0]),
+        "A's connection to B was not touched"
+    );
+
+    // Back again, as a new instance: C talks to it.
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    ping_until_ok(&a, NID_C, WAIT);
+    // And `net del --net` takes a whole net.
+    assert_eq!(run(&["net", "del", "--net", "o2ib2"]).0, Some(0));
+    assert!(!run(&["net", "show"]).1.contains(NID_A2));
+    // `lnet unconfigure` takes every NI away and the daemon stays, ready for the next import.
+    assert_eq!(
+        run(&["lnet", "unconfigure"]),
+        (Some(0), String::new(), String::new())
+    );
+    let (_, net, _) = run(&["net", "show"]);
+    assert!(!net.contains("o2ib"), "{net}");
+    assert!(wait_for(WAIT, || conns_to(&b, NID_A).is_empty()).is_some());
+    assert_eq!(run(&["lnet", "configure"]).0, Some(0));
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    ping_until_ok(&a, NID_C, WAIT);
+
+    let mut a = a;
+    a.signal("-TERM");
+    assert!(
+        a.wait_exit(WAIT).success(),
+        "a clean stop with NIs added and removed"
+    );
+}
+
+/// `--no-nis` needs a thread per NI: the shared thread is fixed at start.
+#[test]
+fn no_nis_with_a_shared_ni_thread_is_refused_at_start() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .args([
+            "--no-nis",
+            "--ni-threads",
+            "shared",
+            "--config",
+            "/nonexistent",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--no-nis needs --ni-threads per-ni"), "{err}");
 }

@@ -9,23 +9,40 @@
 //! lustre_yaml_config / lustre_yaml_del). We do the same, and also count what was already as
 //! the document says, so `lnetctl export | lnetctl import` on the same daemon is a clean no-op.
 //!
-//! What ulnet cannot do to a running daemon yet, adding or removing an NI, fails for that item
-//! with EOPNOTSUPP and says how to do it instead (the configuration file and a restart).
+//! Nets are added and removed through the daemon ([`NetChange`]): an NI added starts its own
+//! loop with the daemon's current routes, routing and globals; one removed closes its
+//! connections gracefully first. Nothing else is touched.
 
 use lnd::wire::Nid;
 
 use super::protocol::{
     errno, ControlError, ImportFailure, ImportOp, ImportReport, Request, Response,
 };
-use crate::yaml_config::DaemonConfig;
+use crate::yaml_config::{DaemonConfig, NetSettings, NiSettings};
 use crate::BufferCounts;
 
-/// Applies `yaml` to the daemon whose NIs are `running`, asking it through `call`.
+/// What an import asks of the daemon's NIs, which only the daemon can do (it starts and stops
+/// their threads and fabrics).
+pub enum NetChange<'a> {
+    /// Start this NI of `net`; `doc` is the whole document (its `peers:` say where peers
+    /// listen).
+    Add {
+        net: &'a NetSettings,
+        ni: &'a NiSettings,
+        doc: &'a DaemonConfig,
+    },
+    /// Stop this NI (gracefully: its connections are closed first).
+    Del(Nid),
+}
+
+/// Applies `yaml` to the daemon whose NIs are `running`, asking it through `call` for what
+/// the requests do and through `net` for NIs to start or stop.
 pub fn import(
     yaml: &str,
     op: ImportOp,
     running: &[Nid],
     mut call: impl FnMut(Request) -> Response,
+    mut net: impl FnMut(NetChange<'_>) -> Result<(), ControlError>,
 ) -> Response {
     let cfg = match DaemonConfig::parse_import(yaml, "import", running) {
         Ok(c) => c,
@@ -35,14 +52,69 @@ pub fn import(
         op,
         ..ImportReport::default()
     };
+    let dry = op == ImportOp::Show;
+    let del = op == ImportOp::Del;
+    let fail = |rep: &mut ImportReport, section: &str, errno: i32, descr: String| {
+        rep.failed.push(ImportFailure {
+            section: section.to_string(),
+            errno: -errno,
+            descr,
+        });
+    };
+
+    // Nets first on add (routes and buffers then see the new NIs), last on del (Lustre removes
+    // routes before the nets they go through).
+    let mut running = running.to_vec();
+    let mut nets = |rep: &mut ImportReport| {
+        for (settings, ni) in cfg.nis() {
+            let nid = ni.ni.nid;
+            let here = running.contains(&nid);
+            let change = match (here, del) {
+                (true, false) => {
+                    rep.unchanged += 1;
+                    continue;
+                }
+                (false, true) => {
+                    fail(
+                        rep,
+                        "net",
+                        errno::ENOENT,
+                        format!("net del {nid}: no such NI"),
+                    );
+                    continue;
+                }
+                (false, false) => NetChange::Add {
+                    net: settings,
+                    ni,
+                    doc: &cfg,
+                },
+                (true, true) => NetChange::Del(nid),
+            };
+            if dry {
+                rep.applied += 1;
+                continue;
+            }
+            match net(change) {
+                Ok(()) => {
+                    rep.applied += 1;
+                    if del {
+                        running.retain(|&n| n != nid);
+                    } else {
+                        running.push(nid);
+                    }
+                }
+                Err(e) => fail(rep, "net", e.errno, e.message),
+            }
+        }
+    };
+    if !del {
+        nets(&mut rep);
+    }
     // What the daemon has now, to tell a change from what is already so.
     let (routes_now, routing_now, buffers_now, globals_now) = match now(&mut call) {
         Ok(s) => s,
         Err(e) => return Response::Error(e),
     };
-
-    let dry = op == ImportOp::Show;
-    let del = op == ImportOp::Del;
     let mut apply = |rep: &mut ImportReport, section: &str, req: Request| {
         if dry {
             rep.applied += 1;
@@ -62,51 +134,7 @@ pub fn import(
             }),
         }
     };
-    let fail = |rep: &mut ImportReport, section: &str, errno: i32, descr: String| {
-        rep.failed.push(ImportFailure {
-            section: section.to_string(),
-            errno: -errno,
-            descr,
-        });
-    };
 
-    // Routes first on del (Lustre removes routes before the nets they go through), nets first
-    // on add; with NIs fixed at start the order only decides the order of the report.
-    let nets = |rep: &mut ImportReport| {
-        for (_, ni) in cfg.nis() {
-            let nid = ni.ni.nid;
-            match (running.contains(&nid), del) {
-                (true, false) => rep.unchanged += 1,
-                (false, false) => fail(
-                    rep,
-                    "net",
-                    errno::EOPNOTSUPP,
-                    format!(
-                        "net add {nid}: ulnet cannot add an NI to a running daemon yet; add it \
-                         to the daemon's configuration and restart it"
-                    ),
-                ),
-                (true, true) => fail(
-                    rep,
-                    "net",
-                    errno::EOPNOTSUPP,
-                    format!(
-                        "net del {nid}: ulnet cannot remove an NI from a running daemon yet; \
-                         remove it from the daemon's configuration and restart it"
-                    ),
-                ),
-                (false, true) => fail(
-                    rep,
-                    "net",
-                    errno::ENOENT,
-                    format!("net del {nid}: no such NI"),
-                ),
-            }
-        }
-    };
-    if !del {
-        nets(&mut rep);
-    }
     for r in &cfg.routes {
         let r = r.route;
         let (net, gateway) = (r.net.to_string(), r.gateway.to_string());

@@ -16,7 +16,11 @@ pub mod errno {
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
     pub const EBUSY: i32 = 16;
+    pub const EEXIST: i32 = 17;
     pub const EINVAL: i32 = 22;
+    pub const EUSERS: i32 = 87;
+    pub const EADDRNOTAVAIL: i32 = 99;
+    pub const ENETDOWN: i32 = 100;
     pub const EPROTO: i32 = 71;
     pub const EOPNOTSUPP: i32 = 95;
     pub const EMSGSIZE: i32 = 90;
@@ -136,6 +140,14 @@ pub enum Request {
     SetBuffers {
         pool: String,
         count: u32,
+    },
+    /// `lnetctl net del`: stop every NI of `net`, or the one NI `nid`, closing its
+    /// connections gracefully first (`net add` is an import of one `net:` item).
+    NetDel {
+        #[serde(default)]
+        net: Option<String>,
+        #[serde(default)]
+        nid: Option<String>,
     },
 }
 

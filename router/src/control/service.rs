@@ -129,6 +129,10 @@ impl<T> Control<T> {
                 errno::EOPNOTSUPP,
                 "import needs the lnet-router daemon (it reads the document as its config)",
             )),
+            Request::NetDel { .. } => Response::Error(ControlError::new(
+                errno::EOPNOTSUPP,
+                "net del needs the lnet-router daemon (it runs the NIs)",
+            )),
             Request::PeerShow { nid, verbose } => match peer_show(node, nid.as_deref(), verbose) {
                 Ok(p) => Response::Peer(p),
                 Err(e) => Response::Error(e),

@@ -1196,3 +1196,42 @@ fn a_runtime_knows_its_siblings_nids_as_its_own() {
         Err(LnetError::NoRoute(_))
     ));
 }
+
+/// `lnetctl net add|del` at run time: the daemon tells every runtime the node's NIDs now. An
+/// added sibling's NID is ours at once (answered in memory, listed in our ping reply); a
+/// removed one is not, and its net has no route any more; our own NI stays ours whatever the
+/// list says.
+#[test]
+fn a_runtime_follows_the_node_nids_as_nis_come_and_go() {
+    let (a0, a1, a2) = (
+        nid("10.0.0.1@o2ib"),
+        nid("10.0.1.1@o2ib1"),
+        nid("10.0.2.1@o2ib2"),
+    );
+    let now = Instant::from_secs(1);
+    let mut cfg = NodeConfig::new(vec![NiConfig::new(a0, 1)]);
+    cfg.node_nids = vec![a0, a1];
+    let mut node = LnetNode::new(cfg, now);
+    let ping_nids = |node: &mut LnetNode, t: Nid| -> Result<Vec<Nid>, LnetError> {
+        node.ping(now, t, Duration::from_secs(1))?;
+        match node.poll_event() {
+            Some(LnetEvent::PingDone {
+                result: Ok(reply), ..
+            }) => Ok(reply.nids),
+            other => panic!("{t}: {other:?}"),
+        }
+    };
+    assert_eq!(ping_nids(&mut node, a1).unwrap(), vec![a0, a1]);
+
+    // o2ib2 added, o2ib1 removed; the list forgets our own NID, which stays ours.
+    let board = crate::alive::NetAlive::new(1);
+    node.set_node_nids(vec![a2], board);
+    assert_eq!(node.node_nids(), &[a2, a0]);
+    assert_eq!(ping_nids(&mut node, a2).unwrap(), vec![a2, a0]);
+    assert_eq!(ping_nids(&mut node, a0).unwrap(), vec![a2, a0]);
+    assert!(matches!(
+        node.ping(now, a1, Duration::from_secs(1)),
+        Err(LnetError::NoRoute(_))
+    ));
+    assert_eq!(node.endpoint(NiIndex(0)).unwrap().stats().connects, 0);
+}
