@@ -64,6 +64,9 @@ const CONTROL_QUEUE: usize = 64;
 /// A full channel never blocks the sender: what does not fit waits in the sender's outbox
 /// (bounded by its router buffers) and goes at its next turn.
 const HANDOVER_QUEUE: usize = 4096;
+/// How long a change of the NIs or the node-wide settings waits for every NI loop to take it
+/// (each is woken for it: a turn or two).
+const ADOPT_BOUND: StdDuration = StdDuration::from_secs(2);
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum LogFormat {
@@ -383,6 +386,7 @@ fn run(
         set: NiSet::default(),
         shared: Shutdown::default(),
         next_incarnation: AtomicU64::new(incarnation.wrapping_add(nids.len() as u64)),
+        peers: Mutex::new(cfg.peers.clone()),
         base: cfg,
         clock,
         threading,
@@ -395,10 +399,10 @@ fn run(
         ni_loops.push(l);
         members.push(m);
     }
-    daemon.set.publish(Members {
-        list: members,
-        board,
-    });
+    {
+        let settings = NodeSettings::of(&lock(&daemon.template));
+        daemon.set.publish(members, board, settings);
+    }
     let nis = ni_loops.len();
     match threading {
         NiThreads::PerNi => {
@@ -536,9 +540,11 @@ struct Daemon {
     /// added again is a new instance to its peers (they drop what they held for the old one).
     next_incarnation: AtomicU64,
     threading: NiThreads,
-    /// A node with no NI of its own that knows every NID: it holds the node-wide settings as
-    /// `route`, `set` and `routing` changed them (each change every NI accepted is applied
-    /// to it too), gives them to an NI added later, and answers while the daemon runs none.
+    /// Where peers listen: the file's `peers:` and every imported document's since.
+    peers: Mutex<HashMap<Nid, std::net::SocketAddr>>,
+    /// A node with no NI of its own that knows every NID: it checks and keeps the node-wide
+    /// settings (`route`, `set`, `routing`, buffers), which every NI then adopts
+    /// ([`NodeSettings`]), and answers while the daemon runs no NI.
     template: Mutex<LnetNode>,
 }
 
@@ -563,18 +569,58 @@ struct NiThread {
     handle: std::thread::JoinHandle<()>,
 }
 
-/// The NIs at one epoch, in order (the configuration's, then as added), and their nets'
-/// liveness board (one slot per NID, in the same order; see `router::alive`).
+/// The NIs at one epoch, in order (the configuration's, then as added), their nets' liveness
+/// board (one slot per NID, in the same order; see `router::alive`), and the node-wide
+/// settings every one of them holds.
 struct Members {
+    epoch: u64,
     list: Vec<Member>,
     board: NetAlive,
+    settings: Arc<NodeSettings>,
 }
 
 impl Default for Members {
     fn default() -> Members {
         Members {
+            epoch: 0,
             list: Vec::new(),
             board: NetAlive::new(0),
+            settings: Arc::default(),
+        }
+    }
+}
+
+/// What every NI runtime of the daemon holds the same: the routes, LNet's globals, whether it
+/// routes, and the router buffers' totals (each runtime is a CPT with an equal share). The
+/// template node checks and keeps them; a change is published with the NIs and each loop
+/// adopts it at its next turn, so an NI added later starts with them too, and no loop can
+/// miss a change another took.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct NodeSettings {
+    routes: Vec<router::RouteConfig>,
+    globals: router::GlobalTunables,
+    routing: bool,
+    buffers: BufferCounts,
+}
+
+impl NodeSettings {
+    fn of(t: &LnetNode) -> NodeSettings {
+        let info = t.routing_info();
+        let total = |class| {
+            info.pools
+                .iter()
+                .find(|p| p.class == class)
+                .map_or(0, |p| p.nbuffers)
+        };
+        NodeSettings {
+            routes: t.routes().routes().copied().collect(),
+            globals: t.globals().clone(),
+            routing: t.routing_enabled(),
+            buffers: BufferCounts {
+                tiny: total(router::PoolClass::Tiny),
+                small: total(router::PoolClass::Small),
+                large: total(router::PoolClass::Large),
+            },
         }
     }
 }
@@ -602,6 +648,9 @@ struct Member {
     hand_wake: Option<WakeHandle>,
     /// Set by `net del`: the loop shuts its NI down gracefully and ends.
     stop: Arc<AtomicBool>,
+    /// The last epoch this loop adopted: once every loop has adopted a change, none acts on
+    /// what it replaced (a removed NI is handed nothing more).
+    adopted: Arc<AtomicU64>,
 }
 
 impl Member {
@@ -629,9 +678,18 @@ impl NiSet {
         Arc::clone(&lock(&self.members))
     }
 
-    fn publish(&self, m: Members) {
-        *lock(&self.members) = Arc::new(m);
-        self.epoch.fetch_add(1, Ordering::Release);
+    /// Publishes these NIs with these settings as the next epoch; returns it.
+    fn publish(&self, list: Vec<Member>, board: NetAlive, settings: NodeSettings) -> u64 {
+        let mut m = lock(&self.members);
+        let epoch = m.epoch + 1;
+        *m = Arc::new(Members {
+            epoch,
+            list,
+            board,
+            settings: Arc::new(settings),
+        });
+        self.epoch.store(epoch, Ordering::Release);
+        epoch
     }
 }
 
@@ -639,6 +697,31 @@ impl Daemon {
     fn wake_all(&self) {
         for m in &self.set.snapshot().list {
             m.wake.wake();
+        }
+    }
+
+    /// Publishes `list` (on `board`) with the template's settings, wakes every loop and waits
+    /// (bounded) until each has adopted it, so that what the caller answers is what every NI
+    /// holds. Called with `set.change` held.
+    fn publish(&self, list: Vec<Member>, board: NetAlive) {
+        let settings = NodeSettings::of(&lock(&self.template));
+        let waiting: Vec<(Nid, Arc<AtomicU64>, WakeHandle)> = list
+            .iter()
+            .map(|m| (m.nid, Arc::clone(&m.adopted), m.wake.clone()))
+            .collect();
+        let epoch = self.set.publish(list, board, settings);
+        for (_, _, wake) in &waiting {
+            wake.wake();
+        }
+        let started = std::time::Instant::now();
+        for (nid, adopted, _) in &waiting {
+            while adopted.load(Ordering::Acquire) < epoch {
+                if started.elapsed() >= ADOPT_BOUND || self.shared.stop.load(Ordering::Relaxed) {
+                    warn!(%nid, "an NI loop has not taken the daemon's change yet; it will at its next turn");
+                    break;
+                }
+                std::thread::sleep(StdDuration::from_millis(1));
+            }
         }
     }
 
@@ -654,6 +737,7 @@ impl Daemon {
         let (tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
         let (hand_tx, hand_rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
+        let adopted = Arc::new(AtomicU64::new(0));
         let member = Member {
             nid,
             ctl: tx,
@@ -661,6 +745,7 @@ impl Daemon {
             hand: hand_tx,
             hand_wake: (self.threading == NiThreads::PerNi).then(|| wake.clone()),
             stop: Arc::clone(&stop),
+            adopted: Arc::clone(&adopted),
         };
         let incarnation = rt
             .node()
@@ -679,8 +764,10 @@ impl Daemon {
                 woken: Vec::new(),
             },
             daemon: Arc::clone(self),
-            seen_epoch: 0,
+            adopted,
+            applied: None,
             stop,
+            removed_at: None,
             shutdown_deadline: None,
             failed: false,
             capture: CaptureState::Idle,
@@ -731,12 +818,27 @@ impl Daemon {
         })
     }
 
-    /// `net add` (an import's new NI): starts NI `ni` of `net` on its own thread, with the
-    /// node-wide settings as they are now (routes, routing, buffers, globals: the template's),
-    /// then tells every other loop its NID. As lnet_add_net_common: a NID already running is
-    /// EEXIST, and a net that a route leads to is EUSERS (adding it would invalidate the
-    /// routing configuration). Router buffers for bulk data are registered at start only: an
-    /// NI added later forwards no bulk PUT (counted `no_bulk_buffer`).
+    /// A change of the node-wide settings (`route add|del`, `set`, `routing`, buffers): the
+    /// template checks and keeps it (its answer is the answer), then every NI adopts the
+    /// settings as they now are. One change at a time, and never halfway through an NI's
+    /// start, so that no NI misses one.
+    fn change_settings(&self, req: Request) -> Response {
+        let _one = lock(&self.set.change);
+        let clock = self.clock;
+        let resp = control::call_local(&mut lock(&self.template), req, || clock.now());
+        if matches!(resp, Response::Done) {
+            let m = self.set.snapshot();
+            self.publish(m.list.clone(), m.board.clone());
+        }
+        resp
+    }
+
+    /// `net add` (an import's new NI): starts NI `ni` of `net` on its own thread with the
+    /// node-wide settings as they are, and tells every other loop its NID. As
+    /// lnet_add_net_common: a NID already running is EEXIST, and a net that a route leads to
+    /// is EUSERS (adding it would invalidate the routing configuration). Router buffers for
+    /// bulk data are registered at start only: an NI added later forwards no bulk PUT
+    /// (counted `no_bulk_buffer`).
     fn add_ni(
         self: &Arc<Self>,
         net: &router::yaml_config::NetSettings,
@@ -756,54 +858,41 @@ impl Daemon {
                 format!("{what}: the NI exists"),
             ));
         }
+        if !lock(&self.template).routes().to_net(nid.net()).is_empty() {
+            return Err(ControlError::new(
+                errno::EUSERS,
+                format!(
+                    "{what}: a route leads to {}; adding the net would invalidate the routing \
+                     configuration (delete the route first)",
+                    nid.net()
+                ),
+            ));
+        }
         let mut nids = m.nids();
         nids.push(nid);
         let board = m.board.carried(&m.nids(), &nids);
         let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
+        let mut net = net.clone();
+        net.nis = vec![ni.clone()];
+        // The node as it is now; the loop adopts the settings again at its first turn.
         let node_cfg = {
             let t = lock(&self.template);
-            if !t.routes().to_net(nid.net()).is_empty() {
-                return Err(ControlError::new(
-                    errno::EUSERS,
-                    format!(
-                        "{what}: a route leads to {}; adding the net would invalidate the \
-                         routing configuration (delete the route first)",
-                        nid.net()
-                    ),
-                ));
-            }
-            let info = t.routing_info();
-            let total = |class| {
-                info.pools
-                    .iter()
-                    .find(|p| p.class == class)
-                    .map_or(0, |p| p.nbuffers)
-            };
-            let whole = BufferCounts {
-                tiny: total(router::PoolClass::Tiny),
-                small: total(router::PoolClass::Small),
-                large: total(router::PoolClass::Large),
-            };
+            let settings = NodeSettings::of(&t);
             let single = DaemonConfig {
-                nets: vec![router::yaml_config::NetSettings {
-                    nis: vec![ni.clone()],
-                    ..net.clone()
-                }],
+                nets: vec![net.clone()],
                 ..self.base.clone()
             };
             let mut c = single.node_config(incarnation);
-            c.routes = t.routes().routes().copied().collect();
-            c.globals = t.globals().clone();
+            c.routes = settings.routes;
+            c.globals = settings.globals;
             c.routing = router::RoutingConfig {
-                enabled: t.routing_enabled(),
-                buffers: whole.share(nids.len()),
+                enabled: settings.routing,
+                buffers: settings.buffers.share(nids.len()),
             };
             c.node_nids = nids.clone();
             c.net_alive = Some(board.clone());
             c
         };
-        let mut net = net.clone();
-        net.nis = vec![ni.clone()];
         if !net.fabric_given {
             choose_fabric(&mut net);
         }
@@ -816,30 +905,45 @@ impl Daemon {
                 ),
             ));
         }
-        let mut peers = self.base.peers.clone();
-        peers.extend(doc.peers.iter().map(|(k, v)| (*k, *v)));
+        // Where peers listen: every document's `peers:` so far, this one's last.
+        let peers = {
+            let mut known = lock(&self.peers);
+            known.extend(doc.peers.iter().map(|(k, v)| (*k, *v)));
+            known.clone()
+        };
         let f = start_fabric(&peers, net.fabric, ni)
             .map_err(|e| ControlError::new(errno::EADDRNOTAVAIL, format!("{what}: {e}")))?;
         let node = LnetNode::new(node_cfg, self.clock.now());
         let (rt, wake) = NiRuntime::new(node, f.driver, self.clock)
             .map_err(|e| ControlError::new(errno::EIO, format!("{what}: {e}")))?;
         let (l, member) = self.make_loop(rt, wake, f.kind, extras_of(ni, f.listen));
-        self.spawn(l)
-            .map_err(|e| ControlError::new(errno::ESHUTDOWN, format!("{what}: {e}")))?;
+        // Published before it runs, so that its first turn adopts the set it is in.
         let mut list = m.list.clone();
         list.push(member);
-        self.set.publish(Members {
-            list,
-            board: board.clone(),
-        });
+        let before = (m.list.clone(), m.board.clone());
+        let epoch = self
+            .set
+            .publish(list, board.clone(), NodeSettings::of(&lock(&self.template)));
+        if let Err(e) = self.spawn(l) {
+            // Back as it was (nobody can have handed the new loop anything it must answer:
+            // the loops that adopted the set meanwhile adopt the next one).
+            self.publish(before.0, before.1);
+            return Err(ControlError::new(errno::ESHUTDOWN, format!("{what}: {e}")));
+        }
         lock(&self.template).set_node_nids(nids, board);
+        let m = self.set.snapshot();
+        debug_assert!(m.epoch >= epoch);
+        // Every loop (the new one too) takes the set, and the buffers' shares, now.
+        self.publish(m.list.clone(), m.board.clone());
         info!(%nid, fabric = f.kind.as_str(), listen = %f.listen, "NI added");
         Ok(())
     }
 
-    /// `net del`: stops the NIs `which` picks, each closing its connections gracefully (within
-    /// the shutdown bound), after telling every other loop they are gone; returns how many.
-    /// Routes through them stay, unusable until a net of their gateway is back (as Lustre's).
+    /// `net del`: stops the NIs `which` picks, after every other loop has stopped counting on
+    /// them, each closing its connections gracefully (within the shutdown bound); returns how
+    /// many. When a net loses its last NI, the routes through it go too, as in Lustre
+    /// (lnet_shutdown_lndnet -> lnet_peer_tables_cleanup deletes the routes of the gateways on
+    /// that net).
     fn del_nis(&self, what: &str, which: impl Fn(Nid) -> bool) -> Result<usize, ControlError> {
         if let Some(e) = self.fixed_nis(what) {
             return Err(e);
@@ -856,38 +960,63 @@ impl Daemon {
         }
         let nids: Vec<Nid> = stay.iter().map(|x| x.nid).collect();
         let board = m.board.carried(&m.nids(), &nids);
-        self.set.publish(Members {
-            list: stay,
-            board: board.clone(),
-        });
-        lock(&self.template).set_node_nids(nids, board);
+        {
+            let clock = self.clock;
+            let mut t = lock(&self.template);
+            let dead: Vec<router::RouteConfig> = t
+                .routes()
+                .routes()
+                .filter(|r| !nids.iter().any(|n| n.net() == r.gateway.net()))
+                .copied()
+                .collect();
+            for r in dead {
+                let req = Request::RouteDel {
+                    net: r.net.to_string(),
+                    gateway: Some(r.gateway.to_string()),
+                };
+                let _ = control::call_local(&mut t, req, || clock.now());
+                info!(net = %r.net, gateway = %r.gateway, "route removed with the last NI of its gateway's net");
+            }
+            t.set_node_nids(nids, board.clone());
+        }
+        self.publish(stay, board);
         for g in &gone {
             g.stop.store(true, Ordering::Relaxed);
             g.wake.wake();
         }
-        // Each ends within the shutdown bound; joined here so that the NID and its port are
-        // free when the answer comes (a `net add` of it may follow at once).
-        let bound = StdDuration::from_nanos(SHUTDOWN_BOUND.as_nanos()) + StdDuration::from_secs(2);
+        // Each ends within the shutdown bound; waited for here so that the NID and its port are
+        // free when the answer comes (a `net add` of it may follow at once). The handle stays
+        // in the list until it is joined, so a stop meanwhile still waits for it.
+        let bound = StdDuration::from_nanos(SHUTDOWN_BOUND.as_nanos()) + ADOPT_BOUND * 2;
         let started = std::time::Instant::now();
         for g in &gone {
-            let handle = {
-                let mut threads = lock(&self.set.threads);
-                threads
-                    .iter()
-                    .position(|t| t.nid == Some(g.nid))
-                    .map(|i| threads.swap_remove(i))
-            };
-            let Some(t) = handle else { continue };
-            while !t.handle.is_finished() && started.elapsed() < bound {
-                std::thread::sleep(StdDuration::from_millis(5));
-            }
-            if t.handle.is_finished() {
-                if t.handle.join().is_err() {
-                    error!(nid = %g.nid, "the thread of the NI removed panicked");
+            loop {
+                let finished = {
+                    let mut threads = lock(&self.set.threads);
+                    let i = threads.iter().position(|t| t.nid == Some(g.nid));
+                    match i {
+                        Some(i) if threads[i].handle.is_finished() => {
+                            Some(Some(threads.swap_remove(i)))
+                        }
+                        Some(_) => None,
+                        // The main thread joined it (a stop).
+                        None => Some(None),
+                    }
+                };
+                match finished {
+                    Some(Some(t)) => {
+                        if t.handle.join().is_err() {
+                            error!(nid = %g.nid, "the thread of the NI removed panicked");
+                        }
+                        break;
+                    }
+                    Some(None) => break,
+                    None if started.elapsed() >= bound => {
+                        warn!(nid = %g.nid, "the NI removed has not finished closing; left to end by itself");
+                        break;
+                    }
+                    None => std::thread::sleep(StdDuration::from_millis(5)),
                 }
-            } else {
-                warn!(nid = %g.nid, "the NI removed has not finished closing; left to end by itself");
-                lock(&self.set.threads).push(t);
             }
             info!(nid = %g.nid, "NI removed");
         }
@@ -921,10 +1050,15 @@ struct NiLoop {
     req_rx: Receiver<ControlMsg>,
     hands: Handovers,
     daemon: Arc<Daemon>,
-    /// The [`NiSet`] epoch this loop last adopted.
-    seen_epoch: u64,
+    /// The [`NiSet`] epoch this loop last adopted (the daemon reads it: [`Member::adopted`]).
+    adopted: Arc<AtomicU64>,
+    /// The node-wide settings last applied, and the NI count its buffer share was for.
+    applied: Option<(Arc<NodeSettings>, usize)>,
     /// This NI alone is to stop (`net del`).
     stop: Arc<AtomicBool>,
+    /// The epoch that removed this NI, once it noticed: it ends only after every other loop
+    /// has adopted it, so that none can hand it anything it would not answer.
+    removed_at: Option<u64>,
     shutdown_deadline: Option<lnd::time::Instant>,
     failed: bool,
     capture: CaptureState,
@@ -937,17 +1071,79 @@ impl NiLoop {
         while !self.step(MAX_WAIT) {}
     }
 
+    /// Takes the node-wide settings of `m` (what changed since the last ones): the route
+    /// table, the globals, routing on or off, and this NI's share of the router buffers.
+    fn apply_settings(&mut self, m: &Members) {
+        let n = m.list.len().max(1);
+        let s = &m.settings;
+        let before = self.applied.take();
+        let unchanged = before
+            .as_ref()
+            .is_some_and(|(a, count)| (Arc::ptr_eq(a, s) || **a == **s) && *count == n);
+        self.applied = Some((Arc::clone(s), n));
+        if unchanged {
+            return;
+        }
+        let now = self.rt.now();
+        let node = self.rt.node_mut();
+        if !node.routes().routes().copied().eq(s.routes.iter().copied()) {
+            let mut table = router::RouteTable::default();
+            for r in &s.routes {
+                // Checked by the template against the same NIDs.
+                if let Err(e) = table.add(*r, node.node_nids()) {
+                    warn!(net = %r.net, gateway = %r.gateway, "route not taken: {e}");
+                }
+            }
+            node.set_routes(now, table);
+        }
+        node.adopt_globals(s.globals.clone());
+        node.set_routing(now, s.routing);
+        let share = s.buffers.share(n);
+        let old_share = before.map(|(a, count)| a.buffers.share(count));
+        for (class, want, had) in [
+            (
+                router::PoolClass::Tiny,
+                share.tiny,
+                old_share.map(|b| b.tiny),
+            ),
+            (
+                router::PoolClass::Small,
+                share.small,
+                old_share.map(|b| b.small),
+            ),
+            (
+                router::PoolClass::Large,
+                share.large,
+                old_share.map(|b| b.large),
+            ),
+        ] {
+            let now_has = node
+                .routing_info()
+                .pools
+                .iter()
+                .find(|p| p.class == class)
+                .map(|p| p.nbuffers);
+            // Only a change of the share: a large pool capped at its registered buffers is
+            // not asked again every time.
+            if had != Some(want) && now_has != Some(want) {
+                node.set_buffers(now, class, want);
+            }
+        }
+    }
+
     /// One turn (waiting at most `wait`) and what follows it: handovers, events, control
     /// requests, the capture, the shutdown. True once this loop is finished.
     fn step(&mut self, wait: StdDuration) -> bool {
         let nid = self.nid;
-        // An NI added or removed: adopt the node's NIDs and the loops as they are now.
+        // An NI added or removed, or a node-wide setting changed: adopt them as they are now.
         let epoch = self.daemon.set.epoch.load(Ordering::Acquire);
-        if epoch != self.seen_epoch {
-            self.seen_epoch = epoch;
+        if epoch != self.adopted.load(Ordering::Relaxed) {
             let m = self.daemon.set.snapshot();
             self.rt.node_mut().set_node_nids(m.nids(), m.board.clone());
+            self.apply_settings(&m);
+            let e = m.epoch;
             self.hands.adopt(m);
+            self.adopted.store(e, Ordering::Release);
         }
         // Handovers from the other NIs first, so that what they produce (a forward's send) goes
         // out in this turn's submission rather than a turn later.
@@ -1046,9 +1242,12 @@ impl NiLoop {
         let now = rt.now();
         self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
 
+        if self.removed_at.is_none() && self.stop.load(Ordering::Relaxed) {
+            // `net del` published the set without this NI before it asked it to stop.
+            self.removed_at = Some(self.daemon.set.epoch.load(Ordering::Acquire));
+        }
         if self.shutdown_deadline.is_none()
-            && (self.daemon.shared.stop.load(Ordering::Relaxed)
-                || self.stop.load(Ordering::Relaxed))
+            && (self.daemon.shared.stop.load(Ordering::Relaxed) || self.removed_at.is_some())
         {
             rt.node_mut().shutdown(now);
             self.shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
@@ -1060,6 +1259,21 @@ impl NiLoop {
         if !node.is_shut_down() && now < deadline {
             return false;
         }
+        // Removed alone (`net del`): not before every other loop has stopped handing this one
+        // work (bounded: a loop takes a change at its next turn).
+        if let Some(removed) = self.removed_at {
+            let others = self.daemon.set.snapshot();
+            let pending = others
+                .list
+                .iter()
+                .any(|m| m.adopted.load(Ordering::Acquire) < removed);
+            let bound =
+                deadline.saturating_add(Duration::from_nanos(ADOPT_BOUND.as_nanos() as u64));
+            if pending && now < bound && !self.daemon.shared.stop.load(Ordering::Relaxed) {
+                return false;
+            }
+        }
+        let node = rt.node_mut();
         if !node.is_shut_down() {
             warn!(
                 %nid,
@@ -1072,6 +1286,15 @@ impl NiLoop {
             rt.flush();
         }
         drain_events(rt, control, &mut self.lst);
+        // What the other loops handed this one before they let it go, failed back to them
+        // (a forward's `Done`), and what this one still owes them, before its channel closes.
+        for _ in 0..100 {
+            self.hands.relay(rt);
+            if self.hands.outbox.is_empty() && self.hands.rx.is_empty() {
+                break;
+            }
+            std::thread::sleep(StdDuration::from_millis(1));
+        }
         if let CaptureState::Running(s, out) = std::mem::take(&mut self.capture) {
             let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
             let _ = out.try_send(Response::CaptureDone(sum));
@@ -1949,14 +2172,20 @@ impl Loops {
 
     /// A request for the whole node: a ping goes to the NI on each target's net, `global show`
     /// to the first NI, the other shows to every NI, merged; a change of node-wide settings
-    /// that every NI took is kept by the template too. With no NI, the template answers.
+    /// goes to the template, which every NI then follows. With no NI, the template answers.
     fn call(&self, req: Request) -> Response {
         let m = self.members();
         let all: Vec<usize> = (0..m.list.len()).collect();
         match req {
+            req @ (Request::RouteAdd { .. }
+            | Request::RouteDel { .. }
+            | Request::SetGlobals { .. }
+            | Request::SetRouting { .. }
+            | Request::SetBuffers { .. }) => self.daemon.change_settings(req),
             Request::Import { yaml, op } => {
                 let _one = lock(&self.import);
-                let own = m.nids();
+                // The NIs as they are once this import has the lock.
+                let own = self.members().nids();
                 drop(m);
                 control::import(
                     &yaml,
@@ -1988,32 +2217,6 @@ impl Loops {
             Request::GlobalShow => self.ask(&m, &[0], &Request::GlobalShow).remove(0),
             // The console is the first NI's: one session per daemon, one console NID.
             req @ Request::Selftest { .. } => self.ask(&m, &[0], &req).remove(0),
-            Request::SetBuffers { pool, count } => {
-                // The node's total, shared out: each NI loop is a CPT with its own pools.
-                let share = (count / m.list.len().max(1) as u32).max(1);
-                let each = Request::SetBuffers {
-                    pool: pool.clone(),
-                    count: share,
-                };
-                let resp = merge(self.ask(&m, &all, &each));
-                if matches!(resp, Response::Done) {
-                    self.template(Request::SetBuffers { pool, count });
-                }
-                resp
-            }
-            req @ (Request::RouteAdd { .. }
-            | Request::RouteDel { .. }
-            | Request::SetGlobals { .. }
-            | Request::SetRouting { .. }) => {
-                let resp = merge(self.ask(&m, &all, &req));
-                if matches!(resp, Response::Done) {
-                    let kept = self.template(req);
-                    if !matches!(kept, Response::Done) {
-                        warn!(?kept, "a change every NI took was refused by the template");
-                    }
-                }
-                resp
-            }
             req => merge(self.ask(&m, &all, &req)),
         }
     }
@@ -2031,6 +2234,13 @@ impl Loops {
                 Ok(n) => self.daemon.del_nis(&format!("net del {n}"), |x| x == n),
                 Err(_) => return bad("NID", &nid),
             },
+            // lo is LNet's own (lnet_dyn_del_net refuses LOLND with EINVAL).
+            (Some(net), None) if net.trim() == "lo" => {
+                return Response::Error(ControlError::new(
+                    errno::EINVAL,
+                    "net del: lo cannot be removed",
+                ))
+            }
             (Some(net), None) => match net.trim().parse::<lnd::wire::Net>() {
                 Ok(n) => self
                     .daemon

@@ -727,7 +727,19 @@ impl LnetNode {
     /// as a whole, then kept; nothing changes on an error.
     pub fn set_globals(&mut self, values: &[(String, i64)]) -> Result<(), crate::GlobalError> {
         let v: Vec<(&str, i64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        self.globals.set_all(&v)?;
+        let mut g = self.globals.clone();
+        g.set_all(&v)?;
+        self.adopt_globals(g);
+        Ok(())
+    }
+
+    /// Takes `globals` whole, as another node of the same daemon checked and kept them (the
+    /// daemon's NI runtimes share one set).
+    pub fn adopt_globals(&mut self, globals: crate::GlobalTunables) {
+        if self.globals == globals {
+            return;
+        }
+        self.globals = globals;
         self.health = HealthCfg::of(&self.globals);
         if self.health.sensitivity == 0 {
             // Health off (Lustre's 0): every value back to the maximum, nothing in recovery.
@@ -739,7 +751,6 @@ impl LnetNode {
             }
             self.recovery.clear();
         }
-        Ok(())
     }
 
     /// Gives a message buffer back (a `Put` event's payload once consumed) so that the next

@@ -599,14 +599,13 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
     .unwrap();
     assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
     ping_until_ok(&a, NID_B, WAIT);
-    let conns = |d: &Daemon| {
-        conns(d)
-            .into_iter()
-            .map(|c| (c.peer.clone(), c.incarnation.clone()))
-            .collect::<Vec<_>>()
-    };
     let a_to_b = conns(&a);
     assert_eq!(a_to_b.len(), 1, "{a_to_b:?}");
+    let b_t0 = Instant::now();
+    // Node-wide settings before the next NIs come: they must start with them, and each NI's
+    // share of the buffers must follow the NI count.
+    assert_eq!(run(&["set", "routing", "1"]).0, Some(0));
+    assert_eq!(run(&["set", "small_buffers", "3000"]).0, Some(0));
 
     // A second net by import (with where its peer listens), a third by `net add`.
     std::fs::write(
@@ -643,6 +642,22 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
     );
     let (_, global, _) = run(&["global", "show"]);
     assert!(global.contains("    recovery_limit: 77\n"), "{global}");
+    // Every NI routes, each with a third of the small buffers now.
+    match call(&a, Request::RoutingShow) {
+        Response::Routing(r) => {
+            assert_eq!(r.enable, 1);
+            let small: Vec<u32> = r.cpts.iter().map(|c| c.small.nbuffers).collect();
+            assert_eq!(small, vec![1000, 1000, 1000], "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A route through the added net; it goes with the net's last NI, as in Lustre.
+    assert_eq!(
+        run(&["route", "add", "--net", "o2ib5", "--gateway", NID_C]).0,
+        Some(0)
+    );
+    let c_before = conns_to(&c, NID_A1);
+    assert_eq!(c_before.len(), 1, "{c_before:?}");
     // The NI that was there first knows them: its ping reply lists the whole node.
     let reply = |d: &Daemon, t: &str| {
         ping_until_ok(d, t, WAIT);
@@ -692,15 +707,41 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
         Some(0),
         "o2ib1 is gone"
     );
-    assert_eq!(conns(&a).iter().filter(|c| c.0 == NID_B).count(), 1);
+    let routes = run(&["route", "show"]).1;
     assert!(
-        conns(&a).contains(&a_to_b[0]),
-        "A's connection to B was not touched"
+        !routes.contains("o2ib5") && routes.contains("o2ib3"),
+        "{routes}"
+    );
+    // The other NIs' buffers are shared out again, and A's connection to B is the one it
+    // had from the start (as old as the time since).
+    match call(&a, Request::RoutingShow) {
+        Response::Routing(r) => {
+            let small: Vec<u32> = r.cpts.iter().map(|c| c.small.nbuffers).collect();
+            assert_eq!(small, vec![1500, 1500], "{r:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let now_b = conns_to(&a, NID_B);
+    assert_eq!(now_b.len(), 1, "{now_b:?}");
+    assert!(
+        u128::from(now_b[0].age_ms) >= b_t0.elapsed().as_millis(),
+        "A's connection to B was not touched: {now_b:?}"
+    );
+    let log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(
+        log.contains("NI removed") && !log.contains("did not finish"),
+        "the NI closed within its bound"
     );
 
-    // Back again, as a new instance: C talks to it.
+    // Back again, as a new instance: C talks to it, and sees a new incarnation.
     assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
     ping_until_ok(&a, NID_C, WAIT);
+    let c_after = conns_to(&c, NID_A1);
+    assert_eq!(c_after.len(), 1, "{c_after:?}");
+    assert_ne!(c_after[0].incarnation, c_before[0].incarnation);
+    let (code, _, err) = run(&["net", "del", "--net", "lo"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("lo cannot be removed"), "{err}");
     // And `net del --net` takes a whole net.
     assert_eq!(run(&["net", "del", "--net", "o2ib2"]).0, Some(0));
     assert!(!run(&["net", "show"]).1.contains(NID_A2));
