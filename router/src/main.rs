@@ -401,7 +401,7 @@ fn run(
     }
     {
         let settings = NodeSettings::of(&lock(&daemon.template));
-        daemon.set.publish(members, board, settings);
+        daemon.set.publish(members, Vec::new(), board, settings);
     }
     let nis = ni_loops.len();
     match threading {
@@ -575,6 +575,9 @@ struct NiThread {
 struct Members {
     epoch: u64,
     list: Vec<Member>,
+    /// NIs being removed: gone from every table, but still closing, and owed the ends of
+    /// what they forwarded (only `Handover::Done`s go to them).
+    leaving: Vec<Member>,
     board: NetAlive,
     settings: Arc<NodeSettings>,
 }
@@ -584,6 +587,7 @@ impl Default for Members {
         Members {
             epoch: 0,
             list: Vec::new(),
+            leaving: Vec::new(),
             board: NetAlive::new(0),
             settings: Arc::default(),
         }
@@ -651,6 +655,15 @@ struct Member {
     /// The last epoch this loop adopted: once every loop has adopted a change, none acts on
     /// what it replaced (a removed NI is handed nothing more).
     adopted: Arc<AtomicU64>,
+    /// Cleared when the loop ends, however it ends: nobody waits for it to adopt anything.
+    running: Arc<AtomicBool>,
+}
+
+impl Member {
+    /// Whether this loop has yet to adopt `epoch` (false for one that has ended).
+    fn behind(&self, epoch: u64) -> bool {
+        self.running.load(Ordering::Acquire) && self.adopted.load(Ordering::Acquire) < epoch
+    }
 }
 
 impl Member {
@@ -678,13 +691,21 @@ impl NiSet {
         Arc::clone(&lock(&self.members))
     }
 
-    /// Publishes these NIs with these settings as the next epoch; returns it.
-    fn publish(&self, list: Vec<Member>, board: NetAlive, settings: NodeSettings) -> u64 {
+    /// Publishes these NIs (and those leaving) with these settings as the next epoch; returns
+    /// it.
+    fn publish(
+        &self,
+        list: Vec<Member>,
+        leaving: Vec<Member>,
+        board: NetAlive,
+        settings: NodeSettings,
+    ) -> u64 {
         let mut m = lock(&self.members);
         let epoch = m.epoch + 1;
         *m = Arc::new(Members {
             epoch,
             list,
+            leaving,
             board,
             settings: Arc::new(settings),
         });
@@ -700,24 +721,21 @@ impl Daemon {
         }
     }
 
-    /// Publishes `list` (on `board`) with the template's settings, wakes every loop and waits
-    /// (bounded) until each has adopted it, so that what the caller answers is what every NI
-    /// holds. Called with `set.change` held.
-    fn publish(&self, list: Vec<Member>, board: NetAlive) {
+    /// Publishes `list` (on `board`; `leaving` as in [`Members`]) with the template's
+    /// settings, wakes every loop and waits (bounded) until each has adopted it, so that what
+    /// the caller answers is what every NI holds. Called with `set.change` held.
+    fn publish(&self, list: Vec<Member>, leaving: Vec<Member>, board: NetAlive) {
         let settings = NodeSettings::of(&lock(&self.template));
-        let waiting: Vec<(Nid, Arc<AtomicU64>, WakeHandle)> = list
-            .iter()
-            .map(|m| (m.nid, Arc::clone(&m.adopted), m.wake.clone()))
-            .collect();
-        let epoch = self.set.publish(list, board, settings);
-        for (_, _, wake) in &waiting {
-            wake.wake();
+        let waiting: Vec<Member> = list.iter().chain(&leaving).cloned().collect();
+        let epoch = self.set.publish(list, leaving, board, settings);
+        for m in &waiting {
+            m.wake.wake();
         }
         let started = std::time::Instant::now();
-        for (nid, adopted, _) in &waiting {
-            while adopted.load(Ordering::Acquire) < epoch {
+        for m in &waiting {
+            while m.behind(epoch) {
                 if started.elapsed() >= ADOPT_BOUND || self.shared.stop.load(Ordering::Relaxed) {
-                    warn!(%nid, "an NI loop has not taken the daemon's change yet; it will at its next turn");
+                    warn!(nid = %m.nid, "an NI loop has not taken the daemon's change yet; it will at its next turn");
                     break;
                 }
                 std::thread::sleep(StdDuration::from_millis(1));
@@ -738,6 +756,7 @@ impl Daemon {
         let (hand_tx, hand_rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
         let adopted = Arc::new(AtomicU64::new(0));
+        let running = Arc::new(AtomicBool::new(true));
         let member = Member {
             nid,
             ctl: tx,
@@ -746,6 +765,7 @@ impl Daemon {
             hand_wake: (self.threading == NiThreads::PerNi).then(|| wake.clone()),
             stop: Arc::clone(&stop),
             adopted: Arc::clone(&adopted),
+            running: Arc::clone(&running),
         };
         let incarnation = rt
             .node()
@@ -765,6 +785,7 @@ impl Daemon {
             },
             daemon: Arc::clone(self),
             adopted,
+            running,
             applied: None,
             stop,
             removed_at: None,
@@ -828,7 +849,7 @@ impl Daemon {
         let resp = control::call_local(&mut lock(&self.template), req, || clock.now());
         if matches!(resp, Response::Done) {
             let m = self.set.snapshot();
-            self.publish(m.list.clone(), m.board.clone());
+            self.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
         }
         resp
     }
@@ -858,15 +879,25 @@ impl Daemon {
                 format!("{what}: the NI exists"),
             ));
         }
-        if !lock(&self.template).routes().to_net(nid.net()).is_empty() {
-            return Err(ControlError::new(
-                errno::EUSERS,
-                format!(
-                    "{what}: a route leads to {}; adding the net would invalidate the routing \
-                     configuration (delete the route first)",
-                    nid.net()
-                ),
-            ));
+        {
+            let t = lock(&self.template);
+            let why = if !t.routes().to_net(nid.net()).is_empty() {
+                Some(format!("a route leads to {}", nid.net()))
+            } else {
+                t.routes()
+                    .routes()
+                    .find(|r| r.gateway == nid)
+                    .map(|r| format!("it is the gateway of the route to {}", r.net))
+            };
+            if let Some(why) = why {
+                return Err(ControlError::new(
+                    errno::EUSERS,
+                    format!(
+                        "{what}: {why}; adding it would invalidate the routing configuration \
+                         (delete the route first)"
+                    ),
+                ));
+            }
         }
         let mut nids = m.nids();
         nids.push(nid);
@@ -917,24 +948,15 @@ impl Daemon {
         let (rt, wake) = NiRuntime::new(node, f.driver, self.clock)
             .map_err(|e| ControlError::new(errno::EIO, format!("{what}: {e}")))?;
         let (l, member) = self.make_loop(rt, wake, f.kind, extras_of(ni, f.listen));
-        // Published before it runs, so that its first turn adopts the set it is in.
+        // Running first, published next: nobody hands it anything before it runs, and a
+        // failed start leaves nothing to undo. Its first turn may adopt the set without it
+        // (its own NID stays its own), then this one.
+        self.spawn(l)
+            .map_err(|e| ControlError::new(errno::ESHUTDOWN, format!("{what}: {e}")))?;
+        lock(&self.template).set_node_nids(nids, board.clone());
         let mut list = m.list.clone();
         list.push(member);
-        let before = (m.list.clone(), m.board.clone());
-        let epoch = self
-            .set
-            .publish(list, board.clone(), NodeSettings::of(&lock(&self.template)));
-        if let Err(e) = self.spawn(l) {
-            // Back as it was (nobody can have handed the new loop anything it must answer:
-            // the loops that adopted the set meanwhile adopt the next one).
-            self.publish(before.0, before.1);
-            return Err(ControlError::new(errno::ESHUTDOWN, format!("{what}: {e}")));
-        }
-        lock(&self.template).set_node_nids(nids, board);
-        let m = self.set.snapshot();
-        debug_assert!(m.epoch >= epoch);
-        // Every loop (the new one too) takes the set, and the buffers' shares, now.
-        self.publish(m.list.clone(), m.board.clone());
+        self.publish(list, m.leaving.clone(), board);
         info!(%nid, fabric = f.kind.as_str(), listen = %f.listen, "NI added");
         Ok(())
     }
@@ -979,9 +1001,11 @@ impl Daemon {
             }
             t.set_node_nids(nids, board.clone());
         }
-        self.publish(stay, board);
+        let mut leaving = m.leaving.clone();
+        leaving.extend(gone.iter().cloned());
+        self.publish(stay, leaving, board);
         for g in &gone {
-            g.stop.store(true, Ordering::Relaxed);
+            g.stop.store(true, Ordering::Release);
             g.wake.wake();
         }
         // Each ends within the shutdown bound; waited for here so that the NID and its port are
@@ -1020,6 +1044,17 @@ impl Daemon {
             }
             info!(nid = %g.nid, "NI removed");
         }
+        // Ended: owed nothing more.
+        let m = self.set.snapshot();
+        let leaving: Vec<Member> = m
+            .leaving
+            .iter()
+            .filter(|x| x.running.load(Ordering::Acquire))
+            .cloned()
+            .collect();
+        if leaving.len() != m.leaving.len() {
+            self.publish(m.list.clone(), leaving, m.board.clone());
+        }
         Ok(gone.len())
     }
 }
@@ -1052,6 +1087,8 @@ struct NiLoop {
     daemon: Arc<Daemon>,
     /// The [`NiSet`] epoch this loop last adopted (the daemon reads it: [`Member::adopted`]).
     adopted: Arc<AtomicU64>,
+    /// [`Member::running`]: cleared when this loop ends.
+    running: Arc<AtomicBool>,
     /// The node-wide settings last applied, and the NI count its buffer share was for.
     applied: Option<(Arc<NodeSettings>, usize)>,
     /// This NI alone is to stop (`net del`).
@@ -1066,9 +1103,49 @@ struct NiLoop {
     lst: NiSelftest,
 }
 
+/// Ends an NI loop's run, however it ends: its member no longer counts as running, and a
+/// panic stops the daemon (every other NI closes gracefully) rather than leave a dead NI
+/// in the tables.
+struct LoopEnd {
+    nid: Nid,
+    running: Arc<AtomicBool>,
+    daemon: Arc<Daemon>,
+}
+
+impl Drop for LoopEnd {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Release);
+        if std::thread::panicking() {
+            self.daemon
+                .shared
+                .fail(format!("the thread of NI {} panicked", self.nid));
+            self.daemon.wake_all();
+        }
+    }
+}
+
 impl NiLoop {
     fn run(mut self) {
+        let _end = LoopEnd {
+            nid: self.nid,
+            running: Arc::clone(&self.running),
+            daemon: Arc::clone(&self.daemon),
+        };
         while !self.step(MAX_WAIT) {}
+    }
+
+    /// Takes the NIs and the node-wide settings as they are now, if they changed since.
+    fn adopt(&mut self) {
+        let epoch = self.daemon.set.epoch.load(Ordering::Acquire);
+        if epoch == self.adopted.load(Ordering::Relaxed) {
+            return;
+        }
+        let m = self.daemon.set.snapshot();
+        self.rt.node_mut().set_node_nids(m.nids(), m.board.clone());
+        self.apply_settings(&m);
+        let e = m.epoch;
+        self.hands.adopt(m);
+        self.adopted.store(e, Ordering::Release);
     }
 
     /// Takes the node-wide settings of `m` (what changed since the last ones): the route
@@ -1136,15 +1213,7 @@ impl NiLoop {
     fn step(&mut self, wait: StdDuration) -> bool {
         let nid = self.nid;
         // An NI added or removed, or a node-wide setting changed: adopt them as they are now.
-        let epoch = self.daemon.set.epoch.load(Ordering::Acquire);
-        if epoch != self.adopted.load(Ordering::Relaxed) {
-            let m = self.daemon.set.snapshot();
-            self.rt.node_mut().set_node_nids(m.nids(), m.board.clone());
-            self.apply_settings(&m);
-            let e = m.epoch;
-            self.hands.adopt(m);
-            self.adopted.store(e, Ordering::Release);
-        }
+        self.adopt();
         // Handovers from the other NIs first, so that what they produce (a forward's send) goes
         // out in this turn's submission rather than a turn later.
         self.hands.take_in(&mut self.rt);
@@ -1162,6 +1231,9 @@ impl NiLoop {
         } else {
             std::thread::sleep(wait);
         }
+        // A change published during the turn is taken before the requests are answered (a
+        // `route show` right after a `route add` sees it).
+        self.adopt();
         let rt = &mut self.rt;
         let control = &mut self.control;
         self.hands.relay(rt);
@@ -1242,7 +1314,7 @@ impl NiLoop {
         let now = rt.now();
         self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
 
-        if self.removed_at.is_none() && self.stop.load(Ordering::Relaxed) {
+        if self.removed_at.is_none() && self.stop.load(Ordering::Acquire) {
             // `net del` published the set without this NI before it asked it to stop.
             self.removed_at = Some(self.daemon.set.epoch.load(Ordering::Acquire));
         }
@@ -1266,7 +1338,8 @@ impl NiLoop {
             let pending = others
                 .list
                 .iter()
-                .any(|m| m.adopted.load(Ordering::Acquire) < removed);
+                .chain(&others.leaving)
+                .any(|m| m.nid != nid && m.behind(removed));
             let bound =
                 deadline.saturating_add(Duration::from_nanos(ADOPT_BOUND.as_nanos() as u64));
             if pending && now < bound && !self.daemon.shared.stop.load(Ordering::Relaxed) {
@@ -1286,11 +1359,19 @@ impl NiLoop {
             rt.flush();
         }
         drain_events(rt, control, &mut self.lst);
-        // What the other loops handed this one before they let it go, failed back to them
-        // (a forward's `Done`), and what this one still owes them, before its channel closes.
-        for _ in 0..100 {
+        // Whatever this runtime still sends for the other loops is failed back to them (their
+        // router buffers and credits come back), as is what they handed it before they let it
+        // go; then the last of it is handed out before the channel closes (bounded: a full
+        // channel is retried, a loop that is gone takes nothing).
+        if !rt.node().is_shut_down() {
+            rt.node_mut().abandon_forwards();
+        }
+        let started = std::time::Instant::now();
+        loop {
             self.hands.relay(rt);
-            if self.hands.outbox.is_empty() && self.hands.rx.is_empty() {
+            if (self.hands.outbox.is_empty() && self.hands.rx.is_empty())
+                || started.elapsed() >= ADOPT_BOUND
+            {
                 break;
             }
             std::thread::sleep(StdDuration::from_millis(1));
@@ -1388,6 +1469,23 @@ impl Handovers {
                 HandoverTarget::Net(net) => self.links.list.iter().position(|l| l.nid.net() == net),
             };
             let Some(i) = target else {
+                // The end of a forward of an NI being removed: it still waits for it.
+                if let (HandoverTarget::Nid(nid), Handover::Done { .. }) = (h.target(), &h) {
+                    if let Some(l) = self.links.leaving.iter().find(|l| l.nid == nid) {
+                        match l.hand.try_send(h) {
+                            Ok(()) => {
+                                if let Some(w) = &l.hand_wake {
+                                    w.wake();
+                                }
+                            }
+                            Err(crossbeam_channel::TrySendError::Full(h)) => {
+                                self.outbox.push_back(h)
+                            }
+                            Err(crossbeam_channel::TrySendError::Disconnected(_)) => {}
+                        }
+                        continue;
+                    }
+                }
                 self.undeliverable(rt, h);
                 continue;
             };
@@ -2231,6 +2329,12 @@ impl Loops {
         };
         let r = match (net, nid) {
             (_, Some(nid)) => match nid.trim().parse::<Nid>() {
+                Ok(n) if n == Nid::LO_0 => {
+                    return Response::Error(ControlError::new(
+                        errno::EINVAL,
+                        "net del: lo cannot be removed",
+                    ))
+                }
                 Ok(n) => self.daemon.del_nis(&format!("net del {n}"), |x| x == n),
                 Err(_) => return bad("NID", &nid),
             },

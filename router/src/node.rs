@@ -783,8 +783,8 @@ impl LnetNode {
     /// liveness board, in the same order. Our own NIDs stay ours whatever `nids` says (a
     /// runtime being removed keeps them until it is gone). From now on a message to a new NID
     /// is local, a net of a new sibling is reached through it, a route whose gateway is on a
-    /// removed net is unusable (as in Lustre, where the route stays but no NI reaches its
-    /// gateway), and our ping reply lists exactly `nids` (lnet_ping_target_update).
+    /// removed net is unusable (the daemon removes such routes too, as Lustre does with the
+    /// net's last NI), and our ping reply lists exactly `nids` (lnet_ping_target_update).
     pub fn set_node_nids(&mut self, nids: Vec<Nid>, board: NetAlive) {
         let mut nids = nids;
         for n in &self.nis {
@@ -2373,6 +2373,35 @@ impl LnetNode {
             }
         }
         self.process(now);
+    }
+
+    /// This runtime is going away before its shutdown finished (an NI removed at run time
+    /// whose peers did not take everything within the bound): every message it is still
+    /// sending for a sibling runtime is failed back to that runtime (`Handover::Done` with
+    /// `Shutdown`), so that the sibling's router buffer and its sender's credits come back.
+    /// The messages are forgotten here; their credits go with this runtime.
+    pub fn abandon_forwards(&mut self) {
+        let ours: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
+        let owed: Vec<(Handle<MsgTag>, Nid, u64)> = self
+            .msgs
+            .slots
+            .iter()
+            .filter_map(|(h, m)| match m.purpose {
+                Purpose::Forward { origin, key } if !ours.contains(&origin) => {
+                    Some((h, origin, key))
+                }
+                _ => None,
+            })
+            .collect();
+        for (h, origin, key) in owed {
+            self.msgs.slots.remove(h);
+            self.free_msg();
+            self.handovers.push_back(Handover::Done {
+                origin,
+                key,
+                result: Err(LnetError::Shutdown),
+            });
+        }
     }
 
     /// The next message for a sibling runtime ([`Handover::target`] says which).

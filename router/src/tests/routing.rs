@@ -1503,3 +1503,48 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
         .collect();
     assert_eq!(done, vec![Err(LnetError::Timeout)]);
 }
+
+/// `net del` of a router's egress NI whose peer does not take what it holds within the
+/// shutdown bound: the daemon drops that runtime, so it first fails back every message it was
+/// sending for its sibling (`abandon_forwards`). The ingress runtime gets its router buffers
+/// and its sender's router credits back and counts the drops; nothing stays in flight there.
+#[test]
+fn a_removed_egress_runtime_fails_back_what_it_holds_for_its_sibling() {
+    let (mut f, routers) = topology(true, |_| {});
+    let (ingress, egress) = (routers[0], routers[1]);
+    f.kill(1);
+    let now = f.now;
+    for i in 0..3 {
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+            .unwrap();
+    }
+    // The egress waits on its connect to the silent server, holding the three.
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 3);
+    assert_eq!(f.nodes[egress].messages_in_flight(), 3);
+    f.nodes[egress].abandon_forwards();
+    assert_eq!(f.nodes[egress].messages_in_flight(), 0);
+    f.run_for(Duration::from_millis(10));
+    let info = f.nodes[ingress].routing_info();
+    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
+    assert_eq!(info.stats.dropped_for(FwdDrop::Shutdown), 3);
+    assert!(info.stats.reconciles());
+    for p in &info.pools {
+        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
+    }
+    for p in f.nodes[ingress].peers() {
+        assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
+    }
+    // Its own messages (none here) and those it received stay its own: a second call finds
+    // nothing more to give back.
+    f.nodes[egress].abandon_forwards();
+    f.run_for(Duration::from_millis(10));
+    assert_eq!(
+        f.nodes[ingress]
+            .routing_info()
+            .stats
+            .dropped_for(FwdDrop::Shutdown),
+        3
+    );
+}
