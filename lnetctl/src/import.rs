@@ -113,6 +113,145 @@ impl NiToAdd {
     }
 }
 
+/// What `import --exec` runs: the NIDs of the document's `ping:` and `discover:` sections, in
+/// order, their `timeout:` (the last one given), and the rest of the document to apply.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExecDoc {
+    /// The document with the `ping:`, `discover:` and `global:` sections blanked (empty lines,
+    /// so that the daemon's errors still name the user's lines): its `net:` items are added,
+    /// as lnetctl does under --exec.
+    pub rest: String,
+    pub nids: Vec<String>,
+    pub timeout: Option<u64>,
+}
+
+/// `import --exec` (sanity-lnet test 350's documents: `ping:` / `discover:` with `nids:` as a
+/// numbered map or a list, and `timeout:`). As lnetctl: `net:` items are still added,
+/// `global:` does nothing, and any other section is refused (lnetctl says `invalid key`).
+/// A value written in flow style (`ping: {nids: [..]}`) is refused rather than misread.
+pub fn take_exec_sections(text: &str) -> Result<ExecDoc, String> {
+    let mut rest = String::with_capacity(text.len());
+    let mut nids = Vec::new();
+    let mut timeout = None;
+    // The section being read: None outside ping/discover.
+    let mut in_exec = false;
+    // The indent of the `nids:` key while its entries are read.
+    let mut nids_indent: Option<usize> = None;
+    let unquote = |v: &str| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string();
+    for (i, raw) in text.split_inclusive('\n').enumerate() {
+        let line_no = i + 1;
+        // A comment: from ` #` (or a leading `#`) to the end of the line.
+        let line = match raw.find(" #") {
+            Some(at) => &raw[..at],
+            None if raw.trim_start().starts_with('#') => "",
+            None => raw.trim_end_matches(['\n', '\r']),
+        };
+        let top = raw
+            .chars()
+            .next()
+            .is_some_and(|c| !matches!(c, ' ' | '\t' | '-' | '#' | '\n' | '\r'));
+        if top {
+            let (key, value) = line.split_once(':').unwrap_or((line, ""));
+            let key = key.trim();
+            nids_indent = None;
+            in_exec = key == "ping" || key == "discover";
+            match key {
+                "ping" | "discover" | "global" => {
+                    if !value.trim().is_empty() {
+                        return Err(format!(
+                            "line {line_no}: '{key}:' in flow style; write its nids: as a block \
+                             (as lnetctl export does)"
+                        ));
+                    }
+                    rest.push('\n');
+                    // `global:` does nothing under --exec, as in lnetctl.
+                    in_exec = key != "global";
+                    if key == "global" {
+                        in_exec = false;
+                        nids_indent = Some(usize::MAX);
+                    }
+                    continue;
+                }
+                "net" => {}
+                other => {
+                    return Err(format!(
+                        "line {line_no}: '{other}:' is not run by --exec (only ping, discover \
+                         and net; lnetctl: invalid key)"
+                    ))
+                }
+            }
+        }
+        if nids_indent == Some(usize::MAX) {
+            // Inside `global:`: skipped.
+            rest.push('\n');
+            continue;
+        }
+        if !in_exec {
+            rest.push_str(raw);
+            continue;
+        }
+        rest.push('\n');
+        let body = line.trim_end();
+        let entry = body.trim_start();
+        if entry.is_empty() {
+            continue;
+        }
+        let indent = body.len() - entry.len();
+        let item = entry.trim_start_matches('-').trim_start();
+        // `key: value` with a key that is not a number is a key of the section.
+        let keyed = item
+            .split_once(':')
+            .map(|(k, v)| (unquote(k), v))
+            .filter(|(k, _)| !k.chars().all(|c| c.is_ascii_digit()));
+        if let Some(k) = nids_indent {
+            if keyed.is_none() && (indent > k || entry.starts_with('-')) {
+                // `0: NID`, `"0": NID` (a map) or `- NID` (a list).
+                let value = match item.split_once(':') {
+                    Some((_, v)) => v,
+                    None => item,
+                };
+                let v = unquote(value);
+                if !v.is_empty() {
+                    nids.push(v);
+                }
+                continue;
+            }
+            nids_indent = None;
+        }
+        match keyed {
+            Some((k, v)) if k == "nids" => {
+                nids_indent = Some(indent);
+                let v = v.trim();
+                if v.starts_with('{') {
+                    return Err(format!(
+                        "line {line_no}: 'nids:' in flow style as a map; list the NIDs"
+                    ));
+                }
+                // `nids: [a, b]` or `nids: a,b` on one line.
+                for n in v.trim_matches(|c| c == '[' || c == ']').split(',') {
+                    let n = unquote(n);
+                    if !n.is_empty() {
+                        nids.push(n);
+                    }
+                }
+            }
+            Some((k, v)) if k == "timeout" => match unquote(v).parse::<u64>() {
+                Ok(t) => timeout = Some(t),
+                Err(_) => {
+                    return Err(format!("line {line_no}: bad timeout '{}'", v.trim()));
+                }
+            },
+            // `source`, `force` and the like: not used.
+            _ => {}
+        }
+    }
+    Ok(ExecDoc {
+        rest,
+        nids,
+        timeout,
+    })
+}
+
 /// Takes the top-level `peer:` section out of `text`. A section is a line that starts a
 /// top-level key (column 0, not `-`, `#` or a space) and what follows until the next one; a
 /// peer item is a `- primary nid:` line, and its NIs are the `- nid:` lines after it. A peer
@@ -224,6 +363,41 @@ mod tests {
             sneaky.contains("net type: \"o2ib\\n  route: x\""),
             "{sneaky}"
         );
+    }
+
+    #[test]
+    fn exec_sections_give_their_nids_and_leave_the_rest() {
+        // sanity-lnet test 350's documents, a list form, a timeout, a comment.
+        let doc =
+            "ping:\n  nids:\n    0: 10.0.0.2@o2ib\n    \"1\": 10.0.0.3@o2ib # peer\n  timeout: 5\n\
+                   net:\n    - net type: o2ib\n\
+                   discover:\n  - nids:\n    - 10.0.0.4@o2ib\n  - timeout: 7\n\
+                   global:\n    retry_count: 1\n";
+        let d = take_exec_sections(doc).unwrap();
+        assert_eq!(d.nids, ["10.0.0.2@o2ib", "10.0.0.3@o2ib", "10.0.0.4@o2ib"]);
+        assert_eq!(d.timeout, Some(7));
+        assert_eq!(d.rest, "\n\n\n\n\nnet:\n    - net type: o2ib\n\n\n\n\n\n\n");
+        assert_eq!(
+            d.rest.lines().count(),
+            doc.lines().count(),
+            "line numbers kept"
+        );
+        let d = take_exec_sections("ping:\n    nids: [0@lo, \"10.0.0.2@o2ib\"]\n").unwrap();
+        assert_eq!(d.nids, ["0@lo", "10.0.0.2@o2ib"]);
+        assert!(d.rest.trim().is_empty());
+        // What lnetctl refuses, or what would be misread, is refused with its line.
+        for (doc, want) in [
+            ("ping: {nids: [10.0.0.2@o2ib]}\n", "line 1"),
+            ("ping:\n  nids: {0: 10.0.0.2@o2ib}\n", "line 2"),
+            ("route:\n    - net: o2ib1\n", "'route:'"),
+            (
+                "ping:\n  nids:\n    0: 0@lo\n  timeout: soon\n",
+                "bad timeout",
+            ),
+        ] {
+            let e = take_exec_sections(doc).unwrap_err();
+            assert!(e.contains(want), "{doc:?}: {e}");
+        }
     }
 
     #[test]

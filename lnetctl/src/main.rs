@@ -152,8 +152,8 @@ enum Cmd {
         file: Option<PathBuf>,
     },
     /// Apply a YAML document (an export, lnet.conf) to the running daemon: routes, routing,
-    /// buffers and globals change at once, item by item; adding or removing an NI needs the
-    /// daemon's configuration and a restart. Reads standard input without FILE (or with -)
+    /// buffers and globals change at once, item by item, and its nets' NIs are started or
+    /// stopped. Reads standard input without FILE (or with -)
     #[command(group(clap::ArgGroup::new("mode").args(["add", "del", "show", "exec"])))]
     Import {
         /// Configure what the document names (the default)
@@ -165,7 +165,8 @@ enum Cmd {
         /// Change nothing: say what --add would do
         #[arg(short, long)]
         show: bool,
-        /// Run the document's ping and discover sections (not supported by ulnet)
+        /// Run the document's ping and discover sections (silent when every NID answers); its
+        /// other sections are applied as by --add
         #[arg(short, long)]
         exec: bool,
         #[arg(value_name = "FILE")]
@@ -842,20 +843,13 @@ fn run(cli: Cli) -> u8 {
             exec,
             file,
         } => {
-            if exec {
-                eprintln!(
-                    "lnetctl: import --exec: ulnet does not run ping or discover sections from \
-                     a document; use `lnetctl ping`"
-                );
-                return exit::FAILED;
-            }
             let op = match (del, show) {
                 (true, _) => ImportOp::Del,
                 (_, true) => ImportOp::Show,
                 _ => ImportOp::Add,
             };
             let path = cli.socket.unwrap_or_else(default_socket_path);
-            return run_import(&path, cli.json, op, file.as_deref());
+            return run_import(&path, cli.json, op, exec, file.as_deref());
         }
         Cmd::Man => {
             let mut out = Vec::new();
@@ -1081,6 +1075,7 @@ fn run_import(
     path: &std::path::Path,
     json: bool,
     op: ImportOp,
+    exec: bool,
     file: Option<&std::path::Path>,
 ) -> u8 {
     use std::io::Read;
@@ -1106,6 +1101,70 @@ fn run_import(
             return exit::FAILED;
         }
     };
+    if exec {
+        // The `ping:` and `discover:` sections run (silent when every NID answers, as
+        // lnetctl); the rest of the document is applied as by --add.
+        let doc = match import::take_exec_sections(&stripped.text) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("lnetctl: import --exec: {origin}: {e}");
+                return exit::FAILED;
+            }
+        };
+        let (rest, nids) = (doc.rest, doc.nids);
+        for n in &nids {
+            if let Err(c) = check_nid(n) {
+                return c;
+            }
+        }
+        if !rest.trim().is_empty() {
+            stripped.text = rest;
+            let code = send_import(path, json, ImportOp::Add, &mut stripped, &origin);
+            if code != exit::OK {
+                return code;
+            }
+        }
+        if nids.is_empty() {
+            return exit::OK;
+        }
+        let req = Request::Ping {
+            nids,
+            timeout_secs: doc.timeout,
+            source: None,
+        };
+        return match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
+            Ok(Response::Ping(p)) if p.manage.is_empty() => exit::OK,
+            Ok(Response::Ping(p)) => {
+                for f in &p.manage {
+                    eprintln!(
+                        "lnetctl: import --exec: ping {}: {} (errno {})",
+                        f.ping, f.descr, f.errno
+                    );
+                }
+                exit::FAILED
+            }
+            Ok(Response::Error(e)) => {
+                eprintln!("lnetctl: import --exec: {e}");
+                exit::FAILED
+            }
+            Ok(other) => {
+                eprintln!("lnetctl: import --exec: unexpected answer: {other:?}");
+                exit::FAILED
+            }
+            Err(e) => client_failed(&e),
+        };
+    }
+    send_import(path, json, op, &mut stripped, &origin)
+}
+
+/// Sends the document (its `peer:` section taken out) as one import and reports what failed.
+fn send_import(
+    path: &std::path::Path,
+    json: bool,
+    op: ImportOp,
+    stripped: &mut import::Stripped,
+    origin: &str,
+) -> u8 {
     let req = Request::Import {
         yaml: std::mem::take(&mut stripped.text),
         op,
@@ -1127,7 +1186,7 @@ fn run_import(
             r
         }
         Ok(Response::Error(e)) => {
-            eprintln!("lnetctl: import: {}", stripped.locate(&e.message, &origin));
+            eprintln!("lnetctl: import: {}", stripped.locate(&e.message, origin));
             return exit::FAILED;
         }
         Ok(other) => {

@@ -289,7 +289,6 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
             &["peer", "del", "--prim_nid", "10.0.0.5@o2ib"],
             "Multi-Rail",
         ),
-        (&["import", "--exec", "x.yaml"], "lnetctl ping"),
     ] {
         let o = lnetctl(args);
         let err = text(&o.stderr);

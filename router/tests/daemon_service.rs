@@ -426,6 +426,22 @@ fn export_and_import_round_trip_on_a_running_daemon() {
         assert!(err.contains(want), "{doc}: {err}");
     }
     assert!(!run(&["route", "show"]).1.contains("o2ib6"));
+    // --exec runs the ping and discover sections (sanity-lnet test 350's documents): silent
+    // when every NID answers, one line per failure otherwise.
+    std::fs::write(
+        &file,
+        format!("ping:\n  nids:\n    0: {NID_B}\ndiscover:\n  nids:\n    0: {NID_B}\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        run(&["import", "-e", f]),
+        (Some(0), String::new(), String::new())
+    );
+    std::fs::write(&file, "ping:\n  nids:\n    0: 10.9.9.9@o2ib9\n").unwrap();
+    let (code, stdout, err) = run(&["import", "--exec", f]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(stdout.is_empty());
+    assert!(err.contains("ping 10.9.9.9@o2ib9"), "{err}");
     assert_eq!(conns(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
