@@ -505,7 +505,7 @@ In ulnet:
   recovery_limit               seconds a peer NI in recovery gets recovery pings (0: for ever)
   max_recovery_ping_interval   the longest gap between two recovery pings of a peer NI
   transaction_timeout          the recovery pings' timeout; LND timeouts stay as each NI's config sets them
-  retry_count                  kept and shown; no resends: every ulnet peer is single-rail, for which Lustre resends nothing either
+  retry_count                  resends a local failure (a message still queued on a connection that timed out) on a node with two NIs or more; never a remote one (Lustre resends those only to Multi-Rail peers)
   recovery_interval            accepted and ignored, as in Lustre (deprecated there)
   router_sensitivity           kept and shown; no effect (deprecated in Lustre too)
   response_tracking            kept and shown; no effect: ulnet tracks no ACK or REPLY deadlines beyond its pings

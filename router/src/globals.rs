@@ -3,10 +3,9 @@
 //! start and what it does here. The config file's `global:` section, `lnetctl set` and `lnetctl
 //! import` all go through [`GlobalTunables::set`], so one value is checked one way.
 //!
-//! Some drive mechanisms ulnet does not have (resends, which need Multi-Rail; peer discovery;
-//! NUMA): they are accepted within Lustre's range, kept and shown, so an export from a kernel
-//! node imports unchanged, and their [`Tunable::effect`] says so (`lnetctl set --help` prints
-//! it). Values at start are ulnet's true ones (health off, no discovery), not the kernel's
+//! Some drive mechanisms ulnet does not have (peer discovery, NUMA): they are accepted within
+//! Lustre's range, kept and shown, so an export from a kernel node imports unchanged, and
+//! their [`Tunable::effect`] says so (`lnetctl set --help` prints it). Values at start are ulnet's true ones (health off, no discovery), not the kernel's
 //! defaults.
 
 use std::fmt;
@@ -65,7 +64,7 @@ pub const TUNABLES: &[Tunable] = &[
         min: 0,
         max: u32::MAX as i64,
         initial: 0,
-        effect: "kept and shown; no resends: every ulnet peer is single-rail, for which Lustre resends nothing either",
+        effect: "resends a local failure (a message still queued on a connection that timed out) on a node with two NIs or more; never a remote one (Lustre resends those only to Multi-Rail peers)",
     },
     Tunable {
         // Must stay above retry_count.

@@ -8,9 +8,10 @@
 //!
 //! Which failures touch a peer NI's health follows lnet_health_check for single-rail peers
 //! (every ulnet peer has one NI): only when the peer is a gateway or this node routes, where
-//! health is what judges a router or a routed-to peer. Resends need a second path, so a
-//! single-rail peer gets none there either (ulnet has no Multi-Rail): `resend_count` stays 0,
-//! as a kernel's does for the same peers.
+//! health is what judges a router or a routed-to peer. A remote failure is never resent (that
+//! needs a peer with a second NI); a local one (still queued on a connection that timed out)
+//! is, up to `retry_count` times, each attempt within `transaction_timeout`, on a node with
+//! two NIs or more, as lnet_attempt_msg_resend does (`LnetNode::resend`).
 
 use lnd::engine::TxError;
 use lnd::time::{Duration, Instant};
@@ -44,12 +45,17 @@ impl HStatus {
             // Dropped for a next hop LNet holds down (lnet_check_message_drop): the peer is
             // not alive, REMOTE_DROPPED (lib-move.c).
             LnetError::PeerDown(_) => HStatus::RemoteDropped,
-            LnetError::Lnd(TxError::ConnAborted | TxError::Shutdown) | LnetError::Shutdown => {
-                HStatus::LocalAborted
-            }
-            LnetError::Refused(_) | LnetError::Loop(_) | LnetError::BulkUnsupported(_) => {
-                HStatus::LocalError
-            }
+            LnetError::Lnd(TxError::Shutdown) | LnetError::Shutdown => HStatus::LocalAborted,
+            // o2iblnd's kiblnd_abort_txs: what was queued on a connection that closed is
+            // LOCAL_ERROR, or LOCAL_TIMEOUT when the connection closed on a timeout (never
+            // sent: LNet may resend it); what was posted and failed is REMOTE_DROPPED
+            // (kiblnd_tx_complete).
+            LnetError::Lnd(TxError::ConnAborted)
+            | LnetError::Refused(_)
+            | LnetError::Loop(_)
+            | LnetError::BulkUnsupported(_) => HStatus::LocalError,
+            LnetError::Lnd(TxError::ConnTimedOut) => HStatus::LocalTimeout,
+            LnetError::Lnd(TxError::SendFailed) => HStatus::RemoteDropped,
             // o2iblnd fails with NETWORK_TIMEOUT what waited for a connection that never came
             // (kiblnd_peer_connect_failed), what was in flight on a connection that timed out
             // (kiblnd_abort_txs, kiblnd_check_conns) and what its transport gave up on.
@@ -312,7 +318,10 @@ mod tests {
             ),
             (LnetError::Lnd(TxError::ConnectFailed), Some(NetworkTimeout)),
             (LnetError::Lnd(TxError::ConnectRefused), Some(RemoteDropped)),
-            (LnetError::Lnd(TxError::ConnAborted), Some(LocalAborted)),
+            (LnetError::Lnd(TxError::ConnAborted), Some(LocalError)),
+            (LnetError::Lnd(TxError::ConnTimedOut), Some(LocalTimeout)),
+            (LnetError::Lnd(TxError::SendFailed), Some(RemoteDropped)),
+            (LnetError::Lnd(TxError::Shutdown), Some(LocalAborted)),
             (LnetError::Timeout, None),
         ];
         for (e, want) in cases {

@@ -187,6 +187,13 @@ struct OutMsg {
     peer_credit: bool,
     /// Holds an NI tx credit (msg_txcredit).
     ni_credit: bool,
+    /// Times it was sent again after a local failure (msg_retry_count).
+    retries: u32,
+    /// When this attempt was handed to LNet: its failure is resent only within
+    /// `transaction_timeout` of this (msg_deadline, set at each commit).
+    born: Instant,
+    /// Its data went by rendezvous (`bulk` is taken when it is posted): never resent.
+    rendezvous: bool,
 }
 
 /// Outgoing messages by cookie: a slab, each cookie its key in the low 32 bits and the slot's
@@ -258,6 +265,8 @@ enum PingKind {
 #[derive(Clone, Copy, Debug)]
 struct HealthCfg {
     sensitivity: u32,
+    /// retry_count: resends of a local failure (0: none).
+    retry_count: u32,
     recovery_limit: u32,
     max_ping_interval: u32,
     transaction_timeout: u64,
@@ -268,6 +277,7 @@ impl HealthCfg {
         let get = |n: &str| g.get(n).map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
         HealthCfg {
             sensitivity: get("health_sensitivity"),
+            retry_count: get("retry_count"),
             recovery_limit: get("recovery_limit"),
             max_ping_interval: get("max_recovery_ping_interval").max(1),
             transaction_timeout: u64::from(get("transaction_timeout").max(1)),
@@ -1083,6 +1093,9 @@ impl LnetNode {
                     purpose,
                     peer_credit: false,
                     ni_credit: false,
+                    retries: 0,
+                    born: self.now,
+                    rendezvous: false,
                 });
                 match refusal {
                     None => self.post_send(cookie),
@@ -1126,6 +1139,7 @@ impl LnetNode {
         }
         let payload = std::mem::take(&mut m.payload);
         let bulk = m.bulk.take();
+        m.rendezvous |= bulk.is_some();
         let hdr = m.hdr;
         let now = self.now;
         let ep = &mut self.nis[ni].ep;
@@ -1149,10 +1163,30 @@ impl LnetNode {
 
     /// The LND is done with a message: return its credits, count, and tell whoever waits.
     fn finish_out(&mut self, cookie: u64, result: Result<(), LnetError>) {
-        let Some(m) = self.msgs.remove(&cookie) else {
+        self.finish_out_returning(cookie, result, Vec::new());
+    }
+
+    /// [`LnetNode::finish_out`], with the payload the LND gave back if it failed the message
+    /// (for a resend).
+    fn finish_out_returning(
+        &mut self,
+        cookie: u64,
+        result: Result<(), LnetError>,
+        returned: Vec<u8>,
+    ) {
+        let Some(mut m) = self.msgs.remove(&cookie) else {
             debug!(cookie, "completion for an unknown message");
+            self.recycle(returned);
             return;
         };
+        match &result {
+            Err(e) => match self.resend(m, e, returned) {
+                None => return,
+                Some(back) => m = back,
+            },
+            Ok(()) if m.retries > 0 => self.stats.successful_resends += 1,
+            Ok(()) => {}
+        }
         self.free_msg();
         self.return_credits(&m);
         // A bulk PUT to forward that did not come in is counted as the forward's drop.
@@ -1269,6 +1303,106 @@ impl LnetNode {
                 }
             }
         }
+    }
+
+    /// A message failed locally: sent again if Lustre would (lib-msg.c lnet_health_check and
+    /// lnet_attempt_msg_resend), else given back (`Some`) to be finished with its failure.
+    /// Lustre resends a local failure only on a node with more than one NI, at most
+    /// `retry_count` times, each attempt within `transaction_timeout` of its own start
+    /// (msg_deadline is set at every commit), never a recovery ping and never while shutting
+    /// down. With o2iblnd's statuses (kiblnd_abort_txs) the local failure that leaves a
+    /// message unsent is LOCAL_TIMEOUT: it was still queued on a connection that timed out.
+    /// One that was posted and failed is REMOTE_DROPPED (the peer may have it), and a remote
+    /// failure is resent only to a peer with a second NI (Multi-Rail), which ulnet's peers
+    /// never have. The new attempt picks its path again (another gateway, after health
+    /// judged this one); a forward goes again to the next hop it had, unless LNet now holds
+    /// that hop down. Messages by rendezvous (bulk) are not resent by ulnet.
+    fn resend(&mut self, mut m: OutMsg, e: &LnetError, returned: Vec<u8>) -> Option<OutMsg> {
+        let local = matches!(
+            HStatus::of(e),
+            Some(
+                HStatus::LocalInterrupt
+                    | HStatus::LocalDropped
+                    | HStatus::LocalAborted
+                    | HStatus::LocalNoRoute
+                    | HStatus::LocalTimeout
+            )
+        );
+        let shutdown = matches!(e, LnetError::Shutdown | LnetError::Lnd(TxError::Shutdown));
+        let forward = matches!(m.purpose, Purpose::Forward { .. });
+        let kind_ok = match m.purpose {
+            Purpose::Put(_) | Purpose::Response | Purpose::Forward { .. } => true,
+            Purpose::PingGet(PingId(id)) => self
+                .pings
+                .get(&id)
+                .is_some_and(|p| p.kind == PingKind::User),
+            _ => false,
+        };
+        let retry = self.health.retry_count;
+        if !local
+            || shutdown
+            || self.shutting_down
+            || !kind_ok
+            || m.rendezvous
+            || m.bulk.is_some()
+            || retry == 0
+            || self.node_nids.len() < 2
+        {
+            self.recycle(returned);
+            return Some(m);
+        }
+        if m.retries >= retry {
+            self.stats.failed_resends += 1;
+            self.recycle(returned);
+            return Some(m);
+        }
+        let deadline = m
+            .born
+            .saturating_add(Duration::from_secs(self.health.transaction_timeout));
+        // Queued here, or given back by the LND: the payload to send again.
+        let payload = if m.payload.is_empty() {
+            returned
+        } else {
+            self.recycle(returned);
+            std::mem::take(&mut m.payload)
+        };
+        let path = if self.now >= deadline || payload.len() != m.len {
+            None
+        } else if forward {
+            // The hop it had (the one it came from was checked then), unless held down.
+            (!self.drops_for_down_peer(m.peer, m.ni)).then_some((m.ni, m.peer))
+        } else {
+            match self.route(m.hdr.dest_nid) {
+                Ok(Route::Remote { ni, next }) => Some((ni, next)),
+                _ => None,
+            }
+        };
+        let path = path.filter(|&(ni, next)| self.peer_entry(next, ni).is_some());
+        let Some((ni, next)) = path else {
+            m.payload = payload;
+            return Some(m);
+        };
+        // This attempt's failure is judged and counted, as lnet_health_check does before it
+        // queues the resend; its credits go back (lnet_msg_decommit_tx).
+        self.judge_health(m.ni, m.peer, Some(e));
+        self.count_status(e);
+        self.return_credits(&m);
+        debug!(dst = %m.hdr.dest_nid, via = %next, retry = m.retries + 1, "resending after {e}");
+        if !forward && ni != m.ni {
+            // Our own message leaves from the NI it now takes.
+            m.hdr.src_nid = self.nis[ni].nid;
+        }
+        m.peer_credit = false;
+        m.ni_credit = false;
+        m.retries = m.retries.saturating_add(1);
+        m.born = self.now;
+        m.ni = ni;
+        m.peer = next;
+        m.payload = payload;
+        let cookie = self.msgs.insert(m);
+        self.stats.resend_count += 1;
+        self.post_send(cookie);
+        None
     }
 
     /// LNet health after a message to `peer` on NI `ni` ended (lnet_health_check, for a
@@ -1458,6 +1592,13 @@ impl LnetNode {
         if matches!(e, LnetError::Timeout) {
             s.response_timeout_count += 1;
         }
+        self.count_status(e);
+    }
+
+    /// The health status's counter of a failed attempt (lnet_incr_hstats: every attempt,
+    /// resent or not).
+    fn count_status(&mut self, e: &LnetError) {
+        let s = &mut self.stats;
         // The health status's counter (lnet_incr_hstats), one mapping for these and for
         // the NI's and peer NI's `health stats` (`HStatus::of`).
         match HStatus::of(e) {
@@ -1511,8 +1652,13 @@ impl LnetNode {
                     self.forward_recv(ni, from, hdr, payload, rx);
                 }
             }
-            LndEvent::SendDone { cookie, result, .. } => {
-                self.finish_out(cookie, result.map_err(LnetError::Lnd));
+            LndEvent::SendDone {
+                cookie,
+                result,
+                returned,
+                ..
+            } => {
+                self.finish_out_returning(cookie, result.map_err(LnetError::Lnd), returned);
             }
             LndEvent::RdmaRequest { from, hdr, op, rx } => {
                 self.on_rdma_request(ni, from, hdr, op, rx);
@@ -1972,6 +2118,9 @@ impl LnetNode {
                     let cookie = self.msgs.insert(OutMsg {
                         peer_credit: false,
                         ni_credit: false,
+                        retries: 0,
+                        born: self.now,
+                        rendezvous: false,
                         ..m
                     });
                     self.alloc_msg();
@@ -2514,6 +2663,9 @@ mod msg_table_tests {
             purpose: Purpose::Response,
             peer_credit: false,
             ni_credit: false,
+            retries: 0,
+            born: Instant::ZERO,
+            rendezvous: false,
         }
     }
 

@@ -9,9 +9,8 @@ use crate::NiIndex;
 /// Node-wide counters, `lnetctl stats show`. Lengths are payload bytes. Counters only grow,
 /// except the gauge `msgs_alloc`.
 ///
-/// `rst_alloc`, `resend_count`, `failed_resends` and `successful_resends` are not kept: ulnet
-/// tracks no response deadlines beyond its pings, and resends need a second path to a peer
-/// (Multi-Rail), which a single-rail peer never has in Lustre either (lnet_health_check).
+/// `rst_alloc` is not kept: ulnet tracks no response deadlines beyond its pings and routed
+/// GETs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LnetStats {
     /// Messages LNet holds right now: outgoing ones from creation until the LND (or local
@@ -40,18 +39,21 @@ pub struct LnetStats {
     pub response_timeout_count: u64,
     /// Sends refused because no NI reaches the destination.
     pub local_no_route_count: u64,
-    /// LNET_MSG_STATUS_LOCAL_INTERRUPT / LOCAL_DROPPED / REMOTE_DROPPED / REMOTE_TIMEOUT:
-    /// statuses ulnet's LND does not report today, counted if it ever does.
+    /// LNET_MSG_STATUS_LOCAL_INTERRUPT / LOCAL_DROPPED / REMOTE_TIMEOUT: statuses ulnet's LND
+    /// does not report today, counted if it ever does.
     pub local_interrupt_count: u64,
     pub local_dropped_count: u64,
+    /// LNET_MSG_STATUS_REMOTE_DROPPED: a send posted that failed (the peer may not have it),
+    /// a refused connect, a next hop held down.
     pub remote_dropped_count: u64,
     pub remote_timeout_count: u64,
-    /// LNET_MSG_STATUS_LOCAL_TIMEOUT: a status ulnet's LND does not give (its timeouts are
-    /// network timeouts, as o2iblnd reports what it sent or queued for a silent peer).
+    /// LNET_MSG_STATUS_LOCAL_TIMEOUT: sends still queued on a connection that closed on a
+    /// timeout (never sent; a node with two NIs may resend them).
     pub local_timeout_count: u64,
-    /// Sends aborted because their connection closed or the LND shut down.
+    /// Sends aborted because the LND shut down.
     pub local_aborted_count: u64,
-    /// Sends the LND refused on the spot, or LNet could not make (a loop, bulk on no path).
+    /// Sends the LND refused on the spot, still queued on a connection that closed, or LNet
+    /// could not make (a loop, bulk on no path).
     pub local_error_count: u64,
     /// Sends the peer failed with an error of its own (a bulk rendezvous it refused or could not
     /// complete: LNET_MSG_STATUS_REMOTE_ERROR).
@@ -60,6 +62,12 @@ pub struct LnetStats {
     /// connected (o2iblnd's kiblnd_peer_connect_failed: EHOSTUNREACH or ETIMEDOUT): a network
     /// timeout.
     pub network_timeout_count: u64,
+    /// Messages sent again after a local failure (lch_resend_count), resends that then went
+    /// through (lch_successful_resends), and messages that failed again with no resend left
+    /// (lch_failed_resends; counted only while `retry_count` allows resends at all).
+    pub resend_count: u64,
+    pub successful_resends: u64,
+    pub failed_resends: u64,
     /// Ours: messages short-circuited in memory (to 0@lo or to one of our own NIDs, never
     /// through an LND), and their payload bytes. Included in send/recv counts too.
     pub loopback_count: u64,

@@ -347,6 +347,8 @@ fn silent_crash_detected() {
                     | TxError::Timeout
                     | TxError::PeerUnreachable
                     | TxError::ConnAborted
+                    | TxError::ConnTimedOut
+                    | TxError::SendFailed
             )),
             other => panic!("seed {seed}: message ended {other:?}"),
         }

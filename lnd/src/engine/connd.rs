@@ -214,8 +214,14 @@ impl Endpoint {
         self.arm_conn_timer(conn, at);
         // Queued messages go now, and those waiting for the peer's side of a rendezvous
         // (kiblnd_abort_txs on ibc_active_txs); posted ones when their completions flush, or at
-        // the reap.
-        self.abort_queued(conn, TxError::ConnAborted);
+        // the reap. Queued ones of a connection that timed out were never sent: LNet may send
+        // them again.
+        let queued = if error == Some(DownReason::Timeout) {
+            TxError::ConnTimedOut
+        } else {
+            TxError::ConnAborted
+        };
+        self.abort_queued(conn, queued);
         self.abort_waiting(conn);
         let peer = &self.peers[p];
         if peer.conns.is_empty() {
@@ -272,7 +278,7 @@ impl Endpoint {
             .map(|(key, _)| key)
             .collect();
         for key in posted {
-            self.finish_tx(key, Err(TxError::ConnAborted));
+            self.finish_tx(key, Err(TxError::SendFailed));
         }
         self.conns.remove(conn);
         self.actions.push_back(FabricAction::Destroy { conn });

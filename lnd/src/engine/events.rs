@@ -19,8 +19,16 @@ pub struct RxToken {
 pub enum TxError {
     /// It waited longer than the LND timeout, queued or in flight (o2iblnd -ETIMEDOUT).
     Timeout,
-    /// The connection it was on closed before it completed (-ECONNABORTED).
+    /// The connection it was on closed before it was posted, or while it waited for the
+    /// peer's side of a rendezvous (-ECONNABORTED; o2iblnd's kiblnd_abort_txs: LOCAL_ERROR).
     ConnAborted,
+    /// It was still queued on a connection closed because something on it timed out
+    /// (kiblnd_abort_txs with ibc_comms_error -ETIMEDOUT: LOCAL_TIMEOUT); nothing of it was
+    /// sent, so LNet may send it again.
+    ConnTimedOut,
+    /// It was posted and its send failed, or never completed before its connection went
+    /// (kiblnd_tx_complete: REMOTE_DROPPED); the peer may or may not have it.
+    SendFailed,
     /// The peer could not be connected: unreachable, or the connect deadline passed with no
     /// connection (-EHOSTUNREACH / -ETIMEDOUT / -ENETDOWN).
     ConnectFailed,
@@ -43,6 +51,8 @@ impl fmt::Display for TxError {
         f.write_str(match self {
             TxError::Timeout => "timed out",
             TxError::ConnAborted => "connection aborted",
+            TxError::ConnTimedOut => "connection timed out before it was sent",
+            TxError::SendFailed => "send failed",
             TxError::ConnectFailed => "could not connect",
             TxError::ConnectRefused => "connection refused",
             TxError::PeerUnreachable => "peer unreachable",
@@ -148,6 +158,10 @@ pub enum LndEvent {
         cookie: u64,
         peer: Nid,
         result: Result<(), TxError>,
+        /// The payload of an immediate message that failed, given back so that LNet can send
+        /// it again (a resend, lib-msg.c lnet_attempt_msg_resend) without having kept a copy;
+        /// empty otherwise (a success recycles it into the LND's buffers).
+        returned: Vec<u8>,
     },
     /// We have a working connection to the peer (lnet_notify alive).
     PeerUp { nid: Nid },

@@ -356,6 +356,7 @@ impl Endpoint {
             cookie,
             peer,
             result,
+            returned: Vec::new(),
         });
     }
 

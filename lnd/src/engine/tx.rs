@@ -150,7 +150,7 @@ impl Endpoint {
                 let err = if failed == WcStatus::RetryExceeded {
                     TxError::PeerUnreachable
                 } else {
-                    TxError::ConnAborted
+                    TxError::SendFailed
                 };
                 self.finish_tx(key, Err(err));
                 // Any failed completion means the queue pair is in error: the connection is done
@@ -268,14 +268,18 @@ impl Endpoint {
         };
         match tx.body {
             TxBody::Immediate { payload, .. } => {
-                if result.is_ok() {
+                let returned = if result.is_ok() {
                     self.stats.bytes_sent += payload.len() as u64;
-                }
-                self.recycle(payload);
+                    self.recycle(payload);
+                    Vec::new()
+                } else {
+                    payload
+                };
                 self.events.push_back(LndEvent::SendDone {
                     cookie,
                     peer,
                     result,
+                    returned,
                 });
             }
             // Data written into our memory: the sink's side of a PUT, the requester's of a GET.
@@ -309,6 +313,7 @@ impl Endpoint {
                     cookie,
                     peer,
                     result: result.map(|_| ()),
+                    returned: Vec::new(),
                 });
             }
         }
@@ -333,12 +338,22 @@ impl Endpoint {
                 // how a peer that owes us something (credits for a queued message, a completion
                 // for a posted one) and stays silent is declared dead.
                 let queued_at = tx.queued_at;
+                let unsent = matches!(tx.place, TxPlace::Queued(_));
                 if self.conn(conn).is_some_and(|c| c.last_recv <= queued_at) {
                     self.stats.silent_peers += 1;
                 }
                 debug!(conn = ?conn, "timed out tx, closing the connection");
-                self.finish_tx(key, Err(TxError::Timeout));
+                // One still queued was never sent: the close fails it with the others queued
+                // there, LOCAL_TIMEOUT (kiblnd_abort_txs), which LNet may resend. One posted
+                // or waiting for the peer is a network timeout: the peer may have it.
+                if !unsent {
+                    self.finish_tx(key, Err(TxError::Timeout));
+                }
                 self.close_conn(conn, Some(DownReason::Timeout));
+                if unsent {
+                    // Already closing: nothing may stay queued on it (a no-op otherwise).
+                    self.abort_queued(conn, TxError::ConnTimedOut);
+                }
             }
         }
     }

@@ -553,7 +553,7 @@ pub struct Statistics {
     pub rst_alloc: u64,
     pub errors: u64,
     pub send_count: u64,
-    /// LNet resends: 0, every ulnet peer is single-rail (Lustre resends to none such).
+    /// LNet resends of local failures (a node with two NIs or more, `retry_count` > 0).
     #[serde(default)]
     pub resend_count: u64,
     pub response_timeout_count: u64,
@@ -575,7 +575,7 @@ pub struct Statistics {
     #[serde(default)]
     pub remote_timeout_count: u64,
     pub network_timeout_count: u64,
-    /// Resends that failed / succeeded: 0 (no resends).
+    /// Resends that failed (no resend left) / succeeded.
     #[serde(default)]
     pub failed_resends: u64,
     #[serde(default)]
@@ -670,7 +670,8 @@ pub struct Globals {
     /// 0: no peer discovery (no Multi-Rail yet).
     pub discovery: u32,
     pub drop_asym_route: u32,
-    /// Kept and shown; no resends to single-rail peers.
+    /// Resends of a local failure on a node with two NIs or more (none to a single-rail peer
+    /// after a remote failure, as Lustre).
     pub retry_count: u32,
     /// Seconds a transaction may take: as Lustre relates them, lnd_timeout * (retry_count +
     /// 1) + 1.

@@ -494,6 +494,9 @@ impl LnetNode {
             purpose,
             peer_credit: false,
             ni_credit: false,
+            retries: 0,
+            born: self.now,
+            rendezvous: false,
         });
         if known {
             self.post_send(cookie);
@@ -648,6 +651,9 @@ impl LnetNode {
             purpose,
             peer_credit: false,
             ni_credit: false,
+            retries: 0,
+            born: self.now,
+            rendezvous: false,
         })
     }
 

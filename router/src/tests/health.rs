@@ -2,7 +2,7 @@
 //! that fails loses health and gets recovery pings until it answers; with health off nothing
 //! moves; a plain peer's health is judged only while routing, the local NI's always.
 
-use super::routing::{node, route};
+use super::routing::{node, put_results, puts, route};
 use super::*;
 
 const CLIENT: &str = "10.0.0.1@o2ib";
@@ -188,4 +188,93 @@ fn a_router_judges_the_plain_peers_it_forwards_to() {
     assert_eq!(r.recovery_queue(false), vec![nid(SERVER)]);
     // The client, health off, judged nothing.
     assert_eq!(f.nodes[0].peer(nid(R_A)).unwrap().health.value, 1000);
+}
+
+/// Resends (lib-msg.c lnet_health_check / lnet_attempt_msg_resend): a node with two NIs
+/// sends more PUTs than its peer has credits for, and the peer goes silent. The connection
+/// times out: what was posted fails (REMOTE_DROPPED or a network timeout: the peer may have
+/// it, never resent), what was still queued fails LOCAL_TIMEOUT (never sent) and, with
+/// `retry_count` 2, is sent again over a new connection to the peer, back meanwhile as a new
+/// instance, and arrives once. With `retry_count` 0, or on a node with one NI (Lustre resends
+/// a local failure only when it has another NI), the queued ones fail too.
+#[test]
+fn messages_queued_on_a_connection_that_timed_out_are_resent_on_a_node_with_two_nis() {
+    let run = |nis: &[&str], retry: i64| {
+        let mut a = node(nis, &[], false, 10);
+        a.globals
+            .set_all(&[
+                ("health_sensitivity", 100),
+                ("retry_count", retry),
+                ("transaction_timeout", 30),
+            ])
+            .unwrap();
+        for ni in &mut a.nis {
+            ni.tunables.timeout = Duration::from_secs(5);
+        }
+        let b = node(&[DIRECT], &[], false, 20);
+        let mut f = Fabric::from_configs(vec![a, b.clone()]);
+        send_puts(&mut f, DIRECT, 1);
+        f.run_for(Duration::from_secs(1));
+        assert_eq!(put_results(&f.take_events(0)), vec![Ok(())]);
+        assert_eq!(puts(&f.take_events(1)).len(), 1);
+        // The peer goes silent with 20 PUTs coming: some go to the LND (posted, or queued there
+        // for a credit), the rest wait in LNet for a peer credit.
+        f.kill(1);
+        send_puts(&mut f, DIRECT, 20);
+        f.run_for(Duration::from_secs(3));
+        // It comes back as a new instance before the connection times out.
+        f.restart(1, b, 40);
+        f.run_for(Duration::from_secs(30));
+        let results = put_results(&f.take_events(0));
+        assert_eq!(results.len(), 20, "every PUT ends: {results:?}");
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        // No PUT arrived twice (each has its own match bits).
+        let arrived: Vec<u64> = puts(&f.take_events(1)).iter().map(|p| p.1).collect();
+        let distinct: std::collections::BTreeSet<u64> = arrived.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            arrived.len(),
+            "a PUT arrived twice: {arrived:?}"
+        );
+        // Every credit came back.
+        for p in f.nodes[0].peers() {
+            assert_eq!(p.available_tx_credits, p.max_ni_tx_credits, "{}", p.nid);
+        }
+        assert_eq!(f.nodes[0].messages_in_flight(), 0);
+        (ok, f.nodes[0].stats().clone(), arrived.len())
+    };
+    let (ok, s, arrived) = run(&[CLIENT, "10.1.0.1@o2ib1"], 2);
+    assert!(ok < 20, "the posted ones fail: {s:?}");
+    assert_eq!(
+        arrived, ok,
+        "each PUT that succeeded arrived once, none twice"
+    );
+    assert!(s.resend_count >= 1, "{s:?}");
+    assert_eq!(s.successful_resends, s.resend_count, "{s:?}");
+    assert_eq!(
+        s.local_timeout_count, s.resend_count,
+        "each resent attempt counted: {s:?}"
+    );
+    assert_eq!(s.failed_resends, 0);
+    assert_eq!(s.msgs_alloc, 0, "nothing left allocated: {s:?}");
+
+    // The same run without resends: exactly the resent ones fail, as LOCAL_TIMEOUT.
+    for (nis, retry) in [(&[CLIENT, "10.1.0.1@o2ib1"][..], 0), (&[CLIENT][..], 2)] {
+        let (ok_c, s_c, arrived_c) = run(nis, retry);
+        assert_eq!(
+            ok_c + s.resend_count as usize,
+            ok,
+            "{nis:?} {retry}: {s_c:?}"
+        );
+        assert_eq!(arrived_c, ok_c);
+        assert_eq!(
+            (s_c.resend_count, s_c.successful_resends),
+            (0, 0),
+            "{nis:?} {retry}"
+        );
+        assert_eq!(
+            s_c.local_timeout_count, s.resend_count,
+            "{nis:?} {retry}: {s_c:?}"
+        );
+    }
 }

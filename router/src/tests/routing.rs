@@ -79,7 +79,7 @@ fn topology_with(
     (Fabric::from_configs(cfgs), routers)
 }
 
-fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
+pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
     evs.iter()
         .filter_map(|(_, e)| match e {
             LnetEvent::Put {
@@ -93,7 +93,7 @@ fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
         .collect()
 }
 
-fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
+pub(super) fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
     evs.iter()
         .filter_map(|(_, e)| match e {
             LnetEvent::PutDone { result, .. } => Some(*result),
