@@ -528,21 +528,38 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
         "{peers}"
     );
     // B frozen: more pings than its credits, so some wait for credits B never returns and
-    // time out in the LND (timeout 2 s): network timeouts, which cost our NI.
+    // time out in the LND (timeout 2 s): network timeouts and local timeouts, which cost our
+    // NI. It is watched while the pings run: once B is back, messages that work raise it
+    // again.
     p.b.signal("-STOP");
-    let many: Vec<&str> = std::iter::once("ping")
-        .chain(std::iter::repeat_n(NID_B, 12))
-        .chain(["-t", "6"])
-        .collect();
-    let (code, _, _) = run(&many);
+    let pinger = {
+        let socket = p.a.socket.clone();
+        std::thread::spawn(move || {
+            let mut c = router::control::ControlClient::connect(&socket).unwrap();
+            c.call(&Request::Ping {
+                nids: vec![NID_B.to_string(); 12],
+                timeout_secs: Some(6),
+                source: None,
+            })
+        })
+    };
+    let mut seen = None;
+    let fell = wait_for(WAIT, || {
+        let (code, text, _) = run(&["debug", "recovery", "--local"]);
+        assert_eq!(code, Some(0));
+        if text.is_empty() {
+            return false;
+        }
+        seen = Some((text, run(&["net", "show", "-v", "2"]).1));
+        true
+    });
+    let _ = pinger.join();
     p.b.signal("-CONT");
-    assert_eq!(code, Some(1));
-    let (code, text, _) = run(&["debug", "recovery", "--local"]);
-    assert_eq!(code, Some(0));
+    assert!(fell.is_some(), "the NI never went into local recovery");
+    let (text, net) = seen.unwrap();
     assert_eq!(text, format!("Local NI recovery:\n      nid-0: {NID_A}\n"));
-    let net = run(&["net", "show", "-v", "2"]).1;
     assert!(net.contains("            health stats:\n"), "{net}");
-    // Our NI's: what timed out or was aborted with the frozen peer's connection.
+    // Our NI's: what timed out with the frozen peer's connection.
     let values: Vec<u32> = net
         .lines()
         .filter_map(|l| l.trim().strip_prefix("health value: "))
