@@ -3,7 +3,9 @@
 //! [`MAX_HEALTH`]. A failed message costs the NI (local failures) or the peer NI (remote
 //! failures) `health_sensitivity`; a message that worked gives it back; a peer NI below the
 //! maximum is in recovery and gets recovery pings, 1, 2, 4 ... s apart up to
-//! `max_recovery_ping_interval`, for at most `recovery_limit` seconds (0: for ever).
+//! `max_recovery_ping_interval`, for at most `recovery_limit` seconds (0: for ever); a local
+//! NI below the maximum gets them too, to its own NID through its own LND
+//! (lnet_recover_local_nis), until it is back.
 //! `health_sensitivity` 0 turns it off: values stay at the maximum (the counters still count).
 //!
 //! Which failures touch a peer NI's health follows lnet_health_check for single-rail peers

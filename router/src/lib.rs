@@ -17,7 +17,10 @@
 //!   (lib-move.c, lnet_select_pathway hands it to the loopback LND) and sends to its own o2ib NID
 //!   through o2iblnd, connecting over the HCA to itself; the reverted LU-7646 patch turned that
 //!   self-connection into an endless CONN_RACE, so a self-ping hung (reference section 4.4).
-//!   Here a self-ping cannot touch the LND at all.
+//!   Here a user's self-ping cannot touch the LND at all. LNet health's recovery ping of a
+//!   local NI is the one exception, as in Lustre (lnet_recover_local_nis): it goes to the NI's
+//!   own NID through its LND, a self-connection the race rule accepts (equal NIDs never
+//!   race).
 //! - **LNet credits** (reference section 3.4; lib-move.c, lnet_post_send_locked and
 //!   lnet_return_tx_credits_locked): a send takes a peer tx credit, then an NI tx credit; a
 //!   counter that goes negative parks the message on that peer's (or NI's) queue; the LND's

@@ -1629,11 +1629,22 @@ fn start_fabric(
                 handshake_limit: ni.handshake_limit as usize,
                 ..TcpConfig::default()
             };
-            let resolve = move |nid| peers.get(&nid).copied().or_else(|| Some(o2ib_address(nid)));
+            // Our own NID is where we listen, as bound (port 0 resolved): LNet health's
+            // recovery pings of this NI go to it through the fabric (a self-connection).
+            let own: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
+            let own_addr = Arc::clone(&own);
+            let me = nid;
+            let resolve = move |n: Nid| {
+                if n == me {
+                    return Some(own_addr.get().copied().unwrap_or(listen));
+                }
+                peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
+            };
             let f = TcpFabric::bind_with(listen, resolve, tcp)
                 .map_err(|e| format!("NI {nid}: cannot listen on {listen}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
             let bound = f.local_addr();
+            let _ = own.set(bound);
             (Box::new(f), bound)
         }
         #[cfg(feature = "verbs")]
@@ -1647,8 +1658,13 @@ fn start_fabric(
                 busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
                 ..VerbsConfig::default()
             };
-            let f = VerbsFabric::new(vc, move |nid| {
-                peers.get(&nid).copied().or_else(|| Some(o2ib_address(nid)))
+            let me = nid;
+            let f = VerbsFabric::new(vc, move |n| {
+                if n == me {
+                    // Ourselves (a local NI's recovery ping): where we listen.
+                    return Some(listen);
+                }
+                peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
             })
             .map_err(|e| format!("NI {nid}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "verbs", "NI up");

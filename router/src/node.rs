@@ -259,6 +259,9 @@ enum PingKind {
     Gateway,
     /// LNet health's recovery ping of a peer NI below the maximum: its health.
     Recovery,
+    /// LNet health's recovery ping of our NI `.0` below the maximum, to its own NID through
+    /// its LND (lnet_recover_local_nis): its health.
+    LocalRecovery(usize),
 }
 
 /// The health tunables, read on the per-message path, cached from the globals.
@@ -1421,14 +1424,20 @@ impl LnetNode {
             return;
         };
         if h.is_local() {
-            // Local NIs get no recovery pings here (a ping to our own NID never reaches an
-            // LND): an NI's health comes back with its next successes.
+            // lnet_handle_local_failure: the NI's health falls and it goes into local
+            // recovery, pinged through its own LND until it is back at the maximum.
+            let (now, max) = (self.now, self.health.max_ping_interval);
             if let Some(n) = self.nis.get_mut(ni) {
                 n.hstats.count(h);
                 n.health.fail(sens);
+                n.health.enter_recovery(now, max);
+                if let Some(t) = n.health.next_ping {
+                    self.arm_recovery(t);
+                }
             }
         }
-        if h.is_remote() {
+        // Our own NIs are recovered as local NIs, never as peer NIs (lnet_health_check).
+        if h.is_remote() && !self.node_nids.contains(&peer) {
             if let Some(p) = self.peers.get_mut(&peer) {
                 p.hstats.count(h);
             }
@@ -1522,6 +1531,27 @@ impl LnetNode {
             }
             true
         });
+        // lnet_recover_local_nis: each of our NIs below the maximum, one ping at a time to
+        // its own NID through its own LND (a self-connection, which the race rule accepts),
+        // with the same backoff; one back at the maximum leaves the queue.
+        let mut local_due = Vec::new();
+        for (i, n) in self.nis.iter_mut().enumerate() {
+            if !n.health.in_recovery() {
+                continue;
+            }
+            if n.health.value >= MAX_HEALTH || cfg.sensitivity == 0 {
+                n.health.stop_recovery();
+                continue;
+            }
+            if !n.health.pending && n.health.next_ping.is_some_and(|t| t <= now) {
+                n.health.pinged(now, cfg.max_ping_interval);
+                n.health.pending = true;
+                local_due.push((n.nid, i));
+            }
+            if let Some(t) = n.health.next_ping {
+                next = Some(next.map_or(t, |x: Instant| x.min(t)));
+            }
+        }
         let deadline = now.saturating_add(Duration::from_secs(cfg.transaction_timeout));
         for (nid, ni) in due {
             let id = self.next_ping;
@@ -1533,6 +1563,18 @@ impl LnetNode {
                 Route::Remote { ni, next: nid },
                 deadline,
                 PingKind::Recovery,
+            );
+        }
+        for (nid, ni) in local_due {
+            let id = self.next_ping;
+            self.next_ping += 1;
+            trace!(%nid, "local NI recovery ping");
+            self.launch_ping(
+                id,
+                nid,
+                Route::Remote { ni, next: nid },
+                deadline,
+                PingKind::LocalRecovery(ni),
             );
         }
         if let Some(t) = next {
@@ -1956,6 +1998,18 @@ impl LnetNode {
     fn complete_ping(&mut self, id: u64, result: Result<PingReply, LnetError>) {
         if let Some(p) = self.pings.remove(&id) {
             self.ping_deadlines.remove(&(p.deadline, id));
+            if let PingKind::LocalRecovery(ni) = p.kind {
+                // The GET's send and the REPLY's receipt raised the NI's health as they
+                // happened; a failed ping costs it nothing more (lnet_health_check skips
+                // recovery messages), the next one goes at its backoff.
+                if let Some(n) = self.nis.get_mut(ni) {
+                    n.health.pending = false;
+                }
+                if let Err(e) = &result {
+                    debug!(nid = %p.target, "local NI recovery ping failed: {e}");
+                }
+                return;
+            }
             if p.kind == PingKind::Recovery {
                 if let Some(peer) = self.peers.get_mut(&p.target) {
                     peer.health.pending = false;

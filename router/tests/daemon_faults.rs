@@ -548,3 +548,85 @@ fn self_ping_10000_never_touches_the_lnd() {
     // A ping is a GET and a REPLY, both delivered in memory.
     assert!(stats.statistics.loopback_count >= 20_000, "{stats:?}");
 }
+
+/// LNet health's local NI recovery on real sockets (lnet_recover_local_nis): B freezes with
+/// pings from A queued behind its credits; when A's connection times out, what was still
+/// queued fails LOCAL_TIMEOUT and A's NI loses health. A then pings its own NID through its
+/// own fabric (a self-connection over TCP, which the race rule accepts) until the NI is back
+/// at the maximum and `debug recovery --local` is empty again.
+#[test]
+fn a_local_ni_recovers_through_pings_to_its_own_nid_over_tcp() {
+    let p = connected_pair("local_ni_recovery");
+    assert_eq!(
+        out(&lnetctl(&p.a, &["set", "health_sensitivity", "100"])).0,
+        Some(0)
+    );
+    let health = |d: &Daemon| {
+        ni_entry_v(d, NID_A)
+            .health_stats
+            .map(|h| h.health_value)
+            .unwrap_or(0)
+    };
+    assert_eq!(health(&p.a), 1000);
+    p.b.signal("-STOP");
+    // More GETs than B has credits for: some stay queued on the connection.
+    let pinger = {
+        let socket = p.a.socket.clone();
+        std::thread::spawn(move || {
+            let mut c = router::control::ControlClient::connect(&socket).unwrap();
+            c.call(&Request::Ping {
+                nids: vec![NID_B.to_string(); 24],
+                timeout_secs: Some(3),
+                source: None,
+            })
+        })
+    };
+    let fell = wait_for(WAIT, || health(&p.a) < 1000);
+    let _ = pinger.join();
+    assert!(
+        fell.is_some(),
+        "the NI lost health when its connection timed out"
+    );
+    let recovery = |d: &Daemon| out(&lnetctl(d, &["debug", "recovery", "--local"])).1;
+    let back = wait_for(WAIT, || health(&p.a) == 1000);
+    p.b.signal("-CONT");
+    assert!(
+        back.is_some(),
+        "the NI recovered through its own pings: {}",
+        recovery(&p.a)
+    );
+    assert!(!recovery(&p.a).contains(NID_A), "{}", recovery(&p.a));
+    // The pings went to our own NID, through the fabric.
+    let own = match call(
+        &p.a,
+        Request::PeerShow {
+            nid: Some(NID_A.into()),
+            verbose: true,
+        },
+    ) {
+        Response::Peer(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert!(!own.peer.is_empty(), "{own:?}");
+}
+
+fn out(o: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `net show -v 2`'s entry for `nid` (with `health stats`).
+fn ni_entry_v(d: &Daemon, nid: &str) -> router::control::NiEntry {
+    match call(d, Request::NetShow { verbose: true }) {
+        Response::Net(n) => n
+            .net
+            .into_iter()
+            .flat_map(|e| e.local_nis)
+            .find(|e| e.nid == nid)
+            .unwrap_or_else(|| panic!("no NI {nid}")),
+        other => panic!("{other:?}"),
+    }
+}

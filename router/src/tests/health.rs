@@ -4,6 +4,7 @@
 
 use super::routing::{node, put_results, puts, route};
 use super::*;
+use crate::health::MAX_HEALTH;
 
 const CLIENT: &str = "10.0.0.1@o2ib";
 const R_A: &str = "10.0.0.254@o2ib";
@@ -277,4 +278,66 @@ fn messages_queued_on_a_connection_that_timed_out_are_resent_on_a_node_with_two_
             "{nis:?} {retry}: {s_c:?}"
         );
     }
+}
+
+/// lnet_recover_local_nis: an NI whose health fell on local failures (messages queued on a
+/// connection that timed out) is pinged to its own NID through its own LND (a
+/// self-connection, which the race rule accepts: LU-7646's first fix deadlocked exactly
+/// there), and each ping that goes through raises it, until it is back at the maximum and out
+/// of the queue `debug recovery --local` shows. With health off, nothing is pinged.
+#[test]
+fn a_local_ni_that_failed_recovers_through_pings_to_its_own_nid() {
+    let run = |sensitivity: i64| {
+        let mut a = node(&[CLIENT, "10.1.0.1@o2ib1"], &[], false, 10);
+        a.globals
+            .set_all(&[
+                ("health_sensitivity", sensitivity),
+                ("transaction_timeout", 30),
+                ("max_recovery_ping_interval", 2),
+            ])
+            .unwrap();
+        for ni in &mut a.nis {
+            ni.tunables.timeout = Duration::from_secs(5);
+        }
+        let b = node(&[DIRECT], &[], false, 20);
+        let mut f = Fabric::from_configs(vec![a, b]);
+        send_puts(&mut f, DIRECT, 1);
+        f.run_for(Duration::from_secs(1));
+        f.kill(1);
+        send_puts(&mut f, DIRECT, 20);
+        // Until the connection times out (5 s) and what was queued on it fails.
+        f.run_for(Duration::from_secs(6));
+        let fell = f.nodes[0].nets()[0].health.value;
+        let queued = f.nodes[0].recovery_queue(true);
+        f.run_for(Duration::from_secs(60));
+        (fell, queued, f)
+    };
+    let (fell, queued, f) = run(100);
+    assert!(fell < MAX_HEALTH, "local failures cost the NI: {fell}");
+    assert_eq!(queued, vec![nid(CLIENT)], "in local recovery");
+    let ni = &f.nodes[0].nets()[0];
+    assert_eq!(
+        ni.health.value, MAX_HEALTH,
+        "back at the maximum: {:?}",
+        ni.health
+    );
+    assert!(f.nodes[0].recovery_queue(true).is_empty());
+    // The pings went through the LND, to our own NID.
+    let own = f.nodes[0]
+        .peer(nid(CLIENT))
+        .expect("a peer entry for our own NID");
+    assert!(own.recv_count > 0, "{own:?}");
+    assert!(
+        ni.lnd_stats.connects > 1,
+        "a self-connection was made: {:?}",
+        ni.lnd_stats
+    );
+
+    let (fell, queued, f) = run(0);
+    assert_eq!(fell, MAX_HEALTH);
+    assert!(queued.is_empty());
+    assert!(
+        f.nodes[0].peer(nid(CLIENT)).is_none(),
+        "no self-ping with health off"
+    );
 }
