@@ -10,7 +10,9 @@
 //!
 //! Which failures touch a peer NI's health follows lnet_health_check for single-rail peers
 //! (every ulnet peer has one NI): only when the peer is a gateway or this node routes, where
-//! health is what judges a router or a routed-to peer. A remote failure is never resent (that
+//! health is what judges a router or a routed-to peer. A local NI's health is judged only on
+//! a node with two NIs or more (Lustre 2.16: one NI is the only path), and never for a failed
+//! recovery ping. A remote failure is never resent (that
 //! needs a peer with a second NI); a local one (still queued on a connection that timed out)
 //! is, up to `retry_count` times, each attempt within `transaction_timeout`, on a node with
 //! two NIs or more, as lnet_attempt_msg_resend does (`LnetNode::resend`).

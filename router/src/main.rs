@@ -1659,16 +1659,19 @@ fn start_fabric(
                 ..VerbsConfig::default()
             };
             let me = nid;
+            let own: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
+            let own_addr = Arc::clone(&own);
             let f = VerbsFabric::new(vc, move |n| {
                 if n == me {
-                    // Ourselves (a local NI's recovery ping): where we listen.
-                    return Some(listen);
+                    // Ourselves (a local NI's recovery ping): where we listen, as bound.
+                    return Some(own_addr.get().copied().unwrap_or(listen));
                 }
                 peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
             })
             .map_err(|e| format!("NI {nid}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "verbs", "NI up");
             let bound = f.local_addr();
+            let _ = own.set(bound);
             (Box::new(f), bound)
         }
         other => {

@@ -1194,7 +1194,14 @@ impl LnetNode {
         self.return_credits(&m);
         // A bulk PUT to forward that did not come in is counted as the forward's drop.
         let forwarding = matches!(m.purpose, Purpose::ForwardIn(_));
-        self.judge_health(m.ni, m.peer, result.as_ref().err());
+        let recovery = match m.purpose {
+            Purpose::PingGet(PingId(id)) => self
+                .pings
+                .get(&id)
+                .is_some_and(|p| matches!(p.kind, PingKind::Recovery | PingKind::LocalRecovery(_))),
+            _ => false,
+        };
+        self.judge_health(m.ni, m.peer, result.as_ref().err(), recovery);
         if let Err(e) = &result {
             self.count_error(e);
             if !forwarding {
@@ -1387,7 +1394,7 @@ impl LnetNode {
         };
         // This attempt's failure is judged and counted, as lnet_health_check does before it
         // queues the resend; its credits go back (lnet_msg_decommit_tx).
-        self.judge_health(m.ni, m.peer, Some(e));
+        self.judge_health(m.ni, m.peer, Some(e), false);
         self.count_status(e);
         self.return_credits(&m);
         debug!(dst = %m.hdr.dest_nid, via = %next, retry = m.retries + 1, "resending after {e}");
@@ -1412,7 +1419,7 @@ impl LnetNode {
     /// single-rail peer): a success gives the NI back `health_sensitivity`; a local failure
     /// costs the NI, a remote one the peer NI, the latter only when the peer is a gateway or
     /// this node routes. Each failure is counted in `health stats` whatever the sensitivity.
-    fn judge_health(&mut self, ni: usize, peer: Nid, err: Option<&LnetError>) {
+    fn judge_health(&mut self, ni: usize, peer: Nid, err: Option<&LnetError>, recovery: bool) {
         let sens = self.health.sensitivity;
         let Some(e) = err else {
             if let Some(n) = self.nis.get_mut(ni).filter(|n| n.health.value < MAX_HEALTH) {
@@ -1423,16 +1430,24 @@ impl LnetNode {
         let Some(h) = HStatus::of(e) else {
             return;
         };
+        // Lustre 2.16's lnet_health_check: the counters always count; a recovery ping that
+        // failed costs the NI nothing more; a node with one NI (lo aside) has no other path,
+        // so its NI's health is not judged (lnet_ping_at_least_two_entries). (A peer NI's
+        // recovery ping that fails still costs the peer NI here, as before: see
+        // `complete_ping`.)
+        let local_health = !recovery && self.node_nids.len() >= 2;
         if h.is_local() {
             // lnet_handle_local_failure: the NI's health falls and it goes into local
             // recovery, pinged through its own LND until it is back at the maximum.
             let (now, max) = (self.now, self.health.max_ping_interval);
             if let Some(n) = self.nis.get_mut(ni) {
                 n.hstats.count(h);
-                n.health.fail(sens);
-                n.health.enter_recovery(now, max);
-                if let Some(t) = n.health.next_ping {
-                    self.arm_recovery(t);
+                if local_health {
+                    n.health.fail(sens);
+                    n.health.enter_recovery(now, max);
+                    if let Some(t) = n.health.next_ping {
+                        self.arm_recovery(t);
+                    }
                 }
             }
         }

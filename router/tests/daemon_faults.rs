@@ -556,7 +556,7 @@ fn self_ping_10000_never_touches_the_lnd() {
 /// at the maximum and `debug recovery --local` is empty again.
 #[test]
 fn a_local_ni_recovers_through_pings_to_its_own_nid_over_tcp() {
-    let p = connected_pair("local_ni_recovery");
+    let p = connected_pair_two_nis("local_ni_recovery");
     assert_eq!(
         out(&lnetctl(&p.a, &["set", "health_sensitivity", "100"])).0,
         Some(0)

@@ -511,7 +511,7 @@ fn discover_configure_and_recovery_on_a_running_daemon() {
 /// ECONNREFUSED, REMOTE_DROPPED), counted as `dropped`; health off again restores all.
 #[test]
 fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
-    let p = connected_pair("health");
+    let p = connected_pair_two_nis("health");
     let run = |args: &[&str]| out(&lnetctl(&p.a, args));
     assert_eq!(run(&["set", "health_sensitivity", "100"]).0, Some(0));
     // Nobody listens on 127.0.0.99's o2ib port: refused at once.
@@ -537,7 +537,7 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
         std::thread::spawn(move || {
             let mut c = router::control::ControlClient::connect(&socket).unwrap();
             c.call(&Request::Ping {
-                nids: vec![NID_B.to_string(); 12],
+                nids: vec![NID_B.to_string(); 24],
                 timeout_secs: Some(6),
                 source: None,
             })
@@ -565,7 +565,7 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
         .filter_map(|l| l.trim().strip_prefix("health value: "))
         .map(|v| v.parse().unwrap())
         .collect();
-    assert!(values.last().is_some_and(|&v| v < 1000), "{net}");
+    assert!(values.iter().any(|&v| v < 1000), "{net}");
     assert_eq!(
         run(&["debug", "recovery", "--peer"]),
         (Some(0), String::new(), String::new())

@@ -109,6 +109,9 @@ impl Endpoint {
                     self.handshake_failed(a, None, true, true);
                 }
             }
+            // A self-connection (LNet health's recovery ping of a local NI) meets our own
+            // active connect: no race with anyone, nothing to learn about NID order.
+            RaceDecision::Accept if msg.src_nid == self.cfg.nid => {}
             RaceDecision::Accept => {
                 if let Some(c) = active.and_then(|a| self.conn_mut(a)) {
                     c.accepted_peer_race = true;

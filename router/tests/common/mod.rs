@@ -490,6 +490,25 @@ pub fn connected_pair_with(test: &str, lnd: Lnd) -> Pair {
     pair
 }
 
+/// [`connected_pair`], but A has a second NI (`10.0.1.1@o2ib1`, on a port the OS assigns,
+/// talking to nobody): LNet health judges the NIs of a node with two NIs or more only (Lustre
+/// 2.16's lnet_health_check), so tests of local NI health need it.
+pub fn connected_pair_two_nis(test: &str) -> Pair {
+    let dir = Scratch::new(test);
+    let (b, pb) = start_on_any_port(&dir.0, "b", NID_B, None, Opts::default());
+    let Lnd { timeout, keepalive } = Lnd::default();
+    let yaml = format!(
+        "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\n\
+         \n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: 10.0.1.1@o2ib1\n          listen: 127.0.0.1:0\n\
+         peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n"
+    );
+    let a = start_yaml(&dir.0, "a", &yaml, Opts::default());
+    let pa = listen_port(&a, NID_A);
+    let pair = Pair { a, b, pa, pb, dir };
+    ping_until_ok(&pair.a, NID_B, WAIT);
+    pair
+}
+
 /// A field of `/proc/PID/status` as a number (`VmRSS` in kB, `Threads`).
 pub fn proc_status(pid: u32, field: &str) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
