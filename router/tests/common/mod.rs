@@ -492,10 +492,17 @@ pub fn connected_pair_with(test: &str, lnd: Lnd) -> Pair {
 
 /// [`connected_pair`], but A has a second NI (`10.0.1.1@o2ib1`, on a port the OS assigns,
 /// talking to nobody): LNet health judges the NIs of a node with two NIs or more only (Lustre
-/// 2.16's lnet_health_check), so tests of local NI health need it.
+/// 2.16's lnet_health_check), so tests of local NI health need it. B takes 4 peer credits
+/// where A's LNet gives 8: their connection's queue depth is B's, so when B stops returning
+/// credits, some of A's messages always wait in A's LND queue (and time out there), whatever
+/// credits A owed B at that moment.
 pub fn connected_pair_two_nis(test: &str) -> Pair {
     let dir = Scratch::new(test);
-    let (b, pb) = start_on_any_port(&dir.0, "b", NID_B, None, Opts::default());
+    let b_opts = Opts {
+        ni_yaml: "          tunables:\n              peer_credits: 4\n".into(),
+        ..Opts::default()
+    };
+    let (b, pb) = start_on_any_port(&dir.0, "b", NID_B, None, b_opts);
     let Lnd { timeout, keepalive } = Lnd::default();
     let yaml = format!(
         "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n          lnd tunables:\n              timeout: {timeout}\n              keepalive: {keepalive}\n\
@@ -506,6 +513,9 @@ pub fn connected_pair_two_nis(test: &str) -> Pair {
     let pa = listen_port(&a, NID_A);
     let pair = Pair { a, b, pa, pb, dir };
     ping_until_ok(&pair.a, NID_B, WAIT);
+    let c = conns_to(&pair.a, NID_B);
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0].queue_depth, 4, "B's queue depth: {c:?}");
     pair
 }
 
