@@ -113,6 +113,30 @@ impl NiToAdd {
     }
 }
 
+/// The key of a line that starts a top-level section (column 0, not `-`, `#` or blank), and
+/// what follows its colon; `None` for every other line.
+fn top_level(line: &str) -> Option<(&str, &str)> {
+    let starts = line
+        .chars()
+        .next()
+        .is_some_and(|c| !matches!(c, ' ' | '\t' | '-' | '#' | '\n' | '\r'));
+    starts.then(|| {
+        let (key, value) = line.split_once(':').unwrap_or((line, ""));
+        (key.trim(), value)
+    })
+}
+
+/// What `import --exec` does with the section being read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    /// Sent on to the daemon (`net:`).
+    Kept,
+    /// Run here (`ping:`, `discover:`).
+    Exec,
+    /// Dropped (`global:` does nothing under --exec).
+    Skipped,
+}
+
 /// What `import --exec` runs: the NIDs of the document's `ping:` and `discover:` sections, in
 /// order, their `timeout:` (the last one given), and the rest of the document to apply.
 #[derive(Debug, PartialEq, Eq)]
@@ -133,8 +157,7 @@ pub fn take_exec_sections(text: &str) -> Result<ExecDoc, String> {
     let mut rest = String::with_capacity(text.len());
     let mut nids = Vec::new();
     let mut timeout = None;
-    // The section being read: None outside ping/discover.
-    let mut in_exec = false;
+    let mut section = Section::Kept;
     // The indent of the `nids:` key while its entries are read.
     let mut nids_indent: Option<usize> = None;
     let unquote = |v: &str| v.trim().trim_matches(|c| c == '"' || c == '\'').to_string();
@@ -146,51 +169,35 @@ pub fn take_exec_sections(text: &str) -> Result<ExecDoc, String> {
             None if raw.trim_start().starts_with('#') => "",
             None => raw.trim_end_matches(['\n', '\r']),
         };
-        let top = raw
-            .chars()
-            .next()
-            .is_some_and(|c| !matches!(c, ' ' | '\t' | '-' | '#' | '\n' | '\r'));
-        if top {
-            let (key, value) = line.split_once(':').unwrap_or((line, ""));
-            let key = key.trim();
+        if let Some((key, value)) = top_level(line) {
             nids_indent = None;
-            in_exec = key == "ping" || key == "discover";
-            match key {
-                "ping" | "discover" | "global" => {
-                    if !value.trim().is_empty() {
-                        return Err(format!(
-                            "line {line_no}: '{key}:' in flow style; write its nids: as a block \
-                             (as lnetctl export does)"
-                        ));
-                    }
-                    rest.push('\n');
-                    // `global:` does nothing under --exec, as in lnetctl.
-                    in_exec = key != "global";
-                    if key == "global" {
-                        in_exec = false;
-                        nids_indent = Some(usize::MAX);
-                    }
-                    continue;
+            section = match key {
+                "ping" | "discover" if !value.trim().is_empty() => {
+                    return Err(format!(
+                        "line {line_no}: '{key}:' in flow style; write its nids: as a block \
+                         (as lnetctl export does)"
+                    ));
                 }
-                "net" => {}
+                "ping" | "discover" => Section::Exec,
+                "global" => Section::Skipped,
+                "net" => Section::Kept,
                 other => {
                     return Err(format!(
                         "line {line_no}: '{other}:' is not run by --exec (only ping, discover \
                          and net; lnetctl: invalid key)"
                     ))
                 }
-            }
+            };
         }
-        if nids_indent == Some(usize::MAX) {
-            // Inside `global:`: skipped.
-            rest.push('\n');
-            continue;
-        }
-        if !in_exec {
+        if section == Section::Kept {
             rest.push_str(raw);
             continue;
         }
+        // A blank line in its place keeps the user's line numbers.
         rest.push('\n');
+        if section == Section::Skipped {
+            continue;
+        }
         let body = line.trim_end();
         let entry = body.trim_start();
         if entry.is_empty() {
@@ -271,14 +278,9 @@ pub fn strip_peers(text: &str, origin: &str) -> Result<Stripped, String> {
         _ => Ok(()),
     };
     for (i, line) in text.split_inclusive('\n').enumerate() {
-        let top = line
-            .chars()
-            .next()
-            .is_some_and(|c| !matches!(c, ' ' | '\t' | '-' | '#' | '\n' | '\r'));
-        if top {
+        if let Some((key, _)) = top_level(line) {
             check(&item)?;
             item = None;
-            let key = line.split(':').next().unwrap_or("").trim();
             in_peer = key == "peer";
             if in_peer {
                 continue;

@@ -382,6 +382,23 @@ pub struct RoutingInfo {
     pub stats: ForwardStats,
 }
 
+impl RoutingInfo {
+    /// The pools' sizes.
+    pub fn buffers(&self) -> crate::BufferCounts {
+        let size = |class| {
+            self.pools
+                .iter()
+                .find(|p| p.class == class)
+                .map_or(0, |p| p.nbuffers)
+        };
+        crate::BufferCounts {
+            tiny: size(PoolClass::Tiny),
+            small: size(PoolClass::Small),
+            large: size(PoolClass::Large),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

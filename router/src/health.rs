@@ -75,6 +75,20 @@ impl HStatus {
         })
     }
 
+    /// Whether a node with another NI may send the message again (lnet_health_check's
+    /// attempt_local_resend): the local statuses of a message that was never sent. Not
+    /// LOCAL_ERROR, and nothing remote.
+    pub fn is_resendable(self) -> bool {
+        matches!(
+            self,
+            HStatus::LocalInterrupt
+                | HStatus::LocalDropped
+                | HStatus::LocalAborted
+                | HStatus::LocalNoRoute
+                | HStatus::LocalTimeout
+        )
+    }
+
     /// Whether it costs the local NI health (lnet_handle_local_failure). Not LOCAL_NO_ROUTE:
     /// a message without a route never had an NI (Lustre sets it before any NI is chosen).
     pub fn is_local(self) -> bool {

@@ -609,22 +609,11 @@ struct NodeSettings {
 
 impl NodeSettings {
     fn of(t: &LnetNode) -> NodeSettings {
-        let info = t.routing_info();
-        let total = |class| {
-            info.pools
-                .iter()
-                .find(|p| p.class == class)
-                .map_or(0, |p| p.nbuffers)
-        };
         NodeSettings {
             routes: t.routes().routes().copied().collect(),
             globals: t.globals().clone(),
             routing: t.routing_enabled(),
-            buffers: BufferCounts {
-                tiny: total(router::PoolClass::Tiny),
-                small: total(router::PoolClass::Small),
-                large: total(router::PoolClass::Large),
-            },
+            buffers: t.routing_info().buffers(),
         }
     }
 }
@@ -839,14 +828,19 @@ impl Daemon {
         })
     }
 
+    /// The template node answers `req` (in the calling thread: it has no fabric).
+    fn on_template(&self, req: Request) -> Response {
+        let clock = self.clock;
+        control::call_local(&mut lock(&self.template), req, || clock.now())
+    }
+
     /// A change of the node-wide settings (`route add|del`, `set`, `routing`, buffers): the
     /// template checks and keeps it (its answer is the answer), then every NI adopts the
     /// settings as they now are. One change at a time, and never halfway through an NI's
     /// start, so that no NI misses one.
     fn change_settings(&self, req: Request) -> Response {
         let _one = lock(&self.set.change);
-        let clock = self.clock;
-        let resp = control::call_local(&mut lock(&self.template), req, || clock.now());
+        let resp = self.on_template(req);
         if matches!(resp, Response::Done) {
             let m = self.set.snapshot();
             self.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
@@ -982,25 +976,20 @@ impl Daemon {
         }
         let nids: Vec<Nid> = stay.iter().map(|x| x.nid).collect();
         let board = m.board.carried(&m.nids(), &nids);
-        {
-            let clock = self.clock;
-            let mut t = lock(&self.template);
-            let dead: Vec<router::RouteConfig> = t
-                .routes()
-                .routes()
-                .filter(|r| !nids.iter().any(|n| n.net() == r.gateway.net()))
-                .copied()
-                .collect();
-            for r in dead {
-                let req = Request::RouteDel {
-                    net: r.net.to_string(),
-                    gateway: Some(r.gateway.to_string()),
-                };
-                let _ = control::call_local(&mut t, req, || clock.now());
-                info!(net = %r.net, gateway = %r.gateway, "route removed with the last NI of its gateway's net");
-            }
-            t.set_node_nids(nids, board.clone());
+        let dead: Vec<router::RouteConfig> = lock(&self.template)
+            .routes()
+            .routes()
+            .filter(|r| !nids.iter().any(|n| n.net() == r.gateway.net()))
+            .copied()
+            .collect();
+        for r in dead {
+            let _ = self.on_template(Request::RouteDel {
+                net: r.net.to_string(),
+                gateway: Some(r.gateway.to_string()),
+            });
+            info!(net = %r.net, gateway = %r.gateway, "route removed with the last NI of its gateway's net");
         }
+        lock(&self.template).set_node_nids(nids, board.clone());
         let mut leaving = m.leaving.clone();
         leaving.extend(gone.iter().cloned());
         self.publish(stay, leaving, board);
@@ -1176,33 +1165,20 @@ impl NiLoop {
         node.adopt_globals(s.globals.clone());
         node.set_routing(now, s.routing);
         let share = s.buffers.share(n);
-        let old_share = before.map(|(a, count)| a.buffers.share(count));
-        for (class, want, had) in [
+        let had = before.map(|(a, count)| a.buffers.share(count));
+        let has = node.routing_info().buffers();
+        for (class, pick) in [
             (
                 router::PoolClass::Tiny,
-                share.tiny,
-                old_share.map(|b| b.tiny),
+                (|b| b.tiny) as fn(BufferCounts) -> u32,
             ),
-            (
-                router::PoolClass::Small,
-                share.small,
-                old_share.map(|b| b.small),
-            ),
-            (
-                router::PoolClass::Large,
-                share.large,
-                old_share.map(|b| b.large),
-            ),
+            (router::PoolClass::Small, |b| b.small),
+            (router::PoolClass::Large, |b| b.large),
         ] {
-            let now_has = node
-                .routing_info()
-                .pools
-                .iter()
-                .find(|p| p.class == class)
-                .map(|p| p.nbuffers);
+            let want = pick(share);
             // Only a change of the share: a large pool capped at its registered buffers is
             // not asked again every time.
-            if had != Some(want) && now_has != Some(want) {
+            if had.map(pick) != Some(want) && pick(has) != want {
                 node.set_buffers(now, class, want);
             }
         }
@@ -1556,13 +1532,7 @@ fn give_bulk_buffers(
     }
     let shares: Vec<usize> = runtimes
         .iter()
-        .map(|r| {
-            let info = r.node().routing_info();
-            info.pools
-                .iter()
-                .find(|p| p.class == router::PoolClass::Large)
-                .map_or(0, |p| p.nbuffers as usize)
-        })
+        .map(|r| r.node().routing_info().buffers().large as usize)
         .collect();
     let mut table = BulkBuffers::default();
     let mut owned: Vec<Vec<usize>> = vec![Vec::new(); runtimes.len()];
@@ -2280,13 +2250,6 @@ impl Loops {
             .collect()
     }
 
-    /// The template node answers `req` (in this thread: it has no fabric).
-    fn template(&self, req: Request) -> Response {
-        let clock = self.daemon.clock;
-        let mut t = lock(&self.daemon.template);
-        control::call_local(&mut t, req, || clock.now())
-    }
-
     /// A request for the whole node: a ping goes to the NI on each target's net, `global show`
     /// to the first NI, the other shows to every NI, merged; a change of node-wide settings
     /// goes to the template, which every NI then follows. With no NI, the template answers.
@@ -2325,7 +2288,7 @@ impl Loops {
                 let _ = req;
                 Response::Error(no_ni())
             }
-            req if m.list.is_empty() => self.template(req),
+            req if m.list.is_empty() => self.daemon.on_template(req),
             Request::Ping {
                 nids,
                 timeout_secs,

@@ -228,6 +228,11 @@ impl MsgTable {
         self.slots.remove(Handle::from_u64(*cookie))
     }
 
+    /// Every message with its cookie.
+    fn iter(&self) -> impl Iterator<Item = (u64, &OutMsg)> + '_ {
+        self.slots.iter().map(|(h, m)| (h.as_u64(), m))
+    }
+
     fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
@@ -1328,16 +1333,7 @@ impl LnetNode {
     /// judged this one); a forward goes again to the next hop it had, unless LNet now holds
     /// that hop down. Messages by rendezvous (bulk) are not resent by ulnet.
     fn resend(&mut self, mut m: OutMsg, e: &LnetError, returned: Vec<u8>) -> Option<OutMsg> {
-        let local = matches!(
-            HStatus::of(e),
-            Some(
-                HStatus::LocalInterrupt
-                    | HStatus::LocalDropped
-                    | HStatus::LocalAborted
-                    | HStatus::LocalNoRoute
-                    | HStatus::LocalTimeout
-            )
-        );
+        let local = HStatus::of(e).is_some_and(HStatus::is_resendable);
         let shutdown = matches!(e, LnetError::Shutdown | LnetError::Lnd(TxError::Shutdown));
         let forward = matches!(m.purpose, Purpose::Forward { .. });
         let kind_ok = match m.purpose {
@@ -1539,7 +1535,7 @@ impl LnetNode {
             if !p.health.pending && p.health.next_ping.is_some_and(|t| t <= now) {
                 p.health.pinged(now, cfg.max_ping_interval);
                 p.health.pending = true;
-                due.push((*nid, p.ni.0));
+                due.push((*nid, p.ni.0, PingKind::Recovery));
             }
             if let Some(t) = p.health.next_ping {
                 next = Some(next.map_or(t, |n: Instant| n.min(t)));
@@ -1549,7 +1545,6 @@ impl LnetNode {
         // lnet_recover_local_nis: each of our NIs below the maximum, one ping at a time to
         // its own NID through its own LND (a self-connection, which the race rule accepts),
         // with the same backoff; one back at the maximum leaves the queue.
-        let mut local_due = Vec::new();
         for (i, n) in self.nis.iter_mut().enumerate() {
             if !n.health.in_recovery() {
                 continue;
@@ -1561,36 +1556,19 @@ impl LnetNode {
             if !n.health.pending && n.health.next_ping.is_some_and(|t| t <= now) {
                 n.health.pinged(now, cfg.max_ping_interval);
                 n.health.pending = true;
-                local_due.push((n.nid, i));
+                due.push((n.nid, i, PingKind::LocalRecovery(i)));
             }
             if let Some(t) = n.health.next_ping {
                 next = Some(next.map_or(t, |x: Instant| x.min(t)));
             }
         }
         let deadline = now.saturating_add(Duration::from_secs(cfg.transaction_timeout));
-        for (nid, ni) in due {
+        // A peer NI's, or one of ours to its own NID: the same ping through NI `ni`.
+        for (nid, ni, kind) in due {
             let id = self.next_ping;
             self.next_ping += 1;
-            trace!(peer = %nid, "recovery ping");
-            self.launch_ping(
-                id,
-                nid,
-                Route::Remote { ni, next: nid },
-                deadline,
-                PingKind::Recovery,
-            );
-        }
-        for (nid, ni) in local_due {
-            let id = self.next_ping;
-            self.next_ping += 1;
-            trace!(%nid, "local NI recovery ping");
-            self.launch_ping(
-                id,
-                nid,
-                Route::Remote { ni, next: nid },
-                deadline,
-                PingKind::LocalRecovery(ni),
-            );
+            trace!(%nid, ?kind, "recovery ping");
+            self.launch_ping(id, nid, Route::Remote { ni, next: nid }, deadline, kind);
         }
         if let Some(t) = next {
             // At least a second apart, as the monitor thread runs.
@@ -2600,19 +2578,18 @@ impl LnetNode {
     /// The messages are forgotten here; their credits go with this runtime.
     pub fn abandon_forwards(&mut self) {
         let ours: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
-        let owed: Vec<(Handle<MsgTag>, Nid, u64)> = self
+        let owed: Vec<(u64, Nid, u64)> = self
             .msgs
-            .slots
             .iter()
-            .filter_map(|(h, m)| match m.purpose {
+            .filter_map(|(cookie, m)| match m.purpose {
                 Purpose::Forward { origin, key } if !ours.contains(&origin) => {
-                    Some((h, origin, key))
+                    Some((cookie, origin, key))
                 }
                 _ => None,
             })
             .collect();
-        for (h, origin, key) in owed {
-            self.msgs.slots.remove(h);
+        for (cookie, origin, key) in owed {
+            self.msgs.remove(&cookie);
             self.free_msg();
             self.handovers.push_back(Handover::Done {
                 origin,

@@ -562,7 +562,7 @@ fn a_local_ni_recovers_through_pings_to_its_own_nid_over_tcp() {
         Some(0)
     );
     let health = |d: &Daemon| {
-        ni_entry_v(d, NID_A)
+        ni_entry(d, NID_A)
             .health_stats
             .map(|h| h.health_value)
             .unwrap_or(0)
@@ -570,17 +570,7 @@ fn a_local_ni_recovers_through_pings_to_its_own_nid_over_tcp() {
     assert_eq!(health(&p.a), 1000);
     p.b.signal("-STOP");
     // More GETs than B has credits for: some stay queued on the connection.
-    let pinger = {
-        let socket = p.a.socket.clone();
-        std::thread::spawn(move || {
-            let mut c = router::control::ControlClient::connect(&socket).unwrap();
-            c.call(&Request::Ping {
-                nids: vec![NID_B.to_string(); 24],
-                timeout_secs: Some(3),
-                source: None,
-            })
-        })
-    };
+    let pinger = ping_in_background(&p.a, NID_B, 24, 3);
     let fell = wait_for(WAIT, || health(&p.a) < 1000);
     let _ = pinger.join();
     assert!(
@@ -608,25 +598,4 @@ fn a_local_ni_recovers_through_pings_to_its_own_nid_over_tcp() {
         other => panic!("{other:?}"),
     };
     assert!(!own.peer.is_empty(), "{own:?}");
-}
-
-fn out(o: &std::process::Output) -> (Option<i32>, String, String) {
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// `net show -v 2`'s entry for `nid` (with `health stats`).
-fn ni_entry_v(d: &Daemon, nid: &str) -> router::control::NiEntry {
-    match call(d, Request::NetShow { verbose: true }) {
-        Response::Net(n) => n
-            .net
-            .into_iter()
-            .flat_map(|e| e.local_nis)
-            .find(|e| e.nid == nid)
-            .unwrap_or_else(|| panic!("no NI {nid}")),
-        other => panic!("{other:?}"),
-    }
 }

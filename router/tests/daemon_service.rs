@@ -292,14 +292,6 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     ping_until_ok(&p.a, NID_B, WAIT);
 }
 
-fn out(o: &std::process::Output) -> (Option<i32>, String, String) {
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
 /// `lnetctl export` loads as the daemon's configuration and imports back into the daemon as
 /// a no-op (both forms); `export --backup | import` round-trips; an import changes what it
 /// names, live and item by item, `--del` takes its routes away, `--show` changes nothing;
@@ -532,17 +524,7 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
     // NI. It is watched while the pings run: once B is back, messages that work raise it
     // again.
     p.b.signal("-STOP");
-    let pinger = {
-        let socket = p.a.socket.clone();
-        std::thread::spawn(move || {
-            let mut c = router::control::ControlClient::connect(&socket).unwrap();
-            c.call(&Request::Ping {
-                nids: vec![NID_B.to_string(); 24],
-                timeout_secs: Some(6),
-                source: None,
-            })
-        })
-    };
+    let pinger = ping_in_background(&p.a, NID_B, 24, 6);
     let mut seen = None;
     let fell = wait_for(WAIT, || {
         let (code, text, _) = run(&["debug", "recovery", "--local"]);

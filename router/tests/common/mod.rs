@@ -558,6 +558,34 @@ pub fn lnetctl_bin() -> PathBuf {
     p
 }
 
+/// An lnetctl run's exit status, standard output and standard error.
+pub fn out(o: &std::process::Output) -> (Option<i32>, String, String) {
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Pings `nid` `count` times at once from `d` (each with `timeout_secs`), on a thread of its
+/// own: the test watches the daemon meanwhile, then joins for the answer.
+pub fn ping_in_background(
+    d: &Daemon,
+    nid: &str,
+    count: usize,
+    timeout_secs: u64,
+) -> std::thread::JoinHandle<Result<Response, router::control::ClientError>> {
+    let socket = d.socket.clone();
+    let nids = vec![nid.to_string(); count];
+    std::thread::spawn(move || {
+        ControlClient::connect(&socket)?.call(&Request::Ping {
+            nids,
+            timeout_secs: Some(timeout_secs),
+            source: None,
+        })
+    })
+}
+
 /// `lnetctl --socket <d's socket> args...`, with its output.
 pub fn lnetctl(d: &Daemon, args: &[&str]) -> std::process::Output {
     Command::new(lnetctl_bin())
