@@ -2819,10 +2819,14 @@ mod tests {
         assert!(w.received(b).iter().any(|m| m.from == w.nid_of(a)));
     }
 
+    /// Without a second attempt beside it (`connect_hedge` 0, as kernel Lustre), a connect
+    /// that never completes holds the message until its deadline ends it.
     #[test]
     fn stuck_connect_is_ended_by_the_connect_deadline() {
         let mut w = world(13);
-        let a = node(&mut w, "10.0.0.1@o2ib", 1);
+        let mut cfg = EndpointConfig::new(nid("10.0.0.1@o2ib"), 1);
+        cfg.tunables.connect_hedge = Duration::ZERO;
+        let a = w.add_node(cfg);
         let b = node(&mut w, "10.0.0.2@o2ib", 2);
         w.stuck_next_connect(a, w.nid_of(b));
         let c = send_n(&mut w, a, b, 1, 64)[0];
@@ -2835,6 +2839,91 @@ mod tests {
             "delivered at {at} despite the stuck connect"
         );
         assert_eq!(w.live_ends(), 2, "the stuck attempt was destroyed");
+    }
+
+    /// LU-7646's stuck active connect costs `connect_hedge`, not a connect deadline: a second
+    /// attempt starts beside the unanswered one and carries the message; the stuck one is
+    /// still ended at its deadline. Two stuck in a row cost one deadline, not two. Never more
+    /// than two attempts, one connection and one zombie for the pair.
+    #[test]
+    fn a_stuck_connect_gets_a_second_attempt_beside_it() {
+        for stuck in 1..=3u64 {
+            let mut w = world(13 + stuck);
+            let a = node(&mut w, "10.0.0.1@o2ib", 1);
+            let b = node(&mut w, "10.0.0.2@o2ib", 2);
+            for _ in 0..stuck {
+                w.stuck_next_connect(a, w.nid_of(b));
+            }
+            let t0 = w.now();
+            let c = send_n(&mut w, a, b, 1, 64)[0];
+            let (mut peak_zombies, mut peak_conns) = (0, 0);
+            let end = limit(&w, 120);
+            while w.now() < end && w.outcome(c).is_none() {
+                w.run_for(Duration::from_millis(50));
+                let ep = w.node(a).unwrap();
+                let v = ep.peer(w.nid_of(b)).unwrap();
+                peak_zombies = peak_zombies.max(v.zombies);
+                peak_conns = peak_conns.max(ep.conns().filter(|c| c.active).count());
+            }
+            let (at, o) = w.outcome(c).unwrap();
+            assert!(o.is_delivered(), "{o:?}");
+            let took = at - t0;
+            let deadline = crate::engine::Tunables::default().connect_timeout();
+            let hedge = crate::engine::Tunables::default().connect_hedge;
+            let bound = match stuck {
+                1 => hedge,
+                2 => deadline,
+                _ => deadline + hedge,
+            } + Duration::from_millis(100);
+            assert!(took <= bound, "{stuck} stuck: delivered after {took}");
+            assert!(peak_zombies <= 1, "{stuck} stuck: {peak_zombies} zombies");
+            assert!(peak_conns <= 2, "{stuck} stuck: {peak_conns} active ends");
+            assert!(w.run_until_idle(limit(&w, 120)), "{:?}", w.stats());
+            let ep = w.node(a).unwrap();
+            assert_eq!(w.stats().stuck_connects, stuck);
+            assert_eq!(ep.stats().connect_hedges, stuck);
+            assert_eq!(ep.conns().count(), 1, "one connection left");
+            assert_eq!(w.live_ends(), 2, "every stuck attempt was destroyed");
+            assert_eq!(w.invalid_transitions(), 0);
+        }
+    }
+
+    /// Connects that are only slow (CM messages late by up to 3 s, longer than
+    /// `connect_hedge`): every message still arrives once, a pair never holds more than two
+    /// connections, and the hedge delay learns what connects take, so that after the first
+    /// connects a slow fabric is not sent every request twice.
+    #[test]
+    fn slow_connects_teach_the_hedge_delay_and_lose_nothing() {
+        let mut w = world(29);
+        w.cm_delay(Duration::from_secs(3));
+        let a = node(&mut w, "10.0.0.1@o2ib", 1);
+        let peers: Vec<NodeId> = (2..10)
+            .map(|i| node(&mut w, &format!("10.0.0.{i}@o2ib"), i))
+            .collect();
+        let mut cookies = Vec::new();
+        for &b in &peers {
+            cookies.extend(send_n(&mut w, a, b, 5, 64));
+            let end = limit(&w, 60);
+            while w.now() < end && cookies.iter().any(|&c| w.outcome(c).is_none()) {
+                w.run_for(Duration::from_millis(100));
+                for &x in &peers {
+                    let per_pair = w
+                        .node(a)
+                        .unwrap()
+                        .conns()
+                        .filter(|c| c.peer == w.nid_of(x))
+                        .count();
+                    assert!(per_pair <= 2, "{per_pair} connections to one peer");
+                }
+            }
+        }
+        assert!(w.run_until_idle(limit(&w, 120)), "{:?}", w.stats());
+        assert!(cookies
+            .iter()
+            .all(|&c| w.outcome(c).unwrap().1.is_delivered()));
+        let hedges = w.node(a).unwrap().stats().connect_hedges;
+        assert!(hedges <= 2, "{hedges} hedges for {} peers", peers.len());
+        assert_eq!(w.invalid_transitions(), 0);
     }
 
     #[test]

@@ -81,9 +81,11 @@ pub struct RoutedStormReport {
     /// The failed pings by error.
     pub failed_by_reason: std::collections::BTreeMap<String, u64>,
     /// The most CONN_RACE rejects between one pair of nodes over the whole run, and the most
-    /// connections one node held to one peer at a sample (2: one zombie beside the live one).
+    /// connections one node held to one peer at a sample (handshakes, live and zombies).
     pub max_race_rejects_per_pair: u64,
     pub peak_conns_per_pair: usize,
+    /// The most zombies (closed connections not yet destroyed) any node held for one peer.
+    pub peak_zombies_per_peer: u32,
     /// The router's books (both NIs) reconcile at the end; what they hold then.
     pub router_books_reconcile: bool,
     pub router_forwarded: u64,
@@ -368,8 +370,10 @@ impl Storm {
                 *per.entry(c.peer).or_default() += 1;
             }
             let peak = per.into_values().max().unwrap_or(0);
+            let zombies = ep.peers().map(|p| p.peak_zombies).max().unwrap_or(0);
             let r = &mut self.report;
             r.peak_conns_per_pair = r.peak_conns_per_pair.max(peak);
+            r.peak_zombies_per_peer = r.peak_zombies_per_peer.max(zombies);
         }
     }
 

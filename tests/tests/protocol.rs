@@ -172,14 +172,18 @@ fn no_listener_fails_without_retrying() {
     );
 }
 
+/// LU-17480's deadline ends a stuck active connect (ours with its second attempt turned off,
+/// `connect_hedge: 0`, to see the deadline alone).
 #[test]
 fn a_stuck_connect_is_bounded_by_its_deadline() {
     for policy in [RacePolicy::Lu17480, RacePolicy::Ulnet] {
         let mut w = World::new(SimConfig::with_seed(3));
-        let a = w.add_node(EndpointConfig {
+        let mut cfg = EndpointConfig {
             race_policy: policy,
             ..EndpointConfig::new(nid(A), 11)
-        });
+        };
+        cfg.tunables.connect_hedge = Duration::ZERO;
+        let a = w.add_node(cfg);
         let _b = w.add_node(EndpointConfig::new(nid(B), 22));
         w.stuck_next_connect(a, nid(B));
         let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
@@ -198,6 +202,27 @@ fn a_stuck_connect_is_bounded_by_its_deadline() {
             "{policy:?}"
         );
     }
+}
+
+/// Ours by default: the stuck connect gets a second attempt beside it after `connect_hedge`
+/// (1 s), which carries the message; the stuck one is aborted once the second is up.
+#[test]
+fn a_stuck_connect_costs_ours_one_hedge_delay() {
+    let mut w = World::new(SimConfig::with_seed(3));
+    let a = w.add_node(EndpointConfig::new(nid(A), 11));
+    let _b = w.add_node(EndpointConfig::new(nid(B), 22));
+    w.stuck_next_connect(a, nid(B));
+    let t0 = w.now();
+    let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+    let hedge = w.endpoint(a).unwrap().config().tunables.connect_hedge;
+    assert_eq!(hedge, Duration::from_secs(1));
+    w.run_for(hedge + Duration::from_millis(100));
+    let (at, o) = w.outcome(c).expect("delivered by the second attempt");
+    assert_eq!(o, SendOutcome::Delivered);
+    assert!(at - t0 >= hedge, "{}", at - t0);
+    assert_eq!(stats(&w, a).connect_hedges, 1);
+    assert_eq!(stats(&w, a).connect_timeouts, 0, "aborted, not timed out");
+    assert_eq!(w.endpoint(a).unwrap().conns().count(), 1);
 }
 
 #[test]

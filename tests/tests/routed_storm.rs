@@ -1,13 +1,15 @@
 //! LU-7646's router reboot storm with the real routing code (`router::sim_storm`): clients ping
 //! a server through a router (one LNet node per NI, handing messages over as the daemon does),
 //! the server pings them back; the router reboots while 10% of every node's connects never
-//! complete. No client may stay wedged: every one recovers within the horizon, every ping has an
-//! outcome, no peer holds more than one zombie, no pair exceeds the race limit, the router's
-//! books reconcile. Deterministic per seed; each failure prints its seed and report.
+//! complete. No client may stay wedged: every one recovers within the connect deadline + 2 s of
+//! the router's return, every ping has an outcome, no peer holds more than one zombie, no pair
+//! exceeds the race limit, the router's books reconcile. Deterministic per seed; each failure
+//! prints its seed and report.
 //!
-//! The recovery time is reported, not bounded by one connect deadline: each stuck connect on a
-//! client's path (its own to the router, the router's to the server) costs a whole deadline, and
-//! with 10% stuck a path is sometimes stuck twice (see `cargo run -p benches --bin storm`).
+//! What bounds the recovery: a stuck connect gets a second attempt beside it after
+//! `connect_hedge` (1 s), so a stuck connect on a client's path (its own to the router, the
+//! router's to the server) costs that, not a whole deadline, and two in a row cost at most one
+//! deadline (with the connect hedge off, a path stuck twice took two: 25-38 s).
 
 use router::sim_storm::{routed_reboot_storm, RoutedStormConfig, RoutedStormReport};
 
@@ -17,7 +19,11 @@ const RACE_LIMIT: u64 = 20;
 fn check(cfg: &RoutedStormConfig, r: &RoutedStormReport) {
     let ctx = format!("seed {}: {r:#?}", cfg.seed);
     assert_eq!(r.unrecovered, 0, "a client stayed wedged: {ctx}");
-    assert!(r.recovery.is_some_and(|t| t <= cfg.horizon), "{ctx}");
+    let bound = r.connect_timeout + lnd::time::Duration::from_secs(2);
+    assert!(
+        r.recovery.is_some_and(|t| t <= bound),
+        "recovery beyond the connect deadline + 2 s ({bound}): {ctx}"
+    );
     assert!(
         r.stuck_connects > 0,
         "the storm had no stuck connect: {ctx}"
@@ -26,7 +32,10 @@ fn check(cfg: &RoutedStormConfig, r: &RoutedStormReport) {
     assert_eq!(r.pings_started, r.pings_ok + r.pings_failed, "{ctx}");
     assert!(r.pings_ok > 0 && r.pings_failed > 0, "{ctx}");
     assert!(r.max_race_rejects_per_pair <= RACE_LIMIT, "{ctx}");
-    assert!(r.peak_conns_per_pair <= 2, "more than one zombie: {ctx}");
+    assert!(r.peak_zombies_per_peer <= 1, "more than one zombie: {ctx}");
+    // Per pair at a sample: an established connection or the peer's handshake, and at most
+    // two attempts of ours (one stalled, its second beside it).
+    assert!(r.peak_conns_per_pair <= 3, "{ctx}");
     assert!(r.router_books_reconcile, "{ctx}");
     assert!(r.router_forwarded > 0, "{ctx}");
     assert_eq!(r.invalid_transitions, 0, "{ctx}");

@@ -45,6 +45,12 @@ impl RacePolicy {
     pub(crate) fn adapts_to_peer(self) -> bool {
         matches!(self, RacePolicy::Ulnet)
     }
+
+    /// Ours: an active connect with no answer after `connect_hedge` gets a second attempt
+    /// beside it (see `Tunables::connect_hedge`). Kernel Lustre waits out each attempt.
+    pub(crate) fn hedges(self) -> bool {
+        matches!(self, RacePolicy::Ulnet)
+    }
 }
 
 /// Which order of NIDs settles a connection race ("who is higher"). Both sides of a race must
@@ -135,6 +141,13 @@ pub struct Tunables {
     /// peer lets the lower NID win after `race_limit` refusals (LU-7646), and at one try a
     /// second that takes 10 s more than it needs to.
     pub race_retry_interval: Duration,
+    /// Ours: how long an active connect may go unanswered, while messages wait for it, before
+    /// a second attempt starts beside it (zero: never). Both keep their deadlines; the first to
+    /// be established is kept and the other aborted. A connect that never completes (LU-7646's
+    /// stuck HCA, a lost CM message) then costs this long instead of a whole connect deadline,
+    /// and two in a row cost one deadline rather than two. At most two attempts per peer are in
+    /// flight, so a failed pair leaves at most one zombie at a time.
+    pub connect_hedge: Duration,
 }
 
 impl Default for Tunables {
@@ -152,6 +165,7 @@ impl Default for Tunables {
             reconnect_interval: Duration::from_secs(1),
             reconnect_jitter: Duration::from_millis(250),
             race_retry_interval: Duration::from_millis(100),
+            connect_hedge: Duration::from_secs(1),
         }
     }
 }

@@ -35,6 +35,13 @@ impl Endpoint {
                 TimerEvent::Conn(id) => self.on_conn_timer(id),
                 TimerEvent::Tx(key) => self.on_tx_deadline(key),
                 TimerEvent::Reap(id) => self.reap(id),
+                TimerEvent::Hedge(id) => {
+                    if let Some(p) = self.conn(id).map(|c| c.peer) {
+                        if self.peers[p].active == Some(id) {
+                            self.maybe_hedge(p);
+                        }
+                    }
+                }
                 TimerEvent::Reconnect(p) => {
                     let Some(peer) = self.peers.get_mut(p) else {
                         continue;
@@ -65,6 +72,7 @@ impl Endpoint {
             tx_queue: VecDeque::new(),
             conns: Vec::new(),
             active: None,
+            stalled: None,
             accepting: None,
             zombies: 0,
             peak_zombies: 0,
@@ -94,6 +102,7 @@ impl Endpoint {
         };
         let idle = peer.conns.is_empty()
             && peer.active.is_none()
+            && peer.stalled.is_none()
             && peer.accepting.is_none()
             && peer.zombies == 0
             && peer.tx_queue.is_empty()
@@ -182,6 +191,50 @@ impl Endpoint {
                 return;
             }
         }
+        self.connect_now(p);
+    }
+
+    /// Starts a second active connect beside `active` when it has gone unanswered for
+    /// `connect_hedge` while messages wait for it (ours; see `Tunables::connect_hedge`). Never
+    /// a third: the earlier attempt must have ended, and its zombie been reaped, first.
+    /// How long an active connect may go unanswered before its second: `connect_hedge`, or
+    /// four times what connects have been taking if that is longer (a fabric whose connects are
+    /// slow, a peer busy with a reboot storm, must not get every request twice), at most half
+    /// the connect deadline.
+    pub(super) fn hedge_delay(&self) -> Duration {
+        let t = &self.cfg.tunables;
+        let learned = self
+            .connect_srtt
+            .map_or(Duration::ZERO, |s| s.saturating_mul(4));
+        let cap = Duration::from_nanos(t.connect_timeout().as_nanos() / 2);
+        t.connect_hedge.max(learned).min(cap)
+    }
+
+    pub(super) fn maybe_hedge(&mut self, p: PeerIdx) {
+        let hedge = self.cfg.tunables.connect_hedge;
+        if self.shutting_down || hedge.is_zero() || !self.cfg.race_policy.hedges() {
+            return;
+        }
+        let peer = &self.peers[p];
+        let Some(active) = peer.active else {
+            return;
+        };
+        if peer.stalled.is_some()
+            || !peer.conns.is_empty()
+            || peer.zombies > 0
+            || peer.tx_queue.is_empty()
+        {
+            return;
+        }
+        let Some(c) = self.conn(active) else {
+            return;
+        };
+        if c.state != ConnState::ActiveConnect || self.now < c.created + self.hedge_delay() {
+            return;
+        }
+        self.stats.connect_hedges += 1;
+        debug!(peer = %self.peers[p].nid, stalled = ?active, "active connect unanswered; a second beside it");
+        self.peers[p].stalled = self.peers[p].active.take();
         self.connect_now(p);
     }
 
@@ -290,6 +343,8 @@ impl Endpoint {
             peer.reconnect_wanted = false;
             self.maybe_connect(p);
         }
+        // A failed attempt of a pair is gone: the one left may need its second again.
+        self.maybe_hedge(p);
         let peer = &self.peers[p];
         if peer.conns.is_empty()
             && !peer.connecting()

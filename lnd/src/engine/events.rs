@@ -191,6 +191,8 @@ pub struct LndStats {
     pub race_yields: u64,
     /// Active connects abandoned because a request proved them stale (ours).
     pub stale_abandons: u64,
+    /// Second active connects started beside one that went unanswered (ours, `connect_hedge`).
+    pub connect_hedges: u64,
     /// Active or passive handshakes that passed their deadline (LU-17480).
     pub connect_timeouts: u64,
     /// Connect attempts that failed at the fabric (unreachable, no listener, errors).

@@ -103,6 +103,9 @@ impl Endpoint {
                 debug!(peer = %msg.src_nid, "conn race unresolved after the limit, letting the lower NID win");
             }
             RaceDecision::AbandonActiveAndAccept => {
+                // A stalled attempt beside it names the gone instance too, but is left to end
+                // on its own (the new instance refuses it as stale, or its deadline passes):
+                // one zombie at a time.
                 if let Some(a) = active {
                     self.stats.stale_abandons += 1;
                     debug!(peer = %msg.src_nid, "abandoning an active connect to a gone instance");
@@ -238,7 +241,7 @@ impl Endpoint {
             Err(reason) => {
                 // The queue pair is up: go through ESTABLISHED and close at once (as o2iblnd).
                 self.stats.bad_msgs += 1;
-                self.peers[p].active = None;
+                self.clear_attempt(p, conn);
                 self.transition(conn, ConnInput::Established);
                 self.close_conn(conn, Some(reason));
                 return;
@@ -250,7 +253,7 @@ impl Endpoint {
             self.close_peer_conns(p, DownReason::Rebooted);
         }
         self.peers[p].incarnation = stamp;
-        self.peers[p].active = None;
+        self.clear_attempt(p, conn);
         if self.conn(conn).is_some_and(|c| c.accepted_peer_race) && stamp == known {
             // Both sides accepted each other's request in one race: the peer thinks it is the
             // lower one too.
@@ -263,7 +266,30 @@ impl Endpoint {
             c.credits = cp.queue_depth;
             c.reserved = cp.queue_depth;
         }
+        // What connects take, for the hedge delay.
+        if let Some(c) = self.conn(conn) {
+            let took = self.now.saturating_duration_since(c.created);
+            self.connect_srtt = Some(match self.connect_srtt {
+                None => took,
+                Some(s) => Duration::from_nanos(s.as_nanos() / 8 * 7 + took.as_nanos() / 8),
+            });
+        }
         self.established(conn);
+        // One of a hedged pair won: the other is not needed (see `Tunables::connect_hedge`).
+        if let Some(other) = self.peers[p].active.filter(|&o| o != conn) {
+            debug!(peer = %self.peers[p].nid, ?other, "the other attempt of the pair is not needed");
+            self.handshake_failed(other, None, false, true);
+        }
+    }
+
+    /// `conn` is no longer one of the peer's active connects in flight.
+    fn clear_attempt(&mut self, p: PeerIdx, conn: ConnId) {
+        let peer = &mut self.peers[p];
+        if peer.active == Some(conn) {
+            peer.active = peer.stalled.take();
+        } else if peer.stalled == Some(conn) {
+            peer.stalled = None;
+        }
     }
 
     /// The active connect `conn` failed (kiblnd_rejected and the CM error events).
@@ -460,6 +486,10 @@ impl Endpoint {
         }
         self.peers[p].active = Some(id);
         self.stats.connects += 1;
+        if self.cfg.race_policy.hedges() && !self.cfg.tunables.connect_hedge.is_zero() {
+            let at = self.now + self.hedge_delay();
+            self.wheel.insert(at, TimerEvent::Hedge(id));
+        }
         if reconnect {
             self.stats.reconnects += 1;
         }
@@ -589,10 +619,8 @@ impl Endpoint {
             }
             self.actions.push_back(FabricAction::Disconnect { conn });
         }
+        self.clear_attempt(p, conn);
         let peer = &mut self.peers[p];
-        if peer.active == Some(conn) {
-            peer.active = None;
-        }
         if peer.accepting == Some(conn) {
             peer.accepting = None;
         }

@@ -100,6 +100,8 @@ enum TimerEvent {
     Reap(ConnId),
     /// connd: a paced reconnect is due.
     Reconnect(PeerIdx),
+    /// connd: an active connect has gone unanswered for `connect_hedge`.
+    Hedge(ConnId),
 }
 
 enum TxBody {
@@ -234,8 +236,11 @@ struct Peer {
     tx_queue: VecDeque<TxKey>,
     /// Established connections (one per direction at most; a self-connection has both ends).
     conns: Vec<ConnId>,
-    /// Our active connect in flight.
+    /// Our active connect in flight (the newer one when two are).
     active: Option<ConnId>,
+    /// An earlier active connect that had gone unanswered for `connect_hedge` when `active`
+    /// started beside it; it keeps its deadline and may still win.
+    stalled: Option<ConnId>,
     /// A passive connection waiting for ESTABLISHED.
     accepting: Option<ConnId>,
     zombies: u32,
@@ -269,7 +274,10 @@ struct Peer {
 
 impl Peer {
     fn connecting(&self) -> bool {
-        self.active.is_some() || self.accepting.is_some() || self.reconnect_timer.is_some()
+        self.active.is_some()
+            || self.stalled.is_some()
+            || self.accepting.is_some()
+            || self.reconnect_timer.is_some()
     }
 }
 
@@ -326,6 +334,9 @@ pub struct Endpoint {
     events: VecDeque<LndEvent>,
     stats: LndStats,
     rng: u64,
+    /// How long our active connects take to be established (a smoothed mean, as TCP's srtt),
+    /// once one has been: a hedge waits at least four of these (see `Endpoint::hedge_delay`).
+    connect_srtt: Option<Duration>,
     shutting_down: bool,
     leaks: Arc<AtomicU64>,
     /// Message buffers given back by the fabric and by LNet, reused for the next sends and
@@ -377,6 +388,7 @@ impl Endpoint {
             events: VecDeque::new(),
             stats: LndStats::default(),
             rng,
+            connect_srtt: None,
             shutting_down: false,
             leaks: Arc::new(AtomicU64::new(0)),
             pool: Vec::new(),

@@ -62,7 +62,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 47] = [
+        let fields: [(&str, u64); 48] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -74,6 +74,7 @@ impl LndCounters {
             ("race_order_disagreements", s.race_order_disagreements),
             ("race_order_adoptions", s.race_order_adoptions),
             ("stale_abandons", s.stale_abandons),
+            ("connect_hedges", s.connect_hedges),
             ("peer_reboots", s.peer_reboots),
             ("peers_down", s.peers_down),
             ("silent_peers", s.silent_peers),
