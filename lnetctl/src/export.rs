@@ -206,6 +206,7 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
             .with("checksum", &u.checksum)
             .with("checksum default", &u.checksum_default)
             .with("race order", &u.race_order)
+            .with("connect hedge ms", u.connect_hedge_ms)
             .with("peer limit", u.peer_limit);
     }
     m

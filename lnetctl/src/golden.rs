@@ -304,6 +304,7 @@ net:
             checksum: \"off\"
             checksum default: none
             race order: nidhash
+            connect hedge ms: 1000
             peer limit: 131072
 route:
 -     net: o2ib1

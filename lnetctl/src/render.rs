@@ -317,6 +317,7 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                                 .with("checksum", &u.checksum)
                                 .with("checksum default", &u.checksum_default)
                                 .with("race order", &u.race_order)
+                                .with("connect hedge ms", u.connect_hedge_ms)
                                 .with("peer limit", u.peer_limit)
                                 .with("peers", u.peers),
                         );
@@ -691,6 +692,7 @@ net:
             "                  checksum: \"off\"
                   checksum default: none
                   race order: nidhash
+                  connect hedge ms: 1000
                   peer limit: 131072
                   peers: 0
 "

@@ -337,7 +337,10 @@ impl DaemonConfig {
                 ));
                 c.peer_credits = peer_credits;
                 c.peer_buffer_credits = t.peer_buffer_credits.unwrap_or(0);
+                // `connect hedge ms` (ulnet's) lives among the LND's tunables.
+                let hedge = c.tunables.connect_hedge;
                 c.tunables = lnd_tunables(&l, peer_credits as u16).map_err(|(l, m)| err(l, m))?;
+                c.tunables.connect_hedge = hedge;
                 nis.push(NiSettings {
                     ni: c,
                     listen: ni.listen,
@@ -830,6 +833,8 @@ struct RawNi {
     checksum_default: Option<Spanned<String>>,
     #[serde(rename = "race order", default)]
     race_order: Option<Spanned<String>>,
+    #[serde(rename = "connect hedge ms", default)]
+    connect_hedge_ms: Option<Spanned<u32>>,
     #[serde(rename = "peer limit", default)]
     peer_limit: Option<Spanned<u32>>,
     #[serde(default)]
@@ -979,6 +984,14 @@ fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
             .parse::<RaceOrder>()
             .map_err(|m| (s.referenced.line(), format!("race order: {m}")))?;
     }
+    let hedge = checked(
+        &ni.connect_hedge_ms,
+        c.tunables.connect_hedge.as_millis() as u32,
+        0,
+        60_000,
+        "connect hedge ms",
+    )?;
+    c.tunables.connect_hedge = lnd::time::Duration::from_millis(hedge.into());
     c.peer_limit = checked(
         &ni.peer_limit,
         DEFAULT_PEER_LIMIT as u32,
@@ -1439,6 +1452,11 @@ numa:
         assert_eq!(ni.checksum.default_flavour, None);
         assert_eq!(ni.race_order, RaceOrder::NidHash, "2.16's order by default");
         assert_eq!(ni.peer_limit, DEFAULT_PEER_LIMIT);
+        assert_eq!(
+            ni.tunables.connect_hedge,
+            lnd::time::Duration::from_secs(1),
+            "a stuck connect gets a second attempt after 1 s by default"
+        );
         let with = |extra: &str| {
             GOOD.replace(
                 "          listen: 127.0.0.1:9870\n",
@@ -1446,10 +1464,11 @@ numa:
             )
         };
         let y = with(
-            "          checksum: on\n          checksum default: signed\n          race order: nid\n          peer limit: 50000\n",
+            "          checksum: on\n          checksum default: signed\n          race order: nid\n          peer limit: 50000\n          connect hedge ms: 0\n",
         );
         let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
         let ni = &c.nis().next().unwrap().1.ni;
+        assert!(ni.tunables.connect_hedge.is_zero(), "0 turns it off");
         assert!(ni.checksum.emit);
         assert_eq!(ni.checksum.default_flavour, Some(CksumFlavour::Signed));
         assert_eq!(ni.race_order, RaceOrder::Nid);
@@ -1471,6 +1490,7 @@ numa:
             ("          checksum default: maybe\n", "checksum default"),
             ("          checksum: sometimes\n", "on or off"),
             ("          peer limit: 0\n", "peer limit"),
+            ("          connect hedge ms: 60001\n", "connect hedge ms"),
         ] {
             let e = DaemonConfig::parse(&with(bad), "t.yaml").unwrap_err();
             assert!(e.to_string().contains(key), "{bad}: {e}");

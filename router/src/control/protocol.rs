@@ -324,6 +324,9 @@ pub struct UlnetSettings {
     /// `nidhash` (Lustre 2.16+) or `nid` (Lustre <= 2.15).
     #[serde(rename = "race order")]
     pub race_order: String,
+    /// How long an unanswered active connect waits for its second attempt (0: never).
+    #[serde(rename = "connect hedge ms", default)]
+    pub connect_hedge_ms: u64,
     #[serde(rename = "peer limit")]
     pub peer_limit: u64,
     /// Peers the LND holds now.

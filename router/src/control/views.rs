@@ -38,6 +38,7 @@ impl UlnetSettings {
                 .map_or("none", |f| f.name())
                 .into(),
             race_order: c.race_order.name().into(),
+            connect_hedge_ms: c.tunables.connect_hedge.as_millis(),
             peer_limit: c.peer_limit as u64,
             peers: ni.lnd_peers as u64,
         }
