@@ -466,9 +466,11 @@ fn established_both(w: &World, a: NodeId, b: NodeId) -> (usize, usize) {
 /// disagree (10.0.0.2 is lower by raw NID, 10.0.1.1 by nidhash) connect to each other at the
 /// same instant. Arranged one way both refuse (a double reject): exactly one side adopts the
 /// other's order, at most 3 rejects, one connection. Arranged the other way both accept: two
-/// connections, no reject, nothing to learn from. Then the connections are broken (a partition
-/// until the tx deadline fails them) and both reconnect at the same instant again, several
-/// times: at most one reject per round, and nobody switches again (no oscillation).
+/// connections, no reject, and nothing learned (a double accept looks the same as a slow request
+/// accepted after the peer's own handshake, so it is no evidence; two connections are harmless,
+/// as with o2iblnd's conns_per_peer). Then the connections are broken (a partition until the tx
+/// deadline fails them) and both reconnect at the same instant again, several times: at most
+/// one reject per round, and nobody switches again (no oscillation).
 #[test]
 fn two_ulnet_nodes_with_different_orders_never_oscillate() {
     let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
@@ -519,16 +521,10 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
                 assert_eq!((ea, eb), (1, 1), "{ctx}: {ea}/{eb} connections");
             } else {
                 assert_eq!(rejects, 0, "{ctx}: both sides accept, nobody refuses");
-                // Both accepted each other: a disagreement too, learned the same way.
-                assert!(
-                    disagreements >= 1,
-                    "{ctx}: the double accept went unnoticed"
-                );
-                assert_eq!(adoptions, 1, "{ctx}: {adoptions} adoptions");
                 assert_eq!(
-                    w.endpoint(a).unwrap().stats().race_order_adoptions,
-                    1,
-                    "{ctx}: the lower raw NID switches first"
+                    (disagreements, adoptions),
+                    (0, 0),
+                    "{ctx}: a double accept taken as evidence"
                 );
             }
             for c in &cookies {
@@ -573,8 +569,10 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
                     (1..=2).contains(&ea) && (1..=2).contains(&eb),
                     "{ctx} round {round}: {ea}/{eb} connections"
                 );
-                // Once learned, every race settles on one connection.
-                assert_eq!((ea, eb), (1, 1), "{ctx} round {round}");
+                if double_reject {
+                    // Once learned, every race settles on one connection.
+                    assert_eq!((ea, eb), (1, 1), "{ctx} round {round}");
+                }
                 for c in &cookies {
                     assert_eq!(
                         w.outcome(*c).map(|(_, o)| o),

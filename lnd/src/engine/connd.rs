@@ -73,7 +73,7 @@ impl Endpoint {
             conns: Vec::new(),
             active: None,
             stalled: None,
-            accepting: None,
+            accepting: Vec::new(),
             zombies: 0,
             peak_zombies: 0,
             reconnect_wanted: false,
@@ -103,7 +103,7 @@ impl Endpoint {
         let idle = peer.conns.is_empty()
             && peer.active.is_none()
             && peer.stalled.is_none()
-            && peer.accepting.is_none()
+            && peer.accepting.is_empty()
             && peer.zombies == 0
             && peer.tx_queue.is_empty()
             && peer.reconnect_timer.is_none()

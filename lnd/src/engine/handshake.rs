@@ -112,43 +112,45 @@ impl Endpoint {
                     self.handshake_failed(a, None, true, true);
                 }
             }
-            // A self-connection (LNet health's recovery ping of a local NI) meets our own
-            // active connect: no race with anyone, nothing to learn about NID order.
-            RaceDecision::Accept if msg.src_nid == self.cfg.nid => {}
-            RaceDecision::Accept => {
-                if let Some(c) = active.and_then(|a| self.conn_mut(a)) {
-                    c.accepted_peer_race = true;
-                }
-            }
+            // Accepting while our own attempt is in flight teaches nothing about the peer's
+            // NID order: both sides accepting each other (it orders NIDs the other way) looks
+            // the same from here as our slow request accepted as a plain connect after the
+            // peer's own handshake finished. Two connections are harmless; only a double
+            // refusal, which can livelock, is evidence (`refused_peer_race`).
+            RaceDecision::Accept => {}
         }
 
-        // A request while we hold a connection to the same instance means the peer lost its side:
-        // ours is dead to it. A request while we wait on an earlier accept supersedes it.
-        if let Some(old) = self.peers[p].accepting.take() {
-            self.handshake_failed(old, None, true, true);
+        // A newer request from the instance we are connected to does not make its older
+        // attempts or connections dead (o2iblnd keeps them: ibp_accepting counts handshakes,
+        // ibp_conns lists connections). It may be a second attempt beside a slow one, both sides
+        // connecting at once, or o2iblnd's conns_per_peer; closing the older one would drop what
+        // the peer already sent on it and counts delivered. So they stay, bounded.
+        if self.peers[p].accepting.len() >= MAX_ACCEPTING {
+            let oldest = self.peers[p].accepting[0];
+            debug!(peer = %msg.src_nid, ?oldest, "too many handshakes from one peer: the oldest is superseded");
+            self.handshake_failed(oldest, None, true, true);
         }
-        let same_instance: Vec<ConnId> = self.peers[p]
-            .conns
+        let self_connect = msg.src_nid == self.cfg.nid;
+        let established: Vec<ConnId> = if self_connect {
+            Vec::new()
+        } else {
+            self.peers[p].conns.clone()
+        };
+        let theirs: Vec<ConnId> = established
             .iter()
             .copied()
-            .filter(|&c| self.conn(c).is_some_and(|c| !c.active) && msg.src_nid != self.cfg.nid)
+            .filter(|&c| self.conn(c).is_some_and(|c| !c.active))
             .collect();
-        for c in same_instance {
-            self.close_conn(c, Some(DownReason::Closed));
+        if theirs.len() >= MAX_CONNS_PER_PEER {
+            debug!(peer = %msg.src_nid, "too many connections from one peer: the oldest is closed");
+            self.close_conn(theirs[0], Some(DownReason::Closed));
         }
-        // Our own established connections to it are kept: its request may have crossed our
-        // CONNACK (both sides connecting at once). But it may also have lost them (our close of
-        // its side was lost with the partition that cut it off), and one that waits for credits
-        // would then hold our messages until the LND timeout. Probe each with a keepalive NOOP
-        // (it needs no credit): a live end ignores it, a gone one fails the send at once and the
-        // connection closes, so new messages take the new connection.
-        let ours: Vec<ConnId> = self.peers[p]
-            .conns
-            .iter()
-            .copied()
-            .filter(|&c| self.conn(c).is_some_and(|c| c.active) && msg.src_nid != self.cfg.nid)
-            .collect();
-        for c in ours {
+        // But the peer may also have lost them (our close of its side was lost with the
+        // partition that cut it off), and one that waits for credits would then hold our
+        // messages until the LND timeout. Probe each with a keepalive NOOP (it needs no credit):
+        // a live end ignores it, a gone one fails the send and the connection closes, so new
+        // messages take the new connection.
+        for c in established {
             self.check_sends(c, true);
         }
 
@@ -162,7 +164,7 @@ impl Endpoint {
         if let Some(c) = self.conn_mut(id) {
             c.peer_stamp = msg.src_stamp;
         }
-        self.peers[p].accepting = Some(id);
+        self.peers[p].accepting.push(id);
         self.stats.accepts += 1;
         let ack = KibMsg {
             version: VERSION_2,
@@ -254,11 +256,6 @@ impl Endpoint {
         }
         self.peers[p].incarnation = stamp;
         self.clear_attempt(p, conn);
-        if self.conn(conn).is_some_and(|c| c.accepted_peer_race) && stamp == known {
-            // Both sides accepted each other's request in one race: the peer thinks it is the
-            // lower one too.
-            self.orders_disagree(p);
-        }
         if let Some(c) = self.conn_mut(conn) {
             c.peer_stamp = stamp;
             c.queue_depth = cp.queue_depth;
@@ -371,7 +368,7 @@ impl Endpoint {
             .unwrap_or(self.cfg.race_order)
     }
 
-    /// Both sides refused (or both accepted) each other in one race: the peer orders NIDs the
+    /// Both sides refused each other in one race: the peer orders NIDs the
     /// other way. Switch to its order for this peer when [`adopts_peer_order`] says so.
     pub(super) fn orders_disagree(&mut self, p: PeerIdx) {
         let nid = self.peers[p].nid;
@@ -446,7 +443,6 @@ impl Endpoint {
             peer_stamp: 0,
             sent_dst_stamp: 0,
             refused_peer_race: false,
-            accepted_peer_race: false,
             queue_depth,
             max_frags,
             credits: queue_depth,
@@ -528,9 +524,7 @@ impl Endpoint {
             return;
         };
         let p = c.peer;
-        if self.peers[p].accepting == Some(conn) {
-            self.peers[p].accepting = None;
-        }
+        self.peers[p].accepting.retain(|&a| a != conn);
         self.established(conn);
         let early = self
             .conn_mut(conn)
@@ -621,9 +615,7 @@ impl Endpoint {
         }
         self.clear_attempt(p, conn);
         let peer = &mut self.peers[p];
-        if peer.accepting == Some(conn) {
-            peer.accepting = None;
-        }
+        peer.accepting.retain(|&a| a != conn);
         if let Some(c) = self.conn_mut(conn) {
             c.reconnect = retry;
             c.error = reason;

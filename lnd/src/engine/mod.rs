@@ -70,6 +70,14 @@ use crate::wire::{ConnParams, KibBody, KibMsg, KibRej, LnetHdr, Nid, RejectReaso
 const OOB_SLOTS: u16 = 2;
 /// NOOPs allowed in flight per connection (IBLND_OOB_MSGS for V2).
 const MAX_NOOPS_POSTED: u16 = 2;
+/// Passive handshakes one peer instance may have in flight at once (its attempts and a second
+/// beside a slow one, or o2iblnd's `conns_per_peer`). A request beyond it supersedes the oldest,
+/// so a peer that keeps asking is bounded, not refused.
+const MAX_ACCEPTING: usize = 4;
+/// Established connections one peer instance may have opened to us. A request beyond it closes
+/// the oldest of them (ours to it are not counted): a peer that loses its ends without telling
+/// us cannot pile up dead connections here.
+const MAX_CONNS_PER_PEER: usize = 8;
 
 type PeerIdx = usize;
 
@@ -194,10 +202,6 @@ struct Conn {
     /// CONN_RACE. If the peer refuses this attempt with CONN_RACE too, it orders NIDs the other
     /// way.
     refused_peer_race: bool,
-    /// Active side: while this attempt was in flight we accepted the peer's own request, as the
-    /// lower side. If the peer accepts this attempt too, it orders NIDs the other way (both
-    /// think they are lower, and two connections result).
-    accepted_peer_race: bool,
     queue_depth: u16,
     max_frags: u16,
     credits: u16,
@@ -234,15 +238,19 @@ struct Peer {
     max_frags: u16,
     /// Messages waiting for a connection.
     tx_queue: VecDeque<TxKey>,
-    /// Established connections (one per direction at most; a self-connection has both ends).
+    /// Established connections, oldest first: ours and the peer's (both sides may connect at
+    /// once, a slow attempt may have a second beside it, o2iblnd's `conns_per_peer` opens
+    /// several), at most [`MAX_CONNS_PER_PEER`] of the peer's; a self-connection has both ends.
     conns: Vec<ConnId>,
     /// Our active connect in flight (the newer one when two are).
     active: Option<ConnId>,
     /// An earlier active connect that had gone unanswered for `connect_hedge` when `active`
     /// started beside it; it keeps its deadline and may still win.
     stalled: Option<ConnId>,
-    /// A passive connection waiting for ESTABLISHED.
-    accepting: Option<ConnId>,
+    /// Passive connections waiting for ESTABLISHED, oldest first, at most [`MAX_ACCEPTING`]
+    /// (o2iblnd's `ibp_accepting` counts them the same way: a newer request does not make an
+    /// older one dead).
+    accepting: Vec<ConnId>,
     zombies: u32,
     peak_zombies: u32,
     /// A reconnect is wanted as soon as the zombies are reaped.
@@ -267,8 +275,8 @@ struct Peer {
     reported_down: bool,
     /// The checksum flavour the peer's own checksummed messages use, once seen.
     cksum: Option<CksumFlavour>,
-    /// Races in which both sides refused, or both accepted, each other since we last switched
-    /// order for this peer.
+    /// Races in which both sides refused each other since we last switched order for this
+    /// peer.
     disagreements: u32,
 }
 
@@ -276,7 +284,7 @@ impl Peer {
     fn connecting(&self) -> bool {
         self.active.is_some()
             || self.stalled.is_some()
-            || self.accepting.is_some()
+            || !self.accepting.is_empty()
             || self.reconnect_timer.is_some()
     }
 }

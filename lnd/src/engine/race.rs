@@ -8,7 +8,9 @@
 //!
 //! "Lower" is under a [`RaceOrder`]: the raw NID up to Lustre 2.15, `nidhash` since 2.16. Two
 //! peers that order differently either both refuse (a double reject) or both accept (two
-//! connections). A double reject is evidence: [`adopts_peer_order`] says when we switch to the
+//! connections). A double reject is evidence (a double accept is not: from one side it looks the
+//! same as a slow request the peer accepted after its own handshake finished, and two
+//! connections are harmless): [`adopts_peer_order`] says when we switch to the
 //! peer's order for that peer, breaking the symmetry so that two ulnet nodes never both switch.
 
 use super::config::{RaceOrder, RacePolicy};
@@ -65,8 +67,7 @@ pub fn resolve_race(i: RaceInput) -> RaceDecision {
 }
 
 /// Whether to switch to the peer's order after `disagreements` races in which we and the peer
-/// both refused each other with CONN_RACE, or both accepted each other (it computes the other
-/// order). The side with the
+/// both refused each other with CONN_RACE (it computes the other order). The side with the
 /// lower raw NID switches at the first such race, the other only at a second one: two ulnet nodes
 /// configured differently never both switch (which would leave them disagreeing again), while
 /// against a kernel, which never switches, we always end up switching.
