@@ -152,3 +152,66 @@ fn slow_connects_never_make_nodes_of_one_order_disagree() {
         &bad[..bad.len().min(10)]
     );
 }
+
+/// The other side of keeping older connections: the peer really did lose its end. A's
+/// connection to B times out across a partition and A destroys it; its Disconnect is lost, so
+/// B's end stays up. After the heal A connects again (same instance). B's messages sent as soon
+/// as the new connection is up must take it and arrive, not go onto the old one and fail after
+/// the fabric's retry horizon; the old one is found dead by its probe and closed.
+#[test]
+fn a_peer_that_lost_its_end_reconnects_and_new_messages_take_the_new_connection() {
+    for seed in 0..20u64 {
+        let mut w = World::new(SimConfig::with_seed(seed));
+        let a = w.add_node(EndpointConfig::new(nid(A), 11));
+        let b = w.add_node(EndpointConfig::new(nid(B), 22));
+        let first = w.send(a, nid(B), LnetHdr::put(nid(A), nid(B), 8, 4, 0), vec![0; 8]);
+        w.run_for(Duration::from_millis(50));
+        assert!(w.outcome(first).is_some_and(|(_, o)| o.is_delivered()));
+        let tun = w.endpoint(a).unwrap().config().tunables.clone();
+        let part = w.partition(&[a], &[b]);
+        // A message across the partition: its deadline closes A's connection.
+        w.send(a, nid(B), LnetHdr::put(nid(A), nid(B), 8, 4, 1), vec![1; 8]);
+        w.run_for(tun.timeout + Duration::from_secs(5));
+        let established = |w: &World, n: NodeId, peer: &str| {
+            w.endpoint(n)
+                .and_then(|e| e.peer(nid(peer)))
+                .map_or(0, |p| p.established)
+        };
+        assert_eq!(established(&w, a, B), 0, "seed {seed}: A's end survived");
+        assert_eq!(
+            established(&w, b, A),
+            1,
+            "seed {seed}: B noticed; nothing to test"
+        );
+        w.heal_partition(part);
+        let again = w.send(a, nid(B), LnetHdr::put(nid(A), nid(B), 8, 4, 2), vec![2; 8]);
+        let end = w.now() + Duration::from_secs(5);
+        while w.now() < end && w.outcome(again).is_none() {
+            w.run_for(Duration::from_millis(1));
+        }
+        assert!(
+            w.outcome(again).is_some_and(|(_, o)| o.is_delivered()),
+            "seed {seed}: {:?}",
+            w.outcome(again)
+        );
+        let t0 = w.now();
+        let replies: Vec<u64> = (0..5)
+            .map(|i| {
+                let hdr = LnetHdr::put(nid(B), nid(A), 8, 4, 100 + i);
+                w.send(b, nid(A), hdr, vec![3; 8])
+            })
+            .collect();
+        assert!(w.run_until_idle(w.now() + Duration::from_secs(300)));
+        for c in replies {
+            let (at, o) = w.outcome(c).expect("an outcome");
+            assert!(o.is_delivered(), "seed {seed}: {o:?}");
+            assert!(
+                at - t0 < Duration::from_secs(1),
+                "seed {seed}: delivered only after {}",
+                at - t0
+            );
+        }
+        assert_eq!(established(&w, b, A), 1, "seed {seed}: the dead one stayed");
+        assert_eq!(w.invalid_transitions(), 0);
+    }
+}

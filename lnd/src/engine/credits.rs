@@ -36,9 +36,16 @@ impl Endpoint {
     /// once and both accept, our passive end can come up first and take the queued messages
     /// (kiblnd_connreq_done); switching to the active end when it comes up would let a new
     /// message overtake those still waiting for credits on the passive one. (o2iblnd round-robins
-    /// over `ibp_conns`; LNet does not need order, ulnet keeps it.)
+    /// over `ibp_conns`; LNet does not need order, ulnet keeps it.) A connection on probation
+    /// (the peer asked for a new one while it was up, and may have lost its end) is passed over
+    /// while another is up, until the peer is heard on it again.
     pub(super) fn pick_conn(&self, p: PeerIdx) -> Option<ConnId> {
-        self.peers[p].conns.first().copied()
+        let conns = &self.peers[p].conns;
+        conns
+            .iter()
+            .copied()
+            .find(|&c| self.conn(c).is_some_and(|c| !c.probation))
+            .or_else(|| conns.first().copied())
     }
 
     pub(super) fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {

@@ -147,10 +147,14 @@ impl Endpoint {
         }
         // But the peer may also have lost them (our close of its side was lost with the
         // partition that cut it off), and one that waits for credits would then hold our
-        // messages until the LND timeout. Probe each with a keepalive NOOP (it needs no credit):
-        // a live end ignores it, a gone one fails the send and the connection closes, so new
-        // messages take the new connection.
+        // messages until the LND timeout. Each goes on probation (new messages take another
+        // connection until the peer is heard on it) and is probed with a keepalive NOOP (it
+        // needs no credit): a live end ignores it, a gone one fails the send and the connection
+        // closes.
         for c in established {
+            if let Some(conn) = self.conn_mut(c) {
+                conn.probation = true;
+            }
             self.check_sends(c, true);
         }
 
@@ -443,6 +447,7 @@ impl Endpoint {
             peer_stamp: 0,
             sent_dst_stamp: 0,
             refused_peer_race: false,
+            probation: false,
             queue_depth,
             max_frags,
             credits: queue_depth,

@@ -202,6 +202,10 @@ struct Conn {
     /// CONN_RACE. If the peer refuses this attempt with CONN_RACE too, it orders NIDs the other
     /// way.
     refused_peer_race: bool,
+    /// The peer asked for another connection while this one was up: it may have lost its end
+    /// (our close of it lost in a partition). New messages take another connection until the
+    /// peer is heard on this one again; a keepalive NOOP probes it meanwhile.
+    probation: bool,
     queue_depth: u16,
     max_frags: u16,
     credits: u16,

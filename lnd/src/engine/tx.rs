@@ -13,7 +13,10 @@ impl Endpoint {
             return;
         };
         match c.state {
-            ConnState::Established => c.last_recv = now,
+            ConnState::Established => {
+                c.last_recv = now;
+                c.probation = false;
+            }
             ConnState::PassiveWait => {
                 // Data can beat the ESTABLISHED event (LU-8303); keep it for then.
                 c.early_rx.push((slot, bytes.to_vec()));
