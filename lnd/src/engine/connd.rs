@@ -36,9 +36,15 @@ impl Endpoint {
                 TimerEvent::Tx(key) => self.on_tx_deadline(key),
                 TimerEvent::Reap(id) => self.reap(id),
                 TimerEvent::Hedge(id) => {
-                    if let Some(p) = self.conn(id).map(|c| c.peer) {
+                    if let Some((p, created)) = self.conn(id).map(|c| (c.peer, c.created)) {
                         if self.peers[p].active == Some(id) {
-                            self.maybe_hedge(p);
+                            // The delay may have grown since this was armed: wait for it.
+                            let due = created + self.hedge_delay();
+                            if self.now < due {
+                                self.wheel.insert(due, TimerEvent::Hedge(id));
+                            } else {
+                                self.maybe_hedge(p);
+                            }
                         }
                     }
                 }
@@ -88,6 +94,7 @@ impl Endpoint {
             reported_down: false,
             cksum: None,
             disagreements: 0,
+            disagreed_at: None,
         });
         self.peer_index.insert(nid, p);
         Some(p)
@@ -276,6 +283,7 @@ impl Endpoint {
         };
         self.abort_queued(conn, queued);
         self.abort_waiting(conn);
+        self.flush_held(p);
         let peer = &self.peers[p];
         if peer.conns.is_empty() {
             if !peer.tx_queue.is_empty() {

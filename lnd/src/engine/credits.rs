@@ -40,12 +40,49 @@ impl Endpoint {
     /// (the peer asked for a new one while it was up, and may have lost its end) is passed over
     /// while another is up, until the peer is heard on it again.
     pub(super) fn pick_conn(&self, p: PeerIdx) -> Option<ConnId> {
-        let conns = &self.peers[p].conns;
-        conns
-            .iter()
-            .copied()
-            .find(|&c| self.conn(c).is_some_and(|c| !c.probation))
-            .or_else(|| conns.first().copied())
+        let peer = &self.peers[p];
+        for &c in &peer.conns {
+            let Some(x) = self.conn(c) else { continue };
+            if !x.probation {
+                return Some(c);
+            }
+            // LNet messages wait on this one: a newer connection must not overtake them;
+            // hold new ones at the peer until the probe answers (or the connection closes).
+            if self.has_lnet_traffic(c) {
+                return None;
+            }
+        }
+        if !peer.accepting.is_empty() {
+            return None;
+        }
+        peer.conns.first().copied()
+    }
+
+    fn has_lnet_traffic(&self, c: ConnId) -> bool {
+        self.txs.iter().any(|(_, t)| {
+            t.cookie.is_some()
+                && matches!(t.place, TxPlace::Queued(x) | TxPlace::Posted(x) if x == c)
+        })
+    }
+
+    /// messages held at the peer go out once a connection may take them.
+    pub(super) fn flush_held(&mut self, p: PeerIdx) {
+        let Some(peer) = self.peers.get(p) else {
+            return;
+        };
+        if peer.tx_queue.is_empty() || peer.conns.is_empty() {
+            return;
+        }
+        let Some(conn) = self.pick_conn(p) else {
+            return;
+        };
+        let queued: Vec<TxKey> = self.peers[p].tx_queue.drain(..).collect();
+        for key in queued {
+            if self.tx_live(key) {
+                self.queue_on_conn(key, conn);
+            }
+        }
+        self.check_sends(conn, false);
     }
 
     pub(super) fn queue_on_conn(&mut self, key: TxKey, conn: ConnId) {

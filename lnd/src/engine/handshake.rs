@@ -152,8 +152,10 @@ impl Endpoint {
         // needs no credit): a live end ignores it, a gone one fails the send and the connection
         // closes.
         for c in established {
+            let now = self.now;
             if let Some(conn) = self.conn_mut(c) {
                 conn.probation = true;
+                conn.probation_since = now;
             }
             self.check_sends(c, true);
         }
@@ -338,7 +340,12 @@ impl Endpoint {
                             peer.races_received += 1;
                             peer.peak_races_received =
                                 peer.peak_races_received.max(peer.races_received);
-                            if self.conn(conn).is_some_and(|c| c.refused_peer_race) {
+                            let since = self.peers[p].disagreed_at;
+                            if self.conn(conn).is_some_and(|c| {
+                                c.refused_peer_race && since.is_none_or(|t| c.created > t)
+                            }) {
+                                // one disagreement per race, not one per attempt in it.
+                                self.peers[p].disagreed_at = Some(self.now);
                                 self.orders_disagree(p);
                             }
                             true
@@ -390,6 +397,15 @@ impl Endpoint {
             self.learned_orders.insert(nid, adopted);
         }
         self.peers[p].disagreements = 0;
+        // Refusals made under the order just dropped are no evidence about the new one.
+        for a in [self.peers[p].active, self.peers[p].stalled]
+            .into_iter()
+            .flatten()
+        {
+            if let Some(c) = self.conn_mut(a) {
+                c.refused_peer_race = false;
+            }
+        }
         self.stats.race_order_adoptions += 1;
         debug!(peer = %nid, order = adopted.name(), "the peer orders NIDs the other way: adopting its order");
     }
@@ -448,6 +464,7 @@ impl Endpoint {
             sent_dst_stamp: 0,
             refused_peer_race: false,
             probation: false,
+            probation_since: self.now,
             queue_depth,
             max_frags,
             credits: queue_depth,
@@ -581,12 +598,7 @@ impl Endpoint {
             self.events.push_back(LndEvent::PeerUp { nid });
         }
         trace!(peer = %nid, conn = ?conn, "established");
-        let queued: Vec<TxKey> = self.peers[p].tx_queue.drain(..).collect();
-        for key in queued {
-            if self.tx_live(key) {
-                self.queue_on_conn(key, conn);
-            }
-        }
+        self.flush_held(p);
         self.check_sends(conn, false);
     }
 
@@ -626,6 +638,10 @@ impl Endpoint {
             c.error = reason;
         }
         self.schedule_reap(conn);
+        let peer = &self.peers[p];
+        if !peer.conns.is_empty() && !peer.tx_queue.is_empty() {
+            self.flush_held(p);
+        }
         let peer = &self.peers[p];
         if !retry && peer.conns.is_empty() && !peer.connecting() {
             let err = self.connect_error(p);

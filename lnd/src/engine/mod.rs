@@ -206,6 +206,8 @@ struct Conn {
     /// (our close of it lost in a partition). New messages take another connection until the
     /// peer is heard on this one again; a keepalive NOOP probes it meanwhile.
     probation: bool,
+    /// when probation started; a send queued since then that completes proves the far end.
+    probation_since: Instant,
     queue_depth: u16,
     max_frags: u16,
     credits: u16,
@@ -282,6 +284,8 @@ struct Peer {
     /// Races in which both sides refused each other since we last switched order for this
     /// peer.
     disagreements: u32,
+    /// when the last disagreement was counted.
+    disagreed_at: Option<Instant>,
 }
 
 impl Peer {

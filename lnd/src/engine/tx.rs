@@ -15,7 +15,11 @@ impl Endpoint {
         match c.state {
             ConnState::Established => {
                 c.last_recv = now;
-                c.probation = false;
+                if c.probation {
+                    c.probation = false;
+                    let p = c.peer;
+                    self.flush_held(p);
+                }
             }
             ConnState::PassiveWait => {
                 // Data can beat the ESTABLISHED event (LU-8303); keep it for then.
@@ -141,6 +145,12 @@ impl Endpoint {
         }
         match status {
             WcStatus::Success => {
+                let queued_at = self.txs.get(key).expect("live tx").queued_at;
+                if let Some(c) = self.conn_mut(conn) {
+                    if c.probation && queued_at >= c.probation_since {
+                        c.probation = false;
+                    }
+                }
                 let tx = self.txs.get_mut(key).expect("live tx");
                 if tx.waiting {
                     // Sent; the peer's answer finishes it (o2iblnd tx_waiting).
@@ -162,6 +172,9 @@ impl Endpoint {
             }
         }
         self.check_sends(conn, false);
+        if let Some(p) = self.conn(conn).map(|c| c.peer) {
+            self.flush_held(p);
+        }
     }
 
     pub(super) fn new_tx(&mut self, peer: PeerIdx, body: TxBody, cookie: Option<u64>) -> TxKey {
