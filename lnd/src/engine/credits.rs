@@ -48,7 +48,7 @@ impl Endpoint {
             }
             // LNet messages wait on this one: a newer connection must not overtake them;
             // hold new ones at the peer until the probe answers (or the connection closes).
-            if self.has_lnet_traffic(c) {
+            if self.carries_messages(c) {
                 return None;
             }
         }
@@ -58,14 +58,23 @@ impl Endpoint {
         peer.conns.first().copied()
     }
 
-    fn has_lnet_traffic(&self, c: ConnId) -> bool {
-        self.txs.iter().any(|(_, t)| {
-            t.cookie.is_some()
-                && matches!(t.place, TxPlace::Queued(x) | TxPlace::Posted(x) if x == c)
+    /// Whether anything but NOOPs is queued or posted on `c`: what a newer connection must not
+    /// overtake. Read off the connection's own queues and counters, not the message table, as
+    /// it is asked for every new message while a connection is on probation.
+    fn carries_messages(&self, c: ConnId) -> bool {
+        self.conn(c).is_some_and(|c| {
+            c.nsends_posted > c.noops_posted
+                || !c.tx_rsrvd.is_empty()
+                || !c.tx_cred.is_empty()
+                || c.tx_nocred.iter().any(|&k| {
+                    self.txs
+                        .get(k)
+                        .is_some_and(|t| !matches!(t.body, TxBody::Noop { .. }))
+                })
         })
     }
 
-    /// messages held at the peer go out once a connection may take them.
+    /// Messages held at the peer go out once a connection may take them.
     pub(super) fn flush_held(&mut self, p: PeerIdx) {
         let Some(peer) = self.peers.get(p) else {
             return;
