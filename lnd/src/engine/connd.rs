@@ -72,6 +72,7 @@ impl Endpoint {
         let p = self.peers.insert(Peer {
             nid,
             incarnation: 0,
+            superseded: [0; SUPERSEDED_KEPT],
             version: VERSION_2,
             queue_depth: qd,
             max_frags: MAX_RDMA_FRAGS as u16,

@@ -264,6 +264,9 @@ pub struct LndStats {
     pub peers_down: u64,
     /// Peers whose incarnation changed (a reboot seen).
     pub peer_reboots: u64,
+    /// Connect requests (or their answers) from an instance of the peer that a newer one had
+    /// already replaced, refused as stale instead of taken for a restart back to it.
+    pub superseded_connreqs: u64,
     /// Captured messages dropped because the driver did not drain the capture fast enough.
     pub capture_drops: u64,
     /// Races in which we refused the peer with CONN_RACE and it refused us too: it orders NIDs

@@ -60,12 +60,21 @@ impl Endpoint {
         self.learn_cksum(p, &framing);
         let policy = self.cfg.race_policy;
 
+        // A request from an instance of the peer that a newer one already replaced: it was in
+        // flight across the peer's restart (a slow CM, or the second of a hedged pair). It is
+        // not a "restart" back to that instance, which would close the new one's connections;
+        // the requester is gone, refuse it as stale.
+        if self.names_replaced_instance(p, msg.src_stamp) {
+            self.stats.superseded_connreqs += 1;
+            debug!(peer = %msg.src_nid, stamp = msg.src_stamp, "request from a replaced instance, refusing");
+            return self.reject(req, RejectReason::ConnStale);
+        }
         // A new instance of a peer we knew: everything to the old one is dead (kiblnd step 10).
         let known = self.peers[p].incarnation;
         if known != 0 && known != msg.src_stamp {
             self.stats.peer_reboots += 1;
             debug!(peer = %msg.src_nid, old = known, new = msg.src_stamp, "peer restarted");
-            self.peers[p].incarnation = msg.src_stamp;
+            self.peers[p].set_incarnation(msg.src_stamp);
             self.close_peer_conns(p, DownReason::Rebooted);
             if !policy.abandons_stale() {
                 // Lustre refuses this one and lets the peer retry once the old connections are
@@ -255,12 +264,21 @@ impl Endpoint {
                 return;
             }
         };
+        if self.names_replaced_instance(p, stamp) {
+            // An answer from an instance a newer one replaced (our request named none): the
+            // connection leads nowhere.
+            self.stats.superseded_connreqs += 1;
+            self.clear_attempt(p, conn);
+            self.transition(conn, ConnInput::Established);
+            self.close_conn(conn, Some(DownReason::Rebooted));
+            return;
+        }
         let known = self.peers[p].incarnation;
         if known != 0 && known != stamp {
             self.stats.peer_reboots += 1;
             self.close_peer_conns(p, DownReason::Rebooted);
         }
-        self.peers[p].incarnation = stamp;
+        self.peers[p].set_incarnation(stamp);
         self.clear_attempt(p, conn);
         if let Some(c) = self.conn_mut(conn) {
             c.peer_stamp = stamp;
@@ -315,12 +333,14 @@ impl Endpoint {
             ConnectFailure::Rejected(private) => match KibRej::parse(private.as_bytes()) {
                 Ok((rej, _)) => {
                     LndStats::count_reject(&mut self.stats.rejects_received, rej.why);
+                    let replaced = self.names_replaced_instance(p, rej.incarnation);
                     let peer = &mut self.peers[p];
                     match rej.why {
                         RejectReason::ConnStale => {
-                            // Learn who the peer is now, so the retry names it.
-                            if rej.incarnation != 0 {
-                                peer.incarnation = rej.incarnation;
+                            // Learn who the peer is now, so the retry names it (not from a late
+                            // answer of an instance the one we are connected to replaced).
+                            if rej.incarnation != 0 && !replaced {
+                                peer.set_incarnation(rej.incarnation);
                             }
                             true
                         }
@@ -431,6 +451,23 @@ impl Endpoint {
             max_frags: MAX_RDMA_FRAGS as u16,
             max_msg_size: MSG_SIZE as u32,
         }
+    }
+
+    /// Whether `stamp` names an instance of the peer that the one we are connected to
+    /// replaced: a request (or answer) of it was in flight across the peer's restart. Only
+    /// while an established connection to the current instance, not on probation, shows that
+    /// one is alive: without it the current one may itself be the older (its late request
+    /// reached us after the newer one's), and refusing the newer would wedge the pair.
+    pub(super) fn names_replaced_instance(&self, p: PeerIdx, stamp: u64) -> bool {
+        let peer = &self.peers[p];
+        peer.is_superseded(stamp)
+            && peer.conns.iter().any(|&c| {
+                self.conn(c).is_some_and(|c| {
+                    c.state == ConnState::Established
+                        && !c.probation
+                        && c.peer_stamp == peer.incarnation
+                })
+            })
     }
 
     pub(super) fn reject(&mut self, req: RequestId, why: RejectReason) {

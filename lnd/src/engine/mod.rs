@@ -78,6 +78,9 @@ const MAX_ACCEPTING: usize = 4;
 /// the oldest of them (ours to it are not counted): a peer that loses its ends without telling
 /// us cannot pile up dead connections here.
 const MAX_CONNS_PER_PEER: usize = 8;
+/// How many replaced incarnations of a peer are remembered (enough for a few quick restarts in
+/// a row, each of whose requests may still be in flight).
+const SUPERSEDED_KEPT: usize = 4;
 
 type PeerIdx = usize;
 
@@ -239,6 +242,10 @@ struct Peer {
     nid: Nid,
     /// The peer's incarnation as last known; 0 = never known.
     incarnation: u64,
+    /// Incarnations of the peer that a newer one replaced, newest last (0 = empty slot): a
+    /// connect request still in flight from one of them when the new instance's came first
+    /// must not be taken for a "restart" back to it.
+    superseded: [u64; SUPERSEDED_KEPT],
     version: u16,
     queue_depth: u16,
     max_frags: u16,
@@ -294,6 +301,24 @@ impl Peer {
             || self.stalled.is_some()
             || !self.accepting.is_empty()
             || self.reconnect_timer.is_some()
+    }
+
+    /// Whether `stamp` names an instance of the peer that a newer one replaced.
+    fn is_superseded(&self, stamp: u64) -> bool {
+        stamp != 0 && self.superseded.contains(&stamp)
+    }
+
+    /// The peer is now instance `stamp`; the one we knew (if any, and not the same) is gone.
+    fn set_incarnation(&mut self, stamp: u64) {
+        let old = self.incarnation;
+        if let Some(s) = self.superseded.iter_mut().find(|s| **s == stamp) {
+            *s = 0;
+        }
+        if old != 0 && old != stamp && !self.superseded.contains(&old) {
+            self.superseded.rotate_left(1);
+            self.superseded[SUPERSEDED_KEPT - 1] = old;
+        }
+        self.incarnation = stamp;
     }
 }
 

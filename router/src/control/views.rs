@@ -63,7 +63,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 48] = [
+        let fields: [(&str, u64); 49] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -77,6 +77,7 @@ impl LndCounters {
             ("stale_abandons", s.stale_abandons),
             ("connect_hedges", s.connect_hedges),
             ("peer_reboots", s.peer_reboots),
+            ("superseded_connreqs", s.superseded_connreqs),
             ("peers_down", s.peers_down),
             ("silent_peers", s.silent_peers),
             ("tx_timeouts", s.tx_timeouts),
