@@ -117,6 +117,7 @@ net:
             lnd tunables:
                   peercredits_hiw: 4
                   concurrent_sends: 8
+                  conns_per_peer: 1
                   timeout: 50
                   keepalive: 100
 "
@@ -299,6 +300,7 @@ net:
             lnd tunables:
                   peercredits_hiw: 4
                   concurrent_sends: 8
+                  conns_per_peer: 1
                   timeout: 50
                   keepalive: 100
             checksum: \"off\"

@@ -43,6 +43,8 @@ pub struct NiToAdd {
     pub nid: Option<String>,
     /// (key, value) of the NI's `tunables:`; `None` leaves the default.
     pub tunables: [(&'static str, Option<u32>); 4],
+    /// `lnd tunables: conns_per_peer` (`--conns-per-peer`); `None` leaves the default.
+    pub conns_per_peer: Option<u32>,
     pub fabric: Option<String>,
     pub listen: Option<String>,
 }
@@ -108,6 +110,10 @@ impl NiToAdd {
             for (k, v) in given {
                 y += &format!("                {k}: {v}\n");
             }
+        }
+        if let Some(n) = self.conns_per_peer {
+            item(&mut y, "lnd tunables:".to_string());
+            y += &format!("                conns_per_peer: {n}\n");
         }
         Ok(y)
     }
@@ -326,6 +332,7 @@ mod tests {
                 ("peer_buffer_credits", None),
                 ("credits", None),
             ],
+            conns_per_peer: None,
             fabric: None,
             listen: Some("127.0.0.1:9870".into()),
         };
@@ -334,6 +341,15 @@ mod tests {
             "net:\n    - net type: \"o2ib1\"\n      local NI(s):\n        - interfaces:\n                \
              0: \"eth0\"\n          listen: \"127.0.0.1:9870\"\n          tunables:\n                \
              peer_credits: 16\n"
+        );
+        let mut four = add(Some("o2ib1"), Some("eth0"), None);
+        four.conns_per_peer = Some(4);
+        assert!(
+            four.document()
+                .unwrap()
+                .ends_with("          lnd tunables:\n                conns_per_peer: 4\n"),
+            "{:?}",
+            four.document()
         );
         let by_nid = add(None, None, Some("10.0.0.1@o2ib")).document().unwrap();
         assert!(by_nid.starts_with("net:\n    - net type: \"o2ib\"\n      local NI(s):\n        - nid: \"10.0.0.1@o2ib\"\n"), "{by_nid}");

@@ -280,7 +280,8 @@ enum NetCmd {
         /// Accepted and ignored (one NI is one loop, on its own thread)
         #[arg(short = 's', long, value_name = "EXPR")]
         cpt: Option<String>,
-        /// Accepted and ignored (o2iblnd's conns_per_peer: ulnet keeps one connection)
+        /// Connections the NI opens to each peer (o2iblnd's conns_per_peer, 1-127; 0 or unset:
+        /// 1). Each has its own peer credits: a router towards a busy server takes more
         #[arg(short = 'm', long, value_name = "N")]
         conns_per_peer: Option<u32>,
         /// Accepted and ignored (no Multi-Rail routes to set up)
@@ -731,7 +732,7 @@ fn run(cli: Cli) -> u8 {
                     peer_buffer_credits,
                     credits,
                     cpt: _,
-                    conns_per_peer: _,
+                    conns_per_peer,
                     skip_mr_route_setup: _,
                     ip2net,
                     fabric,
@@ -752,6 +753,7 @@ fn run(cli: Cli) -> u8 {
                     ("peer_buffer_credits", peer_buffer_credits),
                     ("credits", credits),
                 ],
+                conns_per_peer,
                 fabric,
                 listen,
             };

@@ -239,6 +239,7 @@ pub(crate) fn lnd_tunables(l: &LndTunables) -> Map {
     Map::new()
         .with("peercredits_hiw", l.peercredits_hiw)
         .with("concurrent_sends", l.concurrent_sends)
+        .with("conns_per_peer", l.conns_per_peer)
         .with("timeout", l.timeout)
         .with("keepalive", l.keepalive)
 }
@@ -664,6 +665,7 @@ net:
             lnd tunables:
                   peercredits_hiw: 4
                   concurrent_sends: 8
+                  conns_per_peer: 1
                   timeout: 50
                   keepalive: 100
 "

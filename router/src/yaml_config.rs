@@ -24,7 +24,7 @@
 //! Unknown keys and bad values are errors naming the file and the line
 //! (`lnet.yaml:7: unknown key 'peer_credit' (did you mean peer_credits?)`). Keys that
 //! `lnetctl export` writes but that mean nothing here (`status`, `interfaces`, `dev cpt`, `CPT`,
-//! `map_on_demand`, the FMR pool sizes, `ntx`, `conns_per_peer`, `tos`) are accepted and ignored.
+//! `map_on_demand`, the FMR pool sizes, `ntx`, `tos`) are accepted and ignored.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -905,8 +905,9 @@ struct RawLndTunables {
     fmr_cache: Option<IgnoredAny>,
     #[serde(default)]
     ntx: Option<IgnoredAny>,
+    /// o2iblnd's: connections opened to each peer (0: 1).
     #[serde(default)]
-    conns_per_peer: Option<IgnoredAny>,
+    conns_per_peer: Option<Spanned<u32>>,
     #[serde(default)]
     tos: Option<IgnoredAny>,
 }
@@ -1049,12 +1050,15 @@ fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Locat
         86400,
         "keepalive",
     )?;
+    // As the kernel's setter (o2iblnd.c, kiblnd_nl_set: 0..127, 0 meaning the default of 1).
+    let cpp = checked(&l.conns_per_peer, 1, 0, 127, "conns_per_peer")?.max(1);
     Ok(Tunables {
         peer_credits,
         peer_credits_hiw: hiw as u16,
         concurrent_sends: cs as u16,
         timeout: Duration::from_secs(u64::from(timeout)),
         keepalive: Duration::from_secs(u64::from(keepalive)),
+        conns_per_peer: cpp as u16,
         ..d
     })
 }
@@ -1159,7 +1163,30 @@ peers:
         assert_eq!(ni.ni.tunables.concurrent_sends, 16);
         assert_eq!(ni.ni.tunables.timeout, Duration::from_secs(40));
         assert_eq!(ni.ni.tunables.keepalive, Duration::from_secs(90));
+        assert_eq!(ni.ni.tunables.conns_per_peer, 1, "o2iblnd's default");
         assert_eq!(ni.line, 5);
+        // o2iblnd's conns_per_peer: 0 is its default of 1, 127 at most (kiblnd_nl_set).
+        for (v, want) in [
+            ("0", Ok(1)),
+            ("4", Ok(4)),
+            ("127", Ok(127)),
+            ("128", Err(())),
+        ] {
+            let y = GOOD.replace(
+                "              keepalive: 90\n",
+                &format!("              keepalive: 90\n              conns_per_peer: {v}\n"),
+            );
+            match (DaemonConfig::parse(&y, "t.yaml"), want) {
+                (Ok(c), Ok(n)) => {
+                    assert_eq!(c.nis().next().unwrap().1.ni.tunables.conns_per_peer, n)
+                }
+                (Err(e), Err(())) => {
+                    let e = e.to_string();
+                    assert!(e.contains("t.yaml:18: conns_per_peer"), "{e}");
+                }
+                (got, want) => panic!("conns_per_peer {v}: {:?} for {want:?}", got.is_ok()),
+            }
+        }
         let peer: Nid = "10.0.0.2@o2ib".parse().unwrap();
         assert_eq!(c.peers[&peer], "127.0.0.1:9871".parse().unwrap());
         let node = c.node_config(77);

@@ -308,3 +308,78 @@ mod hostile_input {
         }
     }
 }
+
+/// o2iblnd's `conns_per_peer`: A opens three connections to B, one after the other, B keeps all
+/// three (as kiblnd_passive_connect does, ulnet or kernel rules), and a burst of 24 messages is
+/// spread over them so that each connection's 8 credits are used at once, where one connection
+/// would post 8 and queue 16. Every message arrives once.
+#[test]
+fn conns_per_peer_opens_that_many_and_spreads_messages_over_their_credits() {
+    for (cpp, policy) in [
+        (3u16, RacePolicy::Ulnet),
+        (3, RacePolicy::Lu17480),
+        (1, RacePolicy::Ulnet),
+    ] {
+        let mut ta = Tunables::default();
+        ta.conns_per_peer = cpp;
+        let mut w = World::new(SimConfig::with_seed(5));
+        let a = w.add_node(EndpointConfig {
+            tunables: ta,
+            ..EndpointConfig::new(nid(A), 11)
+        });
+        let b = w.add_node(EndpointConfig {
+            race_policy: policy,
+            ..EndpointConfig::new(nid(B), 22)
+        });
+        let first = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
+        w.run_for(Duration::from_millis(200));
+        assert_eq!(
+            w.outcome(first).map(|(_, o)| o),
+            Some(SendOutcome::Delivered)
+        );
+        let ctx = format!("conns_per_peer {cpp}, B on {policy:?}");
+        let ours = |w: &World| {
+            w.endpoint(a)
+                .unwrap()
+                .conns()
+                .filter(|c| c.active && c.state == ConnState::Established)
+                .count()
+        };
+        assert_eq!(ours(&w), usize::from(cpp), "{ctx}");
+        assert_eq!(
+            w.endpoint(b).unwrap().peer(nid(A)).unwrap().established,
+            usize::from(cpp),
+            "{ctx}: B kept them all"
+        );
+        // How messages sit on A's connections: credits in use, and queued.
+        let load = |w: &World| {
+            w.endpoint(a)
+                .unwrap()
+                .conns()
+                .filter(|c| c.state == ConnState::Established)
+                .fold((0u16, 0usize), |(p, q), c| {
+                    (p + (c.queue_depth - c.credits), q + c.queued)
+                })
+        };
+        let (before, _) = load(&w);
+        let cookies: Vec<u64> = (0..24)
+            .map(|_| w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![1; 8]))
+            .collect();
+        // Before anything completes.
+        let (after, queued) = load(&w);
+        let free = 8 * cpp - before;
+        assert_eq!(after - before, free.min(24), "{ctx}: credits used at once");
+        assert_eq!(queued, 24 - usize::from(free.min(24)), "{ctx}: queued");
+        w.run_for(Duration::from_secs(1));
+        for c in cookies {
+            assert_eq!(
+                w.outcome(c).map(|(_, o)| o),
+                Some(SendOutcome::Delivered),
+                "{ctx}"
+            );
+        }
+        assert_eq!(w.received_count(b), 25, "{ctx}");
+        assert_eq!(stats(&w, a).connects, u64::from(cpp), "{ctx}: no churn");
+        assert_eq!(w.invalid_transitions(), 0);
+    }
+}

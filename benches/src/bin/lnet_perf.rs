@@ -34,7 +34,8 @@
 //! client's samples, the rate their sum. At the end: `FIGURE cpu_seconds client=.. server=..
 //! router=..` (user + system time of each process over the whole run), and with a router
 //! `FIGURE router_books received=.. forwarded=.. dropped=.. in_flight=..` (its counters after
-//! the run; exit 1 if they do not reconcile). `--router-arg ARG` passes ARG to the router.
+//! the run; exit 1 if they do not reconcile). `--router-arg ARG` passes ARG to the router;
+//! `--router-conns-per-peer N` gives its NIs o2iblnd's `conns_per_peer` (default 1).
 //! `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) for SECS once the stream runs, with
 //! a `SAMPLE stall` line every 250 ms (PUTs completed at the clients, the router's RSS and held
 //! messages) and `FIGURE router_rss_kib`; then B continues and the rate is measured.
@@ -136,6 +137,12 @@ struct Opts {
     clients: usize,
     /// The router's NIs' busy-poll budget (default: the same as the nodes').
     router_busy_poll: Option<StdDuration>,
+    /// `--router-conns-per-peer N`: the router's NIs open N connections to each peer
+    /// (o2iblnd's conns_per_peer; default 1).
+    router_conns_per_peer: u16,
+    /// `--server-peer-credits C`: peer_credits of B and of the router's NIs (the servers and
+    /// routers a site tunes), the clients keeping `--peer-credits`.
+    server_peer_credits: Option<u32>,
     /// `--router-arg ARG` (repeatable): more arguments for the router daemon.
     router_args: Vec<String>,
     /// `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) this long once the stream
@@ -184,6 +191,7 @@ fn usage() -> ExitCode {
          [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
+         [--router-conns-per-peer N] \
          [--router-arg ARG]...] [--stall-server SECS]"
     );
     ExitCode::from(2)
@@ -205,6 +213,8 @@ fn parse_args() -> Option<Opts> {
         routed: false,
         clients: 1,
         router_busy_poll: None,
+        router_conns_per_peer: 1,
+        server_peer_credits: None,
         router_args: Vec::new(),
         stall_server: None,
         size: 1 << 20,
@@ -255,6 +265,12 @@ fn parse_args() -> Option<Opts> {
                 opts.router_busy_poll = Some(StdDuration::from_micros(val?.parse().ok()?))
             }
             "--router-arg" => opts.router_args.push(val?.clone()),
+            "--server-peer-credits" => {
+                opts.server_peer_credits = Some(val?.parse().ok().filter(|&c| c > 0)?)
+            }
+            "--router-conns-per-peer" => {
+                opts.router_conns_per_peer = val?.parse().ok().filter(|n| (1..=127).contains(n))?
+            }
             "--stall-server" => {
                 opts.stall_server = Some(StdDuration::from_secs_f64(
                     val?.parse().ok().filter(|&s: &f64| s > 0.0 && s <= 600.0)?,
@@ -558,12 +574,13 @@ impl Router {
         }
         let dir = std::env::temp_dir().join(format!("lnet_perf-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let pc = opts.peer_credits;
+        let pc = opts.server_peer_credits.unwrap_or(opts.peer_credits);
         let ni = |n: &str, net: &str| {
             format!(
-                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: 127.0.0.1:0\n          busy poll us: {}\n          tunables:\n              peer_credits: {pc}\n              credits: {}\n",
+                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: 127.0.0.1:0\n          busy poll us: {}\n          tunables:\n              peer_credits: {pc}\n              credits: {}\n          lnd tunables:\n              conns_per_peer: {}\n",
                 opts.router_busy_poll.unwrap_or(opts.busy_poll).as_micros(),
-                (pc * 64).max(256)
+                (pc * 64).max(256),
+                opts.router_conns_per_peer
             )
         };
         let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
@@ -705,7 +722,7 @@ impl Server {
             .args([
                 "--serve".to_string(),
                 "--peer-credits".into(),
-                opts.peer_credits.to_string(),
+                opts.server_peer_credits.unwrap_or(opts.peer_credits).to_string(),
                 "--max-wait-us".into(),
                 opts.max_wait.as_micros().to_string(),
                 "--busy-poll-us".into(),

@@ -148,6 +148,12 @@ pub struct Tunables {
     /// and two in a row cost one deadline rather than two. At most two attempts per peer are in
     /// flight, so a failed pair leaves at most one zombie at a time.
     pub connect_hedge: Duration,
+    /// Connections we open to each peer (o2iblnd's `conns_per_peer`, 1..=127; 1 as its
+    /// default). Each has its own `peer_credits`, so N connections carry N times the messages
+    /// in flight: what a router needs towards a busy server. The first is opened when messages
+    /// wait, each further one once the one before it is up; new messages take them in turn
+    /// (kiblnd_get_conn_locked) when there are several.
+    pub conns_per_peer: u16,
 }
 
 impl Default for Tunables {
@@ -166,6 +172,7 @@ impl Default for Tunables {
             reconnect_jitter: Duration::from_millis(250),
             race_retry_interval: Duration::from_millis(100),
             connect_hedge: Duration::from_secs(1),
+            conns_per_peer: 1,
         }
     }
 }

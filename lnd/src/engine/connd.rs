@@ -81,6 +81,7 @@ impl Endpoint {
             active: None,
             stalled: None,
             accepting: Vec::new(),
+            next_conn: 0,
             zombies: 0,
             peak_zombies: 0,
             reconnect_wanted: false,
@@ -199,6 +200,34 @@ impl Endpoint {
                 return;
             }
         }
+        self.connect_now(p);
+    }
+
+    /// o2iblnd's `conns_per_peer`: once one of our connections to a peer is up, the next one is
+    /// opened, one at a time, until `conns_per_peer` of ours are up. The peer's connections to
+    /// us are not counted (they carry its credits, not ours), nor a self-connection. One that
+    /// fails is not retried until another of ours comes up: the peer is served meanwhile.
+    pub(super) fn maybe_add_conn(&mut self, p: PeerIdx) {
+        let want = usize::from(self.cfg.tunables.conns_per_peer);
+        let peer = &self.peers[p];
+        if want < 2
+            || self.shutting_down
+            || peer.nid == self.cfg.nid
+            || peer.active.is_some()
+            || peer.stalled.is_some()
+            || peer.zombies > 0
+        {
+            return;
+        }
+        let ours = peer
+            .conns
+            .iter()
+            .filter(|&&c| self.conn(c).is_some_and(|c| c.active))
+            .count();
+        if ours == 0 || ours >= want {
+            return;
+        }
+        trace!(peer = %peer.nid, ours, want, "conns_per_peer: one more");
         self.connect_now(p);
     }
 

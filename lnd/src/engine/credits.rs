@@ -39,18 +39,31 @@ impl Endpoint {
     /// over `ibp_conns`; LNet does not need order, ulnet keeps it.) A connection on probation
     /// (the peer asked for a new one while it was up, and may have lost its end) is passed over
     /// while another is up, until the peer is heard on it again.
-    pub(super) fn pick_conn(&self, p: PeerIdx) -> Option<ConnId> {
+    /// With `conns_per_peer` above 1, messages take the connections in turn instead, as
+    /// o2iblnd's do, so each connection's credits are used.
+    pub(super) fn pick_conn(&mut self, p: PeerIdx) -> Option<ConnId> {
         let peer = &self.peers[p];
-        for &c in &peer.conns {
-            let Some(x) = self.conn(c) else { continue };
-            if !x.probation {
-                return Some(c);
+        let n = peer.conns.len();
+        if n == 0 {
+            return None;
+        }
+        // LNet messages still on a connection on probation must not be overtaken by a newer
+        // one: hold new ones at the peer until the probe answers (or the connection closes).
+        if peer.conns.iter().any(|&c| {
+            self.conn(c).is_some_and(|x| x.probation) && self.carries_messages(c)
+        }) {
+            return None;
+        }
+        let spread = self.cfg.tunables.conns_per_peer > 1;
+        let start = if spread { peer.next_conn % n } else { 0 };
+        let usable = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| self.conn(peer.conns[i]).is_some_and(|c| !c.probation));
+        if let Some(i) = usable {
+            if spread {
+                self.peers[p].next_conn = i + 1;
             }
-            // LNet messages wait on this one: a newer connection must not overtake them;
-            // hold new ones at the peer until the probe answers (or the connection closes).
-            if self.carries_messages(c) {
-                return None;
-            }
+            return Some(self.peers[p].conns[i]);
         }
         if !peer.accepting.is_empty() {
             return None;

@@ -301,6 +301,7 @@ impl Endpoint {
             debug!(peer = %self.peers[p].nid, ?other, "the other attempt of the pair is not needed");
             self.handshake_failed(other, None, false, true);
         }
+        self.maybe_add_conn(p);
     }
 
     /// `conn` is no longer one of the peer's active connects in flight.

@@ -74,10 +74,10 @@ const MAX_NOOPS_POSTED: u16 = 2;
 /// beside a slow one, or o2iblnd's `conns_per_peer`). A request beyond it supersedes the oldest,
 /// so a peer that keeps asking is bounded, not refused.
 const MAX_ACCEPTING: usize = 4;
-/// Established connections one peer instance may have opened to us. A request beyond it closes
-/// the oldest of them (ours to it are not counted): a peer that loses its ends without telling
-/// us cannot pile up dead connections here.
-const MAX_CONNS_PER_PEER: usize = 8;
+/// Established connections one peer instance may have opened to us: o2iblnd's largest
+/// `conns_per_peer`. A request beyond it closes the oldest of them (ours to it are not counted):
+/// a peer that loses its ends without telling us cannot pile up dead connections here.
+pub const MAX_CONNS_PER_PEER: usize = 127;
 /// How many replaced incarnations of a peer are remembered (enough for a few quick restarts in
 /// a row, each of whose requests may still be in flight).
 const SUPERSEDED_KEPT: usize = 4;
@@ -288,6 +288,9 @@ struct Peer {
     reported_down: bool,
     /// The checksum flavour the peer's own checksummed messages use, once seen.
     cksum: Option<CksumFlavour>,
+    /// Where the next message starts looking when `conns_per_peer` spreads them over several
+    /// connections (kiblnd_get_conn_locked's ibp_next_conn).
+    next_conn: usize,
     /// Races in which both sides refused each other since we last switched order for this
     /// peer.
     disagreements: u32,

@@ -417,6 +417,9 @@ pub struct LndTunables {
     /// In effect (a configured 0 means peer_credits / 2), as the kernel shows it.
     pub peercredits_hiw: u32,
     pub concurrent_sends: u32,
+    /// Connections opened to each peer (o2iblnd's).
+    #[serde(default = "one")]
+    pub conns_per_peer: u32,
     /// Seconds.
     pub timeout: u64,
     /// Seconds.
@@ -894,4 +897,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// serde's default for a count that is at least one.
+fn one() -> u32 {
+    1
 }

@@ -176,6 +176,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                     ni.lnd_tunables.credits_hiw(ni.lnd_tunables.queue_depth()),
                 ),
                 concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends()),
+                conns_per_peer: u32::from(ni.lnd_tunables.conns_per_peer),
                 timeout: ni.lnd_tunables.timeout.as_secs(),
                 keepalive: ni.lnd_tunables.keepalive.as_secs(),
             }),
