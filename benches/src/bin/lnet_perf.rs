@@ -36,6 +36,9 @@
 //! `FIGURE router_books received=.. forwarded=.. dropped=.. in_flight=..` (its counters after
 //! the run; exit 1 if they do not reconcile). `--router-arg ARG` passes ARG to the router;
 //! `--router-conns-per-peer N` gives its NIs o2iblnd's `conns_per_peer` (default 1).
+//! `--server-peer-credits C` gives B and the router's NIs peer_credits C (as a site tunes its
+//! servers and routers), the clients keeping `--peer-credits`; a connection's queue depth is
+//! its active side's, so client connections stay at the clients' credits.
 //! `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) for SECS once the stream runs, with
 //! a `SAMPLE stall` line every 250 ms (PUTs completed at the clients, the router's RSS and held
 //! messages) and `FIGURE router_rss_kib`; then B continues and the rate is measured.
@@ -191,7 +194,7 @@ fn usage() -> ExitCode {
          [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
-         [--router-conns-per-peer N] \
+         [--router-conns-per-peer N] [--server-peer-credits C] \
          [--router-arg ARG]...] [--stall-server SECS]"
     );
     ExitCode::from(2)
@@ -722,7 +725,9 @@ impl Server {
             .args([
                 "--serve".to_string(),
                 "--peer-credits".into(),
-                opts.server_peer_credits.unwrap_or(opts.peer_credits).to_string(),
+                opts.server_peer_credits
+                    .unwrap_or(opts.peer_credits)
+                    .to_string(),
                 "--max-wait-us".into(),
                 opts.max_wait.as_micros().to_string(),
                 "--busy-poll-us".into(),
