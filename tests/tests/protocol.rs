@@ -320,8 +320,10 @@ fn conns_per_peer_opens_that_many_and_spreads_messages_over_their_credits() {
         (3, RacePolicy::Lu17480),
         (1, RacePolicy::Ulnet),
     ] {
-        let mut ta = Tunables::default();
-        ta.conns_per_peer = cpp;
+        let ta = Tunables {
+            conns_per_peer: cpp,
+            ..Tunables::default()
+        };
         let mut w = World::new(SimConfig::with_seed(5));
         let a = w.add_node(EndpointConfig {
             tunables: ta,

@@ -82,6 +82,7 @@ impl Endpoint {
             stalled: None,
             accepting: Vec::new(),
             next_conn: 0,
+            add_conn_after_reap: false,
             zombies: 0,
             peak_zombies: 0,
             reconnect_wanted: false,
@@ -208,15 +209,20 @@ impl Endpoint {
     /// us are not counted (they carry its credits, not ours), nor a self-connection. One that
     /// fails is not retried until another of ours comes up: the peer is served meanwhile.
     pub(super) fn maybe_add_conn(&mut self, p: PeerIdx) {
-        let want = usize::from(self.cfg.tunables.conns_per_peer);
+        let want = usize::from(self.cfg.tunables.conns_per_peer).min(MAX_CONNS_PER_PEER);
         let peer = &self.peers[p];
         if want < 2
             || self.shutting_down
             || peer.nid == self.cfg.nid
             || peer.active.is_some()
             || peer.stalled.is_some()
-            || peer.zombies > 0
         {
+            return;
+        }
+        if peer.zombies > 0 {
+            // Not beside a connection being torn down (the loser of a hedged pair, say): once
+            // it is reaped (`reap`).
+            self.peers[p].add_conn_after_reap = true;
             return;
         }
         let ours = peer
@@ -383,6 +389,10 @@ impl Endpoint {
         }
         // A failed attempt of a pair is gone: the one left may need its second again.
         self.maybe_hedge(p);
+        // An extra connection (conns_per_peer) put off while this zombie was torn down.
+        if self.peers[p].zombies == 0 && std::mem::take(&mut self.peers[p].add_conn_after_reap) {
+            self.maybe_add_conn(p);
+        }
         let peer = &self.peers[p];
         if peer.conns.is_empty()
             && !peer.connecting()

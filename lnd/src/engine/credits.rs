@@ -49,9 +49,11 @@ impl Endpoint {
         }
         // LNet messages still on a connection on probation must not be overtaken by a newer
         // one: hold new ones at the peer until the probe answers (or the connection closes).
-        if peer.conns.iter().any(|&c| {
-            self.conn(c).is_some_and(|x| x.probation) && self.carries_messages(c)
-        }) {
+        if peer
+            .conns
+            .iter()
+            .any(|&c| self.conn(c).is_some_and(|x| x.probation) && self.carries_messages(c))
+        {
             return None;
         }
         let spread = self.cfg.tunables.conns_per_peer > 1;

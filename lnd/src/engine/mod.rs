@@ -291,6 +291,8 @@ struct Peer {
     /// Where the next message starts looking when `conns_per_peer` spreads them over several
     /// connections (kiblnd_get_conn_locked's ibp_next_conn).
     next_conn: usize,
+    /// `maybe_add_conn` was put off while a zombie of the peer's was being torn down.
+    add_conn_after_reap: bool,
     /// Races in which both sides refused each other since we last switched order for this
     /// peer.
     disagreements: u32,

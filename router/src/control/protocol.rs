@@ -837,6 +837,11 @@ pub fn encode_response(resp: &Response) -> String {
     format!("{{\"v\":{PROTOCOL_VERSION},\"resp\":{inner}}}\n")
 }
 
+/// serde's default for a count that is at least one.
+fn one() -> u32 {
+    1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -897,9 +902,4 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
-}
-
-/// serde's default for a count that is at least one.
-fn one() -> u32 {
-    1
 }
