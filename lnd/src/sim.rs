@@ -19,7 +19,10 @@
 //!   `Accept` sends a reply that reaches the active side after `cm_latency` (active
 //!   `handle_established` with the CONNACK); the passive side gets its own `handle_established`
 //!   (empty private data) one more `cm_latency` later, when the RTU would arrive, so data from the
-//!   active side can beat it (LU-8303). `Reject` reaches the active side as
+//!   active side can beat it (LU-8303). Data that does is itself the proof: as InfiniBand raises
+//!   COMM_EST on the passive queue pair and o2iblnd turns it into ESTABLISHED (rdma_notify), the
+//!   passive side gets `handle_established` just before that first message, and a lost RTU then
+//!   fails nothing. `Reject` reaches the active side as
 //!   [`ConnectFailure::Rejected`]. A NID that no node has, a crashed node, a partition, or a lost
 //!   CM message make the attempt fail with [`ConnectFailure::Unreachable`] `unreachable_after` after
 //!   it started; a node whose endpoint was shut down answers [`ConnectFailure::NoListener`].
@@ -554,6 +557,8 @@ pub struct SimStats {
     pub orphaned: u64,
     /// Events for ends already destroyed (or for a node instance that is gone), dropped.
     pub dropped_late_events: u64,
+    /// Passive ends established by their first message before the RTU (COMM_EST).
+    pub comm_est: u64,
     /// `Connect` actions.
     pub connects: u64,
     /// Connects chosen to be stuck (no event ever).
@@ -803,6 +808,11 @@ enum Ev {
     Rtu {
         passive: u64,
         active_node: NodeId,
+    },
+    /// The RTU was lost (or cut): the passive end fails unless data established it meanwhile
+    /// (COMM_EST).
+    RtuLost {
+        passive: u64,
     },
     Rejected {
         active: u64,
@@ -2204,6 +2214,26 @@ impl<N: SimNode> World<N> {
             self.stats.messages += 1;
             self.stats.bytes += bytes.len() as u64;
             self.complete(uid, wqe.wr, WcStatus::Success, now + latency);
+            if let Some(pe) = self
+                .ends
+                .get_mut(&p)
+                .filter(|pe| pe.state == EndState::Accepting)
+            {
+                // COMM_EST: a message on a passive queue pair whose RTU has not come proves
+                // the connection up (o2iblnd: kiblnd_qp_event -> rdma_notify -> ESTABLISHED).
+                pe.state = EndState::Established;
+                self.stats.comm_est += 1;
+                trace!(at = %now, node = %self.nid_of(pn), conn = ?pconn, "established (COMM_EST)");
+                if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
+                    ep.fabric_event(
+                        now,
+                        FabricEvent::Established {
+                            conn: pconn,
+                            private: &[],
+                        },
+                    );
+                }
+            }
             if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
                 ep.fabric_event(
                     now,
@@ -2367,10 +2397,7 @@ impl<N: SimNode> World<N> {
                             active_node,
                         },
                     ),
-                    None => self.push(
-                        now + self.cfg.unreachable_after,
-                        Ev::Disconnected { end: passive },
-                    ),
+                    None => self.push(now + self.cfg.unreachable_after, Ev::RtuLost { passive }),
                 }
             }
             Ev::Rtu {
@@ -2385,10 +2412,7 @@ impl<N: SimNode> World<N> {
                 }
                 let (pn, conn) = (e.node, e.conn);
                 if self.blocked(active_node, pn) {
-                    self.push(
-                        now + self.cfg.unreachable_after,
-                        Ev::Disconnected { end: passive },
-                    );
+                    self.push(now + self.cfg.unreachable_after, Ev::RtuLost { passive });
                     return;
                 }
                 if let Some(e) = self.ends.get_mut(&passive) {
@@ -2420,6 +2444,12 @@ impl<N: SimNode> World<N> {
                 self.deliver_connect_failed(active, ConnectFailure::Rejected(private));
             }
             Ev::ConnFailed { end, why } => self.deliver_connect_failed(end, why),
+            Ev::RtuLost { passive } => match self.ends.get(&passive) {
+                Some(e) if e.state == EndState::Accepting => {
+                    self.dispatch(at, Ev::Disconnected { end: passive });
+                }
+                _ => self.late("rtu lost"),
+            },
             Ev::Disconnected { end } => {
                 let Some(e) = self.ends.get_mut(&end) else {
                     return self.late("disconnected");

@@ -1312,6 +1312,13 @@ impl VerbsFabric {
             let mut bytes = vec![0u8; n];
             res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
             self.stats.early_rx += 1;
+            if c.early.is_empty() && !c.active {
+                // The data proves the connection up: have the CM say ESTABLISHED now, so that
+                // a lost RTU does not fail the accept and drop this (LU-8303).
+                if let Some(Err(e)) = c.id.as_mut().map(CmId::notify_established) {
+                    debug!(?conn, "verbs fabric: rdma_notify(COMM_EST): {e}");
+                }
+            }
             c.early.push((slot, bytes));
             return;
         }

@@ -1273,6 +1273,16 @@ impl CmId {
         check(unsafe { sys::rdma_disconnect(self.raw.as_ptr()) })
     }
 
+    /// Tells the CM the connection is up although its RTU has not come: a message arrived on
+    /// the accepted queue pair (InfiniBand's COMM_EST). The CM then reports ESTABLISHED rather
+    /// than fail the accept if the RTU is lost (o2iblnd: kiblnd_qp_event calls rdma_notify).
+    pub fn notify_established(&mut self) -> io::Result<()> {
+        // SAFETY: live id of an accepted connection, with a QP.
+        check(unsafe {
+            sys::rdma_notify(self.raw.as_ptr(), sys::ibv_event_type::IBV_EVENT_COMM_EST)
+        })
+    }
+
     /// Destroys the QP (if any), then releases what it pinned (CQ, MRs, PD references).
     pub fn destroy_qp(&mut self) {
         if self.qp.is_some() {
