@@ -1312,7 +1312,7 @@ impl VerbsFabric {
             let mut bytes = vec![0u8; n];
             res.rx.read(usize::from(slot) * MSG_SIZE, &mut bytes);
             self.stats.early_rx += 1;
-            if c.early.is_empty() && !c.active {
+            if c.early.is_empty() && !c.active && c.phase == Phase::Accepting {
                 // The data proves the connection up: have the CM say ESTABLISHED now, so that
                 // a lost RTU does not fail the accept and drop this (LU-8303).
                 if let Some(Err(e)) = c.id.as_mut().map(CmId::notify_established) {

@@ -17,6 +17,8 @@ struct Pair {
     next_req: u64,
     received: [Vec<LndEvent>; 2],
     done: [Vec<LndEvent>; 2],
+    /// When set, the passive side's ESTABLISHED is kept here instead of queued (its RTU late).
+    held_rtu: Option<Vec<(usize, Work)>>,
 }
 
 enum Work {
@@ -51,6 +53,7 @@ impl Pair {
             next_req: 0,
             received: [Vec::new(), Vec::new()],
             done: [Vec::new(), Vec::new()],
+            held_rtu: None,
         }
     }
 
@@ -78,8 +81,11 @@ impl Pair {
                         self.links.insert((i, conn), (from, fconn));
                         self.queue
                             .push_back((from, Work::Established(fconn, private)));
-                        self.queue
-                            .push_back((i, Work::Established(conn, PrivateData::EMPTY)));
+                        let rtu = (i, Work::Established(conn, PrivateData::EMPTY));
+                        match self.held_rtu.as_mut() {
+                            Some(held) => held.push(rtu),
+                            None => self.queue.push_back(rtu),
+                        }
                     }
                     FabricAction::Reject { req, private } => {
                         let (from, fconn) = self.pending_connects.remove(&req.0).unwrap();
@@ -196,6 +202,39 @@ fn two_endpoints_exchange_messages() {
     }
     // Credits flowed back: more than queue-depth messages went each way.
     assert!(p.eps[0].stats().msgs_sent >= 100);
+}
+
+/// LU-8303: the active side sends as soon as the CONNACK arrives; what reaches the passive side
+/// before its ESTABLISHED is kept (kiblnd's ibc_early_rxs) and delivered, in order, once it
+/// comes. (The fabrics now establish the passive side at the first message, COMM_EST, so this
+/// path is reached only when a driver reports data first.)
+#[test]
+fn messages_before_the_passive_established_are_kept_for_it() {
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.held_rtu = Some(Vec::new());
+    for i in 0..3u64 {
+        p.eps[0]
+            .send(p.now, b, LnetHdr::put(a, b, 4, 4, i), vec![i as u8; 4], i)
+            .unwrap();
+    }
+    p.run();
+    assert!(p.received[1].is_empty(), "delivered before ESTABLISHED");
+    let held = p.held_rtu.take().unwrap();
+    assert_eq!(held.len(), 1);
+    p.queue.extend(held);
+    p.run();
+    let bits: Vec<u64> = p.received[1]
+        .iter()
+        .map(|e| match e {
+            LndEvent::Received { hdr, .. } => match hdr.body {
+                crate::wire::LnetBody::Put { match_bits, .. } => match_bits,
+                _ => u64::MAX,
+            },
+            _ => u64::MAX,
+        })
+        .collect();
+    assert_eq!(bits, vec![0, 1, 2]);
 }
 
 #[test]
