@@ -2214,25 +2214,15 @@ impl<N: SimNode> World<N> {
             self.stats.messages += 1;
             self.stats.bytes += bytes.len() as u64;
             self.complete(uid, wqe.wr, WcStatus::Success, now + latency);
-            if let Some(pe) = self
+            if self
                 .ends
-                .get_mut(&p)
-                .filter(|pe| pe.state == EndState::Accepting)
+                .get(&p)
+                .is_some_and(|pe| pe.state == EndState::Accepting)
             {
                 // COMM_EST: a message on a passive queue pair whose RTU has not come proves
                 // the connection up (o2iblnd: kiblnd_qp_event -> rdma_notify -> ESTABLISHED).
-                pe.state = EndState::Established;
                 self.stats.comm_est += 1;
-                trace!(at = %now, node = %self.nid_of(pn), conn = ?pconn, "established (COMM_EST)");
-                if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
-                    ep.fabric_event(
-                        now,
-                        FabricEvent::Established {
-                            conn: pconn,
-                            private: &[],
-                        },
-                    );
-                }
+                self.establish_passive(p, "established (passive, COMM_EST)");
             }
             if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
                 ep.fabric_event(
@@ -2249,6 +2239,20 @@ impl<N: SimNode> World<N> {
     }
 
     // ------------------------------------------------------------------ internals: events
+
+    /// The passive end `end` is up (its RTU came, or its first message: COMM_EST); its
+    /// endpoint gets `handle_established` with empty private data. The caller drains the node.
+    fn establish_passive(&mut self, end: u64, what: &'static str) {
+        let Some(e) = self.ends.get_mut(&end) else {
+            return;
+        };
+        e.state = EndState::Established;
+        let (n, conn) = (e.node, e.conn);
+        trace!(at = %self.now, node = %self.nid_of(n), ?conn, "{what}");
+        if let Some(ep) = self.nodes[n.idx()].ep.as_mut() {
+            ep.fabric_event(self.now, FabricEvent::Established { conn, private: &[] });
+        }
+    }
 
     fn late(&mut self, what: &str) {
         self.stats.dropped_late_events += 1;
@@ -2410,18 +2414,12 @@ impl<N: SimNode> World<N> {
                 if e.state != EndState::Accepting {
                     return self.late("rtu");
                 }
-                let (pn, conn) = (e.node, e.conn);
+                let pn = e.node;
                 if self.blocked(active_node, pn) {
                     self.push(now + self.cfg.unreachable_after, Ev::RtuLost { passive });
                     return;
                 }
-                if let Some(e) = self.ends.get_mut(&passive) {
-                    e.state = EndState::Established;
-                }
-                trace!(at = %now, node = %self.nid_of(pn), ?conn, "established (passive)");
-                if let Some(ep) = self.nodes[pn.idx()].ep.as_mut() {
-                    ep.fabric_event(now, FabricEvent::Established { conn, private: &[] });
-                }
+                self.establish_passive(passive, "established (passive)");
                 self.drain(pn, false);
             }
             Ev::Rejected {

@@ -11,6 +11,12 @@ pub fn put_hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 0x5eed)
 }
 
+/// Node `from` sends node `to` an 8-byte PUT with match bits `bits`; the cookie of its outcome.
+pub fn send_put(w: &mut World, from: NodeId, to: NodeId, bits: u64) -> u64 {
+    let (s, d) = (w.nid_of(from), w.nid_of(to));
+    w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
+}
+
 /// `10.0.0.1@o2ib`: the router in scenarios; lower than every client under both race orders.
 pub fn router_nid() -> Nid {
     "10.0.0.1@o2ib".parse().expect("valid NID")

@@ -9,11 +9,12 @@
 //! one that the peer connected to first uses the peer's connections and opens none of its own.
 
 use std::collections::HashSet;
+use ulnet_tests::send_put;
 
 use lnd::engine::{ConnState, EndpointConfig, RacePolicy, Tunables};
 use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, LnetHdr, Nid};
+use lnd::wire::{LnetBody, Nid};
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
@@ -37,11 +38,6 @@ fn node(w: &mut World, s: &str, inc: u64, cpp: u16, policy: RacePolicy) -> NodeI
     })
 }
 
-fn put(w: &mut World, from: NodeId, to: NodeId, bits: u64) -> u64 {
-    let (s, d) = (w.nid_of(from), w.nid_of(to));
-    w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
-}
-
 /// Established connections `n` opened itself to `to`.
 fn ours(w: &World, n: NodeId, to: NodeId) -> usize {
     let to = w.nid_of(to);
@@ -62,11 +58,11 @@ fn hedged_first_connect_never_opens_the_extra_connections() {
     let a = node(&mut w, A, 11, 3, RacePolicy::Ulnet);
     let b = node(&mut w, B, 22, 1, RacePolicy::Ulnet);
     w.stuck_next_connect(a, nid(B));
-    let c = put(&mut w, a, b, 1);
+    let c = send_put(&mut w, a, b, 1);
     w.run_for(Duration::from_secs(3));
     assert_eq!(w.outcome(c).map(|(_, o)| o), Some(SendOutcome::Delivered));
     for i in 0..50 {
-        put(&mut w, a, b, 100 + i);
+        send_put(&mut w, a, b, 100 + i);
     }
     w.run_for(Duration::from_secs(30));
     assert_eq!(ours(&w, a, b), 3, "conns_per_peer 3 after a hedged connect");
@@ -81,7 +77,7 @@ fn stuck_extra_connect_does_not_delay_the_reconnect() {
         let mut w = World::new(SimConfig::with_seed(5));
         let a = node(&mut w, A, 11, cpp, RacePolicy::Ulnet);
         let b = node(&mut w, B, 22, 1, RacePolicy::Ulnet);
-        let c = put(&mut w, a, b, 1);
+        let c = send_put(&mut w, a, b, 1);
         // A's connect #1 is already under way: the next one (the extra) is stuck.
         w.stuck_next_connect(a, nid(B));
         w.run_for(Duration::from_millis(10));
@@ -97,7 +93,7 @@ fn stuck_extra_connect_does_not_delay_the_reconnect() {
             ep.handle_recv(now, conn, 0, &[0u8; 8]);
         });
         let t0 = w.now();
-        let m = put(&mut w, a, b, 2);
+        let m = send_put(&mut w, a, b, 2);
         w.run_for(Duration::from_secs(30));
         let (at, o) = w.outcome(m).expect("an outcome");
         eprintln!("cpp {cpp}: {o:?} after {:?}", at - t0);
@@ -181,7 +177,7 @@ fn storm(seed: u64, cpa: u16, cpb: u16, pa: RacePolicy, pb: RacePolicy) -> Vec<S
             } else {
                 (b, a)
             };
-            let c = put(&mut w, f, t, bits);
+            let c = send_put(&mut w, f, t, bits);
             sent.push((c, t, bits));
         }
         let d = Duration::from_micros(w.rng().below(20_000));
@@ -259,8 +255,8 @@ fn storm(seed: u64, cpa: u16, cpb: u16, pa: RacePolicy, pb: RacePolicy) -> Vec<S
         bad.push(format!("seed {seed}: ours peaked at {max_ours:?}"));
     }
     // After quiet traffic at the end, both can still talk.
-    let c1 = put(&mut w, a, b, 1 << 40);
-    let c2 = put(&mut w, b, a, 1 << 41);
+    let c1 = send_put(&mut w, a, b, 1 << 40);
+    let c2 = send_put(&mut w, b, a, 1 << 41);
     w.run_for(Duration::from_secs(60));
     for c in [c1, c2] {
         let o = w.outcome(c).map(|(_, o)| o);
@@ -372,8 +368,8 @@ fn no_faults_probation_heavy_everything_delivered() {
             w.set_recv_delay(b, Duration::from_millis(20));
             let mut cookies = Vec::new();
             for i in 0..300u64 {
-                cookies.push(put(&mut w, a, b, i));
-                cookies.push(put(&mut w, b, a, 10_000 + i));
+                cookies.push(send_put(&mut w, a, b, i));
+                cookies.push(send_put(&mut w, b, a, 10_000 + i));
                 let d = Duration::from_micros(w.rng().below(300));
                 w.run_for(d);
             }
@@ -436,7 +432,7 @@ fn back_to_cpp_after_reboot_and_partition() {
             });
             let b = w.add_node(EndpointConfig::new(nid(B), 22));
             for i in 0..20 {
-                put(&mut w, a, b, i);
+                send_put(&mut w, a, b, i);
             }
             w.run_for(Duration::from_secs(1));
             let before = ours(&w, a, b);
@@ -445,7 +441,7 @@ fn back_to_cpp_after_reboot_and_partition() {
                 "partition" => {
                     let p = w.partition(&[a], &[b]);
                     for i in 0..20 {
-                        put(&mut w, a, b, 100 + i);
+                        send_put(&mut w, a, b, 100 + i);
                     }
                     w.run_for(Duration::from_secs(3));
                     w.heal_partition(p);
@@ -454,12 +450,12 @@ fn back_to_cpp_after_reboot_and_partition() {
             }
             // Messages onto the connections still believed up find them dead (and fail).
             for i in 0..10 {
-                put(&mut w, a, b, 500 + i);
+                send_put(&mut w, a, b, 500 + i);
             }
             w.run_for(Duration::from_secs(5));
             let mut cs = Vec::new();
             for i in 0..50 {
-                cs.push(put(&mut w, a, b, 1000 + i));
+                cs.push(send_put(&mut w, a, b, 1000 + i));
             }
             w.run_for(Duration::from_secs(60));
             let after = ours(&w, a, b);
@@ -497,7 +493,7 @@ fn peer_capping_our_connections_does_not_loop() {
         let b = node(&mut w, B, 22, 1, RacePolicy::Ulnet);
         let mut cs = Vec::new();
         for i in 0..2000u64 {
-            cs.push(put(&mut w, a, b, i));
+            cs.push(send_put(&mut w, a, b, i));
             w.run_for(Duration::from_millis(5));
         }
         w.run_for(Duration::from_secs(5));

@@ -5,17 +5,13 @@
 //! overtake older ones.
 
 use lnd::engine::{EndpointConfig, RaceOrder, RacePolicy, Tunables};
-use lnd::sim::{NodeId, SimConfig, World};
+use lnd::sim::{SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::{LnetBody, LnetHdr, Nid};
+use ulnet_tests::send_put;
 
 fn nid(s: &str) -> Nid {
     s.parse().expect("valid NID")
-}
-
-fn put(w: &mut World, from: NodeId, to: NodeId, bits: u64) -> u64 {
-    let (s, d) = (w.nid_of(from), w.nid_of(to));
-    w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
 }
 
 /// Review finding: the hedge timer is armed once, at `created + hedge_delay()` as it was when
@@ -35,8 +31,8 @@ fn hedge_is_lost_when_the_delay_grows_before_its_timer() {
         let c = w.add_node(EndpointConfig::new(nid("10.0.0.3@o2ib"), 33));
         w.stuck_next_connect(a, w.nid_of(b));
         let t0 = w.now();
-        let to_b = put(&mut w, a, b, 1);
-        let to_c = put(&mut w, a, c, 2);
+        let to_b = send_put(&mut w, a, b, 1);
+        let to_c = send_put(&mut w, a, c, 2);
         w.run_for(Duration::from_millis(999));
         // Only the seeds where A's connect to C finished before the hedge timer and made the
         // learned delay exceed 1 s are interesting.
@@ -85,26 +81,26 @@ fn message_sent_while_the_new_connection_is_being_accepted_fails_on_the_dead_one
         let mut w = World::new(SimConfig::with_seed(seed));
         let a = w.add_node(EndpointConfig::new(nid(A), 11));
         let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        let first = put(&mut w, a, b, 0);
+        let first = send_put(&mut w, a, b, 0);
         w.run_for(Duration::from_millis(50));
         assert!(w.outcome(first).is_some_and(|(_, o)| o.is_delivered()));
         let timeout = w.endpoint(a).unwrap().config().tunables.timeout;
         let part = w.partition(&[a], &[b]);
-        put(&mut w, a, b, 1);
+        send_put(&mut w, a, b, 1);
         w.run_for(timeout + Duration::from_secs(5));
         let view = |w: &World| w.endpoint(b).unwrap().peer(nid(A)).unwrap();
         assert_eq!(view(&w).established, 1, "B kept its end");
         w.heal_partition(part);
         // Slow CM (RTU up to 200 ms), so that there is a window between request and RTU.
         w.cm_delay(Duration::from_millis(200));
-        put(&mut w, a, b, 2);
+        send_put(&mut w, a, b, 2);
         // Until B has accepted A's new request (a handshake pending, the old one still up).
         let end = w.now() + Duration::from_secs(2);
         while w.now() < end && !view(&w).connecting {
             w.run_for(Duration::from_micros(100));
         }
         assert!(view(&w).connecting);
-        let c = put(&mut w, b, a, 3);
+        let c = send_put(&mut w, b, a, 3);
         assert!(w.run_until_idle(w.now() + Duration::from_secs(60)));
         let (_, o) = w.outcome(c).unwrap();
         if !o.is_delivered() {
@@ -141,13 +137,13 @@ fn stale_double_reject_evidence_switches_the_order_back() {
         });
         for _round in 0..4 {
             for i in 0..3 {
-                put(&mut w, u, k, i);
-                put(&mut w, k, u, i);
+                send_put(&mut w, u, k, i);
+                send_put(&mut w, k, u, i);
             }
             w.run_for(Duration::from_secs(60));
             let part = w.partition(&[u], &[k]);
-            put(&mut w, u, k, 99);
-            put(&mut w, k, u, 99);
+            send_put(&mut w, u, k, 99);
+            send_put(&mut w, k, u, 99);
             w.run_for(Duration::from_secs(200));
             w.heal_partition(part);
         }

@@ -10,6 +10,7 @@
 //! outcome, and nodes that order NIDs the same way must never conclude that they disagree.
 
 use std::collections::BTreeMap;
+use ulnet_tests::send_put;
 
 use lnd::engine::EndpointConfig;
 use lnd::sim::{NodeId, SimConfig, World};
@@ -258,24 +259,20 @@ fn a_request_that_outlives_its_senders_reboot_does_not_undo_the_reboot() {
         let mut w = World::new(SimConfig::with_seed(seed));
         let a = w.add_node(EndpointConfig::new(nid(A), 11));
         let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        let put = |w: &mut World, from: NodeId, to: NodeId, bits: u64| {
-            let (s, d) = (w.nid_of(from), w.nid_of(to));
-            w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
-        };
         // A's request is late by up to 2 s (the delay is drawn when it is sent); everything
         // after it is prompt.
         w.cm_delay(Duration::from_millis(2000));
-        put(&mut w, a, b, 1);
+        send_put(&mut w, a, b, 1);
         w.run_for(Duration::from_micros(10));
         w.cm_delay(Duration::ZERO);
-        put(&mut w, b, a, 2);
+        send_put(&mut w, b, a, 2);
         w.run_for(Duration::from_millis(20));
         let knew_old = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.incarnation) == Some(11);
         w.reboot(a, Duration::from_millis(1), 12);
         w.run_for(Duration::from_millis(2));
         let mut from_new = Vec::new();
         for i in 0..30 {
-            from_new.push(put(&mut w, a, b, 100 + i));
+            from_new.push(send_put(&mut w, a, b, 100 + i));
             w.run_for(Duration::from_millis(100));
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(120)));
@@ -308,11 +305,6 @@ fn a_request_that_outlives_its_senders_reboot_does_not_undo_the_reboot() {
     );
 }
 
-fn put_one(w: &mut World, from: NodeId, to: NodeId, bits: u64) -> u64 {
-    let (s, d) = (w.nid_of(from), w.nid_of(to));
-    w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
-}
-
 /// The other order, which B cannot judge: B has never heard of A. A (11) asks B to connect
 /// over a slow CM, crashes, comes back as 12 and asks again; 12's request reaches B first, then
 /// 11's, which B takes for a restart to 11 (it cannot tell which unknown stamp is the newer).
@@ -328,11 +320,11 @@ fn new_instance_first_then_old_request_wedges_peer() {
         w.cm_delay(Duration::from_millis(1000));
         let a = w.add_node(EndpointConfig::new(nid(A), 11));
         let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        put_one(&mut w, a, b, 1);
+        send_put(&mut w, a, b, 1);
         w.run_for(Duration::from_millis(5));
         w.reboot(a, Duration::from_millis(1), 12);
         w.run_for(Duration::from_millis(2));
-        put_one(&mut w, a, b, 2);
+        send_put(&mut w, a, b, 2);
         assert!(w.run_until_idle(w.now() + Duration::from_secs(120)));
         let inc = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.incarnation);
         if inc == Some(11) {
@@ -341,8 +333,8 @@ fn new_instance_first_then_old_request_wedges_peer() {
         // Later traffic, both ways.
         let mut later = Vec::new();
         for i in 0..5 {
-            later.push(put_one(&mut w, a, b, 100 + i));
-            later.push(put_one(&mut w, b, a, 200 + i));
+            later.push(send_put(&mut w, a, b, 100 + i));
+            later.push(send_put(&mut w, b, a, 200 + i));
             w.run_for(Duration::from_secs(1));
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
@@ -381,14 +373,14 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
         w.cm_delay(Duration::from_millis(1000));
         let a = w.add_node(EndpointConfig::new(nid(A), 11));
         let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        put_one(&mut w, a, b, 1);
+        send_put(&mut w, a, b, 1);
         w.run_for(Duration::from_millis(5));
         w.reboot(a, Duration::from_millis(1), 12);
         w.run_for(Duration::from_millis(2));
         let mut late = Vec::new();
         for i in 0..150u64 {
-            let m1 = put_one(&mut w, a, b, 100 + i);
-            let m2 = put_one(&mut w, b, a, 1000 + i);
+            let m1 = send_put(&mut w, a, b, 100 + i);
+            let m2 = send_put(&mut w, b, a, 1000 + i);
             if i >= 100 {
                 late.push(m1);
                 late.push(m2);

@@ -209,7 +209,7 @@ struct Conn {
     /// (our close of it lost in a partition). New messages take another connection until the
     /// peer is heard on this one again; a keepalive NOOP probes it meanwhile.
     probation: bool,
-    /// when probation started; a send queued since then that completes proves the far end.
+    /// When probation started: a send queued since then that completes proves the far end.
     probation_since: Instant,
     queue_depth: u16,
     max_frags: u16,
@@ -296,7 +296,7 @@ struct Peer {
     /// Races in which both sides refused each other since we last switched order for this
     /// peer.
     disagreements: u32,
-    /// when the last disagreement was counted.
+    /// When the last disagreement was counted (one per race, not one per attempt in it).
     disagreed_at: Option<Instant>,
 }
 

@@ -131,26 +131,19 @@ impl Endpoint {
         if !matches!(tx.place, TxPlace::Posted(c) if c == conn) {
             return;
         }
+        let (is_noop, queued_at) = (matches!(tx.body, TxBody::Noop { .. }), tx.queued_at);
         if let Some(c) = self.conn_mut(conn) {
             c.nsends_posted = c.nsends_posted.saturating_sub(1);
-        }
-        let is_noop = matches!(
-            self.txs.get_mut(key).expect("live tx").body,
-            TxBody::Noop { .. }
-        );
-        if is_noop {
-            if let Some(c) = self.conn_mut(conn) {
+            if is_noop {
                 c.noops_posted = c.noops_posted.saturating_sub(1);
+            }
+            // A send queued since probation began got through: the far end is there.
+            if status == WcStatus::Success && c.probation && queued_at >= c.probation_since {
+                c.probation = false;
             }
         }
         match status {
             WcStatus::Success => {
-                let queued_at = self.txs.get(key).expect("live tx").queued_at;
-                if let Some(c) = self.conn_mut(conn) {
-                    if c.probation && queued_at >= c.probation_since {
-                        c.probation = false;
-                    }
-                }
                 let tx = self.txs.get_mut(key).expect("live tx");
                 if tx.waiting {
                     // Sent; the peer's answer finishes it (o2iblnd tx_waiting).
