@@ -1968,6 +1968,8 @@ impl<N: SimNode> World<N> {
                     (None, _) => self.push(now + cm, Ev::Disconnected { end: uid }),
                 }
             }
+            // Writes are checked by key and bounds only (see `FabricAction::GrantWrites`).
+            FabricAction::GrantWrites { .. } | FabricAction::RevokeWrites { .. } => {}
             FabricAction::Destroy { conn } => {
                 let Some(uid) = self.nodes[n.idx()].ends.remove(&conn) else {
                     self.stats.unknown_actions += 1;

@@ -32,6 +32,14 @@ pub enum LnetError {
     PeerDown(Nid),
     /// A bulk operation this node cannot do (the text says which).
     BulkUnsupported(&'static str),
+    /// It waited for a peer credit past its deadline (`transaction_timeout` after it was
+    /// sent): dropped when its turn came, as lnet_post_send_locked does ("exceeded message
+    /// deadline"). Forwarded messages never expire (a router cannot know its senders' timeouts).
+    Expired,
+    /// A REPLY or ACK not queued because this many messages already wait for credits to the
+    /// peer (see `RESPONSE_BACKLOG`): a peer that keeps asking while not taking what it asked
+    /// for (not returning credits) is not answered without bound; its requests time out.
+    Backlog(Nid),
 }
 
 impl fmt::Display for LnetError {
@@ -51,6 +59,15 @@ impl fmt::Display for LnetError {
             }
             LnetError::PeerDown(nid) => write!(f, "next hop {nid} is down"),
             LnetError::BulkUnsupported(what) => write!(f, "not supported: {what}"),
+            LnetError::Expired => {
+                f.write_str("dropped: waited for a peer credit past its transaction deadline")
+            }
+            LnetError::Backlog(nid) => {
+                write!(
+                    f,
+                    "dropped: too many messages already wait for credits to {nid}"
+                )
+            }
         }
     }
 }

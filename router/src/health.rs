@@ -69,9 +69,13 @@ impl HStatus {
             // A refused connect: the peer is there and said no (ECONNREFUSED, REMOTE_DROPPED).
             LnetError::Lnd(TxError::ConnectRefused) => HStatus::RemoteDropped,
             LnetError::Lnd(TxError::Rdma(_)) => HStatus::RemoteError,
-            LnetError::Timeout | LnetError::PayloadTooLarge { .. } | LnetError::BadReply(_) => {
-                return None
-            }
+            // Lustre's deadline drop (lnet_post_send_locked) is NETWORK_TIMEOUT.
+            LnetError::Expired => HStatus::NetworkTimeout,
+            // Our own shedding of answers to a peer that does not take them: no path failed.
+            LnetError::Timeout
+            | LnetError::PayloadTooLarge { .. }
+            | LnetError::BadReply(_)
+            | LnetError::Backlog(_) => return None,
         })
     }
 

@@ -99,6 +99,10 @@ macro_rules! verbs_feature {
 }
 use verbs_feature;
 
+/// The longest control timeout taken (a year, in seconds): an absurd one is refused at the
+/// command line rather than overflowing a deadline and panicking every control client.
+const MAX_CONTROL_TIMEOUT: u64 = 365 * 24 * 3600;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "lnet-router",
@@ -125,12 +129,12 @@ struct Args {
     /// Close a control client that sends nothing for this many seconds between requests
     /// (a client waiting for an answer or receiving a capture is not idle)
     #[arg(long, value_name = "SECS", default_value_t = control::DEFAULT_IDLE_TIMEOUT.as_secs(),
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_CONTROL_TIMEOUT))]
     control_idle_timeout: u64,
     /// Close a control client whose request line is not complete this many seconds after its
     /// first byte
     #[arg(long, value_name = "SECS", default_value_t = control::DEFAULT_REQUEST_TIMEOUT.as_secs(),
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_CONTROL_TIMEOUT))]
     control_request_timeout: u64,
     /// How NIs map to threads: a thread per NI, or every NI on one thread (forwarded
     /// messages then never cross threads, which suits a router with fewer cores than NIs

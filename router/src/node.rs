@@ -37,6 +37,13 @@ pub use bulk::{BulkBuf, MdId};
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
 
+/// Messages waiting for credits to one peer beyond which a REPLY or ACK to it is not queued
+/// (`LnetError::Backlog`). Far above what a well-behaved peer leaves queued (its own window of
+/// requests), and it bounds what a peer that asks without returning credits (or floods pings
+/// under someone else's NID) can make us hold: the hostile-peer audit grew a daemon to 1 GB
+/// in 10 s with unanswered ping replies. Kernel LNet has no such bound.
+pub const RESPONSE_BACKLOG: usize = 4096;
+
 /// Which of the node's NIs: the position in [`NodeConfig::nis`].
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NiIndex(pub usize);
@@ -1121,10 +1128,21 @@ impl LnetNode {
         };
         let (peer_nid, ni, len) = (m.peer, m.ni, m.len);
         if !m.peer_credit {
-            m.peer_credit = true;
+            let response = matches!(
+                m.hdr.msg_type(),
+                lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
+            );
             let Some(p) = self.peers.get_mut(&peer_nid) else {
                 return;
             };
+            if response && p.txq.len() >= RESPONSE_BACKLOG {
+                self.stats.drop_count += 1;
+                self.stats.drop_length += len as u64;
+                self.refused
+                    .push_back((cookie, LnetError::Backlog(peer_nid)));
+                return;
+            }
+            m.peer_credit = true;
             p.tx_credits -= 1;
             p.min_tx_credits = p.min_tx_credits.min(p.tx_credits);
             if p.tx_credits < 0 {
@@ -1611,12 +1629,30 @@ impl LnetNode {
                 return;
             };
             p.tx_credits += 1;
-            if p.tx_credits <= 0 {
-                if let Some(next) = p.txq.pop_front() {
-                    let len = self.msgs.get(&next).map_or(0, |n| n.len);
-                    p.txqnob = p.txqnob.saturating_sub((len + LNET_HDR_LEN) as u64);
+            // The oldest waiting goes now; one past its deadline is dropped instead (its
+            // credit comes back with it) and the next is tried (lnet_post_send_locked's
+            // lnet_check_message_drop). A loop, not a recursion: a peer that returned no
+            // credit for a while may have a long queue of them.
+            let timeout = Duration::from_secs(self.health.transaction_timeout);
+            let now = self.now;
+            while p.tx_credits <= 0 {
+                let Some(next) = p.txq.pop_front() else {
+                    break;
+                };
+                let Some(n) = self.msgs.get_mut(&next) else {
+                    continue;
+                };
+                p.txqnob = p.txqnob.saturating_sub((n.len + LNET_HDR_LEN) as u64);
+                let forward = matches!(n.purpose, Purpose::Forward { .. });
+                if forward || now < n.born.saturating_add(timeout) {
                     self.post_send(next);
+                    break;
                 }
+                n.peer_credit = false;
+                p.tx_credits += 1;
+                self.stats.drop_count += 1;
+                self.stats.drop_length += n.len as u64;
+                self.refused.push_back((next, LnetError::Expired));
             }
         }
     }

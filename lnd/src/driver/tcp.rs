@@ -75,7 +75,14 @@
 //!     it has completed, exactly as IBV_WC_LOC_PROT_ERR, nothing of it is sent, then the
 //!     connection breaks: what is queued behind it completes `Flushed`, the socket is closed
 //!     and the engine hears `handle_disconnected` (counted in `rdma_local_errors`).
-//!   - *Remote side invalid* (unknown or deregistered key, address below or past the region):
+//!   - *Grants.* A peer may write only where we told it to over that very connection: the
+//!     engine opens a grant (`FabricAction::GrantWrites`: the fragments of the sink it
+//!     advertises in a PUT_ACK or GET_REQ) and closes it when the transfer ends
+//!     (`RevokeWrites`), and a frame that no open grant of its connection covers is refused
+//!     like one under an unknown key (counted in `rdma_ungranted` too). Keys alone would let a
+//!     peer that once saw a router buffer's key write into it later, while it holds another
+//!     peer's data.
+//!   - *Remote side invalid* (unknown or deregistered key, address below or past the region, not granted):
 //!     the receiver writes nothing, counts `rdma_access_errors`, fails its own queued sends
 //!     `Flushed` and closes the socket (its engine hears `handle_disconnected`). **The writer
 //!     does not see `Error` for that write**, unlike IBV_WC_REM_ACCESS_ERR on RC: over TCP a
@@ -331,8 +338,13 @@ pub struct TcpStats {
     pub rdma_frames_rx: u64,
     pub rdma_bytes_rx: u64,
     /// RDMA_WRITE frames refused because their key names no region here (unknown or
-    /// deregistered) or their bytes fall outside it: nothing written, the connection closed.
+    /// deregistered), their bytes fall outside it, or no open grant of their connection covers
+    /// them: nothing written, the connection closed.
     pub rdma_access_errors: u64,
+    /// Of `rdma_access_errors`, the writes into a registered region that their connection was
+    /// not (or no longer) granted (`FabricAction::GrantWrites`): a key used after its transfer,
+    /// or by another peer.
+    pub rdma_ungranted: u64,
     /// `RdmaWrite` actions whose local side is not a registered region or lies outside it
     /// (IBV_WC_LOC_PROT_ERR): completed `Error`, the connection closed.
     pub rdma_local_errors: u64,
@@ -395,6 +407,7 @@ impl TcpStats {
             ("rdma_frames_rx", self.rdma_frames_rx),
             ("rdma_bytes_rx", self.rdma_bytes_rx),
             ("rdma_access_errors", self.rdma_access_errors),
+            ("rdma_ungranted", self.rdma_ungranted),
             ("rdma_local_errors", self.rdma_local_errors),
             ("discarded_writes", self.discarded_writes),
             ("bad_sends", self.bad_sends),
@@ -571,6 +584,9 @@ struct Sock {
     /// connection is established, then `recv_buffer`.
     rbuf_len: usize,
     // receive side
+    /// Where the peer may write now (`FabricAction::GrantWrites`): (grant, fragment), one
+    /// entry per fragment. A handful at a time: one per PUT_ACK / GET_REQ awaiting its data.
+    grants: Vec<(WrId, RemoteFrag)>,
     /// The RDMA_WRITE frame whose data is streaming into a region.
     rx_write: Option<RxWrite>,
     rbuf: Option<Vec<u8>>,
@@ -1074,6 +1090,20 @@ impl TcpFabric {
                         piece_sent: 0,
                     },
                 )
+            }
+            FabricAction::GrantWrites { conn, id, sink } => {
+                if let Some(sock) = self.lookup(conn) {
+                    let s = &mut self.socks[sock];
+                    s.grants.extend(sink.into_iter().map(|f| (id, f)));
+                } else {
+                    self.stats.unknown_actions += 1;
+                }
+            }
+            FabricAction::RevokeWrites { conn, id } => {
+                // A connection already gone took its grants with it.
+                if let Some(sock) = self.lookup(conn) {
+                    self.socks[sock].grants.retain(|&(g, _)| g != id);
+                }
             }
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
@@ -2025,7 +2055,15 @@ impl TcpFabric {
                         });
                         continue;
                     }
-                    // Key and bounds are checked before a byte is written.
+                    // Key, bounds and grant are checked before a byte is written. A frame lies
+                    // within one remote fragment (writes are cut at every fragment boundary).
+                    let granted = s.grants.iter().any(|(_, g)| {
+                        g.key == rkey
+                            && addr.checked_sub(g.addr).is_some_and(|o| {
+                                o.checked_add(len as u64)
+                                    .is_some_and(|end| end <= u64::from(g.len))
+                            })
+                    });
                     let off = match self.regions.get(&rkey) {
                         None => Err("no region under the key"),
                         Some(r) => addr
@@ -2033,6 +2071,13 @@ impl TcpFabric {
                             .and_then(|off| span(r.len(), off, len as u64))
                             .map(|range| range.start)
                             .ok_or("outside the region"),
+                    };
+                    let off = match off {
+                        Ok(_) if !granted => {
+                            self.stats.rdma_ungranted += 1;
+                            Err("not granted to this connection")
+                        }
+                        other => other,
                     };
                     match off {
                         Ok(off) => {
@@ -2349,6 +2394,7 @@ impl TcpFabric {
             since: Instant::ZERO,
             handshake: false,
             rbuf_len,
+            grants: Vec::new(),
             rx_write: None,
             rbuf,
             rstart: 0,

@@ -626,6 +626,8 @@ impl VerbsFabric {
                 local,
                 remote,
             } => self.write(conn, wr, &local, &remote),
+            // The rkey is the protection on verbs (see `FabricAction::GrantWrites`).
+            FabricAction::GrantWrites { .. } | FabricAction::RevokeWrites { .. } => {}
             FabricAction::Disconnect { conn } => self.disconnect(conn),
             FabricAction::Destroy { conn } => self.destroy(conn),
         }

@@ -238,6 +238,15 @@ impl Endpoint {
         let tx = &mut self.txs.get_mut(key).expect("live tx");
         tx.place = TxPlace::Posted(conn);
         let cookie = key.as_u64();
+        // Our sink is open to this connection's peer from its PUT_ACK / GET_REQ on, and to
+        // nobody else (closed in finish_tx).
+        if let TxBody::GetReq { sink, .. } | TxBody::PutAck { sink, .. } = &tx.body {
+            self.actions.push_back(FabricAction::GrantWrites {
+                conn,
+                id: wr_of(key),
+                sink: sink.remote(),
+            });
+        }
         let rd_frags;
         let body = match &mut tx.body {
             // Posted above, before any credit was touched.

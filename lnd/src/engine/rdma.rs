@@ -66,7 +66,7 @@ impl RdmaSink {
     }
 
     /// The fragments as write targets.
-    fn remote(&self) -> Vec<RemoteFrag> {
+    pub(super) fn remote(&self) -> Vec<RemoteFrag> {
         self.frags
             .iter()
             .map(|f| RemoteFrag {

@@ -106,7 +106,9 @@ impl Pair {
                         }
                         self.queue.push_back((i, Work::Disconnected(conn)));
                     }
-                    FabricAction::PostRecv { .. } => {}
+                    FabricAction::PostRecv { .. }
+                    | FabricAction::GrantWrites { .. }
+                    | FabricAction::RevokeWrites { .. } => {}
                     FabricAction::RdmaWrite { conn, wr, .. } => {
                         // No memory here: a write just completes (the simulator moves bytes).
                         self.queue

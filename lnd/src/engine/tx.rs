@@ -263,6 +263,18 @@ impl Endpoint {
         if let Some(t) = tx.timer {
             self.wheel.cancel(t);
         }
+        // The peer's writes into our sink are over, whatever the outcome: a late or forged
+        // write over this connection is refused from now on (see post_tx's grant).
+        if let (
+            TxBody::GetReq { .. } | TxBody::PutAck { .. },
+            TxPlace::Posted(conn) | TxPlace::Waiting(conn),
+        ) = (&tx.body, tx.place)
+        {
+            self.actions.push_back(FabricAction::RevokeWrites {
+                conn,
+                id: wr_of(key),
+            });
+        }
         let Some(cookie) = tx.cookie else {
             return;
         };

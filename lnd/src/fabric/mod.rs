@@ -492,6 +492,23 @@ pub enum FabricAction {
         local: Vec<LocalFrag>,
         remote: Vec<RemoteFrag>,
     },
+    /// From now on `conn`'s peer may RDMA-write into `sink` (fragments of our registered
+    /// regions), which we advertised to it in a PUT_ACK or GET_REQ; grant `id` lasts until
+    /// [`FabricAction::RevokeWrites`] or the connection's end. A fabric that can tell which
+    /// connection a write comes from (tcp) refuses a write that no open grant of that
+    /// connection covers, exactly as a write under an unknown key: a key seen once (a router's
+    /// buffers are lent to one peer after another) is then no way into memory lent to another
+    /// peer, or lent again later. Verbs cannot check per connection with the long-lived keys it
+    /// registers (o2iblnd's global-MR mode has the same exposure; per-use keys need FRWR) and
+    /// ignores grants; so does the simulator.
+    GrantWrites {
+        conn: ConnId,
+        id: WrId,
+        sink: Vec<RemoteFrag>,
+    },
+    /// Grant `id` of `conn` is over (its PUT_DONE / GET_DONE came, or the transfer failed):
+    /// later writes into that memory over `conn` are refused.
+    RevokeWrites { conn: ConnId, id: WrId },
     /// Tell the peer this connection is closing (rdma_disconnect). Both sides then see
     /// `handle_disconnected`; posted work flushes.
     Disconnect { conn: ConnId },

@@ -179,7 +179,19 @@ pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
             .create(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    if std::fs::symlink_metadata(path).is_ok() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        // Only a stale socket is ever removed: a typo such as `--socket lnet-router.yaml`
+        // must not cost the site its file (the operator audit lost a config that way).
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; not replacing it (choose another --socket path)",
+                    path.display()
+                ),
+            ));
+        }
         if UnixStream::connect(path).is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -370,5 +382,21 @@ mod tests {
             ControlClient::connect(&path),
             Err(ClientError::NoDaemon { .. })
         ));
+    }
+
+    /// The operator audit: `--socket` naming an existing regular file (a config, by a slip)
+    /// replaced it with the socket, and the daemon deleted it at exit. Only a stale socket
+    /// is ever removed; any other file is refused and left as it was.
+    #[test]
+    fn a_socket_path_naming_a_regular_file_is_refused_and_the_file_kept() {
+        let dir = std::env::temp_dir().join(format!("ulnet-ctl-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lnet-router.yaml");
+        std::fs::write(&path, b"net: []\n").unwrap();
+        let e = bind_socket(&path).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists, "{e}");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"net: []\n");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

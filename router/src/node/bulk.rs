@@ -27,6 +27,9 @@ use lnd::wire::LnetMsgType;
 use crate::forward::BulkBuffers;
 use lnd::fabric::{LocalFrag, RegionId, Registration};
 use lnd::wire::kib::EPROTO;
+
+/// No route to host (Linux errno), LNet's status for a destination no route reaches.
+const EHOSTUNREACH: i32 = 113;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::RdmaFrag;
 
@@ -709,6 +712,22 @@ impl LnetNode {
             {
                 self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
                 FwdDrop::NoBulkBuffer
+            }
+            // A destination no route reaches is refused before a router buffer is lent for it.
+            // Lustre looks the route up only once the data is in (lnet_parse_forward_locked
+            // takes the credit and buffer first): a peer could then hold every large buffer
+            // until its LND timeout with PUT_REQs to an unreachable net (the hostile-peer
+            // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
+            // The route is looked up again when the data is in, as before.
+            RdmaOp::Put
+                if !matches!(
+                    self.route(dest),
+                    Ok(Route::Remote { .. } | Route::Sibling(_))
+                ) =>
+            {
+                self.nis[ni].ep.refuse_rdma(now, rx, EHOSTUNREACH);
+                self.count_error(&LnetError::NoRoute(dest));
+                FwdDrop::NoRoute
             }
             RdmaOp::Put => {
                 // Held like any message to forward: the sender's router credit, then a large

@@ -417,7 +417,9 @@ impl Fabric {
                 self.queue
                     .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
             }
-            FabricAction::PostRecv { .. } => {}
+            FabricAction::PostRecv { .. }
+            | FabricAction::GrantWrites { .. }
+            | FabricAction::RevokeWrites { .. } => {}
             FabricAction::Destroy { conn } => {
                 self.links.remove(&(n, ni, conn));
             }
@@ -1234,4 +1236,44 @@ fn a_runtime_follows_the_node_nids_as_nis_come_and_go() {
         Err(LnetError::NoRoute(_))
     ));
     assert_eq!(node.endpoint(NiIndex(0)).unwrap().stats().connects, 0);
+}
+
+/// The hostile-peer audit: messages waiting for credits to a peer that went silent drained a
+/// few per reconnect (each failed connect fails only those holding the peer's credits), ~7 a
+/// second: millions would take days. As lnet_post_send_locked does, one whose transaction
+/// deadline passed while it waited is dropped when its turn comes (its credit comes back at
+/// once, so the next is looked at too): the whole stale queue fails together, as `Expired`,
+/// counted as drops and network timeouts, and nothing is left.
+#[test]
+fn messages_queued_past_their_deadline_fail_together() {
+    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+    let b = nid("10.0.0.2@o2ib");
+    let now = f.now;
+    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(2));
+    f.take_events(0);
+    f.kill(1);
+    let now = f.now;
+    let n = 300u64;
+    for i in 0..n {
+        f.nodes[0].send_put(now, b, 4, i, vec![0; 64]).unwrap();
+    }
+    let drops0 = f.nodes[0].stats().drop_count;
+    f.run_for(Duration::from_secs(250));
+    let results = routing::put_results(&f.take_events(0));
+    assert_eq!(results.len() as u64, n, "every PUT ended");
+    let expired = results
+        .iter()
+        .filter(|r| **r == Err(LnetError::Expired))
+        .count() as u64;
+    assert!(results.iter().all(|r| r.is_err()));
+    // Those holding the peer's 8 credits failed in the LND; every other one expired.
+    assert!(
+        expired >= n - 16,
+        "only {expired} of {n} expired: {results:?}"
+    );
+    let s = f.nodes[0].stats();
+    assert_eq!(s.drop_count - drops0, expired);
+    assert!(s.network_timeout_count >= expired);
+    assert_eq!(s.msgs_alloc, 0);
 }

@@ -1036,6 +1036,61 @@ fn a_bulk_put_refused_for_routing_disabled_fails_at_its_sender() {
     );
 }
 
+/// The hostile-peer audit: PUT_REQs to a net the router has no route to took a router credit
+/// and a large buffer each (the route was looked up only once the data was in), so a peer that
+/// never sent the data held the large pool until its LND timeout. Now they are refused before
+/// a buffer is lent: the sender's PUT fails at once (EHOSTUNREACH), the large pool is never
+/// touched, the drop is counted as no_route, and the books balance.
+#[test]
+fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
+    let (mut f, routers) = topology_with(
+        false,
+        // Two hops: a gateway is not expected to have an NI on a net it reaches through
+        // another router (its ping reply does not mark such a route down).
+        |c| {
+            c.routes.push(RouteConfig {
+                hops: Some(2),
+                ..route("o2ib9", R_A)
+            })
+        },
+        |_| {},
+    );
+    give_bulk_buffers(&mut f, &routers, 2);
+    let r = routers[0];
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, nid(SERVER), Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let (no_route0, drops0) = (
+        f.nodes[r].stats().local_no_route_count,
+        f.nodes[r].stats().drop_count,
+    );
+    let len = 100_000u32;
+    let src = f.register(0, vec![7; len as usize]);
+    let now = f.now;
+    for i in 0..6 {
+        let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+        f.nodes[0]
+            .send_put_bulk(now, nid("10.9.0.1@o2ib9"), 4, i, b)
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(2));
+    let results = put_results(&f.take_events(0));
+    assert_eq!(results.len(), 6, "every PUT failed at once: {results:?}");
+    assert!(results.iter().all(|r| r.is_err()), "{results:?}");
+    let large = f.nodes[r].routing_info().pools[PoolClass::Large.index()];
+    assert_eq!(
+        (large.credits, large.min_credits),
+        (i64::from(large.nbuffers), i64::from(large.nbuffers)),
+        "a large buffer was lent for a destination without a route"
+    );
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.dropped_for(FwdDrop::NoRoute), 6);
+    assert_eq!(f.nodes[r].stats().local_no_route_count - no_route0, 6);
+    assert_eq!(f.nodes[r].stats().drop_count - drops0, 6);
+}
+
 /// A bulk PUT whose data never comes in (the sender's write fails) is one drop at the router,
 /// counted once in LNet's, the NI's and the peer's counters; its buffer comes back.
 #[test]

@@ -919,6 +919,18 @@ fn conn_to(n: &Node, peer: Nid) -> ConnId {
         .id
 }
 
+/// Opens `n`'s whole region `reg` to RDMA writes from `peer`, as the engine does for the sink
+/// of a PUT_ACK or GET_REQ (a raw write without a grant is refused: see
+/// `tcp_rdma_write_needs_a_grant_of_its_own_connection`).
+fn grant_all(n: &mut Node, clock: &MonotonicClock, peer: Nid, reg: &Registration) -> WrId {
+    let conn = conn_to(n, peer);
+    let id = WrId(u64::MAX - u64::from(reg.key()));
+    let sink = vec![reg.remote_frag(0, reg.len() as u32)];
+    n.fabric
+        .apply(clock.now(), FabricAction::GrantWrites { conn, id, sink });
+    id
+}
+
 /// How write (or send) `wr` completed at `n`, if it did; panics if it completed twice.
 fn status(n: &Node, wr: WrId) -> Option<WcStatus> {
     let mut it = n.fabric.wc_log.iter().filter(|(_, w, _)| *w == wr);
@@ -1020,6 +1032,7 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
         .map(|&(off, len)| src.local_frag(off, len))
         .collect();
     let remote = remote_257(&sink);
+    grant_all(&mut b, &clock, a.ep.nid(), &sink);
     assert_eq!((local.len(), remote.len()), (257, 257));
     let want = expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
     let pieces = crate::fabric::rdma_pieces(&local, &remote).count() as u64;
@@ -1069,6 +1082,7 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     assert_eq!(b.fabric.config().recv_buffer, 64 * 1024);
     let src2 = a.fabric.register(pattern(2, MIB)).unwrap();
     let sink2 = b.fabric.register(vec![0; MIB]).unwrap();
+    grant_all(&mut b, &clock, a.ep.nid(), &sink2);
     post_write1(
         &mut a,
         &clock,
@@ -1108,6 +1122,7 @@ fn tcp_rdma_write_fragment_lists_land_byte_exact() {
     let data = pattern(7, 200_000);
     let src = a.fabric.register(data.clone()).unwrap();
     let sink = b.fabric.register(vec![0; 300_000]).unwrap();
+    grant_all(&mut b, &clock, a.ep.nid(), &sink);
     // 3 local fragments (out of order in the source), 4 remote ones (with gaps), 150_001 bytes.
     let local = vec![
         src.local_frag(100_003, 70_001),
@@ -1142,6 +1157,7 @@ fn tcp_rdma_write_fragment_lists_land_byte_exact() {
     );
     // The reversed lists, onto a second sink.
     let sink2 = b.fabric.register(vec![0; 300_000]).unwrap();
+    grant_all(&mut b, &clock, a.ep.nid(), &sink2);
     let (mut l2, r2): (Vec<_>, Vec<_>) = (
         local.iter().rev().copied().collect(),
         remote
@@ -1501,6 +1517,7 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
         b.fabric.region_mut(&sink).unwrap().fill(0);
         let before = b.fabric.stats().clone();
         let conn = conn_to(&a, bn);
+        grant_all(&mut b, &clock, an, &sink);
         a.fabric.inject_raw(conn, &bytes);
         if then_die {
             assert!(run_until(
@@ -1720,4 +1737,105 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
     assert_eq!(b.fabric.deregister(at_b), Some(Vec::new()));
     assert!(other.contents(&at_other).unwrap() == bytes);
     shut_down_both(&mut a, &mut b, &clock);
+}
+
+/// The hostile-peer audit's data corruption: a peer that once got a PUT_ACK (a router lends its
+/// buffers to one peer after another) kept the key and wrote into the buffer later, while it
+/// held another peer's data; the fabric checked only key and bounds. Now a write must fall in
+/// a grant of its own connection, open from the PUT_ACK to the PUT_DONE: after the transfer
+/// the same peer, and at any time another peer, is refused before a byte lands, counted, and
+/// loses its connection; the peer the memory is lent to is not disturbed.
+#[test]
+fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
+    use crate::engine::RdmaSink;
+    let clock = MonotonicClock::new();
+    let (book, mut a, mut b) = connected_pair(&clock);
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
+    let cn = c.ep.nid();
+    c.send(&clock, bn, 1, payload(1));
+    assert!(run_until(
+        &mut [&mut b, &mut c],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].done.len() == 1
+    ));
+    let sink = b.fabric.register(vec![0; 8192]).unwrap();
+    let a_src = a.fabric.register(pattern(3, 4096)).unwrap();
+    let c_src = c.fabric.register(vec![0x5a; 4096]).unwrap();
+
+    // A legitimate PUT by rendezvous: a's writes land while the grant is open.
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, 4096), 10));
+    a.ep.send_put_rdma(
+        clock.now(),
+        bn,
+        hdr(an, bn, 4096),
+        vec![a_src.local_frag(0, 4096)],
+        10,
+    )
+    .unwrap();
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].rdma_done.contains_key(&10) && n[0].done.contains_key(&10)
+    ));
+    assert_eq!(b.rdma_done[&10], Ok(4096));
+    let landed = b.fabric.contents(&sink).unwrap();
+    assert!(landed[..4096] == pattern(3, 4096)[..]);
+    let before = b.fabric.stats().clone();
+
+    // c never was granted this memory: refused at the frame head, nothing lands.
+    let to_b = conn_to(&c, bn);
+    post_write1(
+        &mut c,
+        &clock,
+        to_b,
+        injected(1),
+        &c_src,
+        0,
+        sink.remote(),
+        4096,
+    );
+    assert!(run_until(
+        &mut [&mut b, &mut c],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[0].downs.iter().any(|d| d.0 == cn)
+    ));
+    let s = b.fabric.stats().clone();
+    assert_eq!(s.rdma_ungranted - before.rdma_ungranted, 1);
+    assert_eq!(s.rdma_access_errors - before.rdma_access_errors, 1);
+    assert_eq!(s.rdma_frames_rx, before.rdma_frames_rx);
+    assert!(
+        b.fabric.contents(&sink).unwrap() == landed,
+        "c's write landed"
+    );
+
+    // a, after its PUT_DONE, with the key it was shown: refused the same way.
+    let to_b = conn_to(&a, bn);
+    post_write1(
+        &mut a,
+        &clock,
+        to_b,
+        injected(2),
+        &a_src,
+        0,
+        sink.remote(),
+        4096,
+    );
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].downs.iter().any(|d| d.0 == an)
+    ));
+    let s2 = b.fabric.stats().clone();
+    assert_eq!(s2.rdma_ungranted - s.rdma_ungranted, 1);
+    assert_eq!(s2.rdma_frames_rx, before.rdma_frames_rx);
+    assert!(
+        b.fabric.contents(&sink).unwrap() == landed,
+        "a's late write landed"
+    );
 }
