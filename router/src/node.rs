@@ -1128,10 +1128,12 @@ impl LnetNode {
         };
         let (peer_nid, ni, len) = (m.peer, m.ni, m.len);
         if !m.peer_credit {
+            // Our own answers only: what a router forwards is bounded by its buffers and
+            // router credits already.
             let response = matches!(
                 m.hdr.msg_type(),
                 lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
-            );
+            ) && !matches!(m.purpose, Purpose::Forward { .. });
             let Some(p) = self.peers.get_mut(&peer_nid) else {
                 return;
             };
