@@ -980,3 +980,41 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
     let c = p.eps[1].conns().find(|c| c.id == conn_b).unwrap();
     assert_eq!(c.state, ConnState::Established);
 }
+
+/// A GET_DONE naming no GET_REQ of ours closes the connection (EPROTO), counted, as a
+/// PUT_DONE does (kiblnd_handle_completion finds no tx). The acceptance review broke the
+/// GET_DONE branch (reposting the slot instead) and no test noticed.
+#[test]
+fn a_get_done_for_no_get_of_ours_closes_the_connection() {
+    use crate::wire::kib::Completion;
+    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+    p.eps[0]
+        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
+        .unwrap();
+    p.run();
+    assert_eq!(p.received[1].len(), 1);
+    let conn_b = p
+        .links
+        .keys()
+        .find(|(i, _)| *i == 1)
+        .map(|&(_, c)| c)
+        .unwrap();
+    let done = raw_msg(
+        a,
+        100,
+        b,
+        200,
+        KibBody::GetDone(Completion {
+            cookie: 0x1234,
+            status: 0,
+        }),
+    );
+    let now = p.now;
+    p.eps[1].handle_recv(now, conn_b, 3, &done);
+    assert_eq!(p.eps[1].stats().unmatched_completions, 1);
+    assert!(p.eps[1]
+        .conns()
+        .find(|c| c.id == conn_b)
+        .is_none_or(|c| c.state != ConnState::Established));
+}

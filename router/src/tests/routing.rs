@@ -206,6 +206,42 @@ fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
     );
 }
 
+/// The same for a message addressed to another of the router's own NIDs (lnet_parse: it
+/// should have gone there directly; -EPROTO, the connection closed), inline and as a
+/// rendezvous request. The acceptance review dropped the own-NID check and no test noticed.
+#[test]
+fn a_message_for_another_of_the_routers_own_nids_is_refused_and_the_connection_closed() {
+    for bulk in [false, true] {
+        let (mut f, routers) = topology(false, |_| {});
+        let now = f.now;
+        let hdr = LnetHdr::put(nid(CLIENT), nid(R_B), 3, 4, 0);
+        if bulk {
+            give_bulk_buffers(&mut f, &routers, 1);
+            let src = f.register(0, vec![7; 100_000]);
+            let b = BulkBuf::new(NiIndex(0), &src, 0, 100_000).unwrap();
+            // The client has a route to o2ib1 through R_A: its PUT_REQ for R_B goes there.
+            f.nodes[0].send_put_bulk(now, nid(R_B), 4, 1, b).unwrap();
+        } else {
+            f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+        }
+        f.run_for(Duration::from_secs(1));
+        let r = &f.nodes[routers[0]];
+        let s = r.routing_info().stats;
+        assert_eq!(
+            (s.received, s.dropped_for(FwdDrop::WrongNet)),
+            (1, 1),
+            "bulk {bulk}"
+        );
+        assert!(s.reconciles());
+        let ep = r.endpoint(NiIndex(0)).unwrap();
+        assert_eq!(
+            ep.stats().conns_lost,
+            1,
+            "bulk {bulk}: the connection is closed"
+        );
+    }
+}
+
 /// Routing off: a message to forward is a counted drop, and the connection stays.
 #[test]
 fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
