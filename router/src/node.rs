@@ -927,14 +927,25 @@ impl LnetNode {
     /// through that runtime; else through the best live route's gateway
     /// ([`RouteTable::select`]), which this call records as used (round robin).
     fn route(&mut self, dst: Nid) -> Result<Route, LnetError> {
+        let (route, gw) = self.peek_route(dst)?;
+        if let Some(gw) = gw {
+            self.route_seq += 1;
+            self.route_used.insert(gw, self.route_seq);
+        }
+        Ok(route)
+    }
+
+    /// What `route` would choose, without stamping the gateway as used (the round-robin
+    /// tie-breaker): the route and, through a gateway, which.
+    fn peek_route(&self, dst: Nid) -> Result<(Route, Option<Nid>), LnetError> {
         if dst == Nid::LO_0 || self.is_own(dst) {
-            return Ok(Route::Local(dst));
+            return Ok((Route::Local(dst), None));
         }
         if let Some(ni) = self.ni_on(dst.net()) {
-            return Ok(Route::Remote { ni, next: dst });
+            return Ok((Route::Remote { ni, next: dst }, None));
         }
         if self.node_nids.iter().any(|n| n.net() == dst.net()) {
-            return Ok(Route::Sibling(dst.net()));
+            return Ok((Route::Sibling(dst.net()), None));
         }
         let chosen = {
             let (nis, peers, gateways, used) =
@@ -972,12 +983,13 @@ impl LnetNode {
         let Some(gw) = chosen else {
             return Err(LnetError::NoRoute(dst));
         };
-        self.route_seq += 1;
-        self.route_used.insert(gw, self.route_seq);
-        Ok(match self.ni_on(gw.net()) {
-            Some(ni) => Route::Remote { ni, next: gw },
-            None => Route::Sibling(gw.net()),
-        })
+        Ok((
+            match self.ni_on(gw.net()) {
+                Some(ni) => Route::Remote { ni, next: gw },
+                None => Route::Sibling(gw.net()),
+            },
+            Some(gw),
+        ))
     }
 
     /// Our first NI on `net`.
@@ -1137,7 +1149,7 @@ impl LnetNode {
             let Some(p) = self.peers.get_mut(&peer_nid) else {
                 return;
             };
-            if response && p.txq.len() >= RESPONSE_BACKLOG {
+            if response && p.txq_responses >= RESPONSE_BACKLOG {
                 self.stats.drop_count += 1;
                 self.stats.drop_length += len as u64;
                 self.refused
@@ -1149,6 +1161,7 @@ impl LnetNode {
             p.min_tx_credits = p.min_tx_credits.min(p.tx_credits);
             if p.tx_credits < 0 {
                 p.txq.push_back(cookie);
+                p.txq_responses += usize::from(response);
                 p.txqnob += (len + LNET_HDR_LEN) as u64;
                 trace!(peer = %peer_nid, credits = p.tx_credits, "waiting for a peer credit");
                 return;
@@ -1646,6 +1659,14 @@ impl LnetNode {
                 };
                 p.txqnob = p.txqnob.saturating_sub((n.len + LNET_HDR_LEN) as u64);
                 let forward = matches!(n.purpose, Purpose::Forward { .. });
+                if !forward
+                    && matches!(
+                        n.hdr.msg_type(),
+                        lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
+                    )
+                {
+                    p.txq_responses = p.txq_responses.saturating_sub(1);
+                }
                 if forward || now < n.born.saturating_add(timeout) {
                     self.post_send(next);
                     break;
@@ -2178,6 +2199,18 @@ impl LnetNode {
                 let len = self.msgs.get(&c).map_or(0, |m| m.len);
                 p.txqnob += (len + LNET_HDR_LEN) as u64;
             }
+            p.txq_responses = keep
+                .iter()
+                .filter(|c| {
+                    self.msgs.get(c).is_some_and(|m| {
+                        !matches!(m.purpose, Purpose::Forward { .. })
+                            && matches!(
+                                m.hdr.msg_type(),
+                                lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
+                            )
+                    })
+                })
+                .count();
             p.txq = keep;
         }
         if !moved.is_empty() {

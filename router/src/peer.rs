@@ -25,6 +25,8 @@ pub(crate) struct PeerNi {
     pub txq: VecDeque<u64>,
     /// Bytes waiting on `txq` (payload + LNet header, as Lustre counts them).
     pub txqnob: u64,
+    /// Of `txq`, our own REPLY/ACKs (what RESPONSE_BACKLOG bounds).
+    pub txq_responses: usize,
     pub state: PeerState,
     pub send_count: u64,
     pub recv_count: u64,
@@ -68,6 +70,7 @@ impl PeerNi {
             min_tx_credits: c,
             txq: VecDeque::new(),
             txqnob: 0,
+            txq_responses: 0,
             state: PeerState::NotApplicable,
             send_count: 0,
             recv_count: 0,

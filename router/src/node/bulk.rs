@@ -721,8 +721,8 @@ impl LnetNode {
             // The route is looked up again when the data is in, as before.
             RdmaOp::Put
                 if !matches!(
-                    self.route(dest),
-                    Ok(Route::Remote { .. } | Route::Sibling(_))
+                    self.peek_route(dest),
+                    Ok((Route::Remote { .. } | Route::Sibling(_), _))
                 ) =>
             {
                 self.nis[ni].ep.refuse_rdma(now, rx, EHOSTUNREACH);

@@ -1277,3 +1277,30 @@ fn messages_queued_past_their_deadline_fail_together() {
     assert!(s.network_timeout_count >= expired);
     assert_eq!(s.msgs_alloc, 0);
 }
+
+/// The review of the hostile-peer fixes: RESPONSE_BACKLOG counts every message waiting for credits to the next hop,
+/// our own requests included, so a node that merely has a burst of its own PUTs queued to a
+/// healthy peer (a send window above 4,096) does not answer that peer's ping: the REPLY is
+/// shed as `Backlog` and the peer's ping times out, though the queue drains in moments.
+#[test]
+fn our_own_queued_puts_do_not_shed_the_answer_to_a_healthy_peer() {
+    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+    let (a, b) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let now = f.now;
+    f.nodes[1].ping(now, a, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(2));
+    f.take_events(1);
+    let now = f.now;
+    for i in 0..5000u64 {
+        f.nodes[0].send_put(now, b, 4, i, vec![0; 64]).unwrap();
+    }
+    f.nodes[1].ping(now, a, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(10));
+    let pings = ping_results(&f.take_events(1));
+    assert_eq!(pings.len(), 1);
+    assert!(
+        pings[0].2.is_ok(),
+        "B's ping of a healthy A: {:?}",
+        pings[0].2
+    );
+}

@@ -1639,3 +1639,90 @@ fn a_removed_egress_runtime_fails_back_what_it_holds_for_its_sibling() {
         3
     );
 }
+
+/// The review of the hostile-peer fixes: the no-route check before lending a router buffer calls `route()`, which
+/// is not a pure lookup (it stamps `route_used`, the round-robin tie-breaker). A bulk PUT then
+/// stamps two gateways: one at its PUT_REQ, another when its data is in (the one it really
+/// takes). One bulk PUT at a time through a router with two equal gateways to the far net then
+/// always leaves by the same gateway; small PUTs, which route once, alternate.
+#[test]
+fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
+    const FAR: &str = "10.2.0.2@o2ib2";
+    const G1_B: &str = "10.1.0.11@o2ib1";
+    const G1_C: &str = "10.2.0.11@o2ib2";
+    const G2_B: &str = "10.1.0.12@o2ib1";
+    const G2_C: &str = "10.2.0.12@o2ib2";
+    let two_hops = |net: &str, gw: &str| RouteConfig {
+        hops: Some(2),
+        ..route(net, gw)
+    };
+    let client = node(
+        &[CLIENT],
+        &[route("o2ib1", R_A), two_hops("o2ib2", R_A)],
+        false,
+        10,
+    );
+    let far = node(
+        &[FAR],
+        &[route("o2ib1", G1_C), two_hops("o2ib", G1_C)],
+        false,
+        20,
+    );
+    let r = node(
+        &[R_A, R_B],
+        &[route("o2ib2", G1_B), route("o2ib2", G2_B)],
+        true,
+        30,
+    );
+    let g1 = node(&[G1_B, G1_C], &[route("o2ib", R_B)], true, 40);
+    let g2 = node(&[G2_B, G2_C], &[route("o2ib", R_B)], true, 50);
+    let mut f = Fabric::from_configs(vec![client, far, r, g1, g2]);
+    for n in [2, 3, 4] {
+        give_bulk_buffers(&mut f, &[n], 2);
+    }
+    f.run_for(Duration::from_secs(3));
+    let fwd = |f: &Fabric| {
+        (
+            f.nodes[3].routing_info().stats.forwarded,
+            f.nodes[4].routing_info().stats.forwarded,
+        )
+    };
+    // Control: small PUTs, one at a time, alternate.
+    let (a0, b0) = fwd(&f);
+    for i in 0..6 {
+        let now = f.now;
+        f.nodes[0]
+            .send_put(now, nid(FAR), 4, i, vec![1; 64])
+            .unwrap();
+        f.run_for(Duration::from_millis(500));
+    }
+    let (a1, b1) = fwd(&f);
+    assert!(
+        a1 > a0 && b1 > b0,
+        "small PUTs: g1 {} g2 {}",
+        a1 - a0,
+        b1 - b0
+    );
+    // Bulk PUTs, one at a time.
+    let len = 100_000u32;
+    let src = f.register(0, vec![7; len as usize]);
+    for i in 0..6u64 {
+        let sink = f.register(1, vec![0; len as usize]);
+        f.nodes[1].post_sink(4, 100 + i, BulkBuf::new(NiIndex(0), &sink, 0, len).unwrap());
+        let now = f.now;
+        let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+        f.nodes[0]
+            .send_put_bulk(now, nid(FAR), 4, 100 + i, b)
+            .unwrap();
+        f.run_for(Duration::from_millis(500));
+    }
+    let results = put_results(&f.take_events(0));
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    let (a2, b2) = fwd(&f);
+    assert!(
+        a2 > a1 && b2 > b1,
+        "bulk PUTs one at a time all left by one gateway: g1 {} g2 {}",
+        a2 - a1,
+        b2 - b1
+    );
+}
