@@ -1080,18 +1080,11 @@ fn run_import(
     exec: bool,
     file: Option<&std::path::Path>,
 ) -> u8 {
-    use std::io::Read;
     let text = match file.filter(|f| f.as_os_str() != "-") {
-        Some(f) => {
-            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))
-        }
-        None => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map(|_| s)
-                .map_err(|e| format!("cannot read standard input: {e}"))
-        }
+        Some(f) => router::text::read_config_file(f)
+            .map_err(|e| format!("cannot read {}: {e}", f.display())),
+        None => router::text::read_config(std::io::stdin().lock())
+            .map_err(|e| format!("cannot read standard input: {e}")),
     };
     let origin = file
         .filter(|f| f.as_os_str() != "-")

@@ -519,7 +519,7 @@ impl DaemonConfig {
     /// Reads and parses a file.
     pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
+        let text = crate::text::read_config_file(path)
             .map_err(|e| ConfigError::new(&origin, None, format!("cannot read: {e}")))?;
         DaemonConfig::parse(&text, &origin)
     }
@@ -529,7 +529,7 @@ impl DaemonConfig {
     /// [`DaemonConfig::parse_allowing_no_nis`].
     pub fn load_allowing_no_nis(path: &Path) -> Result<DaemonConfig, ConfigError> {
         let origin = path.display().to_string();
-        match std::fs::read_to_string(path) {
+        match crate::text::read_config_file(path) {
             Ok(text) => DaemonConfig::parse_allowing_no_nis(&text, &origin),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DaemonConfig::default()),
             Err(e) => Err(ConfigError::new(&origin, None, format!("cannot read: {e}"))),
