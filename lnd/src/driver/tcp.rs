@@ -233,6 +233,11 @@ pub struct TcpConfig {
     /// it are closed at once and counted in `handshakes_refused` (default 4096, see
     /// [`DEFAULT_HANDSHAKE_LIMIT`]). Zero: no limit.
     pub handshake_limit: usize,
+    /// The most of those that one source address may hold (default 1024, a quarter of the
+    /// default limit; zero: no share): one host holding thousands of silent sockets, reopened
+    /// as they time out, otherwise kept every new peer out (hostile-peer audit). Beyond it the
+    /// socket is closed at once, counted in `handshakes_refused` and `handshakes_refused_source`.
+    pub handshake_limit_per_source: usize,
     /// Descriptors kept free for the rest of the process (the daemon's control socket, logs):
     /// a socket accepted when fewer than this many descriptors would remain under
     /// RLIMIT_NOFILE is closed at once, counted in `accepts_shed`, and accepting pauses
@@ -275,6 +280,7 @@ impl Default for TcpConfig {
             busy_poll: std::time::Duration::from_micros(50),
             handshake_buffer: 512,
             handshake_limit: DEFAULT_HANDSHAKE_LIMIT,
+            handshake_limit_per_source: DEFAULT_HANDSHAKE_LIMIT / 4,
             fd_reserve: 16,
             bind_retry: std::time::Duration::from_secs(10),
         }
@@ -357,6 +363,8 @@ pub struct TcpStats {
     /// Accepted sockets closed at once because `handshake_limit` sockets were already in their
     /// handshake.
     pub handshakes_refused: u64,
+    /// Of `handshakes_refused`, those over `handshake_limit_per_source`.
+    pub handshakes_refused_source: u64,
     /// Accepted sockets closed at once because fewer than `fd_reserve` descriptors would have
     /// remained (each also pauses accepting).
     pub accepts_shed: u64,
@@ -413,6 +421,7 @@ impl TcpStats {
             ("bad_sends", self.bad_sends),
             ("handshake_timeouts", self.handshake_timeouts),
             ("handshakes_refused", self.handshakes_refused),
+            ("handshakes_refused_source", self.handshakes_refused_source),
             ("accepts_shed", self.accepts_shed),
             ("accept_backoffs", self.accept_backoffs),
         ]
@@ -580,6 +589,8 @@ struct Sock {
     since: Instant,
     /// Counted in `TcpFabric::handshakes` (accepted, handshake not finished, not shut).
     handshake: bool,
+    /// The peer's address, for a socket counted in `handshakes_by_source`.
+    source: Option<std::net::IpAddr>,
     /// Bytes of `rbuf` (also while it is lent to the ring): `handshake_buffer` until the
     /// connection is established, then `recv_buffer`.
     rbuf_len: usize,
@@ -848,6 +859,8 @@ pub struct TcpFabric {
     fd_suppressed: u64,
     /// Accepted sockets in their handshake (`Sock::handshake`).
     handshakes: usize,
+    /// Sockets in their handshake, by source address (for `handshake_limit_per_source`).
+    handshakes_by_source: HashMap<std::net::IpAddr, usize>,
     resolver: Resolver,
     cfg: TcpConfig,
     /// Generations in `GEN_BITS` bits (they travel in io_uring user_data).
@@ -925,6 +938,7 @@ impl TcpFabric {
             fd_warned: None,
             fd_suppressed: 0,
             handshakes: 0,
+            handshakes_by_source: HashMap::new(),
             resolver: Box::new(resolver),
             cfg,
             socks: HandleSlab::with_generation_bits(GEN_BITS),
@@ -1655,6 +1669,16 @@ impl TcpFabric {
             self.accept_probe = false;
         }
         let stream = TcpStream::from(fd);
+        let source = stream.peer_addr().ok().map(|a| a.ip());
+        let per_source = self.cfg.handshake_limit_per_source;
+        if let Some(ip) = source.filter(|_| per_source > 0) {
+            if self.handshakes_by_source.get(&ip).copied().unwrap_or(0) >= per_source {
+                self.stats.handshakes_refused += 1;
+                self.stats.handshakes_refused_source += 1;
+                trace!(%ip, per_source, "tcp fabric: too many handshakes from one source, closed");
+                return;
+            }
+        }
         if let Err(e) = self.configure(&stream) {
             self.stats.socket_errors += 1;
             debug!(error = %e, "tcp fabric: cannot configure an accepted socket");
@@ -1663,7 +1687,11 @@ impl TcpFabric {
         let s = &mut self.socks[sock];
         s.since = now;
         s.handshake = true;
+        s.source = source;
         self.handshakes += 1;
+        if let Some(ip) = source {
+            *self.handshakes_by_source.entry(ip).or_insert(0) += 1;
+        }
         self.arm_recv(sock);
     }
 
@@ -1724,6 +1752,20 @@ impl TcpFabric {
         if s.handshake {
             s.handshake = false;
             self.handshakes -= 1;
+            let source = s.source;
+            self.source_done(source);
+        }
+    }
+
+    /// One handshake from `source` is over.
+    fn source_done(&mut self, source: Option<std::net::IpAddr>) {
+        if let Some(ip) = source {
+            if let Some(n) = self.handshakes_by_source.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    self.handshakes_by_source.remove(&ip);
+                }
+            }
         }
     }
 
@@ -2296,6 +2338,8 @@ impl TcpFabric {
         if s.handshake {
             s.handshake = false;
             self.handshakes -= 1;
+            let source = s.source;
+            self.source_done(source);
         }
         let s = &mut self.socks[sock];
         if let Some(stream) = &s.stream {
@@ -2393,6 +2437,7 @@ impl TcpFabric {
             tx_pending: false,
             since: Instant::ZERO,
             handshake: false,
+            source: None,
             rbuf_len,
             grants: Vec::new(),
             rx_write: None,

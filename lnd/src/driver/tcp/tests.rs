@@ -1839,3 +1839,58 @@ fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
         "a's late write landed"
     );
 }
+
+/// The hostile-peer audit: one host holding 4,096 silent sockets (reopened as they time out)
+/// filled the handshake limit and kept every new peer out. A source address may hold at most
+/// `handshake_limit_per_source` of them: its excess is closed at once and counted, while
+/// another address still gets in.
+#[test]
+fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
+    use rustix::net::{AddressFamily, SocketType};
+    let clock = MonotonicClock::new();
+    let cfg = TcpConfig {
+        handshake_limit: 8,
+        handshake_limit_per_source: 2,
+        ..TcpConfig::default()
+    };
+    let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
+    let mut b = Node {
+        fabric,
+        ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
+        got: Vec::new(),
+        done: HashMap::new(),
+        downs: Vec::new(),
+        answers: Default::default(),
+        rdma_done: HashMap::new(),
+    };
+    let _raws = silent_clients(5, &mut b, &clock);
+    assert_eq!(b.fabric.handshakes(), 2);
+    assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
+    assert_eq!(b.fabric.stats().handshakes_refused, 3);
+    // Another source address (127.0.0.2) is not held back by 127.0.0.1's share.
+    let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+    let from: SocketAddr = "127.0.0.2:0".parse().unwrap();
+    rustix::net::bind(&fd, &from).unwrap();
+    rustix::net::connect(&fd, &b.fabric.local_addr()).unwrap();
+    let _other = TcpStream::from(fd);
+    assert!(
+        run_until(&mut [&mut b], &clock, StdDuration::from_secs(3), |n| n[0]
+            .fabric
+            .handshakes()
+            == 3),
+        "{:?}",
+        b.fabric.stats()
+    );
+    assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
+    // When 127.0.0.1's silent sockets go, its share is free again.
+    drop(_raws);
+    assert!(run_until(
+        &mut [&mut b],
+        &clock,
+        StdDuration::from_secs(3),
+        |n| n[0].fabric.handshakes() == 1
+    ));
+    let _again = silent_clients(2, &mut b, &clock);
+    assert_eq!(b.fabric.handshakes(), 3);
+    assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
+}
