@@ -13,9 +13,9 @@ pub fn excerpt(s: &str, max: usize) -> Cow<'_, str> {
     }
 }
 
-/// The largest configuration or import document read (16 MiB: a real `lnetctl export` of a
+/// The largest configuration or import document read (64 MiB: a real `lnetctl export` of a
 /// big router is tens of KiB).
-pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+pub const MAX_CONFIG_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Reads a configuration document, refusing one larger than [`MAX_CONFIG_BYTES`] instead of
 /// reading it all: `--config /dev/zero` or an endless pipe grew memory without bound (operator
