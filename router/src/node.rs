@@ -178,6 +178,17 @@ enum Route {
     Sibling(Net),
 }
 
+impl OutMsg {
+    /// A REPLY or ACK of ours (not one forwarded for another node): what
+    /// [`RESPONSE_BACKLOG`] bounds per peer.
+    fn is_own_answer(&self) -> bool {
+        matches!(
+            self.hdr.msg_type(),
+            lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
+        ) && !matches!(self.purpose, Purpose::Forward { .. })
+    }
+}
+
 /// An outgoing message for an LND, from its creation until the LND finishes it.
 struct OutMsg {
     peer: Nid,
@@ -1142,10 +1153,7 @@ impl LnetNode {
         if !m.peer_credit {
             // Our own answers only: what a router forwards is bounded by its buffers and
             // router credits already.
-            let response = matches!(
-                m.hdr.msg_type(),
-                lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
-            ) && !matches!(m.purpose, Purpose::Forward { .. });
+            let response = m.is_own_answer();
             let Some(p) = self.peers.get_mut(&peer_nid) else {
                 return;
             };
@@ -1659,12 +1667,7 @@ impl LnetNode {
                 };
                 p.txqnob = p.txqnob.saturating_sub((n.len + LNET_HDR_LEN) as u64);
                 let forward = matches!(n.purpose, Purpose::Forward { .. });
-                if !forward
-                    && matches!(
-                        n.hdr.msg_type(),
-                        lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
-                    )
-                {
+                if n.is_own_answer() {
                     p.txq_responses = p.txq_responses.saturating_sub(1);
                 }
                 if forward || now < n.born.saturating_add(timeout) {
@@ -2201,15 +2204,7 @@ impl LnetNode {
             }
             p.txq_responses = keep
                 .iter()
-                .filter(|c| {
-                    self.msgs.get(c).is_some_and(|m| {
-                        !matches!(m.purpose, Purpose::Forward { .. })
-                            && matches!(
-                                m.hdr.msg_type(),
-                                lnd::wire::LnetMsgType::Reply | lnd::wire::LnetMsgType::Ack
-                            )
-                    })
-                })
+                .filter(|c| self.msgs.get(c).is_some_and(OutMsg::is_own_answer))
                 .count();
             p.txq = keep;
         }

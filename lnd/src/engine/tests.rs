@@ -502,16 +502,9 @@ fn a_closed_peer_is_forgotten_after_its_reap() {
     assert_eq!(p.eps[1].stats().peers_forgotten, 1);
 }
 
-/// A peer's PUT_REQ or GET_REQ reaches LNet as a rendezvous request and is answered once, as
-/// o2iblnd's kiblnd_recv answers: when LNet matched nothing (`recv_done`) with PUT_NAK 0 or
-/// GET_DONE -ENODATA, when it refuses (`refuse_rdma`) with its errno; either way carrying the
-/// sender's cookie, without a credit, the request's slot reposted with its credit. Only that
-/// message is answered; the connection stays up and traffic goes on. A completion for a
-/// rendezvous we never started closes the connection (EPROTO).
-#[test]
-fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
-    use crate::wire::kib::{RdmaFrag, ENODATA, EPROTO};
-    use crate::wire::RdmaDesc;
+/// A pair connected by one 8-byte message from A to B: the pair, A's and B's NIDs, and B's
+/// connection to A.
+fn connected_by_one_message() -> (Pair, Nid, Nid, ConnId) {
     let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
     let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
     p.eps[0]
@@ -525,6 +518,20 @@ fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
         .find(|(i, _)| *i == 1)
         .map(|&(_, c)| c)
         .unwrap();
+    (p, a, b, conn_b)
+}
+
+/// A peer's PUT_REQ or GET_REQ reaches LNet as a rendezvous request and is answered once, as
+/// o2iblnd's kiblnd_recv answers: when LNet matched nothing (`recv_done`) with PUT_NAK 0 or
+/// GET_DONE -ENODATA, when it refuses (`refuse_rdma`) with its errno; either way carrying the
+/// sender's cookie, without a credit, the request's slot reposted with its credit. Only that
+/// message is answered; the connection stays up and traffic goes on. A completion for a
+/// rendezvous we never started closes the connection (EPROTO).
+#[test]
+fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
+    use crate::wire::kib::{RdmaFrag, ENODATA, EPROTO};
+    use crate::wire::RdmaDesc;
+    let (mut p, a, b, conn_b) = connected_by_one_message();
     let frags = [RdmaFrag {
         nob: 1 << 20,
         addr: 0x1000,
@@ -904,18 +911,7 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
     use crate::fabric::{check_rdma_write, LocalFrag, RegionId};
     use crate::wire::kib::RdmaFrag;
     use crate::wire::RdmaDesc;
-    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-    p.eps[0]
-        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
-        .unwrap();
-    p.run();
-    let conn_b = p
-        .links
-        .keys()
-        .find(|(i, _)| *i == 1)
-        .map(|&(_, c)| c)
-        .unwrap();
+    let (mut p, a, b, conn_b) = connected_by_one_message();
     let frags = [
         RdmaFrag {
             nob: 0,
@@ -987,19 +983,7 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
 #[test]
 fn a_get_done_for_no_get_of_ours_closes_the_connection() {
     use crate::wire::kib::Completion;
-    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-    p.eps[0]
-        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
-        .unwrap();
-    p.run();
-    assert_eq!(p.received[1].len(), 1);
-    let conn_b = p
-        .links
-        .keys()
-        .find(|(i, _)| *i == 1)
-        .map(|&(_, c)| c)
-        .unwrap();
+    let (mut p, a, b, conn_b) = connected_by_one_message();
     let done = raw_msg(
         a,
         100,

@@ -27,9 +27,6 @@ use lnd::wire::LnetMsgType;
 use crate::forward::BulkBuffers;
 use lnd::fabric::{LocalFrag, RegionId, Registration};
 use lnd::wire::kib::EPROTO;
-
-/// No route to host (Linux errno), LNet's status for a destination no route reaches.
-const EHOSTUNREACH: i32 = 113;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::RdmaFrag;
 
@@ -725,7 +722,9 @@ impl LnetNode {
                     Ok((Route::Remote { .. } | Route::Sibling(_), _))
                 ) =>
             {
-                self.nis[ni].ep.refuse_rdma(now, rx, EHOSTUNREACH);
+                self.nis[ni]
+                    .ep
+                    .refuse_rdma(now, rx, crate::control::errno::EHOSTUNREACH);
                 self.count_error(&LnetError::NoRoute(dest));
                 FwdDrop::NoRoute
             }

@@ -1752,7 +1752,6 @@ fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
     let (book, mut a, mut b) = connected_pair(&clock);
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
-    let cn = c.ep.nid();
     c.send(&clock, bn, 1, payload(1));
     assert!(run_until(
         &mut [&mut b, &mut c],
@@ -1787,52 +1786,18 @@ fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
     let before = b.fabric.stats().clone();
 
     // c never was granted this memory: refused at the frame head, nothing lands.
-    let to_b = conn_to(&c, bn);
-    post_write1(
-        &mut c,
-        &clock,
-        to_b,
-        injected(1),
-        &c_src,
-        0,
-        sink.remote(),
-        4096,
-    );
-    assert!(run_until(
-        &mut [&mut b, &mut c],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[0].downs.iter().any(|d| d.0 == cn)
-    ));
-    let s = b.fabric.stats().clone();
-    assert_eq!(s.rdma_ungranted - before.rdma_ungranted, 1);
-    assert_eq!(s.rdma_access_errors - before.rdma_access_errors, 1);
-    assert_eq!(s.rdma_frames_rx, before.rdma_frames_rx);
+    let s1 = refused_write(&mut b, &mut c, &clock, injected(1), &c_src, &sink);
+    assert_eq!(s1.rdma_ungranted - before.rdma_ungranted, 1);
+    assert_eq!(s1.rdma_access_errors - before.rdma_access_errors, 1);
+    assert_eq!(s1.rdma_frames_rx, before.rdma_frames_rx);
     assert!(
         b.fabric.contents(&sink).unwrap() == landed,
         "c's write landed"
     );
 
     // a, after its PUT_DONE, with the key it was shown: refused the same way.
-    let to_b = conn_to(&a, bn);
-    post_write1(
-        &mut a,
-        &clock,
-        to_b,
-        injected(2),
-        &a_src,
-        0,
-        sink.remote(),
-        4096,
-    );
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].downs.iter().any(|d| d.0 == an)
-    ));
-    let s2 = b.fabric.stats().clone();
-    assert_eq!(s2.rdma_ungranted - s.rdma_ungranted, 1);
+    let s2 = refused_write(&mut b, &mut a, &clock, injected(2), &a_src, &sink);
+    assert_eq!(s2.rdma_ungranted - s1.rdma_ungranted, 1);
     assert_eq!(s2.rdma_frames_rx, before.rdma_frames_rx);
     assert!(
         b.fabric.contents(&sink).unwrap() == landed,
@@ -1893,4 +1858,26 @@ fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
     let _again = silent_clients(2, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 3);
     assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
+}
+
+/// `w` writes 4096 bytes of `src` onto `b`'s whole `sink`, which `b` must refuse: waits until
+/// `b` has dropped `w`'s connection, and gives `b`'s fabric counters then.
+fn refused_write(
+    b: &mut Node,
+    w: &mut Node,
+    clock: &MonotonicClock,
+    wr: WrId,
+    src: &Registration,
+    sink: &Registration,
+) -> TcpStats {
+    let (bn, wn) = (b.ep.nid(), w.ep.nid());
+    let to_b = conn_to(w, bn);
+    post_write1(w, clock, to_b, wr, src, 0, sink.remote(), 4096);
+    assert!(run_until(
+        &mut [&mut *b, &mut *w],
+        clock,
+        StdDuration::from_secs(5),
+        |n| n[0].downs.iter().any(|d| d.0 == wn)
+    ));
+    b.fabric.stats().clone()
 }
