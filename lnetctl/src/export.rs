@@ -11,7 +11,10 @@
 //! NI configuration; Lustre derives it from the globals).
 //!
 //! ulnet's own keys (`fabric` per net; `listen`, `checksum`, `checksum default`, `race order`,
-//! `peer limit` per NI) are written where the daemon's configuration takes them, so an export
+//! `connect hedge ms`, `peer limit`, `busy poll us`, `handshake limit` per NI; the router
+//! pinger's `alive_router_check_interval`, `router_ping_timeout` and
+//! `avoid_asym_router_failure` beside `routing: enable`; the `peers:` address table; `selftest:
+//! enable: 1` when on) are written where the daemon's configuration takes them, so an export
 //! restarts the daemon as it runs; a kernel lnetctl's import ignores keys it does not know.
 
 use router::control::{
@@ -161,11 +164,23 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         }
     }
     let sum = |f: fn(&CptPools) -> u32| -> u32 { r.routing.cpts.iter().map(f).sum() };
+    // `enable`, then the router pinger's module parameters under their Lustre names (a
+    // kernel lnetctl's import reads `enable` and ignores them).
+    let mut enable = Map::new().with("enable", r.routing.enable);
+    if let Some(c) = &r.routing.router_checks {
+        enable = enable
+            .with("alive_router_check_interval", c.alive_router_check_interval)
+            .with("router_ping_timeout", c.router_ping_timeout)
+            .with("avoid_asym_router_failure", c.avoid_asym_router_failure);
+    }
     let routing = if backup {
-        Node::from(Map::new().with("enable", r.routing.enable))
+        Node::from(enable)
     } else {
-        // As `routing show` prints it: each CPT's pools, then `enable`.
-        Node::from(render::routing_items(&r.routing))
+        // As `routing show` prints it: each CPT's pools, then `enable` (with ours).
+        let mut items = render::routing_items(&r.routing);
+        items.pop();
+        items.push(enable);
+        Node::from(items)
     };
     let tail = Map::new()
         .with("routing", routing)
@@ -178,6 +193,26 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         )
         .with("global", render::lnetctl_globals(&r.global.global));
     out.push((tail, Style::Cyaml));
+    // Ours, where the configuration takes them: where peers listen, and selftest when on.
+    let mut ours = Map::new();
+    if !r.net.peers.is_empty() {
+        let peers: Vec<Map> = r
+            .net
+            .peers
+            .iter()
+            .map(|p| Map::new().with("nid", &p.nid).with("address", &p.address))
+            .collect();
+        ours.push("peers", peers);
+    }
+    if r.global.global.selftest != 0 {
+        ours.push(
+            "selftest",
+            Map::new().with("enable", r.global.global.selftest),
+        );
+    }
+    if !ours.0.is_empty() {
+        out.push((ours, Style::Cyaml));
+    }
     out
 }
 
@@ -207,7 +242,9 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
             .with("checksum default", &u.checksum_default)
             .with("race order", &u.race_order)
             .with("connect hedge ms", u.connect_hedge_ms)
-            .with("peer limit", u.peer_limit);
+            .with("peer limit", u.peer_limit)
+            .with_opt("busy poll us", u.busy_poll_us)
+            .with_opt("handshake limit", u.handshake_limit);
     }
     m
 }

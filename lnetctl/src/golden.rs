@@ -274,7 +274,8 @@ route:
 /// with `enable`), buffers (each pool's total) and global in cYAML (lnetctl.c, jt_export; the
 /// kernel's backup dumps leave out the loopback net, status, statistics, a route's state and
 /// type, and a peer NI's state). ulnet keeps each NI's `nid` and its lnd `timeout` (see
-/// export.rs) and adds its own NI keys after them.
+/// export.rs) and adds its own NI keys after them, and the router pinger's module parameters
+/// after `enable`.
 #[test]
 fn golden_export() {
     let n = node();
@@ -320,6 +321,9 @@ peer:
       -     nid: 10.0.0.2@o2ib
 routing:
     enable: 0
+    alive_router_check_interval: 60
+    router_ping_timeout: 50
+    avoid_asym_router_failure: 1
 buffers:
     tiny: 2048
     small: 16384
@@ -349,7 +353,8 @@ global:
         "      state: up\n      type: single-hop\n",
         "            available_tx_credits: 7\n",
         "routing:\n    - cpt[0]:\n          tiny:\n",
-        "    - enable: 0\nbuffers:\n",
+        "    - enable: 0\n      alive_router_check_interval: 60\n      router_ping_timeout: 50\n      \
+         avoid_asym_router_failure: 1\nbuffers:\n",
     ] {
         assert!(full.contains(want), "{want:?} not in\n{full}");
     }

@@ -403,19 +403,19 @@ enum SetCmd {
     /// Router buffers for messages without payload (the node's total)
     #[command(name = "tiny_buffers")]
     TinyBuffers {
-        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(value_parser = buffers_range())]
         value: u32,
     },
     /// Router buffers of one page
     #[command(name = "small_buffers")]
     SmallBuffers {
-        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(value_parser = buffers_range())]
         value: u32,
     },
     /// Router buffers of LNET_MTU (1 MiB)
     #[command(name = "large_buffers")]
     LargeBuffers {
-        #[arg(value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(value_parser = buffers_range())]
         value: u32,
     },
     /// NUMA range for NI selection (0 and up)
@@ -454,6 +454,13 @@ enum SetCmd {
     /// Most seconds between recovery pings (1 and up)
     #[command(name = "max_recovery_ping_interval")]
     MaxRecoveryPingInterval(GlobalValue),
+}
+
+/// A router buffer count: the configuration's range (`router::BUFFERS_RANGE`), which the
+/// daemon checks too, so `set` takes nothing an export could not give back.
+fn buffers_range() -> clap::builder::RangedI64ValueParser<u32> {
+    let r = router::BUFFERS_RANGE;
+    clap::value_parser!(u32).range(i64::from(*r.start())..=i64::from(*r.end()))
 }
 
 /// The value of a global tunable; the daemon checks it against Lustre's range.

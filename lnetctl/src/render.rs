@@ -320,7 +320,9 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                                 .with("race order", &u.race_order)
                                 .with("connect hedge ms", u.connect_hedge_ms)
                                 .with("peer limit", u.peer_limit)
-                                .with("peers", u.peers),
+                                .with("peers", u.peers)
+                                .with_opt("busy poll us", u.busy_poll_us)
+                                .with_opt("handshake limit", u.handshake_limit),
                         );
                     }
                     m
@@ -331,7 +333,18 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                 .with("local NI(s)", nis)
         })
         .collect();
-    Map::new().with("net", nets)
+    let doc = Map::new().with("net", nets);
+    if ours && !n.peers.is_empty() {
+        // Ours: where peer NIDs listen (the daemon's `peers:` table).
+        let peers: Vec<Map> = n
+            .peers
+            .iter()
+            .map(|p| Map::new().with("nid", &p.nid).with("address", &p.address))
+            .collect();
+        doc.with("peers", peers)
+    } else {
+        doc
+    }
 }
 
 /// `capture:`, what `lnetctl capture` prints when it ends.
@@ -467,8 +480,11 @@ pub fn global_tree(g: &GlobalShow, ours: bool) -> Map {
     let g = &g.global;
     let lnetctl = lnetctl_globals(g);
     let all = if ours {
-        // Ours: whether this node forwards, and the PID it answers as.
-        lnetctl.with("routing", g.routing).with("pid", g.pid)
+        // Ours: whether this node forwards, the PID it answers as, whether selftest runs.
+        lnetctl
+            .with("routing", g.routing)
+            .with("pid", g.pid)
+            .with("selftest", g.selftest)
     } else {
         lnetctl
     };
@@ -497,21 +513,32 @@ pub fn route_tree(r: &RouteShow) -> Map {
 /// forwarding books.
 pub fn routing_tree(r: &RoutingShow) -> Map {
     let f = &r.forwarding;
-    Map::new().with("routing", routing_items(r)).with(
-        "forwarding",
-        Map::new()
-            .with("received", f.received)
-            .with("forwarded", f.forwarded)
-            .with("forwarded_bytes", f.forwarded_bytes)
-            .with("in_flight", f.in_flight)
-            .with("dropped", f.dropped)
-            .with(
-                "dropped_by_reason",
-                Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
-            )
-            .with("waited_rtr_credit", f.waited_rtr_credit)
-            .with("waited_buffer", f.waited_buffer),
-    )
+    Map::new()
+        .with("routing", routing_items(r))
+        .with(
+            "forwarding",
+            Map::new()
+                .with("received", f.received)
+                .with("forwarded", f.forwarded)
+                .with("forwarded_bytes", f.forwarded_bytes)
+                .with("in_flight", f.in_flight)
+                .with("dropped", f.dropped)
+                .with(
+                    "dropped_by_reason",
+                    Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
+                )
+                .with("waited_rtr_credit", f.waited_rtr_credit)
+                .with("waited_buffer", f.waited_buffer),
+        )
+        .with_opt(
+            "router_checks",
+            r.router_checks.as_ref().map(|c| {
+                Map::new()
+                    .with("alive_router_check_interval", c.alive_router_check_interval)
+                    .with("router_ping_timeout", c.router_ping_timeout)
+                    .with("avoid_asym_router_failure", c.avoid_asym_router_failure)
+            }),
+        )
 }
 
 /// `routing:`'s items as lnetctl prints them: each CPT's pools, then `enable`.
@@ -738,6 +765,7 @@ net:
                     }),
                 }],
             }],
+            peers: Vec::new(),
         };
         assert_eq!(
             net(&n),
@@ -943,6 +971,7 @@ global:
     max_recovery_ping_interval: 900
     routing: 0
     pid: 12345
+    selftest: 0
 "
         );
     }

@@ -93,6 +93,25 @@ pub const DEFAULT_TINY_BUFFERS: u32 = 2048;
 pub const DEFAULT_SMALL_BUFFERS: u32 = 16384;
 pub const DEFAULT_LARGE_BUFFERS: u32 = 1024;
 
+/// The range of router buffers of one size a node takes, for the whole node: the `buffers:`
+/// section and `lnetctl set tiny_buffers|small_buffers|large_buffers` check against this one
+/// range, so whatever `set` accepts, an export writes back and the daemon loads.
+pub const BUFFERS_RANGE: std::ops::RangeInclusive<u32> = 1..=10_000_000;
+
+/// `out of range` text for a value outside `range`, as the configuration file words it
+/// (`KEY: VALUE is out of range LO..=HI`).
+pub fn out_of_range<T: std::fmt::Display>(
+    key: &str,
+    value: impl std::fmt::Display,
+    range: &std::ops::RangeInclusive<T>,
+) -> String {
+    format!(
+        "{key}: {value} is out of range {}..={}",
+        range.start(),
+        range.end()
+    )
+}
+
 /// Router buffers of each size (`buffers:`, `lnetctl set tiny_buffers|small_buffers|
 /// large_buffers`): tiny for messages without payload, small for one page, large for up to
 /// LNET_MTU. A node gives each of its NI runtimes its share (each runtime is a CPT).

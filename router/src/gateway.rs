@@ -31,6 +31,10 @@ pub const DEFAULT_ROUTER_CHECK_INTERVAL: u32 = 60;
 /// Lustre's `router_ping_timeout` default (seconds).
 pub const DEFAULT_ROUTER_PING_TIMEOUT: u32 = 50;
 
+/// The most seconds `alive_router_check_interval` and `router_ping_timeout` take, in the
+/// configuration file and in an import at run time alike.
+pub const MAX_ROUTER_CHECK_SECS: u32 = 86_400;
+
 /// The first re-ping of a gateway whose ping failed.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 
@@ -128,6 +132,18 @@ impl Gateways {
 
     pub fn config(&self) -> GatewayHealthConfig {
         self.cfg
+    }
+
+    /// New settings at run time (an import's `routing:` module parameters, as a module
+    /// parameter written under /sys): a shorter interval brings each gateway's next ping
+    /// forward to at most one new interval from `now`; a longer one takes effect after it.
+    pub fn set_config(&mut self, cfg: GatewayHealthConfig, now: Instant) {
+        if cfg.check_interval != self.cfg.check_interval && cfg.check_interval != Duration::ZERO {
+            for g in self.map.values_mut() {
+                g.next_ping = g.next_ping.min(now + cfg.check_interval);
+            }
+        }
+        self.cfg = cfg;
     }
 
     pub fn is_gateway(&self, nid: Nid) -> bool {

@@ -153,22 +153,13 @@ impl fmt::Display for GlobalError {
                 let known: Vec<&str> = TUNABLES.iter().map(|t| t.name).collect();
                 write!(f, "unknown global '{n}' (known: {})", known.join(", "))
             }
+            // The configuration file's wording ("out of range LO..=HI"), with the real limits.
             GlobalError::OutOfRange {
                 name,
                 value,
                 min,
                 max,
-            } if *max == u32::MAX as i64 => {
-                write!(f, "{name}: {value} is out of range (at least {min})")
-            }
-            GlobalError::OutOfRange {
-                name,
-                value,
-                min,
-                max,
-            } => {
-                write!(f, "{name}: {value} is out of range ({min}..{max})")
-            }
+            } => write!(f, "{name}: {value} is out of range {min}..={max}"),
             GlobalError::ReadOnly(n) => write!(f, "{n} cannot be set (it is shown, not set)"),
             GlobalError::Conflict(m) => f.write_str(m),
         }
@@ -343,6 +334,32 @@ mod tests {
         g.set("max_interfaces", 16).unwrap();
         assert_eq!(g.get("health_sensitivity"), Some(1000));
         assert_eq!(g.get("max_interfaces"), Some(16));
+    }
+
+    /// An out-of-range error quotes both real limits, in the configuration file's wording
+    /// (the operator audit saw "4294967296 is out of range (at least 0)").
+    #[test]
+    fn range_errors_quote_both_limits() {
+        let mut g = GlobalTunables::default();
+        for (name, bad, want) in [
+            (
+                "numa_range",
+                4_294_967_296,
+                "numa_range: 4294967296 is out of range 0..=4294967295",
+            ),
+            (
+                "transaction_timeout",
+                4_294_967_296,
+                "transaction_timeout: 4294967296 is out of range 1..=4294967295",
+            ),
+            (
+                "health_sensitivity",
+                1001,
+                "health_sensitivity: 1001 is out of range 0..=1000",
+            ),
+        ] {
+            assert_eq!(g.set(name, bad).unwrap_err().to_string(), want);
+        }
     }
 
     /// Lustre's quirks, kept: what the kernel's setters do with odd values.

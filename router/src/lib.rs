@@ -69,7 +69,8 @@ pub mod text;
 pub mod yaml_config;
 
 pub use config::{
-    BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+    out_of_range, BufferCounts, NiConfig, NodeConfig, RoutingConfig, BUFFERS_RANGE,
+    DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
 pub use error::LnetError;
 pub use forward::{

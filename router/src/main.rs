@@ -368,7 +368,7 @@ fn run(
     }
     let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
         runtimes.iter_mut().map(|r| &mut r.0).collect();
-    give_bulk_buffers(&mut rts, clock.now());
+    let large_registered = give_bulk_buffers(&mut rts, clock.now());
 
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
@@ -391,6 +391,7 @@ fn run(
         shared: Shutdown::default(),
         next_incarnation: AtomicU64::new(incarnation.wrapping_add(nids.len() as u64)),
         peers: Mutex::new(cfg.peers.clone()),
+        large_registered,
         base: cfg,
         clock,
         threading,
@@ -528,6 +529,8 @@ fn extras_of(ni: &router::yaml_config::NiSettings, listen: std::net::SocketAddr)
         peer_timeout: ni.peer_timeout,
         peer_buffer_credits: ni.peer_buffer_credits,
         listen: Some(listen),
+        busy_poll_us: Some(ni.busy_poll_us),
+        handshake_limit: Some(ni.handshake_limit),
     }
 }
 
@@ -546,6 +549,9 @@ struct Daemon {
     threading: NiThreads,
     /// Where peers listen: the file's `peers:` and every imported document's since.
     peers: Mutex<HashMap<Nid, std::net::SocketAddr>>,
+    /// The large router buffers registered for bulk data at start (the node's total), if
+    /// any: registered memory is made once, so `set large_buffers` cannot go above it.
+    large_registered: Option<u32>,
     /// A node with no NI of its own that knows every NID: it checks and keeps the node-wide
     /// settings (`route`, `set`, `routing`, buffers), which every NI then adopts
     /// ([`NodeSettings`]), and answers while the daemon runs no NI.
@@ -609,6 +615,8 @@ struct NodeSettings {
     globals: router::GlobalTunables,
     routing: bool,
     buffers: BufferCounts,
+    /// `routing:`'s module parameters (the router pinger's).
+    gateway_health: router::GatewayHealthConfig,
 }
 
 impl NodeSettings {
@@ -618,6 +626,7 @@ impl NodeSettings {
             globals: t.globals().clone(),
             routing: t.routing_enabled(),
             buffers: t.routing_info().buffers(),
+            gateway_health: t.gateway_health(),
         }
     }
 }
@@ -845,12 +854,35 @@ impl Daemon {
     /// start, so that no NI misses one.
     fn change_settings(&self, req: Request) -> Response {
         let _one = lock(&self.set.change);
+        if let Some(e) = self.beyond_registered(&req) {
+            return Response::Error(e);
+        }
         let resp = self.on_template(req);
         if matches!(resp, Response::Done) {
             let m = self.set.snapshot();
             self.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
         }
         resp
+    }
+
+    /// `set large_buffers N` above the large buffers registered at start: refused with ENOMEM,
+    /// as Lustre's `set large_buffers` is when it cannot allocate them (lnet_rtrpools_adjust),
+    /// naming the cap, rather than accepted and capped where only the log would say so.
+    fn beyond_registered(&self, req: &Request) -> Option<ControlError> {
+        let Request::SetBuffers { pool, count } = req else {
+            return None;
+        };
+        let cap = self.large_registered?;
+        (pool.trim_end_matches("_buffers") == "large" && *count > cap).then(|| {
+            ControlError::new(
+                errno::ENOMEM,
+                format!(
+                    "large_buffers: {count} is more than the {cap} registered at start (router \
+                     buffers for bulk data are registered memory, made once): set at most \
+                     {cap}, or put 'buffers: large: {count}' in the configuration and restart"
+                ),
+            )
+        })
     }
 
     /// `net add` (an import's new NI): starts NI `ni` of `net` on its own thread with the
@@ -915,6 +947,7 @@ impl Daemon {
             let mut c = single.node_config(incarnation);
             c.routes = settings.routes;
             c.globals = settings.globals;
+            c.gateway_health = settings.gateway_health;
             c.routing = router::RoutingConfig {
                 enabled: settings.routing,
                 buffers: settings.buffers.share(nids.len()),
@@ -1170,6 +1203,9 @@ impl NiLoop {
         }
         node.adopt_globals(s.globals.clone());
         node.set_routing(now, s.routing);
+        if node.gateway_health() != s.gateway_health {
+            node.set_gateway_health(now, s.gateway_health);
+        }
         let share = s.buffers.share(n);
         let had = before.map(|(a, count)| a.buffers.share(count));
         let has = node.routing_info().buffers();
@@ -1528,13 +1564,13 @@ fn fabric_supported(kind: FabricKind) -> bool {
 fn give_bulk_buffers(
     runtimes: &mut [&mut NiRuntime<Box<dyn Driver + Send>>],
     now: lnd::time::Instant,
-) {
+) -> Option<u32> {
     use lnd::fabric::SharedMem;
     use router::{BulkBuffers, BulkRegion};
     // Only a router configured as one: the buffers are pinned on verbs.
     let routing = runtimes.iter().any(|r| r.node().routing_enabled());
     if runtimes.len() < 2 || !routing {
-        return;
+        return None;
     }
     let shares: Vec<usize> = runtimes
         .iter()
@@ -1566,7 +1602,7 @@ fn give_bulk_buffers(
                                 r.deregister(reg);
                             }
                         }
-                        return;
+                        return None;
                     }
                 }
             }
@@ -1579,11 +1615,13 @@ fn give_bulk_buffers(
         buffers = table.bufs.len(),
         "router buffers for bulk data registered on every NI"
     );
+    let registered = u32::try_from(table.bufs.len()).unwrap_or(u32::MAX);
     let table = Arc::new(table);
     for (r, owned) in runtimes.iter_mut().zip(owned) {
         r.node_mut()
             .set_bulk_buffers(now, Arc::clone(&table), owned);
     }
+    Some(registered)
 }
 
 /// Starts the fabric of one NI: listening, ready for the loop.
@@ -2317,6 +2355,29 @@ impl Loops {
     /// to the first NI, the other shows to every NI, merged; a change of node-wide settings
     /// goes to the template, which every NI then follows. With no NI, the template answers.
     fn call(&self, req: Request) -> Response {
+        let peers = matches!(req, Request::NetShow { verbose: true });
+        let mut resp = self.call_nodes(req);
+        match &mut resp {
+            // What the daemon keeps, not its nodes: where peers listen, whether selftest runs.
+            Response::Net(n) if peers => {
+                let mut table: Vec<_> = lock(&self.daemon.peers)
+                    .iter()
+                    .map(|(nid, addr)| control::PeerAddress {
+                        nid: nid.to_string(),
+                        address: addr.to_string(),
+                    })
+                    .collect();
+                table.sort_by(|a, b| a.nid.cmp(&b.nid));
+                n.peers = table;
+            }
+            Response::Global(g) => g.global.selftest = u32::from(self.daemon.base.selftest),
+            _ => {}
+        }
+        resp
+    }
+
+    /// [`Loops::call`] as the NI loops (or the template) answer it.
+    fn call_nodes(&self, req: Request) -> Response {
         let m = self.members();
         let all: Vec<usize> = (0..m.list.len()).collect();
         match req {
@@ -2324,7 +2385,8 @@ impl Loops {
             | Request::RouteDel { .. }
             | Request::SetGlobals { .. }
             | Request::SetRouting { .. }
-            | Request::SetBuffers { .. }) => self.daemon.change_settings(req),
+            | Request::SetBuffers { .. }
+            | Request::SetRouterChecks { .. }) => self.daemon.change_settings(req),
             Request::Import { yaml, op } => {
                 let _one = lock(&self.import);
                 // The NIs as they are once this import has the lock.

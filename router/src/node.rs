@@ -2670,6 +2670,17 @@ impl LnetNode {
         self.handovers.pop_front()
     }
 
+    /// How the gateways of the routes are watched (`routing:`'s module parameters).
+    pub fn gateway_health(&self) -> crate::GatewayHealthConfig {
+        self.gateways.config()
+    }
+
+    /// Changes how the gateways are watched, at run time (see `Gateways::set_config`).
+    pub fn set_gateway_health(&mut self, now: Instant, cfg: crate::GatewayHealthConfig) {
+        self.advance(now);
+        self.gateways.set_config(cfg, now);
+    }
+
     /// Forwarding on or off.
     pub fn routing_enabled(&self) -> bool {
         self.routing

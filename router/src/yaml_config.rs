@@ -43,7 +43,8 @@ use serde_saphyr::Spanned;
 use crate::GlobalError;
 
 use crate::config::{
-    BufferCounts, NiConfig, NodeConfig, RoutingConfig, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+    BufferCounts, NiConfig, NodeConfig, RoutingConfig, BUFFERS_RANGE, DEFAULT_CREDITS,
+    DEFAULT_PEER_CREDITS,
 };
 use crate::gateway::GatewayHealthConfig;
 use crate::routes::{RouteConfig, RouteError, RouteTable};
@@ -144,6 +145,28 @@ pub struct GivenSections {
     pub peers: usize,
     /// `global:` keys (and `numa: range:`), settable ones only, in file order.
     pub globals: Vec<(String, i64)>,
+    /// `routing:`'s module parameters the document gave, as given (seconds; an import sets
+    /// these and leaves the others).
+    pub router_checks: RouterChecksGiven,
+    /// `selftest: enable:` as given.
+    pub selftest: Option<bool>,
+}
+
+/// The `routing:` module parameters a document gave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouterChecksGiven {
+    pub alive_router_check_interval: Option<u32>,
+    pub router_ping_timeout: Option<u32>,
+    pub avoid_asym_router_failure: Option<bool>,
+}
+
+impl RouterChecksGiven {
+    /// How many were given.
+    pub fn count(&self) -> usize {
+        usize::from(self.alive_router_check_interval.is_some())
+            + usize::from(self.router_ping_timeout.is_some())
+            + usize::from(self.avoid_asym_router_failure.is_some())
+    }
 }
 
 /// One `route:` entry and its line.
@@ -319,8 +342,12 @@ impl DaemonConfig {
                 }
                 let mut c = NiConfig::new(nid, 0);
                 ulnet_settings(&ni, &mut c).map_err(|(l, m)| err(l, m))?;
-                let t = ni.tunables.unwrap_or_default();
-                let l = ni.lnd_tunables.unwrap_or_default();
+                let mut t = ni.tunables.unwrap_or_default();
+                let mut l = ni.lnd_tunables.unwrap_or_default();
+                // A 2.12-2.14 export's LND tunables, under `tunables:`.
+                l.peercredits_hiw = l.peercredits_hiw.or(t.peercredits_hiw.take());
+                l.concurrent_sends = l.concurrent_sends.or(t.concurrent_sends.take());
+                l.conns_per_peer = l.conns_per_peer.or(t.conns_per_peer.take());
                 let credits = checked(&t.credits, DEFAULT_CREDITS, 1, u32::MAX, "credits")
                     .map_err(|(l, m)| err(l, m))?;
                 let peer_credits = checked(
@@ -446,13 +473,14 @@ impl DaemonConfig {
         cfg.given.peers = raw.peer.as_ref().map_or(0, |p| p.value.len());
         if let Some(b) = raw.buffers {
             let d = BufferCounts::default();
-            let big = 10_000_000;
+            // The range `lnetctl set *_buffers` checks too.
+            let (lo, hi) = (*BUFFERS_RANGE.start(), *BUFFERS_RANGE.end());
             cfg.routing.buffers = BufferCounts {
-                tiny: checked(&b.tiny, d.tiny, 1, big, "buffers: tiny")
+                tiny: checked(&b.tiny, d.tiny, lo, hi, "buffers: tiny")
                     .map_err(|(l, m)| err(l, m))?,
-                small: checked(&b.small, d.small, 1, big, "buffers: small")
+                small: checked(&b.small, d.small, lo, hi, "buffers: small")
                     .map_err(|(l, m)| err(l, m))?,
-                large: checked(&b.large, d.large, 1, big, "buffers: large")
+                large: checked(&b.large, d.large, lo, hi, "buffers: large")
                     .map_err(|(l, m)| err(l, m))?,
             };
         }
@@ -464,6 +492,12 @@ impl DaemonConfig {
         // the rules that tie two of them (the section's first line).
         let global_line = raw.global.as_ref().map_or(1, |g| g.referenced.line());
         for (key, v) in raw.global.into_iter().flat_map(|g| g.value).chain(numa) {
+            // Lustre <= 2.14's name, which lnetctl still reads (LU-13641 renamed it).
+            let key = if key == "max_intf" {
+                "max_interfaces".to_string()
+            } else {
+                key
+            };
             if crate::globals::READ_ONLY.contains(&key.as_str()) {
                 // Shown by `global show`, so in every export; set elsewhere or derived.
                 continue;
@@ -489,12 +523,25 @@ impl DaemonConfig {
                 .set_all(&all)
                 .map_err(|e| err(global_line, format!("global: {e}")))?;
         }
-        cfg.selftest = raw.selftest.is_some_and(|s| s.enable.is_some_and(|e| e.0));
+        cfg.given.selftest = raw
+            .selftest
+            .as_ref()
+            .and_then(|s| s.enable.as_ref().map(|e| e.0));
+        cfg.selftest = cfg.given.selftest.unwrap_or(false);
         if let Some(RoutingSection(r)) = raw.routing {
             cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
+            cfg.given.router_checks = RouterChecksGiven {
+                alive_router_check_interval: r
+                    .alive_router_check_interval
+                    .as_ref()
+                    .map(|s| s.value),
+                router_ping_timeout: r.router_ping_timeout.as_ref().map(|s| s.value),
+                avoid_asym_router_failure: r.avoid_asym_router_failure.as_ref().map(|s| s.0),
+            };
             let d = GatewayHealthConfig::default();
+            let max = crate::gateway::MAX_ROUTER_CHECK_SECS;
             let secs = |v: &Option<Spanned<u32>>, def: Duration, key: &str| {
-                checked(v, def.as_secs() as u32, 0, 86_400, key)
+                checked(v, def.as_secs() as u32, 0, max, key)
                     .map(|s| Duration::from_secs(u64::from(s)))
                     .map_err(|(l, m)| err(l, m))
             };
@@ -752,32 +799,74 @@ impl<'de> Deserialize<'de> for RoutingSection {
                 self,
                 mut s: A,
             ) -> Result<RoutingSection, A::Error> {
-                let mut enable = None;
-                while let Some(item) = s.next_element::<RoutingItem>()? {
-                    if item.enable.is_some() {
-                        enable = item.enable;
-                    }
-                }
-                Ok(RoutingSection(RawRouting {
-                    enable,
+                let mut r = RawRouting {
+                    enable: None,
                     alive_router_check_interval: None,
                     router_ping_timeout: None,
                     avoid_asym_router_failure: None,
                     seq_no: None,
-                }))
+                };
+                while let Some(item) = s.next_element::<RoutingItem>()? {
+                    let RoutingItem(i) = item;
+                    r.enable = i.enable.or(r.enable);
+                    r.alive_router_check_interval = i
+                        .alive_router_check_interval
+                        .or(r.alive_router_check_interval);
+                    r.router_ping_timeout = i.router_ping_timeout.or(r.router_ping_timeout);
+                    r.avoid_asym_router_failure =
+                        i.avoid_asym_router_failure.or(r.avoid_asym_router_failure);
+                }
+                Ok(RoutingSection(r))
             }
         }
         d.deserialize_any(V)
     }
 }
 
-/// One item of `routing show`'s list: `cpt[N]:` (the pools' state, skipped) or `enable:`.
-#[derive(Deserialize)]
-struct RoutingItem {
-    #[serde(default)]
-    enable: Option<Switch>,
-    #[serde(flatten)]
-    _cpts: std::collections::BTreeMap<String, IgnoredAny>,
+/// One item of `routing show`'s list: `cpt[N]:` (the pools' state, skipped) or `enable:`, which
+/// ulnet's export follows with the module parameters (`alive_router_check_interval`, ...).
+struct RoutingItem(RawRouting);
+
+impl<'de> Deserialize<'de> for RoutingItem {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RoutingItem;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping (cpt[N]: ..., or enable: N)")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<RoutingItem, A::Error> {
+                let mut r = RawRouting {
+                    enable: None,
+                    alive_router_check_interval: None,
+                    router_ping_timeout: None,
+                    avoid_asym_router_failure: None,
+                    seq_no: None,
+                };
+                while let Some(key) = m.next_key::<String>()? {
+                    match key.as_str() {
+                        "enable" => r.enable = Some(m.next_value()?),
+                        "alive_router_check_interval" => {
+                            r.alive_router_check_interval = Some(m.next_value()?)
+                        }
+                        "router_ping_timeout" => r.router_ping_timeout = Some(m.next_value()?),
+                        "avoid_asym_router_failure" => {
+                            r.avoid_asym_router_failure = Some(m.next_value()?)
+                        }
+                        // `cpt[N]:`: the pools' state.
+                        _ => {
+                            m.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(RoutingItem(r))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `selftest:` (ours): whether the daemon runs lnet_selftest.
@@ -852,6 +941,10 @@ struct RawNi {
     dev_cpt: Option<IgnoredAny>,
     #[serde(rename = "CPT", default)]
     cpt: Option<IgnoredAny>,
+    /// Written for every NI by Lustre 2.10-2.14's `lnetctl export` (the socklnd bonding
+    /// removed by LU-13641); meaningless here.
+    #[serde(rename = "tcp bonding", default)]
+    tcp_bonding: Option<IgnoredAny>,
     // Read-only state `lnetctl export` (without --backup) writes per NI.
     #[serde(default)]
     statistics: Option<IgnoredAny>,
@@ -869,6 +962,7 @@ struct RawNi {
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+#[allow(dead_code)] // the ignored keys are only checked, never read
 struct RawTunables {
     #[serde(default)]
     peer_timeout: Option<u32>,
@@ -878,6 +972,25 @@ struct RawTunables {
     peer_buffer_credits: Option<u32>,
     #[serde(default)]
     credits: Option<Spanned<u32>>,
+    // Lustre 2.12-2.14's `lnetctl export` writes o2iblnd's tunables here, beside LNet's, and
+    // leaves `lnd tunables:` empty (liblnetconfig.c, lustre_lnet_show_net, until 2.15): taken
+    // as the LND's when `lnd tunables` does not give them.
+    #[serde(default)]
+    peercredits_hiw: Option<Spanned<u32>>,
+    #[serde(default)]
+    concurrent_sends: Option<Spanned<u32>>,
+    #[serde(default)]
+    conns_per_peer: Option<Spanned<u32>>,
+    #[serde(default)]
+    map_on_demand: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_pool_size: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_flush_trigger: Option<IgnoredAny>,
+    #[serde(default)]
+    fmr_cache: Option<IgnoredAny>,
+    #[serde(default)]
+    ntx: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize, Default)]
@@ -1032,7 +1145,7 @@ fn checked(
         Some(s) if (lo..=hi).contains(&s.value) => Ok(s.value),
         Some(s) => Err((
             s.referenced.line(),
-            format!("{key}: {} is out of range {lo}..={hi}", s.value),
+            crate::config::out_of_range(key, s.value, &(lo..=hi)),
         )),
     }
 }
@@ -1734,6 +1847,110 @@ global:
         .unwrap_err()
         .to_string();
         assert!(e.contains("needs 'nid'"), "{e}");
+    }
+
+    /// A Lustre 2.12-2.14 `lnetctl export` (liblnetconfig.c and lnetctl.c of 2.12.9, before
+    /// LU-13641 and the 2.15 layout): `tcp bonding` and `dev cpt` per NI, o2iblnd's tunables
+    /// under `tunables:` with an empty `lnd tunables:`, and `global: max_intf:`. It loads as a
+    /// file and as an import, `max_intf` taken as `max_interfaces`, the LND's tunables as such.
+    #[test]
+    fn a_lustre_2_12_export_loads() {
+        let export = "\
+net:
+    - net type: lo
+      local NI(s):
+        - nid: 0@lo
+          status: up
+          statistics:
+              send_count: 0
+              recv_count: 0
+              drop_count: 0
+          tunables:
+              peer_timeout: 0
+              peer_credits: 0
+              peer_buffer_credits: 0
+              credits: 0
+          dev cpt: 0
+          tcp bonding: 0
+          CPT: \"[0,1]\"
+    - net type: o2ib
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          status: up
+          interfaces:
+              0: ib0
+          statistics:
+              send_count: 10
+              recv_count: 10
+              drop_count: 0
+          tunables:
+              peer_timeout: 180
+              peer_credits: 16
+              peer_buffer_credits: 0
+              credits: 512
+              peercredits_hiw: 8
+              map_on_demand: 0
+              concurrent_sends: 16
+              fmr_pool_size: 512
+              fmr_flush_trigger: 384
+              fmr_cache: 1
+              ntx: 512
+              conns_per_peer: 2
+          lnd tunables:
+          dev cpt: -1
+          tcp bonding: 0
+          CPT: \"[0,1]\"
+routing:
+    - cpt[0]:
+          tiny:
+              npages: 0
+              nbuffers: 512
+              credits: 512
+              mincredits: 512
+    - enable: 0
+buffers:
+    tiny: 512
+    small: 4096
+    large: 256
+global:
+    numa_range: 0
+    max_intf: 300
+    discovery: 1
+    drop_asym_route: 0
+    retry_count: 0
+    transaction_timeout: 50
+    health_sensitivity: 0
+    recovery_interval: 1
+";
+        let c = DaemonConfig::parse(export, "l212.yaml").unwrap_or_else(|e| panic!("{e}"));
+        let (_, ni) = c.nis().next().unwrap();
+        assert_eq!(ni.ni.nid.to_string(), "10.0.0.1@o2ib");
+        assert_eq!((ni.ni.credits, ni.ni.peer_credits), (512, 16));
+        let t = &ni.ni.tunables;
+        assert_eq!(
+            (t.peer_credits_hiw, t.concurrent_sends, t.conns_per_peer),
+            (8, 16, 2),
+            "the LND's tunables, from under tunables:"
+        );
+        assert_eq!(c.globals.get("max_interfaces"), Some(300));
+        assert!(c
+            .given
+            .globals
+            .contains(&("max_interfaces".to_string(), 300)));
+        let nid = ni.ni.nid;
+        let i =
+            DaemonConfig::parse_import(export, "import", &[nid]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(i
+            .given
+            .globals
+            .contains(&("max_interfaces".to_string(), 300)));
+        // `lnd tunables` win over the 2.12 place when both say.
+        let both = export.replace(
+            "          lnd tunables:\n          dev cpt: -1",
+            "          lnd tunables:\n              peercredits_hiw: 4\n          dev cpt: -1",
+        );
+        let c = DaemonConfig::parse(&both, "t.yaml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.nis().next().unwrap().1.ni.tunables.peer_credits_hiw, 4);
     }
 
     #[test]

@@ -30,6 +30,7 @@ fn kind(r: &Request) -> &'static str {
         Request::RoutingShow => "routing_show",
         Request::SetRouting { .. } => "set_routing",
         Request::SetBuffers { .. } => "set_buffers",
+        Request::SetRouterChecks { .. } => "set_router_checks",
         Request::SetGlobals { .. } => "set_globals",
         Request::Import { .. } => "import",
         Request::DebugRecovery { .. } => "debug_recovery",
@@ -38,7 +39,7 @@ fn kind(r: &Request) -> &'static str {
     }
 }
 
-const EVERY_KIND: [&str; 20] = [
+const EVERY_KIND: [&str; 21] = [
     "ping",
     "net_show",
     "peer_show",
@@ -54,6 +55,7 @@ const EVERY_KIND: [&str; 20] = [
     "routing_show",
     "set_routing",
     "set_buffers",
+    "set_router_checks",
     "set_globals",
     "import",
     "debug_recovery",

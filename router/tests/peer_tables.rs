@@ -58,7 +58,7 @@ fn reply_kind(s: &mut TcpStream) -> u8 {
 
 fn lnd_peers(d: &Daemon) -> u64 {
     match call(d, Request::NetShow { verbose: true }) {
-        Response::Net(NetShow { net }) => net
+        Response::Net(NetShow { net, .. }) => net
             .iter()
             .flat_map(|n| n.local_nis.iter())
             .filter_map(|ni| ni.ulnet.as_ref())

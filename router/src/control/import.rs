@@ -16,7 +16,7 @@
 use lnd::wire::Nid;
 
 use super::protocol::{
-    errno, ControlError, ImportFailure, ImportOp, ImportReport, Request, Response,
+    errno, ControlError, ImportFailure, ImportOp, ImportReport, Request, Response, RouterChecks,
 };
 use crate::yaml_config::{DaemonConfig, NetSettings, NiSettings};
 use crate::BufferCounts;
@@ -111,7 +111,14 @@ pub fn import(
         nets(&mut rep);
     }
     // What the daemon has now, to tell a change from what is already so.
-    let (routes_now, routing_now, buffers_now, globals_now) = match now(&mut call) {
+    let Running {
+        routes: routes_now,
+        routing: routing_now,
+        buffers: buffers_now,
+        globals: globals_now,
+        router_checks: checks_now,
+        selftest: selftest_now,
+    } = match now(&mut call) {
         Ok(s) => s,
         Err(e) => return Response::Error(e),
     };
@@ -190,6 +197,66 @@ pub fn import(
             );
         }
     }
+    // The router pinger's module parameters: set at run time (as under /sys in Lustre), the
+    // ones the document gives, each an item.
+    let g = cfg.given.router_checks;
+    let want = RouterChecks {
+        alive_router_check_interval: g
+            .alive_router_check_interval
+            .map_or(checks_now.alive_router_check_interval, u64::from),
+        // 0 is 1 s, as in the configuration.
+        router_ping_timeout: g
+            .router_ping_timeout
+            .map_or(checks_now.router_ping_timeout, |s| u64::from(s.max(1))),
+        avoid_asym_router_failure: g
+            .avoid_asym_router_failure
+            .map_or(checks_now.avoid_asym_router_failure, u32::from),
+    };
+    let differ = [
+        g.alive_router_check_interval.is_some()
+            && want.alive_router_check_interval != checks_now.alive_router_check_interval,
+        g.router_ping_timeout.is_some()
+            && want.router_ping_timeout != checks_now.router_ping_timeout,
+        g.avoid_asym_router_failure.is_some()
+            && want.avoid_asym_router_failure != checks_now.avoid_asym_router_failure,
+    ]
+    .iter()
+    .filter(|&&d| d)
+    .count();
+    rep.unchanged += (g.count() - differ) as u32;
+    if differ > 0 {
+        let before = rep.applied;
+        apply(
+            &mut rep,
+            "routing",
+            Request::SetRouterChecks {
+                alive_router_check_interval: g.alive_router_check_interval,
+                router_ping_timeout: g.router_ping_timeout,
+                avoid_asym_router_failure: g.avoid_asym_router_failure,
+            },
+        );
+        if rep.applied > before {
+            rep.applied += differ as u32 - 1;
+        }
+    }
+    // lnet_selftest starts with the daemon: a change is a restart, said as for an NI that
+    // cannot be added at run time (and by `--show` too, which knows it already).
+    if let Some(on) = cfg.given.selftest {
+        if on == selftest_now {
+            rep.unchanged += 1;
+        } else {
+            let want = u8::from(on);
+            fail(
+                &mut rep,
+                "selftest",
+                errno::EOPNOTSUPP,
+                format!(
+                    "selftest: enable: {want}: restart needed (lnet_selftest starts with the \
+                     daemon: put 'selftest: enable: {want}' in its configuration and restart it)"
+                ),
+            );
+        }
+    }
     if cfg.given.buffers {
         // The node's total as the daemon keeps it: an equal share per NI, at least one.
         let want = cfg.routing.buffers.share(running.len().max(1));
@@ -249,11 +316,19 @@ pub fn import(
 /// (net, gateway, hop, priority) of each route.
 type RouteRow = (String, String, i64, u32);
 
-/// The daemon's routes, routing switch, router buffers (the node's totals) and globals.
-#[allow(clippy::type_complexity)]
-fn now(
-    call: &mut impl FnMut(Request) -> Response,
-) -> Result<(Vec<RouteRow>, bool, BufferCounts, Vec<(String, i64)>), ControlError> {
+/// What the daemon has now, of what an import may change.
+struct Running {
+    routes: Vec<RouteRow>,
+    routing: bool,
+    /// The node's totals.
+    buffers: BufferCounts,
+    globals: Vec<(String, i64)>,
+    router_checks: RouterChecks,
+    selftest: bool,
+}
+
+/// The daemon's routes, routing switch and router pinger, router buffers, globals, selftest.
+fn now(call: &mut impl FnMut(Request) -> Response) -> Result<Running, ControlError> {
     let unexpected = |r: Response| match r {
         Response::Error(e) => e,
         other => ControlError::new(errno::EPROTO, format!("unexpected answer: {other:?}")),
@@ -277,7 +352,7 @@ fn now(
             .collect(),
         other => return Err(unexpected(other)),
     };
-    let (routing, buffers) = match call(Request::RoutingShow) {
+    let (routing, buffers, router_checks) = match call(Request::RoutingShow) {
         Response::Routing(r) => {
             let sum = |f: fn(&super::CptPools) -> u32| r.cpts.iter().map(f).sum::<u32>();
             (
@@ -287,23 +362,32 @@ fn now(
                     small: sum(|c| c.small.nbuffers),
                     large: sum(|c| c.large.nbuffers),
                 },
+                r.router_checks.clone().unwrap_or_default(),
             )
         }
         other => return Err(unexpected(other)),
     };
-    let globals = match call(Request::GlobalShow) {
+    let (globals, selftest) = match call(Request::GlobalShow) {
         Response::Global(g) => {
             let v = serde_json::to_value(&g.global).unwrap_or_default();
-            crate::globals::TUNABLES
+            let globals = crate::globals::TUNABLES
                 .iter()
                 .filter_map(|t| {
                     v.get(t.name)
                         .and_then(|x| x.as_i64())
                         .map(|x| (t.name.to_string(), x))
                 })
-                .collect()
+                .collect();
+            (globals, g.global.selftest == 1)
         }
         other => return Err(unexpected(other)),
     };
-    Ok((routes, routing, buffers, globals))
+    Ok(Running {
+        routes,
+        routing,
+        buffers,
+        globals,
+        router_checks,
+        selftest,
+    })
 }

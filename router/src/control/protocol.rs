@@ -15,6 +15,7 @@ use super::capture::{CaptureData, CaptureStarted, CaptureSummary};
 pub mod errno {
     pub const ENOENT: i32 = 2;
     pub const EIO: i32 = 5;
+    pub const ENOMEM: i32 = 12;
     pub const EBUSY: i32 = 16;
     pub const EEXIST: i32 = 17;
     pub const EINVAL: i32 = 22;
@@ -141,6 +142,17 @@ pub enum Request {
         pool: String,
         count: u32,
     },
+    /// An import's `routing:` module parameters (Lustre sets them under
+    /// /sys/module/lnet/parameters; lnetctl has no `set` for them): each given one changes,
+    /// the others stay. Seconds, 0..=[`MAX_ROUTER_CHECK_SECS`](crate::gateway::MAX_ROUTER_CHECK_SECS).
+    SetRouterChecks {
+        #[serde(default)]
+        alive_router_check_interval: Option<u32>,
+        #[serde(default)]
+        router_ping_timeout: Option<u32>,
+        #[serde(default)]
+        avoid_asym_router_failure: Option<bool>,
+    },
     /// `lnetctl net del`: stop every NI of `net`, or the one NI `nid`, closing its
     /// connections gracefully first (`net add` is an import of one `net:` item).
     NetDel {
@@ -263,6 +275,17 @@ pub struct PingFailure {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetShow {
     pub net: Vec<NetEntry>,
+    /// Ours, from the daemon with `-v`: where peer NIDs listen (its configuration's `peers:`
+    /// and every imported document's since), by NID.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<PeerAddress>,
+}
+
+/// One entry of the daemon's `peers:` table: a peer NID and the address its fabric dials.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerAddress {
+    pub nid: String,
+    pub address: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,6 +354,22 @@ pub struct UlnetSettings {
     pub peer_limit: u64,
     /// Peers the LND holds now.
     pub peers: u64,
+    /// Microseconds the NI's fabric spins before it sleeps (`busy poll us`); absent when the
+    /// daemon did not say.
+    #[serde(
+        rename = "busy poll us",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub busy_poll_us: Option<u32>,
+    /// Sockets the tcp fabric lets be in their handshake at once (`handshake limit`, 0: no
+    /// limit); absent when the daemon did not say.
+    #[serde(
+        rename = "handshake limit",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub handshake_limit: Option<u32>,
 }
 
 /// Named counters in a fixed order, shown as a map (`name: value`) in YAML and JSON.
@@ -631,6 +670,20 @@ pub struct RoutingShow {
     /// Ours: every message accepted for forwarding is forwarded, dropped for a reason, or in
     /// flight (`received == forwarded + dropped + in_flight`).
     pub forwarding: ForwardingCounts,
+    /// Ours: how the gateways of the routes are watched (`routing:`'s module parameters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_checks: Option<RouterChecks>,
+}
+
+/// The router pinger's module parameters as in effect, under their Lustre names.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterChecks {
+    /// Seconds between pings of each gateway (0: never).
+    pub alive_router_check_interval: u64,
+    /// Seconds a gateway ping may take.
+    pub router_ping_timeout: u64,
+    /// 1: a single-hop route whose gateway has no NI up on the route's net is not used.
+    pub avoid_asym_router_failure: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -707,6 +760,9 @@ pub struct Globals {
     pub routing: u32,
     /// Ours: the PID we answer as.
     pub pid: u32,
+    /// Ours: 1 when the daemon runs lnet_selftest (`selftest: enable: 1`, fixed at start).
+    #[serde(default)]
+    pub selftest: u32,
 }
 
 // ---------------------------------------------------------------------------------- socket

@@ -12,7 +12,7 @@ use tracing::warn;
 use super::protocol::*;
 use super::views::{
     conn_show, global_show, net_show, peer_show, route_add, route_del, route_show, routing_show,
-    set_buffers, stats_show, NiExtras,
+    set_buffers, set_router_checks, stats_show, NiExtras,
 };
 use crate::{LnetError, LnetEvent, LnetNode, PingId};
 
@@ -185,6 +185,20 @@ impl<T> Control<T> {
                 Response::Done
             }
             Request::SetBuffers { pool, count } => match set_buffers(now, node, &pool, count) {
+                Ok(()) => Response::Done,
+                Err(e) => Response::Error(e),
+            },
+            Request::SetRouterChecks {
+                alive_router_check_interval,
+                router_ping_timeout,
+                avoid_asym_router_failure,
+            } => match set_router_checks(
+                now,
+                node,
+                alive_router_check_interval,
+                router_ping_timeout,
+                avoid_asym_router_failure,
+            ) {
                 Ok(()) => Response::Done,
                 Err(e) => Response::Error(e),
             },

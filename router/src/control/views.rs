@@ -14,6 +14,10 @@ pub struct NiExtras {
     pub peer_buffer_credits: u32,
     /// The address the NI's fabric listens on, as bound (a configured port 0 resolved).
     pub listen: Option<std::net::SocketAddr>,
+    /// `busy poll us` of the NI's fabric, when the daemon says.
+    pub busy_poll_us: Option<u32>,
+    /// `handshake limit` of the NI's fabric, when the daemon says.
+    pub handshake_limit: Option<u32>,
 }
 
 impl Default for NiExtras {
@@ -22,6 +26,8 @@ impl Default for NiExtras {
             peer_timeout: crate::config::DEFAULT_PEER_TIMEOUT,
             peer_buffer_credits: 0,
             listen: None,
+            busy_poll_us: None,
+            handshake_limit: None,
         }
     }
 }
@@ -41,6 +47,8 @@ impl UlnetSettings {
             connect_hedge_ms: c.tunables.connect_hedge.as_millis(),
             peer_limit: c.peer_limit as u64,
             peers: ni.lnd_peers as u64,
+            busy_poll_us: x.busy_poll_us,
+            handshake_limit: x.handshake_limit,
         }
     }
 }
@@ -208,7 +216,10 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
         }
     }
-    NetShow { net: nets }
+    NetShow {
+        net: nets,
+        peers: Vec::new(),
+    }
 }
 
 /// `peer show [--nid NID]`: every peer NI (each its own primary: no Multi-Rail yet).
@@ -370,6 +381,8 @@ pub fn global_show(node: &LnetNode) -> GlobalShow {
             max_recovery_ping_interval: get("max_recovery_ping_interval"),
             routing: u32::from(node.routing_enabled()),
             pid: node.pid(),
+            // The daemon says (a node does not know).
+            selftest: 0,
         },
     }
 }
@@ -515,7 +528,51 @@ pub fn routing_show(node: &LnetNode) -> RoutingShow {
             waited_rtr_credit: s.waited_rtr_credit,
             waited_buffer: s.waited_buffer,
         },
+        router_checks: Some({
+            let g = node.gateway_health();
+            RouterChecks {
+                alive_router_check_interval: g.check_interval.as_secs(),
+                router_ping_timeout: g.ping_timeout.as_secs(),
+                avoid_asym_router_failure: u32::from(g.avoid_asym),
+            }
+        }),
     }
+}
+
+/// The `routing:` module parameters given, on this node: each in the configuration's range
+/// (a `router_ping_timeout` of 0 is 1 s, as in the configuration), all or nothing.
+pub fn set_router_checks(
+    now: Instant,
+    node: &mut LnetNode,
+    interval: Option<u32>,
+    ping_timeout: Option<u32>,
+    avoid_asym: Option<bool>,
+) -> Result<(), ControlError> {
+    use lnd::time::Duration;
+    let range = 0..=crate::gateway::MAX_ROUTER_CHECK_SECS;
+    for (key, v) in [
+        ("alive_router_check_interval", interval),
+        ("router_ping_timeout", ping_timeout),
+    ] {
+        if let Some(v) = v.filter(|v| !range.contains(v)) {
+            return Err(ControlError::new(
+                errno::EINVAL,
+                crate::config::out_of_range(key, v, &range),
+            ));
+        }
+    }
+    let mut g = node.gateway_health();
+    if let Some(s) = interval {
+        g.check_interval = Duration::from_secs(u64::from(s));
+    }
+    if let Some(s) = ping_timeout {
+        g.ping_timeout = Duration::from_secs(u64::from(s.max(1)));
+    }
+    if let Some(a) = avoid_asym {
+        g.avoid_asym = a;
+    }
+    node.set_gateway_health(now, g);
+    Ok(())
 }
 
 /// `set tiny_buffers|small_buffers|large_buffers N` on this node (`pool`: `tiny`, `small`,
@@ -537,10 +594,15 @@ pub fn set_buffers(
             ))
         }
     };
-    if count == 0 {
+    // The configuration's range: what `set` takes, an export writes back and a restart loads.
+    if !crate::config::BUFFERS_RANGE.contains(&count) {
         return Err(ControlError::new(
             errno::EINVAL,
-            "a pool needs at least one buffer",
+            crate::config::out_of_range(
+                &format!("{}_buffers", pool.trim_end_matches("_buffers")),
+                count,
+                &crate::config::BUFFERS_RANGE,
+            ),
         ));
     }
     node.set_buffers(now, class, count);

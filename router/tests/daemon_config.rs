@@ -1,0 +1,253 @@
+//! The daemon's running configuration as the operator sees and changes it: `lnetctl export`
+//! gives back every setting the configuration took (a restart from it is the same daemon),
+//! `set` takes exactly the configuration's ranges and says when it cannot do what it is
+//! asked, and `import` applies or refuses each `routing:` and `selftest:` key, saying which.
+
+mod common;
+
+use common::*;
+use router::control::{errno, Request, Response};
+use router::yaml_config::DaemonConfig;
+
+const NID_R1: &str = "10.1.0.1@o2ib1";
+
+/// A router (two NIs, routing on, large buffers registered) with every key of ulnet's
+/// configuration away from its default.
+fn configured(dir: &std::path::Path, peer_port: u16) -> (Daemon, String) {
+    let yaml = format!(
+        "\
+net:
+    - net type: o2ib
+      fabric: tcp
+      local NI(s):
+        - nid: {NID_A}
+          listen: 127.0.0.1:0
+          busy poll us: 0
+          handshake limit: 10
+    - net type: o2ib1
+      fabric: tcp
+      local NI(s):
+        - nid: {NID_R1}
+          listen: 127.0.0.1:0
+          busy poll us: 7
+          handshake limit: 0
+routing:
+    enable: 1
+    alive_router_check_interval: 15
+    router_ping_timeout: 7
+    avoid_asym_router_failure: 0
+buffers:
+    tiny: 64
+    small: 64
+    large: 8
+peers:
+    - nid: {NID_B}
+      address: 127.0.0.1:{peer_port}
+selftest:
+    enable: 1
+"
+    );
+    (start_yaml(dir, "r", &yaml, Opts::default()), yaml)
+}
+
+/// What a restart takes from a configuration (the listen ports aside: port 0 is bound).
+fn settings(c: &DaemonConfig) -> String {
+    let nis: Vec<String> = c
+        .nis()
+        .map(|(_, ni)| {
+            format!(
+                "{} busy={} hs={} credits={}",
+                ni.ni.nid, ni.busy_poll_us, ni.handshake_limit, ni.ni.credits
+            )
+        })
+        .collect();
+    let mut peers: Vec<String> = c.peers.iter().map(|(n, a)| format!("{n}={a}")).collect();
+    peers.sort();
+    format!(
+        "{nis:?} peers={peers:?} health={:?} selftest={} routing={:?}",
+        c.gateway_health, c.selftest, c.routing
+    )
+}
+
+/// Audit §3: export (plain and --backup) writes the `peers:` table, `selftest: enable`, the
+/// router pinger's module parameters and each NI's `busy poll us` and `handshake limit`; the
+/// export parses to the configuration the daemon started from, and imports back as a no-op.
+/// They show at run time too (`net show -v 5`, `routing show`, `global show -v`).
+#[test]
+fn export_gives_back_every_setting() {
+    let dir = Scratch::new("export_every_setting");
+    let (_held, peer_port) = held_port();
+    let (r, yaml) = configured(&dir.0, peer_port);
+    let want = settings(&DaemonConfig::parse(&yaml, "r.yaml").unwrap());
+    let run = |args: &[&str]| out(&lnetctl(&r, args));
+    let file = dir.0.join("export.yaml");
+    let f = file.to_str().unwrap();
+    for args in [&["export"][..], &["export", "--backup"]] {
+        let (code, text, err) = run(args);
+        assert_eq!(code, Some(0), "{err}");
+        let c = DaemonConfig::parse(&text, "export").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(settings(&c), want, "{args:?}:\n{text}");
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(
+            run(&["import", f]),
+            (Some(0), String::new(), String::new()),
+            "{args:?}: export | import is a no-op"
+        );
+    }
+    let (_, net, _) = run(&["net", "show", "-v", "5"]);
+    for want in [
+        "busy poll us: 0\n",
+        "handshake limit: 10\n",
+        "busy poll us: 7\n",
+        "handshake limit: 0\n",
+        &format!("peers:\n-     nid: {NID_B}\n      address: 127.0.0.1:{peer_port}\n"),
+    ] {
+        assert!(net.contains(want), "{want:?} not in\n{net}");
+    }
+    let (_, routing, _) = run(&["routing", "show"]);
+    assert!(
+        routing.contains(
+            "router_checks:\n    alive_router_check_interval: 15\n    router_ping_timeout: 7\n    \
+             avoid_asym_router_failure: 0\n"
+        ),
+        "{routing}"
+    );
+    assert!(run(&["global", "show", "-v"])
+        .1
+        .contains("    selftest: 1\n"));
+}
+
+/// Audit §4, §5, §16: `set` takes the configuration's range and no more (so `export | import`
+/// still works after any `set`); `set large_buffers` above what was registered at start is
+/// refused with ENOMEM naming the cap, changing nothing; range errors quote both limits.
+#[test]
+fn set_takes_the_configurations_ranges_and_says_its_cap() {
+    let dir = Scratch::new("set_ranges");
+    let (_held, peer_port) = held_port();
+    let (r, _) = configured(&dir.0, peer_port);
+    let run = |args: &[&str]| out(&lnetctl(&r, args));
+    let large = |r: &Daemon| match call(r, Request::RoutingShow) {
+        Response::Routing(s) => s.cpts.iter().map(|c| c.large.nbuffers).sum::<u32>(),
+        other => panic!("{other:?}"),
+    };
+
+    let (code, _, err) = run(&["set", "tiny_buffers", "20000000"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("1..=10000000"), "{err}");
+    // The daemon checks too (another client, an import).
+    match call(
+        &r,
+        Request::SetBuffers {
+            pool: "small".into(),
+            count: u32::MAX,
+        },
+    ) {
+        Response::Error(e) => {
+            assert_eq!(e.errno, errno::EINVAL);
+            assert_eq!(
+                e.message,
+                "small_buffers: 4294967295 is out of range 1..=10000000"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(run(&["set", "tiny_buffers", "10000000"]).0, Some(0));
+
+    // 8 large buffers registered at start (4 per NI): 9 is refused, saying so.
+    assert_eq!(large(&r), 8);
+    let (code, stdout, err) = run(&["set", "large_buffers", "9"]);
+    assert_eq!(code, Some(1), "{stdout}{err}");
+    assert!(
+        err.contains("large_buffers: 9 is more than the 8 registered at start"),
+        "{err}"
+    );
+    assert_eq!(large(&r), 8, "nothing changed");
+    assert_eq!(
+        run(&["set", "large_buffers", "4"]),
+        (Some(0), String::new(), String::new())
+    );
+    assert_eq!(large(&r), 4);
+    assert_eq!(run(&["set", "large_buffers", "8"]).0, Some(0));
+    assert_eq!(large(&r), 8);
+
+    let (code, _, err) = run(&["set", "numa_range", "4294967296"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("numa_range: 4294967296 is out of range 0..=4294967295"),
+        "{err}"
+    );
+
+    // Whatever `set` took, the export loads and imports back.
+    let (_, text, _) = run(&["export"]);
+    DaemonConfig::parse(&text, "export").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let file = dir.0.join("export.yaml");
+    std::fs::write(&file, &text).unwrap();
+    assert_eq!(
+        run(&["import", file.to_str().unwrap()]),
+        (Some(0), String::new(), String::new())
+    );
+}
+
+/// Audit §13: an import's `routing:` module parameters are applied at run time, each an item;
+/// a `selftest:` it cannot apply (lnet_selftest starts with the daemon) is listed under
+/// `failed:` as "restart needed", by `--show` too, and the exit status says so.
+#[test]
+fn import_applies_the_router_pinger_and_names_a_selftest_restart() {
+    let dir = Scratch::new("import_modparams");
+    let (_held, peer_port) = held_port();
+    let (r, _) = configured(&dir.0, peer_port);
+    let run = |args: &[&str]| out(&lnetctl(&r, args));
+    let file = dir.0.join("doc.yaml");
+    let f = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        "routing:\n    alive_router_check_interval: 5\n    router_ping_timeout: 3\n    \
+         avoid_asym_router_failure: 0\nselftest:\n    enable: 0\n",
+    )
+    .unwrap();
+    let (code, shown, _) = run(&["import", "--show", f]);
+    assert_eq!(code, Some(1), "{shown}");
+    assert!(
+        shown.contains("would apply: 2\n    unchanged: 1\n"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("- selftest:\n") && shown.contains("restart needed"),
+        "{shown}"
+    );
+    assert!(run(&["routing", "show"])
+        .1
+        .contains("alive_router_check_interval: 15\n"));
+
+    let (code, stdout, err) = run(&["import", f]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(stdout.is_empty());
+    assert!(
+        err.contains("selftest: selftest: enable: 0: restart needed"),
+        "{err}"
+    );
+    assert!(err.contains("2 applied, 1 already so, 1 failed"), "{err}");
+    let routing = run(&["routing", "show"]).1;
+    assert!(
+        routing.contains(
+            "    alive_router_check_interval: 5\n    router_ping_timeout: 3\n    \
+             avoid_asym_router_failure: 0\n"
+        ),
+        "{routing}"
+    );
+    // As the daemon runs it: nothing to do.
+    std::fs::write(
+        &file,
+        "routing:\n    alive_router_check_interval: 5\nselftest:\n    enable: 1\n",
+    )
+    .unwrap();
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    // Out of the configuration's range: refused as a document, nothing applied.
+    std::fs::write(&file, "routing:\n    router_ping_timeout: 90000\n").unwrap();
+    let (code, _, err) = run(&["import", f]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("router_ping_timeout: 90000 is out of range 0..=86400"),
+        "{err}"
+    );
+}
