@@ -27,6 +27,10 @@ pub enum LnetError {
     Shutdown,
     /// A message for another node would go back to the peer it came from (a routing loop).
     Loop(Nid),
+    /// A message for this destination has already crossed a router, and no route leads from
+    /// here to a gateway on its net (the hop rule: a routing loop, or a path of more than
+    /// three routers).
+    HopLimit(Nid),
     /// A message forwarded for another node would go to a peer NI the LND reported down
     /// (lnet_check_message_drop: -EHOSTUNREACH rather than waiting on a dead peer).
     PeerDown(Nid),
@@ -57,6 +61,11 @@ impl fmt::Display for LnetError {
             LnetError::Loop(nid) => {
                 write!(f, "would go back to {nid}, which sent it (a routing loop)")
             }
+            LnetError::HopLimit(nid) => write!(
+                f,
+                "no gateway on the net of {nid} for a message that has crossed a router already \
+                 (a routing loop, or more than three routers)"
+            ),
             LnetError::PeerDown(nid) => write!(f, "next hop {nid} is down"),
             LnetError::BulkUnsupported(what) => write!(f, "not supported: {what}"),
             LnetError::Expired => {

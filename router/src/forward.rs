@@ -259,8 +259,10 @@ pub enum FwdDrop {
     Malformed,
     /// No route to its destination's net, or none alive.
     NoRoute,
-    /// Its next hop is the peer it came from: two routers that route a net through each
-    /// other. Cut here (split horizon) rather than bounced until a buffer runs out.
+    /// Its next hop is the peer it came from (two routers that route a net through each
+    /// other: split horizon), or it has crossed a router already and no gateway on its
+    /// destination's net is in reach (the hop rule, which cuts longer loops). Cut here rather
+    /// than passed around for good: LNet has no TTL.
     Loop,
     /// The egress LND could not deliver it to the next hop.
     SendFailed,
@@ -320,7 +322,7 @@ impl FwdDrop {
     pub(crate) fn of(e: &LnetError) -> FwdDrop {
         match e {
             LnetError::NoRoute(_) => FwdDrop::NoRoute,
-            LnetError::Loop(_) => FwdDrop::Loop,
+            LnetError::Loop(_) | LnetError::HopLimit(_) => FwdDrop::Loop,
             LnetError::PeerDown(_) => FwdDrop::PeerDown,
             LnetError::Shutdown => FwdDrop::Shutdown,
             LnetError::PayloadTooLarge { .. } => FwdDrop::Malformed,

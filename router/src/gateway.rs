@@ -167,6 +167,17 @@ impl Gateways {
         true
     }
 
+    /// Whether route `r`'s gateway delivers on the route's net itself (the hop rule,
+    /// `Leg::of` in node.rs): its last ping reply listed an NI up there; before any reply (or
+    /// with pings off, or for a gateway a sibling runtime watches) the route's hop count says,
+    /// 1 or undefined meaning yes, as Lustre takes an undefined count for 1.
+    pub fn is_last_hop(&self, r: &RouteConfig) -> bool {
+        match self.map.get(&r.gateway).and_then(|g| g.up_nets.as_ref()) {
+            Some(up) => up.contains(&r.net),
+            None => r.hops.is_none_or(|h| h == 1),
+        }
+    }
+
     /// Sets the gateway's aliveness; true when it just died.
     fn mark(nid: Nid, g: &mut Gateway, alive: bool) -> bool {
         if g.alive == alive {

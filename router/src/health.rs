@@ -45,7 +45,7 @@ impl HStatus {
     /// payload too large, a malformed reply, an LNet-level response timeout).
     pub fn of(e: &LnetError) -> Option<HStatus> {
         Some(match e {
-            LnetError::NoRoute(_) => HStatus::LocalNoRoute,
+            LnetError::NoRoute(_) | LnetError::HopLimit(_) => HStatus::LocalNoRoute,
             // Dropped for a next hop LNet holds down (lnet_check_message_drop): the peer is
             // not alive, REMOTE_DROPPED (lib-move.c).
             LnetError::PeerDown(_) => HStatus::RemoteDropped,

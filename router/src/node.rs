@@ -161,10 +161,41 @@ enum Purpose {
     /// A REPLY or ACK we answer with: nobody waits.
     Response,
     /// A message forwarded for another node: held as `key` by the runtime whose NI is
-    /// `origin` (this node, or a sibling runtime that handed it over).
-    Forward { origin: Nid, key: u64 },
+    /// `origin` (this node, or a sibling runtime that handed it over); `leg` is the routes it
+    /// may take if it has to move to another gateway.
+    Forward { origin: Nid, key: u64, leg: Leg },
     /// The router pinger's GET to a gateway: its failure marks the gateway dead.
     GatewayPing(PingId),
+}
+
+/// Which routes a message may take: any, or, for a message to forward that has already
+/// crossed a router, only to a last-hop gateway (the hop rule, [`Leg::of`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Leg {
+    Any,
+    Last,
+}
+
+impl Leg {
+    /// The leg a message to forward, from `src` and handed to us by the peer `from`, may take
+    /// (the hop rule). LNet carries no hop count and Lustre has no defence against a routing
+    /// loop: three routers that each route a net through the next with `hop: 2` (multi-hop
+    /// routes, which avoid_asym_router_failure does not look at) pass one message around for
+    /// good. The source NID is set by the originator and kept by every router (lib-msg.c), and
+    /// an originator sends from that NI itself, so a message that a peer other than its source
+    /// handed us has already crossed a router. Such a message goes on only to its
+    /// destination's net, or through a gateway with an NI on that net
+    /// ([`Gateways::is_last_hop`]), which then delivers it directly; when only other routes
+    /// remain it is dropped, counted as a loop ([`LnetError::HopLimit`]). So no message
+    /// crosses more than three routers, whatever the routes say; a path of four or more is
+    /// not supported.
+    fn of(src: Nid, from: Nid) -> Leg {
+        if src == from {
+            Leg::Any
+        } else {
+            Leg::Last
+        }
+    }
 }
 
 /// Where a message goes.
@@ -843,6 +874,7 @@ impl LnetNode {
             self.net_alive.carried(&self.node_nids, &nids)
         };
         self.ping_buffer = ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
+        self.forget_bulk_registrations(&nids);
         self.node_nids = nids;
     }
 
@@ -938,7 +970,13 @@ impl LnetNode {
     /// through that runtime; else through the best live route's gateway
     /// ([`RouteTable::select`]), which this call records as used (round robin).
     fn route(&mut self, dst: Nid) -> Result<Route, LnetError> {
-        let (route, gw) = self.peek_route(dst)?;
+        self.route_leg(dst, Leg::Any)
+    }
+
+    /// Where `dst` is reached from here by a message that may take `leg` ([`Leg::of`]); the
+    /// gateway chosen, if any, is recorded as used (round robin).
+    fn route_leg(&mut self, dst: Nid, leg: Leg) -> Result<Route, LnetError> {
+        let (route, gw) = self.peek_route(dst, leg)?;
         if let Some(gw) = gw {
             self.route_seq += 1;
             self.route_used.insert(gw, self.route_seq);
@@ -946,9 +984,9 @@ impl LnetNode {
         Ok(route)
     }
 
-    /// What `route` would choose, without stamping the gateway as used (the round-robin
+    /// What `route_leg` would choose, without stamping the gateway as used (the round-robin
     /// tie-breaker): the route and, through a gateway, which.
-    fn peek_route(&self, dst: Nid) -> Result<(Route, Option<Nid>), LnetError> {
+    fn peek_route(&self, dst: Nid, leg: Leg) -> Result<(Route, Option<Nid>), LnetError> {
         if dst == Nid::LO_0 || self.is_own(dst) {
             return Ok((Route::Local(dst), None));
         }
@@ -958,7 +996,7 @@ impl LnetNode {
         if self.node_nids.iter().any(|n| n.net() == dst.net()) {
             return Ok((Route::Sibling(dst.net()), None));
         }
-        let chosen = {
+        let select = |leg: Leg| {
             let (nis, peers, gateways, used) =
                 (&self.nis, &self.peers, &self.gateways, &self.route_used);
             let node_nids = &self.node_nids;
@@ -987,12 +1025,19 @@ impl LnetNode {
                         }
                     },
                     |gw| used.get(&gw).copied().unwrap_or(0),
-                    |r| !gateways.is_gateway(r.gateway) || gateways.route_alive(r),
+                    |r| {
+                        (!gateways.is_gateway(r.gateway) || gateways.route_alive(r))
+                            && (leg == Leg::Any || gateways.is_last_hop(r))
+                    },
                 )
                 .map(|r| r.gateway)
         };
-        let Some(gw) = chosen else {
-            return Err(LnetError::NoRoute(dst));
+        let Some(gw) = select(leg) else {
+            return Err(if leg == Leg::Last && select(Leg::Any).is_some() {
+                LnetError::HopLimit(dst)
+            } else {
+                LnetError::NoRoute(dst)
+            });
         };
         Ok((
             match self.ni_on(gw.net()) {
@@ -1347,7 +1392,7 @@ impl LnetNode {
                 }
             }
             Purpose::Response => {}
-            Purpose::Forward { origin, key } => {
+            Purpose::Forward { origin, key, .. } => {
                 if self.nis.iter().any(|n| n.nid == origin) {
                     self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
                 } else {
@@ -2216,7 +2261,12 @@ impl LnetNode {
                 continue;
             };
             self.free_msg();
-            match self.route(m.hdr.dest_nid) {
+            // A forward moves under the hop rule, as when it first left.
+            let route = match m.purpose {
+                Purpose::Forward { leg, .. } => self.route_leg(m.hdr.dest_nid, leg),
+                _ => self.route(m.hdr.dest_nid),
+            };
+            match route {
                 Ok(r @ Route::Remote { .. }) if m.bulk.is_none() => {
                     self.launch(r, m.hdr, m.payload, m.purpose)
                 }
@@ -2227,7 +2277,7 @@ impl LnetNode {
                     let bulk = m.bulk.expect("checked above");
                     self.launch_bulk(ni, next, m.hdr, bulk, purpose);
                 }
-                _ => {
+                route => {
                     let cookie = self.msgs.insert(OutMsg {
                         peer_credit: false,
                         ni_credit: false,
@@ -2238,7 +2288,11 @@ impl LnetNode {
                     });
                     self.alloc_msg();
                     let dest = self.msgs.get(&cookie).map_or(gw, |m| m.hdr.dest_nid);
-                    self.refused.push_back((cookie, LnetError::NoRoute(dest)));
+                    let e = match route {
+                        Err(e @ LnetError::HopLimit(_)) => e,
+                        _ => LnetError::NoRoute(dest),
+                    };
+                    self.refused.push_back((cookie, e));
                 }
             }
         }
@@ -2362,7 +2416,8 @@ impl LnetNode {
             self.nis[ni].ep.recv_done(now, rx);
         }
         let origin = self.nis[ni].nid;
-        match self.route(hdr.dest_nid) {
+        let leg = Leg::of(hdr.src_nid, from);
+        match self.route_leg(hdr.dest_nid, leg) {
             Ok(Route::Remote { next, .. }) if next == from => {
                 self.count_error(&LnetError::Loop(from));
                 self.forward_done(key, Err(FwdDrop::Loop));
@@ -2371,7 +2426,7 @@ impl LnetNode {
                 self.forward_done(key, Err(FwdDrop::PeerDown));
             }
             Ok(r @ Route::Remote { .. }) => {
-                self.launch(r, hdr, payload, Purpose::Forward { origin, key });
+                self.launch(r, hdr, payload, Purpose::Forward { origin, key, leg });
             }
             Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
                 via,
@@ -2382,9 +2437,13 @@ impl LnetNode {
                 payload,
                 bulk: None,
             }),
-            Ok(Route::Local(_)) | Err(_) => {
+            Ok(Route::Local(_)) => {
                 self.count_error(&LnetError::NoRoute(hdr.dest_nid));
                 self.forward_done(key, Err(FwdDrop::NoRoute));
+            }
+            Err(e) => {
+                self.count_error(&e);
+                self.forward_done(key, Err(FwdDrop::of(&e)));
             }
         }
     }
@@ -2583,14 +2642,15 @@ impl LnetNode {
                 payload,
                 bulk,
                 ..
-            } => match self.route(hdr.dest_nid) {
+            } => match self.route_leg(hdr.dest_nid, Leg::of(hdr.src_nid, from)) {
                 Ok(Route::Remote { ni, next })
                     if bulk.is_some()
                         && !self.shutting_down
                         && next != from
                         && !self.drops_for_down_peer(next, ni) =>
                 {
-                    let purpose = Purpose::Forward { origin, key };
+                    let leg = Leg::of(hdr.src_nid, from);
+                    let purpose = Purpose::Forward { origin, key, leg };
                     let len = hdr.payload_length;
                     match bulk.and_then(|k| self.bulk_view(k, ni, len)) {
                         Some(buf) => {
@@ -2611,7 +2671,8 @@ impl LnetNode {
                         && next != from
                         && !self.drops_for_down_peer(next, ni) =>
                 {
-                    self.launch(r, hdr, payload, Purpose::Forward { origin, key });
+                    let leg = Leg::of(hdr.src_nid, from);
+                    self.launch(r, hdr, payload, Purpose::Forward { origin, key, leg });
                 }
                 route => {
                     let result = Err(if self.shutting_down {
@@ -2620,6 +2681,8 @@ impl LnetNode {
                         LnetError::Loop(from)
                     } else if let Ok(Route::Remote { next, .. }) = route {
                         LnetError::PeerDown(next)
+                    } else if let Err(e @ LnetError::HopLimit(_)) = route {
+                        e
                     } else {
                         LnetError::NoRoute(hdr.dest_nid)
                     });
@@ -2648,7 +2711,7 @@ impl LnetNode {
             .msgs
             .iter()
             .filter_map(|(cookie, m)| match m.purpose {
-                Purpose::Forward { origin, key } if !ours.contains(&origin) => {
+                Purpose::Forward { origin, key, .. } if !ours.contains(&origin) => {
                     Some((cookie, origin, key))
                 }
                 _ => None,

@@ -672,6 +672,9 @@ impl LnetNode {
         let now = self.now;
         self.fwd.received += 1;
         let dest = hdr.dest_nid;
+        let onward = self
+            .peek_route(dest, Leg::of(hdr.src_nid, from))
+            .map(|(r, _)| r);
         let why = match op {
             RdmaOp::Get { .. } => {
                 self.nis[ni].ep.recv_failed(now, rx);
@@ -716,17 +719,22 @@ impl LnetNode {
             // until its LND timeout with PUT_REQs to an unreachable net (the hostile-peer
             // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
             // The route is looked up again when the data is in, as before.
-            RdmaOp::Put
-                if !matches!(
-                    self.peek_route(dest),
-                    Ok((Route::Remote { .. } | Route::Sibling(_), _))
-                ) =>
-            {
+            RdmaOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
                 self.nis[ni]
                     .ep
                     .refuse_rdma(now, rx, crate::control::errno::EHOSTUNREACH);
-                self.count_error(&LnetError::NoRoute(dest));
-                FwdDrop::NoRoute
+                let e = match onward {
+                    Err(e @ LnetError::HopLimit(_)) => e,
+                    _ => LnetError::NoRoute(dest),
+                };
+                self.count_error(&e);
+                FwdDrop::of(&e)
+            }
+            // An egress that cannot send from router buffers (an NI added at run time): the
+            // sender's PUT fails now, rather than ending done while the router drops the data.
+            RdmaOp::Put if !onward.as_ref().is_ok_and(|r| self.egress_has_bulk(r)) => {
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                FwdDrop::NoBulkBuffer
             }
             RdmaOp::Put => {
                 // Held like any message to forward: the sender's router credit, then a large
@@ -765,6 +773,47 @@ impl LnetNode {
         self.bulk_free = owned;
         self.bulk_owned = n;
         self.set_buffers(now, PoolClass::Large, n);
+    }
+
+    /// The registrations of router buffers made by an NI no longer in `nids` are forgotten:
+    /// its fabric is gone, and an NI added later, even under the same NID, has registered
+    /// nothing (the daemon registers router buffers at start only), so bulk PUTs to forward
+    /// through it are refused before a buffer is lent ([`Node::egress_has_bulk`]).
+    pub(super) fn forget_bulk_registrations(&mut self, nids: &[Nid]) {
+        let gone = |n: &Nid| !nids.contains(n);
+        let stale = self
+            .bulk_bufs
+            .bufs
+            .first()
+            .is_some_and(|v| v.iter().any(|(n, _)| gone(n)));
+        if stale {
+            let bufs = self
+                .bulk_bufs
+                .bufs
+                .iter()
+                .map(|v| v.iter().filter(|(n, _)| !gone(n)).copied().collect())
+                .collect();
+            self.bulk_bufs = Arc::new(BulkBuffers { bufs });
+        }
+    }
+
+    /// Whether a bulk PUT leaving by `route` can be written on from a router buffer: its
+    /// egress NI, here or in a sibling runtime, has the buffers registered.
+    pub(super) fn egress_has_bulk(&self, route: &Route) -> bool {
+        let registered = |nid: Nid| {
+            self.bulk_bufs
+                .bufs
+                .first()
+                .is_some_and(|v| v.iter().any(|(n, _)| *n == nid))
+        };
+        match *route {
+            Route::Remote { ni, .. } => self.nis.get(ni).is_some_and(|n| registered(n.nid)),
+            Route::Sibling(net) => self
+                .node_nids
+                .iter()
+                .any(|&n| n.net() == net && registered(n)),
+            Route::Local(_) => false,
+        }
     }
 
     /// Router buffer `k` as NI `ni`'s fabric registered it, its first `len` bytes.
@@ -838,7 +887,8 @@ impl LnetNode {
         }
         let origin = self.nis[ni].nid;
         let len = hdr.payload_length;
-        match self.route(hdr.dest_nid) {
+        let leg = Leg::of(hdr.src_nid, from);
+        match self.route_leg(hdr.dest_nid, leg) {
             Ok(Route::Remote { next, .. }) if next == from => {
                 self.count_error(&LnetError::Loop(from));
                 self.forward_done(key, Err(FwdDrop::Loop));
@@ -848,7 +898,7 @@ impl LnetNode {
             }
             Ok(Route::Remote { ni: e, next }) => match self.bulk_view(k, e, len) {
                 Some(buf) => {
-                    let purpose = Purpose::Forward { origin, key };
+                    let purpose = Purpose::Forward { origin, key, leg };
                     self.launch_bulk(e, next, hdr, Bulk::Put(buf.local(len)), purpose);
                 }
                 None => self.forward_done(key, Err(FwdDrop::NoBulkBuffer)),
@@ -862,9 +912,13 @@ impl LnetNode {
                 payload: Vec::new(),
                 bulk: Some(k),
             }),
-            Ok(Route::Local(_)) | Err(_) => {
+            Ok(Route::Local(_)) => {
                 self.count_error(&LnetError::NoRoute(hdr.dest_nid));
                 self.forward_done(key, Err(FwdDrop::NoRoute));
+            }
+            Err(e) => {
+                self.count_error(&e);
+                self.forward_done(key, Err(FwdDrop::of(&e)));
             }
         }
     }

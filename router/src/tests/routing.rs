@@ -603,6 +603,272 @@ fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
     assert_router_quiescent(&f, &[1, 2]);
 }
 
+fn hop_route(net: &str, gw: &str, hops: u8) -> RouteConfig {
+    RouteConfig {
+        hops: Some(hops),
+        ..route(net, gw)
+    }
+}
+
+/// Routers in a chain: router `i` has NIs on o2ib{i} and o2ib{i+1} ([`gw`]), and
+/// `routes(i)` gives its routes. Returns the configurations, split into one runtime per NI
+/// when asked, and each router's node indices (after the ones in `first`).
+fn chain(
+    first: Vec<NodeConfig>,
+    routers: usize,
+    routes: impl Fn(usize) -> Vec<RouteConfig>,
+    split_router: bool,
+) -> (Vec<NodeConfig>, Vec<Vec<usize>>) {
+    let mut cfgs = first;
+    let mut idx = Vec::new();
+    for i in 0..routers {
+        let r = node(
+            &[&gw(i, i), &gw(i, i + 1)],
+            &routes(i),
+            true,
+            100 + 10 * i as u64,
+        );
+        if split_router {
+            let parts = split(r);
+            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
+            cfgs.extend(parts);
+        } else {
+            idx.push(vec![cfgs.len()]);
+            cfgs.push(r);
+        }
+    }
+    (cfgs, idx)
+}
+
+/// o2ib, o2ib1, o2ib2 ...: net `i`'s suffix.
+fn net_suffix(i: usize) -> String {
+    if i == 0 {
+        String::new()
+    } else {
+        i.to_string()
+    }
+}
+
+/// Router `i`'s NID on net `net` (o2ib{net}): 10.{net}.0.{254 - i}.
+fn gw(i: usize, net: usize) -> String {
+    format!("10.{net}.0.{}@o2ib{}", 254 - i, net_suffix(net))
+}
+
+/// Three routers in a ring, each routing o2ib9 through the next with `hop: 2` (a mistake no
+/// single node can see, and one avoid_asym_router_failure does not catch: the routes are
+/// multi-hop). Lustre has no TTL and forwards such a message around the ring for good (the
+/// operator audit: 30,000 forwards a second per router, `loop` 0). The hop rule cuts it: a
+/// message that has already crossed a router goes on only to its destination's net or to a
+/// gateway that has an NI on that net, so the second router drops it, counted as a loop, and
+/// every buffer comes back.
+fn a_routing_loop_of_three_routers(split_router: bool) {
+    let client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
+        false,
+        10,
+    );
+    // Router i sits on o2ib{i} and o2ib{i+1 mod 3}, NID 10.{net}.0.{254-i}.
+    let mut cfgs = vec![client];
+    let mut idx: Vec<Vec<usize>> = Vec::new();
+    for i in 0..3usize {
+        let (a, b) = (i, (i + 1) % 3);
+        let next = (i + 1) % 3;
+        let r = node(
+            &[&gw(i, a), &gw(i, b)],
+            &[hop_route("o2ib9", &gw(next, b), 2)],
+            true,
+            100 + 10 * i as u64,
+        );
+        if split_router {
+            let parts = split(r);
+            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
+            cfgs.extend(parts);
+        } else {
+            idx.push(vec![cfgs.len()]);
+            cfgs.push(r);
+        }
+    }
+    let mut f = Fabric::from_configs(cfgs);
+    let now = f.now;
+    for i in 0..5 {
+        f.nodes[0]
+            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(5));
+    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
+    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    assert_eq!(
+        (
+            books[1].received,
+            books[1].forwarded,
+            books[1].dropped_for(FwdDrop::Loop)
+        ),
+        (5, 0, 5),
+        "{books:?}"
+    );
+    assert_eq!(books[2].received, 0, "{books:?}");
+}
+
+#[test]
+fn a_routing_loop_of_three_routers_is_cut_by_the_hop_rule() {
+    a_routing_loop_of_three_routers(false);
+}
+
+#[test]
+fn a_routing_loop_of_three_split_routers_is_cut_by_the_hop_rule() {
+    a_routing_loop_of_three_routers(true);
+}
+
+/// The same loop on one net: three routers on o2ib each route o2ib9 through the next one on
+/// o2ib. Every router receives the message on the client's own net, so only who handed it over
+/// (a router, not its source) tells that it has crossed a router: the second router drops it.
+#[test]
+fn a_routing_loop_of_three_routers_on_one_net_is_cut_by_the_hop_rule() {
+    let client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
+        false,
+        10,
+    );
+    let mut cfgs = vec![client];
+    for i in 0..3usize {
+        let next = (i + 1) % 3;
+        cfgs.push(node(
+            &[&gw(i, 0), &gw(i, 5)],
+            &[hop_route("o2ib9", &gw(next, 0), 2)],
+            true,
+            100 + 10 * i as u64,
+        ));
+    }
+    let mut f = Fabric::from_configs(cfgs);
+    let now = f.now;
+    for i in 0..5 {
+        f.nodes[0]
+            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(5));
+    let books: Vec<ForwardStats> = (1..4).map(|r| assert_router_quiescent(&f, &[r])).collect();
+    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    assert_eq!(
+        (books[1].received, books[1].dropped_for(FwdDrop::Loop)),
+        (5, 5),
+        "{books:?}"
+    );
+    assert_eq!(books[2].received, 0, "{books:?}");
+}
+
+/// The hop rule's reach: a client on o2ib and a server on o2ib3 through three routers in a
+/// chain (hop counts 3, 2, 1 as an admin writes them) ping and PUT both ways; with a fourth
+/// router in the chain, the second router refuses to pass a message on to a gateway that is
+/// not on the destination's net, counted as a loop, and the server never sees it.
+fn a_chain_of_routers(routers: usize, split_router: bool) -> (Fabric, Vec<Vec<usize>>) {
+    let far = routers;
+    let server_nid = format!("10.{far}.0.2@o2ib{far}");
+    let far_net = format!("o2ib{far}");
+    let client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route(&far_net, "10.0.0.254@o2ib", routers as u8)],
+        false,
+        10,
+    );
+    let server = node(
+        &[&server_nid],
+        &[hop_route(
+            "o2ib",
+            &format!("10.{far}.0.{}@{far_net}", 254 - (routers - 1)),
+            routers as u8,
+        )],
+        false,
+        20,
+    );
+    let (cfgs, idx) = chain(
+        vec![client, server],
+        routers,
+        |i| {
+            let mut r = Vec::new();
+            // Toward the server: through router i+1, on net i+1.
+            if i + 1 < routers {
+                r.push(hop_route(
+                    &far_net,
+                    &gw(i + 1, i + 1),
+                    (routers - 1 - i) as u8,
+                ));
+            }
+            // Toward the client: through router i-1, on net i.
+            if i > 0 {
+                r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
+            }
+            r
+        },
+        split_router,
+    );
+    (Fabric::from_configs(cfgs), idx)
+}
+
+#[test]
+fn a_chain_of_three_routers_carries_pings_and_puts_both_ways() {
+    for split_router in [false, true] {
+        let (mut f, idx) = a_chain_of_routers(3, split_router);
+        let now = f.now;
+        let (client, server) = (nid("10.0.0.1@o2ib"), nid("10.3.0.2@o2ib3"));
+        f.nodes[0]
+            .ping(now, server, Duration::from_secs(5))
+            .unwrap();
+        f.nodes[1]
+            .ping(now, client, Duration::from_secs(5))
+            .unwrap();
+        for i in 0..20u64 {
+            f.nodes[0]
+                .send_put(now, server, 7, i, vec![i as u8; 100])
+                .unwrap();
+        }
+        f.run_for(Duration::from_secs(3));
+        let c = f.take_events(0);
+        let s = f.take_events(1);
+        for (who, evs, want) in [("client", &c, server), ("server", &s, client)] {
+            let pings = ping_results(evs);
+            assert_eq!(pings.len(), 1, "{who} split={split_router}");
+            let reply = pings[0].2.clone().expect("pinged through three routers");
+            assert_eq!(reply.nids, vec![want]);
+        }
+        assert_eq!(put_results(&c), vec![Ok(()); 20]);
+        assert_eq!(puts(&s).len(), 20);
+        for (i, r) in idx.iter().enumerate() {
+            let b = assert_router_quiescent(&f, r);
+            // 2 pings (GET + REPLY each) and 20 PUTs, each forwarded by every router.
+            assert_eq!(
+                (b.received, b.forwarded, b.dropped()),
+                (24, 24, 0),
+                "router {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_fourth_router_in_a_chain_is_past_the_hop_rule() {
+    let (mut f, idx) = a_chain_of_routers(4, false);
+    let now = f.now;
+    let server = nid("10.4.0.2@o2ib4");
+    for i in 0..5u64 {
+        f.nodes[0]
+            .send_put(now, server, 7, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(3));
+    assert!(puts(&f.take_events(1)).is_empty());
+    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
+    assert_eq!((books[0].received, books[0].forwarded), (5, 5));
+    assert_eq!(
+        (books[1].received, books[1].dropped_for(FwdDrop::Loop)),
+        (5, 5)
+    );
+    assert_eq!(books[2].received + books[3].received, 0);
+}
+
 /// A router whose net has gone silent says so: once nothing has arrived on o2ib1 for
 /// router_ping_timeout + alive_router_check_interval, its ping reply lists its o2ib1 NI DOWN
 /// (router.c lnet_update_ni_status_locked), so a client routing through it to o2ib1 marks the
@@ -1724,5 +1990,51 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
         "bulk PUTs one at a time all left by one gateway: g1 {} g2 {}",
         a2 - a1,
         b2 - b1
+    );
+}
+
+/// The operator audit: after `net del` and `net add` of a router's egress NI, the new NI has
+/// no registration of the router buffers, yet the ingress still took bulk PUTs for it (PUT_ACK:
+/// its sender counted them delivered) and dropped them as `send_failed` once they were in.
+/// The ingress now refuses a bulk PUT whose egress cannot send from router buffers before it
+/// lends one (-EPROTO, `no_bulk_buffer`), so the sender's PUT fails; and a runtime forgets the
+/// registrations of an NI that left the node, so an NI added again under the same NID is not
+/// taken for the one that had them.
+#[test]
+fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
+    use lnd::engine::TxError;
+    use lnd::wire::kib::EPROTO;
+    let (mut f, routers) = topology(true, |_| {});
+    let (ingress, egress) = (routers[0], routers[1]);
+    give_bulk_buffers(&mut f, &routers, 4);
+    let board = crate::alive::NetAlive::new(2);
+    let now = f.now;
+    // The egress leaves the node and comes back under the same NID.
+    f.nodes[ingress].set_node_nids(vec![nid(R_A)], crate::alive::NetAlive::new(1));
+    f.nodes[ingress].set_node_nids(vec![nid(R_A), nid(R_B)], board.clone());
+    f.nodes[egress].set_node_nids(vec![nid(R_A), nid(R_B)], board);
+    f.nodes[egress].set_bulk_buffers(now, Default::default(), Vec::new());
+    let server = nid(SERVER);
+    let sink = f.register(1, vec![0; 100_000]);
+    let sink = BulkBuf::new(NiIndex(0), &sink, 0, 100_000).unwrap();
+    f.nodes[1].post_sink(4, 1, sink);
+    let reg = f.register(0, vec![7; 100_000]);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 100_000).unwrap();
+    let put = f.nodes[0].send_put_bulk(now, server, 4, 1, buf).unwrap();
+    f.run_for(Duration::from_secs(5));
+    let done: Vec<_> = f
+        .take_events(0)
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            LnetEvent::PutDone { id, result } if id == put => Some(result),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(done, vec![Err(LnetError::Lnd(TxError::Rdma(-EPROTO)))]);
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(
+        (books.dropped_for(FwdDrop::NoBulkBuffer), books.dropped()),
+        (1, 1),
+        "{books:?}"
     );
 }
