@@ -313,8 +313,8 @@ enum PingKind {
     Gateway,
     /// LNet health's recovery ping of a peer NI below the maximum: its health.
     Recovery,
-    /// LNet health's recovery ping of our NI `.0` below the maximum, to its own NID through
-    /// its LND (lnet_recover_local_nis): its health.
+    /// LNet health's recovery ping of our NI `.0` below the maximum (lnet_recover_local_nis),
+    /// to a live peer on its net, never to our own NID: its health.
     LocalRecovery(usize),
 }
 
@@ -1628,9 +1628,25 @@ impl LnetNode {
             }
             true
         });
-        // lnet_recover_local_nis: each of our NIs below the maximum, one ping at a time to
-        // its own NID through its own LND (a self-connection, which the race rule accepts),
-        // with the same backoff; one back at the maximum leaves the queue.
+        // lnet_recover_local_nis: each of our NIs below the maximum, one ping at a time with
+        // the same backoff; one back at the maximum leaves the queue. Lustre pings the NI's
+        // own NID through its own LND; a node here never pings its own NIDs through the LND
+        // (LU-7646's first fix deadlocked exactly there), so the ping goes through the NI to
+        // the peer on its net that the LND holds up and was heard from (then used) most
+        // recently: its GET going
+        // out and its REPLY coming in prove the NI as well. With no such peer the NI waits;
+        // any message that goes through it raises its health too (`judge_health`).
+        let witnesses: Vec<Option<Nid>> = (0..self.nis.len())
+            .map(|i| {
+                self.peers
+                    .values()
+                    .filter(|p| {
+                        p.ni.0 == i && p.state == PeerState::Up && !self.node_nids.contains(&p.nid)
+                    })
+                    .max_by_key(|p| (p.last_heard, p.last_active))
+                    .map(|p| p.nid)
+            })
+            .collect();
         for (i, n) in self.nis.iter_mut().enumerate() {
             if !n.health.in_recovery() {
                 continue;
@@ -1640,16 +1656,18 @@ impl LnetNode {
                 continue;
             }
             if !n.health.pending && n.health.next_ping.is_some_and(|t| t <= now) {
-                n.health.pinged(now, cfg.max_ping_interval);
-                n.health.pending = true;
-                due.push((n.nid, i, PingKind::LocalRecovery(i)));
+                if let Some(w) = witnesses[i] {
+                    n.health.pinged(now, cfg.max_ping_interval);
+                    n.health.pending = true;
+                    due.push((w, i, PingKind::LocalRecovery(i)));
+                }
             }
             if let Some(t) = n.health.next_ping {
                 next = Some(next.map_or(t, |x: Instant| x.min(t)));
             }
         }
         let deadline = now.saturating_add(Duration::from_secs(cfg.transaction_timeout));
-        // A peer NI's, or one of ours to its own NID: the same ping through NI `ni`.
+        // A peer NI's, or one of ours through a peer on its net: the same ping through NI `ni`.
         for (nid, ni, kind) in due {
             let id = self.next_ping;
             self.next_ping += 1;
