@@ -68,6 +68,9 @@ struct Gateway {
     rte_disabled: bool,
     /// From its last ping reply: the nets on which it lists an NI up (`None` before any reply).
     up_nets: Option<BTreeSet<Net>>,
+    /// From its last ping reply: every net on which it lists an NI, up or down (Lustre's
+    /// lr_single_hop comes from these, whatever their status): it delivers there directly.
+    nets: Option<BTreeSet<Net>>,
     /// When to ping it next.
     next_ping: Instant,
     /// The ping in flight, if any.
@@ -119,6 +122,7 @@ impl Gateways {
                 alive: true,
                 rte_disabled: false,
                 up_nets: None,
+                nets: None,
                 next_ping: now,
                 pinging: None,
                 retry: FIRST_RETRY,
@@ -168,12 +172,18 @@ impl Gateways {
     }
 
     /// Whether route `r`'s gateway delivers on the route's net itself (the hop rule,
-    /// `Leg::of` in node.rs): its last ping reply listed an NI up there; before any reply (or
-    /// with pings off, or for a gateway a sibling runtime watches) the route's hop count says,
-    /// 1 or undefined meaning yes, as Lustre takes an undefined count for 1.
+    /// `Leg::of` in node.rs): its last ping reply listed an NI there, up or down (a gateway on
+    /// the net delivers directly whatever it says of the NI; a net silent for a while is
+    /// reported down); before any reply, or with pings off, the route's hop count says, 1 or
+    /// undefined meaning yes, as Lustre takes an undefined count for 1. A gateway this runtime
+    /// does not watch (on a sibling runtime's net) passes: the sibling that does decides when
+    /// the message reaches it.
     pub fn is_last_hop(&self, r: &RouteConfig) -> bool {
-        match self.map.get(&r.gateway).and_then(|g| g.up_nets.as_ref()) {
-            Some(up) => up.contains(&r.net),
+        let Some(g) = self.map.get(&r.gateway) else {
+            return true;
+        };
+        match &g.nets {
+            Some(nets) => nets.contains(&r.net),
             None => r.hops.is_none_or(|h| h == 1),
         }
     }
@@ -258,6 +268,7 @@ impl Gateways {
             Some(r) => {
                 g.rte_disabled = r.routing_disabled();
                 let down: BTreeSet<Nid> = r.down_nids.iter().copied().collect();
+                g.nets = Some(r.nids.iter().map(|n| n.net()).collect());
                 g.up_nets = Some(
                     r.nids
                         .iter()

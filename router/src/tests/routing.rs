@@ -333,6 +333,66 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
     assert_eq!(books.received + failed_at_client, n);
 }
 
+/// Peer router credits come before a router buffer (lnet_post_routed_recv_locked): with
+/// `peer_buffer_credits: 2`, a client with 8 PUTs in flight towards a dead server holds 2
+/// router buffers and no more; the other 6 wait on its router credits (its LND slots held:
+/// back pressure), not on the pool, though the pool has buffers to spare. In the end every
+/// PUT ends and every credit and buffer is back.
+#[test]
+fn a_sender_waits_on_its_router_credits_before_a_buffer() {
+    let (mut f, routers) = topology(false, |c| {
+        for ni in &mut c.nis {
+            ni.peer_buffer_credits = 2;
+        }
+    });
+    f.kill(1);
+    let now = f.now;
+    let n = 10u64;
+    for i in 0..n {
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(1));
+    let r = routers[0];
+    let info = f.nodes[r].routing_info();
+    let small = info.pools[1];
+    assert_eq!(
+        i64::from(small.nbuffers) - small.min_credits,
+        2,
+        "two buffers taken, no more: {small:?}"
+    );
+    let client = f.nodes[r].peer(nid(CLIENT)).expect("the client as a peer");
+    // The client's 8 LND credits: 2 with a buffer, 6 waiting on router credits.
+    assert_eq!(
+        (client.available_rtr_credits, client.min_rtr_credits),
+        (-6, -6),
+        "{client:?}"
+    );
+    assert_eq!(info.stats.waited_rtr_credit, 6, "{:?}", info.stats);
+    assert_eq!(info.stats.in_flight, 8, "{:?}", info.stats);
+    let mut results = put_results(&f.take_events(0));
+    let start = f.now;
+    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
+        && f.now < start + Duration::from_secs(3600)
+    {
+        f.run_for(Duration::from_secs(10));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), n as usize, "every PUT ends");
+    let info = f.nodes[r].routing_info();
+    assert!(
+        info.stats.reconciles() && info.stats.in_flight == 0,
+        "{:?}",
+        info.stats
+    );
+    for p in &info.pools {
+        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
+    }
+    let client = f.nodes[r].peer(nid(CLIENT)).expect("the client as a peer");
+    assert_eq!(client.available_rtr_credits, 2, "{client:?}");
+}
+
 /// lnet_check_message_drop: once the router's LND has reported the server down, messages for
 /// it are dropped at once (counted as peer_down) instead of each
 /// holding a router buffer until the LND gives up on it; one a second still goes to the LND,
@@ -2037,4 +2097,130 @@ fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
         (1, 1),
         "{books:?}"
     );
+}
+
+/// A three-router chain whose middle router routes the far net with `hop: 2` through a
+/// gateway that is in fact on it (hop counts used as a preference, or miscounted): its ping
+/// reply lists an NI on the far net, so it is a last hop and the traffic goes through, with
+/// the middle router as one node or split into one runtime per NI (the review of the hop
+/// rule: the split router judged its sibling's gateway by the hop count alone and dropped
+/// every message as a loop).
+#[test]
+fn a_last_hop_gateway_is_known_by_its_ping_reply_not_its_hop_count() {
+    for split_router in [false, true] {
+        let routers = 3usize;
+        let far_net = "o2ib3";
+        let client = node(
+            &["10.0.0.1@o2ib"],
+            &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
+            false,
+            10,
+        );
+        let server = node(
+            &["10.3.0.2@o2ib3"],
+            &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
+            false,
+            20,
+        );
+        let (cfgs, idx) = chain(
+            vec![client, server],
+            routers,
+            |i| {
+                let mut r = Vec::new();
+                if i + 1 < routers {
+                    r.push(hop_route(far_net, &gw(i + 1, i + 1), 2));
+                }
+                if i > 0 {
+                    r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
+                }
+                r
+            },
+            split_router,
+        );
+        let mut f = Fabric::from_configs(cfgs);
+        // The gateways' first pings answered.
+        f.run_for(Duration::from_secs(1));
+        let now = f.now;
+        let server = nid("10.3.0.2@o2ib3");
+        for i in 0..5u64 {
+            f.nodes[0]
+                .send_put(now, server, 7, i, vec![1; 100])
+                .unwrap();
+        }
+        f.run_for(Duration::from_secs(3));
+        let got = puts(&f.take_events(1)).len();
+        let books = assert_router_quiescent(&f, &idx[1]);
+        assert_eq!(got, 5, "split={split_router}: {books:?}");
+        assert_eq!(books.dropped(), 0, "split={split_router}: {books:?}");
+    }
+}
+
+/// A gateway that reports its NI on the far net DOWN (nothing heard there for a while, as
+/// routers report a silent net) still delivers there directly: with avoid_asym_router_failure
+/// off its route is alive, and the hop rule must not take it for a loop (the review: every
+/// message through three routers was dropped as `loop`, so the far net stayed silent, and
+/// "down", for good).
+#[test]
+fn a_gateway_reporting_its_far_ni_down_is_still_a_last_hop() {
+    let health = GatewayHealthConfig {
+        check_interval: Duration::from_secs(2),
+        ping_timeout: Duration::from_secs(1),
+        avoid_asym: false,
+    };
+    let routers = 3usize;
+    let far_net = "o2ib3";
+    let mut client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
+        false,
+        10,
+    );
+    client.gateway_health = health;
+    let mut server = node(
+        &["10.3.0.2@o2ib3"],
+        &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
+        false,
+        20,
+    );
+    // The server never pings its gateway: the far net goes silent.
+    server.gateway_health = GatewayHealthConfig {
+        check_interval: Duration::ZERO,
+        ..health
+    };
+    let (mut cfgs, idx) = chain(
+        vec![client, server],
+        routers,
+        |i| {
+            let mut r = Vec::new();
+            if i + 1 < routers {
+                r.push(hop_route(
+                    far_net,
+                    &gw(i + 1, i + 1),
+                    (routers - 1 - i) as u8,
+                ));
+            }
+            if i > 0 {
+                r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
+            }
+            r
+        },
+        false,
+    );
+    for c in cfgs.iter_mut().skip(2) {
+        c.gateway_health = health;
+    }
+    let mut f = Fabric::from_configs(cfgs);
+    // Router 2 now reports its o2ib3 NI down.
+    f.run_for(Duration::from_secs(10));
+    let now = f.now;
+    let server = nid("10.3.0.2@o2ib3");
+    for i in 0..5u64 {
+        f.nodes[0]
+            .send_put(now, server, 7, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(3));
+    let got = puts(&f.take_events(1)).len();
+    let books = assert_router_quiescent(&f, &idx[1]);
+    assert_eq!(got, 5, "middle router: {books:?}");
 }
