@@ -366,9 +366,10 @@ fn run(
             .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
         runtimes.push((rt, wake, f.kind, extras_of(ni, f.listen)));
     }
+    let pinned = runtimes.iter().any(|r| r.2 == FabricKind::Verbs);
     let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
         runtimes.iter_mut().map(|r| &mut r.0).collect();
-    let large_registered = give_bulk_buffers(&mut rts, clock.now());
+    let large_registered = give_bulk_buffers(&mut rts, pinned, clock.now());
 
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
@@ -1557,19 +1558,22 @@ fn fabric_supported(kind: FabricKind) -> bool {
 /// PUT written in by one NI's fabric is written on by another's from the same memory: each
 /// runtime gets its share of the large pool as buffers of LNET_MTU. On tcp they are lazily
 /// backed (only the buffers used get pages); verbs pins them all at start, so size
-/// `buffers: large:` to what the host may pin (LimitMEMLOCK). Only for a daemon started with
-/// routing on and two NIs or more (`set routing 1` later finds none: bulk PUTs to forward are
-/// then refused, `no_bulk_buffer`). A registration that fails leaves the router without them,
-/// with one warning.
+/// `buffers: large:` to what the host may pin (LimitMEMLOCK). For a daemon with two NIs or
+/// more: on tcp whether routing is on or not, so that `set routing 1` later (Lustre's
+/// lnet_rtrpools_enable allocates the pools then) forwards bulk as a router started as one
+/// does; with a pinning (verbs) NI only when routing is on at start (`set routing 1` later
+/// finds none: bulk PUTs to forward are then refused, `no_bulk_buffer`), since pinning 1 MiB
+/// per large buffer on every multi-homed node that never routes would waste locked memory. A
+/// registration that fails leaves the router without them, with one warning.
 fn give_bulk_buffers(
     runtimes: &mut [&mut NiRuntime<Box<dyn Driver + Send>>],
+    pinned: bool,
     now: lnd::time::Instant,
 ) -> Option<u32> {
     use lnd::fabric::SharedMem;
     use router::{BulkBuffers, BulkRegion};
-    // Only a router configured as one: the buffers are pinned on verbs.
     let routing = runtimes.iter().any(|r| r.node().routing_enabled());
-    if runtimes.len() < 2 || !routing {
+    if runtimes.len() < 2 || (pinned && !routing) {
         return None;
     }
     let shares: Vec<usize> = runtimes

@@ -337,3 +337,61 @@ fn selftest_is_off_unless_enabled() {
     assert_eq!(r.nodes[0].state, "down", "{r:?}");
     assert_eq!(r.nodes[0].error.as_deref(), Some("RPC timed out"), "{r:?}");
 }
+
+/// A router started with routing off and turned on later (`lnetctl set routing 1`, Lustre's
+/// lnet_rtrpools_enable) forwards bulk as one started as a router: its router buffers for bulk
+/// data were registered at start on tcp all the same (the acceptance audit: every routed bulk
+/// PUT was refused as `no_bulk_buffer`).
+#[test]
+fn routing_turned_on_later_forwards_bulk() {
+    let t = 3;
+    let s = Scratch::new("routing_later");
+    let o = Opts::default;
+    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A, R_B], None, false), o());
+    let _far = start_yaml(
+        &s.0,
+        "far",
+        &yaml(t, &[FAR], Some(("o2ib", R_B)), false),
+        o(),
+    );
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        o(),
+    );
+    ctl(&router, &["set", "routing", "1"]);
+    ping_until_ok(&client, FAR, WAIT);
+    let out = lnetctl(
+        &client,
+        &[
+            "--json",
+            "selftest",
+            "run-test",
+            "--from",
+            CLIENT,
+            "--to",
+            FAR,
+            "--concurrency",
+            "2",
+            "--loop",
+            "5",
+            "brw",
+            "write",
+            "size=1M",
+            "check=full",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    assert_eq!(v["brw_errors"], 0, "{v}");
+    assert_eq!(v["latency"][0]["count"], 10, "2 units x 5 loops: {v}");
+    let r = match call(&router, Request::RoutingShow) {
+        Response::Routing(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.forwarding.dropped, 0, "{:?}", r.forwarding);
+    assert!(r.forwarding.forwarded >= 20, "{:?}", r.forwarding);
+}
