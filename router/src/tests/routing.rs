@@ -2224,3 +2224,89 @@ fn a_gateway_reporting_its_far_ni_down_is_still_a_last_hop() {
     let books = assert_router_quiescent(&f, &idx[1]);
     assert_eq!(got, 5, "middle router: {books:?}");
 }
+
+/// Passive revival (lnet_parse): a message forwarded to us by a gateway we hold dead marks it
+/// alive at once, before our pinger's next try. The router goes silent for a few seconds, not
+/// long enough for any LND to give up on a connection: the client's ping of it times out, so
+/// the client holds it dead, with its connection still up (no LND news will revive it). The
+/// router comes back and forwards the server's PUT (the server never pings: it trusts its
+/// route) over that connection: the client holds the router alive again at once, with no ping
+/// of its own in between.
+#[test]
+fn a_gateway_held_dead_is_revived_by_the_traffic_it_forwards() {
+    let mut client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    client.gateway_health = FAST_HEALTH;
+    let mut server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
+    server.gateway_health = GatewayHealthConfig {
+        check_interval: Duration::ZERO,
+        ..FAST_HEALTH
+    };
+    let router = node(&[R_A, R_B], &[], true, 30);
+    let mut f = Fabric::from_configs(vec![client, server, router]);
+    f.run_for(Duration::from_secs(1));
+    // Both connections up: the server's through the router to the client.
+    let now = f.now;
+    f.nodes[1]
+        .send_put(now, nid(CLIENT), 4, 1, vec![1; 64])
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(puts(&f.take_events(0)).len(), 1);
+    let r_a = |f: &Fabric| {
+        f.nodes[0]
+            .gateways()
+            .into_iter()
+            .find(|g| g.nid == nid(R_A))
+            .unwrap()
+    };
+    assert!(r_a(&f).alive);
+    f.kill(2);
+    f.run_for(Duration::from_millis(3500));
+    let before = r_a(&f);
+    assert!(!before.alive, "its ping timed out: {before:?}");
+    f.dead.retain(|&d| d != 2);
+    let now = f.now;
+    f.nodes[1]
+        .send_put(now, nid(CLIENT), 4, 2, vec![2; 64])
+        .unwrap();
+    f.run_for(Duration::from_millis(20));
+    assert_eq!(puts(&f.take_events(0)).len(), 1, "the server's PUT arrived");
+    let after = r_a(&f);
+    assert!(after.alive, "revived by the PUT it forwarded: {after:?}");
+    assert_eq!(after.pings, before.pings, "no ping of ours revived it");
+}
+
+/// Failover with requests awaiting their REPLY: the client pings the server through two
+/// routers (round robin), and one router dies with pings in flight. Every ping ends by its own
+/// deadline, answered or failed, none hangs; once the client holds the dead router dead, every
+/// ping goes through the other and is answered.
+#[test]
+fn requests_awaiting_a_reply_end_by_their_deadline_when_a_router_dies() {
+    let (mut f, _) = two_routers(FAST_HEALTH);
+    f.run_for(Duration::from_secs(3));
+    let server = nid(SERVER);
+    let timeout = Duration::from_secs(5);
+    let now = f.now;
+    for _ in 0..10 {
+        f.nodes[0].ping(now, server, timeout).unwrap();
+    }
+    // Killed with the pings on their way to it (round robin: half of them).
+    f.kill(2);
+    f.run_for(timeout + Duration::from_secs(1));
+    let pings = ping_results(&f.take_events(0));
+    assert_eq!(pings.len(), 10, "every ping ended");
+    for (at, _, r) in &pings {
+        assert!(*at <= now + timeout, "ended by its deadline: {at:?} {r:?}");
+    }
+    assert!(
+        pings.iter().any(|(_, _, r)| r.is_err()),
+        "some were in the dead router: {pings:?}"
+    );
+    let now = f.now;
+    for _ in 0..10 {
+        f.nodes[0].ping(now, server, timeout).unwrap();
+    }
+    f.run_for(Duration::from_secs(2));
+    let pings = ping_results(&f.take_events(0));
+    assert_eq!(pings.len(), 10);
+    assert!(pings.iter().all(|(_, _, r)| r.is_ok()), "{pings:?}");
+}
