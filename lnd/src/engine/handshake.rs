@@ -139,13 +139,10 @@ impl Endpoint {
             debug!(peer = %msg.src_nid, ?oldest, "too many handshakes from one peer: the oldest is superseded");
             self.handshake_failed(oldest, None, true, true);
         }
-        let self_connect = msg.src_nid == self.cfg.nid;
-        let established: Vec<ConnId> = if self_connect {
-            Vec::new()
-        } else {
-            self.peers[p].conns.clone()
-        };
-        let theirs: Vec<ConnId> = established
+        // The cap holds for connections claiming our own NID too (the hostile-peer audit kept
+        // 300 of them): the passive ends are theirs whoever they claim to be.
+        let theirs: Vec<ConnId> = self.peers[p]
+            .conns
             .iter()
             .copied()
             .filter(|&c| self.conn(c).is_some_and(|c| !c.active))
@@ -154,17 +151,30 @@ impl Endpoint {
             debug!(peer = %msg.src_nid, "too many connections from one peer: the oldest is closed");
             self.close_conn(theirs[0], Some(DownReason::Closed));
         }
+        // A self-connection's other end is our own active one: not a sign that we lost it.
+        let self_connect = msg.src_nid == self.cfg.nid;
+        let established: Vec<ConnId> = if self_connect {
+            Vec::new()
+        } else {
+            self.peers[p].conns.clone()
+        };
         // But the peer may also have lost them (our close of its side was lost with the
         // partition that cut it off), and one that waits for credits would then hold our
         // messages until the LND timeout. Each goes on probation (new messages take another
         // connection until the peer is heard on it) and is probed with a keepalive NOOP (it
         // needs no credit): a live end ignores it, a gone one fails the send and the connection
         // closes.
+        // One already on probation was probed when it went on it (its NOOP, or the peer heard
+        // on it, settles it): probing it again for every new connect would cost n x n NOOPs
+        // for n connects from one NID (the hostile-peer audit).
         for c in established {
             let now = self.now;
-            if let Some(conn) = self.conn_mut(c) {
-                conn.probation = true;
-                conn.probation_since = now;
+            match self.conn_mut(c) {
+                Some(conn) if !conn.probation => {
+                    conn.probation = true;
+                    conn.probation_since = now;
+                }
+                _ => continue,
             }
             self.check_sends(c, true);
         }

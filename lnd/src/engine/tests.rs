@@ -1002,3 +1002,34 @@ fn a_get_done_for_no_get_of_ours_closes_the_connection() {
         .find(|c| c.id == conn_b)
         .is_none_or(|c| c.state != ConnState::Established));
 }
+
+/// The hostile-peer audit (F9): connections claiming our own NID skipped the per-peer cap
+/// (300 accepted and kept), and each new connect from a NID put every connection it had on
+/// probation with a NOOP of its own (n connects, n x min(n, 127) NOOPs). The cap now holds for
+/// our own NID too, and a connection already on probation is not probed again.
+#[test]
+fn connects_claiming_our_own_nid_are_capped_and_probed_once() {
+    for src in ["10.0.0.7@o2ib", "10.0.0.1@o2ib"] {
+        let me = nid("10.0.0.1@o2ib");
+        let src = nid(src);
+        let now = Instant::from_secs(1);
+        let mut ep = Endpoint::new(EndpointConfig::new(me, 1), now);
+        for i in 0..300u64 {
+            ep.handle_connect_request(now, RequestId(i), forged_connreq(src, me, 7).as_bytes());
+            while let Some(a) = ep.poll_action() {
+                if let FabricAction::Accept { conn, .. } = a {
+                    ep.handle_established(now, conn, &[]);
+                }
+            }
+        }
+        // The oldest beyond the cap are closed (zombies until the fabric confirms).
+        let s = ep.stats();
+        let open = s.established - s.conns_lost;
+        assert!(
+            open <= MAX_CONNS_PER_PEER as u64,
+            "{src}: {open} connections kept"
+        );
+        let noops = ep.stats().keepalives;
+        assert!(noops <= 300, "{src}: {noops} NOOPs for 300 connects");
+    }
+}
