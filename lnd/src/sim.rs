@@ -54,7 +54,9 @@
 //! - **Disconnect**: the queue pair goes to error (queued sends complete [`WcStatus::Flushed`]);
 //!   the peer end gets `handle_disconnected` after `cm_latency` (and its own queue flushes), the
 //!   local end gets its own `handle_disconnected` after `2 x cm_latency`. If the peer node is down
-//!   or partitioned away (or the DREQ is lost), only the local end hears, after `retry_horizon`.
+//!   or partitioned away (or the DREQ is lost), only the local end hears, after `retry_horizon`
+//!   (with [`DisconnectReason::TransportError`]; a DREQ or DREP heard is
+//!   [`DisconnectReason::Closed`]). The simulator models no fabric protocol errors.
 //!   Each end hears `handle_disconnected` at most once; a second `Disconnect` is a no-op.
 //! - **Destroy**: the end is removed; nothing more is reported for it and its pending events are
 //!   dropped (counted in [`SimStats::dropped_late_events`]). Destroying a connected end that never
@@ -92,11 +94,16 @@ use std::sync::Arc;
 
 use crate::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink,
-    LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, WcStatus,
-    WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    FabricEvent, FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag,
+    RequestId, WcStatus, WrId,
 };
 use crate::time::{Duration, Instant};
+
+/// Why an end hears `handle_disconnected`: a DREQ (the peer's, or the DREP to ours) is a close;
+/// a DREQ retried to the horizon, or a handshake given up on, is the transport failing.
+const CLOSED: DisconnectReason = DisconnectReason::Closed;
+const LOST: DisconnectReason = DisconnectReason::TransportError;
 use crate::wire::{KibRej, LnetHdr, Nid, RejectReason};
 
 // ---------------------------------------------------------------------------------------------
@@ -827,6 +834,7 @@ enum Ev {
     },
     Disconnected {
         end: u64,
+        why: DisconnectReason,
     },
     Pump {
         end: u64,
@@ -1875,7 +1883,10 @@ impl<N: SimNode> World<N> {
                         );
                         self.push(
                             now + self.cfg.unreachable_after,
-                            Ev::Disconnected { end: uid },
+                            Ev::Disconnected {
+                                end: uid,
+                                why: LOST,
+                            },
                         );
                     }
                 }
@@ -1953,19 +1964,46 @@ impl<N: SimNode> World<N> {
                         match self.cm_hop() {
                             Some(d) => {
                                 if self.ends.contains_key(&p) {
-                                    self.push(now + d, Ev::Disconnected { end: p });
+                                    self.push(
+                                        now + d,
+                                        Ev::Disconnected {
+                                            end: p,
+                                            why: CLOSED,
+                                        },
+                                    );
                                 }
-                                self.push(now + d + cm, Ev::Disconnected { end: uid });
+                                self.push(
+                                    now + d + cm,
+                                    Ev::Disconnected {
+                                        end: uid,
+                                        why: CLOSED,
+                                    },
+                                );
                             }
-                            None => self
-                                .push(now + self.cfg.retry_horizon, Ev::Disconnected { end: uid }),
+                            None => self.push(
+                                now + self.cfg.retry_horizon,
+                                Ev::Disconnected {
+                                    end: uid,
+                                    why: LOST,
+                                },
+                            ),
                         }
                     }
-                    (Some(_), _) => {
-                        self.push(now + self.cfg.retry_horizon, Ev::Disconnected { end: uid })
-                    }
+                    (Some(_), _) => self.push(
+                        now + self.cfg.retry_horizon,
+                        Ev::Disconnected {
+                            end: uid,
+                            why: LOST,
+                        },
+                    ),
                     // Not connected at the fabric level: only the local side hears.
-                    (None, _) => self.push(now + cm, Ev::Disconnected { end: uid }),
+                    (None, _) => self.push(
+                        now + cm,
+                        Ev::Disconnected {
+                            end: uid,
+                            why: CLOSED,
+                        },
+                    ),
                 }
             }
             // Writes are checked by key and bounds only (see `FabricAction::GrantWrites`).
@@ -2357,7 +2395,10 @@ impl<N: SimNode> World<N> {
                     );
                     self.push(
                         now + self.cfg.unreachable_after,
-                        Ev::Disconnected { end: passive },
+                        Ev::Disconnected {
+                            end: passive,
+                            why: LOST,
+                        },
                     );
                     return;
                 }
@@ -2370,7 +2411,13 @@ impl<N: SimNode> World<N> {
                     } else {
                         self.cfg.unreachable_after
                     };
-                    self.push(now + d, Ev::Disconnected { end: passive });
+                    self.push(
+                        now + d,
+                        Ev::Disconnected {
+                            end: passive,
+                            why: LOST,
+                        },
+                    );
                     return;
                 }
                 if !passive_ok {
@@ -2446,11 +2493,17 @@ impl<N: SimNode> World<N> {
             Ev::ConnFailed { end, why } => self.deliver_connect_failed(end, why),
             Ev::RtuLost { passive } => match self.ends.get(&passive) {
                 Some(e) if e.state == EndState::Accepting => {
-                    self.dispatch(at, Ev::Disconnected { end: passive });
+                    self.dispatch(
+                        at,
+                        Ev::Disconnected {
+                            end: passive,
+                            why: LOST,
+                        },
+                    );
                 }
                 _ => self.late("rtu lost"),
             },
-            Ev::Disconnected { end } => {
+            Ev::Disconnected { end, why } => {
                 let Some(e) = self.ends.get_mut(&end) else {
                     return self.late("disconnected");
                 };
@@ -2462,7 +2515,7 @@ impl<N: SimNode> World<N> {
                 self.qp_error(end);
                 trace!(at = %now, node = %self.nid_of(n), ?conn, "disconnected");
                 if let Some(ep) = self.nodes[n.idx()].ep.as_mut() {
-                    ep.fabric_event(now, FabricEvent::Disconnected { conn });
+                    ep.fabric_event(now, FabricEvent::Disconnected { conn, why });
                 }
                 self.drain(n, false);
             }

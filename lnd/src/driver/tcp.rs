@@ -32,7 +32,7 @@
 //! | [`Registry`] (driver-side)    | `impl Registry for TcpFabric`: a buffer in a table keyed by its rkey |
 //! | `handle_send_complete`        | `Success` when the whole frame (a write: its last frame) is written to the socket; `RetryExceeded` on ETIMEDOUT (TCP_USER_TIMEOUT); `Error` on another socket error (the first failed send), `Flushed` for those queued behind it or posted on a closing connection |
 //! | `Disconnect`                  | DISCONNECT frame after what is queued, then shutdown(WR)                    |
-//! | `handle_disconnected`         | DISCONNECT frame read, EOF or RST, a socket error, or (after our own `Disconnect`) the peer's DISCONNECT/EOF |
+//! | `handle_disconnected(why)`    | `Closed`: DISCONNECT frame read, or (after our own `Disconnect`) the peer's DISCONNECT/EOF; `ProtocolError`: a bad or unexpected frame, garbage, an RDMA write outside a granted region; `TransportError`: EOF without DISCONNECT, RST, a socket error or timeout, a write of ours refused locally |
 //! | `Destroy`                     | cancel the socket's io_uring work, shutdown, close once the kernel let go   |
 //!
 //! # Semantics, and where they differ from RC
@@ -55,7 +55,8 @@
 //! - **Dead processes are seen at once.** A process that exits or crashes has its sockets closed
 //!   by the kernel: the peer reads EOF (or RST) immediately and reports `handle_disconnected`
 //!   without waiting for any timeout (the lesson of 3FS #426: a fast out-of-band signal of process
-//!   death). Dropping a [`TcpFabric`] without a `Disconnect` is exactly that.
+//!   death), as `DisconnectReason::TransportError`: only a DISCONNECT frame is a close. Dropping a
+//!   [`TcpFabric`] without a `Disconnect` is exactly that.
 //! - **Disconnect** writes what is already queued first (frames are never cut in half), then the
 //!   DISCONNECT frame, then shuts down the write side. Sends posted after it complete `Flushed`.
 //! - **RDMA writes.** A write is a work request on the connection's send queue like a send: its
@@ -192,10 +193,15 @@ use tracing::{debug, trace, warn};
 
 use crate::engine::Tunables;
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
-    PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId, SharedMem, WcStatus,
-    WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId,
+    SharedMem, WcStatus, WrId,
 };
+
+/// Why a connection ended, in `broken` / `report_down` calls (see [`DisconnectReason`]).
+const CLOSED: DisconnectReason = DisconnectReason::Closed;
+const PROTOCOL: DisconnectReason = DisconnectReason::ProtocolError;
+const TRANSPORT: DisconnectReason = DisconnectReason::TransportError;
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::uring::{self, Completion, Ring, RingStats};
 use crate::time::Instant;
@@ -835,7 +841,7 @@ fn complete_wr(
 #[derive(Copy, Clone, Debug)]
 enum Report {
     SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId),
+    Disconnected(ConnId, DisconnectReason),
     ConnectFailed(ConnId, ConnectFailure),
 }
 
@@ -1157,7 +1163,10 @@ impl TcpFabric {
     fn accept(&mut self, req: RequestId, conn: ConnId, private: PrivateData, recv_slots: u16) {
         let Some(sock) = self.request_sock(req) else {
             self.stats.unknown_actions += 1;
-            return self.dead_conn(conn, Report::Disconnected(conn));
+            return self.dead_conn(
+                conn,
+                Report::Disconnected(conn, DisconnectReason::TransportError),
+            );
         };
         self.map(conn, sock);
         let s = &mut self.socks[sock];
@@ -1165,7 +1174,8 @@ impl TcpFabric {
         if s.phase != Phase::RequestPending {
             // The requester went away meanwhile.
             s.reported_down = true;
-            self.out.push_back(Report::Disconnected(conn));
+            self.out
+                .push_back(Report::Disconnected(conn, DisconnectReason::TransportError));
             return;
         }
         s.slots.post_first(recv_slots);
@@ -1377,8 +1387,10 @@ impl TcpFabric {
         self.shut(sock);
         let s = &mut self.socks[sock];
         if !s.reported_down {
+            // Never open, or already broken (then reported): our close is all there is.
             s.reported_down = true;
-            self.out.push_back(Report::Disconnected(conn));
+            self.out
+                .push_back(Report::Disconnected(conn, DisconnectReason::Closed));
         }
     }
 
@@ -1534,16 +1546,16 @@ impl TcpFabric {
     fn flush_out(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         while let Some(r) = self.out.pop_front() {
             let conn = match r {
-                Report::SendDone(c, ..) | Report::Disconnected(c) | Report::ConnectFailed(c, _) => {
-                    c
-                }
+                Report::SendDone(c, ..)
+                | Report::Disconnected(c, _)
+                | Report::ConnectFailed(c, _) => c,
             };
             if self.lookup(conn).is_none() {
                 continue; // destroyed since: nothing more is reported for it
             }
             match r {
                 Report::SendDone(c, wr, st) => complete_wr(&mut self.wc_log, sink, now, c, wr, st),
-                Report::Disconnected(c) => sink.handle_disconnected(now, c),
+                Report::Disconnected(c, why) => sink.handle_disconnected(now, c, why),
                 Report::ConnectFailed(c, why) => sink.handle_connect_failed(now, c, why),
             }
         }
@@ -1816,7 +1828,7 @@ impl TcpFabric {
             _ => ConnectFailure::Error,
         };
         debug!(errno, "tcp fabric: connect failed");
-        self.broken(sock, WcStatus::Flushed, why, sink, now);
+        self.broken(sock, WcStatus::Flushed, (why, TRANSPORT), sink, now);
     }
 
     fn on_recv(&mut self, sock: SockId, res: i32, sink: &mut dyn FabricSink, now: Instant) {
@@ -1840,14 +1852,19 @@ impl TcpFabric {
             match s.phase {
                 // The peer died (it sends DISCONNECT before any orderly EOF): what is queued
                 // cannot arrive. Fail it as an RST would, without waiting for a write to fail.
-                Phase::Open if !s.peer_disconnect && !s.local_disconnect => {
-                    self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now)
-                }
-                Phase::Open => self.report_down(sock, ConnectFailure::Error, sink, now),
+                // Not a close: the transport failed under us (3FS #426).
+                Phase::Open if !s.peer_disconnect && !s.local_disconnect => self.broken(
+                    sock,
+                    WcStatus::Error,
+                    (ConnectFailure::Error, TRANSPORT),
+                    sink,
+                    now,
+                ),
+                Phase::Open => self.report_down(sock, (ConnectFailure::Error, CLOSED), sink, now),
                 Phase::AwaitReply => self.broken(
                     sock,
                     WcStatus::Flushed,
-                    ConnectFailure::Unreachable,
+                    (ConnectFailure::Unreachable, TRANSPORT),
                     sink,
                     now,
                 ),
@@ -1862,7 +1879,13 @@ impl TcpFabric {
         }
         let status = self.count_errno(errno);
         debug!(errno, "tcp fabric: receive failed");
-        self.broken(sock, status, ConnectFailure::Unreachable, sink, now);
+        self.broken(
+            sock,
+            status,
+            (ConnectFailure::Unreachable, TRANSPORT),
+            sink,
+            now,
+        );
     }
 
     fn on_send(
@@ -1891,7 +1914,13 @@ impl TcpFabric {
             }
             let status = self.count_errno(errno);
             debug!(errno, "tcp fabric: send failed");
-            return self.broken(sock, status, ConnectFailure::Unreachable, sink, now);
+            return self.broken(
+                sock,
+                status,
+                (ConnectFailure::Unreachable, TRANSPORT),
+                sink,
+                now,
+            );
         }
         let n = res as usize;
         self.stats.bytes_tx += n as u64;
@@ -1929,7 +1958,13 @@ impl TcpFabric {
             }
             if let Done::Fault(_) = done {
                 // Completes `Error` (first in the queue now), the rest flushes.
-                return self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now);
+                return self.broken(
+                    sock,
+                    WcStatus::Error,
+                    (ConnectFailure::Error, TRANSPORT),
+                    sink,
+                    now,
+                );
             }
             s.markers.pop_front();
             let conn = s.live_conn();
@@ -2141,7 +2176,7 @@ impl TcpFabric {
                     s.peer_disconnect = true;
                     self.stats.peer_disconnects += 1;
                     self.flush_unsent(sock, sink, now);
-                    self.report_down(sock, ConnectFailure::Error, sink, now);
+                    self.report_down(sock, (ConnectFailure::Error, CLOSED), sink, now);
                 }
                 (_, kind) => {
                     return self.protocol_error(sock, FrameError::Unexpected(kind), sink, now)
@@ -2203,7 +2238,13 @@ impl TcpFabric {
             "tcp fabric: RDMA write access error, closing the connection"
         );
         self.socks[sock].rx_write = None;
-        self.broken(sock, WcStatus::Flushed, ConnectFailure::Error, sink, now);
+        self.broken(
+            sock,
+            WcStatus::Flushed,
+            (ConnectFailure::Error, PROTOCOL),
+            sink,
+            now,
+        );
     }
 
     fn protocol_error(
@@ -2219,7 +2260,13 @@ impl TcpFabric {
             (s.phase, s.conn)
         };
         debug!(error = %e, ?phase, ?conn, "tcp fabric: protocol error, closing the connection");
-        self.broken(sock, WcStatus::Error, ConnectFailure::Error, sink, now);
+        self.broken(
+            sock,
+            WcStatus::Error,
+            (ConnectFailure::Error, PROTOCOL),
+            sink,
+            now,
+        );
     }
 
     /// The peer's DISCONNECT arrived (its DREQ: our queue pair goes to error): every send and
@@ -2260,12 +2307,12 @@ impl TcpFabric {
     }
 
     /// The connection is unusable: fail its queued sends (the first with `first`, the rest
-    /// flushed), shut the socket and tell the engine once.
+    /// flushed), shut the socket and tell the engine once (`why`: see [`Self::report_down`]).
     fn broken(
         &mut self,
         sock: SockId,
         first: WcStatus,
-        connect_why: ConnectFailure,
+        why: (ConnectFailure, DisconnectReason),
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
@@ -2299,15 +2346,15 @@ impl TcpFabric {
             }
         }
         self.shut(sock);
-        self.report_down(sock, connect_why, sink, now);
+        self.report_down(sock, why, sink, now);
     }
 
-    /// Tells the engine, once, that the connection is gone (or, for an active connect before its
-    /// reply, that the connect failed with `why`).
+    /// Tells the engine, once, that the connection is gone, and why (`why.1`); or, for an active
+    /// connect before its reply, that the connect failed (`why.0`).
     fn report_down(
         &mut self,
         sock: SockId,
-        why: ConnectFailure,
+        why: (ConnectFailure, DisconnectReason),
         sink: &mut dyn FabricSink,
         now: Instant,
     ) {
@@ -2320,9 +2367,9 @@ impl TcpFabric {
             return;
         };
         if s.active && !s.established {
-            sink.handle_connect_failed(now, conn, why);
+            sink.handle_connect_failed(now, conn, why.0);
         } else {
-            sink.handle_disconnected(now, conn);
+            sink.handle_disconnected(now, conn, why.1);
         }
     }
 

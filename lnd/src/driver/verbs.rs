@@ -21,7 +21,7 @@
 //! | `handle_send_complete`   | send or write completion: SUCCESS, WR_FLUSH_ERR `Flushed`, RETRY_EXC_ERR `RetryExceeded`, others (REM_ACCESS_ERR, LOC_PROT_ERR, RNR) `Error` |
 //! | `handle_recv`            | receive completion (those arriving before ESTABLISHED are parked and replayed after it) |
 //! | `Disconnect`             | post what is queued, then rdma_disconnect                            |
-//! | `handle_disconnected`    | RDMA_CM_EVENT_DISCONNECTED (or DEVICE_REMOVAL)                        |
+//! | `handle_disconnected`    | RDMA_CM_EVENT_DISCONNECTED: `Closed` after the peer's DREQ or ours; `TransportError` (or `ProtocolError`, a message longer than a slot) once the QP went to error (a failed completion, a refused post) and we broke the connection; DEVICE_REMOVAL: `TransportError` |
 //! | `Destroy`                | destroy QP, CQ, cm_id, free the connection's buffers (in that order) |
 //!
 //! # Send queue
@@ -65,9 +65,9 @@ use slab::Slab;
 use tracing::{debug, trace, warn};
 
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, FabricAction, FabricSink, LocalFrag,
-    PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion, RequestId, SharedMem,
-    WcStatus, WrId,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion,
+    RequestId, SharedMem, WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::sys::verbs::{
@@ -280,13 +280,16 @@ struct VConn {
     sq_posted: usize,
     reported_up: bool,
     reported_down: bool,
+    /// Why the QP went to error, if it did (a failed completion, a work request the device
+    /// refused): the reason its disconnect is reported with, instead of a close.
+    broken: Option<DisconnectReason>,
     early: Vec<(u16, Vec<u8>)>,
 }
 
 #[derive(Copy, Clone, Debug)]
 enum Report {
     SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId),
+    Disconnected(ConnId, DisconnectReason),
     ConnectFailed(ConnId, ConnectFailure),
 }
 
@@ -349,6 +352,15 @@ impl Tag for VConnTag {
 /// recognised (`stale_events`) and never reaches the next one in its slot. Generation 0 is never
 /// live: the 0 a cm_id is created with, before it has its token, names nothing.
 type VConnId = Handle<VConnTag>;
+
+/// Why a connection whose receive completed with error `status` (not a flush) is broken: a
+/// message longer than a slot is the peer breaking the protocol, anything else the transport.
+fn recv_error_reason(status: u32) -> DisconnectReason {
+    match status {
+        v::wc::LOC_LEN_ERR => DisconnectReason::ProtocolError,
+        _ => DisconnectReason::TransportError,
+    }
+}
 
 fn wc_status(status: u32) -> WcStatus {
     match status {
@@ -522,6 +534,7 @@ impl VerbsFabric {
             sq_posted: 0,
             reported_up: false,
             reported_down: false,
+            broken: None,
             early: Vec::new(),
         });
         if let Some(id) = self.conns[vc].id.as_mut() {
@@ -765,7 +778,8 @@ impl VerbsFabric {
             debug!(error = %e, "verbs fabric: accept failed");
             self.stats.setup_errors += 1;
             self.conns[vc].reported_down = true;
-            self.out.push_back(Report::Disconnected(conn));
+            self.out
+                .push_back(Report::Disconnected(conn, DisconnectReason::TransportError));
         }
     }
 
@@ -972,6 +986,7 @@ impl VerbsFabric {
             sq_cap,
             sq_posted,
             free_tx,
+            broken,
             ..
         } = c;
         let (Some(id), Some(res)) = (id.as_mut(), res.as_ref()) else {
@@ -1060,6 +1075,7 @@ impl VerbsFabric {
                 }
                 warn!(?conn, error = %err,
                       "verbs fabric: ibv_post_send refused a work request; breaking the connection");
+                broken.get_or_insert(DisconnectReason::TransportError);
                 self.to_break.push(conn);
                 break;
             }
@@ -1086,7 +1102,8 @@ impl VerbsFabric {
             debug!(?conn, error = %e, "verbs fabric: rdma_disconnect; reporting disconnected");
             if !c.reported_down {
                 c.reported_down = true;
-                self.out.push_back(Report::Disconnected(conn));
+                let why = c.broken.unwrap_or(DisconnectReason::Closed);
+                self.out.push_back(Report::Disconnected(conn, why));
             }
         }
     }
@@ -1116,7 +1133,7 @@ impl VerbsFabric {
         self.injected
             .retain(|_, (c, st)| *c != conn || st.is_some());
         self.out
-            .retain(|r| !matches!(r, Report::SendDone(c, ..) | Report::Disconnected(c) | Report::ConnectFailed(c, _) if *c == conn));
+            .retain(|r| !matches!(r, Report::SendDone(c, ..) | Report::Disconnected(c, _) | Report::ConnectFailed(c, _) if *c == conn));
     }
 
     // ------------------------------------------------------------------ driving
@@ -1289,6 +1306,10 @@ impl VerbsFabric {
             if st != WcStatus::Success {
                 debug!(?conn, status = %v::wc::name(w.status), "verbs fabric: send-queue completion failed");
             }
+            if !matches!(st, WcStatus::Success | WcStatus::Flushed) {
+                // The QP is in error: its disconnect is no close.
+                c.broken.get_or_insert(DisconnectReason::TransportError);
+            }
             self.send_done(sink, now, conn, e.wr, st);
             return;
         }
@@ -1301,6 +1322,7 @@ impl VerbsFabric {
                 self.stats.recv_errors += 1;
                 debug!(?conn, status = %v::wc::name(w.status),
                        "verbs fabric: receive error, breaking the connection");
+                c.broken.get_or_insert(recv_error_reason(w.status));
                 self.disconnect(conn);
             }
             return;
@@ -1336,7 +1358,7 @@ impl VerbsFabric {
         while let Some(r) = self.out.pop_front() {
             match r {
                 Report::SendDone(c, wr, st) => self.send_done(sink, now, c, wr, st),
-                Report::Disconnected(c) => sink.handle_disconnected(now, c),
+                Report::Disconnected(c, why) => sink.handle_disconnected(now, c, why),
                 Report::ConnectFailed(c, why) => sink.handle_connect_failed(now, c, why),
             }
         }
@@ -1433,7 +1455,13 @@ impl VerbsFabric {
                 c.reported_down = true;
                 if c.reported_up {
                     c.phase = Phase::Closing;
-                    sink.handle_disconnected(now, conn);
+                    // A DREQ (the peer's, or the answer to ours) is a close, unless the QP had
+                    // gone to error first; a device gone is not.
+                    let why = match ev.kind {
+                        CmEventKind::DeviceRemoval => DisconnectReason::TransportError,
+                        _ => c.broken.unwrap_or(DisconnectReason::Closed),
+                    };
+                    sink.handle_disconnected(now, conn, why);
                 } else {
                     self.connect_failed(vc, ConnectFailure::Error);
                 }
@@ -1451,7 +1479,8 @@ impl VerbsFabric {
         if c.reported_up {
             if !c.reported_down {
                 c.reported_down = true;
-                self.out.push_back(Report::Disconnected(conn));
+                self.out
+                    .push_back(Report::Disconnected(conn, DisconnectReason::TransportError));
             }
             return;
         }
@@ -1460,7 +1489,8 @@ impl VerbsFabric {
             self.stats.connect_failures += 1;
             self.out.push_back(Report::ConnectFailed(conn, why));
         } else {
-            self.out.push_back(Report::Disconnected(conn));
+            self.out
+                .push_back(Report::Disconnected(conn, DisconnectReason::TransportError));
         }
     }
 }
@@ -1613,6 +1643,23 @@ mod tests {
         assert_eq!(wc_status(v::wc::LOC_PROT_ERR), WcStatus::Error);
         assert_eq!(wc_status(v::wc::RNR_RETRY_EXC_ERR), WcStatus::Error);
         assert!(v::wc::name(v::wc::REM_ACCESS_ERR).contains("remote access"));
+    }
+
+    /// A receive that fails (not flushed) breaks the connection: for a message too long for its
+    /// slot that is the peer's protocol error, anything else the transport; never a close.
+    #[test]
+    fn receive_errors_name_why_the_connection_broke() {
+        assert_eq!(
+            recv_error_reason(v::wc::LOC_LEN_ERR),
+            DisconnectReason::ProtocolError
+        );
+        for st in [
+            v::wc::REM_ACCESS_ERR,
+            v::wc::LOC_PROT_ERR,
+            v::wc::RETRY_EXC_ERR,
+        ] {
+            assert_eq!(recv_error_reason(st), DisconnectReason::TransportError);
+        }
     }
 
     #[test]

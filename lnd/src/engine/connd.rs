@@ -5,8 +5,12 @@
 use super::*;
 
 impl Endpoint {
-    /// The connection manager says `conn` is disconnected (the peer closed, or our close completed).
-    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId) {
+    /// The connection manager says `conn` is disconnected: the peer closed, our close completed,
+    /// or (`why`) the fabric found the connection broken. Only a close the peer began
+    /// ([`DisconnectReason::Closed`]) ends an established connection gracefully; a protocol error
+    /// or a transport failure loses it (`conns_lost`, and `fabric_protocol_errors` or
+    /// `fabric_transport_errors`), and the peer goes down as `ProtocolError` or `ConnectionLost`.
+    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId, why: DisconnectReason) {
         self.advance(now);
         let Some(c) = self.conn(conn) else {
             return;
@@ -18,8 +22,22 @@ impl Endpoint {
                 self.handshake_failed(conn, Some(DownReason::ConnectFailed), false, false);
             }
             ConnState::Established => {
-                // The peer closed first: acknowledge and go.
-                self.close_conn(conn, None);
+                // The peer closed first, or the fabric broke the connection: acknowledge and go.
+                let error = match why {
+                    DisconnectReason::Closed => None,
+                    DisconnectReason::ProtocolError => {
+                        self.stats.fabric_protocol_errors += 1;
+                        Some(DownReason::ProtocolError)
+                    }
+                    DisconnectReason::TransportError => {
+                        self.stats.fabric_transport_errors += 1;
+                        Some(DownReason::ConnectionLost)
+                    }
+                };
+                if error.is_some() {
+                    debug!(?conn, ?why, "the fabric broke the connection");
+                }
+                self.close_conn(conn, error);
                 self.finish_close(conn);
             }
             ConnState::Closing => self.finish_close(conn),

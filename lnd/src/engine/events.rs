@@ -109,8 +109,12 @@ pub enum DownReason {
     Rebooted,
     /// Connecting failed and nothing else is pending.
     ConnectFailed,
-    /// The peer broke the protocol (bad credits, stale stamps, garbage).
+    /// The peer broke the protocol (bad credits, stale stamps, garbage), the LND's or the
+    /// fabric's (a bad frame, an RDMA write outside the memory granted to it).
     ProtocolError,
+    /// The connection failed under us without a close: a reset, an EOF without a disconnect (the
+    /// peer process died), a queue pair in error. Never a graceful stop (3FS #426).
+    ConnectionLost,
 }
 
 /// Which bulk rendezvous a peer asks for.
@@ -213,10 +217,18 @@ pub struct LndStats {
     /// Payload bytes handed to and from LNet.
     pub bytes_sent: u64,
     pub bytes_received: u64,
-    /// Connections closed gracefully (a Disconnect before the teardown).
+    /// Connections closed gracefully: by us without an error, or by the peer's close handshake
+    /// (the fabric reported `DisconnectReason::Closed`).
     pub graceful_closes: u64,
-    /// Connections we lost to an error (timeout, retry exceeded, protocol error).
+    /// Connections we lost to an error (timeout, retry exceeded, protocol error, a connection
+    /// the fabric found broken).
     pub conns_lost: u64,
+    /// Established connections the fabric ended for a protocol error it found (a bad frame, an
+    /// RDMA write outside a granted region, garbage): each is in `conns_lost` too.
+    pub fabric_protocol_errors: u64,
+    /// Established connections the fabric ended because the transport failed (a reset, an EOF
+    /// without a disconnect, a timeout, a queue pair in error): each is in `conns_lost` too.
+    pub fabric_transport_errors: u64,
     /// Closes that waited the full close timeout for the peer.
     pub close_timeouts: u64,
     /// Connections torn down without a close: only possible if the endpoint is dropped while it

@@ -53,8 +53,8 @@ pub use race::{adopts_peer_order, resolve_race, RaceDecision, RaceInput};
 pub use rdma::RdmaSink;
 
 use crate::fabric::{
-    ConnId, ConnectFailure, FabricAction, FabricEvent, FabricSink, LocalFrag, PrivateData,
-    RemoteFrag, RequestId, WcStatus, WrId,
+    ConnId, ConnectFailure, DisconnectReason, FabricAction, FabricEvent, FabricSink, LocalFrag,
+    PrivateData, RemoteFrag, RequestId, WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::time::{Duration, Instant};
@@ -775,7 +775,7 @@ impl FabricSink for Endpoint {
             FabricEvent::SendComplete { conn, wr, status } => {
                 self.handle_send_complete(now, conn, wr, status)
             }
-            FabricEvent::Disconnected { conn } => self.handle_disconnected(now, conn),
+            FabricEvent::Disconnected { conn, why } => self.handle_disconnected(now, conn, why),
         }
     }
 

@@ -27,7 +27,7 @@ enum Work {
     Failed(ConnId, ConnectFailure),
     Recv(ConnId, Vec<u8>),
     SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId),
+    Disconnected(ConnId, DisconnectReason),
 }
 
 fn nid(s: &str) -> Nid {
@@ -102,9 +102,11 @@ impl Pair {
                     }
                     FabricAction::Disconnect { conn } => {
                         if let Some(&(to, tconn)) = self.links.get(&(i, conn)) {
-                            self.queue.push_back((to, Work::Disconnected(tconn)));
+                            let closed = Work::Disconnected(tconn, DisconnectReason::Closed);
+                            self.queue.push_back((to, closed));
                         }
-                        self.queue.push_back((i, Work::Disconnected(conn)));
+                        let closed = Work::Disconnected(conn, DisconnectReason::Closed);
+                        self.queue.push_back((i, closed));
                     }
                     FabricAction::PostRecv { .. }
                     | FabricAction::GrantWrites { .. }
@@ -165,7 +167,7 @@ impl Pair {
                 Work::Failed(c, why) => ep.handle_connect_failed(now, c, why),
                 Work::Recv(c, b) => ep.handle_recv(now, c, 0, &b),
                 Work::SendDone(c, wr, st) => ep.handle_send_complete(now, c, wr, st),
-                Work::Disconnected(c) => ep.handle_disconnected(now, c),
+                Work::Disconnected(c, why) => ep.handle_disconnected(now, c, why),
             }
         }
         panic!("did not settle");
@@ -274,6 +276,62 @@ fn graceful_shutdown_closes_both_sides() {
             ..
         }
     )));
+}
+
+/// The hostile-peer audit's F6: how the fabric says an established connection ended decides how
+/// connd counts it. Only the close handshake is graceful; a protocol error the fabric found or a
+/// transport failure loses the connection, is counted by type, and names its cause when the peer
+/// goes down (a peer that vanished must not look like one that closed: 3FS #426).
+#[test]
+fn connd_counts_a_fabric_disconnect_by_its_reason() {
+    let cases = [
+        (DisconnectReason::Closed, DownReason::Closed),
+        (DisconnectReason::ProtocolError, DownReason::ProtocolError),
+        (DisconnectReason::TransportError, DownReason::ConnectionLost),
+    ];
+    for (why, down) in cases {
+        let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+        let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
+        p.eps[0].send(p.now, b, hdr(a, b, 1), vec![0], 1).unwrap();
+        p.run();
+        let conn = p.eps[1].conns().next().expect("connected").id;
+        p.queue.push_back((1, Work::Disconnected(conn, why)));
+        p.run();
+        let s = p.eps[1].stats();
+        assert_eq!(p.eps[1].conns().count(), 0, "{why:?}");
+        let graceful = why == DisconnectReason::Closed;
+        assert_eq!(s.graceful_closes, u64::from(graceful), "{why:?}: {s:?}");
+        assert_eq!(s.conns_lost, u64::from(!graceful), "{why:?}: {s:?}");
+        assert_eq!(
+            s.fabric_protocol_errors,
+            u64::from(why == DisconnectReason::ProtocolError),
+            "{why:?}"
+        );
+        assert_eq!(
+            s.fabric_transport_errors,
+            u64::from(why == DisconnectReason::TransportError),
+            "{why:?}"
+        );
+        let downs: Vec<DownReason> = p.done[1]
+            .iter()
+            .filter_map(|e| match e {
+                LndEvent::PeerDown { nid, reason } if *nid == a => Some(*reason),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(downs, vec![down], "{why:?}");
+        // The confirmation of a close already under way counts nothing more.
+        let mut q = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
+        q.eps[0].send(q.now, b, hdr(a, b, 1), vec![0], 1).unwrap();
+        q.run();
+        let conn = q.eps[1].conns().next().expect("connected").id;
+        q.eps[1].close_conn(conn, None);
+        q.eps[1].handle_disconnected(q.now, conn, why);
+        q.run();
+        let s = q.eps[1].stats();
+        assert_eq!((s.graceful_closes, s.conns_lost), (1, 0), "{why:?}: {s:?}");
+        assert_eq!(s.fabric_protocol_errors + s.fabric_transport_errors, 0);
+    }
 }
 
 /// The buffer pool keeps message-sized buffers for reuse and refuses others (a big buffer

@@ -19,7 +19,7 @@
 //! | `Send`                           | ibv_post_send IBV_WR_SEND, signaled                | frame written                       |
 //! | `handle_send_complete`           | send/write completion: success, flush, retry-exc. | written / socket error              |
 //! | `Disconnect`                     | rdma_disconnect (DREQ)                             | disconnect frame, shutdown(WR)      |
-//! | `handle_disconnected`            | RDMA_CM_EVENT_DISCONNECTED                         | disconnect frame or EOF/RST         |
+//! | `handle_disconnected(why)`       | RDMA_CM_EVENT_DISCONNECTED (a DREQ: `Closed`; after a QP/WC error: `TransportError`), DEVICE_REMOVAL | disconnect frame (`Closed`); bad frame, bad RDMA write (`ProtocolError`); EOF without disconnect, RST, socket error (`TransportError`) |
 //! | `Destroy`                        | destroy QP, CQ, cm_id; deregister buffers          | close the socket, free slots        |
 //! | [`Registry`] / [`Registration`]  | ibv_reg_mr (lkey, rkey); ibv_dereg_mr               | buffer in a table keyed by its key  |
 //! | `RdmaWrite` (fragment lists)     | IBV_WR_RDMA_WRITE per remote frag, local SGEs, last signaled | a frame per piece: data for the peer's (key, addr) |
@@ -510,7 +510,8 @@ pub enum FabricAction {
     /// later writes into that memory over `conn` are refused.
     RevokeWrites { conn: ConnId, id: WrId },
     /// Tell the peer this connection is closing (rdma_disconnect). Both sides then see
-    /// `handle_disconnected`; posted work flushes.
+    /// `handle_disconnected` (with [`DisconnectReason::Closed`] unless the connection failed
+    /// meanwhile); posted work flushes.
     Disconnect { conn: ConnId },
     /// Free everything the fabric holds for `conn`. Always preceded by `Disconnect`, except for a
     /// connection that never reached the peer (a failed or abandoned connect).
@@ -531,6 +532,25 @@ pub enum ConnectFailure {
     Unreachable,
     /// The connect reported a transport error.
     Error,
+}
+
+/// Why a connection ended, as far as the fabric can tell ([`FabricEvent::Disconnected`]). The
+/// engine counts only [`DisconnectReason::Closed`] as a graceful close; the other two lose the
+/// connection (`conns_lost`) and name the cause when the peer is reported down. A peer that
+/// vanished without closing must never look like one that closed (the 3FS #426 lesson).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DisconnectReason {
+    /// The close handshake: the peer's disconnect (its DREQ, the tcp DISCONNECT frame) or the
+    /// confirmation of our own `Disconnect`.
+    Closed,
+    /// The fabric found the peer breaking the fabric's protocol: a malformed or unexpected frame,
+    /// garbage after the handshake, an RDMA write outside the memory granted to it, a message
+    /// longer than a receive slot.
+    ProtocolError,
+    /// The transport failed: a reset, an EOF without a disconnect (the peer process died), a
+    /// timeout, a socket error, a queue pair in error (a failed work completion, the device
+    /// gone), or a work request of ours the fabric had to refuse.
+    TransportError,
 }
 
 /// How a posted send completed.
@@ -660,8 +680,9 @@ pub enum FabricEvent<'a> {
         wr: WrId,
         status: WcStatus,
     },
-    /// The connection is disconnected (the peer closed, or our close completed).
-    Disconnected { conn: ConnId },
+    /// The connection is disconnected: the peer closed, our close completed, or the connection
+    /// failed; `why` says which. Reported at most once per connection.
+    Disconnected { conn: ConnId, why: DisconnectReason },
 }
 
 /// Where a driver pushes what happened on its fabric: the engine's endpoint, or whatever owns
@@ -692,7 +713,7 @@ impl dyn FabricSink + '_ {
     pub fn handle_send_complete(&mut self, now: Instant, conn: ConnId, wr: WrId, status: WcStatus) {
         self.fabric_event(now, FabricEvent::SendComplete { conn, wr, status });
     }
-    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId) {
-        self.fabric_event(now, FabricEvent::Disconnected { conn });
+    pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId, why: DisconnectReason) {
+        self.fabric_event(now, FabricEvent::Disconnected { conn, why });
     }
 }

@@ -360,6 +360,7 @@ pub mod wc {
     pub const REM_ACCESS_ERR: u32 = s::IBV_WC_REM_ACCESS_ERR;
     pub const LOC_PROT_ERR: u32 = s::IBV_WC_LOC_PROT_ERR;
     pub const RNR_RETRY_EXC_ERR: u32 = s::IBV_WC_RNR_RETRY_EXC_ERR;
+    pub const LOC_LEN_ERR: u32 = s::IBV_WC_LOC_LEN_ERR;
 
     /// libibverbs' name of a status.
     pub fn name(status: u32) -> String {

@@ -71,7 +71,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 49] = [
+        let fields: [(&str, u64); 51] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -98,6 +98,8 @@ impl LndCounters {
             ("graceful_closes", s.graceful_closes),
             ("rx_refused", s.rx_refused),
             ("conns_lost", s.conns_lost),
+            ("fabric_protocol_errors", s.fabric_protocol_errors),
+            ("fabric_transport_errors", s.fabric_transport_errors),
             ("close_timeouts", s.close_timeouts),
             ("ungraceful_drops", s.ungraceful_drops),
             ("zombies", s.zombies),

@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use lnd::fabric::{ConnId, ConnectFailure, FabricAction, PrivateData, RequestId, WcStatus, WrId};
+use lnd::fabric::{
+    ConnId, ConnectFailure, DisconnectReason, FabricAction, PrivateData, RequestId, WcStatus, WrId,
+};
 use lnd::time::{Duration, Instant};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
@@ -78,7 +80,10 @@ impl Ev {
                 wr: *wr,
                 status: *status,
             },
-            Ev::Disconnected { conn } => FabricEvent::Disconnected { conn: *conn },
+            Ev::Disconnected { conn } => FabricEvent::Disconnected {
+                conn: *conn,
+                why: DisconnectReason::Closed,
+            },
         }
     }
 }

@@ -332,7 +332,19 @@ fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
         // ECONNREFUSED: refused, not unreachable (o2iblnd's REMOTE_DROPPED).
         assert_eq!(b.done[&c], Err(TxError::ConnectRefused), "message {c}");
     }
-    assert!(b.downs.iter().any(|(n, _)| *n == an));
+    // A peer that vanished is not one that closed (3FS #426): lost (to the EOF itself, or to
+    // the send it failed first), never `Closed`.
+    let why = b.downs.first().map(|d| d.1);
+    assert!(
+        matches!(
+            why,
+            Some(DownReason::ConnectionLost | DownReason::Unreachable)
+        ),
+        "{:?}",
+        b.downs
+    );
+    let st = b.ep.stats();
+    assert_eq!((st.conns_lost, st.graceful_closes), (1, 0), "{st:?}");
     drop(a_ep); // logs the ungraceful drop: that is the point of this test
 }
 
@@ -1548,6 +1560,12 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
                 "{what}"
             );
         }
+        // Lost to the peer's protocol error, not closed.
+        assert!(
+            b.downs.contains(&(an, DownReason::ProtocolError)),
+            "{what}: {:?}",
+            b.downs
+        );
         let s = b.fabric.stats();
         let d = |f: fn(&TcpStats) -> u64| f(s) - f(&before);
         match what {
@@ -1880,4 +1898,71 @@ fn refused_write(
         |n| n[0].downs.iter().any(|d| d.0 == wn)
     ));
     b.fabric.stats().clone()
+}
+
+/// The hostile-peer audit's F6: a protocol error the fabric finds after the handshake was
+/// counted as a graceful close (`graceful_closes` +1, `conns_lost` unchanged, the peer down as
+/// `Closed`). The receiver of a frame of bad length now loses the connection
+/// (`conns_lost`, `fabric_protocol_errors`) and reports the peer down as `ProtocolError`; the
+/// sender, whose socket the receiver closed without a DISCONNECT, sees a transport failure
+/// (`fabric_transport_errors`, `ConnectionLost`): neither is a close. A real close handshake
+/// still counts `graceful_closes` and reports `Closed`.
+#[test]
+fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
+    let clock = MonotonicClock::new();
+    let (book, mut a, mut b) = connected_pair(&clock);
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let (la, lb) = (a.ep.stats().clone(), b.ep.stats().clone());
+    let bad_length = b.fabric.stats().bad_length;
+    let conn = conn_to(&a, bn);
+    let mut f = Vec::new();
+    frame::push_head(&mut f, FrameKind::Msg, MSG_SIZE + 1);
+    a.fabric.inject_raw(conn, &f);
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(5),
+            |n| n[0].downs.iter().any(|d| d.0 == bn) && n[1].downs.iter().any(|d| d.0 == an)
+        ),
+        "a: {:?} b: {:?}",
+        a.downs,
+        b.downs
+    );
+    assert_eq!(b.fabric.stats().bad_length, bad_length + 1);
+    let sb = b.ep.stats();
+    assert_eq!(sb.conns_lost, lb.conns_lost + 1, "{sb:?}");
+    assert_eq!(sb.fabric_protocol_errors, lb.fabric_protocol_errors + 1);
+    assert_eq!(sb.graceful_closes, lb.graceful_closes, "{sb:?}");
+    assert_eq!(b.downs, vec![(an, DownReason::ProtocolError)]);
+    let sa = a.ep.stats();
+    assert_eq!(sa.conns_lost, la.conns_lost + 1, "{sa:?}");
+    assert_eq!(sa.fabric_transport_errors, la.fabric_transport_errors + 1);
+    assert_eq!(sa.graceful_closes, la.graceful_closes, "{sa:?}");
+    assert_eq!(a.downs, vec![(bn, DownReason::ConnectionLost)]);
+
+    // A graceful close: c stops, d hears its DISCONNECT.
+    let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
+    let cn = c.ep.nid();
+    c.send(&clock, bn, 1, payload(1));
+    assert!(run_until(
+        &mut [&mut b, &mut c],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].done.len() == 1
+    ));
+    let lb = b.ep.stats().clone();
+    c.ep.shutdown(clock.now());
+    assert!(run_until(
+        &mut [&mut b, &mut c],
+        &clock,
+        StdDuration::from_secs(5),
+        |n| n[1].ep.is_shut_down() && n[0].downs.iter().any(|d| d.0 == cn)
+    ));
+    let sb = b.ep.stats();
+    assert_eq!(sb.graceful_closes, lb.graceful_closes + 1, "{sb:?}");
+    assert_eq!(sb.conns_lost, lb.conns_lost, "{sb:?}");
+    assert_eq!(sb.fabric_protocol_errors + sb.fabric_transport_errors, 1);
+    assert!(b.downs.contains(&(cn, DownReason::Closed)), "{:?}", b.downs);
+    shut_down_both(&mut a, &mut b, &clock);
 }
