@@ -43,7 +43,8 @@ Exit status:
   0  success (for ping: every NID answered)
   1  the operation failed (a ping failed or timed out, unknown peer, daemon error)
   2  usage error (bad command line)
-  3  no daemon: the control socket is missing or refused the connection
+  3  no daemon: the control socket is missing or refused the connection (for ping: a NID
+     other than 0@lo was asked for)
   4  a NID on the command line is malformed
 
 Without a daemon, `ping` answers from an in-process LNet that has only 0@lo (so `lnetctl ping
@@ -74,7 +75,8 @@ enum Cmd {
     Ping {
         #[arg(required = true, value_name = "NID")]
         nids: Vec<String>,
-        /// Seconds to wait for each reply (at most 180, Lustre's cap) [default: 180]
+        /// Seconds to wait for each reply (at most 180, Lustre's cap; 0: the default, as in
+        /// lnetctl) [default: 180]
         #[arg(short = 't', long, value_name = "SECS")]
         timeout: Option<u64>,
         /// Send from this local NID
@@ -357,13 +359,14 @@ enum RouteCmd {
     /// Add a route
     Add {
         /// The remote net, e.g. o2ib1
-        #[arg(long, value_name = "NET")]
+        #[arg(short, long, value_name = "NET")]
         net: String,
         /// The gateway: a router's NID on one of our nets
-        #[arg(long, value_name = "NID")]
+        #[arg(short, long, value_name = "NID")]
         gateway: String,
         /// Hops to the remote net (1-255; -1: undefined)
         #[arg(
+            short = 'c',
             long,
             alias = "hop-count",
             value_name = "N",
@@ -371,22 +374,44 @@ enum RouteCmd {
         )]
         hop: Option<i64>,
         /// Priority (0 is the most preferred)
-        #[arg(long, value_name = "N")]
+        #[arg(short, long, value_name = "N")]
         priority: Option<u32>,
+        /// Accepted for lnetctl's sake and ignored: a gateway's health follows the global
+        /// health_sensitivity (`lnetctl set health_sensitivity`)
+        #[arg(
+            long = "health_sensitivity",
+            value_name = "N",
+            allow_hyphen_values = true
+        )]
+        health_sensitivity: Option<i64>,
     },
     /// Delete routes to a net (through one gateway, or all)
     Del {
-        #[arg(long, value_name = "NET")]
+        #[arg(short, long, value_name = "NET")]
         net: String,
-        #[arg(long, value_name = "NID")]
+        #[arg(short, long, value_name = "NID")]
         gateway: Option<String>,
     },
     /// Show routes
     Show {
-        #[arg(long, value_name = "NET")]
+        /// Only routes to this net
+        #[arg(short, long, value_name = "NET")]
         net: Option<String>,
-        #[arg(long, value_name = "NID")]
+        /// Only routes through this gateway
+        #[arg(short, long, value_name = "NID")]
         gateway: Option<String>,
+        /// Only routes of this hop count (-1: undefined, as lnetctl: no filter)
+        #[arg(
+            short = 'c',
+            long,
+            alias = "hop-count",
+            value_name = "N",
+            allow_hyphen_values = true
+        )]
+        hop: Option<i64>,
+        /// Only routes of this priority
+        #[arg(short, long, value_name = "N")]
+        priority: Option<u32>,
         /// Verbose: hop, priority, state, type
         #[arg(short, long)]
         verbose: bool,
@@ -539,7 +564,8 @@ enum StatsCmd {
 
 #[derive(Subcommand, Debug)]
 enum GlobalCmd {
-    /// Show (-v: also ulnet's own: routing and the PID)
+    /// Show (-v: also ulnet's own: routing and the LNet PID, the process id LNet messages
+    /// carry, 12345 as kernel Lustre's; not the daemon's process id)
     Show {
         #[arg(short, long, value_name = "LEVEL", num_args = 0..=1, default_missing_value = "1")]
         verbose: Option<u8>,
@@ -571,7 +597,7 @@ fn emit(text: &str) {
 
 /// A failed call to the daemon, said on stderr, as the exit status it means.
 fn client_failed(e: &ClientError) -> u8 {
-    eprintln!("lnetctl: {e}");
+    eprintln!("lnetctl: {}", cut_quotes(&e.to_string()));
     match e {
         ClientError::NoDaemon { .. } => exit::NO_DAEMON,
         _ => exit::FAILED,
@@ -588,12 +614,77 @@ fn split_nids(args: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// LNet's process id of kernel Lustre, the only one ulnet's pings go to.
+const LNET_PID_LUSTRE: u32 = lnd::wire::lnet::LNET_PID_LUSTRE;
+/// LNET_PID_ANY: "whichever", which LNet's ping turns into LNET_PID_LUSTRE.
+const LNET_PID_ANY: u32 = u32::MAX;
+
+/// A ping target as LNet's `libcfs_strid` takes it: `NID` or `PID-NID`. ulnet's pings go to
+/// PID 12345 (LNET_PID_LUSTRE), as LNet's do for a NID given alone; so a PID of 12345 (or
+/// LNET_PID_ANY) is taken and dropped, and another is refused rather than silently pinged at
+/// 12345. Returns the NID's text.
+fn ping_target(s: &str) -> Result<String, u8> {
+    let s = s.trim();
+    let Some((pid, nid)) = s
+        .split_once('-')
+        .filter(|(p, _)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    else {
+        check_nid(s)?;
+        return Ok(s.to_string());
+    };
+    check_nid(nid)?;
+    match pid.parse::<u32>() {
+        Ok(LNET_PID_LUSTRE | LNET_PID_ANY) => Ok(nid.to_string()),
+        _ => {
+            eprintln!(
+                "lnetctl: {}: ulnet pings LNet's PID {LNET_PID_LUSTRE} only (give the NID alone, \
+                 or {LNET_PID_LUSTRE}-NID)",
+                arg_excerpt(s)
+            );
+            Err(exit::FAILED)
+        }
+    }
+}
+
 /// Parses a NID given on the command line, or says why not.
 fn check_nid(s: &str) -> Result<Nid, u8> {
     s.trim().parse::<Nid>().map_err(|e| {
-        eprintln!("lnetctl: {e}");
+        eprintln!("lnetctl: {}", cut_quotes(&e.to_string()));
         exit::BAD_NID
     })
+}
+
+/// An argument as an error message quotes it: cut at `router::text::EXCERPT_CHARS`
+/// characters, as the daemon's configuration errors are.
+fn arg_excerpt(s: &str) -> std::borrow::Cow<'_, str> {
+    router::text::excerpt(s, router::text::EXCERPT_CHARS)
+}
+
+/// `msg` with every quoted ('...') part longer than an excerpt cut to one: a 100 kB NID on
+/// the command line made a 200 kB error line (it is quoted whole, twice).
+fn cut_quotes(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len().min(4096));
+    let mut rest = msg;
+    while let Some(open) = rest.find('\'') {
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        // The closing quote: the first one followed by a space, a colon, a comma, a bracket
+        // or the end, so that a quote inside the argument does not end it early.
+        let close = ["' ", "':", "',", "')"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+            .or_else(|| rest.ends_with('\'').then(|| rest.len() - 1))
+            .unwrap_or(rest.len());
+        out.push_str(&arg_excerpt(&rest[..close]));
+        rest = &rest[close..];
+        if let Some(r) = rest.strip_prefix('\'') {
+            out.push('\'');
+            rest = r;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 fn run(cli: Cli) -> u8 {
@@ -602,6 +693,8 @@ fn run(cli: Cli) -> u8 {
     // `-v LEVEL`: ulnet's own keys from render::ULNET_LEVEL up (net show), at any -v (stats,
     // global show).
     let mut level = 0u8;
+    // `route show --hop/--priority`: the daemon's verbose answer, cut here.
+    let mut route_filter = RouteFilter::default();
     let req = match cli.cmd {
         Cmd::Capture {
             file,
@@ -616,12 +709,14 @@ fn run(cli: Cli) -> u8 {
             return selftest::run(&path, cli.json, cmd);
         }
         Cmd::Discover { nids, force: _ } => {
-            let nids = split_nids(&nids);
-            for n in &nids {
-                if let Err(c) = check_nid(n) {
-                    return c;
-                }
-            }
+            let nids = match split_nids(&nids)
+                .iter()
+                .map(|n| ping_target(n))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(n) => n,
+                Err(c) => return c,
+            };
             let path = cli.socket.unwrap_or_else(default_socket_path);
             let req = Request::Ping {
                 nids,
@@ -647,7 +742,7 @@ fn run(cli: Cli) -> u8 {
                     }
                 }
                 Response::Error(e) => {
-                    eprintln!("lnetctl: discover: {e}");
+                    eprintln!("lnetctl: discover: {}", cut_quotes(&e.to_string()));
                     exit::FAILED
                 }
                 other => {
@@ -779,7 +874,13 @@ fn run(cli: Cli) -> u8 {
             return match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
                 Ok(Response::Import(r)) => {
                     for f in &r.failed {
-                        eprintln!("lnetctl: net add: {}", f.descr);
+                        // The daemon's reason names the change ("net add NID: ..."): once.
+                        let descr = cut_quotes(&f.descr);
+                        if descr.starts_with("net add") {
+                            eprintln!("lnetctl: {descr}");
+                        } else {
+                            eprintln!("lnetctl: net add: {descr}");
+                        }
                     }
                     if !r.failed.is_empty() {
                         exit::FAILED
@@ -797,7 +898,7 @@ fn run(cli: Cli) -> u8 {
                         m.trim_start_matches(|c: char| c.is_ascii_digit())
                             .trim_start_matches(':')
                     });
-                    eprintln!("lnetctl: net add: {}", msg.trim_start());
+                    eprintln!("lnetctl: net add: {}", cut_quotes(msg.trim_start()));
                     exit::FAILED
                 }
                 Ok(other) => {
@@ -902,15 +1003,20 @@ fn run(cli: Cli) -> u8 {
             timeout,
             source,
         } => {
-            let nids = split_nids(&nids);
+            let nids = match split_nids(&nids)
+                .iter()
+                .map(|n| ping_target(n))
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(n) => n,
+                Err(c) => return c,
+            };
             if nids.is_empty() {
                 eprintln!("lnetctl: ping: no NID given");
                 return exit::USAGE;
             }
-            for n in nids.iter().chain(source.iter()) {
-                if let Err(c) = check_nid(n) {
-                    return c;
-                }
+            if let Some(Err(c)) = source.as_deref().map(check_nid) {
+                return c;
             }
             Request::Ping {
                 nids,
@@ -963,6 +1069,7 @@ fn run(cli: Cli) -> u8 {
                 gateway,
                 hop,
                 priority,
+                health_sensitivity: _,
             } => {
                 if let Err(c) = check_nid(&gateway) {
                     return c;
@@ -983,17 +1090,29 @@ fn run(cli: Cli) -> u8 {
             RouteCmd::Show {
                 net,
                 gateway,
+                hop,
+                priority,
                 verbose,
-            } => Request::RouteShow {
-                net,
-                gateway,
-                verbose,
-            },
+            } => {
+                // As lnetctl: -1 filters nothing. The daemon filters by net and gateway; hop
+                // and priority are filtered here, from the verbose answer.
+                route_filter = RouteFilter {
+                    hop: hop.filter(|&h| h != -1),
+                    priority,
+                    verbose,
+                };
+                Request::RouteShow {
+                    net,
+                    gateway,
+                    verbose: verbose || route_filter.active(),
+                }
+            }
         },
         Cmd::Routing { .. } => Request::RoutingShow,
         Cmd::Set { cmd } => cmd.request(),
     };
     let path = cli.socket.unwrap_or_else(default_socket_path);
+    let mut no_daemon = false;
     let resp = match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
         Ok(Response::Net(mut n)) => {
             if let Some(want) = &net_filter {
@@ -1005,8 +1124,10 @@ fn run(cli: Cli) -> u8 {
             }
             Response::Net(n)
         }
+        Ok(Response::Route(r)) => Response::Route(route_filter.apply(r)),
         Ok(r) => r,
         Err(ClientError::NoDaemon { .. }) if matches!(req, Request::Ping { .. }) => {
+            no_daemon = true;
             ping_without_daemon(req, &path)
         }
         Err(e) => return client_failed(&e),
@@ -1018,7 +1139,7 @@ fn run(cli: Cli) -> u8 {
     };
     match (&resp, out) {
         (Response::Error(e), _) => {
-            eprintln!("lnetctl: {e}");
+            eprintln!("lnetctl: {}", cut_quotes(&e.to_string()));
             if e.errno == errno::EINVAL && e.message.contains("bad NID") {
                 exit::BAD_NID
             } else {
@@ -1028,11 +1149,54 @@ fn run(cli: Cli) -> u8 {
         (r, Some(text)) => {
             emit(&text);
             match r {
+                // Without a daemon only 0@lo answers: a NID that did not is the "no daemon"
+                // of every other command.
+                Response::Ping(p) if !p.manage.is_empty() && no_daemon => exit::NO_DAEMON,
                 Response::Ping(p) if !p.manage.is_empty() => exit::FAILED,
                 _ => exit::OK,
             }
         }
         (_, None) => exit::FAILED,
+    }
+}
+
+/// `route show --hop N --priority N`, which the daemon's request does not carry: the routes
+/// are asked for verbose (they carry their hop and priority only then), kept when they match,
+/// and shown as asked.
+#[derive(Debug, Default)]
+struct RouteFilter {
+    hop: Option<i64>,
+    priority: Option<u32>,
+    verbose: bool,
+}
+
+impl RouteFilter {
+    fn active(&self) -> bool {
+        self.hop.is_some() || self.priority.is_some()
+    }
+
+    fn apply(&self, mut r: control::RouteShow) -> control::RouteShow {
+        if !self.active() {
+            return r;
+        }
+        r.route.retain(|e| {
+            self.hop.is_none_or(|h| e.hop == Some(h))
+                && self.priority.is_none_or(|p| e.priority == Some(p))
+        });
+        if !self.verbose {
+            for e in &mut r.route {
+                *e = control::RouteEntry {
+                    net: std::mem::take(&mut e.net),
+                    gateway: std::mem::take(&mut e.gateway),
+                    hop: None,
+                    priority: None,
+                    health_sensitivity: None,
+                    state: None,
+                    kind: None,
+                };
+            }
+        }
+        r
     }
 }
 

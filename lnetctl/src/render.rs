@@ -82,7 +82,9 @@ pub fn json_at(resp: &Response, level: u8) -> Option<String> {
         });
     }
     let (t, _) = tree_at(resp, level)?;
-    Some(if t.0.is_empty() {
+    // A command without output stays silent; an empty show (`debug recovery` of an empty
+    // queue, which YAML prints as nothing, as lnetctl) is still a JSON document: `{}`.
+    Some(if t.0.is_empty() && matches!(resp, Response::Done) {
         String::new()
     } else {
         to_json(&t)
@@ -990,6 +992,23 @@ global:
         assert!(j.contains("\"primary nid\": \"0@lo\""), "{j}");
         assert!(j.contains("\"Multi-Rail\": false"), "{j}");
         assert!(json(&Response::Error(ControlError::new(1, "x"))).is_none());
+    }
+
+    /// The operator audit: `--json debug recovery --local` of an empty queue printed nothing,
+    /// which is not JSON. A command without output (`Done`) stays silent.
+    #[test]
+    fn json_of_an_empty_show_is_still_json() {
+        for local in [true, false] {
+            let r = Response::Recovery(RecoveryShow {
+                local,
+                nids: Vec::new(),
+            });
+            let j = json(&r).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&j).expect(&j);
+            assert_eq!(v, serde_json::json!({}), "{j}");
+            assert_eq!(yaml(&r).unwrap(), "", "YAML stays as lnetctl's: nothing");
+        }
+        assert_eq!(json(&Response::Done).unwrap(), "");
     }
 
     /// Every answer lnetctl renders, with content in each field that has any.

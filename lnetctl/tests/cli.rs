@@ -38,8 +38,9 @@ fn ping_lo_json() {
 
 #[test]
 fn ping_remote_without_daemon_fails_clearly() {
+    // Exit 3, "no daemon", as every other command without one (the operator audit: it was 1).
     let o = lnetctl(&["ping", "10.0.0.2@o2ib"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(3));
     let out = text(&o.stdout);
     assert!(
         out.starts_with("manage:\n- ping:\n  errno: -113\n"),
@@ -330,4 +331,123 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
     ] {
         assert_eq!(lnetctl(args).status.code(), Some(3), "{args:?}");
     }
+}
+
+/// lnetctl's `PID-NID` (libcfs_strid): PID 12345, the one LNet pings, is taken; another PID
+/// is refused in one line rather than pinged at 12345 (operator audit: refused as a bad NID).
+#[test]
+fn ping_takes_pid_nid() {
+    for t in ["12345-0@lo", "4294967295-0@lo"] {
+        let o = lnetctl(&["ping", t]);
+        assert_eq!(o.status.code(), Some(0), "{t}: {}", text(&o.stderr));
+        assert!(text(&o.stdout).contains("primary nid: 0@lo"), "{t}");
+    }
+    let o = lnetctl(&["ping", "54321-0@lo"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("PID 12345 only"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(o.stdout.is_empty());
+    // A malformed NID behind the PID is still a bad NID.
+    assert_eq!(lnetctl(&["ping", "12345-x@y"]).status.code(), Some(4));
+    assert_eq!(lnetctl(&["discover", "12345-0@lo"]).status.code(), Some(3));
+}
+
+/// `--timeout 0` is lnetctl 2.16's "the default", not 1 s (0@lo answers either way; the
+/// daemon's side is tested in router's control::service).
+#[test]
+fn ping_timeout_zero_is_accepted() {
+    let o = lnetctl(&["ping", "--timeout", "0", "0@lo"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let help = text(&lnetctl(&["ping", "--help"]).stdout);
+    assert!(help.contains("0: the default"), "{help}");
+}
+
+/// The operator audit: a 100 kB NID gave a 200 kB error line (quoted whole, twice). The
+/// argument is cut as the daemon's config errors cut it.
+#[test]
+fn an_absurdly_long_argument_is_cut_in_errors() {
+    let long = format!("{}@o2ib", "1".repeat(100_000));
+    for args in [
+        vec!["ping", long.as_str()],
+        vec!["peer", "show", "--nid", long.as_str()],
+        vec!["route", "add", "--net", "o2ib1", "--gateway", long.as_str()],
+    ] {
+        let o = lnetctl(&args);
+        let err = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(4), "{err}");
+        assert!(err.len() < 600, "{} bytes: {}", err.len(), &err[..600]);
+        assert!(err.contains("bad NID '1111"), "{err}");
+        assert!(err.contains('…'), "{err}");
+    }
+    let o = lnetctl(&["ping", &format!("54321-{}", "1".repeat(1000))]);
+    assert!(text(&o.stderr).len() < 600, "{}", text(&o.stderr));
+}
+
+/// lnetctl's route options parse (the operator audit: `-n`, `-g`, `-c`, `-p` were usage
+/// errors); without a daemon they get as far as the socket: exit 3.
+#[test]
+fn route_takes_lnetctls_options() {
+    for args in [
+        &["route", "add", "-n", "o2ib2", "-g", "10.0.0.9@o2ib"][..],
+        &[
+            "route",
+            "add",
+            "--net",
+            "X",
+            "--gateway",
+            "10.0.0.9@o2ib",
+            "-c",
+            "2",
+            "-p",
+            "1",
+        ],
+        &[
+            "route",
+            "add",
+            "--net",
+            "o2ib2",
+            "--gateway",
+            "10.0.0.9@o2ib",
+            "--hop-count",
+            "-1",
+        ],
+        &[
+            "route",
+            "add",
+            "-n",
+            "o2ib2",
+            "-g",
+            "10.0.0.9@o2ib",
+            "--health_sensitivity",
+            "1",
+        ],
+        &["route", "del", "-n", "o2ib2", "-g", "10.0.0.9@o2ib"],
+        &["route", "show", "-n", "o2ib1"],
+        &["route", "show", "--hop", "1"],
+        &[
+            "route",
+            "show",
+            "-c",
+            "1",
+            "-p",
+            "2",
+            "-g",
+            "10.0.0.9@o2ib",
+            "-v",
+        ],
+        &["route", "show", "--priority", "0"],
+    ] {
+        let o = lnetctl(args);
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", text(&o.stderr));
+    }
+}
+
+/// `global show -v`'s `pid` is the LNet PID, which the help says (not the process id).
+#[test]
+fn global_show_help_says_lnet_pid() {
+    let help = text(&lnetctl(&["global", "--help"]).stdout);
+    assert!(help.contains("LNet PID"), "{help}");
 }

@@ -254,9 +254,12 @@ impl<T> Control<T> {
                 ));
             }
         }
+        // As LNet's ping (api-ni.c): a timeout that is not positive means the default, and
+        // none is longer than the default.
         let secs = timeout_secs
+            .filter(|&t| t > 0)
             .unwrap_or(MAX_PING_TIMEOUT_SECS)
-            .clamp(1, MAX_PING_TIMEOUT_SECS);
+            .min(MAX_PING_TIMEOUT_SECS);
         let timeout = Duration::from_secs(secs);
         let id = self.next;
         self.next += 1;
@@ -457,6 +460,34 @@ mod tests {
         };
         assert_eq!(p.manage.len(), 1);
         assert_eq!(p.manage[0].errno, -errno::ETIMEDOUT);
+    }
+
+    /// The operator audit: `ping --timeout 0` failed after 1 s; in lnetctl 2.16 a timeout
+    /// that is not positive leaves LNet's default (180 s).
+    #[test]
+    fn ping_timeout_zero_means_the_default() {
+        let outcome_at = |timeout_secs, at| {
+            let mut n = node();
+            let mut c: Control<u8> = Control::default();
+            let req = Request::Ping {
+                nids: vec!["10.0.0.2@o2ib".into()],
+                timeout_secs,
+                source: None,
+            };
+            assert!(c.handle(Instant::from_secs(2), &mut n, req, 9).is_none());
+            while n.poll_action().is_some() {}
+            n.handle_timeout(Instant::from_secs(at));
+            let mut done = None;
+            while let Some(ev) = n.poll_event() {
+                done = done.or(c.on_event(&ev));
+            }
+            done.is_some()
+        };
+        // (Later, the LND's own connect timeout may end it first: not the ping's.)
+        assert!(!outcome_at(Some(0), 10), "timeout 0 is not 1 s");
+        assert!(!outcome_at(None, 10));
+        assert!(outcome_at(Some(1), 4), "1 s is still 1 s");
+        assert!(outcome_at(Some(10_000), 2 + MAX_PING_TIMEOUT_SECS + 1));
     }
 
     #[test]
