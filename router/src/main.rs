@@ -120,7 +120,8 @@ struct Args {
     )]
     config: PathBuf,
     /// The control socket [default: /run/ulnet/lnet-router.sock as root, else
-    /// $XDG_RUNTIME_DIR/ulnet/lnet-router.sock]
+    /// $XDG_RUNTIME_DIR/ulnet/lnet-router.sock]. At most 107 bytes (a Unix socket path); its
+    /// directory is created (0700) if its parent exists
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Log format on stderr
@@ -187,13 +188,20 @@ fn main() -> ExitCode {
     } else {
         DaemonConfig::load(&args.config)
     };
-    let cfg = match loaded {
+    let mut cfg = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lnet-router: {e}");
             return ExitCode::from(2);
         }
     };
+    for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
+        choose_fabric(net);
+    }
+    if let Some(msg) = listen_clash(&cfg) {
+        eprintln!("lnet-router: {}: {msg}", args.config.display());
+        return ExitCode::from(2);
+    }
     if let Some((net, _)) = cfg.nis().find(|(n, _)| !fabric_supported(n.fabric)) {
         let msg = match net.fabric {
             FabricKind::Verbs => format!(
@@ -208,7 +216,11 @@ fn main() -> ExitCode {
                 other.as_str()
             ),
         };
-        eprintln!("lnet-router: {}: {msg}", args.config.display());
+        // The line of the net's first NI: the file's lines of a net are not kept, its NIs' are.
+        match net.nis.first() {
+            Some(ni) => eprintln!("lnet-router: {}:{}: {msg}", args.config.display(), ni.line),
+            None => eprintln!("lnet-router: {}: {msg}", args.config.display()),
+        }
         return ExitCode::from(2);
     }
     if args.ni_threads == NiThreads::Shared {
@@ -222,7 +234,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // A path lnetctl could not reach, or whose directory is more than one missing level away
+    // (only the socket's own directory is created), is refused before anything starts.
     let socket = args.socket.unwrap_or_else(control::default_socket_path);
+    if let Err(e) = control::check_socket_path_for_daemon(&socket) {
+        eprintln!("lnet-router: {e}");
+        return ExitCode::from(2);
+    }
     let limits = ClientLimits {
         idle: StdDuration::from_secs(args.control_idle_timeout),
         request: StdDuration::from_secs(args.control_request_timeout),
@@ -339,7 +357,7 @@ impl Signals {
 }
 
 fn run(
-    mut cfg: DaemonConfig,
+    cfg: DaemonConfig,
     socket: PathBuf,
     limits: ClientLimits,
     threading: NiThreads,
@@ -350,9 +368,6 @@ fn run(
     let incarnation = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64);
-    for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
-        choose_fabric(net);
-    }
     let node_cfgs = cfg.ni_node_configs(incarnation);
     let board = node_cfgs
         .first()
@@ -360,7 +375,17 @@ fn run(
         .unwrap_or_else(|| NetAlive::new(0));
     let mut runtimes = Vec::new();
     for ((net, ni), node_cfg) in cfg.nis().zip(node_cfgs) {
-        let f = start_fabric(&cfg.peers, net.fabric, ni)?;
+        let stopping = || signals.term.load(Ordering::Relaxed);
+        let f = match start_fabric(&cfg.peers, net.fabric, ni, &stopping) {
+            Ok(f) => f,
+            // SIGTERM while an NI waited for its listen address: the stop asked for, not a
+            // failure (the NIs started so far close as they are dropped).
+            Err(_) if stopping() => {
+                info!(nid = %ni.ni.nid, "stopped by a signal while starting");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let node = LnetNode::new(node_cfg, clock.now());
         let (rt, wake) = NiRuntime::new(node, f.driver, clock)
             .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
@@ -525,6 +550,40 @@ fn choose_fabric(net: &mut router::yaml_config::NetSettings) {
     );
 }
 
+/// Where NI `ni` listens before it is bound: its `listen:`, else its NID's address, port 987.
+fn listen_of(ni: &router::yaml_config::NiSettings) -> std::net::SocketAddr {
+    ni.listen.unwrap_or_else(|| o2ib_address(ni.ni.nid))
+}
+
+/// Whether two NIs listening on `a` and `b` (on one fabric) would take the same address: one
+/// port, not 0 (the OS picks a free one), and one IP or a wildcard on either side.
+fn listens_clash(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Two NIs of the configuration on one listen address: a configuration error, said at once
+/// (binding the second only failed after the 10 s wait meant for a restarted daemon's
+/// lingering socket, with a warning about a killed process that never was).
+fn listen_clash(cfg: &DaemonConfig) -> Option<String> {
+    let nis: Vec<_> = cfg.nis().collect();
+    nis.iter().enumerate().find_map(|(i, (net, ni))| {
+        nis[..i]
+            .iter()
+            .find(|(n, o)| n.fabric == net.fabric && listens_clash(listen_of(o), listen_of(ni)))
+            .map(|(_, o)| {
+                format!(
+                    "NIs {} and {} both listen on {} (give each NI its own `listen:` address \
+                     or port)",
+                    o.ni.nid,
+                    ni.ni.nid,
+                    listen_of(ni)
+                )
+            })
+    })
+}
+
 fn extras_of(ni: &router::yaml_config::NiSettings, listen: std::net::SocketAddr) -> NiExtras {
     NiExtras {
         peer_timeout: ni.peer_timeout,
@@ -646,6 +705,9 @@ impl Members {
 #[derive(Clone)]
 struct Member {
     nid: Nid,
+    /// Its fabric, and the address it listens on, as bound (`net add` refuses another NI on it).
+    kind: FabricKind,
+    listen: Option<std::net::SocketAddr>,
     /// Its control requests, and its waker.
     ctl: SyncSender<ControlMsg>,
     wake: WakeHandle,
@@ -762,6 +824,8 @@ impl Daemon {
         let running = Arc::new(AtomicBool::new(true));
         let member = Member {
             nid,
+            kind,
+            listen: extras.listen,
             ctl: tx,
             wake: wake.clone(),
             hand: hand_tx,
@@ -969,14 +1033,35 @@ impl Daemon {
                 ),
             ));
         }
+        // Another NI of ours on its listen address: refused at once (binding it would wait
+        // 10 s for an address that is not going away).
+        let listen = listen_of(ni);
+        if let Some(other) = m
+            .list
+            .iter()
+            .find(|x| x.kind == net.fabric && x.listen.is_some_and(|a| listens_clash(a, listen)))
+        {
+            return Err(ControlError::new(
+                errno::EADDRINUSE,
+                format!(
+                    "{what}: NI {} of this daemon already listens on {listen} (give another \
+                     --listen address or port)",
+                    other.nid
+                ),
+            ));
+        }
         // Where peers listen: every document's `peers:` so far, this one's last.
         let peers = {
             let mut known = lock(&self.peers);
             known.extend(doc.peers.iter().map(|(k, v)| (*k, *v)));
             known.clone()
         };
-        let f = start_fabric(&peers, net.fabric, ni)
-            .map_err(|e| ControlError::new(errno::EADDRNOTAVAIL, format!("{what}: {e}")))?;
+        let stopping = || self.shared.stop.load(Ordering::Relaxed);
+        let f = start_fabric(&peers, net.fabric, ni, &stopping).map_err(|e| {
+            // start_fabric names the NI ("NI NID: ..."), which `what` names already.
+            let e = e.strip_prefix(&format!("NI {nid}: ")).unwrap_or(&e);
+            ControlError::new(errno::EADDRNOTAVAIL, format!("{what}: {e}"))
+        })?;
         let node = LnetNode::new(node_cfg, self.clock.now());
         let (rt, wake) = NiRuntime::new(node, f.driver, self.clock)
             .map_err(|e| ControlError::new(errno::EIO, format!("{what}: {e}")))?;
@@ -1628,11 +1713,22 @@ fn give_bulk_buffers(
     Some(registered)
 }
 
-/// Starts the fabric of one NI: listening, ready for the loop.
+/// How long an NI's tcp fabric retries a listen address in use. Right after a crash the dead
+/// process's listening socket may linger (its io_uring's files are released asynchronously),
+/// and a router restarted by systemd must come back; but the holder may as well be a live
+/// process, which nothing here can tell.
+const BIND_RETRY: StdDuration = StdDuration::from_secs(10);
+/// The pause between two tries.
+const BIND_RETRY_STEP: StdDuration = StdDuration::from_millis(100);
+
+/// Starts the fabric of one NI: listening, ready for the loop. A tcp listen address in use is
+/// retried for up to [`BIND_RETRY`], unless `stopping` says the daemon is asked to stop (a
+/// SIGTERM during the wait was ignored until its end).
 fn start_fabric(
     peers: &HashMap<Nid, std::net::SocketAddr>,
     kind: FabricKind,
     ni: &router::yaml_config::NiSettings,
+    stopping: &dyn Fn() -> bool,
 ) -> Result<NiFabric, String> {
     let nid = ni.ni.nid;
     let peers = peers.clone();
@@ -1645,6 +1741,8 @@ fn start_fabric(
                 user_timeout: ni.ni.tunables.timeout.into(),
                 busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
                 handshake_limit: ni.handshake_limit as usize,
+                // Retried here, where a stop can cut the wait short.
+                bind_retry: StdDuration::ZERO,
                 ..TcpConfig::default()
             };
             // Our own NID is where we listen, as bound (port 0 resolved): LNet health's
@@ -1658,8 +1756,34 @@ fn start_fabric(
                 }
                 peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
             };
-            let f = TcpFabric::bind_with(listen, resolve, tcp)
-                .map_err(|e| format!("NI {nid}: cannot listen on {listen}: {e}"))?;
+            let started = std::time::Instant::now();
+            let mut warned = false;
+            let f = loop {
+                match TcpFabric::bind_with(listen, resolve.clone(), tcp.clone()) {
+                    Ok(f) => break f,
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        let waited = started.elapsed();
+                        if waited >= BIND_RETRY || stopping() {
+                            let after = if waited >= BIND_RETRY {
+                                format!(" (still, after retrying for {BIND_RETRY:?})")
+                            } else {
+                                String::new()
+                            };
+                            return Err(format!("NI {nid}: cannot listen on {listen}: {e}{after}"));
+                        }
+                        if !std::mem::replace(&mut warned, true) {
+                            warn!(
+                                %nid,
+                                %listen,
+                                "listen address in use; retrying for up to {BIND_RETRY:?} in \
+                                 case its holder is going away"
+                            );
+                        }
+                        std::thread::sleep(BIND_RETRY_STEP);
+                    }
+                    Err(e) => return Err(format!("NI {nid}: cannot listen on {listen}: {e}")),
+                }
+            };
             info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
             let bound = f.local_addr();
             let _ = own.set(bound);
@@ -2496,7 +2620,9 @@ impl Loops {
     }
 
     /// Each target pinged by the loop of the NI on its net (our own NIDs and `0@lo` by the
-    /// first, which knows them all), all at once; the answers in the order asked.
+    /// first, which knows them all), all at once: one request per loop carrying all of its
+    /// targets (a request per NID filled the loop's control queue at 64: the operator audit's
+    /// 70-NID ping was "busy"); the answers in the order asked.
     fn ping(
         &self,
         m: &Members,
@@ -2517,30 +2643,57 @@ impl Loops {
                 return self.ask(m, &[0], &req).remove(0);
             }
         };
-        let mut pending = Vec::new();
-        for t in &targets {
-            let i = self.loop_for(m, *t);
-            let req = Request::Ping {
-                nids: vec![t.to_string()],
-                timeout_secs,
-                source: source.clone(),
-            };
-            let (tx, rx) = mpsc::sync_channel(1);
-            pending.push(m.list[i].submit(req, tx).map(|()| rx));
+        let by_loop: Vec<usize> = targets.iter().map(|t| self.loop_for(m, *t)).collect();
+        let mut groups: Vec<(usize, Vec<Nid>)> = Vec::new();
+        for (t, &i) in targets.iter().zip(&by_loop) {
+            match groups.iter_mut().find(|g| g.0 == i) {
+                Some(g) => g.1.push(*t),
+                None => groups.push((i, vec![*t])),
+            }
         }
-        let mut out = control::PingShow::default();
+        let pending: Vec<_> = groups
+            .iter()
+            .map(|(i, ts)| {
+                let req = Request::Ping {
+                    nids: ts.iter().map(Nid::to_string).collect(),
+                    timeout_secs,
+                    source: source.clone(),
+                };
+                let (tx, rx) = mpsc::sync_channel(1);
+                m.list[*i].submit(req, tx).map(|()| rx)
+            })
+            .collect();
+        let mut answers = Vec::new();
         for p in pending {
             let r = match p {
                 Ok(rx) => rx.recv().unwrap_or_else(|_| shutting_down()),
                 Err(e) => Response::Error(e),
             };
             match r {
-                Response::Ping(mut one) => {
-                    out.ping.append(&mut one.ping);
-                    out.manage.append(&mut one.manage);
-                }
+                Response::Ping(one) => answers.push((one.ping.into_iter(), one.manage.into_iter())),
                 other => return other,
             }
+        }
+        // Back in the order asked: a loop answers its targets in its order, each a success
+        // (`ping`) or a failure naming the target (`manage`).
+        let mut out = control::PingShow::default();
+        let mut next_fail: Vec<_> = answers.iter_mut().map(|a| a.1.next()).collect();
+        for (t, i) in targets.iter().zip(by_loop) {
+            let g = groups.iter().position(|g| g.0 == i).unwrap_or(0);
+            if next_fail[g]
+                .as_ref()
+                .is_some_and(|f| f.ping == t.to_string())
+            {
+                out.manage.extend(next_fail[g].take());
+                next_fail[g] = answers[g].1.next();
+            } else {
+                out.ping.extend(answers[g].0.next());
+            }
+        }
+        for (g, a) in answers.iter_mut().enumerate() {
+            out.ping.extend(a.0.by_ref());
+            out.manage.extend(next_fail[g].take());
+            out.manage.extend(a.1.by_ref());
         }
         Response::Ping(out)
     }

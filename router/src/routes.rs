@@ -99,7 +99,10 @@ impl fmt::Display for RouteError {
                 "gateway {g} is not on any local net: it could not be reached"
             ),
             RouteError::GatewayIsOwn(g) => write!(f, "gateway {g} is one of this node's own NIDs"),
-            RouteError::BadHops(h) => write!(f, "hop count {h} is outside 1..={MAX_HOPS}"),
+            RouteError::BadHops(h) => write!(
+                f,
+                "hop count {h} is outside 1..={MAX_HOPS} (or -1: undefined)"
+            ),
             RouteError::Duplicate { net, gateway } => {
                 write!(f, "route to {net} via {gateway} already exists")
             }

@@ -42,9 +42,78 @@ pub fn read_config_file(path: &std::path::Path) -> std::io::Result<String> {
     read_config(std::fs::File::open(path)?)
 }
 
+/// The YAML reader's messages that name its own internals, said in the file's terms (the
+/// caller adds the offending line): a duplicate key ("duplicate mapping key: k, set
+/// DuplicateKeyPolicy in Options if acceptable"), a number outside its type ("invalid u32"),
+/// an unknown fabric (whose list offered `sim`, which lnet-router refuses). `None`: keep the
+/// reader's message.
+pub fn reword_yaml(msg: &str) -> Option<String> {
+    if let Some(rest) = msg.strip_prefix("duplicate mapping key: ") {
+        let key = rest
+            .split_once(", set DuplicateKeyPolicy")
+            .map_or(rest, |(k, _)| k);
+        return Some(format!(
+            "duplicate key '{}'",
+            excerpt(key.trim(), EXCERPT_CHARS)
+        ));
+    }
+    if let Some(ty) = msg.strip_prefix("invalid ") {
+        let range = match ty.trim() {
+            "u8" => format!("0..={}", u8::MAX),
+            "u16" => format!("0..={}", u16::MAX),
+            "u32" => format!("0..={}", u32::MAX),
+            "u64" => format!("0..={}", u64::MAX),
+            "i32" => format!("{}..={}", i32::MIN, i32::MAX),
+            "i64" => format!("{}..={}", i64::MIN, i64::MAX),
+            _ => return None,
+        };
+        return Some(format!("not a whole number in {range}"));
+    }
+    if let Some(rest) = msg.strip_prefix("unknown variant `") {
+        let (value, list) = rest.split_once('`')?;
+        if list.replace('`', "").trim() == ", expected one of tcp, sim, verbs" {
+            return Some(format!(
+                "unknown fabric '{}' (expected tcp or verbs; sim is the simulator's only)",
+                excerpt(value, EXCERPT_CHARS)
+            ));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn yaml_messages_say_what_is_wrong_in_the_files_terms() {
+        assert_eq!(
+            reword_yaml(
+                "duplicate mapping key: peer_credits, set DuplicateKeyPolicy in Options if \
+                 acceptable"
+            )
+            .unwrap(),
+            "duplicate key 'peer_credits'"
+        );
+        assert_eq!(
+            reword_yaml("invalid u32").unwrap(),
+            "not a whole number in 0..=4294967295"
+        );
+        assert_eq!(
+            reword_yaml("invalid u16").unwrap(),
+            "not a whole number in 0..=65535"
+        );
+        assert_eq!(
+            reword_yaml("unknown variant `TCP`, expected one of tcp, sim, verbs").unwrap(),
+            "unknown fabric 'TCP' (expected tcp or verbs; sim is the simulator's only)"
+        );
+        assert_eq!(reword_yaml("invalid type: map"), None);
+        let long = "k".repeat(10_000);
+        let r = reword_yaml(&format!(
+            "duplicate mapping key: {long}, set DuplicateKeyPolicy"
+        ));
+        assert!(r.unwrap().len() < 200);
+    }
 
     #[test]
     fn an_endless_or_huge_document_is_refused_without_reading_it_all() {

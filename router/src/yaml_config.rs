@@ -1191,6 +1191,7 @@ fn from_yaml(origin: &str, text: &str, e: &serde_saphyr::Error) -> ConfigError {
     if let Some(i) = msg.rfind(" at line ") {
         msg.truncate(i);
     }
+    let msg = crate::text::reword_yaml(&msg).unwrap_or(msg);
     let message = if let Some(m) = reword_unknown(&msg) {
         m
     } else {

@@ -212,7 +212,7 @@ fn bad_configs_name_file_and_line() {
         (
             "value.yaml",
             format!("{ni}          tunables:\n              peer_credits: lots\n"),
-            "value.yaml:8: invalid u32: `peer_credits: lots`",
+            "value.yaml:8: not a whole number in 0..=4294967295: `peer_credits: lots`",
         ),
         (
             "syntax.yaml",

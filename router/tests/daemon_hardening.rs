@@ -364,7 +364,7 @@ fn config_errors_are_short_and_printed_once() {
         (
             "value.yaml",
             format!("{NI}          tunables:\n              peer_credits: {big}\n"),
-            "value.yaml:8: invalid u32",
+            "value.yaml:8: not a whole number in 0..=4294967295: `peer_credits: xxx",
         ),
         (
             "key.yaml",

@@ -2659,8 +2659,8 @@ fn bind_listener(addr: SocketAddr, retry: std::time::Duration) -> io::Result<Tcp
                 if !warned {
                     warn!(
                         %addr,
-                        "tcp fabric: listen address in use (a process killed a moment ago may \
-                         still hold it); retrying for up to {retry:?}"
+                        "tcp fabric: listen address in use; retrying for up to {retry:?} in \
+                         case its holder is going away"
                     );
                     warned = true;
                 }

@@ -7,6 +7,26 @@ use std::path::{Path, PathBuf};
 
 use super::protocol::{encode_request, Request, Response};
 
+/// The most bytes of a Unix socket path: `sun_path` holds 108 with the terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Whether a Unix socket can be reached at `path`: at most [`MAX_SOCKET_PATH`] bytes.
+pub fn check_socket_path(path: &Path) -> Result<(), String> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(format!(
+            "the control socket path is {len} bytes; a Unix socket path has at most \
+             {MAX_SOCKET_PATH} (sun_path), or no client can connect to it: choose a shorter one"
+        ));
+    }
+    Ok(())
+}
+
+/// A path as an error message names it: cut to an excerpt.
+fn router_excerpt(path: &Path) -> String {
+    crate::text::excerpt(&path.to_string_lossy(), crate::text::EXCERPT_CHARS).into_owned()
+}
+
 /// Why a client call failed.
 #[derive(Debug)]
 pub enum ClientError {
@@ -45,6 +65,13 @@ pub struct ControlClient {
 impl ControlClient {
     /// Connects; a missing socket or a refused connection is [`ClientError::NoDaemon`].
     pub fn connect(path: &Path) -> Result<ControlClient, ClientError> {
+        // No daemon binds a path this long (`check_socket_path`): say so, not "SUN_LEN".
+        if let Err(why) = check_socket_path(path) {
+            return Err(ClientError::NoDaemon {
+                path: PathBuf::from(router_excerpt(path)),
+                source: io::Error::new(io::ErrorKind::InvalidInput, why),
+            });
+        }
         match UnixStream::connect(path) {
             Ok(s) => {
                 let writer = s.try_clone().map_err(ClientError::Io)?;

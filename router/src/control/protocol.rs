@@ -20,6 +20,7 @@ pub mod errno {
     pub const EEXIST: i32 = 17;
     pub const EINVAL: i32 = 22;
     pub const EUSERS: i32 = 87;
+    pub const EADDRINUSE: i32 = 98;
     pub const EADDRNOTAVAIL: i32 = 99;
     pub const ENETDOWN: i32 = 100;
     pub const EPROTO: i32 = 71;

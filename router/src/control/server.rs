@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::debug;
 
+use super::client::check_socket_path;
 use super::protocol::*;
 
 // ---------------------------------------------------------------------------------- limits
@@ -155,7 +156,47 @@ pub fn read_request(
     }
 }
 
-/// Binds the control socket: creates its directory (0700), replaces a stale socket file (one
+/// The directory a control socket is in (`.` for a bare name).
+fn socket_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Whether the daemon may bind its control socket at `path`, and why not: the path must fit
+/// in `sun_path` ([`MAX_SOCKET_PATH`] bytes), or lnetctl could never connect to it (the daemon
+/// binds through a shorter private name, so the bind alone would not say so); and the socket's
+/// directory must exist or be one level away from an existing one ([`bind_socket`] creates that
+/// last component, 0700, as the default path's `ulnet/`; a whole chain made for a mistyped path
+/// was created and left behind).
+pub fn check_socket_path_for_daemon(path: &Path) -> Result<(), String> {
+    check_socket_path(path)?;
+    let dir = socket_dir(path);
+    match std::fs::metadata(&dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!(
+            "control socket {}: {} is not a directory",
+            path.display(),
+            dir.display()
+        )),
+        Err(_)
+            if dir
+                .parent()
+                .is_none_or(|p| p.as_os_str().is_empty() || p.is_dir()) =>
+        {
+            Ok(())
+        }
+        Err(_) => Err(format!(
+            "control socket {}: neither {} nor its parent exists (create them first, or choose \
+             another --socket path)",
+            path.display(),
+            dir.display()
+        )),
+    }
+}
+
+/// Binds the control socket: creates its directory (0700; the last component only), replaces a stale socket file (one
 /// nobody answers on), and puts the socket in place with mode 0600. Fails if a daemon already
 /// answers.
 ///
@@ -168,15 +209,12 @@ pub fn read_request(
 /// change (process-wide, racy with threads) and no unsafe code.
 pub fn bind_socket(path: &Path) -> io::Result<UnixListener> {
     use std::os::unix::fs::DirBuilderExt;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    check_socket_path(path).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let dir = socket_dir(path);
     if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)?;
+        // Its last component only (the default's `ulnet/`): a whole chain of directories
+        // made for a mistyped path was left behind (operator audit).
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -380,6 +418,34 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(matches!(
             ControlClient::connect(&path),
+            Err(ClientError::NoDaemon { .. })
+        ));
+    }
+
+    /// The operator audit: `--socket a/b/c/x.sock` created the whole chain (and left it); and a
+    /// path longer than `sun_path` was bound (through the short private name) though no client
+    /// could reach it. Only the socket's own directory is created, and a long path is refused.
+    #[test]
+    fn a_missing_chain_or_an_unreachable_path_is_refused() {
+        let top = std::env::temp_dir().join(format!("ulnet-ctl-chain-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&top);
+        let e = bind_socket(&top.join("a/b/x.sock")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        assert!(!top.exists(), "nothing created");
+        let e = check_socket_path_for_daemon(&top.join("a/x.sock")).unwrap_err();
+        assert!(e.contains("neither"), "{e}");
+        // The socket's own directory is created when its parent exists (the default's `ulnet/`).
+        check_socket_path_for_daemon(&top.join("x.sock")).unwrap();
+        let l = bind_socket(&top.join("x.sock")).unwrap();
+        drop(l);
+        std::fs::remove_dir_all(&top).unwrap();
+        let long = std::env::temp_dir().join(format!("{}.sock", "x".repeat(120)));
+        let e = bind_socket(&long).unwrap_err();
+        assert!(e.to_string().contains("107"), "{e}");
+        assert!(!long.exists());
+        assert!(check_socket_path_for_daemon(&long).is_err());
+        assert!(matches!(
+            ControlClient::connect(&long),
             Err(ClientError::NoDaemon { .. })
         ));
     }

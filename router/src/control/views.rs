@@ -392,9 +392,14 @@ pub fn global_show(node: &LnetNode) -> GlobalShow {
 // ---------------------------------------------------------------------------------- routes
 
 fn parse_net(s: &str) -> Result<Net, ControlError> {
-    s.trim()
-        .parse()
-        .map_err(|e| ControlError::new(errno::EINVAL, format!("bad net '{s}': {e}")))
+    s.trim().parse().map_err(|e: lnd::wire::NidParseError| {
+        // The parser speaks of NIDs ("bad NID 'x': ..."): the reason alone, once.
+        let why = e.to_string();
+        let why = why
+            .strip_prefix(&format!("bad NID '{}': ", s.trim()))
+            .unwrap_or(&why);
+        ControlError::new(errno::EINVAL, format!("bad net '{s}': {why}"))
+    })
 }
 
 fn parse_gateway(s: &str) -> Result<Nid, ControlError> {
