@@ -206,38 +206,45 @@ fn sigterm_while_waiting_for_a_listen_address_stops_at_once() {
     let cfg = dir.0.join("held.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let log = dir.0.join("held.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.0.join("s.sock"))
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    // Killed and reaped however the test ends (a failed assertion left it running).
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reaped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--socket")
+            .arg(dir.0.join("s.sock"))
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let read_log = || strip_ansi(&std::fs::read_to_string(&log).unwrap_or_default());
     let warned = wait_for(Duration::from_secs(5), || read_log().contains("in use"));
-    if warned.is_none() {
-        let _ = child.kill();
-        panic!("no warning: {}", read_log());
-    }
+    assert!(warned.is_some(), "no warning: {}", read_log());
     let text = read_log();
     assert!(text.contains("retrying for up to 10s"), "{text}");
     assert!(!text.contains("killed a moment ago"), "{text}");
     let t0 = Instant::now();
     let st = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
-        if t0.elapsed() > Duration::from_secs(3) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("SIGTERM ignored during the wait: {}", read_log());
-        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "SIGTERM ignored during the wait: {}",
+            read_log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0), "{}", read_log());
