@@ -26,6 +26,9 @@ use lnd::wire::Nid;
 /// How stale a slot may get before a message refreshes it (Lustre's is one second too).
 pub const RESOLUTION: Duration = Duration::from_secs(1);
 
+/// A slot's value once its NI's fabric failed.
+const FAILED: u64 = u64::MAX;
+
 /// The last time each NID of a node heard a message; 0 until the first one.
 #[derive(Clone)]
 pub struct NetAlive {
@@ -61,10 +64,28 @@ impl NetAlive {
         }
     }
 
-    /// When NID `i` last received a message (`None`: never, or no such slot).
+    /// When NID `i` last received a message (`None`: never, no such slot, or its fabric
+    /// failed).
     pub fn last(&self, i: usize) -> Option<Instant> {
         let t = self.slots.get(i)?.load(Ordering::Relaxed);
-        (t != 0).then(|| Instant::from_nanos(t))
+        (t != 0 && t != FAILED).then(|| Instant::from_nanos(t))
+    }
+
+    /// NID `i`'s fabric failed for good: the NI is down whatever arrives (Lustre's
+    /// ni_fatal_error_on, which lnet_update_ni_status_locked reports DOWN). It stays so, as the
+    /// largest value a slot can hold ([`NetAlive::heard`] only raises a slot), until the NI is
+    /// removed.
+    pub fn fail(&self, i: usize) {
+        if let Some(slot) = self.slots.get(i) {
+            slot.store(FAILED, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether NID `i`'s fabric failed ([`NetAlive::fail`]).
+    pub fn failed(&self, i: usize) -> bool {
+        self.slots
+            .get(i)
+            .is_some_and(|s| s.load(Ordering::Relaxed) == FAILED)
     }
 
     /// Whether two handles share one board.

@@ -1324,13 +1324,22 @@ impl NiLoop {
         if !self.failed {
             let wait = self.lst.bound(wait, self.rt.now());
             if let Err(e) = self.rt.turn(wait) {
-                // This NI's fabric is broken: the other NIs' peers must still see a graceful
-                // close (not find out at their keepalive horizon), so every NI shuts down as on
-                // SIGTERM, then the daemon exits with the error.
-                error!(%nid, "fabric failed: {e}; closing every other connection");
-                self.failed = true;
-                self.daemon.shared.fail(format!("fabric of NI {nid}: {e}"));
-                self.daemon.wake_all();
+                if self.daemon.set.snapshot().list.len() > 1 {
+                    // One NI's fabric of several: the NI is down (its siblings' ping replies
+                    // say so, as Lustre reports an NI with a fatal HCA error), what it held
+                    // fails, and the daemon's other NIs go on; `net del` and `net add` start
+                    // it again.
+                    error!(%nid, "fabric failed: {e}; this NI is down, the other NIs go on (net del and net add it to start it again)");
+                    self.rt.lose_fabric();
+                } else {
+                    // The daemon's only NI: its peers must still see a graceful close of
+                    // anything left (not find out at their keepalive horizon), so it shuts
+                    // down as on SIGTERM, then the daemon exits with the error.
+                    error!(%nid, "fabric failed: {e}; closing every other connection");
+                    self.failed = true;
+                    self.daemon.shared.fail(format!("fabric of NI {nid}: {e}"));
+                    self.daemon.wake_all();
+                }
             }
         } else {
             std::thread::sleep(wait);

@@ -845,6 +845,30 @@ impl LnetNode {
         &self.node_nids
     }
 
+    /// This runtime's fabric failed for good (its driver returned an error; o2iblnd's fatal
+    /// HCA error): its NIs are marked failed on the board, so every sibling runtime's ping
+    /// reply lists them DOWN (Lustre: ni_fatal_error_on, reported by
+    /// lnet_update_ni_status_locked) and `net show` says `status: down`, and the nodes
+    /// routing through us to that net take the route down (avoid_asym_router_failure). The
+    /// LND is shut down and every connection ended as the fabric can no longer say it did:
+    /// what they carried fails with its reason (forwards back to their ingress, counted), and
+    /// what comes later is refused at once. The other NIs of the node go on.
+    pub fn fabric_lost(&mut self, now: Instant) {
+        self.advance(now);
+        for i in 0..self.nis.len() {
+            if let Some(&slot) = self.alive_slot.get(i) {
+                self.net_alive.fail(slot);
+            }
+            let ep = &mut self.nis[i].ep;
+            ep.shutdown(now);
+            let conns: Vec<_> = ep.conns().map(|c| c.id).collect();
+            for c in conns {
+                ep.handle_disconnected(now, c, lnd::fabric::DisconnectReason::TransportError);
+            }
+        }
+        self.process(now);
+    }
+
     /// The node's NIDs changed (an NI added or removed at run time, `lnetctl net add|del`,
     /// in a sibling runtime): `nids` is every NID of the node now and `board` their shared
     /// liveness board, in the same order. Our own NIDs stay ours whatever `nids` says (a
@@ -906,11 +930,7 @@ impl LnetNode {
 
     /// Every local NI (`lnetctl net show -v`).
     pub fn nets(&self) -> Vec<NiInfo> {
-        let down = if self.routing {
-            self.nets_down(self.now)
-        } else {
-            Vec::new()
-        };
+        let down = self.nets_down(self.now);
         self.nis
             .iter()
             .enumerate()
@@ -1872,34 +1892,38 @@ impl LnetNode {
     /// lnet_update_ni_status_locked), so that nodes routing through it to that net stop
     /// (`avoid_asym_router_failure`); a node that does not route says every NI is UP.
     fn ping_reply(&self) -> Vec<u8> {
-        if !self.routing {
+        let down = self.nets_down(self.now);
+        if !self.routing && !down.contains(&true) {
             return self.ping_buffer.clone();
         }
-        let down = self.nets_down(self.now);
-        ping::ping_buffer(self.pid, &self.node_nids, ping::our_features(true), |i| {
-            down[i]
-        })
+        ping::ping_buffer(
+            self.pid,
+            &self.node_nids,
+            ping::our_features(self.routing),
+            |i| down[i],
+        )
     }
 
     /// For each NID of the node, whether a router would report it DOWN at `now` (a sibling's
     /// NI that this runtime cannot see, never).
+    /// Its fabric failed ([`LnetNode::fabric_lost`]) on any node; on a router, also its net
+    /// silent for too long.
     fn nets_down(&self, now: Instant) -> Vec<bool> {
         let cfg = self.gateways.config();
         let bound = cfg.ping_timeout.saturating_add(cfg.check_interval);
         (0..self.node_nids.len())
             .map(|i| {
-                self.alive_judged[i]
-                    && !alive::net_alive(self.started, self.net_alive.last(i), now, bound)
+                self.net_alive.failed(i)
+                    || (self.routing
+                        && self.alive_judged[i]
+                        && !alive::net_alive(self.started, self.net_alive.last(i), now, bound))
             })
             .collect()
     }
 
-    /// The NIDs of the node this router reports DOWN in its ping reply at `now`: their net has
-    /// been silent too long (empty when not routing).
+    /// The NIDs of the node reported DOWN in its ping reply at `now`: a failed fabric, or on a
+    /// router a net silent too long.
     pub fn silent_nids(&self, now: Instant) -> Vec<Nid> {
-        if !self.routing {
-            return Vec::new();
-        }
         let down = self.nets_down(now);
         self.node_nids
             .iter()

@@ -21,6 +21,8 @@ pub struct NiRuntime<D: Driver> {
     driver: D,
     clock: MonotonicClock,
     waker: Waker,
+    /// The driver failed: the node runs on without it ([`NiRuntime::lose_fabric`]).
+    lost: bool,
 }
 
 impl<D: Driver> NiRuntime<D> {
@@ -39,6 +41,7 @@ impl<D: Driver> NiRuntime<D> {
                 driver,
                 clock,
                 waker,
+                lost: false,
             },
             wake,
         ))
@@ -78,12 +81,31 @@ impl<D: Driver> NiRuntime<D> {
         self.clock.now()
     }
 
-    /// Hands every action the node has queued to the driver.
+    /// Hands every action the node has queued to the driver (to nowhere once the fabric is
+    /// lost).
     pub fn apply_actions(&mut self) {
         let now = self.clock.now();
         while let Some((_, a)) = self.node.poll_action() {
-            self.driver.apply(now, a);
+            if !self.lost {
+                self.driver.apply(now, a);
+            }
         }
+    }
+
+    /// The driver failed for good: the node is told ([`LnetNode::fabric_lost`]: its NI is
+    /// reported down, what its LND held fails) and from now on [`NiRuntime::turn`] runs the
+    /// node without the driver: its timers, its handovers and the control requests of the
+    /// caller, its fabric actions dropped.
+    pub fn lose_fabric(&mut self) {
+        self.lost = true;
+        let now = self.clock.now();
+        self.node.fabric_lost(now);
+        self.apply_actions();
+    }
+
+    /// Whether the fabric was lost ([`NiRuntime::lose_fabric`]).
+    pub fn fabric_is_lost(&self) -> bool {
+        self.lost
     }
 
     /// One turn of the loop: apply the node's actions, wait on the driver until the node's next
@@ -94,10 +116,13 @@ impl<D: Driver> NiRuntime<D> {
         self.apply_actions();
         let wait = self.until_deadline(max_wait);
         let clock = self.clock;
-        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
-            self.driver.poll(Some(wait), &mut sink, &|| clock.now())?;
-        } else {
-            std::thread::sleep(wait);
+        match self.node.fabric_sink(NiIndex(0)) {
+            Some(mut sink) if !self.lost => {
+                self.driver.poll(Some(wait), &mut sink, &|| clock.now())?;
+            }
+            // No fabric to wait on: a short sleep, so that other threads' requests are seen
+            // soon enough without the waker.
+            _ => std::thread::sleep(wait.min(StdDuration::from_millis(20))),
         }
         if self.driver.take_woken() {
             self.waker.drain();

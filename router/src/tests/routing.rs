@@ -2310,3 +2310,70 @@ fn requests_awaiting_a_reply_end_by_their_deadline_when_a_router_dies() {
     assert_eq!(pings.len(), 10);
     assert!(pings.iter().all(|(_, _, r)| r.is_ok()), "{pings:?}");
 }
+
+/// A router NI whose fabric fails for good (its driver errs; o2iblnd's fatal HCA error) is
+/// down, as Lustre reports an NI with ni_fatal_error_on, instead of the daemon stopping: what
+/// its LND held fails back to the ingress (the books reconcile, every buffer and credit back),
+/// its sibling's ping reply lists it DOWN (so the client can take the route down,
+/// avoid_asym_router_failure), `net show` says `status: down`, and what comes for it later
+/// fails at once.
+#[test]
+fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
+    let (mut f, routers) = topology(true, |_| {});
+    let (ingress, egress) = (routers[0], routers[1]);
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    // The server goes silent: the egress holds what it was given, waiting on the connection.
+    f.kill(1);
+    let now = f.now;
+    for i in 0..5 {
+        f.nodes[0]
+            .send_put(now, server, 4, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_millis(500));
+    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 5);
+    let now = f.now;
+    f.nodes[egress].fabric_lost(now);
+    f.run_for(Duration::from_millis(100));
+    let info = f.nodes[ingress].routing_info();
+    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
+    assert!(info.stats.reconciles(), "{:?}", info.stats);
+    assert_eq!(info.stats.dropped(), 5, "{:?}", info.stats);
+    assert_eq!(f.nodes[egress].messages_in_flight(), 0);
+    for &r in &routers {
+        for p in &f.nodes[r].routing_info().pools {
+            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
+        }
+    }
+    assert_eq!(f.nodes[egress].nets()[0].status, "down");
+    assert_eq!(f.nodes[ingress].nets()[0].status, "up");
+    assert_eq!(f.nodes[ingress].silent_nids(f.now), vec![nid(R_B)]);
+    // The client asks the router (through the live NI): R_B is DOWN.
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, nid(R_A), Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    let pings = ping_results(&f.take_events(0));
+    let reply = pings[0].2.clone().expect("the live NI answers");
+    assert_eq!(reply.down_nids, vec![nid(R_B)]);
+    // Later traffic for the lost NI fails at once, counted.
+    let now = f.now;
+    f.nodes[0]
+        .send_put(now, server, 4, 9, vec![1; 100])
+        .unwrap();
+    f.run_for(Duration::from_millis(100));
+    let info = f.nodes[ingress].routing_info();
+    assert_eq!(
+        (info.stats.in_flight, info.stats.dropped()),
+        (0, 6),
+        "{:?}",
+        info.stats
+    );
+}
