@@ -1324,11 +1324,19 @@ impl NiLoop {
         if !self.failed {
             let wait = self.lst.bound(wait, self.rt.now());
             if let Err(e) = self.rt.turn(wait) {
-                if self.daemon.set.snapshot().list.len() > 1 {
-                    // One NI's fabric of several: the NI is down (its siblings' ping replies
-                    // say so, as Lustre reports an NI with a fatal HCA error), what it held
-                    // fails, and the daemon's other NIs go on; `net del` and `net add` start
-                    // it again.
+                // The daemon stops only when this was its last working NI: one published (not
+                // being added or removed) and no other NI of the set still has its fabric.
+                let m = self.daemon.set.snapshot();
+                let published = m.list.iter().any(|x| x.nid == nid);
+                let others = m
+                    .list
+                    .iter()
+                    .enumerate()
+                    .any(|(i, x)| x.nid != nid && !m.board.failed(i));
+                if others || !published {
+                    // The NI is down (its siblings' ping replies say so, as Lustre reports an
+                    // NI with a fatal HCA error), what it held fails, and the daemon's other
+                    // NIs go on.
                     error!(%nid, "fabric failed: {e}; this NI is down, the other NIs go on (net del and net add it to start it again)");
                     self.rt.lose_fabric();
                 } else {

@@ -441,6 +441,8 @@ pub struct LnetNode {
     /// The node's large router buffers in registered memory (shared with sibling runtimes),
     /// and which of them this runtime lends out and has free now.
     bulk_bufs: std::sync::Arc<BulkBuffers>,
+    /// This runtime's fabric failed for good ([`LnetNode::fabric_lost`]).
+    fabric_lost: bool,
     bulk_free: Vec<usize>,
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
@@ -552,6 +554,7 @@ impl LnetNode {
             handovers: VecDeque::new(),
             mds: Mds::default(),
             bulk_bufs: Default::default(),
+            fabric_lost: false,
             bulk_free: Vec::new(),
             bulk_owned: 0,
             bulk_gets: HashMap::new(),
@@ -859,13 +862,16 @@ impl LnetNode {
             if let Some(&slot) = self.alive_slot.get(i) {
                 self.net_alive.fail(slot);
             }
+            // Each connection ends as lost (a transport failure, counted `conns_lost`), then
+            // the LND stops: shut down first, they would count as graceful closes.
             let ep = &mut self.nis[i].ep;
-            ep.shutdown(now);
             let conns: Vec<_> = ep.conns().map(|c| c.id).collect();
             for c in conns {
                 ep.handle_disconnected(now, c, lnd::fabric::DisconnectReason::TransportError);
             }
+            ep.shutdown(now);
         }
+        self.fabric_lost = true;
         self.process(now);
     }
 
@@ -900,6 +906,17 @@ impl LnetNode {
         self.ping_buffer = ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
         self.forget_bulk_registrations(&nids);
         self.node_nids = nids;
+        // A board made while our fabric was being lost may have missed the mark.
+        if self.fabric_lost {
+            for &slot in &self.alive_slot {
+                self.net_alive.fail(slot);
+            }
+        }
+    }
+
+    /// Whether this runtime's fabric was lost ([`LnetNode::fabric_lost`]).
+    pub fn is_fabric_lost(&self) -> bool {
+        self.fabric_lost
     }
 
     /// Node-wide counters (`lnetctl stats show`).

@@ -98,6 +98,7 @@ impl<D: Driver> NiRuntime<D> {
     /// caller, its fabric actions dropped.
     pub fn lose_fabric(&mut self) {
         self.lost = true;
+        self.driver.abandon();
         let now = self.clock.now();
         self.node.fabric_lost(now);
         self.apply_actions();
@@ -152,7 +153,7 @@ impl<D: Driver> NiRuntime<D> {
     /// the least of the others' (see [`NiRuntime::watch`]).
     pub fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
         self.apply_actions();
-        if self.driver.has_queued_work() {
+        if !self.lost && self.driver.has_queued_work() {
             return StdDuration::ZERO;
         }
         self.until_deadline(max_wait)
@@ -173,6 +174,9 @@ impl<D: Driver> NiRuntime<D> {
     pub fn flush(&mut self) {
         self.apply_actions();
         let clock = self.clock;
+        if self.lost {
+            return self.node.process(clock.now());
+        }
         if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
             let _ = self
                 .driver

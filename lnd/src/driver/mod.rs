@@ -66,6 +66,11 @@ pub trait Driver {
     /// The fabric's counters under stable snake_case names, for `lnetctl net show -v`.
     fn counters(&self) -> Vec<(&'static str, u64)>;
 
+    /// The driver failed for good (`poll` returned an error) and will not be polled again:
+    /// end what the operating system still holds for it that peers would otherwise wait on
+    /// (connected and listening sockets), without the failed machinery. Counters stay.
+    fn abandon(&mut self) {}
+
     /// The fabric's memory registration, for the memory LNet moves bulk data from and into
     /// (`None`: this driver registers nothing).
     fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
@@ -110,6 +115,10 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         (**self).counters()
+    }
+
+    fn abandon(&mut self) {
+        (**self).abandon()
     }
 
     fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {

@@ -2718,6 +2718,22 @@ impl crate::driver::Driver for TcpFabric {
     fn counters(&self) -> Vec<(&'static str, u64)> {
         TcpFabric::counters(self)
     }
+
+    /// The ring failed: every socket is shut down by a plain system call (the ring can no
+    /// longer close them), so that peers see the end at once (an EOF without DISCONNECT: a
+    /// transport failure, not a graceful close) rather than at their keepalive horizon, and
+    /// the listener stops taking connections that nobody would answer. The descriptors close
+    /// when the fabric is dropped.
+    fn abandon(&mut self) {
+        use std::os::fd::AsFd;
+        let _ = rustix::net::shutdown(self.listener.as_fd(), rustix::net::Shutdown::Both);
+        for id in self.socks.handles() {
+            if let Some(stream) = self.socks.get(id).and_then(|s| s.stream.as_ref()) {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        self.accept_armed = false;
+    }
 }
 
 /// The tcp fabric's ibv_reg_mr: a region is a buffer in a table keyed by its remote key.

@@ -2377,3 +2377,71 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
         info.stats
     );
 }
+
+/// The review of `fabric_lost`: the connections of a lost fabric end as lost (a transport
+/// failure: `conns_lost`, `fabric_transport_errors`, ConnectionLost), not as graceful closes:
+/// the LND's shutdown ran first and closed them gracefully.
+#[test]
+fn a_lost_fabric_ends_its_connections_as_lost_not_as_graceful_closes() {
+    let (mut f, routers) = topology(true, |_| {});
+    let egress = routers[1];
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(1));
+    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    let _ = f.take_events(egress);
+    let now = f.now;
+    f.nodes[egress].fabric_lost(now);
+    let after = f.nodes[egress].nets()[0].lnd_stats.clone();
+    let mut downs = Vec::new();
+    while let Some(e) = f.nodes[egress].poll_event() {
+        if let LnetEvent::PeerDown { reason, .. } = e {
+            downs.push(reason);
+        }
+    }
+    assert_eq!(after.graceful_closes, 0, "{after:?}");
+    assert!(after.fabric_transport_errors > 0, "{after:?}");
+    assert!(!downs.is_empty());
+    assert!(
+        downs
+            .iter()
+            .all(|r| *r == lnd::engine::DownReason::ConnectionLost),
+        "{downs:?}"
+    );
+}
+
+/// The review of `lose_fabric`: a runtime whose driver failed must not keep a thread that
+/// shares it with others from sleeping (the dead driver says it has queued work for good).
+#[test]
+fn a_lost_runtime_does_not_keep_a_shared_thread_from_sleeping() {
+    use lnd::driver::{Driver, MonotonicClock};
+    struct Broken;
+    impl Driver for Broken {
+        fn apply(&mut self, _: Instant, _: lnd::fabric::FabricAction) {}
+        fn poll(
+            &mut self,
+            _: Option<std::time::Duration>,
+            _: &mut dyn lnd::fabric::FabricSink,
+            _: &dyn Fn() -> Instant,
+        ) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(5))
+        }
+        fn set_waker(&mut self, _: std::os::fd::RawFd) {}
+        fn counters(&self) -> Vec<(&'static str, u64)> {
+            Vec::new()
+        }
+    }
+    let clock = MonotonicClock::new();
+    let cfgs = split(node(&[R_A, R_B], &[], true, 30));
+    let node = LnetNode::new(cfgs.into_iter().next().unwrap(), clock.now());
+    let (mut rt, _wake) = crate::runtime::NiRuntime::new(node, Broken, clock).unwrap();
+    assert!(rt.turn(std::time::Duration::from_millis(1)).is_err());
+    rt.lose_fabric();
+    assert!(rt.node().is_fabric_lost());
+    rt.turn(std::time::Duration::from_millis(1)).unwrap();
+    let hint = rt.wait_hint(std::time::Duration::from_secs(1));
+    assert!(hint > std::time::Duration::ZERO, "wait_hint = {hint:?}");
+}

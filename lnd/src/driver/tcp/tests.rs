@@ -1966,3 +1966,35 @@ fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
     assert!(b.downs.contains(&(cn, DownReason::Closed)), "{:?}", b.downs);
     shut_down_both(&mut a, &mut b, &clock);
 }
+
+/// A fabric whose ring failed is abandoned (`Driver::abandon`): its sockets are shut by plain
+/// system calls, so its peer sees the connection end at once, as a transport failure (not a
+/// graceful close, not at its keepalive horizon), and a new connect to its address is refused
+/// instead of waiting in a backlog nobody accepts from.
+#[test]
+fn tcp_an_abandoned_fabric_ends_its_connections_and_listens_no_more() {
+    use crate::driver::Driver;
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    let an = a.ep.nid();
+    let lb = b.ep.stats().clone();
+    let addr = a.fabric.local_addr();
+    a.fabric.abandon();
+    assert!(
+        run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| n[0]
+            .downs
+            .iter()
+            .any(|d| d.0 == an)),
+        "b did not see a go: {:?}",
+        b.downs
+    );
+    assert_eq!(b.downs, vec![(an, DownReason::ConnectionLost)]);
+    let sb = b.ep.stats();
+    assert_eq!(sb.conns_lost, lb.conns_lost + 1, "{sb:?}");
+    assert_eq!(sb.graceful_closes, lb.graceful_closes, "{sb:?}");
+    let refused = TcpStream::connect_timeout(&addr, StdDuration::from_secs(2));
+    assert!(
+        refused.is_err(),
+        "a connect to the abandoned listener: {refused:?}"
+    );
+}
