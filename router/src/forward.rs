@@ -266,7 +266,7 @@ pub enum FwdDrop {
     Loop,
     /// The egress LND could not deliver it to the next hop.
     SendFailed,
-    /// The node is shutting down.
+    /// The node is shutting down, or the fabric it came in on failed.
     Shutdown,
     /// Its next hop is a peer NI the LND reported down (lnet_check_message_drop).
     PeerDown,

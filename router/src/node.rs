@@ -854,8 +854,9 @@ impl LnetNode {
     /// lnet_update_ni_status_locked) and `net show` says `status: down`, and the nodes
     /// routing through us to that net take the route down (avoid_asym_router_failure). The
     /// LND is shut down and every connection ended as the fabric can no longer say it did:
-    /// what they carried fails with its reason (forwards back to their ingress, counted), and
-    /// what comes later is refused at once. The other NIs of the node go on.
+    /// what they carried fails with its reason (forwards back to their ingress, counted), what
+    /// waited here for a router credit or buffer is dropped (counted `shutdown`), and what
+    /// comes later is refused at once. The other NIs of the node go on.
     pub fn fabric_lost(&mut self, now: Instant) {
         self.advance(now);
         for i in 0..self.nis.len() {
@@ -872,6 +873,10 @@ impl LnetNode {
             ep.shutdown(now);
         }
         self.fabric_lost = true;
+        // What waits here for a router credit or a buffer came in on this fabric and can never
+        // be received now; routed GETs into our memory can never get their REPLY.
+        self.drop_waiting_forwards(FwdDrop::Shutdown);
+        self.fail_bulk_gets();
         self.process(now);
     }
 

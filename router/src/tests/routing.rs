@@ -2378,6 +2378,63 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
     );
 }
 
+/// What waits in a lost runtime for a router credit or a buffer is dropped at once, counted
+/// (it came in on the lost fabric and can never be received), not left until the buffers
+/// ahead of it come back; what is already with the egress ends when the egress ends it.
+#[test]
+fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
+    let (mut f, routers) = topology(true, |c| {
+        for ni in &mut c.nis {
+            ni.peer_buffer_credits = 2;
+        }
+    });
+    let (ingress, egress) = (routers[0], routers[1]);
+    f.kill(1);
+    let now = f.now;
+    for i in 0..10 {
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(1));
+    let info = f.nodes[ingress].routing_info();
+    assert_eq!(
+        (info.stats.in_flight, info.stats.waited_rtr_credit),
+        (8, 6),
+        "{:?}",
+        info.stats
+    );
+    let now = f.now;
+    f.nodes[ingress].fabric_lost(now);
+    let info = f.nodes[ingress].routing_info();
+    assert_eq!(info.stats.in_flight, 2, "{:?}", info.stats);
+    assert_eq!(
+        info.stats.dropped_for(FwdDrop::Shutdown),
+        6,
+        "{:?}",
+        info.stats
+    );
+    assert!(info.stats.reconciles(), "{:?}", info.stats);
+    // The two with the egress end as the egress gives up on the dead server.
+    let start = f.now;
+    while f.nodes[ingress].routing_info().stats.in_flight > 0
+        && f.now < start + Duration::from_secs(3600)
+    {
+        f.run_for(Duration::from_secs(10));
+    }
+    let info = f.nodes[ingress].routing_info();
+    assert!(
+        info.stats.reconciles() && info.stats.in_flight == 0,
+        "{:?}",
+        info.stats
+    );
+    for &r in &[ingress, egress] {
+        for p in &f.nodes[r].routing_info().pools {
+            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
+        }
+    }
+}
+
 /// The review of `fabric_lost`: the connections of a lost fabric end as lost (a transport
 /// failure: `conns_lost`, `fabric_transport_errors`, ConnectionLost), not as graceful closes:
 /// the LND's shutdown ran first and closed them gracefully.
