@@ -1587,7 +1587,11 @@ impl Handovers {
             };
             let target = match h.target() {
                 HandoverTarget::Nid(nid) => self.links.list.iter().position(|l| l.nid == nid),
-                HandoverTarget::Net(net) => self.links.list.iter().position(|l| l.nid.net() == net),
+                HandoverTarget::Net(net) => egress_on_net(
+                    self.links.list.iter().map(|l| l.nid),
+                    &self.links.board,
+                    net,
+                ),
             };
             let Some(i) = target else {
                 // The end of a forward of an NI being removed: it still waits for it.
@@ -1638,6 +1642,27 @@ impl Handovers {
             );
         }
     }
+}
+
+/// Which of the NIs (`nids`, in board order) takes a message forwarded to `net`: the first
+/// on that net whose fabric works, so that with two NIs on one net a lost one no longer takes
+/// (and refuses) every forward; the first on the net if none works (it refuses them, counted).
+fn egress_on_net(
+    nids: impl Iterator<Item = Nid>,
+    board: &NetAlive,
+    net: lnd::wire::Net,
+) -> Option<usize> {
+    let mut first = None;
+    for (i, nid) in nids.enumerate() {
+        if nid.net() != net {
+            continue;
+        }
+        if !board.failed(i) {
+            return Some(i);
+        }
+        first.get_or_insert(i);
+    }
+    first
 }
 
 /// One NI's fabric, started.
@@ -2863,5 +2888,25 @@ mod tests {
             (true, Some(10_000 - u64::from(PeerLog::BUDGET) + 1))
         );
         assert_eq!(log.admit(later), (true, None));
+    }
+
+    /// Review of the lost-fabric change: with two NIs on one net, forwards to that net go to
+    /// the one whose fabric works, not always to the first.
+    #[test]
+    fn forwards_to_a_net_skip_an_ni_whose_fabric_failed() {
+        let nids: Vec<Nid> = ["10.0.0.1@o2ib", "10.0.1.1@o2ib1", "10.0.1.2@o2ib1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let board = NetAlive::new(nids.len());
+        let o2ib1 = nids[1].net();
+        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(1));
+        board.fail(1);
+        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(2));
+        board.fail(2);
+        // None works: the first takes them and refuses them.
+        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(1));
+        let o2ib2 = "10.0.2.1@o2ib2".parse::<Nid>().unwrap().net();
+        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib2), None);
     }
 }
