@@ -7,6 +7,10 @@
 //! (a disconnect from the kernel's cm, or error completions), A reports B down and fails every
 //! message still queued with a TxError, all within keepalive + timeout (2 s + 4 s here).
 //!
+//! Then, in the parent alone, a fabric that fails for good (the daemon's `lose_fabric`): C and
+//! D connect, D's fabric is abandoned and D is turned no more; C must learn it from the
+//! disconnect abandon sends, long before its keepalive + timeout (6 s) would tell it.
+//!
 //! Exit 0 on success, 1 with the failed checks otherwise.
 //! Usage: verbs_kill [IP]       (the child is `verbs_kill child IP PORT`)
 
@@ -58,6 +62,9 @@ fn main() {
         .expect("IP");
     let mut checks = Checks::new("verbs_kill");
     if let Err(e) = parent(ip, &mut checks) {
+        checks.fail(e);
+    }
+    if let Err(e) = abandoned(ip, &mut checks) {
         checks.fail(e);
     }
     checks.finish();
@@ -209,4 +216,48 @@ fn parent(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         Err(e) => checks.fail(format!("wait for the child: {e}")),
     }
     result
+}
+
+/// C and D in this process; D's fabric fails for good (abandoned, never turned again).
+fn abandoned(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
+    let (c_nid, d_nid) = (nid("10.0.0.3@o2ib"), nid("10.0.0.4@o2ib"));
+    let book: HashMap<_, _> = [
+        (c_nid, SocketAddr::new(ip, PORT + 2)),
+        (d_nid, SocketAddr::new(ip, PORT + 3)),
+    ]
+    .into();
+    let mut c = Node::new("C", c_nid, 9, book[&c_nid], book.clone(), tune)?;
+    let mut d = Node::new("D", d_nid, 10, book[&d_nid], book, tune)?;
+    c.send(d_nid, payload(3, 0), 0)?;
+    run_until(
+        &mut [&mut c, &mut d],
+        Duration::from_secs(20),
+        "C reaches D",
+        |ns| ns[0].sent_ok == 1 && ns[1].received == 1,
+    )?;
+    let disc0 = c.fabric.stats().disconnects;
+    d.fabric.abandon();
+    let t0 = Instant::now();
+    // Less than keepalive + timeout: only D's disconnect can end it in time.
+    run_until(
+        &mut [&mut c],
+        Duration::from_secs(5),
+        "C learns that D's fabric is gone",
+        |ns| !ns[0].downs.is_empty(),
+    )?;
+    println!(
+        "verbs_kill: ABANDON peer_down_ms={:.1} reason={:?}",
+        t0.elapsed().as_secs_f64() * 1e3,
+        c.downs[0].1
+    );
+    checks.check(
+        c.fabric.stats().disconnects > disc0,
+        "C saw D's abandoned fabric as a disconnect, not by its keepalive",
+    );
+    common::shutdown_all(&mut [&mut c], Duration::from_secs(10))?;
+    checks.check(
+        c.fabric.connections() == 0,
+        "C reclaimed the connection (fabric holds none)",
+    );
+    Ok(())
 }

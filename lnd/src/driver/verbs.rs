@@ -1108,6 +1108,30 @@ impl VerbsFabric {
         }
     }
 
+    /// The fabric failed for good and is polled no more ([`crate::driver::Driver::abandon`]):
+    /// each connection is disconnected (a DREQ, so the peer learns at once rather than at its
+    /// keepalive horizon: the 3FS #426 lesson) and each request not yet answered is rejected,
+    /// without posting what is queued: the failed machinery is not trusted with more work.
+    /// Best effort: on a dead HCA nothing leaves, and the peer's own timeouts end them. The
+    /// listener stays until the fabric is dropped; connects that reach it meanwhile are never
+    /// answered and end at their connect deadline.
+    pub fn abandon(&mut self) {
+        for vc in self.conns.handles() {
+            let c = &mut self.conns[vc];
+            let was = c.phase;
+            c.phase = Phase::Closing;
+            let Some(id) = c.id.as_mut() else { continue };
+            let r = match was {
+                Phase::Established | Phase::Accepting | Phase::Connecting => id.disconnect(),
+                Phase::RequestPending => id.reject(&[]),
+                Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Closing => Ok(()),
+            };
+            if let Err(e) = r {
+                debug!(error = %e, "verbs fabric: abandoning a connection");
+            }
+        }
+    }
+
     fn destroy(&mut self, conn: ConnId) {
         let Some(vc) = self.by_conn.remove(&conn) else {
             self.stats.unknown_actions += 1;
@@ -1519,6 +1543,10 @@ impl crate::driver::Driver for VerbsFabric {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         self.stats.counters()
+    }
+
+    fn abandon(&mut self) {
+        VerbsFabric::abandon(self);
     }
 }
 
