@@ -11,7 +11,8 @@ use core::fmt;
 use core::hash::{Hash, Hasher};
 use core::marker::PhantomData;
 
-use slab::Slab;
+use crate::slots::Slots;
+use crate::trim::Trim;
 
 /// What a handle names; its `NAME` prefixes the handle in logs (`conn#3.7`).
 pub trait Tag {
@@ -100,7 +101,7 @@ impl<T: Tag> fmt::Debug for Handle<T> {
 /// A slab whose keys are [`Handle<K>`]s. Generations count up from 1 (never 0, so a zeroed id
 /// is never live) and wrap within `generation_bits` bits, for drivers that carry them in fewer.
 pub struct HandleSlab<T, K = T> {
-    slots: Slab<(u32, T)>,
+    slots: Slots<(u32, T)>,
     next_generation: u32,
     mask: u32,
     _key: PhantomData<fn() -> K>,
@@ -126,7 +127,7 @@ impl<T, K> HandleSlab<T, K> {
             (1u32 << bits.max(1)) - 1
         };
         HandleSlab {
-            slots: Slab::new(),
+            slots: Slots::new(),
             next_generation: 1,
             mask,
             _key: PhantomData,
@@ -195,7 +196,7 @@ impl<T, K> HandleSlab<T, K> {
         self.slots.capacity()
     }
 
-    /// Gives back spare capacity (after a burst).
+    /// Gives back spare capacity (after a burst): see [`Slots::shrink_to`]. Handles stay valid.
     pub fn shrink_to_fit(&mut self) {
         self.slots.shrink_to_fit();
     }
@@ -217,6 +218,18 @@ impl<T, K> HandleSlab<T, K> {
     /// Every handle, collected (for loops that change the table).
     pub fn handles(&self) -> Vec<Handle<K>> {
         self.iter().map(|(h, _)| h).collect()
+    }
+}
+
+/// Shrinks like [`Slots`]: a live handle is never invalidated, and since generations count
+/// across the whole table a reused slot never answers to an old handle.
+impl<T, K> Trim for HandleSlab<T, K> {
+    fn trim(&mut self, floor: usize) -> bool {
+        self.slots.trim(floor)
+    }
+
+    fn capacity_len(&self) -> (usize, usize) {
+        self.slots.capacity_len()
     }
 }
 

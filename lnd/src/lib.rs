@@ -4,7 +4,8 @@
 //!   Lustre and parsed through checked views that never panic.
 //! - [`time`] and [`wheel`]: our own instants (the core never reads a clock) and the hierarchical
 //!   timer wheel that holds every deadline; [`handle`]: the one generational handle type every
-//!   table's keys use.
+//!   table's keys use; [`slots`]: the slab under them; [`trim`]: how tables give memory back
+//!   after a burst.
 //! - [`fabric`]: the boundary below the engine (actions out, events into a `FabricSink`).
 //! - [`engine`]: the sans-IO o2ib LND, one `Endpoint` per NI.
 //! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
@@ -22,7 +23,9 @@ pub mod fabric;
 pub mod handle;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod slots;
 pub mod sys;
 pub mod time;
+pub mod trim;
 pub mod wheel;
 pub mod wire;

@@ -2622,6 +2622,59 @@ mod tests {
         w.now() + Duration::from_secs(secs)
     }
 
+    /// Audit F5: a burst of messages queued behind credits (to a healthy peer, delivered) or
+    /// behind a connection that never comes (to a crashed peer, failed) used to leave every table
+    /// and queue at its peak for good. Once it is over, the trim gives the room back within a
+    /// few intervals, even while light traffic goes on (which the burst's highest slab keys
+    /// would otherwise keep busy).
+    #[test]
+    fn a_burst_leaves_no_peak_capacity_behind() {
+        use crate::trim::{TRIM_FLOOR, TRIM_INTERVAL};
+        const BURST: u64 = 50_000;
+        for crashed in [false, true] {
+            let mut w = world(7);
+            let a = node(&mut w, "10.0.0.1@o2ib", 1);
+            let b = node(&mut w, "10.0.0.2@o2ib", 2);
+            if crashed {
+                w.crash(b);
+            }
+            let cookies = send_n(&mut w, a, b, BURST, 64);
+            let peak = w.endpoint(a).unwrap().capacities();
+            let txs = peak.iter().find(|c| c.name == "txs").unwrap();
+            assert!(txs.capacity >= BURST as usize, "{peak:?}");
+            assert!(w.run_until_idle(limit(&w, 600)), "crashed {crashed}");
+            let failed = cookies
+                .iter()
+                .filter(|c| !w.outcome(**c).is_some_and(|(_, o)| o.is_delivered()))
+                .count();
+            assert_eq!(failed == BURST as usize, crashed, "{failed} failed");
+            // A little traffic afterwards, to the peer if it is up.
+            let (src, dst) = (w.nid_of(a), w.nid_of(b));
+            for i in 0..100 {
+                if !crashed {
+                    w.send(a, dst, put_hdr(src, dst, 64, i), vec![0; 64]);
+                }
+                w.run_for(Duration::from_nanos(TRIM_INTERVAL.as_nanos() / 5));
+            }
+            w.run_for(TRIM_INTERVAL * 3);
+            let after = w.endpoint(a).unwrap().capacities();
+            for c in &after {
+                assert!(
+                    c.capacity <= 2 * TRIM_FLOOR,
+                    "crashed {crashed}: {} keeps {} after the burst: {after:?}",
+                    c.name,
+                    c.capacity
+                );
+            }
+            let ep = w.endpoint(a).unwrap();
+            assert!(
+                ep.state_bytes() < 1 << 20,
+                "{} bytes kept",
+                ep.state_bytes()
+            );
+        }
+    }
+
     /// The per-pair counter sees each CONN_RACE reject once, whichever side sends it, and
     /// nothing else.
     #[test]

@@ -28,7 +28,7 @@
 //!   ("cascading"); each entry moves down at most once per level.
 //!
 //! Unlike tokio, which threads raw pointers through intrusive lists and
-//! therefore needs `unsafe`, entries live in a [`slab::Slab`] and the
+//! therefore needs `unsafe`, entries live in a [`Slots`] slab and the
 //! per-slot doubly linked lists are threaded through slab *indices*
 //! (`prev`/`next` as `u32`, `NIL` = `u32::MAX`). Insert is "push on a
 //! slot's list head", cancel is "unlink by index"; both O(1), neither
@@ -81,7 +81,8 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use slab::Slab;
+use crate::slots::Slots;
+use crate::trim::Trim;
 
 use crate::handle::{Handle, Tag};
 use crate::time::{Duration, Instant};
@@ -171,7 +172,7 @@ impl Ready {
 ///
 /// See the [module documentation](self) for the design.
 pub struct TimerWheel<T> {
-    entries: Slab<Entry<T>>,
+    entries: Slots<Entry<T>>,
     levels: [Level; NUM_LEVELS],
     /// Entries whose tick has been processed, ascending by
     /// `(deadline, seq)`. Every entry here precedes every entry still in
@@ -200,7 +201,7 @@ impl<T> TimerWheel<T> {
     /// the entry storage has to grow.
     pub fn with_capacity(start: Instant, tick: Duration, cap: usize) -> Self {
         TimerWheel {
-            entries: Slab::with_capacity(cap),
+            entries: Slots::with_capacity(cap),
             levels: [Level::EMPTY; NUM_LEVELS],
             ready: VecDeque::with_capacity(16),
             start,
@@ -224,12 +225,7 @@ impl<T> TimerWheel<T> {
         let when = self.tick_for(deadline);
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
-        let vacant = self.entries.vacant_entry();
-        let index = match u32::try_from(vacant.key()) {
-            Ok(i) if i != NIL => i,
-            _ => panic!("TimerWheel: more than u32::MAX - 1 pending timers"),
-        };
-        vacant.insert(Entry {
+        let key = self.entries.insert(Entry {
             value,
             deadline,
             when,
@@ -239,6 +235,10 @@ impl<T> TimerWheel<T> {
             level: 0,
             slot: 0,
         });
+        let index = match u32::try_from(key) {
+            Ok(i) if i != NIL => i,
+            _ => panic!("TimerWheel: more than u32::MAX - 1 pending timers"),
+        };
         self.schedule(index);
         TimerKey::from_parts(index, seq as u32)
     }
@@ -540,6 +540,22 @@ impl<T> fmt::Debug for TimerWheel<T> {
             .field("ready", &self.ready.len())
             .field("next_deadline", &self.next_deadline())
             .finish()
+    }
+}
+
+/// After a burst of timers (one per message in flight) the entry slab and the ready queue keep
+/// their peak room; this gives it back. Entries never move, so keys and the index links stay
+/// valid.
+impl<T> Trim for TimerWheel<T> {
+    fn trim(&mut self, floor: usize) -> bool {
+        let entries = self.entries.trim(floor);
+        let ready = self.ready.trim(floor);
+        entries || ready
+    }
+
+    fn capacity_len(&self) -> (usize, usize) {
+        let (n, cap) = self.entries.capacity_len();
+        (n, cap + self.ready.capacity())
     }
 }
 

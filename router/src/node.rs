@@ -9,6 +9,7 @@ use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendE
 use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
 use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::time::{Duration, Instant};
+use lnd::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
 use lnd::wheel::TimerWheel;
 use lnd::wire::kib::MAX_INLINE;
 use lnd::wire::lnet::{
@@ -450,6 +451,10 @@ pub struct LnetNode {
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk::RoutedGet>,
     bulk_get_deadlines: BTreeSet<(Instant, u64)>,
+    /// When to give back the room a burst left in the tables and queues (see `lnd::trim`):
+    /// set when one grows past the floor, kept while one is still large, so an idle node with
+    /// small tables has no such timer. The LNDs trim their own.
+    trim_at: Option<Instant>,
 }
 
 impl LnetNode {
@@ -559,6 +564,7 @@ impl LnetNode {
             bulk_owned: 0,
             bulk_gets: HashMap::new(),
             bulk_get_deadlines: BTreeSet::new(),
+            trim_at: None,
         }
     }
 
@@ -676,6 +682,9 @@ impl LnetNode {
         self.expire_bulk_gets(now);
         self.ping_gateways();
         self.recover_peers();
+        if self.trim_at.is_some_and(|t| t <= now) {
+            self.trim();
+        }
         self.process(now);
     }
 
@@ -708,6 +717,87 @@ impl LnetNode {
                 break;
             }
         }
+        // Where a burst shows: the messages and held forwards (every queue holds their keys),
+        // and the events the user has not taken yet. A few compares per input, no more.
+        if self.trim_at.is_none()
+            && (self.msgs.slots.capacity() > TRIM_FLOOR
+                || self.fwds.capacity() > TRIM_FLOOR
+                || self.events.capacity() > TRIM_FLOOR)
+        {
+            self.trim_at = Some(self.now + TRIM_INTERVAL);
+        }
+    }
+
+    /// Gives back the room a burst left in the node's tables and queues (see `lnd::trim`), and
+    /// looks again in [`TRIM_INTERVAL`] while any is still large (busy, or a slab held at its
+    /// size by a live entry near its top: entries are never moved, so a cookie or a held
+    /// message's key stays valid).
+    fn trim(&mut self) {
+        self.trim_at = None;
+        let before: usize = self.capacities().iter().map(|c| c.capacity).sum();
+        let mut large = false;
+        large |= self.msgs.slots.trim(TRIM_FLOOR);
+        large |= self.fwds.trim(TRIM_FLOOR);
+        large |= self.refused.trim(TRIM_FLOOR);
+        large |= self.local.trim(TRIM_FLOOR);
+        large |= self.pings.trim(TRIM_FLOOR);
+        large |= self.events.trim(TRIM_FLOOR);
+        large |= self.fwd_ready.trim(TRIM_FLOOR);
+        large |= self.handovers.trim(TRIM_FLOOR);
+        large |= self.route_used.trim(TRIM_FLOOR);
+        large |= self.bulk_gets.trim(TRIM_FLOOR);
+        large |= self.peer_ages.trim(TRIM_FLOOR);
+        large |= self.mds.trim();
+        for pool in &mut self.pools.0 {
+            large |= pool.waiting.trim(TRIM_FLOOR);
+        }
+        for ni in &mut self.nis {
+            large |= ni.delayed.trim(TRIM_FLOOR);
+        }
+        for p in self.peers.values_mut() {
+            large |= p.txq.trim(TRIM_FLOOR_SMALL);
+            large |= p.rtrq.trim(TRIM_FLOOR_SMALL);
+        }
+        let after: usize = self.capacities().iter().map(|c| c.capacity).sum();
+        if after < before {
+            debug!(
+                before,
+                after, "LNet tables trimmed after a burst (entries of room)"
+            );
+        }
+        if large {
+            self.trim_at = Some(self.now + TRIM_INTERVAL);
+        }
+    }
+
+    /// What each of the node's tables holds and the room it keeps (per-peer and per-NI queues
+    /// summed), for tests and tools; the LNDs report theirs through
+    /// [`Endpoint::capacities`](lnd::engine::Endpoint::capacities).
+    pub fn capacities(&self) -> Vec<Capacity> {
+        let mut r = CapacityReport::default();
+        r.add("msgs", &self.msgs.slots);
+        r.add("fwds", &self.fwds);
+        r.add("refused", &self.refused);
+        r.add("local", &self.local);
+        r.add("pings", &self.pings);
+        r.add("events", &self.events);
+        r.add("fwd_ready", &self.fwd_ready);
+        r.add("handovers", &self.handovers);
+        r.add("route_used", &self.route_used);
+        r.add("bulk_gets", &self.bulk_gets);
+        r.add("peer_ages", &self.peer_ages);
+        self.mds.capacities(&mut r);
+        for pool in &self.pools.0 {
+            r.add("pool_waiting", &pool.waiting);
+        }
+        for ni in &self.nis {
+            r.add("ni_delayed", &ni.delayed);
+        }
+        for p in self.peers.values() {
+            r.add("peer_txq", &p.txq);
+            r.add("peer_rtrq", &p.rtrq);
+        }
+        r.finish()
     }
 
     /// The next fabric action of any NI, with the NI it is for.
@@ -736,7 +826,7 @@ impl LnetNode {
         .min();
         let aging = self.peer_ages.next_deadline();
         let gateways = self.gateways.next_deadline();
-        [lnd, ping, aging, gateways, self.recovery_tick]
+        [lnd, ping, aging, gateways, self.recovery_tick, self.trim_at]
             .into_iter()
             .flatten()
             .min()

@@ -66,6 +66,7 @@ impl Endpoint {
                         }
                     }
                 }
+                TimerEvent::Trim => self.trim(),
                 TimerEvent::Reconnect(p) => {
                     let Some(peer) = self.peers.get_mut(p) else {
                         continue;
@@ -118,7 +119,58 @@ impl Endpoint {
             disagreed_at: None,
         });
         self.peer_index.insert(nid, p);
+        self.note_growth(self.peers.capacity());
         Some(p)
+    }
+
+    /// Arms the trim once a table has grown past [`TRIM_FLOOR`]. Only a compare when it is
+    /// already armed or the table is small, so it may sit on the per-message path.
+    #[inline]
+    pub(super) fn note_growth(&mut self, capacity: usize) {
+        if capacity > TRIM_FLOOR && !self.trim_armed {
+            self.arm_trim();
+        }
+    }
+
+    fn arm_trim(&mut self) {
+        self.trim_armed = true;
+        self.wheel
+            .insert(self.now + TRIM_INTERVAL, TimerEvent::Trim);
+    }
+
+    /// Gives back the room a burst left in the tables and queues (see [`crate::trim`]), and
+    /// looks again in [`TRIM_INTERVAL`] while any is still large (busy, or a slab held at its
+    /// size by a live entry near its top: entries are never moved).
+    fn trim(&mut self) {
+        self.trim_armed = false;
+        let before = self.state_bytes();
+        let mut large = false;
+        large |= self.txs.trim(TRIM_FLOOR);
+        large |= self.conns.trim(TRIM_FLOOR);
+        large |= self.peers.trim(TRIM_FLOOR);
+        large |= self.peer_index.trim(TRIM_FLOOR);
+        large |= self.learned_orders.trim(TRIM_FLOOR);
+        large |= self.wheel.trim(TRIM_FLOOR);
+        large |= self.actions.trim(TRIM_FLOOR);
+        large |= self.events.trim(TRIM_FLOOR);
+        if let Some(q) = self.capture.as_mut() {
+            large |= q.trim(TRIM_FLOOR);
+        }
+        for (_, c) in self.conns.iter_mut() {
+            large |= c.tx_rsrvd.trim(TRIM_FLOOR_SMALL);
+            large |= c.tx_cred.trim(TRIM_FLOOR_SMALL);
+            large |= c.tx_nocred.trim(TRIM_FLOOR_SMALL);
+        }
+        for (_, p) in self.peers.iter_mut() {
+            large |= p.tx_queue.trim(TRIM_FLOOR_SMALL);
+        }
+        let after = self.state_bytes();
+        if after < before {
+            debug!(nid = %self.cfg.nid, before, after, "LND tables trimmed after a burst");
+        }
+        if large {
+            self.arm_trim();
+        }
     }
 
     /// Forgets a peer that has no connection (not even a zombie), no connect under way and

@@ -504,6 +504,7 @@ impl Endpoint {
         queue_depth: u16,
         max_frags: u16,
     ) -> ConnId {
+        self.note_growth(self.conns.capacity());
         self.conns.insert(Conn {
             peer,
             state: ConnState::Init,

@@ -43,7 +43,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use slab::Slab;
 use tracing::{debug, error, trace, warn};
 
 pub use config::{ChecksumConfig, EndpointConfig, RaceOrder, RacePolicy, Tunables};
@@ -57,7 +56,9 @@ use crate::fabric::{
     PrivateData, RemoteFrag, RequestId, WcStatus, WrId,
 };
 use crate::handle::{Handle, HandleSlab, Tag};
+use crate::slots::Slots;
 use crate::time::{Duration, Instant};
+use crate::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
 use crate::wheel::{TimerKey, TimerWheel};
 use crate::wire::kib::{
     CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, EMSGSIZE, ENODATA, EPROTO, MAX_INLINE,
@@ -113,6 +114,8 @@ enum TimerEvent {
     Reconnect(PeerIdx),
     /// connd: an active connect has gone unanswered for `connect_hedge`.
     Hedge(ConnId),
+    /// connd: give back the room a burst left in the tables (see [`crate::trim`]).
+    Trim,
 }
 
 enum TxBody {
@@ -369,7 +372,7 @@ pub struct Endpoint {
     conns: HandleSlab<Conn, crate::fabric::ConnTag>,
     /// Peers with a connection, a connect under way, or something queued; an idle one is
     /// forgotten (`maybe_forget`), so the slot of a forgotten peer is never referred to.
-    peers: Slab<Peer>,
+    peers: Slots<Peer>,
     peer_index: HashMap<Nid, PeerIdx>,
     /// The race order learned for peers that order NIDs unlike our NI (kept when the peer itself
     /// is forgotten, bounded by the peer limit).
@@ -390,6 +393,9 @@ pub struct Endpoint {
     pool: Vec<Vec<u8>>,
     /// Copies of every message sent and received while a capture is on (`lnetctl capture`).
     capture: Option<VecDeque<Captured>>,
+    /// A [`TimerEvent::Trim`] is pending: armed when a table grows past [`TRIM_FLOOR`], kept
+    /// while one is still large, so an endpoint with small tables has no such timer.
+    trim_armed: bool,
 }
 
 /// Buffers the engine keeps for reuse; beyond this, given-back buffers are freed.
@@ -425,7 +431,7 @@ impl Endpoint {
         Endpoint {
             now,
             conns: HandleSlab::new(),
-            peers: Slab::new(),
+            peers: Slots::new(),
             peer_index: HashMap::new(),
             learned_orders: HashMap::new(),
             txs: HandleSlab::new(),
@@ -439,6 +445,7 @@ impl Endpoint {
             leaks: Arc::new(AtomicU64::new(0)),
             pool: Vec::new(),
             capture: None,
+            trim_armed: false,
             cfg,
         }
     }
@@ -498,6 +505,8 @@ impl Endpoint {
             peer,
             bytes: bytes.to_vec(),
         });
+        let cap = q.capacity();
+        self.note_growth(cap);
     }
 
     /// This NI's NID.
@@ -606,6 +615,32 @@ impl Endpoint {
             + self.txs.capacity() * size_of::<Tx>()
             + self.wheel.len() * 48
             + queues
+    }
+
+    /// What each table holds and the room it keeps (per-peer and per-connection queues summed),
+    /// for tests and tools: what a burst left behind, and what the trim gave back.
+    pub fn capacities(&self) -> Vec<Capacity> {
+        let mut r = CapacityReport::default();
+        r.add("txs", &self.txs);
+        r.add("conns", &self.conns);
+        r.add("peers", &self.peers);
+        r.add("peer_index", &self.peer_index);
+        r.add("learned_orders", &self.learned_orders);
+        r.add("timers", &self.wheel);
+        r.add("actions", &self.actions);
+        r.add("events", &self.events);
+        if let Some(q) = &self.capture {
+            r.add("capture", q);
+        }
+        for (_, c) in self.conns.iter() {
+            r.add("conn_queues", &c.tx_rsrvd);
+            r.add("conn_queues", &c.tx_cred);
+            r.add("conn_queues", &c.tx_nocred);
+        }
+        for (_, p) in self.peers.iter() {
+            r.add("peer_queues", &p.tx_queue);
+        }
+        r.finish()
     }
 
     /// Messages accepted by `send` and not yet finished.

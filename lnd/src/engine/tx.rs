@@ -171,7 +171,7 @@ impl Endpoint {
     }
 
     pub(super) fn new_tx(&mut self, peer: PeerIdx, body: TxBody, cookie: Option<u64>) -> TxKey {
-        self.txs.insert(Tx {
+        let key = self.txs.insert(Tx {
             peer,
             body,
             cookie,
@@ -180,7 +180,11 @@ impl Endpoint {
             queued_at: self.now,
             waiting: false,
             status: 0,
-        })
+        });
+        // Every queue a burst grows holds these messages (or their actions and events), so the
+        // message table is where a burst is noticed.
+        self.note_growth(self.txs.capacity());
+        key
     }
 
     pub(super) fn tx_live(&self, key: TxKey) -> bool {

@@ -110,6 +110,26 @@ pub(super) struct Mds {
 type MatchKey = (usize, u32, u64, bool);
 
 impl Mds {
+    /// Gives back the room a burst of posted MDs left (see `lnd::trim`); whether any table is
+    /// still large.
+    pub(super) fn trim(&mut self) -> bool {
+        use lnd::trim::{Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL};
+        let mut large = self.posted.trim(TRIM_FLOOR);
+        large |= self.by_match.trim(TRIM_FLOOR);
+        for ids in self.by_match.values_mut() {
+            large |= ids.trim(TRIM_FLOOR_SMALL);
+        }
+        large
+    }
+
+    pub(super) fn capacities(&self, r: &mut lnd::trim::CapacityReport) {
+        r.add("mds", &self.posted);
+        r.add("md_match", &self.by_match);
+        for ids in self.by_match.values() {
+            r.add("md_match_queues", ids);
+        }
+    }
+
     fn post(&mut self, md: Md) -> MdId {
         self.next += 1;
         let key = (md.buf.ni.0, md.portal, md.match_bits, md.sink);

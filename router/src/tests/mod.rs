@@ -1309,3 +1309,51 @@ fn our_own_queued_puts_do_not_shed_the_answer_to_a_healthy_peer() {
         pings[0].2
     );
 }
+
+/// Audit F5: a burst of PUTs queued behind the peer's credits (to a healthy peer: delivered) or
+/// behind a peer that died (failed, most as expired) used to leave the node's message slab and
+/// queues, and its LND's, at their peak for good: hundreds of MB for a daemon that once
+/// absorbed one. Once the burst is over and the node has been quiet a while, every table is
+/// back near its floor, on the node and in the LND.
+#[test]
+fn a_burst_of_queued_puts_leaves_no_peak_capacity_behind() {
+    use lnd::trim::{TRIM_FLOOR, TRIM_INTERVAL};
+    const BURST: u64 = 50_000;
+    for dead in [false, true] {
+        let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+        let b = nid("10.0.0.2@o2ib");
+        let now = f.now;
+        f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+        f.run_for(Duration::from_secs(2));
+        f.take_events(0);
+        if dead {
+            f.kill(1);
+        }
+        let now = f.now;
+        for i in 0..BURST {
+            f.nodes[0].send_put(now, b, 4, i, vec![0; 64]).unwrap();
+        }
+        let peak = f.nodes[0].capacities();
+        let msgs = peak.iter().find(|c| c.name == "msgs").unwrap();
+        assert!(msgs.capacity >= BURST as usize, "{peak:?}");
+        f.run_for(Duration::from_secs(250));
+        let results = routing::put_results(&f.take_events(0));
+        assert_eq!(results.len() as u64, BURST, "every PUT ended");
+        assert_eq!(results.iter().all(|r| r.is_ok()), !dead);
+        assert_eq!(f.nodes[0].stats().msgs_alloc, 0);
+        // Quiet for a few trim intervals.
+        f.run_for(TRIM_INTERVAL * 4);
+        let node = &f.nodes[0];
+        let lnd = node.endpoint(NiIndex(0)).unwrap();
+        for c in node.capacities().iter().chain(&lnd.capacities()) {
+            assert!(
+                c.capacity <= 2 * TRIM_FLOOR,
+                "dead {dead}: {} keeps room for {} after the burst: node {:?}, LND {:?}",
+                c.name,
+                c.capacity,
+                node.capacities(),
+                lnd.capacities()
+            );
+        }
+    }
+}
