@@ -54,6 +54,14 @@ use router::yaml_config::{DaemonConfig, FabricKind};
 use router::{BufferCounts, Handover, HandoverTarget, LnetEvent, LnetNode};
 use tracing::{debug, error, info, warn};
 
+/// jemalloc rather than glibc's malloc: after a burst (tens of thousands of messages or peers),
+/// the tables give their room back (`lnd::trim`), but glibc keeps the freed pages of an NI
+/// thread's arena as long as anything above them lives, so the daemon's RSS stayed at its peak
+/// (20,000 pings to unreachable peers: 8 -> 90 MB, and 77 MB for good). jemalloc returns freed
+/// pages to the system after a short decay.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// How long the loop may block before it looks at control requests and signals again.
 const MAX_WAIT: StdDuration = StdDuration::from_millis(20);
 /// How long a graceful shutdown may take before the daemon exits anyway.
