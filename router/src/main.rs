@@ -1781,6 +1781,17 @@ fn start_fabric(
     stopping: &dyn Fn() -> bool,
 ) -> Result<NiFabric, String> {
     let nid = ni.ni.nid;
+    if nid.net().lnd() != lnd::wire::LndType::O2ib {
+        // Kernel Lustre speaks another LND on such a net (ksocklnd on tcp nets, port 988): its
+        // nodes would fail to connect here with nothing on either side saying why.
+        warn!(
+            %nid,
+            "net {} is not an o2ib net: ulnet speaks o2iblnd on every NI, so kernel Lustre \
+             nodes on this net ({}) cannot connect to this NI; only ulnet nodes can",
+            nid.net(),
+            if nid.net().lnd() == lnd::wire::LndType::Tcp { "ksocklnd" } else { "another LND" }
+        );
+    }
     let peers = peers.clone();
     let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
         FabricKind::Tcp => {

@@ -430,3 +430,26 @@ fn config_errors_speak_the_files_terms() {
         );
     }
 }
+
+/// The operator audit (§12): a `net type: tcp` NI is served with o2iblnd, which kernel Lustre
+/// nodes on a tcp net (ksocklnd) cannot talk to. The daemon says so at start, once per such NI,
+/// and not for an o2ib NI; ulnet nodes still reach it.
+#[test]
+fn a_tcp_net_ni_is_started_with_a_warning_that_kernel_nodes_cannot_reach_it() {
+    let dir = Scratch::new("tcp_net");
+    let yaml = "net:\n    - net type: tcp\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.0.1@tcp\n          listen: 127.0.0.1:0\n\
+         \n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.1.1@o2ib\n          listen: 127.0.0.1:0\n";
+    let d = start_yaml(&dir.0, "t", yaml, Opts::default());
+    // The tcp NI is up and answers (ping_until_ok fails the test otherwise).
+    ping_until_ok(&d, "127.0.0.1@tcp", Duration::from_secs(10));
+    let log = strip_ansi(&std::fs::read_to_string(&d.log).unwrap());
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("not an o2ib net"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(
+        warned[0].contains("127.0.0.1@tcp") && warned[0].contains("ksocklnd"),
+        "{log}"
+    );
+}
