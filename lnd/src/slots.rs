@@ -25,8 +25,15 @@ enum Entry<T> {
 pub struct Slots<T> {
     entries: Vec<Entry<T>>,
     len: usize,
-    /// The first free key, or [`NONE`] (then the next value goes at the end).
+    /// The first free key below `limit`, or [`NONE`].
     free: usize,
+    /// The first free key at or above `limit`, or [`NONE`]: used only when `free` is empty.
+    /// Without it a key freed at the top went back to the head of the one list and was taken
+    /// again by the next insert, so a steady load (a window of messages in flight) kept living
+    /// at the burst's top keys and the table never shrank (review of the trim).
+    free_high: usize,
+    /// Keys below this are used first: the room the last shrink kept (`usize::MAX` before any).
+    limit: usize,
 }
 
 impl<T> Default for Slots<T> {
@@ -42,6 +49,8 @@ impl<T> Slots<T> {
             entries: Vec::new(),
             len: 0,
             free: NONE,
+            free_high: NONE,
+            limit: usize::MAX,
         }
     }
 
@@ -51,19 +60,26 @@ impl<T> Slots<T> {
             entries: Vec::with_capacity(cap),
             len: 0,
             free: NONE,
+            free_high: NONE,
+            limit: usize::MAX,
         }
     }
 
     /// Stores `value` and returns its key.
     pub fn insert(&mut self, value: T) -> usize {
         self.len += 1;
-        if self.free == NONE {
+        let head = if self.free != NONE {
+            &mut self.free
+        } else {
+            &mut self.free_high
+        };
+        if *head == NONE {
             self.entries.push(Entry::Occupied(value));
             return self.entries.len() - 1;
         }
-        let key = self.free;
+        let key = *head;
         match core::mem::replace(&mut self.entries[key], Entry::Occupied(value)) {
-            Entry::Vacant(next) => self.free = next,
+            Entry::Vacant(next) => *head = next,
             Entry::Occupied(_) => unreachable!("the free list names an occupied slot"),
         }
         key
@@ -96,10 +112,15 @@ impl<T> Slots<T> {
         if matches!(slot, Entry::Vacant(_)) {
             return None;
         }
-        let Entry::Occupied(v) = core::mem::replace(slot, Entry::Vacant(self.free)) else {
+        let head = if key < self.limit {
+            &mut self.free
+        } else {
+            &mut self.free_high
+        };
+        let Entry::Occupied(v) = core::mem::replace(slot, Entry::Vacant(*head)) else {
             unreachable!("checked occupied above");
         };
-        self.free = key;
+        *head = key;
         self.len -= 1;
         Some(v)
     }
@@ -166,10 +187,17 @@ impl<T> Slots<T> {
             self.entries.pop();
         }
         self.free = NONE;
+        self.free_high = NONE;
+        self.limit = min.max(1);
         for (k, e) in self.entries.iter_mut().enumerate().rev() {
             if let Entry::Vacant(next) = e {
-                *next = self.free;
-                self.free = k;
+                let head = if k < self.limit {
+                    &mut self.free
+                } else {
+                    &mut self.free_high
+                };
+                *next = *head;
+                *head = k;
             }
         }
         self.entries.shrink_to(min.max(self.entries.len()));
@@ -274,5 +302,123 @@ mod tests {
         assert!(s.trim(64), "busy and large: look again later");
         assert_eq!(s.capacity(), cap);
         assert_eq!(s.len(), 1000);
+    }
+
+    /// The review of the trim: after a burst, a steady window of values in flight (one freed,
+    /// one stored, as a credit window of messages does) must not keep living at the burst's
+    /// top keys; within a few trims the table is back at its floor.
+    #[test]
+    fn a_steady_window_after_a_burst_lets_the_table_shrink() {
+        use crate::trim::TRIM_FLOOR;
+        for window in [10usize, 100, 400] {
+            for in_order in [true, false] {
+                let mut s = Slots::new();
+                let keys: Vec<usize> = (0..65_536).map(|i| s.insert(i)).collect();
+                for k in keys {
+                    s.remove(k);
+                }
+                let mut live: std::collections::VecDeque<usize> = Default::default();
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+                for step in 0..400_000usize {
+                    if live.len() < window {
+                        live.push_back(s.insert(step));
+                    } else {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let i = if in_order {
+                            0
+                        } else {
+                            rng as usize % live.len()
+                        };
+                        let k = live.remove(i).expect("in range");
+                        s.remove(k);
+                    }
+                    if step % 50_000 == 0 {
+                        s.trim(TRIM_FLOOR);
+                    }
+                }
+                s.trim(TRIM_FLOOR);
+                assert!(
+                    s.capacity() <= 2 * TRIM_FLOOR,
+                    "window {window}, in order {in_order}: room for {} kept",
+                    s.capacity()
+                );
+            }
+        }
+    }
+
+    /// Every key either holds the model's value or none, and the two free lists name every
+    /// vacant slot once and nothing else, whatever mix of inserts, removes and shrinks.
+    mod model {
+        use super::super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Insert,
+            Remove(usize),
+            Shrink(usize),
+            Trim(usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => Just(Op::Insert),
+                3 => (0usize..300).prop_map(Op::Remove),
+                1 => (0usize..200).prop_map(Op::Shrink),
+                1 => (0usize..64).prop_map(Op::Trim),
+            ]
+        }
+
+        fn check(s: &Slots<u64>, model: &BTreeMap<usize, u64>) {
+            assert_eq!(s.len(), model.len());
+            for k in 0..s.entries.len() + 5 {
+                assert_eq!(s.get(k), model.get(&k), "key {k}");
+            }
+            let mut seen = vec![false; s.entries.len()];
+            let mut n = 0;
+            for start in [s.free, s.free_high] {
+                let mut f = start;
+                while f != NONE {
+                    assert!(f < s.entries.len(), "free list names {f}");
+                    assert!(!seen[f], "free list cycles at {f}");
+                    seen[f] = true;
+                    match s.entries[f] {
+                        Entry::Vacant(next) => f = next,
+                        Entry::Occupied(_) => panic!("occupied slot {f} on a free list"),
+                    }
+                    n += 1;
+                }
+            }
+            assert_eq!(n, s.entries.len() - s.len, "free lists' length");
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(500))]
+            #[test]
+            fn slots_match_a_model(ops in proptest::collection::vec(op(), 0..400)) {
+                let mut s: Slots<u64> = Slots::new();
+                let mut model = BTreeMap::new();
+                let mut next = 0u64;
+                for o in ops {
+                    match o {
+                        Op::Insert => {
+                            next += 1;
+                            let k = s.insert(next);
+                            prop_assert!(!model.contains_key(&k));
+                            model.insert(k, next);
+                        }
+                        Op::Remove(k) => prop_assert_eq!(s.try_remove(k), model.remove(&k)),
+                        Op::Shrink(m) => s.shrink_to(m),
+                        Op::Trim(f) => {
+                            s.trim(f);
+                        }
+                    }
+                    check(&s, &model);
+                }
+            }
+        }
     }
 }

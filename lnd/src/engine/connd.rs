@@ -123,11 +123,13 @@ impl Endpoint {
         Some(p)
     }
 
-    /// Arms the trim once a table has grown past [`TRIM_FLOOR`]. Only a compare when it is
-    /// already armed or the table is small, so it may sit on the per-message path.
+    /// Arms the trim once a table has grown past what the last pass left (at first
+    /// [`TRIM_FLOOR`]): a table that stays in the band a pass leaves alone (above the floor,
+    /// not sparse) does not re-arm it at every insert. Only a compare when it is already armed
+    /// or the table is small, so it may sit on the per-message path.
     #[inline]
     pub(super) fn note_growth(&mut self, capacity: usize) {
-        if capacity > TRIM_FLOOR && !self.trim_armed {
+        if capacity > self.trim_mark && !self.trim_armed {
             self.arm_trim();
         }
     }
@@ -143,7 +145,10 @@ impl Endpoint {
     /// size by a live entry near its top: entries are never moved).
     fn trim(&mut self) {
         self.trim_armed = false;
-        let before = self.state_bytes();
+        // The sizes are only for the debug line: a pass on a node with many peers would
+        // otherwise walk them twice more for nothing.
+        let report = tracing::enabled!(tracing::Level::DEBUG);
+        let before = if report { self.state_bytes() } else { 0 };
         let mut large = false;
         large |= self.txs.trim(TRIM_FLOOR);
         large |= self.conns.trim(TRIM_FLOOR);
@@ -164,10 +169,16 @@ impl Endpoint {
         for (_, p) in self.peers.iter_mut() {
             large |= p.tx_queue.trim(TRIM_FLOOR_SMALL);
         }
-        let after = self.state_bytes();
-        if after < before {
-            debug!(nid = %self.cfg.nid, before, after, "LND tables trimmed after a burst");
+        if report {
+            let after = self.state_bytes();
+            if after < before {
+                debug!(nid = %self.cfg.nid, before, after, "LND tables trimmed after a burst");
+            }
         }
+        self.trim_mark = TRIM_FLOOR
+            .max(self.txs.capacity())
+            .max(self.conns.capacity())
+            .max(self.peers.capacity());
         if large {
             self.arm_trim();
         }

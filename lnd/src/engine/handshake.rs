@@ -504,8 +504,7 @@ impl Endpoint {
         queue_depth: u16,
         max_frags: u16,
     ) -> ConnId {
-        self.note_growth(self.conns.capacity());
-        self.conns.insert(Conn {
+        let id = self.conns.insert(Conn {
             peer,
             state: ConnState::Init,
             active,
@@ -533,7 +532,10 @@ impl Endpoint {
             early_rx: Vec::new(),
             rdma_rx: Vec::new(),
             created: self.now,
-        })
+        });
+        // After the insert: the one that grows the table arms the trim.
+        self.note_growth(self.conns.capacity());
+        id
     }
 
     pub(super) fn connect_now(&mut self, p: PeerIdx) {

@@ -396,6 +396,9 @@ pub struct Endpoint {
     /// A [`TimerEvent::Trim`] is pending: armed when a table grows past [`TRIM_FLOOR`], kept
     /// while one is still large, so an endpoint with small tables has no such timer.
     trim_armed: bool,
+    /// The room the last trim pass left in the tables that arm it (at least [`TRIM_FLOOR`]):
+    /// growth past it arms the next pass.
+    trim_mark: usize,
 }
 
 /// Buffers the engine keeps for reuse; beyond this, given-back buffers are freed.
@@ -446,6 +449,7 @@ impl Endpoint {
             pool: Vec::new(),
             capture: None,
             trim_armed: false,
+            trim_mark: TRIM_FLOOR,
             cfg,
         }
     }
