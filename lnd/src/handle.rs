@@ -224,12 +224,12 @@ impl<T, K> HandleSlab<T, K> {
 /// Shrinks like [`Slots`]: a live handle is never invalidated, and since generations count
 /// across the whole table a reused slot never answers to an old handle.
 impl<T, K> Trim for HandleSlab<T, K> {
-    fn trim(&mut self, floor: usize) -> bool {
-        self.slots.trim(floor)
-    }
-
     fn capacity_len(&self) -> (usize, usize) {
         self.slots.capacity_len()
+    }
+
+    fn shrink_room_to(&mut self, min: usize) {
+        self.slots.shrink_room_to(min);
     }
 }
 

@@ -10,7 +10,7 @@
 
 use core::ops;
 
-use crate::trim::{self, Trim};
+use crate::trim::Trim;
 
 /// End of the free list.
 const NONE: usize = usize::MAX;
@@ -205,15 +205,12 @@ impl<T> Slots<T> {
 }
 
 impl<T> Trim for Slots<T> {
-    fn trim(&mut self, floor: usize) -> bool {
-        if trim::is_sparse(self.len, self.capacity(), floor) {
-            self.shrink_to(trim::target(self.len, floor));
-        }
-        trim::still_large(self.capacity(), floor)
-    }
-
     fn capacity_len(&self) -> (usize, usize) {
         (self.len, self.capacity())
+    }
+
+    fn shrink_room_to(&mut self, min: usize) {
+        self.shrink_to(min);
     }
 }
 

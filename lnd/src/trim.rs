@@ -48,52 +48,53 @@ pub fn still_large(capacity: usize, floor: usize) -> bool {
     capacity > floor.saturating_mul(2)
 }
 
-/// A collection that can give memory back.
+/// A collection that can give memory back. A collection says how to measure and shrink
+/// itself; the rule ([`Trim::trim`]) is the same for all.
 pub trait Trim {
-    /// Shrinks the collection if it [`is_sparse`]; returns whether it is [`still_large`].
-    /// Never moves an entry to another key or invalidates a handle.
-    fn trim(&mut self, floor: usize) -> bool;
-
-    /// Entries held and room allocated, for [`Capacity`] reports.
+    /// Entries held and room allocated, for [`Capacity`] reports and the rule.
     fn capacity_len(&self) -> (usize, usize);
+
+    /// Gives back room down to at least `min` entries (less only if it cannot). Never moves an
+    /// entry to another key or invalidates a handle.
+    fn shrink_room_to(&mut self, min: usize);
+
+    /// Shrinks the collection if it [`is_sparse`]; returns whether it is [`still_large`].
+    fn trim(&mut self, floor: usize) -> bool {
+        let (len, capacity) = self.capacity_len();
+        if is_sparse(len, capacity, floor) {
+            self.shrink_room_to(target(len, floor));
+        }
+        still_large(self.capacity_len().1, floor)
+    }
 }
 
 impl<T> Trim for VecDeque<T> {
-    fn trim(&mut self, floor: usize) -> bool {
-        if is_sparse(self.len(), self.capacity(), floor) {
-            self.shrink_to(target(self.len(), floor));
-        }
-        still_large(self.capacity(), floor)
-    }
-
     fn capacity_len(&self) -> (usize, usize) {
         (self.len(), self.capacity())
+    }
+
+    fn shrink_room_to(&mut self, min: usize) {
+        self.shrink_to(min);
     }
 }
 
 impl<T> Trim for Vec<T> {
-    fn trim(&mut self, floor: usize) -> bool {
-        if is_sparse(self.len(), self.capacity(), floor) {
-            self.shrink_to(target(self.len(), floor));
-        }
-        still_large(self.capacity(), floor)
-    }
-
     fn capacity_len(&self) -> (usize, usize) {
         (self.len(), self.capacity())
+    }
+
+    fn shrink_room_to(&mut self, min: usize) {
+        self.shrink_to(min);
     }
 }
 
 impl<K: Eq + Hash, V, S: BuildHasher> Trim for HashMap<K, V, S> {
-    fn trim(&mut self, floor: usize) -> bool {
-        if is_sparse(self.len(), self.capacity(), floor) {
-            self.shrink_to(target(self.len(), floor));
-        }
-        still_large(self.capacity(), floor)
-    }
-
     fn capacity_len(&self) -> (usize, usize) {
         (self.len(), self.capacity())
+    }
+
+    fn shrink_room_to(&mut self, min: usize) {
+        self.shrink_to(min);
     }
 }
 

@@ -557,6 +557,11 @@ impl<T> Trim for TimerWheel<T> {
         let (n, cap) = self.entries.capacity_len();
         (n, cap + self.ready.capacity())
     }
+
+    /// The entry table's room (the ready queue is trimmed on its own by [`Trim::trim`]).
+    fn shrink_room_to(&mut self, min: usize) {
+        self.entries.shrink_room_to(min);
+    }
 }
 
 #[cfg(test)]
