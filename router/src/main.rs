@@ -62,6 +62,17 @@ use tracing::{debug, error, info, warn};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's purging threads: one is enough for a daemon whose allocations come from a few NI
+/// threads (jemalloc's default is one per CPU: 64 idle threads in `ps` on a 64-core router).
+const ALLOCATOR_THREADS: usize = 1;
+
+/// Caps jemalloc's background threads before any other thread starts (they are created
+/// lazily, per arena in use; the allocator's build turns them on). A failure only costs idle
+/// threads: logged, never fatal.
+fn limit_allocator_threads() -> Result<(), String> {
+    tikv_jemalloc_ctl::max_background_threads::write(ALLOCATOR_THREADS).map_err(|e| e.to_string())
+}
+
 /// How long the loop may block before it looks at control requests and signals again.
 const MAX_WAIT: StdDuration = StdDuration::from_millis(20);
 /// How long a graceful shutdown may take before the daemon exits anyway.
@@ -183,6 +194,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(args.log_format);
+    if let Err(e) = limit_allocator_threads() {
+        warn!(error = %e, "cannot limit the allocator's background threads");
+    }
     // Errors go to stderr once, as one line: before the daemon runs there is no log to keep.
     if args.no_nis && args.ni_threads == NiThreads::Shared {
         eprintln!(

@@ -79,6 +79,11 @@ fn two_ni_daemon_answers_on_both_nets_while_one_peer_is_frozen() {
         !stuck.is_finished(),
         "the pings of the frozen B ended before the pings of C: nothing was waiting"
     );
+    // Every thread has allocated by now (one allocator arena each): the allocator purges with
+    // one background thread, not one per arena up to the CPU count.
+    let names = thread_names(&r);
+    let purgers = names.iter().filter(|n| n.starts_with("jemalloc")).count();
+    assert!(purgers <= 1, "{purgers} allocator threads: {names:?}");
     // B runs again: the queued pings complete (or fail), and the thread ends.
     b.signal("-CONT");
     let _ = stuck.join();
