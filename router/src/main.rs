@@ -395,10 +395,12 @@ fn run(
         .first()
         .and_then(|c| c.net_alive.clone())
         .unwrap_or_else(|| NetAlive::new(0));
+    let peers = PeerAddrs::default();
+    peers.merge(&cfg.peers);
     let mut runtimes = Vec::new();
     for ((net, ni), node_cfg) in cfg.nis().zip(node_cfgs) {
         let stopping = || signals.term.load(Ordering::Relaxed);
-        let f = match start_fabric(&cfg.peers, net.fabric, ni, &stopping) {
+        let f = match start_fabric(&peers, net.fabric, ni, &stopping) {
             Ok(f) => f,
             // SIGTERM while an NI waited for its listen address: the stop asked for, not a
             // failure (the NIs started so far close as they are dropped).
@@ -438,7 +440,7 @@ fn run(
         set: NiSet::default(),
         shared: Shutdown::default(),
         next_incarnation: AtomicU64::new(incarnation.wrapping_add(nids.len() as u64)),
-        peers: Mutex::new(cfg.peers.clone()),
+        peers,
         large_registered,
         base: cfg,
         clock,
@@ -629,8 +631,9 @@ struct Daemon {
     /// added again is a new instance to its peers (they drop what they held for the old one).
     next_incarnation: AtomicU64,
     threading: NiThreads,
-    /// Where peers listen: the file's `peers:` and every imported document's since.
-    peers: Mutex<HashMap<Nid, std::net::SocketAddr>>,
+    /// Where peers listen: the file's `peers:` and every imported document's since, read by
+    /// every NI's fabric at each connect.
+    peers: PeerAddrs,
     /// The large router buffers registered for bulk data at start (the node's total), if
     /// any: registered memory is made once, so `set large_buffers` cannot go above it.
     large_registered: Option<u32>,
@@ -1073,13 +1076,9 @@ impl Daemon {
             ));
         }
         // Where peers listen: every document's `peers:` so far, this one's last.
-        let peers = {
-            let mut known = lock(&self.peers);
-            known.extend(doc.peers.iter().map(|(k, v)| (*k, *v)));
-            known.clone()
-        };
+        self.peers.merge(&doc.peers);
         let stopping = || self.shared.stop.load(Ordering::Relaxed);
-        let f = start_fabric(&peers, net.fabric, ni, &stopping).map_err(|e| {
+        let f = start_fabric(&self.peers, net.fabric, ni, &stopping).map_err(|e| {
             // start_fabric names the NI ("NI NID: ..."), which `what` names already.
             let e = e.strip_prefix(&format!("NI {nid}: ")).unwrap_or(&e);
             ControlError::new(errno::EADDRNOTAVAIL, format!("{what}: {e}"))
@@ -1785,11 +1784,51 @@ const BIND_RETRY: StdDuration = StdDuration::from_secs(10);
 /// The pause between two tries.
 const BIND_RETRY_STEP: StdDuration = StdDuration::from_millis(100);
 
+/// Where peers listen (`peers:` of the configuration and of every import since), shared by
+/// every NI's fabric: a fabric asks at each connect, so an address imported later is used by
+/// the NIs already running (they kept a copy from their start, and went on connecting to the
+/// NID's own address, port 987).
+#[derive(Clone, Default)]
+struct PeerAddrs(Arc<std::sync::RwLock<HashMap<Nid, std::net::SocketAddr>>>);
+
+impl PeerAddrs {
+    fn get(&self, nid: Nid) -> Option<std::net::SocketAddr> {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&nid)
+            .copied()
+    }
+
+    /// Adds or replaces `given`'s addresses; returns how many were new or different.
+    fn merge(&self, given: &HashMap<Nid, std::net::SocketAddr>) -> usize {
+        let mut known = self.0.write().unwrap_or_else(|e| e.into_inner());
+        given
+            .iter()
+            .filter(|&(nid, addr)| known.insert(*nid, *addr) != Some(*addr))
+            .count()
+    }
+
+    /// How many of `given`'s addresses [`PeerAddrs::merge`] would add or change.
+    fn differ(&self, given: &HashMap<Nid, std::net::SocketAddr>) -> usize {
+        let known = self.0.read().unwrap_or_else(|e| e.into_inner());
+        given
+            .iter()
+            .filter(|&(nid, addr)| known.get(nid) != Some(addr))
+            .count()
+    }
+
+    fn all(&self) -> Vec<(Nid, std::net::SocketAddr)> {
+        let known = self.0.read().unwrap_or_else(|e| e.into_inner());
+        known.iter().map(|(n, a)| (*n, *a)).collect()
+    }
+}
+
 /// Starts the fabric of one NI: listening, ready for the loop. A tcp listen address in use is
 /// retried for up to [`BIND_RETRY`], unless `stopping` says the daemon is asked to stop (a
 /// SIGTERM during the wait was ignored until its end).
 fn start_fabric(
-    peers: &HashMap<Nid, std::net::SocketAddr>,
+    peers: &PeerAddrs,
     kind: FabricKind,
     ni: &router::yaml_config::NiSettings,
     stopping: &dyn Fn() -> bool,
@@ -1829,7 +1868,7 @@ fn start_fabric(
                 if n == me {
                     return Some(own_addr.get().copied().unwrap_or(listen));
                 }
-                peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
+                peers.get(n).or_else(|| Some(o2ib_address(n)))
             };
             let started = std::time::Instant::now();
             let mut warned = false;
@@ -1883,7 +1922,7 @@ fn start_fabric(
                     // Ourselves (a local NI's recovery ping): where we listen, as bound.
                     return Some(own_addr.get().copied().unwrap_or(listen));
                 }
-                peers.get(&n).copied().or_else(|| Some(o2ib_address(n)))
+                peers.get(n).or_else(|| Some(o2ib_address(n)))
             })
             .map_err(|e| format!("NI {nid}: {e}"))?;
             info!(%nid, listen = %f.local_addr(), fabric = "verbs", "NI up");
@@ -2563,8 +2602,11 @@ impl Loops {
         match &mut resp {
             // What the daemon keeps, not its nodes: where peers listen, whether selftest runs.
             Response::Net(n) if peers => {
-                let mut table: Vec<_> = lock(&self.daemon.peers)
-                    .iter()
+                let mut table: Vec<_> = self
+                    .daemon
+                    .peers
+                    .all()
+                    .into_iter()
                     .map(|(nid, addr)| control::PeerAddress {
                         nid: nid.to_string(),
                         address: addr.to_string(),
@@ -2601,11 +2643,19 @@ impl Loops {
                     &own,
                     |r| self.call(r),
                     |change| match change {
-                        NetChange::Add { net, ni, doc } => self.daemon.add_ni(net, ni, doc),
-                        NetChange::Del(nid) => self
-                            .daemon
-                            .del_nis(&format!("net del {nid}"), |x| x == nid)
-                            .map(|_| ()),
+                        NetChange::Add { net, ni, doc } => {
+                            self.daemon.add_ni(net, ni, doc).map(|()| 1)
+                        }
+                        NetChange::Del(nid) => {
+                            self.daemon.del_nis(&format!("net del {nid}"), |x| x == nid)
+                        }
+                        NetChange::Addresses { given, apply: true } => {
+                            Ok(self.daemon.peers.merge(given))
+                        }
+                        NetChange::Addresses {
+                            given,
+                            apply: false,
+                        } => Ok(self.daemon.peers.differ(given)),
                     },
                 )
             }

@@ -251,3 +251,42 @@ fn import_applies_the_router_pinger_and_names_a_selftest_restart() {
         "{err}"
     );
 }
+
+/// An import's `peers:` reach the NIs already running (they kept a copy of the addresses from
+/// their start, so a peer listening elsewhere than its NID says stayed unreachable until a
+/// restart); `--show` counts the address as a change until it is applied, then as already so.
+#[test]
+fn an_imported_peer_address_is_used_by_the_nis_already_running() {
+    // Loopback NIDs: where B's NID says it listens (127.0.0.3, port 987) nobody does.
+    const A: &str = "127.0.0.2@o2ib";
+    const B: &str = "127.0.0.3@o2ib";
+    let dir = Scratch::new("import_peer_address");
+    let (_b, b_port) = start_on_any_port(&dir.0, "b", B, None, Opts::default());
+    let (a, _) = start_on_any_port(&dir.0, "a", A, None, Opts::default());
+    let p = ping(&a, B, 1);
+    assert!(p.ping.is_empty(), "B answered at its NID's address: {p:?}");
+
+    let run = |args: &[&str]| out(&lnetctl(&a, args));
+    let file = dir.0.join("peers.yaml");
+    let f = file.to_str().unwrap();
+    std::fs::write(
+        &file,
+        format!("peers:\n    - nid: {B}\n      address: 127.0.0.1:{b_port}\n"),
+    )
+    .unwrap();
+    let (code, shown, _) = run(&["import", "--show", f]);
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(
+        shown.contains("would apply: 1\n    unchanged: 0\n"),
+        "{shown}"
+    );
+    assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
+    ping_until_ok(&a, B, WAIT);
+    let (code, shown, _) = run(&["import", "--show", f]);
+    assert!(
+        shown.contains("would apply: 0\n    unchanged: 1\n"),
+        "{code:?} {shown}"
+    );
+    let net = run(&["net", "show", "-v", "5"]).1;
+    assert!(net.contains(&format!("127.0.0.1:{b_port}")), "{net}");
+}

@@ -13,6 +13,9 @@
 //! loop with the daemon's current routes, routing and globals; one removed closes its
 //! connections gracefully first. Nothing else is touched.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
 use lnd::wire::Nid;
 
 use super::protocol::{
@@ -33,16 +36,24 @@ pub enum NetChange<'a> {
     },
     /// Stop this NI (gracefully: its connections are closed first).
     Del(Nid),
+    /// Where these peers listen (ulnet's `peers:`), for every NI's next connect to them,
+    /// running NIs included (`apply` false: only count). The daemon answers how many
+    /// addresses are new or different.
+    Addresses {
+        given: &'a HashMap<Nid, SocketAddr>,
+        apply: bool,
+    },
 }
 
 /// Applies `yaml` to the daemon whose NIs are `running`, asking it through `call` for what
-/// the requests do and through `net` for NIs to start or stop.
+/// the requests do and through `net` for NIs to start or stop and peers' addresses (`net`
+/// answers how many things it changed).
 pub fn import(
     yaml: &str,
     op: ImportOp,
     running: &[Nid],
     mut call: impl FnMut(Request) -> Response,
-    mut net: impl FnMut(NetChange<'_>) -> Result<(), ControlError>,
+    mut net: impl FnMut(NetChange<'_>) -> Result<usize, ControlError>,
 ) -> Response {
     let cfg = match DaemonConfig::parse_import(yaml, "import", running) {
         Ok(c) => c,
@@ -61,6 +72,28 @@ pub fn import(
             descr,
         });
     };
+
+    // `peer:` entries with one NI (Multi-Rail ones were refused by the parser): ulnet creates
+    // a peer when it first talks to it, as discovery would; nothing to apply. ulnet's
+    // `peers:` say where peers listen: for the next connect of every NI, running ones
+    // included, and before the nets so that an NI this document adds connects where it says.
+    if !del {
+        rep.unchanged += cfg.given.peers as u32;
+        if !cfg.peers.is_empty() {
+            let given = cfg.peers.len() as u32;
+            match net(NetChange::Addresses {
+                given: &cfg.peers,
+                apply: !dry,
+            }) {
+                Ok(changed) => {
+                    let changed = (changed as u32).min(given);
+                    rep.applied += changed;
+                    rep.unchanged += given - changed;
+                }
+                Err(e) => fail(&mut rep, "peers", e.errno, e.message),
+            }
+        }
+    }
 
     // Nets first on add (routes and buffers then see the new NIs), last on del (Lustre removes
     // routes before the nets they go through).
@@ -95,7 +128,7 @@ pub fn import(
                 continue;
             }
             match net(change) {
-                Ok(()) => {
+                Ok(_) => {
                     rep.applied += 1;
                     if del {
                         running.retain(|&n| n != nid);
@@ -181,9 +214,6 @@ pub fn import(
         // Peers, routing, buffers and globals have nothing to remove: they are settings.
         return Response::Import(rep);
     }
-    // Peers with one NI (Multi-Rail ones were refused by the parser): ulnet creates a peer
-    // when it first talks to it, as discovery would; nothing to apply.
-    rep.unchanged += cfg.given.peers as u32;
     if cfg.given.routing {
         if cfg.routing.enabled == routing_now {
             rep.unchanged += 1;
