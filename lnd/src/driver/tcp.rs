@@ -847,6 +847,9 @@ enum Report {
 
 type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
+/// Entries of the connection table a shrink keeps room for (see `TcpFabric::destroy`).
+const BY_CONN_FLOOR: usize = 1024;
+
 /// The tcp fabric of one NI (see the module doc).
 pub struct TcpFabric {
     /// First field, so it drops first: in-flight I/O is cancelled before the sockets close.
@@ -1401,6 +1404,18 @@ impl TcpFabric {
         };
         if let Some(e) = self.by_conn.get_mut(conn.index() as usize) {
             *e = None;
+        }
+        // The table is indexed by the engine's connection keys, which settle low once a storm
+        // is over (`lnd::slots`): the entries above the highest live one go, and so does the
+        // room a storm left (each entry is popped once, so this costs nothing over time).
+        while self.by_conn.last().is_some_and(Option::is_none) {
+            self.by_conn.pop();
+        }
+        if self.by_conn.capacity() > BY_CONN_FLOOR
+            && self.by_conn.len() * 4 < self.by_conn.capacity()
+        {
+            self.by_conn
+                .shrink_to((self.by_conn.len() * 2).max(BY_CONN_FLOOR));
         }
         self.socks[sock].destroyed = true;
         self.shut(sock);

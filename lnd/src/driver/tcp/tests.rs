@@ -1998,3 +1998,48 @@ fn tcp_an_abandoned_fabric_ends_its_connections_and_listens_no_more() {
         "a connect to the abandoned listener: {refused:?}"
     );
 }
+
+/// The table from the engine's connection keys to sockets gives back what a storm grew: a
+/// connection with a high key (the engine's keys go that high only during a storm) makes it
+/// that long, and its destruction makes it short again.
+#[test]
+fn tcp_the_connection_table_shrinks_when_a_storm_is_over() {
+    let (_held, dead) = refusing_addr();
+    let mut f = TcpFabric::bind_with(
+        "127.0.0.1:0".parse().unwrap(),
+        move |_| Some(dead),
+        TcpConfig::default(),
+    )
+    .unwrap();
+    let now = Instant::from_nanos(0);
+    let connect = |f: &mut TcpFabric, index: u32| {
+        let conn = ConnId::from_parts(index, 1);
+        f.apply(
+            now,
+            FabricAction::Connect {
+                conn,
+                peer: nid("10.0.0.9@o2ib"),
+                private: PrivateData::EMPTY,
+                recv_slots: 8,
+            },
+        );
+        conn
+    };
+    let low = connect(&mut f, 3);
+    let high = connect(&mut f, 50_000);
+    assert_eq!(f.by_conn.len(), 50_001);
+    f.apply(now, FabricAction::Destroy { conn: high });
+    assert_eq!(
+        f.by_conn.len(),
+        4,
+        "entries above the highest live one were kept"
+    );
+    assert!(
+        f.by_conn.capacity() <= BY_CONN_FLOOR,
+        "room for {} entries kept",
+        f.by_conn.capacity()
+    );
+    assert!(f.lookup(low).is_some(), "the live connection was lost");
+    f.apply(now, FabricAction::Destroy { conn: low });
+    assert!(f.by_conn.is_empty());
+}
