@@ -426,6 +426,17 @@ impl DaemonConfig {
                     ),
                 ));
             }
+            // An import's peers apply to the running daemon (every NI's next connect), so
+            // its NIs are ours too.
+            if running.is_some_and(|r| r.contains(&nid)) {
+                return Err(err(
+                    line,
+                    format!(
+                        "peer {nid} is one of this daemon's NIs; 'peers:' lists where other \
+                         daemons listen"
+                    ),
+                ));
+            }
             if cfg.peers.insert(nid, p.address).is_some() {
                 return Err(err(line, format!("peer {nid} is listed twice")));
             }

@@ -289,4 +289,23 @@ fn an_imported_peer_address_is_used_by_the_nis_already_running() {
     );
     let net = run(&["net", "show", "-v", "5"]).1;
     assert!(net.contains(&format!("127.0.0.1:{b_port}")), "{net}");
+    // A peer that is one of the daemon's own NIs is refused with its line, as in a file (it
+    // would be used for every connect, and the export would not load).
+    std::fs::write(
+        &file,
+        format!("peers:\n    - nid: {A}\n      address: 127.0.0.1:{b_port}\n"),
+    )
+    .unwrap();
+    let (code, _, err) = run(&["import", f]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(":2: peer 127.0.0.2@o2ib is one of this daemon's NIs"),
+        "{err}"
+    );
+    let export = run(&["export"]).1;
+    assert!(
+        export.contains("- nid: 127.0.0.3@o2ib\n      address")
+            && !export.contains("- nid: 127.0.0.2@o2ib\n      address"),
+        "{export}"
+    );
 }
