@@ -41,10 +41,12 @@
 //!   connection and handed to the engine in order, each into the lowest posted slot. When a
 //!   complete MSG frame finds no posted slot, parsing stops and no further read is posted on that
 //!   socket until a `PostRecv`: the kernel's socket buffer and TCP flow control then hold the
-//!   sender back. That is the RNR-free back-pressure of this fabric (RC would fail the sender with
-//!   an RNR error). With a peer that respects credits it never happens: credits bound what may be
-//!   in flight to the receive slots posted. While a connection is stalled that way, an EOF or RST
-//!   behind the stalled frames is seen only once the engine reposts a slot.
+//!   sender back, as RC's RNR NAKs do while the sender retries. With a peer that respects credits
+//!   it never happens: credits bound what may be in flight to the receive slots posted. If no
+//!   slot is posted within `TcpConfig::rnr_horizon` (20 ms), the connection breaks as a
+//!   protocol error (`credit_overruns`), as RC's does once the sender's RNR retries are spent.
+//!   While a connection is stalled, an EOF or RST behind the stalled frames is seen only once the
+//!   engine reposts a slot or the horizon passes.
 //! - **Send completion.** `Success` means "fully written to the local socket", not "placed in the
 //!   peer's receive queue" as on RC. A message written just before the peer died completes
 //!   `Success` and is lost; the engine's own deadlines and LNet's end-to-end checks cover that, as
@@ -224,6 +226,9 @@ pub struct TcpConfig {
     /// it is closed (default 5 s, the connect deadline's floor). Active connects are bounded by
     /// the engine's connect deadline instead.
     pub handshake_timeout: std::time::Duration,
+    /// How long a MSG frame may wait for a receive slot before the connection breaks (default
+    /// 20 ms; see [`RNR_HORIZON`]).
+    pub rnr_horizon: std::time::Duration,
     /// How long `poll` spins on the completion queue before it sleeps in the kernel (default
     /// 50 us; zero: never spin). Spinning keeps a ping-pong's round trip near the socket's own
     /// (a sleep and wake-up costs tens of microseconds); the budget bounds the CPU it burns on an
@@ -262,6 +267,12 @@ pub struct TcpConfig {
 /// about 4096 x (512 B buffer + ~1 KiB of state) = 6 MiB, against 256 MiB of 64 KiB buffers.
 pub const DEFAULT_HANDSHAKE_LIMIT: usize = 4096;
 
+/// How long a MSG frame may wait for a receive slot before its connection breaks (see
+/// `TcpFabric::break_overruns`). On RC the sender retries an RNR NAK `rnr_retry_count` times
+/// (o2iblnd: 6) at the receiver's RNR timer, milliseconds in all; a reposted slot takes our
+/// loop a turn, microseconds.
+pub const RNR_HORIZON: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The first pause of accepting after the descriptor limit was hit; it doubles up to
 /// [`ACCEPT_BACKOFF_MAX`] while the limit keeps being hit, and resets after a kept accept.
 pub const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -283,6 +294,7 @@ impl Default for TcpConfig {
             recv_buffer: 64 * 1024,
             ring_entries: 256,
             handshake_timeout: std::time::Duration::from_secs(5),
+            rnr_horizon: RNR_HORIZON,
             busy_poll: std::time::Duration::from_micros(50),
             handshake_buffer: 512,
             handshake_limit: DEFAULT_HANDSHAKE_LIMIT,
@@ -338,6 +350,9 @@ pub struct TcpStats {
     pub unexpected_frames: u64,
     /// Times a complete MSG frame found no posted slot and reading stopped (back-pressure).
     pub rx_stalls: u64,
+    /// Connections closed because a MSG frame found no posted slot for longer than
+    /// `rnr_horizon`: the peer sent past its credits (RC: RNR retries exhausted).
+    pub credit_overruns: u64,
     /// MSG frames dropped because they arrived after our own Disconnect.
     pub discarded_msgs: u64,
     /// Actions naming a connection or request this fabric does not know.
@@ -387,6 +402,7 @@ impl TcpStats {
             + self.unsupported_frames
             + self.truncated
             + self.unexpected_frames
+            + self.credit_overruns
     }
 
     /// Every counter under its field name (for `lnetctl net show -v`).
@@ -414,6 +430,7 @@ impl TcpStats {
             ("truncated", self.truncated),
             ("unexpected_frames", self.unexpected_frames),
             ("rx_stalls", self.rx_stalls),
+            ("credit_overruns", self.credit_overruns),
             ("discarded_msgs", self.discarded_msgs),
             ("unknown_actions", self.unknown_actions),
             ("rdma_writes_tx", self.rdma_writes_tx),
@@ -611,6 +628,9 @@ struct Sock {
     rend: usize,
     recv_armed: bool,
     stalled: bool,
+    /// A MSG frame waits for a slot (the peer sent past its credits): the connection breaks
+    /// at this instant unless a slot is posted first.
+    overrun_deadline: Option<std::time::Instant>,
     slots: Slots,
     // send side
     wq: Vec<u8>,
@@ -859,6 +879,9 @@ pub struct TcpFabric {
     accept_armed: bool,
     /// Accepting is paused until then (the descriptor limit was hit); the next pause's length.
     accept_pause: Option<std::time::Instant>,
+    /// Sockets with a MSG frame waiting for a slot (`Sock::overrun_deadline`); empty as long as
+    /// peers respect their credits.
+    overruns: Vec<SockId>,
     accept_backoff: std::time::Duration,
     /// After a pause, accept one socket at a time until one is kept: a multishot accept would
     /// take the whole listen backlog at once, up to EMFILE, only for it to be shed.
@@ -942,6 +965,7 @@ impl TcpFabric {
             local,
             accept_armed: false,
             accept_pause: None,
+            overruns: Vec::new(),
             accept_backoff: ACCEPT_BACKOFF_MIN,
             accept_probe: false,
             fd_warned: None,
@@ -1436,6 +1460,10 @@ impl TcpFabric {
     ) -> io::Result<()> {
         self.arm_pending_sends();
         let mut timeout = timeout;
+        if let Some(until) = self.next_overrun() {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
         if let Some(until) = self.accept_pause {
             let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -1504,8 +1532,59 @@ impl TcpFabric {
         }
         self.cqes = cqes;
         self.run_ready(sink, now);
+        self.break_overruns(sink, now);
         self.sweep(now);
         Ok(())
+    }
+
+    /// The earliest instant a connection breaks for a credit overrun, if one waits.
+    fn next_overrun(&self) -> Option<std::time::Instant> {
+        self.overruns
+            .iter()
+            .filter_map(|&sock| self.socks.get(sock).and_then(|s| s.overrun_deadline))
+            .min()
+    }
+
+    /// Breaks the connections whose peer sent past its credits and got no slot within
+    /// `rnr_horizon`, as RC breaks the sender's queue pair once its RNR retries are spent
+    /// (o2iblnd asks for 6, kiblnd_connect_peer / kiblnd_passive_connect); and forgets the
+    /// sockets whose frame got a slot. An honest peer never gets here: credits bound what it
+    /// may send to the slots posted. Failing it fast (the 3FS lesson: rnr_retry 0, "a credit
+    /// bug fails fast instead of stalling") names the fault, where a stall hid it.
+    fn break_overruns(&mut self, sink: &mut dyn FabricSink, now: Instant) {
+        if self.overruns.is_empty() {
+            return;
+        }
+        let at = std::time::Instant::now();
+        let mut due = Vec::new();
+        self.overruns.retain(
+            |&sock| match self.socks.get(sock).and_then(|s| s.overrun_deadline) {
+                Some(d) if d <= at => {
+                    due.push(sock);
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            },
+        );
+        for sock in due {
+            let Some(s) = self.socks.get_mut(sock) else {
+                continue;
+            };
+            s.overrun_deadline = None;
+            if s.shut {
+                continue;
+            }
+            self.stats.credit_overruns += 1;
+            debug!(conn = ?s.conn, "tcp fabric: the peer sent past its credits, closing the connection");
+            self.broken(
+                sock,
+                WcStatus::Error,
+                (ConnectFailure::Error, PROTOCOL),
+                sink,
+                now,
+            );
+        }
     }
 
     /// See `Driver::set_waker`.
@@ -2123,8 +2202,14 @@ impl TcpFabric {
                     let Some(slot) = s.slots.take_lowest() else {
                         s.stalled = true;
                         self.stats.rx_stalls += 1;
+                        if s.overrun_deadline.is_none() {
+                            s.overrun_deadline =
+                                Some(std::time::Instant::now() + self.cfg.rnr_horizon);
+                            self.overruns.push(sock);
+                        }
                         return;
                     };
+                    s.overrun_deadline = None;
                     s.rstart = next;
                     self.stats.msgs_rx += 1;
                     if let Some(c) = conn {
@@ -2508,6 +2593,7 @@ impl TcpFabric {
             rend: 0,
             recv_armed: false,
             stalled: false,
+            overrun_deadline: None,
             slots: Slots::default(),
             wq,
             spare,

@@ -2043,3 +2043,113 @@ fn tcp_the_connection_table_shrinks_when_a_storm_is_over() {
     f.apply(now, FabricAction::Destroy { conn: low });
     assert!(f.by_conn.is_empty());
 }
+
+/// F7: a peer that sends past its credits (more MSG frames than we posted slots) is not held
+/// back for ever: once a frame has waited `rnr_horizon` for a slot, the connection breaks as
+/// RC's would when its RNR retries are spent, counted in `credit_overruns`, reported as a
+/// protocol error; the frames that had slots were delivered. Two bare fabrics, no engine: the
+/// receiver posts 2 slots and never reposts.
+#[test]
+fn tcp_a_peer_sending_past_its_credits_is_disconnected_after_the_rnr_horizon() {
+    #[derive(Default)]
+    struct Rec {
+        requests: Vec<RequestId>,
+        established: usize,
+        recvs: usize,
+        down: Vec<(ConnId, DisconnectReason)>,
+    }
+    impl FabricSink for Rec {
+        fn fabric_event(&mut self, _: Instant, e: crate::fabric::FabricEvent<'_>) {
+            use crate::fabric::FabricEvent as E;
+            match e {
+                E::ConnectRequest { req, .. } => self.requests.push(req),
+                E::Established { .. } => self.established += 1,
+                E::Recv { .. } => self.recvs += 1,
+                E::Disconnected { conn, why } => self.down.push((conn, why)),
+                _ => {}
+            }
+        }
+        fn recycle(&mut self, _: Vec<u8>) {}
+    }
+    let clock = MonotonicClock::new();
+    let cfg = TcpConfig {
+        rnr_horizon: StdDuration::from_millis(50),
+        busy_poll: StdDuration::ZERO,
+        ..TcpConfig::default()
+    };
+    let mut b =
+        TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg.clone()).unwrap();
+    let b_addr = b.local_addr();
+    let mut a =
+        TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), move |_| Some(b_addr), cfg).unwrap();
+    let (mut ra, mut rb) = (Rec::default(), Rec::default());
+    let ca = ConnId::from_parts(1, 1);
+    let cb = ConnId::from_parts(2, 1);
+    let now = clock.now();
+    a.apply(
+        now,
+        FabricAction::Connect {
+            conn: ca,
+            peer: nid("10.0.0.2@o2ib"),
+            private: PrivateData::new(b"hello"),
+            recv_slots: 8,
+        },
+    );
+    let step = |a: &mut TcpFabric, b: &mut TcpFabric, ra: &mut Rec, rb: &mut Rec| {
+        let t = StdDuration::from_millis(1);
+        a.poll(Some(t), ra, || clock.now()).unwrap();
+        b.poll(Some(t), rb, || clock.now()).unwrap();
+    };
+    let t0 = std::time::Instant::now();
+    while rb.requests.is_empty() && t0.elapsed() < StdDuration::from_secs(5) {
+        step(&mut a, &mut b, &mut ra, &mut rb);
+    }
+    let req = *rb.requests.first().expect("no CONNREQ reached B");
+    b.apply(
+        clock.now(),
+        FabricAction::Accept {
+            req,
+            conn: cb,
+            private: PrivateData::new(b"welcome"),
+            recv_slots: 2,
+        },
+    );
+    while ra.established == 0 && t0.elapsed() < StdDuration::from_secs(5) {
+        step(&mut a, &mut b, &mut ra, &mut rb);
+    }
+    assert_eq!(ra.established, 1, "A did not get B's CONNACK");
+    // Five messages against two slots.
+    for i in 0..5u64 {
+        a.apply(
+            clock.now(),
+            FabricAction::Send {
+                conn: ca,
+                wr: WrId(i),
+                bytes: payload(i),
+            },
+        );
+    }
+    let sent = std::time::Instant::now();
+    while rb.down.is_empty() && sent.elapsed() < StdDuration::from_secs(5) {
+        step(&mut a, &mut b, &mut ra, &mut rb);
+    }
+    let waited = sent.elapsed();
+    assert_eq!(
+        rb.down,
+        vec![(cb, DisconnectReason::ProtocolError)],
+        "B never gave up on the frames past its slots (after {waited:?})"
+    );
+    assert!(
+        waited >= StdDuration::from_millis(50),
+        "broke before the horizon: {waited:?}"
+    );
+    assert_eq!(rb.recvs, 2, "the frames that had slots were delivered");
+    let st = b.stats();
+    assert_eq!((st.credit_overruns, st.protocol_errors()), (1, 1), "{st:?}");
+    assert!(st.rx_stalls >= 1);
+    // A sees its connection end.
+    while ra.down.is_empty() && sent.elapsed() < StdDuration::from_secs(5) {
+        step(&mut a, &mut b, &mut ra, &mut rb);
+    }
+    assert_eq!(ra.down.len(), 1, "A did not see the connection end");
+}
