@@ -535,9 +535,14 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
         seen = Some((text, run(&["net", "show", "-v", "2"]).1));
         true
     });
-    let _ = pinger.join();
+    let pinged = pinger.join();
     p.b.signal("-CONT");
-    assert!(fell.is_some(), "the NI never went into local recovery");
+    // (One run under load saw no fall and nothing in A's log: what the pings got says whether
+    // they went out at all.)
+    assert!(
+        fell.is_some(),
+        "the NI never went into local recovery; the pings of the frozen B: {pinged:?}"
+    );
     let (text, net) = seen.unwrap();
     assert_eq!(text, format!("Local NI recovery:\n      nid-0: {NID_A}\n"));
     assert!(net.contains("            health stats:\n"), "{net}");
