@@ -524,6 +524,18 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
     // NI. It is watched while the pings run: once B is back, messages that work raise it
     // again.
     p.b.signal("-STOP");
+    // kill(1) returns once the signal is queued; wait until B is seen stopped, so that no ping
+    // can find it still running (one run under load had all 24 answered).
+    let stopped = wait_for(WAIT, || {
+        std::fs::read_to_string(format!("/proc/{}/stat", p.b.pid()))
+            .ok()
+            .and_then(|st| {
+                st.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    });
+    assert!(stopped.is_some(), "B was never seen stopped after SIGSTOP");
     let pinger = ping_in_background(&p.a, NID_B, 24, 6);
     let mut seen = None;
     let fell = wait_for(WAIT, || {
