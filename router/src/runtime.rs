@@ -35,6 +35,7 @@ impl<D: Driver> NiRuntime<D> {
     ) -> io::Result<(NiRuntime<D>, WakeHandle)> {
         let (waker, wake) = Waker::new()?;
         driver.set_waker(waker.fd());
+        driver.set_doorbell(waker.doorbell());
         Ok((
             NiRuntime {
                 node,
@@ -125,8 +126,12 @@ impl<D: Driver> NiRuntime<D> {
             // soon enough without the waker.
             _ => std::thread::sleep(wait.min(StdDuration::from_millis(20))),
         }
+        // A wake-up by byte (the watch fired) or by flag only (seen while the driver spun):
+        // taken before the caller looks at what other threads handed over.
         if self.driver.take_woken() {
             self.waker.drain();
+        } else {
+            self.waker.take_pending();
         }
         let now = self.clock.now();
         self.node.process(now);

@@ -36,6 +36,11 @@ pub trait Driver {
     /// waiting out the loop's bound.
     fn set_waker(&mut self, fd: std::os::fd::RawFd);
 
+    /// Lets the driver's busy-poll take wake-ups from the [`Waker`] it watches without a byte
+    /// (see [`Doorbell`] for the protocol the driver must follow). A driver that ignores it
+    /// (the default) is woken by the byte, as before.
+    fn set_doorbell(&mut self, _bell: Doorbell) {}
+
     /// A descriptor readable whenever the driver has work for its loop (tcp: its io_uring),
     /// so that a loop running several NIs on one thread can sleep in one of them and wake for
     /// any (`None`: this driver cannot be shared that way).
@@ -97,6 +102,10 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
         (**self).set_waker(fd)
     }
 
+    fn set_doorbell(&mut self, bell: Doorbell) {
+        (**self).set_doorbell(bell)
+    }
+
     fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).readiness_fd()
     }
@@ -130,18 +139,68 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 /// [`Waker::fd`] (through [`Driver::set_waker`]); [`WakeHandle::wake`] writes one byte (a full
 /// buffer means a wake-up is already pending, so nothing is lost), and only when no wake-up is
 /// pending yet: a loop handed many messages between two of its turns (a busy router's egress)
-/// costs its senders one write, not one per message.
+/// costs its senders one write, not one per message. And none while the loop busy-polls: a
+/// fabric given the [`Doorbell`] ([`Driver::set_doorbell`]) says when it spins and looks at the
+/// pending flag in every round, so the wake-up of a spinning loop (a router's egress NI between
+/// two forwards) costs an atomic store instead of a write, an io_uring poll completion, its
+/// re-arming and the drain's read.
 #[derive(Debug)]
 pub struct Waker {
     rx: std::os::unix::net::UnixStream,
-    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    state: std::sync::Arc<WakeState>,
 }
 
 /// The writing side of a [`Waker`]; cheap to clone, `Send`.
 #[derive(Debug, Clone)]
 pub struct WakeHandle {
     tx: std::sync::Arc<std::os::unix::net::UnixStream>,
-    pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    state: std::sync::Arc<WakeState>,
+}
+
+/// What a [`Waker`], its handles and its fabric's [`Doorbell`] share.
+#[derive(Debug, Default)]
+struct WakeState {
+    /// A wake-up was asked for and the loop has not taken it yet.
+    pending: std::sync::atomic::AtomicBool,
+    /// The loop busy-polls and looks at `pending` before it next sleeps: no byte needed.
+    spinning: std::sync::atomic::AtomicBool,
+}
+
+/// The fabric's side of a [`Waker`]: lets its busy-poll see wake-ups without the descriptor.
+///
+/// The protocol, a Dekker handshake on two flags (both sides sequentially consistent): the
+/// waker sets `pending`, then writes a byte only if it does not see `spinning`; the fabric sets
+/// `spinning` before its busy-poll, looks at `pending` in every round, and after clearing
+/// `spinning` looks at `pending` once more before it sleeps ([`Doorbell::spin_end`]). A waker
+/// that saw `spinning` and wrote nothing set `pending` before the fabric cleared `spinning`, so
+/// the fabric's last look sees it and does not sleep. A waker that did not see `spinning`
+/// writes the byte, which ends any sleep.
+#[derive(Debug, Clone)]
+pub struct Doorbell {
+    state: std::sync::Arc<WakeState>,
+}
+
+impl Doorbell {
+    /// The busy-poll begins: wakers from now on only set the flag.
+    pub fn spin_begin(&self) {
+        self.state
+            .spinning
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a wake-up is pending (a look in a busy-poll round).
+    pub fn rung(&self) -> bool {
+        self.state.pending.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The busy-poll ends: wakers write their byte again. True when a wake-up is pending, so
+    /// the fabric must not sleep.
+    pub fn spin_end(&self) -> bool {
+        self.state
+            .spinning
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.rung()
+    }
 }
 
 impl Waker {
@@ -150,15 +209,15 @@ impl Waker {
         let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
         rx.set_nonblocking(true)?;
         tx.set_nonblocking(true)?;
-        let pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let state = std::sync::Arc::new(WakeState::default());
         Ok((
             Waker {
                 rx,
-                pending: pending.clone(),
+                state: state.clone(),
             },
             WakeHandle {
                 tx: std::sync::Arc::new(tx),
-                pending,
+                state,
             },
         ))
     }
@@ -169,6 +228,13 @@ impl Waker {
         self.rx.as_raw_fd()
     }
 
+    /// The flags to hand to [`Driver::set_doorbell`].
+    pub fn doorbell(&self) -> Doorbell {
+        Doorbell {
+            state: self.state.clone(),
+        }
+    }
+
     /// Consumes every pending wake-up. Call it before looking at what the wakers' owners sent
     /// (the bytes first, then the flag: a wake-up after this call writes a byte again, one
     /// before it is seen by the look that follows).
@@ -176,16 +242,28 @@ impl Waker {
         use std::io::Read;
         let mut buf = [0u8; 64];
         while matches!((&self.rx).read(&mut buf), Ok(n) if n > 0) {}
-        self.pending
-            .store(false, std::sync::atomic::Ordering::Release);
+        self.take_pending();
+    }
+
+    /// Consumes a wake-up taken without a byte (the fabric saw the flag while it spun), and
+    /// leaves any byte for a later [`Waker::drain`] (the watch fires for it). Call it, like
+    /// `drain`, before looking at what the wakers' owners sent. True if one was pending.
+    pub fn take_pending(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.state.pending.load(Ordering::Acquire)
+            && self.state.pending.swap(false, Ordering::AcqRel)
     }
 }
 
 impl WakeHandle {
-    /// Wakes the loop (never blocks); nothing to do when a wake-up is already pending.
+    /// Wakes the loop (never blocks); nothing to do when a wake-up is already pending, and
+    /// only the flag while the loop busy-polls (see [`Doorbell`]).
     pub fn wake(&self) {
         use std::io::Write;
-        if self.pending.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        use std::sync::atomic::Ordering;
+        if self.state.pending.swap(true, Ordering::SeqCst)
+            || self.state.spinning.load(Ordering::SeqCst)
+        {
             return;
         }
         // WouldBlock: the buffer is full of earlier wake-ups, so the loop will wake anyway.
@@ -282,5 +360,54 @@ mod send_check {
         is_send::<super::tcp::TcpFabric>();
         #[cfg(feature = "verbs")]
         is_send::<super::verbs::VerbsFabric>();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn has_byte(w: &Waker) -> bool {
+        let mut b = [0u8; 8];
+        matches!((&w.rx).read(&mut b), Ok(n) if n > 0)
+    }
+
+    /// The two ways a wake-up reaches its loop: while the fabric busy-polls, only the flag
+    /// (no byte to write, watch and drain); otherwise the byte, as before. Either way the loop
+    /// takes it once.
+    #[test]
+    fn a_spinning_loop_is_woken_by_the_flag_a_sleeping_one_by_a_byte() {
+        let (w, h) = Waker::new().unwrap();
+        let bell = w.doorbell();
+
+        bell.spin_begin();
+        h.wake();
+        assert!(bell.rung(), "the busy-poll sees the wake-up");
+        assert!(!has_byte(&w), "no byte while the loop spins");
+        assert!(
+            bell.spin_end(),
+            "the look after the spin sees it too: no sleep"
+        );
+        assert!(w.take_pending());
+        assert!(!w.take_pending(), "taken once");
+
+        h.wake();
+        assert!(has_byte(&w), "a loop that is not spinning gets the byte");
+        h.wake();
+        assert!(!has_byte(&w), "one byte while a wake-up is pending");
+        w.drain();
+        assert!(!w.take_pending(), "drain took the flag with the byte");
+
+        // A wake-up between two spins of a loop that did not take it yet: the next spin sees
+        // it at once.
+        h.wake();
+        w.drain();
+        bell.spin_begin();
+        assert!(!bell.rung());
+        assert!(!bell.spin_end());
+        h.wake();
+        bell.spin_begin();
+        assert!(bell.rung());
     }
 }

@@ -193,6 +193,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use tracing::{debug, trace, warn};
 
+use crate::driver::Doorbell;
 use crate::engine::Tunables;
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
@@ -918,6 +919,8 @@ pub struct TcpFabric {
     woken: bool,
     /// The owner's waker (one of `watched`).
     waker_fd: Option<std::os::fd::RawFd>,
+    /// The owner's waker's flags, looked at while busy-polling (`Driver::set_doorbell`).
+    bell: Option<Doorbell>,
     /// Message buffers of applied sends, given back to the engine (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
     /// Registered regions by remote key; the next region number and address.
@@ -986,6 +989,7 @@ impl TcpFabric {
             watched: Vec::new(),
             woken: false,
             waker_fd: None,
+            bell: None,
             spare: Vec::new(),
             regions: HashMap::new(),
             next_region: region_seed(),
@@ -1506,14 +1510,26 @@ impl TcpFabric {
             // routed ping RTT -30-45%, the direct PUT rate within 10% (noise). Under CPU hogs
             // (`yes` on every core) any spinning collapses: give a busy-polling router its own
             // cores.
-            loop {
-                self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
-                if self.ring.has_completions() || start.elapsed() >= spin {
-                    break;
+            // The doorbell: a wake-up from another thread (a handover to this NI) is seen as
+            // a flag in each round, not as a byte on the waker (see `Doorbell`).
+            if let Some(b) = &self.bell {
+                b.spin_begin();
+            }
+            let spun = loop {
+                if let Err(e) = self.ring.submit_and_wait(Some(std::time::Duration::ZERO)) {
+                    break Err(e);
+                }
+                if self.ring.has_completions()
+                    || self.bell.as_ref().is_some_and(Doorbell::rung)
+                    || start.elapsed() >= spin
+                {
+                    break Ok(());
                 }
                 std::thread::yield_now();
-            }
-            waited = self.ring.has_completions();
+            };
+            let rung = self.bell.as_ref().is_some_and(Doorbell::spin_end);
+            spun?;
+            waited = rung || self.ring.has_completions();
         }
         if !waited {
             let rest = timeout.map(|t| t.saturating_sub(spin));
@@ -1591,6 +1607,11 @@ impl TcpFabric {
     pub fn set_waker(&mut self, fd: std::os::fd::RawFd) {
         self.waker_fd = Some(fd);
         self.watch(fd);
+    }
+
+    /// See `Driver::set_doorbell`: the busy-poll looks at its flag in every round.
+    pub fn set_doorbell(&mut self, bell: Doorbell) {
+        self.bell = Some(bell);
     }
 
     /// Ends a wait also when `fd` becomes readable (see `Driver::watch`).
@@ -2801,6 +2822,10 @@ impl crate::driver::Driver for TcpFabric {
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
         TcpFabric::set_waker(self, fd);
+    }
+
+    fn set_doorbell(&mut self, bell: Doorbell) {
+        TcpFabric::set_doorbell(self, bell);
     }
 
     fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {

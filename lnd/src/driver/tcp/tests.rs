@@ -2153,3 +2153,89 @@ fn tcp_a_peer_sending_past_its_credits_is_disconnected_after_the_rnr_horizon() {
     }
     assert_eq!(ra.down.len(), 1, "A did not see the connection end");
 }
+
+/// A wake-up from another thread is never lost between the busy-poll and the sleep: each of
+/// 10,000 wake-ups, sent at a pseudo-random moment of the loop's cycle (while it spins, while it
+/// sleeps, while it is between the two), ends the loop's wait and is taken, by the doorbell's
+/// flag or by the waker's byte. The loop's waits are 30 s: a lost wake-up shows as a wait that
+/// ran out (a wake-up ends one in microseconds).
+#[test]
+fn tcp_a_wake_up_is_never_lost_between_the_busy_poll_and_the_sleep() {
+    use crate::driver::{Driver, Waker};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 10_000;
+    let clock = MonotonicClock::new();
+    let cfg = TcpConfig {
+        busy_poll: StdDuration::from_micros(20),
+        ..TcpConfig::default()
+    };
+    let mut f = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
+    let (waker, handle) = Waker::new().unwrap();
+    Driver::set_waker(&mut f, waker.fd());
+    Driver::set_doorbell(&mut f, waker.doorbell());
+    let mut ep = Endpoint::new(EndpointConfig::new(nid("10.9.0.1@o2ib"), 1), clock.now());
+    let sent = Arc::new(AtomicU64::new(0));
+    let taken = Arc::new(AtomicU64::new(0));
+    let sender = {
+        let (sent, taken) = (Arc::clone(&sent), Arc::clone(&taken));
+        std::thread::spawn(move || {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for i in 1..=N {
+                while taken.load(Ordering::Acquire) < i - 1 {
+                    std::thread::yield_now();
+                }
+                // 0-60 us after the loop took the last one: across its 20 us spin and beyond.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let until = std::time::Instant::now() + StdDuration::from_nanos(x % 60_000);
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                sent.store(i, Ordering::Release);
+                handle.wake();
+            }
+        })
+    };
+    let (mut by_flag, mut by_byte, mut lost) = (0u64, 0u64, 0u64);
+    while taken.load(Ordering::Acquire) < N {
+        let t0 = std::time::Instant::now();
+        f.poll(Some(StdDuration::from_secs(30)), &mut ep, || clock.now())
+            .unwrap();
+        if t0.elapsed() >= StdDuration::from_secs(25) {
+            lost += 1;
+            break;
+        }
+        let byte = Driver::take_woken(&mut f);
+        let flag = if byte {
+            waker.drain();
+            false
+        } else {
+            waker.take_pending()
+        };
+        let s = sent.load(Ordering::Acquire);
+        if s > taken.load(Ordering::Acquire) {
+            // Neither: the wake-up itself is yet to come (the sender stores before it wakes).
+            if byte || flag {
+                if byte {
+                    by_byte += 1;
+                } else {
+                    by_flag += 1;
+                }
+                taken.store(s, Ordering::Release);
+            }
+        }
+    }
+    assert_eq!(
+        lost,
+        0,
+        "a wait ran out with wake-up {} sent ({by_flag} taken by flag, {by_byte} by a byte before)",
+        sent.load(Ordering::Acquire)
+    );
+    sender.join().unwrap();
+    assert_eq!(by_flag + by_byte, N);
+    assert!(
+        by_flag > 0 && by_byte > 0,
+        "both paths taken: {by_flag} by the flag, {by_byte} by a byte"
+    );
+}
