@@ -254,6 +254,25 @@ fn abandoned(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         c.fabric.stats().disconnects > disc0,
         "C saw D's abandoned fabric as a disconnect, not by its keepalive",
     );
+    // D's listener went with its fabric: a new connect is refused by the CM ("no listener"),
+    // not left to its connect deadline (the LND timeout, 4 s here) at a listener nobody reads.
+    let t1 = Instant::now();
+    c.send(d_nid, payload(4, 0), 1)?;
+    run_until(
+        &mut [&mut c],
+        Duration::from_secs(20),
+        "C's send to the abandoned D ends",
+        |ns| !ns[0].send_failed.is_empty(),
+    )?;
+    println!(
+        "verbs_kill: ABANDON_RECONNECT failed_ms={:.1} error={:?}",
+        t1.elapsed().as_secs_f64() * 1e3,
+        c.send_failed[0].1
+    );
+    checks.check(
+        c.send_failed[0].1 == lnd::engine::TxError::ConnectRefused,
+        "C's connect to the abandoned D was refused (nothing listens), not timed out",
+    );
     common::shutdown_all(&mut [&mut c], Duration::from_secs(10))?;
     checks.check(
         c.fabric.connections() == 0,

@@ -303,8 +303,8 @@ pub struct VerbsFabric {
     // the channel, and the PDs (which keep the device list open).
     conns: HandleSlab<VConn, VConnTag>,
     regions: HashMap<u64, Arc<MemoryRegion>>,
-    /// Held for its lifetime: its events carry the `LISTENER` token.
-    _listener: CmId,
+    /// Held until the fabric is dropped or abandoned: its events carry the `LISTENER` token.
+    listener: Option<CmId>,
     ch: EventChannel,
     devices: Arc<DeviceList>,
     /// One PD per device (index in `devices`), made on first use.
@@ -418,7 +418,7 @@ impl VerbsFabric {
         let mut f = VerbsFabric {
             conns: HandleSlab::new(),
             regions: HashMap::new(),
-            _listener: listener,
+            listener: Some(listener),
             ch,
             devices,
             pds: vec![None; n],
@@ -1113,9 +1113,13 @@ impl VerbsFabric {
     /// keepalive horizon: the 3FS #426 lesson) and each request not yet answered is rejected,
     /// without posting what is queued: the failed machinery is not trusted with more work.
     /// Best effort: on a dead HCA nothing leaves, and the peer's own timeouts end them. The
-    /// listener stays until the fabric is dropped; connects that reach it meanwhile are never
-    /// answered and end at their connect deadline.
+    /// listener is destroyed, so that a peer's later connect is refused by the CM at once (a
+    /// REJ, "no listener": its sends fail ConnectRefused) instead of reaching a listener whose
+    /// events nobody reads and waiting out its connect deadline, as the tcp fabric closes its
+    /// listening socket. Destroying it does not wait: every event of it read was acked on the
+    /// spot (`EventChannel::next_event`), and those not read are the kernel's to discard.
     pub fn abandon(&mut self) {
+        drop(self.listener.take());
         for vc in self.conns.handles() {
             let c = &mut self.conns[vc];
             let was = c.phase;
