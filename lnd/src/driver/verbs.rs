@@ -64,6 +64,7 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, trace, warn};
 
+use crate::driver::Doorbell;
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
     FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion,
@@ -333,6 +334,8 @@ pub struct VerbsFabric {
     to_break: Vec<ConnId>,
     /// A descriptor whose readability ends a blocking wait (see `Driver::set_waker`).
     waker: Option<std::os::fd::RawFd>,
+    /// The waker's flags, looked at in every busy-poll round (see `Driver::set_doorbell`).
+    bell: Option<Doorbell>,
     /// Message buffers of applied sends (copied into registered memory), given back to the
     /// engine at the next `poll` (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
@@ -439,6 +442,7 @@ impl VerbsFabric {
             rx_scratch: Vec::with_capacity(MSG_SIZE),
             to_break: Vec::new(),
             waker: None,
+            bell: None,
             spare: Vec::new(),
         };
         f.pd(home).map_err(io_err("ibv_alloc_pd"))?;
@@ -1190,15 +1194,30 @@ impl VerbsFabric {
         let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
         let start = std::time::Instant::now();
         let mut rounds = 0u32;
-        while !got && !spin.is_zero() {
-            got = self.any_ready(rounds % 16 == 0)?;
-            rounds = rounds.wrapping_add(1);
-            if got || start.elapsed() >= spin {
-                break;
+        let mut rung = false;
+        if !got && !spin.is_zero() {
+            // The doorbell: work handed over by another thread (a forward to this NI) ends the
+            // spin in the round it comes, as a flag (see `Doorbell`); the waker's descriptor is
+            // only watched by the poll(2) below, so without it a handover waited out the spin.
+            if let Some(b) = &self.bell {
+                b.spin_begin();
             }
-            std::thread::yield_now();
+            let spun = loop {
+                match self.any_ready(rounds % 16 == 0) {
+                    Ok(g) => got = g,
+                    Err(e) => break Err(e),
+                }
+                rounds = rounds.wrapping_add(1);
+                if got || self.bell.as_ref().is_some_and(Doorbell::rung) || start.elapsed() >= spin
+                {
+                    break Ok(());
+                }
+                std::thread::yield_now();
+            };
+            rung = self.bell.as_ref().is_some_and(Doorbell::spin_end);
+            spun?;
         }
-        if !got {
+        if !got && !rung {
             // Arm, then check once more (a completion may have slipped in before arming).
             for (_, c) in self.conns.iter() {
                 if let Some(r) = c.res.as_ref() {
@@ -1543,6 +1562,10 @@ impl crate::driver::Driver for VerbsFabric {
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
         self.waker = Some(fd);
+    }
+
+    fn set_doorbell(&mut self, bell: Doorbell) {
+        self.bell = Some(bell);
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
