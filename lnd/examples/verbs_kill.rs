@@ -67,7 +67,47 @@ fn main() {
     if let Err(e) = abandoned(ip, &mut checks) {
         checks.fail(e);
     }
+    if let Err(e) = woken_while_spinning(ip, &mut checks) {
+        checks.fail(e);
+    }
     checks.finish();
+}
+
+/// A wake-up from another thread (a router's forward handed to this NI) ends the fabric's
+/// busy-poll in the round it comes (the doorbell), rather than when the spin budget is spent:
+/// E spins for up to 10 s, woken after 50 ms.
+fn woken_while_spinning(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
+    use lnd::driver::{Driver, Waker};
+    let e_nid = nid("10.0.0.5@o2ib");
+    let addr = SocketAddr::new(ip, PORT + 4);
+    let mut e = Node::new("E", e_nid, 11, addr, [(e_nid, addr)].into(), tune)?;
+    let spin = Duration::from_secs(10);
+    e.fabric.set_busy_poll(spin);
+    let (waker, handle) = Waker::new().map_err(|e| format!("waker: {e}"))?;
+    Driver::set_waker(&mut e.fabric, waker.fd());
+    Driver::set_doorbell(&mut e.fabric, waker.doorbell());
+    let t0 = Instant::now();
+    let kick = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        handle.wake();
+    });
+    let Node {
+        fabric, ep, clock, ..
+    } = &mut e;
+    fabric
+        .poll(Some(spin), ep, || clock.now())
+        .map_err(|e| format!("E: poll: {e}"))?;
+    let took = t0.elapsed();
+    let _ = kick.join();
+    println!(
+        "verbs_kill: WOKEN_WHILE_SPINNING after_ms={:.1}",
+        took.as_secs_f64() * 1e3
+    );
+    checks.check(
+        took < spin / 2,
+        format!("a wake-up ended a 10 s busy-poll at once, not at its end ({took:?})"),
+    );
+    Ok(())
 }
 
 /// B: takes TAKE messages, then holds everything; runs until killed.
