@@ -336,6 +336,9 @@ pub struct VerbsFabric {
     waker: Option<std::os::fd::RawFd>,
     /// The waker's flags, looked at in every busy-poll round (see `Driver::set_doorbell`).
     bell: Option<Doorbell>,
+    /// The poll(2) saw the waker readable since the owner last asked (`Driver::take_woken`):
+    /// the loop reads the waker only then, not every turn.
+    woken: bool,
     /// Message buffers of applied sends (copied into registered memory), given back to the
     /// engine at the next `poll` (`Endpoint::recycle`).
     spare: Vec<Vec<u8>>,
@@ -443,6 +446,7 @@ impl VerbsFabric {
             to_break: Vec::new(),
             waker: None,
             bell: None,
+            woken: false,
             spare: Vec::new(),
         };
         f.pd(home).map_err(io_err("ibv_alloc_pd"))?;
@@ -1235,7 +1239,9 @@ impl VerbsFabric {
                 let ms = timeout.map_or(-1, |t| {
                     i32::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(i32::MAX)
                 });
-                v::poll_readable(&fds, ms)?;
+                let ready = v::poll_ready(&fds, ms)?;
+                // The waker is the second descriptor, when there is one.
+                self.woken |= self.waker.is_some() && ready.get(1) == Some(&true);
             }
         }
         for (_, c) in self.conns.iter() {
@@ -1566,6 +1572,10 @@ impl crate::driver::Driver for VerbsFabric {
 
     fn set_doorbell(&mut self, bell: Doorbell) {
         self.bell = Some(bell);
+    }
+
+    fn take_woken(&mut self) -> bool {
+        std::mem::take(&mut self.woken)
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {

@@ -1312,6 +1312,12 @@ impl Drop for CmId {
 /// Waits until one of `fds` is readable or `timeout_ms` passes (-1: forever). Returns the number
 /// of ready descriptors; EINTR counts as 0.
 pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<usize> {
+    Ok(poll_ready(fds, timeout_ms)?.iter().filter(|&&r| r).count())
+}
+
+/// As [`poll_readable`], saying which of `fds` became readable (or hung up or failed: a read
+/// will not block), in their order; EINTR: none.
+pub fn poll_ready(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -1325,9 +1331,9 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<usize> {
     if rc < 0 {
         let e = last_err();
         if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(0);
+            return Ok(vec![false; fds.len()]);
         }
         return Err(e);
     }
-    Ok(rc as usize)
+    Ok(pfds.iter().map(|p| p.revents != 0).collect())
 }
