@@ -147,6 +147,9 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 #[derive(Debug)]
 pub struct Waker {
     rx: std::os::unix::net::UnixStream,
+    /// The write end, held too: once every handle is dropped the read end would otherwise be
+    /// at end of file, readable for ever, and the loop watching it would never sleep.
+    _tx: std::sync::Arc<std::os::unix::net::UnixStream>,
     state: std::sync::Arc<WakeState>,
 }
 
@@ -164,6 +167,11 @@ struct WakeState {
     pending: std::sync::atomic::AtomicBool,
     /// The loop busy-polls and looks at `pending` before it next sleeps: no byte needed.
     spinning: std::sync::atomic::AtomicBool,
+    /// A byte was (or is about to be) written: the loop reads it when it takes the wake-up,
+    /// whether or not its watch fired (a verbs fabric whose spin saw the flag never reaches the
+    /// poll(2) that would have told), so that no byte outlives its wake-up and ends a later sleep
+    /// for nothing.
+    byte: std::sync::atomic::AtomicBool,
 }
 
 /// The fabric's side of a [`Waker`]: lets its busy-poll see wake-ups without the descriptor.
@@ -210,15 +218,14 @@ impl Waker {
         rx.set_nonblocking(true)?;
         tx.set_nonblocking(true)?;
         let state = std::sync::Arc::new(WakeState::default());
+        let tx = std::sync::Arc::new(tx);
         Ok((
             Waker {
                 rx,
+                _tx: tx.clone(),
                 state: state.clone(),
             },
-            WakeHandle {
-                tx: std::sync::Arc::new(tx),
-                state,
-            },
+            WakeHandle { tx, state },
         ))
     }
 
@@ -239,19 +246,30 @@ impl Waker {
     /// (the bytes first, then the flag: a wake-up after this call writes a byte again, one
     /// before it is seen by the look that follows).
     pub fn drain(&self) {
-        use std::io::Read;
-        let mut buf = [0u8; 64];
-        while matches!((&self.rx).read(&mut buf), Ok(n) if n > 0) {}
+        self.state
+            .byte
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.read_bytes();
         self.take_pending();
     }
 
-    /// Consumes a wake-up taken without a byte (the fabric saw the flag while it spun), and
-    /// leaves any byte for a later [`Waker::drain`] (the watch fires for it). Call it, like
+    /// Consumes a wake-up whether its watch fired or not (the fabric may have seen only the
+    /// flag while it spun), reading the waker's bytes only if one was written. Call it, like
     /// `drain`, before looking at what the wakers' owners sent. True if one was pending.
     pub fn take_pending(&self) -> bool {
         use std::sync::atomic::Ordering;
+        if self.state.byte.load(Ordering::Acquire) && self.state.byte.swap(false, Ordering::AcqRel)
+        {
+            self.read_bytes();
+        }
         self.state.pending.load(Ordering::Acquire)
             && self.state.pending.swap(false, Ordering::AcqRel)
+    }
+
+    fn read_bytes(&self) {
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        while matches!((&self.rx).read(&mut buf), Ok(n) if n > 0) {}
     }
 }
 
@@ -266,6 +284,9 @@ impl WakeHandle {
         {
             return;
         }
+        // Flagged before the write: a take that sees the flag and reads before the byte lands
+        // leaves that byte to the watch, as before the flag existed; never the other way round.
+        self.state.byte.store(true, Ordering::Release);
         // WouldBlock: the buffer is full of earlier wake-ups, so the loop will wake anyway.
         let _ = (&*self.tx).write(&[1]);
     }
@@ -409,5 +430,37 @@ mod tests {
         h.wake();
         bell.spin_begin();
         assert!(bell.rung());
+    }
+
+    /// A wake-up that wrote its byte but was taken by its flag (a verbs fabric's spin saw it
+    /// and never reached the poll(2) that watches the byte) takes its byte too: left in the
+    /// socket, it would end the next sleep at once, for nothing, one per such wake-up.
+    #[test]
+    fn a_wake_up_taken_by_its_flag_takes_its_byte_too() {
+        let (w, h) = Waker::new().unwrap();
+        h.wake();
+        assert!(w.take_pending());
+        assert!(!has_byte(&w), "the byte was left behind");
+        // A flag-only wake-up (the loop spun) reads nothing and takes the flag.
+        let bell = w.doorbell();
+        bell.spin_begin();
+        h.wake();
+        assert!(bell.spin_end());
+        assert!(w.take_pending());
+        assert!(!w.take_pending());
+    }
+
+    /// Dropping every handle does not leave the watched end at end of file (readable for ever,
+    /// so a loop watching it would never sleep): the waker holds the write end too.
+    #[test]
+    fn a_waker_whose_handles_are_gone_is_not_readable() {
+        let (w, h) = Waker::new().unwrap();
+        drop(h);
+        let mut b = [0u8; 8];
+        let r = (&w.rx).read(&mut b);
+        assert!(
+            matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "the waker reads {r:?}, not WouldBlock"
+        );
     }
 }
