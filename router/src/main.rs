@@ -1548,7 +1548,14 @@ fn run_shared(mut loops: Vec<NiLoop>) {
                 wait = wait.min(l.rt.wait_hint(MAX_WAIT));
             }
         }
-        if !loops[0].hands.rx.is_empty() {
+        // Handovers waiting for any loop, not only the sleeper's: a loop stepped before the
+        // one that handed it something (three NIs or more) takes it only in the next round,
+        // which must not wait out the sleep (found in review: up to MAX_WAIT per forward).
+        if loops
+            .iter()
+            .zip(&done)
+            .any(|(l, &d)| !d && !l.hands.rx.is_empty())
+        {
             wait = StdDuration::ZERO;
         }
         if done[0] {
