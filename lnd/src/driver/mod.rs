@@ -30,8 +30,10 @@ pub trait Driver {
     ) -> io::Result<()>;
 
     /// Makes `poll` return early whenever `fd` becomes readable. `fd` is the read end of a
-    /// [`Waker`]; the fabric only watches it, and the loop calls [`Waker::drain`] after every
-    /// `poll` (so a level-triggered watch does not fire again for the same wake-up). This is how
+    /// [`Waker`]; the fabric only watches it, and after every `poll` the loop calls
+    /// [`Waker::drain`] when the watch fired ([`Driver::take_woken`]), else
+    /// [`Waker::take_pending`] (so a level-triggered watch does not fire again for the same
+    /// wake-up, and one taken by the [`Doorbell`]'s flag is consumed too). This is how
     /// work arriving from other threads (a control request) cuts a wait short instead of
     /// waiting out the loop's bound.
     fn set_waker(&mut self, fd: std::os::fd::RawFd);
