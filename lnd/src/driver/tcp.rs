@@ -1584,11 +1584,12 @@ impl TcpFabric {
             },
         );
         for sock in due {
+            // Taken once: a socket that stalled, got a slot and stalled again between two
+            // passes is listed twice, and is broken and counted once.
             let Some(s) = self.socks.get_mut(sock) else {
                 continue;
             };
-            s.overrun_deadline = None;
-            if s.shut {
+            if s.overrun_deadline.take().is_none() || s.shut {
                 continue;
             }
             self.stats.credit_overruns += 1;
