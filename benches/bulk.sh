@@ -7,7 +7,12 @@
 #
 # For each of ROUNDS rounds and each message size S in SIZES, in a private network namespace
 # (only lo up):
-#   1. iperf3 TCP single stream, T seconds, writes of S bytes (-l S)   (receiver Gbit/s)
+#   1. iperf3 TCP single stream, T seconds, writes of S bytes (-l S)   (receiver Gbit/s), direct
+#      and relayed: through `tcp_relay` (benches/src/bin/tcp_relay.rs), the least a process
+#      forwarding through its own memory can do (a receive copy and a send copy, nothing else):
+#      its relayed/direct is the ceiling of any user-space router on this machine, and the
+#      table gives ulnet's routed/direct as a fraction of it; and spliced: through
+#      `tcp_relay --splice` (socket -> pipe -> socket, the bytes never in the relay's memory)
 #   2. lnet_perf --bulk-put T --size S          ulnet PUT by rendezvous  (brw write analogue)
 #   3. lnet_perf --bulk-get T --size S          ulnet GET by rendezvous  (brw read analogue)
 #   4. lnet_perf --bulk-put / --bulk-get T --size S --via-router lnet-router   (three processes
@@ -27,7 +32,8 @@
 #      namespace. The figure is the servers' LNet bandwidth as lst stat reports it ([R] for
 #      write, [W] for read: data plus the 160-byte RPCs).
 # then prints, per size, the median of each figure in MiB/s, its ratio to iperf3's, UCX's and
-# fi_pingpong's, routed / direct, and draws them (MiB/s against size, one line per system)
+# fi_pingpong's, routed / direct, that as a fraction of the relay's relayed / direct ("x relay's":
+# 1.00 is a router that costs no more than the bare relay), and draws them (MiB/s against size, one line per system)
 # into PLOT (SVG).
 # Targets (issue "Bulk transfers"): 1 MiB direct >= 0.9x iperf3 single stream (>= 1.0x UCX
 # tag_bw: stretch); through one router >= 0.5x direct.
@@ -49,6 +55,7 @@ PRE=""
 TMP=$(mktemp -d /tmp/bulk.XXXXXX)
 
 cleanup() {
+  for p in ${RELAY_PID:-} ${SPLICE_PID:-}; do kill "$p" 2>/dev/null; done
   [ -n "$PRE" ] && ip netns del "$NS" 2>/dev/null
   [ ${#ST_PIDS[@]} -gt 0 ] && st_stop
   rm -rf "$TMP"
@@ -76,7 +83,7 @@ fi
 
 echo "building lnet_perf, lnet-router, lnetctl and bulk_plot (release)" >&2
 (cd "$ROOT" && timeout 900 cargo build --release -q -p benches --bin lnet_perf --bin bulk_plot \
-  -p router --bin lnet-router -p lnetctl) || exit 1
+  --bin tcp_relay -p router --bin lnet-router -p lnetctl) || exit 1
 PERF="$ROOT/target/release/lnet_perf"
 CTL="$ROOT/target/release/lnetctl"
 
@@ -177,23 +184,38 @@ fi_pp() {  # size round
     echo "WARN fi_pingpong size $s round $r failed: $(tail -2 "$TMP/err" | tr '\n' ' ')" >&2
   fi
 }
+# iperf3 single stream to PORT (5201: the server; 5202: tcp_relay, which forwards to it).
+iperf() {  # system port size round
+  local name=$1 port=$2 s=$3 r=$4 spid gbit
+  $PRE timeout $((T + 30)) iperf3 -s -B 127.0.0.1 -p 5201 -1 >/dev/null 2>&1 &
+  spid=$!
+  sleep 0.5
+  gbit=$($PRE timeout $((T + 20)) iperf3 -c 127.0.0.1 -p "$port" -t "$T" -l "$s" -f g 2>/dev/null \
+    | awk '/receiver/ {print $(NF-2)}')
+  wait $spid 2>/dev/null
+  if [ -n "$gbit" ]; then
+    # Gbit/s (10^9 bits) to MiB/s.
+    echo "$name $s $(awk -v g="$gbit" 'BEGIN {printf "%.1f", g * 1e9 / 8 / 1048576}')" >>"$TMP/figs"
+  else
+    echo "WARN $name size $s round $r failed" >&2
+  fi
+}
+RELAY_PID="" SPLICE_PID=""
+if have iperf3; then
+  $PRE "$ROOT/target/release/tcp_relay" 127.0.0.1:5202 127.0.0.1:5201 2>>"$TMP/relay.log" &
+  RELAY_PID=$!
+  $PRE "$ROOT/target/release/tcp_relay" --splice 127.0.0.1:5203 127.0.0.1:5201 \
+    2>>"$TMP/relay.log" &
+  SPLICE_PID=$!
+fi
 ST_OK=0
 st_start && ST_OK=1
 for r in $(seq 1 "$ROUNDS"); do
   for s in $SIZES; do
     if have iperf3; then
-      $PRE timeout $((T + 30)) iperf3 -s -B 127.0.0.1 -p 5201 -1 >/dev/null 2>&1 &
-      spid=$!
-      sleep 0.5
-      gbit=$($PRE timeout $((T + 20)) iperf3 -c 127.0.0.1 -p 5201 -t "$T" -l "$s" -f g 2>/dev/null \
-        | awk '/receiver/ {print $(NF-2)}')
-      wait $spid 2>/dev/null
-      if [ -n "$gbit" ]; then
-        # Gbit/s (10^9 bits) to MiB/s.
-        echo "iperf3 $s $(awk -v g="$gbit" 'BEGIN {printf "%.1f", g * 1e9 / 8 / 1048576}')" >>"$TMP/figs"
-      else
-        echo "WARN iperf3 size $s round $r failed" >&2
-      fi
+      iperf iperf3 5201 "$s" "$r"
+      [ -n "$RELAY_PID" ] && iperf iperf3_relayed 5202 "$s" "$r"
+      [ -n "$SPLICE_PID" ] && iperf iperf3_spliced 5203 "$s" "$r"
     fi
     if have ucx_perftest; then
       UCX_PORT=$((UCX_PORT + 1))
@@ -224,30 +246,37 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 st_stop
+for p in $RELAY_PID $SPLICE_PID; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+RELAY_PID="" SPLICE_PID=""
 
 median() { sort -n | awk '{a[NR] = $1} END {if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 fig() { awk -v n="$1" -v s="$2" '$1 == n && $2 == s {print $3}' "$TMP/figs" | median; }
 ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}' || echo NA; }
-printf "%-9s %-17s %12s %10s %8s %8s %16s\n" size system "MiB/s" "x iperf3" "x UCX" "x fi_pp" \
-  "routed/direct"
+printf "%-9s %-17s %12s %10s %8s %8s %16s %12s\n" size system "MiB/s" "x iperf3" "x UCX" "x fi_pp" \
+  "routed/direct" "x relay's"
 for s in $SIZES; do
   base=$(fig iperf3 "$s")
   ucx=$(fig ucx_tag_bw "$s")
   fipp=$(fig fi_pingpong "$s")
-  for name in iperf3 ucx_tag_bw fi_pingpong ulnet_put ulnet_get ulnet_put_routed ulnet_get_routed \
-      brw_write brw_read brw_write_routed brw_read_routed; do
+  ceil=$(ratio "$(fig iperf3_relayed "$s")" "$base")
+  for name in iperf3 iperf3_relayed iperf3_spliced ucx_tag_bw fi_pingpong ulnet_put ulnet_get ulnet_put_routed \
+      ulnet_get_routed brw_write brw_read brw_write_routed brw_read_routed; do
     m=$(fig "$name" "$s")
     if [ -z "$m" ]; then
       [ "$name" = fi_pingpong ] && printf "%-9s %-17s %12s\n" "$s" "$name" n/a
       continue
     fi
     rd=""
+    [ "$name" = iperf3_relayed ] && rd=$ceil
+    [ "$name" = iperf3_spliced ] && rd=$(ratio "$m" "$base")
     [ "$name" = ulnet_put_routed ] && rd=$(ratio "$m" "$(fig ulnet_put "$s")")
     [ "$name" = ulnet_get_routed ] && rd=$(ratio "$m" "$(fig ulnet_get "$s")")
     [ "$name" = brw_write_routed ] && rd=$(ratio "$m" "$(fig brw_write "$s")")
     [ "$name" = brw_read_routed ] && rd=$(ratio "$m" "$(fig brw_read "$s")")
-    printf "%-9s %-17s %12s %10s %8s %8s %16s\n" "$s" "$name" "$m" "$(ratio "$m" "$base")" \
-      "$(ratio "$m" "$ucx")" "$(ratio "$m" "$fipp")" "$rd"
+    rc=""
+    [ -n "$rd" ] && [ "$rd" != NA ] && [ "$ceil" != NA ] && rc=$(ratio "$rd" "$ceil")
+    printf "%-9s %-17s %12s %10s %8s %8s %16s %12s\n" "$s" "$name" "$m" "$(ratio "$m" "$base")" \
+      "$(ratio "$m" "$ucx")" "$(ratio "$m" "$fipp")" "$rd" "$rc"
   done
 done
 mkdir -p "$(dirname "$PLOT")"
