@@ -1343,7 +1343,7 @@ impl NiLoop {
         // out in this turn's submission rather than a turn later.
         self.hands.take_in(&mut self.rt);
         if !self.failed {
-            let wait = self.lst.bound(wait, self.rt.now());
+            let wait = self.lst.bound(wait, &self.rt);
             if let Err(e) = self.rt.turn(wait) {
                 // The daemon stops only when this was its last working NI: one published (not
                 // being added or removed) and no other NI of the set still has its fabric.
@@ -1453,8 +1453,11 @@ impl NiLoop {
             }
             drain_events(rt, control, &mut self.lst, &mut self.peer_log);
         }
-        let now = rt.now();
-        self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
+        // The clock only for what needs it: a loop comes here every turn.
+        if !matches!(self.capture, CaptureState::Idle) {
+            let now = rt.now();
+            self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
+        }
 
         if self.removed_at.is_none() && self.stop.load(Ordering::Acquire) {
             // `net del` published the set without this NI before it asked it to stop.
@@ -1463,12 +1466,14 @@ impl NiLoop {
         if self.shutdown_deadline.is_none()
             && (self.daemon.shared.stop.load(Ordering::Relaxed) || self.removed_at.is_some())
         {
+            let now = rt.now();
             rt.node_mut().shutdown(now);
             self.shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
         }
         let Some(deadline) = self.shutdown_deadline else {
             return false;
         };
+        let now = rt.now();
         let node = rt.node_mut();
         if !node.is_shut_down() && now < deadline {
             return false;
@@ -2069,10 +2074,11 @@ struct NiSelftest {
 
 impl NiSelftest {
     /// Bounds a turn's wait by the selftest's next deadline.
-    fn bound(&self, wait: StdDuration, now: lnd::time::Instant) -> StdDuration {
+    fn bound(&self, wait: StdDuration, rt: &NiRuntime<Box<dyn Driver + Send>>) -> StdDuration {
         let Some(st) = &self.st else {
             return wait;
         };
+        let now = rt.now();
         [st.poll_timeout(), st.console_timeout()]
             .into_iter()
             .flatten()
@@ -2195,10 +2201,11 @@ fn drain_events(
     lst: &mut NiSelftest,
     peer_log: &mut PeerLog,
 ) {
-    let now = rt.now();
+    // The clock only when there is an event to handle: a loop comes here every turn.
+    let now = rt.node().has_events().then(|| rt.now());
     let (node, driver) = rt.parts();
     let mut none = NoRegistry;
-    while let Some(ev) = node.poll_event() {
+    while let (Some(now), Some(ev)) = (now, node.poll_event()) {
         let reg = registry(driver, &mut none);
         if let Some(st) = lst.st.as_mut() {
             if st.handle_event(now, node, reg, &ev) {

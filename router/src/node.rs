@@ -828,6 +828,11 @@ impl LnetNode {
         self.events.pop_front()
     }
 
+    /// Whether [`LnetNode::poll_event`] has an event to give.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// When [`LnetNode::handle_timeout`] should next be called: the earliest LND timer or ping
     /// deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
