@@ -202,10 +202,10 @@ iperf() {  # system port size round
 }
 RELAY_PID="" SPLICE_PID=""
 if have iperf3; then
-  $PRE "$ROOT/target/release/tcp_relay" 127.0.0.1:5202 127.0.0.1:5201 2>>"$TMP/relay.log" &
+  $PRE "$ROOT/target/release/tcp_relay" 127.0.0.1:5202 127.0.0.1:5201 >/dev/null 2>>"$TMP/relay.log" &
   RELAY_PID=$!
   $PRE "$ROOT/target/release/tcp_relay" --splice 127.0.0.1:5203 127.0.0.1:5201 \
-    2>>"$TMP/relay.log" &
+    >/dev/null 2>>"$TMP/relay.log" &
   SPLICE_PID=$!
 fi
 ST_OK=0

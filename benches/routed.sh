@@ -18,6 +18,13 @@
 # Routed runs twice: the router with a thread per NI (--ni-threads per-ni, the default) and with
 # both NIs on one thread (--ni-threads shared). Prints each figure, the routed/direct ratios,
 # and the CPU seconds each process used.
+# The relay ceiling, same run: each figure again with a bare relay between the same client and
+# server (lnet_perf --via-relay target/release/tcp_relay --relay-arg --spin: a byte-stream
+# relay that busy-polls every connection and never sleeps, with no framing, no LNet, no
+# credits of its own, so the clients' LND credits reach the server end to end): what a third
+# process forwarding on these two cores reaches by itself. Where the target is below it, no
+# router can meet the target here; the 8-client rate at default credits is also LNet's funnel,
+# which the relay does not have.
 # Targets (issue "Routing", on a 2-core machine where three processes share two cores):
 # routed rate >= 0.5x direct, routed RTT <= 2.5x direct.
 #
@@ -30,7 +37,8 @@ cd "$ROOT" || exit 1
 RTT_N=${RTT_N:-10000}
 PUT_SECS=${PUT_SECS:-5}
 TUNED_CREDITS=${TUNED_CREDITS:-64}
-cargo build --release -q -p benches --bin lnet_perf -p router --bin lnet-router || exit 1
+cargo build --release -q -p benches --bin lnet_perf --bin tcp_relay -p router --bin lnet-router \
+  || exit 1
 PERF=target/release/lnet_perf
 ROUTER=target/release/lnet-router
 extra=()
@@ -65,6 +73,9 @@ for spec in \
   # shellcheck disable=SC2086
   read -r _ v c < <(run "$key-direct" $args)
   V[$key-direct]=$v C[$key-direct]=$c
+  # shellcheck disable=SC2086
+  read -r _ v c < <(run "$key-relay" $args --via-relay target/release/tcp_relay --relay-arg --spin)
+  V[$key-relay]=$v C[$key-relay]=$c
   for mode in per-ni shared; do
     # shellcheck disable=SC2086
     read -r _ v c < <(run "$key-$mode" $args --via-router "$ROUTER" "${extra[@]}" \
@@ -74,7 +85,7 @@ for spec in \
 done
 
 echo
-printf '%-28s %10s %14s %14s %8s %8s %8s\n' "figure" "direct" "routed per-ni" "routed shared" "ratio" "ratio" "target"
+printf '%-28s %10s %14s %14s %8s %8s %8s   %s\n' "figure" "direct" "routed per-ni" "routed shared" "ratio" "ratio" "target" "bare relay (ratio)"
 row() {  # key label unit target-op target
   local out verdict r
   out=$(printf '%-28s %10s %14s %14s' "$2 ($3)" "${V[$1-direct]}" "${V[$1-per-ni]}" "${V[$1-shared]}")
@@ -88,7 +99,7 @@ row() {  # key label unit target-op target
       verdict="$verdict $mode:NOT-met"
     fi
   done
-  printf '%s %8s %s\n' "$out" "$4 $5" "$verdict"
+  printf '%s %8s %s   %s (%s)\n' "$out" "$4 $5" "$verdict" "${V[$1-relay]}" "$(ratio "${V[$1-relay]}" "${V[$1-direct]}")"
 }
 row rtt1 "ping RTT median, 1 client" "us" "<=" 2.5
 row rtt8 "ping RTT median, 8 clients" "us" "<=" 2.5
@@ -98,7 +109,7 @@ row put8t "same, server+router pc=$TUNED_CREDITS" "msgs/s" ">=" 0.5
 echo
 echo "CPU seconds (user + system) of each process over each run:"
 for k in rtt1 rtt8 put1 put8 put8t; do
-  for mode in direct per-ni shared; do
+  for mode in direct relay per-ni shared; do
     printf '  %-6s %-7s %s\n' "$k" "$mode" "${C[$k-$mode]}"
   done
 done

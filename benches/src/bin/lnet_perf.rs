@@ -148,6 +148,11 @@ struct Opts {
     server_peer_credits: Option<u32>,
     /// `--router-arg ARG` (repeatable): more arguments for the router daemon.
     router_args: Vec<String>,
+    /// `--via-relay BIN`: A reaches B through this `tcp_relay` (a byte-stream relay; same net,
+    /// no router): the ceiling a forwarding process reaches with ulnet's own endpoints.
+    relay: Option<PathBuf>,
+    /// `--relay-arg ARG` (repeatable): more arguments for the relay (`--spin`).
+    relay_args: Vec<String>,
     /// `--stall-server SECS` (put-rate): B is stopped (SIGSTOP) this long once the stream
     /// runs, then continued, before the rate is measured.
     stall_server: Option<StdDuration>,
@@ -195,7 +200,8 @@ fn usage() -> ExitCode {
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
          [--router-conns-per-peer N] [--server-peer-credits C] \
-         [--router-arg ARG]...] [--stall-server SECS]"
+         [--router-arg ARG]...] [--via-relay TCP_RELAY_BIN [--relay-arg ARG]...] \
+         [--stall-server SECS]"
     );
     ExitCode::from(2)
 }
@@ -219,6 +225,8 @@ fn parse_args() -> Option<Opts> {
         router_conns_per_peer: 1,
         server_peer_credits: None,
         router_args: Vec::new(),
+        relay: None,
+        relay_args: Vec::new(),
         stall_server: None,
         size: 1 << 20,
         bulk_serve: false,
@@ -268,6 +276,8 @@ fn parse_args() -> Option<Opts> {
                 opts.router_busy_poll = Some(StdDuration::from_micros(val?.parse().ok()?))
             }
             "--router-arg" => opts.router_args.push(val?.clone()),
+            "--via-relay" => opts.relay = Some(PathBuf::from(val?)),
+            "--relay-arg" => opts.relay_args.push(val?.clone()),
             "--server-peer-credits" => {
                 opts.server_peer_credits = Some(val?.parse().ok().filter(|&c| c > 0)?)
             }
@@ -326,7 +336,26 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    shared.add_peer(server_nid(opts.routed), server.addr);
+    let mut relay = None;
+    if let Some(bin) = &opts.relay {
+        if opts.router.is_some() {
+            eprintln!("lnet_perf: --via-relay and --via-router exclude each other");
+            return ExitCode::from(2);
+        }
+        match Relay::start(bin, &opts.relay_args, server.addr) {
+            Ok(r) => {
+                // A connects to the relay as if it were B; the relay connects on to B.
+                shared.add_peer(server_nid(false), r.addr);
+                relay = Some(r);
+            }
+            Err(e) => {
+                eprintln!("lnet_perf: cannot start the relay: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        shared.add_peer(server_nid(opts.routed), server.addr);
+    }
     let (tx, rx) = mpsc::channel::<Report>();
     let mut clients = Vec::new();
     for i in 0..opts.clients {
@@ -434,7 +463,11 @@ fn main() -> ExitCode {
             ok = false;
         }
     }
-    let cpu_router = router.as_ref().map(|r| cpu_seconds(r.child.id()));
+    let cpu_router = router
+        .as_ref()
+        .map(|r| cpu_seconds(r.child.id()))
+        .or_else(|| relay.as_ref().map(|r| cpu_seconds(r.child.id())));
+    drop(relay);
     if let Some(r) = &router {
         // Every message the router accepted was forwarded or dropped with a reason.
         match r.books() {
@@ -781,6 +814,51 @@ impl Server {
         }
         let _ = self.child.kill();
         Err("did not stop in time (killed)".into())
+    }
+}
+
+/// `tcp_relay` between A and B (`--via-relay`); killed when dropped.
+struct Relay {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Relay {
+    fn start(bin: &std::path::Path, args: &[String], to: SocketAddr) -> Result<Relay, String> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(bin)
+            .args(args)
+            .args(["127.0.0.1:0".to_string(), to.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(out).read_line(&mut first);
+        match first
+            .trim()
+            .strip_prefix("LISTEN ")
+            .and_then(|a| a.parse().ok())
+        {
+            Some(addr) => Ok(Relay { child, addr }),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!(
+                    "the relay said '{}', not LISTEN <addr>",
+                    first.trim()
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
