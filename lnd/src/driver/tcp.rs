@@ -176,8 +176,8 @@
 //! - provided buffer rings, for NIs with very many connections (see above for what they must
 //!   solve first);
 //! - registered (fixed) files and buffers, SQPOLL as an option; `SendZc` for RDMA_WRITE data
-//!   (the region's pages straight to the socket instead of a copy into the write buffer), and
-//!   receiving RDMA_WRITE data straight into the region;
+//!   (the region's pages straight to the socket instead of a copy into the write buffer; to a
+//!   local socket the kernel copies it anyway, see the kernel's msg_zerocopy document);
 //! - a per-write acknowledgement frame, if an exact `Error` for a refused remote write (rather
 //!   than the connection failing) turns out to matter;
 //! - a poll for POLLRDHUP on a stalled connection so that its peer's death is seen at once too.
@@ -365,6 +365,9 @@ pub struct TcpStats {
     /// `frame::WRITE_CHUNK` bytes is several), and their data bytes.
     pub rdma_frames_rx: u64,
     pub rdma_bytes_rx: u64,
+    /// Of `rdma_bytes_rx`, the bytes read from the socket straight into their region (the
+    /// rest came through the receive buffer and a copy).
+    pub rdma_direct_bytes_rx: u64,
     /// RDMA_WRITE frames refused because their key names no region here (unknown or
     /// deregistered), their bytes fall outside it, or no open grant of their connection covers
     /// them: nothing written, the connection closed.
@@ -438,6 +441,7 @@ impl TcpStats {
             ("rdma_bytes_tx", self.rdma_bytes_tx),
             ("rdma_frames_rx", self.rdma_frames_rx),
             ("rdma_bytes_rx", self.rdma_bytes_rx),
+            ("rdma_direct_bytes_rx", self.rdma_direct_bytes_rx),
             ("rdma_access_errors", self.rdma_access_errors),
             ("rdma_ungranted", self.rdma_ungranted),
             ("rdma_local_errors", self.rdma_local_errors),
@@ -624,6 +628,9 @@ struct Sock {
     grants: Vec<(WrId, RemoteFrag)>,
     /// The RDMA_WRITE frame whose data is streaming into a region.
     rx_write: Option<RxWrite>,
+    /// The last RDMA_WRITE frame's data came straight from the socket: the next read takes one
+    /// frame's heads only, so that the next frame's data can too (see `TcpFabric::parse`).
+    heads_only: bool,
     rbuf: Option<Vec<u8>>,
     rstart: usize,
     rend: usize,
@@ -2152,6 +2159,45 @@ impl TcpFabric {
                 w.off += n;
                 w.left -= n;
                 s.rstart += n;
+                if w.left > 0 && !w.discard && s.rstart == s.rend {
+                    // The rest of the data is still in the socket: read it straight into the
+                    // region (no recv is in flight: the ring holds `rbuf` while one is), not
+                    // through `rbuf` and a copy. Non-blocking: what has not arrived comes by
+                    // the ring as usual.
+                    let Some(stream) = s.stream.as_ref() else {
+                        break;
+                    };
+                    while w.left > 0 {
+                        let Some(region) = self.regions.get_mut(&w.key) else {
+                            return self.access_error(sock, "region deregistered", sink, now);
+                        };
+                        let (off, left) = (w.off, w.left);
+                        let got = region.with(|b| {
+                            b.get_mut(off..off + left).map(|dst| {
+                                rustix::net::recv(stream, dst, rustix::net::RecvFlags::DONTWAIT)
+                            })
+                        });
+                        match got {
+                            None => {
+                                return self.access_error(sock, "region deregistered", sink, now)
+                            }
+                            Some(Ok((0, _))) => return self.on_recv(sock, 0, sink, now),
+                            Some(Ok((n, _))) => {
+                                self.stats.bytes_rx += n as u64;
+                                self.stats.rdma_bytes_rx += n as u64;
+                                self.stats.rdma_direct_bytes_rx += n as u64;
+                                w.off += n;
+                                w.left -= n;
+                            }
+                            Some(Err(rustix::io::Errno::INTR)) => {}
+                            Some(Err(rustix::io::Errno::AGAIN)) => break,
+                            Some(Err(e)) => {
+                                return self.on_recv(sock, -e.raw_os_error(), sink, now)
+                            }
+                        }
+                    }
+                    s.heads_only = w.left == 0;
+                }
                 if w.left > 0 {
                     break;
                 }
@@ -2610,6 +2656,7 @@ impl TcpFabric {
             rbuf_len,
             grants: Vec::new(),
             rx_write: None,
+            heads_only: false,
             rbuf,
             rstart: 0,
             rend: 0,
@@ -2725,7 +2772,12 @@ impl TcpFabric {
             return;
         }
         let t = tag(OpTag::Recv, sock);
-        self.ring.recv(stream.as_fd(), buf, s.rend, t);
+        let max = if std::mem::take(&mut s.heads_only) {
+            HEAD_LEN + WRITE_HEAD_LEN
+        } else {
+            usize::MAX
+        };
+        self.ring.recv(stream.as_fd(), buf, s.rend, max, t);
         s.recv_armed = true;
         s.ops += 1;
     }

@@ -181,11 +181,18 @@ impl Ring {
         self.queue(entry, tag, OpKind::Connect, None, Some(addr));
     }
 
-    /// Receives into `buf[offset..]`; the result is the byte count (0 = end of stream) or `-errno`.
-    /// `buf` comes back in the completion.
-    pub fn recv(&mut self, sock: BorrowedFd<'_>, mut buf: Vec<u8>, offset: usize, tag: u64) {
+    /// Receives into `buf[offset..]`, at most `max` bytes; the result is the byte count (0 = end
+    /// of stream) or `-errno`. `buf` comes back in the completion.
+    pub fn recv(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        mut buf: Vec<u8>,
+        offset: usize,
+        max: usize,
+        tag: u64,
+    ) {
         let offset = offset.min(buf.len());
-        let len = u32::try_from(buf.len() - offset).unwrap_or(u32::MAX);
+        let len = u32::try_from((buf.len() - offset).min(max)).unwrap_or(u32::MAX);
         let ptr = buf.as_mut_ptr().wrapping_add(offset);
         let entry = opcode::Recv::new(types::Fd(sock.as_raw_fd()), ptr, len).build();
         self.queue(entry, tag, OpKind::Recv, Some(buf), None);
@@ -549,7 +556,7 @@ mod tests {
         server.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"ello");
         server.write_all(b"world").unwrap();
-        ring.recv(sock.as_fd(), vec![0u8; 16], 3, 4);
+        ring.recv(sock.as_fd(), vec![0u8; 16], 3, usize::MAX, 4);
         let mut n = None;
         while n.is_none() && Instant::now() < deadline {
             ring.submit_and_wait(Some(Duration::from_millis(50)))

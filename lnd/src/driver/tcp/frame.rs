@@ -34,7 +34,8 @@
 //! around it. Only MSG-sized frames ([`MAX_FRAME`]) must fit whole in a receive buffer: the
 //! receiver validates the 17 bytes of head and write head ([`parse_write_head`]), checks the key
 //! and the bounds `[addr, addr + data)` before writing anything, then streams the data from its
-//! receive buffer into the region as it arrives.
+//! receive buffer into the region as it arrives, and reads what is still in the socket straight
+//! into the region (`TcpFabric::parse`).
 
 use core::fmt;
 
