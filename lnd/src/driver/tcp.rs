@@ -739,6 +739,11 @@ impl Region {
 /// How far the write buffer is filled from an RDMA write's source before it is handed to the
 /// socket (the rest of the write is copied as the socket takes it).
 const WQ_FILL: usize = 256 * 1024;
+/// RDMA_WRITE data is read from the socket straight into its region only while the write has
+/// at least this much still to bring (its grant, from the frame on): for a write of one or two
+/// frames the extra non-blocking reads cost more than the copy they save (measured: 64 KiB
+/// PUTs 30% slower with every frame read straight, 1 MiB PUTs 7-15% faster).
+const DIRECT_MIN: u64 = 2 * WRITE_CHUNK as u64;
 /// Where region addresses start (names only; a guard page separates regions).
 const REGION_BASE: u64 = 0x7e00_0000_0000;
 const PAGE: u64 = 4096;
@@ -2159,7 +2164,27 @@ impl TcpFabric {
                 w.off += n;
                 w.left -= n;
                 s.rstart += n;
-                if w.left > 0 && !w.discard && s.rstart == s.rend {
+                // How much of its grant lies at and after `addr`: a write is cut into frames
+                // in address order, so this is what the write still has to bring.
+                let grant_left = |grants: &[(WrId, RemoteFrag)], addr: Option<u64>| {
+                    addr.and_then(|addr| {
+                        grants
+                            .iter()
+                            .filter(|(_, g)| g.key == w.key)
+                            .filter_map(|(_, g)| {
+                                let o = addr.checked_sub(g.addr)?;
+                                u64::from(g.len).checked_sub(o)
+                            })
+                            .max()
+                    })
+                    .unwrap_or(0)
+                };
+                let base = self.regions.get(&w.key).map(|r| r.addr);
+                if w.left > 0
+                    && !w.discard
+                    && s.rstart == s.rend
+                    && grant_left(&s.grants, base.map(|b| b + w.off as u64)) >= DIRECT_MIN
+                {
                     // The rest of the data is still in the socket: read it straight into the
                     // region (no recv is in flight: the ring holds `rbuf` while one is), not
                     // through `rbuf` and a copy. Non-blocking: what has not arrived comes by
@@ -2196,7 +2221,9 @@ impl TcpFabric {
                             }
                         }
                     }
-                    s.heads_only = w.left == 0;
+                    // The next frame's data straight too, if the write goes on long enough.
+                    s.heads_only = w.left == 0
+                        && grant_left(&s.grants, base.map(|b| b + w.off as u64)) >= DIRECT_MIN;
                 }
                 if w.left > 0 {
                     break;

@@ -2241,10 +2241,11 @@ fn tcp_a_wake_up_is_never_lost_between_the_busy_poll_and_the_sleep() {
 }
 
 /// The data of RDMA_WRITE frames that is still in the socket when its head is parsed is read
-/// straight into the region, not through the receive buffer and a copy; after such a frame the
-/// next read takes only the next frame's heads, so that its data can come straight too. Eight
-/// 1 MiB writes of odd sizes and offsets land byte-exact, with a message behind each, and most
-/// of their bytes took the direct path.
+/// straight into the region, not through the receive buffer and a copy, while the write has at
+/// least `DIRECT_MIN` bytes to bring; after such a frame the next read takes only the next
+/// frame's heads, so that its data can come straight too. Eight 1 MiB writes of odd sizes and
+/// offsets land byte-exact, with a message behind each, and most of their bytes took the direct
+/// path; a 64 KiB write does not.
 #[test]
 fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
     let clock = MonotonicClock::new();
@@ -2297,6 +2298,35 @@ fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
     assert!(
         sb.rdma_direct_bytes_rx * 2 > total,
         "{} of {total} bytes read straight into the region",
+        sb.rdma_direct_bytes_rx
+    );
+    // A write of one frame (64 KiB) comes through the receive buffer: for it the extra reads
+    // would cost more than the copy (`DIRECT_MIN`).
+    let src = a.fabric.register(pattern(200, 64 * 1024)).unwrap();
+    let sink = b.fabric.register(vec![0; 64 * 1024]).unwrap();
+    grant_all(&mut b, &clock, a.ep.nid(), &sink);
+    let got_before = b.got.len();
+    post_write1(
+        &mut a,
+        &clock,
+        conn,
+        injected(3000),
+        &src,
+        0,
+        sink.remote(),
+        64 * 1024,
+    );
+    a.send(&clock, bn, 70, payload(70));
+    assert!(run_until(
+        &mut [&mut a, &mut b],
+        &clock,
+        StdDuration::from_secs(10),
+        |n| n[0].done.contains_key(&70) && n[1].got.len() > got_before
+    ));
+    assert!(b.fabric.region(&sink) == a.fabric.region(&src));
+    assert_eq!(b.fabric.stats().rdma_bytes_rx, total + 64 * 1024);
+    assert_eq!(
+        b.fabric.stats().rdma_direct_bytes_rx,
         sb.rdma_direct_bytes_rx
     );
     shut_down_both(&mut a, &mut b, &clock);
