@@ -2202,10 +2202,14 @@ fn drain_events(
     peer_log: &mut PeerLog,
 ) {
     // The clock only when there is an event to handle: a loop comes here every turn.
-    let now = rt.node().has_events().then(|| rt.now());
+    if !rt.node().has_events() {
+        lst.answer();
+        return;
+    }
+    let now = rt.now();
     let (node, driver) = rt.parts();
     let mut none = NoRegistry;
-    while let (Some(now), Some(ev)) = (now, node.poll_event()) {
+    while let Some(ev) = node.poll_event() {
         let reg = registry(driver, &mut none);
         if let Some(st) = lst.st.as_mut() {
             if st.handle_event(now, node, reg, &ev) {

@@ -783,9 +783,7 @@ impl Server {
         let first = lines
             .recv_timeout(StdDuration::from_secs(10))
             .map_err(|_| "node B did not report its address".to_string())?;
-        let addr = first
-            .strip_prefix("LISTEN ")
-            .and_then(|a| a.parse().ok())
+        let addr = listen_addr(&first)
             .ok_or_else(|| format!("node B said '{first}', not LISTEN <addr>"))?;
         Ok(Server { child, lines, addr })
     }
@@ -817,6 +815,11 @@ impl Server {
     }
 }
 
+/// The address in a child's first line, `LISTEN <addr>` (node B's and tcp_relay's).
+fn listen_addr(line: &str) -> Option<SocketAddr> {
+    line.strip_prefix("LISTEN ")?.parse().ok()
+}
+
 /// `tcp_relay` between A and B (`--via-relay`); killed when dropped.
 struct Relay {
     child: std::process::Child,
@@ -837,11 +840,7 @@ impl Relay {
         let out = child.stdout.take().ok_or("no stdout")?;
         let mut first = String::new();
         let _ = std::io::BufReader::new(out).read_line(&mut first);
-        match first
-            .trim()
-            .strip_prefix("LISTEN ")
-            .and_then(|a| a.parse().ok())
-        {
+        match listen_addr(first.trim()) {
             Some(addr) => Ok(Relay { child, addr }),
             None => {
                 let _ = child.kill();
