@@ -162,11 +162,21 @@ impl Gateways {
         if !g.alive || g.rte_disabled {
             return false;
         }
-        let single_hop = r.hops.is_none_or(|h| h == 1);
-        if self.cfg.avoid_asym && single_hop {
-            if let Some(up) = &g.up_nets {
-                return up.contains(&r.net);
-            }
+        // From its last ping reply, as lnet_router_discovery_ping_reply decides (router.c);
+        // before any reply (or with pings off) the gateway's aliveness alone.
+        let (Some(nets), Some(up)) = (&g.nets, &g.up_nets) else {
+            return true;
+        };
+        // Its NI on our net, the one we reach it by, must be up (lnet_is_gateway_net_alive).
+        if !up.contains(&r.gateway.net()) {
+            return false;
+        }
+        // avoid_asym_router_failure: a route the gateway ends itself (it lists an NI on the
+        // route's net, whatever the configured hops), or one configured as single-hop, needs
+        // an NI of the gateway up on that net. A multi-hop route through a gateway with no NI
+        // there (undefined hops included: Lustre's LNET_UNDEFINED_HOPS is not 1) does not.
+        if self.cfg.avoid_asym && (r.hops == Some(1) || nets.contains(&r.net)) {
+            return up.contains(&r.net);
         }
         true
     }
@@ -442,12 +452,63 @@ mod tests {
         }
         let info = &g.info()[0];
         assert_eq!((info.downs, info.ups, info.ping_failures), (2, 2, 1));
-        // A two-hop route does not need the gateway on the far net.
+        // The hop rule of lnet_router_discovery_ping_reply. A gateway with no NI on the far
+        // net: a route configured single-hop is down; a multi-hop one is not, nor one with
+        // undefined hops (`lnetctl route add` without --hop).
         let far = RouteConfig { hops: Some(2), ..r };
-        g.map.get_mut(&gw).unwrap().pinging = Some(13);
-        g.ping_done(t0, gw, 13, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
-        assert!(!g.route_alive(&r));
-        assert!(g.route_alive(&far));
+        let one = RouteConfig { hops: Some(1), ..r };
+        let answer = |g: &mut Gateways, id, nids: &[&str], down: &[&str]| {
+            g.map.get_mut(&gw).unwrap().pinging = Some(id);
+            g.ping_done(t0, gw, id, Some(&reply(nids, down, base)));
+            (g.route_alive(&one), g.route_alive(&r), g.route_alive(&far))
+        };
+        assert_eq!(
+            answer(&mut g, 13, &["10.0.0.9@o2ib"], &[]),
+            (false, true, true),
+            "no NI on the far net"
+        );
+        // An NI there, down: whatever the hops say, the gateway ends the route and cannot.
+        assert_eq!(
+            answer(
+                &mut g,
+                14,
+                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+                &["10.1.0.9@o2ib1"]
+            ),
+            (false, false, false),
+            "its NI on the far net down"
+        );
+        // Its NI on our net down: no route through it is usable.
+        assert_eq!(
+            answer(
+                &mut g,
+                15,
+                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+                &["10.0.0.9@o2ib"]
+            ),
+            (false, false, false),
+            "its NI on our net down"
+        );
+        assert_eq!(
+            answer(&mut g, 16, &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[]),
+            (true, true, true),
+            "both up"
+        );
+        // Without avoid_asym_router_failure only its NI on our net counts.
+        g.cfg.avoid_asym = false;
+        assert_eq!(
+            answer(
+                &mut g,
+                17,
+                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+                &["10.1.0.9@o2ib1"]
+            ),
+            (true, true, true),
+            "avoid_asym off"
+        );
+        g.cfg.avoid_asym = true;
+        g.map.get_mut(&gw).unwrap().pinging = Some(18);
+        g.ping_done(t0, gw, 18, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
         // The next ping is due one interval after the last went out...
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(60)));
         // ... but after a failure, in 1 s, then 2, 4 ..., never later than the interval.

@@ -2117,8 +2117,34 @@ impl LnetNode {
         match hdr.body {
             LnetBody::Put {
                 ptl_index: LNET_RESERVED_PORTAL,
+                match_bits: LNET_PING_MATCHBITS,
+                ack_wmd,
                 ..
-            } => Err("PUT on the reserved portal (discovery push is not supported)"),
+            } => {
+                // A discovery push: the sender's ping buffer, sent to a peer it takes for
+                // Multi-Rail (a kernel `lnetctl peer add` without --non_mr, and its router
+                // checker then pushes to its gateways every interval). The kernel's push target
+                // takes it and lnet_parse_put ACKs it; without the ACK the sender's discovery
+                // fails and it marks us dead with every route through us. We are not
+                // Multi-Rail: its NIDs teach us nothing we use, so the payload is dropped here.
+                if ack_wmd != WireHandle::NONE {
+                    self.respond(
+                        hdr,
+                        0,
+                        LnetBody::Ack {
+                            dst_wmd: ack_wmd,
+                            match_bits: LNET_PING_MATCHBITS,
+                            mlength: len as u32,
+                        },
+                        Vec::new(),
+                    );
+                }
+                Ok(len)
+            }
+            LnetBody::Put {
+                ptl_index: LNET_RESERVED_PORTAL,
+                ..
+            } => Err("PUT on the reserved portal that is not a discovery push"),
             LnetBody::Put {
                 ack_wmd,
                 match_bits,

@@ -100,7 +100,8 @@ pub(crate) fn parse_reply(target: Nid, payload: &[u8]) -> Result<PingReply, Wire
     let down_nids = info
         .nis
         .iter()
-        .filter(|ni| ni.nid != Nid::LO_0 && ni.status == status::DOWN)
+        // Anything but UP, as lnet_router_discovery_ping_reply takes a gateway's NI.
+        .filter(|ni| ni.nid != Nid::LO_0 && ni.status != status::UP)
         .map(|ni| ni.nid)
         .take(MAX_PING_NIS)
         .collect();

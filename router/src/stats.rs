@@ -31,7 +31,8 @@ pub struct LnetStats {
     pub route_count: u64,
     pub route_length: u64,
     /// Messages received and not delivered: not addressed to us, nothing matched (an
-    /// unexpected GET, REPLY or ACK, a PUT on the reserved portal), or malformed.
+    /// unexpected GET, REPLY or ACK, a PUT on the reserved portal other than a discovery
+    /// push), or malformed. A discovery push is received (and ACKed), not dropped.
     pub drop_count: u64,
     pub drop_length: u64,
     /// Pings whose REPLY did not come within their timeout (Lustre counts responses that did not

@@ -7,7 +7,7 @@ use lnd::fabric::{
     ConnId, ConnectFailure, DisconnectReason, FabricAction, PrivateData, RequestId, WcStatus, WrId,
 };
 use lnd::time::{Duration, Instant};
-use lnd::wire::lnet::LNET_PID_LUSTRE;
+use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
 use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
 use proptest::prelude::*;
 
@@ -1025,6 +1025,54 @@ fn put_with_ack_request_is_acked() {
     // b sent the ACK; a (which never asks for ACKs) dropped it as unmatched.
     assert_eq!(f.nodes[1].stats().send_count, 1);
     assert_eq!(f.nodes[0].stats().drop_count, 1);
+}
+
+/// A kernel node that takes us for Multi-Rail (`lnetctl peer add` without --non_mr) pushes its
+/// ping buffer to us, a PUT on portal 0 with the ping match bits, and asks for an ACK; its
+/// router checker does so to its gateways every interval. Dropping it failed the sender's
+/// discovery, and the kernel marked the gateway dead with every route through it.
+#[test]
+fn a_discovery_push_is_acked_not_dropped() {
+    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+    let now = f.now;
+    let (a, b) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let push = |match_bits| LnetHdr {
+        dest_nid: b,
+        src_nid: a,
+        dest_pid: LNET_PID_LUSTRE,
+        src_pid: LNET_PID_LUSTRE,
+        payload_length: 48,
+        body: LnetBody::Put {
+            ack_wmd: WireHandle {
+                interface_cookie: 1,
+                object_cookie: 2,
+            },
+            match_bits,
+            hdr_data: 0,
+            ptl_index: LNET_RESERVED_PORTAL,
+            offset: 0,
+        },
+    };
+    f.nodes[0].send_raw(now, NiIndex(0), b, push(LNET_PING_MATCHBITS), vec![0; 48]);
+    f.run_for(Duration::from_secs(1));
+    let s = f.nodes[1].stats();
+    assert_eq!((s.recv_count, s.drop_count), (1, 0), "{s:?}");
+    // b sent the ACK (a, which never asks for one, drops it as unmatched) ...
+    assert_eq!(s.send_count, 1);
+    assert_eq!(f.nodes[0].stats().drop_count, 1);
+    // ... and nothing went up to b's user: a push is LNet's own.
+    assert!(!f.events[1]
+        .iter()
+        .any(|(_, e)| matches!(e, LnetEvent::Put { .. })));
+    // Other match bits on the reserved portal are still dropped, unacknowledged.
+    f.nodes[0].send_raw(now, NiIndex(0), b, push(7), vec![0; 48]);
+    f.run_for(Duration::from_secs(1));
+    let s = f.nodes[1].stats();
+    assert_eq!(
+        (s.recv_count, s.drop_count, s.send_count),
+        (1, 1, 1),
+        "{s:?}"
+    );
 }
 
 proptest! {
