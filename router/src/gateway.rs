@@ -215,11 +215,21 @@ impl Gateways {
     }
 
     /// The LND (or traffic) says the gateway is reachable, or not (lnet_notify, passive
-    /// revival); true when it just died.
-    pub fn notify(&mut self, nid: Nid, alive: bool) -> bool {
-        self.map
-            .get_mut(&nid)
-            .is_some_and(|g| Gateways::mark(nid, g, alive))
+    /// revival); true when it just died. A gateway found dead this way (its connection lost:
+    /// a router restarting, say) is pinged again in `retry` (1 s after a good reply, then 2,
+    /// 4 ... as its pings fail), as after a failed ping, not at its next interval: a router
+    /// back within seconds is used within seconds, not after up to
+    /// `alive_router_check_interval` (found by an operator's audit: 33-57 s at the default
+    /// 60 s after a router restart).
+    pub fn notify(&mut self, now: Instant, nid: Nid, alive: bool) -> bool {
+        let interval = self.cfg.check_interval;
+        self.map.get_mut(&nid).is_some_and(|g| {
+            if !alive && g.alive {
+                g.next_ping = g.next_ping.min(now + g.retry);
+                g.retry = (g.retry + g.retry).min(interval.max(FIRST_RETRY));
+            }
+            Gateways::mark(nid, g, alive)
+        })
     }
 
     /// Gateways whose ping is due at `now` and that `reachable` says we can ping; each is
@@ -337,6 +347,38 @@ mod tests {
         }
     }
 
+    /// A gateway whose connection is lost (a router restarting) is pinged again within a
+    /// second, then 2, 4 ... as pings fail, not at its next interval.
+    #[test]
+    fn a_gateway_lost_by_its_connection_is_pinged_again_soon() {
+        use lnd::wire::ping::feat;
+        let t0 = Instant::ZERO;
+        let gw = nid("10.0.0.9@o2ib");
+        let mut g = Gateways::new(GatewayHealthConfig::default(), &[gw], t0);
+        assert_eq!(g.due(t0, |_| true, || 1), vec![(gw, 1)]);
+        let up = reply(
+            &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
+            &[],
+            feat::BASE | feat::NI_STATUS,
+        );
+        g.ping_done(t0, gw, 1, Some(&up));
+        assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(60)));
+        let lost = t0 + Duration::from_secs(5);
+        assert!(g.notify(lost, gw, false), "it just died");
+        assert_eq!(g.next_deadline(), Some(lost + Duration::from_secs(1)));
+        // The router is not back yet: the ping fails, the next comes 2 s later.
+        let at = lost + Duration::from_secs(1);
+        assert_eq!(g.due(at, |_| true, || 2), vec![(gw, 2)]);
+        g.ping_done(at, gw, 2, None);
+        assert_eq!(g.next_deadline(), Some(at + Duration::from_secs(2)));
+        // Back: the reply revives it and the interval applies again.
+        let at = at + Duration::from_secs(2);
+        assert_eq!(g.due(at, |_| true, || 3), vec![(gw, 3)]);
+        g.ping_done(at, gw, 3, Some(&up));
+        assert!(g.info()[0].alive);
+        assert_eq!(g.next_deadline(), Some(at + Duration::from_secs(60)));
+    }
+
     /// Each input's effect on whether a route through the gateway may be used, as a table.
     #[test]
     fn route_aliveness_follows_pings_and_notifications() {
@@ -367,14 +409,14 @@ mod tests {
             (
                 "LND says up",
                 Box::new(move |g| {
-                    g.notify(gw, true);
+                    g.notify(t0, gw, true);
                 }),
                 true,
             ),
             (
                 "LND says down",
                 Box::new(move |g| {
-                    g.notify(gw, false);
+                    g.notify(t0, gw, false);
                 }),
                 false,
             ),

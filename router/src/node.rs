@@ -1955,7 +1955,7 @@ impl LnetNode {
                 self.net_alive.heard(self.alive_slot[ni], now);
                 if hdr.src_nid != from && self.gateways.is_gateway(from) {
                     // Passive revival: a gateway forwarding to us is alive (lnet_parse).
-                    self.gateways.notify(from, true);
+                    self.gateways.notify(now, from, true);
                 }
                 if hdr.dest_nid == self.nis[ni].nid {
                     self.nis[ni].ep.recv_done(now, rx);
@@ -1977,7 +1977,7 @@ impl LnetNode {
             }
             LndEvent::RdmaDone { cookie, result, .. } => self.on_rdma_done(cookie, result),
             LndEvent::PeerUp { nid } => {
-                self.gateways.notify(nid, true);
+                self.gateways.notify(self.now, nid, true);
                 if let Some(p) = self.peer_entry(nid, ni) {
                     p.state = PeerState::Up;
                 }
@@ -1987,7 +1987,7 @@ impl LnetNode {
                 });
             }
             LndEvent::PeerDown { nid, reason } => {
-                if self.gateways.notify(nid, false) {
+                if self.gateways.notify(self.now, nid, false) {
                     self.reroute_queued(nid);
                 }
                 if let Some(p) = self.peer_entry(nid, ni) {

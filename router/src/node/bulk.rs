@@ -548,7 +548,7 @@ impl LnetNode {
         self.net_alive.heard(self.alive_slot[ni], now);
         if hdr.src_nid != from && self.gateways.is_gateway(from) {
             // Passive revival, as for any message a gateway forwards to us (lnet_parse).
-            self.gateways.notify(from, true);
+            self.gateways.notify(now, from, true);
         }
         if hdr.dest_nid != self.nis[ni].nid {
             return self.forward_rdma_request(ni, from, hdr, op, rx);
