@@ -395,3 +395,70 @@ fn routing_turned_on_later_forwards_bulk() {
     assert_eq!(r.forwarding.dropped, 0, "{:?}", r.forwarding);
     assert!(r.forwarding.forwarded >= 20, "{:?}", r.forwarding);
 }
+
+/// A node can be its own selftest server, and a timed test to its own NID ends on time. Its
+/// RPCs complete in memory at once; a unit's next one was started inside the same pass over
+/// the selftest's events, so that pass never returned, its time never moved, and the test
+/// never reached its end: the NI thread spun for good, deaf to lnetctl and to SIGTERM (found
+/// by an operator's audit). Afterwards the daemon answers and stops gracefully.
+#[test]
+fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
+    let s = Scratch::new("selftest_self");
+    let d = start_yaml(
+        &s.0,
+        "client",
+        &yaml(3, &[CLIENT], None, false),
+        Opts::default(),
+    );
+    let mut child = std::process::Command::new(lnetctl_bin())
+        .arg("--socket")
+        .arg(&d.socket)
+        .args([
+            "selftest",
+            "run-test",
+            "--from",
+            CLIENT,
+            "--to",
+            CLIENT,
+            "--duration",
+            "2",
+            "ping",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run lnetctl");
+    let end = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("output");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "a 2 s selftest to our own NID did not end within {WAIT:?}: {status:?}\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("[LNet Rates of servers]"), "{stdout}");
+    // The daemon still answers, and its test ran: pings went round in memory.
+    let out = ctl(&d, &["stats", "show"]);
+    assert!(out.contains("statistics:"), "{out}");
+    let lat = lst(
+        &d,
+        LstCommand::NewSession {
+            name: "again".into(),
+            timeout: None,
+            force: false,
+        },
+    );
+    assert!(lat.message.contains("opened"), "{lat:?}");
+}

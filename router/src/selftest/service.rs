@@ -178,6 +178,12 @@ pub struct Selftest {
     ping_seq: u32,
     latency: Latency,
     pub(crate) console: Console,
+    /// Units whose RPC finished, to start their next at the next [`Selftest::handle_timeout`]
+    /// (the same turn for a remote peer) rather than inside [`Selftest::run`]: to our own NID
+    /// an RPC completes in memory at once, so a unit restarted there never let `run` return,
+    /// and with `now` fixed inside it a timed test never reached its end (the NI thread spun
+    /// for good, deaf to lnetctl and SIGTERM; found by an operator's audit).
+    next_units: Vec<(u64, usize)>,
 }
 
 impl Selftest {
@@ -196,6 +202,7 @@ impl Selftest {
             ping_seq: 0,
             latency: Latency::new(),
             console: Console::new(seed),
+            next_units: Vec::new(),
         }
     }
 
@@ -226,11 +233,18 @@ impl Selftest {
             tracing::info!("selftest session expired: its console went silent");
             self.end_session(now, node, reg);
         }
+        for (key, i) in std::mem::take(&mut self.next_units) {
+            self.unit_next(now, node, key, i);
+        }
         self.run(now, node, reg);
     }
 
-    /// When [`Selftest::handle_timeout`] should run next.
+    /// When [`Selftest::handle_timeout`] should run next: now, while units wait to start
+    /// their next RPC.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.next_units.is_empty() {
+            return Some(Instant::ZERO);
+        }
         let s = self.session.as_ref().and_then(|s| s.expires);
         match (self.srpc.poll_timeout(), s) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -301,7 +315,7 @@ impl Selftest {
             match ev {
                 SrpcEvent::Request(inc) => self.serve(now, node, reg, inc),
                 SrpcEvent::Rpc(done) => match done.owner {
-                    Owner::Unit { test, unit } => self.unit_done(now, node, reg, test, unit, done),
+                    Owner::Unit { test, unit } => self.unit_done(now, reg, test, unit, done),
                     Owner::Console { .. } => self.console_rpc_done(done),
                 },
                 SrpcEvent::ServerBulk { op, result } => {
@@ -1087,7 +1101,6 @@ impl Selftest {
     fn unit_done(
         &mut self,
         now: Instant,
-        node: &mut LnetNode,
         reg: &mut dyn Registry,
         key: u64,
         i: usize,
@@ -1164,7 +1177,7 @@ impl Selftest {
                 }
             }
         }
-        self.unit_next(now, node, key, i);
+        self.next_units.push((key, i));
     }
 }
 
