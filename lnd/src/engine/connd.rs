@@ -56,8 +56,9 @@ impl Endpoint {
                 TimerEvent::Hedge(id) => {
                     if let Some((p, created)) = self.conn(id).map(|c| (c.peer, c.created)) {
                         if self.peers[p].active == Some(id) {
-                            // The delay may have grown since this was armed: wait for it.
-                            let due = created + self.hedge_delay();
+                            // The delay may have grown since this was armed (learned, or a
+                            // pair's turn): wait for it.
+                            let due = self.hedge_due(p, created);
                             if self.now < due {
                                 self.wheel.insert(due, TimerEvent::Hedge(id));
                             } else {
@@ -99,6 +100,7 @@ impl Endpoint {
             conns: Vec::new(),
             active: None,
             stalled: None,
+            hedge_round: 0,
             accepting: Vec::new(),
             next_conn: 0,
             add_conn_after_reap: false,
@@ -320,7 +322,11 @@ impl Endpoint {
 
     /// Starts a second active connect beside `active` when it has gone unanswered for
     /// `connect_hedge` while messages wait for it (ours; see `Tunables::connect_hedge`). Never
-    /// a third: the earlier attempt must have ended, and its zombie been reaped, first.
+    /// a third: the earlier attempt must have ended, and its zombie been reaped, first. When
+    /// the second goes unanswered as long, the earlier one is given up (as its deadline
+    /// would, only sooner): once its zombie is reaped a new second starts beside the one
+    /// left, so k connects stuck in a row cost about k hedge delays, not a deadline each
+    /// after the second (LU-7646's stuck connect, met again and again in a storm).
     /// How long an active connect may go unanswered before its second: `connect_hedge`, or
     /// four times what connects have been taking if that is longer (a fabric whose connects are
     /// slow, a peer busy with a reboot storm, must not get every request twice), at most half
@@ -334,6 +340,23 @@ impl Endpoint {
         t.connect_hedge.max(learned).min(cap)
     }
 
+    /// When the active connect created at `created` has waited long enough for its peer's
+    /// next step: the hedge delay for a second beside it; with a pair in flight, twice that,
+    /// doubled again for each earlier attempt given up since the peer was last connected (at
+    /// most half the connect deadline), so that a fabric whose connects take longer than the
+    /// delay still sees one complete (the window outgrows them) while a stuck one costs a
+    /// few of these, not a deadline.
+    pub(super) fn hedge_due(&self, p: PeerIdx, created: Instant) -> Instant {
+        let d = self.hedge_delay();
+        let peer = &self.peers[p];
+        if peer.stalled.is_none() {
+            return created + d;
+        }
+        let cap = Duration::from_nanos(self.cfg.tunables.connect_timeout().as_nanos() / 2);
+        let rounds = u32::from(peer.hedge_round.min(16)) + 1;
+        created + d.saturating_mul(1 << rounds).min(cap.max(d))
+    }
+
     pub(super) fn maybe_hedge(&mut self, p: PeerIdx) {
         let hedge = self.cfg.tunables.connect_hedge;
         if self.shutting_down || hedge.is_zero() || !self.cfg.race_policy.hedges() {
@@ -343,17 +366,23 @@ impl Endpoint {
         let Some(active) = peer.active else {
             return;
         };
-        if peer.stalled.is_some()
-            || !peer.conns.is_empty()
-            || peer.zombies > 0
-            || peer.tx_queue.is_empty()
-        {
+        if !peer.conns.is_empty() || peer.zombies > 0 || peer.tx_queue.is_empty() {
             return;
         }
+        let stalled = peer.stalled;
         let Some(c) = self.conn(active) else {
             return;
         };
-        if c.state != ConnState::ActiveConnect || self.now < c.created + self.hedge_delay() {
+        if c.state != ConnState::ActiveConnect || self.now < self.hedge_due(p, c.created) {
+            return;
+        }
+        if let Some(stalled) = stalled {
+            // Both unanswered: the earlier goes; `reap` comes back here for the next second.
+            self.stats.hedge_abandons += 1;
+            let peer = &mut self.peers[p];
+            peer.hedge_round = peer.hedge_round.saturating_add(1);
+            debug!(peer = %self.peers[p].nid, ?stalled, "both attempts unanswered; giving up the earlier");
+            self.handshake_failed(stalled, Some(DownReason::Timeout), false, true);
             return;
         }
         self.stats.connect_hedges += 1;

@@ -197,6 +197,9 @@ pub struct LndStats {
     pub stale_abandons: u64,
     /// Second active connects started beside one that went unanswered (ours, `connect_hedge`).
     pub connect_hedges: u64,
+    /// The earlier of two attempts given up when the second went unanswered as long (ours,
+    /// `connect_hedge`): a third starts beside the second instead of waiting out a deadline.
+    pub hedge_abandons: u64,
     /// Active or passive handshakes that passed their deadline (LU-17480).
     pub connect_timeouts: u64,
     /// Connect attempts that failed at the fabric (unreachable, no listener, errors).

@@ -306,6 +306,7 @@ impl Endpoint {
             });
         }
         self.established(conn);
+        self.peers[p].hedge_round = 0;
         // One of a hedged pair won: the other is not needed (see `Tunables::connect_hedge`).
         if let Some(other) = self.peers[p].active.filter(|&o| o != conn) {
             debug!(peer = %self.peers[p].nid, ?other, "the other attempt of the pair is not needed");

@@ -261,8 +261,12 @@ struct Peer {
     /// Our active connect in flight (the newer one when two are).
     active: Option<ConnId>,
     /// An earlier active connect that had gone unanswered for `connect_hedge` when `active`
-    /// started beside it; it keeps its deadline and may still win.
+    /// started beside it; it may still win, until `active` has waited its turn (see
+    /// `Endpoint::hedge_due`).
     stalled: Option<ConnId>,
+    /// Earlier attempts given up since the peer was last connected: each doubles how long
+    /// the next pair waits before its earlier one is given up.
+    hedge_round: u8,
     /// Passive connections waiting for ESTABLISHED, oldest first, at most [`MAX_ACCEPTING`]
     /// (o2iblnd's `ibp_accepting` counts them the same way: a newer request does not make an
     /// older one dead).

@@ -71,7 +71,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 51] = [
+        let fields: [(&str, u64); 52] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -84,6 +84,7 @@ impl LndCounters {
             ("race_order_adoptions", s.race_order_adoptions),
             ("stale_abandons", s.stale_abandons),
             ("connect_hedges", s.connect_hedges),
+            ("hedge_abandons", s.hedge_abandons),
             ("peer_reboots", s.peer_reboots),
             ("superseded_connreqs", s.superseded_connreqs),
             ("peers_down", s.peers_down),
