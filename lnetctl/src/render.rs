@@ -700,23 +700,24 @@ net:
 "
         );
         let (lnd, ulnet) = lnd.split_once("            ulnet:\n").expect(lnd);
-        // The LND's counters: 51 of them, then the rejects by reason, each 0 here.
+        // The LND's counters: 52 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
         assert_eq!(lines[0], "                  connects: 0");
         assert_eq!(lines[8], "                  race_order_disagreements: 0");
         assert_eq!(lines[11], "                  connect_hedges: 0");
-        assert_eq!(lines[13], "                  superseded_connreqs: 0");
+        assert_eq!(lines[12], "                  hedge_abandons: 0");
+        assert_eq!(lines[14], "                  superseded_connreqs: 0");
         assert!(lines.contains(&"                  rx_refused: 0"), "{lnd}");
-        assert_eq!(lines[37], "                  rdma_refused: 0");
-        assert_eq!(lines[38], "                  rdma_puts_sent: 0");
-        assert_eq!(lines[45], "                  rdma_bad_descs: 0");
-        assert_eq!(lines[46], "                  capture_drops: 0");
-        assert_eq!(lines[50], "                  peer_table_full: 0");
-        assert_eq!(lines[51], "                  rejects_sent:");
-        assert_eq!(lines[52], "                        other: 0");
-        assert_eq!(lines[57], "                        conn_stale: 0");
-        assert_eq!(lines[62], "                  rejects_received:");
-        assert_eq!(lines.len(), 73, "{lnd}");
+        assert_eq!(lines[38], "                  rdma_refused: 0");
+        assert_eq!(lines[39], "                  rdma_puts_sent: 0");
+        assert_eq!(lines[46], "                  rdma_bad_descs: 0");
+        assert_eq!(lines[47], "                  capture_drops: 0");
+        assert_eq!(lines[51], "                  peer_table_full: 0");
+        assert_eq!(lines[52], "                  rejects_sent:");
+        assert_eq!(lines[53], "                        other: 0");
+        assert_eq!(lines[58], "                        conn_stale: 0");
+        assert_eq!(lines[63], "                  rejects_received:");
+        assert_eq!(lines.len(), 74, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
