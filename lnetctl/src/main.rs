@@ -373,9 +373,9 @@ enum RouteCmd {
             allow_hyphen_values = true
         )]
         hop: Option<i64>,
-        /// Priority (0 is the most preferred)
-        #[arg(short, long, value_name = "N")]
-        priority: Option<u32>,
+        /// Priority (0 is the most preferred; -1: the default, 0)
+        #[arg(short, long, value_name = "N", allow_hyphen_values = true)]
+        priority: Option<i64>,
         /// Accepted for lnetctl's sake and ignored: a gateway's health follows the global
         /// health_sensitivity (`lnetctl set health_sensitivity`)
         #[arg(
@@ -409,9 +409,9 @@ enum RouteCmd {
             allow_hyphen_values = true
         )]
         hop: Option<i64>,
-        /// Only routes of this priority
-        #[arg(short, long, value_name = "N")]
-        priority: Option<u32>,
+        /// Only routes of this priority (-1: no filter, as lnetctl)
+        #[arg(short, long, value_name = "N", allow_hyphen_values = true)]
+        priority: Option<i64>,
         /// Verbose: hop, priority, state, type
         #[arg(short, long)]
         verbose: bool,
@@ -1074,6 +1074,17 @@ fn run(cli: Cli) -> u8 {
                 if let Err(c) = check_nid(&gateway) {
                     return c;
                 }
+                // lustre_lnet_config_route: -1 is the default priority, 0; below, refused.
+                let priority = match priority {
+                    None | Some(-1) => None,
+                    Some(p) => match u32::try_from(p) {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            eprintln!("lnetctl: invalid priority {p}, must be 0 or greater (-1: the default)");
+                            return exit::USAGE;
+                        }
+                    },
+                };
                 Request::RouteAdd {
                     net,
                     gateway,
@@ -1098,7 +1109,7 @@ fn run(cli: Cli) -> u8 {
                 // and priority are filtered here, from the verbose answer.
                 route_filter = RouteFilter {
                     hop: hop.filter(|&h| h != -1),
-                    priority,
+                    priority: priority.filter(|&p| p != -1),
                     verbose,
                 };
                 Request::RouteShow {
@@ -1166,7 +1177,7 @@ fn run(cli: Cli) -> u8 {
 #[derive(Debug, Default)]
 struct RouteFilter {
     hop: Option<i64>,
-    priority: Option<u32>,
+    priority: Option<i64>,
     verbose: bool,
 }
 
@@ -1181,7 +1192,9 @@ impl RouteFilter {
         }
         r.route.retain(|e| {
             self.hop.is_none_or(|h| e.hop == Some(h))
-                && self.priority.is_none_or(|p| e.priority == Some(p))
+                && self
+                    .priority
+                    .is_none_or(|p| e.priority.map(i64::from) == Some(p))
         });
         if !self.verbose {
             for e in &mut r.route {

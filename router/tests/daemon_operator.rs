@@ -154,6 +154,40 @@ fn route_commands_take_lnetctls_options() {
             .count(),
         3
     );
+    assert_eq!(
+        run(&["route", "show", "-p", "-1"]).matches("net:").count(),
+        3
+    );
+    // `-p -1` is the default priority, 0, as lustre_lnet_config_route takes it (a second
+    // audit: clap refused "-1" as an unexpected argument); below -1, refused with the reason.
+    run(&[
+        "route",
+        "add",
+        "-n",
+        "o2ib8",
+        "-g",
+        "127.0.0.2@o2ib",
+        "-p",
+        "-1",
+    ]);
+    let show = run(&["route", "show", "-n", "o2ib8", "-v"]);
+    assert!(show.contains("priority: 0"), "{show}");
+    let (code, _, stderr) = out(&lnetctl(
+        &d,
+        &[
+            "route",
+            "add",
+            "-n",
+            "o2ib9",
+            "-g",
+            "127.0.0.2@o2ib",
+            "-p",
+            "-2",
+        ],
+    ));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("invalid priority -2"), "{stderr}");
+    run(&["route", "del", "-n", "o2ib8"]);
     run(&["route", "del", "-n", "o2ib5", "-g", "127.0.0.2@o2ib"]);
     run(&["route", "del", "-n", "o2ib6"]);
     assert_eq!(run(&["route", "show", "-n", "o2ib5"]), "route: []\n");

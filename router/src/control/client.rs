@@ -60,6 +60,9 @@ pub struct ControlClient {
     writer: UnixStream,
     /// A response line read in part when a [`ControlClient::recv_timeout`] timed out.
     partial: Vec<u8>,
+    /// Our request could not be written because the daemon had closed the connection; what
+    /// it wrote before closing (a refusal) is still read, and this is the error if nothing was.
+    write_error: Option<io::Error>,
 }
 
 impl ControlClient {
@@ -79,6 +82,7 @@ impl ControlClient {
                     reader: BufReader::new(s),
                     writer,
                     partial: Vec::new(),
+                    write_error: None,
                 })
             }
             Err(e)
@@ -109,9 +113,22 @@ impl ControlClient {
     /// Sends `req` without waiting for anything.
     pub fn send(&mut self, req: &Request) -> Result<(), ClientError> {
         let line = encode_request(req).map_err(ClientError::Protocol)?;
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(ClientError::Io)
+        match self.writer.write_all(line.as_bytes()) {
+            Ok(()) => Ok(()),
+            // The daemon answered and closed before reading us: the refusal it sends when it
+            // serves as many clients as it takes ("too many control clients"). Its line is
+            // still there to read; lnetctl printed "Broken pipe" instead.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                self.write_error = Some(e);
+                Ok(())
+            }
+            Err(e) => Err(ClientError::Io(e)),
+        }
     }
 
     /// The next response, waiting at most `timeout` (`None`: as long as it takes). `Ok(None)`
@@ -132,7 +149,10 @@ impl ControlClient {
                 self.partial.clear();
                 r.map(Some)
             }
-            Ok(_) => Err(ClientError::Protocol("daemon closed the connection".into())),
+            Ok(_) => Err(match self.write_error.take() {
+                Some(e) => ClientError::Io(e),
+                None => ClientError::Protocol("daemon closed the connection".into()),
+            }),
             Err(e)
                 if matches!(
                     e.kind(),
@@ -144,6 +164,48 @@ impl ControlClient {
                 Ok(None)
             }
             Err(e) => Err(ClientError::Io(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::{encode_response, ControlError, Request, Response};
+
+    /// A daemon that answers and closes before it reads the request (its refusal when it has
+    /// as many clients as it takes): the client reads the answer, not "Broken pipe".
+    #[test]
+    fn an_answer_written_before_the_daemon_closed_is_read() {
+        let dir = std::env::temp_dir().join(format!("ulnet-client-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("ctl.sock");
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let refusal = Response::Error(ControlError::new(
+            crate::control::errno::EBUSY,
+            "too many control clients (64 at once); try again",
+        ));
+        let line = encode_response(&refusal);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(line.as_bytes()).unwrap();
+            // Closed without reading: the client's write finds no reader.
+        });
+        let mut c = ControlClient::connect(&path).unwrap();
+        server.join().unwrap();
+        // A request longer than the socket buffer cannot slip in before the close is seen.
+        let big = Request::NetDel {
+            net: Some("o2ib".into()),
+            nid: Some("x".repeat(300_000)),
+        };
+        let got = c.call(&big);
+        let _ = std::fs::remove_dir_all(&dir);
+        match got {
+            Ok(Response::Error(e)) => {
+                assert!(e.message.contains("too many control clients"), "{e:?}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 }
