@@ -2888,7 +2888,14 @@ fn merge(mut answers: Vec<Response>) -> Response {
             Response::Net(a)
         }
         (Response::Peer(mut a), Response::Peer(b)) => {
-            a.peer.extend(b.peer);
+            // A peer two of our NIs talk to (two NIs on one net) is one peer, as in Lustre:
+            // one entry per primary NID (an export listed it twice, which no lnetctl loads).
+            for e in b.peer {
+                match a.peer.iter_mut().find(|x| x.primary_nid == e.primary_nid) {
+                    Some(x) => merge_peer(x, e),
+                    None => a.peer.push(e),
+                }
+            }
             Response::Peer(a)
         }
         (Response::Recovery(mut a), Response::Recovery(b)) => {
@@ -2939,6 +2946,50 @@ fn merge(mut answers: Vec<Response>) -> Response {
     })
 }
 
+/// Two NI loops' views of one peer, as one: its peer NIs by NID, each up if either loop has
+/// it up; their counters and credits added (each loop keeps its own credits towards the peer
+/// NI, so together they bound what is in flight to it); the lower health and the sooner
+/// recovery ping.
+fn merge_peer(a: &mut control::PeerEntry, b: control::PeerEntry) {
+    a.multi_rail |= b.multi_rail;
+    for n in b.peer_ni {
+        let Some(x) = a.peer_ni.iter_mut().find(|x| x.nid == n.nid) else {
+            a.peer_ni.push(n);
+            continue;
+        };
+        if n.state == "up" || x.state == "NA" {
+            x.state = n.state;
+        }
+        match (&mut x.detail, n.detail) {
+            (Some(d), Some(e)) => {
+                d.max_ni_tx_credits += e.max_ni_tx_credits;
+                d.available_tx_credits += e.available_tx_credits;
+                d.min_tx_credits += e.min_tx_credits;
+                d.tx_q_num_of_buf += e.tx_q_num_of_buf;
+                d.available_rtr_credits += e.available_rtr_credits;
+                d.min_rtr_credits += e.min_rtr_credits;
+                let (c, f) = (&mut d.statistics, &e.statistics);
+                c.send_count += f.send_count;
+                c.recv_count += f.recv_count;
+                c.drop_count += f.drop_count;
+                let (h, g) = (&mut d.health_stats, &e.health_stats);
+                h.health_value = h.health_value.min(g.health_value);
+                h.dropped += g.dropped;
+                h.timeout += g.timeout;
+                h.error += g.error;
+                h.network_timeout += g.network_timeout;
+                h.ping_count += g.ping_count;
+                h.next_ping = match (h.next_ping, g.next_ping) {
+                    (0, t) | (t, 0) => t,
+                    (s, t) => s.min(t),
+                };
+            }
+            (None, Some(e)) => x.detail = Some(e),
+            _ => {}
+        }
+    }
+}
+
 /// Two NI loops' `stats show`, added field by field (through their JSON form, so a counter
 /// added to either struct is summed too).
 fn sum_stats(a: control::StatsShow, b: control::StatsShow) -> control::StatsShow {
@@ -2971,6 +3022,62 @@ fn sum_stats(a: control::StatsShow, b: control::StatsShow) -> control::StatsShow
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An operator's audit: a daemon with two NIs on one net listed each peer once per NI in
+    /// `peer show` and `export` (an export no lnetctl loads). One entry per primary NID, the
+    /// two loops' counters and credits added.
+    #[test]
+    fn a_peer_two_nis_talk_to_is_shown_once() {
+        use control::{Counts, PeerEntry, PeerHealthShow, PeerNiDetail, PeerNiEntry, PeerShow};
+        let entry = |nid: &str, state: &str, sent: u64, health: u32| PeerEntry {
+            primary_nid: nid.into(),
+            multi_rail: false,
+            peer_ni: vec![PeerNiEntry {
+                nid: nid.into(),
+                state: state.into(),
+                detail: Some(PeerNiDetail {
+                    max_ni_tx_credits: 8,
+                    available_tx_credits: 8,
+                    min_tx_credits: 7,
+                    tx_q_num_of_buf: 0,
+                    available_rtr_credits: 8,
+                    min_rtr_credits: 8,
+                    statistics: Counts {
+                        send_count: sent,
+                        recv_count: sent,
+                        drop_count: 0,
+                    },
+                    health_stats: PeerHealthShow {
+                        health_value: health,
+                        ..PeerHealthShow::default()
+                    },
+                }),
+            }],
+        };
+        let a = Response::Peer(PeerShow {
+            peer: vec![entry("10.0.0.254@o2ib", "NA", 3, 1000)],
+        });
+        let b = Response::Peer(PeerShow {
+            peer: vec![
+                entry("10.0.0.254@o2ib", "up", 4, 900),
+                entry("10.0.0.9@o2ib", "up", 1, 1000),
+            ],
+        });
+        let Response::Peer(m) = merge(vec![a, b]) else {
+            panic!("not a peer show")
+        };
+        assert_eq!(m.peer.len(), 2, "{m:?}");
+        let p = &m.peer[0];
+        assert_eq!(
+            (p.primary_nid.as_str(), p.peer_ni.len()),
+            ("10.0.0.254@o2ib", 1)
+        );
+        let n = &p.peer_ni[0];
+        assert_eq!(n.state, "up");
+        let d = n.detail.as_ref().unwrap();
+        assert_eq!((d.statistics.send_count, d.max_ni_tx_credits), (7, 16));
+        assert_eq!(d.health_stats.health_value, 900);
+    }
 
     /// The hostile-peer audit's log flood: peer up/down lines are written up to the budget
     /// per window, the rest counted, and the count reported once when the window ends.
