@@ -374,6 +374,10 @@ struct Ni {
 /// the crate documentation for how to drive it.
 pub struct LnetNode {
     pid: u32,
+    /// While a message for us is matched: the NI it came in on and the hop it came from, so
+    /// that a response whose way back leaves by a sibling runtime's NI goes back the way the
+    /// request came (see `respond`).
+    arrival: Option<(usize, Nid)>,
     /// LNet's global tunables (`global show`, `lnetctl set`).
     globals: crate::GlobalTunables,
     /// The health ones, as the per-message path reads them.
@@ -521,6 +525,7 @@ impl LnetNode {
             });
         globals.derive_transaction_timeout(lnd.as_secs());
         LnetNode {
+            arrival: None,
             pid: cfg.pid,
             health: HealthCfg::of(&globals),
             recovery: BTreeSet::new(),
@@ -2082,7 +2087,9 @@ impl LnetNode {
             payload.truncate(announced);
             Ok(())
         };
+        self.arrival = via.map(|ni| (ni, from));
         let verdict = verdict.and_then(|()| self.match_msg(via, &hdr, payload));
+        self.arrival = None;
         match verdict {
             Ok(len) => {
                 self.stats.recv_count += 1;
@@ -2269,6 +2276,14 @@ impl LnetNode {
     fn respond(&mut self, req: &LnetHdr, len: u32, body: LnetBody, payload: Vec<u8>) {
         let dst = req.src_nid;
         let route = match self.route(dst) {
+            // The way back leaves by another runtime's NI, which a response of ours cannot
+            // take: back through the router that brought the request, as the kernel sends a
+            // response through the gateway the request came from (lnet_select_pathway, for
+            // REPLY and ACK). A remote node's ping of us failed with an asymmetric route.
+            Ok(Route::Sibling(net)) => match self.arrival.filter(|&(_, hop)| hop != dst) {
+                Some((ni, hop)) => Route::Remote { ni, next: hop },
+                None => Route::Sibling(net),
+            },
             Ok(r) => r,
             Err(e) => {
                 self.count_error(&e);

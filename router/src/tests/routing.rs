@@ -2502,3 +2502,40 @@ fn a_lost_runtime_does_not_keep_a_shared_thread_from_sleeping() {
     let hint = rt.wait_hint(std::time::Duration::from_secs(1));
     assert!(hint > std::time::Duration::ZERO, "wait_hint = {hint:?}");
 }
+
+/// A response of ours whose way back leaves by a sibling runtime's NI goes back through the
+/// router that brought the request, as the kernel sends a REPLY through the gateway the GET
+/// came from (a kernel-interop review: with an asymmetric route, a remote node's ping of the
+/// router's other NID was dropped as "no route"). X on o2ib2 reaches o2ib1 through R2; the
+/// router (split per NI) reaches o2ib2 through R2's o2ib NI, which its o2ib1 runtime cannot
+/// send by.
+#[test]
+fn a_reply_whose_way_back_is_a_sibling_ni_goes_back_the_way_it_came() {
+    const X: &str = "10.2.0.5@o2ib2";
+    const R2_C: &str = "10.2.0.253@o2ib2";
+    let x = node(&[X], &[route("o2ib1", R2_C)], false, 40);
+    let r2 = node(&[R2_A, R2_B, R2_C], &[], true, 50);
+    let r = node(&[R_A, R_B], &[route("o2ib2", R2_A)], true, 30);
+    let mut cfgs = vec![x, r2];
+    cfgs.extend(split(r));
+    let mut f = Fabric::from_configs(cfgs);
+    f.run_for(Duration::from_secs(2));
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, nid(R_B), Duration::from_secs(2))
+        .unwrap();
+    f.run_for(Duration::from_secs(3));
+    let reply = f
+        .take_events(0)
+        .into_iter()
+        .find_map(|(_, e)| match e {
+            LnetEvent::PingDone { result, .. } => Some(result),
+            _ => None,
+        })
+        .expect("the ping ended");
+    let reply = reply.expect("the ping is answered");
+    assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
+    // It went back on R_B's NI, to R2_B: the o2ib1 runtime sent it, no drop for no route.
+    let b = &f.nodes[3];
+    assert_eq!(b.stats().local_no_route_count, 0, "{:?}", b.stats());
+}
