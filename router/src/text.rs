@@ -48,6 +48,31 @@ pub fn read_config_file(path: &std::path::Path) -> std::io::Result<String> {
 /// an unknown fabric (whose list offered `sim`, which lnet-router refuses). `None`: keep the
 /// reader's message.
 pub fn reword_yaml(msg: &str) -> Option<String> {
+    if msg.starts_with("multiple YAML documents detected") {
+        return Some(
+            "more than one YAML document (a second '---'): a configuration or an import is one"
+                .into(),
+        );
+    }
+    // The parser names our types ("expected struct RawRoute"): say what the file should hold.
+    if let Some(i) = msg.find("struct Raw") {
+        let name_at = i + "struct Raw".len();
+        let end = msg[name_at..]
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .map_or(msg.len(), |n| name_at + n);
+        let mut words = String::new();
+        for (k, c) in msg[name_at..end].chars().enumerate() {
+            if c.is_ascii_uppercase() && k > 0 {
+                words.push(' ');
+            }
+            words.push(c.to_ascii_lowercase());
+        }
+        let rest = reword_yaml(&msg[end..]).unwrap_or_else(|| msg[end..].to_string());
+        return Some(format!(
+            "{}a {words} entry (a mapping of keys){rest}",
+            &msg[..i]
+        ));
+    }
     if let Some(rest) = msg.strip_prefix("duplicate mapping key: ") {
         let key = rest
             .split_once(", set DuplicateKeyPolicy")
@@ -108,6 +133,23 @@ mod tests {
             "unknown fabric 'TCP' (expected tcp or verbs; sim is the simulator's only)"
         );
         assert_eq!(reword_yaml("invalid type: map"), None);
+        // An operator's audit: the parser's own words, naming our types and its API.
+        assert_eq!(
+            reword_yaml(
+                "multiple YAML documents detected; use from_str_multiple or \
+                 from_str_multiple_with_options"
+            )
+            .unwrap(),
+            "more than one YAML document (a second '---'): a configuration or an import is one"
+        );
+        assert_eq!(
+            reword_yaml("invalid type: string \"hello\", expected struct RawRoute").unwrap(),
+            "invalid type: string \"hello\", expected a route entry (a mapping of keys)"
+        );
+        assert_eq!(
+            reword_yaml("invalid type: integer `3`, expected struct RawLocalNi").unwrap(),
+            "invalid type: integer `3`, expected a local ni entry (a mapping of keys)"
+        );
         let long = "k".repeat(10_000);
         let r = reword_yaml(&format!(
             "duplicate mapping key: {long}, set DuplicateKeyPolicy"
