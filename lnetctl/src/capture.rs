@@ -139,15 +139,6 @@ fn capture(
         Sink::Stdout => "standard output".to_string(),
         Sink::File(p) => p.display().to_string(),
     };
-    eprintln!(
-        "lnetctl: capturing on {} into {target}; {}",
-        started.nis.join(", "),
-        match duration {
-            Some(d) => format!("for {d} s (Ctrl-C stops earlier)"),
-            None => "Ctrl-C stops".to_string(),
-        }
-    );
-
     let out = match open_out() {
         Ok(o) => o,
         Err(e) => {
@@ -164,6 +155,17 @@ fn capture(
             return Ok(exit::FAILED);
         }
     };
+    // Said once the output is open: a path that cannot be written ends it before any "capturing"
+    // line (an operator's audit saw the line, then the failure).
+    eprintln!(
+        "lnetctl: capturing on {} into {target}; {}",
+        started.nis.join(", "),
+        match duration {
+            Some(d) => format!("for {d} s (Ctrl-C stops earlier)"),
+            None => "Ctrl-C stops".to_string(),
+        }
+    );
+
     let t0 = Instant::now();
     let mut stop_sent: Option<Instant> = None;
     let (summary, code) = loop {

@@ -316,4 +316,21 @@ fn capture_of_a_ping_decodes_in_tshark() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(again.exists());
+
+    // An output that cannot be written ends it at once, with no "capturing" line first (an
+    // operator's audit saw the line, then the failure); the daemon's capture is stopped.
+    let o = lnetctl(
+        &a,
+        &[
+            "capture",
+            "--file",
+            "/nonexistent-ulnet-dir/x.pcap",
+            "--duration",
+            "5",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/nonexistent-ulnet-dir/x.pcap"), "{err}");
+    assert!(!err.contains("capturing on"), "{err}");
 }
