@@ -84,6 +84,15 @@ struct Gateway {
     ups: u64,
 }
 
+impl Gateway {
+    /// A failure (a ping without a reply, or the connection lost): the next ping in `retry`,
+    /// which doubles up to the interval.
+    fn retry_soon(&mut self, now: Instant, interval: Duration) {
+        self.next_ping = self.next_ping.min(now + self.retry);
+        self.retry = (self.retry + self.retry).min(interval.max(FIRST_RETRY));
+    }
+}
+
 /// What `route show -v` and tests read of a gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayInfo {
@@ -225,8 +234,7 @@ impl Gateways {
         let interval = self.cfg.check_interval;
         self.map.get_mut(&nid).is_some_and(|g| {
             if !alive && g.alive {
-                g.next_ping = g.next_ping.min(now + g.retry);
-                g.retry = (g.retry + g.retry).min(interval.max(FIRST_RETRY));
+                g.retry_soon(now, interval);
             }
             Gateways::mark(nid, g, alive)
         })
@@ -305,8 +313,7 @@ impl Gateways {
             }
             None => {
                 g.ping_failures += 1;
-                g.next_ping = g.next_ping.min(now + g.retry);
-                g.retry = (g.retry + g.retry).min(interval.max(FIRST_RETRY));
+                g.retry_soon(now, interval);
                 Gateways::mark(nid, g, false)
             }
         }

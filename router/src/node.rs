@@ -374,10 +374,6 @@ struct Ni {
 /// the crate documentation for how to drive it.
 pub struct LnetNode {
     pid: u32,
-    /// While a message for us is matched: the NI it came in on and the hop it came from, so
-    /// that a response whose way back leaves by a sibling runtime's NI goes back the way the
-    /// request came (see `respond`).
-    arrival: Option<(usize, Nid)>,
     /// LNet's global tunables (`global show`, `lnetctl set`).
     globals: crate::GlobalTunables,
     /// The health ones, as the per-message path reads them.
@@ -525,7 +521,6 @@ impl LnetNode {
             });
         globals.derive_transaction_timeout(lnd.as_secs());
         LnetNode {
-            arrival: None,
             pid: cfg.pid,
             health: HealthCfg::of(&globals),
             recovery: BTreeSet::new(),
@@ -1500,14 +1495,9 @@ impl LnetNode {
                     self.stats.recv_length += u64::from(len);
                     self.nis[m.ni].recv_count += 1;
                 }
-                if result.is_ok() && ack != WireHandle::NONE {
+                if result.is_ok() {
                     // lnet_finalize -> lnet_ack: the PUT is in, tell its sender.
-                    let body = LnetBody::Ack {
-                        dst_wmd: ack,
-                        match_bits,
-                        mlength: len,
-                    };
-                    self.respond(&m.hdr, 0, body, Vec::new());
+                    self.ack(&m.hdr, None, ack, match_bits, len as usize);
                 }
                 self.events.push_back(LnetEvent::BulkPut {
                     md,
@@ -2087,9 +2077,7 @@ impl LnetNode {
             payload.truncate(announced);
             Ok(())
         };
-        self.arrival = via.map(|ni| (ni, from));
-        let verdict = verdict.and_then(|()| self.match_msg(via, &hdr, payload));
-        self.arrival = None;
+        let verdict = verdict.and_then(|()| self.match_msg(via, from, &hdr, payload));
         match verdict {
             Ok(len) => {
                 self.stats.recv_count += 1;
@@ -2117,10 +2105,13 @@ impl LnetNode {
     fn match_msg(
         &mut self,
         via: Option<usize>,
+        from: Nid,
         hdr: &LnetHdr,
         payload: Vec<u8>,
     ) -> Result<usize, &'static str> {
         let len = payload.len();
+        // The way the request came, for our response (see `respond`).
+        let back = via.map(|ni| (ni, from));
         match hdr.body {
             LnetBody::Put {
                 ptl_index: LNET_RESERVED_PORTAL,
@@ -2134,18 +2125,7 @@ impl LnetNode {
                 // takes it and lnet_parse_put ACKs it; without the ACK the sender's discovery
                 // fails and it marks us dead with every route through us. We are not
                 // Multi-Rail: its NIDs teach us nothing we use, so the payload is dropped here.
-                if ack_wmd != WireHandle::NONE {
-                    self.respond(
-                        hdr,
-                        0,
-                        LnetBody::Ack {
-                            dst_wmd: ack_wmd,
-                            match_bits: LNET_PING_MATCHBITS,
-                            mlength: len as u32,
-                        },
-                        Vec::new(),
-                    );
-                }
+                self.ack(hdr, back, ack_wmd, LNET_PING_MATCHBITS, len);
                 Ok(len)
             }
             LnetBody::Put {
@@ -2173,18 +2153,7 @@ impl LnetNode {
                         hdr_data,
                         payload,
                     });
-                    if ack_wmd != WireHandle::NONE {
-                        self.respond(
-                            hdr,
-                            0,
-                            LnetBody::Ack {
-                                dst_wmd: ack_wmd,
-                                match_bits,
-                                mlength: n as u32,
-                            },
-                            Vec::new(),
-                        );
-                    }
+                    self.ack(hdr, back, ack_wmd, match_bits, n);
                     return Ok(len);
                 }
                 self.events.push_back(LnetEvent::Put {
@@ -2195,19 +2164,8 @@ impl LnetNode {
                     hdr_data,
                     payload,
                 });
-                if ack_wmd != WireHandle::NONE {
-                    // lnet_parse_put then lnet_ack: the sender asked for an ACK.
-                    self.respond(
-                        hdr,
-                        0,
-                        LnetBody::Ack {
-                            dst_wmd: ack_wmd,
-                            match_bits,
-                            mlength: len as u32,
-                        },
-                        Vec::new(),
-                    );
-                }
+                // lnet_parse_put then lnet_ack: when the sender asked for an ACK.
+                self.ack(hdr, back, ack_wmd, match_bits, len);
                 Ok(len)
             }
             LnetBody::Get {
@@ -2224,6 +2182,7 @@ impl LnetNode {
                 reply.truncate(n);
                 self.respond(
                     hdr,
+                    back,
                     n as u32,
                     LnetBody::Reply {
                         dst_wmd: return_wmd,
@@ -2272,15 +2231,43 @@ impl LnetNode {
         }
     }
 
-    /// Sends a REPLY or ACK back to the originator of `req`, from the NID it addressed.
-    fn respond(&mut self, req: &LnetHdr, len: u32, body: LnetBody, payload: Vec<u8>) {
+    /// An ACK for a PUT of `mlength` bytes, if its sender asked for one (`ack_wmd`).
+    fn ack(
+        &mut self,
+        req: &LnetHdr,
+        back: Option<(usize, Nid)>,
+        ack_wmd: WireHandle,
+        match_bits: u64,
+        mlength: usize,
+    ) {
+        if ack_wmd == WireHandle::NONE {
+            return;
+        }
+        let body = LnetBody::Ack {
+            dst_wmd: ack_wmd,
+            match_bits,
+            mlength: mlength as u32,
+        };
+        self.respond(req, back, 0, body, Vec::new());
+    }
+
+    /// Sends a REPLY or ACK back to the originator of `req`, from the NID it addressed;
+    /// `back` is the NI and the hop the request came by, when known.
+    fn respond(
+        &mut self,
+        req: &LnetHdr,
+        back: Option<(usize, Nid)>,
+        len: u32,
+        body: LnetBody,
+        payload: Vec<u8>,
+    ) {
         let dst = req.src_nid;
         let route = match self.route(dst) {
             // The way back leaves by another runtime's NI, which a response of ours cannot
             // take: back through the router that brought the request, as the kernel sends a
             // response through the gateway the request came from (lnet_select_pathway, for
             // REPLY and ACK). A remote node's ping of us failed with an asymmetric route.
-            Ok(Route::Sibling(net)) => match self.arrival.filter(|&(_, hop)| hop != dst) {
+            Ok(Route::Sibling(net)) => match back.filter(|&(_, hop)| hop != dst) {
                 Some((ni, hop)) => Route::Remote { ni, next: hop },
                 None => Route::Sibling(net),
             },
