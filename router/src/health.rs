@@ -69,6 +69,9 @@ impl HStatus {
             // A refused connect: the peer is there and said no (ECONNREFUSED, REMOTE_DROPPED).
             LnetError::Lnd(TxError::ConnectRefused) => HStatus::RemoteDropped,
             LnetError::Lnd(TxError::Rdma(_)) => HStatus::RemoteError,
+            // The peer did not fill memory we granted it in time: it is there but failing
+            // (our grant_timeout, where o2iblnd would wait for its LND timeout).
+            LnetError::Lnd(TxError::GrantExpired) => HStatus::RemoteTimeout,
             // Lustre's deadline drop (lnet_post_send_locked) is NETWORK_TIMEOUT.
             LnetError::Expired => HStatus::NetworkTimeout,
             // Our own shedding of answers to a peer that does not take them: no path failed.

@@ -948,6 +948,14 @@ impl LnetNode {
             .map_or_else(Vec::new, |ni| ni.ep.take_buffer())
     }
 
+    /// Tells every NI's LND whether the fabric below reports the writes it sees land
+    /// (`lnd::driver::Driver::sees_writes`; see `Endpoint::set_fabric_sees_writes`).
+    pub fn set_fabric_sees_writes(&mut self, on: bool) {
+        for n in &mut self.nis {
+            n.ep.set_fabric_sees_writes(on);
+        }
+    }
+
     /// Our NIDs, in NI order.
     pub fn nids(&self) -> Vec<Nid> {
         self.nis.iter().map(|n| n.nid).collect()

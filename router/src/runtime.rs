@@ -29,10 +29,11 @@ impl<D: Driver> NiRuntime<D> {
     /// A runtime for `node` (which should run one NI) over `driver`; the handle wakes its
     /// `turn` from other threads.
     pub fn new(
-        node: LnetNode,
+        mut node: LnetNode,
         mut driver: D,
         clock: MonotonicClock,
     ) -> io::Result<(NiRuntime<D>, WakeHandle)> {
+        node.set_fabric_sees_writes(driver.sees_writes());
         let (waker, wake) = Waker::new()?;
         driver.set_waker(waker.fd());
         driver.set_doorbell(waker.doorbell());

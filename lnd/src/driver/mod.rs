@@ -83,6 +83,16 @@ pub trait Driver {
     fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
         None
     }
+
+    /// Whether the fabric sees every peer's RDMA write land and reports which granted bytes
+    /// were written ([`crate::fabric::FabricEvent::WritesCovered`]), so that the engine can
+    /// fail a PUT_DONE or GET_DONE whose data did not all arrive
+    /// ([`crate::engine::Endpoint::set_fabric_sees_writes`]). The tcp fabric does; verbs
+    /// cannot (a one-sided write is invisible to the receiver), and there a reused buffer is
+    /// scrubbed instead.
+    fn sees_writes(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed driver is a driver (the daemon keeps each NI's behind `Box<dyn Driver + Send>`).
@@ -114,6 +124,10 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
     fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
         (**self).watch(fd)
+    }
+
+    fn sees_writes(&self) -> bool {
+        (**self).sees_writes()
     }
 
     fn has_queued_work(&self) -> bool {
@@ -332,6 +346,9 @@ pub fn turn<D: Driver + ?Sized>(
     on_event: &mut dyn FnMut(&mut Endpoint, Instant, LndEvent),
 ) -> io::Result<()> {
     let now = clock.now();
+    if ep.fabric_sees_writes() != fabric.sees_writes() {
+        ep.set_fabric_sees_writes(fabric.sees_writes());
+    }
     while let Some(a) = ep.poll_action() {
         fabric.apply(now, a);
     }

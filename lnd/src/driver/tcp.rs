@@ -183,6 +183,7 @@
 //! - a poll for POLLRDHUP on a stalled connection so that its peer's death is seen at once too.
 
 pub mod frame;
+mod grants;
 #[cfg(test)]
 mod tests;
 
@@ -623,9 +624,8 @@ struct Sock {
     /// connection is established, then `recv_buffer`.
     rbuf_len: usize,
     // receive side
-    /// Where the peer may write now (`FabricAction::GrantWrites`): (grant, fragment), one
-    /// entry per fragment. A handful at a time: one per PUT_ACK / GET_REQ awaiting its data.
-    grants: Vec<(WrId, RemoteFrag)>,
+    /// Where the peer may write now (`FabricAction::GrantWrites`), and what it wrote there.
+    grants: grants::Grants,
     /// The RDMA_WRITE frame whose data is streaming into a region.
     rx_write: Option<RxWrite>,
     /// The last RDMA_WRITE frame's data came straight from the socket: the next read takes one
@@ -1161,7 +1161,7 @@ impl TcpFabric {
             FabricAction::GrantWrites { conn, id, sink } => {
                 if let Some(sock) = self.lookup(conn) {
                     let s = &mut self.socks[sock];
-                    s.grants.extend(sink.into_iter().map(|f| (id, f)));
+                    s.grants.open(id, sink);
                 } else {
                     self.stats.unknown_actions += 1;
                 }
@@ -1169,7 +1169,7 @@ impl TcpFabric {
             FabricAction::RevokeWrites { conn, id } => {
                 // A connection already gone took its grants with it.
                 if let Some(sock) = self.lookup(conn) {
-                    self.socks[sock].grants.retain(|&(g, _)| g != id);
+                    self.socks[sock].grants.revoke(id);
                 }
             }
             FabricAction::Disconnect { conn } => self.disconnect(conn),
@@ -2295,6 +2295,13 @@ impl TcpFabric {
                     s.rstart = next;
                     self.stats.msgs_rx += 1;
                     if let Some(c) = conn {
+                        // What the writes before this message covered, first: it may be the
+                        // PUT_DONE or GET_DONE that ends them.
+                        if s.grants.has_changed() {
+                            for (id, prefix) in s.grants.take_changed() {
+                                sink.handle_writes_covered(now, c, id, prefix);
+                            }
+                        }
                         sink.handle_recv(now, c, slot, &buf[body]);
                     }
                 }
@@ -2319,15 +2326,7 @@ impl TcpFabric {
                     // within one remote fragment (writes are cut at every fragment boundary).
                     // How far past the frame its grant reaches: the most of the grants that
                     // hold it.
-                    let past_frame = s
-                        .grants
-                        .iter()
-                        .filter(|(_, g)| g.key == rkey)
-                        .filter_map(|(_, g)| {
-                            let end = addr.checked_sub(g.addr)?.checked_add(len as u64)?;
-                            u64::from(g.len).checked_sub(end)
-                        })
-                        .max();
+                    let past_frame = s.grants.reach_past(rkey, addr, len as u64);
                     let off = match self.regions.get(&rkey) {
                         None => Err("no region under the key"),
                         Some(r) => addr
@@ -2345,6 +2344,9 @@ impl TcpFabric {
                     };
                     match off {
                         Ok(off) => {
+                            // Its bytes land before anything behind it is read: counted
+                            // written now (see grants.rs).
+                            s.grants.mark(rkey, addr, len as u32);
                             let past = usize::try_from(past_frame.unwrap_or(0)).unwrap_or(0);
                             s.rx_write = Some(RxWrite {
                                 key: rkey,
@@ -2675,7 +2677,7 @@ impl TcpFabric {
             handshake: false,
             source: None,
             rbuf_len,
-            grants: Vec::new(),
+            grants: grants::Grants::default(),
             rx_write: None,
             heads_only: false,
             rbuf,
@@ -2879,6 +2881,11 @@ impl crate::driver::Driver for TcpFabric {
 
     fn registry(&mut self) -> Option<&mut dyn Registry> {
         Some(self)
+    }
+
+    /// Every write frame is checked and placed by this fabric: it reports coverage.
+    fn sees_writes(&self) -> bool {
+        true
     }
 
     fn poll(

@@ -154,6 +154,12 @@ pub struct Tunables {
     /// wait, each further one once the one before it is up; new messages take them in turn
     /// (kiblnd_get_conn_locked) when there are several.
     pub conns_per_peer: u16,
+    /// Ours: how long a peer may take to fill memory we granted it (our PUT_ACK or GET_REQ)
+    /// and send its completion; zero: only the LND `timeout`. A 1 MiB write takes
+    /// microseconds to milliseconds, so a grant that outlives this is a stalled or hostile
+    /// peer pinning our buffer (kernel LNet lets a router buffer be held until the LND
+    /// timeout, 50 s): the transfer fails and the grant is reclaimed (`grants_reclaimed`).
+    pub grant_timeout: Duration,
 }
 
 impl Default for Tunables {
@@ -173,6 +179,7 @@ impl Default for Tunables {
             race_retry_interval: Duration::from_millis(100),
             connect_hedge: Duration::from_secs(1),
             conns_per_peer: 1,
+            grant_timeout: Duration::from_secs(1),
         }
     }
 }

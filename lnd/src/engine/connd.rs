@@ -52,6 +52,7 @@ impl Endpoint {
             match ev {
                 TimerEvent::Conn(id) => self.on_conn_timer(id),
                 TimerEvent::Tx(key) => self.on_tx_deadline(key),
+                TimerEvent::Grant(key) => self.on_grant_deadline(key),
                 TimerEvent::Reap(id) => self.reap(id),
                 TimerEvent::Hedge(id) => {
                     if let Some((p, created)) = self.conn(id).map(|c| (c.peer, c.created)) {

@@ -246,6 +246,14 @@ impl Endpoint {
                 id: wr_of(key),
                 sink: sink.remote(),
             });
+            // The peer has this long to fill it (see Tunables::grant_timeout).
+            let wait = self.cfg.tunables.grant_timeout;
+            if !wait.is_zero() {
+                let t = self.wheel.insert(now + wait, TimerEvent::Grant(key));
+                if let Some(old) = tx.grant_timer.replace(t) {
+                    self.wheel.cancel(old);
+                }
+            }
         }
         let rd_frags;
         let body = match &mut tx.body {

@@ -44,6 +44,9 @@ pub enum TxError {
     /// nothing), or we did (-EPROTO when the sink advertised more than the source holds,
     /// -EMSGSIZE when the write needs more fragments than the connection allows).
     Rdma(i32),
+    /// Memory we granted the peer (our PUT_ACK or GET_REQ) was not filled and completed within
+    /// `Tunables::grant_timeout`: the grant was reclaimed.
+    GrantExpired,
 }
 
 impl fmt::Display for TxError {
@@ -57,6 +60,7 @@ impl fmt::Display for TxError {
             TxError::ConnectRefused => "connection refused",
             TxError::PeerUnreachable => "peer unreachable",
             TxError::Shutdown => "shutting down",
+            TxError::GrantExpired => "the peer did not fill its grant in time",
             TxError::Rdma(status) => return write!(f, "bulk transfer failed (errno {status})"),
         })
     }
@@ -271,6 +275,14 @@ pub struct LndStats {
     /// wrapping fragment (the connection is closed), a GET_REQ's (answered GET_DONE -EPROTO),
     /// a PUT_DONE or GET_DONE claiming more bytes than our sink holds (the connection is closed).
     pub rdma_bad_descs: u64,
+    /// PUT_DONEs and GET_DONEs with a success status whose data did not all arrive (a fabric
+    /// that sees writes reported fewer bytes of the sink written, from its start, than the
+    /// completion accounts for): the transfer fails with -EPROTO and the connection is closed,
+    /// so a buffer lent before is never passed on with its previous user's bytes.
+    pub rdma_short_writes: u64,
+    /// Grants of our memory (PUT_ACK, GET_REQ sinks) reclaimed after `grant_timeout` without
+    /// their completion; on a fabric that cannot see writes, each closed its connection.
+    pub grants_reclaimed: u64,
     /// Connections closed because a message to the peer missed its LND deadline while the peer
     /// had said nothing since it was queued: a peer that owed us credits or a completion and
     /// went silent. (A peer that owes us nothing may stay silent forever, as in o2iblnd.)

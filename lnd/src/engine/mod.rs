@@ -108,6 +108,9 @@ enum TimerEvent {
     Conn(ConnId),
     /// A message's LND deadline.
     Tx(TxKey),
+    /// A grant of our memory to a peer (our PUT_ACK or GET_REQ) is due to be reclaimed:
+    /// `Tunables::grant_timeout` passed without its completion.
+    Grant(TxKey),
     /// connd: destroy a zombie.
     Reap(ConnId),
     /// connd: a paced reconnect is due.
@@ -182,6 +185,11 @@ struct Tx {
     /// The rendezvous status to report: the peer's completion (bytes written, or a negative
     /// errno), or, for a completion we send, the status it carries.
     status: i32,
+    /// Our PUT_ACK or GET_REQ: how many bytes of its sink, from the start, the peer has
+    /// written at least once, as the fabric reported ([`FabricEvent::WritesCovered`]).
+    covered: u64,
+    /// Our PUT_ACK or GET_REQ: when its grant is reclaimed if its completion has not come.
+    grant_timer: Option<TimerKey>,
 }
 
 /// A rendezvous request from the peer, held until LNet answers it (by its receive slot, which
@@ -403,6 +411,9 @@ pub struct Endpoint {
     /// The room the last trim pass left in the tables that arm it (at least [`TRIM_FLOOR`]):
     /// growth past it arms the next pass.
     trim_mark: usize,
+    /// The fabric reports which granted bytes a peer wrote ([`FabricEvent::WritesCovered`]):
+    /// a PUT_DONE or GET_DONE is then accepted only if its data all arrived.
+    fabric_sees_writes: bool,
 }
 
 /// Buffers the engine keeps for reuse; beyond this, given-back buffers are freed.
@@ -454,8 +465,27 @@ impl Endpoint {
             capture: None,
             trim_armed: false,
             trim_mark: TRIM_FLOOR,
+            fabric_sees_writes: false,
             cfg,
         }
+    }
+
+    /// Says whether the fabric below reports the writes it sees land in our grants
+    /// ([`FabricEvent::WritesCovered`]; `Driver::sees_writes`). When it does, a PUT_DONE or
+    /// GET_DONE with a success status completes only if every byte it accounts for was written
+    /// at least once (coverage, not a count: a byte written twice counts once); otherwise the
+    /// transfer fails with -EPROTO, nothing of it is handed on, and the connection is closed
+    /// as a protocol error (`rdma_short_writes`). A grant that outlives
+    /// [`Tunables::grant_timeout`] is revoked there; on a fabric that cannot see writes
+    /// (verbs), the connection is closed instead, so the peer can no longer write into memory
+    /// that goes back to a pool.
+    pub fn set_fabric_sees_writes(&mut self, on: bool) {
+        self.fabric_sees_writes = on;
+    }
+
+    /// Whether the fabric reports the writes it sees (see [`Endpoint::set_fabric_sees_writes`]).
+    pub fn fabric_sees_writes(&self) -> bool {
+        self.fabric_sees_writes
     }
 
     /// Gives a message buffer back for reuse (a `FabricAction::Send`'s bytes once the fabric
@@ -819,6 +849,9 @@ impl FabricSink for Endpoint {
                 self.handle_send_complete(now, conn, wr, status)
             }
             FabricEvent::Disconnected { conn, why } => self.handle_disconnected(now, conn, why),
+            FabricEvent::WritesCovered { conn, id, prefix } => {
+                self.handle_writes_covered(now, conn, id, prefix)
+            }
         }
     }
 

@@ -521,12 +521,75 @@ impl Endpoint {
             debug!(?conn, status = done.status, "PUT_NAK");
         }
         let tx = self.txs.get_mut(key).expect("matched");
+        // Data that did not all arrive is no transfer (the tcp fabric sees every write): a
+        // sink lent before, a router buffer above all, would otherwise be passed on with its
+        // previous user's bytes where the peer wrote none. PUT_DONE accounts for the whole
+        // sink we advertised (the source writes all of it: kiblnd_init_rdma), GET_DONE for
+        // the bytes its status says.
+        let owed = match got {
+            KibMsgType::PutDone if done.status >= 0 => advertised,
+            KibMsgType::GetDone if done.status >= 0 => done.status as u64,
+            _ => 0,
+        };
+        if self.fabric_sees_writes && tx.covered < owed {
+            self.stats.rdma_short_writes += 1;
+            warn!(
+                ?conn,
+                ?got,
+                owed,
+                written = tx.covered,
+                "rendezvous completion whose data did not all arrive, closing the connection"
+            );
+            tx.waiting = false;
+            tx.status = -EPROTO;
+            self.finish_tx(key, Ok(()));
+            return self.close_conn(conn, Some(DownReason::ProtocolError));
+        }
         tx.waiting = false;
         tx.status = done.status;
         if matches!(tx.place, TxPlace::Waiting(_)) {
             self.finish_tx(key, Ok(()));
         }
         // Otherwise its own send completion, still to come, finishes it.
+    }
+
+    /// The fabric saw the peer write the first `prefix` bytes of grant `id` (see
+    /// [`FabricEvent::WritesCovered`]); kept with the message until its completion.
+    pub fn handle_writes_covered(&mut self, now: Instant, conn: ConnId, id: WrId, prefix: u64) {
+        self.advance(now);
+        let key = TxKey::from_u64(id.0);
+        if let Some(tx) = self.txs.get_mut(key) {
+            let ours = matches!(tx.place, TxPlace::Posted(c) | TxPlace::Waiting(c) if c == conn);
+            if ours && matches!(tx.body, TxBody::PutAck { .. } | TxBody::GetReq { .. }) {
+                tx.covered = tx.covered.max(prefix);
+            }
+        }
+    }
+
+    /// A grant outlived `grant_timeout` without its completion: the transfer fails
+    /// (`GrantExpired`) and the memory is taken back. `finish_tx` revokes the grant, which a
+    /// fabric that sees writes enforces from its next frame on (a later write costs the peer
+    /// its connection); on one that cannot, the connection is closed, so that its queue pair
+    /// is flushed and no late write lands in memory the upper layer reuses.
+    pub(super) fn on_grant_deadline(&mut self, key: TxKey) {
+        let Some(tx) = self.txs.get_mut(key) else {
+            return;
+        };
+        tx.grant_timer = None;
+        let (TxPlace::Posted(conn) | TxPlace::Waiting(conn)) = tx.place else {
+            return;
+        };
+        if !tx.waiting || !matches!(tx.body, TxBody::PutAck { .. } | TxBody::GetReq { .. }) {
+            return;
+        }
+        self.stats.grants_reclaimed += 1;
+        let peer = self.peers[tx.peer].nid;
+        debug!(%peer, ?conn, written = tx.covered, "reclaiming a grant the peer did not fill in time");
+        tx.waiting = false;
+        self.finish_tx(key, Err(TxError::GrantExpired));
+        if !self.fabric_sees_writes {
+            self.close_conn(conn, Some(DownReason::ProtocolError));
+        }
     }
 
     /// PUT_ACK for one of our PUT_REQs: write into the sink, then PUT_DONE (the PUT_ACK branch

@@ -180,6 +180,8 @@ impl Endpoint {
             queued_at: self.now,
             waiting: false,
             status: 0,
+            covered: 0,
+            grant_timer: None,
         });
         // Every queue a burst grows holds these messages (or their actions and events), so the
         // message table is where a burst is noticed.
@@ -265,6 +267,9 @@ impl Endpoint {
             return;
         };
         if let Some(t) = tx.timer {
+            self.wheel.cancel(t);
+        }
+        if let Some(t) = tx.grant_timer {
             self.wheel.cancel(t);
         }
         // The peer's writes into our sink are over, whatever the outcome: a late or forged

@@ -683,6 +683,13 @@ pub enum FabricEvent<'a> {
     /// The connection is disconnected: the peer closed, our close completed, or the connection
     /// failed; `why` says which. Reported at most once per connection.
     Disconnected { conn: ConnId, why: DisconnectReason },
+    /// The peer has written every byte of the first `prefix` bytes of grant `id` of `conn` (a
+    /// [`FabricAction::GrantWrites`], its fragments in order) at least once. Only a fabric that
+    /// sees the writes land (the tcp fabric; verbs cannot, writes being one-sided) reports
+    /// it, and always before the message that follows those writes on the connection, so
+    /// that a PUT_DONE or GET_DONE is checked against what really arrived: a buffer lent to
+    /// one peer after another must never be passed on holding a previous user's bytes.
+    WritesCovered { conn: ConnId, id: WrId, prefix: u64 },
 }
 
 /// Where a driver pushes what happened on its fabric: the engine's endpoint, or whatever owns
@@ -715,5 +722,8 @@ impl dyn FabricSink + '_ {
     }
     pub fn handle_disconnected(&mut self, now: Instant, conn: ConnId, why: DisconnectReason) {
         self.fabric_event(now, FabricEvent::Disconnected { conn, why });
+    }
+    pub fn handle_writes_covered(&mut self, now: Instant, conn: ConnId, id: WrId, prefix: u64) {
+        self.fabric_event(now, FabricEvent::WritesCovered { conn, id, prefix });
     }
 }

@@ -54,7 +54,13 @@ struct Node {
     answers: std::collections::VecDeque<Answer>,
     /// Transfers into this node's memory that ended: (cookie, bytes or why not).
     rdma_done: HashMap<u64, Result<u32, TxError>>,
+    /// A hostile LND: rewrites each action of the engine before the fabric gets it.
+    tamper: Option<Tamper>,
 }
+
+/// Rewrites an action of the engine (see [`Node::tamper`]): the actions to apply instead, and
+/// completions to report as if the fabric had done them (a write swallowed whole).
+type Tamper = Box<dyn FnMut(FabricAction) -> (Vec<FabricAction>, Vec<(ConnId, WrId)>)>;
 
 /// How a node's LNet answers a rendezvous request.
 enum Answer {
@@ -80,6 +86,7 @@ impl Node {
             downs: Vec::new(),
             answers: Default::default(),
             rdma_done: HashMap::new(),
+            tamper: None,
         }
     }
 
@@ -92,7 +99,21 @@ impl Node {
             downs,
             answers,
             rdma_done,
+            tamper,
         } = self;
+        if let Some(t) = tamper {
+            let now = clock.now();
+            while let Some(a) = ep.poll_action() {
+                let (apply, fake) = t(a);
+                for a in apply {
+                    fabric.apply(now, a);
+                }
+                for (conn, wr) in fake {
+                    let status = WcStatus::Success;
+                    ep.fabric_event(now, crate::fabric::FabricEvent::SendComplete { conn, wr, status });
+                }
+            }
+        }
         turn(fabric, ep, clock, STEP_WAIT, &mut |ep, now, ev| match ev {
             LndEvent::Received {
                 from, payload, rx, ..
@@ -529,6 +550,7 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
+        tamper: None,
     };
     let t0 = std::time::Instant::now();
     let mut raw = TcpStream::connect(n.fabric.local_addr()).unwrap();
@@ -654,6 +676,7 @@ fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
+        tamper: None,
     };
     let mut raws = silent_clients(7, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 4);
@@ -1845,6 +1868,7 @@ fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
+        tamper: None,
     };
     let _raws = silent_clients(5, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 2);
@@ -2331,3 +2355,5 @@ fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
     );
     shut_down_both(&mut a, &mut b, &clock);
 }
+
+mod coverage;

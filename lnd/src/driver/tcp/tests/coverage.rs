@@ -1,0 +1,222 @@
+//! A rendezvous completes only if its data all arrived: a hostile source that writes less than
+//! its PUT_DONE or GET_DONE accounts for (half, nothing, or the same bytes twice) fails the
+//! transfer at the sink, which closes the connection, so memory lent before (a router's large
+//! buffer) is never passed on holding its previous user's bytes.
+
+use super::*;
+use crate::engine::RdmaSink;
+use crate::wire::kib::EPROTO;
+
+/// How the hostile source writes.
+#[derive(Copy, Clone, Debug, PartialEq)]
+enum Write {
+    /// As the engine asked: the control case.
+    Honest,
+    /// The first half only.
+    Half,
+    /// Nothing: the write is swallowed and reported done.
+    Nothing,
+    /// The first half, twice: as many bytes as owed, but half the sink untouched.
+    HalfTwice,
+    /// Everything but the last byte.
+    AllButOne,
+}
+
+fn halve<F: Copy>(frags: &[F], len: impl Fn(F) -> u32, cut: impl Fn(F, u32) -> F) -> F {
+    let f = frags[0];
+    cut(f, len(f) / 2)
+}
+
+/// A tamper that rewrites every RDMA write of the node as `how` says.
+fn tamper(how: Write) -> Tamper {
+    Box::new(move |a| match a {
+        FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            remote,
+        } if how != Write::Honest => {
+            assert_eq!((local.len(), remote.len()), (1, 1), "one fragment each");
+            let l = halve(&local, |f| f.len, |f, n| LocalFrag { len: n, ..f });
+            let r = halve(&remote, |f| f.len, |f, n| RemoteFrag { len: n, ..f });
+            let (local, remote) = match how {
+                Write::Half => (vec![l], vec![r]),
+                Write::HalfTwice => (vec![l, l], vec![r, r]),
+                Write::AllButOne => {
+                    let n = local[0].len - 1;
+                    (
+                        vec![LocalFrag { len: n, ..local[0] }],
+                        vec![RemoteFrag { len: n, ..remote[0] }],
+                    )
+                }
+                _ => return (Vec::new(), vec![(conn, wr)]),
+            };
+            let w = FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                remote,
+            };
+            (vec![w], Vec::new())
+        }
+        other => (vec![other], Vec::new()),
+    })
+}
+
+const LEN: u32 = 64 * 1024 + 3;
+/// What the sink's memory holds before: its previous user's bytes.
+const OLD: u8 = 0xee;
+
+/// A PUTs `LEN` bytes into B's sink, writing them as `how` says; B's outcome, B's LND
+/// counters, and B's sink afterwards.
+fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Vec<u8>) {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    a.tamper = Some(tamper(how));
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let src = a.fabric.register(pattern(3, LEN as usize)).unwrap();
+    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 77));
+    let h = hdr(an, bn, LEN as usize);
+    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 77)
+        .unwrap();
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(10),
+            |n| n[1].rdma_done.contains_key(&77)
+        ),
+        "{how:?}: the sink's transfer did not end"
+    );
+    let bytes = b.fabric.contents(&sink).unwrap();
+    let out = (b.rdma_done[&77], b.ep.stats().clone(), bytes);
+    a.tamper = None;
+    shut_down_both(&mut a, &mut b, &clock);
+    out
+}
+
+#[test]
+fn a_put_whose_data_did_not_all_arrive_fails_at_the_sink() {
+    let (ok, st, bytes) = put_through(Write::Honest);
+    assert_eq!(ok, Ok(LEN));
+    assert_eq!(st.rdma_short_writes, 0);
+    assert_eq!(bytes, pattern(3, LEN as usize));
+    for how in [
+        Write::Half,
+        Write::Nothing,
+        Write::HalfTwice,
+        Write::AllButOne,
+    ] {
+        let (result, st, bytes) = put_through(how);
+        assert_eq!(result, Err(TxError::Rdma(-EPROTO)), "{how:?}");
+        assert_eq!(st.rdma_short_writes, 1, "{how:?}");
+        assert_eq!(st.rdma_puts_received, 0, "{how:?}");
+        assert_eq!(st.conns_lost, 1, "{how:?}: the connection is closed");
+        // The unwritten part still holds the old bytes: that is what must never be passed
+        // on, and the failure says so.
+        assert!(bytes.iter().any(|&x| x == OLD), "{how:?}");
+    }
+}
+
+/// B GETs `LEN` bytes from A, whose reply A writes as `how` says: B's outcome and counters.
+fn get_from(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats) {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    a.tamper = Some(tamper(how));
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let src = a.fabric.register(pattern(4, LEN as usize)).unwrap();
+    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    a.answers
+        .push_back(Answer::Reply(vec![src.local_frag(0, LEN)], 88));
+    let into = RdmaSink::of(&sink, 0, LEN);
+    b.ep.send_get_rdma(clock.now(), an, hdr(bn, an, 0), into, 88)
+        .unwrap();
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(10),
+            |n| n[1].rdma_done.contains_key(&88)
+        ),
+        "{how:?}: the GET did not end"
+    );
+    let out = (b.rdma_done[&88], b.ep.stats().clone());
+    a.tamper = None;
+    shut_down_both(&mut a, &mut b, &clock);
+    out
+}
+
+#[test]
+fn a_get_whose_reply_did_not_all_arrive_fails_at_the_requester() {
+    assert_eq!(get_from(Write::Honest).0, Ok(LEN));
+    for how in [Write::Half, Write::Nothing, Write::HalfTwice] {
+        let (result, st) = get_from(how);
+        assert_eq!(result, Err(TxError::Rdma(-EPROTO)), "{how:?}");
+        assert_eq!(st.rdma_short_writes, 1, "{how:?}");
+        assert_eq!(st.rdma_gets_received, 0, "{how:?}");
+    }
+}
+
+/// A source that never writes nor completes: the sink reclaims its grant after
+/// `grant_timeout`, not the LND timeout, and a write that comes later is refused (it would
+/// land in memory given back).
+#[test]
+fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
+    let clock = MonotonicClock::new();
+    let (_book, mut a, mut b) = connected_pair(&clock);
+    // A holds every write and PUT_DONE until told.
+    let held: Arc<Mutex<Vec<FabricAction>>> = Arc::default();
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (h, r) = (Arc::clone(&held), Arc::clone(&release));
+    a.tamper = Some(Box::new(move |act| {
+        let stall = matches!(act, FabricAction::RdmaWrite { .. })
+            || matches!(&act, FabricAction::Send { .. } if !h.lock().unwrap().is_empty());
+        if stall && !r.load(std::sync::atomic::Ordering::Relaxed) {
+            h.lock().unwrap().push(act);
+            return (Vec::new(), Vec::new());
+        }
+        (vec![act], Vec::new())
+    }));
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let src = a.fabric.register(pattern(5, LEN as usize)).unwrap();
+    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    b.answers
+        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 99));
+    let h = hdr(an, bn, LEN as usize);
+    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 99)
+        .unwrap();
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(10),
+            |n| n[1].rdma_done.contains_key(&99)
+        ),
+        "the grant was not reclaimed"
+    );
+    assert_eq!(b.rdma_done[&99], Err(TxError::GrantExpired));
+    assert_eq!(b.ep.stats().grants_reclaimed, 1);
+    // The tcp fabric enforces the revoke: the connection itself stays.
+    assert_eq!(b.ep.stats().conns_lost, 0);
+    let ungranted = b.fabric.stats().rdma_ungranted;
+    // Now A writes: refused, nothing lands, and it costs A the connection.
+    release.store(true, std::sync::atomic::Ordering::Relaxed);
+    let now = clock.now();
+    for act in std::mem::take(&mut *held.lock().unwrap()) {
+        a.fabric.apply(now, act);
+    }
+    assert!(
+        run_until(
+            &mut [&mut a, &mut b],
+            &clock,
+            StdDuration::from_secs(10),
+            |n| n[1].fabric.stats().rdma_ungranted > ungranted
+        ),
+        "the late write was not refused"
+    );
+    assert!(b.fabric.contents(&sink).unwrap().iter().all(|&x| x == OLD));
+    a.tamper = None;
+    shut_down_both(&mut a, &mut b, &clock);
+}
