@@ -151,6 +151,8 @@ pub struct RoutingConfig {
     pub enabled: bool,
     /// This node's router buffers (the node's share when a daemon splits them across NIs).
     pub buffers: BufferCounts,
+    /// Whether large buffers are scrubbed before they are lent again (`buffers: scrub:`).
+    pub scrub: crate::BulkScrub,
 }
 
 /// A node: its NIs and the PID it answers as.

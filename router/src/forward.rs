@@ -159,6 +159,9 @@ pub(crate) struct Fwd {
     /// A bulk message (its sender's PUT_REQ): `Some` with the large router buffer in registered
     /// memory it is written into, once it has one.
     pub bulk: Option<Option<usize>>,
+    /// A bulk PUT admitted under the unproven share (its sender had not yet brought a bulk
+    /// PUT in whole): it counts in that share until it is done.
+    pub unproven: bool,
 }
 
 /// A router's large buffers in registered memory, shared by the node's NI runtimes: buffer `k`
@@ -170,6 +173,48 @@ pub struct BulkBuffers {
     /// For each buffer, (NI NID, the registration on that NI's fabric: id, key, address,
     /// length).
     pub bufs: Vec<Vec<(Nid, BulkRegion)>>,
+    /// Each buffer's memory, for scrubbing it before it is lent again (see
+    /// [`BulkScrub`]); `mem[k]` is buffer `k`.
+    pub mem: Vec<lnd::fabric::SharedMem>,
+}
+
+/// Whether a router's large buffers are cleared before they are lent again. A buffer lent to
+/// a peer that writes less than it announced would otherwise pass on what its previous user
+/// left there. A fabric that sees every write land (tcp) fails such a transfer instead
+/// (`rdma_short_writes`), so nothing needs clearing there; on verbs a write is one-sided and
+/// invisible to us, so the buffer is scrubbed (its granted length zeroed) by the NI thread
+/// after the transfer is done and before the buffer goes back to the pool.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BulkScrub {
+    /// Scrub where the fabric the data came in on cannot see writes (verbs, the simulator).
+    #[default]
+    Auto,
+    /// Always (to measure the cost on tcp, or for defence in depth).
+    On,
+    /// Never.
+    Off,
+}
+
+impl BulkScrub {
+    pub fn name(self) -> &'static str {
+        match self {
+            BulkScrub::Auto => "auto",
+            BulkScrub::On => "on",
+            BulkScrub::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for BulkScrub {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BulkScrub, String> {
+        match s {
+            "auto" => Ok(BulkScrub::Auto),
+            "on" | "1" => Ok(BulkScrub::On),
+            "off" | "0" => Ok(BulkScrub::Off),
+            _ => Err(format!("'{s}' is not auto, on or off")),
+        }
+    }
 }
 
 /// One registration of a router buffer (`lnd::fabric::Registration` without its ownership: the
@@ -274,10 +319,19 @@ pub enum FwdDrop {
     /// with -EPROTO, so that its sender fails it. An optimized GET (GET_REQ) is never routed and
     /// counts as malformed.
     NoBulkBuffer,
+    /// A bulk PUT whose sender did not fill the large buffer it was lent (and send PUT_DONE)
+    /// within the LND's `grant_timeout`: the buffer was reclaimed.
+    BulkStalled,
+    /// A bulk PUT whose sender's PUT_DONE came with less of its data written than it
+    /// accounts for (the fabric saw the writes): nothing of it is forwarded.
+    BulkShort,
+    /// A bulk PUT refused before any buffer was lent: its sender stalled or short-wrote the
+    /// buffers it was lent lately and is refused for a while (doubling per strike).
+    BulkRefused,
 }
 
 impl FwdDrop {
-    pub const ALL: [FwdDrop; 9] = [
+    pub const ALL: [FwdDrop; 12] = [
         FwdDrop::RoutingDisabled,
         FwdDrop::WrongNet,
         FwdDrop::Malformed,
@@ -287,6 +341,9 @@ impl FwdDrop {
         FwdDrop::Shutdown,
         FwdDrop::PeerDown,
         FwdDrop::NoBulkBuffer,
+        FwdDrop::BulkStalled,
+        FwdDrop::BulkShort,
+        FwdDrop::BulkRefused,
     ];
 
     /// The counter's name in `stats show -v`.
@@ -301,6 +358,9 @@ impl FwdDrop {
             FwdDrop::Shutdown => "shutdown",
             FwdDrop::PeerDown => "peer_down",
             FwdDrop::NoBulkBuffer => "no_bulk_buffer",
+            FwdDrop::BulkStalled => "bulk_stalled",
+            FwdDrop::BulkShort => "bulk_short",
+            FwdDrop::BulkRefused => "bulk_refused",
         }
     }
 
@@ -315,6 +375,9 @@ impl FwdDrop {
             FwdDrop::Loop => 6,
             FwdDrop::PeerDown => 7,
             FwdDrop::NoBulkBuffer => 8,
+            FwdDrop::BulkStalled => 9,
+            FwdDrop::BulkShort => 10,
+            FwdDrop::BulkRefused => 11,
         }
     }
 
@@ -355,6 +418,12 @@ pub struct ForwardStats {
     /// Messages that had to wait for a router credit of their sender, or for a buffer.
     pub waited_rtr_credit: u64,
     pub waited_buffer: u64,
+    /// Bulk PUTs that waited because their senders, not yet proven, had filled the unproven
+    /// share of the large buffers (or held one already).
+    pub waited_unproven: u64,
+    /// Large buffers scrubbed before being lent again, and the bytes cleared.
+    pub scrubbed: u64,
+    pub scrubbed_bytes: u64,
 }
 
 impl ForwardStats {

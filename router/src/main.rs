@@ -1041,6 +1041,7 @@ impl Daemon {
             c.routing = router::RoutingConfig {
                 enabled: settings.routing,
                 buffers: settings.buffers.share(nids.len()),
+                ..c.routing
             };
             c.node_nids = nids.clone();
             c.net_alive = Some(board.clone());
@@ -1772,6 +1773,7 @@ fn give_bulk_buffers(
             }
             owned[i].push(table.bufs.len());
             table.bufs.push(views);
+            table.mem.push(mem);
         }
     }
     // `made` goes out of scope registered: for the daemon's lifetime, released with the fabrics.

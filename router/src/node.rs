@@ -33,7 +33,7 @@ use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
 use bulk::{Bulk, Mds};
-pub use bulk::{BulkBuf, MdId};
+pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
 
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
@@ -447,6 +447,8 @@ pub struct LnetNode {
     bulk_free: Vec<usize>,
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
+    /// How the large buffers are lent: scrubbing, and the share of peers not yet proven.
+    lending: bulk::Lending,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk::RoutedGet>,
@@ -564,6 +566,7 @@ impl LnetNode {
             fabric_lost: false,
             bulk_free: Vec::new(),
             bulk_owned: 0,
+            lending: bulk::Lending::new(cfg.routing.scrub),
             bulk_gets: HashMap::new(),
             bulk_get_deadlines: BTreeSet::new(),
             trim_at: None,
@@ -846,7 +849,9 @@ impl LnetNode {
         .min();
         let aging = self.peer_ages.next_deadline();
         let gateways = self.gateways.next_deadline();
-        [lnd, ping, aging, gateways, self.recovery_tick, self.trim_at]
+        // Buffers to scrub: the loop does that work now (`LnetNode::scrub_bulk`).
+        let scrub = self.has_bulk_to_scrub().then_some(self.now);
+        [lnd, ping, aging, gateways, self.recovery_tick, self.trim_at, scrub]
             .into_iter()
             .flatten()
             .min()
@@ -2565,6 +2570,7 @@ impl LnetNode {
                 rtr_credit: false,
                 buffer: false,
                 bulk: None,
+                unproven: false,
             })
             .as_u64();
         self.fwd.in_flight += 1;
@@ -2590,8 +2596,12 @@ impl LnetNode {
         self.take_router_buffer(key);
     }
 
-    /// A buffer of the message's pool (rbp_credits); negative: wait on the pool.
+    /// A buffer of the message's pool (rbp_credits); negative: wait on the pool. A bulk PUT
+    /// of a sender not yet proven passes the unproven share's gate first.
     fn take_router_buffer(&mut self, key: u64) {
+        if !self.admit_bulk(key) {
+            return;
+        }
         let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
             return;
         };
@@ -2716,17 +2726,22 @@ impl LnetNode {
                 self.nis[f.ni].ep.recv_done(now, rx);
             }
         }
-        if let Some(Some(k)) = f.bulk {
-            self.bulk_free.push(k);
+        if f.unproven {
+            self.release_unproven(f.from);
         }
-        if f.buffer {
-            let pool = self.pools.get_mut(f.class);
-            pool.credits += 1;
-            if pool.credits <= 0 {
-                if let Some(next) = pool.waiting.pop_front() {
-                    self.fwd_ready.push_back(next);
-                }
+        // A large buffer that must be scrubbed goes back to the pool, with its credit, only
+        // once it is (`scrub_bulk`): a credit is a clean buffer free.
+        let mut credit_back = f.buffer;
+        if let Some(Some(k)) = f.bulk {
+            if self.scrubs(f.ni) {
+                self.lending.dirty.push_back((k, f.hdr.payload_length));
+                credit_back = false;
+            } else {
+                self.bulk_free.push(k);
             }
+        }
+        if credit_back {
+            self.return_pool_credit(f.class);
         }
         if f.rtr_credit {
             if let Some(p) = self.peers.get_mut(&f.from) {
@@ -2736,6 +2751,17 @@ impl LnetNode {
                         self.take_router_buffer(next);
                     }
                 }
+            }
+        }
+    }
+
+    /// A buffer of pool `class` is free again: the oldest message waiting for one takes it.
+    fn return_pool_credit(&mut self, class: PoolClass) {
+        let pool = self.pools.get_mut(class);
+        pool.credits += 1;
+        if pool.credits <= 0 {
+            if let Some(next) = pool.waiting.pop_front() {
+                self.fwd_ready.push_back(next);
             }
         }
     }
@@ -2767,6 +2793,11 @@ impl LnetNode {
                 pool.credits += 1;
                 waiting.push((k, true));
             }
+        }
+        // Bulk PUTs waiting for room in the unproven share hold their router credit only.
+        let unproven: Vec<u64> = self.lending.unproven_wait.drain(..).collect();
+        for k in unproven {
+            self.forward_done(k, Err(why));
         }
         for (k, had_rtr_credit) in waiting {
             if let Some(f) = self.fwds.get_mut(Handle::from_u64(k)) {

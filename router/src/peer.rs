@@ -48,6 +48,14 @@ pub(crate) struct PeerNi {
     pub hstats: crate::health::PeerHealthStats,
     /// When a message from it last came in (lpni_last_alive), for `recovery_limit`.
     pub last_heard: Option<Instant>,
+    /// Bulk PUTs to forward from it (see `node/bulk.rs`, "Lending large buffers"): whether
+    /// one has come in whole (until then it is held to the unproven share of the large
+    /// buffers), the large buffers its messages hold now, its transfers in a row that stalled
+    /// or came in short, and until when its bulk PUTs are refused for that.
+    pub bulk_proven: bool,
+    pub bulk_held: u32,
+    pub bulk_strikes: u32,
+    pub bulk_refused_until: Option<Instant>,
 }
 
 impl PeerNi {
@@ -84,6 +92,10 @@ impl PeerNi {
             health: crate::health::Health::default(),
             hstats: crate::health::PeerHealthStats::default(),
             last_heard: None,
+            bulk_proven: false,
+            bulk_held: 0,
+            bulk_strikes: 0,
+            bulk_refused_until: None,
         }
     }
 

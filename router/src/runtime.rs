@@ -155,6 +155,13 @@ impl<D: Driver> NiRuntime<D> {
             self.node.handle_timeout(now);
         }
         self.apply_actions_at(now);
+        // Large buffers done with are scrubbed only now, once the fabric has what came before
+        // their release (the close of a connection whose grant was reclaimed): see
+        // `LnetNode::scrub_bulk`. What they let through goes out in this turn too.
+        if self.node.has_bulk_to_scrub() {
+            self.node.scrub_bulk(now, crate::SCRUB_BUDGET);
+            self.apply_actions_at(now);
+        }
         Ok(())
     }
 

@@ -494,6 +494,13 @@ impl DaemonConfig {
                 large: checked(&b.large, d.large, lo, hi, "buffers: large")
                     .map_err(|(l, m)| err(l, m))?,
             };
+            if let Some(s) = &b.scrub {
+                cfg.routing.scrub = s
+                    .value
+                    .trim()
+                    .parse()
+                    .map_err(|m| err(s.referenced.line(), format!("buffers: scrub: {m}")))?;
+            }
         }
         let numa = raw
             .numa
@@ -899,6 +906,9 @@ struct RawBuffers {
     small: Option<Spanned<u32>>,
     #[serde(default)]
     large: Option<Spanned<u32>>,
+    /// ulnet's: `auto`, `on` or `off` (see `router::BulkScrub`).
+    #[serde(default)]
+    scrub: Option<Spanned<String>>,
     #[serde(default)]
     seq_no: Option<IgnoredAny>,
 }

@@ -21,10 +21,10 @@
 use crate::health::MAX_HEALTH;
 use std::sync::Arc;
 
-use lnd::engine::{RdmaOp, RdmaSink};
+use lnd::engine::{RdmaOp, RdmaSink, TxError};
 use lnd::wire::LnetMsgType;
 
-use crate::forward::BulkBuffers;
+use crate::forward::{BulkBuffers, BulkScrub};
 use lnd::fabric::{LocalFrag, RegionId, Registration};
 use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
@@ -756,6 +756,13 @@ impl LnetNode {
                 self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
                 FwdDrop::NoBulkBuffer
             }
+            // A sender whose last bulk PUTs stalled or came in short is refused for a while
+            // (doubling per strike), before any buffer is lent: asking again right after a
+            // reclaim gets it nothing.
+            RdmaOp::Put if self.bulk_refused(from) => {
+                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                FwdDrop::BulkRefused
+            }
             RdmaOp::Put => {
                 // Held like any message to forward: the sender's router credit, then a large
                 // buffer; its PUT_REQ's slot stays with it until then (the sender's LND credit
@@ -772,6 +779,7 @@ impl LnetNode {
                         rtr_credit: false,
                         buffer: false,
                         bulk: Some(None),
+                        unproven: false,
                     })
                     .as_u64();
                 self.fwd.in_flight += 1;
@@ -813,7 +821,8 @@ impl LnetNode {
                 .iter()
                 .map(|v| v.iter().filter(|(n, _)| !gone(n)).copied().collect())
                 .collect();
-            self.bulk_bufs = Arc::new(BulkBuffers { bufs });
+            let mem = self.bulk_bufs.mem.clone();
+            self.bulk_bufs = Arc::new(BulkBuffers { bufs, mem });
         }
     }
 
@@ -901,9 +910,20 @@ impl LnetNode {
         let Some(Some(k)) = f.bulk else {
             return self.forward_done(key, Err(FwdDrop::SendFailed));
         };
-        if result.is_err() {
-            // The sender's write or PUT_DONE did not come: nothing to forward.
-            return self.forward_done(key, Err(FwdDrop::SendFailed));
+        match &result {
+            Ok(()) => self.bulk_proven(from),
+            // The sender did not fill the buffer in time (its grant was reclaimed), or its
+            // PUT_DONE came with data missing: nothing to forward, and a strike.
+            Err(LnetError::Lnd(TxError::GrantExpired)) => {
+                self.bulk_strike(from, ni);
+                return self.forward_done(key, Err(FwdDrop::BulkStalled));
+            }
+            Err(LnetError::Lnd(TxError::Rdma(e))) if *e == -EPROTO => {
+                self.bulk_strike(from, ni);
+                return self.forward_done(key, Err(FwdDrop::BulkShort));
+            }
+            // The write or PUT_DONE did not come for another reason (the connection failed).
+            Err(_) => return self.forward_done(key, Err(FwdDrop::SendFailed)),
         }
         let origin = self.nis[ni].nid;
         let len = hdr.payload_length;
@@ -968,4 +988,230 @@ pub(super) enum Bulk {
     Put(Vec<LocalFrag>),
     /// GET into this sink.
     Get(RdmaSink),
+}
+
+// ---------------------------------------------------------------------- lending large buffers
+//
+// A router lends its large buffers to the senders of bulk PUTs: each PUT_ACK grants one to a
+// peer, which fills it by RDMA and says so with PUT_DONE; the buffer is passed on from there.
+// Peers could hold them without end (a grant never filled pins a buffer until the LND timeout,
+// 50 s; kernel LNet has that weakness) or fill them short (what the previous user left would
+// be passed on). Three rules keep the buffers for those who use them:
+// - the LND reclaims a grant not filled within its `grant_timeout` (1 s), and checks, where
+//   the fabric can see writes (tcp), that a PUT_DONE's data all arrived (`rdma_short_writes`);
+// - a sender whose transfer stalled or came in short gets a strike: its bulk PUTs are refused
+//   (`bulk_refused`) for `grant_timeout` (at least 1 s) times 2^(strikes - 1), at most 64
+//   times that; a PUT that comes in whole clears its strikes;
+// - a sender that has not yet brought one bulk PUT in whole (a NID never seen, or one that
+//   struck) holds at most one large buffer at a time, and all such senders together at most
+//   half of the pool: the other half stays for peers that have shown they fill what they are
+//   lent. Their further PUTs wait (`waited_unproven`), in order of arrival.
+// A buffer whose data came in on a fabric that cannot see writes (verbs) is scrubbed before
+// it is lent again (`BulkScrub`), after the fabric has been handed the close of a stalled
+// connection, so the grantee can no longer write into it.
+
+/// Strikes beyond which the refusal stops doubling (2^6 = 64 grant timeouts).
+const MAX_STRIKE_DOUBLINGS: u32 = 6;
+/// Bytes scrubbed per [`LnetNode::scrub_bulk`] call at most, so that a loop goes back to its
+/// fabric between buffers (4 MiB: a few hundred microseconds of memset).
+pub const SCRUB_BUDGET: usize = 4 << 20;
+
+/// How the large buffers are lent (see the notes above).
+#[derive(Debug, Default)]
+pub(crate) struct Lending {
+    pub(super) scrub: BulkScrub,
+    /// Buffers done with, to scrub before they go back to the pool: (buffer, bytes).
+    pub(super) dirty: VecDeque<(usize, u32)>,
+    /// Large buffers held now by bulk PUTs admitted under the unproven share.
+    unproven_held: u32,
+    /// Bulk PUTs of unproven senders waiting for room in that share (held messages' keys).
+    pub(super) unproven_wait: VecDeque<u64>,
+}
+
+impl Lending {
+    pub(crate) fn new(scrub: BulkScrub) -> Lending {
+        Lending {
+            scrub,
+            ..Lending::default()
+        }
+    }
+}
+
+impl LnetNode {
+    /// Whether a large buffer whose data came in on NI `ni` must be scrubbed before it is
+    /// lent again.
+    pub(super) fn scrubs(&self, ni: usize) -> bool {
+        match self.lending.scrub {
+            BulkScrub::On => true,
+            BulkScrub::Off => false,
+            BulkScrub::Auto => self.nis.get(ni).is_none_or(|n| !n.ep.fabric_sees_writes()),
+        }
+    }
+
+    /// Whether large buffers wait to be scrubbed ([`LnetNode::scrub_bulk`]).
+    pub fn has_bulk_to_scrub(&self) -> bool {
+        !self.lending.dirty.is_empty()
+    }
+
+    /// Scrubs large buffers done with (their granted bytes zeroed), up to about `budget`
+    /// bytes, and gives them back to the pool, where messages waiting for one take them. The
+    /// loop calls this once it has handed the fabric the actions queued so far (the close of
+    /// a connection whose grant was reclaimed comes before its buffer is cleared and lent
+    /// again). Counted in `routing show` (`scrubbed`, `scrubbed_bytes`).
+    pub fn scrub_bulk(&mut self, now: Instant, budget: usize) {
+        self.advance(now);
+        let mut done = 0usize;
+        while done < budget {
+            let Some((k, len)) = self.lending.dirty.pop_front() else {
+                break;
+            };
+            let cleared = self.bulk_bufs.mem.get(k).map(|m| {
+                m.with(|b| {
+                    let n = (len as usize).min(b.len());
+                    b[..n].fill(0);
+                    n
+                })
+            });
+            match cleared {
+                Some(n) => {
+                    self.fwd.scrubbed += 1;
+                    self.fwd.scrubbed_bytes += n as u64;
+                    done += n.max(1);
+                    self.bulk_free.push(k);
+                    self.return_pool_credit(PoolClass::Large);
+                }
+                None => {
+                    // Its memory is not known here (a table from before an NI set change):
+                    // never lent again rather than lent unscrubbed.
+                    warn!(buffer = k, "a large buffer to scrub has no memory here; retired");
+                }
+            }
+        }
+        self.process(now);
+    }
+
+    /// Whether `from`'s bulk PUTs are refused now for its strikes.
+    pub(super) fn bulk_refused(&self, from: Nid) -> bool {
+        self.peers
+            .get(&from)
+            .and_then(|p| p.bulk_refused_until)
+            .is_some_and(|t| self.now < t)
+    }
+
+    /// `from` brought a bulk PUT in whole: proven, its strikes cleared; its PUTs waiting in
+    /// the unproven share may go.
+    pub(super) fn bulk_proven(&mut self, from: Nid) {
+        if let Some(p) = self.peers.get_mut(&from) {
+            let was = p.bulk_proven;
+            p.bulk_proven = true;
+            p.bulk_strikes = 0;
+            p.bulk_refused_until = None;
+            if !was {
+                self.admit_unproven();
+            }
+        }
+    }
+
+    /// `from`'s bulk PUT arriving on NI `ni` stalled or came in short: a strike. It is
+    /// unproven again, refused for a while, and its PUTs waiting in the unproven share fail.
+    pub(super) fn bulk_strike(&mut self, from: Nid, ni: usize) {
+        let base = self
+            .nis
+            .get(ni)
+            .map(|n| n.ep.config().tunables.grant_timeout)
+            .filter(|t| !t.is_zero())
+            .unwrap_or(Duration::from_secs(1))
+            .max(Duration::from_secs(1));
+        let now = self.now;
+        let Some(p) = self.peers.get_mut(&from) else {
+            return;
+        };
+        p.bulk_proven = false;
+        p.bulk_strikes = p.bulk_strikes.saturating_add(1);
+        let doublings = (p.bulk_strikes - 1).min(MAX_STRIKE_DOUBLINGS);
+        let until = now.saturating_add(base * (1u64 << doublings));
+        p.bulk_refused_until = Some(until);
+        debug!(peer = %from, strikes = p.bulk_strikes, "bulk PUTs from this peer refused for a while");
+        let theirs: Vec<u64> = self
+            .lending
+            .unproven_wait
+            .iter()
+            .copied()
+            .filter(|&k| self.fwds.get(Handle::from_u64(k)).is_some_and(|f| f.from == from))
+            .collect();
+        self.lending.unproven_wait.retain(|k| !theirs.contains(k));
+        for k in theirs {
+            self.forward_done(k, Err(FwdDrop::BulkRefused));
+        }
+    }
+
+    /// The most large buffers bulk PUTs of unproven senders may hold at once: half the pool
+    /// (at least one).
+    fn unproven_cap(&self) -> u32 {
+        let n = self.pools.0[PoolClass::Large.index()].nbuffers;
+        (n / 2).max(1)
+    }
+
+    /// Whether held message `key` may go on to take a buffer of its pool: any message but a
+    /// bulk PUT of a sender not yet proven; such a PUT only while its sender holds no other
+    /// large buffer and the unproven share has room, else it waits (`waited_unproven`).
+    pub(super) fn admit_bulk(&mut self, key: u64) -> bool {
+        let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
+            return true;
+        };
+        if f.bulk.is_none() || f.unproven {
+            return true;
+        }
+        let from = f.from;
+        let peer = self.peers.get(&from);
+        if peer.is_some_and(|p| p.bulk_proven) {
+            return true;
+        }
+        let held = peer.map_or(0, |p| p.bulk_held);
+        if held == 0 && self.lending.unproven_held < self.unproven_cap() {
+            self.lending.unproven_held += 1;
+            if let Some(p) = self.peers.get_mut(&from) {
+                p.bulk_held += 1;
+            }
+            self.fwds.get_mut(Handle::from_u64(key)).expect("live").unproven = true;
+            return true;
+        }
+        self.lending.unproven_wait.push_back(key);
+        self.fwd.waited_unproven += 1;
+        false
+    }
+
+    /// A bulk PUT admitted under the unproven share is done: its room goes to the next that
+    /// may take it.
+    pub(super) fn release_unproven(&mut self, from: Nid) {
+        self.lending.unproven_held = self.lending.unproven_held.saturating_sub(1);
+        if let Some(p) = self.peers.get_mut(&from) {
+            p.bulk_held = p.bulk_held.saturating_sub(1);
+        }
+        self.admit_unproven();
+    }
+
+    /// Lets the waiting bulk PUTs of unproven senders go, oldest first, as far as the share
+    /// and each sender's one buffer allow (those of a sender proven since go at once).
+    fn admit_unproven(&mut self) {
+        let mut i = 0;
+        while i < self.lending.unproven_wait.len() {
+            let key = self.lending.unproven_wait[i];
+            let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
+                self.lending.unproven_wait.remove(i);
+                continue;
+            };
+            let peer = self.peers.get(&f.from);
+            let proven = peer.is_some_and(|p| p.bulk_proven);
+            let room = peer.map_or(0, |p| p.bulk_held) == 0
+                && self.lending.unproven_held < self.unproven_cap();
+            if proven || room {
+                self.lending.unproven_wait.remove(i);
+                // Passes the gate now (proven, or takes the room just checked).
+                self.take_router_buffer(key);
+            } else {
+                i += 1;
+            }
+        }
+    }
 }

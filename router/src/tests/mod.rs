@@ -319,6 +319,13 @@ impl Fabric {
                     self.events[n].push((self.now, e));
                 }
             }
+            // As a daemon's loop does once the fabric has its actions.
+            for node in &mut self.nodes {
+                if node.has_bulk_to_scrub() {
+                    progressed = true;
+                    node.scrub_bulk(self.now, usize::MAX);
+                }
+            }
             if !progressed {
                 return;
             }

@@ -1224,6 +1224,7 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
             }
         }
         table.bufs.push(views);
+        table.mem.push(mem);
     }
     let table = std::sync::Arc::new(table);
     let now = f.now;
