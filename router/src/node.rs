@@ -851,10 +851,18 @@ impl LnetNode {
         let gateways = self.gateways.next_deadline();
         // Buffers to scrub: the loop does that work now (`LnetNode::scrub_bulk`).
         let scrub = self.has_bulk_to_scrub().then_some(self.now);
-        [lnd, ping, aging, gateways, self.recovery_tick, self.trim_at, scrub]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            lnd,
+            ping,
+            aging,
+            gateways,
+            self.recovery_tick,
+            self.trim_at,
+            scrub,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// NI `ni`'s LND endpoint (read-only: stats, peers, connections).

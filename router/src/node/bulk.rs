@@ -1083,7 +1083,10 @@ impl LnetNode {
                 None => {
                     // Its memory is not known here (a table from before an NI set change):
                     // never lent again rather than lent unscrubbed.
-                    warn!(buffer = k, "a large buffer to scrub has no memory here; retired");
+                    warn!(
+                        buffer = k,
+                        "a large buffer to scrub has no memory here; retired"
+                    );
                 }
             }
         }
@@ -1137,7 +1140,11 @@ impl LnetNode {
             .unproven_wait
             .iter()
             .copied()
-            .filter(|&k| self.fwds.get(Handle::from_u64(k)).is_some_and(|f| f.from == from))
+            .filter(|&k| {
+                self.fwds
+                    .get(Handle::from_u64(k))
+                    .is_some_and(|f| f.from == from)
+            })
             .collect();
         self.lending.unproven_wait.retain(|k| !theirs.contains(k));
         for k in theirs {
@@ -1173,7 +1180,10 @@ impl LnetNode {
             if let Some(p) = self.peers.get_mut(&from) {
                 p.bulk_held += 1;
             }
-            self.fwds.get_mut(Handle::from_u64(key)).expect("live").unproven = true;
+            self.fwds
+                .get_mut(Handle::from_u64(key))
+                .expect("live")
+                .unproven = true;
             return true;
         }
         self.lending.unproven_wait.push_back(key);

@@ -14,6 +14,7 @@ use proptest::prelude::*;
 use crate::*;
 
 mod bulk;
+mod bulk_hostile;
 mod health;
 mod routing;
 mod selftest;
@@ -113,6 +114,29 @@ struct Fabric {
     /// Flip a byte of every RDMA write into these nodes (data corrupted in flight, for the
     /// data checks).
     corrupt_writes: Vec<usize>,
+    /// Hostile writers: the RDMA writes of these nodes carry only the first half of their
+    /// data (the rest of the sink keeps what it held), yet complete as whole.
+    short_writes: Vec<usize>,
+    /// Hostile writers: the RDMA writes of these nodes are never done nor completed, so their
+    /// PUT_DONE never comes (a grant pinned).
+    stalled_writes: Vec<usize>,
+}
+
+/// The first `len` bytes of a fragment list (a hostile writer's short write).
+fn cut_frags<F: Copy>(frags: &[F], len: u64, size: impl Fn(&mut F) -> &mut u32) -> Vec<F> {
+    let mut left = len;
+    let mut out = Vec::new();
+    for &f in frags {
+        if left == 0 {
+            break;
+        }
+        let mut f = f;
+        let n = u64::from(*size(&mut f)).min(left);
+        *size(&mut f) = n as u32;
+        out.push(f);
+        left -= n;
+    }
+    out
 }
 
 /// A node's memory as the fabric's registry, for a selftest on it.
@@ -231,6 +255,8 @@ impl Fabric {
             next_slot: HashMap::new(),
             selftests: (0..n).map(|_| None).collect(),
             corrupt_writes: Vec::new(),
+            short_writes: Vec::new(),
+            stalled_writes: Vec::new(),
         }
     }
 
@@ -379,6 +405,17 @@ impl Fabric {
                     .push_back((fnode, fni, Ev::ConnectFailed { conn, why }));
             }
             FabricAction::Send { conn, wr, bytes } => {
+                let done = matches!(
+                    lnd::wire::kib::KibMsg::parse(&bytes).map(|(m, _)| m.body),
+                    Ok(lnd::wire::kib::KibBody::PutDone(_))
+                );
+                if done && self.stalled_writes.contains(&n) {
+                    // The stalled writer's PUT_DONE goes nowhere; its LND thinks it sent it.
+                    let status = WcStatus::Success;
+                    self.queue
+                        .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+                    return;
+                }
                 let status = match self.links.get(&(n, ni, conn)) {
                     // A dead peer's HCA answers nothing: the send hangs until the transport
                     // gives up, which this fabric leaves to the LND's timeouts.
@@ -416,6 +453,22 @@ impl Fabric {
                 local,
                 remote,
             } => {
+                if self.stalled_writes.contains(&n) {
+                    // Nothing lands, yet the writer's LND is told it did.
+                    let status = WcStatus::Success;
+                    self.queue
+                        .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+                    return;
+                }
+                let (local, remote) = if self.short_writes.contains(&n) {
+                    let half = local.iter().map(|f| u64::from(f.len)).sum::<u64>() / 2;
+                    (
+                        cut_frags(&local, half, |f| &mut f.len),
+                        cut_frags(&remote, half, |f| &mut f.len),
+                    )
+                } else {
+                    (local, remote)
+                };
                 // The data lands now, ahead of anything posted after it (RC order); a fragment
                 // outside a region fails the write before a byte lands, and the QP with it.
                 let status = match self.links.get(&(n, ni, conn)) {

@@ -138,7 +138,6 @@ impl Grants {
             })
             .collect()
     }
-
 }
 
 #[cfg(test)]
@@ -164,12 +163,27 @@ mod tests {
     fn the_written_prefix_counts_each_byte_once_and_stops_at_a_gap() {
         let one = [frag(1000, 100)];
         assert_eq!(prefix_after(&one, &[(1000, 100)]), 100);
-        assert_eq!(prefix_after(&one, &[(1000, 50), (1000, 50)]), 50, "written twice");
+        assert_eq!(
+            prefix_after(&one, &[(1000, 50), (1000, 50)]),
+            50,
+            "written twice"
+        );
         assert_eq!(prefix_after(&one, &[(1000, 40), (1060, 40)]), 40, "a gap");
-        assert_eq!(prefix_after(&one, &[(1050, 50), (1000, 50)]), 100, "out of order");
-        assert_eq!(prefix_after(&one, &[(1010, 90)]), 0, "the first bytes unwritten");
+        assert_eq!(
+            prefix_after(&one, &[(1050, 50), (1000, 50)]),
+            100,
+            "out of order"
+        );
+        assert_eq!(
+            prefix_after(&one, &[(1010, 90)]),
+            0,
+            "the first bytes unwritten"
+        );
         assert_eq!(prefix_after(&one, &[]), 0);
-        assert_eq!(prefix_after(&one, &[(1000, 30), (1020, 30), (1050, 50)]), 100);
+        assert_eq!(
+            prefix_after(&one, &[(1000, 30), (1020, 30), (1050, 50)]),
+            100
+        );
         // Two fragments, far apart: the second counts only once the first is whole.
         let two = [frag(1000, 100), frag(5000, 10)];
         assert_eq!(prefix_after(&two, &[(1000, 100), (5000, 10)]), 110);

@@ -110,7 +110,10 @@ impl Node {
                 }
                 for (conn, wr) in fake {
                     let status = WcStatus::Success;
-                    ep.fabric_event(now, crate::fabric::FabricEvent::SendComplete { conn, wr, status });
+                    ep.fabric_event(
+                        now,
+                        crate::fabric::FabricEvent::SendComplete { conn, wr, status },
+                    );
                 }
             }
         }

@@ -46,7 +46,10 @@ fn tamper(how: Write) -> Tamper {
                     let n = local[0].len - 1;
                     (
                         vec![LocalFrag { len: n, ..local[0] }],
-                        vec![RemoteFrag { len: n, ..remote[0] }],
+                        vec![RemoteFrag {
+                            len: n,
+                            ..remote[0]
+                        }],
                     )
                 }
                 _ => return (Vec::new(), vec![(conn, wr)]),
