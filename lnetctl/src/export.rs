@@ -242,6 +242,7 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
             .with("checksum default", &u.checksum_default)
             .with("race order", &u.race_order)
             .with("connect hedge ms", u.connect_hedge_ms)
+            .with_opt("grant timeout ms", u.grant_timeout_ms)
             .with("peer limit", u.peer_limit)
             .with_opt("busy poll us", u.busy_poll_us)
             .with_opt("handshake limit", u.handshake_limit);

@@ -308,6 +308,7 @@ net:
             checksum default: none
             race order: nidhash
             connect hedge ms: 1000
+            grant timeout ms: 1000
             peer limit: 131072
 route:
 -     net: o2ib1

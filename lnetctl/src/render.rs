@@ -321,6 +321,7 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                                 .with("checksum default", &u.checksum_default)
                                 .with("race order", &u.race_order)
                                 .with("connect hedge ms", u.connect_hedge_ms)
+                                .with_opt("grant timeout ms", u.grant_timeout_ms)
                                 .with("peer limit", u.peer_limit)
                                 .with("peers", u.peers)
                                 .with_opt("busy poll us", u.busy_poll_us)
@@ -530,7 +531,10 @@ pub fn routing_tree(r: &RoutingShow) -> Map {
                     Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
                 )
                 .with("waited_rtr_credit", f.waited_rtr_credit)
-                .with("waited_buffer", f.waited_buffer),
+                .with("waited_buffer", f.waited_buffer)
+                .with("waited_unproven", f.waited_unproven)
+                .with("scrubbed", f.scrubbed)
+                .with("scrubbed_bytes", f.scrubbed_bytes),
         )
         .with_opt(
             "router_checks",
@@ -700,7 +704,7 @@ net:
 "
         );
         let (lnd, ulnet) = lnd.split_once("            ulnet:\n").expect(lnd);
-        // The LND's counters: 52 of them, then the rejects by reason, each 0 here.
+        // The LND's counters: 54 of them, then the rejects by reason, each 0 here.
         let lines: Vec<&str> = lnd.lines().collect();
         assert_eq!(lines[0], "                  connects: 0");
         assert_eq!(lines[8], "                  race_order_disagreements: 0");
@@ -711,13 +715,15 @@ net:
         assert_eq!(lines[38], "                  rdma_refused: 0");
         assert_eq!(lines[39], "                  rdma_puts_sent: 0");
         assert_eq!(lines[46], "                  rdma_bad_descs: 0");
-        assert_eq!(lines[47], "                  capture_drops: 0");
-        assert_eq!(lines[51], "                  peer_table_full: 0");
-        assert_eq!(lines[52], "                  rejects_sent:");
-        assert_eq!(lines[53], "                        other: 0");
-        assert_eq!(lines[58], "                        conn_stale: 0");
-        assert_eq!(lines[63], "                  rejects_received:");
-        assert_eq!(lines.len(), 74, "{lnd}");
+        assert_eq!(lines[47], "                  rdma_short_writes: 0");
+        assert_eq!(lines[48], "                  grants_reclaimed: 0");
+        assert_eq!(lines[49], "                  capture_drops: 0");
+        assert_eq!(lines[53], "                  peer_table_full: 0");
+        assert_eq!(lines[54], "                  rejects_sent:");
+        assert_eq!(lines[55], "                        other: 0");
+        assert_eq!(lines[60], "                        conn_stale: 0");
+        assert_eq!(lines[65], "                  rejects_received:");
+        assert_eq!(lines.len(), 76, "{lnd}");
         assert!(lines.iter().all(|l| l.ends_with(':') || l.ends_with(" 0")));
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
@@ -726,6 +732,7 @@ net:
                   checksum default: none
                   race order: nidhash
                   connect hedge ms: 1000
+                  grant timeout ms: 1000
                   peer limit: 131072
                   peers: 0
 "

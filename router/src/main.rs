@@ -2942,6 +2942,9 @@ fn merge(mut answers: Vec<Response>) -> Response {
             }
             x.waited_rtr_credit += y.waited_rtr_credit;
             x.waited_buffer += y.waited_buffer;
+            x.waited_unproven += y.waited_unproven;
+            x.scrubbed += y.scrubbed;
+            x.scrubbed_bytes += y.scrubbed_bytes;
             Response::Routing(a)
         }
         (a, _) => a,

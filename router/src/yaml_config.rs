@@ -945,6 +945,8 @@ struct RawNi {
     race_order: Option<Spanned<String>>,
     #[serde(rename = "connect hedge ms", default)]
     connect_hedge_ms: Option<Spanned<u32>>,
+    #[serde(rename = "grant timeout ms", default)]
+    grant_timeout_ms: Option<Spanned<u32>>,
     #[serde(rename = "peer limit", default)]
     peer_limit: Option<Spanned<u32>>,
     #[serde(default)]
@@ -1127,6 +1129,15 @@ fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
         "connect hedge ms",
     )?;
     c.tunables.connect_hedge = lnd::time::Duration::from_millis(hedge.into());
+    // 0: only the LND timeout, as kernel o2iblnd.
+    let grant = checked(
+        &ni.grant_timeout_ms,
+        c.tunables.grant_timeout.as_millis() as u32,
+        0,
+        600_000,
+        "grant timeout ms",
+    )?;
+    c.tunables.grant_timeout = lnd::time::Duration::from_millis(grant.into());
     c.peer_limit = checked(
         &ni.peer_limit,
         DEFAULT_PEER_LIMIT as u32,

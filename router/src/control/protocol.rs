@@ -351,6 +351,9 @@ pub struct UlnetSettings {
     /// How long an unanswered active connect waits for its second attempt (0: never).
     #[serde(rename = "connect hedge ms", default)]
     pub connect_hedge_ms: u64,
+    /// How long a peer may take to fill memory we granted it (0: the LND timeout only).
+    #[serde(rename = "grant timeout ms", default)]
+    pub grant_timeout_ms: Option<u64>,
     #[serde(rename = "peer limit")]
     pub peer_limit: u64,
     /// Peers the LND holds now.
@@ -714,6 +717,15 @@ pub struct ForwardingCounts {
     pub dropped_by_reason: Vec<(String, u64)>,
     pub waited_rtr_credit: u64,
     pub waited_buffer: u64,
+    /// Bulk PUTs that waited for room in the share of large buffers kept for senders not
+    /// yet proven.
+    #[serde(default)]
+    pub waited_unproven: u64,
+    /// Large buffers scrubbed before they were lent again, and the bytes cleared.
+    #[serde(default)]
+    pub scrubbed: u64,
+    #[serde(default)]
+    pub scrubbed_bytes: u64,
 }
 
 /// `lnetctl global show`: the globals that mean something here.

@@ -45,6 +45,7 @@ impl UlnetSettings {
                 .into(),
             race_order: c.race_order.name().into(),
             connect_hedge_ms: c.tunables.connect_hedge.as_millis(),
+            grant_timeout_ms: Some(c.tunables.grant_timeout.as_millis()),
             peer_limit: c.peer_limit as u64,
             peers: ni.lnd_peers as u64,
             busy_poll_us: x.busy_poll_us,
@@ -71,7 +72,7 @@ impl LndCounters {
     /// The counters of `s`, in the order an operator reads them: connection setup, races,
     /// liveness, traffic, closes, protocol errors, capture.
     pub fn from_stats(s: &lnd::engine::LndStats) -> LndCounters {
-        let fields: [(&str, u64); 52] = [
+        let fields: [(&str, u64); 54] = [
             ("connects", s.connects),
             ("reconnects", s.reconnects),
             ("accepts", s.accepts),
@@ -119,6 +120,8 @@ impl LndCounters {
             ("rdma_bytes_received", s.rdma_bytes_received),
             ("rdma_bad_sinks", s.rdma_bad_sinks),
             ("rdma_bad_descs", s.rdma_bad_descs),
+            ("rdma_short_writes", s.rdma_short_writes),
+            ("grants_reclaimed", s.grants_reclaimed),
             ("capture_drops", s.capture_drops),
             ("cksum_signed_peers", s.cksum_signed_peers),
             ("cksum_unsigned_peers", s.cksum_unsigned_peers),
@@ -535,6 +538,9 @@ pub fn routing_show(node: &LnetNode) -> RoutingShow {
                 .collect(),
             waited_rtr_credit: s.waited_rtr_credit,
             waited_buffer: s.waited_buffer,
+            waited_unproven: s.waited_unproven,
+            scrubbed: s.scrubbed,
+            scrubbed_bytes: s.scrubbed_bytes,
         },
         router_checks: Some({
             let g = node.gateway_health();

@@ -156,7 +156,7 @@ fn sixty_four_fresh_nids_pinning_large_buffers_do_not_stop_others_bulk() {
     let mut sinks: HashMap<u64, (usize, lnd::fabric::Registration)> = HashMap::new();
     let mut inflight: [Vec<MsgId>; 2] = [Vec::new(), Vec::new()];
     let mut tally = [Tally::default(), Tally::default()];
-    let mut attacker_busy = vec![false; ATTACKERS];
+    let mut attacker_busy = [false; ATTACKERS];
     let mut next_bits = 0u64;
     let mut bad_bytes = 0u64;
     let mut attacks = 0u64;

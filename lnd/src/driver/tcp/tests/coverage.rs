@@ -119,7 +119,7 @@ fn a_put_whose_data_did_not_all_arrive_fails_at_the_sink() {
         assert_eq!(st.conns_lost, 1, "{how:?}: the connection is closed");
         // The unwritten part still holds the old bytes: that is what must never be passed
         // on, and the failure says so.
-        assert!(bytes.iter().any(|&x| x == OLD), "{how:?}");
+        assert!(bytes.contains(&OLD), "{how:?}");
     }
 }
 
