@@ -447,6 +447,13 @@ pub struct LnetNode {
     bulk_free: Vec<usize>,
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
+    /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
+    bulk_mine: Vec<usize>,
+    /// Buffers no longer this runtime's that were lent when the daemon took them back: each is
+    /// released once it is free again ([`LnetNode::take_released_bulk`]).
+    bulk_leaving: Vec<usize>,
+    /// Buffers released and not yet reported to the daemon.
+    bulk_released: Vec<usize>,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk::RoutedGet>,
@@ -564,6 +571,9 @@ impl LnetNode {
             fabric_lost: false,
             bulk_free: Vec::new(),
             bulk_owned: 0,
+            bulk_mine: Vec::new(),
+            bulk_leaving: Vec::new(),
+            bulk_released: Vec::new(),
             bulk_gets: HashMap::new(),
             bulk_get_deadlines: BTreeSet::new(),
             trim_at: None,
@@ -2798,11 +2808,13 @@ impl LnetNode {
             && !self.bulk_bufs.bufs.is_empty()
             && nbuffers > self.bulk_owned
         {
-            // Large buffers are registered memory, made at start: the pool cannot lend more.
-            warn!(
+            // Large buffers are registered memory: the pool lends no more than this runtime
+            // owns; the daemon registers more for a larger share and says so again
+            // (`set_bulk_buffers`).
+            debug!(
                 asked = nbuffers,
                 registered = self.bulk_owned,
-                "large_buffers capped at the router buffers registered at start"
+                "large_buffers capped at the router buffers this runtime owns"
             );
             nbuffers = self.bulk_owned;
         }
