@@ -9,6 +9,8 @@
 //! start and stop NI threads at run time: the NIs are a [`NiSet`] whose every change the loops
 //! adopt at their next turn; a template node with no NI of its own keeps the node-wide
 //! settings an added NI starts with, and answers while the daemon runs none (`--no-nis`).
+//! The router's large buffers for bulk data follow the set the same way: one pool for the
+//! node (`router::bulk_pool`), each loop registering them with its own fabric.
 //! A control thread accepts `lnetctl`
 //! connections, each served by a short-lived thread that sends each request to the NI loops it
 //! concerns over a bounded channel and wakes them, then merges their answers (a ping goes to the

@@ -820,7 +820,11 @@ impl LnetNode {
         let n = owned.len() as u32;
         self.bulk_bufs = table;
         self.bulk_owned = n;
-        self.set_buffers(now, PoolClass::Large, n);
+        // No table, no bulk forwarding at all (refused at admission): the large pool keeps the
+        // count the settings gave it, as `routing show` and `export` say it.
+        if !self.bulk_bufs.bufs.is_empty() {
+            self.set_buffers(now, PoolClass::Large, n);
+        }
     }
 
     /// The router buffers this runtime has let go since the last call: the ones taken back from
