@@ -237,3 +237,50 @@ fn routing_turned_on_after_an_ni_was_added_forwards_bulk() {
     brw_through(&t, 2, 5);
     assert_pool_quiet(&t.router);
 }
+
+/// lnet.service's flow on a router: the daemon starts with no NI (`--no-nis`), then `lnetctl
+/// import` brings both its nets, routing on and its buffers; bulk crosses at once.
+#[test]
+fn a_router_configured_by_import_on_a_daemon_started_without_nis_forwards_bulk() {
+    let test = 3;
+    let s = Scratch::new("bulk_import");
+    let o = Opts::default;
+    let router = start_yaml(
+        &s.0,
+        "router",
+        "",
+        Opts {
+            args: vec!["--no-nis".into()],
+            ..Opts::default()
+        },
+    );
+    let far = start_yaml(
+        &s.0,
+        "far",
+        &yaml(test, &[FAR], Some(("o2ib", R_B)), false),
+        o(),
+    );
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(test, &[CLIENT], Some(("o2ib1", R_A)), false),
+        o(),
+    );
+    // lnet_selftest starts with a daemon, not by import: the router needs none.
+    let doc = yaml(test, &[R_A, R_B], None, true).replace("selftest:\n    enable: 1\n", "");
+    let file = s.0.join("lnet.conf");
+    std::fs::write(&file, doc).unwrap();
+    assert_eq!(
+        out(&lnetctl(&router, &["import", file.to_str().unwrap()])),
+        (Some(0), String::new(), String::new())
+    );
+    assert_eq!(large_buffers(&router), 16);
+    let t = Topo {
+        s,
+        router,
+        client,
+        _far: far,
+    };
+    brw_through(&t, 2, 5);
+    assert_pool_quiet(&t.router);
+}
