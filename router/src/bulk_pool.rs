@@ -200,6 +200,10 @@ impl BulkPool {
         } else {
             0
         };
+        // Where new buffers go: the holes retired ones left, then the end.
+        let mut holes: std::collections::VecDeque<usize> = (0..self.slots.len())
+            .filter(|&k| self.slots[k].is_none())
+            .collect();
         for &(id, _) in members {
             let t = target(self, id);
             let mut need = t.saturating_sub(self.owned_by(id, State::Owned).len());
@@ -236,7 +240,7 @@ impl BulkPool {
                     handed: false,
                     in_table: false,
                 };
-                match self.slots.iter().position(Option::is_none) {
+                match holes.pop_front() {
                     Some(k) => self.slots[k] = Some(slot),
                     None => self.slots.push(Some(slot)),
                 }
@@ -287,27 +291,19 @@ impl BulkPool {
                 .filter_map(|(id, nid)| Some((*nid, *self.regs.get(id)?.views.get(&k)?)))
                 .collect();
         }
-        let mut owned = HashMap::new();
-        for &(id, _) in &complete {
-            let mut mine: Vec<usize> = self
-                .owned_by(id, State::Owned)
-                .into_iter()
-                .filter(|k| in_table.contains(k))
-                .collect();
-            mine.sort_unstable();
-            if !mine.is_empty() {
-                owned.insert(id, mine);
-            }
-        }
         let named: HashSet<usize> = in_table.iter().copied().collect();
+        let complete_ids: HashSet<LoopId> = complete.iter().map(|c| c.0).collect();
+        // Each complete loop lends its own buffers that the table names (in order of k).
+        let mut owned: HashMap<LoopId, Vec<usize>> = HashMap::new();
         for (k, s) in self.slots.iter_mut().enumerate() {
-            if let Some(s) = s {
-                s.in_table = named.contains(&k);
-                if s.owner
-                    .is_some_and(|o| owned.get(&o).is_some_and(|v| v.contains(&k)))
-                {
+            let Some(s) = s else { continue };
+            s.in_table = named.contains(&k);
+            match s.owner {
+                Some(o) if s.state == State::Owned && s.in_table && complete_ids.contains(&o) => {
+                    owned.entry(o).or_default().push(k);
                     s.handed = true;
                 }
+                _ => {}
             }
         }
         let slots: Vec<(usize, SharedMem)> = self

@@ -834,7 +834,7 @@ impl LnetNode {
         if !self.bulk_leaving.is_empty() {
             let leaving: std::collections::HashSet<usize> =
                 self.bulk_leaving.iter().copied().collect();
-            let back: Vec<usize> = self
+            let back: std::collections::HashSet<usize> = self
                 .bulk_free
                 .iter()
                 .copied()
@@ -859,10 +859,11 @@ impl LnetNode {
     /// The router buffers this runtime has lent and not had back (a forward in flight holds
     /// each).
     pub fn bulk_held(&self) -> Vec<usize> {
+        let free: std::collections::HashSet<usize> = self.bulk_free.iter().copied().collect();
         self.bulk_mine
             .iter()
             .copied()
-            .filter(|k| !self.bulk_free.contains(k))
+            .filter(|k| !free.contains(k))
             .collect()
     }
 
