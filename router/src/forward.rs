@@ -174,8 +174,8 @@ pub struct BulkBuffers {
     /// length).
     pub bufs: Vec<Vec<(Nid, BulkRegion)>>,
     /// Each buffer's memory, for scrubbing it before it is lent again (see
-    /// [`BulkScrub`]); `mem[k]` is buffer `k`.
-    pub mem: Vec<lnd::fabric::SharedMem>,
+    /// [`BulkScrub`]); `mem[k]` is buffer `k` (`None` where `bufs[k]` names no buffer).
+    pub mem: Vec<Option<lnd::fabric::SharedMem>>,
 }
 
 /// Whether a router's large buffers are cleared before they are lent again. A buffer lent to

@@ -42,6 +42,7 @@
 //! simulator (`lnd::sim::World<LnetNode>`), so LNet runs through its faults in virtual time.
 
 pub mod alive;
+pub mod bulk_pool;
 mod config;
 pub mod control;
 mod error;

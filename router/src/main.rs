@@ -9,6 +9,8 @@
 //! start and stop NI threads at run time: the NIs are a [`NiSet`] whose every change the loops
 //! adopt at their next turn; a template node with no NI of its own keeps the node-wide
 //! settings an added NI starts with, and answers while the daemon runs none (`--no-nis`).
+//! The router's large buffers for bulk data follow the set the same way: one pool for the
+//! node (`router::bulk_pool`), each loop registering them with its own fabric.
 //! A control thread accepts `lnetctl`
 //! connections, each served by a short-lived thread that sends each request to the NI loops it
 //! concerns over a bounded channel and wakes them, then merges their answers (a ping goes to the
@@ -44,6 +46,7 @@ use lnd::driver::{Driver, MonotonicClock, WakeHandle};
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::alive::NetAlive;
+use router::bulk_pool::{BulkPlan, BulkPool, LoopId, MAX_BULK_BUFFERS};
 use router::control::{
     self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
     NetChange, NiExtras, ReadRequest, Request, Response,
@@ -86,6 +89,12 @@ const HANDOVER_QUEUE: usize = 4096;
 /// How long a change of the NIs or the node-wide settings waits for every NI loop to take it
 /// (each is woken for it: a turn or two).
 const ADOPT_BOUND: StdDuration = StdDuration::from_secs(2);
+/// The most rounds a change publishes for the router buffers for bulk data: the buffers, the
+/// table once every NI has them, what an NI gave back handed to another, and one to spare
+/// (`router::bulk_pool`; what is still lent then follows when it comes back).
+const BULK_ROUNDS: usize = 4;
+/// How often a loop whose node has router buffers still to give back looks for them.
+const RELEASE_CHECK: StdDuration = StdDuration::from_millis(50);
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
 enum LogFormat {
@@ -415,10 +424,6 @@ fn run(
             .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
         runtimes.push((rt, wake, f.kind, extras_of(ni, f.listen)));
     }
-    let pinned = runtimes.iter().any(|r| r.2 == FabricKind::Verbs);
-    let mut rts: Vec<&mut NiRuntime<Box<dyn Driver + Send>>> =
-        runtimes.iter_mut().map(|r| &mut r.0).collect();
-    let large_registered = give_bulk_buffers(&mut rts, pinned, clock.now());
 
     let listener = control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
@@ -441,7 +446,8 @@ fn run(
         shared: Shutdown::default(),
         next_incarnation: AtomicU64::new(incarnation.wrapping_add(nids.len() as u64)),
         peers,
-        large_registered,
+        bulk: Mutex::default(),
+        next_loop: AtomicU64::new(1),
         base: cfg,
         clock,
         threading,
@@ -455,8 +461,11 @@ fn run(
         members.push(m);
     }
     {
-        let settings = NodeSettings::of(&lock(&daemon.template));
-        daemon.set.publish(members, Vec::new(), board, settings);
+        let settings = Arc::new(NodeSettings::of(&lock(&daemon.template)));
+        let bulk = lock(&daemon.bulk).current();
+        daemon
+            .set
+            .publish(members, Vec::new(), board, settings, bulk);
     }
     let nis = ni_loops.len();
     match threading {
@@ -488,6 +497,13 @@ fn run(
             });
         }
     }
+    // The router buffers for bulk data, registered by each NI loop with its own fabric (a
+    // router starts forwarding bulk at once, not at its first change).
+    {
+        let _one = lock(&daemon.set.change);
+        let m = daemon.set.snapshot();
+        daemon.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
+    }
     let loops = Loops {
         daemon: Arc::clone(&daemon),
         import: Arc::new(Mutex::new(())),
@@ -514,6 +530,11 @@ fn run(
             info!("closing every connection");
             sd_notify("STOPPING=1\nSTATUS=closing every connection");
             daemon.wake_all();
+        }
+        // Router buffers an NI let go (or registered late) since the last change: handed on
+        // or retired now, not at the next change.
+        if lock(&daemon.bulk).dirty() && !shared.stop.load(Ordering::Relaxed) {
+            daemon.tidy_bulk();
         }
         if shared.stop.load(Ordering::Relaxed)
             && lock(&daemon.set.threads)
@@ -634,9 +655,11 @@ struct Daemon {
     /// Where peers listen: the file's `peers:` and every imported document's since, read by
     /// every NI's fabric at each connect.
     peers: PeerAddrs,
-    /// The large router buffers registered for bulk data at start (the node's total), if
-    /// any: registered memory is made once, so `set large_buffers` cannot go above it.
-    large_registered: Option<u32>,
+    /// The router's large buffers for bulk data, for the whole node: planned here, registered
+    /// by each NI loop with its own fabric (see `router::bulk_pool`).
+    bulk: Mutex<BulkPool>,
+    /// The next NI loop's id in the pool (a NID removed and added again is another loop).
+    next_loop: AtomicU64,
     /// A node with no NI of its own that knows every NID: it checks and keeps the node-wide
     /// settings (`route`, `set`, `routing`, buffers), which every NI then adopts
     /// ([`NodeSettings`]), and answers while the daemon runs no NI.
@@ -675,6 +698,8 @@ struct Members {
     leaving: Vec<Member>,
     board: NetAlive,
     settings: Arc<NodeSettings>,
+    /// The router buffers for bulk data: what each NI registers and lends out.
+    bulk: Arc<BulkPlan>,
 }
 
 impl Default for Members {
@@ -685,6 +710,7 @@ impl Default for Members {
             leaving: Vec::new(),
             board: NetAlive::new(0),
             settings: Arc::default(),
+            bulk: Arc::default(),
         }
     }
 }
@@ -716,6 +742,11 @@ impl NodeSettings {
     }
 }
 
+/// The NI loops of `list` as the bulk pool knows them.
+fn pool_members(list: &[Member]) -> Vec<(LoopId, Nid)> {
+    list.iter().map(|m| (m.id, m.nid)).collect()
+}
+
 impl Members {
     fn nids(&self) -> Vec<Nid> {
         self.list.iter().map(|m| m.nid).collect()
@@ -730,6 +761,8 @@ impl Members {
 #[derive(Clone)]
 struct Member {
     nid: Nid,
+    /// Its loop, in the bulk pool.
+    id: LoopId,
     /// Its fabric, and the address it listens on, as bound (`net add` refuses another NI on it).
     kind: FabricKind,
     listen: Option<std::net::SocketAddr>,
@@ -781,14 +814,15 @@ impl NiSet {
         Arc::clone(&lock(&self.members))
     }
 
-    /// Publishes these NIs (and those leaving) with these settings as the next epoch; returns
-    /// it.
+    /// Publishes these NIs (and those leaving) with these settings and this plan of the bulk
+    /// buffers as the next epoch; returns it.
     fn publish(
         &self,
         list: Vec<Member>,
         leaving: Vec<Member>,
         board: NetAlive,
-        settings: NodeSettings,
+        settings: Arc<NodeSettings>,
+        bulk: Arc<BulkPlan>,
     ) -> u64 {
         let mut m = lock(&self.members);
         let epoch = m.epoch + 1;
@@ -797,7 +831,8 @@ impl NiSet {
             list,
             leaving,
             board,
-            settings: Arc::new(settings),
+            settings,
+            bulk,
         });
         self.epoch.store(epoch, Ordering::Release);
         epoch
@@ -813,22 +848,75 @@ impl Daemon {
 
     /// Publishes `list` (on `board`; `leaving` as in [`Members`]) with the template's
     /// settings, wakes every loop and waits (bounded) until each has adopted it, so that what
-    /// the caller answers is what every NI holds. Called with `set.change` held.
+    /// the caller answers is what every NI holds. The router buffers for bulk data follow in
+    /// a few more rounds, each waited for the same way: every NI registers the buffers the
+    /// change needs, then the table that names them (with every NI that has them) is
+    /// published, then what an NI gave back goes to another (`router::bulk_pool`). Called
+    /// with `set.change` held.
     fn publish(&self, list: Vec<Member>, leaving: Vec<Member>, board: NetAlive) {
-        let settings = NodeSettings::of(&lock(&self.template));
+        let settings = Arc::new(NodeSettings::of(&lock(&self.template)));
         let waiting: Vec<Member> = list.iter().chain(&leaving).cloned().collect();
-        let epoch = self.set.publish(list, leaving, board, settings);
-        for m in &waiting {
-            m.wake.wake();
-        }
         let started = std::time::Instant::now();
-        for m in &waiting {
-            while m.behind(epoch) {
-                if started.elapsed() >= ADOPT_BOUND || self.shared.stop.load(Ordering::Relaxed) {
-                    warn!(nid = %m.nid, "an NI loop has not taken the daemon's change yet; it will at its next turn");
-                    break;
+        for round in 0..BULK_ROUNDS {
+            let plan = lock(&self.bulk).plan(
+                &pool_members(&list),
+                &leaving.iter().map(|m| m.id).collect::<Vec<_>>(),
+                settings.routing,
+                settings.buffers.large,
+                round == 0,
+            );
+            let Some(plan) = plan else { break };
+            let epoch = self.set.publish(
+                list.clone(),
+                leaving.clone(),
+                board.clone(),
+                Arc::clone(&settings),
+                plan,
+            );
+            for m in &waiting {
+                m.wake.wake();
+            }
+            for m in &waiting {
+                while m.behind(epoch) {
+                    if started.elapsed() >= ADOPT_BOUND || self.shared.stop.load(Ordering::Relaxed)
+                    {
+                        warn!(nid = %m.nid, "an NI loop has not taken the daemon's change yet; it will at its next turn");
+                        return;
+                    }
+                    std::thread::sleep(StdDuration::from_millis(1));
                 }
-                std::thread::sleep(StdDuration::from_millis(1));
+            }
+        }
+    }
+
+    /// The bulk buffers' next round outside any change: what NIs released or registered since
+    /// (a buffer lent when `set large_buffers` shrank the pool, an NI slow to adopt) is handed
+    /// on or retired. Published without waiting; skipped while a change is under way (its own
+    /// rounds see it).
+    fn tidy_bulk(&self) {
+        let _one = match self.set.change.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return,
+        };
+        let m = self.set.snapshot();
+        let plan = lock(&self.bulk).plan(
+            &pool_members(&m.list),
+            &m.leaving.iter().map(|m| m.id).collect::<Vec<_>>(),
+            m.settings.routing,
+            m.settings.buffers.large,
+            false,
+        );
+        if let Some(plan) = plan {
+            self.set.publish(
+                m.list.clone(),
+                m.leaving.clone(),
+                m.board.clone(),
+                Arc::clone(&m.settings),
+                plan,
+            );
+            for x in m.list.iter().chain(&m.leaving) {
+                x.wake.wake();
             }
         }
     }
@@ -842,6 +930,7 @@ impl Daemon {
         extras: NiExtras,
     ) -> (NiLoop, Member) {
         let nid = rt.node().nids()[0];
+        let id = self.next_loop.fetch_add(1, Ordering::Relaxed);
         let (tx, req_rx) = mpsc::sync_channel::<ControlMsg>(CONTROL_QUEUE);
         let (hand_tx, hand_rx) = crossbeam_channel::bounded::<Handover>(HANDOVER_QUEUE);
         let stop = Arc::new(AtomicBool::new(false));
@@ -849,6 +938,7 @@ impl Daemon {
         let running = Arc::new(AtomicBool::new(true));
         let member = Member {
             nid,
+            id,
             kind,
             listen: extras.listen,
             ctl: tx,
@@ -886,6 +976,7 @@ impl Daemon {
             capture: CaptureState::Idle,
             next_capture: 1,
             peer_log: PeerLog::default(),
+            bulk: LoopBulk::new(id),
             lst: NiSelftest {
                 st: self.base.selftest.then(|| {
                     Selftest::new(
@@ -955,21 +1046,22 @@ impl Daemon {
         resp
     }
 
-    /// `set large_buffers N` above the large buffers registered at start: refused with ENOMEM,
-    /// as Lustre's `set large_buffers` is when it cannot allocate them (lnet_rtrpools_adjust),
-    /// naming the cap, rather than accepted and capped where only the log would say so.
+    /// `set large_buffers N` above what the daemon registers ([`MAX_BULK_BUFFERS`]): refused
+    /// with ENOMEM, as Lustre's `set large_buffers` is when it cannot allocate them
+    /// (lnet_rtrpools_adjust), naming the cap, rather than accepted and capped where only the
+    /// log would say so.
     fn beyond_registered(&self, req: &Request) -> Option<ControlError> {
         let Request::SetBuffers { pool, count } = req else {
             return None;
         };
-        let cap = self.large_registered?;
+        let cap = MAX_BULK_BUFFERS;
         (pool.trim_end_matches("_buffers") == "large" && *count > cap).then(|| {
             ControlError::new(
                 errno::ENOMEM,
                 format!(
-                    "large_buffers: {count} is more than the {cap} registered at start (router \
-                     buffers for bulk data are registered memory, made once): set at most \
-                     {cap}, or put 'buffers: large: {count}' in the configuration and restart"
+                    "large_buffers: {count} is more than the {cap} this daemon registers (each \
+                     is 1 MiB of memory registered with every NI's fabric, pinned on verbs): \
+                     set at most {cap}"
                 ),
             )
         })
@@ -978,9 +1070,9 @@ impl Daemon {
     /// `net add` (an import's new NI): starts NI `ni` of `net` on its own thread with the
     /// node-wide settings as they are, and tells every other loop its NID. As
     /// lnet_add_net_common: a NID already running is EEXIST, and a net that a route leads to
-    /// is EUSERS (adding it would invalidate the routing configuration). Router buffers for
-    /// bulk data are registered at start only: an NI added later forwards no bulk PUT
-    /// (counted `no_bulk_buffer`).
+    /// is EUSERS (adding it would invalidate the routing configuration). The NI registers the
+    /// router buffers for bulk data before the answer (the publish's rounds), so it forwards
+    /// bulk at once.
     fn add_ni(
         self: &Arc<Self>,
         net: &router::yaml_config::NetSettings,
@@ -1237,6 +1329,36 @@ struct NiLoop {
     next_capture: u64,
     lst: NiSelftest,
     peer_log: PeerLog,
+    bulk: LoopBulk,
+}
+
+/// One NI loop's side of the router buffers for bulk data (`router::bulk_pool`): its fabric's
+/// registrations of them, and the plan it last took.
+struct LoopBulk {
+    id: LoopId,
+    regs: HashMap<usize, lnd::fabric::Registration>,
+    views: HashMap<usize, router::BulkRegion>,
+    plan: Option<Arc<BulkPlan>>,
+    /// The table revision last handed to the node.
+    rev: Option<u64>,
+    /// The plan generation at which a registration failed: not tried again before the next
+    /// change (a failing registration is not retried every round).
+    failed_gen: Option<u64>,
+    next_release_check: std::time::Instant,
+}
+
+impl LoopBulk {
+    fn new(id: LoopId) -> LoopBulk {
+        LoopBulk {
+            id,
+            regs: HashMap::new(),
+            views: HashMap::new(),
+            plan: None,
+            rev: None,
+            failed_gen: None,
+            next_release_check: std::time::Instant::now(),
+        }
+    }
 }
 
 /// Ends an NI loop's run, however it ends: its member no longer counts as running, and a
@@ -1279,9 +1401,111 @@ impl NiLoop {
         let m = self.daemon.set.snapshot();
         self.rt.node_mut().set_node_nids(m.nids(), m.board.clone());
         self.apply_settings(&m);
+        self.adopt_bulk(&m);
         let e = m.epoch;
         self.hands.adopt(m);
         self.adopted.store(e, Ordering::Release);
+    }
+
+    /// Takes the bulk buffers' plan of `m`: registers with this NI's fabric every buffer it
+    /// lists (not when this NI is leaving), deregisters the ones it retired, tells the pool,
+    /// and gives the node the table and its share when they changed. A registration that
+    /// fails: one warning, and this NI stays out of the table (bulk through it is refused as
+    /// `no_bulk_buffer`) until the next change tries again.
+    fn adopt_bulk(&mut self, m: &Members) {
+        let plan = &m.bulk;
+        let b = &mut self.bulk;
+        if b.plan.as_ref().is_some_and(|p| Arc::ptr_eq(p, plan)) {
+            return;
+        }
+        b.plan = Some(Arc::clone(plan));
+        let member = m.list.iter().any(|x| x.id == b.id);
+        let live: std::collections::HashSet<usize> = plan.slots.iter().map(|(k, _)| *k).collect();
+        let mut changed = false;
+        let retired: Vec<usize> = b
+            .regs
+            .keys()
+            .copied()
+            .filter(|k| !live.contains(k))
+            .collect();
+        for k in retired {
+            if let (Some(reg), Some(r)) = (b.regs.remove(&k), self.rt.driver_mut().registry()) {
+                r.deregister(reg);
+            }
+            b.views.remove(&k);
+            changed = true;
+        }
+        if member && b.failed_gen != Some(plan.gen) {
+            changed |= b.failed_gen.take().is_some();
+            for (k, mem) in &plan.slots {
+                if b.regs.contains_key(k) {
+                    continue;
+                }
+                let reg = match self.rt.driver_mut().registry() {
+                    Some(r) => r.register_shared(mem),
+                    None => Err(std::io::Error::other("this fabric registers no memory")),
+                };
+                changed = true;
+                match reg {
+                    Ok(reg) => {
+                        b.views.insert(*k, router::BulkRegion::of(&reg));
+                        b.regs.insert(*k, reg);
+                    }
+                    Err(e) => {
+                        warn!(
+                            nid = %self.nid,
+                            registered = b.regs.len(),
+                            wanted = plan.slots.len(),
+                            "cannot register the router buffers for bulk data ({e}): bulk PUTs \
+                             forwarded through this NI are refused (no_bulk_buffer)"
+                        );
+                        b.failed_gen = Some(plan.gen);
+                        break;
+                    }
+                }
+            }
+        }
+        if changed {
+            lock(&self.daemon.bulk).set_registered(b.id, b.views.clone(), b.failed_gen.is_some());
+        }
+        if b.rev != Some(plan.rev) {
+            b.rev = Some(plan.rev);
+            let owned = match member {
+                true => plan.owned.get(&b.id).cloned().unwrap_or_default(),
+                false => Vec::new(),
+            };
+            let now = self.rt.now();
+            self.rt
+                .node_mut()
+                .set_bulk_buffers(now, Arc::clone(&plan.table), owned);
+            self.report_released();
+        }
+    }
+
+    /// Hands the pool the router buffers the node let go since the last look.
+    fn report_released(&mut self) {
+        let ks = self.rt.node_mut().take_released_bulk();
+        if !ks.is_empty() {
+            lock(&self.daemon.bulk).release(self.bulk.id, &ks);
+        }
+    }
+
+    /// The loop is ending: the buffers its node lends go back to the pool, but the ones a
+    /// forward still holds (it may still be written on from them by another NI) are never lent
+    /// again.
+    fn end_bulk(&mut self) {
+        if let Some(plan) = self.bulk.plan.clone() {
+            let now = self.rt.now();
+            self.rt
+                .node_mut()
+                .set_bulk_buffers(now, Arc::clone(&plan.table), Vec::new());
+        }
+        self.report_released();
+        let held = self.rt.node().bulk_held();
+        let stranded = lock(&self.daemon.bulk).end(self.bulk.id, &held);
+        if stranded > 0 {
+            warn!(nid = %self.nid, stranded, "router buffers for bulk data still held by forwards when this NI ended: not lent again");
+        }
     }
 
     /// Takes the node-wide settings of `m` (what changed since the last ones): the route
@@ -1377,6 +1601,13 @@ impl NiLoop {
         // A change published during the turn is taken before the requests are answered (a
         // `route show` right after a `route add` sees it).
         self.adopt();
+        if self.rt.node().bulk_leaving() {
+            let now = std::time::Instant::now();
+            if now >= self.bulk.next_release_check {
+                self.bulk.next_release_check = now + RELEASE_CHECK;
+                self.report_released();
+            }
+        }
         let rt = &mut self.rt;
         let control = &mut self.control;
         self.hands.relay(rt);
@@ -1535,6 +1766,7 @@ impl NiLoop {
         for (_, reply) in self.lst.pending.drain() {
             let _ = reply.try_send(shutting_down());
         }
+        self.end_bulk();
         true
     }
 }
@@ -1713,81 +1945,6 @@ fn fabric_supported(kind: FabricKind) -> bool {
         FabricKind::Verbs => cfg!(feature = "verbs"),
         FabricKind::Sim => false,
     }
-}
-
-/// A router's large buffers in registered memory, shared by every NI's fabric so that a bulk
-/// PUT written in by one NI's fabric is written on by another's from the same memory: each
-/// runtime gets its share of the large pool as buffers of LNET_MTU. On tcp they are lazily
-/// backed (only the buffers used get pages); verbs pins them all at start, so size
-/// `buffers: large:` to what the host may pin (LimitMEMLOCK). For a daemon with two NIs or
-/// more: on tcp whether routing is on or not, so that `set routing 1` later (Lustre's
-/// lnet_rtrpools_enable allocates the pools then) forwards bulk as a router started as one
-/// does; with a pinning (verbs) NI only when routing is on at start (`set routing 1` later
-/// finds none: bulk PUTs to forward are then refused, `no_bulk_buffer`), since pinning 1 MiB
-/// per large buffer on every multi-homed node that never routes would waste locked memory. A
-/// registration that fails leaves the router without them, with one warning.
-fn give_bulk_buffers(
-    runtimes: &mut [&mut NiRuntime<Box<dyn Driver + Send>>],
-    pinned: bool,
-    now: lnd::time::Instant,
-) -> Option<u32> {
-    use lnd::fabric::SharedMem;
-    use router::{BulkBuffers, BulkRegion};
-    let routing = runtimes.iter().any(|r| r.node().routing_enabled());
-    if runtimes.len() < 2 || (pinned && !routing) {
-        return None;
-    }
-    let shares: Vec<usize> = runtimes
-        .iter()
-        .map(|r| r.node().routing_info().buffers().large as usize)
-        .collect();
-    let mut table = BulkBuffers::default();
-    let mut owned: Vec<Vec<usize>> = vec![Vec::new(); runtimes.len()];
-    // Every registration made, to undo them all if one fails (verbs pins them).
-    let mut made: Vec<(usize, lnd::fabric::Registration)> = Vec::new();
-    for (i, &n) in shares.iter().enumerate() {
-        for _ in 0..n {
-            let mem = SharedMem::new(lnd::wire::lnet::LNET_MTU as usize);
-            let mut views = Vec::with_capacity(runtimes.len());
-            for (j, r) in runtimes.iter_mut().enumerate() {
-                let nid = r.node().nids()[0];
-                let reg = match r.driver_mut().registry() {
-                    Some(reg) => reg.register_shared(&mem),
-                    None => Err(std::io::Error::other("no memory registration")),
-                };
-                match reg {
-                    Ok(reg) => {
-                        views.push((nid, BulkRegion::of(&reg)));
-                        made.push((j, reg));
-                    }
-                    Err(e) => {
-                        warn!(%nid, buffers = table.bufs.len(), "no router buffers for bulk data ({e}): bulk PUTs through this router will be refused");
-                        for (j, reg) in made {
-                            if let Some(r) = runtimes[j].driver_mut().registry() {
-                                r.deregister(reg);
-                            }
-                        }
-                        return None;
-                    }
-                }
-            }
-            owned[i].push(table.bufs.len());
-            table.bufs.push(views);
-            table.mem.push(mem);
-        }
-    }
-    // `made` goes out of scope registered: for the daemon's lifetime, released with the fabrics.
-    info!(
-        buffers = table.bufs.len(),
-        "router buffers for bulk data registered on every NI"
-    );
-    let registered = u32::try_from(table.bufs.len()).unwrap_or(u32::MAX);
-    let table = Arc::new(table);
-    for (r, owned) in runtimes.iter_mut().zip(owned) {
-        r.node_mut()
-            .set_bulk_buffers(now, Arc::clone(&table), owned);
-    }
-    Some(registered)
 }
 
 /// How long an NI's tcp fabric retries a listen address in use. Right after a crash the dead

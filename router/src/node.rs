@@ -449,6 +449,13 @@ pub struct LnetNode {
     bulk_owned: u32,
     /// How the large buffers are lent: scrubbing, and the share of peers not yet proven.
     lending: bulk::Lending,
+    /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
+    bulk_mine: Vec<usize>,
+    /// Buffers no longer this runtime's that were lent when the daemon took them back: each is
+    /// released once it is free again ([`LnetNode::take_released_bulk`]).
+    bulk_leaving: Vec<usize>,
+    /// Buffers released and not yet reported to the daemon.
+    bulk_released: Vec<usize>,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk::RoutedGet>,
@@ -567,6 +574,9 @@ impl LnetNode {
             bulk_free: Vec::new(),
             bulk_owned: 0,
             lending: bulk::Lending::new(cfg.routing.scrub),
+            bulk_mine: Vec::new(),
+            bulk_leaving: Vec::new(),
+            bulk_released: Vec::new(),
             bulk_gets: HashMap::new(),
             bulk_get_deadlines: BTreeSet::new(),
             trim_at: None,
@@ -2742,7 +2752,9 @@ impl LnetNode {
         let mut credit_back = f.buffer;
         if let Some(Some(k)) = f.bulk {
             if self.scrubs(f.ni) {
-                self.lending.dirty.push_back((k, f.hdr.payload_length));
+                // Its memory as the table names it now (a later table may no longer).
+                let mem = self.bulk_bufs.mem.get(k).cloned().flatten();
+                self.lending.dirty.push_back((k, f.hdr.payload_length, mem));
                 credit_back = false;
             } else {
                 self.bulk_free.push(k);
@@ -2845,11 +2857,13 @@ impl LnetNode {
             && !self.bulk_bufs.bufs.is_empty()
             && nbuffers > self.bulk_owned
         {
-            // Large buffers are registered memory, made at start: the pool cannot lend more.
-            warn!(
+            // Large buffers are registered memory: the pool lends no more than this runtime
+            // owns; the daemon registers more for a larger share and says so again
+            // (`set_bulk_buffers`).
+            debug!(
                 asked = nbuffers,
                 registered = self.bulk_owned,
-                "large_buffers capped at the router buffers registered at start"
+                "large_buffers capped at the router buffers this runtime owns"
             );
             nbuffers = self.bulk_owned;
         }

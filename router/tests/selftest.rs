@@ -340,8 +340,8 @@ fn selftest_is_off_unless_enabled() {
 
 /// A router started with routing off and turned on later (`lnetctl set routing 1`, Lustre's
 /// lnet_rtrpools_enable) forwards bulk as one started as a router: its router buffers for bulk
-/// data were registered at start on tcp all the same (the acceptance audit: every routed bulk
-/// PUT was refused as `no_bulk_buffer`).
+/// data are registered on every NI then (the acceptance audit: every routed bulk PUT was
+/// refused as `no_bulk_buffer`).
 #[test]
 fn routing_turned_on_later_forwards_bulk() {
     let t = 3;

@@ -794,26 +794,98 @@ impl LnetNode {
     /// Gives this runtime the node's large router buffers in registered memory (`table`, shared
     /// with its sibling runtimes) and the ones it lends out (`owned`: its share, as the large
     /// pool's buffers). Without them a router refuses bulk PUTs to forward (`no_bulk_buffer`).
+    ///
+    /// The daemon calls it again whenever the node's pool changes (NIs come and go, `set
+    /// large_buffers`, `set routing 1`): a buffer this runtime has lent stays lent, whatever
+    /// `owned` says. One it no longer owns is released once it is free again, never while a
+    /// forward still writes into or out of it ([`LnetNode::take_released_bulk`] hands the
+    /// released ones back), so that the daemon gives it to another runtime only then.
     pub fn set_bulk_buffers(&mut self, now: Instant, table: Arc<BulkBuffers>, owned: Vec<usize>) {
         self.advance(now);
+        let free: std::collections::HashSet<usize> = self.bulk_free.iter().copied().collect();
+        let keep: std::collections::HashSet<usize> = owned.iter().copied().collect();
+        // Lent: taken out of the free list and not back yet (a forward holds it).
+        let lent: std::collections::HashSet<usize> = self
+            .bulk_mine
+            .iter()
+            .copied()
+            .filter(|k| !free.contains(k))
+            .collect();
+        self.bulk_released
+            .extend(self.bulk_free.iter().copied().filter(|k| !keep.contains(k)));
+        self.bulk_free = owned
+            .iter()
+            .copied()
+            .filter(|k| !lent.contains(k))
+            .collect();
+        self.bulk_leaving = self
+            .bulk_mine
+            .iter()
+            .copied()
+            .filter(|k| lent.contains(k) && !keep.contains(k))
+            .collect();
+        self.bulk_mine = owned.iter().chain(&self.bulk_leaving).copied().collect();
         let n = owned.len() as u32;
         self.bulk_bufs = table;
-        self.bulk_free = owned;
         self.bulk_owned = n;
-        self.set_buffers(now, PoolClass::Large, n);
+        // No table, no bulk forwarding at all (refused at admission): the large pool keeps the
+        // count the settings gave it, as `routing show` and `export` say it.
+        if !self.bulk_bufs.bufs.is_empty() {
+            self.set_buffers(now, PoolClass::Large, n);
+        }
+    }
+
+    /// The router buffers this runtime has let go since the last call: the ones taken back from
+    /// it that were free then, and those lent then that have come back since. The daemon may give
+    /// them to another runtime or retire them. Cheap when nothing is leaving.
+    pub fn take_released_bulk(&mut self) -> Vec<usize> {
+        if !self.bulk_leaving.is_empty() {
+            let leaving: std::collections::HashSet<usize> =
+                self.bulk_leaving.iter().copied().collect();
+            let back: std::collections::HashSet<usize> = self
+                .bulk_free
+                .iter()
+                .copied()
+                .filter(|k| leaving.contains(k))
+                .collect();
+            if !back.is_empty() {
+                self.bulk_free.retain(|k| !back.contains(k));
+                self.bulk_leaving.retain(|k| !back.contains(k));
+                self.bulk_mine.retain(|k| !back.contains(k));
+                self.bulk_released.extend(back);
+            }
+        }
+        std::mem::take(&mut self.bulk_released)
+    }
+
+    /// Whether router buffers taken back from this runtime are still lent (see
+    /// [`LnetNode::take_released_bulk`]).
+    pub fn bulk_leaving(&self) -> bool {
+        !self.bulk_leaving.is_empty()
+    }
+
+    /// The router buffers this runtime has lent and not had back (a forward in flight holds
+    /// each).
+    pub fn bulk_held(&self) -> Vec<usize> {
+        let free: std::collections::HashSet<usize> = self.bulk_free.iter().copied().collect();
+        self.bulk_mine
+            .iter()
+            .copied()
+            .filter(|k| !free.contains(k))
+            .collect()
     }
 
     /// The registrations of router buffers made by an NI no longer in `nids` are forgotten:
     /// its fabric is gone, and an NI added later, even under the same NID, has registered
-    /// nothing (the daemon registers router buffers at start only), so bulk PUTs to forward
-    /// through it are refused before a buffer is lent ([`Node::egress_has_bulk`]).
+    /// nothing until the daemon says it has (a new table), so bulk PUTs to forward through it
+    /// are refused before a buffer is lent ([`Node::egress_has_bulk`]).
     pub(super) fn forget_bulk_registrations(&mut self, nids: &[Nid]) {
         let gone = |n: &Nid| !nids.contains(n);
         let stale = self
             .bulk_bufs
             .bufs
-            .first()
-            .is_some_and(|v| v.iter().any(|(n, _)| gone(n)));
+            .iter()
+            .any(|v| v.iter().any(|(n, _)| gone(n)));
         if stale {
             let bufs = self
                 .bulk_bufs
@@ -827,14 +899,14 @@ impl LnetNode {
     }
 
     /// Whether a bulk PUT leaving by `route` can be written on from a router buffer: its
-    /// egress NI, here or in a sibling runtime, has the buffers registered.
+    /// egress NI, here or in a sibling runtime, has the buffers registered. The daemon lists an
+    /// NI in a buffer's entry only if it registered every buffer of the table, so one entry
+    /// says it (a retired buffer leaves an empty entry: the first one in use is asked).
     pub(super) fn egress_has_bulk(&self, route: &Route) -> bool {
-        let registered = |nid: Nid| {
-            self.bulk_bufs
-                .bufs
-                .first()
-                .is_some_and(|v| v.iter().any(|(n, _)| *n == nid))
+        let Some(any) = self.bulk_bufs.bufs.iter().find(|v| !v.is_empty()) else {
+            return false;
         };
+        let registered = |nid: Nid| any.iter().any(|(n, _)| *n == nid);
         match *route {
             Route::Remote { ni, .. } => self.nis.get(ni).is_some_and(|n| registered(n.nid)),
             Route::Sibling(net) => self
@@ -1020,8 +1092,9 @@ pub const SCRUB_BUDGET: usize = 4 << 20;
 #[derive(Debug, Default)]
 pub(crate) struct Lending {
     pub(super) scrub: BulkScrub,
-    /// Buffers done with, to scrub before they go back to the pool: (buffer, bytes).
-    pub(super) dirty: VecDeque<(usize, u32)>,
+    /// Buffers done with, to scrub before they go back to the pool: (buffer, bytes, its
+    /// memory).
+    pub(super) dirty: VecDeque<(usize, u32, Option<lnd::fabric::SharedMem>)>,
     /// Large buffers held now by bulk PUTs admitted under the unproven share.
     unproven_held: u32,
     /// Bulk PUTs of unproven senders waiting for room in that share (held messages' keys).
@@ -1062,10 +1135,10 @@ impl LnetNode {
         self.advance(now);
         let mut done = 0usize;
         while done < budget {
-            let Some((k, len)) = self.lending.dirty.pop_front() else {
+            let Some((k, len, mem)) = self.lending.dirty.pop_front() else {
                 break;
             };
-            let cleared = self.bulk_bufs.mem.get(k).map(|m| {
+            let cleared = mem.map(|m| {
                 m.with(|b| {
                     let n = (len as usize).min(b.len());
                     b[..n].fill(0);
@@ -1081,12 +1154,15 @@ impl LnetNode {
                     self.return_pool_credit(PoolClass::Large);
                 }
                 None => {
-                    // Its memory is not known here (a table from before an NI set change):
-                    // never lent again rather than lent unscrubbed.
+                    // Its memory was not in the table when it was released: it cannot be
+                    // lent without a table that names it, so it goes back as it is (the
+                    // daemon's pool hands it on or retires it: `take_released_bulk`).
                     warn!(
                         buffer = k,
-                        "a large buffer to scrub has no memory here; retired"
+                        "a large buffer to scrub had no memory in the table"
                     );
+                    self.bulk_free.push(k);
+                    self.return_pool_credit(PoolClass::Large);
                 }
             }
         }

@@ -1224,7 +1224,7 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
             }
         }
         table.bufs.push(views);
-        table.mem.push(mem);
+        table.mem.push(Some(mem));
     }
     let table = std::sync::Arc::new(table);
     let now = f.now;
@@ -1326,6 +1326,138 @@ fn bulk_puts_cross_a_router_byte_exact() {
             .sum();
         assert!(waited > 0, "six PUTs on three buffers: some waited");
     }
+}
+
+/// What the daemon's NI loops do with each round of its bulk pool (`crate::bulk_pool`), on
+/// the split router's runtimes `members` (each its own loop, id = its node index): register
+/// every buffer of the plan with the node's fabric (forgetting the retired ones), report them,
+/// take the table and share, hand back what the node let go; until the plan settles.
+fn pool_rounds(
+    f: &mut Fabric,
+    pool: &mut crate::bulk_pool::BulkPool,
+    regs: &mut [HashMap<usize, BulkRegion>],
+    members: &[usize],
+    total: u32,
+) {
+    let ids: Vec<(u64, Nid)> = members
+        .iter()
+        .map(|&r| (r as u64, f.nodes[r].nids()[0]))
+        .collect();
+    let mut change = true;
+    for _ in 0..4 {
+        let Some(plan) = pool.plan(&ids, &[], true, total, change) else {
+            break;
+        };
+        change = false;
+        for &r in members {
+            for (k, mem) in &plan.slots {
+                if !regs[r].contains_key(k) {
+                    let reg = f.register_shared(r, mem);
+                    regs[r].insert(*k, BulkRegion::of(&reg));
+                }
+            }
+            regs[r].retain(|k, _| plan.slots.iter().any(|(j, _)| j == k));
+            pool.set_registered(r as u64, regs[r].clone(), false);
+            let owned = plan.owned.get(&(r as u64)).cloned().unwrap_or_default();
+            let now = f.now;
+            f.nodes[r].set_bulk_buffers(now, plan.table.clone(), owned);
+            let released = f.nodes[r].take_released_bulk();
+            pool.release(r as u64, &released);
+        }
+    }
+}
+
+/// The router's pool of large buffers as the daemon runs it at run time, on the split router:
+/// while only the ingress NI has them (its sibling added and not registered yet) a bulk PUT is
+/// refused at its sender; once the egress has registered them every PUT crosses, some waiting
+/// for one of the 2 buffers each NI lends; `set large_buffers` growing the pool to 12 lets 6
+/// PUTs in at once (none waits); shrinking it to 2 while 6 PUTs hold the ingress's buffers (the
+/// server died) takes back at once only what is free, and the rest only once their forwards
+/// have ended, when they are retired.
+#[test]
+fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers() {
+    use lnd::engine::TxError;
+    use lnd::wire::kib::EPROTO;
+    let (mut f, routers) = topology(true, |_| {});
+    let (ingress, egress) = (routers[0], routers[1]);
+    let mut pool = crate::bulk_pool::BulkPool::new(lnd::wire::lnet::LNET_MTU as usize);
+    let mut regs = vec![HashMap::new(); f.nodes.len()];
+    let server = nid(SERVER);
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    let len = 200_000u32;
+    let src = f.register(0, vec![0x5a; len as usize]);
+    let mut next = 0u64;
+    let mut send = |f: &mut Fabric, n: usize| {
+        let now = f.now;
+        for _ in 0..n {
+            next += 1;
+            let sink = f.register(1, vec![0; len as usize]);
+            f.nodes[1].post_sink(4, next, BulkBuf::new(NiIndex(0), &sink, 0, len).unwrap());
+            let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
+            f.nodes[0].send_put_bulk(now, server, 4, next, b).unwrap();
+        }
+    };
+    let large = |f: &Fabric, r: usize| {
+        f.nodes[r]
+            .routing_info()
+            .pools
+            .iter()
+            .find(|p| p.class == PoolClass::Large)
+            .map(|p| p.nbuffers)
+    };
+    let waited = |f: &Fabric| f.nodes[ingress].routing_info().stats.waited_buffer;
+
+    pool_rounds(&mut f, &mut pool, &mut regs, &[ingress], 4);
+    send(&mut f, 1);
+    f.run_for(Duration::from_secs(5));
+    let results = put_results(&f.take_events(0));
+    assert_eq!(results, vec![Err(LnetError::Lnd(TxError::Rdma(-EPROTO)))]);
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!(books.dropped_for(FwdDrop::NoBulkBuffer), 1, "{books:?}");
+
+    pool_rounds(&mut f, &mut pool, &mut regs, &[ingress, egress], 4);
+    assert_eq!((large(&f, ingress), large(&f, egress)), (Some(2), Some(2)));
+    let w0 = waited(&f);
+    send(&mut f, 6);
+    f.run_for(Duration::from_secs(10));
+    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 6]);
+    assert!(waited(&f) > w0, "six PUTs on two buffers: some waited");
+
+    pool_rounds(&mut f, &mut pool, &mut regs, &[ingress, egress], 12);
+    assert_eq!((large(&f, ingress), large(&f, egress)), (Some(6), Some(6)));
+    assert_eq!(pool.live(), 12);
+    let w1 = waited(&f);
+    send(&mut f, 6);
+    f.run_for(Duration::from_secs(10));
+    assert_eq!(put_results(&f.take_events(0)), vec![Ok(()); 6]);
+    assert_eq!(waited(&f), w1, "six PUTs on six buffers: none waited");
+    let books = assert_router_quiescent(&f, &routers);
+    assert_eq!((books.forwarded, books.dropped()), (12 + 2, 1), "{books:?}");
+
+    f.kill(1);
+    send(&mut f, 6);
+    f.run_for(Duration::from_secs(1));
+    assert_eq!(f.nodes[ingress].bulk_held().len(), 6);
+    pool_rounds(&mut f, &mut pool, &mut regs, &[ingress, egress], 2);
+    assert_eq!((large(&f, ingress), large(&f, egress)), (Some(1), Some(1)));
+    assert_eq!(
+        pool.live(),
+        7,
+        "the egress's 5 idle ones retired, the ingress's 5 lent kept"
+    );
+    f.run_for(Duration::from_secs(300));
+    assert_eq!(f.nodes[ingress].bulk_held().len(), 0);
+    let released = f.nodes[ingress].take_released_bulk();
+    assert_eq!(released.len(), 5);
+    pool.release(ingress as u64, &released);
+    pool_rounds(&mut f, &mut pool, &mut regs, &[ingress, egress], 2);
+    assert_eq!(pool.live(), 2);
+    assert_eq!((large(&f, ingress), large(&f, egress)), (Some(1), Some(1)));
+    assert_router_quiescent(&f, &routers);
 }
 
 /// `set large_buffers` above the router buffers registered at start is capped to them: bulk
