@@ -20,7 +20,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use lnd::wire::Nid;
 use router::control::{
-    self, default_socket_path, errno, ClientError, ControlClient, ImportOp, Request, Response,
+    self, default_socket_path, errno, ClientError, ControlClient, ImportOp, ImportReport, Request,
+    Response,
 };
 use router::{LnetNode, NodeConfig};
 
@@ -870,6 +871,7 @@ fn run(cli: Cli) -> u8 {
             let req = Request::Import {
                 yaml,
                 op: ImportOp::Add,
+                nets: None,
             };
             return match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
                 Ok(Response::Import(r)) => {
@@ -1256,7 +1258,8 @@ fn run_export(
 }
 
 /// `lnetctl import`: the document goes to the daemon, which checks it as a configuration and
-/// applies it item by item; what failed is said on stderr, one line each.
+/// applies it item by item; what failed is said on stderr, one line each. A big document goes
+/// in parts as it is read ([`import::split_document`]).
 fn run_import(
     path: &std::path::Path,
     json: bool,
@@ -1264,15 +1267,37 @@ fn run_import(
     exec: bool,
     file: Option<&std::path::Path>,
 ) -> u8 {
-    let text = match file.filter(|f| f.as_os_str() != "-") {
+    let file = file.filter(|f| f.as_os_str() != "-");
+    let origin = file.map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
+    let mut tally = Tally::new(path, op, &origin);
+    if !exec {
+        let input: Box<dyn std::io::BufRead> = match file {
+            Some(f) => match std::fs::File::open(f) {
+                Ok(h) => Box::new(std::io::BufReader::new(h)),
+                Err(e) => {
+                    eprintln!("lnetctl: import: cannot read {}: {e}", f.display());
+                    return exit::FAILED;
+                }
+            },
+            None => Box::new(std::io::stdin().lock()),
+        };
+        let del = op == ImportOp::Del;
+        return match import::split_document(input, &origin, del, |p| tally.send(p)) {
+            Ok(peers) => tally.finish(json, peers),
+            Err(import::SplitError::Input(e)) => {
+                eprintln!("lnetctl: import: {e}");
+                tally.stopped();
+                exit::FAILED
+            }
+            Err(import::SplitError::Stopped) => tally.code,
+        };
+    }
+    let text = match file {
         Some(f) => router::text::read_config_file(f)
             .map_err(|e| format!("cannot read {}: {e}", f.display())),
         None => router::text::read_config(std::io::stdin().lock())
             .map_err(|e| format!("cannot read standard input: {e}")),
     };
-    let origin = file
-        .filter(|f| f.as_os_str() != "-")
-        .map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
     let mut stripped = match text.and_then(|t| import::strip_peers(&t, &origin)) {
         Ok(s) => s,
         Err(e) => {
@@ -1280,117 +1305,190 @@ fn run_import(
             return exit::FAILED;
         }
     };
-    if exec {
-        // The `ping:` and `discover:` sections run (silent when every NID answers, as
-        // lnetctl); the rest of the document is applied as by --add.
-        let doc = match import::take_exec_sections(&stripped.text) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("lnetctl: import --exec: {origin}: {e}");
-                return exit::FAILED;
-            }
-        };
-        let (rest, nids) = (doc.rest, doc.nids);
-        for n in &nids {
-            if let Err(c) = check_nid(n) {
-                return c;
-            }
-        }
-        if !rest.trim().is_empty() {
-            stripped.text = rest;
-            let code = send_import(path, json, ImportOp::Add, &mut stripped, &origin);
-            if code != exit::OK {
-                return code;
-            }
-        }
-        if nids.is_empty() {
-            return exit::OK;
-        }
-        let req = Request::Ping {
-            nids,
-            timeout_secs: doc.timeout,
-            source: None,
-        };
-        return match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
-            Ok(Response::Ping(p)) if p.manage.is_empty() => exit::OK,
-            Ok(Response::Ping(p)) => {
-                for f in &p.manage {
-                    eprintln!(
-                        "lnetctl: import --exec: ping {}: {} (errno {})",
-                        f.ping, f.descr, f.errno
-                    );
-                }
-                exit::FAILED
-            }
-            Ok(Response::Error(e)) => {
-                eprintln!("lnetctl: import --exec: {e}");
-                exit::FAILED
-            }
-            Ok(other) => {
-                eprintln!("lnetctl: import --exec: unexpected answer: {other:?}");
-                exit::FAILED
-            }
-            Err(e) => client_failed(&e),
-        };
-    }
-    send_import(path, json, op, &mut stripped, &origin)
-}
-
-/// Sends the document (its `peer:` section taken out) as one import and reports what failed.
-fn send_import(
-    path: &std::path::Path,
-    json: bool,
-    op: ImportOp,
-    stripped: &mut import::Stripped,
-    origin: &str,
-) -> u8 {
-    let req = Request::Import {
-        yaml: std::mem::take(&mut stripped.text),
-        op,
-    };
-    if let Ok(line) = control::encode_request(&req) {
-        if line.len() > control::MAX_REQUEST {
-            eprintln!(
-                "lnetctl: import: {origin} is {} KiB without its peers; the daemon takes at \
-                 most {} KiB at once: split it (nets, routes, globals)",
-                line.len() >> 10,
-                control::MAX_REQUEST >> 10
-            );
+    // The `ping:` and `discover:` sections run (silent when every NID answers, as lnetctl);
+    // the rest of the document is applied as by --add.
+    let doc = match import::take_exec_sections(&stripped.text) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("lnetctl: import --exec: {origin}: {e}");
             return exit::FAILED;
         }
+    };
+    let (rest, nids) = (doc.rest, doc.nids);
+    for n in &nids {
+        if let Err(c) = check_nid(n) {
+            return c;
+        }
     }
-    let report = match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
-        Ok(Response::Import(mut r)) => {
-            r.unchanged += stripped.peers;
-            r
+    if !rest.trim().is_empty() {
+        stripped.text = rest;
+        let peers = std::mem::take(&mut stripped.peers);
+        let sent = tally.send(import::Part {
+            body: stripped,
+            nets: None,
+        });
+        let code = match sent {
+            Ok(()) => tally.finish(json, peers),
+            Err(()) => tally.code,
+        };
+        if code != exit::OK {
+            return code;
+        }
+    }
+    if nids.is_empty() {
+        return exit::OK;
+    }
+    let req = Request::Ping {
+        nids,
+        timeout_secs: doc.timeout,
+        source: None,
+    };
+    match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
+        Ok(Response::Ping(p)) if p.manage.is_empty() => exit::OK,
+        Ok(Response::Ping(p)) => {
+            for f in &p.manage {
+                eprintln!(
+                    "lnetctl: import --exec: ping {}: {} (errno {})",
+                    f.ping, f.descr, f.errno
+                );
+            }
+            exit::FAILED
         }
         Ok(Response::Error(e)) => {
-            eprintln!("lnetctl: import: {}", stripped.locate(&e.message, origin));
-            return exit::FAILED;
+            eprintln!("lnetctl: import --exec: {e}");
+            exit::FAILED
         }
         Ok(other) => {
-            eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
-            return exit::FAILED;
+            eprintln!("lnetctl: import --exec: unexpected answer: {other:?}");
+            exit::FAILED
         }
-        Err(e) => return client_failed(&e),
-    };
-    let failed = !report.failed.is_empty();
-    if op == ImportOp::Show {
-        let resp = Response::Import(report);
-        let out = if json {
-            render::json(&resp)
-        } else {
-            render::yaml(&resp)
+        Err(e) => client_failed(&e),
+    }
+}
+
+/// An import's parts as the daemon answers them: their reports summed, each failure said on
+/// stderr as its answer comes (`--show` prints the sum at the end).
+struct Tally<'a> {
+    path: &'a std::path::Path,
+    origin: &'a str,
+    report: ImportReport,
+    /// Parts the daemon applied.
+    parts: usize,
+    /// The exit status when a part stops the import.
+    code: u8,
+}
+
+impl<'a> Tally<'a> {
+    fn new(path: &'a std::path::Path, op: ImportOp, origin: &'a str) -> Tally<'a> {
+        Tally {
+            path,
+            origin,
+            report: ImportReport {
+                op,
+                ..ImportReport::default()
+            },
+            parts: 0,
+            code: exit::FAILED,
+        }
+    }
+
+    /// Sends one part (the document itself when it is small); `Err` once it has said why the
+    /// import stops there.
+    fn send(&mut self, part: import::Part) -> Result<(), ()> {
+        let op = self.report.op;
+        let (origin, body) = (self.origin, part.body);
+        let first = body.lines.first().copied().unwrap_or(1);
+        let req = Request::Import {
+            yaml: body.text.clone(),
+            op,
+            nets: part.nets.filter(|n| op == ImportOp::Show && !n.is_empty()),
         };
-        emit(&out.unwrap_or_default());
-    } else {
-        for f in &report.failed {
+        if let Ok(line) = control::encode_request(&req) {
+            if line.len() > control::MAX_REQUEST {
+                eprintln!(
+                    "lnetctl: import: {origin}:{first}: {} KiB of sections other than route: \
+                     (or of one route) at once, without its peers; the daemon takes at most {} \
+                     KiB: split it",
+                    line.len() >> 10,
+                    control::MAX_REQUEST >> 10
+                );
+                self.stopped();
+                return Err(());
+            }
+        }
+        let r = match ControlClient::connect(self.path).and_then(|mut c| c.call(&req)) {
+            Ok(Response::Import(r)) => r,
+            Ok(Response::Error(e)) => {
+                eprintln!("lnetctl: import: {}", body.locate(&e.message, origin));
+                self.stopped();
+                return Err(());
+            }
+            Ok(other) => {
+                eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
+                self.stopped();
+                return Err(());
+            }
+            Err(e) => {
+                self.code = client_failed(&e);
+                self.stopped();
+                return Err(());
+            }
+        };
+        self.parts += 1;
+        self.report.applied += r.applied;
+        self.report.unchanged += r.unchanged;
+        for mut f in r.failed {
+            // The part's line, as the user's document numbers it.
+            f.line = f
+                .line
+                .map(|n| body.lines.get(n as usize - 1).map_or(n, |&l| l as u64));
+            if op != ImportOp::Show {
+                match f.line {
+                    Some(l) => eprintln!(
+                        "lnetctl: import: {origin}:{l}: {}: {} (errno {})",
+                        f.section, f.descr, f.errno
+                    ),
+                    None => eprintln!(
+                        "lnetctl: import: {}: {} (errno {})",
+                        f.section, f.descr, f.errno
+                    ),
+                }
+            }
+            self.report.failed.push(f);
+        }
+        Ok(())
+    }
+
+    /// Says what the parts before a stop did, when there were any: a document sent in parts
+    /// is applied up to where it stopped.
+    fn stopped(&self) {
+        if self.parts > 0 {
             eprintln!(
-                "lnetctl: import: {}: {} (errno {})",
-                f.section, f.descr, f.errno
+                "lnetctl: import: stopped after {} part(s) of {}: {} applied, {} already so, {} \
+                 failed before it",
+                self.parts,
+                self.origin,
+                self.report.applied,
+                self.report.unchanged,
+                self.report.failed.len()
             );
         }
-        if failed {
+    }
+
+    /// The import's end: `--show`'s report, or the count of what failed; the exit status.
+    fn finish(mut self, json: bool, peers: u32) -> u8 {
+        self.report.unchanged += peers;
+        let report = self.report;
+        let failed = !report.failed.is_empty();
+        if report.op == ImportOp::Show {
+            let resp = Response::Import(report);
+            let out = if json {
+                render::json(&resp)
+            } else {
+                render::yaml(&resp)
+            };
+            emit(&out.unwrap_or_default());
+        } else if failed {
             eprintln!(
                 "lnetctl: import: {} applied, {} already so, {} failed",
                 report.applied,
@@ -1398,11 +1496,11 @@ fn send_import(
                 report.failed.len()
             );
         }
-    }
-    if failed {
-        exit::FAILED
-    } else {
-        exit::OK
+        if failed {
+            exit::FAILED
+        } else {
+            exit::OK
+        }
     }
 }
 
