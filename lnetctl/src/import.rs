@@ -692,6 +692,126 @@ routing:
         );
     }
 
+    /// The parts `split_document` sends for `doc`, and the peers it counted.
+    fn parts(doc: &str, del: bool) -> (Vec<Part>, Result<u32, SplitError>) {
+        let mut got = Vec::new();
+        let r = split_document(doc.as_bytes(), "f", del, |p| {
+            got.push(p);
+            Ok(())
+        });
+        (got, r)
+    }
+
+    fn routes(from: usize, to: usize) -> String {
+        (from..to)
+            .map(|i| format!("    - net: o2ib{}\n      gateway: 10.0.0.2@o2ib\n", i + 1))
+            .collect()
+    }
+
+    #[test]
+    fn a_small_document_is_one_part_in_its_order_without_its_peers() {
+        let doc = "\
+route:
+    - net: o2ib1
+      gateway: 10.0.0.2@o2ib
+net:
+-     net type: o2ib
+peer:
+-     primary nid: 10.0.0.2@o2ib
+      peer ni:
+      -     nid: 10.0.0.2@o2ib
+global:
+    retry_count: 0";
+        let (got, r) = parts(doc, false);
+        assert_eq!(r, Ok(1));
+        assert_eq!(got.len(), 1);
+        let s = strip_peers(doc, "f").unwrap();
+        assert_eq!(got[0].body.text, format!("{}\n", s.text));
+        assert_eq!(got[0].body.lines, s.lines);
+        assert_eq!(got[0].nets, None);
+        // The same for --del: one part, the daemon orders it.
+        assert_eq!(parts(doc, true).0, got);
+    }
+
+    #[test]
+    fn a_big_document_is_cut_between_route_items_nets_first_or_last_under_del() {
+        let n = 2 * ROUTES_PER_PART + 1;
+        let doc = format!(
+            "net:\n-     net type: o2ib\nroute:\n{}global:\n    retry_count: 0\n",
+            routes(0, n)
+        );
+        let (got, r) = parts(&doc, false);
+        assert_eq!(r, Ok(0));
+        let heads: Vec<(&str, usize)> = got
+            .iter()
+            .map(|p| {
+                (
+                    p.body.text.split_inclusive('\n').next().unwrap_or(""),
+                    p.body.text.matches("- net:").count(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            heads,
+            [
+                ("net:\n", 0),
+                ("route:\n", ROUTES_PER_PART),
+                ("route:\n", ROUTES_PER_PART),
+                ("global:\n", 0),
+                ("route:\n", 1)
+            ]
+        );
+        // Every line of the document is in one part, numbered as the document numbers it;
+        // each part of routes repeats the section's line (3).
+        let mut seen: Vec<usize> = got.iter().flat_map(|p| p.body.lines.clone()).collect();
+        assert_eq!(seen.iter().filter(|&&l| l == 3).count(), 3);
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen, (1..=doc.lines().count()).collect::<Vec<_>>());
+        let doc_lines: Vec<&str> = doc.lines().collect();
+        for p in &got {
+            for (text, no) in p.body.text.lines().zip(&p.body.lines) {
+                assert_eq!(doc_lines[no - 1], text);
+            }
+        }
+        // Parts of routes carry the nets for --show.
+        let nets = "net:\n-     net type: o2ib\n".to_string();
+        assert_eq!(got[1].nets.as_ref(), Some(&nets));
+        assert_eq!(got[0].nets, None);
+        // Under --del the routes go first, the rest last.
+        let (del, _) = parts(&doc, true);
+        let firsts: Vec<&str> = del
+            .iter()
+            .map(|p| p.body.text.split_inclusive('\n').next().unwrap_or(""))
+            .collect();
+        assert_eq!(firsts, ["route:\n", "route:\n", "route:\n", "net:\n"]);
+        assert!(del[3].body.text.ends_with("global:\n    retry_count: 0\n"));
+    }
+
+    #[test]
+    fn a_part_is_cut_by_its_size_too_and_a_refused_part_stops_the_rest() {
+        // Long items: a part stops at PART_BYTES of text, well inside the request cap.
+        let long = format!("      # {}\n", "x".repeat(4000));
+        let items: String = (0..200)
+            .map(|i| {
+                format!(
+                    "    - net: o2ib{}\n{long}      gateway: 10.0.0.2@o2ib\n",
+                    i + 1
+                )
+            })
+            .collect();
+        let doc = format!("route:\n{items}");
+        let (got, _) = parts(&doc, false);
+        assert!(got.len() > 2, "{}", got.len());
+        assert!(got.iter().all(|p| p.body.text.len() < PART_BYTES + 8192));
+        let mut sent = 0;
+        let r = split_document(doc.as_bytes(), "f", false, |_| {
+            sent += 1;
+            Err(())
+        });
+        assert_eq!((r, sent), (Err(SplitError::Stopped), 1));
+    }
+
     #[test]
     fn a_multi_rail_peer_is_refused_with_its_line() {
         let doc = "\
@@ -707,5 +827,14 @@ peer:
             e.starts_with("mr.yaml:2: peer 10.0.0.2@o2ib: Multi-Rail"),
             "{e}"
         );
+        match split_document(doc.as_bytes(), "mr.yaml", false, |_| Ok(())) {
+            Err(SplitError::Input(e)) => {
+                assert!(
+                    e.starts_with("mr.yaml:2: peer 10.0.0.2@o2ib: Multi-Rail"),
+                    "{e}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

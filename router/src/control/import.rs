@@ -502,3 +502,67 @@ fn now(call: &mut impl FnMut(Request) -> Response) -> Result<Running, ControlErr
         selftest,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{nid, node};
+    use super::*;
+
+    fn route(net: &str, gateway: &str, hops: Option<u8>) -> RouteConfig {
+        RouteConfig {
+            net: net.parse().unwrap(),
+            gateway: nid(gateway),
+            hops,
+            priority: 0,
+        }
+    }
+
+    fn errnos(out: &[RouteOutcome]) -> Vec<i32> {
+        out.iter()
+            .map(|o| match o {
+                RouteOutcome::Applied => 1,
+                RouteOutcome::Unchanged => 0,
+                RouteOutcome::Failed(e) => -e.errno,
+            })
+            .collect()
+    }
+
+    /// Each route of a batch is judged as `route add` would judge it alone; the good ones
+    /// land in one table change, `Check` changes nothing, `Del` removes what is there.
+    #[test]
+    fn a_batch_judges_each_route_alone() {
+        let mut n = node();
+        let now = Instant::from_secs(2);
+        let gw = "10.0.0.2@o2ib";
+        let batch = [
+            route("o2ib5", gw, Some(1)),
+            // To our own net: EEXIST, as lnet_add_route says of a local net.
+            route("o2ib", gw, None),
+            // Through a gateway on no net of ours: EHOSTUNREACH.
+            route("o2ib6", "10.0.0.2@tcp", None),
+            // Twice in the document, the same: already so the second time.
+            route("o2ib5", gw, Some(1)),
+            route("o2ib7", gw, None),
+        ];
+        let run = |n: &mut LnetNode, routes: &[RouteConfig], op, adding: &[Nid]| {
+            apply_routes(now, n, &RouteBatch { routes, op, adding })
+        };
+        let out = run(&mut n, &batch, RoutesOp::Add, &[]);
+        assert_eq!(errnos(&out), [1, -17, -113, 0, 1]);
+        assert_eq!(n.routes().routes().count(), 2);
+        // The same net and gateway with another hop count: EEXIST, as `route add`.
+        let other = [route("o2ib5", gw, Some(2))];
+        assert_eq!(errnos(&run(&mut n, &other, RoutesOp::Add, &[])), [-17]);
+        // --show: a gateway on a net the document adds is judged as if it were there; nothing
+        // changes.
+        let tcp = [route("o2ib6", "10.0.0.2@tcp", None)];
+        let adding = [nid("10.0.0.1@tcp")];
+        assert_eq!(errnos(&run(&mut n, &tcp, RoutesOp::Check, &adding)), [1]);
+        assert_eq!(errnos(&run(&mut n, &tcp, RoutesOp::Check, &[])), [-113]);
+        assert_eq!(n.routes().routes().count(), 2);
+        let del = [route("o2ib5", gw, Some(1)), route("o2ib9", gw, None)];
+        assert_eq!(errnos(&run(&mut n, &del, RoutesOp::Del, &[])), [1, -2]);
+        let left: Vec<String> = n.routes().routes().map(|r| r.net.to_string()).collect();
+        assert_eq!(left, ["o2ib7"]);
+    }
+}
