@@ -1396,10 +1396,10 @@ impl<'a> Tally<'a> {
     /// import stops there.
     fn send(&mut self, part: import::Part) -> Result<(), ()> {
         let op = self.report.op;
-        let (origin, body) = (self.origin, part.body);
+        let (origin, mut body) = (self.origin, part.body);
         let first = body.lines.first().copied().unwrap_or(1);
         let req = Request::Import {
-            yaml: body.text.clone(),
+            yaml: std::mem::take(&mut body.text),
             op,
             nets: part.nets.filter(|n| op == ImportOp::Show && !n.is_empty()),
         };
