@@ -9,6 +9,7 @@
 # 2. `lnetctl export` of that daemon (its size: over the daemon's 1 MiB request cap from about
 #    9,000 routes), imported into a fresh daemon: wall time, and `route show` of both compared.
 # 3. The same export imported again into the second daemon: the no-op's wall time.
+# Also the second daemon's peak RSS (VmHWM) after the import of the export.
 #
 # Env:  IMPORT_N=100000             routes
 #       IMPORT_PROFILE=release      or debug (no release build needed)
@@ -87,7 +88,11 @@ timed "import of $N routes" "$BIN/lnetctl" --socket "$A" import "$TMP/routes.yam
 echo "export: $(($(stat -c %s "$TMP/export.yaml") >> 10)) KiB"
 start_daemon b
 B=$SOCK
+BPID=${PIDS[-1]}
 timed "import of that export into a fresh daemon" "$BIN/lnetctl" --socket "$B" import "$TMP/export.yaml"
+# The daemon's peak memory: its route tables (one per NI loop and the template's) and at most
+# one part of the document at a time, not the whole document.
+echo "daemon peak RSS (VmHWM) after it: $(awk '/VmHWM/ {print $2, $3}' "/proc/$BPID/status")"
 timed "the same import again (a no-op)" "$BIN/lnetctl" --socket "$B" import "$TMP/export.yaml"
 "$BIN/lnetctl" --socket "$A" route show -v >"$TMP/a.routes"
 "$BIN/lnetctl" --socket "$B" route show -v >"$TMP/b.routes"
