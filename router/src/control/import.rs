@@ -117,14 +117,24 @@ pub fn apply_routes(
                     }
                     Err(e) => failed(e),
                 },
-                (RoutesOp::Del, None) => RouteOutcome::Failed(ControlError::new(
-                    errno::ENOENT,
-                    format!("route del {} via {}: no such route", r.net, r.gateway),
-                )),
+                (RoutesOp::Del, None) => {
+                    RouteOutcome::Failed(ControlError::new(errno::ENOENT, "no such route"))
+                }
                 (_, Some(x)) if x.hops == r.hops && x.priority == r.priority => {
                     RouteOutcome::Unchanged
                 }
-                (_, _) => match table.add(*r, &own) {
+                // As lnet_add_route: the same gateway to the same net is EEXIST, whatever
+                // else differs.
+                (_, Some(x)) => RouteOutcome::Failed(ControlError::new(
+                    errno::EEXIST,
+                    format!(
+                        "there already with hop {} and priority {} (delete it first to change \
+                         them)",
+                        x.hops.map_or(-1, i64::from),
+                        x.priority
+                    ),
+                )),
+                (_, None) => match table.add(*r, &own) {
                     Ok(()) => {
                         changed = true;
                         RouteOutcome::Applied
