@@ -1259,7 +1259,8 @@ fn run_export(
 
 /// `lnetctl import`: the document goes to the daemon, which checks it as a configuration and
 /// applies it item by item; what failed is said on stderr, one line each. A big document goes
-/// in parts as it is read ([`import::split_document`]).
+/// in parts as it is read ([`import::split_document`]); `--exec` documents are small and read
+/// whole.
 fn run_import(
     path: &std::path::Path,
     json: bool,
@@ -1267,37 +1268,18 @@ fn run_import(
     exec: bool,
     file: Option<&std::path::Path>,
 ) -> u8 {
-    let file = file.filter(|f| f.as_os_str() != "-");
-    let origin = file.map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
-    let mut tally = Tally::new(path, op, &origin);
     if !exec {
-        let input: Box<dyn std::io::BufRead> = match file {
-            Some(f) => match std::fs::File::open(f) {
-                Ok(h) => Box::new(std::io::BufReader::new(h)),
-                Err(e) => {
-                    eprintln!("lnetctl: import: cannot read {}: {e}", f.display());
-                    return exit::FAILED;
-                }
-            },
-            None => Box::new(std::io::stdin().lock()),
-        };
-        let del = op == ImportOp::Del;
-        return match import::split_document(input, &origin, del, |p| tally.send(p)) {
-            Ok(peers) => tally.finish(json, peers),
-            Err(import::SplitError::Input(e)) => {
-                eprintln!("lnetctl: import: {e}");
-                tally.stopped();
-                exit::FAILED
-            }
-            Err(import::SplitError::Stopped) => tally.code,
-        };
+        return import_in_parts(path, json, op, file);
     }
-    let text = match file {
+    let text = match file.filter(|f| f.as_os_str() != "-") {
         Some(f) => router::text::read_config_file(f)
             .map_err(|e| format!("cannot read {}: {e}", f.display())),
         None => router::text::read_config(std::io::stdin().lock())
             .map_err(|e| format!("cannot read standard input: {e}")),
     };
+    let origin = file
+        .filter(|f| f.as_os_str() != "-")
+        .map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
     let mut stripped = match text.and_then(|t| import::strip_peers(&t, &origin)) {
         Ok(s) => s,
         Err(e) => {
@@ -1305,64 +1287,114 @@ fn run_import(
             return exit::FAILED;
         }
     };
-    // The `ping:` and `discover:` sections run (silent when every NID answers, as lnetctl);
-    // the rest of the document is applied as by --add.
-    let doc = match import::take_exec_sections(&stripped.text) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("lnetctl: import --exec: {origin}: {e}");
-            return exit::FAILED;
-        }
-    };
-    let (rest, nids) = (doc.rest, doc.nids);
-    for n in &nids {
-        if let Err(c) = check_nid(n) {
-            return c;
-        }
-    }
-    if !rest.trim().is_empty() {
-        stripped.text = rest;
-        let peers = std::mem::take(&mut stripped.peers);
-        let sent = tally.send(import::Part {
-            body: stripped,
-            nets: None,
-        });
-        let code = match sent {
-            Ok(()) => tally.finish(json, peers),
-            Err(()) => tally.code,
-        };
-        if code != exit::OK {
-            return code;
-        }
-    }
-    if nids.is_empty() {
-        return exit::OK;
-    }
-    let req = Request::Ping {
-        nids,
-        timeout_secs: doc.timeout,
-        source: None,
-    };
-    match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
-        Ok(Response::Ping(p)) if p.manage.is_empty() => exit::OK,
-        Ok(Response::Ping(p)) => {
-            for f in &p.manage {
-                eprintln!(
-                    "lnetctl: import --exec: ping {}: {} (errno {})",
-                    f.ping, f.descr, f.errno
-                );
+    if exec {
+        // The `ping:` and `discover:` sections run (silent when every NID answers, as
+        // lnetctl); the rest of the document is applied as by --add.
+        let doc = match import::take_exec_sections(&stripped.text) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("lnetctl: import --exec: {origin}: {e}");
+                return exit::FAILED;
             }
+        };
+        let (rest, nids) = (doc.rest, doc.nids);
+        for n in &nids {
+            if let Err(c) = check_nid(n) {
+                return c;
+            }
+        }
+        if !rest.trim().is_empty() {
+            stripped.text = rest;
+            let code = send_import(path, json, ImportOp::Add, &mut stripped, &origin);
+            if code != exit::OK {
+                return code;
+            }
+        }
+        if nids.is_empty() {
+            return exit::OK;
+        }
+        let req = Request::Ping {
+            nids,
+            timeout_secs: doc.timeout,
+            source: None,
+        };
+        return match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
+            Ok(Response::Ping(p)) if p.manage.is_empty() => exit::OK,
+            Ok(Response::Ping(p)) => {
+                for f in &p.manage {
+                    eprintln!(
+                        "lnetctl: import --exec: ping {}: {} (errno {})",
+                        f.ping, f.descr, f.errno
+                    );
+                }
+                exit::FAILED
+            }
+            Ok(Response::Error(e)) => {
+                eprintln!("lnetctl: import --exec: {e}");
+                exit::FAILED
+            }
+            Ok(other) => {
+                eprintln!("lnetctl: import --exec: unexpected answer: {other:?}");
+                exit::FAILED
+            }
+            Err(e) => client_failed(&e),
+        };
+    }
+    send_import(path, json, op, &mut stripped, &origin)
+}
+
+/// `lnetctl import` (not `--exec`): the document read a line at a time and sent in parts.
+fn import_in_parts(
+    path: &std::path::Path,
+    json: bool,
+    op: ImportOp,
+    file: Option<&std::path::Path>,
+) -> u8 {
+    let file = file.filter(|f| f.as_os_str() != "-");
+    let origin = file.map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
+    let input: Box<dyn std::io::BufRead> = match file {
+        Some(f) => match std::fs::File::open(f) {
+            Ok(h) => Box::new(std::io::BufReader::new(h)),
+            Err(e) => {
+                eprintln!("lnetctl: import: cannot read {}: {e}", f.display());
+                return exit::FAILED;
+            }
+        },
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut tally = Tally::new(path, op, &origin);
+    let del = op == ImportOp::Del;
+    match import::split_document(input, &origin, del, |p| tally.send(p)) {
+        Ok(peers) => tally.finish(json, peers),
+        Err(import::SplitError::Input(e)) => {
+            eprintln!("lnetctl: import: {e}");
+            tally.stopped();
             exit::FAILED
         }
-        Ok(Response::Error(e)) => {
-            eprintln!("lnetctl: import --exec: {e}");
-            exit::FAILED
-        }
-        Ok(other) => {
-            eprintln!("lnetctl: import --exec: unexpected answer: {other:?}");
-            exit::FAILED
-        }
-        Err(e) => client_failed(&e),
+        Err(import::SplitError::Stopped) => tally.code,
+    }
+}
+
+/// Sends the document (its `peer:` section taken out) as one import and reports what failed.
+fn send_import(
+    path: &std::path::Path,
+    json: bool,
+    op: ImportOp,
+    stripped: &mut import::Stripped,
+    origin: &str,
+) -> u8 {
+    let mut tally = Tally::new(path, op, origin);
+    let part = import::Part {
+        body: import::Stripped {
+            text: std::mem::take(&mut stripped.text),
+            peers: 0,
+            lines: std::mem::take(&mut stripped.lines),
+        },
+        nets: None,
+    };
+    match tally.send(part) {
+        Ok(()) => tally.finish(json, stripped.peers),
+        Err(()) => tally.code,
     }
 }
 
@@ -1406,8 +1438,8 @@ impl<'a> Tally<'a> {
         if let Ok(line) = control::encode_request(&req) {
             if line.len() > control::MAX_REQUEST {
                 eprintln!(
-                    "lnetctl: import: {origin}:{first}: {} KiB of sections other than route: \
-                     (or of one route) at once, without its peers; the daemon takes at most {} \
+                    "lnetctl: import: {origin}:{first}: {} KiB to send at once without its \
+                     peers (only route: items are sent in parts); the daemon takes at most {} \
                      KiB: split it",
                     line.len() >> 10,
                     control::MAX_REQUEST >> 10
