@@ -316,6 +316,229 @@ pub fn strip_peers(text: &str, origin: &str) -> Result<Stripped, String> {
     })
 }
 
+/// At most this many route items go in one part of a document sent in parts: the daemon
+/// judges each and applies them as one change, so a part is its unit of work; between parts
+/// it serves its other clients as at any time.
+pub const ROUTES_PER_PART: usize = 2000;
+
+/// A part's route items stop growing at this much text, so that the request carrying it
+/// (the text JSON-escaped) stays well inside the daemon's 1 MiB cap, however long its items.
+pub const PART_BYTES: usize = 256 * 1024;
+
+/// One piece of a document sent to the daemon as an import of its own.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Its text, its lines' numbers in the document, the `peer:` items it dropped.
+    pub body: Stripped,
+    /// The document's `net:` section(s) read so far, on a part of route items cut out of a
+    /// bigger document: under `--show` (where nothing is added) the daemon judges the routes
+    /// as if those NIs were there.
+    pub nets: Option<String>,
+}
+
+/// Why [`split_document`] stopped early.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SplitError {
+    /// The input cannot be read, is not a document, or has a Multi-Rail peer: the message.
+    Input(String),
+    /// `send` refused a part (it said why).
+    Stopped,
+}
+
+/// Lines of the document with their numbers, each ending in a newline.
+#[derive(Default)]
+struct Lines {
+    text: String,
+    lines: Vec<usize>,
+}
+
+impl Lines {
+    fn push(&mut self, no: usize, line: &str) {
+        self.text.push_str(line);
+        if !line.ends_with('\n') {
+            self.text.push('\n');
+        }
+        self.lines.push(no);
+    }
+
+    fn part(self, peers: u32, nets: Option<String>) -> Part {
+        Part {
+            body: Stripped {
+                text: self.text,
+                peers,
+                lines: self.lines,
+            },
+            nets,
+        }
+    }
+
+    /// `a` and `b` as one, in document order.
+    fn merge(a: Lines, b: Lines) -> Lines {
+        let mut out = Lines::default();
+        let mut ai = a.text.split_inclusive('\n').zip(a.lines).peekable();
+        let mut bi = b.text.split_inclusive('\n').zip(b.lines).peekable();
+        loop {
+            let take_a = match (ai.peek(), bi.peek()) {
+                (Some(x), Some(y)) => x.1 < y.1,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => return out,
+            };
+            let (line, no) = if take_a { ai.next() } else { bi.next() }.unwrap_or_default();
+            out.push(no, line);
+        }
+    }
+}
+
+/// Reads a document from `input` a line at a time and hands it to `send` in parts, each a
+/// document of its own within the daemon's request cap, as soon as each is read: a document
+/// of any size imports with memory bounded by a part (here and in the daemon), and a
+/// document read from a pipe is applied while it is still being written.
+///
+/// The `peer:` section is checked and dropped as by [`strip_peers`]. A document of at most
+/// [`ROUTES_PER_PART`] routes is one part, in its order, as it always was. A bigger one is
+/// cut between its `route:` items: each part of routes is preceded by what came before it of
+/// the other sections (its nets, so that the routes find their gateways' nets; under
+/// `--del`, `del` true, the other sections go last: routes are removed before the nets they
+/// go through), and what follows the last is sent after it. Returns how many `peer:` items
+/// were dropped in all.
+pub fn split_document(
+    input: impl std::io::BufRead,
+    origin: &str,
+    del: bool,
+    mut send: impl FnMut(Part) -> Result<(), ()>,
+) -> Result<u32, SplitError> {
+    use std::io::BufRead;
+    #[derive(PartialEq)]
+    enum Sec {
+        Other,
+        Peer,
+        Route,
+    }
+    let limit = router::text::MAX_CONFIG_BYTES;
+    let mut input = std::io::Read::take(input, limit + 1);
+    let mut sec = Sec::Other;
+    let mut in_net = false;
+    // Everything but the routes and peers; the nets alone (a copy, for --show).
+    let mut rest = Lines::default();
+    let mut nets = String::new();
+    // The route items read and not yet sent, after their section's header line.
+    let mut chunk = Lines::default();
+    let mut items = 0usize;
+    let mut header: (usize, String) = (0, String::new());
+    let mut item_indent: Option<usize> = None;
+    let mut cut = false;
+    let mut peers = 0u32;
+    // (line, primary nid, NIs seen) of the peer item being read.
+    let mut peer: Option<(usize, String, u32)> = None;
+    let check = |item: &Option<(usize, String, u32)>| match item {
+        Some((line, nid, nis)) if *nis > 1 => Err(SplitError::Input(format!(
+            "{origin}:{line}: peer {nid}: Multi-Rail peers with several NIs are not supported \
+             by ulnet (one NI per peer; remove this 'peer:' entry)"
+        ))),
+        _ => Ok(()),
+    };
+    let mut line = String::new();
+    let mut read = 0u64;
+    let mut no = 0usize;
+    loop {
+        line.clear();
+        let n = input.read_line(&mut line).map_err(|e| {
+            SplitError::Input(if e.kind() == std::io::ErrorKind::InvalidData {
+                format!("{origin}:{}: not UTF-8 text", no + 1)
+            } else {
+                format!("cannot read {origin}: {e}")
+            })
+        })?;
+        if n == 0 {
+            break;
+        }
+        read += n as u64;
+        if read > limit {
+            return Err(SplitError::Input(format!(
+                "{origin}: larger than {} MiB: not a configuration",
+                limit >> 20
+            )));
+        }
+        no += 1;
+        if let Some((key, value)) = top_level(&line) {
+            check(&peer)?;
+            peer = None;
+            in_net = key == "net";
+            sec = match key {
+                "peer" => Sec::Peer,
+                // A flow-style section (`route: [...]`) is one line: not cut.
+                "route" if value.trim().is_empty() => Sec::Route,
+                _ => Sec::Other,
+            };
+            if sec == Sec::Route {
+                header = (no, line.clone());
+                item_indent = None;
+                chunk.push(no, &line);
+                continue;
+            }
+        }
+        match sec {
+            Sec::Other => {
+                if in_net {
+                    nets.push_str(&line);
+                }
+                rest.push(no, &line);
+            }
+            Sec::Peer => {
+                let entry = line.trim_start().trim_start_matches('-').trim_start();
+                if let Some(nid) = entry.strip_prefix("primary nid:") {
+                    check(&peer)?;
+                    peers += 1;
+                    peer = Some((no, nid.trim().to_string(), 0));
+                } else if line.trim_start().starts_with('-') && entry.starts_with("nid:") {
+                    if let Some(it) = peer.as_mut() {
+                        it.2 += 1;
+                    }
+                }
+            }
+            Sec::Route => {
+                let body = line.trim_start();
+                let indent = line.len() - body.len();
+                // An item starts with `-` at the indent of the section's first item.
+                let dash = body.starts_with("- ") || body.trim_end() == "-";
+                if dash && item_indent.is_none_or(|i| i == indent) {
+                    item_indent = Some(indent);
+                    if items >= ROUTES_PER_PART || chunk.text.len() >= PART_BYTES {
+                        if !del && !rest.lines.is_empty() {
+                            send(std::mem::take(&mut rest).part(0, None))
+                                .map_err(|()| SplitError::Stopped)?;
+                        }
+                        let full = std::mem::take(&mut chunk);
+                        send(full.part(0, Some(nets.clone()))).map_err(|()| SplitError::Stopped)?;
+                        chunk.push(header.0, &header.1);
+                        items = 0;
+                        cut = true;
+                    }
+                    items += 1;
+                }
+                chunk.push(no, &line);
+            }
+        }
+    }
+    check(&peer)?;
+    let parts = if !cut {
+        vec![Lines::merge(rest, chunk).part(0, None)]
+    } else {
+        let routes = (items > 0).then(|| chunk.part(0, Some(nets)));
+        let others = (!rest.lines.is_empty()).then(|| rest.part(0, None));
+        if del {
+            [routes, others].into_iter().flatten().collect()
+        } else {
+            [others, routes].into_iter().flatten().collect()
+        }
+    };
+    for p in parts {
+        send(p).map_err(|()| SplitError::Stopped)?;
+    }
+    Ok(peers)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,6 +692,126 @@ routing:
         );
     }
 
+    /// The parts `split_document` sends for `doc`, and the peers it counted.
+    fn parts(doc: &str, del: bool) -> (Vec<Part>, Result<u32, SplitError>) {
+        let mut got = Vec::new();
+        let r = split_document(doc.as_bytes(), "f", del, |p| {
+            got.push(p);
+            Ok(())
+        });
+        (got, r)
+    }
+
+    fn routes(from: usize, to: usize) -> String {
+        (from..to)
+            .map(|i| format!("    - net: o2ib{}\n      gateway: 10.0.0.2@o2ib\n", i + 1))
+            .collect()
+    }
+
+    #[test]
+    fn a_small_document_is_one_part_in_its_order_without_its_peers() {
+        let doc = "\
+route:
+    - net: o2ib1
+      gateway: 10.0.0.2@o2ib
+net:
+-     net type: o2ib
+peer:
+-     primary nid: 10.0.0.2@o2ib
+      peer ni:
+      -     nid: 10.0.0.2@o2ib
+global:
+    retry_count: 0";
+        let (got, r) = parts(doc, false);
+        assert_eq!(r, Ok(1));
+        assert_eq!(got.len(), 1);
+        let s = strip_peers(doc, "f").unwrap();
+        assert_eq!(got[0].body.text, format!("{}\n", s.text));
+        assert_eq!(got[0].body.lines, s.lines);
+        assert_eq!(got[0].nets, None);
+        // The same for --del: one part, the daemon orders it.
+        assert_eq!(parts(doc, true).0, got);
+    }
+
+    #[test]
+    fn a_big_document_is_cut_between_route_items_nets_first_or_last_under_del() {
+        let n = 2 * ROUTES_PER_PART + 1;
+        let doc = format!(
+            "net:\n-     net type: o2ib\nroute:\n{}global:\n    retry_count: 0\n",
+            routes(0, n)
+        );
+        let (got, r) = parts(&doc, false);
+        assert_eq!(r, Ok(0));
+        let heads: Vec<(&str, usize)> = got
+            .iter()
+            .map(|p| {
+                (
+                    p.body.text.split_inclusive('\n').next().unwrap_or(""),
+                    p.body.text.matches("- net:").count(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            heads,
+            [
+                ("net:\n", 0),
+                ("route:\n", ROUTES_PER_PART),
+                ("route:\n", ROUTES_PER_PART),
+                ("global:\n", 0),
+                ("route:\n", 1)
+            ]
+        );
+        // Every line of the document is in one part, numbered as the document numbers it;
+        // each part of routes repeats the section's line (3).
+        let mut seen: Vec<usize> = got.iter().flat_map(|p| p.body.lines.clone()).collect();
+        assert_eq!(seen.iter().filter(|&&l| l == 3).count(), 3);
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen, (1..=doc.lines().count()).collect::<Vec<_>>());
+        let doc_lines: Vec<&str> = doc.lines().collect();
+        for p in &got {
+            for (text, no) in p.body.text.lines().zip(&p.body.lines) {
+                assert_eq!(doc_lines[no - 1], text);
+            }
+        }
+        // Parts of routes carry the nets for --show.
+        let nets = "net:\n-     net type: o2ib\n".to_string();
+        assert_eq!(got[1].nets.as_ref(), Some(&nets));
+        assert_eq!(got[0].nets, None);
+        // Under --del the routes go first, the rest last.
+        let (del, _) = parts(&doc, true);
+        let firsts: Vec<&str> = del
+            .iter()
+            .map(|p| p.body.text.split_inclusive('\n').next().unwrap_or(""))
+            .collect();
+        assert_eq!(firsts, ["route:\n", "route:\n", "route:\n", "net:\n"]);
+        assert!(del[3].body.text.ends_with("global:\n    retry_count: 0\n"));
+    }
+
+    #[test]
+    fn a_part_is_cut_by_its_size_too_and_a_refused_part_stops_the_rest() {
+        // Long items: a part stops at PART_BYTES of text, well inside the request cap.
+        let long = format!("      # {}\n", "x".repeat(4000));
+        let items: String = (0..200)
+            .map(|i| {
+                format!(
+                    "    - net: o2ib{}\n{long}      gateway: 10.0.0.2@o2ib\n",
+                    i + 1
+                )
+            })
+            .collect();
+        let doc = format!("route:\n{items}");
+        let (got, _) = parts(&doc, false);
+        assert!(got.len() > 2, "{}", got.len());
+        assert!(got.iter().all(|p| p.body.text.len() < PART_BYTES + 8192));
+        let mut sent = 0;
+        let r = split_document(doc.as_bytes(), "f", false, |_| {
+            sent += 1;
+            Err(())
+        });
+        assert_eq!((r, sent), (Err(SplitError::Stopped), 1));
+    }
+
     #[test]
     fn a_multi_rail_peer_is_refused_with_its_line() {
         let doc = "\
@@ -484,5 +827,14 @@ peer:
             e.starts_with("mr.yaml:2: peer 10.0.0.2@o2ib: Multi-Rail"),
             "{e}"
         );
+        match split_document(doc.as_bytes(), "mr.yaml", false, |_| Ok(())) {
+            Err(SplitError::Input(e)) => {
+                assert!(
+                    e.starts_with("mr.yaml:2: peer 10.0.0.2@o2ib: Multi-Rail"),
+                    "{e}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -20,7 +20,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use lnd::wire::Nid;
 use router::control::{
-    self, default_socket_path, errno, ClientError, ControlClient, ImportOp, Request, Response,
+    self, default_socket_path, errno, ClientError, ControlClient, ImportOp, ImportReport, Request,
+    Response,
 };
 use router::{LnetNode, NodeConfig};
 
@@ -870,6 +871,7 @@ fn run(cli: Cli) -> u8 {
             let req = Request::Import {
                 yaml,
                 op: ImportOp::Add,
+                nets: None,
             };
             return match ControlClient::connect(&path).and_then(|mut c| c.call(&req)) {
                 Ok(Response::Import(r)) => {
@@ -1256,7 +1258,9 @@ fn run_export(
 }
 
 /// `lnetctl import`: the document goes to the daemon, which checks it as a configuration and
-/// applies it item by item; what failed is said on stderr, one line each.
+/// applies it item by item; what failed is said on stderr, one line each. A big document goes
+/// in parts as it is read ([`import::split_document`]); `--exec` documents are small and read
+/// whole.
 fn run_import(
     path: &std::path::Path,
     json: bool,
@@ -1264,6 +1268,9 @@ fn run_import(
     exec: bool,
     file: Option<&std::path::Path>,
 ) -> u8 {
+    if !exec {
+        return import_in_parts(path, json, op, file);
+    }
     let text = match file.filter(|f| f.as_os_str() != "-") {
         Some(f) => router::text::read_config_file(f)
             .map_err(|e| format!("cannot read {}: {e}", f.display())),
@@ -1336,6 +1343,38 @@ fn run_import(
     send_import(path, json, op, &mut stripped, &origin)
 }
 
+/// `lnetctl import` (not `--exec`): the document read a line at a time and sent in parts.
+fn import_in_parts(
+    path: &std::path::Path,
+    json: bool,
+    op: ImportOp,
+    file: Option<&std::path::Path>,
+) -> u8 {
+    let file = file.filter(|f| f.as_os_str() != "-");
+    let origin = file.map_or_else(|| "<stdin>".to_string(), |f| f.display().to_string());
+    let input: Box<dyn std::io::BufRead> = match file {
+        Some(f) => match std::fs::File::open(f) {
+            Ok(h) => Box::new(std::io::BufReader::new(h)),
+            Err(e) => {
+                eprintln!("lnetctl: import: cannot read {}: {e}", f.display());
+                return exit::FAILED;
+            }
+        },
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let mut tally = Tally::new(path, op, &origin);
+    let del = op == ImportOp::Del;
+    match import::split_document(input, &origin, del, |p| tally.send(p)) {
+        Ok(peers) => tally.finish(json, peers),
+        Err(import::SplitError::Input(e)) => {
+            eprintln!("lnetctl: import: {e}");
+            tally.stopped();
+            exit::FAILED
+        }
+        Err(import::SplitError::Stopped) => tally.code,
+    }
+}
+
 /// Sends the document (its `peer:` section taken out) as one import and reports what failed.
 fn send_import(
     path: &std::path::Path,
@@ -1344,53 +1383,144 @@ fn send_import(
     stripped: &mut import::Stripped,
     origin: &str,
 ) -> u8 {
-    let req = Request::Import {
-        yaml: std::mem::take(&mut stripped.text),
-        op,
+    let mut tally = Tally::new(path, op, origin);
+    let part = import::Part {
+        body: import::Stripped {
+            text: std::mem::take(&mut stripped.text),
+            peers: 0,
+            lines: std::mem::take(&mut stripped.lines),
+        },
+        nets: None,
     };
-    if let Ok(line) = control::encode_request(&req) {
-        if line.len() > control::MAX_REQUEST {
-            eprintln!(
-                "lnetctl: import: {origin} is {} KiB without its peers; the daemon takes at \
-                 most {} KiB at once: split it (nets, routes, globals)",
-                line.len() >> 10,
-                control::MAX_REQUEST >> 10
-            );
-            return exit::FAILED;
+    match tally.send(part) {
+        Ok(()) => tally.finish(json, stripped.peers),
+        Err(()) => tally.code,
+    }
+}
+
+/// An import's parts as the daemon answers them: their reports summed, each failure said on
+/// stderr as its answer comes (`--show` prints the sum at the end).
+struct Tally<'a> {
+    path: &'a std::path::Path,
+    origin: &'a str,
+    report: ImportReport,
+    /// Parts the daemon applied.
+    parts: usize,
+    /// The exit status when a part stops the import.
+    code: u8,
+}
+
+impl<'a> Tally<'a> {
+    fn new(path: &'a std::path::Path, op: ImportOp, origin: &'a str) -> Tally<'a> {
+        Tally {
+            path,
+            origin,
+            report: ImportReport {
+                op,
+                ..ImportReport::default()
+            },
+            parts: 0,
+            code: exit::FAILED,
         }
     }
-    let report = match ControlClient::connect(path).and_then(|mut c| c.call(&req)) {
-        Ok(Response::Import(mut r)) => {
-            r.unchanged += stripped.peers;
-            r
-        }
-        Ok(Response::Error(e)) => {
-            eprintln!("lnetctl: import: {}", stripped.locate(&e.message, origin));
-            return exit::FAILED;
-        }
-        Ok(other) => {
-            eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
-            return exit::FAILED;
-        }
-        Err(e) => return client_failed(&e),
-    };
-    let failed = !report.failed.is_empty();
-    if op == ImportOp::Show {
-        let resp = Response::Import(report);
-        let out = if json {
-            render::json(&resp)
-        } else {
-            render::yaml(&resp)
+
+    /// Sends one part (the document itself when it is small); `Err` once it has said why the
+    /// import stops there.
+    fn send(&mut self, part: import::Part) -> Result<(), ()> {
+        let op = self.report.op;
+        let (origin, mut body) = (self.origin, part.body);
+        let first = body.lines.first().copied().unwrap_or(1);
+        let req = Request::Import {
+            yaml: std::mem::take(&mut body.text),
+            op,
+            nets: part.nets.filter(|n| op == ImportOp::Show && !n.is_empty()),
         };
-        emit(&out.unwrap_or_default());
-    } else {
-        for f in &report.failed {
+        if let Ok(line) = control::encode_request(&req) {
+            if line.len() > control::MAX_REQUEST {
+                eprintln!(
+                    "lnetctl: import: {origin}:{first}: {} KiB to send at once without its \
+                     peers (only route: items are sent in parts); the daemon takes at most {} \
+                     KiB: split it",
+                    line.len() >> 10,
+                    control::MAX_REQUEST >> 10
+                );
+                self.stopped();
+                return Err(());
+            }
+        }
+        let r = match ControlClient::connect(self.path).and_then(|mut c| c.call(&req)) {
+            Ok(Response::Import(r)) => r,
+            Ok(Response::Error(e)) => {
+                eprintln!("lnetctl: import: {}", body.locate(&e.message, origin));
+                self.stopped();
+                return Err(());
+            }
+            Ok(other) => {
+                eprintln!("lnetctl: import: unexpected answer from the daemon: {other:?}");
+                self.stopped();
+                return Err(());
+            }
+            Err(e) => {
+                self.code = client_failed(&e);
+                self.stopped();
+                return Err(());
+            }
+        };
+        self.parts += 1;
+        self.report.applied += r.applied;
+        self.report.unchanged += r.unchanged;
+        for mut f in r.failed {
+            // The part's line, as the user's document numbers it.
+            f.line = f
+                .line
+                .map(|n| body.lines.get(n as usize - 1).map_or(n, |&l| l as u64));
+            if op != ImportOp::Show {
+                match f.line {
+                    Some(l) => eprintln!(
+                        "lnetctl: import: {origin}:{l}: {}: {} (errno {})",
+                        f.section, f.descr, f.errno
+                    ),
+                    None => eprintln!(
+                        "lnetctl: import: {}: {} (errno {})",
+                        f.section, f.descr, f.errno
+                    ),
+                }
+            }
+            self.report.failed.push(f);
+        }
+        Ok(())
+    }
+
+    /// Says what the parts before a stop did, when there were any: a document sent in parts
+    /// is applied up to where it stopped.
+    fn stopped(&self) {
+        if self.parts > 0 {
             eprintln!(
-                "lnetctl: import: {}: {} (errno {})",
-                f.section, f.descr, f.errno
+                "lnetctl: import: stopped after {} part(s) of {}: {} applied, {} already so, {} \
+                 failed before it",
+                self.parts,
+                self.origin,
+                self.report.applied,
+                self.report.unchanged,
+                self.report.failed.len()
             );
         }
-        if failed {
+    }
+
+    /// The import's end: `--show`'s report, or the count of what failed; the exit status.
+    fn finish(mut self, json: bool, peers: u32) -> u8 {
+        self.report.unchanged += peers;
+        let report = self.report;
+        let failed = !report.failed.is_empty();
+        if report.op == ImportOp::Show {
+            let resp = Response::Import(report);
+            let out = if json {
+                render::json(&resp)
+            } else {
+                render::yaml(&resp)
+            };
+            emit(&out.unwrap_or_default());
+        } else if failed {
             eprintln!(
                 "lnetctl: import: {} applied, {} already so, {} failed",
                 report.applied,
@@ -1398,11 +1528,11 @@ fn send_import(
                 report.failed.len()
             );
         }
-    }
-    if failed {
-        exit::FAILED
-    } else {
-        exit::OK
+        if failed {
+            exit::FAILED
+        } else {
+            exit::OK
+        }
     }
 }
 

@@ -1046,6 +1046,22 @@ impl Daemon {
         resp
     }
 
+    /// An import's routes as one change of the node-wide settings: the template judges and
+    /// takes each ([`control::apply_routes`]), then every NI adopts them in one publish (a
+    /// publish per route, each waiting for every loop, cost 1-2 ms a route). Other clients
+    /// are served meanwhile: only changes of the settings wait for this one.
+    fn change_routes(&self, batch: &control::RouteBatch<'_>) -> Vec<control::RouteOutcome> {
+        let _one = lock(&self.set.change);
+        let now = self.clock.now();
+        let out = control::apply_routes(now, &mut lock(&self.template), batch);
+        let changed = out.contains(&control::RouteOutcome::Applied);
+        if changed && batch.op != control::RoutesOp::Check {
+            let m = self.set.snapshot();
+            self.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
+        }
+        out
+    }
+
     /// `set large_buffers N` above what the daemon registers ([`MAX_BULK_BUFFERS`]): refused
     /// with ENOMEM, as Lustre's `set large_buffers` is when it cannot allocate them
     /// (lnet_rtrpools_adjust), naming the cap, rather than accepted and capped where only the
@@ -2809,7 +2825,7 @@ impl Loops {
             | Request::SetRouting { .. }
             | Request::SetBuffers { .. }
             | Request::SetRouterChecks { .. }) => self.daemon.change_settings(req),
-            Request::Import { yaml, op } => {
+            Request::Import { yaml, op, nets } => {
                 let _one = lock(&self.import);
                 // The NIs as they are once this import has the lock.
                 let own = self.members().nids();
@@ -2817,6 +2833,7 @@ impl Loops {
                 control::import(
                     &yaml,
                     op,
+                    nets.as_deref(),
                     &own,
                     |r| self.call(r),
                     |change| match change {
@@ -2834,6 +2851,7 @@ impl Loops {
                             apply: false,
                         } => Ok(self.daemon.peers.differ(given)),
                     },
+                    |batch| self.daemon.change_routes(&batch),
                 )
             }
             Request::NetDel { net, nid } => self.net_del(net, nid),

@@ -250,9 +250,10 @@ impl DaemonConfig {
     }
 
     /// Parses a document for `lnetctl import` into a running daemon whose NIs are `running`:
-    /// checked as a configuration file is, except that it may name no NI, and a route's
-    /// gateway may be on a net of the file or of the daemon. [`DaemonConfig::given`] says which
-    /// sections it had.
+    /// checked as a configuration file is, except that it may name no NI, and its routes are
+    /// only parsed (their values checked): whether each fits the daemon (its gateway on a
+    /// local net, its net not local, not there already) is judged when it is applied, item by
+    /// item. [`DaemonConfig::given`] says which sections it had.
     pub fn parse_import(
         text: &str,
         origin: &str,
@@ -474,9 +475,16 @@ impl DaemonConfig {
                 hops,
                 priority: r.priority.map_or(0, |p| p.value),
             };
-            table
-                .add(route, &own)
-                .map_err(|e| err(line, format!("route to {net} via {}: {e}", route.gateway)))?;
+            // A configuration file's routes are checked here: a bad one stops the daemon from
+            // starting. An import's are checked one by one as they are applied, against the
+            // NIs the daemon has then (its own and those the document adds): a route to a net
+            // that is local there fails that item only and the rest applies, as Lustre's
+            // import does (lnetctl.c, jt_import: each item's error in its error block).
+            if running.is_none() {
+                table
+                    .add(route, &own)
+                    .map_err(|e| err(line, format!("route to {net} via {}: {e}", route.gateway)))?;
+            }
             cfg.routes.push(RouteSettings { route, line });
         }
         cfg.given.buffers = raw.buffers.is_some();

@@ -42,7 +42,7 @@ mod views;
 pub use capture::*;
 pub use client::*;
 #[cfg(feature = "daemon")]
-pub use import::{import, NetChange};
+pub use import::{apply_routes, import, NetChange, RouteBatch, RouteOutcome, RoutesOp};
 pub use protocol::*;
 #[cfg(feature = "daemon")]
 pub use server::*;

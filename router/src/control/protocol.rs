@@ -125,6 +125,12 @@ pub enum Request {
         yaml: String,
         #[serde(default)]
         op: ImportOp,
+        /// A document over [`MAX_REQUEST`] goes in parts (lnetctl cuts it between items),
+        /// each an import of its own; under `--show`, where nothing is added, a part's
+        /// routes are checked as if the whole document's `net:` section, given here, were
+        /// there (it is not applied or counted).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nets: Option<String>,
     },
     /// `lnetctl debug recovery --local|--peer`.
     DebugRecovery {
@@ -221,6 +227,9 @@ pub struct ImportFailure {
     /// Negative, as lnetctl prints it.
     pub errno: i32,
     pub descr: String,
+    /// The document's line of the item, where one item of a section failed (a route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
 }
 
 /// A request that failed as a whole.
