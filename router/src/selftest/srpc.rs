@@ -286,6 +286,9 @@ pub(crate) struct Srpc {
     events: VecDeque<SrpcEvent>,
     pub(crate) buffers: Buffers,
     pub(crate) counters: SrpcCounters,
+    /// Of `counters.rpcs_sent`, the RPCs this node's console sent (its framework RPCs): what
+    /// a console subtracts from its own node's count to know the test RPCs it sent.
+    pub(crate) console_sent: u32,
 }
 
 impl Srpc {
@@ -307,6 +310,7 @@ impl Srpc {
             events: VecDeque::new(),
             buffers: Buffers::new(ni, buffer_limit),
             counters: SrpcCounters::default(),
+            console_sent: 0,
         }
     }
 
@@ -381,6 +385,9 @@ impl Srpc {
             }
         };
         self.counters.rpcs_sent += 1;
+        if matches!(owner, Owner::Console { .. }) {
+            self.console_sent = self.console_sent.wrapping_add(1);
+        }
         self.msgs.insert(id, Wait::Request(rpyid));
         let deadline = now.saturating_add(timeout);
         self.deadlines.insert((deadline, rpyid));
