@@ -608,3 +608,90 @@ fn run_test_names_and_fails_the_rpcs_that_never_complete() {
     assert_eq!(v["brw_errors"].as_u64(), Some(sent), "{v}");
     assert!(v["rpc_errors"].as_u64().unwrap_or(0) >= sent, "{v}");
 }
+
+/// A daemon with two NIs (o2ib and o2ib1, not routing; its console is on the first) and a
+/// server on o2ib1. `run-test` from its console, with `from`/`to`: the exit code, the summary.
+fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> serde_json::Value {
+    let s = Scratch::new(name);
+    let o = Opts::default;
+    let dual = start_yaml(&s.0, "dual", &yaml(t, &[R_A, R_B], None, false), o());
+    let _far = start_yaml(&s.0, "far", &yaml(t, &[FAR], None, false), o());
+    ping_until_ok(&dual, FAR, WAIT);
+    let mut args = vec![
+        "--json",
+        "selftest",
+        "run-test",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--concurrency",
+        "2",
+        "--loop",
+        "10",
+    ];
+    args.extend_from_slice(test);
+    let out = lnetctl(&dual, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{from} -> {to} {test:?}:\n{stdout}\n{stderr}"
+    );
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    // 2 units x 10 loops, every one completed, nothing failed anywhere.
+    assert_eq!(
+        (&v["rpcs_sent"], &v["rpcs_completed"]),
+        (&20.into(), &20.into()),
+        "{v}"
+    );
+    for k in ["brw_errors", "ping_errors", "rpc_errors", "rpcs_expired"] {
+        assert_eq!(v[k], 0, "{k}: {v}");
+    }
+    // The daemon still has every NI's selftest to itself: the session ended everywhere.
+    let again = ctl(&dual, &["selftest", "new_session", "again"]);
+    assert!(again.contains("opened"), "{again}");
+    let added = ctl(&dual, &["selftest", "add_group", "g", R_A, R_B]);
+    assert!(added.contains("2 node(s) added"), "{added}");
+    v
+}
+
+/// Issue 32, item 2: a selftest from a daemon's second NI. The console (on the first NI)
+/// makes a session on the second, whose test gets its destination list from the console by a
+/// GET between the two NIs, then runs brw against the first. A message to a sibling NI's NID
+/// was delivered in memory to the sending runtime's own selftest instead of the sibling's
+/// (the second NI's session was made on the first's selftest): add_test failed with EIO.
+#[test]
+fn a_selftest_runs_from_the_daemons_second_ni() {
+    for op in ["write", "read"] {
+        let v = run_on_two_nis(
+            6,
+            &format!("selftest_second_ni_{op}"),
+            R_B,
+            R_A,
+            &["brw", op, "size=64k", "check=full"],
+        );
+        // The second NI ran the test: the console's NI (the first) measured no latency.
+        assert_eq!(v["latency"].as_array().map(Vec::len), Some(0), "{v}");
+    }
+}
+
+/// Issue 32, item 2: a selftest between two NIs of one daemon: ping, and brw both ways with
+/// every word checked; the messages and the bulk between them go through the other NI's
+/// runtime, as a forward does, and every RPC completes.
+#[test]
+fn a_selftest_runs_between_two_nis_of_one_daemon() {
+    for (k, test) in [
+        &["ping"][..],
+        &["brw", "write", "size=1M", "check=full"],
+        &["brw", "read", "size=65543", "check=full", "off=8"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let v = run_on_two_nis(7, &format!("selftest_own_nis_{k}"), R_A, R_B, test);
+        assert_eq!(v["latency"][0]["count"], 20, "{v}");
+    }
+}
