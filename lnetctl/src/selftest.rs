@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 use router::control::{ClientError, ControlClient, Request, Response};
-use router::selftest::{CheckSpec, LstCommand, LstLatency, LstNodeStat, LstReply, TestSpec};
+use router::selftest::{
+    CheckSpec, LstCommand, LstLatency, LstNodeResult, LstNodeStat, LstReply, TestSpec,
+};
 use serde::Serialize;
 
 use crate::{emit, exit};
@@ -535,7 +537,8 @@ fn spread(v: &[f64]) -> Spread {
     }
 }
 
-/// A group's report over an interval (lst stat's four lines, and the nodes it could not stat).
+/// A group's report over an interval (lst stat's four lines, and the nodes it could not stat),
+/// with lst's error counters (`show_error`'s) over the same interval, per group and per node.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct GroupReport {
     pub group: String,
@@ -546,9 +549,50 @@ pub struct GroupReport {
     /// MiB/s (MB/s with --mbs)
     pub bw_read: Spread,
     pub bw_write: Spread,
+    /// Test RPCs that failed on the group's nodes as clients (sfw's brw and ping errors).
+    pub brw_errors: u64,
+    pub ping_errors: u64,
+    /// The RPC layer's counters (srpc's): RPCs or bulk transfers that failed, timed out, or
+    /// came for nothing.
+    pub rpc_errors: u64,
+    pub rpcs_expired: u64,
+    pub rpcs_dropped: u64,
+    /// Test RPCs the group's nodes sent as clients (the console's own RPCs not counted), and
+    /// of those the ones that completed (sent and not failed).
+    pub rpcs_sent: u64,
+    pub rpcs_completed: u64,
+    /// The nodes with any error above, each with its counts.
+    pub node_errors: Vec<NodeErrors>,
+}
+
+/// One node's error counters over an interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeErrors {
+    pub nid: String,
     pub brw_errors: u64,
     pub ping_errors: u64,
     pub rpc_errors: u64,
+    pub rpcs_expired: u64,
+    pub rpcs_dropped: u64,
+}
+
+impl NodeErrors {
+    fn total(&self) -> u64 {
+        self.brw_errors + self.ping_errors + self.rpc_errors + self.rpcs_expired + self.rpcs_dropped
+    }
+}
+
+impl GroupReport {
+    /// RPCs that failed or never completed, as the exit code counts them: test RPCs that
+    /// failed, and RPC-layer errors and expiries (a dropped message is not one of ours).
+    pub fn errors(&self) -> u64 {
+        self.brw_errors + self.ping_errors + self.rpc_errors + self.rpcs_expired
+    }
+}
+
+/// The test RPCs a node sent: its RPC layer's count without its console's own.
+fn test_rpcs_sent(s: &LstNodeStat) -> u32 {
+    s.rpcs_sent.wrapping_sub(s.console_rpcs)
 }
 
 fn group_reports(old: &[LstNodeStat], new: &[LstNodeStat], mbs: bool) -> Vec<GroupReport> {
@@ -574,10 +618,30 @@ fn group_reports(old: &[LstNodeStat], new: &[LstNodeStat], mbs: bool) -> Vec<Gro
                     Some(r) => rates.push(r),
                     None => rep.failed += 1,
                 }
-                if let Some(o) = o {
-                    rep.brw_errors += u64::from(n.brw_errors.saturating_sub(o.brw_errors));
-                    rep.ping_errors += u64::from(n.ping_errors.saturating_sub(o.ping_errors));
-                    rep.rpc_errors += u64::from(n.rpc_errors.saturating_sub(o.rpc_errors));
+                // Counters of a node that answered both samples (one that did not is in
+                // `failed`; a counter that went back means the node's session restarted).
+                let Some(o) = o.filter(|o| o.error.is_none() && n.error.is_none()) else {
+                    continue;
+                };
+                let d = |a: u32, b: u32| u64::from(b.saturating_sub(a));
+                let e = NodeErrors {
+                    nid: n.nid.clone(),
+                    brw_errors: d(o.brw_errors, n.brw_errors),
+                    ping_errors: d(o.ping_errors, n.ping_errors),
+                    rpc_errors: d(o.rpc_errors, n.rpc_errors),
+                    rpcs_expired: d(o.rpcs_expired, n.rpcs_expired),
+                    rpcs_dropped: d(o.rpcs_dropped, n.rpcs_dropped),
+                };
+                let sent = d(test_rpcs_sent(o), test_rpcs_sent(n));
+                rep.rpcs_sent += sent;
+                rep.rpcs_completed += sent.saturating_sub(e.brw_errors + e.ping_errors);
+                rep.brw_errors += e.brw_errors;
+                rep.ping_errors += e.ping_errors;
+                rep.rpc_errors += e.rpc_errors;
+                rep.rpcs_expired += e.rpcs_expired;
+                rep.rpcs_dropped += e.rpcs_dropped;
+                if e.total() > 0 {
+                    rep.node_errors.push(e);
                 }
             }
             let col = |f: &dyn Fn(&Rates) -> f64| rates.iter().map(f).collect::<Vec<_>>();
@@ -632,8 +696,24 @@ fn render_stat(reps: &[GroupReport], o: &StatOpts) -> String {
         if g.failed > 0 {
             let _ = writeln!(out, "Failed to stat on {} node(s) of {}", g.failed, g.group);
         }
+        // lst's error counters (show_error's), only when there are any: a clean report keeps
+        // lst stat's layout.
+        if !g.node_errors.is_empty() {
+            let _ = writeln!(out, "[Errors of {}]", g.group);
+            for e in &g.node_errors {
+                let _ = writeln!(out, "    {}: {}", e.nid, error_counts(e));
+            }
+        }
     }
     out
+}
+
+/// A node's error counters as `show_error` words them.
+fn error_counts(e: &NodeErrors) -> String {
+    format!(
+        "[Session {} brw errors, {} ping errors] [RPC: {} errors, {} dropped, {} expired]",
+        e.brw_errors, e.ping_errors, e.rpc_errors, e.rpcs_dropped, e.rpcs_expired
+    )
 }
 
 fn stat_loop(c: &mut Console, o: &StatOpts, groups: &[String]) -> Result<(), (u8, String)> {
@@ -670,12 +750,49 @@ struct Summary {
     servers: Vec<String>,
     concurrency: u32,
     seconds: f64,
+    /// Rates over the run; error counters over the run and the wait for its last RPCs.
     groups: Vec<GroupReport>,
     /// This daemon's test RPCs (when it is one of the clients), microseconds.
     latency: Vec<LstLatency>,
+    /// The clients' test RPCs: sent, completed, failed (brw and ping errors).
+    rpcs_sent: u64,
+    rpcs_completed: u64,
     brw_errors: u64,
     ping_errors: u64,
+    /// Every node's RPC-layer errors and expiries (servers' failed bulk transfers too).
+    rpc_errors: u64,
+    rpcs_expired: u64,
+    /// Clients whose RPCs had not ended when the wait for them did: aborted, and failed.
+    unfinished: Vec<String>,
     failed_nodes: Vec<String>,
+}
+
+impl Summary {
+    /// Why the run is a failure, if it is one: an RPC failed or never completed, a node could
+    /// not be asked, or no test RPC completed at all.
+    fn verdict(&self) -> Option<String> {
+        let mut why = Vec::new();
+        let errors: u64 = self.groups.iter().map(GroupReport::errors).sum();
+        if errors > 0 {
+            why.push(format!("{errors} RPC error(s)"));
+        }
+        if !self.unfinished.is_empty() {
+            why.push(format!(
+                "RPCs never completed on {}",
+                self.unfinished.join(", ")
+            ));
+        }
+        if !self.failed_nodes.is_empty() {
+            why.push(format!(
+                "{} group(s) with nodes that failed",
+                self.failed_nodes.len()
+            ));
+        }
+        if self.rpcs_completed == 0 {
+            why.push(format!("no test RPC completed ({} sent)", self.rpcs_sent));
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -709,32 +826,34 @@ fn run_test(
     let r = session_body(c, &from, &to, &shape, distribute, spec, duration, interval);
     // The session ends whatever happened, so that its nodes are free for the next one.
     let end = c.call(LstCommand::EndSession);
-    let (groups, latency, secs) = r?;
+    let run = r?;
     if let Err((_, e)) = end {
         eprintln!("lnetctl: selftest: end_session: {e}");
     }
+    let groups = run.groups;
     let failed_nodes: Vec<String> = groups
         .iter()
         .filter(|g| g.failed > 0)
         .map(|g| format!("{} node(s) of {}", g.failed, g.group))
         .collect();
+    let clients = groups.iter().find(|g| g.group == "clients");
+    let of_clients = |f: fn(&GroupReport) -> u64| clients.map_or(0, f);
     let summary = Summary {
         session,
         test: words.join(" "),
         clients: from,
         servers: to,
         concurrency: shape.concurrency,
-        seconds: secs,
-        brw_errors: groups
-            .iter()
-            .find(|g| g.group == "clients")
-            .map_or(0, |g| g.brw_errors),
-        ping_errors: groups
-            .iter()
-            .find(|g| g.group == "clients")
-            .map_or(0, |g| g.ping_errors),
+        seconds: run.secs,
+        rpcs_sent: of_clients(|g| g.rpcs_sent),
+        rpcs_completed: of_clients(|g| g.rpcs_completed),
+        brw_errors: of_clients(|g| g.brw_errors),
+        ping_errors: of_clients(|g| g.ping_errors),
+        rpc_errors: groups.iter().map(|g| g.rpc_errors).sum(),
+        rpcs_expired: groups.iter().map(|g| g.rpcs_expired).sum(),
         groups,
-        latency,
+        latency: run.latency,
+        unfinished: run.unfinished,
         failed_nodes,
     };
     let mut text = render_stat(&summary.groups, &StatOpts::default());
@@ -758,20 +877,24 @@ fn run_test(
             return Err((exit::FAILED, format!("{}: {e}", p.display())));
         }
     }
-    let errors = summary.brw_errors + summary.ping_errors;
-    if errors > 0 || !summary.failed_nodes.is_empty() {
-        return Err((
-            exit::FAILED,
-            format!(
-                "{errors} test RPC error(s); {} group(s) with nodes that failed",
-                summary.failed_nodes.len()
-            ),
-        ));
+    match summary.verdict() {
+        Some(why) => Err((exit::FAILED, why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
-type RunResult = (Vec<GroupReport>, Vec<LstLatency>, f64);
+/// What a run measured: rates over the run, error counters to after its last RPCs ended.
+struct RunResult {
+    groups: Vec<GroupReport>,
+    latency: Vec<LstLatency>,
+    secs: f64,
+    unfinished: Vec<String>,
+}
+
+/// How long run-test waits for the RPCs in flight once the batch is stopped, before it
+/// aborts them (a test RPC may take lnet_selftest's rpc_timeout, 64 s, to fail on its own).
+const DRAIN_POLLS: u32 = 100;
+const DRAIN_POLL: Duration = Duration::from_millis(100);
 
 #[allow(clippy::too_many_arguments)]
 fn session_body(
@@ -819,6 +942,13 @@ fn session_body(
         })?
         .stats)
     };
+    let query = |c: &mut Console| -> Result<Vec<LstNodeResult>, (u8, String)> {
+        Ok(c.call(LstCommand::Query {
+            batch: "bulk".into(),
+        })?
+        .nodes)
+    };
+    let idle = |nodes: &[LstNodeResult]| nodes.iter().all(|n| n.active == Some(0));
     let first = stat(c)?;
     c.call(LstCommand::Run {
         batch: "bulk".into(),
@@ -848,13 +978,8 @@ fn session_body(
         let _ = std::io::stderr().flush();
         prev = now.clone();
         last = now;
-        if shape.loop_count.is_some_and(|l| l >= 0) {
-            let q = c.call(LstCommand::Query {
-                batch: "bulk".into(),
-            })?;
-            if q.nodes.iter().all(|n| n.active == Some(0)) {
-                break;
-            }
+        if shape.loop_count.is_some_and(|l| l >= 0) && idle(&query(c)?) {
+            break;
         }
     }
     if tty {
@@ -865,18 +990,56 @@ fn session_body(
         force: false,
     })?;
     let secs = t0.elapsed().as_secs_f64();
-    // Let the RPCs in flight finish (each ends within its timeout), so the latency is whole.
-    for _ in 0..100 {
-        let q = c.call(LstCommand::Query {
-            batch: "bulk".into(),
-        })?;
-        if q.nodes.iter().all(|n| n.active == Some(0)) {
+    // Let the RPCs in flight end (each does within its timeout), so that the latency is whole
+    // and every failure is counted; those still out when the wait ends never completed: they
+    // are aborted (lst stop --force), which fails them on their clients, and named.
+    let mut q = query(c)?;
+    for _ in 0..DRAIN_POLLS {
+        if idle(&q) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(DRAIN_POLL);
+        q = query(c)?;
+    }
+    let unfinished: Vec<String> = q
+        .iter()
+        .filter(|n| n.active != Some(0))
+        .map(|n| n.nid.clone())
+        .collect();
+    if !unfinished.is_empty() {
+        c.call(LstCommand::Stop {
+            batch: "bulk".into(),
+            force: true,
+        })?;
+        // An aborted RPC whose bulk is being moved ends with its bulk's event.
+        for _ in 0..DRAIN_POLLS {
+            if idle(&query(c)?) {
+                break;
+            }
+            std::thread::sleep(DRAIN_POLL);
+        }
     }
     let latency = c.call(LstCommand::Latency)?.latency;
-    Ok((group_reports(&first, &last, false), latency, secs))
+    // The counters once every RPC ended: a failure after the last progress sample counts.
+    let end = stat(c)?;
+    let mut groups = group_reports(&first, &last, false);
+    for (g, e) in groups.iter_mut().zip(group_reports(&first, &end, false)) {
+        g.failed = g.failed.max(e.failed);
+        g.brw_errors = e.brw_errors;
+        g.ping_errors = e.ping_errors;
+        g.rpc_errors = e.rpc_errors;
+        g.rpcs_expired = e.rpcs_expired;
+        g.rpcs_dropped = e.rpcs_dropped;
+        g.rpcs_sent = e.rpcs_sent;
+        g.rpcs_completed = e.rpcs_completed;
+        g.node_errors = e.node_errors;
+    }
+    Ok(RunResult {
+        groups,
+        latency,
+        secs,
+        unfinished,
+    })
 }
 
 fn progress_line(t: Duration, total: Duration, reps: &[GroupReport]) -> String {
@@ -891,8 +1054,8 @@ fn progress_line(t: Duration, total: Duration, reps: &[GroupReport]) -> String {
             g.rpc_read.avg,
             g.rpc_write.avg
         );
-        if g.brw_errors + g.ping_errors > 0 {
-            let _ = write!(s, " errors {}", g.brw_errors + g.ping_errors);
+        if g.errors() > 0 {
+            let _ = write!(s, " errors {}", g.errors());
         }
     }
     s
@@ -907,13 +1070,39 @@ fn summary_yaml(s: &Summary) -> String {
     let _ = writeln!(out, "    servers: [{}]", s.servers.join(", "));
     let _ = writeln!(out, "    concurrency: {}", s.concurrency);
     let _ = writeln!(out, "    seconds: {:.1}", s.seconds);
+    let _ = writeln!(out, "    rpcs_sent: {}", s.rpcs_sent);
+    let _ = writeln!(out, "    rpcs_completed: {}", s.rpcs_completed);
     let _ = writeln!(out, "    brw_errors: {}", s.brw_errors);
     let _ = writeln!(out, "    ping_errors: {}", s.ping_errors);
+    let _ = writeln!(out, "    rpc_errors: {}", s.rpc_errors);
+    let _ = writeln!(out, "    rpcs_expired: {}", s.rpcs_expired);
+    let _ = writeln!(out, "    unfinished: [{}]", s.unfinished.join(", "));
     let _ = writeln!(out, "    groups:");
     for g in &s.groups {
         let _ = writeln!(out, "        - group: {}", g.group);
         let _ = writeln!(out, "          nodes: {}", g.nodes);
         let _ = writeln!(out, "          failed: {}", g.failed);
+        for (k, v) in [
+            ("rpcs_sent", g.rpcs_sent),
+            ("rpcs_completed", g.rpcs_completed),
+            ("brw_errors", g.brw_errors),
+            ("ping_errors", g.ping_errors),
+            ("rpc_errors", g.rpc_errors),
+            ("rpcs_expired", g.rpcs_expired),
+            ("rpcs_dropped", g.rpcs_dropped),
+        ] {
+            let _ = writeln!(out, "          {k}: {v}");
+        }
+        if !g.node_errors.is_empty() {
+            let _ = writeln!(out, "          errors:");
+            for e in &g.node_errors {
+                let _ = writeln!(
+                    out,
+                    "              - {{nid: {}, brw_errors: {}, ping_errors: {}, rpc_errors: {}, rpcs_expired: {}, rpcs_dropped: {}}}",
+                    e.nid, e.brw_errors, e.ping_errors, e.rpc_errors, e.rpcs_expired, e.rpcs_dropped
+                );
+            }
+        }
         for (k, v, p) in [
             ("rpc_read", &g.rpc_read, 0),
             ("rpc_write", &g.rpc_write, 0),
@@ -969,6 +1158,61 @@ mod tests {
         assert_eq!(
             text,
             "s:\n    a: [Session 2 brw errors, 0 ping errors] [RPC: 0 errors, 0 dropped, 1 expired]\n    b: unreachable (RPC timed out)\nTotal 3 error(s) in 2 node(s)\n"
+        );
+    }
+
+    /// Errors and completions over an interval, per group and node: a client's test RPCs are
+    /// its RPC layer's count without its console's, completed unless they failed; a node with
+    /// errors is listed under the report as show_error words it; no RPC completed, or any
+    /// error, is a failed run.
+    #[test]
+    fn errors_and_completions_are_counted_per_group_and_node() {
+        let mut old = st("c", "clients", 1000, 0, 0, 0, 0);
+        old.rpcs_sent = 10;
+        old.console_rpcs = 10;
+        let mut new = st("c", "clients", 2000, 0, 0, 0, 0);
+        new.rpcs_sent = 25;
+        new.console_rpcs = 13;
+        new.brw_errors = 2;
+        new.rpc_errors = 2;
+        let srv_old = st("s", "servers", 1000, 0, 0, 0, 0);
+        let mut srv_new = st("s", "servers", 2000, 0, 0, 0, 0);
+        srv_new.rpcs_expired = 1;
+        let reps = group_reports(&[old, srv_old], &[new, srv_new], false);
+        let c = &reps[0];
+        assert_eq!((c.rpcs_sent, c.rpcs_completed, c.brw_errors), (12, 10, 2));
+        assert_eq!((c.errors(), reps[1].errors()), (4, 1));
+        let text = render_stat(&reps, &StatOpts::default());
+        assert!(
+            text.contains("[Errors of clients]\n    c: [Session 2 brw errors, 0 ping errors] [RPC: 2 errors, 0 dropped, 0 expired]\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("[Errors of servers]\n    s: [Session 0 brw errors, 0 ping errors] [RPC: 0 errors, 0 dropped, 1 expired]\n"), "{text}");
+        let mut sum = Summary {
+            session: "s".into(),
+            test: "brw".into(),
+            clients: vec![],
+            servers: vec![],
+            concurrency: 1,
+            seconds: 1.0,
+            groups: reps,
+            latency: vec![],
+            rpcs_sent: 12,
+            rpcs_completed: 10,
+            brw_errors: 2,
+            ping_errors: 0,
+            rpc_errors: 2,
+            rpcs_expired: 1,
+            unfinished: vec![],
+            failed_nodes: vec![],
+        };
+        assert_eq!(sum.verdict().as_deref(), Some("5 RPC error(s)"));
+        sum.groups.clear();
+        assert_eq!(sum.verdict(), None);
+        sum.rpcs_completed = 0;
+        assert_eq!(
+            sum.verdict().as_deref(),
+            Some("no test RPC completed (12 sent)")
         );
     }
 

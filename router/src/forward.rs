@@ -271,6 +271,10 @@ pub enum Handover {
         key: u64,
         result: Result<(), LnetError>,
     },
+    /// A message of this node for one of its own NIDs that another runtime runs
+    /// (`hdr.dest_nid`): that runtime delivers it in memory, as Lustre's lolnd delivers to a
+    /// local NI. Nothing comes back but what its users answer.
+    Local { hdr: LnetHdr, payload: Vec<u8> },
 }
 
 impl Handover {
@@ -279,6 +283,7 @@ impl Handover {
         match self {
             Handover::Forward { via, .. } => HandoverTarget::Net(*via),
             Handover::Done { origin, .. } => HandoverTarget::Nid(*origin),
+            Handover::Local { hdr, .. } => HandoverTarget::Nid(hdr.dest_nid),
         }
     }
 }

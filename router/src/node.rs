@@ -208,6 +208,10 @@ enum Route {
     Remote { ni: usize, next: Nid },
     /// Through a sibling runtime's NI on this net (the daemon runs one runtime per NI).
     Sibling(Net),
+    /// To this NID of the node that a sibling runtime runs: delivered in memory by that
+    /// runtime (a [`Handover::Local`]), so that what is addressed to that NI reaches its
+    /// users (its selftest), as a forward reaches its egress.
+    SiblingNi,
 }
 
 impl OutMsg {
@@ -297,6 +301,8 @@ struct LocalMsg {
     hdr: LnetHdr,
     payload: Vec<u8>,
     purpose: Purpose,
+    /// Sent by a sibling runtime (which counted it sent): only its receipt is counted here.
+    from_sibling: bool,
 }
 
 struct PendingPing {
@@ -624,7 +630,12 @@ impl LnetNode {
     /// one of our own NIDs is answered in memory, within this call.
     pub fn ping(&mut self, now: Instant, dst: Nid, timeout: Duration) -> Result<PingId, LnetError> {
         self.advance(now);
-        let route = self.route_checked(dst, 0)?;
+        let route = match self.route_checked(dst, 0)? {
+            // The ping buffer is the node's, whichever runtime answers: answered here, from
+            // our NI (the reply is for it).
+            Route::SiblingNi => Route::Local(self.nis.first().map_or(dst, |n| n.nid)),
+            r => r,
+        };
         let id = self.next_ping;
         self.next_ping += 1;
         let deadline = now.saturating_add(timeout);
@@ -1148,6 +1159,12 @@ impl LnetNode {
         self.node_nids.contains(&nid)
     }
 
+    /// Whether `nid` is one of the node's NIDs that a sibling runtime runs, not this one (a
+    /// message to it goes to that runtime: see [`Handover::Local`]).
+    pub fn is_sibling_nid(&self, nid: Nid) -> bool {
+        self.is_own(nid) && !self.nis.iter().any(|n| n.nid == nid)
+    }
+
     /// Where a message to `dst` goes (lnet_select_pathway, without Multi-Rail): ourselves in
     /// memory; a peer on the net of one of our NIs directly; a peer on a sibling runtime's net
     /// through that runtime; else through the best live route's gateway
@@ -1170,8 +1187,13 @@ impl LnetNode {
     /// What `route_leg` would choose, without stamping the gateway as used (the round-robin
     /// tie-breaker): the route and, through a gateway, which.
     fn peek_route(&self, dst: Nid, leg: Leg) -> Result<(Route, Option<Nid>), LnetError> {
-        if dst == Nid::LO_0 || self.is_own(dst) {
+        if dst == Nid::LO_0 || self.nis.iter().any(|n| n.nid == dst) {
             return Ok((Route::Local(dst), None));
+        }
+        if self.is_own(dst) {
+            // Another runtime's NI: delivered in memory there, not here (where it reached
+            // this runtime's users in its sibling's name: a selftest from a second NI failed).
+            return Ok((Route::SiblingNi, None));
         }
         if let Some(ni) = self.ni_on(dst.net()) {
             return Ok((Route::Remote { ni, next: dst }, None));
@@ -1243,7 +1265,7 @@ impl LnetNode {
         } else {
             self.route(dst).and_then(|r| {
                 let max = match r {
-                    Route::Local(_) => LNET_MTU as usize,
+                    Route::Local(_) | Route::SiblingNi => LNET_MTU as usize,
                     Route::Remote { .. } => MAX_INLINE,
                     // The daemon hands a user's message to the runtime on the right net; a
                     // runtime does not relay its own user's messages through a sibling.
@@ -1266,6 +1288,8 @@ impl LnetNode {
         match route {
             Route::Local(src) => src,
             Route::Remote { ni, .. } => self.nis[ni].nid,
+            // From this runtime's NI, so that the answer comes back here.
+            Route::SiblingNi => self.nis.first().map_or(Nid::ANY, |n| n.nid),
             // Not sent from here (see `route_checked`).
             Route::Sibling(_) => Nid::ANY,
         }
@@ -1336,7 +1360,24 @@ impl LnetNode {
                 hdr,
                 payload,
                 purpose,
+                from_sibling: false,
             }),
+            Route::SiblingNi => {
+                // Sent as lolnd sends (no credits), the sibling runtime receives it in memory;
+                // nobody waits for more than the handover (a GET's REPLY comes back the same
+                // way, or its deadline ends it).
+                let len = payload.len() as u64;
+                self.stats.send_count += 1;
+                self.stats.send_length += len;
+                self.stats.loopback_count += 1;
+                self.stats.loopback_length += len;
+                self.free_msg();
+                self.handovers.push_back(Handover::Local { hdr, payload });
+                if let Purpose::Put(id) = purpose {
+                    self.events
+                        .push_back(LnetEvent::PutDone { id, result: Ok(()) });
+                }
+            }
             route => {
                 // Why it cannot be sent, if it cannot: finished in `process` with that status,
                 // holding no credit. A sibling's NI is not ours to send on (the daemon hands such
@@ -2032,10 +2073,12 @@ impl LnetNode {
     /// loopback LND: "no send credit hassles").
     fn deliver_local(&mut self, m: LocalMsg) {
         let len = m.payload.len() as u64;
-        self.stats.send_count += 1;
-        self.stats.send_length += len;
-        self.stats.loopback_count += 1;
-        self.stats.loopback_length += len;
+        if !m.from_sibling {
+            self.stats.send_count += 1;
+            self.stats.send_length += len;
+            self.stats.loopback_count += 1;
+            self.stats.loopback_length += len;
+        }
         let from = m.hdr.src_nid;
         self.parse(None, from, m.hdr, m.payload);
         self.free_msg();
@@ -2172,7 +2215,12 @@ impl LnetNode {
             } => {
                 // lnet_parse_put: a posted sink on (portal, match bits) takes it first, cut to
                 // its length; else it goes up as a plain PUT.
-                let md = via.and_then(|ni| self.mds.take(ni, ptl_index, match_bits, true));
+                // In memory (from a sibling runtime), a sink on any NI of ours.
+                let md = match via {
+                    Some(ni) => self.mds.take(ni, ptl_index, match_bits, true),
+                    None => (0..self.nis.len())
+                        .find_map(|ni| self.mds.take(ni, ptl_index, match_bits, true)),
+                };
                 if let Some((md, m)) = md {
                     let mut payload = payload;
                     payload.truncate(m.buf.len as usize);
@@ -2226,7 +2274,7 @@ impl LnetNode {
                 // A GET that came through a router (LNet never routes an optimized one): its
                 // REPLY comes from a posted source, by rendezvous.
                 Some(ni) => self.serve_get_by_reply(ni, hdr),
-                None => Err("GET matched nothing"),
+                None => self.serve_get_in_memory(hdr),
             },
             LnetBody::Reply { dst_wmd } => {
                 if dst_wmd.interface_cookie != self.interface_cookie {
@@ -2309,7 +2357,7 @@ impl LnetNode {
             }
         };
         let src = match route {
-            Route::Local(_) => req.dest_nid,
+            Route::Local(_) | Route::SiblingNi => req.dest_nid,
             Route::Remote { ni, .. } => self.nis[ni].nid,
             Route::Sibling(_) => {
                 // The way back is through another runtime's NI: not for a response of ours.
@@ -2675,7 +2723,7 @@ impl LnetNode {
                 payload,
                 bulk: None,
             }),
-            Ok(Route::Local(_)) => {
+            Ok(Route::Local(_) | Route::SiblingNi) => {
                 self.count_error(&LnetError::NoRoute(hdr.dest_nid));
                 self.forward_done(key, Err(FwdDrop::NoRoute));
             }
@@ -2958,6 +3006,15 @@ impl LnetNode {
             },
             Handover::Done { key, result, .. } => {
                 self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
+            }
+            Handover::Local { hdr, payload } => {
+                self.alloc_msg();
+                self.local.push_back(LocalMsg {
+                    hdr,
+                    payload,
+                    purpose: Purpose::Response,
+                    from_sibling: true,
+                });
             }
         }
         self.process(now);

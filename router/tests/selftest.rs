@@ -256,6 +256,17 @@ fn run_test_reports_a_routed_session() {
     assert_eq!(v["brw_errors"], 0, "{v}");
     assert_eq!(v["latency"][0]["test"], "brw write");
     assert_eq!(v["latency"][0]["count"], 50, "2 units x 25 loops: {v}");
+    // The client is the console's node: its console's own RPCs are not test RPCs.
+    assert_eq!(
+        (&v["rpcs_sent"], &v["rpcs_completed"]),
+        (&50.into(), &50.into()),
+        "{v}"
+    );
+    assert_eq!(
+        (&v["rpc_errors"], &v["rpcs_expired"]),
+        (&0.into(), &0.into()),
+        "{v}"
+    );
     let servers = v["groups"]
         .as_array()
         .unwrap()
@@ -461,4 +472,225 @@ fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
         },
     );
     assert!(lat.message.contains("opened"), "{lat:?}");
+}
+
+/// A client, a router whose o2ib1 NI is added at run time (`net add`: it has no router
+/// buffer registered, so it refuses every bulk PUT through it, `no_bulk_buffer`, while small
+/// messages pass) and a server behind it whose LND timeout is `far_timeout`; then `run-test
+/// brw write` from the client to the server. Its output, its JSON summary, and how many bulk
+/// PUTs the router refused.
+fn run_over_refused_bulk(
+    t: u8,
+    name: &str,
+    far_timeout: u64,
+) -> (std::process::Output, serde_json::Value, u64) {
+    let s = Scratch::new(name);
+    let o = Opts::default;
+    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A], None, true), o());
+    ctl(
+        &router,
+        &[
+            "net",
+            "add",
+            "--nid",
+            R_B,
+            "--fabric",
+            "tcp",
+            "--listen",
+            &address_of(t, R_B),
+        ],
+    );
+    let far_yaml = yaml(t, &[FAR], Some(("o2ib", R_B)), false).replace(
+        &format!("timeout: {LND_TIMEOUT}\n"),
+        &format!("timeout: {far_timeout}\n"),
+    );
+    let _far = start_yaml(&s.0, "far", &far_yaml, o());
+    let client = start_yaml(
+        &s.0,
+        "client",
+        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        o(),
+    );
+    ping_until_ok(&client, FAR, WAIT);
+    let summary = s.0.join("summary.json");
+    let out = lnetctl(
+        &client,
+        &[
+            "--json",
+            "selftest",
+            "run-test",
+            "--from",
+            CLIENT,
+            "--to",
+            FAR,
+            "--duration",
+            "1",
+            "--summary",
+            summary.to_str().unwrap(),
+            "brw",
+            "write",
+            "size=64k",
+            "check=full",
+        ],
+    );
+    let v = std::fs::read_to_string(&summary)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let r = match call(&router, Request::RoutingShow) {
+        Response::Routing(r) => r,
+        other => panic!("{other:?}"),
+    };
+    let refused = r
+        .forwarding
+        .dropped_by_reason
+        .iter()
+        .find(|(k, _)| k == "no_bulk_buffer")
+        .map_or(0, |(_, n)| *n);
+    (out, v, refused)
+}
+
+/// Issue 32, item 1: a selftest over a path that refuses bulk tells the truth. The session is
+/// made, the test added and run, and no brw RPC completes: the server's GET of the client's
+/// data gets no REPLY and fails at twice its LND timeout (4 s here), after run-test's last
+/// progress sample. run-test used to print its report and exit 0 with `brw_errors: 0` (its
+/// counters were that sample's); now every failed RPC is in the summary, per group and per
+/// node, the report shows them as `show_error` does, and it exits 1 saying none completed.
+#[test]
+fn run_test_over_a_path_that_refuses_bulk_fails_and_counts_every_rpc() {
+    let (out, v, refused) = run_over_refused_bulk(4, "selftest_refused_bulk", LND_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(refused >= 1, "the router refused the bulk: {refused}");
+    assert!(
+        stderr.contains("no test RPC completed"),
+        "the reason on stderr: {stderr}"
+    );
+    assert!(stdout.contains("[Errors of clients]"), "{stdout}");
+    let sent = v["rpcs_sent"].as_u64().unwrap_or(0);
+    assert!(sent >= 1, "{v}");
+    assert_eq!(v["rpcs_completed"], 0, "{v}");
+    // Every RPC sent failed, on its client: none is left out.
+    assert_eq!(v["brw_errors"].as_u64(), Some(sent), "{v}");
+    assert_eq!(v["unfinished"].as_array().map(Vec::len), Some(0), "{v}");
+    let clients = &v["groups"][0];
+    assert_eq!(clients["group"], "clients");
+    assert_eq!(clients["brw_errors"].as_u64(), Some(sent), "{v}");
+    assert_eq!(clients["node_errors"][0]["nid"], CLIENT, "{v}");
+    assert_eq!(clients["node_errors"][0]["brw_errors"].as_u64(), Some(sent));
+    // The server's GETs failed too (its RPC layer's errors).
+    let servers = &v["groups"][1];
+    assert_eq!(servers["group"], "servers");
+    assert!(servers["rpc_errors"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(v["latency"].as_array().map(Vec::len), Some(0), "{v}");
+}
+
+/// Issue 32, item 1, RPCs that never complete: with the server's LND timeout at 50 s its GET
+/// waits 100 s and the client's RPC would wait its 64 s, longer than run-test waits for the
+/// RPCs in flight (10 s). Those are aborted (`stop --force`), named as unfinished and counted
+/// as failed; run-test exits 1.
+#[test]
+fn run_test_names_and_fails_the_rpcs_that_never_complete() {
+    let (out, v, refused) = run_over_refused_bulk(5, "selftest_unfinished", 50);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(refused >= 1, "the router refused the bulk: {refused}");
+    assert!(
+        stderr.contains(&format!("RPCs never completed on {CLIENT}")),
+        "{stderr}"
+    );
+    assert_eq!(v["unfinished"][0], CLIENT, "{v}");
+    let sent = v["rpcs_sent"].as_u64().unwrap_or(0);
+    assert!(sent >= 1, "{v}");
+    assert_eq!(v["rpcs_completed"], 0, "{v}");
+    assert_eq!(v["brw_errors"].as_u64(), Some(sent), "{v}");
+    assert!(v["rpc_errors"].as_u64().unwrap_or(0) >= sent, "{v}");
+}
+
+/// A daemon with two NIs (o2ib and o2ib1, not routing; its console is on the first):
+/// `run-test` from its console, `from` and `to` among them, 2 units x 10 loops; it exits 0,
+/// every RPC completed and nothing failed. Its JSON summary.
+fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> serde_json::Value {
+    let s = Scratch::new(name);
+    let o = Opts::default;
+    let dual = start_yaml(&s.0, "dual", &yaml(t, &[R_A, R_B], None, false), o());
+    let mut args = vec![
+        "--json",
+        "selftest",
+        "run-test",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--concurrency",
+        "2",
+        "--loop",
+        "10",
+    ];
+    args.extend_from_slice(test);
+    let out = lnetctl(&dual, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{from} -> {to} {test:?}:\n{stdout}\n{stderr}"
+    );
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    // 2 units x 10 loops, every one completed, nothing failed anywhere.
+    assert_eq!(
+        (&v["rpcs_sent"], &v["rpcs_completed"]),
+        (&20.into(), &20.into()),
+        "{v}"
+    );
+    for k in ["brw_errors", "ping_errors", "rpc_errors", "rpcs_expired"] {
+        assert_eq!(v[k], 0, "{k}: {v}");
+    }
+    // The daemon still has every NI's selftest to itself: the session ended everywhere.
+    let again = ctl(&dual, &["selftest", "new_session", "again"]);
+    assert!(again.contains("opened"), "{again}");
+    let added = ctl(&dual, &["selftest", "add_group", "g", R_A, R_B]);
+    assert!(added.contains("2 node(s) added"), "{added}");
+    v
+}
+
+/// Issue 32, item 2: a selftest from a daemon's second NI. The console (on the first NI)
+/// makes a session on the second, whose test gets its destination list from the console by a
+/// GET between the two NIs, then runs brw against the first. A message to a sibling NI's NID
+/// was delivered in memory to the sending runtime's own selftest instead of the sibling's
+/// (the second NI's session was made on the first's selftest): add_test failed with EIO.
+#[test]
+fn a_selftest_runs_from_the_daemons_second_ni() {
+    for op in ["write", "read"] {
+        let v = run_on_two_nis(
+            6,
+            &format!("selftest_second_ni_{op}"),
+            R_B,
+            R_A,
+            &["brw", op, "size=64k", "check=full"],
+        );
+        // The second NI ran the test: the console's NI (the first) measured no latency.
+        assert_eq!(v["latency"].as_array().map(Vec::len), Some(0), "{v}");
+    }
+}
+
+/// Issue 32, item 2: a selftest between two NIs of one daemon: ping, and brw both ways with
+/// every word checked; the messages and the bulk between them go through the other NI's
+/// runtime, as a forward does, and every RPC completes.
+#[test]
+fn a_selftest_runs_between_two_nis_of_one_daemon() {
+    for (k, test) in [
+        &["ping"][..],
+        &["brw", "write", "size=1M", "check=full"],
+        &["brw", "read", "size=65543", "check=full", "off=8"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let v = run_on_two_nis(7, &format!("selftest_own_nis_{k}"), R_A, R_B, test);
+        assert_eq!(v["latency"][0]["count"], 20, "{v}");
+    }
 }

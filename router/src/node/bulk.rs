@@ -14,7 +14,9 @@
 //!   sink): [`LnetEvent::GetDone`] with the bytes written.
 //!
 //! MDs here are one-shot (LNet's threshold 1, unlinked once used), as selftest and Lustre's
-//! bulk MDs are. The node itself never reads or writes registered memory: the fabric does.
+//! bulk MDs are. The node itself never reads or writes registered memory: the fabric does;
+//! except for a source its user lends with the memory (`post_source_shared`), read to answer
+//! a GET from a sibling runtime's NI in memory, since no fabric joins two runtimes.
 //! A GET into registered memory goes only to a peer on a local net: Lustre never routes an
 //! optimized GET (a routed GET is IMMEDIATE and its REPLY would come back as a PUT).
 
@@ -25,7 +27,7 @@ use lnd::engine::{RdmaOp, RdmaSink, TxError};
 use lnd::wire::LnetMsgType;
 
 use crate::forward::{BulkBuffers, BulkScrub};
-use lnd::fabric::{LocalFrag, RegionId, Registration};
+use lnd::fabric::{LocalFrag, RegionId, Registration, SharedMem};
 use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::RdmaFrag;
@@ -87,13 +89,16 @@ impl BulkBuf {
 pub struct MdId(pub u64);
 
 /// A posted one-shot MD.
-#[derive(Copy, Clone, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Md {
     portal: u32,
     match_bits: u64,
     pub(super) buf: BulkBuf,
     /// PUTs write into it; else GETs read from it.
     sink: bool,
+    /// The registered memory `buf` names, lent for a GET from a sibling runtime's NI: that
+    /// one is answered in memory ([`LnetNode::post_source_shared`]).
+    mem: Option<SharedMem>,
 }
 
 /// The posted MDs, matched in posting order on (portal, match bits, sink or source).
@@ -230,7 +235,13 @@ impl LnetNode {
         buf: BulkBuf,
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
-        let (ni, next) = self.bulk_route(dst, buf)?;
+        // To a sibling runtime's NI: an IMMEDIATE GET it answers in memory, its REPLY inline,
+        // as through a router.
+        let sibling = self.is_sibling_nid(dst) && !self.shutting_down;
+        let (ni, next) = match sibling {
+            true if buf.ni.0 < self.nis.len() => (buf.ni.0, Nid::ANY),
+            _ => self.bulk_route(dst, buf)?,
+        };
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
         // A routed GET's REPLY is matched by its wire handle, in the pings' cookie space.
@@ -271,7 +282,11 @@ impl LnetNode {
             };
             self.bulk_gets.insert(object_cookie, g);
             self.bulk_get_deadlines.insert((deadline, object_cookie));
-            let route = Route::Remote { ni, next };
+            let route = if sibling {
+                Route::SiblingNi
+            } else {
+                Route::Remote { ni, next }
+            };
             self.launch(route, hdr, Vec::new(), Purpose::GetRouted(object_cookie));
         }
         self.process(now);
@@ -405,6 +420,7 @@ impl LnetNode {
             match_bits,
             buf,
             sink: true,
+            mem: None,
         })
     }
 
@@ -416,7 +432,75 @@ impl LnetNode {
             match_bits,
             buf,
             sink: false,
+            mem: None,
         })
+    }
+
+    /// [`LnetNode::post_source`] for a GET from one of the node's NIDs that a sibling runtime
+    /// runs ([`LnetNode::is_sibling_nid`]): `mem` is the memory `buf` names (its offsets are
+    /// `buf`'s), read to answer that GET in memory with an inline REPLY, as Lustre's lolnd
+    /// copies between a node's own MDs. No LND moves memory between two runtimes' fabrics.
+    pub fn post_source_shared(
+        &mut self,
+        portal: u32,
+        match_bits: u64,
+        buf: BulkBuf,
+        mem: SharedMem,
+    ) -> MdId {
+        self.mds.post(Md {
+            portal,
+            match_bits,
+            buf,
+            sink: false,
+            mem: Some(mem),
+        })
+    }
+
+    /// A GET delivered in memory (from a sibling runtime, [`Handover::Local`]): answered from
+    /// a source posted with its memory on any of our NIs, with an inline REPLY that goes back
+    /// the same way; the source's user gets [`LnetEvent::BulkGetServed`].
+    pub(super) fn serve_get_in_memory(&mut self, hdr: &LnetHdr) -> Result<usize, &'static str> {
+        let LnetBody::Get {
+            return_wmd,
+            match_bits,
+            ptl_index,
+            sink_length,
+            ..
+        } = hdr.body
+        else {
+            return Err("not a GET");
+        };
+        let found =
+            (0..self.nis.len()).find_map(|ni| self.mds.take(ni, ptl_index, match_bits, false));
+        let Some((md, m)) = found else {
+            return Err("GET matched nothing");
+        };
+        let len = m.buf.len.min(sink_length) as usize;
+        let start = m.buf.offset as usize;
+        let bytes = m
+            .mem
+            .as_ref()
+            .and_then(|mem| mem.with(|b| b.get(start..start + len).map(<[u8]>::to_vec)));
+        let Some(bytes) = bytes else {
+            self.events.push_back(LnetEvent::BulkGetServed {
+                md,
+                to: hdr.src_nid,
+                result: Err(LnetError::BulkUnsupported(
+                    "a GET in memory of a source posted without its memory",
+                )),
+            });
+            return Err("GET in memory of a source without memory");
+        };
+        let body = LnetBody::Reply {
+            dst_wmd: return_wmd,
+        };
+        self.respond(hdr, None, len as u32, body, bytes);
+        self.events.push_back(LnetEvent::BulkGetServed {
+            md,
+            to: hdr.src_nid,
+            result: Ok(len as u32),
+        });
+        Ok(0)
     }
 
     /// Takes back an MD nothing has matched yet (LNetMDUnlink); false if it was used already or
@@ -478,6 +562,10 @@ impl LnetNode {
                 )),
                 Ok(Route::Local(_)) => Err(LnetError::BulkUnsupported(
                     "bulk data to ourselves (registered memory moves through an LND)",
+                )),
+                // A GET goes in memory (`send_get_bulk`); a PUT's user sends the bytes.
+                Ok(Route::SiblingNi) => Err(LnetError::BulkUnsupported(
+                    "a bulk PUT to a sibling runtime's NI (send its bytes inline)",
                 )),
                 Ok(Route::Sibling(_)) => Err(LnetError::NoRoute(dst)),
                 Err(e) => Err(e),
@@ -913,7 +1001,7 @@ impl LnetNode {
                 .node_nids
                 .iter()
                 .any(|&n| n.net() == net && registered(n)),
-            Route::Local(_) => false,
+            Route::Local(_) | Route::SiblingNi => false,
         }
     }
 
@@ -1024,7 +1112,7 @@ impl LnetNode {
                 payload: Vec::new(),
                 bulk: Some(k),
             }),
-            Ok(Route::Local(_)) => {
+            Ok(Route::Local(_) | Route::SiblingNi) => {
                 self.count_error(&LnetError::NoRoute(hdr.dest_nid));
                 self.forward_done(key, Err(FwdDrop::NoRoute));
             }

@@ -150,6 +150,10 @@ pub struct LstNodeStat {
     pub rpcs_expired: u32,
     pub bulk_get: u64,
     pub bulk_put: u64,
+    /// Of `rpcs_sent`, the framework RPCs of the console asking (on the console's own node
+    /// only; 0 elsewhere): `rpcs_sent - console_rpcs` is the test RPCs the node sent.
+    #[serde(default)]
+    pub console_rpcs: u32,
     pub send_count: u32,
     pub recv_count: u32,
     pub send_length: u64,
@@ -1130,6 +1134,7 @@ impl Selftest {
             return Err(LstError::new(3, "the session ended meanwhile"));
         };
         let our_sid = sess.sid;
+        let (own, own_console_rpcs) = (self.srpc.own(), self.own_stat_console_rpcs);
         let mut nodes = Vec::new();
         let mut stats = Vec::new();
         let mut failed = 0usize;
@@ -1217,6 +1222,7 @@ impl Selftest {
                                 rpcs_expired: s.rpc.rpcs_expired,
                                 bulk_get: s.rpc.bulk_get,
                                 bulk_put: s.rpc.bulk_put,
+                                console_rpcs: if *nid == own { own_console_rpcs } else { 0 },
                                 send_count: s.lnet.send_count,
                                 recv_count: s.lnet.recv_count,
                                 send_length: s.lnet.send_length,

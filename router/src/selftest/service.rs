@@ -184,6 +184,9 @@ pub struct Selftest {
     /// and with `now` fixed inside it a timed test never reached its end (the NI thread spun
     /// for good, deaf to lnetctl and SIGTERM; found by an operator's audit).
     next_units: Vec<(u64, usize)>,
+    /// The console RPCs this node had sent (`Srpc::console_sent`) when it last answered a
+    /// QUERY_STAT of its own console: the console's share of that answer's `rpcs_sent`.
+    pub(crate) own_stat_console_rpcs: u32,
 }
 
 impl Selftest {
@@ -203,6 +206,7 @@ impl Selftest {
             latency: Latency::new(),
             console: Console::new(seed),
             next_units: Vec::new(),
+            own_stat_console_rpcs: 0,
         }
     }
 
@@ -374,6 +378,10 @@ impl Selftest {
                     errno::ESRCH
                 };
                 let (fw, rpc) = self.counters(now);
+                if from == self.srpc.own() {
+                    // Taken with the counters, on this thread: exact for this answer.
+                    self.own_stat_console_rpcs = self.srpc.console_sent;
+                }
                 Some(
                     StatReply {
                         status,

@@ -286,6 +286,9 @@ pub(crate) struct Srpc {
     events: VecDeque<SrpcEvent>,
     pub(crate) buffers: Buffers,
     pub(crate) counters: SrpcCounters,
+    /// Of `counters.rpcs_sent`, the RPCs this node's console sent (its framework RPCs): what
+    /// a console subtracts from its own node's count to know the test RPCs it sent.
+    pub(crate) console_sent: u32,
 }
 
 impl Srpc {
@@ -307,6 +310,7 @@ impl Srpc {
             events: VecDeque::new(),
             buffers: Buffers::new(ni, buffer_limit),
             counters: SrpcCounters::default(),
+            console_sent: 0,
         }
     }
 
@@ -381,6 +385,9 @@ impl Srpc {
             }
         };
         self.counters.rpcs_sent += 1;
+        if matches!(owner, Owner::Console { .. }) {
+            self.console_sent = self.console_sent.wrapping_add(1);
+        }
         self.msgs.insert(id, Wait::Request(rpyid));
         let deadline = now.saturating_add(timeout);
         self.deadlines.insert((deadline, rpyid));
@@ -447,6 +454,15 @@ impl Srpc {
         let keep = span.clone();
         let id = if self.is_local(peer) {
             self.local_transfer(peer, bulkid, span, client_dir)
+        } else if client_dir == BulkDir::Sink && node.is_sibling_nid(peer) {
+            // Another NI of this node, run by another runtime: no LND moves memory between
+            // the two runtimes' fabrics, so the bytes go inline, in memory, into the sink the
+            // client posted (the GET the other way is answered in memory by the node).
+            let bytes = span
+                .mem
+                .with(|b| b.get(span.range()).map(<[u8]>::to_vec))
+                .ok_or(LnetError::BulkUnsupported("bulk outside its buffer"))?;
+            node.send_put(now, peer, SRPC_RDMA_PORTAL, bulkid, bytes)?
         } else {
             match client_dir {
                 BulkDir::Sink => node.send_put_bulk(now, peer, SRPC_RDMA_PORTAL, bulkid, span.buf),
@@ -486,6 +502,10 @@ impl Srpc {
         } else {
             match dir {
                 BulkDir::Sink => node.post_sink(portal, mb, span.buf),
+                // A sibling runtime's NI GETs it in memory: the node reads it then.
+                BulkDir::Source if node.is_sibling_nid(peer) => {
+                    node.post_source_shared(portal, mb, span.buf, span.mem)
+                }
                 BulkDir::Source => node.post_source(portal, mb, span.buf),
             }
         }

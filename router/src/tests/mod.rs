@@ -1312,6 +1312,91 @@ fn a_runtime_knows_its_siblings_nids_as_its_own() {
     ));
 }
 
+/// Issue 32, item 2: two runtimes of one node (one per NI, as the daemon runs them). A PUT from
+/// one to the other's NID goes to that runtime (a `Handover::Local`) and reaches its user
+/// there, from our NID, never this runtime's own user; a GET of memory the other posted with
+/// `post_source_shared` is answered in memory by it with an inline REPLY; a PUT inline into
+/// a posted sink lands there. Nothing goes through an LND.
+#[test]
+fn a_message_to_a_sibling_nis_nid_is_delivered_by_that_runtime() {
+    let (a0, a1) = (nid("10.0.0.1@o2ib"), nid("10.0.1.1@o2ib1"));
+    let cfg = |own: Nid, inc: u64| {
+        let mut c = NodeConfig::new(vec![NiConfig::new(own, inc)]);
+        c.node_nids = vec![a0, a1];
+        c
+    };
+    let mut f = Fabric::from_configs(vec![cfg(a0, 101), cfg(a1, 102)]);
+    let now = f.now;
+    let id = f.nodes[0].send_put(now, a1, 9, 7, vec![1, 2, 3]).unwrap();
+    f.run_for(Duration::from_millis(10));
+    let got: Vec<_> = f.take_events(1).into_iter().map(|(_, e)| e).collect();
+    assert!(
+        got.iter().any(
+            |e| matches!(e, LnetEvent::Put { from, to, portal: 9, match_bits: 7, payload, .. }
+            if *from == a0 && *to == a1 && payload == &[1, 2, 3])
+        ),
+        "{got:?}"
+    );
+    let mine: Vec<_> = f.take_events(0).into_iter().map(|(_, e)| e).collect();
+    assert!(
+        mine.iter()
+            .any(|e| matches!(e, LnetEvent::PutDone { id: i, result: Ok(()) } if *i == id)),
+        "{mine:?}"
+    );
+    assert!(
+        !mine.iter().any(|e| matches!(e, LnetEvent::Put { .. })),
+        "not to our own user: {mine:?}"
+    );
+
+    // A GET of a source the other runtime posted with its memory.
+    let src = lnd::fabric::SharedMem::new(64);
+    src.with(|b| b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8));
+    let reg1 = f.register_shared(1, &src);
+    let md = f.nodes[1].post_source_shared(
+        52,
+        5,
+        BulkBuf::new(NiIndex(0), &reg1, 8, 16).unwrap(),
+        src.clone(),
+    );
+    let reg0 = f.register(0, vec![0; 32]);
+    let sink = BulkBuf::new(NiIndex(0), &reg0, 0, 32).unwrap();
+    let get = f.nodes[0].send_get_bulk(now, a1, 52, 5, sink).unwrap();
+    f.run_for(Duration::from_millis(10));
+    let mine: Vec<_> = f.take_events(0).into_iter().map(|(_, e)| e).collect();
+    let want: Vec<u8> = (8..24).collect();
+    assert!(
+        mine.iter()
+            .any(|e| matches!(e, LnetEvent::GetDoneInline { id, payload }
+            if *id == get && *payload == want)),
+        "{mine:?}"
+    );
+    let theirs: Vec<_> = f.take_events(1).into_iter().map(|(_, e)| e).collect();
+    assert!(
+        theirs.iter().any(
+            |e| matches!(e, LnetEvent::BulkGetServed { md: m, to, result: Ok(16) }
+            if *m == md && *to == a0)
+        ),
+        "{theirs:?}"
+    );
+
+    // A PUT inline into a sink the other runtime posted.
+    let md = f.nodes[1].post_sink(52, 6, BulkBuf::new(NiIndex(0), &reg1, 0, 4).unwrap());
+    f.nodes[0].send_put(now, a1, 52, 6, vec![9; 10]).unwrap();
+    f.run_for(Duration::from_millis(10));
+    let theirs: Vec<_> = f.take_events(1).into_iter().map(|(_, e)| e).collect();
+    assert!(
+        theirs.iter().any(
+            |e| matches!(e, LnetEvent::BulkPutInline { md: m, from, payload, .. }
+            if *m == md && *from == a0 && payload == &[9; 4])
+        ),
+        "{theirs:?}"
+    );
+    for n in 0..2 {
+        assert_eq!(f.nodes[n].endpoint(NiIndex(0)).unwrap().stats().connects, 0);
+        assert_eq!(f.nodes[n].messages_in_flight(), 0);
+    }
+}
+
 /// `lnetctl net add|del` at run time: the daemon tells every runtime the node's NIDs now. An
 /// added sibling's NID is ours at once (answered in memory, listed in our ping reply); a
 /// removed one is not, and its net has no route any more; our own NI stays ours whatever the
