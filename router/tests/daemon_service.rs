@@ -668,8 +668,10 @@ fn discover_configure_and_recovery_on_a_running_daemon() {
         text,
         format!("discover:\n- primary nid: {NID_B}\n  Multi-Rail: false\n  peer_ni:\n  - nid: {NID_B}\n")
     );
-    let (code, text, _) = out(&lnetctl(&p.a, &["discover", "10.0.9.9@o2ib9"]));
+    // The failure is an error block on stderr (issue 32, item 5), stdout has nothing.
+    let (code, stdout, text) = out(&lnetctl(&p.a, &["discover", "10.0.9.9@o2ib9"]));
     assert_eq!(code, Some(1));
+    assert_eq!(stdout, "");
     assert!(
         text.starts_with("manage:\n- discover:\n  errno: "),
         "{text}"
