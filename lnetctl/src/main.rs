@@ -229,7 +229,8 @@ enum LnetCmd {
     /// Succeeds when the daemon runs: LNet is up with the NIs of its configuration (none
     /// for a daemon started with --no-nis: `import` or `net add` give it its NIs)
     Configure {
-        /// Accepted for lnetctl's sake (every configured NI is already up)
+        /// Bring back what the daemon's configuration file names (as loaded at start) and no
+        /// longer runs: its NIs, then its routes (after `lnet unconfigure`, say)
         #[arg(short, long)]
         all: bool,
         /// Accepted for lnetctl's sake (large NIDs: ulnet's are IPv4)
@@ -783,11 +784,32 @@ fn run(cli: Cli) -> u8 {
         Cmd::Lnet { cmd } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return match cmd {
-                LnetCmd::Configure { .. } => {
+                LnetCmd::Configure { all, large: _ } => {
                     match ControlClient::connect(&path)
-                        .and_then(|mut c| c.call(&Request::GlobalShow))
+                        .and_then(|mut c| c.call(&Request::LnetConfigure { all }))
                     {
-                        Ok(Response::Global(_)) => exit::OK,
+                        Ok(Response::Done) => exit::OK,
+                        // -a: what the daemon's file names came back; what could not, said
+                        // on stderr, one line each.
+                        Ok(Response::Import(r)) => {
+                            for f in &r.failed {
+                                eprintln!(
+                                    "lnetctl: lnet configure: {}: {} (errno {})",
+                                    f.section,
+                                    cut_quotes(&f.descr),
+                                    f.errno
+                                );
+                            }
+                            if r.failed.is_empty() {
+                                exit::OK
+                            } else {
+                                exit::FAILED
+                            }
+                        }
+                        Ok(Response::Error(e)) => {
+                            eprintln!("lnetctl: lnet configure: {}", cut_quotes(&e.to_string()));
+                            exit::FAILED
+                        }
                         Ok(other) => {
                             eprintln!("lnetctl: lnet configure: the daemon answered {other:?}");
                             exit::FAILED

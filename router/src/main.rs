@@ -2855,6 +2855,11 @@ impl Loops {
                 )
             }
             Request::NetDel { net, nid } => self.net_del(net, nid),
+            Request::LnetConfigure { all: false } => Response::Done,
+            Request::LnetConfigure { all: true } => {
+                drop(m);
+                self.configure_all()
+            }
             req @ (Request::Selftest { .. } | Request::CaptureStart { .. })
                 if m.list.is_empty() =>
             {
@@ -2872,6 +2877,75 @@ impl Loops {
             req @ Request::Selftest { .. } => self.ask(&m, &[0], &req).remove(0),
             req => merge(self.ask(&m, &all, &req)),
         }
+    }
+
+    /// `lnet configure -a`: as Lustre's (`lnetctl lnet configure --all` configures LNet from its
+    /// module parameters, its `networks` then its `routes`: LNetNIInit), what the daemon's
+    /// configuration file named, as loaded at start, and no longer runs comes back: each NI as
+    /// a `net add` would start it, then each route as a `route add`. What runs already is left
+    /// as it is (counted unchanged), so that after `lnet unconfigure` an operator gets the
+    /// router back as its file describes it, and on a running router it changes nothing.
+    fn configure_all(&self) -> Response {
+        let _one = lock(&self.import);
+        let base = &self.daemon.base;
+        let mut report = control::ImportReport {
+            op: control::ImportOp::Add,
+            applied: 0,
+            unchanged: 0,
+            failed: Vec::new(),
+        };
+        let mut fail = |section: &str, e: &ControlError| {
+            report.failed.push(control::ImportFailure {
+                section: section.to_string(),
+                errno: -e.errno,
+                descr: e.message.clone(),
+            });
+        };
+        let mut applied = 0;
+        let mut unchanged = 0;
+        for (net, ni) in base.nis() {
+            if self.members().list.iter().any(|x| x.nid == ni.ni.nid) {
+                unchanged += 1;
+                continue;
+            }
+            match self.daemon.add_ni(net, ni, base) {
+                Ok(()) => applied += 1,
+                Err(e) => fail("net", &e),
+            }
+        }
+        for r in base.routes.iter().map(|r| r.route) {
+            let known = lock(&self.daemon.template)
+                .routes()
+                .routes()
+                .any(|x| x.net == r.net && x.gateway == r.gateway);
+            if known {
+                unchanged += 1;
+                continue;
+            }
+            let req = Request::RouteAdd {
+                net: r.net.to_string(),
+                gateway: r.gateway.to_string(),
+                hop: r.hops.map(i64::from),
+                priority: Some(r.priority),
+            };
+            match self.daemon.change_settings(req) {
+                Response::Done => applied += 1,
+                Response::Error(e) => fail("route", &e),
+                other => fail(
+                    "route",
+                    &ControlError::new(errno::EIO, format!("unexpected answer {other:?}")),
+                ),
+            }
+        }
+        report.applied = applied;
+        report.unchanged = unchanged;
+        if applied > 0 {
+            info!(
+                applied,
+                unchanged, "lnet configure -a: the configuration's NIs and routes back"
+            );
+        }
+        Response::Import(report)
     }
 
     /// `net del --net NET` (every NI of it) or `--nid NID`.

@@ -763,6 +763,71 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
     assert_eq!(run(&["debug", "recovery", "--local"]).1, "");
 }
 
+/// Issue 32, item 6: `lnet configure -a` after `lnet unconfigure` brought back none of the
+/// file's NIs; Lustre's brings back what its configuration names (LNetNIInit with the
+/// `networks` and `routes` module parameters). Now the NIs of the daemon's file come back, and
+/// its routes with them (`unconfigure` took those away with the last NI of their gateway's
+/// net), and the router talks again; on a running daemon it changes nothing.
+#[test]
+fn configure_all_after_unconfigure_brings_the_files_nis_back() {
+    let s = Scratch::new("configure_all");
+    let (b, pb) = start_on_any_port(&s.0, "b", NID_B, None, Opts::default());
+    let a = start_yaml(
+        &s.0,
+        "a",
+        &format!(
+            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n\
+             peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
+             route:\n    - net: o2ib9\n      gateway: {NID_B}\n"
+        ),
+        Opts::default(),
+    );
+    let run = |args: &[&str]| out(&lnetctl(&a, args));
+    ping_until_ok(&a, NID_B, WAIT);
+    let routes = |run: &dyn Fn(&[&str]) -> (Option<i32>, String, String)| {
+        let (code, text, err) = run(&["route", "show"]);
+        assert_eq!(code, Some(0), "{err}");
+        text
+    };
+    assert!(routes(&run).contains("o2ib9"));
+    assert_eq!(
+        run(&["lnet", "unconfigure"]),
+        (Some(0), String::new(), String::new())
+    );
+    let (_, net, _) = run(&["net", "show"]);
+    assert!(!net.contains(NID_A), "{net}");
+    assert!(!routes(&run).contains("o2ib9"));
+
+    assert_eq!(
+        run(&["lnet", "configure", "-a"]),
+        (Some(0), String::new(), String::new())
+    );
+    let (_, net, _) = run(&["net", "show"]);
+    assert_eq!(net.matches(&format!("nid: {NID_A}")).count(), 1, "{net}");
+    let text = routes(&run);
+    assert!(text.contains("o2ib9") && text.contains(NID_B), "{text}");
+    ping_until_ok(&a, NID_B, WAIT);
+    let (code, stdout, stderr) = run(&["ping", NID_B]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&format!("primary nid: {NID_B}")),
+        "{stdout}"
+    );
+
+    // Again, and plain `configure`: nothing changes, nothing fails.
+    for args in [&["lnet", "configure", "-a"][..], &["lnet", "configure"]] {
+        assert_eq!(
+            run(args),
+            (Some(0), String::new(), String::new()),
+            "{args:?}"
+        );
+    }
+    let (_, again, _) = run(&["net", "show"]);
+    assert_eq!(again, net);
+    assert_eq!(routes(&run).matches("o2ib9").count(), 1);
+    drop(b);
+}
+
 /// lnet.service's flow, and NIs changed at run time. A daemon started with `--no-nis` (and an
 /// empty file) runs and answers with only `lo`; `import` gives it its NI, which talks at once;
 /// another net comes by import and a third by `net add`, each listening at once, each known to
