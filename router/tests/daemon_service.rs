@@ -784,19 +784,19 @@ fn configure_all_after_unconfigure_brings_the_files_nis_back() {
     );
     let run = |args: &[&str]| out(&lnetctl(&a, args));
     ping_until_ok(&a, NID_B, WAIT);
-    let routes = |run: &dyn Fn(&[&str]) -> (Option<i32>, String, String)| {
-        let (code, text, err) = run(&["route", "show"]);
+    let routes = |d: &Daemon| {
+        let (code, text, err) = out(&lnetctl(d, &["route", "show"]));
         assert_eq!(code, Some(0), "{err}");
         text
     };
-    assert!(routes(&run).contains("o2ib9"));
+    assert!(routes(&a).contains("o2ib9"));
     assert_eq!(
         run(&["lnet", "unconfigure"]),
         (Some(0), String::new(), String::new())
     );
     let (_, net, _) = run(&["net", "show"]);
     assert!(!net.contains(NID_A), "{net}");
-    assert!(!routes(&run).contains("o2ib9"));
+    assert!(!routes(&a).contains("o2ib9"));
 
     assert_eq!(
         run(&["lnet", "configure", "-a"]),
@@ -804,7 +804,7 @@ fn configure_all_after_unconfigure_brings_the_files_nis_back() {
     );
     let (_, net, _) = run(&["net", "show"]);
     assert_eq!(net.matches(&format!("nid: {NID_A}")).count(), 1, "{net}");
-    let text = routes(&run);
+    let text = routes(&a);
     assert!(text.contains("o2ib9") && text.contains(NID_B), "{text}");
     ping_until_ok(&a, NID_B, WAIT);
     let (code, stdout, stderr) = run(&["ping", NID_B]);
@@ -824,7 +824,7 @@ fn configure_all_after_unconfigure_brings_the_files_nis_back() {
     }
     let (_, again, _) = run(&["net", "show"]);
     assert_eq!(again, net);
-    assert_eq!(routes(&run).matches("o2ib9").count(), 1);
+    assert_eq!(routes(&a).matches("o2ib9").count(), 1);
     drop(b);
 }
 
