@@ -98,19 +98,22 @@ EOF
 # unlimited`, as the unit's LimitMEMLOCK=infinity. Without setpriv in the guest the daemons run
 # with root's full set and the suite says so.
 UNIT=${ULNET_FILES:-/opt/ulnet/files}/lnet-router.service
+# util-linux's setpriv, by its path: busybox's sh runs its own applet for a bare `setpriv`,
+# which has no --bounding-set.
+SETPRIV=${ULNET_BIN:-/opt/ulnet/bin}/setpriv
 CAPS="" WANT_CAPEFF=""
-if command -v setpriv >/dev/null 2>&1 && [ -f "$UNIT" ]; then
+if [ -x "$SETPRIV" ] && "$SETPRIV" --help 2>&1 | grep -q -- --bounding-set && [ -f "$UNIT" ]; then
   CAPS=$(sed -n 's/^CapabilityBoundingSet=//p' "$UNIT" | tail -1 | tr 'A-Z ' 'a-z\n' | sed -n 's/^cap_\(.*\)/+\1/p' | paste -sd, -)
   CAPS="-all${CAPS:+,$CAPS}"
   # CapEff as /proc shows it: CAP_NET_BIND_SERVICE (10) alone is 0x400.
   [ "$CAPS" = "-all,+net_bind_service" ] && WANT_CAPEFF=0000000000000400
   echo "daemons run under setpriv with the unit's capabilities: $CAPS"
 else
-  echo "NOTE: no setpriv or no unit in the guest: the daemons run with root's full capability set"
+  echo "NOTE: no util-linux setpriv or no unit in the guest: the daemons run with root's full capability set"
 fi
 run_daemon() {  # lnet-router's arguments; execs it (same pid) under the unit's capabilities
   if [ -n "$CAPS" ]; then
-    exec setpriv --bounding-set="$CAPS" --inh-caps="$CAPS" --ambient-caps="$CAPS" -- lnet-router "$@"
+    exec "$SETPRIV" --bounding-set="$CAPS" --inh-caps="$CAPS" --ambient-caps="$CAPS" -- lnet-router "$@"
   fi
   exec lnet-router "$@"
 }
