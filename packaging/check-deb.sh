@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Unpacks a ulnet .deb into a temporary root (never installs it on this host) and checks its
-# files: the binaries run (--version, lnetctl --help), the unit, the conffile, the manual
-# pages and completions, and the control fields.
+# files: the binaries run (--version, lnetctl --help), the unit and its sandbox (systemd-analyze
+# security: 2.5 or lower), the conffile, the manual pages and completions, and the control fields.
 #
 #   bash packaging/check-deb.sh FILE.deb
 set -euo pipefail
@@ -21,6 +21,17 @@ done
 "$root/usr/bin/lnetctl" --help | grep -q selftest || fail "lnetctl --help"
 grep -q '^ExecStart=/usr/bin/lnet-router ' "$root/lib/systemd/system/lnet-router.service" \
   || fail "the unit does not start /usr/bin/lnet-router"
+# The unit's sandbox: systemd-analyze's exposure score (0 safest, 10 unsafe) at most 2.5, rated
+# offline on the packaged file (no systemd needs to run here; .ci/run installs systemd-analyze).
+unit="$root/lib/systemd/system/lnet-router.service"
+command -v systemd-analyze >/dev/null 2>&1 || fail "systemd-analyze is missing (apt-get install systemd)"
+grep -q '^CapabilityBoundingSet=CAP_NET_BIND_SERVICE$' "$unit" \
+  || fail "the unit's capability set is not CAP_NET_BIND_SERVICE alone"
+exposure=$(systemd-analyze security --offline=yes "$unit" 2>/dev/null \
+  | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
+[ -n "$exposure" ] || fail "systemd-analyze security gave no exposure level for the unit"
+awk -v e="$exposure" 'BEGIN { exit !(e <= 2.5) }' \
+  || fail "the unit's exposure level is $exposure (systemd-analyze security; at most 2.5)"
 zcat "$root/usr/share/man/man8/lnetctl.8.gz" | grep -q '^\.TH lnetctl 8' || fail "lnetctl.8"
 zcat "$root/usr/share/man/man8/lnet-router.8.gz" | grep -q '^\.TH lnet-router 8' || fail "lnet-router.8"
 ctl=$(dpkg-deb -f "$deb" Package Version Architecture)
@@ -29,4 +40,4 @@ dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/ulnet/lnet-
   || fail "the config is not a conffile"
 owners=$(dpkg-deb -c "$deb" | awk '{print $2}' | sort -u)
 [ "$owners" = "root/root" ] || fail "files not owned by root: $owners"
-echo "check-deb: $deb: $(dpkg-deb -c "$deb" | wc -l) entries, all checks passed"
+echo "check-deb: $deb: $(dpkg-deb -c "$deb" | wc -l) entries, unit exposure $exposure, all checks passed"

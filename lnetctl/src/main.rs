@@ -230,7 +230,8 @@ enum LnetCmd {
     /// Succeeds when the daemon runs: LNet is up with the NIs of its configuration (none
     /// for a daemon started with --no-nis: `import` or `net add` give it its NIs)
     Configure {
-        /// Accepted for lnetctl's sake (every configured NI is already up)
+        /// Bring back what the daemon's configuration file names (as loaded at start) and no
+        /// longer runs: its NIs, then its routes (after `lnet unconfigure`, say)
         #[arg(short, long)]
         all: bool,
         /// Accepted for lnetctl's sake (large NIDs: ulnet's are IPv4)
@@ -596,6 +597,40 @@ fn emit(text: &str) {
     }
 }
 
+/// Writes `text` to standard error: lnetctl's YAML error blocks go there, as Lustre 2.16's
+/// lnetctl writes them (lnetctl.c, yaml_lnet_print_error emits on stderr), so that a script
+/// reading standard output never takes a failure for output.
+fn emit_err(text: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+}
+
+/// A ping's (or discover's, `what`) answer: the NIDs that answered on standard output, the
+/// `manage:` block of those that did not on standard error.
+fn emit_ping(p: &control::PingShow, what: &str, json: bool) {
+    let text = |p: &control::PingShow| {
+        let doc = render::ping_as(p, what);
+        if json {
+            tree::to_json(&doc)
+        } else {
+            tree::to_yaml_as(&doc, tree::PING)
+        }
+    };
+    if !p.ping.is_empty() {
+        emit(&text(&control::PingShow {
+            ping: p.ping.clone(),
+            manage: Vec::new(),
+        }));
+    }
+    if !p.manage.is_empty() {
+        emit_err(&text(&control::PingShow {
+            ping: Vec::new(),
+            manage: p.manage.clone(),
+        }));
+    }
+}
+
 /// A failed call to the daemon, said on stderr, as the exit status it means.
 fn client_failed(e: &ClientError) -> u8 {
     eprintln!("lnetctl: {}", cut_quotes(&e.to_string()));
@@ -730,12 +765,7 @@ fn run(cli: Cli) -> u8 {
             };
             return match resp {
                 Response::Ping(p) => {
-                    let doc = render::ping_as(&p, "discover");
-                    emit(&if cli.json {
-                        tree::to_json(&doc)
-                    } else {
-                        tree::to_yaml_as(&doc, tree::PING)
-                    });
+                    emit_ping(&p, "discover", cli.json);
                     if p.manage.is_empty() {
                         exit::OK
                     } else {
@@ -755,11 +785,32 @@ fn run(cli: Cli) -> u8 {
         Cmd::Lnet { cmd } => {
             let path = cli.socket.unwrap_or_else(default_socket_path);
             return match cmd {
-                LnetCmd::Configure { .. } => {
+                LnetCmd::Configure { all, large: _ } => {
                     match ControlClient::connect(&path)
-                        .and_then(|mut c| c.call(&Request::GlobalShow))
+                        .and_then(|mut c| c.call(&Request::LnetConfigure { all }))
                     {
-                        Ok(Response::Global(_)) => exit::OK,
+                        Ok(Response::Done) => exit::OK,
+                        // -a: what the daemon's file names came back; what could not, said
+                        // on stderr, one line each.
+                        Ok(Response::Import(r)) => {
+                            for f in &r.failed {
+                                eprintln!(
+                                    "lnetctl: lnet configure: {}: {} (errno {})",
+                                    f.section,
+                                    cut_quotes(&f.descr),
+                                    f.errno
+                                );
+                            }
+                            if r.failed.is_empty() {
+                                exit::OK
+                            } else {
+                                exit::FAILED
+                            }
+                        }
+                        Ok(Response::Error(e)) => {
+                            eprintln!("lnetctl: lnet configure: {}", cut_quotes(&e.to_string()));
+                            exit::FAILED
+                        }
                         Ok(other) => {
                             eprintln!("lnetctl: lnet configure: the daemon answered {other:?}");
                             exit::FAILED
@@ -1145,6 +1196,18 @@ fn run(cli: Cli) -> u8 {
         }
         Err(e) => return client_failed(&e),
     };
+    if let Response::Ping(p) = &resp {
+        emit_ping(p, "ping", cli.json);
+        // Without a daemon only 0@lo answers: a NID that did not is the "no daemon" of every
+        // other command.
+        return if p.manage.is_empty() {
+            exit::OK
+        } else if no_daemon {
+            exit::NO_DAEMON
+        } else {
+            exit::FAILED
+        };
+    }
     let out = if cli.json {
         render::json_at(&resp, level)
     } else {
@@ -1159,15 +1222,9 @@ fn run(cli: Cli) -> u8 {
                 exit::FAILED
             }
         }
-        (r, Some(text)) => {
+        (_, Some(text)) => {
             emit(&text);
-            match r {
-                // Without a daemon only 0@lo answers: a NID that did not is the "no daemon"
-                // of every other command.
-                Response::Ping(p) if !p.manage.is_empty() && no_daemon => exit::NO_DAEMON,
-                Response::Ping(p) if !p.manage.is_empty() => exit::FAILED,
-                _ => exit::OK,
-            }
+            exit::OK
         }
         (_, None) => exit::FAILED,
     }

@@ -474,7 +474,8 @@ pub fn stats_tree(st: &StatsShow, ours: bool) -> Map {
         )
         // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
         .with_opt("peer_table", st.peer_table.as_ref().map(named))
-        // Ours: the daemon's control socket (clients served, refused, timed out, oversized).
+        // Ours: the daemon's control socket (clients served, refused, closed to make room,
+        // timed out, oversized).
         .with_opt("control", st.control.as_ref().map(named))
 }
 

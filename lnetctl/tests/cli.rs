@@ -41,13 +41,43 @@ fn ping_remote_without_daemon_fails_clearly() {
     // Exit 3, "no daemon", as every other command without one (the operator audit: it was 1).
     let o = lnetctl(&["ping", "10.0.0.2@o2ib"]);
     assert_eq!(o.status.code(), Some(3));
-    let out = text(&o.stdout);
+    // The error block on stderr, as Lustre 2.16's lnetctl (issue 32, item 5): nothing on stdout.
+    assert_eq!(text(&o.stdout), "");
+    let err = text(&o.stderr);
     assert!(
-        out.starts_with("manage:\n- ping:\n  errno: -113\n"),
-        "{out}"
+        err.starts_with("manage:\n- ping:\n  errno: -113\n"),
+        "{err}"
     );
-    assert!(out.contains("no route to 10.0.0.2@o2ib"), "{out}");
-    assert!(out.contains("no lnet-router daemon at"), "{out}");
+    assert!(err.contains("no route to 10.0.0.2@o2ib"), "{err}");
+    assert!(err.contains("no lnet-router daemon at"), "{err}");
+}
+
+/// Issue 32, item 5: lnetctl printed its `manage:` error blocks on stdout, where Lustre 2.16's
+/// lnetctl prints them on stderr (lnetctl.c, yaml_lnet_print_error), so a script reading
+/// stdout took a failure for output. The NIDs that answered stay on stdout; the failures go to
+/// stderr, in YAML and in JSON.
+#[test]
+fn ping_failures_go_to_stderr_and_answers_to_stdout() {
+    let o = lnetctl(&["ping", "0@lo", "10.0.0.2@o2ib"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(
+        text(&o.stdout),
+        "ping:\n- primary nid: 0@lo\n  Multi-Rail: false\n  peer_ni: []\n"
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.starts_with("manage:\n- ping:\n  errno: -113\n  descr: "),
+        "{err}"
+    );
+    assert_eq!(err.matches("manage:").count(), 1, "{err}");
+    let o = lnetctl(&["--json", "ping", "0@lo", "10.0.0.2@o2ib"]);
+    assert_eq!(o.status.code(), Some(3));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["ping"][0]["primary nid"], "0@lo");
+    assert!(out.get("manage").is_none(), "{out}");
+    let err: serde_json::Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert_eq!(err["manage"][0]["errno"], -113);
+    assert!(err.get("ping").is_none(), "{err}");
 }
 
 #[test]

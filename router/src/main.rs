@@ -15,9 +15,10 @@
 //! connections, each served by a short-lived thread that sends each request to the NI loops it
 //! concerns over a bounded channel and wakes them, then merges their answers (a ping goes to the
 //! NI on the target's net; `net show`, `peer show`, `conn show` and `stats show` gather every
-//! NI's). At most [`control::MAX_CLIENTS`] connections are served at once (the next are refused
-//! with one line); each reads its requests with a 64 KiB cap, an idle timeout and a request
-//! timeout (`control::read_request`). The main thread watches signals: TERM, INT and QUIT stop
+//! NI's). At most [`control::MAX_CLIENTS`] connections are served at once (for the next, the
+//! client idle longest is closed; only when none is idle are they refused with one line);
+//! each reads its requests with a 64 KiB cap, an idle timeout and a request timeout
+//! (`control::read_request`). The main thread watches signals: TERM, INT and QUIT stop
 //! every NI gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
 //! `lnetctl capture` takes over its connection: every NI loop turns capturing on in its LND and
@@ -2439,17 +2440,122 @@ impl Drop for ActiveClient {
     }
 }
 
+/// The control clients holding the [`control::MAX_CLIENTS`] slots, as the control thread sees
+/// them when a new one comes and every slot is taken. A client with no request in flight (a
+/// stuck monitoring script, a leaked descriptor) held its slot until the idle timeout, so an
+/// operator's `lnetctl net show` or `ping` failed for up to 30 s: now the client idle longest
+/// is closed to make room, at once, and counted (`evicted`). Never one being answered, nor one
+/// receiving a stream: a capture's records, or a selftest session's progress (`run-test` polls
+/// its statistics on the connection that opened the session).
+#[derive(Default)]
+struct Clients {
+    next: u64,
+    served: HashMap<u64, Served>,
+}
+
+struct Served {
+    /// Since when it has waited for its next request with none in flight; `None` while one is
+    /// being answered.
+    idle_since: Option<std::time::Instant>,
+    /// Receiving a stream: never closed to make room.
+    streaming: bool,
+    /// Its socket (a second descriptor), to end its reading side when it is closed to make
+    /// room: its thread's read then ends, and the thread tells it why and closes.
+    stream: UnixStream,
+}
+
+impl Clients {
+    /// Takes a slot for a client served from now on (idle: it has sent nothing yet).
+    fn add(&mut self, stream: UnixStream) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.served.insert(
+            id,
+            Served {
+                idle_since: Some(std::time::Instant::now()),
+                streaming: false,
+                stream,
+            },
+        );
+        id
+    }
+
+    /// Client `id` waits for its next request; false if it was closed to make room.
+    fn waiting(&mut self, id: u64) -> bool {
+        self.served.get_mut(&id).is_some_and(|c| {
+            c.idle_since.get_or_insert_with(std::time::Instant::now);
+            true
+        })
+    }
+
+    /// Client `id` has a request in flight (or is done reading); false if it was closed to
+    /// make room before the request came.
+    fn answering(&mut self, id: u64) -> bool {
+        self.served.get_mut(&id).is_some_and(|c| {
+            c.idle_since = None;
+            true
+        })
+    }
+
+    fn set_streaming(&mut self, id: u64, on: bool) {
+        if let Some(c) = self.served.get_mut(&id) {
+            c.streaming = on;
+        }
+    }
+
+    /// Closes the client idle longest, not streaming, to make room: takes its slot and ends
+    /// its socket's reading side. False if every client is being answered or streams.
+    fn evict(&mut self) -> bool {
+        let idlest = self
+            .served
+            .iter()
+            .filter(|(_, c)| !c.streaming)
+            .filter_map(|(id, c)| Some((c.idle_since?, *id)))
+            .min();
+        let Some((since, id)) = idlest else {
+            return false;
+        };
+        if let Some(c) = self.served.remove(&id) {
+            debug!(
+                idle_ms = since.elapsed().as_millis() as u64,
+                "control client closed to make room for a new one"
+            );
+            let _ = c.stream.shutdown(std::net::Shutdown::Read);
+        }
+        true
+    }
+}
+
+/// The longest the control thread waits for the thread of a client it closed to make room
+/// (which writes one line with a 1 s timeout, then ends).
+const EVICT_WAIT: StdDuration = StdDuration::from_secs(2);
+
+/// Gives a client's slot back when its thread ends, however it ends (a no-op for one closed to
+/// make room, whose slot went then).
+struct Slot {
+    clients: Arc<Mutex<Clients>>,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        lock(&self.clients).served.remove(&self.id);
+    }
+}
+
 /// Accepts lnetctl connections. At most [`control::MAX_CLIENTS`] are served at once, each by
-/// its own thread (a capture adds a watcher); the next are told "too many control clients" in
-/// one line and closed at once, on this thread, so that idle or stuck clients cost a bounded
-/// number of threads and fds. Each client thread reads with a size cap and timeouts
-/// ([`control::read_request`]).
+/// its own thread (a capture adds a watcher); when all are taken, the one idle longest is
+/// closed to make room ([`Clients`]), and only if none is idle the next are told "too many
+/// control clients" in one line and closed at once, on this thread, so that idle or stuck
+/// clients cost a bounded number of threads and fds and never lock the operator out. Each
+/// client thread reads with a size cap and timeouts ([`control::read_request`]).
 fn control_thread(
     listener: std::os::unix::net::UnixListener,
     loops: Loops,
     limits: ClientLimits,
     counters: Arc<ControlCounters>,
 ) {
+    let clients = Arc::new(Mutex::new(Clients::default()));
     // Accept failures (at the descriptor limit, say) are counted, and logged at most once per
     // ACCEPT_LOG_EVERY with how many were not.
     const ACCEPT_LOG_EVERY: StdDuration = StdDuration::from_secs(10);
@@ -2474,21 +2580,47 @@ fn control_thread(
                 continue;
             }
         };
-        // Only this thread adds clients, so the check cannot be overtaken.
-        if counters.active.load(Ordering::Relaxed) >= control::MAX_CLIENTS as u64 {
+        // Only this thread adds clients, so the check cannot be overtaken. Every slot taken:
+        // the client idle longest makes room (see `Clients`); refused only when each is being
+        // answered or streams.
+        let slot = {
+            let mut table = lock(&clients);
+            let full = table.served.len() >= control::MAX_CLIENTS;
+            let room = !full || table.evict();
+            if full && room {
+                ControlCounters::bump(&counters.evicted);
+            }
+            match stream.try_clone() {
+                Ok(handle) if room => Some(table.add(handle)),
+                _ => None,
+            }
+        };
+        let Some(id) = slot else {
             ControlCounters::bump(&counters.refused);
             debug!(
-                "control client refused: {} served already",
+                "control client refused: {} served already, none idle",
                 control::MAX_CLIENTS
             );
             refuse(
                 stream,
                 &format!(
-                    "too many control clients ({} at once); try again",
+                    "too many control clients ({} at once, none idle); try again",
                     control::MAX_CLIENTS
                 ),
             );
             continue;
+        };
+        let slot = Slot {
+            clients: Arc::clone(&clients),
+            id,
+        };
+        // A client closed to make room ends its thread at once (its read has ended; its one
+        // error line waits 1 s at most): waited for, so that the threads stay bounded too.
+        let t0 = std::time::Instant::now();
+        while counters.active.load(Ordering::Relaxed) >= control::MAX_CLIENTS as u64
+            && t0.elapsed() < EVICT_WAIT
+        {
+            std::thread::sleep(StdDuration::from_millis(1));
         }
         counters.active.fetch_add(1, Ordering::Relaxed);
         let active = ActiveClient(Arc::clone(&counters));
@@ -2498,7 +2630,7 @@ fn control_thread(
             .spawn(move || {
                 let _active = active;
                 ControlCounters::bump(&c.accepted);
-                if let Err(e) = serve_client(stream, &loops, limits, &c) {
+                if let Err(e) = serve_client(stream, &loops, limits, &c, &slot) {
                     debug!("control connection: {e}");
                 }
             });
@@ -2526,19 +2658,44 @@ fn serve_client(
     loops: &Loops,
     limits: ClientLimits,
     counters: &ControlCounters,
+    slot: &Slot,
 ) -> std::io::Result<()> {
     // A client that does not read its answers is closed too, not waited for.
     stream.set_write_timeout(Some(limits.idle))?;
-    // One fd per client: answers are written through the reader's stream.
+    // One fd per client for its requests and answers (and one the control thread holds to
+    // close it to make room).
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
-        let (counter, err) = match control::read_request(
-            &mut reader,
-            &mut line,
-            Some(limits.idle),
-            Some(limits.request),
-        )? {
+        let waiting = lock(&slot.clients).waiting(slot.id);
+        let read = if waiting {
+            control::read_request(
+                &mut reader,
+                &mut line,
+                Some(limits.idle),
+                Some(limits.request),
+            )
+        } else {
+            Ok(ReadRequest::Eof)
+        };
+        // Closed to make room while it waited (its read ended): told so, whatever it sent.
+        if !lock(&slot.clients).answering(slot.id) {
+            let e = ControlError::new(
+                errno::EBUSY,
+                format!(
+                    "closed to make room for another control client: this one was idle \
+                     longest of {} (at most {} at once)",
+                    control::MAX_CLIENTS,
+                    control::MAX_CLIENTS
+                ),
+            );
+            debug!("control client closed: {e}");
+            let mut writer = reader.get_ref();
+            let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
+            let _ = writer.write_all(control::encode_response(&Response::Error(e)).as_bytes());
+            return Ok(());
+        }
+        let (counter, err) = match read? {
             ReadRequest::Line => (None, None),
             ReadRequest::Eof => return Ok(()),
             ReadRequest::Idle => (
@@ -2582,7 +2739,9 @@ fn serve_client(
         }
         let resp = match decoded {
             Ok(req @ Request::CaptureStart { .. }) => {
-                // The stream's pace is the client's: a capture is never idle.
+                // The stream's pace is the client's: a capture is never idle, nor closed to
+                // make room.
+                lock(&slot.clients).set_streaming(slot.id, true);
                 // The capture's watcher reads while this thread writes: a second fd, for the
                 // one capture that runs at a time.
                 let writer = reader.get_ref().try_clone()?;
@@ -2596,6 +2755,24 @@ fn serve_client(
                 }
                 other => other,
             },
+            Ok(req @ Request::Selftest { .. }) => {
+                // A selftest session's console (`run-test`) polls its progress on this
+                // connection: from its new session to its end, it is never closed to make room.
+                let session = match &req {
+                    Request::Selftest {
+                        cmd: router::selftest::LstCommand::NewSession { .. },
+                    } => Some(true),
+                    Request::Selftest {
+                        cmd: router::selftest::LstCommand::EndSession,
+                    } => Some(false),
+                    _ => None,
+                };
+                let resp = loops.call(req);
+                if let Some(on) = session.filter(|_| !matches!(resp, Response::Error(_))) {
+                    lock(&slot.clients).set_streaming(slot.id, on);
+                }
+                resp
+            }
             Ok(req) => loops.call(req),
             Err(e) => {
                 ControlCounters::bump(&counters.bad_requests);
@@ -2858,6 +3035,11 @@ impl Loops {
                 )
             }
             Request::NetDel { net, nid } => self.net_del(net, nid),
+            Request::LnetConfigure { all: false } => Response::Done,
+            Request::LnetConfigure { all: true } => {
+                drop(m);
+                self.configure_all()
+            }
             req @ (Request::Selftest { .. } | Request::CaptureStart { .. })
                 if m.list.is_empty() =>
             {
@@ -2875,6 +3057,76 @@ impl Loops {
             req @ Request::Selftest { .. } => self.ask(&m, &[0], &req).remove(0),
             req => merge(self.ask(&m, &all, &req)),
         }
+    }
+
+    /// `lnet configure -a`: as Lustre's (`lnetctl lnet configure --all` configures LNet from its
+    /// module parameters, its `networks` then its `routes`: LNetNIInit), what the daemon's
+    /// configuration file named, as loaded at start, and no longer runs comes back: each NI as
+    /// a `net add` would start it, then each route as a `route add`. What runs already is left
+    /// as it is (counted unchanged), so that after `lnet unconfigure` an operator gets the
+    /// router back as its file describes it, and on a running router it changes nothing.
+    fn configure_all(&self) -> Response {
+        let _one = lock(&self.import);
+        let base = &self.daemon.base;
+        let mut report = control::ImportReport {
+            op: control::ImportOp::Add,
+            applied: 0,
+            unchanged: 0,
+            failed: Vec::new(),
+        };
+        let mut fail = |section: &str, e: &ControlError| {
+            report.failed.push(control::ImportFailure {
+                section: section.to_string(),
+                errno: -e.errno,
+                descr: e.message.clone(),
+                line: None,
+            });
+        };
+        let mut applied = 0;
+        let mut unchanged = 0;
+        for (net, ni) in base.nis() {
+            if self.members().list.iter().any(|x| x.nid == ni.ni.nid) {
+                unchanged += 1;
+                continue;
+            }
+            match self.daemon.add_ni(net, ni, base) {
+                Ok(()) => applied += 1,
+                Err(e) => fail("net", &e),
+            }
+        }
+        for r in base.routes.iter().map(|r| r.route) {
+            let known = lock(&self.daemon.template)
+                .routes()
+                .routes()
+                .any(|x| x.net == r.net && x.gateway == r.gateway);
+            if known {
+                unchanged += 1;
+                continue;
+            }
+            let req = Request::RouteAdd {
+                net: r.net.to_string(),
+                gateway: r.gateway.to_string(),
+                hop: r.hops.map(i64::from),
+                priority: Some(r.priority),
+            };
+            match self.daemon.change_settings(req) {
+                Response::Done => applied += 1,
+                Response::Error(e) => fail("route", &e),
+                other => fail(
+                    "route",
+                    &ControlError::new(errno::EIO, format!("unexpected answer {other:?}")),
+                ),
+            }
+        }
+        report.applied = applied;
+        report.unchanged = unchanged;
+        if applied > 0 {
+            info!(
+                applied,
+                unchanged, "lnet configure -a: the configuration's NIs and routes back"
+            );
+        }
+        Response::Import(report)
     }
 
     /// `net del --net NET` (every NI of it) or `--nid NID`.
@@ -3205,6 +3457,47 @@ fn sum_stats(a: control::StatsShow, b: control::StatsShow) -> control::StatsShow
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 32, item 4: with every slot taken, the client idle longest makes room, never one
+    /// being answered or receiving a stream; none idle, none is closed.
+    #[test]
+    fn the_client_idle_longest_makes_room() {
+        let mut t = Clients::default();
+        let mut ends = Vec::new();
+        let mut add = |t: &mut Clients| {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            ends.push(theirs);
+            t.add(ours)
+        };
+        let streaming = add(&mut t);
+        t.set_streaming(streaming, true);
+        let idle_old = add(&mut t);
+        let busy = add(&mut t);
+        assert!(t.answering(busy));
+        let idle_new = add(&mut t);
+        assert!(t.evict());
+        assert!(!t.served.contains_key(&idle_old));
+        assert!(!t.waiting(idle_old), "its thread learns it was closed");
+        assert!(t.evict());
+        assert!(!t.served.contains_key(&idle_new));
+        assert!(
+            !t.evict(),
+            "one answering and one streaming: nobody to close"
+        );
+        assert_eq!(t.served.len(), 2);
+        // Its answer sent, the busy one waits again: now it may go.
+        assert!(t.waiting(busy));
+        assert!(t.evict());
+        assert_eq!(
+            t.served.keys().copied().collect::<Vec<_>>(),
+            vec![streaming]
+        );
+        // A slot's guard gives it back.
+        drop(Slot {
+            clients: Arc::new(Mutex::new(std::mem::take(&mut t))),
+            id: streaming,
+        });
+    }
 
     /// An operator's audit: a daemon with two NIs on one net listed each peer once per NI in
     /// `peer show` and `export` (an export no lnetctl loads). One entry per primary NID, the

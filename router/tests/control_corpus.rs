@@ -36,10 +36,11 @@ fn kind(r: &Request) -> &'static str {
         Request::DebugRecovery { .. } => "debug_recovery",
         Request::Selftest { .. } => "selftest",
         Request::NetDel { .. } => "net_del",
+        Request::LnetConfigure { .. } => "lnet_configure",
     }
 }
 
-const EVERY_KIND: [&str; 21] = [
+const EVERY_KIND: [&str; 22] = [
     "ping",
     "net_show",
     "peer_show",
@@ -61,6 +62,7 @@ const EVERY_KIND: [&str; 21] = [
     "debug_recovery",
     "selftest",
     "net_del",
+    "lnet_configure",
 ];
 
 /// What the fuzz target checks on every input: never a panic; a request re-encodes to a line

@@ -130,6 +130,77 @@ fn oversized_request_is_refused_without_buffering_it() {
     assert_eq!(counter(&c, "oversized"), 1, "{c:?}");
 }
 
+/// Issue 32, item 4: while the control socket's client limit was held by clients with no
+/// request in flight, every lnetctl command failed ("too many control clients") until the idle
+/// timeout freed a slot. Now a new request is answered at once: the client idle longest is
+/// closed to make room, told why, and counted (`evicted`); a capture's client, receiving a
+/// stream, is never the one, though it came first.
+#[test]
+fn an_operator_is_never_locked_out_by_idle_clients() {
+    let dir = Scratch::new("evict");
+    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    // The default timeouts (30 s idle): no slot frees itself during the test.
+    let d = daemon(&dir, held.local_addr().unwrap().port(), Opts::default());
+    // The oldest client streams a capture.
+    let mut cap = router::control::ControlClient::connect(&d.socket).unwrap();
+    let Response::CaptureStarted(started) = cap
+        .call(&Request::CaptureStart {
+            duration_secs: None,
+        })
+        .unwrap()
+    else {
+        panic!("no capture")
+    };
+    // Then the others, each answered once and idle since, oldest first.
+    let mut idle: Vec<BufReader<UnixStream>> = (1..MAX_CLIENTS)
+        .map(|_| {
+            let mut s = UnixStream::connect(&d.socket).unwrap();
+            s.set_read_timeout(Some(CALL_BOUND)).unwrap();
+            s.write_all(b"\"global_show\"\n").unwrap();
+            let mut r = BufReader::new(s);
+            let resp = read_response(&mut r);
+            assert!(matches!(resp, Response::Global(_)), "{resp:?}");
+            r
+        })
+        .collect();
+    // Every slot is taken: lnetctl is answered all the same, at once.
+    let (code, stdout, stderr) = out(&lnetctl(&d, &["net", "show"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains(&format!("nid: {NID_A}")), "{stdout}");
+    // The client idle longest was told why, and closed.
+    match read_response(&mut idle[0]) {
+        Response::Error(e) => {
+            assert_eq!(e.errno, errno::EBUSY, "{e:?}");
+            assert!(e.message.contains("to make room"), "{e:?}");
+        }
+        other => panic!("the idle client closed to make room got {other:?}"),
+    }
+    assert!(closed_by_daemon(&mut idle[0]), "not closed");
+    // lnetctl has gone, its slot with it: the next command needs no room made. Counted: one
+    // closed to make room, none refused, none timed out.
+    let (code, stdout, stderr) = out(&lnetctl(&d, &["--json", "stats", "show", "-v"]));
+    assert_eq!(code, Some(0), "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).expect(&stdout);
+    let control = &v["control"];
+    assert_eq!(control["evicted"], 1, "{stdout}");
+    assert_eq!(control["refused"], 0, "{stdout}");
+    assert_eq!(control["idle_timeouts"], 0, "{stdout}");
+    // The other idle clients are still served.
+    idle[1].get_mut().write_all(b"\"global_show\"\n").unwrap();
+    let resp = read_response(&mut idle[1]);
+    assert!(matches!(resp, Response::Global(_)), "{resp:?}");
+    // The capture ran on throughout, and ends when asked.
+    cap.send(&Request::CaptureStop { id: started.id }).unwrap();
+    let t0 = Instant::now();
+    let done = loop {
+        match cap.recv_timeout(Some(Duration::from_secs(1))).unwrap() {
+            Some(Response::CaptureDone(s)) => break s,
+            Some(_) | None => assert!(t0.elapsed() < WAIT, "no capture end"),
+        }
+    };
+    assert_eq!(done.reason, "stopped");
+}
+
 /// 200 idle control clients: at most MAX_CLIENTS are served at once (the daemon's thread count
 /// stays bounded), the rest are refused with one line; the idle ones are closed after the idle
 /// timeout (1 s here), a half-sent request after the request timeout; a client waiting for a
@@ -175,10 +246,14 @@ fn idle_clients_are_bounded_and_reaped() {
             s
         })
         .collect();
-    let (mut refused, mut reaped) = (0u64, 0u64);
+    let (mut refused, mut reaped, mut evicted) = (0u64, 0u64, 0u64);
     for s in clients {
         let mut r = BufReader::new(s);
         match read_response(&mut r) {
+            // Every slot taken, the client idle longest made room for the next.
+            Response::Error(e) if e.errno == errno::EBUSY && e.message.contains("make room") => {
+                evicted += 1;
+            }
             Response::Error(e) if e.errno == errno::EBUSY => {
                 assert!(e.message.contains("too many control clients"), "{e:?}");
                 refused += 1;
@@ -198,18 +273,24 @@ fn idle_clients_are_bounded_and_reaped() {
     sampler.join().unwrap();
     let max_threads = max_threads.load(Ordering::Relaxed);
     eprintln!(
-        "{N} idle clients: {reaped} served then reaped, {refused} refused; daemon threads \
-         {base_threads} before, at most {max_threads} during"
+        "{N} idle clients: {reaped} served then reaped, {evicted} closed to make room, \
+         {refused} refused; daemon threads {base_threads} before, at most {max_threads} during"
     );
-    assert_eq!(refused + reaped, N as u64);
+    assert_eq!(refused + reaped + evicted, N as u64);
     assert!(reaped <= MAX_CLIENTS as u64, "{reaped} served at once");
-    assert!(refused >= (N - MAX_CLIENTS) as u64, "{refused} refused");
+    // Idle clients all: none refused, each newcomer served in the place of the oldest.
+    assert_eq!(refused, 0);
+    assert!(
+        evicted >= (N - MAX_CLIENTS) as u64,
+        "{evicted} closed to make room"
+    );
     assert!(
         max_threads <= base_threads + MAX_CLIENTS as u64 + 2,
         "{max_threads} threads with {N} idle clients (base {base_threads})"
     );
     let c = control_counters(&d);
     assert_eq!(counter(&c, "refused"), refused, "{c:?}");
+    assert_eq!(counter(&c, "evicted"), evicted, "{c:?}");
     assert_eq!(counter(&c, "idle_timeouts"), reaped, "{c:?}");
     // A client thread leaves the gauge just after it closed its connection.
     assert!(

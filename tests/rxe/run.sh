@@ -52,7 +52,10 @@ if [ "$suite" != verbs ]; then
       || cp "$repo/target/release/$b" "$dir/${b#examples/}"
     bins+=(--bin "$dir/${b#examples/}")
   done
-  files+=(--file "$here/daemons-suite.sh")
+  files+=(--file "$here/daemons-suite.sh" --file "$repo/packaging/lnet-router.service")
+  # The daemons run under the unit's capability set (daemons-suite.sh), through setpriv.
+  setpriv=$(command -v setpriv || true)
+  [ -n "$setpriv" ] && bins+=(--bin "$setpriv")
 fi
 script="$here/verbs-suite.sh"
 [ "$suite" = daemons ] && script="$here/daemons-suite.sh"

@@ -168,6 +168,15 @@ pub enum Request {
         #[serde(default)]
         nid: Option<String>,
     },
+    /// `lnetctl lnet configure [-a]`: LNet is up while the daemon runs; with `all`, as Lustre's
+    /// `--all` (LNet configured from its module parameters), whatever the daemon's configuration
+    /// file names and no longer runs comes back, its NIs then its routes (after `lnet
+    /// unconfigure`, say). Answered with [`Response::Done`], or with `all` an
+    /// [`ImportReport`] of what came back.
+    LnetConfigure {
+        #[serde(default)]
+        all: bool,
+    },
 }
 
 /// What the daemon answers.

@@ -19,8 +19,9 @@ use super::protocol::*;
 // the excess with one error line). A capture's connection streams to its client and is never
 // idle.
 
-/// Control clients the daemon serves at once; the next get one error line ("too many control
-/// clients") and are closed (counted as `refused`).
+/// Control clients the daemon serves at once; for the next, the client idle longest is closed
+/// (counted as `evicted`), or if none is idle the newcomer gets one error line ("too many
+/// control clients") and is closed (counted as `refused`).
 pub const MAX_CLIENTS: usize = 64;
 /// A client that sends nothing for this long between requests is closed (`idle_timeouts`).
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -34,8 +35,11 @@ pub struct ControlCounters {
     pub accepted: std::sync::atomic::AtomicU64,
     /// Clients served now (a gauge).
     pub active: std::sync::atomic::AtomicU64,
-    /// Clients refused because [`MAX_CLIENTS`] were being served.
+    /// Clients refused because [`MAX_CLIENTS`] were being served, none of them idle.
     pub refused: std::sync::atomic::AtomicU64,
+    /// Idle clients closed to make room for a new one when [`MAX_CLIENTS`] were being served
+    /// (the one idle longest; never one being answered or receiving a stream).
+    pub evicted: std::sync::atomic::AtomicU64,
     /// Clients closed after sending nothing for the idle timeout.
     pub idle_timeouts: std::sync::atomic::AtomicU64,
     /// Clients closed because a request was not complete within the request timeout.
@@ -62,6 +66,7 @@ impl ControlCounters {
                 ("clients", get(&self.accepted)),
                 ("active", get(&self.active)),
                 ("refused", get(&self.refused)),
+                ("evicted", get(&self.evicted)),
                 ("idle_timeouts", get(&self.idle_timeouts)),
                 ("request_timeouts", get(&self.request_timeouts)),
                 ("oversized", get(&self.oversized)),

@@ -133,6 +133,10 @@ impl<T> Control<T> {
                 errno::EOPNOTSUPP,
                 "net del needs the lnet-router daemon (it runs the NIs)",
             )),
+            Request::LnetConfigure { .. } => Response::Error(ControlError::new(
+                errno::EOPNOTSUPP,
+                "lnet configure needs the lnet-router daemon (it runs the NIs)",
+            )),
             Request::PeerShow { nid, verbose } => match peer_show(node, nid.as_deref(), verbose) {
                 Ok(p) => Response::Peer(p),
                 Err(e) => Response::Error(e),

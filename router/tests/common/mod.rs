@@ -200,6 +200,9 @@ pub struct Opts {
     pub netns: Option<String>,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// A command that runs the daemon (its arguments follow) by exec, so the child stays the
+    /// daemon itself (same pid): e.g. `setpriv --bounding-set=...`.
+    pub wrap: Vec<String>,
 }
 
 /// [`start`] with [`Opts`].
@@ -300,6 +303,7 @@ pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
     if let Some(ns) = &opts.netns {
         argv.extend(["ip", "netns", "exec", ns].map(Into::into));
     }
+    argv.extend(opts.wrap.iter().map(Into::into));
     if !prelude.is_empty() {
         argv.push("sh".into());
         argv.push("-c".into());
