@@ -148,6 +148,9 @@ struct Opts {
     server_peer_credits: Option<u32>,
     /// `--router-arg ARG` (repeatable): more arguments for the router daemon.
     router_args: Vec<String>,
+    /// `--router-scrub auto|on|off`: the router's `buffers: scrub:` (its large buffers zeroed
+    /// before they are lent again; default auto, which on tcp scrubs nothing).
+    router_scrub: Option<String>,
     /// `--via-relay BIN`: A reaches B through this `tcp_relay` (a byte-stream relay; same net,
     /// no router): the ceiling a forwarding process reaches with ulnet's own endpoints.
     relay: Option<PathBuf>,
@@ -199,7 +202,7 @@ fn usage() -> ExitCode {
          [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
-         [--router-conns-per-peer N] [--server-peer-credits C] \
+         [--router-conns-per-peer N] [--router-scrub auto|on|off] [--server-peer-credits C] \
          [--router-arg ARG]...] [--via-relay TCP_RELAY_BIN [--relay-arg ARG]...] \
          [--stall-server SECS]"
     );
@@ -223,6 +226,7 @@ fn parse_args() -> Option<Opts> {
         clients: 1,
         router_busy_poll: None,
         router_conns_per_peer: 1,
+        router_scrub: None,
         server_peer_credits: None,
         router_args: Vec::new(),
         relay: None,
@@ -280,6 +284,10 @@ fn parse_args() -> Option<Opts> {
             "--relay-arg" => opts.relay_args.push(val?.clone()),
             "--server-peer-credits" => {
                 opts.server_peer_credits = Some(val?.parse().ok().filter(|&c| c > 0)?)
+            }
+            "--router-scrub" => {
+                opts.router_scrub =
+                    Some(val?.clone()).filter(|s| ["auto", "on", "off"].contains(&s.as_str()))
             }
             "--router-conns-per-peer" => {
                 opts.router_conns_per_peer = val?.parse().ok().filter(|n| (1..=127).contains(n))?
@@ -620,7 +628,11 @@ impl Router {
             )
         };
         let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
-        yaml.push_str("routing:\n    enable: 1\npeers:\n");
+        yaml.push_str("routing:\n    enable: 1\n");
+        if let Some(s) = &opts.router_scrub {
+            yaml.push_str(&format!("buffers:\n    scrub: {s}\n"));
+        }
+        yaml.push_str("peers:\n");
         let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(true)]).collect();
         for p in peer_list {
             let a = shared.peer(p).ok_or("a peer without an address")?;
