@@ -9,15 +9,23 @@
 //! then the router's own rendezvous into the server's sink. Every PUT must end `Ok` at the
 //! client, land byte for byte at the server, and nothing around the sinks change.
 //!
+//! Then the client turns hostile (issue 31): its RDMA writes carry only the first half of each
+//! 1 MiB PUT while its PUT_DONE claims it all. On verbs the router cannot see that (a write is
+//! one-sided), so it forwards the whole buffer; what must reach the server for the unwritten
+//! half is zeros (the router scrubs a large buffer before lending it again), never the bytes
+//! the earlier PUTs left in the router's buffers.
+//!
 //! Usage: verbs_routed_bulk CLIENT_NID SERVER_NID ROUTER_NID_ON_O2IB ROUTER_NID_ON_O2IB1
 //! Every NI listens on its NID's address, port 987, as o2iblnd does. Exit 0 on success.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use lnd::driver::verbs::{MonotonicClock, VerbsConfig, VerbsFabric};
 use lnd::driver::Driver;
-use lnd::fabric::Registration;
+use lnd::fabric::{FabricAction, LocalFrag, Registration, RemoteFrag};
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
@@ -26,13 +34,87 @@ use router::{BulkBuf, LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, RouteC
 const MIB: usize = 1 << 20;
 const PORTAL: u32 = 16;
 
-type Rt = NiRuntime<VerbsFabric>;
+type Rt = NiRuntime<Halving>;
+
+/// The verbs fabric, whose RDMA writes carry only their first half while `short` is set (a
+/// hostile sender: its PUT_DONE still claims the whole PUT).
+struct Halving {
+    inner: VerbsFabric,
+    short: Arc<AtomicBool>,
+}
+
+impl Driver for Halving {
+    fn apply(&mut self, now: lnd::time::Instant, action: FabricAction) {
+        let action = match action {
+            FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                remote,
+            } if self.short.load(Ordering::Relaxed) && local.len() == 1 && remote.len() == 1 => {
+                let n = local[0].len / 2;
+                FabricAction::RdmaWrite {
+                    conn,
+                    wr,
+                    local: vec![LocalFrag { len: n, ..local[0] }],
+                    remote: vec![RemoteFrag {
+                        len: n,
+                        ..remote[0]
+                    }],
+                }
+            }
+            other => other,
+        };
+        self.inner.apply(now, action)
+    }
+    fn poll(
+        &mut self,
+        timeout: Option<StdDuration>,
+        sink: &mut dyn lnd::fabric::FabricSink,
+        now: &dyn Fn() -> lnd::time::Instant,
+    ) -> std::io::Result<()> {
+        self.inner.poll(timeout, sink, now)
+    }
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        self.inner.set_waker(fd)
+    }
+    fn set_doorbell(&mut self, bell: lnd::driver::Doorbell) {
+        self.inner.set_doorbell(bell)
+    }
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.readiness_fd()
+    }
+    fn has_queued_work(&self) -> bool {
+        self.inner.has_queued_work()
+    }
+    fn take_woken(&mut self) -> bool {
+        self.inner.take_woken()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.inner.counters()
+    }
+    fn abandon(&mut self) {
+        self.inner.abandon()
+    }
+    fn registry(&mut self) -> Option<&mut dyn lnd::fabric::Registry> {
+        self.inner.registry()
+    }
+    fn sees_writes(&self) -> bool {
+        self.inner.sees_writes()
+    }
+}
 
 fn addr(nid: Nid) -> SocketAddr {
     SocketAddr::new(Ipv4Addr::from(nid.addr()).into(), 987)
 }
 
-fn node(me: Nid, gw: Nid, inc: u64, clock: &MonotonicClock) -> Result<Rt, String> {
+fn node(
+    me: Nid,
+    gw: Nid,
+    inc: u64,
+    clock: &MonotonicClock,
+    short: &Arc<AtomicBool>,
+) -> Result<Rt, String> {
     let cfg = VerbsConfig {
         listen: addr(me),
         ..VerbsConfig::default()
@@ -53,6 +135,10 @@ fn node(me: Nid, gw: Nid, inc: u64, clock: &MonotonicClock) -> Result<Rt, String
     c.gateway_health.check_interval = Duration::from_secs(1);
     c.gateway_health.ping_timeout = Duration::from_secs(2);
     let n = LnetNode::new(c, clock.now());
+    let fabric = Halving {
+        inner: fabric,
+        short: Arc::clone(short),
+    };
     let (rt, _wake) = NiRuntime::new(n, fabric, *clock).map_err(|e| e.to_string())?;
     Ok(rt)
 }
@@ -64,6 +150,14 @@ fn other_net(me: Nid) -> lnd::wire::Net {
         "o2ib"
     };
     s.parse().expect("a net")
+}
+
+fn short_never() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
+
+fn pattern_seeded(seed: u8, len: usize) -> Vec<u8> {
+    pattern(len).into_iter().map(|b| b ^ seed).collect()
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -116,8 +210,9 @@ fn main() {
 
 fn go(client: Nid, server: Nid, gw_a: Nid, gw_b: Nid) -> Result<(), String> {
     let clock = MonotonicClock::new();
-    let mut c = node(client, gw_a, 0x0c11_e000, &clock)?;
-    let mut s = node(server, gw_b, 0x5e77_e000, &clock)?;
+    let short = Arc::new(AtomicBool::new(false));
+    let mut c = node(client, gw_a, 0x0c11_e000, &clock, &short)?;
+    let mut s = node(server, gw_b, 0x5e77_e000, &clock, &short_never())?;
     let mut seen = [Vec::new(), Vec::new()];
 
     // The route comes up once the client's pinger heard the router; then a routed ping answers.
@@ -238,6 +333,51 @@ fn go(client: Nid, server: Nid, gw_a: Nid, gw_b: Nid) -> Result<(), String> {
         sizes.len(),
         dt.as_secs_f64() * 1e3
     );
+
+    // The hostile phase: more short-written 1 MiB PUTs than the router has large buffers on
+    // the client's NI, one at a time, so each reuses a buffer an earlier PUT filled.
+    short.store(true, Ordering::Relaxed);
+    const SHORT_PUTS: u64 = 6;
+    let hostile = pattern_seeded(0x5a, MIB);
+    let hsrc = reg(&mut c, hostile.clone())?;
+    for k in 0..SHORT_PUTS {
+        let bits = 100 + k;
+        let sink = reg(&mut s, vec![0xee; MIB])?;
+        let b = BulkBuf::new(NiIndex(0), &sink, 0, MIB as u32).ok_or("sink range")?;
+        s.node_mut().post_sink(PORTAL, bits, b);
+        let now = c.now();
+        let b = BulkBuf::new(NiIndex(0), &hsrc, 0, MIB as u32).ok_or("source range")?;
+        c.node_mut()
+            .send_put_bulk(now, server, PORTAL, bits, b)
+            .map_err(|e| format!("send_put_bulk: {e}"))?;
+        run(
+            &mut [&mut c, &mut s],
+            &mut seen,
+            StdDuration::from_secs(30),
+            "a short-written PUT",
+            |e| {
+                e[1].iter().any(
+                    |ev| matches!(ev, LnetEvent::BulkPut { match_bits, .. } if *match_bits == bits),
+                )
+            },
+        )?;
+        let got = s
+            .driver_mut()
+            .registry()
+            .and_then(|r| r.contents(&sink))
+            .unwrap_or_default();
+        let half = MIB / 2;
+        let own = got.len() == MIB && got[..half] == hostile[..half];
+        let zeros = got.len() == MIB && got[half..].iter().all(|&x| x == 0);
+        if !own || !zeros {
+            let foreign = got[half..].iter().filter(|&&x| x != 0).count();
+            bad.push(format!(
+                "short PUT {k}: its own half intact {own}, {foreign} unwritten bytes not zero                  (a previous user's data passed on)"
+            ));
+        }
+    }
+    println!("verbs_routed_bulk: {SHORT_PUTS} short-written PUTs checked at the server");
+    short.store(false, Ordering::Relaxed);
     for rt in [&mut c, &mut s] {
         let now = rt.now();
         rt.node_mut().shutdown(now);
