@@ -1161,9 +1161,9 @@ pub(super) enum Bulk {
 //   the fabric can see writes (tcp), that a PUT_DONE's data all arrived (`rdma_short_writes`);
 // - a sender whose transfer stalled or came in short gets a strike: its bulk PUTs are refused
 //   (`bulk_refused`) for `grant_timeout` (at least 1 s) times 2^(strikes - 1), at most 64
-//   times that; a PUT that comes in whole clears its strikes;
+//   times that; a PUT that comes in whole takes one strike away;
 // - a sender that has not yet brought one bulk PUT in whole (a NID never seen, or one that
-//   struck) holds at most one large buffer at a time, and all such senders together at most
+//   still has a strike) holds at most one large buffer at a time, and all such senders together at most
 //   half of the pool: the other half stays for peers that have shown they fill what they are
 //   lent. Their further PUTs wait (`waited_unproven`), in order of arrival.
 // A buffer whose data came in on a fabric that cannot see writes (verbs) is scrubbed before
@@ -1270,10 +1270,12 @@ impl LnetNode {
     pub(super) fn bulk_proven(&mut self, from: Nid) {
         if let Some(p) = self.peers.get_mut(&from) {
             let was = p.bulk_proven;
-            p.bulk_proven = true;
-            p.bulk_strikes = 0;
-            p.bulk_refused_until = None;
-            if !was {
+            // One whole PUT takes one strike away, not all: a sender alternating an honest
+            // PUT with a burst of stalled ones keeps its strikes growing, while a peer that
+            // stalled once is itself again after its next whole PUT.
+            p.bulk_strikes = p.bulk_strikes.saturating_sub(1);
+            p.bulk_proven = p.bulk_strikes == 0;
+            if p.bulk_proven && !was {
                 self.admit_unproven();
             }
         }
