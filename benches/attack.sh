@@ -8,7 +8,10 @@
 #
 #   bash benches/attack.sh
 #
-# Env: SECS=9 (each measured window), ROUNDS=2, ATTACKERS=64. Every run is bounded by `timeout`.
+# Env: SECS=9 (each measured window), ROUNDS=2, ATTACKERS=64, LARGE=N (the router's pool of
+# large buffers, `buffers: large:`, in both runs; default the router's 1024, split between its
+# two NIs: then all 64 attackers get a grant at once; with LARGE=16 the unproven share, half of
+# an NI's 8, lets 4 at a time). Every run is bounded by `timeout`.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -16,6 +19,9 @@ cd "$ROOT" || exit 1
 SECS=${SECS:-9}
 ROUNDS=${ROUNDS:-2}
 ATTACKERS=${ATTACKERS:-64}
+LARGE=${LARGE:-}
+POOL=()
+[ -n "$LARGE" ] && POOL=(--router-large "$LARGE")
 cargo build --release -q -p benches --bin lnet_perf -p router --bin lnet-router || exit 1
 PERF=target/release/lnet_perf
 ROUTER=target/release/lnet-router
@@ -23,7 +29,8 @@ ROUTER=target/release/lnet-router
 # run [ARGS...]: one routed bulk run; its FIGURE lines, with its exit status on a last line
 run() {
   local out rc
-  out=$(timeout 180 "$PERF" --bulk-put "$SECS" --size 1048576 --via-router "$ROUTER" "$@" \
+  out=$(timeout 180 "$PERF" --bulk-put "$SECS" --size 1048576 --via-router "$ROUTER" \
+    "${POOL[@]}" "$@" \
     2>/dev/null)
   rc=$?
   grep -E '^FIGURE' <<<"$out"

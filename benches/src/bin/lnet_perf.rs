@@ -52,7 +52,8 @@
 //! during it (`FIGURE ulnet_bulk_put_under_attack MiB/s value=..`), their ratio, a `SAMPLE
 //! attack` line every 500 ms, and the router's defence counters when the window ends
 //! (`FIGURE router_attack_counters`: routing show's bulk_stalled, bulk_refused,
-//! waited_unproven; net show -v's grants_reclaimed on its o2ib NI).
+//! waited_unproven; net show -v's grants_reclaimed on its o2ib NI). `--router-large N` sets the
+//! router's pool of large buffers (`buffers: large:`), so that the attackers can press on it.
 //!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
@@ -162,6 +163,9 @@ struct Opts {
     /// `--router-scrub auto|on|off`: the router's `buffers: scrub:` (its large buffers zeroed
     /// before they are lent again; default auto, which on tcp scrubs nothing).
     router_scrub: Option<String>,
+    /// `--router-large N`: the router's `buffers: large:` (its pool of large buffers, which
+    /// the attackers of `--attackers` try to drain).
+    router_large: Option<u32>,
     /// `--via-relay BIN`: A reaches B through this `tcp_relay` (a byte-stream relay; same net,
     /// no router): the ceiling a forwarding process reaches with ulnet's own endpoints.
     relay: Option<PathBuf>,
@@ -226,7 +230,7 @@ fn usage() -> ExitCode {
          [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
-         [--router-conns-per-peer N] [--router-scrub auto|on|off] [--server-peer-credits C] \
+         [--router-conns-per-peer N] [--router-scrub auto|on|off] [--router-large N] [--server-peer-credits C] \
          [--router-arg ARG]...] [--via-relay TCP_RELAY_BIN [--relay-arg ARG]...] \
          [--stall-server SECS] [--attackers N [--attack-after SECS]]"
     );
@@ -251,6 +255,7 @@ fn parse_args() -> Option<Opts> {
         router_busy_poll: None,
         router_conns_per_peer: 1,
         router_scrub: None,
+        router_large: None,
         server_peer_credits: None,
         router_args: Vec::new(),
         relay: None,
@@ -315,6 +320,7 @@ fn parse_args() -> Option<Opts> {
                 opts.router_scrub =
                     Some(val?.clone()).filter(|s| ["auto", "on", "off"].contains(&s.as_str()))
             }
+            "--router-large" => opts.router_large = Some(val?.parse().ok().filter(|&n| n > 0)?),
             "--router-conns-per-peer" => {
                 opts.router_conns_per_peer = val?.parse().ok().filter(|n| (1..=127).contains(n))?
             }
@@ -702,8 +708,14 @@ impl Router {
         };
         let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
         yaml.push_str("routing:\n    enable: 1\n");
+        if opts.router_scrub.is_some() || opts.router_large.is_some() {
+            yaml.push_str("buffers:\n");
+        }
         if let Some(s) = &opts.router_scrub {
-            yaml.push_str(&format!("buffers:\n    scrub: {s}\n"));
+            yaml.push_str(&format!("    scrub: {s}\n"));
+        }
+        if let Some(n) = opts.router_large {
+            yaml.push_str(&format!("    large: {n}\n"));
         }
         yaml.push_str("peers:\n");
         let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(true)]).collect();
