@@ -73,6 +73,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use lnd::driver::tcp::{MonotonicClock, TcpFabric};
+use lnd::driver::Driver as D;
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
@@ -1752,8 +1753,6 @@ impl Hostile {
         )
     }
 }
-
-use lnd::driver::Driver as D;
 
 impl lnd::driver::Driver for Hostile {
     fn apply(&mut self, now: lnd::time::Instant, action: lnd::fabric::FabricAction) {
