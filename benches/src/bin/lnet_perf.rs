@@ -43,6 +43,18 @@
 //! a `SAMPLE stall` line every 250 ms (PUTs completed at the clients, the router's RSS and held
 //! messages) and `FIGURE router_rss_kib`; then B continues and the rate is measured.
 //!
+//! `--attackers N` (routed bulk modes): N more nodes in A's process (`10.0.3.1@o2ib`, ...,
+//! in the router's peers like the clients), all on one extra thread, each on its own tcp fabric
+//! behind a driver that swallows its RDMA writes and its PUT_DONEs and reports them done: the
+//! router's grants to them are never filled. From `--attack-after SECS` into the measured
+//! window (default a third of it) each keeps one 1 MiB bulk PUT to B outstanding, sending the
+//! next as soon as the last ends, whatever its result. Prints the rate before the attack and
+//! during it (`FIGURE ulnet_bulk_put_under_attack MiB/s value=..`), their ratio, a `SAMPLE
+//! attack` line every 500 ms, and the router's defence counters when the window ends
+//! (`FIGURE router_attack_counters`: routing show's bulk_stalled, bulk_refused,
+//! waited_unproven; net show -v's grants_reclaimed on its o2ib NI). `--router-large N` sets the
+//! router's pool of large buffers (`buffers: large:`), so that the attackers can press on it.
+//!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
 //! 64), `--busy-poll-us US` (the tcp fabric's busy-poll budget, default 50). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
@@ -61,6 +73,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use lnd::driver::tcp::{MonotonicClock, TcpFabric};
+use lnd::driver::Driver as D;
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
@@ -151,6 +164,9 @@ struct Opts {
     /// `--router-scrub auto|on|off`: the router's `buffers: scrub:` (its large buffers zeroed
     /// before they are lent again; default auto, which on tcp scrubs nothing).
     router_scrub: Option<String>,
+    /// `--router-large N`: the router's `buffers: large:` (its pool of large buffers, which
+    /// the attackers of `--attackers` try to drain).
+    router_large: Option<u32>,
     /// `--via-relay BIN`: A reaches B through this `tcp_relay` (a byte-stream relay; same net,
     /// no router): the ceiling a forwarding process reaches with ulnet's own endpoints.
     relay: Option<PathBuf>,
@@ -163,6 +179,11 @@ struct Opts {
     size: u32,
     /// B: keep sinks and sources of `size` posted (bulk modes; started with `--bulk-serve`).
     bulk_serve: bool,
+    /// `--attackers N`: hostile nodes that never fill the router's grants (routed bulk).
+    attackers: usize,
+    /// `--attack-after SECS`: when, into the measured window, the attack starts (default a
+    /// third of the window).
+    attack_after: Option<f64>,
 }
 
 /// State the node threads and the main thread see.
@@ -178,6 +199,14 @@ struct Shared {
     stop: AtomicBool,
     /// PUTs B received (in B's process) or A saw complete (in A's).
     received: AtomicU64,
+    /// The attackers may start their PUTs.
+    attack: AtomicBool,
+    /// The attackers' bulk PUTs: started, ended done (at the attacker: its LND believes it
+    /// wrote), ended failed (refused, reclaimed, connection lost), not started (no route yet).
+    attack_sent: AtomicU64,
+    attack_done: AtomicU64,
+    attack_failed: AtomicU64,
+    attack_unsent: AtomicU64,
 }
 
 /// What the node threads tell the main thread.
@@ -202,9 +231,9 @@ fn usage() -> ExitCode {
          [--size BYTES] [--warmup N] [--window W] \
          [--peer-credits C] [--payload BYTES] [--max-wait-us US] [--busy-poll-us US] \
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
-         [--router-conns-per-peer N] [--router-scrub auto|on|off] [--server-peer-credits C] \
+         [--router-conns-per-peer N] [--router-scrub auto|on|off] [--router-large N] [--server-peer-credits C] \
          [--router-arg ARG]...] [--via-relay TCP_RELAY_BIN [--relay-arg ARG]...] \
-         [--stall-server SECS]"
+         [--stall-server SECS] [--attackers N [--attack-after SECS]]"
     );
     ExitCode::from(2)
 }
@@ -227,6 +256,7 @@ fn parse_args() -> Option<Opts> {
         router_busy_poll: None,
         router_conns_per_peer: 1,
         router_scrub: None,
+        router_large: None,
         server_peer_credits: None,
         router_args: Vec::new(),
         relay: None,
@@ -234,6 +264,8 @@ fn parse_args() -> Option<Opts> {
         stall_server: None,
         size: 1 << 20,
         bulk_serve: false,
+        attackers: 0,
+        attack_after: None,
     };
     let mut window = None;
     let mut i = 0;
@@ -289,6 +321,7 @@ fn parse_args() -> Option<Opts> {
                 opts.router_scrub =
                     Some(val?.clone()).filter(|s| ["auto", "on", "off"].contains(&s.as_str()))
             }
+            "--router-large" => opts.router_large = Some(val?.parse().ok().filter(|&n| n > 0)?),
             "--router-conns-per-peer" => {
                 opts.router_conns_per_peer = val?.parse().ok().filter(|n| (1..=127).contains(n))?
             }
@@ -296,6 +329,12 @@ fn parse_args() -> Option<Opts> {
                 opts.stall_server = Some(StdDuration::from_secs_f64(
                     val?.parse().ok().filter(|&s: &f64| s > 0.0 && s <= 600.0)?,
                 ))
+            }
+            "--attackers" => {
+                opts.attackers = val?.parse().ok().filter(|&n| (1..=250).contains(&n))?
+            }
+            "--attack-after" => {
+                opts.attack_after = Some(val?.parse().ok().filter(|&s: &f64| s > 0.0)?)
             }
             "--routed" => {
                 opts.routed = true;
@@ -316,6 +355,16 @@ fn parse_args() -> Option<Opts> {
         i += 2;
     }
     opts.mode = mode?;
+    if opts.attackers > 0 && (opts.router.is_none() || !matches!(opts.mode, Mode::Bulk { .. })) {
+        eprintln!("lnet_perf: --attackers needs a routed bulk mode (--via-router, --bulk-*)");
+        return None;
+    }
+    if let (Some(after), Mode::Bulk { secs, .. }) = (opts.attack_after, opts.mode) {
+        if after >= secs {
+            eprintln!("lnet_perf: --attack-after must be within the measured window");
+            return None;
+        }
+    }
     // Bulk keeps few large transfers in flight; small messages many.
     let bulk = matches!(opts.mode, Mode::Bulk { .. }) || opts.bulk_serve;
     opts.window = window.unwrap_or(if bulk { 8 } else { opts.window });
@@ -333,6 +382,11 @@ fn main() -> ExitCode {
         stop_client: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         received: AtomicU64::new(0),
+        attack: AtomicBool::new(false),
+        attack_sent: AtomicU64::new(0),
+        attack_done: AtomicU64::new(0),
+        attack_failed: AtomicU64::new(0),
+        attack_unsent: AtomicU64::new(0),
     });
     if opts.serve {
         return serve_main(&opts, &shared);
@@ -376,6 +430,19 @@ fn main() -> ExitCode {
         }
     }
     drop(tx);
+    let attackers = if opts.attackers > 0 {
+        match spawn_attackers(&opts, &shared) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                eprintln!("lnet_perf: cannot start the attackers: {e}");
+                shared.stop_client.store(true, Ordering::Relaxed);
+                shared.stop.store(true, Ordering::Relaxed);
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let mut router = None;
     if let Some(bin) = &opts.router {
         match Router::start(bin, &opts, &shared, &mut server) {
@@ -448,6 +515,16 @@ fn main() -> ExitCode {
                 eprintln!("lnet_perf: client {i} did not stop in time");
                 ok = false;
             }
+        }
+    }
+    if let Some(h) = attackers {
+        match join_bounded(h, SHUTDOWN_BOUND) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                eprintln!("lnet_perf: attackers: {e}");
+                ok = false;
+            }
+            None => eprintln!("WARN the attackers' thread did not stop in time"),
         }
     }
     if router.is_some() {
@@ -609,7 +686,10 @@ impl Router {
         use std::process::{Command, Stdio};
         // Every client's address first: the router's peers table lists them.
         let deadline = StdInstant::now() + StdDuration::from_secs(10);
-        let clients: Vec<Nid> = (0..opts.clients).map(client_nid).collect();
+        let clients: Vec<Nid> = (0..opts.clients)
+            .map(client_nid)
+            .chain((0..opts.attackers).map(attacker_nid))
+            .collect();
         while clients.iter().any(|&c| shared.peer(c).is_none()) {
             if StdInstant::now() >= deadline {
                 return Err("the clients never bound their fabrics".into());
@@ -629,8 +709,14 @@ impl Router {
         };
         let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
         yaml.push_str("routing:\n    enable: 1\n");
+        if opts.router_scrub.is_some() || opts.router_large.is_some() {
+            yaml.push_str("buffers:\n");
+        }
         if let Some(s) = &opts.router_scrub {
-            yaml.push_str(&format!("buffers:\n    scrub: {s}\n"));
+            yaml.push_str(&format!("    scrub: {s}\n"));
+        }
+        if let Some(n) = opts.router_large {
+            yaml.push_str(&format!("    large: {n}\n"));
         }
         yaml.push_str("peers:\n");
         let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(true)]).collect();
@@ -705,6 +791,41 @@ impl Router {
             Ok(other) => Err(format!("routing show: {other:?}")),
             Err(e) => Err(format!("routing show: {e}")),
         }
+    }
+
+    /// The router's defences against peers that hold its large buffers (see
+    /// router/src/node/bulk.rs, lending large buffers): `routing show`'s bulk_stalled,
+    /// bulk_refused and waited_unproven, and `net show -v`'s grants_reclaimed on the clients'
+    /// NI, as `name=value` pairs.
+    fn defence_counters(&self) -> Result<String, String> {
+        use router::control::{ControlClient, Request, Response};
+        let f = self.books()?;
+        let why = |k: &str| {
+            f.dropped_by_reason
+                .iter()
+                .find(|(n, _)| n == k)
+                .map_or(0, |(_, v)| *v)
+        };
+        let reclaimed = match ControlClient::connect(&self.socket)
+            .and_then(|mut c| c.call(&Request::NetShow { verbose: true }))
+        {
+            Ok(Response::Net(n)) => n
+                .net
+                .into_iter()
+                .flat_map(|n| n.local_nis)
+                .find(|ni| ni.nid == ROUTER_A)
+                .and_then(|ni| ni.lnd_statistics)
+                .and_then(|l| l.counters.get("grants_reclaimed"))
+                .ok_or("net show -v: no grants_reclaimed")?,
+            Ok(other) => return Err(format!("net show: {other:?}")),
+            Err(e) => return Err(format!("net show: {e}")),
+        };
+        Ok(format!(
+            "bulk_stalled={} bulk_refused={} waited_unproven={} grants_reclaimed={reclaimed}",
+            why("bulk_stalled"),
+            why("bulk_refused"),
+            f.waited_unproven
+        ))
     }
 
     /// SIGTERM (a graceful stop), bounded; then the scratch directory goes.
@@ -946,8 +1067,15 @@ fn measure_puts(
         stall_server(shared, stall, server_pid, router)?;
     }
     let (c0, t0) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
-    std::thread::sleep(StdDuration::from_secs_f64(secs));
+    let attack = if opts.attackers > 0 {
+        Some(attack_window(shared, secs, opts, router, t0)?)
+    } else {
+        std::thread::sleep(StdDuration::from_secs_f64(secs));
+        None
+    };
     let (c1, t1) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
+    // The router's defences as the window ends, the attack still running.
+    let defences = attack.and(router).map(Router::defence_counters);
     shared.stop_client.store(true, Ordering::Relaxed);
     let dt = t1.duration_since(t0).as_secs_f64();
     let rate = (c1 - c0) as f64 / dt;
@@ -976,6 +1104,30 @@ fn measure_puts(
         shared.received.load(Ordering::Relaxed),
         c1 - c0
     );
+    let mib = |n: u64, dt: f64| n as f64 * f64::from(opts.size) / f64::from(1u32 << 20) / dt;
+    if let Some((ca, ta)) = attack {
+        let before = mib(ca - c0, ta.duration_since(t0).as_secs_f64());
+        let during = mib(c1 - ca, t1.duration_since(ta).as_secs_f64());
+        println!("FIGURE ulnet_bulk_put_before_attack MiB/s value={before:.1}");
+        println!("FIGURE ulnet_bulk_put_under_attack MiB/s value={during:.1}");
+        println!(
+            "FIGURE attack_ratio during/before value={:.3}",
+            if before > 0.0 { during / before } else { 0.0 }
+        );
+        println!(
+            "FIGURE attackers n={} puts_sent={} ended_done={} ended_failed={} not_routed={}",
+            opts.attackers,
+            shared.attack_sent.load(Ordering::Relaxed),
+            shared.attack_done.load(Ordering::Relaxed),
+            shared.attack_failed.load(Ordering::Relaxed),
+            shared.attack_unsent.load(Ordering::Relaxed),
+        );
+        match defences {
+            Some(Ok(d)) => println!("FIGURE router_attack_counters {d}"),
+            Some(Err(e)) => eprintln!("WARN router counters: {e}"),
+            None => {}
+        }
+    }
     if errors > 0 {
         return Err(format!("{errors} PUTs failed"));
     }
@@ -992,6 +1144,48 @@ fn measure_puts(
         ),
     }
     Ok(())
+}
+
+/// The measured window with an attack: unattacked until `--attack-after`, then the attackers
+/// go, with a `SAMPLE attack` line every 500 ms (the legitimate rate over the last interval,
+/// the attackers' PUTs and the router's defences). Returns the count and time at the start of
+/// the attack.
+fn attack_window(
+    shared: &Shared,
+    secs: f64,
+    opts: &Opts,
+    router: Option<&Router>,
+    t0: StdInstant,
+) -> Result<(u64, StdInstant), String> {
+    let after = opts.attack_after.unwrap_or(secs / 3.0);
+    let end = t0 + StdDuration::from_secs_f64(secs);
+    std::thread::sleep(StdDuration::from_secs_f64(after));
+    let (ca, ta) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
+    shared.attack.store(true, Ordering::Relaxed);
+    let mut last = (ca, ta);
+    loop {
+        let left = end.saturating_duration_since(StdInstant::now());
+        if left.is_zero() {
+            break;
+        }
+        std::thread::sleep(left.min(StdDuration::from_millis(500)));
+        let (c, t) = (shared.received.load(Ordering::Relaxed), StdInstant::now());
+        let rate = (c - last.0) as f64 * f64::from(opts.size)
+            / f64::from(1u32 << 20)
+            / t.duration_since(last.1).as_secs_f64();
+        last = (c, t);
+        let d = router.map_or_else(|| Ok(String::new()), Router::defence_counters);
+        println!(
+            "SAMPLE attack t={:.2} legit_MiB/s={rate:.1} attackers sent={} done={} failed={} \
+             router {}",
+            t.duration_since(ta).as_secs_f64(),
+            shared.attack_sent.load(Ordering::Relaxed),
+            shared.attack_done.load(Ordering::Relaxed),
+            shared.attack_failed.load(Ordering::Relaxed),
+            d.unwrap_or_else(|e| e),
+        );
+    }
+    Ok((ca, ta))
 }
 
 fn print_rtt(samples: &[u64]) {
@@ -1527,4 +1721,223 @@ fn stream_bulk(
         }
     }
     Ok((sent, done, errors))
+}
+
+/// Attacker `i`'s NID (a fresh one: the router has never seen it bring a PUT in whole).
+fn attacker_nid(i: usize) -> Nid {
+    nid(&format!("10.0.3.{}@o2ib", i + 1))
+}
+
+/// An attacker's fabric: the tcp fabric, but its RDMA writes and its PUT_DONEs never leave;
+/// both are reported done at the next poll, so its LND goes on as if it had written. The
+/// router's grant to it is never filled nor completed: it holds the buffer until the router
+/// reclaims it (a peer taking every grant it is given).
+struct Hostile {
+    inner: TcpFabric,
+    /// Work requests swallowed, to report done.
+    fake: Vec<(lnd::fabric::ConnId, lnd::fabric::WrId)>,
+}
+
+impl Hostile {
+    fn is_put_done(bytes: &[u8]) -> bool {
+        use lnd::wire::kib::{KibBody, KibMsg};
+        matches!(
+            KibMsg::parse(bytes),
+            Ok((
+                KibMsg {
+                    body: KibBody::PutDone(_),
+                    ..
+                },
+                _
+            ))
+        )
+    }
+}
+
+impl lnd::driver::Driver for Hostile {
+    fn apply(&mut self, now: lnd::time::Instant, action: lnd::fabric::FabricAction) {
+        use lnd::fabric::FabricAction;
+        match action {
+            FabricAction::RdmaWrite { conn, wr, .. } => self.fake.push((conn, wr)),
+            FabricAction::Send { conn, wr, bytes } if Hostile::is_put_done(&bytes) => {
+                self.fake.push((conn, wr))
+            }
+            other => D::apply(&mut self.inner, now, other),
+        }
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Option<StdDuration>,
+        sink: &mut dyn lnd::fabric::FabricSink,
+        now: &dyn Fn() -> lnd::time::Instant,
+    ) -> std::io::Result<()> {
+        let faked = !self.fake.is_empty();
+        if faked {
+            let t = now();
+            for (conn, wr) in self.fake.drain(..) {
+                sink.handle_send_complete(t, conn, wr, lnd::fabric::WcStatus::Success);
+            }
+        }
+        let timeout = if faked {
+            Some(StdDuration::ZERO)
+        } else {
+            timeout
+        };
+        D::poll(&mut self.inner, timeout, sink, now)
+    }
+
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        D::set_waker(&mut self.inner, fd)
+    }
+
+    fn set_doorbell(&mut self, bell: lnd::driver::Doorbell) {
+        D::set_doorbell(&mut self.inner, bell)
+    }
+
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        D::readiness_fd(&self.inner)
+    }
+
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
+        D::watch(&mut self.inner, fd)
+    }
+
+    fn has_queued_work(&self) -> bool {
+        !self.fake.is_empty() || D::has_queued_work(&self.inner)
+    }
+
+    fn take_woken(&mut self) -> bool {
+        D::take_woken(&mut self.inner)
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        D::counters(&self.inner)
+    }
+
+    fn abandon(&mut self) {
+        D::abandon(&mut self.inner)
+    }
+
+    fn registry(&mut self) -> Option<&mut dyn lnd::fabric::Registry> {
+        D::registry(&mut self.inner)
+    }
+
+    fn sees_writes(&self) -> bool {
+        D::sees_writes(&self.inner)
+    }
+}
+
+/// Bound on one attackers' round: the thread sleeps at most this long in the first runtime
+/// (less when any has work), so that 64 attackers share one thread without spinning a core.
+const ATTACK_ROUND: StdDuration = StdDuration::from_millis(1);
+
+/// The `--attackers` nodes on one thread (a [`router::runtime::Swarm`]): bound now (their
+/// addresses go to the router's peers), idle but for their router pings until `go`, then from
+/// `attack` each keeps one bulk PUT of `--size` to B outstanding until the clients stop.
+fn spawn_attackers(
+    opts: &Opts,
+    shared: &Arc<Shared>,
+) -> Result<JoinHandle<Result<(), String>>, String> {
+    use lnd::fabric::Registry;
+    use router::BulkBuf;
+    let mut runtimes = Vec::new();
+    let mut sources = Vec::new();
+    for i in 0..opts.attackers {
+        let me = attacker_nid(i);
+        let sh = Arc::clone(shared);
+        let tcp = lnd::driver::tcp::TcpConfig {
+            // The swarm polls every runtime each round already.
+            busy_poll: StdDuration::ZERO,
+            ..Default::default()
+        };
+        let fabric = TcpFabric::bind_with(
+            "127.0.0.1:0".parse().expect("address"),
+            move |n| sh.peer(n),
+            tcp,
+        )
+        .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
+        shared.add_peer(me, fabric.local_addr());
+        let clock = MonotonicClock::new();
+        let mut ni = NiConfig::new(me, 0xa77a_0000 + i as u64);
+        ni.peer_credits = opts.peer_credits;
+        ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
+        let mut cfg = NodeConfig::new(vec![ni]);
+        cfg.routes = vec![RouteConfig {
+            net: "o2ib1".parse().expect("a net"),
+            gateway: nid(ROUTER_A),
+            hops: Some(1),
+            priority: 0,
+        }];
+        let node = LnetNode::new(cfg, clock.now());
+        let mut driver = Hostile {
+            inner: fabric,
+            fake: Vec::new(),
+        };
+        // Never read: nothing is written from it.
+        let reg = driver
+            .inner
+            .register(vec![0xa5; opts.size as usize])
+            .map_err(|e| format!("register: {e}"))?;
+        sources.push(BulkBuf::new(NiIndex(0), &reg, 0, opts.size).ok_or("source range")?);
+        let (rt, _wake) = NiRuntime::new(node, driver, clock)
+            .map_err(|e| format!("cannot make the node's waker: {e}"))?;
+        runtimes.push(rt);
+    }
+    let mut swarm = router::runtime::Swarm::new(runtimes)
+        .map_err(|e| format!("the attackers cannot share a thread: {e}"))?;
+    let shared = Arc::clone(shared);
+    let dst = server_nid(true);
+    std::thread::Builder::new()
+        .name("attackers".into())
+        .spawn(move || {
+            while !shared.go.load(Ordering::Relaxed) {
+                if shared.stop_client.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                std::thread::sleep(StdDuration::from_millis(1));
+            }
+            let mut outstanding = vec![None; sources.len()];
+            while !shared.stop_client.load(Ordering::Relaxed) {
+                swarm
+                    .turn(ATTACK_ROUND)
+                    .map_err(|e| format!("fabric: {e}"))?;
+                let attack = shared.attack.load(Ordering::Relaxed);
+                for (i, rt) in swarm.runtimes_mut().iter_mut().enumerate() {
+                    while let Some(ev) = rt.node_mut().poll_event() {
+                        if let LnetEvent::PutDone { id, result } = ev {
+                            if outstanding[i] == Some(id) {
+                                outstanding[i] = None;
+                                let n = if result.is_ok() {
+                                    &shared.attack_done
+                                } else {
+                                    &shared.attack_failed
+                                };
+                                n.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    if attack && outstanding[i].is_none() {
+                        let now = rt.now();
+                        match rt.node_mut().send_put_bulk(
+                            now,
+                            dst,
+                            BENCH_PORTAL,
+                            BULK_BITS,
+                            sources[i],
+                        ) {
+                            Ok(id) => {
+                                outstanding[i] = Some(id);
+                                shared.attack_sent.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(_) => {
+                                shared.attack_unsent.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| format!("spawn: {e}"))
 }
