@@ -251,3 +251,82 @@ fn sixty_four_fresh_nids_pinning_large_buffers_do_not_stop_others_bulk() {
     assert!(books.waited_unproven > 0, "{summary}");
     assert!(books.reconciles(), "{summary}");
 }
+
+/// A sender that alternates whole PUTs with stalled ones keeps its strikes: a whole PUT takes
+/// one strike away, not all, so after two stalls, a whole PUT and a third stall it is refused
+/// for two grant timeouts (its second strike), not one: a PUT 1.5 s after the third reclaim is
+/// refused. Had the whole PUT cleared every strike, it would be taken. (On this fabric, which
+/// cannot see writes, a reclaim also closes the connection, so the sender's route through the
+/// router is down until its next ping of the router: PUTs are retried until the route takes
+/// them.)
+#[test]
+fn a_whole_put_takes_one_strike_away_not_all() {
+    let cfgs = vec![
+        node(&[A], &[route("o2ib1", R_A)], false, 10),
+        node(&[SERVER], &[route("o2ib", R_B)], false, 30),
+        node(&[R_A, R_B], &[], true, 40),
+    ];
+    let mut f = Fabric::from_configs(cfgs);
+    give_bulk_buffers(&mut f, &[2], 4);
+    let server = nid(SERVER);
+    let src = f.register(0, pattern(7, 8192));
+    let count = |f: &Fabric, why| f.nodes[2].routing_info().stats.dropped_for(why);
+    // Steps virtual time until `cond` holds (at most 20 s).
+    let until = |f: &mut Fabric, cond: &dyn Fn(&Fabric) -> bool| {
+        for _ in 0..400 {
+            if cond(f) {
+                return;
+            }
+            f.run_for(Duration::from_millis(50));
+        }
+        panic!("not within 20 s");
+    };
+    let mut bits = 0u64;
+    // Sends one PUT of A's, whole or stalled, once its route takes it.
+    let mut put = |f: &mut Fabric, stalled: bool| {
+        f.stalled_writes.retain(|&n| n != 0);
+        if stalled {
+            f.stalled_writes.push(0);
+        }
+        bits += 1;
+        let sink = f.register(1, vec![0; 8192]);
+        let b = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
+        f.nodes[1].post_sink(4, bits, b);
+        let b = BulkBuf::new(NiIndex(0), &src, 0, 8192).unwrap();
+        for _ in 0..400 {
+            let now = f.now;
+            if f.nodes[0].send_put_bulk(now, server, 4, bits, b).is_ok() {
+                return;
+            }
+            f.run_for(Duration::from_millis(50));
+        }
+        panic!("the route never took PUT {bits}");
+    };
+    // Two stalls, each reclaimed (strikes 1 then 2); the second once the first's refusal
+    // (1 s) is over.
+    put(&mut f, true);
+    until(&mut f, &|f| count(f, FwdDrop::BulkStalled) == 1);
+    f.run_for(Duration::from_millis(1100));
+    put(&mut f, true);
+    until(&mut f, &|f| count(f, FwdDrop::BulkStalled) == 2);
+    // Once the second's refusal (2 s) is over, a whole PUT: forwarded.
+    f.run_for(Duration::from_millis(2100));
+    let forwarded = f.nodes[2].routing_info().stats.forwarded;
+    put(&mut f, false);
+    until(&mut f, &|f| {
+        f.nodes[2].routing_info().stats.forwarded > forwarded
+    });
+    assert_eq!(count(&f, FwdDrop::BulkRefused), 0);
+    // A third stall: strikes 2 - 1 + 1 = 2, so refused for 2 s from its reclaim.
+    put(&mut f, true);
+    until(&mut f, &|f| count(f, FwdDrop::BulkStalled) == 3);
+    f.run_for(Duration::from_millis(1500));
+    put(&mut f, false);
+    f.run_for(Duration::from_millis(200));
+    assert_eq!(
+        count(&f, FwdDrop::BulkRefused),
+        1,
+        "refused 1.5 s after the reclaim"
+    );
+    assert_eq!(count(&f, FwdDrop::BulkStalled), 3);
+}
