@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
+use lnd::driver::tamper::{Rewrite, Tamper};
 use lnd::driver::verbs::{MonotonicClock, VerbsConfig, VerbsFabric};
 use lnd::driver::Driver;
 use lnd::fabric::{FabricAction, LocalFrag, Registration, RemoteFrag};
@@ -34,74 +35,31 @@ use router::{BulkBuf, LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, RouteC
 const MIB: usize = 1 << 20;
 const PORTAL: u32 = 16;
 
-type Rt = NiRuntime<Halving>;
+type Rt = NiRuntime<Tamper<VerbsFabric>>;
 
-/// The verbs fabric, whose RDMA writes carry only their first half while `short` is set (a
-/// hostile sender: its PUT_DONE still claims the whole PUT).
-struct Halving {
-    inner: VerbsFabric,
-    short: Arc<AtomicBool>,
-}
-
-impl Driver for Halving {
-    fn apply(&mut self, now: lnd::time::Instant, action: FabricAction) {
-        let action = match action {
-            FabricAction::RdmaWrite {
+/// The client's RDMA writes carry only their first half while `short` is set (a hostile
+/// sender: its PUT_DONE still claims the whole PUT).
+fn halving(short: Arc<AtomicBool>) -> Rewrite {
+    Box::new(move |action| match action {
+        FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            remote,
+        } if short.load(Ordering::Relaxed) && local.len() == 1 && remote.len() == 1 => {
+            let n = local[0].len / 2;
+            Some(FabricAction::RdmaWrite {
                 conn,
                 wr,
-                local,
-                remote,
-            } if self.short.load(Ordering::Relaxed) && local.len() == 1 && remote.len() == 1 => {
-                let n = local[0].len / 2;
-                FabricAction::RdmaWrite {
-                    conn,
-                    wr,
-                    local: vec![LocalFrag { len: n, ..local[0] }],
-                    remote: vec![RemoteFrag {
-                        len: n,
-                        ..remote[0]
-                    }],
-                }
-            }
-            other => other,
-        };
-        self.inner.apply(now, action)
-    }
-    fn poll(
-        &mut self,
-        timeout: Option<StdDuration>,
-        sink: &mut dyn lnd::fabric::FabricSink,
-        now: &dyn Fn() -> lnd::time::Instant,
-    ) -> std::io::Result<()> {
-        self.inner.poll(timeout, sink, now)
-    }
-    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
-        self.inner.set_waker(fd)
-    }
-    fn set_doorbell(&mut self, bell: lnd::driver::Doorbell) {
-        self.inner.set_doorbell(bell)
-    }
-    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.readiness_fd()
-    }
-    fn has_queued_work(&self) -> bool {
-        self.inner.has_queued_work()
-    }
-    fn take_woken(&mut self) -> bool {
-        self.inner.take_woken()
-    }
-    fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.inner.counters()
-    }
-    fn abandon(&mut self) {
-        self.inner.abandon()
-    }
-    fn registry(&mut self) -> Option<&mut dyn lnd::fabric::Registry> {
-        self.inner.registry()
-    }
-    fn sees_writes(&self) -> bool {
-        self.inner.sees_writes()
-    }
+                local: vec![LocalFrag { len: n, ..local[0] }],
+                remote: vec![RemoteFrag {
+                    len: n,
+                    ..remote[0]
+                }],
+            })
+        }
+        other => Some(other),
+    })
 }
 
 fn addr(nid: Nid) -> SocketAddr {
@@ -135,10 +93,8 @@ fn node(
     c.gateway_health.check_interval = Duration::from_secs(1);
     c.gateway_health.ping_timeout = Duration::from_secs(2);
     let n = LnetNode::new(c, clock.now());
-    let fabric = Halving {
-        inner: fabric,
-        short: Arc::clone(short),
-    };
+    let mut fabric = Tamper::new(fabric);
+    fabric.set(Some(halving(Arc::clone(short))));
     let (rt, _wake) = NiRuntime::new(n, fabric, *clock).map_err(|e| e.to_string())?;
     Ok(rt)
 }

@@ -14,11 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
+use lnd::driver::tamper::{Rewrite, Tamper};
 use lnd::driver::tcp::TcpFabric;
 use lnd::driver::{Driver, MonotonicClock};
-use lnd::fabric::{
-    ConnId, FabricAction, FabricSink, LocalFrag, Registration, RemoteFrag, WcStatus, WrId,
-};
+use lnd::fabric::{FabricAction, LocalFrag, Registration, RemoteFrag};
 use lnd::wire::Nid;
 use router::control::{Request, Response};
 use router::runtime::NiRuntime;
@@ -39,17 +38,11 @@ enum Write {
     HalfTwice,
 }
 
-/// The client's fabric: the tcp fabric, with its RDMA writes rewritten as `how` says (a
-/// write swallowed whole is reported done all the same).
-struct Tamper {
-    inner: TcpFabric,
-    how: Arc<Mutex<Write>>,
-    fake: Vec<(ConnId, WrId)>,
-}
-
-impl Driver for Tamper {
-    fn apply(&mut self, now: lnd::time::Instant, action: FabricAction) {
-        let how = *self.how.lock().unwrap();
+/// The client's rewrite of its RDMA writes, as `how` says at the time (a write swallowed
+/// whole is reported done all the same).
+fn client_writes(how: Arc<Mutex<Write>>) -> Rewrite {
+    Box::new(move |action| {
+        let mode = *how.lock().unwrap();
         let FabricAction::RdmaWrite {
             conn,
             wr,
@@ -57,65 +50,29 @@ impl Driver for Tamper {
             remote,
         } = action
         else {
-            return self.inner.apply(now, action);
+            return Some(action);
         };
-        let half = |l: &[LocalFrag], r: &[RemoteFrag]| {
-            let n = l[0].len / 2;
-            (LocalFrag { len: n, ..l[0] }, RemoteFrag { len: n, ..r[0] })
-        };
-        let (local, remote) = match how {
-            Write::Honest => (local, remote),
-            Write::Half => {
-                let (l, r) = half(&local, &remote);
-                (vec![l], vec![r])
-            }
-            Write::HalfTwice => {
-                let (l, r) = half(&local, &remote);
-                (vec![l, l], vec![r, r])
-            }
-            Write::Nothing => return self.fake.push((conn, wr)),
-        };
-        self.inner.apply(
-            now,
-            FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
+        let n = local[0].len / 2;
+        let (l, r) = (
+            LocalFrag { len: n, ..local[0] },
+            RemoteFrag {
+                len: n,
+                ..remote[0]
             },
         );
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<Duration>,
-        sink: &mut dyn FabricSink,
-        now: &dyn Fn() -> lnd::time::Instant,
-    ) -> std::io::Result<()> {
-        let t = now();
-        let faked = !self.fake.is_empty();
-        for (conn, wr) in self.fake.drain(..) {
-            sink.handle_send_complete(t, conn, wr, WcStatus::Success);
-        }
-        let timeout = if faked { Some(Duration::ZERO) } else { timeout };
-        self.inner.poll(timeout, sink, now)
-    }
-
-    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
-        self.inner.set_waker(fd)
-    }
-
-    fn counters(&self) -> Vec<(&'static str, u64)> {
-        self.inner.counters()
-    }
-
-    fn registry(&mut self) -> Option<&mut dyn lnd::fabric::Registry> {
-        self.inner.registry()
-    }
-
-    fn sees_writes(&self) -> bool {
-        self.inner.sees_writes()
-    }
+        let (local, remote) = match mode {
+            Write::Honest => (local, remote),
+            Write::Half => (vec![l], vec![r]),
+            Write::HalfTwice => (vec![l, l], vec![r, r]),
+            Write::Nothing => return None,
+        };
+        Some(FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            remote,
+        })
+    })
 }
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
@@ -159,7 +116,7 @@ fn bulk_drops(d: &Daemon, why: &str) -> u64 {
 }
 
 struct Ends {
-    client: NiRuntime<Tamper>,
+    client: NiRuntime<Tamper<TcpFabric>>,
     server: NiRuntime<TcpFabric>,
     /// BulkPut results at the server by match bits.
     landed: HashMap<u64, Result<u32, router::LnetError>>,
@@ -294,11 +251,8 @@ peers:
         .unwrap();
     book.lock().unwrap().insert(nid(R_A), ra);
     let how = Arc::new(Mutex::new(Write::Honest));
-    let client = Tamper {
-        inner: fabric(&book),
-        how: Arc::clone(&how),
-        fake: Vec::new(),
-    };
+    let mut client = Tamper::new(fabric(&book));
+    client.set(Some(client_writes(Arc::clone(&how))));
     let route = RouteConfig {
         net: "o2ib1".parse().unwrap(),
         gateway: nid(R_A),

@@ -73,7 +73,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use lnd::driver::tcp::{MonotonicClock, TcpFabric};
-use lnd::driver::Driver as D;
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
@@ -1732,100 +1731,20 @@ fn attacker_nid(i: usize) -> Nid {
 /// both are reported done at the next poll, so its LND goes on as if it had written. The
 /// router's grant to it is never filled nor completed: it holds the buffer until the router
 /// reclaims it (a peer taking every grant it is given).
-struct Hostile {
-    inner: TcpFabric,
-    /// Work requests swallowed, to report done.
-    fake: Vec<(lnd::fabric::ConnId, lnd::fabric::WrId)>,
-}
-
-impl Hostile {
-    fn is_put_done(bytes: &[u8]) -> bool {
-        use lnd::wire::kib::{KibBody, KibMsg};
-        matches!(
-            KibMsg::parse(bytes),
-            Ok((
-                KibMsg {
-                    body: KibBody::PutDone(_),
-                    ..
-                },
-                _
-            ))
-        )
-    }
-}
-
-impl lnd::driver::Driver for Hostile {
-    fn apply(&mut self, now: lnd::time::Instant, action: lnd::fabric::FabricAction) {
-        use lnd::fabric::FabricAction;
-        match action {
-            FabricAction::RdmaWrite { conn, wr, .. } => self.fake.push((conn, wr)),
-            FabricAction::Send { conn, wr, bytes } if Hostile::is_put_done(&bytes) => {
-                self.fake.push((conn, wr))
-            }
-            other => D::apply(&mut self.inner, now, other),
+fn hostile(fabric: TcpFabric) -> lnd::driver::tamper::Tamper<TcpFabric> {
+    use lnd::fabric::FabricAction;
+    use lnd::wire::kib::{KibBody, KibMsg};
+    let mut t = lnd::driver::tamper::Tamper::new(fabric);
+    t.set(Some(Box::new(|action| match &action {
+        FabricAction::RdmaWrite { .. } => None,
+        FabricAction::Send { bytes, .. }
+            if matches!(KibMsg::parse(bytes), Ok((m, _)) if matches!(m.body, KibBody::PutDone(_))) =>
+        {
+            None
         }
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<StdDuration>,
-        sink: &mut dyn lnd::fabric::FabricSink,
-        now: &dyn Fn() -> lnd::time::Instant,
-    ) -> std::io::Result<()> {
-        let faked = !self.fake.is_empty();
-        if faked {
-            let t = now();
-            for (conn, wr) in self.fake.drain(..) {
-                sink.handle_send_complete(t, conn, wr, lnd::fabric::WcStatus::Success);
-            }
-        }
-        let timeout = if faked {
-            Some(StdDuration::ZERO)
-        } else {
-            timeout
-        };
-        D::poll(&mut self.inner, timeout, sink, now)
-    }
-
-    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
-        D::set_waker(&mut self.inner, fd)
-    }
-
-    fn set_doorbell(&mut self, bell: lnd::driver::Doorbell) {
-        D::set_doorbell(&mut self.inner, bell)
-    }
-
-    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
-        D::readiness_fd(&self.inner)
-    }
-
-    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
-        D::watch(&mut self.inner, fd)
-    }
-
-    fn has_queued_work(&self) -> bool {
-        !self.fake.is_empty() || D::has_queued_work(&self.inner)
-    }
-
-    fn take_woken(&mut self) -> bool {
-        D::take_woken(&mut self.inner)
-    }
-
-    fn counters(&self) -> Vec<(&'static str, u64)> {
-        D::counters(&self.inner)
-    }
-
-    fn abandon(&mut self) {
-        D::abandon(&mut self.inner)
-    }
-
-    fn registry(&mut self) -> Option<&mut dyn lnd::fabric::Registry> {
-        D::registry(&mut self.inner)
-    }
-
-    fn sees_writes(&self) -> bool {
-        D::sees_writes(&self.inner)
-    }
+        _ => Some(action),
+    })));
+    t
 }
 
 /// Bound on one attackers' round: the thread sleeps at most this long in the first runtime
@@ -1870,13 +1789,9 @@ fn spawn_attackers(
             priority: 0,
         }];
         let node = LnetNode::new(cfg, clock.now());
-        let mut driver = Hostile {
-            inner: fabric,
-            fake: Vec::new(),
-        };
+        let mut driver = hostile(fabric);
         // Never read: nothing is written from it.
         let reg = driver
-            .inner
             .register(vec![0xa5; opts.size as usize])
             .map_err(|e| format!("register: {e}"))?;
         sources.push(BulkBuf::new(NiIndex(0), &reg, 0, opts.size).ok_or("source range")?);

@@ -4,6 +4,7 @@
 //! wait on the fabric until the next deadline, run due timers, hand events on). A driver pushes
 //! what happened into a [`FabricSink`]; it never holds the engine.
 
+pub mod tamper;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 #[cfg(feature = "verbs")]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use super::*;
+use crate::driver::tamper::Tamper;
 use crate::engine::{DownReason, Endpoint, EndpointConfig, TxError};
 use crate::wire::LnetHdr;
 
@@ -45,7 +46,9 @@ fn index_of(p: &[u8]) -> u64 {
 }
 
 struct Node {
-    fabric: TcpFabric,
+    /// The node's fabric; a hostile LND rewrites what the engine asks of it
+    /// (`crate::driver::tamper`).
+    fabric: Tamper<TcpFabric>,
     ep: Endpoint,
     got: Vec<(Nid, Vec<u8>)>,
     done: HashMap<u64, Result<(), TxError>>,
@@ -54,13 +57,7 @@ struct Node {
     answers: std::collections::VecDeque<Answer>,
     /// Transfers into this node's memory that ended: (cookie, bytes or why not).
     rdma_done: HashMap<u64, Result<u32, TxError>>,
-    /// A hostile LND: rewrites each action of the engine before the fabric gets it.
-    tamper: Option<Tamper>,
 }
-
-/// Rewrites an action of the engine (see [`Node::tamper`]): the actions to apply instead, and
-/// completions to report as if the fabric had done them (a write swallowed whole).
-type Tamper = Box<dyn FnMut(FabricAction) -> (Vec<FabricAction>, Vec<(ConnId, WrId)>)>;
 
 /// How a node's LNet answers a rendezvous request.
 enum Answer {
@@ -79,14 +76,13 @@ impl Node {
         .unwrap();
         book.lock().unwrap().insert(nid(name), fabric.local_addr());
         Node {
-            fabric,
+            fabric: Tamper::new(fabric),
             ep: Endpoint::new(EndpointConfig::new(nid(name), incarnation), clock.now()),
             got: Vec::new(),
             done: HashMap::new(),
             downs: Vec::new(),
             answers: Default::default(),
             rdma_done: HashMap::new(),
-            tamper: None,
         }
     }
 
@@ -99,24 +95,7 @@ impl Node {
             downs,
             answers,
             rdma_done,
-            tamper,
         } = self;
-        if let Some(t) = tamper {
-            let now = clock.now();
-            while let Some(a) = ep.poll_action() {
-                let (apply, fake) = t(a);
-                for a in apply {
-                    fabric.apply(now, a);
-                }
-                for (conn, wr) in fake {
-                    let status = WcStatus::Success;
-                    ep.fabric_event(
-                        now,
-                        crate::fabric::FabricEvent::SendComplete { conn, wr, status },
-                    );
-                }
-            }
-        }
         turn(fabric, ep, clock, STEP_WAIT, &mut |ep, now, ev| match ev {
             LndEvent::Received {
                 from, payload, rx, ..
@@ -546,14 +525,13 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
     };
     let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
     let mut n = Node {
-        fabric,
+        fabric: Tamper::new(fabric),
         ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.1@o2ib"), 1), clock.now()),
         got: Vec::new(),
         done: HashMap::new(),
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
-        tamper: None,
     };
     let t0 = std::time::Instant::now();
     let mut raw = TcpStream::connect(n.fabric.local_addr()).unwrap();
@@ -672,14 +650,13 @@ fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
         .unwrap()
         .insert(nid("10.0.0.2@o2ib"), fabric.local_addr());
     let mut b = Node {
-        fabric,
+        fabric: Tamper::new(fabric),
         ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
         got: Vec::new(),
         done: HashMap::new(),
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
-        tamper: None,
     };
     let mut raws = silent_clients(7, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 4);
@@ -1864,14 +1841,13 @@ fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
     };
     let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
     let mut b = Node {
-        fabric,
+        fabric: Tamper::new(fabric),
         ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
         got: Vec::new(),
         done: HashMap::new(),
         downs: Vec::new(),
         answers: Default::default(),
         rdma_done: HashMap::new(),
-        tamper: None,
     };
     let _raws = silent_clients(5, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 2);

@@ -4,6 +4,7 @@
 //! buffer) is never passed on holding its previous user's bytes.
 
 use super::*;
+use crate::driver::tamper::Rewrite;
 use crate::engine::RdmaSink;
 use crate::wire::kib::EPROTO;
 
@@ -27,8 +28,8 @@ fn halve<F: Copy>(frags: &[F], len: impl Fn(F) -> u32, cut: impl Fn(F, u32) -> F
     cut(f, len(f) / 2)
 }
 
-/// A tamper that rewrites every RDMA write of the node as `how` says.
-fn tamper(how: Write) -> Tamper {
+/// A rewrite of every RDMA write of the node as `how` says.
+fn tamper(how: Write) -> Rewrite {
     Box::new(move |a| match a {
         FabricAction::RdmaWrite {
             conn,
@@ -52,17 +53,17 @@ fn tamper(how: Write) -> Tamper {
                         }],
                     )
                 }
-                _ => return (Vec::new(), vec![(conn, wr)]),
+                // Swallowed, reported done.
+                _ => return None,
             };
-            let w = FabricAction::RdmaWrite {
+            Some(FabricAction::RdmaWrite {
                 conn,
                 wr,
                 local,
                 remote,
-            };
-            (vec![w], Vec::new())
+            })
         }
-        other => (vec![other], Vec::new()),
+        other => Some(other),
     })
 }
 
@@ -75,7 +76,7 @@ const OLD: u8 = 0xee;
 fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Vec<u8>) {
     let clock = MonotonicClock::new();
     let (_book, mut a, mut b) = connected_pair(&clock);
-    a.tamper = Some(tamper(how));
+    a.fabric.set(Some(tamper(how)));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let src = a.fabric.register(pattern(3, LEN as usize)).unwrap();
     let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
@@ -95,7 +96,7 @@ fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Ve
     );
     let bytes = b.fabric.contents(&sink).unwrap();
     let out = (b.rdma_done[&77], b.ep.stats().clone(), bytes);
-    a.tamper = None;
+    a.fabric.set(None);
     shut_down_both(&mut a, &mut b, &clock);
     out
 }
@@ -127,7 +128,7 @@ fn a_put_whose_data_did_not_all_arrive_fails_at_the_sink() {
 fn get_from(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats) {
     let clock = MonotonicClock::new();
     let (_book, mut a, mut b) = connected_pair(&clock);
-    a.tamper = Some(tamper(how));
+    a.fabric.set(Some(tamper(how)));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let src = a.fabric.register(pattern(4, LEN as usize)).unwrap();
     let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
@@ -146,7 +147,7 @@ fn get_from(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats) {
         "{how:?}: the GET did not end"
     );
     let out = (b.rdma_done[&88], b.ep.stats().clone());
-    a.tamper = None;
+    a.fabric.set(None);
     shut_down_both(&mut a, &mut b, &clock);
     out
 }
@@ -169,19 +170,18 @@ fn a_get_whose_reply_did_not_all_arrive_fails_at_the_requester() {
 fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
     let clock = MonotonicClock::new();
     let (_book, mut a, mut b) = connected_pair(&clock);
-    // A holds every write and PUT_DONE until told.
+    // A holds back its write and the PUT_DONE behind it (its LND is told they left).
     let held: Arc<Mutex<Vec<FabricAction>>> = Arc::default();
-    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (h, r) = (Arc::clone(&held), Arc::clone(&release));
-    a.tamper = Some(Box::new(move |act| {
+    let h = Arc::clone(&held);
+    a.fabric.set(Some(Box::new(move |act| {
         let stall = matches!(act, FabricAction::RdmaWrite { .. })
             || matches!(&act, FabricAction::Send { .. } if !h.lock().unwrap().is_empty());
-        if stall && !r.load(std::sync::atomic::Ordering::Relaxed) {
+        if stall {
             h.lock().unwrap().push(act);
-            return (Vec::new(), Vec::new());
+            return None;
         }
-        (vec![act], Vec::new())
-    }));
+        Some(act)
+    })));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let src = a.fabric.register(pattern(5, LEN as usize)).unwrap();
     let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
@@ -205,7 +205,7 @@ fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
     assert_eq!(b.ep.stats().conns_lost, 0);
     let ungranted = b.fabric.stats().rdma_ungranted;
     // Now A writes: refused, nothing lands, and it costs A the connection.
-    release.store(true, std::sync::atomic::Ordering::Relaxed);
+    a.fabric.set(None);
     let now = clock.now();
     for act in std::mem::take(&mut *held.lock().unwrap()) {
         a.fabric.apply(now, act);
@@ -220,6 +220,6 @@ fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
         "the late write was not refused"
     );
     assert!(b.fabric.contents(&sink).unwrap().iter().all(|&x| x == OLD));
-    a.tamper = None;
+    a.fabric.set(None);
     shut_down_both(&mut a, &mut b, &clock);
 }
