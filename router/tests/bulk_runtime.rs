@@ -25,33 +25,8 @@ fn address_of(test: u8, nid: &str) -> String {
 /// A daemon running `nis`, with one route (if any), routing on or off, 16 large buffers, and
 /// where every other NID listens.
 fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    let mut y = String::from("net:\n");
-    for ni in nis {
-        let net = ni.split('@').nth(1).unwrap();
-        y.push_str(&format!(
-            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
-            address_of(test, ni)
-        ));
-    }
-    if let Some((net, gw)) = route {
-        y.push_str(&format!(
-            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-        ));
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        u8::from(routing)
-    ));
-    y.push_str("buffers:\n    large: 16\nselftest:\n    enable: 1\npeers:\n");
-    for n in ALL {
-        if !nis.contains(&n) {
-            y.push_str(&format!(
-                "    - nid: {n}\n      address: {}\n",
-                address_of(test, n)
-            ));
-        }
-    }
-    y
+    let extra = "buffers:\n    large: 16\nselftest:\n    enable: 1\n";
+    topo_yaml(nis, route, routing, extra, &ALL, |n| address_of(test, n))
 }
 
 /// A router running only `R_A` (routing on or off), a client routing o2ib1 through it and a far

@@ -26,37 +26,14 @@ fn address_of(test: u8, nid: &str) -> String {
 }
 
 fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    let mut y = String::from("net:\n");
-    for ni in nis {
-        let net = ni.split('@').nth(1).unwrap();
-        y.push_str(&format!(
-            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
-            address_of(test, ni)
-        ));
-    }
-    if let Some((net, gw)) = route {
-        y.push_str(&format!(
-            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-        ));
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        u8::from(routing)
-    ));
-    if routing {
-        y.push_str("buffers:\n    large: 64\n");
-    }
-    y.push_str("selftest:\n    enable: 1\n");
-    y.push_str("peers:\n");
-    for n in [CLIENT, NEAR, R_A, R_B, FAR] {
-        if !nis.contains(&n) {
-            y.push_str(&format!(
-                "    - nid: {n}\n      address: {}\n",
-                address_of(test, n)
-            ));
-        }
-    }
-    y
+    let buffers = if routing {
+        "buffers:\n    large: 64\n"
+    } else {
+        ""
+    };
+    let extra = format!("{buffers}selftest:\n    enable: 1\n");
+    let all = [CLIENT, NEAR, R_A, R_B, FAR];
+    topo_yaml(nis, route, routing, &extra, &all, |n| address_of(test, n))
 }
 
 /// client (console), near server, router, far server; the client's route up.

@@ -684,3 +684,43 @@ pub fn thread_names(d: &Daemon) -> Vec<String> {
     names.sort();
     names
 }
+
+/// A daemon's configuration for the topology tests (client, routers, servers, each daemon on
+/// its own loopback address): tcp NIs `nis`, each listening at `addr(nid)` with the small LND
+/// tunables and no busy-poll; one route (net, gateway) with `hop: 1`, if any; routing on or
+/// off with the router pinger at 1 s; `extra` top-level lines (buffers, selftest); and the
+/// address of every NID of `all` the daemon does not run.
+pub fn topo_yaml(
+    nis: &[&str],
+    route: Option<(&str, &str)>,
+    routing: bool,
+    extra: &str,
+    all: &[&str],
+    addr: impl Fn(&str) -> String,
+) -> String {
+    let mut y = String::from("net:\n");
+    for ni in nis {
+        let net = ni.split('@').nth(1).unwrap();
+        y.push_str(&format!(
+            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
+            addr(ni)
+        ));
+    }
+    if let Some((net, gw)) = route {
+        y.push_str(&format!(
+            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
+        ));
+    }
+    y.push_str(&format!(
+        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+        u8::from(routing)
+    ));
+    y.push_str(extra);
+    y.push_str("peers:\n");
+    for n in all {
+        if !nis.contains(n) {
+            y.push_str(&format!("    - nid: {n}\n      address: {}\n", addr(n)));
+        }
+    }
+    y
+}
