@@ -21,6 +21,8 @@ pub mod driver;
 pub mod engine;
 pub mod fabric;
 pub mod handle;
+pub mod iface;
+pub mod mem;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod slots;

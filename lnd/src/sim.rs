@@ -385,7 +385,7 @@ impl SimNode for Endpoint {
             LndEvent::PeerUp { nid } => Booking::PeerUp { nid },
             LndEvent::PeerDown { nid, reason } => Booking::PeerDown { nid, reason },
             // The test plays LNet for a rendezvous: it finds these in `World::node_events`.
-            ev @ (LndEvent::RdmaRequest { .. } | LndEvent::RdmaDone { .. }) => Booking::Other(ev),
+            ev @ (LndEvent::BulkRequest { .. } | LndEvent::BulkDone { .. }) => Booking::Other(ev),
         }
     }
     fn recv_done(&mut self, now: Instant, rx: RxToken) {
@@ -955,7 +955,7 @@ impl World {
 
     /// Node `from` PUTs the registered fragments `src` to `to` by rendezvous
     /// (`Endpoint::send_put_rdma`); recorded as [`World::send`] records its messages. The sink's
-    /// side is the test's to play: its `LndEvent::RdmaRequest` is in [`World::node_events`].
+    /// side is the test's to play: its `LndEvent::BulkRequest` is in [`World::node_events`].
     pub fn send_put_rdma(
         &mut self,
         from: NodeId,

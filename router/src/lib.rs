@@ -51,6 +51,7 @@ pub mod gateway;
 pub mod globals;
 pub mod health;
 mod node;
+pub mod o2ib;
 mod peer;
 mod ping;
 #[cfg(feature = "daemon")]
@@ -81,7 +82,8 @@ pub use forward::{
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use globals::{GlobalError, GlobalTunables};
 pub use lnd::fabric::{FabricEvent, FabricSink};
-pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, NiSink, PingId, SCRUB_BUDGET};
+pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, PingId, SCRUB_BUDGET};
+pub use o2ib::NiSink;
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
 pub use routes::{RouteConfig, RouteError, RouteTable};
 pub use stats::{LnetStats, NiInfo, PeerInfo, PeerState};

@@ -4,14 +4,11 @@
 use crate::health::{HStatus, MAX_HEALTH};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use lnd::engine::Captured;
-use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
-use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
 use lnd::handle::{Handle, HandleSlab, Tag};
+use lnd::iface::{BulkSend, DownReason, Lnd, LndEvent, RxToken, SendError, TxError};
 use lnd::time::{Duration, Instant};
 use lnd::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
 use lnd::wheel::TimerWheel;
-use lnd::wire::kib::MAX_INLINE;
 use lnd::wire::lnet::{
     LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
 };
@@ -32,7 +29,7 @@ use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
-use bulk::{Bulk, Mds};
+use bulk::Mds;
 pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
 
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
@@ -233,7 +230,7 @@ struct OutMsg {
     /// Held while the message waits for credits; moved into the LND when sent.
     payload: Vec<u8>,
     /// For a bulk message, what the LND moves instead (registered memory).
-    bulk: Option<Bulk>,
+    bulk: Option<BulkSend>,
     /// Payload bytes: sent, or (for a transfer into our memory) received.
     len: usize,
     purpose: Purpose,
@@ -354,7 +351,8 @@ struct Ni {
     nid: Nid,
     credits: u32,
     peer_credits: u32,
-    ep: Endpoint,
+    /// The NI's LND, as LNet drives it (kernel: ni_net->net_lnd).
+    lnd: Box<dyn Lnd>,
     tx_credits: i64,
     min_tx_credits: i64,
     /// Messages holding a peer credit, waiting for an NI credit (tq_delayed).
@@ -475,9 +473,19 @@ pub struct LnetNode {
 }
 
 impl LnetNode {
-    /// Starts a node at `now`: one LND endpoint per NI, with the NI's tunables.
-    pub fn new(cfg: NodeConfig, now: Instant) -> LnetNode {
-        let nis: Vec<Ni> = cfg.nis.iter().map(|c| Ni::new(c, now)).collect();
+    /// Starts a node at `now` over `lnds`, one per NI of `cfg` in the same order (each built for
+    /// that NI by the layer that knows its fabric: `LnetNode::new` builds o2ib ones).
+    ///
+    /// # Panics
+    /// If `lnds` and `cfg.nis` differ in number: a node whose NIs had no LND could not run.
+    pub fn with_lnds(cfg: NodeConfig, lnds: Vec<Box<dyn Lnd>>, now: Instant) -> LnetNode {
+        assert_eq!(lnds.len(), cfg.nis.len(), "one LND per NI");
+        let nis: Vec<Ni> = cfg
+            .nis
+            .iter()
+            .zip(lnds)
+            .map(|(c, lnd)| Ni::new(c, lnd))
+            .collect();
         let interface_cookie = cfg
             .nis
             .iter()
@@ -652,7 +660,7 @@ impl LnetNode {
         self.drop_waiting_forwards(FwdDrop::Shutdown);
         self.fail_bulk_gets();
         for ni in &mut self.nis {
-            ni.ep.shutdown(now);
+            ni.lnd.shutdown(now);
         }
         self.process(now);
     }
@@ -660,7 +668,7 @@ impl LnetNode {
     /// True once shutdown was asked, every LND closed its connections and no message is left.
     pub fn is_shut_down(&self) -> bool {
         self.shutting_down
-            && self.nis.iter().all(|n| n.ep.is_shut_down())
+            && self.nis.iter().all(|n| n.lnd.is_shut_down())
             && self.msgs.is_empty()
             && self.local.is_empty()
             && self.fwds.is_empty()
@@ -669,28 +677,12 @@ impl LnetNode {
 
     // ------------------------------------------------------------------ driver
 
-    /// Feeds one fabric event to NI `ni`'s endpoint, then processes what it produced.
-    pub fn handle_fabric(&mut self, now: Instant, ni: NiIndex, ev: FabricEvent<'_>) {
-        self.advance(now);
-        if let Some(n) = self.nis.get_mut(ni.0) {
-            n.ep.fabric_event(now, ev);
-        }
-        self.process(now);
-    }
-
-    /// NI `ni` as its driver's [`FabricSink`]: what the driver reports goes to that NI's LND
-    /// endpoint, and nothing else of the endpoint is reachable through it. Call
-    /// [`LnetNode::process`] after the driver's poll.
-    pub fn fabric_sink(&mut self, ni: NiIndex) -> Option<NiSink<'_>> {
-        self.nis.get_mut(ni.0).map(|n| NiSink { ep: &mut n.ep })
-    }
-
     /// Runs the timers due at `now`: the LNDs' and the pings' (a ping past its deadline fails
     /// with [`LnetError::Timeout`]).
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance(now);
         for ni in &mut self.nis {
-            ni.ep.handle_timeout(now);
+            ni.lnd.handle_timeout(now);
         }
         while let Some((_, nid)) = self.peer_ages.poll(now) {
             self.age_peer(nid);
@@ -727,7 +719,7 @@ impl LnetNode {
                 self.finish_out(cookie, Err(err));
             }
             for i in 0..self.nis.len() {
-                while let Some(ev) = self.nis[i].ep.poll_event() {
+                while let Some(ev) = self.nis[i].lnd.poll_event() {
                     progressed = true;
                     self.on_lnd_event(i, ev);
                 }
@@ -839,14 +831,6 @@ impl LnetNode {
         r.finish()
     }
 
-    /// The next fabric action of any NI, with the NI it is for.
-    pub fn poll_action(&mut self) -> Option<(NiIndex, FabricAction)> {
-        self.nis
-            .iter_mut()
-            .enumerate()
-            .find_map(|(i, n)| n.ep.poll_action().map(|a| (NiIndex(i), a)))
-    }
-
     /// The next event for the user.
     pub fn poll_event(&mut self) -> Option<LnetEvent> {
         self.events.pop_front()
@@ -860,7 +844,7 @@ impl LnetNode {
     /// When [`LnetNode::handle_timeout`] should next be called: the earliest LND timer or ping
     /// deadline.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let lnd = self.nis.iter().filter_map(|n| n.ep.poll_timeout()).min();
+        let lnd = self.nis.iter().filter_map(|n| n.lnd.poll_timeout()).min();
         let ping = [
             self.ping_deadlines.first().map(|&(t, _)| t),
             self.bulk_get_deadlines.first().map(|&(t, _)| t),
@@ -886,17 +870,21 @@ impl LnetNode {
         .min()
     }
 
-    /// NI `ni`'s LND endpoint (read-only: stats, peers, connections).
-    pub fn endpoint(&self, ni: NiIndex) -> Option<&Endpoint> {
-        self.nis.get(ni.0).map(|n| &n.ep)
+    /// NI `ni`'s LND.
+    pub fn lnd(&self, ni: NiIndex) -> Option<&dyn Lnd> {
+        self.nis.get(ni.0).map(|n| &*n.lnd)
     }
 
-    /// Starts (`true`) or stops recording every kib message NI `ni` sends and receives
-    /// (`lnetctl capture`); records not drained are dropped when it stops.
-    pub fn set_capture(&mut self, ni: NiIndex, on: bool) {
-        if let Some(n) = self.nis.get_mut(ni.0) {
-            n.ep.set_capture(on);
-        }
+    /// NI `ni`'s LND, for the layer that built it (its fabric's events and actions go through
+    /// it, and its own type is reached with `as_any_mut`). What it does to the LND reaches LNet
+    /// at the next [`LnetNode::process`].
+    pub fn lnd_mut(&mut self, ni: NiIndex) -> Option<&mut dyn Lnd> {
+        self.nis.get_mut(ni.0).map(|n| &mut *n.lnd)
+    }
+
+    /// How many NIs the node runs.
+    pub fn ni_count(&self) -> usize {
+        self.nis.len()
     }
 
     /// Sends `hdr` as it is to peer `next` through NI `ni`, for unit tests that play a
@@ -918,11 +906,6 @@ impl LnetNode {
             Purpose::Response,
         );
         self.process(now);
-    }
-
-    /// The next message NI `ni` recorded, oldest first.
-    pub fn poll_captured(&mut self, ni: NiIndex) -> Option<Captured> {
-        self.nis.get_mut(ni.0)?.ep.poll_captured()
     }
 
     // ------------------------------------------------------------------ views
@@ -971,7 +954,7 @@ impl LnetNode {
     /// receive or send reuses it instead of allocating.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         if let Some(ni) = self.nis.first_mut() {
-            ni.ep.recycle(buf);
+            ni.lnd.recycle(buf);
         }
     }
 
@@ -979,14 +962,14 @@ impl LnetNode {
     pub fn take_buffer(&mut self) -> Vec<u8> {
         self.nis
             .first_mut()
-            .map_or_else(Vec::new, |ni| ni.ep.take_buffer())
+            .map_or_else(Vec::new, |ni| ni.lnd.take_buffer())
     }
 
     /// Tells every NI's LND whether the fabric below reports the writes it sees land
-    /// (`lnd::driver::Driver::sees_writes`; see `Endpoint::set_fabric_sees_writes`).
+    /// (`lnd::driver::Driver::sees_writes`; see `Lnd::set_fabric_sees_writes`).
     pub fn set_fabric_sees_writes(&mut self, on: bool) {
         for n in &mut self.nis {
-            n.ep.set_fabric_sees_writes(on);
+            n.lnd.set_fabric_sees_writes(on);
         }
     }
 
@@ -1017,12 +1000,7 @@ impl LnetNode {
             }
             // Each connection ends as lost (a transport failure, counted `conns_lost`), then
             // the LND stops: shut down first, they would count as graceful closes.
-            let ep = &mut self.nis[i].ep;
-            let conns: Vec<_> = ep.conns().map(|c| c.id).collect();
-            for c in conns {
-                ep.handle_disconnected(now, c, lnd::fabric::DisconnectReason::TransportError);
-            }
-            ep.shutdown(now);
+            self.nis[i].lnd.fabric_lost(now);
         }
         self.fabric_lost = true;
         // What waits here for a router credit or a buffer came in on this fabric and can never
@@ -1124,10 +1102,8 @@ impl LnetNode {
                 send_count: n.send_count,
                 recv_count: n.recv_count,
                 drop_count: n.drop_count,
-                lnd_tunables: n.ep.config().tunables.clone(),
-                lnd_stats: n.ep.stats().clone(),
-                lnd_config: n.ep.config().clone(),
-                lnd_peers: n.ep.peer_count(),
+                lnd: n.lnd.info(),
+                lnd_peers: n.lnd.peer_count(),
                 health: n.health,
                 hstats: n.hstats,
             })
@@ -1266,7 +1242,7 @@ impl LnetNode {
             self.route(dst).and_then(|r| {
                 let max = match r {
                     Route::Local(_) | Route::SiblingNi => LNET_MTU as usize,
-                    Route::Remote { .. } => MAX_INLINE,
+                    Route::Remote { ni, .. } => self.nis[ni].lnd.max_inline(),
                     // The daemon hands a user's message to the runtime on the right net; a
                     // runtime does not relay its own user's messages through a sibling.
                     Route::Sibling(_) => return Err(LnetError::NoRoute(dst)),
@@ -1317,7 +1293,7 @@ impl LnetNode {
             n.peers += 1;
             let mut p = PeerNi::new(nid, NiIndex(ni), n.peer_credits, n.rtr_credits, now);
             // A peer forgotten while its connection stayed up learns its state from the LND.
-            if n.ep.peer(nid).is_some_and(|v| v.up) {
+            if n.lnd.peer_up(nid) {
                 p.state = PeerState::Up;
             }
             self.peer_ages.insert(now + n.peer_timeout, nid);
@@ -1460,11 +1436,10 @@ impl LnetNode {
         m.rendezvous |= bulk.is_some();
         let hdr = m.hdr;
         let now = self.now;
-        let ep = &mut self.nis[ni].ep;
+        let lnd = &mut self.nis[ni].lnd;
         let sent = match bulk {
-            None => ep.send(now, peer_nid, hdr, payload, cookie),
-            Some(Bulk::Put(src)) => ep.send_put_rdma(now, peer_nid, hdr, src, cookie),
-            Some(Bulk::Get(sink)) => ep.send_get_rdma(now, peer_nid, hdr, sink, cookie),
+            None => lnd.send(now, peer_nid, hdr, payload, cookie),
+            Some(b) => lnd.send_bulk(now, peer_nid, hdr, b, cookie),
         };
         match sent {
             Ok(()) => {
@@ -2025,7 +2000,7 @@ impl LnetNode {
                     self.gateways.notify(now, from, true);
                 }
                 if hdr.dest_nid == self.nis[ni].nid {
-                    self.nis[ni].ep.recv_done(now, rx);
+                    self.nis[ni].lnd.recv_done(now, rx);
                     self.parse(Some(ni), from, hdr, payload);
                 } else {
                     self.forward_recv(ni, from, hdr, payload, rx);
@@ -2039,10 +2014,10 @@ impl LnetNode {
             } => {
                 self.finish_out_returning(cookie, result.map_err(LnetError::Lnd), returned);
             }
-            LndEvent::RdmaRequest { from, hdr, op, rx } => {
+            LndEvent::BulkRequest { from, hdr, op, rx } => {
                 self.on_rdma_request(ni, from, hdr, op, rx);
             }
-            LndEvent::RdmaDone { cookie, result, .. } => self.on_rdma_done(cookie, result),
+            LndEvent::BulkDone { cookie, result, .. } => self.on_rdma_done(cookie, result),
             LndEvent::PeerUp { nid } => {
                 self.gateways.notify(self.now, nid, true);
                 if let Some(p) = self.peer_entry(nid, ni) {
@@ -2615,9 +2590,9 @@ impl LnetNode {
         let (Some(class), None) = (class, why) else {
             let why = why.unwrap_or(FwdDrop::Malformed);
             if why == FwdDrop::WrongNet {
-                self.nis[ni].ep.recv_failed(now, rx);
+                self.nis[ni].lnd.recv_failed(now, rx);
             } else {
-                self.nis[ni].ep.recv_done(now, rx);
+                self.nis[ni].lnd.recv_done(now, rx);
             }
             debug!(%from, %dest, %why, "not forwarding a message");
             self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
@@ -2699,7 +2674,7 @@ impl LnetNode {
         let hdr = f.hdr;
         let payload = std::mem::take(&mut f.payload);
         if let Some(rx) = rx {
-            self.nis[ni].ep.recv_done(now, rx);
+            self.nis[ni].lnd.recv_done(now, rx);
         }
         let origin = self.nis[ni].nid;
         let leg = Leg::of(hdr.src_nid, from);
@@ -2786,10 +2761,10 @@ impl LnetNode {
                 // A bulk PUT never taken in: its sender's PUT fails (PUT_NAK 0 would tell its
                 // LNet the PUT was done).
                 self.nis[f.ni]
-                    .ep
-                    .refuse_rdma(now, rx, lnd::wire::kib::EPROTO);
+                    .lnd
+                    .refuse_bulk(now, rx, lnd::wire::kib::EPROTO);
             } else {
-                self.nis[f.ni].ep.recv_done(now, rx);
+                self.nis[f.ni].lnd.recv_done(now, rx);
             }
         }
         if f.unproven {
@@ -2963,9 +2938,9 @@ impl LnetNode {
                     let leg = Leg::of(hdr.src_nid, from);
                     let purpose = Purpose::Forward { origin, key, leg };
                     let len = hdr.payload_length;
-                    match bulk.and_then(|k| self.bulk_view(k, ni, len)) {
+                    match bulk.and_then(|k| self.bulk_mem(k, ni, len)) {
                         Some(buf) => {
-                            let src = Bulk::Put(buf.local(len));
+                            let src = BulkSend::Put(buf);
                             self.launch_bulk(ni, next, hdr, src, purpose);
                         }
                         None => self.handovers.push_back(Handover::Done {
@@ -3110,18 +3085,13 @@ impl LnetNode {
 }
 
 impl Ni {
-    fn new(c: &NiConfig, now: Instant) -> Ni {
+    fn new(c: &NiConfig, lnd: Box<dyn Lnd>) -> Ni {
         let (credits, peer_credits) = c.effective_credits();
-        let mut ecfg = EndpointConfig::new(c.nid, c.incarnation);
-        ecfg.tunables = c.tunables.clone();
-        ecfg.race_order = c.race_order;
-        ecfg.checksum = c.checksum;
-        ecfg.peer_limit = c.peer_limit;
         Ni {
             nid: c.nid,
             credits,
             peer_credits,
-            ep: Endpoint::new(ecfg, now),
+            lnd,
             tx_credits: i64::from(credits),
             min_tx_credits: i64::from(credits),
             delayed: VecDeque::new(),
@@ -3135,21 +3105,6 @@ impl Ni {
             health: crate::health::Health::default(),
             hstats: crate::health::NiHealthStats::default(),
         }
-    }
-}
-
-/// One NI of an [`LnetNode`] as its driver sees it: a [`FabricSink`] and nothing more.
-pub struct NiSink<'a> {
-    ep: &'a mut Endpoint,
-}
-
-impl FabricSink for NiSink<'_> {
-    fn fabric_event(&mut self, now: Instant, ev: FabricEvent<'_>) {
-        self.ep.fabric_event(now, ev);
-    }
-
-    fn recycle(&mut self, buf: Vec<u8>) {
-        self.ep.recycle(buf);
     }
 }
 

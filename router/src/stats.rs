@@ -1,7 +1,7 @@
 //! What an operator reads: counters named as `lnetctl stats show`, `peer show` and `net show`
 //! print them (reference section 7), so that `lnetctl` can render them unchanged.
 
-use lnd::engine::{LndStats, Tunables};
+use lnd::iface::LndInfo;
 use lnd::wire::Nid;
 
 use crate::NiIndex;
@@ -152,12 +152,10 @@ pub struct NiInfo {
     pub send_count: u64,
     pub recv_count: u64,
     pub drop_count: u64,
-    /// `lnd tunables:` (the o2ib LND's).
-    pub lnd_tunables: Tunables,
-    /// The LND's own counters.
-    pub lnd_stats: LndStats,
-    /// ulnet's own LND settings (race order, checksums, peer limit) and the LND's peer count.
-    pub lnd_config: lnd::engine::EndpointConfig,
+    /// The LND's tunables, settings and counters (`lnd tunables:`, `lnd statistics:`), as
+    /// its kind has them.
+    pub lnd: LndInfo,
+    /// The LND's peer count.
     pub lnd_peers: usize,
     /// LNet health: the value, and the local failures counted.
     pub health: crate::health::Health,

@@ -145,12 +145,12 @@ impl Node {
                 }
                 Err(e) => send_failed.push((cookie, e)),
             },
-            LndEvent::RdmaRequest { rx, .. } => match answers.pop_front() {
+            LndEvent::BulkRequest { rx, .. } => match answers.pop_front() {
                 Some(Answer::Accept(sink, cookie)) => ep.accept_put_rdma(now, rx, sink, cookie),
                 Some(Answer::Reply(src, cookie)) => ep.reply_get_rdma(now, rx, src, cookie),
                 None => ep.recv_done(now, rx),
             },
-            LndEvent::RdmaDone { cookie, result, .. } => rdma_done.push((cookie, result)),
+            LndEvent::BulkDone { cookie, result, .. } => rdma_done.push((cookie, result)),
             LndEvent::PeerUp { nid } => ups.push((nid, std::time::Instant::now())),
             LndEvent::PeerDown { nid, reason } => {
                 downs.push((nid, reason, std::time::Instant::now()))

@@ -27,12 +27,13 @@
 //! transition table is `conn`, the race rule `race`, tunables `config`, events and counters
 //! `events`.
 
-pub mod config;
+pub use crate::iface::o2ib as config;
 pub mod conn;
 mod connd;
 mod credits;
 pub mod events;
 mod handshake;
+mod lnd;
 pub mod race;
 mod rdma;
 #[cfg(test)]
@@ -47,7 +48,7 @@ use tracing::{debug, error, trace, warn};
 
 pub use config::{ChecksumConfig, EndpointConfig, RaceOrder, RacePolicy, Tunables};
 pub use conn::{ConnInput, ConnState};
-pub use events::{DownReason, LndEvent, LndStats, RdmaOp, RxToken, SendError, TxError};
+pub use events::{BulkOp, DownReason, LndEvent, LndStats, RxToken, SendError, TxError};
 pub use race::{adopts_peer_order, resolve_race, RaceDecision, RaceInput};
 pub use rdma::RdmaSink;
 
@@ -731,27 +732,27 @@ impl Endpoint {
     }
 
     /// LNet is done with a received message: repost its slot and return the credit. For a
-    /// rendezvous request ([`LndEvent::RdmaRequest`]) this means nothing matched: the peer gets
+    /// rendezvous request ([`LndEvent::BulkRequest`]) this means nothing matched: the peer gets
     /// PUT_NAK with status 0 (its PUT is done, as a PUT nobody wanted is in LNet) or GET_DONE
     /// with -ENODATA, as kiblnd_recv answers a request LNet dropped.
     pub fn recv_done(&mut self, now: Instant, rx: RxToken) {
         self.advance(now);
-        let Some(c) = self.conn_mut(rx.conn) else {
+        let Some(c) = self.conn_mut(rx.conn_id()) else {
             return;
         };
         if c.state != ConnState::Established {
             return;
         }
-        if let Some(req) = Self::take_pending(c, rx.slot) {
+        if let Some(req) = Self::take_pending(c, rx.slot16()) {
             let status = if req.get { -ENODATA } else { 0 };
             return self.refuse_pending(rx, req, status);
         }
         c.outstanding = c.outstanding.saturating_add(1);
         self.actions.push_back(FabricAction::PostRecv {
-            conn: rx.conn,
-            slot: rx.slot,
+            conn: rx.conn_id(),
+            slot: rx.slot16(),
         });
-        self.check_sends(rx.conn, false);
+        self.check_sends(rx.conn_id(), false);
     }
 
     /// LNet refused a received message as a protocol violation (lnet_parse returned -EPROTO:
@@ -761,7 +762,7 @@ impl Endpoint {
     pub fn recv_failed(&mut self, now: Instant, rx: RxToken) {
         self.advance(now);
         self.stats.rx_refused += 1;
-        self.close_conn(rx.conn, Some(DownReason::ProtocolError));
+        self.close_conn(rx.conn_id(), Some(DownReason::ProtocolError));
     }
 
     /// Stops the endpoint: refuses new work, fails queued messages, and closes every connection

@@ -9,7 +9,7 @@
 //! - **GET** into registered memory: we send GET_REQ carrying our sink's descriptor; the target
 //!   writes its data there and sends GET_DONE with the length (or -ENODATA if nothing matched).
 //! - The sink side of both: a peer's PUT_REQ / GET_REQ reaches LNet as
-//!   [`LndEvent::RdmaRequest`], and LNet answers it once (`accept_put_rdma`, `reply_get_rdma`,
+//!   [`LndEvent::BulkRequest`], and LNet answers it once (`accept_put_rdma`, `reply_get_rdma`,
 //!   `refuse_rdma`, or `recv_done` for "nothing matched").
 //!
 //! Credits (reference 2.4, kiblnd_handle_rx): PUT_REQ and GET_REQ take a credit and a reserved
@@ -174,7 +174,7 @@ impl Endpoint {
     }
 
     /// Sends a GET (`hdr`) whose REPLY the peer writes into `sink` (GET_REQ carrying the sink's
-    /// descriptor). The outcome is [`LndEvent::RdmaDone`] with `cookie`, exactly once unless
+    /// descriptor). The outcome is [`LndEvent::BulkDone`] with `cookie`, exactly once unless
     /// this returns an error: `Ok(bytes)` as the peer's GET_DONE says, `Err(TxError::Rdma(-61))`
     /// (ENODATA) if its GET matched nothing. `sink` must stay registered until then.
     pub fn send_get_rdma(
@@ -209,8 +209,8 @@ impl Endpoint {
 
     // ------------------------------------------------------------ upper layer: answering
 
-    /// Answers a peer's PUT_REQ (`rx` of an [`LndEvent::RdmaRequest`] with [`RdmaOp::Put`]):
-    /// the peer writes into `sink` (PUT_ACK). The outcome is [`LndEvent::RdmaDone`] with
+    /// Answers a peer's PUT_REQ (`rx` of an [`LndEvent::BulkRequest`] with [`BulkOp::Put`]):
+    /// the peer writes into `sink` (PUT_ACK). The outcome is [`LndEvent::BulkDone`] with
     /// `cookie`, exactly once: `Ok(bytes)` when its PUT_DONE arrives. A malformed sink is
     /// answered with PUT_NAK -EPROTO and fails at once; a request that can no longer be answered
     /// (its connection closed) fails with `ConnAborted`.
@@ -225,21 +225,21 @@ impl Endpoint {
         }
         // The request's slot is where PUT_DONE will land: reposted without a credit.
         self.actions.push_back(FabricAction::PostRecv {
-            conn: rx.conn,
-            slot: rx.slot,
+            conn: rx.conn_id(),
+            slot: rx.slot16(),
         });
-        let p = self.conn(rx.conn).expect("pending implies live").peer;
+        let p = self.conn(rx.conn_id()).expect("pending implies live").peer;
         let body = TxBody::PutAck {
             src_cookie: req.cookie,
             sink,
         };
         let key = self.new_tx(p, body, Some(cookie));
         self.txs.get_mut(key).expect("live tx").waiting = true;
-        self.queue_on_conn(key, rx.conn);
-        self.check_sends(rx.conn, false);
+        self.queue_on_conn(key, rx.conn_id());
+        self.check_sends(rx.conn_id(), false);
     }
 
-    /// Answers a peer's GET_REQ (`rx` of an [`LndEvent::RdmaRequest`] with [`RdmaOp::Get`]):
+    /// Answers a peer's GET_REQ (`rx` of an [`LndEvent::BulkRequest`] with [`BulkOp::Get`]):
     /// the registered fragments `src` (possibly none, for an empty REPLY) are written into the
     /// peer's sink and GET_DONE follows (kiblnd_reply). The outcome is [`LndEvent::SendDone`]
     /// with `cookie`, exactly once: `Err(TxError::Rdma(-EPROTO))` when `src` is malformed or
@@ -265,12 +265,18 @@ impl Endpoint {
                 WritePlan::Complete(-EPROTO)
             } else {
                 let remote = truncate_remote(&req.sink.remote(), u64::from(len));
-                self.plan_write(rx.conn, src, remote, len)
+                self.plan_write(rx.conn_id(), src, remote, len)
             }
         } else {
             WritePlan::Complete(-EPROTO)
         };
-        self.post_plan(rx.conn, plan, KibMsgType::GetDone, req.cookie, Some(cookie));
+        self.post_plan(
+            rx.conn_id(),
+            plan,
+            KibMsgType::GetDone,
+            req.cookie,
+            Some(cookie),
+        );
     }
 
     /// Answers a peer's rendezvous request without a transfer: PUT_NAK or GET_DONE carrying
@@ -278,13 +284,13 @@ impl Endpoint {
     /// its sender; the connection stays.
     pub fn refuse_rdma(&mut self, now: Instant, rx: RxToken, errno: i32) {
         self.advance(now);
-        let Some(c) = self.conn_mut(rx.conn) else {
+        let Some(c) = self.conn_mut(rx.conn_id()) else {
             return;
         };
         if c.state != ConnState::Established {
             return;
         }
-        if let Some(req) = Self::take_pending(c, rx.slot) {
+        if let Some(req) = Self::take_pending(c, rx.slot16()) {
             // A Linux errno is small and positive; anything else is sent as EPROTO.
             let errno = if (1..4096).contains(&errno) {
                 errno
@@ -304,14 +310,14 @@ impl Endpoint {
 
     /// The pending request behind `rx` if its connection is up and it is of the kind asked.
     fn pending(&mut self, rx: RxToken, get: bool) -> Option<PendingRdma> {
-        let c = self.conn_mut(rx.conn)?;
+        let c = self.conn_mut(rx.conn_id())?;
         if c.state != ConnState::Established {
             return None;
         }
         let i = c
             .rdma_rx
             .iter()
-            .position(|r| r.slot == rx.slot && r.get == get)?;
+            .position(|r| r.slot == rx.slot16() && r.get == get)?;
         Some(c.rdma_rx.swap_remove(i))
     }
 
@@ -324,11 +330,17 @@ impl Endpoint {
         } else {
             KibMsgType::PutNak
         };
-        self.post_plan(rx.conn, WritePlan::Complete(status), kind, req.cookie, None);
+        self.post_plan(
+            rx.conn_id(),
+            WritePlan::Complete(status),
+            kind,
+            req.cookie,
+            None,
+        );
     }
 
     fn repost(&mut self, rx: RxToken, how: Repost) {
-        let Some(c) = self.conn_mut(rx.conn) else {
+        let Some(c) = self.conn_mut(rx.conn_id()) else {
             return;
         };
         match how {
@@ -336,14 +348,14 @@ impl Endpoint {
             Repost::Reserved => c.reserved = c.reserved.saturating_add(1),
         }
         self.actions.push_back(FabricAction::PostRecv {
-            conn: rx.conn,
-            slot: rx.slot,
+            conn: rx.conn_id(),
+            slot: rx.slot16(),
         });
     }
 
     fn rdma_done_now(&mut self, rx: RxToken, cookie: u64, result: Result<u32, TxError>) {
         let peer = self.rx_peer(rx);
-        self.events.push_back(LndEvent::RdmaDone {
+        self.events.push_back(LndEvent::BulkDone {
             cookie,
             peer,
             result,
@@ -361,7 +373,7 @@ impl Endpoint {
     }
 
     fn rx_peer(&self, rx: RxToken) -> Nid {
-        self.conn(rx.conn)
+        self.conn(rx.conn_id())
             .and_then(|c| self.peers.get(c.peer))
             .map_or(Nid::ANY, |p| p.nid)
     }
@@ -440,8 +452,8 @@ impl Endpoint {
         }
         let from = c.peer;
         let op = match &sink {
-            Some(s) => RdmaOp::Get { sink_len: s.len() },
-            None => RdmaOp::Put,
+            Some(s) => BulkOp::Get { sink_len: s.len() },
+            None => BulkOp::Put,
         };
         c.rdma_rx.push(PendingRdma {
             slot,
@@ -450,11 +462,11 @@ impl Endpoint {
             sink: sink.unwrap_or_default(),
         });
         let from = self.peers[from].nid;
-        self.events.push_back(LndEvent::RdmaRequest {
+        self.events.push_back(LndEvent::BulkRequest {
             from,
             hdr,
             op,
-            rx: RxToken { conn, slot },
+            rx: RxToken::of(conn, slot),
         });
     }
 
@@ -475,7 +487,7 @@ impl Endpoint {
 
     fn unmatched(&mut self, conn: ConnId, what: KibMsgType, cookie: u64) {
         self.stats.unmatched_completions += 1;
-        let peer = self.rx_peer(RxToken { conn, slot: 0 });
+        let peer = self.rx_peer(RxToken::of(conn, 0));
         warn!(%peer, ?what, cookie, "rendezvous completion matching nothing we wait for, closing the connection");
         self.close_conn(conn, Some(DownReason::ProtocolError));
     }
@@ -516,7 +528,7 @@ impl Endpoint {
             self.finish_tx(key, Ok(()));
             return self.close_conn(conn, Some(DownReason::ProtocolError));
         }
-        self.repost(RxToken { conn, slot }, repost);
+        self.repost(RxToken::of(conn, slot), repost);
         if got == KibMsgType::PutNak && done.status != 0 {
             debug!(?conn, status = done.status, "PUT_NAK");
         }
@@ -618,7 +630,7 @@ impl Endpoint {
             );
             return self.close_conn(conn, Some(DownReason::ProtocolError));
         }
-        self.repost(RxToken { conn, slot }, Repost::Reserved);
+        self.repost(RxToken::of(conn, slot), Repost::Reserved);
         // The PUT_REQ is answered: its LNet cookie moves to the PUT_DONE that ends the PUT.
         let tx = self.txs.get_mut(key).expect("matched");
         tx.waiting = false;

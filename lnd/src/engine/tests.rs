@@ -643,12 +643,12 @@ fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
             "nothing goes out before LNet answers"
         );
         let rx = match p.eps[1].poll_event() {
-            Some(LndEvent::RdmaRequest { from, op, rx, .. }) => {
+            Some(LndEvent::BulkRequest { from, op, rx, .. }) => {
                 assert_eq!(from, a);
                 let want_op = if *want == KibMsgType::PutNak {
-                    RdmaOp::Put
+                    BulkOp::Put
                 } else {
-                    RdmaOp::Get { sink_len: 1 << 20 }
+                    BulkOp::Get { sink_len: 1 << 20 }
                 };
                 assert_eq!(op, want_op);
                 rx
@@ -892,7 +892,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
         },
     );
     p.eps[1].handle_recv(now, conn_b, 3, &req);
-    let Some(LndEvent::RdmaRequest { rx, .. }) = p.eps[1].poll_event() else {
+    let Some(LndEvent::BulkRequest { rx, .. }) = p.eps[1].poll_event() else {
         panic!("no request")
     };
     p.eps[1].accept_put_rdma(now, rx, sink.clone(), 9);
@@ -917,9 +917,9 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
     );
     p.eps[1].handle_recv(now, conn_b, 4, &done);
     let ev = std::iter::from_fn(|| p.eps[1].poll_event())
-        .find(|e| matches!(e, LndEvent::RdmaDone { cookie: 9, .. }))
+        .find(|e| matches!(e, LndEvent::BulkDone { cookie: 9, .. }))
         .expect("the PUT ends");
-    let LndEvent::RdmaDone { result, .. } = ev else {
+    let LndEvent::BulkDone { result, .. } = ev else {
         unreachable!()
     };
     let put_result = result;
@@ -949,9 +949,9 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
     );
     p.eps[0].handle_recv(now, conn_a, 4, &done);
     let ev = std::iter::from_fn(|| p.eps[0].poll_event())
-        .find(|e| matches!(e, LndEvent::RdmaDone { cookie: 10, .. }))
+        .find(|e| matches!(e, LndEvent::BulkDone { cookie: 10, .. }))
         .expect("the GET ends");
-    let LndEvent::RdmaDone { result, .. } = ev else {
+    let LndEvent::BulkDone { result, .. } = ev else {
         unreachable!()
     };
     let get_result = result;
@@ -988,7 +988,7 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
     let bytes = raw_msg(a, 100, b, 200, body);
     let now = p.now;
     p.eps[1].handle_recv(now, conn_b, 3, &bytes);
-    let Some(LndEvent::RdmaRequest { rx, .. }) = p.eps[1].poll_event() else {
+    let Some(LndEvent::BulkRequest { rx, .. }) = p.eps[1].poll_event() else {
         panic!("no request")
     };
     let src = vec![LocalFrag {

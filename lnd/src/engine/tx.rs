@@ -85,7 +85,7 @@ impl Endpoint {
                     from: peer_nid,
                     hdr,
                     payload: buf,
-                    rx: RxToken { conn, slot },
+                    rx: RxToken::of(conn, slot),
                 });
             }
             KibBody::PutReq { hdr, cookie } => {
@@ -323,7 +323,7 @@ impl Endpoint {
                     }
                     self.stats.rdma_bytes_received += u64::from(n);
                 }
-                self.events.push_back(LndEvent::RdmaDone {
+                self.events.push_back(LndEvent::BulkDone {
                     cookie,
                     peer,
                     result,

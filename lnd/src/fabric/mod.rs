@@ -35,6 +35,7 @@
 use core::fmt;
 
 use crate::handle::{Handle, Tag};
+pub use crate::mem::{RegionId, Registration, SharedMem};
 use crate::time::Instant;
 use crate::wire::kib::MAX_RDMA_FRAGS;
 use crate::wire::Nid;
@@ -77,13 +78,6 @@ impl WrId {
         self.0 & Self::INJECTED != 0
     }
 }
-
-/// A local buffer registered with the fabric for RDMA (an LNet MD's pages, or a bounce buffer):
-/// the source of an [`FabricAction::RdmaWrite`], or, advertised to the peer as a key and an
-/// address ([`RemoteRegion`]), the sink of the peer's writes. The fabric's local name for a
-/// [`Registration`], which owns the registration.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RegionId(pub u64);
 
 /// Where an RDMA write lands in the peer's memory: the remote key of a region the peer registered
 /// and advertised (the `key` of an o2iblnd RdmaDesc in PUT_ACK / GET_REQ) and a virtual address
@@ -234,51 +228,7 @@ pub fn rdma_pieces<'a>(
     })
 }
 
-/// What a peer needs to write into a registered region, and the fabric's local name for it: an
-/// owned memory registration (ibv_reg_mr), made by [`Registry::register`] and ended by
-/// [`Registry::deregister`], which consumes it. Not `Clone`: one owner deregisters it once.
-/// Dropped without being deregistered, the region stays registered until its fabric goes away.
-#[must_use = "a registration is only released by Registry::deregister"]
-#[derive(Debug, PartialEq, Eq)]
-pub struct Registration {
-    id: RegionId,
-    key: u32,
-    addr: u64,
-    len: u64,
-}
-
 impl Registration {
-    /// Made by a fabric's [`Registry::register`], and only there (also by fabrics outside this
-    /// crate, such as a test harness's): it names memory that fabric holds.
-    pub fn new(id: RegionId, key: u32, addr: u64, len: u64) -> Registration {
-        Registration { id, key, addr, len }
-    }
-
-    /// The local name (the source of a write: [`LocalFrag::region`]).
-    pub fn id(&self) -> RegionId {
-        self.id
-    }
-
-    /// The rkey a peer writes under (an RdmaDesc's key).
-    pub fn key(&self) -> u32 {
-        self.key
-    }
-
-    /// The virtual address of the region's first byte (an RdmaFrag's addr for offset 0).
-    pub fn addr(&self) -> u64 {
-        self.addr
-    }
-
-    /// The region's length in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// True for a region of no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Key and address, for a peer.
     pub fn remote(&self) -> RemoteRegion {
         RemoteRegion {
@@ -299,43 +249,6 @@ impl Registration {
     /// The remote fragment a peer writes `[offset, offset + len)` of this region through.
     pub fn remote_frag(&self, offset: u64, len: u32) -> RemoteFrag {
         self.remote().at(offset).frag(len)
-    }
-}
-
-/// Memory that several fabrics register at once: a router's large buffers, written by the
-/// ingress NI's fabric (the sender's RDMA write lands there) and read by the egress NI's (its own
-/// write onward goes from there), with no copy between them. Shared ownership, one user at a
-/// time: each fabric takes the lock only while it copies bytes in or out, and LNet hands a
-/// buffer from the ingress to the egress only once the data is in.
-#[derive(Clone, Debug)]
-pub struct SharedMem(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl SharedMem {
-    /// `len` zeroed bytes (left to the kernel to back as they are first written).
-    pub fn new(len: usize) -> SharedMem {
-        SharedMem(std::sync::Arc::new(std::sync::Mutex::new(vec![0; len])))
-    }
-
-    /// Runs `f` on the bytes, holding the lock. A panic of another holder does not make the
-    /// bytes unreachable (they are plain bytes: nothing to repair).
-    pub fn with<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut g)
-    }
-
-    /// Its length.
-    pub fn len(&self) -> usize {
-        self.with(|b| b.len())
-    }
-
-    /// True for no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// A copy of the bytes.
-    pub fn to_vec(&self) -> Vec<u8> {
-        self.with(|b| b.to_vec())
     }
 }
 

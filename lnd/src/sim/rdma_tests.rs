@@ -1,9 +1,9 @@
 //! Bulk data by RDMA rendezvous between two simulated endpoints: the bytes that land, the
 //! statuses each side reports, the credits afterwards, and what a wrong or hostile sink gets.
-//! The test plays LNet on both sides: it answers each `LndEvent::RdmaRequest` as told.
+//! The test plays LNet on both sides: it answers each `LndEvent::BulkRequest` as told.
 
 use super::*;
-use crate::engine::{ConnState, EndpointConfig, RdmaOp, RdmaSink, TxError};
+use crate::engine::{BulkOp, ConnState, EndpointConfig, RdmaSink, TxError};
 use crate::fabric::{LocalFrag, Registration, Registry};
 use crate::wire::kib::{ENODATA, EPROTO};
 use crate::wire::{LnetBody, RdmaFrag, WireHandle};
@@ -44,7 +44,7 @@ struct Pair {
     seen: [usize; 2],
     /// What each node answers to its next requests, in order.
     answers: [VecDeque<Answer>; 2],
-    /// RdmaDone per node: (cookie, result).
+    /// BulkDone per node: (cookie, result).
     rdma_done: [Vec<(u64, Result<u32, TxError>)>; 2],
     next_cookie: u64,
 }
@@ -86,7 +86,7 @@ impl Pair {
             for ev in evs {
                 any = true;
                 match ev {
-                    LndEvent::RdmaRequest { rx, op, .. } => {
+                    LndEvent::BulkRequest { rx, op, .. } => {
                         let answer = self.answers[i].pop_front().unwrap_or(Answer::Decline);
                         let cookie = self.next_cookie;
                         self.next_cookie += 1;
@@ -108,17 +108,17 @@ impl Pair {
                         self.w.with_endpoint(n, |ep, now| match answer {
                             Answer::Crash | Answer::AcceptThenPeerCrashes(_) => {}
                             Answer::Accept(sink) => {
-                                assert_eq!(op, RdmaOp::Put);
+                                assert_eq!(op, BulkOp::Put);
                                 ep.accept_put_rdma(now, rx, sink, cookie)
                             }
                             Answer::Reply(src) => {
-                                assert!(matches!(op, RdmaOp::Get { .. }));
+                                assert!(matches!(op, BulkOp::Get { .. }));
                                 ep.reply_get_rdma(now, rx, src, cookie)
                             }
                             Answer::Decline => ep.recv_done(now, rx),
                         });
                     }
-                    LndEvent::RdmaDone { cookie, result, .. } => {
+                    LndEvent::BulkDone { cookie, result, .. } => {
                         self.rdma_done[i].push((cookie, result))
                     }
                     _ => {}
@@ -620,7 +620,7 @@ fn a_slow_sink_holds_its_source_to_the_credits() {
             .collect();
         p.seen[1] += evs.len();
         held.extend(evs.into_iter().filter_map(|e| match e {
-            LndEvent::RdmaRequest { rx, .. } => Some(rx),
+            LndEvent::BulkRequest { rx, .. } => Some(rx),
             _ => None,
         }));
     }

@@ -1,6 +1,7 @@
 //! The show structs built from an [`LnetNode`]: `net show`, `peer show`, `conn show`,
 //! `stats show` and `global show`, and the LND counters and settings `net show -v` adds.
 
+use lnd::iface::LndInfo;
 use lnd::time::Instant;
 use lnd::wire::{Net, Nid};
 
@@ -33,9 +34,12 @@ impl Default for NiExtras {
 }
 
 impl UlnetSettings {
-    fn of(ni: &crate::stats::NiInfo, x: &NiExtras) -> UlnetSettings {
-        let c = &ni.lnd_config;
-        UlnetSettings {
+    /// ulnet's own settings of an o2ib NI (`None` for another LND).
+    fn of(ni: &crate::stats::NiInfo, x: &NiExtras) -> Option<UlnetSettings> {
+        let LndInfo::O2ib { config: c, .. } = &ni.lnd else {
+            return None;
+        };
+        Some(UlnetSettings {
             listen: x.listen.map(|a| a.to_string()),
             checksum: if c.checksum.emit { "on" } else { "off" }.into(),
             checksum_default: c
@@ -50,7 +54,7 @@ impl UlnetSettings {
             peers: ni.lnd_peers as u64,
             busy_poll_us: x.busy_poll_us,
             handshake_limit: x.handshake_limit,
-        }
+        })
     }
 }
 
@@ -170,6 +174,10 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
     }];
     for ni in node.nets() {
         let x = extras.get(ni.index.0).copied().unwrap_or_default();
+        let o2ib = match &ni.lnd {
+            LndInfo::O2ib { config, stats } => Some((&config.tunables, stats)),
+            LndInfo::Plain { .. } => None,
+        };
         let entry = NiEntry {
             nid: ni.nid.to_string(),
             status: ni.status.to_string(),
@@ -184,15 +192,13 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                 peer_buffer_credits: x.peer_buffer_credits,
                 credits: ni.credits,
             }),
-            lnd_tunables: verbose.then(|| LndTunables {
+            lnd_tunables: o2ib.filter(|_| verbose).map(|(t, _)| LndTunables {
                 // In effect, as the kernel shows them (a configured 0 is "automatic").
-                peercredits_hiw: u32::from(
-                    ni.lnd_tunables.credits_hiw(ni.lnd_tunables.queue_depth()),
-                ),
-                concurrent_sends: u32::from(ni.lnd_tunables.concurrent_sends()),
-                conns_per_peer: u32::from(ni.lnd_tunables.conns_per_peer),
-                timeout: ni.lnd_tunables.timeout.as_secs(),
-                keepalive: ni.lnd_tunables.keepalive.as_secs(),
+                peercredits_hiw: u32::from(t.credits_hiw(t.queue_depth())),
+                concurrent_sends: u32::from(t.concurrent_sends()),
+                conns_per_peer: u32::from(t.conns_per_peer),
+                timeout: t.timeout.as_secs(),
+                keepalive: t.keepalive.as_secs(),
             }),
             health_stats: verbose.then(|| NiHealthShow {
                 fatal_error: 0,
@@ -209,9 +215,11 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                     .next_ping
                     .map_or(0, |t| t.as_nanos() / 1_000_000_000),
             }),
-            lnd_statistics: verbose.then(|| LndCounters::from_stats(&ni.lnd_stats)),
+            lnd_statistics: o2ib
+                .filter(|_| verbose)
+                .map(|(_, st)| LndCounters::from_stats(st)),
             fabric: None,
-            ulnet: verbose.then(|| UlnetSettings::of(&ni, &x)),
+            ulnet: verbose.then(|| UlnetSettings::of(&ni, &x)).flatten(),
         };
         let net_type = ni.nid.net().to_string();
         match nets.iter_mut().find(|n| n.net_type == net_type) {
@@ -359,11 +367,8 @@ pub fn stats_show(node: &LnetNode) -> StatsShow {
 /// `global show`.
 pub fn global_show(node: &LnetNode) -> GlobalShow {
     let lnd_timeout = node
-        .nets()
-        .first()
-        .map_or(lnd::engine::Tunables::default().timeout, |n| {
-            n.lnd_tunables.timeout
-        })
+        .lnd(NiIndex(0))
+        .map_or(lnd::engine::Tunables::default().timeout, |l| l.timeout())
         .as_secs();
     let g = node.globals();
     let get = |name: &str| {

@@ -23,14 +23,13 @@
 use crate::health::MAX_HEALTH;
 use std::sync::Arc;
 
-use lnd::engine::{RdmaOp, RdmaSink, TxError};
+use lnd::iface::{BulkMem, BulkOp, BulkSend, TxError};
 use lnd::wire::LnetMsgType;
 
 use crate::forward::{BulkBuffers, BulkScrub};
-use lnd::fabric::{LocalFrag, RegionId, Registration, SharedMem};
+use lnd::mem::{RegionId, Registration, SharedMem};
 use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
-use lnd::wire::RdmaFrag;
 
 use super::*;
 
@@ -63,23 +62,16 @@ impl BulkBuf {
         })
     }
 
-    /// The first `len` bytes as a write's source.
-    pub(super) fn local(&self, len: u32) -> Vec<LocalFrag> {
-        vec![LocalFrag {
+    /// Its first `len` bytes, for the LND to move a payload from or into; `shared` is the
+    /// memory itself where LNet shares it (an LND that streams payloads needs it).
+    pub(super) fn mem(&self, len: u32, shared: Option<SharedMem>) -> BulkMem {
+        BulkMem {
             region: self.region,
+            key: self.key,
+            addr: self.addr,
             offset: self.offset,
             len: len.min(self.len),
-        }]
-    }
-
-    /// The first `len` bytes as a sink a peer writes into.
-    pub(super) fn sink(&self, len: u32) -> RdmaSink {
-        RdmaSink {
-            key: self.key,
-            frags: vec![RdmaFrag {
-                nob: len.min(self.len),
-                addr: self.addr.wrapping_add(self.offset),
-            }],
+            mem: shared,
         }
     }
 }
@@ -213,7 +205,7 @@ impl LnetNode {
                 offset: 0,
             },
         };
-        let bulk = Bulk::Put(buf.local(buf.len));
+        let bulk = BulkSend::Put(buf.mem(buf.len, None));
         self.launch_bulk(ni, next, hdr, bulk, Purpose::Put(id));
         self.process(now);
         Ok(id)
@@ -269,10 +261,10 @@ impl LnetNode {
             },
         };
         if next == dst {
-            let bulk = Bulk::Get(buf.sink(buf.len));
+            let bulk = BulkSend::Get(buf.mem(buf.len, None));
             self.launch_bulk(ni, next, hdr, bulk, Purpose::GetBulk(id));
         } else {
-            let wait = self.nis[ni].ep.config().tunables.timeout * 2;
+            let wait = self.nis[ni].lnd.timeout() * 2;
             let deadline = now.saturating_add(wait);
             let g = RoutedGet {
                 id,
@@ -393,7 +385,7 @@ impl LnetNode {
         };
         match self.route(hdr.src_nid) {
             Ok(Route::Remote { ni: e, next }) if e == m.buf.ni.0 && len > 0 => {
-                let src = Bulk::Put(m.buf.local(len));
+                let src = BulkSend::Put(m.buf.mem(len, m.mem.clone()));
                 self.launch_bulk(e, next, reply, src, Purpose::ServeReply(md));
                 Ok(0)
             }
@@ -527,7 +519,7 @@ impl LnetNode {
         buf: BulkBuf,
     ) {
         self.advance(now);
-        let bulk = Bulk::Get(buf.sink(buf.len));
+        let bulk = BulkSend::Get(buf.mem(buf.len, None));
         self.launch_bulk(ni.0, next, hdr, bulk, Purpose::GetBulk(MsgId(0)));
         self.process(now);
     }
@@ -545,7 +537,7 @@ impl LnetNode {
         buf: BulkBuf,
     ) {
         self.advance(now);
-        let bulk = Bulk::Put(buf.local(buf.len));
+        let bulk = BulkSend::Put(buf.mem(buf.len, None));
         self.launch_bulk(ni.0, next, hdr, bulk, Purpose::Put(MsgId(0)));
         self.process(now);
     }
@@ -583,13 +575,13 @@ impl LnetNode {
         ni: usize,
         next: Nid,
         hdr: LnetHdr,
-        bulk: Bulk,
+        bulk: BulkSend,
         purpose: Purpose,
     ) {
         self.alloc_msg();
         let known = self.peer_entry(next, ni).is_some();
         let len = match &bulk {
-            Bulk::Put(src) => src.iter().map(|f| f.len as usize).sum(),
+            BulkSend::Put(src) => src.len as usize,
             _ => 0,
         };
         let cookie = self.msgs.insert(OutMsg {
@@ -620,7 +612,7 @@ impl LnetNode {
         ni: usize,
         from: Nid,
         hdr: LnetHdr,
-        op: RdmaOp,
+        op: BulkOp,
         rx: RxToken,
     ) {
         let now = self.now;
@@ -644,7 +636,7 @@ impl LnetNode {
         self.alloc_msg();
         let verdict = match (op, hdr.body) {
             (
-                RdmaOp::Put,
+                BulkOp::Put,
                 LnetBody::Put {
                     ptl_index,
                     match_bits,
@@ -666,12 +658,15 @@ impl LnetNode {
                         if mlen == 0 {
                             // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT
                             // is done).
-                            self.nis[ni].ep.recv_done(now, rx);
+                            self.nis[ni].lnd.recv_done(now, rx);
                             self.finish_out(cookie, Ok(()));
                         } else {
-                            self.nis[ni]
-                                .ep
-                                .accept_put_rdma(now, rx, m.buf.sink(mlen), cookie);
+                            self.nis[ni].lnd.accept_bulk(
+                                now,
+                                rx,
+                                m.buf.mem(mlen, m.mem.clone()),
+                                cookie,
+                            );
                         }
                         Ok(())
                     }
@@ -679,7 +674,7 @@ impl LnetNode {
                 }
             }
             (
-                RdmaOp::Get { sink_len },
+                BulkOp::Get { sink_len },
                 LnetBody::Get {
                     ptl_index,
                     match_bits,
@@ -695,18 +690,14 @@ impl LnetNode {
                             .min(sink_length)
                             .min(u32::try_from(sink_len).unwrap_or(u32::MAX));
                         let cookie = self.inbound(ni, from, hdr, len, Purpose::ServeGet(md));
-                        let src = if len == 0 {
-                            Vec::new()
-                        } else {
-                            m.buf.local(len)
-                        };
-                        self.nis[ni].ep.reply_get_rdma(now, rx, src, cookie);
+                        let src = m.buf.mem(len, m.mem.clone());
+                        self.nis[ni].lnd.reply_bulk(now, rx, src, cookie);
                         Ok(())
                     }
                     None => Err("GET matched no posted source"),
                 }
             }
-            (RdmaOp::Put, LnetBody::Reply { dst_wmd })
+            (BulkOp::Put, LnetBody::Reply { dst_wmd })
                 if dst_wmd.interface_cookie == self.interface_cookie
                     && self
                         .bulk_gets
@@ -720,23 +711,23 @@ impl LnetNode {
                 let mlen = hdr.payload_length.min(g.buf.len);
                 let cookie = self.inbound(ni, from, hdr, mlen, Purpose::GetBulk(g.id));
                 if mlen == 0 {
-                    self.nis[ni].ep.recv_done(now, rx);
+                    self.nis[ni].lnd.recv_done(now, rx);
                     self.finish_out(cookie, Ok(()));
                 } else {
                     self.nis[ni]
-                        .ep
-                        .accept_put_rdma(now, rx, g.buf.sink(mlen), cookie);
+                        .lnd
+                        .accept_bulk(now, rx, g.buf.mem(mlen, None), cookie);
                 }
                 Ok(())
             }
-            (RdmaOp::Put, LnetBody::Reply { .. }) => Err("REPLY by rendezvous for no GET of ours"),
+            (BulkOp::Put, LnetBody::Reply { .. }) => Err("REPLY by rendezvous for no GET of ours"),
             _ => Err("rendezvous request for nothing we serve"),
         };
         if let Err(why) = verdict {
             // lnet_drop_message: the LND answers "nothing matched" (PUT_NAK 0, GET_DONE
             // -ENODATA).
             debug!(%from, kind = ?hdr.msg_type(), why, "dropping a rendezvous request");
-            self.nis[ni].ep.recv_done(now, rx);
+            self.nis[ni].lnd.recv_done(now, rx);
             self.stats.drop_count += 1;
             self.stats.drop_length += u64::from(hdr.payload_length);
             self.nis[ni].drop_count += 1;
@@ -774,7 +765,7 @@ impl LnetNode {
         ni: usize,
         from: Nid,
         hdr: LnetHdr,
-        op: RdmaOp,
+        op: BulkOp,
         rx: RxToken,
     ) {
         let now = self.now;
@@ -784,41 +775,41 @@ impl LnetNode {
             .peek_route(dest, Leg::of(hdr.src_nid, from))
             .map(|(r, _)| r);
         let why = match op {
-            RdmaOp::Get { .. } => {
-                self.nis[ni].ep.recv_failed(now, rx);
+            BulkOp::Get { .. } => {
+                self.nis[ni].lnd.recv_failed(now, rx);
                 FwdDrop::Malformed
             }
-            RdmaOp::Put if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) => {
-                self.nis[ni].ep.recv_failed(now, rx);
+            BulkOp::Put if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) => {
+                self.nis[ni].lnd.recv_failed(now, rx);
                 FwdDrop::WrongNet
             }
-            RdmaOp::Put if dest.net() == Net::LO || dest.is_any() => {
-                self.nis[ni].ep.recv_failed(now, rx);
+            BulkOp::Put if dest.net() == Net::LO || dest.is_any() => {
+                self.nis[ni].lnd.recv_failed(now, rx);
                 FwdDrop::WrongNet
             }
-            RdmaOp::Put if !self.routing => {
+            BulkOp::Put if !self.routing => {
                 // Not PUT_NAK 0 (Lustre's lnet_drop_message): its sender would take the PUT
                 // for done.
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::RoutingDisabled
             }
-            RdmaOp::Put if self.shutting_down => {
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+            BulkOp::Put if self.shutting_down => {
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::Shutdown
             }
-            RdmaOp::Put
+            BulkOp::Put
                 if hdr.payload_length == 0
                     || hdr.payload_length > LNET_MTU
                     || !matches!(hdr.msg_type(), LnetMsgType::Put | LnetMsgType::Reply) =>
             {
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::Malformed
             }
-            RdmaOp::Put
+            BulkOp::Put
                 if self.pools.get_mut(PoolClass::Large).nbuffers == 0
                     || self.bulk_bufs.bufs.is_empty() =>
             {
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::NoBulkBuffer
             }
             // A destination no route reaches is refused before a router buffer is lent for it.
@@ -827,10 +818,10 @@ impl LnetNode {
             // until its LND timeout with PUT_REQs to an unreachable net (the hostile-peer
             // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
             // The route is looked up again when the data is in, as before.
-            RdmaOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
+            BulkOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
                 self.nis[ni]
-                    .ep
-                    .refuse_rdma(now, rx, crate::control::errno::EHOSTUNREACH);
+                    .lnd
+                    .refuse_bulk(now, rx, crate::control::errno::EHOSTUNREACH);
                 let e = match onward {
                     Err(e @ LnetError::HopLimit(_)) => e,
                     _ => LnetError::NoRoute(dest),
@@ -840,18 +831,18 @@ impl LnetNode {
             }
             // An egress that cannot send from router buffers (an NI added at run time): the
             // sender's PUT fails now, rather than ending done while the router drops the data.
-            RdmaOp::Put if !onward.as_ref().is_ok_and(|r| self.egress_has_bulk(r)) => {
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+            BulkOp::Put if !onward.as_ref().is_ok_and(|r| self.egress_has_bulk(r)) => {
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::NoBulkBuffer
             }
             // A sender whose last bulk PUTs stalled or came in short is refused for a while
             // (doubling per strike), before any buffer is lent: asking again right after a
             // reclaim gets it nothing.
-            RdmaOp::Put if self.bulk_refused(from) => {
-                self.nis[ni].ep.refuse_rdma(now, rx, EPROTO);
+            BulkOp::Put if self.bulk_refused(from) => {
+                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
                 FwdDrop::BulkRefused
             }
-            RdmaOp::Put => {
+            BulkOp::Put => {
                 // Held like any message to forward: the sender's router credit, then a large
                 // buffer; its PUT_REQ's slot stays with it until then (the sender's LND credit
                 // does not come back: back pressure).
@@ -1018,6 +1009,13 @@ impl LnetNode {
         })
     }
 
+    /// Router buffer `k` as NI `ni`'s LND moves it: its first `len` bytes, registered with
+    /// that NI's fabric, and the memory itself.
+    pub(super) fn bulk_mem(&self, k: usize, ni: usize, len: u32) -> Option<BulkMem> {
+        let shared = self.bulk_bufs.mem.get(k).cloned().flatten();
+        Some(self.bulk_view(k, ni, len)?.mem(len, shared))
+    }
+
     /// A bulk PUT to forward has its router credit and a large buffer: the sender writes it into
     /// a free router buffer (PUT_ACK), and it is forwarded once it is in (lnet_ni_recv into the
     /// router buffer's pages).
@@ -1034,7 +1032,7 @@ impl LnetNode {
         let buf = self
             .bulk_free
             .pop()
-            .map(|k| (k, self.bulk_view(k, ni, len.max(1))));
+            .map(|k| (k, self.bulk_mem(k, ni, len.max(1))));
         let (k, buf) = match buf {
             Some((k, Some(buf))) => (k, buf),
             other => {
@@ -1051,12 +1049,10 @@ impl LnetNode {
         self.alloc_msg();
         let cookie = self.inbound(ni, from, hdr, len, Purpose::ForwardIn(key));
         if len == 0 {
-            self.nis[ni].ep.recv_done(now, rx);
+            self.nis[ni].lnd.recv_done(now, rx);
             self.finish_out(cookie, Ok(()));
         } else {
-            self.nis[ni]
-                .ep
-                .accept_put_rdma(now, rx, buf.sink(len), cookie);
+            self.nis[ni].lnd.accept_bulk(now, rx, buf, cookie);
         }
     }
 
@@ -1096,10 +1092,10 @@ impl LnetNode {
             Ok(Route::Remote { ni: e, next }) if self.drops_for_down_peer(next, e) => {
                 self.forward_done(key, Err(FwdDrop::PeerDown));
             }
-            Ok(Route::Remote { ni: e, next }) => match self.bulk_view(k, e, len) {
+            Ok(Route::Remote { ni: e, next }) => match self.bulk_mem(k, e, len) {
                 Some(buf) => {
                     let purpose = Purpose::Forward { origin, key, leg };
-                    self.launch_bulk(e, next, hdr, Bulk::Put(buf.local(len)), purpose);
+                    self.launch_bulk(e, next, hdr, BulkSend::Put(buf), purpose);
                 }
                 None => self.forward_done(key, Err(FwdDrop::NoBulkBuffer)),
             },
@@ -1123,7 +1119,7 @@ impl LnetNode {
         }
     }
 
-    /// The LND finished a transfer into our memory (`RdmaDone`).
+    /// The LND finished a transfer into our memory (`BulkDone`).
     pub(super) fn on_rdma_done(&mut self, cookie: u64, result: Result<u32, TxError>) {
         if let (Some(m), Ok(n)) = (self.msgs.get_mut(&cookie), result) {
             m.len = n as usize;
@@ -1140,14 +1136,6 @@ pub(super) struct RoutedGet {
     /// guessable, and the REPLY writes into the user's memory).
     pub(super) dst: Nid,
     pub(super) deadline: Instant,
-}
-
-/// What a bulk message moves, for the LND.
-pub(super) enum Bulk {
-    /// PUT from these registered fragments.
-    Put(Vec<LocalFrag>),
-    /// GET into this sink.
-    Get(RdmaSink),
 }
 
 // ---------------------------------------------------------------------- lending large buffers
@@ -1205,7 +1193,7 @@ impl LnetNode {
         match self.lending.scrub {
             BulkScrub::On => true,
             BulkScrub::Off => false,
-            BulkScrub::Auto => self.nis.get(ni).is_none_or(|n| !n.ep.fabric_sees_writes()),
+            BulkScrub::Auto => self.nis.get(ni).is_none_or(|n| !n.lnd.sees_writes()),
         }
     }
 
@@ -1287,7 +1275,7 @@ impl LnetNode {
         let base = self
             .nis
             .get(ni)
-            .map(|n| n.ep.config().tunables.grant_timeout)
+            .map(|n| n.lnd.grant_timeout())
             .filter(|t| !t.is_zero())
             .unwrap_or(Duration::from_secs(1))
             .max(Duration::from_secs(1));

@@ -2585,7 +2585,11 @@ fn a_lost_fabric_ends_its_connections_as_lost_not_as_graceful_closes() {
     let _ = f.take_events(egress);
     let now = f.now;
     f.nodes[egress].fabric_lost(now);
-    let after = f.nodes[egress].nets()[0].lnd_stats.clone();
+    let after = f.nodes[egress]
+        .endpoint(NiIndex(0))
+        .unwrap()
+        .stats()
+        .clone();
     let mut downs = Vec::new();
     while let Some(e) = f.nodes[egress].poll_event() {
         if let LnetEvent::PeerDown { reason, .. } = e {

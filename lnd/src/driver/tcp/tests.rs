@@ -109,13 +109,13 @@ impl Node {
                     "message {cookie} finished twice"
                 );
             }
-            LndEvent::RdmaDone { cookie, result, .. } => {
+            LndEvent::BulkDone { cookie, result, .. } => {
                 assert!(
                     rdma_done.insert(cookie, result).is_none(),
                     "transfer {cookie} finished twice"
                 );
             }
-            LndEvent::RdmaRequest { rx, .. } => match answers.pop_front() {
+            LndEvent::BulkRequest { rx, .. } => match answers.pop_front() {
                 Some(Answer::Accept(sink, cookie)) => ep.accept_put_rdma(now, rx, sink, cookie),
                 Some(Answer::Reply(src, cookie)) => ep.reply_get_rdma(now, rx, src, cookie),
                 None => ep.recv_done(now, rx),

@@ -2,7 +2,7 @@
 
 use crate::time::Duration;
 use crate::wire::kib::CksumFlavour;
-use crate::wire::Nid;
+use crate::wire::{Nid, RejectReason};
 
 /// How the passive side settles a connection race, and what ends a stuck active connect.
 /// The first three reproduce Lustre's history so the simulator can compare them (S1).
@@ -267,6 +267,153 @@ impl EndpointConfig {
             checksum: ChecksumConfig::default(),
             peer_limit: DEFAULT_PEER_LIMIT,
             seed: incarnation ^ nid.raw(),
+        }
+    }
+}
+
+/// Counters for `lnetctl`. All only grow, except the gauges marked so.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LndStats {
+    /// Active connects started (first attempts and reconnects).
+    pub connects: u64,
+    /// Of those, reconnects after a failed or rejected attempt.
+    pub reconnects: u64,
+    /// Connect requests accepted.
+    pub accepts: u64,
+    /// Connections that reached ESTABLISHED.
+    pub established: u64,
+    /// Rejects we sent, by reason code (index = IBLND_REJECT_* value, 0 = other).
+    pub rejects_sent: [u64; 10],
+    /// Rejects we received, by reason code.
+    pub rejects_received: [u64; 10],
+    /// CONN_RACE rejects we sent (the higher NID keeping its own attempt).
+    pub races: u64,
+    /// Times we let a lower NID win after `race_limit` races (LU-7646).
+    pub race_yields: u64,
+    /// Active connects abandoned because a request proved them stale (ours).
+    pub stale_abandons: u64,
+    /// Second active connects started beside one that went unanswered (ours, `connect_hedge`).
+    pub connect_hedges: u64,
+    /// The earlier of two attempts given up when the second went unanswered as long (ours,
+    /// `connect_hedge`): a third starts beside the second instead of waiting out a deadline.
+    pub hedge_abandons: u64,
+    /// Active or passive handshakes that passed their deadline (LU-17480).
+    pub connect_timeouts: u64,
+    /// Connect attempts that failed at the fabric (unreachable, no listener, errors).
+    pub connect_failures: u64,
+    /// Zombie connections right now (gauge).
+    pub zombies: u64,
+    /// Connections reaped (destroyed).
+    pub reaped: u64,
+    /// Messages that passed the LND timeout.
+    pub tx_timeouts: u64,
+    /// Keepalive NOOPs sent.
+    pub keepalives: u64,
+    /// NOOPs sent to return credits.
+    pub credit_noops: u64,
+    /// Messages sent and received (all kib types, NOOPs included).
+    pub msgs_sent: u64,
+    pub msgs_received: u64,
+    /// Payload bytes handed to and from LNet.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Connections closed gracefully: by us without an error, or by the peer's close handshake
+    /// (the fabric reported `DisconnectReason::Closed`).
+    pub graceful_closes: u64,
+    /// Connections we lost to an error (timeout, retry exceeded, protocol error, a connection
+    /// the fabric found broken).
+    pub conns_lost: u64,
+    /// Established connections the fabric ended for a protocol error it found (a bad frame, an
+    /// RDMA write outside a granted region, garbage): each is in `conns_lost` too.
+    pub fabric_protocol_errors: u64,
+    /// Established connections the fabric ended because the transport failed (a reset, an EOF
+    /// without a disconnect, a timeout, a queue pair in error): each is in `conns_lost` too.
+    pub fabric_transport_errors: u64,
+    /// Closes that waited the full close timeout for the peer.
+    pub close_timeouts: u64,
+    /// Connections torn down without a close: only possible if the endpoint is dropped while it
+    /// owns connections (the 3FS #426 failure). Counted through `Endpoint::leak_counter` too.
+    pub ungraceful_drops: u64,
+    /// Messages refused by the parser, with the connection closed.
+    pub bad_msgs: u64,
+    /// Messages LNet refused as a protocol violation (`Endpoint::recv_failed`), with the
+    /// connection closed.
+    pub rx_refused: u64,
+    /// Messages whose stamps named another instance (kiblnd "Stale rx").
+    pub stale_rx: u64,
+    /// Peers that returned more credits than the queue depth.
+    pub credit_overflows: u64,
+    /// Connect requests refused because they could not be parsed or were not for us.
+    pub bad_connreqs: u64,
+    /// RDMA completions (PUT_ACK, PUT_NAK, PUT_DONE, GET_DONE) matching no message of ours
+    /// waiting for one on that connection, by (cookie, type): each closes its connection
+    /// (EPROTO), as an unmatched completion does in o2iblnd (kiblnd_handle_completion).
+    pub unmatched_completions: u64,
+    /// Rendezvous requests (PUT_REQ, GET_REQ) answered without a transfer: nothing matched
+    /// (PUT_NAK 0, GET_DONE -ENODATA) or LNet refused it (its errno).
+    pub rdma_refused: u64,
+    /// Rendezvous finished, by role: PUTs whose data we wrote (source), PUTs written into us
+    /// (sink), GETs answered by our write, GETs written into us; and the bytes moved each way.
+    pub rdma_puts_sent: u64,
+    pub rdma_puts_received: u64,
+    pub rdma_gets_served: u64,
+    pub rdma_gets_received: u64,
+    pub rdma_bytes_sent: u64,
+    pub rdma_bytes_received: u64,
+    /// Rendezvous whose peer advertised a sink larger than our source (PUT_DONE / GET_DONE
+    /// -EPROTO, nothing written), or needing more fragments than the connection allows
+    /// (-EMSGSIZE): that message fails, the connection stays.
+    pub rdma_bad_sinks: u64,
+    /// Malformed rendezvous descriptors or completions: a PUT_ACK's descriptor with an empty or
+    /// wrapping fragment (the connection is closed), a GET_REQ's (answered GET_DONE -EPROTO),
+    /// a PUT_DONE or GET_DONE claiming more bytes than our sink holds (the connection is closed).
+    pub rdma_bad_descs: u64,
+    /// PUT_DONEs and GET_DONEs with a success status whose data did not all arrive (a fabric
+    /// that sees writes reported fewer bytes of the sink written, from its start, than the
+    /// completion accounts for): the transfer fails with -EPROTO and the connection is closed,
+    /// so a buffer lent before is never passed on with its previous user's bytes.
+    pub rdma_short_writes: u64,
+    /// Grants of our memory (PUT_ACK, GET_REQ sinks) reclaimed after `grant_timeout` without
+    /// their completion; on a fabric that cannot see writes, each closed its connection.
+    pub grants_reclaimed: u64,
+    /// Connections closed because a message to the peer missed its LND deadline while the peer
+    /// had said nothing since it was queued: a peer that owed us credits or a completion and
+    /// went silent. (A peer that owes us nothing may stay silent forever, as in o2iblnd.)
+    pub silent_peers: u64,
+    /// Peers reported down.
+    pub peers_down: u64,
+    /// Peers whose incarnation changed (a reboot seen).
+    pub peer_reboots: u64,
+    /// Connect requests (or their answers) from an instance of the peer that a newer one had
+    /// already replaced, refused as stale instead of taken for a restart back to it.
+    pub superseded_connreqs: u64,
+    /// Captured messages dropped because the driver did not drain the capture fast enough.
+    pub capture_drops: u64,
+    /// Races in which we refused the peer with CONN_RACE and it refused us too: it orders NIDs
+    /// the other way (a Lustre 2.15 peer among 2.16 ones, or the reverse).
+    pub race_order_disagreements: u64,
+    /// Peers for which we switched to the other race order after such races.
+    pub race_order_adoptions: u64,
+    /// Peers whose checksum flavour we learned from their checksummed messages, by flavour.
+    pub cksum_signed_peers: u64,
+    pub cksum_unsigned_peers: u64,
+    /// Peers forgotten once they had no connection and nothing queued (as o2iblnd frees its
+    /// peer), and connect requests or sends refused because the peer table was full.
+    pub peers_forgotten: u64,
+    pub peer_table_full: u64,
+    /// Connection state changes the transition table refused (a bug if ever non-zero: chaos
+    /// tests assert 0).
+    pub invalid_transitions: u64,
+}
+
+impl LndStats {
+    pub(crate) fn count_reject(table: &mut [u64; 10], why: RejectReason) {
+        let i = usize::from(why.code());
+        if let Some(c) = table.get_mut(i) {
+            *c += 1;
+        } else {
+            table[0] += 1;
         }
     }
 }
