@@ -16,6 +16,7 @@ use crate::*;
 mod bulk;
 mod bulk_hostile;
 mod health;
+mod inline_lnd;
 mod routing;
 mod selftest;
 

@@ -104,7 +104,7 @@ pub(super) fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetEr
 
 /// The router's books over all its runtimes: received = forwarded + dropped + in flight, and
 /// at quiescence nothing in flight, every buffer and router credit back.
-fn assert_router_quiescent(f: &Fabric, routers: &[usize]) -> ForwardStats {
+pub(super) fn assert_router_quiescent(f: &Fabric, routers: &[usize]) -> ForwardStats {
     let mut total = ForwardStats::default();
     for &r in routers {
         let info = f.nodes[r].routing_info();
