@@ -29,8 +29,10 @@ use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
+mod pings;
 use bulk::Mds;
 pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
+use pings::{PendingPing, PingKind, Pings};
 
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
@@ -302,26 +304,6 @@ struct LocalMsg {
     from_sibling: bool,
 }
 
-struct PendingPing {
-    target: Nid,
-    deadline: Instant,
-    kind: PingKind,
-}
-
-/// Whose a ping is, and so where its outcome goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PingKind {
-    /// A user's (`lnetctl ping`): a `PingDone` event.
-    User,
-    /// The router pinger's: the gateway's liveness.
-    Gateway,
-    /// LNet health's recovery ping of a peer NI below the maximum: its health.
-    Recovery,
-    /// LNet health's recovery ping of our NI `.0` below the maximum (lnet_recover_local_nis),
-    /// to a live peer on its net, never to our own NID: its health.
-    LocalRecovery(usize),
-}
-
 /// The health tunables, read on the per-message path, cached from the globals.
 #[derive(Clone, Copy, Debug)]
 struct HealthCfg {
@@ -403,14 +385,9 @@ pub struct LnetNode {
     /// recursively, however long the credit queues).
     refused: VecDeque<(u64, LnetError)>,
     local: VecDeque<LocalMsg>,
-    pings: HashMap<u64, PendingPing>,
-    ping_deadlines: BTreeSet<(Instant, u64)>,
-    next_ping: u64,
+    /// The ping service: pings in flight, their deadlines, our ping buffer.
+    pings: Pings,
     next_msg: u64,
-    /// Our ping reply while we do not route (RTE_DISABLED, every NI UP), built once: the NI
-    /// list never changes. While routing, each reply is built afresh with the nets' liveness
-    /// (`ping_reply`).
-    ping_buffer: Vec<u8>,
     /// When each NID of `node_nids` last heard a message (a board shared with the sibling
     /// runtimes when the configuration gives one).
     net_alive: NetAlive,
@@ -550,9 +527,12 @@ impl LnetNode {
             recovery_tick: None,
             globals,
             interface_cookie,
-            ping_buffer: ping::ping_buffer(cfg.pid, &node_nids, ping::our_features(false), |_| {
-                false
-            }),
+            pings: Pings::new(ping::ping_buffer(
+                cfg.pid,
+                &node_nids,
+                ping::our_features(false),
+                |_| false,
+            )),
             net_alive,
             alive_slot,
             alive_judged,
@@ -564,9 +544,6 @@ impl LnetNode {
             msgs: MsgTable::default(),
             refused: VecDeque::new(),
             local: VecDeque::new(),
-            pings: HashMap::new(),
-            ping_deadlines: BTreeSet::new(),
-            next_ping: 1,
             next_msg: 1,
             events: VecDeque::new(),
             stats: LnetStats::default(),
@@ -644,8 +621,7 @@ impl LnetNode {
             Route::SiblingNi => Route::Local(self.nis.first().map_or(dst, |n| n.nid)),
             r => r,
         };
-        let id = self.next_ping;
-        self.next_ping += 1;
+        let id = self.pings.next_id();
         let deadline = now.saturating_add(timeout);
         self.launch_ping(id, dst, route, deadline, PingKind::User);
         self.process(now);
@@ -687,16 +663,10 @@ impl LnetNode {
         while let Some((_, nid)) = self.peer_ages.poll(now) {
             self.age_peer(nid);
         }
-        while let Some(&(at, id)) = self.ping_deadlines.first() {
-            if at > now {
-                break;
-            }
-            self.ping_deadlines.remove(&(at, id));
-            if self.pings.contains_key(&id) {
-                debug!(id, "ping timed out");
-                self.count_error(&LnetError::Timeout);
-                self.complete_ping(id, Err(LnetError::Timeout));
-            }
+        while let Some(id) = self.pings.expired(now) {
+            debug!(id, "ping timed out");
+            self.count_error(&LnetError::Timeout);
+            self.complete_ping(id, Err(LnetError::Timeout));
         }
         self.expire_bulk_gets(now);
         self.ping_gateways();
@@ -765,7 +735,7 @@ impl LnetNode {
         large |= self.fwds.trim(TRIM_FLOOR);
         large |= self.refused.trim(TRIM_FLOOR);
         large |= self.local.trim(TRIM_FLOOR);
-        large |= self.pings.trim(TRIM_FLOOR);
+        large |= self.pings.trim();
         large |= self.events.trim(TRIM_FLOOR);
         large |= self.fwd_ready.trim(TRIM_FLOOR);
         large |= self.handovers.trim(TRIM_FLOOR);
@@ -810,7 +780,7 @@ impl LnetNode {
         r.add("fwds", &self.fwds);
         r.add("refused", &self.refused);
         r.add("local", &self.local);
-        r.add("pings", &self.pings);
+        self.pings.capacities(&mut r);
         r.add("events", &self.events);
         r.add("fwd_ready", &self.fwd_ready);
         r.add("handovers", &self.handovers);
@@ -846,7 +816,7 @@ impl LnetNode {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let lnd = self.nis.iter().filter_map(|n| n.lnd.poll_timeout()).min();
         let ping = [
-            self.ping_deadlines.first().map(|&(t, _)| t),
+            self.pings.next_deadline(),
             self.bulk_get_deadlines.first().map(|&(t, _)| t),
         ]
         .into_iter()
@@ -1038,7 +1008,8 @@ impl LnetNode {
         } else {
             self.net_alive.carried(&self.node_nids, &nids)
         };
-        self.ping_buffer = ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
+        self.pings.buffer =
+            ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
         self.forget_bulk_registrations(&nids);
         self.node_nids = nids;
         // A board made while our fabric was being lost may have missed the mark.
@@ -1487,8 +1458,8 @@ impl LnetNode {
         let recovery = match m.purpose {
             Purpose::PingGet(PingId(id)) => self
                 .pings
-                .get(&id)
-                .is_some_and(|p| matches!(p.kind, PingKind::Recovery | PingKind::LocalRecovery(_))),
+                .kind(id)
+                .is_some_and(|k| matches!(k, PingKind::Recovery | PingKind::LocalRecovery(_))),
             _ => false,
         };
         self.judge_health(m.ni, m.peer, result.as_ref().err(), recovery);
@@ -1618,10 +1589,9 @@ impl LnetNode {
         let forward = matches!(m.purpose, Purpose::Forward { .. });
         let kind_ok = match m.purpose {
             Purpose::Put(_) | Purpose::Response | Purpose::Forward { .. } => true,
-            Purpose::PingGet(PingId(id)) => self
-                .pings
-                .get(&id)
-                .is_some_and(|p| p.kind == PingKind::User),
+            Purpose::PingGet(PingId(id)) => {
+                self.pings.kind(id).is_some_and(|k| k == PingKind::User)
+            }
             _ => false,
         };
         let retry = self.health.retry_count;
@@ -1863,8 +1833,7 @@ impl LnetNode {
         let deadline = now.saturating_add(Duration::from_secs(cfg.transaction_timeout));
         // A peer NI's, or one of ours through a peer on its net: the same ping through NI `ni`.
         for (nid, ni, kind) in due {
-            let id = self.next_ping;
-            self.next_ping += 1;
+            let id = self.pings.next_id();
             trace!(%nid, ?kind, "recovery ping");
             self.launch_ping(id, nid, Route::Remote { ni, next: nid }, deadline, kind);
         }
@@ -2070,7 +2039,7 @@ impl LnetNode {
     fn ping_reply(&self) -> Vec<u8> {
         let down = self.nets_down(self.now);
         if !self.routing && !down.contains(&true) {
-            return self.ping_buffer.clone();
+            return self.pings.buffer.clone();
         }
         ping::ping_buffer(
             self.pid,
@@ -2270,7 +2239,7 @@ impl LnetNode {
                     self.end_bulk_get_inline(id, payload);
                     return Ok(len);
                 }
-                let Some(target) = self.pings.get(&id).map(|p| p.target) else {
+                let Some(target) = self.pings.target(id) else {
                     return Err("REPLY for no pending ping (late or unknown)");
                 };
                 let result = ping::parse_reply(target, &payload).map_err(LnetError::BadReply);
@@ -2352,8 +2321,7 @@ impl LnetNode {
     }
 
     fn complete_ping(&mut self, id: u64, result: Result<PingReply, LnetError>) {
-        if let Some(p) = self.pings.remove(&id) {
-            self.ping_deadlines.remove(&(p.deadline, id));
+        if let Some(p) = self.pings.finish(id) {
             if let PingKind::LocalRecovery(ni) = p.kind {
                 // The GET's send and the REPLY's receipt raised the NI's health as they
                 // happened; a failed ping costs it nothing more (lnet_health_check skips
@@ -2412,7 +2380,7 @@ impl LnetNode {
             return;
         }
         let now = self.now;
-        let mut next = self.next_ping;
+        let mut next = self.pings.next;
         let nis: Vec<Net> = self.nis.iter().map(|n| n.nid.net()).collect();
         let due = self.gateways.due(
             now,
@@ -2423,7 +2391,7 @@ impl LnetNode {
                 id
             },
         );
-        self.next_ping = next;
+        self.pings.next = next;
         let timeout = self.gateways.config().ping_timeout;
         for (gw, id) in due {
             let Some(ni) = self.ni_on(gw.net()) else {
@@ -2444,7 +2412,7 @@ impl LnetNode {
     /// Registers ping `id` of `dst`, answered by `deadline` at the latest, and sends its GET
     /// on `route`: a user's ping, or the router pinger's (`gateway`).
     fn launch_ping(&mut self, id: u64, dst: Nid, route: Route, deadline: Instant, kind: PingKind) {
-        self.pings.insert(
+        self.pings.start(
             id,
             PendingPing {
                 target: dst,
@@ -2452,7 +2420,6 @@ impl LnetNode {
                 kind,
             },
         );
-        self.ping_deadlines.insert((deadline, id));
         let hdr = LnetHdr {
             dest_nid: dst,
             src_nid: self.src_nid(route),

@@ -240,8 +240,7 @@ impl LnetNode {
         let object_cookie = if next == dst {
             id.0
         } else {
-            self.next_ping += 1;
-            self.next_ping - 1
+            self.pings.next_id()
         };
         let hdr = LnetHdr {
             dest_nid: dst,
