@@ -8,7 +8,6 @@ use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::iface::{BulkSend, DownReason, Lnd, LndEvent, RxToken, SendError, TxError};
 use lnd::time::{Duration, Instant};
 use lnd::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
-use lnd::wheel::TimerWheel;
 use lnd::wire::lnet::{
     LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
 };
@@ -30,9 +29,11 @@ use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
 mod pings;
+mod timers;
 use bulk::Mds;
 pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
 use pings::{PendingPing, PingKind, Pings};
+use timers::{NodeTimer, TimerTable};
 
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
@@ -366,8 +367,6 @@ pub struct LnetNode {
     health: HealthCfg,
     /// Peer NIs in LNet health's recovery (below the maximum), pinged from `recovery_tick`.
     recovery: BTreeSet<Nid>,
-    /// The next look at `recovery`: once a second while it has any (lnet_monitor_thread).
-    recovery_tick: Option<Instant>,
     /// Our half of every wire handle we hand out (Lustre's ln_interface_cookie): a REPLY naming
     /// another cookie is not for any ping of this instance.
     interface_cookie: u64,
@@ -375,9 +374,6 @@ pub struct LnetNode {
     /// Every NID of the node (ours, and those of the node's other runtimes), in order.
     node_nids: Vec<Nid>,
     peers: BTreeMap<Nid, PeerNi>,
-    /// When to look at a peer NI again for aging: one timer per peer NI, re-armed from its
-    /// last traffic when it fires, so the cost follows what expires, not the table's size.
-    peer_ages: TimerWheel<Nid>,
     /// Outgoing LND messages; a message's cookie is its slab key and a generation (see
     /// [`MsgTable`]), so finding it on the per-message path is an index, not a hash.
     msgs: MsgTable,
@@ -440,11 +436,9 @@ pub struct LnetNode {
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk::RoutedGet>,
-    bulk_get_deadlines: BTreeSet<(Instant, u64)>,
-    /// When to give back the room a burst left in the tables and queues (see `lnd::trim`):
-    /// set when one grows past the floor, kept while one is still large, so an idle node with
-    /// small tables has no such timer. The LNDs trim their own.
-    trim_at: Option<Instant>,
+    /// Every deadline of LNet's own (peer aging, pings, routed GETs, the recovery tick, the
+    /// trim pass): one table behind `poll_timeout`.
+    timers: TimerTable,
     /// The room the last pass left in the tables that arm it (at least the floor).
     trim_mark: usize,
 }
@@ -524,7 +518,6 @@ impl LnetNode {
             pid: cfg.pid,
             health: HealthCfg::of(&globals),
             recovery: BTreeSet::new(),
-            recovery_tick: None,
             globals,
             interface_cookie,
             pings: Pings::new(ping::ping_buffer(
@@ -540,7 +533,6 @@ impl LnetNode {
             node_nids,
             nis,
             peers: BTreeMap::new(),
-            peer_ages: TimerWheel::new(now, Duration::from_millis(100)),
             msgs: MsgTable::default(),
             refused: VecDeque::new(),
             local: VecDeque::new(),
@@ -569,8 +561,7 @@ impl LnetNode {
             bulk_leaving: Vec::new(),
             bulk_released: Vec::new(),
             bulk_gets: HashMap::new(),
-            bulk_get_deadlines: BTreeSet::new(),
-            trim_at: None,
+            timers: TimerTable::new(now),
             trim_mark: TRIM_FLOOR,
         }
     }
@@ -660,20 +651,24 @@ impl LnetNode {
         for ni in &mut self.nis {
             ni.lnd.handle_timeout(now);
         }
-        while let Some((_, nid)) = self.peer_ages.poll(now) {
-            self.age_peer(nid);
+        while let Some(t) = self.timers.poll(now) {
+            match t {
+                NodeTimer::PeerAge(nid) => self.age_peer(nid),
+                NodeTimer::Ping(id) => {
+                    if self.pings.target(id).is_some() {
+                        debug!(id, "ping timed out");
+                        self.count_error(&LnetError::Timeout);
+                        self.complete_ping(id, Err(LnetError::Timeout));
+                    }
+                }
+                NodeTimer::RoutedGet(cookie) => {
+                    self.end_bulk_get(cookie, Err(LnetError::Timeout), false)
+                }
+                NodeTimer::Recovery => self.recover_peers(),
+                NodeTimer::Trim => self.trim(),
+            }
         }
-        while let Some(id) = self.pings.expired(now) {
-            debug!(id, "ping timed out");
-            self.count_error(&LnetError::Timeout);
-            self.complete_ping(id, Err(LnetError::Timeout));
-        }
-        self.expire_bulk_gets(now);
         self.ping_gateways();
-        self.recover_peers();
-        if self.trim_at.is_some_and(|t| t <= now) {
-            self.trim();
-        }
         self.process(now);
     }
 
@@ -710,12 +705,12 @@ impl LnetNode {
         // and the events the user has not taken yet. A few compares per input, no more. Past
         // what the last pass left, not past the floor: a table in the band a pass leaves alone
         // (above the floor, not sparse) would re-arm it every 5 s on an idle node.
-        if self.trim_at.is_none()
+        if self.timers.trim_at().is_none()
             && (self.msgs.slots.capacity() > self.trim_mark
                 || self.fwds.capacity() > self.trim_mark
                 || self.events.capacity() > self.trim_mark)
         {
-            self.trim_at = Some(self.now + TRIM_INTERVAL);
+            self.timers.arm_trim(self.now + TRIM_INTERVAL);
         }
     }
 
@@ -724,7 +719,6 @@ impl LnetNode {
     /// size by a live entry near its top: entries are never moved, so a cookie or a held
     /// message's key stays valid).
     fn trim(&mut self) {
-        self.trim_at = None;
         // The sizes are only for the debug line: on a node with many peers a report walks
         // them all.
         let report = tracing::enabled!(tracing::Level::DEBUG);
@@ -741,7 +735,7 @@ impl LnetNode {
         large |= self.handovers.trim(TRIM_FLOOR);
         large |= self.route_used.trim(TRIM_FLOOR);
         large |= self.bulk_gets.trim(TRIM_FLOOR);
-        large |= self.peer_ages.trim(TRIM_FLOOR);
+        large |= self.timers.trim();
         large |= self.mds.trim();
         for pool in &mut self.pools.0 {
             large |= pool.waiting.trim(TRIM_FLOOR);
@@ -767,7 +761,7 @@ impl LnetNode {
             .max(self.fwds.capacity())
             .max(self.events.capacity());
         if large {
-            self.trim_at = Some(self.now + TRIM_INTERVAL);
+            self.timers.arm_trim(self.now + TRIM_INTERVAL);
         }
     }
 
@@ -786,7 +780,7 @@ impl LnetNode {
         r.add("handovers", &self.handovers);
         r.add("route_used", &self.route_used);
         r.add("bulk_gets", &self.bulk_gets);
-        r.add("peer_ages", &self.peer_ages);
+        self.timers.capacities(&mut r);
         self.mds.capacities(&mut r);
         for pool in &self.pools.0 {
             r.add("pool_waiting", &pool.waiting);
@@ -811,28 +805,16 @@ impl LnetNode {
         !self.events.is_empty()
     }
 
-    /// When [`LnetNode::handle_timeout`] should next be called: the earliest LND timer or ping
-    /// deadline.
+    /// When [`LnetNode::handle_timeout`] should next be called: the earliest of the LNDs'
+    /// timers, the node's timer table and the gateways' ping schedule; now, while large buffers
+    /// wait to be scrubbed (the loop does that work, `LnetNode::scrub_bulk`).
     pub fn poll_timeout(&self) -> Option<Instant> {
         let lnd = self.nis.iter().filter_map(|n| n.lnd.poll_timeout()).min();
-        let ping = [
-            self.pings.next_deadline(),
-            self.bulk_get_deadlines.first().map(|&(t, _)| t),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let aging = self.peer_ages.next_deadline();
-        let gateways = self.gateways.next_deadline();
-        // Buffers to scrub: the loop does that work now (`LnetNode::scrub_bulk`).
         let scrub = self.has_bulk_to_scrub().then_some(self.now);
         [
             lnd,
-            ping,
-            aging,
-            gateways,
-            self.recovery_tick,
-            self.trim_at,
+            self.timers.next_deadline(),
+            self.gateways.next_deadline(),
             scrub,
         ]
         .into_iter()
@@ -1267,7 +1249,8 @@ impl LnetNode {
             if n.lnd.peer_up(nid) {
                 p.state = PeerState::Up;
             }
-            self.peer_ages.insert(now + n.peer_timeout, nid);
+            self.timers
+                .arm(now + n.peer_timeout, NodeTimer::PeerAge(nid));
             self.peers.insert(nid, p);
         }
         let p = self.peers.get_mut(&nid)?;
@@ -1296,7 +1279,7 @@ impl LnetNode {
         } else {
             due
         };
-        self.peer_ages.insert(next, nid);
+        self.timers.arm(next, NodeTimer::PeerAge(nid));
     }
 
     /// Starts a message on `route` (never `Route::Sibling`: callers hand those over).
@@ -1728,7 +1711,7 @@ impl LnetNode {
 
     /// The recovery queue is looked at again by `at` at the latest.
     fn arm_recovery(&mut self, at: Instant) {
-        self.recovery_tick = Some(self.recovery_tick.map_or(at, |t| t.min(at)));
+        self.timers.arm_recovery(at);
     }
 
     /// A message from `from` came in on NI `ni` (lnet_health_check's OK path for a receive):
@@ -1758,10 +1741,6 @@ impl LnetNode {
     /// within transaction_timeout; one silent past `recovery_limit` leaves the queue as it is.
     fn recover_peers(&mut self) {
         let now = self.now;
-        if self.recovery_tick.is_none_or(|t| t > now) {
-            return;
-        }
-        self.recovery_tick = None;
         if self.shutting_down {
             self.recovery.clear();
             return;
@@ -2322,6 +2301,7 @@ impl LnetNode {
 
     fn complete_ping(&mut self, id: u64, result: Result<PingReply, LnetError>) {
         if let Some(p) = self.pings.finish(id) {
+            self.timers.cancel(p.timer);
             if let PingKind::LocalRecovery(ni) = p.kind {
                 // The GET's send and the REPLY's receipt raised the NI's health as they
                 // happened; a failed ping costs it nothing more (lnet_health_check skips
@@ -2412,12 +2392,13 @@ impl LnetNode {
     /// Registers ping `id` of `dst`, answered by `deadline` at the latest, and sends its GET
     /// on `route`: a user's ping, or the router pinger's (`gateway`).
     fn launch_ping(&mut self, id: u64, dst: Nid, route: Route, deadline: Instant, kind: PingKind) {
+        let timer = self.timers.arm(deadline, NodeTimer::Ping(id));
         self.pings.start(
             id,
             PendingPing {
                 target: dst,
-                deadline,
                 kind,
+                timer,
             },
         );
         let hdr = LnetHdr {
@@ -3143,7 +3124,7 @@ mod trim_tests {
         for _ in 0..40 {
             let Some(t) = n.poll_timeout() else { break };
             now = t;
-            if n.trim_at == Some(t) {
+            if n.timers.trim_at() == Some(t) {
                 passes += 1;
             }
             n.handle_timeout(now);

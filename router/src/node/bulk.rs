@@ -265,14 +265,16 @@ impl LnetNode {
         } else {
             let wait = self.nis[ni].lnd.timeout() * 2;
             let deadline = now.saturating_add(wait);
+            let timer = self
+                .timers
+                .arm(deadline, super::timers::NodeTimer::RoutedGet(object_cookie));
             let g = RoutedGet {
                 id,
                 buf,
                 dst,
-                deadline,
+                timer,
             };
             self.bulk_gets.insert(object_cookie, g);
-            self.bulk_get_deadlines.insert((deadline, object_cookie));
             let route = if sibling {
                 Route::SiblingNi
             } else {
@@ -306,7 +308,7 @@ impl LnetNode {
         let Some(g) = self.bulk_gets.remove(&cookie) else {
             return;
         };
-        self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+        self.timers.cancel(g.timer);
         if let Err(e) = &result {
             if !counted {
                 self.count_error(e);
@@ -322,21 +324,10 @@ impl LnetNode {
         let Some(g) = self.bulk_gets.remove(&cookie) else {
             return;
         };
-        self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+        self.timers.cancel(g.timer);
         payload.truncate(g.buf.len as usize);
         self.events
             .push_back(LnetEvent::GetDoneInline { id: g.id, payload });
-    }
-
-    /// Routed GETs whose REPLY did not come in time.
-    pub(super) fn expire_bulk_gets(&mut self, now: Instant) {
-        while let Some(&(at, cookie)) = self.bulk_get_deadlines.first() {
-            if at > now {
-                break;
-            }
-            self.bulk_get_deadlines.remove(&(at, cookie));
-            self.end_bulk_get(cookie, Err(LnetError::Timeout), false);
-        }
     }
 
     /// Fails every routed GET still waiting (shutdown).
@@ -706,7 +697,7 @@ impl LnetNode {
                 // The REPLY of a routed GET of ours, into its registered memory.
                 let cookie = dst_wmd.object_cookie;
                 let g = self.bulk_gets.remove(&cookie).expect("checked above");
-                self.bulk_get_deadlines.remove(&(g.deadline, cookie));
+                self.timers.cancel(g.timer);
                 let mlen = hdr.payload_length.min(g.buf.len);
                 let cookie = self.inbound(ni, from, hdr, mlen, Purpose::GetBulk(g.id));
                 if mlen == 0 {
@@ -1134,7 +1125,8 @@ pub(super) struct RoutedGet {
     /// Whom it went to: only a REPLY from there is its answer (a wire handle alone is
     /// guessable, and the REPLY writes into the user's memory).
     pub(super) dst: Nid,
-    pub(super) deadline: Instant,
+    /// Its deadline on the node's timer table.
+    pub(super) timer: lnd::wheel::TimerKey,
 }
 
 // ---------------------------------------------------------------------- lending large buffers

@@ -3,19 +3,21 @@
 //! waiting for their REPLY, each until its deadline, and the ping buffer it answers others
 //! with. The node sends and matches; this keeps the books, so that every ping ends exactly once
 //! (a REPLY, a failure, or its deadline: lib-move.c's lnet_ping and router.c's
-//! lnet_router_checker give each ping its own MD with a timeout, ours share this table).
+//! lnet_router_checker give each ping its own MD with a timeout; ours share this table, their
+//! deadlines on the node's timer table).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
-use lnd::time::Instant;
 use lnd::trim::{CapacityReport, Trim, TRIM_FLOOR};
+use lnd::wheel::TimerKey;
 use lnd::wire::Nid;
 
 /// One ping waiting for its REPLY.
 pub(super) struct PendingPing {
     pub(super) target: Nid,
-    pub(super) deadline: Instant,
     pub(super) kind: PingKind,
+    /// Its deadline on the node's timer table (cancelled when it ends first).
+    pub(super) timer: TimerKey,
 }
 
 /// Whose a ping is, and so where its outcome goes.
@@ -32,10 +34,9 @@ pub(super) enum PingKind {
     LocalRecovery(usize),
 }
 
-/// Pings in flight by id, their deadlines in order, and the ids handed out.
+/// Pings in flight by id, and the ids handed out.
 pub(super) struct Pings {
     pending: HashMap<u64, PendingPing>,
-    deadlines: BTreeSet<(Instant, u64)>,
     /// The next id (also the object cookie of a routed GET's wire handle: one cookie space, so
     /// a REPLY names one or the other).
     pub(super) next: u64,
@@ -48,7 +49,6 @@ impl Pings {
     pub(super) fn new(buffer: Vec<u8>) -> Pings {
         Pings {
             pending: HashMap::new(),
-            deadlines: BTreeSet::new(),
             // From 1, as before: no ping or routed GET carries cookie 0.
             next: 1,
             buffer,
@@ -64,7 +64,6 @@ impl Pings {
 
     /// Ping `id` is on its way.
     pub(super) fn start(&mut self, id: u64, p: PendingPing) {
-        self.deadlines.insert((p.deadline, id));
         self.pending.insert(id, p);
     }
 
@@ -78,33 +77,10 @@ impl Pings {
         self.pending.get(&id).map(|p| p.kind)
     }
 
-    /// Ping `id` has its outcome: out of the books (once; `None` after).
+    /// Ping `id` has its outcome: out of the books (once; `None` after). The caller cancels
+    /// its timer.
     pub(super) fn finish(&mut self, id: u64) -> Option<PendingPing> {
-        let p = self.pending.remove(&id)?;
-        self.deadlines.remove(&(p.deadline, id));
-        Some(p)
-    }
-
-    /// A ping still waiting whose deadline is `now` or earlier, taken off the deadline list
-    /// (the caller fails it with [`Pings::finish`]); `None` once none is due.
-    pub(super) fn expired(&mut self, now: Instant) -> Option<u64> {
-        while let Some(&(at, id)) = self.deadlines.first() {
-            if at > now {
-                return None;
-            }
-            self.deadlines.remove(&(at, id));
-            if self.pending.contains_key(&id) {
-                // Back on the list so that `finish` finds it (and takes it off once).
-                self.deadlines.insert((at, id));
-                return Some(id);
-            }
-        }
-        None
-    }
-
-    /// The earliest deadline.
-    pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|&(t, _)| t)
+        self.pending.remove(&id)
     }
 
     /// Pings waiting.
@@ -125,37 +101,36 @@ impl Pings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lnd::time::{Duration, Instant};
+    use lnd::wheel::TimerWheel;
 
-    fn ping(deadline_s: u64) -> PendingPing {
-        PendingPing {
-            target: "10.0.0.1@o2ib".parse().unwrap(),
-            deadline: Instant::from_secs(deadline_s),
-            kind: PingKind::User,
-        }
-    }
-
-    /// Every ping ends once: by its outcome or by its deadline, in deadline order, and a
-    /// finished ping's deadline no longer counts.
+    /// Every ping ends once, and ids never repeat.
     #[test]
-    fn a_ping_ends_once_by_outcome_or_deadline() {
+    fn a_ping_ends_once() {
+        let mut wheel = TimerWheel::new(Instant::from_secs(0), Duration::from_millis(1));
         let mut p = Pings::new(Vec::new());
-        let (a, b, c) = (p.next_id(), p.next_id(), p.next_id());
-        assert_eq!((a, b, c), (1, 2, 3));
-        p.start(a, ping(5));
-        p.start(b, ping(3));
-        p.start(c, ping(9));
-        assert_eq!(p.next_deadline(), Some(Instant::from_secs(3)));
+        let (a, b) = (p.next_id(), p.next_id());
+        assert_eq!((a, b), (1, 2));
+        for id in [a, b] {
+            let timer = wheel.insert(Instant::from_secs(5), id);
+            let target = "10.0.0.1@o2ib".parse().unwrap();
+            let kind = PingKind::User;
+            p.start(
+                id,
+                PendingPing {
+                    target,
+                    kind,
+                    timer,
+                },
+            );
+        }
+        assert_eq!(p.kind(a), Some(PingKind::User));
         assert!(p.finish(b).is_some());
         assert!(p.finish(b).is_none(), "once");
-        assert_eq!(p.next_deadline(), Some(Instant::from_secs(5)));
-        let now = Instant::from_secs(6);
-        assert_eq!(p.expired(now), Some(a));
-        assert_eq!(p.expired(now), Some(a), "due until it is finished");
-        assert!(p.finish(a).is_some());
-        assert_eq!(p.expired(now), None);
+        assert_eq!(p.target(b), None);
         assert_eq!(p.len(), 1);
         assert_eq!(
-            p.target(c).map(|n| n.to_string()).as_deref(),
+            p.target(a).map(|n| n.to_string()).as_deref(),
             Some("10.0.0.1@o2ib")
         );
     }
