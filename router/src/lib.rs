@@ -55,6 +55,7 @@ mod peer;
 mod ping;
 #[cfg(feature = "daemon")]
 pub mod rdma;
+pub mod relay;
 pub mod routes;
 pub mod runtime;
 pub mod selftest;
