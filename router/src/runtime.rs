@@ -13,6 +13,7 @@ use std::time::Duration as StdDuration;
 use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
 use lnd::time::Instant;
 
+use crate::relay::{Links, Relay};
 use crate::{LnetNode, NiIndex};
 
 /// One NI's node, driver, clock and waker.
@@ -197,6 +198,31 @@ impl<D: Driver> NiRuntime<D> {
         }
     }
 
+    /// [`NiRuntime::watch`]es each of `others`, the runtimes that share this one's thread
+    /// ([`shared_round`]); the index of the first that cannot be watched.
+    pub fn watch_all<'a>(
+        &mut self,
+        others: impl IntoIterator<Item = &'a NiRuntime<D>>,
+    ) -> Result<(), usize>
+    where
+        D: 'a,
+    {
+        for (i, other) in others.into_iter().enumerate() {
+            if !self.watch(other) {
+                return Err(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// One relay of this runtime's handovers to its siblings' `links` ([`Relay::relay`]):
+    /// what its node produced goes out, and the end of a forward nobody takes comes back to
+    /// it (the clock read only then).
+    pub fn relay<L: Links + ?Sized>(&mut self, relay: &mut Relay, links: &mut L) {
+        let clock = self.clock;
+        relay.relay(&mut self.node, links, || clock.now());
+    }
+
     /// The last actions (a shutdown's Destroys) and one poll that does not wait, so they reach
     /// the wire before the runtime is dropped.
     pub fn flush(&mut self) {
@@ -214,11 +240,80 @@ impl<D: Driver> NiRuntime<D> {
     }
 }
 
+/// A loop that shares the calling thread with others ([`shared_round`]): a runtime, or the
+/// daemon's NI loop around one.
+pub trait SharedLoop {
+    type Error;
+    /// One turn, waiting at most `wait`.
+    fn turn(&mut self, wait: StdDuration) -> Result<(), Self::Error>;
+    /// How long it could sleep now ([`NiRuntime::wait_hint`]).
+    fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration;
+    /// Work waits for it that no driver's readiness shows (handovers from a loop of the same
+    /// thread): the round must not sleep.
+    fn has_pending(&self) -> bool {
+        false
+    }
+    /// It has finished: it is turned no more.
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+impl<D: Driver> SharedLoop for NiRuntime<D> {
+    type Error = io::Error;
+
+    fn turn(&mut self, wait: StdDuration) -> io::Result<()> {
+        NiRuntime::turn(self, wait)
+    }
+
+    fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
+        NiRuntime::wait_hint(self, max_wait)
+    }
+}
+
+/// One round of several loops on the calling thread, the first of which watches the others'
+/// drivers ([`NiRuntime::watch_all`]): every other loop turns without waiting, then the first
+/// turns, sleeping for the least any of them may (at most `max_wait`; zero while a loop has
+/// work no driver shows). The hints are asked once all have turned, so that what a loop handed
+/// one turned before it in the round counts (with three NIs or more, such a handover waited
+/// out the sleep: up to `max_wait` per forward). Finished loops are skipped; once the first
+/// has finished, the others are polled at a short interval. [`Swarm`] and the daemon's
+/// `--ni-threads shared` both run their rounds here.
+pub fn shared_round<L: SharedLoop>(loops: &mut [L], max_wait: StdDuration) -> Result<(), L::Error> {
+    let Some((first, rest)) = loops.split_first_mut() else {
+        std::thread::sleep(max_wait);
+        return Ok(());
+    };
+    for l in rest.iter_mut() {
+        if !l.finished() {
+            l.turn(StdDuration::ZERO)?;
+        }
+    }
+    let mut wait = max_wait;
+    for l in rest.iter_mut() {
+        if !l.finished() {
+            wait = wait.min(l.wait_hint(max_wait));
+        }
+    }
+    let pending = std::iter::once(&*first)
+        .chain(rest.iter())
+        .any(|l| !l.finished() && l.has_pending());
+    if pending {
+        wait = StdDuration::ZERO;
+    }
+    if first.finished() {
+        std::thread::sleep(wait.min(StdDuration::from_millis(1)));
+        return Ok(());
+    }
+    first.turn(wait)
+}
+
 /// Several runtimes on the calling thread: a swarm of client NIs for tests and storms, each its
-/// own node (its own NID, peers and connections). The first runtime sleeps, for the least time
-/// any may, and its driver watches the others' readiness descriptors so that work for any of
-/// them ends the sleep; the others are polled without waiting. Busy-polling should be off in
-/// their drivers: the thread spins through every runtime each turn already.
+/// own node (its own NID, peers and connections), run by [`shared_round`]: the first runtime
+/// sleeps, for the least time any may, and its driver watches the others' readiness descriptors
+/// so that work for any of them ends the sleep; the others are polled without waiting.
+/// Busy-polling should be off in their drivers: the thread spins through every runtime each
+/// turn already.
 pub struct Swarm<D: Driver> {
     runtimes: Vec<NiRuntime<D>>,
 }
@@ -228,13 +323,11 @@ impl<D: Driver> Swarm<D> {
     /// first cannot watch (tcp can).
     pub fn new(mut runtimes: Vec<NiRuntime<D>>) -> io::Result<Swarm<D>> {
         if let Some((first, rest)) = runtimes.split_first_mut() {
-            for other in rest.iter() {
-                if !first.watch(other) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "a driver that cannot share a thread",
-                    ));
-                }
+            if first.watch_all(rest.iter()).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a driver that cannot share a thread",
+                ));
             }
         }
         Ok(Swarm { runtimes })
@@ -243,16 +336,7 @@ impl<D: Driver> Swarm<D> {
     /// One turn of every runtime, sleeping at most `max_wait` (less if any has work sooner).
     /// Every node's events are left for the caller to drain.
     pub fn turn(&mut self, max_wait: StdDuration) -> io::Result<()> {
-        let Some((first, rest)) = self.runtimes.split_first_mut() else {
-            std::thread::sleep(max_wait);
-            return Ok(());
-        };
-        let mut wait = max_wait;
-        for rt in rest {
-            rt.turn(StdDuration::ZERO)?;
-            wait = wait.min(rt.wait_hint(max_wait));
-        }
-        first.turn(wait)
+        shared_round(&mut self.runtimes, max_wait)
     }
 
     /// The runtimes, in the order given.
