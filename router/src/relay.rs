@@ -13,9 +13,9 @@
 //! send completes (lnet_return_rx_credits_locked). There the hand-off is a lock; here it crosses
 //! threads, so the relay is where that lock's guarantees are kept:
 //!
-//! - **It never blocks.** A sibling whose link is full keeps what it would not take in the
-//!   [`Relay`]'s outbox for the next relay (bounded: what can wait there holds router buffers,
-//!   which the pools bound); a loop never waits for another.
+//! - **It never blocks.** What a full link would not take waits in the [`Relay`]'s outbox for
+//!   the next relay (a forward and its end each stand for a router buffer held at the
+//!   ingress, so the pools bound them); a loop never waits for another.
 //! - **Order is kept per link.** Once a link refused a handover in a relay, the later ones for
 //!   that link wait behind it in the outbox, even if the link frees room meanwhile (the
 //!   sibling runs on another thread).
@@ -27,7 +27,7 @@
 //! - **Each sibling that got something is woken once per relay**, not once per handover.
 //!
 //! Which sibling takes a handover is one pure function, [`target_of`]. The links are the
-//! user's ([`Links`]): crossbeam channels and wakers in the daemon ([`ChannelLink`], feature
+//! user's ([`Links`]): crossbeam channels and wakers in the daemon (`ChannelLink`, feature
 //! `daemon`), direct delivery into the sibling node in the simulator and the unit-test fabric.
 
 use std::collections::VecDeque;
