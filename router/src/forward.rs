@@ -7,7 +7,7 @@
 //! from the pool of its size. Until it has both it keeps its LND receive slot, so the sender's
 //! LND credit does not come back: that is the back pressure upstream. With both, the slot
 //! goes back and the message goes to the egress NI, in this node or, as a [`Handover`], in
-//! a sibling runtime on another thread. Its buffer and router credit come back when the
+//! a sibling runtime on another thread (handed over by [`crate::relay`]). Its buffer and router credit come back when the
 //! egress is done with it, whatever the outcome; the ingress node is the one that counts
 //! the outcome, so `received = forwarded + dropped + in flight` holds in one place.
 

@@ -1,7 +1,8 @@
 //! `router`: ulnet's LNet layer, the part every node runs above its LNDs, and the library of the
 //! `lnet-router` daemon (feature `daemon`): its YAML configuration, its control protocol and
 //! socket, and [`runtime::NiRuntime`], one NI's node, driver and waker with the loop the daemon
-//! runs on a thread per NI.
+//! runs on a thread per NI, and [`relay`], which hands messages between those runtimes (the
+//! same code in the daemon, the simulator's routed storm and the tests).
 //!
 //! The node is a plain LNet endpoint (no forwarding yet), sans-IO like the LND engine below it: time is
 //! passed in as [`lnd::time::Instant`], nothing reads a clock, spawns a thread or does I/O, and
@@ -56,6 +57,7 @@ mod peer;
 mod ping;
 #[cfg(feature = "daemon")]
 pub mod rdma;
+pub mod relay;
 pub mod routes;
 pub mod runtime;
 pub mod selftest;

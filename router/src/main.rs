@@ -52,10 +52,11 @@ use router::control::{
     self, errno, CaptureSession, CaptureSummary, Control, ControlCounters, ControlError, Delivery,
     NetChange, NiExtras, ReadRequest, Request, Response,
 };
-use router::runtime::NiRuntime;
+use router::relay::{ChannelLink, Dest, Handed, Links, Relay};
+use router::runtime::{shared_round, NiRuntime, SharedLoop};
 use router::selftest::{ConsoleStart, Selftest};
 use router::yaml_config::{DaemonConfig, FabricKind};
-use router::{BufferCounts, Handover, HandoverTarget, LnetEvent, LnetNode};
+use router::{BufferCounts, Handover, LnetEvent, LnetNode};
 use tracing::{debug, error, info, warn};
 
 /// jemalloc rather than glibc's malloc: after a burst (tens of thousands of messages or peers),
@@ -478,15 +479,13 @@ fn run(
         NiThreads::Shared if ni_loops.is_empty() => {}
         NiThreads::Shared => {
             let (first, rest) = ni_loops.split_first_mut().ok_or("no NI is configured")?;
-            for other in rest.iter() {
-                if !first.rt.watch(&other.rt) {
-                    return Err(format!(
-                        "--ni-threads shared: NI {} cannot share a thread (its fabric, {}, \
-                         cannot be watched from another; only tcp can)",
-                        other.nid,
-                        other.kind.as_str()
-                    ));
-                }
+            if let Err(i) = first.rt.watch_all(rest.iter().map(|l| &l.rt)) {
+                return Err(format!(
+                    "--ni-threads shared: NI {} cannot share a thread (its fabric, {}, \
+                     cannot be watched from another; only tcp can)",
+                    rest[i].nid,
+                    rest[i].kind.as_str()
+                ));
             }
             let t = std::thread::Builder::new()
                 .name("nis".into())
@@ -772,8 +771,7 @@ struct Member {
     wake: WakeHandle,
     /// Its handovers (forwarded messages and their releases), and whether a handover wakes
     /// it (not when every loop shares one thread: each is stepped every round).
-    hand: crossbeam_channel::Sender<Handover>,
-    hand_wake: Option<WakeHandle>,
+    hand: ChannelLink,
     /// Set by `net del`: the loop shuts its NI down gracefully and ends.
     stop: Arc<AtomicBool>,
     /// The last epoch this loop adopted: once every loop has adopted a change, none acts on
@@ -944,8 +942,10 @@ impl Daemon {
             listen: extras.listen,
             ctl: tx,
             wake: wake.clone(),
-            hand: hand_tx,
-            hand_wake: (self.threading == NiThreads::PerNi).then(|| wake.clone()),
+            hand: ChannelLink {
+                tx: hand_tx,
+                wake: (self.threading == NiThreads::PerNi).then(|| wake.clone()),
+            },
             stop: Arc::clone(&stop),
             adopted: Arc::clone(&adopted),
             running: Arc::clone(&running),
@@ -962,9 +962,8 @@ impl Daemon {
             req_rx,
             hands: Handovers {
                 rx: hand_rx,
-                links: Arc::default(),
-                outbox: std::collections::VecDeque::new(),
-                woken: Vec::new(),
+                links: MemberLinks::default(),
+                relay: Relay::new(),
             },
             daemon: Arc::clone(self),
             adopted,
@@ -1768,7 +1767,7 @@ impl NiLoop {
         let started = std::time::Instant::now();
         loop {
             self.hands.relay(rt);
-            if (self.hands.outbox.is_empty() && self.hands.rx.is_empty())
+            if (self.hands.relay.waiting() == 0 && self.hands.rx.is_empty())
                 || started.elapsed() >= ADOPT_BOUND
             {
                 break;
@@ -1791,58 +1790,69 @@ impl NiLoop {
     }
 }
 
-/// Every NI's loop on the calling thread (`--ni-threads shared`): the first loop sleeps, for
-/// as long as the least any loop may (its own deadline, the others' deadlines and queued
-/// work), and its driver watches the others' readiness descriptors, so that work for any NI
-/// ends the sleep; the others are polled without waiting. Messages forwarded between NIs
-/// then never cross threads. Needs drivers that can be watched (tcp).
-fn run_shared(mut loops: Vec<NiLoop>) {
-    let mut done = vec![false; loops.len()];
-    while done.iter().any(|d| !d) {
-        let mut wait = MAX_WAIT;
-        for (i, l) in loops.iter_mut().enumerate().skip(1) {
-            if !done[i] {
-                done[i] = l.step(StdDuration::ZERO);
-                wait = wait.min(l.rt.wait_hint(MAX_WAIT));
-            }
-        }
-        // Handovers waiting for any loop, not only the sleeper's: a loop stepped before the
-        // one that handed it something (three NIs or more) takes it only in the next round,
-        // which must not wait out the sleep (found in review: up to MAX_WAIT per forward).
-        if loops
-            .iter()
-            .zip(&done)
-            .any(|(l, &d)| !d && !l.hands.rx.is_empty())
-        {
-            wait = StdDuration::ZERO;
-        }
-        if done[0] {
-            // The sleeper is gone (a shutdown that finished first): the others finish within
-            // their own bound, polled at a short interval.
-            std::thread::sleep(wait.min(StdDuration::from_millis(1)));
-        } else {
-            done[0] = loops[0].step(wait);
+/// Every NI's loop on the calling thread (`--ni-threads shared`), in rounds of
+/// [`router::runtime::shared_round`]: the first loop sleeps, for as long as the least any loop
+/// may (its own deadline, the others' deadlines and queued work, and not at all while a
+/// handover waits for any loop), and its driver watches the others' readiness descriptors, so
+/// that work for any NI ends the sleep; the others are polled without waiting. Messages
+/// forwarded between NIs then never cross threads. Needs drivers that can be watched (tcp).
+fn run_shared(loops: Vec<NiLoop>) {
+    let mut loops: Vec<SharedNi> = loops
+        .into_iter()
+        .map(|l| SharedNi { l, done: false })
+        .collect();
+    while loops.iter().any(|l| !l.done) {
+        match shared_round(&mut loops, MAX_WAIT) {
+            Ok(()) => {}
+            Err(never) => match never {},
         }
     }
     // Dropped together: a finished loop's ring stays open while another still watches it.
     drop(loops);
 }
 
-/// One NI loop's side of the handovers: its inbox, every loop's link, and what did not fit
-/// in a full channel yet.
+/// An NI loop in a shared thread's rounds: stepped until it has finished.
+struct SharedNi {
+    l: NiLoop,
+    done: bool,
+}
+
+impl SharedLoop for SharedNi {
+    type Error = std::convert::Infallible;
+
+    fn turn(&mut self, wait: StdDuration) -> Result<(), Self::Error> {
+        self.done = self.l.step(wait);
+        Ok(())
+    }
+
+    fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
+        self.l.rt.wait_hint(max_wait)
+    }
+
+    /// Handovers waiting for this loop, not only the sleeper's: a loop stepped before the one
+    /// that handed it something (three NIs or more) takes it only in the next round, which
+    /// must not wait out the sleep (found in review: up to MAX_WAIT per forward).
+    fn has_pending(&self) -> bool {
+        !self.l.hands.rx.is_empty()
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+/// One NI loop's side of the handovers: its inbox, and its relay ([`router::relay`]) to every
+/// loop's link.
 struct Handovers {
     rx: crossbeam_channel::Receiver<Handover>,
-    links: Arc<Members>,
-    outbox: std::collections::VecDeque<Handover>,
-    /// Which loops got a handover in this relay (one flag per link).
-    woken: Vec<bool>,
+    links: MemberLinks,
+    relay: Relay,
 }
 
 impl Handovers {
     /// The loops as they are now (an NI added or removed).
     fn adopt(&mut self, links: Arc<Members>) {
-        self.woken = vec![false; links.list.len()];
-        self.links = links;
+        self.links = MemberLinks::of(links);
     }
 
     /// Hands what the other loops handed over to this loop's node.
@@ -1856,99 +1866,67 @@ impl Handovers {
         }
     }
 
-    /// Takes in what the other loops handed over, then hands out what the node produced (and
-    /// what waited), waking each loop that got something. Never blocks: a full channel keeps
-    /// the rest in the outbox for the next turn. A handover for a loop that is gone fails the
-    /// forward at its origin (this node) or is dropped if it was a release for that loop.
+    /// Takes in what the other loops handed over, then relays out what the node produced
+    /// (and what waited): never blocks, wakes each loop that got something, fails a forward
+    /// for a loop that is gone back at its origin (see `router::relay`).
     fn relay(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
         self.take_in(rt);
-        while let Some(h) = rt.node_mut().poll_handover() {
-            self.outbox.push_back(h);
-        }
-        // Each handover is tried once; what finds its channel full goes back in the outbox, in
-        // order. `woken` is reused: this runs every turn of every NI loop.
-        for _ in 0..self.outbox.len() {
-            let Some(h) = self.outbox.pop_front() else {
-                break;
-            };
-            let target = match h.target() {
-                HandoverTarget::Nid(nid) => self.links.list.iter().position(|l| l.nid == nid),
-                HandoverTarget::Net(net) => egress_on_net(
-                    self.links.list.iter().map(|l| l.nid),
-                    &self.links.board,
-                    net,
-                ),
-            };
-            let Some(i) = target else {
-                // The end of a forward of an NI being removed: it still waits for it.
-                if let (HandoverTarget::Nid(nid), Handover::Done { .. }) = (h.target(), &h) {
-                    if let Some(l) = self.links.leaving.iter().find(|l| l.nid == nid) {
-                        match l.hand.try_send(h) {
-                            Ok(()) => {
-                                if let Some(w) = &l.hand_wake {
-                                    w.wake();
-                                }
-                            }
-                            Err(crossbeam_channel::TrySendError::Full(h)) => {
-                                self.outbox.push_back(h)
-                            }
-                            Err(crossbeam_channel::TrySendError::Disconnected(_)) => {}
-                        }
-                        continue;
-                    }
-                }
-                self.undeliverable(rt, h);
-                continue;
-            };
-            match self.links.list[i].hand.try_send(h) {
-                Ok(()) => self.woken[i] = true,
-                Err(crossbeam_channel::TrySendError::Full(h)) => self.outbox.push_back(h),
-                Err(crossbeam_channel::TrySendError::Disconnected(h)) => self.undeliverable(rt, h),
-            }
-        }
-        for (i, w) in self.woken.iter_mut().enumerate() {
-            if std::mem::take(w) {
-                if let Some(wake) = &self.links.list[i].hand_wake {
-                    wake.wake();
-                }
-            }
-        }
-    }
-
-    fn undeliverable(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>, h: Handover) {
-        if let Handover::Forward { origin, key, .. } = h {
-            let now = rt.now();
-            rt.node_mut().handle_handover(
-                now,
-                Handover::Done {
-                    origin,
-                    key,
-                    result: Err(router::LnetError::Shutdown),
-                },
-            );
-        }
+        rt.relay(&mut self.relay, &mut self.links);
     }
 }
 
-/// Which of the NIs (`nids`, in board order) takes a message forwarded to `net`: the first
-/// on that net whose fabric works, so that with two NIs on one net a lost one no longer takes
-/// (and refuses) every forward; the first on the net if none works (it refuses them, counted).
-fn egress_on_net(
-    nids: impl Iterator<Item = Nid>,
-    board: &NetAlive,
-    net: lnd::wire::Net,
-) -> Option<usize> {
-    let mut first = None;
-    for (i, nid) in nids.enumerate() {
-        if nid.net() != net {
-            continue;
+/// The daemon's loops as the relay reaches them: the published [`Members`] (their channels),
+/// with their NIDs taken once per change rather than once per relay.
+#[derive(Default)]
+struct MemberLinks {
+    members: Arc<Members>,
+    nids: Vec<Nid>,
+    leaving: Vec<Nid>,
+}
+
+impl MemberLinks {
+    fn of(members: Arc<Members>) -> MemberLinks {
+        MemberLinks {
+            nids: members.nids(),
+            leaving: members.leaving.iter().map(|m| m.nid).collect(),
+            members,
         }
-        if !board.failed(i) {
-            return Some(i);
-        }
-        first.get_or_insert(i);
     }
-    first
+
+    fn link(&self, to: Dest) -> Option<&ChannelLink> {
+        match to {
+            Dest::Sibling(i) => self.members.list.get(i),
+            Dest::Leaving(j) => self.members.leaving.get(j),
+        }
+        .map(|m| &m.hand)
+    }
+}
+
+impl Links for MemberLinks {
+    fn nids(&self) -> &[Nid] {
+        &self.nids
+    }
+
+    fn leaving(&self) -> &[Nid] {
+        &self.leaving
+    }
+
+    fn board(&self) -> &NetAlive {
+        &self.members.board
+    }
+
+    fn try_hand(&mut self, to: Dest, h: Handover) -> Handed {
+        match self.link(to) {
+            Some(l) => l.try_hand(h),
+            None => Handed::Gone(h),
+        }
+    }
+
+    fn wake(&mut self, to: Dest) {
+        if let Some(l) = self.link(to) {
+            l.wake();
+        }
+    }
 }
 
 /// One NI's fabric, started.
@@ -3572,25 +3550,5 @@ mod tests {
             (true, Some(10_000 - u64::from(PeerLog::BUDGET) + 1))
         );
         assert_eq!(log.admit(later), (true, None));
-    }
-
-    /// Review of the lost-fabric change: with two NIs on one net, forwards to that net go to
-    /// the one whose fabric works, not always to the first.
-    #[test]
-    fn forwards_to_a_net_skip_an_ni_whose_fabric_failed() {
-        let nids: Vec<Nid> = ["10.0.0.1@o2ib", "10.0.1.1@o2ib1", "10.0.1.2@o2ib1"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
-        let board = NetAlive::new(nids.len());
-        let o2ib1 = nids[1].net();
-        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(1));
-        board.fail(1);
-        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(2));
-        board.fail(2);
-        // None works: the first takes them and refuses them.
-        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib1), Some(1));
-        let o2ib2 = "10.0.2.1@o2ib2".parse::<Nid>().unwrap().net();
-        assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib2), None);
     }
 }

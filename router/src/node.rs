@@ -910,6 +910,12 @@ impl LnetNode {
         &self.node_nids
     }
 
+    /// The liveness board of [`LnetNode::node_nids`] (one slot per NID, in that order): what
+    /// a relay ([`crate::relay`]) reads to pass over a sibling whose fabric failed.
+    pub fn net_alive(&self) -> &NetAlive {
+        &self.net_alive
+    }
+
     /// This runtime's fabric failed for good (its driver returned an error; o2iblnd's fatal
     /// HCA error): its NIs are marked failed on the board, so every sibling runtime's ping
     /// reply lists them DOWN (Lustre: ni_fatal_error_on, reported by

@@ -13,6 +13,7 @@ use std::time::Duration as StdDuration;
 use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
 use lnd::time::Instant;
 
+use crate::relay::{Links, Relay};
 use crate::{LnetNode, NiIndex};
 
 /// One NI's node, driver, clock and waker.
@@ -197,6 +198,31 @@ impl<D: Driver> NiRuntime<D> {
         }
     }
 
+    /// [`NiRuntime::watch`]es each of `others`, the runtimes that share this one's thread
+    /// ([`shared_round`]); the index of the first that cannot be watched.
+    pub fn watch_all<'a>(
+        &mut self,
+        others: impl IntoIterator<Item = &'a NiRuntime<D>>,
+    ) -> Result<(), usize>
+    where
+        D: 'a,
+    {
+        for (i, other) in others.into_iter().enumerate() {
+            if !self.watch(other) {
+                return Err(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// One relay of this runtime's handovers to its siblings' `links` ([`Relay::relay`]):
+    /// what its node produced goes out, and the end of a forward nobody takes comes back to
+    /// it (the clock read only then).
+    pub fn relay<L: Links + ?Sized>(&mut self, relay: &mut Relay, links: &mut L) {
+        let clock = self.clock;
+        relay.relay(&mut self.node, links, || clock.now());
+    }
+
     /// The last actions (a shutdown's Destroys) and one poll that does not wait, so they reach
     /// the wire before the runtime is dropped.
     pub fn flush(&mut self) {
@@ -214,11 +240,80 @@ impl<D: Driver> NiRuntime<D> {
     }
 }
 
+/// A loop that shares the calling thread with others ([`shared_round`]): a runtime, or the
+/// daemon's NI loop around one.
+pub trait SharedLoop {
+    type Error;
+    /// One turn, waiting at most `wait`.
+    fn turn(&mut self, wait: StdDuration) -> Result<(), Self::Error>;
+    /// How long it could sleep now ([`NiRuntime::wait_hint`]).
+    fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration;
+    /// Work waits for it that no driver's readiness shows (handovers from a loop of the same
+    /// thread): the round must not sleep.
+    fn has_pending(&self) -> bool {
+        false
+    }
+    /// It has finished: it is turned no more.
+    fn finished(&self) -> bool {
+        false
+    }
+}
+
+impl<D: Driver> SharedLoop for NiRuntime<D> {
+    type Error = io::Error;
+
+    fn turn(&mut self, wait: StdDuration) -> io::Result<()> {
+        NiRuntime::turn(self, wait)
+    }
+
+    fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
+        NiRuntime::wait_hint(self, max_wait)
+    }
+}
+
+/// One round of several loops on the calling thread, the first of which watches the others'
+/// drivers ([`NiRuntime::watch_all`]): every other loop turns without waiting, then the first
+/// turns, sleeping for the least any of them may (at most `max_wait`; zero while a loop has
+/// work no driver shows). The hints are asked once all have turned, so that what a loop handed
+/// one turned before it in the round counts (with three NIs or more, such a handover waited
+/// out the sleep: up to `max_wait` per forward). Finished loops are skipped; once the first
+/// has finished, the others are polled at a short interval. [`Swarm`] and the daemon's
+/// `--ni-threads shared` both run their rounds here.
+pub fn shared_round<L: SharedLoop>(loops: &mut [L], max_wait: StdDuration) -> Result<(), L::Error> {
+    let Some((first, rest)) = loops.split_first_mut() else {
+        std::thread::sleep(max_wait);
+        return Ok(());
+    };
+    for l in rest.iter_mut() {
+        if !l.finished() {
+            l.turn(StdDuration::ZERO)?;
+        }
+    }
+    let mut wait = max_wait;
+    for l in rest.iter_mut() {
+        if !l.finished() {
+            wait = wait.min(l.wait_hint(max_wait));
+        }
+    }
+    let pending = std::iter::once(&*first)
+        .chain(rest.iter())
+        .any(|l| !l.finished() && l.has_pending());
+    if pending {
+        wait = StdDuration::ZERO;
+    }
+    if first.finished() {
+        std::thread::sleep(wait.min(StdDuration::from_millis(1)));
+        return Ok(());
+    }
+    first.turn(wait)
+}
+
 /// Several runtimes on the calling thread: a swarm of client NIs for tests and storms, each its
-/// own node (its own NID, peers and connections). The first runtime sleeps, for the least time
-/// any may, and its driver watches the others' readiness descriptors so that work for any of
-/// them ends the sleep; the others are polled without waiting. Busy-polling should be off in
-/// their drivers: the thread spins through every runtime each turn already.
+/// own node (its own NID, peers and connections), run by [`shared_round`]: the first runtime
+/// sleeps, for the least time any may, and its driver watches the others' readiness descriptors
+/// so that work for any of them ends the sleep; the others are polled without waiting.
+/// Busy-polling should be off in their drivers: the thread spins through every runtime each
+/// turn already.
 pub struct Swarm<D: Driver> {
     runtimes: Vec<NiRuntime<D>>,
 }
@@ -228,13 +323,11 @@ impl<D: Driver> Swarm<D> {
     /// first cannot watch (tcp can).
     pub fn new(mut runtimes: Vec<NiRuntime<D>>) -> io::Result<Swarm<D>> {
         if let Some((first, rest)) = runtimes.split_first_mut() {
-            for other in rest.iter() {
-                if !first.watch(other) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "a driver that cannot share a thread",
-                    ));
-                }
+            if first.watch_all(rest.iter()).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "a driver that cannot share a thread",
+                ));
             }
         }
         Ok(Swarm { runtimes })
@@ -243,16 +336,7 @@ impl<D: Driver> Swarm<D> {
     /// One turn of every runtime, sleeping at most `max_wait` (less if any has work sooner).
     /// Every node's events are left for the caller to drain.
     pub fn turn(&mut self, max_wait: StdDuration) -> io::Result<()> {
-        let Some((first, rest)) = self.runtimes.split_first_mut() else {
-            std::thread::sleep(max_wait);
-            return Ok(());
-        };
-        let mut wait = max_wait;
-        for rt in rest {
-            rt.turn(StdDuration::ZERO)?;
-            wait = wait.min(rt.wait_hint(max_wait));
-        }
-        first.turn(wait)
+        shared_round(&mut self.runtimes, max_wait)
     }
 
     /// The runtimes, in the order given.
@@ -263,5 +347,134 @@ impl<D: Driver> Swarm<D> {
     /// The runtimes, in the order given.
     pub fn runtimes_mut(&mut self) -> &mut [NiRuntime<D>] {
         &mut self.runtimes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// What the loops of one thread share: per loop, work handed to it (a handover) and the
+    /// waits it was turned with.
+    #[derive(Default)]
+    struct Thread {
+        pending: Vec<bool>,
+        turns: Vec<Vec<StdDuration>>,
+    }
+
+    /// A loop whose hint is fixed, that may hand loop `hands_to` something when it turns, and
+    /// takes in what it was handed at its turn.
+    struct Fake {
+        me: usize,
+        hint: StdDuration,
+        hands_to: Option<usize>,
+        finished: bool,
+        t: Rc<RefCell<Thread>>,
+    }
+
+    impl SharedLoop for Fake {
+        type Error = std::convert::Infallible;
+
+        fn turn(&mut self, wait: StdDuration) -> Result<(), Self::Error> {
+            let mut t = self.t.borrow_mut();
+            t.turns[self.me].push(wait);
+            t.pending[self.me] = false;
+            if let Some(to) = self.hands_to {
+                t.pending[to] = true;
+            }
+            Ok(())
+        }
+
+        fn wait_hint(&mut self, max_wait: StdDuration) -> StdDuration {
+            self.hint.min(max_wait)
+        }
+
+        fn has_pending(&self) -> bool {
+            self.t.borrow().pending[self.me]
+        }
+
+        fn finished(&self) -> bool {
+            self.finished
+        }
+    }
+
+    const MAX: StdDuration = StdDuration::from_millis(100);
+
+    fn thread(hints: &[u64]) -> (Vec<Fake>, Rc<RefCell<Thread>>) {
+        let t = Rc::new(RefCell::new(Thread {
+            pending: vec![false; hints.len()],
+            turns: vec![Vec::new(); hints.len()],
+        }));
+        let loops = hints
+            .iter()
+            .enumerate()
+            .map(|(me, &ms)| Fake {
+                me,
+                hint: StdDuration::from_millis(ms),
+                hands_to: None,
+                finished: false,
+                t: Rc::clone(&t),
+            })
+            .collect();
+        (loops, t)
+    }
+
+    fn run(loops: &mut [Fake]) {
+        match shared_round(loops, MAX) {
+            Ok(()) => {}
+            Err(never) => match never {},
+        }
+    }
+
+    #[test]
+    fn the_first_loop_sleeps_the_least_any_other_may_and_the_others_do_not_wait() {
+        let (mut loops, t) = thread(&[500, 30, 20, 40]);
+        run(&mut loops);
+        let t = t.borrow();
+        assert_eq!(t.turns[0], vec![StdDuration::from_millis(20)]);
+        for turns in &t.turns[1..] {
+            assert_eq!(turns, &vec![StdDuration::ZERO]);
+        }
+    }
+
+    /// Three NIs: the last hands the second something after the second has turned; the
+    /// round must not sleep, or the handover waits out the whole sleep (`--ni-threads shared`,
+    /// found in review: up to its MAX_WAIT per forward).
+    #[test]
+    fn a_handover_for_a_loop_already_turned_keeps_the_round_from_sleeping() {
+        let (mut loops, t) = thread(&[500, 30, 40]);
+        loops[2].hands_to = Some(1);
+        run(&mut loops);
+        assert_eq!(t.borrow().turns[0], vec![StdDuration::ZERO]);
+        // The next round takes it in; nothing new is pending, so it sleeps again (loop 2
+        // hands nothing more).
+        loops[2].hands_to = None;
+        run(&mut loops);
+        assert_eq!(t.borrow().turns[1].len(), 2);
+        assert_eq!(
+            t.borrow().turns[0],
+            vec![StdDuration::ZERO, StdDuration::from_millis(30)]
+        );
+    }
+
+    #[test]
+    fn finished_loops_are_not_turned_and_a_finished_sleeper_leaves_the_others_polled() {
+        let (mut loops, t) = thread(&[500, 5, 40]);
+        loops[1].finished = true;
+        run(&mut loops);
+        {
+            let t = t.borrow();
+            assert!(t.turns[1].is_empty());
+            // Loop 1's hint no longer counts.
+            assert_eq!(t.turns[0], vec![StdDuration::from_millis(40)]);
+        }
+        loops[0].finished = true;
+        loops[2].hint = StdDuration::ZERO;
+        run(&mut loops);
+        let t = t.borrow();
+        assert_eq!(t.turns[0].len(), 1);
+        assert_eq!(t.turns[2].len(), 2);
     }
 }

@@ -4,8 +4,8 @@
 //! every 250 ms each; the router reboots (a new incarnation after `down_for`) while a share of
 //! every node's connects never complete (LU-7646's stuck active connect on an mlx5 HCA). The
 //! router is what the daemon runs: one [`LnetNode`] per NI (each knowing its sibling's NID as
-//! its own), forwarding to each other through [`Handover`]s, which this driver relays at once
-//! as the daemon's channels do. Everything runs in virtual time, deterministic for a seed.
+//! its own), forwarding to each other through [`Handover`]s, which the daemon's relay
+//! ([`crate::relay`]) hands from one to the other, here at once, in virtual time. Everything runs in virtual time, deterministic for a seed.
 //!
 //! A client has recovered once a ping it sent to the server and a ping the server sent to it,
 //! both started after the router came back, have answered. Two figures: from the router's
@@ -20,9 +20,11 @@ use lnd::sim::{NodeId, SimConfig, World};
 use lnd::time::{Duration, Instant};
 use lnd::wire::Nid;
 
+use crate::alive::NetAlive;
+use crate::relay::{Dest, Handed, Links, Relay};
 use crate::{
-    GatewayHealthConfig, Handover, HandoverTarget, LnetEvent, LnetNode, NiConfig, NiIndex,
-    NodeConfig, PingId, RouteConfig,
+    GatewayHealthConfig, Handover, LnetEvent, LnetNode, NiConfig, NiIndex, NodeConfig, PingId,
+    RouteConfig,
 };
 
 /// The router's NIDs and the server's.
@@ -123,6 +125,11 @@ struct Storm {
     rb: NodeId,
     server: NodeId,
     clients: Vec<NodeId>,
+    /// The router's two runtimes as the relay sees them (board order: A, B), their shared
+    /// liveness board, and each one's relay.
+    router_nids: [Nid; 2],
+    board: NetAlive,
+    relays: [Relay; 2],
     /// Index into every node's event log already read.
     cursors: HashMap<NodeId, usize>,
     /// Each client's pings to the server, and the server's to each client.
@@ -148,7 +155,7 @@ impl Storm {
         // The router: one node per NI, as the daemon runs it.
         // One liveness board for the router's two runtimes, as the daemon shares one (a
         // restarted router keeps it: a slot older than the node's start counts from the start).
-        let board = crate::alive::NetAlive::new(2);
+        let board = NetAlive::new(2);
         let router_ni = |me: Nid, inc: u64| {
             let mut c = NodeConfig::new(vec![NiConfig::new(me, inc)]);
             c.node_nids = vec![a, b];
@@ -193,6 +200,9 @@ impl Storm {
             up: (0..cfg.clients).map(|_| Pinger::default()).collect(),
             down: (0..cfg.clients).map(|_| Pinger::default()).collect(),
             clients,
+            router_nids: [a, b],
+            board,
+            relays: [Relay::new(), Relay::new()],
             cursors: HashMap::new(),
             server_pings: HashMap::new(),
             back: None,
@@ -204,37 +214,28 @@ impl Storm {
         }
     }
 
-    /// Moves every handover between the router's two NI nodes (the daemon's channels). A
-    /// handover for an NI that is down fails at its origin, as the daemon's does.
+    /// Relays every handover between the router's two NI nodes with the daemon's relay
+    /// ([`crate::relay`]): delivered at once to a runtime that runs, and a Forward for one
+    /// that is down (rebooting) fails back at its origin, as the daemon's does.
     fn relay(&mut self) {
-        for (from, to) in [(self.ra, self.rb), (self.rb, self.ra)] {
-            let Some(hs) = self.w.with_node(from, |n, _| {
-                std::iter::from_fn(|| n.poll_handover()).collect::<Vec<Handover>>()
-            }) else {
+        let ids = [self.ra, self.rb];
+        for (k, &from) in ids.iter().enumerate() {
+            let relay = &mut self.relays[k];
+            if self.w.with_node(from, |n, _| relay.take(n)).is_none() {
                 continue;
-            };
-            for h in hs {
-                let to_nid = self.w.nid_of(to);
-                let for_to = match h.target() {
-                    HandoverTarget::Nid(n) => n == to_nid,
-                    HandoverTarget::Net(net) => net == to_nid.net(),
-                };
-                if for_to && self.w.node(to).is_some() {
-                    self.w.with_node(to, |n, now| n.handle_handover(now, h));
-                } else {
-                    if let Handover::Forward { origin, key, .. } = h {
-                        self.w.with_node(from, |n, now| {
-                            n.handle_handover(
-                                now,
-                                Handover::Done {
-                                    origin,
-                                    key,
-                                    result: Err(crate::LnetError::Shutdown),
-                                },
-                            )
-                        });
+            }
+            let back = relay.hand_out(&mut RouterLinks {
+                w: &mut self.w,
+                ids,
+                nids: &self.router_nids,
+                board: &self.board,
+            });
+            if !back.is_empty() {
+                self.w.with_node(from, |n, now| {
+                    for h in back {
+                        n.handle_handover(now, h);
                     }
-                }
+                });
             }
         }
     }
@@ -380,6 +381,41 @@ impl Storm {
     fn recovered(&self, i: usize) -> Option<Instant> {
         Some(self.up[i].recovered_at?.max(self.down[i].recovered_at?))
     }
+}
+
+/// The router's runtimes in the world, as the relay reaches them: a handover is handed to a
+/// running node at once (the world's time does not move), and a node that is down is gone.
+struct RouterLinks<'a> {
+    w: &'a mut World<LnetNode>,
+    ids: [NodeId; 2],
+    nids: &'a [Nid],
+    board: &'a NetAlive,
+}
+
+impl Links for RouterLinks<'_> {
+    fn nids(&self) -> &[Nid] {
+        self.nids
+    }
+
+    fn board(&self) -> &NetAlive {
+        self.board
+    }
+
+    fn try_hand(&mut self, to: Dest, h: Handover) -> Handed {
+        let Dest::Sibling(i) = to else {
+            return Handed::Gone(h);
+        };
+        match self.ids.get(i) {
+            Some(&id) if self.w.node(id).is_some() => {
+                self.w.with_node(id, |n, now| n.handle_handover(now, h));
+                Handed::Taken
+            }
+            _ => Handed::Gone(h),
+        }
+    }
+
+    /// Nothing to wake: the world runs every node.
+    fn wake(&mut self, _: Dest) {}
 }
 
 /// Runs one storm (see the module doc).

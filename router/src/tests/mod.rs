@@ -123,6 +123,42 @@ struct Fabric {
     stalled_writes: Vec<usize>,
 }
 
+/// A split node's runtimes in the fabric, as the relay reaches them: `runs[i]`, the node that
+/// runs `nids[i]`, takes a handover at once.
+struct Siblings<'a> {
+    nodes: &'a mut [LnetNode],
+    nids: &'a [Nid],
+    runs: &'a [Option<usize>],
+    board: &'a crate::alive::NetAlive,
+    now: Instant,
+}
+
+impl crate::relay::Links for Siblings<'_> {
+    fn nids(&self) -> &[Nid] {
+        self.nids
+    }
+
+    fn board(&self) -> &crate::alive::NetAlive {
+        self.board
+    }
+
+    fn try_hand(&mut self, to: crate::relay::Dest, h: Handover) -> crate::relay::Handed {
+        match to {
+            crate::relay::Dest::Sibling(i) => match self.runs.get(i).copied().flatten() {
+                Some(n) => {
+                    self.nodes[n].handle_handover(self.now, h);
+                    crate::relay::Handed::Taken
+                }
+                None => crate::relay::Handed::Gone(h),
+            },
+            crate::relay::Dest::Leaving(_) => crate::relay::Handed::Gone(h),
+        }
+    }
+
+    /// Nothing to wake: [`Fabric::drain`] passes every node until none has anything.
+    fn wake(&mut self, _: crate::relay::Dest) {}
+}
+
 /// The first `len` bytes of a fragment list (a hostile writer's short write).
 fn cut_frags<F: Copy>(frags: &[F], len: u64, size: impl Fn(&mut F) -> &mut u32) -> Vec<F> {
     let mut left = len;
@@ -300,17 +336,40 @@ impl Fabric {
         self.dead.push(n);
     }
 
-    /// The runtime a handover from node `from` goes to: a sibling of it (a node whose
-    /// `node_nids` are the same) with the target NID, or an NI on the target net.
-    fn handover_target(&self, from: usize, h: &Handover) -> Option<usize> {
+    /// Relays what node `from` handed its siblings with the daemon's relay
+    /// ([`crate::relay`]), delivered at once to the sibling runtime (a node whose `node_nids`
+    /// are the same and that runs the target NID); what no sibling takes fails back at
+    /// `from`. True if there was anything.
+    fn relay(&mut self, from: usize) -> bool {
+        let mut relay = crate::relay::Relay::new();
+        relay.take(&mut self.nodes[from]);
+        if relay.waiting() == 0 {
+            return false;
+        }
         let family = self.nodes[from].node_nids().to_vec();
-        self.nodes.iter().position(|node| {
-            node.node_nids() == family.as_slice()
-                && match h.target() {
-                    HandoverTarget::Nid(nid) => node.nids().contains(&nid),
-                    HandoverTarget::Net(net) => node.nids().iter().any(|n| n.net() == net),
-                }
-        })
+        let runs: Vec<Option<usize>> = family
+            .iter()
+            .map(|nid| {
+                self.nodes.iter().position(|node| {
+                    node.node_nids() == family.as_slice() && node.nids().contains(nid)
+                })
+            })
+            .collect();
+        let board = self.nodes[from].net_alive().clone();
+        let now = self.now;
+        let back = relay.hand_out(&mut Siblings {
+            nodes: &mut self.nodes,
+            nids: &family,
+            runs: &runs,
+            board: &board,
+            now,
+        });
+        // Delivered at once: nothing waits for a full link here.
+        assert_eq!(relay.waiting(), 0);
+        for h in back {
+            self.nodes[from].handle_handover(now, h);
+        }
+        true
     }
 
     /// Moves every handover, action and event until a whole pass finds none (a handover to a
@@ -319,14 +378,7 @@ impl Fabric {
         loop {
             let mut progressed = false;
             for n in 0..self.nodes.len() {
-                while let Some(h) = self.nodes[n].poll_handover() {
-                    progressed = true;
-                    let to = self
-                        .handover_target(n, &h)
-                        .expect("a sibling for the handover");
-                    let now = self.now;
-                    self.nodes[to].handle_handover(now, h);
-                }
+                progressed |= self.relay(n);
                 while let Some((NiIndex(ni), a)) = self.nodes[n].poll_action() {
                     progressed = true;
                     self.actions[n] += 1;

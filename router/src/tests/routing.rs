@@ -2676,3 +2676,37 @@ fn a_reply_whose_way_back_is_a_sibling_ni_goes_back_the_way_it_came() {
     let b = &f.nodes[3];
     assert_eq!(b.stats().local_no_route_count, 0, "{:?}", b.stats());
 }
+
+/// The relay of a split router (`crate::relay`, as the daemon runs it) whose egress runtime is
+/// gone (its loop ended; here it never ran): a forward to the egress's net fails back at the
+/// ingress as a shutdown, whose router buffer and its sender's credit come back and whose books
+/// count it, instead of the forward being lost (the fabric's own relay before this one
+/// panicked: it found no sibling).
+#[test]
+fn a_forward_whose_egress_runtime_is_gone_fails_back_at_the_ingress() {
+    let client = node(&[CLIENT], &[route("o2ib1", R_A)], false, 10);
+    let server = node(&[SERVER], &[route("o2ib", R_B)], false, 20);
+    let router = node(&[R_A, R_B], &[], true, 30);
+    // Only the ingress runtime (R_A) runs; it knows R_B as its sibling's.
+    let ingress = split(router).remove(0);
+    let mut f = Fabric::from_configs(vec![client, server, ingress]);
+    let now = f.now;
+    for i in 0..3 {
+        f.nodes[0]
+            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
+            .unwrap();
+    }
+    f.run_for(Duration::from_secs(1));
+    let info = f.nodes[2].routing_info();
+    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
+    assert_eq!(
+        info.stats.dropped_for(FwdDrop::Shutdown),
+        3,
+        "{:?}",
+        info.stats
+    );
+    assert!(info.stats.reconciles(), "{:?}", info.stats);
+    for p in &info.pools {
+        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
+    }
+}
