@@ -2787,7 +2787,7 @@ impl LnetNode {
                 // LNet the PUT was done).
                 self.nis[f.ni]
                     .ep
-                    .refuse_rdma(now, rx, lnd::wire::kib::EPROTO);
+                    .refuse_rdma(now, rx, lnd::wire::errno::EPROTO);
             } else {
                 self.nis[f.ni].ep.recv_done(now, rx);
             }

@@ -28,7 +28,7 @@ use lnd::wire::LnetMsgType;
 
 use crate::forward::{BulkBuffers, BulkScrub};
 use lnd::fabric::{LocalFrag, RegionId, Registration, SharedMem};
-use lnd::wire::kib::EPROTO;
+use lnd::wire::errno::{EHOSTUNREACH, EPROTO};
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::RdmaFrag;
 
@@ -828,9 +828,7 @@ impl LnetNode {
             // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
             // The route is looked up again when the data is in, as before.
             RdmaOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
-                self.nis[ni]
-                    .ep
-                    .refuse_rdma(now, rx, crate::control::errno::EHOSTUNREACH);
+                self.nis[ni].ep.refuse_rdma(now, rx, EHOSTUNREACH);
                 let e = match onward {
                     Err(e @ LnetError::HopLimit(_)) => e,
                     _ => LnetError::NoRoute(dest),

@@ -12,10 +12,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use lnd::fabric::Registry;
 use lnd::time::{Duration, Instant};
+use lnd::wire::errno;
 use lnd::wire::{ByteOrder, Nid};
 use serde::{Deserialize, Serialize};
 
-use super::service::{errno, Selftest};
+use super::service::Selftest;
 use super::srpc::{BulkDir, Owner, RpcDone, RpcError, SlotId};
 use super::wire::*;
 use crate::LnetNode;
@@ -354,21 +355,21 @@ fn parse_nids(list: &[String]) -> Result<Vec<Nid>, LstError> {
         for expanded in expand_range(item)? {
             let nid: Nid = expanded
                 .parse()
-                .map_err(|e| LstError::new(errno::EINVAL as i32, format!("{expanded}: {e}")))?;
+                .map_err(|e| LstError::new(errno::EINVAL, format!("{expanded}: {e}")))?;
             if !out.contains(&nid) {
                 out.push(nid);
             }
         }
     }
     if out.is_empty() {
-        return Err(LstError::new(errno::EINVAL as i32, "no NID given"));
+        return Err(LstError::new(errno::EINVAL, "no NID given"));
     }
     Ok(out)
 }
 
 /// lst's NID ranges in one place of the address: `10.0.0.[1-4]@tcp`, `10.0.0.[1,3,5-6]@tcp`.
 fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
-    let bad = || LstError::new(errno::EINVAL as i32, format!("{s}: bad NID range"));
+    let bad = || LstError::new(errno::EINVAL, format!("{s}: bad NID range"));
     let Some(open) = s.find('[') else {
         return Ok(vec![s.to_string()]);
     };
@@ -391,18 +392,19 @@ fn expand_range(s: &str) -> Result<Vec<String>, LstError> {
 }
 
 fn errno_name(e: u32) -> String {
-    match e {
-        0 => "ok".into(),
-        errno::ENOENT => "ENOENT".into(),
-        errno::ESRCH => "ESRCH (no such session)".into(),
-        errno::EIO => "EIO".into(),
-        errno::ENOMEM => "ENOMEM".into(),
-        errno::EBUSY => "EBUSY (in another session)".into(),
-        errno::EINVAL => "EINVAL".into(),
-        errno::EPROTO => "EPROTO".into(),
-        errno::EBADMSG => "EBADMSG".into(),
-        errno::EALREADY => "EALREADY (running)".into(),
-        e => format!("errno {e}"),
+    // Statuses are positive Linux errnos on the wire (u32 there).
+    match i32::try_from(e) {
+        Ok(0) => "ok".into(),
+        Ok(errno::ENOENT) => "ENOENT".into(),
+        Ok(errno::ESRCH) => "ESRCH (no such session)".into(),
+        Ok(errno::EIO) => "EIO".into(),
+        Ok(errno::ENOMEM) => "ENOMEM".into(),
+        Ok(errno::EBUSY) => "EBUSY (in another session)".into(),
+        Ok(errno::EINVAL) => "EINVAL".into(),
+        Ok(errno::EPROTO) => "EPROTO".into(),
+        Ok(errno::EBADMSG) => "EBADMSG".into(),
+        Ok(errno::EALREADY) => "EALREADY (running)".into(),
+        _ => format!("errno {e}"),
     }
 }
 
@@ -1172,18 +1174,20 @@ impl Selftest {
                     let foreign =
                         matches!(body, SrpcBody::DebugReply(d) if status == 0 && d.sid != our_sid);
                     if foreign {
-                        status = errno::EBUSY;
+                        status = errno::EBUSY as u32;
                     }
                     res.status = Some(status);
                     res.state = errno_name(status);
                     if status != 0 {
                         failed += 1;
                     }
-                    let st = match (status, &txn.kind) {
-                        (0, _) => NodeState::Active,
-                        (errno::EBUSY, _) => NodeState::Busy,
-                        (errno::ESRCH, TxnKind::Ping | TxnKind::KeepAlive) => NodeState::Unknown,
-                        (errno::ESRCH, _) => NodeState::Busy,
+                    let st = match (i32::try_from(status), &txn.kind) {
+                        (Ok(0), _) => NodeState::Active,
+                        (Ok(errno::EBUSY), _) => NodeState::Busy,
+                        (Ok(errno::ESRCH), TxnKind::Ping | TxnKind::KeepAlive) => {
+                            NodeState::Unknown
+                        }
+                        (Ok(errno::ESRCH), _) => NodeState::Busy,
                         _ => NodeState::Active,
                     };
                     if !matches!(txn.kind, TxnKind::EndSession) {
