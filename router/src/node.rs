@@ -26,14 +26,16 @@ use crate::forward::{
     RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
+use crate::ids::{MdId, MsgId, NiIndex, PingId};
 use crate::peer::PeerNi;
 use crate::ping::{self, PingReply, PING_SINK_LEN};
 use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
-use bulk::{Bulk, Mds};
-pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
+mod bulk_state;
+use bulk_state::{Bulk, Mds};
+pub use bulk_state::{BulkBuf, SCRUB_BUDGET};
 
 /// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
 const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
@@ -44,18 +46,6 @@ const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
 /// under someone else's NID) can make us hold: the hostile-peer audit grew a daemon to 1 GB
 /// in 10 s with unanswered ping replies. Kernel LNet has no such bound.
 pub const RESPONSE_BACKLOG: usize = 4096;
-
-/// Which of the node's NIs: the position in [`NodeConfig::nis`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NiIndex(pub usize);
-
-/// Names a PUT from [`LnetNode::send_put`] until its [`LnetEvent::PutDone`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MsgId(pub u64);
-
-/// Names a ping from [`LnetNode::ping`] until its [`LnetEvent::PingDone`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PingId(pub u64);
 
 /// What the node tells its user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -454,7 +444,7 @@ pub struct LnetNode {
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
     /// How the large buffers are lent: scrubbing, and the share of peers not yet proven.
-    lending: bulk::Lending,
+    lending: bulk_state::Lending,
     /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
     bulk_mine: Vec<usize>,
     /// Buffers no longer this runtime's that were lent when the daemon took them back: each is
@@ -464,7 +454,7 @@ pub struct LnetNode {
     bulk_released: Vec<usize>,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
-    bulk_gets: HashMap<u64, bulk::RoutedGet>,
+    bulk_gets: HashMap<u64, bulk_state::RoutedGet>,
     bulk_get_deadlines: BTreeSet<(Instant, u64)>,
     /// When to give back the room a burst left in the tables and queues (see `lnd::trim`):
     /// set when one grows past the floor, kept while one is still large, so an idle node with
@@ -579,7 +569,7 @@ impl LnetNode {
             fabric_lost: false,
             bulk_free: Vec::new(),
             bulk_owned: 0,
-            lending: bulk::Lending::new(cfg.routing.scrub),
+            lending: bulk_state::Lending::new(cfg.routing.scrub),
             bulk_mine: Vec::new(),
             bulk_leaving: Vec::new(),
             bulk_released: Vec::new(),

@@ -16,7 +16,7 @@ use lnd::time::{Duration, Instant};
 use lnd::wire::errno;
 use lnd::wire::{ByteOrder, Nid};
 
-use super::console::Console;
+use super::console_types::Console;
 use super::pattern;
 use super::srpc::{BufferError, BulkDir, Incoming, Owner, RpcDone, SlotId, Srpc, SrpcEvent};
 use super::wire::*;
