@@ -85,10 +85,21 @@ fn the_boundary_depends_on_nothing_above_it() {
     for above in ["driver", "sim", "sys"] {
         assert!(!engine.contains(above), "engine uses {above}: {engine:?}");
     }
-    for low in ["wire", "time", "wheel"] {
-        for above in ["engine", "driver", "sim", "fabric"] {
+    for low in ["wire", "time", "wheel", "mem"] {
+        for above in ["engine", "driver", "sim", "fabric", "iface"] {
             assert!(!g[low].contains(above), "{low} uses {above}: {:?}", g[low]);
         }
+    }
+}
+
+/// The LND interface is what LNet sees of any LND: it names no LND's machinery (the engine
+/// implements it, not the reverse), only the bottom layers.
+#[test]
+fn the_lnd_interface_names_no_lnd() {
+    let g = graph();
+    let iface = &g["iface"];
+    for above in ["engine", "fabric", "driver", "sim", "sys", "slots", "handle"] {
+        assert!(!iface.contains(above), "iface uses {above}: {iface:?}");
     }
 }
 

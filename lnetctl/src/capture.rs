@@ -24,7 +24,7 @@ use router::control::{
 };
 
 use crate::exit;
-use crate::render;
+use crate::render::{self, Report};
 
 /// How long we wait for the daemon to confirm a stop before giving up on it.
 pub const STOP_BOUND: Duration = Duration::from_secs(10);
@@ -234,22 +234,6 @@ fn capture(
         Sink::File(_) => print!("{text}"),
     }
     Ok(code)
-}
-
-/// What `lnetctl capture` prints when it ends.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Report {
-    /// The pcap file (absolute), or "standard output".
-    pub file: String,
-    /// Messages written to the file.
-    pub captured: u64,
-    /// Messages the daemon could not record (its queues overflowed); unknown if the capture
-    /// ended without the daemon's totals.
-    pub dropped: Option<u64>,
-    /// How long the capture ran.
-    pub seconds: f64,
-    /// Why it ended: `stopped`, `duration elapsed`, `daemon shutting down`, or `error`.
-    pub reason: String,
 }
 
 trait CallReply {

@@ -8,7 +8,6 @@ use router::control::{
     RecoveryShow, Response, RouteShow, RoutingShow, StatsShow,
 };
 
-use crate::capture::Report;
 use crate::tree::{to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLINK, PING};
 
 /// The document of a successful response and the printer lnetctl lays it out with; `None`
@@ -348,6 +347,23 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
     } else {
         doc
     }
+}
+
+/// What `lnetctl capture` prints when it ends (here, with how it is printed, so that
+/// rendering names nothing of the capture loop).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report {
+    /// The pcap file (absolute), or "standard output".
+    pub file: String,
+    /// Messages written to the file.
+    pub captured: u64,
+    /// Messages the daemon could not record (its queues overflowed); unknown if the capture
+    /// ended without the daemon's totals.
+    pub dropped: Option<u64>,
+    /// How long the capture ran.
+    pub seconds: f64,
+    /// Why it ended: `stopped`, `duration elapsed`, `daemon shutting down`, or `error`.
+    pub reason: String,
 }
 
 /// `capture:`, what `lnetctl capture` prints when it ends.

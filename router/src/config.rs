@@ -1,7 +1,7 @@
 //! Configuration of an [`LnetNode`](crate::LnetNode): its NIs and its PID.
 
-use lnd::engine::config::DEFAULT_PEER_LIMIT;
-use lnd::engine::{ChecksumConfig, RaceOrder, Tunables};
+use lnd::iface::o2ib::DEFAULT_PEER_LIMIT;
+use lnd::iface::o2ib::{ChecksumConfig, RaceOrder, Tunables};
 use lnd::wire::lnet::LNET_PID_LUSTRE;
 use lnd::wire::Nid;
 
@@ -213,5 +213,44 @@ impl NodeConfig {
             self.node_nids.clone()
         };
         RouteTable::new(&self.routes, &own)
+    }
+}
+
+/// Whether a router's large buffers are cleared before they are lent again. A buffer lent to
+/// a peer that writes less than it announced would otherwise pass on what its previous user
+/// left there. A fabric that sees every write land (tcp) fails such a transfer instead
+/// (`rdma_short_writes`), so nothing needs clearing there; on verbs a write is one-sided and
+/// invisible to us, so the buffer is scrubbed (its granted length zeroed) by the NI thread
+/// after the transfer is done and before the buffer goes back to the pool.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BulkScrub {
+    /// Scrub where the fabric the data came in on cannot see writes (verbs, the simulator).
+    #[default]
+    Auto,
+    /// Always (to measure the cost on tcp, or for defence in depth).
+    On,
+    /// Never.
+    Off,
+}
+
+impl BulkScrub {
+    pub fn name(self) -> &'static str {
+        match self {
+            BulkScrub::Auto => "auto",
+            BulkScrub::On => "on",
+            BulkScrub::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for BulkScrub {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BulkScrub, String> {
+        match s {
+            "auto" => Ok(BulkScrub::Auto),
+            "on" | "1" => Ok(BulkScrub::On),
+            "off" | "0" => Ok(BulkScrub::Off),
+            _ => Err(format!("'{s}' is not auto, on or off")),
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use lnd::engine::{SendError, TxError};
+use lnd::iface::{SendError, TxError};
 use lnd::wire::{Nid, WireError};
 
 /// Why a send or a ping failed.

@@ -14,12 +14,14 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use lnd::engine::RxToken;
 use lnd::handle::Tag;
+use lnd::iface::RxToken;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::{LnetHdr, Net, Nid};
 
 use crate::config::BufferCounts;
+/// Kept here too, where it was first (`router::forward::BulkScrub`).
+pub use crate::config::BulkScrub;
 use crate::error::LnetError;
 
 /// Bytes in a router buffer page.
@@ -175,60 +177,21 @@ pub struct BulkBuffers {
     pub bufs: Vec<Vec<(Nid, BulkRegion)>>,
     /// Each buffer's memory, for scrubbing it before it is lent again (see
     /// [`BulkScrub`]); `mem[k]` is buffer `k` (`None` where `bufs[k]` names no buffer).
-    pub mem: Vec<Option<lnd::fabric::SharedMem>>,
+    pub mem: Vec<Option<lnd::mem::SharedMem>>,
 }
 
-/// Whether a router's large buffers are cleared before they are lent again. A buffer lent to
-/// a peer that writes less than it announced would otherwise pass on what its previous user
-/// left there. A fabric that sees every write land (tcp) fails such a transfer instead
-/// (`rdma_short_writes`), so nothing needs clearing there; on verbs a write is one-sided and
-/// invisible to us, so the buffer is scrubbed (its granted length zeroed) by the NI thread
-/// after the transfer is done and before the buffer goes back to the pool.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub enum BulkScrub {
-    /// Scrub where the fabric the data came in on cannot see writes (verbs, the simulator).
-    #[default]
-    Auto,
-    /// Always (to measure the cost on tcp, or for defence in depth).
-    On,
-    /// Never.
-    Off,
-}
-
-impl BulkScrub {
-    pub fn name(self) -> &'static str {
-        match self {
-            BulkScrub::Auto => "auto",
-            BulkScrub::On => "on",
-            BulkScrub::Off => "off",
-        }
-    }
-}
-
-impl std::str::FromStr for BulkScrub {
-    type Err = String;
-    fn from_str(s: &str) -> Result<BulkScrub, String> {
-        match s {
-            "auto" => Ok(BulkScrub::Auto),
-            "on" | "1" => Ok(BulkScrub::On),
-            "off" | "0" => Ok(BulkScrub::Off),
-            _ => Err(format!("'{s}' is not auto, on or off")),
-        }
-    }
-}
-
-/// One registration of a router buffer (`lnd::fabric::Registration` without its ownership: the
+/// One registration of a router buffer (`lnd::mem::Registration` without its ownership: the
 /// daemon keeps those to deregister at exit).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct BulkRegion {
-    pub region: lnd::fabric::RegionId,
+    pub region: lnd::mem::RegionId,
     pub key: u32,
     pub addr: u64,
     pub len: u64,
 }
 
 impl BulkRegion {
-    pub fn of(reg: &lnd::fabric::Registration) -> BulkRegion {
+    pub fn of(reg: &lnd::mem::Registration) -> BulkRegion {
         BulkRegion {
             region: reg.id(),
             key: reg.key(),

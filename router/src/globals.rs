@@ -142,7 +142,8 @@ pub enum GlobalError {
 impl GlobalError {
     /// The errno lnetctl reports for it (positive).
     pub fn errno(&self) -> i32 {
-        22 // EINVAL, as the kernel's setters answer every bad value
+        // As the kernel's setters answer every bad value.
+        lnd::wire::errno::EINVAL
     }
 }
 

@@ -17,8 +17,11 @@
 //! is, up to `retry_count` times, each attempt within `transaction_timeout`, on a node with
 //! two NIs or more, as lnet_attempt_msg_resend does (`LnetNode::resend`).
 
-use lnd::engine::TxError;
+use lnd::iface::TxError;
+use std::collections::BTreeSet;
+
 use lnd::time::{Duration, Instant};
+use lnd::wire::Nid;
 
 use crate::LnetError;
 
@@ -269,6 +272,48 @@ impl PeerHealthStats {
             HStatus::RemoteError => self.error += 1,
             HStatus::NetworkTimeout => self.network_timeout += 1,
             _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------- the node's sub-state
+
+/// The health tunables and the peer NIs in recovery (below the maximum), pinged at the
+/// recovery tick.
+pub(crate) struct Recovery {
+    pub(crate) cfg: HealthCfg,
+    pub(crate) peers: BTreeSet<Nid>,
+}
+
+impl Recovery {
+    pub(crate) fn new(cfg: HealthCfg) -> Recovery {
+        Recovery {
+            cfg,
+            peers: BTreeSet::new(),
+        }
+    }
+}
+
+/// The health tunables, read on the per-message path, cached from the globals.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HealthCfg {
+    pub(crate) sensitivity: u32,
+    /// retry_count: resends of a local failure (0: none).
+    pub(crate) retry_count: u32,
+    pub(crate) recovery_limit: u32,
+    pub(crate) max_ping_interval: u32,
+    pub(crate) transaction_timeout: u64,
+}
+
+impl HealthCfg {
+    pub(crate) fn of(g: &crate::GlobalTunables) -> HealthCfg {
+        let get = |n: &str| g.get(n).map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
+        HealthCfg {
+            sensitivity: get("health_sensitivity"),
+            retry_count: get("retry_count"),
+            recovery_limit: get("recovery_limit"),
+            max_ping_interval: get("max_recovery_ping_interval").max(1),
+            transaction_timeout: u64::from(get("transaction_timeout").max(1)),
         }
     }
 }

@@ -51,6 +51,7 @@ pub mod forward;
 pub mod gateway;
 pub mod globals;
 pub mod health;
+mod ids;
 mod node;
 pub mod o2ib;
 mod peer;
@@ -73,18 +74,19 @@ pub mod text;
 pub mod yaml_config;
 
 pub use config::{
-    out_of_range, BufferCounts, NiConfig, NodeConfig, RoutingConfig, BUFFERS_RANGE,
+    out_of_range, BufferCounts, BulkScrub, NiConfig, NodeConfig, RoutingConfig, BUFFERS_RANGE,
     DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
 pub use error::LnetError;
 pub use forward::{
-    BulkBuffers, BulkRegion, BulkScrub, ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass,
+    BulkBuffers, BulkRegion, ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass,
     RoutingInfo,
 };
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use globals::{GlobalError, GlobalTunables};
+pub use ids::{MdId, MsgId, NiIndex, PingId};
 pub use lnd::fabric::{FabricEvent, FabricSink};
-pub use node::{BulkBuf, LnetEvent, LnetNode, MdId, MsgId, NiIndex, PingId, SCRUB_BUDGET};
+pub use node::{BulkBuf, LnetEvent, LnetNode, SCRUB_BUDGET};
 pub use o2ib::NiSink;
 pub use ping::{PingReply, MAX_PING_NIS, OUR_FEATURES, PING_SEQUENCE, PING_SINK_LEN};
 pub use routes::{RouteConfig, RouteError, RouteTable};

@@ -22,18 +22,20 @@ use crate::forward::{
     RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
+use crate::ids::{MdId, MsgId, NiIndex, PingId};
 use crate::peer::PeerNi;
 use crate::ping::{self, PingReply, PING_SINK_LEN};
 use crate::routes::{GatewayState, RouteConfig, RouteTable};
 use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
+mod bulk_state;
 mod pings;
 mod recovery;
-use recovery::{HealthCfg, Recovery};
 mod timers;
-use bulk::Mds;
-pub use bulk::{BulkBuf, MdId, SCRUB_BUDGET};
+use crate::health::{HealthCfg, Recovery};
+use bulk_state::Mds;
+pub use bulk_state::{BulkBuf, SCRUB_BUDGET};
 use pings::{PendingPing, PingKind, Pings};
 use timers::{NodeTimer, TimerTable};
 
@@ -46,18 +48,6 @@ const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
 /// under someone else's NID) can make us hold: the hostile-peer audit grew a daemon to 1 GB
 /// in 10 s with unanswered ping replies. Kernel LNet has no such bound.
 pub const RESPONSE_BACKLOG: usize = 4096;
-
-/// Which of the node's NIs: the position in [`NodeConfig::nis`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NiIndex(pub usize);
-
-/// Names a PUT from [`LnetNode::send_put`] until its [`LnetEvent::PutDone`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MsgId(pub u64);
-
-/// Names a ping from [`LnetNode::ping`] until its [`LnetEvent::PingDone`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PingId(pub u64);
 
 /// What the node tells its user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -401,7 +391,7 @@ pub struct LnetNode {
     /// How many of them this runtime lends out (the most its large pool can have).
     bulk_owned: u32,
     /// How the large buffers are lent: scrubbing, and the share of peers not yet proven.
-    lending: bulk::Lending,
+    lending: bulk_state::Lending,
     /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
     bulk_mine: Vec<usize>,
     /// Buffers no longer this runtime's that were lent when the daemon took them back: each is
@@ -411,7 +401,7 @@ pub struct LnetNode {
     bulk_released: Vec<usize>,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
-    bulk_gets: HashMap<u64, bulk::RoutedGet>,
+    bulk_gets: HashMap<u64, bulk_state::RoutedGet>,
     /// Every deadline of LNet's own (peer aging, pings, routed GETs, the recovery tick, the
     /// trim pass): one table behind `poll_timeout`.
     timers: TimerTable,
@@ -483,11 +473,11 @@ impl LnetNode {
             .unwrap_or_else(|| NetAlive::new(node_nids.len()));
         let mut globals = cfg.globals.clone();
         // Not set (a library user's config; the daemon derives it for the whole node).
-        let lnd = cfg
-            .nis
+        // The first NI's LND timeout (o2iblnd's default, 50 s, for a node without NIs).
+        let lnd = nis
             .first()
-            .map_or(lnd::engine::Tunables::default().timeout, |n| {
-                n.tunables.timeout
+            .map_or(lnd::iface::o2ib::Tunables::default().timeout, |n| {
+                n.lnd.timeout()
             });
         globals.derive_transaction_timeout(lnd.as_secs());
         LnetNode {
@@ -531,7 +521,7 @@ impl LnetNode {
             fabric_lost: false,
             bulk_free: Vec::new(),
             bulk_owned: 0,
-            lending: bulk::Lending::new(cfg.routing.scrub),
+            lending: bulk_state::Lending::new(cfg.routing.scrub),
             bulk_mine: Vec::new(),
             bulk_leaving: Vec::new(),
             bulk_released: Vec::new(),
@@ -2495,7 +2485,7 @@ impl LnetNode {
                 // LNet the PUT was done).
                 self.nis[f.ni]
                     .lnd
-                    .refuse_bulk(now, rx, lnd::wire::kib::EPROTO);
+                    .refuse_bulk(now, rx, lnd::wire::errno::EPROTO);
             } else {
                 self.nis[f.ni].lnd.recv_done(now, rx);
             }

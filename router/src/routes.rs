@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use lnd::wire::{Net, Nid};
+use lnd::wire::{errno, Net, Nid};
 
 /// Hops as configured: 1..=255, or undefined (Lustre's LNET_UNDEFINED_HOPS, which counts as 1
 /// when routes are compared).
@@ -69,10 +69,10 @@ impl RouteError {
     /// The errno lnetctl reports for it.
     pub fn errno(&self) -> i32 {
         match self {
-            RouteError::LocalNet(_) | RouteError::Duplicate { .. } => -17, // EEXIST
-            RouteError::GatewayNotLocal(_) => -113,                        // EHOSTUNREACH
-            RouteError::NotFound { .. } => -2,                             // ENOENT
-            _ => -22,                                                      // EINVAL
+            RouteError::LocalNet(_) | RouteError::Duplicate { .. } => -errno::EEXIST,
+            RouteError::GatewayNotLocal(_) => -errno::EHOSTUNREACH,
+            RouteError::NotFound { .. } => -errno::ENOENT,
+            _ => -errno::EINVAL,
         }
     }
 }

@@ -643,7 +643,7 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
             KibMsg {
                 body: KibBody::PutNak(Completion {
                     cookie: 0xc001_c0de_0000_0001,
-                    status: -61, // -ENODATA
+                    status: -lnd::wire::errno::ENODATA,
                 }),
                 ..from_server
             },

@@ -61,9 +61,10 @@ use crate::slots::Slots;
 use crate::time::{Duration, Instant};
 use crate::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
 use crate::wheel::{TimerKey, TimerWheel};
+use crate::wire::errno::{EMSGSIZE, ENODATA, EPROTO};
 use crate::wire::kib::{
-    CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, EMSGSIZE, ENODATA, EPROTO, MAX_INLINE,
-    MAX_RDMA_FRAGS, MSG_SIZE, VERSION_2,
+    CksumFlavour, Completion, EmitOpts, Framing, KibMsgType, MAX_INLINE, MAX_RDMA_FRAGS, MSG_SIZE,
+    VERSION_2,
 };
 use crate::wire::{ConnParams, KibBody, KibMsg, KibRej, LnetHdr, Nid, RejectReason};
 

@@ -587,7 +587,8 @@ fn connected_by_one_message() -> (Pair, Nid, Nid, ConnId) {
 /// rendezvous we never started closes the connection (EPROTO).
 #[test]
 fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
-    use crate::wire::kib::{RdmaFrag, ENODATA, EPROTO};
+    use crate::wire::errno::{ENODATA, EPROTO};
+    use crate::wire::kib::RdmaFrag;
     use crate::wire::RdmaDesc;
     let (mut p, a, b, conn_b) = connected_by_one_message();
     let frags = [RdmaFrag {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::engine::{BulkOp, ConnState, EndpointConfig, RdmaSink, TxError};
 use crate::fabric::{LocalFrag, Registration, Registry};
-use crate::wire::kib::{ENODATA, EPROTO};
+use crate::wire::errno::{ENODATA, EPROTO};
 use crate::wire::{LnetBody, RdmaFrag, WireHandle};
 
 const MIB: usize = 1 << 20;
@@ -408,7 +408,7 @@ fn fragmented_sources_and_sinks_keep_the_bytes_in_order() {
     assert_eq!(
         outcome(&p.w, cookie),
         Some(SendOutcome::Failed(TxError::Rdma(
-            -crate::wire::kib::EMSGSIZE
+            -crate::wire::errno::EMSGSIZE
         )))
     );
     assert!(p.w.region(p.b, &sink).unwrap().iter().all(|&x| x == 0xee));

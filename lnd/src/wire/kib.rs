@@ -219,14 +219,9 @@ impl<'a> RdmaDesc<'a> {
     }
 }
 
-/// Linux's EPROTO, the status (negated) of a rendezvous completion that fails one message for a
-/// protocol reason; completion statuses are Linux errnos on the wire, whatever the host.
-pub const EPROTO: i32 = 71;
-/// Linux's ENODATA: the GET_DONE status of a GET that matched nothing (kiblnd_recv).
-pub const ENODATA: i32 = 61;
-/// Linux's EMSGSIZE: a write needing more fragments than the connection allows
-/// (kiblnd_init_rdma).
-pub const EMSGSIZE: i32 = 90;
+/// The errnos a completion status carries (negated), re-exported from the workspace's table
+/// ([`super::errno`]) for the LND's users.
+pub use super::errno::{EMSGSIZE, ENODATA, EPROTO};
 
 /// The body of PUT_NAK, PUT_DONE and GET_DONE.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -11,6 +11,7 @@
 //! receiver flips them when it sees a byte-swapped magic (kiblnd_unpack_msg, lnet_ping). The LNet
 //! header is always little-endian (lnet_hdr_to_nid4). We accept both orders and emit either.
 
+pub mod errno;
 mod error;
 pub mod kib;
 pub mod list;

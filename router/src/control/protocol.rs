@@ -11,27 +11,9 @@ use super::capture::{CaptureData, CaptureStarted, CaptureSummary};
 
 // ---------------------------------------------------------------------------------- errnos
 
-/// errno values used in [`ControlError::errno`] (Linux numbering, positive).
-pub mod errno {
-    pub const ENOENT: i32 = 2;
-    pub const EIO: i32 = 5;
-    pub const ENOMEM: i32 = 12;
-    pub const EBUSY: i32 = 16;
-    pub const EEXIST: i32 = 17;
-    pub const EINVAL: i32 = 22;
-    pub const EUSERS: i32 = 87;
-    pub const EADDRINUSE: i32 = 98;
-    pub const EADDRNOTAVAIL: i32 = 99;
-    pub const ENETDOWN: i32 = 100;
-    pub const EPROTO: i32 = 71;
-    pub const EOPNOTSUPP: i32 = 95;
-    pub const EMSGSIZE: i32 = 90;
-    pub const EPROTONOSUPPORT: i32 = 93;
-    pub const ESHUTDOWN: i32 = 108;
-    pub const ETIMEDOUT: i32 = 110;
-    pub const ECONNREFUSED: i32 = 111;
-    pub const EHOSTUNREACH: i32 = 113;
-}
+/// errno values used in [`ControlError::errno`]: the workspace's table (Linux numbering,
+/// positive), here under `router::control::errno` where lnetctl and the tests name them.
+pub use lnd::wire::errno;
 
 /// Lustre's ping timeout when none is given, and the most it accepts (DEFAULT_PEER_TIMEOUT,
 /// reference section 7.2).

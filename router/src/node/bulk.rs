@@ -26,152 +26,14 @@ use std::sync::Arc;
 use lnd::iface::{BulkMem, BulkOp, BulkSend, TxError};
 use lnd::wire::LnetMsgType;
 
-use crate::forward::{BulkBuffers, BulkScrub};
-use lnd::mem::{RegionId, Registration, SharedMem};
-use lnd::wire::kib::EPROTO;
+use super::bulk_state::{Md, RoutedGet};
+use crate::config::BulkScrub;
+use crate::forward::BulkBuffers;
+use lnd::mem::SharedMem;
+use lnd::wire::errno::{EHOSTUNREACH, EPROTO};
 use lnd::wire::lnet::LNET_MTU;
 
 use super::*;
-
-/// A range of memory registered with one NI's fabric, for LNet to move bulk data from (a
-/// source) or into (a sink): the registration's local name, key and address, and the range.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct BulkBuf {
-    /// The NI whose fabric the memory is registered with.
-    pub ni: NiIndex,
-    pub region: RegionId,
-    pub key: u32,
-    /// The registration's first byte's address.
-    pub addr: u64,
-    pub offset: u64,
-    pub len: u32,
-}
-
-impl BulkBuf {
-    /// `[offset, offset + len)` of `reg`, registered with NI `ni`'s fabric; `None` if the range
-    /// is not inside the registration, empty, or larger than LNET_MTU.
-    pub fn new(ni: NiIndex, reg: &Registration, offset: u64, len: u32) -> Option<BulkBuf> {
-        let end = offset.checked_add(u64::from(len))?;
-        (len > 0 && end <= reg.len() && len <= LNET_MTU).then_some(BulkBuf {
-            ni,
-            region: reg.id(),
-            key: reg.key(),
-            addr: reg.addr(),
-            offset,
-            len,
-        })
-    }
-
-    /// Its first `len` bytes, for the LND to move a payload from or into; `shared` is the
-    /// memory itself where LNet shares it (an LND that streams payloads needs it).
-    pub(super) fn mem(&self, len: u32, shared: Option<SharedMem>) -> BulkMem {
-        BulkMem {
-            region: self.region,
-            key: self.key,
-            addr: self.addr,
-            offset: self.offset,
-            len: len.min(self.len),
-            mem: shared,
-        }
-    }
-}
-
-/// Names a posted MD from [`LnetNode::post_sink`] or [`LnetNode::post_source`] until its event.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct MdId(pub u64);
-
-/// A posted one-shot MD.
-#[derive(Clone, Debug)]
-pub(super) struct Md {
-    portal: u32,
-    match_bits: u64,
-    pub(super) buf: BulkBuf,
-    /// PUTs write into it; else GETs read from it.
-    sink: bool,
-    /// The registered memory `buf` names, lent for a GET from a sibling runtime's NI: that
-    /// one is answered in memory ([`LnetNode::post_source_shared`]).
-    mem: Option<SharedMem>,
-}
-
-/// The posted MDs, matched in posting order on (portal, match bits, sink or source).
-#[derive(Default)]
-pub(super) struct Mds {
-    posted: HashMap<u64, Md>,
-    /// The MDs' ids by what matches them, oldest first: matching a message is a lookup, not a
-    /// scan of every posted MD.
-    by_match: HashMap<MatchKey, VecDeque<u64>>,
-    next: u64,
-}
-
-/// What an MD matches on: its NI, portal, match bits, and whether PUTs write into it.
-type MatchKey = (usize, u32, u64, bool);
-
-impl Mds {
-    /// Gives back the room a burst of posted MDs left (see `lnd::trim`); whether any table is
-    /// still large.
-    pub(super) fn trim(&mut self) -> bool {
-        use lnd::trim::{Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL};
-        let mut large = self.posted.trim(TRIM_FLOOR);
-        large |= self.by_match.trim(TRIM_FLOOR);
-        for ids in self.by_match.values_mut() {
-            large |= ids.trim(TRIM_FLOOR_SMALL);
-        }
-        large
-    }
-
-    pub(super) fn capacities(&self, r: &mut lnd::trim::CapacityReport) {
-        r.add("mds", &self.posted);
-        r.add("md_match", &self.by_match);
-        for ids in self.by_match.values() {
-            r.add("md_match_queues", ids);
-        }
-    }
-
-    fn post(&mut self, md: Md) -> MdId {
-        self.next += 1;
-        let key = (md.buf.ni.0, md.portal, md.match_bits, md.sink);
-        self.by_match.entry(key).or_default().push_back(self.next);
-        self.posted.insert(self.next, md);
-        MdId(self.next)
-    }
-
-    /// Takes the oldest MD matching, on NI `ni`.
-    pub(super) fn take(
-        &mut self,
-        ni: usize,
-        portal: u32,
-        match_bits: u64,
-        sink: bool,
-    ) -> Option<(MdId, Md)> {
-        let key = (ni, portal, match_bits, sink);
-        let ids = self.by_match.get_mut(&key)?;
-        let found = std::iter::from_fn(|| ids.pop_front())
-            .find_map(|id| self.posted.remove(&id).map(|m| (MdId(id), m)));
-        if ids.is_empty() {
-            self.by_match.remove(&key);
-        }
-        found
-    }
-
-    /// Takes back an MD nothing matched yet.
-    fn unlink(&mut self, md: MdId) -> bool {
-        let Some(m) = self.posted.remove(&md.0) else {
-            return false;
-        };
-        let key = (m.buf.ni.0, m.portal, m.match_bits, m.sink);
-        if let Some(ids) = self.by_match.get_mut(&key) {
-            ids.retain(|&id| id != md.0);
-            if ids.is_empty() {
-                self.by_match.remove(&key);
-            }
-        }
-        true
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.posted.len()
-    }
-}
 
 impl LnetNode {
     /// PUTs the bytes of `buf` to (`dst`, `portal`, `match_bits`) by rendezvous, without an ACK.
@@ -809,9 +671,7 @@ impl LnetNode {
             // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
             // The route is looked up again when the data is in, as before.
             BulkOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
-                self.nis[ni]
-                    .lnd
-                    .refuse_bulk(now, rx, crate::control::errno::EHOSTUNREACH);
+                self.nis[ni].lnd.refuse_bulk(now, rx, EHOSTUNREACH);
                 let e = match onward {
                     Err(e @ LnetError::HopLimit(_)) => e,
                     _ => LnetError::NoRoute(dest),
@@ -1118,17 +978,6 @@ impl LnetNode {
     }
 }
 
-/// A GET into registered memory sent through a router, waiting for its REPLY.
-pub(super) struct RoutedGet {
-    pub(super) id: MsgId,
-    pub(super) buf: BulkBuf,
-    /// Whom it went to: only a REPLY from there is its answer (a wire handle alone is
-    /// guessable, and the REPLY writes into the user's memory).
-    pub(super) dst: Nid,
-    /// Its deadline on the node's timer table.
-    pub(super) timer: lnd::wheel::TimerKey,
-}
-
 // ---------------------------------------------------------------------- lending large buffers
 //
 // A router lends its large buffers to the senders of bulk PUTs: each PUT_ACK grants one to a
@@ -1151,32 +1000,6 @@ pub(super) struct RoutedGet {
 
 /// Strikes beyond which the refusal stops doubling (2^6 = 64 grant timeouts).
 const MAX_STRIKE_DOUBLINGS: u32 = 6;
-/// Bytes scrubbed per [`LnetNode::scrub_bulk`] call at most, so that a loop goes back to its
-/// fabric between buffers (4 MiB: a few hundred microseconds of memset).
-pub const SCRUB_BUDGET: usize = 4 << 20;
-
-/// How the large buffers are lent (see the notes above).
-#[derive(Debug, Default)]
-pub(crate) struct Lending {
-    pub(super) scrub: BulkScrub,
-    /// Buffers done with, to scrub before they go back to the pool: (buffer, bytes, its
-    /// memory).
-    pub(super) dirty: VecDeque<(usize, u32, Option<lnd::fabric::SharedMem>)>,
-    /// Large buffers held now by bulk PUTs admitted under the unproven share.
-    unproven_held: u32,
-    /// Bulk PUTs of unproven senders waiting for room in that share (held messages' keys).
-    pub(super) unproven_wait: VecDeque<u64>,
-}
-
-impl Lending {
-    pub(crate) fn new(scrub: BulkScrub) -> Lending {
-        Lending {
-            scrub,
-            ..Lending::default()
-        }
-    }
-}
-
 impl LnetNode {
     /// Whether a large buffer whose data came in on NI `ni` must be scrubbed before it is
     /// lent again.

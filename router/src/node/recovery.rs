@@ -5,49 +5,7 @@
 //! the judging and recovery pings over the node's NIs and peer table. Its tick is on the node's
 //! timer table (`NodeTimer::Recovery`).
 
-use std::collections::BTreeSet;
-
 use super::*;
-
-/// The health tunables and the peer NIs in recovery (below the maximum), pinged at the
-/// recovery tick.
-pub(super) struct Recovery {
-    pub(super) cfg: HealthCfg,
-    pub(super) peers: BTreeSet<Nid>,
-}
-
-impl Recovery {
-    pub(super) fn new(cfg: HealthCfg) -> Recovery {
-        Recovery {
-            cfg,
-            peers: BTreeSet::new(),
-        }
-    }
-}
-
-/// The health tunables, read on the per-message path, cached from the globals.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct HealthCfg {
-    pub(super) sensitivity: u32,
-    /// retry_count: resends of a local failure (0: none).
-    pub(super) retry_count: u32,
-    pub(super) recovery_limit: u32,
-    pub(super) max_ping_interval: u32,
-    pub(super) transaction_timeout: u64,
-}
-
-impl HealthCfg {
-    pub(super) fn of(g: &crate::GlobalTunables) -> HealthCfg {
-        let get = |n: &str| g.get(n).map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX));
-        HealthCfg {
-            sensitivity: get("health_sensitivity"),
-            retry_count: get("retry_count"),
-            recovery_limit: get("recovery_limit"),
-            max_ping_interval: get("max_recovery_ping_interval").max(1),
-            transaction_timeout: u64::from(get("transaction_timeout").max(1)),
-        }
-    }
-}
 
 impl LnetNode {
     /// LNet health after a message to `peer` on NI `ni` ended (lnet_health_check, for a

@@ -10,12 +10,13 @@
 //!   memory descriptors over registered memory for the bulk).
 
 mod console;
+mod console_types;
 mod pattern;
 mod service;
 mod srpc;
 pub mod wire;
 
-pub use console::{
+pub use console_types::{
     CheckSpec, ConsoleStart, LstBatchInfo, LstCommand, LstError, LstGroupInfo, LstLatency,
     LstNodeResult, LstNodeStat, LstReply, TestSpec, DEFAULT_RPC_TIMEOUT, PING_INTERVAL,
 };

@@ -13,9 +13,10 @@ use std::collections::{HashMap, VecDeque};
 use hdrhistogram::Histogram;
 use lnd::fabric::Registry;
 use lnd::time::{Duration, Instant};
+use lnd::wire::errno;
 use lnd::wire::{ByteOrder, Nid};
 
-use super::console::Console;
+use super::console_types::Console;
 use super::pattern;
 use super::srpc::{BufferError, BulkDir, Incoming, Owner, RpcDone, SlotId, Srpc, SrpcEvent};
 use super::wire::*;
@@ -40,19 +41,6 @@ const MAX_UNITS: u64 = 65_536;
 
 /// brw requests that may wait for a server buffer at once.
 const MAX_WAITING: usize = 4096;
-
-/// errno values a selftest reply carries (positive, as Lustre sends them).
-pub(crate) mod errno {
-    pub const ENOENT: u32 = 2;
-    pub const ESRCH: u32 = 3;
-    pub const EIO: u32 = 5;
-    pub const ENOMEM: u32 = 12;
-    pub const EBUSY: u32 = 16;
-    pub const EINVAL: u32 = 22;
-    pub const EPROTO: u32 = 71;
-    pub const EBADMSG: u32 = 74;
-    pub const EALREADY: u32 = 114;
-}
 
 /// What a test does, as the node runs it.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -344,9 +332,9 @@ impl Selftest {
                     self.end_session(now, node, reg);
                     0
                 } else if self.session.is_some() {
-                    errno::EBUSY
+                    errno::EBUSY as u32
                 } else {
-                    errno::ESRCH
+                    errno::ESRCH as u32
                 };
                 Some(RemoveSessionReply { status, sid: our }.into())
             }
@@ -357,7 +345,7 @@ impl Selftest {
                 let status = if self.session.is_some() {
                     0
                 } else {
-                    errno::ESRCH
+                    errno::ESRCH as u32
                 };
                 let s = self.session.as_ref();
                 Some(
@@ -375,7 +363,7 @@ impl Selftest {
                 let status = if self.sid_ok(r.sid, now) {
                     0
                 } else {
-                    errno::ESRCH
+                    errno::ESRCH as u32
                 };
                 let (fw, rpc) = self.counters(now);
                 if from == self.srpc.own() {
@@ -399,7 +387,7 @@ impl Selftest {
                 let status = if r.magic == LST_PING_TEST_MAGIC {
                     0
                 } else {
-                    errno::EINVAL
+                    errno::EINVAL as u32
                 };
                 Some(
                     PingReply {
@@ -462,13 +450,13 @@ impl Selftest {
             .into()
         };
         if inc.msg.features & !LST_FEATS_MASK != 0 {
-            return reply(errno::EPROTO, self.session.as_ref());
+            return reply(errno::EPROTO as u32, self.session.as_ref());
         }
         if self.sid_ok(r.sid, now) {
             return reply(0, self.session.as_ref());
         }
         if self.session.is_some() && r.force == 0 {
-            return reply(errno::EBUSY, self.session.as_ref());
+            return reply(errno::EBUSY as u32, self.session.as_ref());
         }
         if self.session.is_some() {
             tracing::info!(console = %r.sid.nid, "selftest session taken over (forced)");
@@ -505,7 +493,7 @@ impl Selftest {
         // brw requests still waiting for a buffer: answered (no session to serve them in).
         for inc in std::mem::take(&mut self.waiting) {
             let body = BrwReply {
-                status: errno::ESRCH,
+                status: errno::ESRCH as u32,
             }
             .into();
             let features = inc.msg.features;
@@ -553,7 +541,7 @@ impl Selftest {
             time: 0,
         };
         if !self.sid_ok(r.sid, now) {
-            return reply(errno::ESRCH, 0);
+            return reply(errno::ESRCH as u32, 0);
         }
         let Some(keys) = self
             .session
@@ -561,7 +549,7 @@ impl Selftest {
             .and_then(|s| s.batches.get(&r.bid))
             .cloned()
         else {
-            return reply(errno::ENOENT, 0);
+            return reply(errno::ENOENT as u32, 0);
         };
         match r.opc {
             SRPC_BATCH_OPC_RUN => {
@@ -605,10 +593,10 @@ impl Selftest {
                     .and_then(|k| self.tests.get(k))
                 {
                     Some(t) => reply(0, u32::from(t.active())),
-                    None => reply(errno::ENOENT, 0),
+                    None => reply(errno::ENOENT as u32, 0),
                 }
             }
-            _ => reply(errno::EINVAL, 0),
+            _ => reply(errno::EINVAL as u32, 0),
         }
     }
 
@@ -624,11 +612,11 @@ impl Selftest {
         let sid = self.session.as_ref().map_or(LstSid::NONE, |s| s.sid);
         let reply = |status| -> Option<SrpcBody> { Some(TestReply { status, sid }.into()) };
         if !self.sid_ok(r.sid, now) {
-            return reply(errno::ESRCH);
+            return reply(errno::ESRCH as u32);
         }
         let features = self.session.as_ref().map_or(0, |s| s.features);
         if inc.msg.features != features {
-            return reply(errno::EPROTO);
+            return reply(errno::EPROTO as u32);
         }
         let busy = self
             .session
@@ -639,10 +627,10 @@ impl Selftest {
                     .any(|k| self.tests.get(k).is_some_and(|t| t.active()))
             });
         if busy {
-            return reply(errno::EBUSY);
+            return reply(errno::EBUSY as u32);
         }
         if test_kind(&r.params).is_none() || r.concur == 0 || r.concur > LST_MAX_CONCUR {
-            return reply(errno::EINVAL);
+            return reply(errno::EINVAL as u32);
         }
         if !r.is_client {
             // The server side needs nothing ahead: brw buffers are taken per request.
@@ -652,22 +640,22 @@ impl Selftest {
             return reply(0);
         }
         if r.ndest == 0 || r.ndest as usize > SFW_MAX_NDESTS_4K || r.loop_count == 0 {
-            return reply(errno::EINVAL);
+            return reply(errno::EINVAL as u32);
         }
         if u64::from(r.ndest) * u64::from(r.concur) > MAX_UNITS {
-            return reply(errno::ENOMEM);
+            return reply(errno::ENOMEM as u32);
         }
         let len = dest_ids_len(r.ndest as usize, PAGE_SIZE_4K, features);
         if len > LNET_MTU as usize {
-            return reply(errno::EINVAL);
+            return reply(errno::EINVAL as u32);
         }
         let slot = match self.srpc.buffers.take(reg, len) {
             Ok(s) => s,
-            Err(_) => return reply(errno::ENOMEM),
+            Err(_) => return reply(errno::ENOMEM as u32),
         };
         let Some(span) = self.srpc.buffers.span(slot, 0, len) else {
             self.srpc.buffers.give(slot);
-            return reply(errno::ENOMEM);
+            return reply(errno::ENOMEM as u32);
         };
         let op = self.fresh_key();
         match self
@@ -690,7 +678,7 @@ impl Selftest {
             }
             Err(_) => {
                 self.srpc.buffers.give(slot);
-                reply(errno::EIO)
+                reply(errno::EIO as u32)
             }
         }
     }
@@ -717,22 +705,22 @@ impl Selftest {
                 .reply(now, node, inc.from, inc.rpyid, body, req_features);
         };
         let Some(features) = self.session.as_ref().map(|s| s.features) else {
-            return fail(self, node, errno::ESRCH);
+            return fail(self, node, errno::ESRCH as u32);
         };
         if inc.msg.features != features {
-            return fail(self, node, errno::EPROTO);
+            return fail(self, node, errno::EPROTO as u32);
         }
         let (Some(op), Some(check)) = (r.op(), r.check()) else {
-            return fail(self, node, errno::EINVAL);
+            return fail(self, node, errno::EINVAL as u32);
         };
         // brw_len is bytes with or without LST_FEAT_BULK_LEN; without it, whole pages
         // (brw_client_prep_rpc, brw_server_handle).
         let len = r.len as usize;
         if features & LST_FEAT_BULK_LEN == 0 && len % PAGE_SIZE_4K != 0 {
-            return fail(self, node, errno::EINVAL);
+            return fail(self, node, errno::EINVAL as u32);
         }
         if len == 0 || len > LNET_MTU as usize {
-            return fail(self, node, errno::EINVAL);
+            return fail(self, node, errno::EINVAL as u32);
         }
         let slot = match self.srpc.buffers.take(reg, SERVER_BUF) {
             Ok(s) => s,
@@ -747,11 +735,11 @@ impl Selftest {
             }
             // No buffer will come back (the limit is held by other buffers, or the fabric
             // registers nothing): answered now rather than left to the client's timeout.
-            Err(_) => return fail(self, node, errno::ENOMEM),
+            Err(_) => return fail(self, node, errno::ENOMEM as u32),
         };
         let Some(span) = self.srpc.buffers.span(slot, 0, len) else {
             self.srpc.buffers.give(slot);
-            return fail(self, node, errno::ENOMEM);
+            return fail(self, node, errno::ENOMEM as u32);
         };
         // A server lays its buffer out from offset 0 (brw_server_handle).
         let magic = if op == BrwOp::Read {
@@ -798,7 +786,7 @@ impl Selftest {
             }
             Err(_) => {
                 self.srpc.buffers.give(slot);
-                fail(self, node, errno::EIO);
+                fail(self, node, errno::EIO as u32);
             }
         }
     }
@@ -839,9 +827,9 @@ impl Selftest {
                 let status = match (&result, op) {
                     (Err(e), _) => {
                         tracing::debug!(%from, %e, "brw bulk failed");
-                        errno::EIO
+                        errno::EIO as u32
                     }
-                    (Ok(n), BrwOp::Write) if *n != len => errno::EBADMSG,
+                    (Ok(n), BrwOp::Write) if *n != len => errno::EBADMSG as u32,
                     (Ok(_), BrwOp::Write) => {
                         let ok = self.srpc.buffers.with(slot, |b| {
                             pattern::check(
@@ -856,7 +844,7 @@ impl Selftest {
                         if matches!(ok, Some(Ok(()))) {
                             0
                         } else {
-                            errno::EBADMSG
+                            errno::EBADMSG as u32
                         }
                     }
                     (Ok(_), BrwOp::Read) => 0,
@@ -889,9 +877,9 @@ impl Selftest {
                 self.srpc.buffers.give(slot);
                 self.trim_if_idle(reg);
                 let status = match dests {
-                    None => errno::EIO,
+                    None => errno::EIO as u32,
                     Some(_) if self.session.as_ref().map(|s| s.sid) != Some(req.sid) => {
-                        errno::ESRCH
+                        errno::ESRCH as u32
                     }
                     Some(d) => self.create_test(reg, req, features, &d),
                 };
@@ -911,7 +899,7 @@ impl Selftest {
         dests: &[ProcessId],
     ) -> u32 {
         let Some(kind) = test_kind(&req.params) else {
-            return errno::EINVAL;
+            return errno::EINVAL as u32;
         };
         let mut units = Vec::new();
         for d in dests {
@@ -935,7 +923,7 @@ impl Selftest {
                                 self.srpc.buffers.give(s);
                             }
                         }
-                        return errno::ENOMEM;
+                        return errno::ENOMEM as u32;
                     }
                 }
             }

@@ -538,7 +538,9 @@ impl Srpc {
                 BulkDir::Sink => LnetEvent::PutDone { id, result: Ok(()) },
                 BulkDir::Source => LnetEvent::GetDone {
                     id,
-                    result: Err(LnetError::Lnd(lnd::engine::TxError::Rdma(-61))),
+                    result: Err(LnetError::Lnd(lnd::engine::TxError::Rdma(
+                        -lnd::wire::errno::ENODATA,
+                    ))),
                 },
             };
             self.loop_events.push_back(ev);

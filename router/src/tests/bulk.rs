@@ -4,7 +4,7 @@
 
 use lnd::engine::TxError;
 use lnd::fabric::Registration;
-use lnd::wire::kib::{ENODATA, EPROTO};
+use lnd::wire::errno::{ENODATA, EPROTO};
 
 use super::*;
 

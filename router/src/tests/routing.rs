@@ -1107,7 +1107,7 @@ fn set_routing_changes_what_the_ping_reply_says_at_once() {
 #[test]
 fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
     use lnd::engine::TxError;
-    use lnd::wire::kib::EPROTO;
+    use lnd::wire::errno::EPROTO;
     for split_router in [false, true] {
         let (mut f, routers) = topology(split_router, |_| {});
         let server = nid(SERVER);
@@ -1377,7 +1377,7 @@ fn pool_rounds(
 #[test]
 fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers() {
     use lnd::engine::TxError;
-    use lnd::wire::kib::EPROTO;
+    use lnd::wire::errno::EPROTO;
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
     let mut pool = crate::bulk_pool::BulkPool::new(lnd::wire::lnet::LNET_MTU as usize);
@@ -2196,7 +2196,7 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
 #[test]
 fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
     use lnd::engine::TxError;
-    use lnd::wire::kib::EPROTO;
+    use lnd::wire::errno::EPROTO;
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
     give_bulk_buffers(&mut f, &routers, 4);

@@ -6,7 +6,7 @@
 use super::*;
 use crate::driver::tamper::Rewrite;
 use crate::engine::RdmaSink;
-use crate::wire::kib::EPROTO;
+use crate::wire::errno::EPROTO;
 
 /// How the hostile source writes.
 #[derive(Copy, Clone, Debug, PartialEq)]
