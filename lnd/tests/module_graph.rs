@@ -98,7 +98,9 @@ fn the_boundary_depends_on_nothing_above_it() {
 fn the_lnd_interface_names_no_lnd() {
     let g = graph();
     let iface = &g["iface"];
-    for above in ["engine", "fabric", "driver", "sim", "sys", "slots", "handle"] {
+    for above in [
+        "engine", "fabric", "driver", "sim", "sys", "slots", "handle",
+    ] {
         assert!(!iface.contains(above), "iface uses {above}: {iface:?}");
     }
 }

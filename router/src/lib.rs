@@ -4,40 +4,43 @@
 //! runs on a thread per NI, and [`relay`], which hands messages between those runtimes (the
 //! same code in the daemon, the simulator's routed storm and the tests).
 //!
-//! The node is a plain LNet endpoint (no forwarding yet), sans-IO like the LND engine below it: time is
-//! passed in as [`lnd::time::Instant`], nothing reads a clock, spawns a thread or does I/O, and
-//! every output is drained with a `poll_*` call. An [`LnetNode`] owns one
-//! [`lnd::engine::Endpoint`] per NI and provides:
+//! The node, [`LnetNode`], is sans-IO like the LND engine below it: time is passed in as
+//! [`lnd::time::Instant`], nothing reads a clock, spawns a thread or does I/O, and every output
+//! is drained with a `poll_*` call. It talks to one LND per NI through the LND interface,
+//! [`lnd::iface::Lnd`] (kernel LNet's `lnet_lnd`), and names no LND's own types; [`o2ib`] is
+//! the layer that gives an NI the o2ib engine and lets its fabric driver reach it. It provides:
 //!
-//! - **Sending** PUTs ([`LnetNode::send_put`]) and pings ([`LnetNode::ping`]) as LNet headers
-//!   (PUT/GET/REPLY/ACK) whose `src_nid` is the sending NI's NID. Route selection: the
-//!   destination must be one of ours, `0@lo`, or on the net of one of our NIs, else
-//!   [`LnetError::NoRoute`].
+//! - **Sending** PUTs ([`LnetNode::send_put`], [`LnetNode::send_put_bulk`]), GETs and pings
+//!   ([`LnetNode::ping`]) as LNet headers whose `src_nid` is the sending NI's NID, to one of
+//!   our nets or through a gateway of the route table.
 //! - **Local delivery by design**: a message to `0@lo` *or to any of our own NIDs* is delivered
 //!   in memory and never reaches an LND. Lustre short-circuits only `0@lo`
 //!   (lib-move.c, lnet_select_pathway hands it to the loopback LND) and sends to its own o2ib NID
 //!   through o2iblnd, connecting over the HCA to itself; the reverted LU-7646 patch turned that
 //!   self-connection into an endless CONN_RACE, so a self-ping hung (reference section 4.4).
-//!   Here a user's self-ping cannot touch the LND at all. LNet health's recovery ping of a
-//!   local NI is the one exception, as in Lustre (lnet_recover_local_nis): it goes to the NI's
-//!   own NID through its LND, a self-connection the race rule accepts (equal NIDs never
-//!   race).
+//!   Here no message to our own NIDs touches an LND, not even LNet health's recovery ping of a
+//!   local NI (lnet_recover_local_nis pings the NI's own NID): ours goes through the NI to a
+//!   live peer on its net (`node/recovery.rs`).
 //! - **LNet credits** (reference section 3.4; lib-move.c, lnet_post_send_locked and
 //!   lnet_return_tx_credits_locked): a send takes a peer tx credit, then an NI tx credit; a
 //!   counter that goes negative parks the message on that peer's (or NI's) queue; the LND's
 //!   `SendDone` returns both, and a returned credit that leaves its counter at or below zero
 //!   sends the first waiter. Low-water marks and queued bytes are kept for `peer show`.
-//! - **Receiving**: every LND `Received` is handed back with `recv_done` exactly once (the LNet
-//!   <-> LND contract, reference section 1.6), then parsed: a ping GET is answered by the ping
-//!   service, a REPLY completes its ping, other PUTs go up as [`LnetEvent::Put`], and anything
-//!   not for us (or unmatched) is dropped and counted (no forwarding yet).
+//! - **Receiving**: every message an LND brings up is answered exactly once (`recv_done`,
+//!   `recv_failed` or a bulk answer: the LNet <-> LND contract, reference section 1.6), then
+//!   parsed: a ping GET is answered by the ping service, a REPLY completes its ping, a PUT lands
+//!   in a posted MD or goes up as [`LnetEvent::Put`], and a message for another node is
+//!   forwarded (router credits, router buffers, egress choice: [`forward`]) when routing is on,
+//!   else dropped and counted.
+//! - **Health and recovery**, **peer aging** and the **router pinger**, on one timer table.
 //! - **Stats** under `lnetctl`'s names ([`LnetStats`], [`PeerInfo`], [`NiInfo`]).
 //!
 //! Driving a node: a driver pushes fabric events into NI `i`'s [`NiSink`]
 //! ([`LnetNode::fabric_sink`]) and [`LnetNode::process`] hands what they produced to LNet (or,
 //! one event at a time, [`LnetNode::handle_fabric`] does both); call
 //! [`LnetNode::handle_timeout`] at [`LnetNode::poll_timeout`], and after any input drain
-//! [`LnetNode::poll_action`] (fabric work, tagged with its NI) and [`LnetNode::poll_event`].
+//! [`LnetNode::poll_action`] (fabric work, tagged with its NI), [`LnetNode::poll_handover`]
+//! (work for sibling runtimes) and [`LnetNode::poll_event`].
 //!
 //! With the `sim` feature an [`LnetNode`] (one NI) is also a node of `lnd`'s deterministic
 //! simulator (`lnd::sim::World<LnetNode>`), so LNet runs through its faults in virtual time.

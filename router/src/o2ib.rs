@@ -2,7 +2,7 @@
 //! what drives it. [`LnetNode::new`] starts a node whose NIs all run the o2ib engine
 //! ([`lnd::engine::Endpoint`]); a fabric driver (tcp, verbs, the simulator) reaches an NI's
 //! engine through [`LnetNode::fabric_sink`] and drains its work with [`LnetNode::poll_action`].
-//! The core ([`crate::node`]) sees each engine only as an [`lnd::iface::Lnd`].
+//! The core ([`LnetNode`]) sees each engine only as an [`lnd::iface::Lnd`].
 
 use lnd::engine::{Captured, Endpoint, EndpointConfig};
 use lnd::fabric::{FabricAction, FabricEvent, FabricSink};

@@ -170,7 +170,7 @@ fn socket_dir(path: &Path) -> PathBuf {
 }
 
 /// Whether the daemon may bind its control socket at `path`, and why not: the path must fit
-/// in `sun_path` ([`MAX_SOCKET_PATH`] bytes), or lnetctl could never connect to it (the daemon
+/// in `sun_path` ([`MAX_SOCKET_PATH`](crate::control::MAX_SOCKET_PATH) bytes), or lnetctl could never connect to it (the daemon
 /// binds through a shorter private name, so the bind alone would not say so); and the socket's
 /// directory must exist or be one level away from an existing one ([`bind_socket`] creates that
 /// last component, 0700, as the default path's `ulnet/`; a whole chain made for a mistyped path

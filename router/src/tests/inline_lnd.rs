@@ -19,7 +19,7 @@ use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::LndType;
 
-use super::routing::{give_bulk_buffers, node, route};
+use super::routing::{give_bulk_buffers, node, route, split};
 use super::*;
 
 /// Payloads up to this come up as `Received`, larger ones as a bulk request.
@@ -392,24 +392,39 @@ fn start(cfg: NodeConfig, hub: &Hub, now: Instant) -> LnetNode {
     LnetNode::with_lnds(cfg, lnds, now)
 }
 
-fn inline_counts(node: &LnetNode, ni: usize) -> &Counts {
-    &node
-        .lnd(NiIndex(ni))
-        .and_then(|l| l.as_any().downcast_ref::<InlineLnd>())
-        .expect("an inline NI")
-        .counts
+/// The counts of the one inline NI among `nodes` (a router, whole or split per NI).
+fn inline_counts<'a>(f: &'a Fabric, nodes: &[usize]) -> &'a Counts {
+    let mut found = nodes.iter().flat_map(|&n| {
+        (0..f.nodes[n].ni_count()).filter_map(move |i| {
+            f.nodes[n]
+                .lnd(NiIndex(i))?
+                .as_any()
+                .downcast_ref::<InlineLnd>()
+        })
+    });
+    let lnd = found.next().expect("an inline NI");
+    assert!(found.next().is_none(), "one inline NI per router");
+    &lnd.counts
 }
 
 /// client (o2ib) -> R1 (o2ib | inline tcp) -> R2 (inline tcp | o2ib1) -> server (o2ib1), and
 /// PUTs of 1 MiB (and odd sizes) both ways: each crosses an o2ib rendezvous into a large router
 /// buffer, a stream out of that buffer, a stream into the next router's buffer and a rendezvous
 /// out of it. Every byte lands in the posted sink and nothing beside it; every PUT ends once on
-/// both sides; the routers' books balance with every buffer back.
+/// both sides; the routers' books balance with every buffer back. Each router runs as one node
+/// with both NIs (an o2ib LND and the streaming one side by side), and as the daemon runs it: a
+/// node per NI, the forward crossing from one LND's runtime to the other's through the relay.
 #[test]
 fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
+    for split_routers in [false, true] {
+        o2ib_stream_o2ib(split_routers);
+    }
+}
+
+fn o2ib_stream_o2ib(split_routers: bool) {
     let hub = Hub::default();
     let now = Instant::from_secs(1);
-    let cfgs = [
+    let [client_cfg, server_cfg, r1, r2] = [
         node(
             &[CLIENT],
             &[route("tcp", R1_IB), route("o2ib1", R1_IB)],
@@ -425,10 +440,18 @@ fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
         node(&[R1_IB, R1_TCP], &[route("o2ib1", R2_TCP)], true, 30),
         node(&[R2_TCP, R2_IB], &[route("o2ib", R1_TCP)], true, 40),
     ];
+    let (r1, r2) = if split_routers {
+        (split(r1), split(r2))
+    } else {
+        (vec![r1], vec![r2])
+    };
+    let r1_nodes: Vec<usize> = (2..2 + r1.len()).collect();
+    let r2_nodes: Vec<usize> = (2 + r1.len()..2 + r1.len() + r2.len()).collect();
+    let cfgs = [vec![client_cfg, server_cfg], r1, r2].concat();
     let nodes = cfgs.into_iter().map(|c| start(c, &hub, now)).collect();
     let mut f = Fabric::hosting(nodes, now);
-    give_bulk_buffers(&mut f, &[2], 3);
-    give_bulk_buffers(&mut f, &[3], 3);
+    give_bulk_buffers(&mut f, &r1_nodes, 3);
+    give_bulk_buffers(&mut f, &r2_nodes, 3);
     let (client, server) = (nid(CLIENT), nid(SERVER));
     let now = f.now;
     f.nodes[0]
@@ -440,7 +463,7 @@ fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
     f.run_for(Duration::from_secs(3));
     for n in [0, 1] {
         let pings = ping_results(&f.take_events(n));
-        assert_eq!(pings.len(), 1, "node {n}");
+        assert_eq!(pings.len(), 1, "node {n}, split {split_routers}");
         assert!(pings[0].2.is_ok(), "node {n}: {:?}", pings[0].2);
     }
 
@@ -481,7 +504,7 @@ fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
                     _ => None,
                 })
                 .collect();
-            assert_eq!(done, vec![Ok(())], "{from} -> {to}");
+            assert_eq!(done, vec![Ok(())], "{from} -> {to}, split {split_routers}");
         }
         // A payload the streaming net carried inline (up to INLINE_MAX) reaches the server as
         // an immediate PUT, which LNet matches to the posted sink and hands up with its bytes
@@ -510,7 +533,7 @@ fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
             .enumerate()
             .map(|(i, &len)| (100 + i as u64, Ok(len)))
             .collect();
-        assert_eq!(landed, want, "{from} -> {to}");
+        assert_eq!(landed, want, "{from} -> {to}, split {split_routers}");
         for (i, (&len, sink)) in sizes.iter().zip(&sinks).enumerate() {
             let off = 3 + i;
             let sent = &bytes[off..off + len as usize];
@@ -543,15 +566,15 @@ fn bulk_puts_cross_o2ib_then_a_streaming_lnd_then_o2ib_byte_exact() {
         .filter(|&&l| l as usize > INLINE_MAX)
         .map(|&l| u64::from(l))
         .sum();
-    for (r, ni) in [(2usize, 1usize), (3, 0)] {
-        let c = inline_counts(&f.nodes[r], ni);
-        assert_eq!(c.streamed_bytes_out, total, "router {r}: {c:?}");
-        assert_eq!(c.streamed_bytes_in, into_buffers, "router {r}: {c:?}");
+    for r in [&r1_nodes, &r2_nodes] {
+        let c = inline_counts(&f, r);
+        assert_eq!(c.streamed_bytes_out, total, "router {r:?}: {c:?}");
+        assert_eq!(c.streamed_bytes_in, into_buffers, "router {r:?}: {c:?}");
         let large = sizes.iter().filter(|&&l| l as usize > INLINE_MAX).count() as u64;
-        assert_eq!(c.bulk_requests, large, "router {r}: {c:?}");
+        assert_eq!(c.bulk_requests, large, "router {r:?}: {c:?}");
     }
     // The routers' books: everything forwarded, nothing held, every buffer back.
-    let books = super::routing::assert_router_quiescent(&f, &[2, 3]);
+    let books = super::routing::assert_router_quiescent(&f, &[r1_nodes, r2_nodes].concat());
     assert_eq!(books.dropped(), 0, "{books:?}");
     assert!(books.forwarded >= 2 * 2 * sizes.len() as u64, "{books:?}");
     assert!(LNET_MTU as usize >= MIB);

@@ -33,7 +33,7 @@ pub(super) fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u6
 }
 
 /// The router split as the daemon runs it: one node per NI, each knowing both NIDs.
-fn split(c: NodeConfig) -> Vec<NodeConfig> {
+pub(super) fn split(c: NodeConfig) -> Vec<NodeConfig> {
     let nids: Vec<Nid> = c.nis.iter().map(|n| n.nid).collect();
     let share = c.routing.buffers.share(c.nis.len());
     let board = crate::alive::NetAlive::new(nids.len());
