@@ -5,45 +5,48 @@
 //! [`FwdKey`]) are in `crate::forward`; the lending rules of the large buffers in `bulk.rs`.
 //!
 //! A held message is a [`Fwd`] in the ingress runtime's slab, named by its [`FwdKey`]; where it
-//! stands is its [`FwdStage`]. In order:
+//! stands is its [`FwdStage`]. The stages, in order (Lustre's functions are in lib-move.c unless
+//! said otherwise):
 //!
-//! 1. **Admission** ([`LnetNode::forward_arrived`], verdict from `admit`). Lustre's lnet_parse,
-//!    finding the message not for this NI, refuses a destination on the net it came in on or
-//!    one of our own NIDs (-EPROTO, the connection closed) and an optimized GET, and
-//!    lnet_parse_forward_locked drops it while routing is off. We also refuse while shutting
-//!    down, a payload shorter than its header says or beyond LNET_MTU, and for a bulk PUT (whose
-//!    data we have not seen yet): no large buffers, no live route to its destination (looked
-//!    up now, before a buffer is lent, where Lustre waits until the data is in), an egress NI
-//!    without the router buffers registered, a sender refused for its strikes. A refused
-//!    message is counted in the books and its receive slot answered as [`RxAnswer`] says.
-//! 2. **Router credit** (`take_rtr_credit`): as lnet_post_routed_recv_locked, first a router
-//!    credit of the peer it came from (lpni_rtrcredits), so one upstream peer cannot take every
-//!    buffer; none left: [`FwdStage::WaitingCredit`] on the peer's `rtrq`.
+//! 1. **Admission** (`forward_arrived`, its verdict from `admit`). Lustre's lnet_parse, finding
+//!    the message not for the NI it came in on, refuses a destination on that net or one of our
+//!    own NIDs (-EPROTO, and the LND closes the connection) and an optimized GET; then
+//!    lnet_parse_forward_locked drops it while routing is off. We also refuse it while shutting
+//!    down, and a payload shorter than its header says or beyond LNET_MTU; a bulk PUT, whose
+//!    data we have not seen yet, also when there are no large buffers, when no live route
+//!    reaches its destination (looked up now, before a buffer is lent, where Lustre waits until
+//!    the data is in), when its egress NI has not registered the router buffers, and when its
+//!    sender is refused for its strikes. A refusal is counted in the books and the receive slot
+//!    answered as its [`RxAnswer`] says.
+//! 2. **Router credit** (`take_rtr_credit`): as in lnet_post_routed_recv_locked, first a router
+//!    credit of the peer it came from (lpni_rtrcredits), so that one upstream peer cannot take
+//!    every buffer; none left: [`FwdStage::WaitingCredit`] on that peer's queue.
 //! 3. **Buffer** (`take_router_buffer`): then a buffer of the pool its size needs
-//!    (lnet_msg2bufpool: tiny, small, large); none left: [`FwdStage::WaitingBuffer`] on the
+//!    (lnet_msg2bufpool: tiny, small or large); none left: [`FwdStage::WaitingBuffer`] on the
 //!    pool's queue. A bulk PUT of a sender not yet proven passes the lending gate first
 //!    (`admit_bulk`, [`FwdStage::WaitingUnproven`]). Until it has both, the message keeps its
-//!    LND receive slot, so its sender's LND credit does not come back: the back pressure
-//!    upstream (o2iblnd has no eager receive). With both: [`FwdStage::Ready`].
+//!    LND receive slot, so its sender's LND credit does not come back: that is the back
+//!    pressure upstream (o2iblnd has no eager receive). With both: [`FwdStage::Ready`].
 //! 4. **Commit** (`commit_forward`, from `process`): the slot goes back. An inline message has
-//!    its payload and goes straight to its egress; a bulk PUT is first written by its sender
-//!    into a large router buffer (`Lnd::accept_bulk`: PUT_ACK, RDMA, PUT_DONE: Lustre's
-//!    lnet_ni_recv into the router buffer's pages), [`FwdStage::Receiving`], and goes to its
-//!    egress once it is in (`forward_received`).
-//! 5. **Egress** (`egress`, one choice for the local commit, the bulk PUT once in, and a
-//!    sibling's handover): the route again under the hop rule (as Lustre's
-//!    lnet_complete_msg_locked sends a routed message on with lnet_send once it is received),
-//!    split horizon (never back to the peer it came from), and lnet_check_message_drop: on a
-//!    router a next hop the LND reported down is not sent to (one probe a second).
-//! 6. **Send** (`forward_out`): out of our NI like any message (peer and NI tx credits,
-//!    lnet_post_send_locked), from the router buffer for a bulk PUT, or as a
-//!    [`Handover::Forward`] to the sibling runtime whose NI is on the next hop's net:
+//!    its payload and goes on to its egress; a bulk PUT is first written by its sender into a
+//!    large router buffer (`Lnd::accept_bulk`: for o2ib PUT_ACK, RDMA, PUT_DONE; Lustre's
+//!    lnet_ni_recv into the router buffer's pages), [`FwdStage::Receiving`], and goes on once it
+//!    is in (`forward_received`).
+//! 5. **Egress** (`egress`, the one choice for the local commit, the bulk PUT once in and a
+//!    sibling's handover): the route, looked up again under the hop rule, as Lustre sends a
+//!    routed message on with lnet_send once it is received (lib-msg.c
+//!    lnet_complete_msg_locked); never back to the peer it came from (split horizon); and not
+//!    to a next hop the LND reported down, on a router (lnet_check_message_drop, one probe a
+//!    second).
+//! 6. **Send** (`forward_out`): out of our NI like any message, taking peer and NI tx credits
+//!    (lnet_post_send_locked), a bulk PUT from its router buffer as that NI registered it; or
+//!    to the sibling runtime with an NI on the next hop's net, as a [`Handover::Forward`].
 //!    [`FwdStage::Sending`].
-//! 7. **Completion and the books** (`forward_sent`, [`LnetNode::forward_done`]): the egress's
-//!    outcome comes back to the ingress (a [`Handover::Done`] from a sibling), which alone
-//!    counts it, so `received = forwarded + dropped + in flight` holds in one place; then, as
-//!    lnet_return_rx_credits_locked, the buffer and the router credit go back, each to the
-//!    oldest message waiting for one.
+//! 7. **Completion and the books** (`forward_sent`, `forward_done`): the egress's outcome
+//!    comes back to the ingress (from a sibling as a [`Handover::Done`]), which alone counts
+//!    it, so that `received = forwarded + dropped + in flight` holds in one place. Then, as
+//!    lnet_return_rx_credits_locked does, the buffer goes back to its pool and the router
+//!    credit to its sender, each to the oldest message waiting for one.
 
 use lnd::iface::BulkOp;
 use lnd::wire::kib::EPROTO;
@@ -144,6 +147,14 @@ pub(super) enum Arrival {
     Bulk(BulkOp),
 }
 
+/// The admission verdict against a message: why it is not forwarded, and how its receive slot
+/// is answered.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+struct Refusal {
+    why: FwdDrop,
+    answer: RxAnswer,
+}
+
 /// How the receive slot of a message refused at admission is answered.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum RxAnswer {
@@ -190,7 +201,7 @@ impl LnetNode {
         self.fwd.received += 1;
         let class = match self.admit(ni, from, &hdr, &arrival) {
             Ok(class) => class,
-            Err((why, answer)) => {
+            Err(Refusal { why, answer }) => {
                 let lnd = &mut self.nis[ni].lnd;
                 match answer {
                     RxAnswer::Done => lnd.recv_done(now, rx),
@@ -222,19 +233,20 @@ impl LnetNode {
         self.take_rtr_credit(key);
     }
 
-    /// The admission verdict: the pool the message needs, or why it is refused and how its
-    /// slot is answered. A refusal's errors are counted here.
+    /// The admission verdict: the pool the message needs, or its [`Refusal`]. The errors of a
+    /// refusal are counted here, the refusal itself by the caller.
     fn admit(
         &mut self,
         ni: usize,
         from: Nid,
         hdr: &LnetHdr,
         arrival: &Arrival,
-    ) -> Result<PoolClass, (FwdDrop, RxAnswer)> {
+    ) -> Result<PoolClass, Refusal> {
+        let refuse = |why, answer| Err(Refusal { why, answer });
         let dest = hdr.dest_nid;
         if let Arrival::Bulk(BulkOp::Get { .. }) = arrival {
             // An optimized GET is never routed (lnet_parse: "Bad optimized GET").
-            return Err((FwdDrop::Malformed, RxAnswer::Fail));
+            return refuse(FwdDrop::Malformed, RxAnswer::Fail);
         }
         if dest.net() == self.nis[ni].nid.net()
             || self.is_own(dest)
@@ -243,7 +255,7 @@ impl LnetNode {
         {
             // It should have gone directly: the sender is confused, and Lustre closes its
             // connection (-EPROTO).
-            return Err((FwdDrop::WrongNet, RxAnswer::Fail));
+            return refuse(FwdDrop::WrongNet, RxAnswer::Fail);
         }
         // From here an inline message is consumed and a bulk PUT refused with -EPROTO.
         let soft = match arrival {
@@ -251,10 +263,10 @@ impl LnetNode {
             Arrival::Bulk(_) => RxAnswer::Refuse(EPROTO),
         };
         if !self.routing {
-            return Err((FwdDrop::RoutingDisabled, soft));
+            return refuse(FwdDrop::RoutingDisabled, soft);
         }
         if self.shutting_down {
-            return Err((FwdDrop::Shutdown, soft));
+            return refuse(FwdDrop::Shutdown, soft);
         }
         let payload = match arrival {
             Arrival::Inline(payload) => payload,
@@ -262,18 +274,19 @@ impl LnetNode {
         };
         match PoolClass::for_len(hdr.payload_length as usize) {
             Some(class) if payload.len() >= hdr.payload_length as usize => Ok(class),
-            _ => Err((FwdDrop::Malformed, soft)),
+            _ => refuse(FwdDrop::Malformed, soft),
         }
     }
 
     /// The admission checks of a bulk PUT (a large buffer will be lent for it: refused before
     /// that if it could not be forwarded).
-    fn admit_bulk_put(
-        &mut self,
-        from: Nid,
-        hdr: &LnetHdr,
-    ) -> Result<PoolClass, (FwdDrop, RxAnswer)> {
-        let refuse = |why| Err((why, RxAnswer::Refuse(EPROTO)));
+    fn admit_bulk_put(&mut self, from: Nid, hdr: &LnetHdr) -> Result<PoolClass, Refusal> {
+        let refuse = |why| {
+            Err(Refusal {
+                why,
+                answer: RxAnswer::Refuse(EPROTO),
+            })
+        };
         if hdr.payload_length == 0
             || hdr.payload_length > LNET_MTU
             || !matches!(hdr.msg_type(), LnetMsgType::Put | LnetMsgType::Reply)
@@ -298,8 +311,10 @@ impl LnetNode {
                 _ => LnetError::NoRoute(hdr.dest_nid),
             };
             self.count_error(&e);
-            let answer = RxAnswer::Refuse(crate::control::errno::EHOSTUNREACH);
-            return Err((FwdDrop::of(&e), answer));
+            return Err(Refusal {
+                why: FwdDrop::of(&e),
+                answer: RxAnswer::Refuse(crate::control::errno::EHOSTUNREACH),
+            });
         }
         // An egress that cannot send from router buffers (an NI added at run time): the
         // sender's PUT fails now, rather than ending done while the router drops the data.
