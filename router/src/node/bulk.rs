@@ -835,7 +835,7 @@ impl LnetNode {
     /// The registrations of router buffers made by an NI no longer in `nids` are forgotten:
     /// its fabric is gone, and an NI added later, even under the same NID, has registered
     /// nothing until the daemon says it has (a new table), so bulk PUTs to forward through it
-    /// are refused before a buffer is lent ([`Node::egress_has_bulk`]).
+    /// are refused before a buffer is lent ([`LnetNode::egress_has_bulk`]).
     pub(super) fn forget_bulk_registrations(&mut self, nids: &[Nid]) {
         let gone = |n: &Nid| !nids.contains(n);
         let stale = self
