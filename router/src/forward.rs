@@ -1,21 +1,19 @@
-//! Forwarding's state: router buffer pools, the messages a router holds for others, their
-//! accounting, and what one NI runtime hands to another (reference sections 3.4 and 6.3;
-//! lib-move.c lnet_post_routed_recv_locked and lnet_return_rx_credits_locked).
+//! Forwarding's public types: router buffer pools, the books of the messages a router holds for
+//! others, a held message's key, and what one NI runtime hands to another (reference sections
+//! 3.4 and 6.3). The pipeline itself, stage by stage (admission, router credit, buffer, commit,
+//! egress, send, completion and the books), is `node/forwarding.rs`.
 //!
-//! A message for another node arrives on an ingress NI. It needs, in order, a router credit
-//! of the peer that sent it (so one upstream peer cannot take every buffer), then a buffer
-//! from the pool of its size. Until it has both it keeps its LND receive slot, so the sender's
-//! LND credit does not come back: that is the back pressure upstream. With both, the slot
-//! goes back and the message goes to the egress NI, in this node or, as a [`Handover`], in
-//! a sibling runtime on another thread (handed over by [`crate::relay`]). Its buffer and router credit come back when the
-//! egress is done with it, whatever the outcome; the ingress node is the one that counts
-//! the outcome, so `received = forwarded + dropped + in flight` holds in one place.
+//! In short: a message for another node keeps its LND receive slot until it has a router credit
+//! of the peer that sent it and a buffer of its size (the back pressure upstream); then it goes
+//! to the egress NI, in this node or, as a [`Handover`], in a sibling runtime on another thread
+//! (handed over by [`crate::relay`]). Its buffer and router credit come back when the egress is
+//! done with it, whatever the outcome; the ingress node is the one that counts the outcome, so
+//! `received = forwarded + dropped + in flight` holds in one place.
 
 use std::collections::VecDeque;
 use std::fmt;
 
-use lnd::handle::Tag;
-use lnd::iface::RxToken;
+use lnd::handle::{Handle, Tag};
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::{LnetHdr, Net, Nid};
 
@@ -87,7 +85,7 @@ pub(crate) struct Pool {
     pub credits: i64,
     pub min_credits: i64,
     /// Messages holding a router credit, waiting for a buffer of this pool (rbp_msgs).
-    pub waiting: VecDeque<u64>,
+    pub waiting: VecDeque<FwdKey>,
 }
 
 impl Pool {
@@ -144,27 +142,12 @@ impl Tag for FwdTag {
     const NAME: &'static str = "forward";
 }
 
-/// A message this node holds for another, from its arrival until its egress is done.
-#[derive(Debug)]
-pub(crate) struct Fwd {
-    /// The peer NI it came from, and our NI it came in on.
-    pub from: Nid,
-    pub ni: usize,
-    pub hdr: LnetHdr,
-    /// Moved to the egress when it is committed.
-    pub payload: Vec<u8>,
-    /// The LND slot it arrived in, until a buffer is taken.
-    pub rx: Option<RxToken>,
-    pub class: PoolClass,
-    pub rtr_credit: bool,
-    pub buffer: bool,
-    /// A bulk message (its sender's PUT_REQ): `Some` with the large router buffer in registered
-    /// memory it is written into, once it has one.
-    pub bulk: Option<Option<usize>>,
-    /// A bulk PUT admitted under the unproven share (its sender had not yet brought a bulk
-    /// PUT in whole): it counts in that share until it is done.
-    pub unproven: bool,
-}
+/// Names a message a router holds for another node, from its arrival until its egress is done:
+/// the handle of its slot in the ingress runtime's table of held messages (a slab index and a
+/// generation, so a late [`Handover::Done`] for a message gone since finds nothing). Opaque
+/// outside the node; the relay between NI runtimes only carries it back to its `origin`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FwdKey(pub(crate) Handle<FwdTag>);
 
 /// A router's large buffers in registered memory, shared by the node's NI runtimes: buffer `k`
 /// as each NI's fabric registered it. A bulk PUT to forward is written into buffer `k` by its
@@ -222,7 +205,7 @@ pub enum Handover {
         origin: Nid,
         /// The peer it came from (never sent back there: see [`FwdDrop::Loop`]).
         from: Nid,
-        key: u64,
+        key: FwdKey,
         hdr: LnetHdr,
         payload: Vec<u8>,
         /// A bulk message: the router buffer (see [`BulkBuffers`]) that holds its payload.
@@ -231,7 +214,7 @@ pub enum Handover {
     /// The egress is done with forwarded message `key` of the runtime whose NID is `origin`.
     Done {
         origin: Nid,
-        key: u64,
+        key: FwdKey,
         result: Result<(), LnetError>,
     },
     /// A message of this node for one of its own NIDs that another runtime runs

@@ -18,7 +18,7 @@ use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    BulkBuffers, ForwardStats, Fwd, FwdDrop, FwdTag, Handover, PoolClass, PoolInfo, Pools,
+    BulkBuffers, ForwardStats, FwdDrop, FwdKey, FwdTag, Handover, PoolClass, PoolInfo, Pools,
     RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
@@ -30,17 +30,17 @@ use crate::stats::{LnetStats, NiInfo, PeerInfo, PeerState};
 
 mod bulk;
 mod bulk_state;
+mod forwarding;
+mod fwd_state;
 mod pings;
 mod recovery;
 mod timers;
 use crate::health::{HealthCfg, Recovery};
 use bulk_state::Mds;
 pub use bulk_state::{BulkBuf, SCRUB_BUDGET};
+use fwd_state::{Arrival, Fwd};
 use pings::{PendingPing, PingKind, Pings};
 use timers::{NodeTimer, TimerTable};
-
-/// While a next hop is down, how often a forwarded message still goes to it (lnet_queryinterval).
-const DOWN_PEER_PROBE: Duration = Duration::from_secs(1);
 
 /// Messages waiting for credits to one peer beyond which a REPLY or ACK to it is not queued
 /// (`LnetError::Backlog`). Far above what a well-behaved peer leaves queued (its own window of
@@ -148,7 +148,7 @@ enum Purpose {
     /// A peer's GET being answered from a posted source: report [`LnetEvent::BulkGetServed`].
     ServeGet(MdId),
     /// A bulk PUT for another node being written into a router buffer: forward it once in.
-    ForwardIn(u64),
+    ForwardIn(FwdKey),
     /// A ping's GET: a failure fails the ping.
     PingGet(PingId),
     /// A REPLY or ACK we answer with: nobody waits.
@@ -156,7 +156,7 @@ enum Purpose {
     /// A message forwarded for another node: held as `key` by the runtime whose NI is
     /// `origin` (this node, or a sibling runtime that handed it over); `leg` is the routes it
     /// may take if it has to move to another gateway.
-    Forward { origin: Nid, key: u64, leg: Leg },
+    Forward { origin: Nid, key: FwdKey, leg: Leg },
     /// The router pinger's GET to a gateway: its failure marks the gateway dead.
     GatewayPing(PingId),
 }
@@ -376,7 +376,7 @@ pub struct LnetNode {
     /// Messages held for other nodes, by key.
     fwds: HandleSlab<Fwd, FwdTag>,
     /// Held messages that have their router credit and buffer: committed in `process`.
-    fwd_ready: VecDeque<u64>,
+    fwd_ready: VecDeque<FwdKey>,
     fwd: ForwardStats,
     /// Work for sibling runtimes (forwards to send, forwards to release).
     handovers: VecDeque<Handover>,
@@ -1479,7 +1479,7 @@ impl LnetNode {
                     result: result.map(|()| len),
                 });
             }
-            Purpose::ForwardIn(key) => self.bulk_forward_in(key, result),
+            Purpose::ForwardIn(key) => self.forward_received(key, result),
             Purpose::GetRouted(cookie) => {
                 if let Err(e) = result {
                     self.end_bulk_get(cookie, Err(e), true);
@@ -1511,17 +1511,7 @@ impl LnetNode {
                 }
             }
             Purpose::Response => {}
-            Purpose::Forward { origin, key, .. } => {
-                if self.nis.iter().any(|n| n.nid == origin) {
-                    self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
-                } else {
-                    self.handovers.push_back(Handover::Done {
-                        origin,
-                        key,
-                        result,
-                    });
-                }
-            }
+            Purpose::Forward { origin, key, .. } => self.forward_sent(origin, key, result),
         }
     }
 
@@ -1706,27 +1696,13 @@ impl LnetNode {
             } => {
                 // The contract: hand every received message back exactly once. A message for
                 // us goes back at once; one for another node when it has a router buffer
-                // (`forward_recv`).
-                let mut unhealthy = self.nis[ni].health.value < MAX_HEALTH;
-                if let Some(p) = self.peer_entry(from, ni) {
-                    p.recv_count += 1;
-                    p.last_heard = Some(now);
-                    unhealthy |= p.health.value < MAX_HEALTH;
-                }
-                if unhealthy {
-                    self.heard_from(ni, from);
-                }
-                // The net is alive (lnet_parse refreshes net_last_alive).
-                self.net_alive.heard(self.alive_slot[ni], now);
-                if hdr.src_nid != from && self.gateways.is_gateway(from) {
-                    // Passive revival: a gateway forwarding to us is alive (lnet_parse).
-                    self.gateways.notify(now, from, true);
-                }
+                // (`forwarding`).
+                self.note_arrival(ni, from, &hdr);
                 if hdr.dest_nid == self.nis[ni].nid {
                     self.nis[ni].lnd.recv_done(now, rx);
                     self.parse(Some(ni), from, hdr, payload);
                 } else {
-                    self.forward_recv(ni, from, hdr, payload, rx);
+                    self.forward_arrived(ni, from, hdr, Arrival::Inline(payload), rx);
                 }
             }
             LndEvent::SendDone {
@@ -1764,6 +1740,26 @@ impl LnetNode {
                     reason,
                 });
             }
+        }
+    }
+
+    /// What every message from a peer tells us, whatever it carries and whoever it is for
+    /// (lnet_parse): the peer NI heard from (its health's recovery may end), our net alive
+    /// (net_last_alive), and a gateway that forwards to us alive (passive revival).
+    pub(super) fn note_arrival(&mut self, ni: usize, from: Nid, hdr: &LnetHdr) {
+        let now = self.now;
+        let mut unhealthy = self.nis[ni].health.value < MAX_HEALTH;
+        if let Some(p) = self.peer_entry(from, ni) {
+            p.recv_count += 1;
+            p.last_heard = Some(now);
+            unhealthy |= p.health.value < MAX_HEALTH;
+        }
+        if unhealthy {
+            self.heard_from(ni, from);
+        }
+        self.net_alive.heard(self.alive_slot[ni], now);
+        if hdr.src_nid != from && self.gateways.is_gateway(from) {
+            self.gateways.notify(now, from, true);
         }
     }
 
@@ -1841,7 +1837,7 @@ impl LnetNode {
         };
         let announced = hdr.payload_length as usize;
         let verdict = if !for_me {
-            // `on_lnd_event` sends everything else to `forward_recv`.
+            // `on_lnd_event` sends everything else to `forward_arrived`.
             Err("not addressed to us")
         } else if payload.len() < announced {
             Err("payload shorter than its header says")
@@ -2277,354 +2273,7 @@ impl LnetNode {
         }
     }
 
-    // ------------------------------------------------------------------ forwarding
-
-    /// A message for another node arrived on NI `ni` from `from` (lnet_parse with `for_me`
-    /// false, then lnet_post_routed_recv_locked). It keeps its LND slot until it has a router
-    /// credit of its sender and a buffer.
-    fn forward_recv(
-        &mut self,
-        ni: usize,
-        from: Nid,
-        hdr: LnetHdr,
-        mut payload: Vec<u8>,
-        rx: RxToken,
-    ) {
-        let now = self.now;
-        self.fwd.received += 1;
-        let dest = hdr.dest_nid;
-        let announced = hdr.payload_length as usize;
-        let class = PoolClass::for_len(announced);
-        let why = if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) {
-            // It should have gone directly: the sender is confused, and Lustre closes its
-            // connection (-EPROTO).
-            Some(FwdDrop::WrongNet)
-        } else if dest.net() == Net::LO || dest.is_any() {
-            Some(FwdDrop::WrongNet)
-        } else if !self.routing {
-            Some(FwdDrop::RoutingDisabled)
-        } else if self.shutting_down {
-            Some(FwdDrop::Shutdown)
-        } else if payload.len() < announced || class.is_none() {
-            Some(FwdDrop::Malformed)
-        } else {
-            None
-        };
-        let (Some(class), None) = (class, why) else {
-            let why = why.unwrap_or(FwdDrop::Malformed);
-            if why == FwdDrop::WrongNet {
-                self.nis[ni].lnd.recv_failed(now, rx);
-            } else {
-                self.nis[ni].lnd.recv_done(now, rx);
-            }
-            debug!(%from, %dest, %why, "not forwarding a message");
-            self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
-            return;
-        };
-        payload.truncate(announced);
-        let key = self
-            .fwds
-            .insert(Fwd {
-                from,
-                ni,
-                hdr,
-                payload,
-                rx: Some(rx),
-                class,
-                rtr_credit: false,
-                buffer: false,
-                bulk: None,
-                unproven: false,
-            })
-            .as_u64();
-        self.fwd.in_flight += 1;
-        self.take_rtr_credit(key);
-    }
-
-    /// The sender's router credit (lpni_rtrcredits); negative: wait on its queue.
-    fn take_rtr_credit(&mut self, key: u64) {
-        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
-            return;
-        };
-        if let Some(p) = self.peers.get_mut(&f.from) {
-            f.rtr_credit = true;
-            p.rtr_credits -= 1;
-            p.min_rtr_credits = p.min_rtr_credits.min(p.rtr_credits);
-            if p.rtr_credits < 0 {
-                p.rtrq.push_back(key);
-                self.fwd.waited_rtr_credit += 1;
-                return;
-            }
-        }
-        // (A sender the peer table had no room for is limited by the pools alone.)
-        self.take_router_buffer(key);
-    }
-
-    /// A buffer of the message's pool (rbp_credits); negative: wait on the pool. A bulk PUT
-    /// of a sender not yet proven passes the unproven share's gate first.
-    fn take_router_buffer(&mut self, key: u64) {
-        if !self.admit_bulk(key) {
-            return;
-        }
-        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
-            return;
-        };
-        f.buffer = true;
-        let pool = self.pools.get_mut(f.class);
-        pool.credits -= 1;
-        pool.min_credits = pool.min_credits.min(pool.credits);
-        if pool.credits < 0 {
-            pool.waiting.push_back(key);
-            self.fwd.waited_buffer += 1;
-            return;
-        }
-        self.fwd_ready.push_back(key);
-    }
-
-    /// The message has its credit and buffer: its LND slot goes back (the sender's credit
-    /// with it), and it leaves through the egress NI, here or in a sibling runtime.
-    fn commit_forward(&mut self, key: u64) {
-        let now = self.now;
-        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
-            return;
-        };
-        if f.bulk.is_some() {
-            return self.commit_bulk_forward(key);
-        }
-        let ni = f.ni;
-        let from = f.from;
-        let rx = f.rx.take();
-        let hdr = f.hdr;
-        let payload = std::mem::take(&mut f.payload);
-        if let Some(rx) = rx {
-            self.nis[ni].lnd.recv_done(now, rx);
-        }
-        let origin = self.nis[ni].nid;
-        let leg = Leg::of(hdr.src_nid, from);
-        match self.route_leg(hdr.dest_nid, leg) {
-            Ok(Route::Remote { next, .. }) if next == from => {
-                self.count_error(&LnetError::Loop(from));
-                self.forward_done(key, Err(FwdDrop::Loop));
-            }
-            Ok(Route::Remote { ni, next }) if self.drops_for_down_peer(next, ni) => {
-                self.forward_done(key, Err(FwdDrop::PeerDown));
-            }
-            Ok(r @ Route::Remote { .. }) => {
-                self.launch(r, hdr, payload, Purpose::Forward { origin, key, leg });
-            }
-            Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
-                via,
-                origin,
-                from,
-                key,
-                hdr,
-                payload,
-                bulk: None,
-            }),
-            Ok(Route::Local(_) | Route::SiblingNi) => {
-                self.count_error(&LnetError::NoRoute(hdr.dest_nid));
-                self.forward_done(key, Err(FwdDrop::NoRoute));
-            }
-            Err(e) => {
-                self.count_error(&e);
-                self.forward_done(key, Err(FwdDrop::of(&e)));
-            }
-        }
-    }
-
-    /// lnet_check_message_drop: on a router that tracks peer aliveness (routing on and the
-    /// NI's peer_timeout > 0), a message for another node whose next hop is a peer NI the LND
-    /// reported down is dropped at once, instead of holding a router buffer until the LND gives
-    /// up on it: a dead server behind a router must not take the buffers that traffic to live
-    /// ones needs. One message per `DOWN_PEER_PROBE` still goes to it, so that the LND tries the
-    /// peer again and reports it up when it is back (Lustre asks the LND about a dead peer at
-    /// most once a second, lnet_queryinterval).
-    fn drops_for_down_peer(&mut self, next: Nid, ni: usize) -> bool {
-        let now = self.now;
-        if !self.routing || self.nis.get(ni).is_none_or(|n| n.peer_timeout.is_zero()) {
-            return false;
-        }
-        let Some(p) = self.peers.get_mut(&next) else {
-            return false;
-        };
-        if p.state != PeerState::Down {
-            return false;
-        }
-        if p.down_probe
-            .is_none_or(|t| now >= t.saturating_add(DOWN_PEER_PROBE))
-        {
-            p.down_probe = Some(now);
-            return false;
-        }
-        true
-    }
-
-    /// The egress is done with held message `key`: count the outcome, and give back its
-    /// buffer and router credit, each to the oldest message waiting for one
-    /// (lnet_return_rx_credits_locked).
-    fn forward_done(&mut self, key: u64, result: Result<(), FwdDrop>) {
-        let now = self.now;
-        let Some(f) = self.fwds.remove(Handle::from_u64(key)) else {
-            debug!(key, "completion for an unknown forwarded message");
-            return;
-        };
-        self.fwd.in_flight = self.fwd.in_flight.saturating_sub(1);
-        let len = u64::from(f.hdr.payload_length);
-        match result {
-            Ok(()) => {
-                self.fwd.forwarded += 1;
-                self.fwd.forwarded_bytes += len;
-                self.stats.route_count += 1;
-                self.stats.route_length += len;
-            }
-            Err(why) => self.count_forward_drop(f.ni, f.from, len, why),
-        }
-        if let Some(rx) = f.rx {
-            if f.bulk.is_some() {
-                // A bulk PUT never taken in: its sender's PUT fails (PUT_NAK 0 would tell its
-                // LNet the PUT was done).
-                self.nis[f.ni]
-                    .lnd
-                    .refuse_bulk(now, rx, lnd::wire::errno::EPROTO);
-            } else {
-                self.nis[f.ni].lnd.recv_done(now, rx);
-            }
-        }
-        if f.unproven {
-            self.release_unproven(f.from);
-        }
-        // A large buffer that must be scrubbed goes back to the pool, with its credit, only
-        // once it is (`scrub_bulk`): a credit is a clean buffer free.
-        let mut credit_back = f.buffer;
-        if let Some(Some(k)) = f.bulk {
-            if self.scrubs(f.ni) {
-                // Its memory as the table names it now (a later table may no longer).
-                let mem = self.bulk_bufs.mem.get(k).cloned().flatten();
-                self.lending.dirty.push_back((k, f.hdr.payload_length, mem));
-                credit_back = false;
-            } else {
-                self.bulk_free.push(k);
-            }
-        }
-        if credit_back {
-            self.return_pool_credit(f.class);
-        }
-        if f.rtr_credit {
-            if let Some(p) = self.peers.get_mut(&f.from) {
-                p.rtr_credits += 1;
-                if p.rtr_credits <= 0 {
-                    if let Some(next) = p.rtrq.pop_front() {
-                        self.take_router_buffer(next);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A buffer of pool `class` is free again: the oldest message waiting for one takes it.
-    fn return_pool_credit(&mut self, class: PoolClass) {
-        let pool = self.pools.get_mut(class);
-        pool.credits += 1;
-        if pool.credits <= 0 {
-            if let Some(next) = pool.waiting.pop_front() {
-                self.fwd_ready.push_back(next);
-            }
-        }
-    }
-
-    fn count_forward_drop(&mut self, ni: usize, from: Nid, len: u64, why: FwdDrop) {
-        self.fwd.count_drop(why);
-        self.stats.drop_count += 1;
-        self.stats.drop_length += len;
-        self.nis[ni].drop_count += 1;
-        if let Some(p) = self.peers.get_mut(&from) {
-            p.drop_count += 1;
-        }
-    }
-
-    /// Drops every held message still waiting for a router credit or a buffer (routing
-    /// turned off, shutdown): they never got a buffer, so nothing waits behind them.
-    fn drop_waiting_forwards(&mut self, why: FwdDrop) {
-        let mut waiting = Vec::new();
-        for p in self.peers.values_mut() {
-            while let Some(k) = p.rtrq.pop_front() {
-                // Its credit was counted while it waited: undo that here.
-                p.rtr_credits += 1;
-                waiting.push((k, false));
-            }
-        }
-        for class in PoolClass::ALL {
-            let pool = self.pools.get_mut(class);
-            while let Some(k) = pool.waiting.pop_front() {
-                pool.credits += 1;
-                waiting.push((k, true));
-            }
-        }
-        // Bulk PUTs waiting for room in the unproven share hold their router credit only.
-        let unproven: Vec<u64> = self.lending.unproven_wait.drain(..).collect();
-        for k in unproven {
-            self.forward_done(k, Err(why));
-        }
-        for (k, had_rtr_credit) in waiting {
-            if let Some(f) = self.fwds.get_mut(Handle::from_u64(k)) {
-                if had_rtr_credit {
-                    f.buffer = false;
-                } else {
-                    f.rtr_credit = false;
-                }
-            }
-            self.forward_done(k, Err(why));
-        }
-    }
-
     // ------------------------------------------------------------------ routing, upper layer
-
-    /// Turns forwarding on or off (`lnetctl set routing 1|0`). Off: messages waiting for a
-    /// credit or a buffer are dropped, those already with an egress finish; our ping replies
-    /// say RTE_DISABLED from now on.
-    pub fn set_routing(&mut self, now: Instant, on: bool) {
-        self.advance(now);
-        if self.routing == on {
-            return;
-        }
-        self.routing = on;
-        if !on {
-            self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
-        }
-        self.process(now);
-    }
-
-    /// Resizes the router buffer pools (`lnetctl set tiny_buffers|small_buffers|
-    /// large_buffers`): growing admits waiting messages at once; shrinking takes effect as
-    /// buffers come back.
-    pub fn set_buffers(&mut self, now: Instant, class: PoolClass, mut nbuffers: u32) {
-        self.advance(now);
-        if class == PoolClass::Large
-            && !self.bulk_bufs.bufs.is_empty()
-            && nbuffers > self.bulk_owned
-        {
-            // Large buffers are registered memory: the pool lends no more than this runtime
-            // owns; the daemon registers more for a larger share and says so again
-            // (`set_bulk_buffers`).
-            debug!(
-                asked = nbuffers,
-                registered = self.bulk_owned,
-                "large_buffers capped at the router buffers this runtime owns"
-            );
-            nbuffers = self.bulk_owned;
-        }
-        let pool = self.pools.get_mut(class);
-        pool.resize(nbuffers);
-        // Each waiter already counted its credit: as many as the pool is no longer short of
-        // may go (a pool at -3 with 5 waiting admits 2).
-        while pool.waiting.len() as i64 > (-pool.credits).max(0) {
-            let Some(k) = pool.waiting.pop_front() else {
-                break;
-            };
-            self.fwd_ready.push_back(k);
-        }
-        self.process(now);
-    }
 
     /// Replaces the route table (`lnetctl route add|del`); the gateways follow it.
     pub fn set_routes(&mut self, now: Instant, routes: RouteTable) {
@@ -2638,8 +2287,8 @@ impl LnetNode {
         self.routes = routes;
     }
 
-    /// A message from a sibling runtime: a forward to send out of this NI, or the end of one
-    /// of ours that a sibling sent.
+    /// A message from a sibling runtime: a forward to send out of this NI, the end of one of
+    /// ours that a sibling sent (both `forwarding`), or a message for our NI.
     pub fn handle_handover(&mut self, now: Instant, h: Handover) {
         self.advance(now);
         match h {
@@ -2651,57 +2300,7 @@ impl LnetNode {
                 payload,
                 bulk,
                 ..
-            } => match self.route_leg(hdr.dest_nid, Leg::of(hdr.src_nid, from)) {
-                Ok(Route::Remote { ni, next })
-                    if bulk.is_some()
-                        && !self.shutting_down
-                        && next != from
-                        && !self.drops_for_down_peer(next, ni) =>
-                {
-                    let leg = Leg::of(hdr.src_nid, from);
-                    let purpose = Purpose::Forward { origin, key, leg };
-                    let len = hdr.payload_length;
-                    match bulk.and_then(|k| self.bulk_mem(k, ni, len)) {
-                        Some(buf) => {
-                            let src = BulkSend::Put(buf);
-                            self.launch_bulk(ni, next, hdr, src, purpose);
-                        }
-                        None => self.handovers.push_back(Handover::Done {
-                            origin,
-                            key,
-                            result: Err(LnetError::BulkUnsupported(
-                                "a router buffer not registered on the egress NI",
-                            )),
-                        }),
-                    }
-                }
-                Ok(r @ Route::Remote { ni, next })
-                    if !self.shutting_down
-                        && next != from
-                        && !self.drops_for_down_peer(next, ni) =>
-                {
-                    let leg = Leg::of(hdr.src_nid, from);
-                    self.launch(r, hdr, payload, Purpose::Forward { origin, key, leg });
-                }
-                route => {
-                    let result = Err(if self.shutting_down {
-                        LnetError::Shutdown
-                    } else if matches!(route, Ok(Route::Remote { next, .. }) if next == from) {
-                        LnetError::Loop(from)
-                    } else if let Ok(Route::Remote { next, .. }) = route {
-                        LnetError::PeerDown(next)
-                    } else if let Err(e @ LnetError::HopLimit(_)) = route {
-                        e
-                    } else {
-                        LnetError::NoRoute(hdr.dest_nid)
-                    });
-                    self.handovers.push_back(Handover::Done {
-                        origin,
-                        key,
-                        result,
-                    });
-                }
-            },
+            } => self.forward_handed(origin, from, key, hdr, payload, bulk),
             Handover::Done { key, result, .. } => {
                 self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
             }
@@ -2718,39 +2317,6 @@ impl LnetNode {
         self.process(now);
     }
 
-    /// This runtime is going away before its shutdown finished (an NI removed at run time
-    /// whose peers did not take everything within the bound): every message it is still
-    /// sending for a sibling runtime is failed back to that runtime (`Handover::Done` with
-    /// `Shutdown`), so that the sibling's router buffer and its sender's credits come back.
-    /// The messages are forgotten here; their credits go with this runtime.
-    pub fn abandon_forwards(&mut self) {
-        let ours: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
-        let owed: Vec<(u64, Nid, u64)> = self
-            .msgs
-            .iter()
-            .filter_map(|(cookie, m)| match m.purpose {
-                Purpose::Forward { origin, key, .. } if !ours.contains(&origin) => {
-                    Some((cookie, origin, key))
-                }
-                _ => None,
-            })
-            .collect();
-        for (cookie, origin, key) in owed {
-            self.msgs.remove(&cookie);
-            self.free_msg();
-            self.handovers.push_back(Handover::Done {
-                origin,
-                key,
-                result: Err(LnetError::Shutdown),
-            });
-        }
-    }
-
-    /// The next message for a sibling runtime ([`Handover::target`] says which).
-    pub fn poll_handover(&mut self) -> Option<Handover> {
-        self.handovers.pop_front()
-    }
-
     /// How the gateways of the routes are watched (`routing:`'s module parameters).
     pub fn gateway_health(&self) -> crate::GatewayHealthConfig {
         self.gateways.config()
@@ -2760,11 +2326,6 @@ impl LnetNode {
     pub fn set_gateway_health(&mut self, now: Instant, cfg: crate::GatewayHealthConfig) {
         self.advance(now);
         self.gateways.set_config(cfg, now);
-    }
-
-    /// Forwarding on or off.
-    pub fn routing_enabled(&self) -> bool {
-        self.routing
     }
 
     /// The route table.
@@ -2783,27 +2344,6 @@ impl LnetNode {
     /// The gateways this runtime watches.
     pub fn gateways(&self) -> Vec<GatewayInfo> {
         self.gateways.info()
-    }
-
-    /// `routing show`: forwarding, the pools, the books.
-    pub fn routing_info(&self) -> RoutingInfo {
-        RoutingInfo {
-            enabled: self.routing,
-            pools: PoolClass::ALL
-                .iter()
-                .map(|&c| {
-                    let p = &self.pools.0[c.index()];
-                    PoolInfo {
-                        class: c,
-                        npages: c.npages(),
-                        nbuffers: p.nbuffers,
-                        credits: p.credits,
-                        min_credits: p.min_credits,
-                    }
-                })
-                .collect(),
-            stats: self.fwd.clone(),
-        }
     }
 }
 

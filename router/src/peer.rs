@@ -39,7 +39,7 @@ pub(crate) struct PeerNi {
     pub rtr_credits: i64,
     pub min_rtr_credits: i64,
     /// Its messages for other nodes waiting for a router credit (keys of held messages).
-    pub rtrq: VecDeque<u64>,
+    pub rtrq: VecDeque<crate::forward::FwdKey>,
     /// While it is down: when a forwarded message last went to it anyway, to let the LND try
     /// it again (see `LnetNode::drops_for_down_peer`).
     pub down_probe: Option<Instant>,

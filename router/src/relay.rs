@@ -283,7 +283,7 @@ mod tests {
             via: net(via),
             origin: nid(origin),
             from: nid("10.0.0.9@o2ib"),
-            key,
+            key: fkey(key),
             hdr: LnetHdr::put(nid("10.0.0.9@o2ib"), nid(C), 1, 4, key),
             payload: vec![key as u8],
             bulk: None,
@@ -293,14 +293,19 @@ mod tests {
     fn done(origin: &str, key: u64) -> Handover {
         Handover::Done {
             origin: nid(origin),
-            key,
+            key: fkey(key),
             result: Ok(()),
         }
     }
 
+    /// A held message's key made from a number, for tests only.
+    fn fkey(k: u64) -> crate::forward::FwdKey {
+        crate::forward::FwdKey(lnd::handle::Handle::from_u64(k))
+    }
+
     fn key(h: &Handover) -> u64 {
         match h {
-            Handover::Forward { key, .. } | Handover::Done { key, .. } => *key,
+            Handover::Forward { key, .. } | Handover::Done { key, .. } => key.0.as_u64(),
             Handover::Local { .. } => u64::MAX,
         }
     }
@@ -441,7 +446,7 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert!(matches!(
             &back[0],
-            Handover::Done { origin, key: 7, result: Err(LnetError::Shutdown) } if *origin == nid(A)
+            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(7)
         ));
         assert_eq!(r.waiting(), 0);
         assert!(q.got.iter().all(Vec::is_empty));
@@ -457,7 +462,7 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert!(matches!(
             &back[0],
-            Handover::Done { origin, key: 3, result: Err(LnetError::Shutdown) } if *origin == nid(A)
+            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(3)
         ));
         assert_eq!(r.waiting(), 0);
         assert_eq!(q.wakes, vec![0, 0]);
@@ -481,7 +486,7 @@ mod tests {
         assert_eq!(q.keys(1), vec![1, 3]);
         assert_eq!(q.wakes, vec![0, 1]);
         assert_eq!(back.len(), 1);
-        assert!(matches!(&back[0], Handover::Done { key: 2, .. }));
+        assert!(matches!(&back[0], Handover::Done { key, .. } if *key == fkey(2)));
         // A full leaving link keeps its Done for the next relay.
         q.cap[1] = 0;
         let back = relay_all(&mut r, &mut q, vec![done(B, 4)]);

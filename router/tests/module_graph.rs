@@ -54,12 +54,16 @@ const LAYERS: &[(&str, Layer)] = &[
     ("node", Layer::Core),
     ("node::bulk", Layer::Core),
     ("node::bulk_state", Layer::Core),
+    ("node::fwd_state", Layer::Core),
     ("node::pings", Layer::Core),
     ("node::recovery", Layer::Core),
     ("node::timers", Layer::Core),
-    // The node forwards today (node.rs, node/bulk.rs) and forward.rs holds the types it forwards
-    // with; forwarding as its own stage (issue 33 item 2) goes into the Forwarding layer.
+    // The public types forwarding is counted and handed over with (the peer table's router
+    // credit queue holds their keys): core.
     ("forward", Layer::Core),
+    // The pipeline, stage by stage: above the core it runs on (the node's struct holds its
+    // state through `node::fwd_state`).
+    ("node::forwarding", Layer::Forwarding),
     // Which LND each NI runs (o2ib) and how a fabric driver reaches it: above the core.
     ("o2ib", Layer::Runtime),
     ("runtime", Layer::Runtime),

@@ -20,19 +20,16 @@
 //! A GET into registered memory goes only to a peer on a local net: Lustre never routes an
 //! optimized GET (a routed GET is IMMEDIATE and its REPLY would come back as a PUT).
 
-use crate::health::MAX_HEALTH;
 use std::sync::Arc;
 
 use lnd::iface::{BulkMem, BulkOp, BulkSend, TxError};
-use lnd::wire::LnetMsgType;
 
 use super::bulk_state::{Md, RoutedGet};
 use crate::config::BulkScrub;
 use crate::forward::BulkBuffers;
 use lnd::mem::SharedMem;
-use lnd::wire::errno::{EHOSTUNREACH, EPROTO};
-use lnd::wire::lnet::LNET_MTU;
 
+use super::fwd_state::{Arrival, FwdKind};
 use super::*;
 
 impl LnetNode {
@@ -468,22 +465,9 @@ impl LnetNode {
         rx: RxToken,
     ) {
         let now = self.now;
-        let mut unhealthy = self.nis[ni].health.value < MAX_HEALTH;
-        if let Some(p) = self.peer_entry(from, ni) {
-            p.recv_count += 1;
-            p.last_heard = Some(now);
-            unhealthy |= p.health.value < MAX_HEALTH;
-        }
-        if unhealthy {
-            self.heard_from(ni, from);
-        }
-        self.net_alive.heard(self.alive_slot[ni], now);
-        if hdr.src_nid != from && self.gateways.is_gateway(from) {
-            // Passive revival, as for any message a gateway forwards to us (lnet_parse).
-            self.gateways.notify(now, from, true);
-        }
+        self.note_arrival(ni, from, &hdr);
         if hdr.dest_nid != self.nis[ni].nid {
-            return self.forward_rdma_request(ni, from, hdr, op, rx);
+            return self.forward_arrived(ni, from, hdr, Arrival::Bulk(op), rx);
         }
         self.alloc_msg();
         let verdict = match (op, hdr.body) {
@@ -591,7 +575,14 @@ impl LnetNode {
     }
 
     /// Records an inbound transfer the LND reports on with the returned cookie.
-    fn inbound(&mut self, ni: usize, from: Nid, hdr: LnetHdr, len: u32, purpose: Purpose) -> u64 {
+    pub(super) fn inbound(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: LnetHdr,
+        len: u32,
+        purpose: Purpose,
+    ) -> u64 {
         self.msgs.insert(OutMsg {
             peer: from,
             ni,
@@ -606,118 +597,6 @@ impl LnetNode {
             born: self.now,
             rendezvous: false,
         })
-    }
-
-    /// A rendezvous request for another node. A GET_REQ must never be routed (lnet_parse:
-    /// "Bad optimized GET", -EPROTO, the connection closed); a PUT_REQ needs a large router
-    /// buffer in registered memory, which this router does not have yet: refused with -EPROTO,
-    /// so the sender's PUT fails (rather than PUT_NAK 0, which its LNet would take as done).
-    fn forward_rdma_request(
-        &mut self,
-        ni: usize,
-        from: Nid,
-        hdr: LnetHdr,
-        op: BulkOp,
-        rx: RxToken,
-    ) {
-        let now = self.now;
-        self.fwd.received += 1;
-        let dest = hdr.dest_nid;
-        let onward = self
-            .peek_route(dest, Leg::of(hdr.src_nid, from))
-            .map(|(r, _)| r);
-        let why = match op {
-            BulkOp::Get { .. } => {
-                self.nis[ni].lnd.recv_failed(now, rx);
-                FwdDrop::Malformed
-            }
-            BulkOp::Put if dest.net() == self.nis[ni].nid.net() || self.is_own(dest) => {
-                self.nis[ni].lnd.recv_failed(now, rx);
-                FwdDrop::WrongNet
-            }
-            BulkOp::Put if dest.net() == Net::LO || dest.is_any() => {
-                self.nis[ni].lnd.recv_failed(now, rx);
-                FwdDrop::WrongNet
-            }
-            BulkOp::Put if !self.routing => {
-                // Not PUT_NAK 0 (Lustre's lnet_drop_message): its sender would take the PUT
-                // for done.
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::RoutingDisabled
-            }
-            BulkOp::Put if self.shutting_down => {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::Shutdown
-            }
-            BulkOp::Put
-                if hdr.payload_length == 0
-                    || hdr.payload_length > LNET_MTU
-                    || !matches!(hdr.msg_type(), LnetMsgType::Put | LnetMsgType::Reply) =>
-            {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::Malformed
-            }
-            BulkOp::Put
-                if self.pools.get_mut(PoolClass::Large).nbuffers == 0
-                    || self.bulk_bufs.bufs.is_empty() =>
-            {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::NoBulkBuffer
-            }
-            // A destination no route reaches is refused before a router buffer is lent for it.
-            // Lustre looks the route up only once the data is in (lnet_parse_forward_locked
-            // takes the credit and buffer first): a peer could then hold every large buffer
-            // until its LND timeout with PUT_REQs to an unreachable net (the hostile-peer
-            // audit: 512 buffers pinned, other peers' bulk forwarding down to 10 RPCs in 5 s).
-            // The route is looked up again when the data is in, as before.
-            BulkOp::Put if !matches!(onward, Ok(Route::Remote { .. } | Route::Sibling(_))) => {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EHOSTUNREACH);
-                let e = match onward {
-                    Err(e @ LnetError::HopLimit(_)) => e,
-                    _ => LnetError::NoRoute(dest),
-                };
-                self.count_error(&e);
-                FwdDrop::of(&e)
-            }
-            // An egress that cannot send from router buffers (an NI added at run time): the
-            // sender's PUT fails now, rather than ending done while the router drops the data.
-            BulkOp::Put if !onward.as_ref().is_ok_and(|r| self.egress_has_bulk(r)) => {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::NoBulkBuffer
-            }
-            // A sender whose last bulk PUTs stalled or came in short is refused for a while
-            // (doubling per strike), before any buffer is lent: asking again right after a
-            // reclaim gets it nothing.
-            BulkOp::Put if self.bulk_refused(from) => {
-                self.nis[ni].lnd.refuse_bulk(now, rx, EPROTO);
-                FwdDrop::BulkRefused
-            }
-            BulkOp::Put => {
-                // Held like any message to forward: the sender's router credit, then a large
-                // buffer; its PUT_REQ's slot stays with it until then (the sender's LND credit
-                // does not come back: back pressure).
-                let key = self
-                    .fwds
-                    .insert(Fwd {
-                        from,
-                        ni,
-                        hdr,
-                        payload: Vec::new(),
-                        rx: Some(rx),
-                        class: PoolClass::Large,
-                        rtr_credit: false,
-                        buffer: false,
-                        bulk: Some(None),
-                        unproven: false,
-                    })
-                    .as_u64();
-                self.fwd.in_flight += 1;
-                self.take_rtr_credit(key);
-                return;
-            }
-        };
-        debug!(%from, %dest, %why, "not forwarding a rendezvous request");
-        self.count_forward_drop(ni, from, u64::from(hdr.payload_length), why);
     }
 
     /// Gives this runtime the node's large router buffers in registered memory (`table`, shared
@@ -807,7 +686,7 @@ impl LnetNode {
     /// The registrations of router buffers made by an NI no longer in `nids` are forgotten:
     /// its fabric is gone, and an NI added later, even under the same NID, has registered
     /// nothing until the daemon says it has (a new table), so bulk PUTs to forward through it
-    /// are refused before a buffer is lent ([`Node::egress_has_bulk`]).
+    /// are refused before a buffer is lent ([`LnetNode::egress_has_bulk`]).
     pub(super) fn forget_bulk_registrations(&mut self, nids: &[Nid]) {
         let gone = |n: &Nid| !nids.contains(n);
         let stale = self
@@ -864,109 +743,6 @@ impl LnetNode {
     pub(super) fn bulk_mem(&self, k: usize, ni: usize, len: u32) -> Option<BulkMem> {
         let shared = self.bulk_bufs.mem.get(k).cloned().flatten();
         Some(self.bulk_view(k, ni, len)?.mem(len, shared))
-    }
-
-    /// A bulk PUT to forward has its router credit and a large buffer: the sender writes it into
-    /// a free router buffer (PUT_ACK), and it is forwarded once it is in (lnet_ni_recv into the
-    /// router buffer's pages).
-    pub(super) fn commit_bulk_forward(&mut self, key: u64) {
-        let now = self.now;
-        let Some(f) = self.fwds.get_mut(Handle::from_u64(key)) else {
-            return;
-        };
-        let (ni, from, hdr) = (f.ni, f.from, f.hdr);
-        let Some(rx) = f.rx.take() else {
-            return;
-        };
-        let len = hdr.payload_length;
-        let buf = self
-            .bulk_free
-            .pop()
-            .map(|k| (k, self.bulk_mem(k, ni, len.max(1))));
-        let (k, buf) = match buf {
-            Some((k, Some(buf))) => (k, buf),
-            other => {
-                // The pool counts more buffers than this runtime registered (large_buffers set
-                // above what the daemon registered at start), or one is not on this NI.
-                if let Some((k, None)) = other {
-                    self.bulk_free.push(k);
-                }
-                self.fwds.get_mut(Handle::from_u64(key)).expect("live").rx = Some(rx);
-                return self.forward_done(key, Err(FwdDrop::NoBulkBuffer));
-            }
-        };
-        self.fwds.get_mut(Handle::from_u64(key)).expect("live").bulk = Some(Some(k));
-        self.alloc_msg();
-        let cookie = self.inbound(ni, from, hdr, len, Purpose::ForwardIn(key));
-        if len == 0 {
-            self.nis[ni].lnd.recv_done(now, rx);
-            self.finish_out(cookie, Ok(()));
-        } else {
-            self.nis[ni].lnd.accept_bulk(now, rx, buf, cookie);
-        }
-    }
-
-    /// A bulk PUT to forward is in router buffer memory (or failed to come in): send it on, from
-    /// the same memory, by the egress NI here or in a sibling runtime.
-    pub(super) fn bulk_forward_in(&mut self, key: u64, result: Result<(), LnetError>) {
-        let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
-            return;
-        };
-        let (ni, from, hdr) = (f.ni, f.from, f.hdr);
-        let Some(Some(k)) = f.bulk else {
-            return self.forward_done(key, Err(FwdDrop::SendFailed));
-        };
-        match &result {
-            Ok(()) => self.bulk_proven(from),
-            // The sender did not fill the buffer in time (its grant was reclaimed), or its
-            // PUT_DONE came with data missing: nothing to forward, and a strike.
-            Err(LnetError::Lnd(TxError::GrantExpired)) => {
-                self.bulk_strike(from, ni);
-                return self.forward_done(key, Err(FwdDrop::BulkStalled));
-            }
-            Err(LnetError::Lnd(TxError::Rdma(e))) if *e == -EPROTO => {
-                self.bulk_strike(from, ni);
-                return self.forward_done(key, Err(FwdDrop::BulkShort));
-            }
-            // The write or PUT_DONE did not come for another reason (the connection failed).
-            Err(_) => return self.forward_done(key, Err(FwdDrop::SendFailed)),
-        }
-        let origin = self.nis[ni].nid;
-        let len = hdr.payload_length;
-        let leg = Leg::of(hdr.src_nid, from);
-        match self.route_leg(hdr.dest_nid, leg) {
-            Ok(Route::Remote { next, .. }) if next == from => {
-                self.count_error(&LnetError::Loop(from));
-                self.forward_done(key, Err(FwdDrop::Loop));
-            }
-            Ok(Route::Remote { ni: e, next }) if self.drops_for_down_peer(next, e) => {
-                self.forward_done(key, Err(FwdDrop::PeerDown));
-            }
-            Ok(Route::Remote { ni: e, next }) => match self.bulk_mem(k, e, len) {
-                Some(buf) => {
-                    let purpose = Purpose::Forward { origin, key, leg };
-                    self.launch_bulk(e, next, hdr, BulkSend::Put(buf), purpose);
-                }
-                None => self.forward_done(key, Err(FwdDrop::NoBulkBuffer)),
-            },
-            Ok(Route::Sibling(via)) => self.handovers.push_back(Handover::Forward {
-                via,
-                origin,
-                from,
-                key,
-                hdr,
-                payload: Vec::new(),
-                bulk: Some(k),
-            }),
-            Ok(Route::Local(_) | Route::SiblingNi) => {
-                self.count_error(&LnetError::NoRoute(hdr.dest_nid));
-                self.forward_done(key, Err(FwdDrop::NoRoute));
-            }
-            Err(e) => {
-                self.count_error(&e);
-                self.forward_done(key, Err(FwdDrop::of(&e)));
-            }
-        }
     }
 
     /// The LND finished a transfer into our memory (`BulkDone`).
@@ -1103,16 +879,12 @@ impl LnetNode {
         let until = now.saturating_add(base * (1u64 << doublings));
         p.bulk_refused_until = Some(until);
         debug!(peer = %from, strikes = p.bulk_strikes, "bulk PUTs from this peer refused for a while");
-        let theirs: Vec<u64> = self
+        let theirs: Vec<FwdKey> = self
             .lending
             .unproven_wait
             .iter()
             .copied()
-            .filter(|&k| {
-                self.fwds
-                    .get(Handle::from_u64(k))
-                    .is_some_and(|f| f.from == from)
-            })
+            .filter(|&k| self.fwds.get(k.0).is_some_and(|f| f.from == from))
             .collect();
         self.lending.unproven_wait.retain(|k| !theirs.contains(k));
         for k in theirs {
@@ -1130,11 +902,11 @@ impl LnetNode {
     /// Whether held message `key` may go on to take a buffer of its pool: any message but a
     /// bulk PUT of a sender not yet proven; such a PUT only while its sender holds no other
     /// large buffer and the unproven share has room, else it waits (`waited_unproven`).
-    pub(super) fn admit_bulk(&mut self, key: u64) -> bool {
-        let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
+    pub(super) fn admit_bulk(&mut self, key: FwdKey) -> bool {
+        let Some(f) = self.fwds.get(key.0) else {
             return true;
         };
-        if f.bulk.is_none() || f.unproven {
+        if !matches!(f.kind, FwdKind::Bulk { unproven: false }) {
             return true;
         }
         let from = f.from;
@@ -1148,10 +920,7 @@ impl LnetNode {
             if let Some(p) = self.peers.get_mut(&from) {
                 p.bulk_held += 1;
             }
-            self.fwds
-                .get_mut(Handle::from_u64(key))
-                .expect("live")
-                .unproven = true;
+            self.fwds.get_mut(key.0).expect("live").kind = FwdKind::Bulk { unproven: true };
             return true;
         }
         self.lending.unproven_wait.push_back(key);
@@ -1175,7 +944,7 @@ impl LnetNode {
         let mut i = 0;
         while i < self.lending.unproven_wait.len() {
             let key = self.lending.unproven_wait[i];
-            let Some(f) = self.fwds.get(Handle::from_u64(key)) else {
+            let Some(f) = self.fwds.get(key.0) else {
                 self.lending.unproven_wait.remove(i);
                 continue;
             };

@@ -175,7 +175,7 @@ pub(crate) struct Lending {
     /// Large buffers held now by bulk PUTs admitted under the unproven share.
     pub(super) unproven_held: u32,
     /// Bulk PUTs of unproven senders waiting for room in that share (held messages' keys).
-    pub(super) unproven_wait: VecDeque<u64>,
+    pub(super) unproven_wait: VecDeque<crate::forward::FwdKey>,
 }
 
 impl Lending {
