@@ -18,8 +18,7 @@ use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    BulkBuffers, ForwardStats, FwdDrop, FwdKey, FwdTag, Handover, PoolClass, PoolInfo, Pools,
-    RoutingInfo,
+    ForwardStats, FwdDrop, FwdKey, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
 use crate::ids::{MdId, MsgId, NiIndex, PingId};
@@ -38,7 +37,7 @@ mod timers;
 use crate::health::{HealthCfg, Recovery};
 use bulk_state::Mds;
 pub use bulk_state::{BulkBuf, SCRUB_BUDGET};
-use fwd_state::{Arrival, Fwd};
+use fwd_state::{Arrival, Forwarder};
 use pings::{PendingPing, PingKind, Pings};
 use timers::{NodeTimer, TimerTable};
 
@@ -370,35 +369,15 @@ pub struct LnetNode {
     /// When each gateway was last chosen (round robin across equal routes).
     route_used: HashMap<Nid, u64>,
     route_seq: u64,
-    /// Forwarding on (`routing: enable`).
-    routing: bool,
-    pools: Pools,
-    /// Messages held for other nodes, by key.
-    fwds: HandleSlab<Fwd, FwdTag>,
-    /// Held messages that have their router credit and buffer: committed in `process`.
-    fwd_ready: VecDeque<FwdKey>,
-    fwd: ForwardStats,
-    /// Work for sibling runtimes (forwards to send, forwards to release).
-    handovers: VecDeque<Handover>,
+    /// The forwarder: routing on or off, the router buffer pools, the messages held for other
+    /// nodes, the books, and the work for sibling runtimes.
+    fwd: Forwarder,
     /// Posted memory descriptors over registered memory (see `bulk`).
     mds: Mds,
-    /// The node's large router buffers in registered memory (shared with sibling runtimes),
-    /// and which of them this runtime lends out and has free now.
-    bulk_bufs: std::sync::Arc<BulkBuffers>,
+    /// The node's large router buffers this runtime lends (see `node/bulk_state.rs`).
+    large: bulk_state::LargeBuffers,
     /// This runtime's fabric failed for good ([`LnetNode::fabric_lost`]).
     fabric_lost: bool,
-    bulk_free: Vec<usize>,
-    /// How many of them this runtime lends out (the most its large pool can have).
-    bulk_owned: u32,
-    /// How the large buffers are lent: scrubbing, and the share of peers not yet proven.
-    lending: bulk_state::Lending,
-    /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
-    bulk_mine: Vec<usize>,
-    /// Buffers no longer this runtime's that were lent when the daemon took them back: each is
-    /// released once it is free again ([`LnetNode::take_released_bulk`]).
-    bulk_leaving: Vec<usize>,
-    /// Buffers released and not yet reported to the daemon.
-    bulk_released: Vec<usize>,
     /// GETs into registered memory sent through a router, by their wire handle's object
     /// cookie: waiting for a REPLY by rendezvous, each until its deadline.
     bulk_gets: HashMap<u64, bulk_state::RoutedGet>,
@@ -510,21 +489,17 @@ impl LnetNode {
             gateways,
             route_used: HashMap::new(),
             route_seq: 0,
-            routing,
-            pools: Pools::new(cfg.routing.buffers),
-            fwds: HandleSlab::default(),
-            fwd_ready: VecDeque::new(),
-            fwd: ForwardStats::default(),
-            handovers: VecDeque::new(),
+            fwd: Forwarder {
+                on: routing,
+                pools: Pools::new(cfg.routing.buffers),
+                held: HandleSlab::default(),
+                ready: VecDeque::new(),
+                stats: ForwardStats::default(),
+                handovers: VecDeque::new(),
+            },
             mds: Mds::default(),
-            bulk_bufs: Default::default(),
+            large: bulk_state::LargeBuffers::new(cfg.routing.scrub),
             fabric_lost: false,
-            bulk_free: Vec::new(),
-            bulk_owned: 0,
-            lending: bulk_state::Lending::new(cfg.routing.scrub),
-            bulk_mine: Vec::new(),
-            bulk_leaving: Vec::new(),
-            bulk_released: Vec::new(),
             bulk_gets: HashMap::new(),
             timers: TimerTable::new(now),
             trim_mark: TRIM_FLOOR,
@@ -603,7 +578,7 @@ impl LnetNode {
             && self.nis.iter().all(|n| n.lnd.is_shut_down())
             && self.msgs.is_empty()
             && self.local.is_empty()
-            && self.fwds.is_empty()
+            && self.fwd.held.is_empty()
             && self.bulk_gets.is_empty()
     }
 
@@ -658,7 +633,7 @@ impl LnetNode {
                 progressed = true;
                 self.deliver_local(m);
             }
-            while let Some(key) = self.fwd_ready.pop_front() {
+            while let Some(key) = self.fwd.ready.pop_front() {
                 progressed = true;
                 self.commit_forward(key);
             }
@@ -672,7 +647,7 @@ impl LnetNode {
         // (above the floor, not sparse) would re-arm it every 5 s on an idle node.
         if self.timers.trim_at().is_none()
             && (self.msgs.slots.capacity() > self.trim_mark
-                || self.fwds.capacity() > self.trim_mark
+                || self.fwd.held.capacity() > self.trim_mark
                 || self.events.capacity() > self.trim_mark)
         {
             self.timers.arm_trim(self.now + TRIM_INTERVAL);
@@ -691,18 +666,18 @@ impl LnetNode {
         let before = if report { room(self) } else { 0 };
         let mut large = false;
         large |= self.msgs.slots.trim(TRIM_FLOOR);
-        large |= self.fwds.trim(TRIM_FLOOR);
+        large |= self.fwd.held.trim(TRIM_FLOOR);
         large |= self.refused.trim(TRIM_FLOOR);
         large |= self.local.trim(TRIM_FLOOR);
         large |= self.pings.trim();
         large |= self.events.trim(TRIM_FLOOR);
-        large |= self.fwd_ready.trim(TRIM_FLOOR);
-        large |= self.handovers.trim(TRIM_FLOOR);
+        large |= self.fwd.ready.trim(TRIM_FLOOR);
+        large |= self.fwd.handovers.trim(TRIM_FLOOR);
         large |= self.route_used.trim(TRIM_FLOOR);
         large |= self.bulk_gets.trim(TRIM_FLOOR);
         large |= self.timers.trim();
         large |= self.mds.trim();
-        for pool in &mut self.pools.0 {
+        for pool in &mut self.fwd.pools.0 {
             large |= pool.waiting.trim(TRIM_FLOOR);
         }
         for ni in &mut self.nis {
@@ -723,7 +698,7 @@ impl LnetNode {
         }
         self.trim_mark = TRIM_FLOOR
             .max(self.msgs.slots.capacity())
-            .max(self.fwds.capacity())
+            .max(self.fwd.held.capacity())
             .max(self.events.capacity());
         if large {
             self.timers.arm_trim(self.now + TRIM_INTERVAL);
@@ -736,18 +711,18 @@ impl LnetNode {
     pub fn capacities(&self) -> Vec<Capacity> {
         let mut r = CapacityReport::default();
         r.add("msgs", &self.msgs.slots);
-        r.add("fwds", &self.fwds);
+        r.add("fwds", &self.fwd.held);
         r.add("refused", &self.refused);
         r.add("local", &self.local);
         self.pings.capacities(&mut r);
         r.add("events", &self.events);
-        r.add("fwd_ready", &self.fwd_ready);
-        r.add("handovers", &self.handovers);
+        r.add("fwd_ready", &self.fwd.ready);
+        r.add("handovers", &self.fwd.handovers);
         r.add("route_used", &self.route_used);
         r.add("bulk_gets", &self.bulk_gets);
         self.timers.capacities(&mut r);
         self.mds.capacities(&mut r);
-        for pool in &self.pools.0 {
+        for pool in &self.fwd.pools.0 {
             r.add("pool_waiting", &pool.waiting);
         }
         for ni in &self.nis {
@@ -1273,7 +1248,9 @@ impl LnetNode {
                 self.stats.loopback_count += 1;
                 self.stats.loopback_length += len;
                 self.free_msg();
-                self.handovers.push_back(Handover::Local { hdr, payload });
+                self.fwd
+                    .handovers
+                    .push_back(Handover::Local { hdr, payload });
                 if let Purpose::Put(id) = purpose {
                     self.events
                         .push_back(LnetEvent::PutDone { id, result: Ok(()) });
@@ -1422,7 +1399,7 @@ impl LnetNode {
             if !forwarding {
                 self.nis[m.ni].drop_count += 1;
             }
-            let routing = self.routing;
+            let routing = self.fwd.on;
             if let Some(p) = self.peers.get_mut(&m.peer).filter(|_| !forwarding) {
                 p.drop_count += 1;
                 // On a router, the LND failing to reach a peer (o2iblnd notifies LNet of a
@@ -1788,13 +1765,13 @@ impl LnetNode {
     /// (`avoid_asym_router_failure`); a node that does not route says every NI is UP.
     fn ping_reply(&self) -> Vec<u8> {
         let down = self.nets_down(self.now);
-        if !self.routing && !down.contains(&true) {
+        if !self.fwd.on && !down.contains(&true) {
             return self.pings.buffer.clone();
         }
         ping::ping_buffer(
             self.pid,
             &self.node_nids,
-            ping::our_features(self.routing),
+            ping::our_features(self.fwd.on),
             |i| down[i],
         )
     }
@@ -1809,7 +1786,7 @@ impl LnetNode {
         (0..self.node_nids.len())
             .map(|i| {
                 self.net_alive.failed(i)
-                    || (self.routing
+                    || (self.fwd.on
                         && self.alive_judged[i]
                         && !alive::net_alive(self.started, self.net_alive.last(i), now, bound))
             })

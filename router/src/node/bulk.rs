@@ -610,35 +610,42 @@ impl LnetNode {
     /// released ones back), so that the daemon gives it to another runtime only then.
     pub fn set_bulk_buffers(&mut self, now: Instant, table: Arc<BulkBuffers>, owned: Vec<usize>) {
         self.advance(now);
-        let free: std::collections::HashSet<usize> = self.bulk_free.iter().copied().collect();
+        let free: std::collections::HashSet<usize> = self.large.free.iter().copied().collect();
         let keep: std::collections::HashSet<usize> = owned.iter().copied().collect();
         // Lent: taken out of the free list and not back yet (a forward holds it).
         let lent: std::collections::HashSet<usize> = self
-            .bulk_mine
+            .large
+            .mine
             .iter()
             .copied()
             .filter(|k| !free.contains(k))
             .collect();
-        self.bulk_released
-            .extend(self.bulk_free.iter().copied().filter(|k| !keep.contains(k)));
-        self.bulk_free = owned
+        self.large.released.extend(
+            self.large
+                .free
+                .iter()
+                .copied()
+                .filter(|k| !keep.contains(k)),
+        );
+        self.large.free = owned
             .iter()
             .copied()
             .filter(|k| !lent.contains(k))
             .collect();
-        self.bulk_leaving = self
-            .bulk_mine
+        self.large.leaving = self
+            .large
+            .mine
             .iter()
             .copied()
             .filter(|k| lent.contains(k) && !keep.contains(k))
             .collect();
-        self.bulk_mine = owned.iter().chain(&self.bulk_leaving).copied().collect();
+        self.large.mine = owned.iter().chain(&self.large.leaving).copied().collect();
         let n = owned.len() as u32;
-        self.bulk_bufs = table;
-        self.bulk_owned = n;
+        self.large.table = table;
+        self.large.owned = n;
         // No table, no bulk forwarding at all (refused at admission): the large pool keeps the
         // count the settings gave it, as `routing show` and `export` say it.
-        if !self.bulk_bufs.bufs.is_empty() {
+        if !self.large.table.bufs.is_empty() {
             self.set_buffers(now, PoolClass::Large, n);
         }
     }
@@ -647,36 +654,38 @@ impl LnetNode {
     /// it that were free then, and those lent then that have come back since. The daemon may give
     /// them to another runtime or retire them. Cheap when nothing is leaving.
     pub fn take_released_bulk(&mut self) -> Vec<usize> {
-        if !self.bulk_leaving.is_empty() {
+        if !self.large.leaving.is_empty() {
             let leaving: std::collections::HashSet<usize> =
-                self.bulk_leaving.iter().copied().collect();
+                self.large.leaving.iter().copied().collect();
             let back: std::collections::HashSet<usize> = self
-                .bulk_free
+                .large
+                .free
                 .iter()
                 .copied()
                 .filter(|k| leaving.contains(k))
                 .collect();
             if !back.is_empty() {
-                self.bulk_free.retain(|k| !back.contains(k));
-                self.bulk_leaving.retain(|k| !back.contains(k));
-                self.bulk_mine.retain(|k| !back.contains(k));
-                self.bulk_released.extend(back);
+                self.large.free.retain(|k| !back.contains(k));
+                self.large.leaving.retain(|k| !back.contains(k));
+                self.large.mine.retain(|k| !back.contains(k));
+                self.large.released.extend(back);
             }
         }
-        std::mem::take(&mut self.bulk_released)
+        std::mem::take(&mut self.large.released)
     }
 
     /// Whether router buffers taken back from this runtime are still lent (see
     /// [`LnetNode::take_released_bulk`]).
     pub fn bulk_leaving(&self) -> bool {
-        !self.bulk_leaving.is_empty()
+        !self.large.leaving.is_empty()
     }
 
     /// The router buffers this runtime has lent and not had back (a forward in flight holds
     /// each).
     pub fn bulk_held(&self) -> Vec<usize> {
-        let free: std::collections::HashSet<usize> = self.bulk_free.iter().copied().collect();
-        self.bulk_mine
+        let free: std::collections::HashSet<usize> = self.large.free.iter().copied().collect();
+        self.large
+            .mine
             .iter()
             .copied()
             .filter(|k| !free.contains(k))
@@ -690,19 +699,21 @@ impl LnetNode {
     pub(super) fn forget_bulk_registrations(&mut self, nids: &[Nid]) {
         let gone = |n: &Nid| !nids.contains(n);
         let stale = self
-            .bulk_bufs
+            .large
+            .table
             .bufs
             .iter()
             .any(|v| v.iter().any(|(n, _)| gone(n)));
         if stale {
             let bufs = self
-                .bulk_bufs
+                .large
+                .table
                 .bufs
                 .iter()
                 .map(|v| v.iter().filter(|(n, _)| !gone(n)).copied().collect())
                 .collect();
-            let mem = self.bulk_bufs.mem.clone();
-            self.bulk_bufs = Arc::new(BulkBuffers { bufs, mem });
+            let mem = self.large.table.mem.clone();
+            self.large.table = Arc::new(BulkBuffers { bufs, mem });
         }
     }
 
@@ -711,7 +722,7 @@ impl LnetNode {
     /// NI in a buffer's entry only if it registered every buffer of the table, so one entry
     /// says it (a retired buffer leaves an empty entry: the first one in use is asked).
     pub(super) fn egress_has_bulk(&self, route: &Route) -> bool {
-        let Some(any) = self.bulk_bufs.bufs.iter().find(|v| !v.is_empty()) else {
+        let Some(any) = self.large.table.bufs.iter().find(|v| !v.is_empty()) else {
             return false;
         };
         let registered = |nid: Nid| any.iter().any(|(n, _)| *n == nid);
@@ -727,7 +738,7 @@ impl LnetNode {
 
     /// Router buffer `k` as NI `ni`'s fabric registered it, its first `len` bytes.
     pub(super) fn bulk_view(&self, k: usize, ni: usize, len: u32) -> Option<BulkBuf> {
-        let r = self.bulk_bufs.view(k, self.nis.get(ni)?.nid)?;
+        let r = self.large.table.view(k, self.nis.get(ni)?.nid)?;
         (u64::from(len) <= r.len && len > 0).then_some(BulkBuf {
             ni: NiIndex(ni),
             region: r.region,
@@ -741,7 +752,7 @@ impl LnetNode {
     /// Router buffer `k` as NI `ni`'s LND moves it: its first `len` bytes, registered with
     /// that NI's fabric, and the memory itself.
     pub(super) fn bulk_mem(&self, k: usize, ni: usize, len: u32) -> Option<BulkMem> {
-        let shared = self.bulk_bufs.mem.get(k).cloned().flatten();
+        let shared = self.large.table.mem.get(k).cloned().flatten();
         Some(self.bulk_view(k, ni, len)?.mem(len, shared))
     }
 
@@ -780,7 +791,7 @@ impl LnetNode {
     /// Whether a large buffer whose data came in on NI `ni` must be scrubbed before it is
     /// lent again.
     pub(super) fn scrubs(&self, ni: usize) -> bool {
-        match self.lending.scrub {
+        match self.large.lending.scrub {
             BulkScrub::On => true,
             BulkScrub::Off => false,
             BulkScrub::Auto => self.nis.get(ni).is_none_or(|n| !n.lnd.sees_writes()),
@@ -789,7 +800,7 @@ impl LnetNode {
 
     /// Whether large buffers wait to be scrubbed ([`LnetNode::scrub_bulk`]).
     pub fn has_bulk_to_scrub(&self) -> bool {
-        !self.lending.dirty.is_empty()
+        !self.large.lending.dirty.is_empty()
     }
 
     /// Scrubs large buffers done with (their granted bytes zeroed), up to about `budget`
@@ -801,7 +812,7 @@ impl LnetNode {
         self.advance(now);
         let mut done = 0usize;
         while done < budget {
-            let Some((k, len, mem)) = self.lending.dirty.pop_front() else {
+            let Some((k, len, mem)) = self.large.lending.dirty.pop_front() else {
                 break;
             };
             let cleared = mem.map(|m| {
@@ -813,10 +824,10 @@ impl LnetNode {
             });
             match cleared {
                 Some(n) => {
-                    self.fwd.scrubbed += 1;
-                    self.fwd.scrubbed_bytes += n as u64;
+                    self.fwd.stats.scrubbed += 1;
+                    self.fwd.stats.scrubbed_bytes += n as u64;
                     done += n.max(1);
-                    self.bulk_free.push(k);
+                    self.large.free.push(k);
                     self.return_pool_credit(PoolClass::Large);
                 }
                 None => {
@@ -827,7 +838,7 @@ impl LnetNode {
                         buffer = k,
                         "a large buffer to scrub had no memory in the table"
                     );
-                    self.bulk_free.push(k);
+                    self.large.free.push(k);
                     self.return_pool_credit(PoolClass::Large);
                 }
             }
@@ -880,13 +891,17 @@ impl LnetNode {
         p.bulk_refused_until = Some(until);
         debug!(peer = %from, strikes = p.bulk_strikes, "bulk PUTs from this peer refused for a while");
         let theirs: Vec<FwdKey> = self
+            .large
             .lending
             .unproven_wait
             .iter()
             .copied()
-            .filter(|&k| self.fwds.get(k.0).is_some_and(|f| f.from == from))
+            .filter(|&k| self.fwd.held.get(k.0).is_some_and(|f| f.from == from))
             .collect();
-        self.lending.unproven_wait.retain(|k| !theirs.contains(k));
+        self.large
+            .lending
+            .unproven_wait
+            .retain(|k| !theirs.contains(k));
         for k in theirs {
             self.forward_done(k, Err(FwdDrop::BulkRefused));
         }
@@ -895,7 +910,7 @@ impl LnetNode {
     /// The most large buffers bulk PUTs of unproven senders may hold at once: half the pool
     /// (at least one).
     fn unproven_cap(&self) -> u32 {
-        let n = self.pools.0[PoolClass::Large.index()].nbuffers;
+        let n = self.fwd.pools.0[PoolClass::Large.index()].nbuffers;
         (n / 2).max(1)
     }
 
@@ -903,7 +918,7 @@ impl LnetNode {
     /// bulk PUT of a sender not yet proven; such a PUT only while its sender holds no other
     /// large buffer and the unproven share has room, else it waits (`waited_unproven`).
     pub(super) fn admit_bulk(&mut self, key: FwdKey) -> bool {
-        let Some(f) = self.fwds.get(key.0) else {
+        let Some(f) = self.fwd.held.get(key.0) else {
             return true;
         };
         if !matches!(f.kind, FwdKind::Bulk { unproven: false }) {
@@ -915,23 +930,23 @@ impl LnetNode {
             return true;
         }
         let held = peer.map_or(0, |p| p.bulk_held);
-        if held == 0 && self.lending.unproven_held < self.unproven_cap() {
-            self.lending.unproven_held += 1;
+        if held == 0 && self.large.lending.unproven_held < self.unproven_cap() {
+            self.large.lending.unproven_held += 1;
             if let Some(p) = self.peers.get_mut(&from) {
                 p.bulk_held += 1;
             }
-            self.fwds.get_mut(key.0).expect("live").kind = FwdKind::Bulk { unproven: true };
+            self.fwd.held.get_mut(key.0).expect("live").kind = FwdKind::Bulk { unproven: true };
             return true;
         }
-        self.lending.unproven_wait.push_back(key);
-        self.fwd.waited_unproven += 1;
+        self.large.lending.unproven_wait.push_back(key);
+        self.fwd.stats.waited_unproven += 1;
         false
     }
 
     /// A bulk PUT admitted under the unproven share is done: its room goes to the next that
     /// may take it.
     pub(super) fn release_unproven(&mut self, from: Nid) {
-        self.lending.unproven_held = self.lending.unproven_held.saturating_sub(1);
+        self.large.lending.unproven_held = self.large.lending.unproven_held.saturating_sub(1);
         if let Some(p) = self.peers.get_mut(&from) {
             p.bulk_held = p.bulk_held.saturating_sub(1);
         }
@@ -942,18 +957,18 @@ impl LnetNode {
     /// and each sender's one buffer allow (those of a sender proven since go at once).
     fn admit_unproven(&mut self) {
         let mut i = 0;
-        while i < self.lending.unproven_wait.len() {
-            let key = self.lending.unproven_wait[i];
-            let Some(f) = self.fwds.get(key.0) else {
-                self.lending.unproven_wait.remove(i);
+        while i < self.large.lending.unproven_wait.len() {
+            let key = self.large.lending.unproven_wait[i];
+            let Some(f) = self.fwd.held.get(key.0) else {
+                self.large.lending.unproven_wait.remove(i);
                 continue;
             };
             let peer = self.peers.get(&f.from);
             let proven = peer.is_some_and(|p| p.bulk_proven);
             let room = peer.map_or(0, |p| p.bulk_held) == 0
-                && self.lending.unproven_held < self.unproven_cap();
+                && self.large.lending.unproven_held < self.unproven_cap();
             if proven || room {
-                self.lending.unproven_wait.remove(i);
+                self.large.lending.unproven_wait.remove(i);
                 // Passes the gate now (proven, or takes the room just checked).
                 self.take_router_buffer(key);
             } else {

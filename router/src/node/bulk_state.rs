@@ -186,3 +186,40 @@ impl Lending {
         }
     }
 }
+
+/// The node's large router buffers as this runtime lends them, one of the sub-states an
+/// [`LnetNode`](super::LnetNode) is built from: the node-wide table (shared with the sibling
+/// runtimes), the ones this runtime owns and has free, those leaving it, and how they are lent
+/// (scrubbing, the unproven share: see "lending large buffers" in `node/bulk.rs`).
+pub(super) struct LargeBuffers {
+    /// The node's large router buffers in registered memory, each as every NI's fabric
+    /// registered it.
+    pub(super) table: std::sync::Arc<crate::forward::BulkBuffers>,
+    /// The ones this runtime lends out and has free now.
+    pub(super) free: Vec<usize>,
+    /// How many it lends out (the most its large pool can have).
+    pub(super) owned: u32,
+    /// How they are lent: scrubbing, and the share of peers not yet proven.
+    pub(super) lending: Lending,
+    /// Every buffer this runtime may have lent: the ones it owns and the ones leaving it.
+    pub(super) mine: Vec<usize>,
+    /// Buffers no longer this runtime's that were lent when the daemon took them back: each
+    /// is released once it is free again (`LnetNode::take_released_bulk`).
+    pub(super) leaving: Vec<usize>,
+    /// Buffers released and not yet reported to the daemon.
+    pub(super) released: Vec<usize>,
+}
+
+impl LargeBuffers {
+    pub(super) fn new(scrub: BulkScrub) -> LargeBuffers {
+        LargeBuffers {
+            table: Default::default(),
+            free: Vec::new(),
+            owned: 0,
+            lending: Lending::new(scrub),
+            mine: Vec::new(),
+            leaving: Vec::new(),
+            released: Vec::new(),
+        }
+    }
+}

@@ -111,7 +111,7 @@ impl LnetNode {
         rx: RxToken,
     ) {
         let now = self.now;
-        self.fwd.received += 1;
+        self.fwd.stats.received += 1;
         let class = match self.admit(ni, from, &hdr, &arrival) {
             Ok(class) => class,
             Err(Refusal { why, answer }) => {
@@ -133,7 +133,7 @@ impl LnetNode {
             }
             Arrival::Bulk(_) => FwdKind::Bulk { unproven: false },
         };
-        let key = FwdKey(self.fwds.insert(Fwd {
+        let key = FwdKey(self.fwd.held.insert(Fwd {
             from,
             ni,
             hdr,
@@ -142,7 +142,7 @@ impl LnetNode {
             rtr_credit: false,
             stage: FwdStage::WaitingCredit(rx),
         }));
-        self.fwd.in_flight += 1;
+        self.fwd.stats.in_flight += 1;
         self.take_rtr_credit(key);
     }
 
@@ -175,7 +175,7 @@ impl LnetNode {
             Arrival::Inline(_) => RxAnswer::Done,
             Arrival::Bulk(_) => RxAnswer::Refuse(EPROTO),
         };
-        if !self.routing {
+        if !self.fwd.on {
             return refuse(FwdDrop::RoutingDisabled, soft);
         }
         if self.shutting_down {
@@ -206,7 +206,9 @@ impl LnetNode {
         {
             return refuse(FwdDrop::Malformed);
         }
-        if self.pools.0[PoolClass::Large.index()].nbuffers == 0 || self.bulk_bufs.bufs.is_empty() {
+        if self.fwd.pools.0[PoolClass::Large.index()].nbuffers == 0
+            || self.large.table.bufs.is_empty()
+        {
             return refuse(FwdDrop::NoBulkBuffer);
         }
         // A destination no route reaches is refused before a router buffer is lent for it.
@@ -247,7 +249,7 @@ impl LnetNode {
 
     /// The sender's router credit (lpni_rtrcredits); negative: wait on its queue.
     fn take_rtr_credit(&mut self, key: FwdKey) {
-        let Some(f) = self.fwds.get_mut(key.0) else {
+        let Some(f) = self.fwd.held.get_mut(key.0) else {
             return;
         };
         if let Some(p) = self.peers.get_mut(&f.from) {
@@ -257,7 +259,7 @@ impl LnetNode {
             if p.rtr_credits < 0 {
                 // Its stage is `WaitingCredit` from its arrival.
                 p.rtrq.push_back(key);
-                self.fwd.waited_rtr_credit += 1;
+                self.fwd.stats.waited_rtr_credit += 1;
                 return;
             }
         }
@@ -271,38 +273,38 @@ impl LnetNode {
     /// of a sender not yet proven passes the unproven share's gate first (`bulk.rs`).
     pub(super) fn take_router_buffer(&mut self, key: FwdKey) {
         if !self.admit_bulk(key) {
-            if let Some(f) = self.fwds.get_mut(key.0) {
+            if let Some(f) = self.fwd.held.get_mut(key.0) {
                 f.stage = f.stage.then(FwdStage::WaitingUnproven);
             }
             return;
         }
-        let Some(f) = self.fwds.get_mut(key.0) else {
+        let Some(f) = self.fwd.held.get_mut(key.0) else {
             return;
         };
-        let pool = self.pools.get_mut(f.class);
+        let pool = self.fwd.pools.get_mut(f.class);
         pool.credits -= 1;
         pool.min_credits = pool.min_credits.min(pool.credits);
         if pool.credits < 0 {
             f.stage = f.stage.then(FwdStage::WaitingBuffer);
             pool.waiting.push_back(key);
-            self.fwd.waited_buffer += 1;
+            self.fwd.stats.waited_buffer += 1;
             return;
         }
         f.stage = f.stage.then(FwdStage::Ready);
-        self.fwd_ready.push_back(key);
+        self.fwd.ready.push_back(key);
     }
 
     /// A message that waited on its pool has its buffer: it is committed in `process`.
     fn buffer_granted(&mut self, key: FwdKey) {
-        if let Some(f) = self.fwds.get_mut(key.0) {
+        if let Some(f) = self.fwd.held.get_mut(key.0) {
             f.stage = f.stage.then(FwdStage::Ready);
         }
-        self.fwd_ready.push_back(key);
+        self.fwd.ready.push_back(key);
     }
 
     /// A buffer of pool `class` is free again: the oldest message waiting for one takes it.
     pub(super) fn return_pool_credit(&mut self, class: PoolClass) {
-        let pool = self.pools.get_mut(class);
+        let pool = self.fwd.pools.get_mut(class);
         pool.credits += 1;
         if pool.credits <= 0 {
             if let Some(next) = pool.waiting.pop_front() {
@@ -318,7 +320,7 @@ impl LnetNode {
     /// router buffer.
     pub(super) fn commit_forward(&mut self, key: FwdKey) {
         let now = self.now;
-        let Some(f) = self.fwds.get_mut(key.0) else {
+        let Some(f) = self.fwd.held.get_mut(key.0) else {
             return;
         };
         let FwdStage::Ready(rx) = f.stage else {
@@ -343,7 +345,8 @@ impl LnetNode {
         let now = self.now;
         let len = hdr.payload_length;
         let buf = self
-            .bulk_free
+            .large
+            .free
             .pop()
             .map(|k| (k, self.bulk_mem(k, ni, len.max(1))));
         let (k, buf) = match buf {
@@ -353,12 +356,12 @@ impl LnetNode {
                 // above what the daemon registered at start), or one is not on this NI. Still
                 // `Ready`, it is refused with its slot.
                 if let Some((k, None)) = other {
-                    self.bulk_free.push(k);
+                    self.large.free.push(k);
                 }
                 return self.forward_done(key, Err(FwdDrop::NoBulkBuffer));
             }
         };
-        if let Some(f) = self.fwds.get_mut(key.0) {
+        if let Some(f) = self.fwd.held.get_mut(key.0) {
             f.stage = FwdStage::Receiving(k);
         }
         self.alloc_msg();
@@ -374,7 +377,7 @@ impl LnetNode {
     /// A bulk PUT to forward is in its router buffer (or failed to come in): on to its egress,
     /// from the same memory. Its sender is proven, or gets a strike.
     pub(super) fn forward_received(&mut self, key: FwdKey, result: Result<(), LnetError>) {
-        let Some(f) = self.fwds.get(key.0) else {
+        let Some(f) = self.fwd.held.get(key.0) else {
             return;
         };
         let (ni, from, hdr) = (f.ni, f.from, f.hdr);
@@ -396,7 +399,7 @@ impl LnetNode {
             // The write or PUT_DONE did not come for another reason (the connection failed).
             Err(_) => return self.forward_done(key, Err(FwdDrop::SendFailed)),
         }
-        if let Some(f) = self.fwds.get_mut(key.0) {
+        if let Some(f) = self.fwd.held.get_mut(key.0) {
             f.stage = FwdStage::Sending(Some(k));
         }
         let origin = self.nis[ni].nid;
@@ -437,7 +440,7 @@ impl LnetNode {
     /// most once a second, lnet_queryinterval).
     pub(super) fn drops_for_down_peer(&mut self, next: Nid, ni: usize) -> bool {
         let now = self.now;
-        if !self.routing || self.nis.get(ni).is_none_or(|n| n.peer_timeout.is_zero()) {
+        if !self.fwd.on || self.nis.get(ni).is_none_or(|n| n.peer_timeout.is_zero()) {
             return false;
         }
         let Some(p) = self.peers.get_mut(&next) else {
@@ -479,7 +482,7 @@ impl LnetNode {
                 }
                 Carry::Bulk(k) => match self.bulk_mem(k, ni, hdr.payload_length) {
                     Some(buf) => self.launch_bulk(ni, next, hdr, BulkSend::Put(buf), purpose),
-                    None if handed => self.handovers.push_back(Handover::Done {
+                    None if handed => self.fwd.handovers.push_back(Handover::Done {
                         origin,
                         key,
                         result: Err(LnetError::BulkUnsupported(
@@ -494,7 +497,7 @@ impl LnetNode {
                     Carry::Inline(payload) => (payload, None),
                     Carry::Bulk(k) => (Vec::new(), Some(k)),
                 };
-                self.handovers.push_back(Handover::Forward {
+                self.fwd.handovers.push_back(Handover::Forward {
                     via,
                     origin,
                     from,
@@ -504,7 +507,7 @@ impl LnetNode {
                     bulk,
                 });
             }
-            Egress::Drop(e) if handed => self.handovers.push_back(Handover::Done {
+            Egress::Drop(e) if handed => self.fwd.handovers.push_back(Handover::Done {
                 origin,
                 key,
                 result: Err(e),
@@ -546,7 +549,7 @@ impl LnetNode {
         if self.nis.iter().any(|n| n.nid == origin) {
             self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
         } else {
-            self.handovers.push_back(Handover::Done {
+            self.fwd.handovers.push_back(Handover::Done {
                 origin,
                 key,
                 result,
@@ -561,16 +564,16 @@ impl LnetNode {
     /// it had counted is undone without waking anyone.
     pub(super) fn forward_done(&mut self, key: FwdKey, result: Result<(), FwdDrop>) {
         let now = self.now;
-        let Some(f) = self.fwds.remove(key.0) else {
+        let Some(f) = self.fwd.held.remove(key.0) else {
             debug!(?key, "completion for an unknown forwarded message");
             return;
         };
-        self.fwd.in_flight = self.fwd.in_flight.saturating_sub(1);
+        self.fwd.stats.in_flight = self.fwd.stats.in_flight.saturating_sub(1);
         let len = u64::from(f.hdr.payload_length);
         match result {
             Ok(()) => {
-                self.fwd.forwarded += 1;
-                self.fwd.forwarded_bytes += len;
+                self.fwd.stats.forwarded += 1;
+                self.fwd.stats.forwarded_bytes += len;
                 self.stats.route_count += 1;
                 self.stats.route_length += len;
             }
@@ -595,17 +598,20 @@ impl LnetNode {
         if let Some(k) = f.stage.large_buffer() {
             if self.scrubs(f.ni) {
                 // Its memory as the table names it now (a later table may no longer).
-                let mem = self.bulk_bufs.mem.get(k).cloned().flatten();
-                self.lending.dirty.push_back((k, f.hdr.payload_length, mem));
+                let mem = self.large.table.mem.get(k).cloned().flatten();
+                self.large
+                    .lending
+                    .dirty
+                    .push_back((k, f.hdr.payload_length, mem));
                 credit_back = false;
             } else {
-                self.bulk_free.push(k);
+                self.large.free.push(k);
             }
         }
         if credit_back {
             self.return_pool_credit(f.class);
         } else if let FwdStage::WaitingBuffer(_) = f.stage {
-            self.pools.get_mut(f.class).credits += 1;
+            self.fwd.pools.get_mut(f.class).credits += 1;
         }
         if f.rtr_credit {
             if let Some(p) = self.peers.get_mut(&f.from) {
@@ -620,7 +626,7 @@ impl LnetNode {
     }
 
     fn count_forward_drop(&mut self, ni: usize, from: Nid, len: u64, why: FwdDrop) {
-        self.fwd.count_drop(why);
+        self.fwd.stats.count_drop(why);
         self.stats.drop_count += 1;
         self.stats.drop_length += len;
         self.nis[ni].drop_count += 1;
@@ -637,10 +643,10 @@ impl LnetNode {
             waiting.extend(p.rtrq.drain(..));
         }
         for class in PoolClass::ALL {
-            waiting.extend(self.pools.get_mut(class).waiting.drain(..));
+            waiting.extend(self.fwd.pools.get_mut(class).waiting.drain(..));
         }
         // Bulk PUTs waiting for room in the unproven share hold their router credit only.
-        let unproven: Vec<FwdKey> = self.lending.unproven_wait.drain(..).collect();
+        let unproven: Vec<FwdKey> = self.large.lending.unproven_wait.drain(..).collect();
         for k in unproven.into_iter().chain(waiting) {
             self.forward_done(k, Err(why));
         }
@@ -653,10 +659,10 @@ impl LnetNode {
     /// say RTE_DISABLED from now on.
     pub fn set_routing(&mut self, now: Instant, on: bool) {
         self.advance(now);
-        if self.routing == on {
+        if self.fwd.on == on {
             return;
         }
-        self.routing = on;
+        self.fwd.on = on;
         if !on {
             self.drop_waiting_forwards(FwdDrop::RoutingDisabled);
         }
@@ -669,25 +675,25 @@ impl LnetNode {
     pub fn set_buffers(&mut self, now: Instant, class: PoolClass, mut nbuffers: u32) {
         self.advance(now);
         if class == PoolClass::Large
-            && !self.bulk_bufs.bufs.is_empty()
-            && nbuffers > self.bulk_owned
+            && !self.large.table.bufs.is_empty()
+            && nbuffers > self.large.owned
         {
             // Large buffers are registered memory: the pool lends no more than this runtime
             // owns; the daemon registers more for a larger share and says so again
             // (`set_bulk_buffers`).
             debug!(
                 asked = nbuffers,
-                registered = self.bulk_owned,
+                registered = self.large.owned,
                 "large_buffers capped at the router buffers this runtime owns"
             );
-            nbuffers = self.bulk_owned;
+            nbuffers = self.large.owned;
         }
-        let pool = self.pools.get_mut(class);
+        let pool = self.fwd.pools.get_mut(class);
         pool.resize(nbuffers);
         // Each waiter already counted its credit: as many as the pool is no longer short of
         // may go (a pool at -3 with 5 waiting admits 2).
         loop {
-            let pool = self.pools.get_mut(class);
+            let pool = self.fwd.pools.get_mut(class);
             if pool.waiting.len() as i64 <= (-pool.credits).max(0) {
                 break;
             }
@@ -719,7 +725,7 @@ impl LnetNode {
         for (cookie, origin, key) in owed {
             self.msgs.remove(&cookie);
             self.free_msg();
-            self.handovers.push_back(Handover::Done {
+            self.fwd.handovers.push_back(Handover::Done {
                 origin,
                 key,
                 result: Err(LnetError::Shutdown),
@@ -729,22 +735,22 @@ impl LnetNode {
 
     /// The next message for a sibling runtime ([`Handover::target`] says which).
     pub fn poll_handover(&mut self) -> Option<Handover> {
-        self.handovers.pop_front()
+        self.fwd.handovers.pop_front()
     }
 
     /// Forwarding on or off.
     pub fn routing_enabled(&self) -> bool {
-        self.routing
+        self.fwd.on
     }
 
     /// `routing show`: forwarding, the pools, the books.
     pub fn routing_info(&self) -> RoutingInfo {
         RoutingInfo {
-            enabled: self.routing,
+            enabled: self.fwd.on,
             pools: PoolClass::ALL
                 .iter()
                 .map(|&c| {
-                    let p = &self.pools.0[c.index()];
+                    let p = &self.fwd.pools.0[c.index()];
                     PoolInfo {
                         class: c,
                         npages: c.npages(),
@@ -754,7 +760,7 @@ impl LnetNode {
                     }
                 })
                 .collect(),
-            stats: self.fwd.clone(),
+            stats: self.fwd.stats.clone(),
         }
     }
 }

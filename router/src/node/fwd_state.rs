@@ -2,10 +2,30 @@
 //! (`node/forwarding.rs`) moves it through its stages: types only, so that the node's struct
 //! can hold them while the pipeline sits a layer above the core (`tests/module_graph.rs`).
 
+use std::collections::VecDeque;
+
+use lnd::handle::HandleSlab;
 use lnd::iface::{BulkOp, RxToken};
 use lnd::wire::{LnetHdr, Nid};
 
-use crate::forward::PoolClass;
+use crate::forward::{ForwardStats, FwdKey, FwdTag, Handover, PoolClass, Pools};
+
+/// The forwarder, one of the sub-states an [`LnetNode`](super::LnetNode) is built from: whether
+/// the node routes, its router buffer pools (lnet_rtrbufpool), the messages it holds for other
+/// nodes by key, those ready for their egress, the books, and the work for sibling runtimes.
+/// The pipeline that moves a message through it is `node/forwarding.rs`.
+pub(super) struct Forwarder {
+    /// Forwarding on (`routing: enable`).
+    pub(super) on: bool,
+    pub(super) pools: Pools,
+    /// Messages held for other nodes, by key.
+    pub(super) held: HandleSlab<Fwd, FwdTag>,
+    /// Held messages that have their router credit and buffer: committed in `process`.
+    pub(super) ready: VecDeque<FwdKey>,
+    pub(super) stats: ForwardStats,
+    /// Work for sibling runtimes (forwards to send, forwards to release).
+    pub(super) handovers: VecDeque<Handover>,
+}
 
 /// A message this node holds for another, from its arrival until its egress is done.
 #[derive(Debug)]
