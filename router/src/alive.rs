@@ -126,6 +126,21 @@ pub fn net_alive(started: Instant, last: Option<Instant>, now: Instant, bound: D
     now.saturating_duration_since(since) <= bound
 }
 
+/// Which of a node's nets are alive, one of the sub-states an [`LnetNode`](crate::LnetNode) is
+/// built from: the board (shared with the sibling runtimes when the configuration gives one),
+/// this node's NIs' slots on it, the slots it may judge, and when it started.
+pub(crate) struct NetLiveness {
+    /// When each NID of the node's NIDs last heard a message.
+    pub(crate) board: NetAlive,
+    /// For each of our NIs, its slot on `board`.
+    pub(crate) slot: Vec<usize>,
+    /// Which slots this node may judge: its own NIs', and its siblings' when the board is
+    /// shared.
+    pub(crate) judged: Vec<bool>,
+    /// When the node started: a net is alive for the silence bound from then (lnet_net_alloc).
+    pub(crate) started: Instant,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

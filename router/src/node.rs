@@ -31,13 +31,16 @@ mod bulk;
 mod bulk_state;
 mod forwarding;
 mod fwd_state;
+mod paths;
 mod pings;
 mod recovery;
 mod timers;
+use crate::alive::NetLiveness;
 use crate::health::{HealthCfg, Recovery};
 use bulk_state::Mds;
 pub use bulk_state::{BulkBuf, SCRUB_BUDGET};
 use fwd_state::{Arrival, Forwarder};
+use paths::Paths;
 use pings::{PendingPing, PingKind, Pings};
 use timers::{NodeTimer, TimerTable};
 
@@ -349,26 +352,14 @@ pub struct LnetNode {
     /// The ping service: pings in flight, their deadlines, our ping buffer.
     pings: Pings,
     next_msg: u64,
-    /// When each NID of `node_nids` last heard a message (a board shared with the sibling
-    /// runtimes when the configuration gives one).
-    net_alive: NetAlive,
-    /// For each of our NIs, its slot on `net_alive`.
-    alive_slot: Vec<usize>,
-    /// Which slots of `net_alive` this node may judge: its own NIs', and its siblings' when the
-    /// board is shared.
-    alive_judged: Vec<bool>,
-    /// When the node started: a net is alive for the silence bound from then (lnet_net_alloc).
-    started: Instant,
+    /// Which of the node's nets are alive (the board shared with sibling runtimes).
+    alive: NetLiveness,
     events: VecDeque<LnetEvent>,
     stats: LnetStats,
     now: Instant,
     shutting_down: bool,
-    // ---- routing (see `crate::forward`, `crate::routes`, `crate::gateway`)
-    routes: RouteTable,
-    gateways: Gateways,
-    /// When each gateway was last chosen (round robin across equal routes).
-    route_used: HashMap<Nid, u64>,
-    route_seq: u64,
+    /// The way to other nets: routes, gateways and their round robin.
+    paths: Paths,
     /// The forwarder: routing on or off, the router buffer pools, the messages held for other
     /// nodes, the books, and the work for sibling runtimes.
     fwd: Forwarder,
@@ -470,10 +461,12 @@ impl LnetNode {
                 ping::our_features(false),
                 |_| false,
             )),
-            net_alive,
-            alive_slot,
-            alive_judged,
-            started: now,
+            alive: NetLiveness {
+                board: net_alive,
+                slot: alive_slot,
+                judged: alive_judged,
+                started: now,
+            },
             node_nids,
             nis,
             peers: BTreeMap::new(),
@@ -485,10 +478,12 @@ impl LnetNode {
             stats: LnetStats::default(),
             now,
             shutting_down: false,
-            routes,
-            gateways,
-            route_used: HashMap::new(),
-            route_seq: 0,
+            paths: Paths {
+                routes,
+                gateways,
+                used: HashMap::new(),
+                seq: 0,
+            },
             fwd: Forwarder {
                 on: routing,
                 pools: Pools::new(cfg.routing.buffers),
@@ -673,7 +668,7 @@ impl LnetNode {
         large |= self.events.trim(TRIM_FLOOR);
         large |= self.fwd.ready.trim(TRIM_FLOOR);
         large |= self.fwd.handovers.trim(TRIM_FLOOR);
-        large |= self.route_used.trim(TRIM_FLOOR);
+        large |= self.paths.used.trim(TRIM_FLOOR);
         large |= self.bulk_gets.trim(TRIM_FLOOR);
         large |= self.timers.trim();
         large |= self.mds.trim();
@@ -718,7 +713,7 @@ impl LnetNode {
         r.add("events", &self.events);
         r.add("fwd_ready", &self.fwd.ready);
         r.add("handovers", &self.fwd.handovers);
-        r.add("route_used", &self.route_used);
+        r.add("route_used", &self.paths.used);
         r.add("bulk_gets", &self.bulk_gets);
         self.timers.capacities(&mut r);
         self.mds.capacities(&mut r);
@@ -754,7 +749,7 @@ impl LnetNode {
         [
             lnd,
             self.timers.next_deadline(),
-            self.gateways.next_deadline(),
+            self.paths.gateways.next_deadline(),
             scrub,
         ]
         .into_iter()
@@ -878,7 +873,7 @@ impl LnetNode {
     /// The liveness board of [`LnetNode::node_nids`] (one slot per NID, in that order): what
     /// a relay ([`crate::relay`]) reads to pass over a sibling whose fabric failed.
     pub fn net_alive(&self) -> &NetAlive {
-        &self.net_alive
+        &self.alive.board
     }
 
     /// This runtime's fabric failed for good (its driver returned an error; o2iblnd's fatal
@@ -893,8 +888,8 @@ impl LnetNode {
     pub fn fabric_lost(&mut self, now: Instant) {
         self.advance(now);
         for i in 0..self.nis.len() {
-            if let Some(&slot) = self.alive_slot.get(i) {
-                self.net_alive.fail(slot);
+            if let Some(&slot) = self.alive.slot.get(i) {
+                self.alive.board.fail(slot);
             }
             // Each connection ends as lost (a transport failure, counted `conns_lost`), then
             // the LND stops: shut down first, they would count as graceful closes.
@@ -923,18 +918,18 @@ impl LnetNode {
             }
         }
         let shared = board.len() == nids.len();
-        self.alive_slot = self
+        self.alive.slot = self
             .nis
             .iter()
             .map(|n| nids.iter().position(|&x| x == n.nid).unwrap_or(usize::MAX))
             .collect();
-        self.alive_judged = (0..nids.len())
-            .map(|i| shared || self.alive_slot.contains(&i))
+        self.alive.judged = (0..nids.len())
+            .map(|i| shared || self.alive.slot.contains(&i))
             .collect();
-        self.net_alive = if shared {
+        self.alive.board = if shared {
             board
         } else {
-            self.net_alive.carried(&self.node_nids, &nids)
+            self.alive.board.carried(&self.node_nids, &nids)
         };
         self.pings.buffer =
             ping::ping_buffer(self.pid, &nids, ping::our_features(false), |_| false);
@@ -942,8 +937,8 @@ impl LnetNode {
         self.node_nids = nids;
         // A board made while our fabric was being lost may have missed the mark.
         if self.fabric_lost {
-            for &slot in &self.alive_slot {
-                self.net_alive.fail(slot);
+            for &slot in &self.alive.slot {
+                self.alive.board.fail(slot);
             }
         }
     }
@@ -989,7 +984,7 @@ impl LnetNode {
                 index: NiIndex(i),
                 nid: n.nid,
                 // As the ping reply says it (the NI's ns_status in Lustre).
-                status: if down.get(self.alive_slot[i]).copied().unwrap_or(false) {
+                status: if down.get(self.alive.slot[i]).copied().unwrap_or(false) {
                     "down"
                 } else {
                     "up"
@@ -1053,8 +1048,8 @@ impl LnetNode {
     fn route_leg(&mut self, dst: Nid, leg: Leg) -> Result<Route, LnetError> {
         let (route, gw) = self.peek_route(dst, leg)?;
         if let Some(gw) = gw {
-            self.route_seq += 1;
-            self.route_used.insert(gw, self.route_seq);
+            self.paths.seq += 1;
+            self.paths.used.insert(gw, self.paths.seq);
         }
         Ok(route)
     }
@@ -1077,10 +1072,15 @@ impl LnetNode {
             return Ok((Route::Sibling(dst.net()), None));
         }
         let select = |leg: Leg| {
-            let (nis, peers, gateways, used) =
-                (&self.nis, &self.peers, &self.gateways, &self.route_used);
+            let (nis, peers, gateways, used) = (
+                &self.nis,
+                &self.peers,
+                &self.paths.gateways,
+                &self.paths.used,
+            );
             let node_nids = &self.node_nids;
-            self.routes
+            self.paths
+                .routes
                 .select(
                     dst.net(),
                     |gw| {
@@ -1695,7 +1695,7 @@ impl LnetNode {
             }
             LndEvent::BulkDone { cookie, result, .. } => self.on_rdma_done(cookie, result),
             LndEvent::PeerUp { nid } => {
-                self.gateways.notify(self.now, nid, true);
+                self.paths.gateways.notify(self.now, nid, true);
                 if let Some(p) = self.peer_entry(nid, ni) {
                     p.state = PeerState::Up;
                 }
@@ -1705,7 +1705,7 @@ impl LnetNode {
                 });
             }
             LndEvent::PeerDown { nid, reason } => {
-                if self.gateways.notify(self.now, nid, false) {
+                if self.paths.gateways.notify(self.now, nid, false) {
                     self.reroute_queued(nid);
                 }
                 if let Some(p) = self.peer_entry(nid, ni) {
@@ -1734,9 +1734,9 @@ impl LnetNode {
         if unhealthy {
             self.heard_from(ni, from);
         }
-        self.net_alive.heard(self.alive_slot[ni], now);
-        if hdr.src_nid != from && self.gateways.is_gateway(from) {
-            self.gateways.notify(now, from, true);
+        self.alive.board.heard(self.alive.slot[ni], now);
+        if hdr.src_nid != from && self.paths.gateways.is_gateway(from) {
+            self.paths.gateways.notify(now, from, true);
         }
     }
 
@@ -1781,14 +1781,19 @@ impl LnetNode {
     /// Its fabric failed ([`LnetNode::fabric_lost`]) on any node; on a router, also its net
     /// silent for too long.
     fn nets_down(&self, now: Instant) -> Vec<bool> {
-        let cfg = self.gateways.config();
+        let cfg = self.paths.gateways.config();
         let bound = cfg.ping_timeout.saturating_add(cfg.check_interval);
         (0..self.node_nids.len())
             .map(|i| {
-                self.net_alive.failed(i)
+                self.alive.board.failed(i)
                     || (self.fwd.on
-                        && self.alive_judged[i]
-                        && !alive::net_alive(self.started, self.net_alive.last(i), now, bound))
+                        && self.alive.judged[i]
+                        && !alive::net_alive(
+                            self.alive.started,
+                            self.alive.board.last(i),
+                            now,
+                            bound,
+                        ))
             })
             .collect()
     }
@@ -2083,6 +2088,7 @@ impl LnetNode {
                 }
                 let now = self.now;
                 if self
+                    .paths
                     .gateways
                     .ping_done(now, p.target, id, result.as_ref().ok())
                 {
@@ -2110,7 +2116,7 @@ impl LnetNode {
         let now = self.now;
         let mut next = self.pings.next;
         let nis: Vec<Net> = self.nis.iter().map(|n| n.nid.net()).collect();
-        let due = self.gateways.due(
+        let due = self.paths.gateways.due(
             now,
             |g| nis.contains(&g.net()),
             || {
@@ -2120,7 +2126,7 @@ impl LnetNode {
             },
         );
         self.pings.next = next;
-        let timeout = self.gateways.config().ping_timeout;
+        let timeout = self.paths.gateways.config().ping_timeout;
         for (gw, id) in due {
             let Some(ni) = self.ni_on(gw.net()) else {
                 continue;
@@ -2260,8 +2266,8 @@ impl LnetNode {
             .into_iter()
             .filter(|g| self.ni_on(g.net()).is_some())
             .collect();
-        self.gateways.set(&mine, now);
-        self.routes = routes;
+        self.paths.gateways.set(&mine, now);
+        self.paths.routes = routes;
     }
 
     /// A message from a sibling runtime: a forward to send out of this NI, the end of one of
@@ -2296,31 +2302,32 @@ impl LnetNode {
 
     /// How the gateways of the routes are watched (`routing:`'s module parameters).
     pub fn gateway_health(&self) -> crate::GatewayHealthConfig {
-        self.gateways.config()
+        self.paths.gateways.config()
     }
 
     /// Changes how the gateways are watched, at run time (see `Gateways::set_config`).
     pub fn set_gateway_health(&mut self, now: Instant, cfg: crate::GatewayHealthConfig) {
         self.advance(now);
-        self.gateways.set_config(cfg, now);
+        self.paths.gateways.set_config(cfg, now);
     }
 
     /// The route table.
     pub fn routes(&self) -> &RouteTable {
-        &self.routes
+        &self.paths.routes
     }
 
     /// Whether a route may be used now, as far as this runtime knows (a route through a
     /// sibling's gateway: `None`).
     pub fn route_state(&self, r: &RouteConfig) -> Option<bool> {
-        self.gateways
+        self.paths
+            .gateways
             .is_gateway(r.gateway)
-            .then(|| self.gateways.route_alive(r))
+            .then(|| self.paths.gateways.route_alive(r))
     }
 
     /// The gateways this runtime watches.
     pub fn gateways(&self) -> Vec<GatewayInfo> {
-        self.gateways.info()
+        self.paths.gateways.info()
     }
 }
 

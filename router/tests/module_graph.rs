@@ -55,6 +55,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("node::bulk", Layer::Core),
     ("node::bulk_state", Layer::Core),
     ("node::fwd_state", Layer::Core),
+    ("node::paths", Layer::Core),
     ("node::pings", Layer::Core),
     ("node::recovery", Layer::Core),
     ("node::timers", Layer::Core),

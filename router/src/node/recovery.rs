@@ -55,7 +55,7 @@ impl LnetNode {
             if let Some(p) = self.peers.get_mut(&peer) {
                 p.hstats.count(h);
             }
-            if self.fwd.on || self.gateways.is_gateway(peer) {
+            if self.fwd.on || self.paths.gateways.is_gateway(peer) {
                 self.peer_failed(peer);
             }
         }
@@ -99,7 +99,7 @@ impl LnetNode {
         else {
             return;
         };
-        if self.fwd.on || self.gateways.is_gateway(from) {
+        if self.fwd.on || self.paths.gateways.is_gateway(from) {
             p.health.restore();
         } else {
             p.health.succeed(sens);
