@@ -848,3 +848,50 @@ fn the_lnet_core_and_forwarding_name_no_lnd_internals() {
         "in NOT_YET_ON_THE_LND_TRAIT but naming none of them now (take them out): {stale:?}"
     );
 }
+
+/// docs/architecture.md walks one routed 1 MiB PUT through the code: every
+/// `path/to/file.rs::function` it names must be a function of that file (so a rename that
+/// leaves the walk wrong fails here), and the walk stays short enough to read.
+#[test]
+fn docs_walk_names_functions_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let start = doc
+        .find("## One routed 1 MiB PUT, file by file")
+        .expect("the walk's section");
+    let walk = &doc[start..];
+    let walk = &walk[..walk[3..].find("\n## ").map_or(walk.len(), |i| i + 3)];
+    let steps = walk
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start();
+            t.split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        })
+        .count();
+    assert!((1..=12).contains(&steps), "{steps} steps");
+    let mut named = 0;
+    let mut missing = Vec::new();
+    for piece in walk.split('`') {
+        let Some((file, func)) = piece.split_once(".rs::") else {
+            continue;
+        };
+        if !(file.starts_with("router/") || file.starts_with("lnd/")) {
+            continue;
+        }
+        named += 1;
+        let src = std::fs::read_to_string(root.join(format!("{file}.rs")))
+            .unwrap_or_else(|e| panic!("{file}.rs: {e}"));
+        let found = src.match_indices(&format!("fn {func}")).any(|(i, m)| {
+            src[i + m.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| c == '(' || c == '<')
+        });
+        if !found {
+            missing.push(format!("{file}.rs::{func}"));
+        }
+    }
+    assert!(named >= 20, "the walk names {named} functions");
+    assert!(missing.is_empty(), "the walk names functions that do not exist: {missing:?}");
+}
