@@ -32,6 +32,7 @@ mod bulk_state;
 mod forwarding;
 mod fwd_state;
 mod paths;
+mod peers;
 mod pings;
 mod recovery;
 mod timers;
@@ -964,16 +965,6 @@ impl LnetNode {
         };
     }
 
-    /// Every peer NI we sent to or heard from, by NID (`lnetctl peer show`).
-    pub fn peers(&self) -> Vec<PeerInfo> {
-        self.peers.values().map(PeerNi::info).collect()
-    }
-
-    /// One peer NI.
-    pub fn peer(&self, nid: Nid) -> Option<PeerInfo> {
-        self.peers.get(&nid).map(PeerNi::info)
-    }
-
     /// Every local NI (`lnetctl net show -v`).
     pub fn nets(&self) -> Vec<NiInfo> {
         let down = self.nets_down(self.now);
@@ -1002,11 +993,6 @@ impl LnetNode {
                 hstats: n.hstats,
             })
             .collect()
-    }
-
-    /// Peer NIs in the table now.
-    pub fn peer_count(&self) -> usize {
-        self.peers.len()
     }
 
     /// Pings still waiting for a reply.
@@ -1177,55 +1163,6 @@ impl LnetNode {
 
     fn free_msg(&mut self) {
         self.stats.msgs_alloc = self.stats.msgs_alloc.saturating_sub(1);
-    }
-
-    /// The peer NI's entry, made if it is new; `None` when it is new and its NI's share of the
-    /// table is full (counted). Every use marks it active.
-    fn peer_entry(&mut self, nid: Nid, ni: usize) -> Option<&mut PeerNi> {
-        let now = self.now;
-        if !self.peers.contains_key(&nid) {
-            let n = &mut self.nis[ni];
-            if n.peers >= n.peer_limit {
-                self.stats.peer_table_full += 1;
-                return None;
-            }
-            n.peers += 1;
-            let mut p = PeerNi::new(nid, NiIndex(ni), n.peer_credits, n.rtr_credits, now);
-            // A peer forgotten while its connection stayed up learns its state from the LND.
-            if n.lnd.peer_up(nid) {
-                p.state = PeerState::Up;
-            }
-            self.timers
-                .arm(now + n.peer_timeout, NodeTimer::PeerAge(nid));
-            self.peers.insert(nid, p);
-        }
-        let p = self.peers.get_mut(&nid)?;
-        p.last_active = now;
-        Some(p)
-    }
-
-    /// A peer NI's aging timer fired: forget it if it has been quiet for peer_timeout and holds
-    /// nothing, else look again when it could next be.
-    fn age_peer(&mut self, nid: Nid) {
-        let Some(p) = self.peers.get(&nid) else {
-            return;
-        };
-        let ni = p.ni.0;
-        let timeout = self.nis[ni].peer_timeout;
-        let due = p.last_active + timeout;
-        if self.now >= due && p.is_idle() {
-            self.peers.remove(&nid);
-            self.nis[ni].peers = self.nis[ni].peers.saturating_sub(1);
-            self.stats.peers_aged += 1;
-            trace!(peer = %nid, "peer aged out");
-            return;
-        }
-        let next = if self.now >= due {
-            self.now + timeout
-        } else {
-            due
-        };
-        self.timers.arm(next, NodeTimer::PeerAge(nid));
     }
 
     /// Starts a message on `route` (never `Route::Sibling`: callers hand those over).

@@ -56,6 +56,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("node::bulk_state", Layer::Core),
     ("node::fwd_state", Layer::Core),
     ("node::paths", Layer::Core),
+    ("node::peers", Layer::Core),
     ("node::pings", Layer::Core),
     ("node::recovery", Layer::Core),
     ("node::timers", Layer::Core),
@@ -893,5 +894,8 @@ fn docs_walk_names_functions_that_exist() {
         }
     }
     assert!(named >= 20, "the walk names {named} functions");
-    assert!(missing.is_empty(), "the walk names functions that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "the walk names functions that do not exist: {missing:?}"
+    );
 }
