@@ -75,6 +75,11 @@ const LAYERS: &[(&str, Layer)] = &[
     ("sim_node", Layer::Runtime),
     ("sim_storm", Layer::Runtime),
     ("selftest::wire", Layer::Selftest),
+    ("selftest::wire::messages", Layer::Selftest),
+    ("selftest::wire::codec", Layer::Selftest),
+    ("selftest::wire::framework", Layer::Selftest),
+    ("selftest::wire::bodies", Layer::Selftest),
+    ("selftest::wire::patterns", Layer::Selftest),
     ("selftest::pattern", Layer::Selftest),
     ("selftest::srpc", Layer::Selftest),
     ("selftest::console_types", Layer::Selftest),
@@ -89,7 +94,10 @@ const LAYERS: &[(&str, Layer)] = &[
     // Applies an imported Lustre configuration to the daemon's (`yaml_config::DaemonConfig`);
     // built with the daemon only.
     ("control::import", Layer::Daemon),
-    ("yaml_config", Layer::Daemon),
+    ("yaml_config::model", Layer::Daemon),
+    ("yaml_config::raw", Layer::Daemon),
+    ("yaml_config::lowering", Layer::Daemon),
+    ("yaml_config::errors", Layer::Daemon),
 ];
 
 /// Files of the LNet core and forwarding allowed to name `lnd::engine`, `lnd::fabric` or

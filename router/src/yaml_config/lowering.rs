@@ -1,0 +1,602 @@
+//! Lowering: the raw document (`raw`) checked and turned into a [`DaemonConfig`], section by
+//! section. Each step answers a [`Located`] error (the line and the message); `parse_with`
+//! names the origin once.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use lnd::engine::config::DEFAULT_PEER_LIMIT;
+use lnd::engine::{RaceOrder, Tunables};
+use lnd::time::Duration;
+use lnd::wire::kib::CksumFlavour;
+use lnd::wire::{Net, Nid};
+use serde_saphyr::Spanned;
+
+use crate::config::{
+    BufferCounts, NiConfig, BUFFERS_RANGE, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+    DEFAULT_PEER_TIMEOUT,
+};
+use crate::gateway::GatewayHealthConfig;
+use crate::routes::{RouteConfig, RouteError, RouteTable};
+use crate::GlobalError;
+
+use super::errors::{from_yaml, ConfigError, Located};
+use super::model::{
+    DaemonConfig, FabricKind, NetSettings, NiSettings, RouteSettings, RouterChecksGiven,
+    DEFAULT_BUSY_POLL_US,
+};
+use super::raw::{
+    RawBuffers, RawConfig, RawLndTunables, RawMrPeer, RawNet, RawNi, RawPeer, RawRoute,
+    RoutingSection,
+};
+
+impl DaemonConfig {
+    /// Parses a configuration; `origin` names it in errors (usually the file name).
+    pub fn parse(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, None, false)
+    }
+
+    /// Parses a configuration for a daemon started with `--no-nis` (lnet.service's flow: LNet
+    /// comes up with no NI, `lnetctl import` or `net add` gives it its NIs): as [`parse`], but
+    /// a file that names no NI, or is empty, is a daemon with none yet.
+    ///
+    /// [`parse`]: DaemonConfig::parse
+    pub fn parse_allowing_no_nis(text: &str, origin: &str) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, None, true)
+    }
+
+    /// Parses a document for `lnetctl import` into a running daemon whose NIs are `running`:
+    /// checked as a configuration file is, except that it may name no NI, and its routes are
+    /// only parsed (their values checked): whether each fits the daemon (its gateway on a
+    /// local net, its net not local, not there already) is judged when it is applied, item by
+    /// item. [`DaemonConfig::given`] says which sections it had.
+    pub fn parse_import(
+        text: &str,
+        origin: &str,
+        running: &[Nid],
+    ) -> Result<DaemonConfig, ConfigError> {
+        Self::parse_with(text, origin, Some(running), true)
+    }
+
+    fn parse_with(
+        text: &str,
+        origin: &str,
+        running: Option<&[Nid]>,
+        allow_no_nis: bool,
+    ) -> Result<DaemonConfig, ConfigError> {
+        // An empty file (or one of comments) is no document at all for the parser: refuse it
+        // here, with its first line, before serde turns it into a config with nothing in it.
+        let raw: Option<RawConfig> =
+            serde_saphyr::from_str(text).map_err(|e| from_yaml(origin, text, &e))?;
+        lower(raw.unwrap_or_default(), running, allow_no_nis)
+            .map_err(|(line, message)| ConfigError::new(origin, Some(line), message))
+    }
+}
+
+/// The whole document, section by section, in the order the checks have always run (the first
+/// error found is the one reported).
+fn lower(
+    raw: RawConfig,
+    running: Option<&[Nid]>,
+    allow_no_nis: bool,
+) -> Result<DaemonConfig, Located> {
+    refuse_unsupported(&raw)?;
+    let mut cfg = DaemonConfig::default();
+    let mut seen: HashMap<Nid, u64> = HashMap::new();
+    let net_line = raw.net.as_ref().map_or(1, |n| n.referenced.line().max(1));
+    for n in raw.net.map(|n| n.value).unwrap_or_default() {
+        lower_net(n, &mut cfg, &mut seen)?;
+    }
+    if cfg.nis().next().is_none() && !allow_no_nis {
+        // A daemon with no NI does nothing: almost surely a wrong or truncated file, unless
+        // asked for (`--no-nis`: NIs come later through lnetctl, as with lnet.service).
+        return Err((
+            net_line,
+            "no NI configured (an empty file, 'net: []', or nets without 'local NI(s)'): \
+             a daemon needs at least one, or --no-nis to start without and add them with \
+             lnetctl net add or import"
+                .to_string(),
+        ));
+    }
+    lower_peers(raw.peers, &seen, running, &mut cfg)?;
+    lower_routes(raw.route, running, &mut cfg)?;
+    cfg.given.buffers = raw.buffers.is_some();
+    cfg.given.routing = raw.routing.as_ref().is_some_and(|r| r.0.enable.is_some());
+    cfg.given.peers = raw.peer.as_ref().map_or(0, |p| p.value.len());
+    if let Some(b) = raw.buffers {
+        lower_buffers(&b, &mut cfg)?;
+    }
+    let numa = raw
+        .numa
+        .and_then(|n| n.range)
+        .map(|r| ("numa_range".to_string(), r));
+    let global_line = raw.global.as_ref().map_or(1, |g| g.referenced.line());
+    let globals = raw.global.into_iter().flat_map(|g| g.value).chain(numa);
+    lower_globals(globals, global_line, running, &mut cfg)?;
+    cfg.given.selftest = raw
+        .selftest
+        .as_ref()
+        .and_then(|s| s.enable.as_ref().map(|e| e.0));
+    cfg.selftest = cfg.given.selftest.unwrap_or(false);
+    if let Some(r) = raw.routing {
+        lower_routing(r, &mut cfg)?;
+    }
+    Ok(cfg)
+}
+
+/// The sections of an export ulnet does not implement, refused by name when not empty.
+fn refuse_unsupported(raw: &RawConfig) -> Result<(), Located> {
+    for (key, v) in [("udsp", &raw.udsp), ("ip2nets", &raw.ip2nets)] {
+        if let Some(v) = v.as_ref().filter(|v| !v.value.empty) {
+            return Err((
+                v.referenced.line(),
+                format!(
+                    "'{key}:' is not supported by ulnet (remove it, or configure the \
+                     NIs it would select under 'net:')"
+                ),
+            ));
+        }
+    }
+    for p in raw.peer.iter().flat_map(|p| p.value.iter()) {
+        refuse_multi_rail(p)?;
+    }
+    Ok(())
+}
+
+fn refuse_multi_rail(p: &RawMrPeer) -> Result<(), Located> {
+    if p.peer_ni.len() > 1 {
+        return Err((
+            p.primary_nid.referenced.line(),
+            format!(
+                "peer {}: Multi-Rail peers with several NIs are not supported by ulnet \
+                 (one NI per peer; remove this 'peer:' entry)",
+                p.primary_nid.value.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One `net:` entry: its NIs join those of an earlier entry of the same net. `seen` holds
+/// every NID configured so far and its line.
+fn lower_net(
+    n: RawNet,
+    cfg: &mut DaemonConfig,
+    seen: &mut HashMap<Nid, u64>,
+) -> Result<(), Located> {
+    let net_line = n.net_type.referenced.line();
+    let net: Net = n
+        .net_type
+        .value
+        .parse()
+        .map_err(|e| (net_line, format!("bad 'net type': {e}")))?;
+    if net == Net::LO {
+        // lnetctl export lists the loopback net; it always exists.
+        return Ok(());
+    }
+    // Without `fabric`, tcp (the daemon says so once at start).
+    let fabric_given = n.fabric.is_some();
+    let fabric = n.fabric.unwrap_or(FabricKind::Tcp);
+    let mut nis = Vec::new();
+    for ni in n.local_nis {
+        let (nid, line) = ni_nid(&ni, net, net_line)?;
+        if nid.net() != net {
+            return Err((
+                line,
+                format!("NID {nid} is not on net type {net} of its 'net:' entry"),
+            ));
+        }
+        if let Some(first) = seen.insert(nid, line) {
+            return Err((
+                line,
+                format!("NID {nid} is configured twice (first on line {first})"),
+            ));
+        }
+        nis.push(lower_ni(ni, nid, line)?);
+    }
+    if let Some(existing) = cfg.nets.iter_mut().find(|s| s.net == net) {
+        existing.nis.extend(nis);
+    } else {
+        cfg.nets.push(NetSettings {
+            net,
+            fabric,
+            fabric_given,
+            nis,
+        });
+    }
+    Ok(())
+}
+
+/// One NI of a net, whose NID (at `line`) is already checked.
+fn lower_ni(ni: RawNi, nid: Nid, line: u64) -> Result<NiSettings, Located> {
+    let mut c = NiConfig::new(nid, 0);
+    ulnet_settings(&ni, &mut c)?;
+    let mut t = ni.tunables.unwrap_or_default();
+    let mut l = ni.lnd_tunables.unwrap_or_default();
+    // A 2.12-2.14 export's LND tunables, under `tunables:`.
+    l.peercredits_hiw = l.peercredits_hiw.or(t.peercredits_hiw.take());
+    l.concurrent_sends = l.concurrent_sends.or(t.concurrent_sends.take());
+    l.conns_per_peer = l.conns_per_peer.or(t.conns_per_peer.take());
+    let credits = checked(&t.credits, DEFAULT_CREDITS, 1, u32::MAX, "credits")?;
+    let peer_credits = checked(
+        &t.peer_credits,
+        DEFAULT_PEER_CREDITS,
+        1,
+        255,
+        "peer_credits",
+    )?;
+    c.credits = credits;
+    c.peer_timeout = Duration::from_secs(u64::from(
+        t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT).max(1),
+    ));
+    c.peer_credits = peer_credits;
+    c.peer_buffer_credits = t.peer_buffer_credits.unwrap_or(0);
+    // `connect hedge ms` (ulnet's) lives among the LND's tunables.
+    let hedge = c.tunables.connect_hedge;
+    c.tunables = lnd_tunables(&l, peer_credits as u16)?;
+    c.tunables.connect_hedge = hedge;
+    Ok(NiSettings {
+        ni: c,
+        listen: ni.listen,
+        busy_poll_us: checked(
+            &ni.busy_poll_us,
+            DEFAULT_BUSY_POLL_US,
+            0,
+            1_000_000,
+            "busy poll us",
+        )?,
+        handshake_limit: checked(
+            &ni.handshake_limit,
+            lnd::driver::tcp::DEFAULT_HANDSHAKE_LIMIT as u32,
+            0,
+            10_000_000,
+            "handshake limit",
+        )?,
+        peer_timeout: t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
+        peer_buffer_credits: t.peer_buffer_credits.unwrap_or(0),
+        line,
+    })
+}
+
+/// `peers:`: where other daemons listen; none of them one of ours (`seen`, and for an import
+/// the running daemon's NIs).
+fn lower_peers(
+    peers: Vec<RawPeer>,
+    seen: &HashMap<Nid, u64>,
+    running: Option<&[Nid]>,
+    cfg: &mut DaemonConfig,
+) -> Result<(), Located> {
+    for p in peers {
+        let line = p.nid.referenced.line();
+        let nid = p.nid.value.0;
+        if let Some(ni_line) = seen.get(&nid) {
+            return Err((
+                line,
+                format!(
+                    "peer {nid} is one of our own NIs (line {ni_line}); 'peers:' lists where \
+                     other daemons listen"
+                ),
+            ));
+        }
+        // An import's peers apply to the running daemon (every NI's next connect), so
+        // its NIs are ours too.
+        if running.is_some_and(|r| r.contains(&nid)) {
+            return Err((
+                line,
+                format!(
+                    "peer {nid} is one of this daemon's NIs; 'peers:' lists where other \
+                     daemons listen"
+                ),
+            ));
+        }
+        if cfg.peers.insert(nid, p.address).is_some() {
+            return Err((line, format!("peer {nid} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// `route:` entries; a configuration file's are checked against its NIs as a table.
+fn lower_routes(
+    routes: Vec<RawRoute>,
+    running: Option<&[Nid]>,
+    cfg: &mut DaemonConfig,
+) -> Result<(), Located> {
+    let mut own: Vec<Nid> = cfg.nis().map(|(_, ni)| ni.ni.nid).collect();
+    for &n in running.into_iter().flatten() {
+        if !own.contains(&n) {
+            own.push(n);
+        }
+    }
+    let mut table = RouteTable::default();
+    for r in routes {
+        let line = r.net.referenced.line();
+        let net: Net = r
+            .net
+            .value
+            .parse()
+            .map_err(|e| (line, format!("route: bad 'net': {e}")))?;
+        let hops = match r.hop {
+            None => None,
+            Some(h) if h.value == -1 => None,
+            Some(h) => match u8::try_from(h.value) {
+                Ok(v) if v >= 1 => Some(v),
+                _ => {
+                    return Err((
+                        h.referenced.line(),
+                        format!("route: {}", RouteError::BadHops(h.value)),
+                    ))
+                }
+            },
+        };
+        let route = RouteConfig {
+            net,
+            gateway: r.gateway.value.0,
+            hops,
+            priority: r.priority.map_or(0, |p| p.value),
+        };
+        // A configuration file's routes are checked here: a bad one stops the daemon from
+        // starting. An import's are checked one by one as they are applied, against the
+        // NIs the daemon has then (its own and those the document adds): a route to a net
+        // that is local there fails that item only and the rest applies, as Lustre's
+        // import does (lnetctl.c, jt_import: each item's error in its error block).
+        if running.is_none() {
+            table
+                .add(route, &own)
+                .map_err(|e| (line, format!("route to {net} via {}: {e}", route.gateway)))?;
+        }
+        cfg.routes.push(RouteSettings { route, line });
+    }
+    Ok(())
+}
+
+/// `buffers:`: the router buffer counts and the scrub mode.
+fn lower_buffers(b: &RawBuffers, cfg: &mut DaemonConfig) -> Result<(), Located> {
+    let d = BufferCounts::default();
+    // The range `lnetctl set *_buffers` checks too.
+    let (lo, hi) = (*BUFFERS_RANGE.start(), *BUFFERS_RANGE.end());
+    cfg.routing.buffers = BufferCounts {
+        tiny: checked(&b.tiny, d.tiny, lo, hi, "buffers: tiny")?,
+        small: checked(&b.small, d.small, lo, hi, "buffers: small")?,
+        large: checked(&b.large, d.large, lo, hi, "buffers: large")?,
+    };
+    if let Some(s) = &b.scrub {
+        cfg.routing.scrub = s
+            .value
+            .trim()
+            .parse()
+            .map_err(|m| (s.referenced.line(), format!("buffers: scrub: {m}")))?;
+    }
+    Ok(())
+}
+
+/// `global:` (and `numa: range:`): LNet's global tunables. One key at a time for the ranges
+/// (an error names its line), then all together for the rules that tie two of them (the
+/// section's first line, `global_line`).
+fn lower_globals(
+    globals: impl Iterator<Item = (String, Spanned<i64>)>,
+    global_line: u64,
+    running: Option<&[Nid]>,
+    cfg: &mut DaemonConfig,
+) -> Result<(), Located> {
+    for (key, v) in globals {
+        // Lustre <= 2.14's name, which lnetctl still reads (LU-13641 renamed it).
+        let key = if key == "max_intf" {
+            "max_interfaces".to_string()
+        } else {
+            key
+        };
+        if crate::globals::READ_ONLY.contains(&key.as_str()) {
+            // Shown by `global show`, so in every export; set elsewhere or derived.
+            continue;
+        }
+        if let Err(e @ (GlobalError::Unknown(_) | GlobalError::OutOfRange { .. })) =
+            crate::GlobalTunables::default().set_all(&[(&key, v.value)])
+        {
+            return Err((v.referenced.line(), format!("global: {e}")));
+        }
+        cfg.given.globals.push((key, v.value));
+    }
+    // The rules that tie two values are checked against what they will join: the defaults
+    // for a configuration file; for an import, the running daemon's values, which only
+    // the daemon has (it applies the section all or nothing).
+    if running.is_none() {
+        let all: Vec<(&str, i64)> = cfg
+            .given
+            .globals
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        cfg.globals
+            .set_all(&all)
+            .map_err(|e| (global_line, format!("global: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `routing:`: whether this node forwards, and how it checks its gateways.
+fn lower_routing(RoutingSection(r): RoutingSection, cfg: &mut DaemonConfig) -> Result<(), Located> {
+    cfg.routing.enabled = r.enable.is_some_and(|s| s.0);
+    cfg.given.router_checks = RouterChecksGiven {
+        alive_router_check_interval: r.alive_router_check_interval.as_ref().map(|s| s.value),
+        router_ping_timeout: r.router_ping_timeout.as_ref().map(|s| s.value),
+        avoid_asym_router_failure: r.avoid_asym_router_failure.as_ref().map(|s| s.0),
+    };
+    let d = GatewayHealthConfig::default();
+    let max = crate::gateway::MAX_ROUTER_CHECK_SECS;
+    let secs = |v: &Option<Spanned<u32>>, def: Duration, key: &str| {
+        checked(v, def.as_secs() as u32, 0, max, key).map(|s| Duration::from_secs(u64::from(s)))
+    };
+    cfg.gateway_health = GatewayHealthConfig {
+        check_interval: secs(
+            &r.alive_router_check_interval,
+            d.check_interval,
+            "alive_router_check_interval",
+        )?,
+        ping_timeout: secs(
+            &r.router_ping_timeout,
+            d.ping_timeout,
+            "router_ping_timeout",
+        )?
+        .max(Duration::from_secs(1)),
+        avoid_asym: r.avoid_asym_router_failure.map_or(d.avoid_asym, |s| s.0),
+    };
+    Ok(())
+}
+
+impl DaemonConfig {
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
+        let origin = path.display().to_string();
+        let text = crate::text::read_config_file(path)
+            .map_err(|e| ConfigError::new(&origin, None, format!("cannot read: {e}")))?;
+        DaemonConfig::parse(&text, &origin)
+    }
+
+    /// Reads the configuration of a daemon started with `--no-nis`: a missing file is a
+    /// daemon with nothing configured yet (every default), else
+    /// [`DaemonConfig::parse_allowing_no_nis`].
+    pub fn load_allowing_no_nis(path: &Path) -> Result<DaemonConfig, ConfigError> {
+        let origin = path.display().to_string();
+        match crate::text::read_config_file(path) {
+            Ok(text) => DaemonConfig::parse_allowing_no_nis(&text, &origin),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DaemonConfig::default()),
+            Err(e) => Err(ConfigError::new(&origin, None, format!("cannot read: {e}"))),
+        }
+    }
+}
+
+/// An NI's NID: `nid`, else the IPv4 address of its first interface on `net` (as the kernel
+/// makes an NI from `interfaces:`, lnet_ipif_query), with the line to name in errors.
+fn ni_nid(ni: &RawNi, net: Net, net_line: u64) -> Result<(Nid, u64), (u64, String)> {
+    if let Some(n) = &ni.nid {
+        return Ok((n.value.0, n.referenced.line()));
+    }
+    let Some(ifs) = ni.interfaces.as_ref().filter(|i| !i.value.is_empty()) else {
+        return Err((
+            net_line,
+            "an NI needs 'nid' (or 'interfaces:' to take the NID from)".to_string(),
+        ));
+    };
+    let line = ifs.referenced.line();
+    let name = ifs.value.values().next().map_or("", String::as_str);
+    let addrs = if_addrs::get_if_addrs().map_err(|e| {
+        (
+            line,
+            format!("interface {name}: cannot list interfaces: {e}"),
+        )
+    })?;
+    let ip = addrs
+        .iter()
+        .filter(|a| a.name == name)
+        .find_map(|a| match a.ip() {
+            std::net::IpAddr::V4(v4) => Some(v4),
+            std::net::IpAddr::V6(_) => None,
+        });
+    match ip {
+        Some(ip) => Ok((Nid::new(net, u32::from(ip)), line)),
+        None if addrs.iter().any(|a| a.name == name) => Err((
+            line,
+            format!("interface {name} has no IPv4 address to make an NID on {net} from"),
+        )),
+        None => Err((line, format!("no interface {name} on this host"))),
+    }
+}
+
+/// ulnet's own per-NI settings (beside `listen` and `busy poll us`), checked at their lines.
+fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
+    if let Some(s) = &ni.checksum {
+        c.checksum.emit = s.value.0;
+    }
+    if let Some(s) = &ni.checksum_default {
+        c.checksum.default_flavour = match s.value.trim() {
+            "none" => None,
+            "signed" => Some(CksumFlavour::Signed),
+            "unsigned" => Some(CksumFlavour::Unsigned),
+            other => {
+                return Err((
+                    s.referenced.line(),
+                    format!(
+                    "checksum default: unknown flavour '{other}' (known: none, signed, unsigned)"
+                ),
+                ))
+            }
+        };
+    }
+    if let Some(s) = &ni.race_order {
+        c.race_order = s
+            .value
+            .trim()
+            .parse::<RaceOrder>()
+            .map_err(|m| (s.referenced.line(), format!("race order: {m}")))?;
+    }
+    let hedge = checked(
+        &ni.connect_hedge_ms,
+        c.tunables.connect_hedge.as_millis() as u32,
+        0,
+        60_000,
+        "connect hedge ms",
+    )?;
+    c.tunables.connect_hedge = lnd::time::Duration::from_millis(hedge.into());
+    // 0: only the LND timeout, as kernel o2iblnd.
+    let grant = checked(
+        &ni.grant_timeout_ms,
+        c.tunables.grant_timeout.as_millis() as u32,
+        0,
+        600_000,
+        "grant timeout ms",
+    )?;
+    c.tunables.grant_timeout = lnd::time::Duration::from_millis(grant.into());
+    c.peer_limit = checked(
+        &ni.peer_limit,
+        DEFAULT_PEER_LIMIT as u32,
+        1,
+        16 * 1024 * 1024,
+        "peer limit",
+    )? as usize;
+    Ok(())
+}
+
+/// A tunable's value, or its default; out of `lo..=hi` is an error at its line.
+fn checked(
+    v: &Option<Spanned<u32>>,
+    default: u32,
+    lo: u32,
+    hi: u32,
+    key: &str,
+) -> Result<u32, Located> {
+    match v {
+        None => Ok(default),
+        Some(s) if (lo..=hi).contains(&s.value) => Ok(s.value),
+        Some(s) => Err((
+            s.referenced.line(),
+            crate::config::out_of_range(key, s.value, &(lo..=hi)),
+        )),
+    }
+}
+
+/// The o2ib LND's tunables from `lnd tunables:` (0 = automatic, as in o2iblnd).
+fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Located> {
+    let d = Tunables::default();
+    let hiw = checked(&l.peercredits_hiw, 0, 0, 255, "peercredits_hiw")?;
+    let cs = checked(&l.concurrent_sends, 0, 0, 510, "concurrent_sends")?;
+    let timeout = checked(&l.timeout, d.timeout.as_secs() as u32, 1, 3600, "timeout")?;
+    let keepalive = checked(
+        &l.keepalive,
+        d.keepalive.as_secs() as u32,
+        0,
+        86400,
+        "keepalive",
+    )?;
+    // As the kernel's setter (o2iblnd.c, kiblnd_nl_set: 0..127, 0 meaning the default of 1).
+    let cpp = checked(&l.conns_per_peer, 1, 0, 127, "conns_per_peer")?.max(1);
+    Ok(Tunables {
+        peer_credits,
+        peer_credits_hiw: hiw as u16,
+        concurrent_sends: cs as u16,
+        timeout: Duration::from_secs(u64::from(timeout)),
+        keepalive: Duration::from_secs(u64::from(keepalive)),
+        conns_per_peer: cpp as u16,
+        ..d
+    })
+}
