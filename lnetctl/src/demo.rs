@@ -161,3 +161,21 @@ pub fn demo(src: Nid, dst: Nid) -> Result<String, WireError> {
     }
     Ok(std::mem::take(out))
 }
+
+/// `lnetctl demo SRC DST`: the walk-through printed, or why it failed.
+pub(crate) fn run(src: &str, dst: &str) -> u8 {
+    let (src, dst) = match (crate::check_nid(src), crate::check_nid(dst)) {
+        (Ok(s), Ok(d)) => (s, d),
+        (Err(c), _) | (_, Err(c)) => return c,
+    };
+    match demo(src, dst) {
+        Ok(text) => {
+            crate::emit(&text);
+            crate::exit::OK
+        }
+        Err(e) => {
+            eprintln!("lnetctl: demo failed: {e}");
+            crate::exit::FAILED
+        }
+    }
+}
