@@ -77,17 +77,7 @@ fn golden_net_show() {
     let n = node();
     assert_eq!(
         yaml_at(&Response::Net(net_show(&n, &[], false)), 0).unwrap(),
-        "\
-net:
--     net type: lo
-      local NI(s):
-      -     nid: 0@lo
-            status: up
--     net type: o2ib
-      local NI(s):
-      -     nid: 10.0.0.1@o2ib
-            status: up
-"
+        include_str!("fixtures/net-show.yaml")
     );
     assert_eq!(
         yaml_at(&Response::Net(net_show(&n, &[], true)), 1).unwrap(),
@@ -135,35 +125,11 @@ fn golden_peer_show() {
     let n = node();
     assert_eq!(
         yaml(&Response::Peer(peer_show(&n, None, false).unwrap())).unwrap(),
-        "\
-peer:
--     primary nid: 10.0.0.2@o2ib
-      Multi-Rail: false
-      peer ni:
-      -     nid: 10.0.0.2@o2ib
-            state: NA
-"
+        include_str!("fixtures/peer-show.yaml")
     );
     assert_eq!(
         yaml_at(&Response::Peer(peer_show(&n, None, true).unwrap()), 1).unwrap(),
-        "\
-peer:
--     primary nid: 10.0.0.2@o2ib
-      Multi-Rail: false
-      peer ni:
-      -     nid: 10.0.0.2@o2ib
-            state: NA
-            max_ni_tx_credits: 8
-            available_tx_credits: 7
-            min_tx_credits: 7
-            tx_q_num_of_buf: 0
-            available_rtr_credits: 8
-            min_rtr_credits: 8
-            statistics:
-                  send_count: 1
-                  recv_count: 0
-                  drop_count: 0
-"
+        include_str!("fixtures/peer-show-v.yaml")
     );
 }
 

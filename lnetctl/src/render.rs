@@ -662,17 +662,7 @@ manage:
         let n = node();
         assert_eq!(
             net(&net_show(&n, &[], false)),
-            "\
-net:
--     net type: lo
-      local NI(s):
-      -     nid: 0@lo
-            status: up
--     net type: o2ib
-      local NI(s):
-      -     nid: 10.0.0.1@o2ib
-            status: up
-"
+            include_str!("fixtures/net-show.yaml")
         );
         let v = net(&net_show(&n, &[], true));
         let (head, lnd) = v.split_once("            lnd statistics:\n").expect(&v);
@@ -850,35 +840,11 @@ net:
         assert_eq!(peer(&PeerShow::default()), "peer: []\n");
         assert_eq!(
             peer(&peer_show(&n, None, false).unwrap()),
-            "\
-peer:
--     primary nid: 10.0.0.2@o2ib
-      Multi-Rail: false
-      peer ni:
-      -     nid: 10.0.0.2@o2ib
-            state: NA
-"
+            include_str!("fixtures/peer-show.yaml")
         );
         assert_eq!(
             peer(&peer_show(&n, Some("10.0.0.2@o2ib"), true).unwrap()),
-            "\
-peer:
--     primary nid: 10.0.0.2@o2ib
-      Multi-Rail: false
-      peer ni:
-      -     nid: 10.0.0.2@o2ib
-            state: NA
-            max_ni_tx_credits: 8
-            available_tx_credits: 7
-            min_tx_credits: 7
-            tx_q_num_of_buf: 0
-            available_rtr_credits: 8
-            min_rtr_credits: 8
-            statistics:
-                  send_count: 1
-                  recv_count: 0
-                  drop_count: 0
-"
+            include_str!("fixtures/peer-show-v.yaml")
         );
     }
 

@@ -13,40 +13,29 @@ use serde_saphyr::Spanned;
 use super::model::FabricKind;
 
 #[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored sections are only checked, never read
 pub(super) struct RawConfig {
-    #[serde(default)]
     pub(super) net: Option<Spanned<Vec<RawNet>>>,
-    #[serde(default)]
     pub(super) peers: Vec<RawPeer>,
-    #[serde(default)]
     pub(super) route: Vec<RawRoute>,
-    #[serde(default)]
     pub(super) routing: Option<RoutingSection>,
-    #[serde(default)]
     pub(super) selftest: Option<RawSelftest>,
-    #[serde(default)]
     pub(super) buffers: Option<RawBuffers>,
     // Written by `lnetctl export` and lnet.conf. `global:` and `numa: range:` set LNet's global
     // tunables, checked as `lnetctl set` checks them (`crate::globals`); `peer:` entries with
     // one NI are what discovery would find anyway; what we do not implement is refused by name.
-    #[serde(default)]
     pub(super) global: Option<Spanned<std::collections::BTreeMap<String, Spanned<i64>>>>,
-    #[serde(default)]
     pub(super) numa: Option<RawNuma>,
-    #[serde(default)]
     pub(super) peer: Option<Spanned<Vec<RawMrPeer>>>,
-    #[serde(default)]
     pub(super) udsp: Option<Spanned<UnsupportedValue>>,
-    #[serde(default)]
     pub(super) ip2nets: Option<Spanned<UnsupportedValue>>,
 }
 
 /// `numa:` as lnetctl exports it: `range: N` is the global `numa_range`.
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
+#[serde(default)]
 pub(super) struct RawNuma {
-    #[serde(default)]
     pub(super) range: Option<Spanned<i64>>,
 }
 
@@ -113,19 +102,14 @@ pub(super) struct RawRoute {
 
 /// `routing:`: Lustre's `enable`, and the router-checking module parameters under their
 /// Lustre names.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 pub(super) struct RawRouting {
-    #[serde(default)]
     pub(super) enable: Option<Switch>,
-    #[serde(default)]
     pub(super) alive_router_check_interval: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) router_ping_timeout: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) avoid_asym_router_failure: Option<Switch>,
-    #[serde(default)]
     pub(super) seq_no: Option<IgnoredAny>,
 }
 
@@ -224,28 +208,22 @@ impl<'de> Deserialize<'de> for RoutingItem {
 }
 
 /// `selftest:` (ours): whether the daemon runs lnet_selftest.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub(super) struct RawSelftest {
-    #[serde(default)]
     pub(super) enable: Option<Switch>,
 }
 
 /// `buffers:`: router buffers of each size, for the whole node.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 pub(super) struct RawBuffers {
-    #[serde(default)]
     pub(super) tiny: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) small: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) large: Option<Spanned<u32>>,
     /// ulnet's: `auto`, `on` or `off` (see `router::BulkScrub`).
-    #[serde(default)]
     pub(super) scrub: Option<Spanned<String>>,
-    #[serde(default)]
     pub(super) seq_no: Option<IgnoredAny>,
 }
 
@@ -260,127 +238,94 @@ pub(super) struct RawNet {
     pub(super) local_nis: Vec<RawNi>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 pub(super) struct RawNi {
     /// Absent in `lnetctl export --backup`, which names the NI by its interface.
-    #[serde(default)]
     pub(super) nid: Option<Spanned<NidValue>>,
-    #[serde(default)]
     pub(super) listen: Option<SocketAddr>,
-    #[serde(rename = "busy poll us", default)]
+    #[serde(rename = "busy poll us")]
     pub(super) busy_poll_us: Option<Spanned<u32>>,
-    #[serde(rename = "handshake limit", default)]
+    #[serde(rename = "handshake limit")]
     pub(super) handshake_limit: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) checksum: Option<Spanned<Switch>>,
-    #[serde(rename = "checksum default", default)]
+    #[serde(rename = "checksum default")]
     pub(super) checksum_default: Option<Spanned<String>>,
-    #[serde(rename = "race order", default)]
+    #[serde(rename = "race order")]
     pub(super) race_order: Option<Spanned<String>>,
-    #[serde(rename = "connect hedge ms", default)]
+    #[serde(rename = "connect hedge ms")]
     pub(super) connect_hedge_ms: Option<Spanned<u32>>,
-    #[serde(rename = "grant timeout ms", default)]
+    #[serde(rename = "grant timeout ms")]
     pub(super) grant_timeout_ms: Option<Spanned<u32>>,
-    #[serde(rename = "peer limit", default)]
+    #[serde(rename = "peer limit")]
     pub(super) peer_limit: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) tunables: Option<RawTunables>,
-    #[serde(rename = "lnd tunables", default)]
+    #[serde(rename = "lnd tunables")]
     pub(super) lnd_tunables: Option<RawLndTunables>,
     // Written by `lnetctl export`, meaningless here.
-    #[serde(default)]
     pub(super) status: Option<IgnoredAny>,
     /// `0: ib0`: the network interface whose IPv4 address makes the NID when `nid` is absent
     /// (lnetctl's `net add --if`; the kernel takes the interface's first address).
-    #[serde(default)]
     pub(super) interfaces: Option<Spanned<std::collections::BTreeMap<u32, String>>>,
-    #[serde(rename = "dev cpt", default)]
+    #[serde(rename = "dev cpt")]
     pub(super) dev_cpt: Option<IgnoredAny>,
-    #[serde(rename = "CPT", default)]
+    #[serde(rename = "CPT")]
     pub(super) cpt: Option<IgnoredAny>,
     /// Written for every NI by Lustre 2.10-2.14's `lnetctl export` (the socklnd bonding
     /// removed by LU-13641); meaningless here.
-    #[serde(rename = "tcp bonding", default)]
+    #[serde(rename = "tcp bonding")]
     pub(super) tcp_bonding: Option<IgnoredAny>,
     // Read-only state `lnetctl export` (without --backup) writes per NI.
-    #[serde(default)]
     pub(super) statistics: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) sent_stats: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) received_stats: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) dropped_stats: Option<IgnoredAny>,
-    #[serde(rename = "health stats", default)]
+    #[serde(rename = "health stats")]
     pub(super) health_stats: Option<IgnoredAny>,
-    #[serde(rename = "udsp info", default)]
+    #[serde(rename = "udsp info")]
     pub(super) udsp_info: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 pub(super) struct RawTunables {
-    #[serde(default)]
     pub(super) peer_timeout: Option<u32>,
-    #[serde(default)]
     pub(super) peer_credits: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) peer_buffer_credits: Option<u32>,
-    #[serde(default)]
     pub(super) credits: Option<Spanned<u32>>,
     // Lustre 2.12-2.14's `lnetctl export` writes o2iblnd's tunables here, beside LNet's, and
     // leaves `lnd tunables:` empty (liblnetconfig.c, lustre_lnet_show_net, until 2.15): taken
     // as the LND's when `lnd tunables` does not give them.
-    #[serde(default)]
     pub(super) peercredits_hiw: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) concurrent_sends: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) conns_per_peer: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) map_on_demand: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_pool_size: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_flush_trigger: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_cache: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) ntx: Option<IgnoredAny>,
 }
 
 #[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 #[allow(dead_code)] // the ignored keys are only checked, never read
 pub(super) struct RawLndTunables {
-    #[serde(default)]
     pub(super) peercredits_hiw: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) concurrent_sends: Option<Spanned<u32>>,
     /// Seconds.
-    #[serde(default)]
     pub(super) timeout: Option<Spanned<u32>>,
     /// Seconds.
-    #[serde(default)]
     pub(super) keepalive: Option<Spanned<u32>>,
     // Written by `lnetctl export`, meaningless here.
-    #[serde(default)]
     pub(super) map_on_demand: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_pool_size: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_flush_trigger: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) fmr_cache: Option<IgnoredAny>,
-    #[serde(default)]
     pub(super) ntx: Option<IgnoredAny>,
     /// o2iblnd's: connections opened to each peer (0: 1).
-    #[serde(default)]
     pub(super) conns_per_peer: Option<Spanned<u32>>,
-    #[serde(default)]
     pub(super) tos: Option<IgnoredAny>,
 }
 

@@ -1,4 +1,3 @@
-
 use super::*;
 use lnd::engine::config::DEFAULT_PEER_LIMIT;
 use lnd::engine::Tunables;

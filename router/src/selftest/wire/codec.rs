@@ -231,3 +231,19 @@ macro_rules! fixed_layouts {
     )+};
 }
 pub(super) use fixed_layouts;
+
+/// [`Field`] for a struct of fields carried together inside a body (the counters of a stat
+/// reply), from a table: `Struct { field @ offset within the struct, ... }`.
+macro_rules! counter_fields {
+    ($($ty:ident { $($field:ident @ $at:literal),+ $(,)? })+) => {$(
+        impl Field for $ty {
+            fn get(r: &Reader<'_>, at: usize) -> Self {
+                $ty { $($field: Field::get(r, at + $at)),+ }
+            }
+            fn set(&self, w: &mut Writer<'_>, at: usize) {
+                $(Field::set(&self.$field, w, at + $at);)+
+            }
+        }
+    )+};
+}
+pub(super) use counter_fields;

@@ -1,7 +1,7 @@
 //! The framework services' bodies (portal 51): sessions, joins, debug queries, batches and
 //! stats (`srpc_*_reqst` / `srpc_*_reply` in rpc.h).
 
-use super::codec::{fixed_layouts, BodyLayout, Field, Reader, Writer};
+use super::codec::{counter_fields, fixed_layouts, BodyLayout, Field, Reader, Writer};
 use super::messages::*;
 
 /// Make-session request (`struct srpc_mksn_reqst`, 60 bytes), console to node on portal 51:
@@ -198,73 +198,21 @@ pub struct StatReply {
     pub lnet: LnetCounters,
 }
 
-impl BodyLayout for StatReply {
-    const TYPE: MsgType = MsgType::StatReply;
-    const LEN: usize = 136;
-    fn read(r: &Reader<'_>, _: u32) -> Self {
-        StatReply {
-            status: r.u32(0),
-            sid: r.sid(4),
-            fw: SfwCounters {
-                running_ms: r.u32(20),
-                active_batches: r.u32(24),
-                zombie_sessions: r.u32(28),
-                brw_errors: r.u32(32),
-                ping_errors: r.u32(36),
-            },
-            rpc: SrpcCounters {
-                errors: r.u32(40),
-                rpcs_sent: r.u32(44),
-                rpcs_rcvd: r.u32(48),
-                rpcs_dropped: r.u32(52),
-                rpcs_expired: r.u32(56),
-                bulk_get: r.u64(60),
-                bulk_put: r.u64(68),
-            },
-            lnet: LnetCounters {
-                msgs_alloc: r.u32(76),
-                msgs_max: r.u32(80),
-                errors: r.u32(84),
-                send_count: r.u32(88),
-                recv_count: r.u32(92),
-                route_count: r.u32(96),
-                drop_count: r.u32(100),
-                send_length: r.u64(104),
-                recv_length: r.u64(112),
-                route_length: r.u64(120),
-                drop_length: r.u64(128),
-            },
-        }
+// The counters a stat reply carries, each read and written as one field of the reply (the
+// offsets are within `sfw_counters`, `srpc_counters` and `lnet_counters_common`).
+counter_fields! {
+    SfwCounters {
+        running_ms @ 0, active_batches @ 4, zombie_sessions @ 8, brw_errors @ 12,
+        ping_errors @ 16,
     }
-    fn write(&self, w: &mut Writer<'_>) {
-        w.u32(0, self.status);
-        w.sid(4, self.sid);
-        let f = &self.fw;
-        w.u32(20, f.running_ms);
-        w.u32(24, f.active_batches);
-        w.u32(28, f.zombie_sessions);
-        w.u32(32, f.brw_errors);
-        w.u32(36, f.ping_errors);
-        let c = &self.rpc;
-        w.u32(40, c.errors);
-        w.u32(44, c.rpcs_sent);
-        w.u32(48, c.rpcs_rcvd);
-        w.u32(52, c.rpcs_dropped);
-        w.u32(56, c.rpcs_expired);
-        w.u64(60, c.bulk_get);
-        w.u64(68, c.bulk_put);
-        let l = &self.lnet;
-        w.u32(76, l.msgs_alloc);
-        w.u32(80, l.msgs_max);
-        w.u32(84, l.errors);
-        w.u32(88, l.send_count);
-        w.u32(92, l.recv_count);
-        w.u32(96, l.route_count);
-        w.u32(100, l.drop_count);
-        w.u64(104, l.send_length);
-        w.u64(112, l.recv_length);
-        w.u64(120, l.route_length);
-        w.u64(128, l.drop_length);
+    SrpcCounters {
+        errors @ 0, rpcs_sent @ 4, rpcs_rcvd @ 8, rpcs_dropped @ 12, rpcs_expired @ 16,
+        bulk_get @ 20, bulk_put @ 28,
+    }
+    LnetCounters {
+        msgs_alloc @ 0, msgs_max @ 4, errors @ 8, send_count @ 12, recv_count @ 16,
+        route_count @ 20, drop_count @ 24, send_length @ 28, recv_length @ 36,
+        route_length @ 44, drop_length @ 52,
     }
 }
 
@@ -281,4 +229,5 @@ fixed_layouts! {
     BatchRequest, 44 { rpyid @ 0, sid @ 8, bid @ 24, opc @ 32, testidx @ 36, arg @ 40 }
     BatchReply, 28 { status @ 0, sid @ 4, active @ 20, time @ 24 }
     StatRequest, 28 { rpyid @ 0, sid @ 8, stat_type @ 24 }
+    StatReply, 136 { status @ 0, sid @ 4, fw @ 20, rpc @ 40, lnet @ 76 }
 }

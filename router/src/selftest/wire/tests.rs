@@ -1,4 +1,3 @@
-
 use super::*;
 use lnd::wire::Nid;
 use proptest::prelude::*;
