@@ -6,7 +6,7 @@ use std::path::Path;
 use router::control::{ClientError, ControlClient, Request, Response};
 
 use crate::cli::{DebugCmd, LnetCmd, PeerCmd};
-use crate::show::{Step, View};
+use crate::view::{Step, View};
 use crate::{check_nid, client_failed, cut_quotes, exit};
 
 /// `lnet configure [-a]` and `lnet unconfigure`.

@@ -3,11 +3,11 @@
 //! JSON with `--json`. Without a daemon, `ping` runs an in-process LNet that has only `0@lo`.
 //! `capture` writes the daemon's o2iblnd traffic into a pcap file (`capture.rs`). `demo` walks
 //! one LNet ping exchange through the real wire encoders and decoders.
-
 //!
 //! The files: `cli` (the command line), one module per command group (`net`, `route`, `lnet`
-//! with peers and debug, `ping`, `import_export`, `capture`, `selftest`, `demo`), `show` (the
-//! common request-and-show path), and the renderers (`render`, `tree`, `export`, `import`).
+//! with peers and debug, `ping`, `import_export`, `capture`, `selftest`, `demo`), `show` and
+//! `view` (the common request-and-show path), and the renderers (`render`, `tree`, `export`,
+//! `import`).
 //! This file dispatches a command to its group and holds what they all use: the exit codes,
 //! output, and the checks of arguments.
 
@@ -27,6 +27,7 @@ mod route;
 mod selftest;
 mod show;
 mod tree;
+mod view;
 
 use std::process::ExitCode;
 
@@ -35,7 +36,7 @@ use lnd::wire::Nid;
 use router::control::{default_socket_path, ClientError, ImportOp, Request};
 
 use cli::{Cli, Cmd, GlobalCmd, StatsCmd};
-use show::{Step, View};
+use view::{Step, View};
 
 /// The exit codes a script can rely on.
 pub(crate) mod exit {

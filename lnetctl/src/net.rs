@@ -6,7 +6,7 @@ use std::path::Path;
 use router::control::{ControlClient, ImportOp, Request, Response};
 
 use crate::cli::NetCmd;
-use crate::show::{Step, View};
+use crate::view::{Step, View};
 use crate::{check_nid, client_failed, cut_quotes, exit, import};
 
 /// What a `net` command does.

@@ -5,7 +5,7 @@
 use router::control::{self, ControlClient, Request, Response};
 use router::{LnetNode, NodeConfig};
 
-use crate::show::{Step, View};
+use crate::view::{Step, View};
 use crate::{
     arg_excerpt, check_nid, client_failed, cut_quotes, emit, emit_err, exit, render, tree,
 };

@@ -1,10 +1,10 @@
 //! `route add`, `route del` and `route show` (with the hop and priority filters the daemon's
 //! request does not carry).
 
-use router::control::{self, Request};
+use router::control::Request;
 
 use crate::cli::RouteCmd;
-use crate::show::{Step, View};
+use crate::view::{RouteFilter, Step, View};
 use crate::{check_nid, exit};
 
 /// The request of a `route` command, or why there is none.
@@ -75,46 +75,4 @@ pub(crate) fn route(cmd: RouteCmd) -> Step {
         }
     };
     Step::Ask(req, View::default())
-}
-
-/// `route show --hop N --priority N`, which the daemon's request does not carry: the routes
-/// are asked for verbose (they carry their hop and priority only then), kept when they match,
-/// and shown as asked.
-#[derive(Debug, Default)]
-pub(crate) struct RouteFilter {
-    hop: Option<i64>,
-    priority: Option<i64>,
-    verbose: bool,
-}
-
-impl RouteFilter {
-    fn active(&self) -> bool {
-        self.hop.is_some() || self.priority.is_some()
-    }
-
-    pub(crate) fn apply(&self, mut r: control::RouteShow) -> control::RouteShow {
-        if !self.active() {
-            return r;
-        }
-        r.route.retain(|e| {
-            self.hop.is_none_or(|h| e.hop == Some(h))
-                && self
-                    .priority
-                    .is_none_or(|p| e.priority.map(i64::from) == Some(p))
-        });
-        if !self.verbose {
-            for e in &mut r.route {
-                *e = control::RouteEntry {
-                    net: std::mem::take(&mut e.net),
-                    gateway: std::mem::take(&mut e.gateway),
-                    hop: None,
-                    priority: None,
-                    health_sensitivity: None,
-                    state: None,
-                    kind: None,
-                };
-            }
-        }
-        r
-    }
 }

@@ -7,32 +7,8 @@ use std::path::Path;
 use router::control::{errno, ClientError, ControlClient, Request, Response};
 
 use crate::ping::{emit_ping, ping_without_daemon};
-use crate::route::RouteFilter;
+use crate::view::View;
 use crate::{client_failed, cut_quotes, emit, exit, render};
-
-/// What a command does next: it is done (with its exit status), or it asks the daemon.
-pub(crate) enum Step {
-    Exit(u8),
-    Ask(Request, View),
-}
-
-impl From<Request> for Step {
-    fn from(req: Request) -> Step {
-        Step::Ask(req, View::default())
-    }
-}
-
-/// How an answer is shown beyond what the request carries.
-#[derive(Debug, Default)]
-pub(crate) struct View {
-    /// `net show --net N`: the daemon's answer, cut to that net here.
-    pub(crate) net_filter: Option<String>,
-    /// `-v LEVEL`: ulnet's own keys from render::ULNET_LEVEL up (net show), at any -v (stats,
-    /// global show).
-    pub(crate) level: u8,
-    /// `route show --hop/--priority`: the daemon's verbose answer, cut here.
-    pub(crate) route_filter: RouteFilter,
-}
 
 /// Sends `req` to the daemon at `path` and shows its answer as `view` says.
 pub(crate) fn query(path: &Path, json: bool, req: Request, view: View) -> u8 {

@@ -25,7 +25,6 @@
 //! (`lnet.yaml:7: unknown key 'peer_credit' (did you mean peer_credits?)`). Keys that
 //! `lnetctl export` writes but that mean nothing here (`status`, `interfaces`, `dev cpt`, `CPT`,
 //! `map_on_demand`, the FMR pool sizes, `ntx`, `tos`) are accepted and ignored.
-
 //!
 //! The module by concern: `model` (the configuration the daemon uses), `raw` (the document's
 //! shape as serde reads it), `lowering` (checking the one into the other, section by

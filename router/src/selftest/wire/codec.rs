@@ -168,32 +168,21 @@ pub(super) trait Field: Sized {
     fn set(&self, w: &mut Writer<'_>, at: usize);
 }
 
-impl Field for u32 {
-    fn get(r: &Reader<'_>, at: usize) -> Self {
-        r.u32(at)
-    }
-    fn set(&self, w: &mut Writer<'_>, at: usize) {
-        w.u32(at, *self);
-    }
+// The fields the reader and writer have a method for, of the same name, taking them by value.
+macro_rules! field_by_value {
+    ($($ty:ty => $m:ident),+ $(,)?) => {$(
+        impl Field for $ty {
+            fn get(r: &Reader<'_>, at: usize) -> Self {
+                r.$m(at)
+            }
+            fn set(&self, w: &mut Writer<'_>, at: usize) {
+                w.$m(at, *self);
+            }
+        }
+    )+};
 }
 
-impl Field for u64 {
-    fn get(r: &Reader<'_>, at: usize) -> Self {
-        r.u64(at)
-    }
-    fn set(&self, w: &mut Writer<'_>, at: usize) {
-        w.u64(at, *self);
-    }
-}
-
-impl Field for LstSid {
-    fn get(r: &Reader<'_>, at: usize) -> Self {
-        r.sid(at)
-    }
-    fn set(&self, w: &mut Writer<'_>, at: usize) {
-        w.sid(at, *self);
-    }
-}
+field_by_value!(u32 => u32, u64 => u64, LstSid => sid);
 
 impl Field for LstName {
     fn get(r: &Reader<'_>, at: usize) -> Self {

@@ -48,7 +48,6 @@
 //! the receiver answers with an error status (an unknown brw opcode, check flag, batch opcode,
 //! test service) are kept raw with typed accessors, so a service can answer them as Lustre
 //! does instead of losing the request.
-
 //!
 //! # Where things are
 //!
