@@ -94,7 +94,7 @@ use std::sync::Arc;
 
 use crate::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RxToken, SendError, TxError};
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, Fabric, FabricAction,
     FabricEvent, FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag,
     RequestId, WcStatus, WrId,
 };
@@ -1780,254 +1780,7 @@ impl<N: SimNode> World<N> {
     /// Applies one action of node `n` to the fabric. Never calls into an endpoint.
     fn apply(&mut self, n: NodeId, action: FabricAction) {
         let now = self.now;
-        match action {
-            FabricAction::Connect {
-                conn,
-                peer,
-                private,
-                recv_slots,
-            } => {
-                self.stats.connects += 1;
-                self.nodes[n.idx()].connects.push((now, peer));
-                let uid = self.new_end(n, conn, EndState::Connecting, recv_slots);
-                let target = self.node_of(peer);
-                if let Some(e) = self.ends.get_mut(&uid) {
-                    e.peer_node = target;
-                }
-                let node = &mut self.nodes[n.idx()];
-                let stuck = if let Some(i) = node.stuck_next.iter().position(|&x| x == peer) {
-                    node.stuck_next.swap_remove(i);
-                    true
-                } else {
-                    let p = node.stuck_prob;
-                    self.rng.chance(p)
-                };
-                if stuck {
-                    self.stats.stuck_connects += 1;
-                    debug!(at = %now, node = %self.nid_of(n), %peer, ?conn, "connect stuck");
-                    return;
-                }
-                trace!(at = %now, node = %self.nid_of(n), %peer, ?conn, "connect");
-                let Some(target) = target else {
-                    self.push(
-                        now + self.cfg.unreachable_after,
-                        Ev::ConnFailed {
-                            end: uid,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    );
-                    return;
-                };
-                match self.cm_hop() {
-                    Some(d) => self.push(
-                        now + d,
-                        Ev::Request {
-                            active: uid,
-                            active_node: n,
-                            target,
-                            private,
-                            started: now,
-                        },
-                    ),
-                    None => self.push(
-                        now + self.cfg.unreachable_after,
-                        Ev::ConnFailed {
-                            end: uid,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    ),
-                }
-            }
-            FabricAction::Accept {
-                req,
-                conn,
-                private,
-                recv_slots,
-            } => {
-                let Some(r) = self.reqs.remove(&req.0) else {
-                    self.stats.unknown_actions += 1;
-                    debug!(node = %self.nid_of(n), ?req, "accept of an unknown request");
-                    return;
-                };
-                if r.target != n {
-                    self.stats.unknown_actions += 1;
-                    self.reqs.insert(req.0, r);
-                    return;
-                }
-                self.stats.accepts += 1;
-                let uid = self.new_end(n, conn, EndState::Accepting, recv_slots);
-                if let Some(e) = self.ends.get_mut(&uid) {
-                    e.peer = Some(r.active);
-                    e.peer_node = Some(r.active_node);
-                }
-                match self.cm_hop() {
-                    Some(d) => self.push(
-                        now + d,
-                        Ev::Reply {
-                            active: r.active,
-                            active_node: r.active_node,
-                            passive: uid,
-                            passive_node: n,
-                            private,
-                            started: r.started,
-                        },
-                    ),
-                    None => {
-                        // The reply is lost: both sides time out.
-                        self.push(
-                            now.max(r.started + self.cfg.unreachable_after),
-                            Ev::ConnFailed {
-                                end: r.active,
-                                why: ConnectFailure::Unreachable,
-                            },
-                        );
-                        self.push(
-                            now + self.cfg.unreachable_after,
-                            Ev::Disconnected {
-                                end: uid,
-                                why: LOST,
-                            },
-                        );
-                    }
-                }
-            }
-            FabricAction::Reject { req, private } => {
-                let Some(r) = self.reqs.remove(&req.0) else {
-                    self.stats.unknown_actions += 1;
-                    return;
-                };
-                self.stats.rejects += 1;
-                if matches!(KibRej::parse(private.as_bytes()), Ok((rej, _)) if rej.why == RejectReason::ConnRace)
-                {
-                    let key = (n.0.min(r.active_node.0), n.0.max(r.active_node.0));
-                    *self.race_rejects.entry(key).or_default() += 1;
-                }
-                match self.cm_hop() {
-                    Some(d) => self.push(
-                        now + d,
-                        Ev::Rejected {
-                            active: r.active,
-                            active_node: r.active_node,
-                            passive_node: n,
-                            private,
-                            started: r.started,
-                        },
-                    ),
-                    None => self.push(
-                        now.max(r.started + self.cfg.unreachable_after),
-                        Ev::ConnFailed {
-                            end: r.active,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    ),
-                }
-            }
-            FabricAction::PostRecv { conn, slot } => {
-                let Some(e) = self.end_uid(n, conn).and_then(|u| self.ends.get_mut(&u)) else {
-                    self.stats.unknown_actions += 1;
-                    return;
-                };
-                if !e.posted.insert(slot) {
-                    self.stats.double_posts += 1;
-                    debug!(node = %self.nid_of(n), ?conn, slot, "slot posted twice");
-                }
-            }
-            FabricAction::Send { conn, wr, bytes } => self.post(n, conn, wr, WqeOp::Send(bytes)),
-            FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
-            } => {
-                let len = check_rdma_write(&local, &remote).ok();
-                let w = Write { local, remote, len };
-                self.post(n, conn, wr, WqeOp::Write(w));
-            }
-            FabricAction::Disconnect { conn } => {
-                let Some(uid) = self.end_uid(n, conn) else {
-                    self.stats.unknown_actions += 1;
-                    return;
-                };
-                let e = self.ends.get_mut(&uid).expect("indexed end exists");
-                if e.disconnect_issued {
-                    return;
-                }
-                e.disconnect_issued = true;
-                self.stats.disconnects += 1;
-                let (peer, peer_node) = (e.peer, e.peer_node);
-                trace!(at = %now, node = %self.nid_of(n), ?conn, "disconnect");
-                self.qp_error(uid);
-                let cm = self.cfg.cm_latency;
-                match (peer, peer_node) {
-                    (Some(p), Some(pn)) if self.host_reachable(n, pn) => {
-                        // DREQ to the peer, DREP back; a lost DREQ is retried until the horizon.
-                        match self.cm_hop() {
-                            Some(d) => {
-                                if self.ends.contains_key(&p) {
-                                    self.push(
-                                        now + d,
-                                        Ev::Disconnected {
-                                            end: p,
-                                            why: CLOSED,
-                                        },
-                                    );
-                                }
-                                self.push(
-                                    now + d + cm,
-                                    Ev::Disconnected {
-                                        end: uid,
-                                        why: CLOSED,
-                                    },
-                                );
-                            }
-                            None => self.push(
-                                now + self.cfg.retry_horizon,
-                                Ev::Disconnected {
-                                    end: uid,
-                                    why: LOST,
-                                },
-                            ),
-                        }
-                    }
-                    (Some(_), _) => self.push(
-                        now + self.cfg.retry_horizon,
-                        Ev::Disconnected {
-                            end: uid,
-                            why: LOST,
-                        },
-                    ),
-                    // Not connected at the fabric level: only the local side hears.
-                    (None, _) => self.push(
-                        now + cm,
-                        Ev::Disconnected {
-                            end: uid,
-                            why: CLOSED,
-                        },
-                    ),
-                }
-            }
-            // Writes are checked by key and bounds only (see `FabricAction::GrantWrites`).
-            FabricAction::GrantWrites { .. } | FabricAction::RevokeWrites { .. } => {}
-            FabricAction::Destroy { conn } => {
-                let Some(uid) = self.nodes[n.idx()].ends.remove(&conn) else {
-                    self.stats.unknown_actions += 1;
-                    return;
-                };
-                self.stats.destroys += 1;
-                let Some(e) = self.ends.remove(&uid) else {
-                    return;
-                };
-                let peer_connected = e.peer.and_then(|p| self.ends.get(&p)).is_some_and(|p| {
-                    matches!(p.state, EndState::Established | EndState::Accepting)
-                });
-                if !e.disconnect_issued && !e.disconnect_reported && peer_connected {
-                    self.stats.orphaned += 1;
-                    debug!(at = %now, node = %self.nid_of(n), ?conn,
-                           "connection destroyed without a disconnect: the peer is not told");
-                }
-                trace!(at = %now, node = %self.nid_of(n), ?conn, "destroy");
-            }
-        }
+        NodeFabric { w: self, n }.apply(now, action);
     }
 
     /// Queues a send or an RDMA write of node `n` on `conn`'s send queue.
@@ -2592,6 +2345,293 @@ pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetH
 
 #[cfg(test)]
 mod rdma_tests;
+
+/// Node `n`'s side of the simulated fabric: what its engine's actions do to the world. Never
+/// calls into an endpoint.
+struct NodeFabric<'w, N: SimNode> {
+    w: &'w mut World<N>,
+    n: NodeId,
+}
+
+impl<N: SimNode> Fabric for NodeFabric<'_, N> {
+    fn connect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        peer: Nid,
+        private: PrivateData,
+        recv_slots: u16,
+    ) {
+        let n = self.n;
+        self.w.stats.connects += 1;
+        self.w.nodes[n.idx()].connects.push((now, peer));
+        let uid = self.w.new_end(n, conn, EndState::Connecting, recv_slots);
+        let target = self.w.node_of(peer);
+        if let Some(e) = self.w.ends.get_mut(&uid) {
+            e.peer_node = target;
+        }
+        let node = &mut self.w.nodes[n.idx()];
+        let stuck = if let Some(i) = node.stuck_next.iter().position(|&x| x == peer) {
+            node.stuck_next.swap_remove(i);
+            true
+        } else {
+            let p = node.stuck_prob;
+            self.w.rng.chance(p)
+        };
+        if stuck {
+            self.w.stats.stuck_connects += 1;
+            debug!(at = %now, node = %self.w.nid_of(n), %peer, ?conn, "connect stuck");
+            return;
+        }
+        trace!(at = %now, node = %self.w.nid_of(n), %peer, ?conn, "connect");
+        let Some(target) = target else {
+            self.w.push(
+                now + self.w.cfg.unreachable_after,
+                Ev::ConnFailed {
+                    end: uid,
+                    why: ConnectFailure::Unreachable,
+                },
+            );
+            return;
+        };
+        match self.w.cm_hop() {
+            Some(d) => self.w.push(
+                now + d,
+                Ev::Request {
+                    active: uid,
+                    active_node: n,
+                    target,
+                    private,
+                    started: now,
+                },
+            ),
+            None => self.w.push(
+                now + self.w.cfg.unreachable_after,
+                Ev::ConnFailed {
+                    end: uid,
+                    why: ConnectFailure::Unreachable,
+                },
+            ),
+        }
+    }
+
+    fn accept(
+        &mut self,
+        now: Instant,
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        recv_slots: u16,
+    ) {
+        let n = self.n;
+        let Some(r) = self.w.reqs.remove(&req.0) else {
+            self.w.stats.unknown_actions += 1;
+            debug!(node = %self.w.nid_of(n), ?req, "accept of an unknown request");
+            return;
+        };
+        if r.target != n {
+            self.w.stats.unknown_actions += 1;
+            self.w.reqs.insert(req.0, r);
+            return;
+        }
+        self.w.stats.accepts += 1;
+        let uid = self.w.new_end(n, conn, EndState::Accepting, recv_slots);
+        if let Some(e) = self.w.ends.get_mut(&uid) {
+            e.peer = Some(r.active);
+            e.peer_node = Some(r.active_node);
+        }
+        match self.w.cm_hop() {
+            Some(d) => self.w.push(
+                now + d,
+                Ev::Reply {
+                    active: r.active,
+                    active_node: r.active_node,
+                    passive: uid,
+                    passive_node: n,
+                    private,
+                    started: r.started,
+                },
+            ),
+            None => {
+                // The reply is lost: both sides time out.
+                self.w.push(
+                    now.max(r.started + self.w.cfg.unreachable_after),
+                    Ev::ConnFailed {
+                        end: r.active,
+                        why: ConnectFailure::Unreachable,
+                    },
+                );
+                self.w.push(
+                    now + self.w.cfg.unreachable_after,
+                    Ev::Disconnected {
+                        end: uid,
+                        why: LOST,
+                    },
+                );
+            }
+        }
+    }
+
+    fn reject(&mut self, now: Instant, req: RequestId, private: PrivateData) {
+        let n = self.n;
+        let Some(r) = self.w.reqs.remove(&req.0) else {
+            self.w.stats.unknown_actions += 1;
+            return;
+        };
+        self.w.stats.rejects += 1;
+        if matches!(KibRej::parse(private.as_bytes()), Ok((rej, _)) if rej.why == RejectReason::ConnRace)
+        {
+            let key = (n.0.min(r.active_node.0), n.0.max(r.active_node.0));
+            *self.w.race_rejects.entry(key).or_default() += 1;
+        }
+        match self.w.cm_hop() {
+            Some(d) => self.w.push(
+                now + d,
+                Ev::Rejected {
+                    active: r.active,
+                    active_node: r.active_node,
+                    passive_node: n,
+                    private,
+                    started: r.started,
+                },
+            ),
+            None => self.w.push(
+                now.max(r.started + self.w.cfg.unreachable_after),
+                Ev::ConnFailed {
+                    end: r.active,
+                    why: ConnectFailure::Unreachable,
+                },
+            ),
+        }
+    }
+
+    fn post_recv(&mut self, _: Instant, conn: ConnId, slot: u16) {
+        let n = self.n;
+        let Some(e) = self
+            .w
+            .end_uid(n, conn)
+            .and_then(|u| self.w.ends.get_mut(&u))
+        else {
+            self.w.stats.unknown_actions += 1;
+            return;
+        };
+        if !e.posted.insert(slot) {
+            self.w.stats.double_posts += 1;
+            debug!(node = %self.w.nid_of(n), ?conn, slot, "slot posted twice");
+        }
+    }
+
+    fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
+        let n = self.n;
+        self.w.post(n, conn, wr, WqeOp::Send(bytes));
+    }
+
+    fn rdma_write(
+        &mut self,
+        _: Instant,
+        conn: ConnId,
+        wr: WrId,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    ) {
+        let n = self.n;
+        let len = check_rdma_write(&local, &remote).ok();
+        let w = Write { local, remote, len };
+        self.w.post(n, conn, wr, WqeOp::Write(w));
+    }
+
+    // Writes are checked by key and bounds only (see `FabricAction::GrantWrites`).
+    fn grant_writes(&mut self, _: Instant, _: ConnId, _: WrId, _: Vec<RemoteFrag>) {}
+
+    fn revoke_writes(&mut self, _: Instant, _: ConnId, _: WrId) {}
+
+    fn disconnect(&mut self, now: Instant, conn: ConnId) {
+        let n = self.n;
+        let Some(uid) = self.w.end_uid(n, conn) else {
+            self.w.stats.unknown_actions += 1;
+            return;
+        };
+        let e = self.w.ends.get_mut(&uid).expect("indexed end exists");
+        if e.disconnect_issued {
+            return;
+        }
+        e.disconnect_issued = true;
+        self.w.stats.disconnects += 1;
+        let (peer, peer_node) = (e.peer, e.peer_node);
+        trace!(at = %now, node = %self.w.nid_of(n), ?conn, "disconnect");
+        self.w.qp_error(uid);
+        let cm = self.w.cfg.cm_latency;
+        match (peer, peer_node) {
+            (Some(p), Some(pn)) if self.w.host_reachable(n, pn) => {
+                // DREQ to the peer, DREP back; a lost DREQ is retried until the horizon.
+                match self.w.cm_hop() {
+                    Some(d) => {
+                        if self.w.ends.contains_key(&p) {
+                            self.w.push(
+                                now + d,
+                                Ev::Disconnected {
+                                    end: p,
+                                    why: CLOSED,
+                                },
+                            );
+                        }
+                        self.w.push(
+                            now + d + cm,
+                            Ev::Disconnected {
+                                end: uid,
+                                why: CLOSED,
+                            },
+                        );
+                    }
+                    None => self.w.push(
+                        now + self.w.cfg.retry_horizon,
+                        Ev::Disconnected {
+                            end: uid,
+                            why: LOST,
+                        },
+                    ),
+                }
+            }
+            (Some(_), _) => self.w.push(
+                now + self.w.cfg.retry_horizon,
+                Ev::Disconnected {
+                    end: uid,
+                    why: LOST,
+                },
+            ),
+            // Not connected at the fabric level: only the local side hears.
+            (None, _) => self.w.push(
+                now + cm,
+                Ev::Disconnected {
+                    end: uid,
+                    why: CLOSED,
+                },
+            ),
+        }
+    }
+
+    fn destroy(&mut self, now: Instant, conn: ConnId) {
+        let n = self.n;
+        let Some(uid) = self.w.nodes[n.idx()].ends.remove(&conn) else {
+            self.w.stats.unknown_actions += 1;
+            return;
+        };
+        self.w.stats.destroys += 1;
+        let Some(e) = self.w.ends.remove(&uid) else {
+            return;
+        };
+        let peer_connected = e
+            .peer
+            .and_then(|p| self.w.ends.get(&p))
+            .is_some_and(|p| matches!(p.state, EndState::Established | EndState::Accepting));
+        if !e.disconnect_issued && !e.disconnect_reported && peer_connected {
+            self.w.stats.orphaned += 1;
+            debug!(at = %now, node = %self.w.nid_of(n), ?conn,
+                   "connection destroyed without a disconnect: the peer is not told");
+        }
+        trace!(at = %now, node = %self.w.nid_of(n), ?conn, "destroy");
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -197,7 +197,7 @@ use tracing::{debug, trace, warn};
 use crate::driver::Doorbell;
 use crate::engine::Tunables;
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, Fabric, FabricAction,
     FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RequestId,
     SharedMem, WcStatus, WrId,
 };
@@ -1110,71 +1110,7 @@ impl TcpFabric {
     /// reports whatever `apply` decided at once (e.g. a send on a dead connection is flushed).
     pub fn apply(&mut self, now: Instant, action: FabricAction) {
         trace!(%now, ?action, "tcp fabric apply");
-        match action {
-            FabricAction::Connect {
-                conn,
-                peer,
-                private,
-                recv_slots,
-            } => self.connect(conn, peer, private, recv_slots),
-            FabricAction::Accept {
-                req,
-                conn,
-                private,
-                recv_slots,
-            } => self.accept(req, conn, private, recv_slots),
-            FabricAction::Reject { req, private } => self.reject(req, private),
-            FabricAction::PostRecv { conn, slot } => self.post_recv(conn, slot),
-            FabricAction::Send { conn, wr, bytes } => {
-                // Copied into the write buffer (unless it waits behind a write): back to the
-                // engine at the next poll.
-                if let Some(b) = self.send(conn, wr, bytes) {
-                    self.spare.push(b);
-                }
-            }
-            FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
-            } => {
-                let len = match check_rdma_write(&local, &remote) {
-                    Ok(n) => Some(n),
-                    Err(e) => {
-                        debug!(?conn, ?wr, error = %e, "tcp fabric: malformed RDMA write");
-                        None
-                    }
-                };
-                self.write(
-                    conn,
-                    TxWrite {
-                        wr,
-                        local,
-                        remote,
-                        len,
-                        sent: 0,
-                        piece: 0,
-                        piece_sent: 0,
-                    },
-                )
-            }
-            FabricAction::GrantWrites { conn, id, sink } => {
-                if let Some(sock) = self.lookup(conn) {
-                    let s = &mut self.socks[sock];
-                    s.grants.open(id, sink);
-                } else {
-                    self.stats.unknown_actions += 1;
-                }
-            }
-            FabricAction::RevokeWrites { conn, id } => {
-                // A connection already gone took its grants with it.
-                if let Some(sock) = self.lookup(conn) {
-                    self.socks[sock].grants.revoke(id);
-                }
-            }
-            FabricAction::Disconnect { conn } => self.disconnect(conn),
-            FabricAction::Destroy { conn } => self.destroy(conn),
-        }
+        Fabric::apply(self, now, action);
     }
 
     fn connect(&mut self, conn: ConnId, peer: Nid, private: PrivateData, recv_slots: u16) {
@@ -2873,6 +2809,93 @@ fn bind_listener(addr: SocketAddr, retry: std::time::Duration) -> io::Result<Tcp
 // The event loop: shared with every real fabric (crate::driver).
 
 pub use crate::driver::{run_endpoint, turn, MonotonicClock};
+
+/// What each engine action means on sockets. I/O is only queued here: [`TcpFabric::poll`]
+/// submits it and reports what was decided at once (e.g. a send on a dead connection is flushed).
+impl Fabric for TcpFabric {
+    fn connect(&mut self, _: Instant, conn: ConnId, peer: Nid, private: PrivateData, slots: u16) {
+        TcpFabric::connect(self, conn, peer, private, slots)
+    }
+
+    fn accept(
+        &mut self,
+        _: Instant,
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        slots: u16,
+    ) {
+        TcpFabric::accept(self, req, conn, private, slots)
+    }
+
+    fn reject(&mut self, _: Instant, req: RequestId, private: PrivateData) {
+        TcpFabric::reject(self, req, private)
+    }
+
+    fn post_recv(&mut self, _: Instant, conn: ConnId, slot: u16) {
+        TcpFabric::post_recv(self, conn, slot)
+    }
+
+    fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
+        // Copied into the write buffer (unless it waits behind a write): back to the engine at
+        // the next poll.
+        if let Some(b) = TcpFabric::send(self, conn, wr, bytes) {
+            self.spare.push(b);
+        }
+    }
+
+    fn rdma_write(
+        &mut self,
+        _: Instant,
+        conn: ConnId,
+        wr: WrId,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    ) {
+        let len = match check_rdma_write(&local, &remote) {
+            Ok(n) => Some(n),
+            Err(e) => {
+                debug!(?conn, ?wr, error = %e, "tcp fabric: malformed RDMA write");
+                None
+            }
+        };
+        self.write(
+            conn,
+            TxWrite {
+                wr,
+                local,
+                remote,
+                len,
+                sent: 0,
+                piece: 0,
+                piece_sent: 0,
+            },
+        )
+    }
+
+    fn grant_writes(&mut self, _: Instant, conn: ConnId, id: WrId, sink: Vec<RemoteFrag>) {
+        if let Some(sock) = self.lookup(conn) {
+            self.socks[sock].grants.open(id, sink);
+        } else {
+            self.stats.unknown_actions += 1;
+        }
+    }
+
+    fn revoke_writes(&mut self, _: Instant, conn: ConnId, id: WrId) {
+        // A connection already gone took its grants with it.
+        if let Some(sock) = self.lookup(conn) {
+            self.socks[sock].grants.revoke(id);
+        }
+    }
+
+    fn disconnect(&mut self, _: Instant, conn: ConnId) {
+        TcpFabric::disconnect(self, conn)
+    }
+
+    fn destroy(&mut self, _: Instant, conn: ConnId) {
+        TcpFabric::destroy(self, conn)
+    }
+}
 
 impl crate::driver::Driver for TcpFabric {
     fn apply(&mut self, now: Instant, action: FabricAction) {

@@ -66,7 +66,7 @@ use tracing::{debug, trace, warn};
 
 use crate::driver::Doorbell;
 use crate::fabric::{
-    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, FabricAction,
+    check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, Fabric, FabricAction,
     FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag, RemoteRegion,
     RequestId, SharedMem, WcStatus, WrId,
 };
@@ -621,37 +621,7 @@ impl VerbsFabric {
     /// Applies one engine action; results are reported by the next [`VerbsFabric::poll`].
     pub fn apply(&mut self, now: Instant, action: FabricAction) {
         trace!(%now, ?action, "verbs fabric apply");
-        match action {
-            FabricAction::Connect {
-                conn,
-                peer,
-                private,
-                recv_slots,
-            } => self.connect(conn, peer, private, recv_slots),
-            FabricAction::Accept {
-                req,
-                conn,
-                private,
-                recv_slots,
-            } => self.accept(req, conn, private, recv_slots),
-            FabricAction::Reject { req, private } => self.reject(req, private),
-            FabricAction::PostRecv { conn, slot } => self.post_recv(conn, slot),
-            FabricAction::Send { conn, wr, bytes } => {
-                // Copied into the registered send buffer: back to the engine at the next poll.
-                self.send(conn, wr, &bytes);
-                self.spare.push(bytes);
-            }
-            FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
-            } => self.write(conn, wr, &local, &remote),
-            // The rkey is the protection on verbs (see `FabricAction::GrantWrites`).
-            FabricAction::GrantWrites { .. } | FabricAction::RevokeWrites { .. } => {}
-            FabricAction::Disconnect { conn } => self.disconnect(conn),
-            FabricAction::Destroy { conn } => self.destroy(conn),
-        }
+        Fabric::apply(self, now, action);
     }
 
     fn connect(&mut self, conn: ConnId, peer: Nid, private: PrivateData, recv_slots: u16) {
@@ -1545,6 +1515,63 @@ impl VerbsFabric {
             self.out
                 .push_back(Report::Disconnected(conn, DisconnectReason::TransportError));
         }
+    }
+}
+
+/// What each engine action means on rdma_cm + ibverbs; results come with the next
+/// [`VerbsFabric::poll`].
+impl Fabric for VerbsFabric {
+    fn connect(&mut self, _: Instant, conn: ConnId, peer: Nid, private: PrivateData, slots: u16) {
+        VerbsFabric::connect(self, conn, peer, private, slots)
+    }
+
+    fn accept(
+        &mut self,
+        _: Instant,
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        slots: u16,
+    ) {
+        VerbsFabric::accept(self, req, conn, private, slots)
+    }
+
+    fn reject(&mut self, _: Instant, req: RequestId, private: PrivateData) {
+        VerbsFabric::reject(self, req, private)
+    }
+
+    fn post_recv(&mut self, _: Instant, conn: ConnId, slot: u16) {
+        VerbsFabric::post_recv(self, conn, slot)
+    }
+
+    fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
+        // Copied into the registered send buffer: back to the engine at the next poll.
+        VerbsFabric::send(self, conn, wr, &bytes);
+        self.spare.push(bytes);
+    }
+
+    fn rdma_write(
+        &mut self,
+        _: Instant,
+        conn: ConnId,
+        wr: WrId,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    ) {
+        self.write(conn, wr, &local, &remote)
+    }
+
+    // The rkey is the protection on verbs (see `FabricAction::GrantWrites`).
+    fn grant_writes(&mut self, _: Instant, _: ConnId, _: WrId, _: Vec<RemoteFrag>) {}
+
+    fn revoke_writes(&mut self, _: Instant, _: ConnId, _: WrId) {}
+
+    fn disconnect(&mut self, _: Instant, conn: ConnId) {
+        VerbsFabric::disconnect(self, conn)
+    }
+
+    fn destroy(&mut self, _: Instant, conn: ConnId) {
+        VerbsFabric::destroy(self, conn)
     }
 }
 
