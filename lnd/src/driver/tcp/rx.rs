@@ -328,12 +328,7 @@ impl TcpFabric {
                 s.rstart = next;
                 s.reported_down = true;
                 let private = PrivateData::new(&buf[body]);
-                self.stats.rejects_received += 1;
-                self.shut(sock);
-                if let Some(c) = conn {
-                    sink.handle_connect_failed(now, c, ConnectFailure::Rejected(private));
-                }
-                Step::Stop
+                self.rx_reject(sock, conn, private, sink, now)
             }
             (Phase::Open, FrameKind::Msg) if !s.peer_disconnect => {
                 self.rx_msg(sock, next, body, sink, now)
@@ -354,6 +349,23 @@ impl TcpFabric {
                 Step::Stop
             }
         }
+    }
+
+    /// The peer refused our connect: the socket closes and the engine hears why.
+    fn rx_reject(
+        &mut self,
+        sock: SockId,
+        conn: Option<ConnId>,
+        private: PrivateData,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+    ) -> Step {
+        self.stats.rejects_received += 1;
+        self.shut(sock);
+        if let Some(c) = conn {
+            sink.handle_connect_failed(now, c, ConnectFailure::Rejected(private));
+        }
+        Step::Stop
     }
 
     /// A MSG frame (`body` in the receive buffer, `next` the frame after it) into the lowest
