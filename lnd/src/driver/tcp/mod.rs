@@ -412,7 +412,6 @@ fn region_seed() -> u64 {
 
 /// Completions handed to the engine, recorded in tests (the engine ignores WrIds it does not
 /// know, such as those of writes a test posts directly).
-
 #[cfg(test)]
 type WcLog = Vec<(ConnId, WrId, WcStatus)>;
 #[cfg(not(test))]
