@@ -82,6 +82,11 @@
 //! `run_until_idle(..)` returning `true`.
 //! A node with its own upper layer (an LNet node) books its peer up/down events and keeps the rest
 //! in [`World::node_events`].
+//!
+//! Layout: `world` (building, querying and running the world, the event queue, each node's upper
+//! layer), `cm` (what a node's actions do, through [`Fabric`], and the connection manager's
+//! events), `qp` (registered memory, send queues, RDMA writes, completions), `faults` (faults and
+//! lifecycle), `record` (outcomes, received messages, counters); the state they share is here.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};

@@ -19,6 +19,13 @@
 //!
 //! How each operation maps, the semantics in full, the performance shape and the design choices
 //! (why no provided buffer ring, what is left to do): `docs/tcp-fabric.md`.
+//!
+//! Layout: `config` (what is set and counted), `sockets` (binding, the poll loop, socket
+//! bookkeeping), `accept` (connects and the listener's handshakes), `rx` (reads, frames parsed in
+//! place), `tx` (write buffers: sends and RDMA writes), `close` (disconnect, destroy, every failure
+//! path), `regions` (registered memory), `grants` and [`frame`]; the per-connection state and the
+//! [`Fabric`] impl are here.
+
 mod accept;
 mod close;
 mod config;

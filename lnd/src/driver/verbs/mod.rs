@@ -55,6 +55,11 @@
 //! and drops the fabric's hold (ibv_dereg_mr happens once no posted
 //! write reads from it any more). [`VerbsFabric::rdma_write`] posts a write on behalf of a test,
 //! as the simulator's `World::rdma_write` does (the engine does not drive bulk data yet).
+//!
+//! Layout: `config` (what is set, the start errors, the counters), `setup` (opening, the connection
+//! manager and its events), `sq` (receive slots, sends, RDMA writes on the send queue), `cq` (the
+//! poll loop and completions), `close` (disconnect, destroy, abandon), `regions` (registered
+//! memory); the connection state and the [`Fabric`] impl are here.
 
 mod close;
 mod config;

@@ -1,6 +1,6 @@
 #![allow(unsafe_code)]
-//! A small safe wrapper over `rdma-sys` (libibverbs + librdmacm): the only file of the `verbs`
-//! fabric with `unsafe` code.
+//! A small safe wrapper over `rdma-sys` (libibverbs + librdmacm): the only part of the `verbs`
+//! fabric with `unsafe` code (this module and its files).
 //!
 //! # Ownership model
 //!
@@ -30,6 +30,10 @@
 //!
 //! Device contexts (`ibv_context`) are opened and kept by librdmacm; we borrow them through a
 //! cm_id (`id->verbs`) or the [`DeviceList`].
+//!
+//! Layout: the types and their `Send`/`Sync` reasoning are here; their operations are in `events`
+//! (the CM event channel), `cq` (completion channels and queues), `mr` (memory regions), `device`
+//! (the device list) and `cm_id` (an rdma_cm id and its queue pair).
 
 mod cm_id;
 mod cq;
