@@ -640,3 +640,84 @@ impl dyn FabricSink + '_ {
         self.fabric_event(now, FabricEvent::WritesCovered { conn, id, prefix });
     }
 }
+
+/// A network that carries out the engine's [`FabricAction`]s: one method per kind of action, and
+/// [`Fabric::apply`], which takes an action apart once for every fabric (the tcp and verbs
+/// drivers, the simulator, the router's test fabric). A fabric implements what each action means
+/// on its network; the ordering contract above is its to keep. `now` is the time the caller read
+/// for this batch of actions (a fabric must not read a clock of its own for it).
+pub trait Fabric {
+    /// [`FabricAction::Connect`].
+    fn connect(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        peer: Nid,
+        private: PrivateData,
+        recv_slots: u16,
+    );
+    /// [`FabricAction::Accept`].
+    fn accept(
+        &mut self,
+        now: Instant,
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        recv_slots: u16,
+    );
+    /// [`FabricAction::Reject`].
+    fn reject(&mut self, now: Instant, req: RequestId, private: PrivateData);
+    /// [`FabricAction::PostRecv`].
+    fn post_recv(&mut self, now: Instant, conn: ConnId, slot: u16);
+    /// [`FabricAction::Send`]: `bytes` is the fabric's to keep or to give back (recycle).
+    fn send(&mut self, now: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>);
+    /// [`FabricAction::RdmaWrite`].
+    fn rdma_write(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        wr: WrId,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    );
+    /// [`FabricAction::GrantWrites`] (a fabric that cannot tell where a write comes from ignores
+    /// it, see there).
+    fn grant_writes(&mut self, now: Instant, conn: ConnId, id: WrId, sink: Vec<RemoteFrag>);
+    /// [`FabricAction::RevokeWrites`].
+    fn revoke_writes(&mut self, now: Instant, conn: ConnId, id: WrId);
+    /// [`FabricAction::Disconnect`].
+    fn disconnect(&mut self, now: Instant, conn: ConnId);
+    /// [`FabricAction::Destroy`].
+    fn destroy(&mut self, now: Instant, conn: ConnId);
+
+    /// Carries out one action: the one place an action is taken apart.
+    fn apply(&mut self, now: Instant, a: FabricAction) {
+        match a {
+            FabricAction::Connect {
+                conn,
+                peer,
+                private,
+                recv_slots,
+            } => self.connect(now, conn, peer, private, recv_slots),
+            FabricAction::Accept {
+                req,
+                conn,
+                private,
+                recv_slots,
+            } => self.accept(now, req, conn, private, recv_slots),
+            FabricAction::Reject { req, private } => self.reject(now, req, private),
+            FabricAction::PostRecv { conn, slot } => self.post_recv(now, conn, slot),
+            FabricAction::Send { conn, wr, bytes } => self.send(now, conn, wr, bytes),
+            FabricAction::RdmaWrite {
+                conn,
+                wr,
+                local,
+                remote,
+            } => self.rdma_write(now, conn, wr, local, remote),
+            FabricAction::GrantWrites { conn, id, sink } => self.grant_writes(now, conn, id, sink),
+            FabricAction::RevokeWrites { conn, id } => self.revoke_writes(now, conn, id),
+            FabricAction::Disconnect { conn } => self.disconnect(now, conn),
+            FabricAction::Destroy { conn } => self.destroy(now, conn),
+        }
+    }
+}

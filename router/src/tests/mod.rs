@@ -4,7 +4,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use lnd::fabric::{
-    ConnId, ConnectFailure, DisconnectReason, FabricAction, PrivateData, RequestId, WcStatus, WrId,
+    ConnId, ConnectFailure, DisconnectReason, FabricAction, LocalFrag, PrivateData, RemoteFrag,
+    RequestId, WcStatus, WrId,
 };
 use lnd::time::{Duration, Instant};
 use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
@@ -412,136 +413,8 @@ impl Fabric {
     }
 
     fn apply(&mut self, n: usize, ni: usize, a: FabricAction) {
-        match a {
-            FabricAction::Connect {
-                conn,
-                peer,
-                private,
-                ..
-            } => match self.locate(peer) {
-                Some((tn, tni)) => {
-                    self.next_req += 1;
-                    self.pending.insert(self.next_req, (n, ni, conn));
-                    let req = RequestId(self.next_req);
-                    self.queue
-                        .push_back((tn, tni, Ev::ConnectRequest { req, private }));
-                }
-                None if self.blackhole || self.is_dead_nid(peer) => {}
-                None => {
-                    let why = ConnectFailure::Unreachable;
-                    self.queue
-                        .push_back((n, ni, Ev::ConnectFailed { conn, why }));
-                }
-            },
-            FabricAction::Accept {
-                req, conn, private, ..
-            } => {
-                let from = self.pending.remove(&req.0).unwrap();
-                self.links.insert(from, (n, ni, conn));
-                self.links.insert((n, ni, conn), from);
-                self.queue.push_back((
-                    from.0,
-                    from.1,
-                    Ev::Established {
-                        conn: from.2,
-                        private,
-                    },
-                ));
-                let private = lnd::fabric::PrivateData::EMPTY;
-                self.queue
-                    .push_back((n, ni, Ev::Established { conn, private }));
-            }
-            FabricAction::Reject { req, private } => {
-                let (fnode, fni, conn) = self.pending.remove(&req.0).unwrap();
-                let why = ConnectFailure::Rejected(private);
-                self.queue
-                    .push_back((fnode, fni, Ev::ConnectFailed { conn, why }));
-            }
-            FabricAction::Send { conn, wr, bytes } => {
-                let done = matches!(
-                    lnd::wire::kib::KibMsg::parse(&bytes).map(|(m, _)| m.body),
-                    Ok(lnd::wire::kib::KibBody::PutDone(_))
-                );
-                if done && self.stalled_writes.contains(&n) {
-                    // The stalled writer's PUT_DONE goes nowhere; its LND thinks it sent it.
-                    let status = WcStatus::Success;
-                    self.queue
-                        .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
-                    return;
-                }
-                let status = match self.links.get(&(n, ni, conn)) {
-                    // A dead peer's HCA answers nothing: the send hangs until the transport
-                    // gives up, which this fabric leaves to the LND's timeouts.
-                    Some(&(tn, _, _)) if self.dead.contains(&tn) => return,
-                    Some(&(tn, tni, tconn)) => {
-                        let next = self.next_slot.entry((tn, tni, tconn)).or_insert(0);
-                        let slot = *next;
-                        *next = next.wrapping_add(1);
-                        self.queue.push_back((
-                            tn,
-                            tni,
-                            Ev::Recv {
-                                conn: tconn,
-                                slot,
-                                bytes,
-                            },
-                        ));
-                        WcStatus::Success
-                    }
-                    None => WcStatus::Flushed,
-                };
-                self.queue
-                    .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
-            }
-            FabricAction::Disconnect { conn } => {
-                if let Some(&(tn, tni, tconn)) = self.links.get(&(n, ni, conn)) {
-                    self.queue
-                        .push_back((tn, tni, Ev::Disconnected { conn: tconn }));
-                }
-                self.queue.push_back((n, ni, Ev::Disconnected { conn }));
-            }
-            FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
-            } => {
-                if self.stalled_writes.contains(&n) {
-                    // Nothing lands, yet the writer's LND is told it did.
-                    let status = WcStatus::Success;
-                    self.queue
-                        .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
-                    return;
-                }
-                let (local, remote) = if self.short_writes.contains(&n) {
-                    let half = local.iter().map(|f| u64::from(f.len)).sum::<u64>() / 2;
-                    (
-                        cut_frags(&local, half, |f| &mut f.len),
-                        cut_frags(&remote, half, |f| &mut f.len),
-                    )
-                } else {
-                    (local, remote)
-                };
-                // The data lands now, ahead of anything posted after it (RC order); a fragment
-                // outside a region fails the write before a byte lands, and the QP with it.
-                let status = match self.links.get(&(n, ni, conn)) {
-                    Some(&(tn, _, _)) if self.dead.contains(&tn) => return,
-                    Some(&(tn, _, _)) => self.write(n, tn, &local, &remote),
-                    None => WcStatus::Flushed,
-                };
-                if status == WcStatus::Error {
-                    self.apply(n, ni, FabricAction::Disconnect { conn });
-                }
-                self.queue
-                    .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
-            }
-            FabricAction::PostRecv { .. }
-            | FabricAction::GrantWrites { .. }
-            | FabricAction::RevokeWrites { .. } => {}
-            FabricAction::Destroy { conn } => {
-                self.links.remove(&(n, ni, conn));
-            }
-        }
+        let now = self.now;
+        lnd::fabric::Fabric::apply(&mut NiFabric { w: self, n, ni }, now, a);
     }
 
     /// Registers `bytes` as node `n`'s memory.
@@ -720,6 +593,165 @@ impl Fabric {
 
     fn take_events(&mut self, n: usize) -> Vec<(Instant, LnetEvent)> {
         std::mem::take(&mut self.events[n])
+    }
+}
+
+/// Node `n`'s NI `ni` on the test fabric: what its LND's actions do.
+struct NiFabric<'f> {
+    w: &'f mut Fabric,
+    n: usize,
+    ni: usize,
+}
+
+impl lnd::fabric::Fabric for NiFabric<'_> {
+    fn connect(&mut self, _: Instant, conn: ConnId, peer: Nid, private: PrivateData, _: u16) {
+        let (n, ni) = (self.n, self.ni);
+        match self.w.locate(peer) {
+            Some((tn, tni)) => {
+                self.w.next_req += 1;
+                self.w.pending.insert(self.w.next_req, (n, ni, conn));
+                let req = RequestId(self.w.next_req);
+                self.w
+                    .queue
+                    .push_back((tn, tni, Ev::ConnectRequest { req, private }));
+            }
+            None if self.w.blackhole || self.w.is_dead_nid(peer) => {}
+            None => {
+                let why = ConnectFailure::Unreachable;
+                self.w
+                    .queue
+                    .push_back((n, ni, Ev::ConnectFailed { conn, why }));
+            }
+        }
+    }
+
+    fn accept(&mut self, _: Instant, req: RequestId, conn: ConnId, private: PrivateData, _: u16) {
+        let (n, ni) = (self.n, self.ni);
+        let from = self.w.pending.remove(&req.0).unwrap();
+        self.w.links.insert(from, (n, ni, conn));
+        self.w.links.insert((n, ni, conn), from);
+        self.w.queue.push_back((
+            from.0,
+            from.1,
+            Ev::Established {
+                conn: from.2,
+                private,
+            },
+        ));
+        let private = lnd::fabric::PrivateData::EMPTY;
+        self.w
+            .queue
+            .push_back((n, ni, Ev::Established { conn, private }));
+    }
+
+    fn reject(&mut self, _: Instant, req: RequestId, private: PrivateData) {
+        let (fnode, fni, conn) = self.w.pending.remove(&req.0).unwrap();
+        let why = ConnectFailure::Rejected(private);
+        self.w
+            .queue
+            .push_back((fnode, fni, Ev::ConnectFailed { conn, why }));
+    }
+
+    fn post_recv(&mut self, _: Instant, _: ConnId, _: u16) {}
+
+    fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
+        let (n, ni) = (self.n, self.ni);
+        let done = matches!(
+            lnd::wire::kib::KibMsg::parse(&bytes).map(|(m, _)| m.body),
+            Ok(lnd::wire::kib::KibBody::PutDone(_))
+        );
+        if done && self.w.stalled_writes.contains(&n) {
+            // The stalled writer's PUT_DONE goes nowhere; its LND thinks it sent it.
+            let status = WcStatus::Success;
+            self.w
+                .queue
+                .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+            return;
+        }
+        let status = match self.w.links.get(&(n, ni, conn)) {
+            // A dead peer's HCA answers nothing: the send hangs until the transport
+            // gives up, which this fabric leaves to the LND's timeouts.
+            Some(&(tn, _, _)) if self.w.dead.contains(&tn) => return,
+            Some(&(tn, tni, tconn)) => {
+                let next = self.w.next_slot.entry((tn, tni, tconn)).or_insert(0);
+                let slot = *next;
+                *next = next.wrapping_add(1);
+                self.w.queue.push_back((
+                    tn,
+                    tni,
+                    Ev::Recv {
+                        conn: tconn,
+                        slot,
+                        bytes,
+                    },
+                ));
+                WcStatus::Success
+            }
+            None => WcStatus::Flushed,
+        };
+        self.w
+            .queue
+            .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+    }
+
+    fn rdma_write(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        wr: WrId,
+        local: Vec<LocalFrag>,
+        remote: Vec<RemoteFrag>,
+    ) {
+        let (n, ni) = (self.n, self.ni);
+        if self.w.stalled_writes.contains(&n) {
+            // Nothing lands, yet the writer's LND is told it did.
+            let status = WcStatus::Success;
+            self.w
+                .queue
+                .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+            return;
+        }
+        let (local, remote) = if self.w.short_writes.contains(&n) {
+            let half = local.iter().map(|f| u64::from(f.len)).sum::<u64>() / 2;
+            (
+                cut_frags(&local, half, |f| &mut f.len),
+                cut_frags(&remote, half, |f| &mut f.len),
+            )
+        } else {
+            (local, remote)
+        };
+        // The data lands now, ahead of anything posted after it (RC order); a fragment
+        // outside a region fails the write before a byte lands, and the QP with it.
+        let status = match self.w.links.get(&(n, ni, conn)) {
+            Some(&(tn, _, _)) if self.w.dead.contains(&tn) => return,
+            Some(&(tn, _, _)) => self.w.write(n, tn, &local, &remote),
+            None => WcStatus::Flushed,
+        };
+        if status == WcStatus::Error {
+            lnd::fabric::Fabric::disconnect(self, now, conn);
+        }
+        self.w
+            .queue
+            .push_back((n, ni, Ev::SendComplete { conn, wr, status }));
+    }
+
+    fn grant_writes(&mut self, _: Instant, _: ConnId, _: WrId, _: Vec<RemoteFrag>) {}
+
+    fn revoke_writes(&mut self, _: Instant, _: ConnId, _: WrId) {}
+
+    fn disconnect(&mut self, _: Instant, conn: ConnId) {
+        let (n, ni) = (self.n, self.ni);
+        if let Some(&(tn, tni, tconn)) = self.w.links.get(&(n, ni, conn)) {
+            self.w
+                .queue
+                .push_back((tn, tni, Ev::Disconnected { conn: tconn }));
+        }
+        self.w.queue.push_back((n, ni, Ev::Disconnected { conn }));
+    }
+
+    fn destroy(&mut self, _: Instant, conn: ConnId) {
+        let (n, ni) = (self.n, self.ni);
+        self.w.links.remove(&(n, ni, conn));
     }
 }
 
