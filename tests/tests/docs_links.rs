@@ -17,10 +17,15 @@ fn root() -> PathBuf {
 
 /// The checked pages, relative to `root`: the fixed ones and every `docs/*.md`.
 fn pages(root: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "benches/README.md"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
+    let mut v: Vec<PathBuf> = [
+        "README.md",
+        "CONTRIBUTING.md",
+        "CHANGELOG.md",
+        "benches/README.md",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
         .expect("docs/ exists")
         .map(|e| e.expect("readable docs/ entry").path())
@@ -175,7 +180,9 @@ fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
                 ));
                 continue;
             } else {
-                path.parent().expect("a file has a directory").join(file_part)
+                path.parent()
+                    .expect("a file has a directory")
+                    .join(file_part)
             };
             if !dest.exists() {
                 bad.push(format!("{}:{line}: {target}: no such file", file.display()));
@@ -243,7 +250,10 @@ fn the_checker_finds_a_missing_file_and_a_missing_anchor() {
          `[code](docs/nothing.md)`\n\n    [indented](docs/nothing.md)\n",
     )
     .expect("write README.md");
-    let bad = broken_links(&dir, &[PathBuf::from("README.md"), PathBuf::from("docs/a.md")]);
+    let bad = broken_links(
+        &dir,
+        &[PathBuf::from("README.md"), PathBuf::from("docs/a.md")],
+    );
     std::fs::remove_dir_all(&dir).expect("remove scratch dir");
     assert_eq!(
         bad,
@@ -252,4 +262,26 @@ fn the_checker_finds_a_missing_file_and_a_missing_anchor() {
             "README.md:4: docs/a.md#nope: no heading with anchor '#nope'".to_string(),
         ]
     );
+}
+
+/// The .deb ships the admin's pages: `packaging/doc-pages` (what build-deb.sh installs and
+/// check-deb.sh checks) lists exactly the pages under docs/ but the contributor's architecture.
+#[test]
+fn every_admin_page_ships_in_the_deb() {
+    let root = root();
+    let list = std::fs::read_to_string(root.join("packaging/doc-pages")).expect("doc-pages");
+    let mut shipped: Vec<String> = list
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    shipped.sort();
+    let mut admin: Vec<String> = pages(&root)
+        .into_iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .filter(|p| p.starts_with("docs/") && p != "docs/architecture.md")
+        .collect();
+    admin.sort();
+    assert_eq!(shipped, admin, "packaging/doc-pages against docs/*.md");
 }
