@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds ulnet's Debian package from this checkout: lnet-router and lnetctl (release), the
 # systemd unit, the example configuration as a conffile, manual pages and completions generated
-# from the programs themselves.
+# from the programs themselves, the README and the admin's pages (packaging/doc-pages).
 #
 #   bash packaging/build-deb.sh [OUT.deb]        (default target/ulnet_<version>_<arch>.deb)
 #
@@ -33,6 +33,10 @@ mkdir -p "$root/usr/share/man/man8" "$root/usr/share/bash-completion/completions
 "$bin/lnetctl" completions zsh > "$root/usr/share/zsh/vendor-completions/_lnetctl"
 "$bin/lnetctl" completions fish > "$root/usr/share/fish/vendor_completions.d/lnetctl.fish"
 install -m 644 README.md "$root/usr/share/doc/ulnet/README.md"
+# The admin's pages (packaging/doc-pages), at their paths relative to the README.
+grep -v '^#' packaging/doc-pages | while read -r page; do
+  install -D -m 644 "$page" "$root/usr/share/doc/ulnet/$page"
+done
 depends="libc6"
 case "$features" in *verbs*) depends="$depends, libibverbs1, librdmacm1" ;; esac
 mkdir -p "$root/DEBIAN"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Unpacks a ulnet .deb into a temporary root (never installs it on this host) and checks its
 # files: the binaries run (--version, lnetctl --help), the unit and its sandbox (systemd-analyze
-# security: 2.5 or lower), the conffile, the manual pages and completions, and the control fields.
+# security: 2.5 or lower), the conffile, the manual pages and completions, the README and the
+# admin's pages (packaging/doc-pages), and the control fields.
 #
 #   bash packaging/check-deb.sh FILE.deb
 set -euo pipefail
@@ -15,6 +16,12 @@ for f in usr/bin/lnet-router usr/bin/lnetctl lib/systemd/system/lnet-router.serv
   usr/share/bash-completion/completions/lnetctl usr/share/zsh/vendor-completions/_lnetctl \
   usr/share/fish/vendor_completions.d/lnetctl.fish usr/share/doc/ulnet/README.md; do
   [ -s "$root/$f" ] || fail "missing or empty: $f"
+done
+# The admin's pages (packaging/doc-pages, read beside this script), beside the README.
+pages=$(grep -v '^#' "$(dirname "$0")/doc-pages")
+[ -n "$pages" ] || fail "packaging/doc-pages lists no page"
+for page in $pages; do
+  [ -s "$root/usr/share/doc/ulnet/$page" ] || fail "missing or empty: usr/share/doc/ulnet/$page"
 done
 [ -x "$root/usr/bin/lnet-router" ] && [ -x "$root/usr/bin/lnetctl" ] || fail "binaries not executable"
 "$root/usr/bin/lnet-router" --version | grep -q '^lnet-router .* (git ' || fail "lnet-router --version"
