@@ -124,7 +124,7 @@ fn storm(seed: u64, cpa: u16, cpb: u16, pa: RacePolicy, pb: RacePolicy) -> Vec<S
     let mut log: Vec<String> = Vec::new();
     let mut crashes: Vec<(NodeId, lnd::time::Instant)> = Vec::new();
     // LOSSY=1 adds cm_loss, which drops RTUs too: the known early-data loss of a passive
-    // connection whose RTU is lost (no COMM_EST modelled; see the README) would then show.
+    // connection whose RTU is lost (no COMM_EST modelled; see CONTRIBUTING.md) would then show.
     let lossy = std::env::var("LOSSY").is_ok();
     let mut cuts: Vec<lnd::time::Instant> = Vec::new();
     for round in 0..400u32 {

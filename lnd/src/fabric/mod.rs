@@ -275,7 +275,7 @@ pub trait Registry {
 
     /// Registers memory other fabrics may register too ([`SharedMem`]). Its `deregister` gives
     /// back no bytes (an empty buffer): the memory stays with its other owners. Fabrics that
-    /// cannot share memory refuse (the tcp and verbs fabrics can; the simulator cannot yet).
+    /// cannot share memory refuse (the tcp and verbs fabrics can; the simulator does not).
     fn register_shared(&mut self, mem: &SharedMem) -> std::io::Result<Registration> {
         let _ = mem;
         Err(std::io::Error::new(

@@ -78,7 +78,7 @@ impl<N: SimNode> World<N> {
     }
 
     /// Node `from` posts an RDMA write on its connection `conn`, as if its endpoint had emitted
-    /// [`FabricAction::RdmaWrite`] (the engine does not drive bulk data yet): the fragments
+    /// [`FabricAction::RdmaWrite`] (for tests that write without a rendezvous): the fragments
     /// `local` go onto the fragments `remote` on the peer. The write goes through the same
     /// path as the engine's actions; its completion is recorded ([`World::rdma_status`]) and then
     /// handed to the endpoint's `handle_send_complete`, which ignores a WrId it does not know.

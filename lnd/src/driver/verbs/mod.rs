@@ -54,7 +54,7 @@
 //! rkey, address) a peer writes to; `read` copies its bytes out; `deregister` copies them back
 //! and drops the fabric's hold (ibv_dereg_mr happens once no posted
 //! write reads from it any more). [`VerbsFabric::rdma_write`] posts a write on behalf of a test,
-//! as the simulator's `World::rdma_write` does (the engine does not drive bulk data yet).
+//! as the simulator's `World::rdma_write` does (tests write without a rendezvous; the engine drives bulk data through `apply`).
 //!
 //! Layout: `config` (what is set, the start errors, the counters), `setup` (opening, the connection
 //! manager and its events), `sq` (receive slots, sends, RDMA writes on the send queue), `cq` (the

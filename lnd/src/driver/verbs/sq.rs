@@ -299,9 +299,8 @@ impl VerbsFabric {
         }
     }
 
-    /// Posts an RDMA write on `conn` as if the engine had emitted [`FabricAction::RdmaWrite`]
-    /// (the engine does not drive bulk data yet): the fragments `local` onto the fragments
-    /// `remote` on the peer. Its status is kept for [`VerbsFabric::rdma_status`] /
+    /// Posts an RDMA write on `conn` as [`FabricAction::RdmaWrite`] does, for tests that write
+    /// without a rendezvous: the fragments `local` onto the fragments `remote` on the peer. Its status is kept for [`VerbsFabric::rdma_status`] /
     /// [`VerbsFabric::take_rdma_completions`] and also handed to the endpoint, which ignores a
     /// WrId it does not know. A write on a connection this fabric does not know is counted in
     /// `unknown_actions` and never completes.
