@@ -300,9 +300,9 @@ impl VerbsFabric {
     }
 
     /// Posts an RDMA write on `conn` as [`FabricAction::RdmaWrite`] does, for tests that write
-    /// without a rendezvous: the fragments `local` onto the fragments `remote` on the peer. Its status is kept for [`VerbsFabric::rdma_status`] /
-    /// [`VerbsFabric::take_rdma_completions`] and also handed to the endpoint, which ignores a
-    /// WrId it does not know. A write on a connection this fabric does not know is counted in
+    /// without a rendezvous: the fragments `local` onto the fragments `remote` on the peer. Its
+    /// status is kept for [`VerbsFabric::rdma_status`] / [`VerbsFabric::take_rdma_completions`]
+    /// and also handed to the endpoint, which ignores a WrId it does not know. A write on a connection this fabric does not know is counted in
     /// `unknown_actions` and never completes.
     pub fn rdma_write(&mut self, conn: ConnId, local: &[LocalFrag], remote: &[RemoteFrag]) -> WrId {
         self.next_injected += 1;
