@@ -254,16 +254,9 @@ fn the_unit_is_sandboxed() {
 /// it says SKIPPED and why.
 #[test]
 fn the_daemon_serves_with_the_units_capabilities_only() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("SKIPPED: starting the daemon under the unit's capability set needs root");
-        return;
-    }
-    if std::process::Command::new("setpriv")
-        .arg("--version")
-        .output()
-        .is_err()
+    if !root_or_skip("starting the daemon under the unit's capability set")
+        || !tool_or_skip("setpriv", "util-linux")
     {
-        eprintln!("SKIPPED: no setpriv here (util-linux)");
         return;
     }
     let caps = unit_values("CapabilityBoundingSet")
@@ -362,8 +355,7 @@ fn the_daemon_serves_with_the_units_capabilities_only() {
 /// says so and does nothing.
 #[test]
 fn daemons_without_ulnet_keys_find_each_other_at_port_987() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: port 987 needs root");
+    if !root_or_skip("listening on port 987") {
         return;
     }
     let s = Scratch::new("plain_lnet_conf");
@@ -631,8 +623,7 @@ fn export_and_import_round_trip_on_a_running_daemon() {
 /// routing is on; and imported into the daemon it started, it changes nothing.
 #[test]
 fn a_lustre_backup_starts_the_daemon_unedited() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: port 987 needs root");
+    if !root_or_skip("listening on port 987") {
         return;
     }
     let backup = include_str!("data/lustre-2.16-export-backup.yaml");

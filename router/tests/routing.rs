@@ -129,8 +129,7 @@ fn client_pings_server_through_a_router_running_its_nis_on_one_thread() {
 /// Needs root (CI runs as root); elsewhere it says so and does nothing.
 #[test]
 fn client_pings_server_through_a_router_across_network_namespaces() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: network namespaces need root");
+    if !root_or_skip("network namespaces") {
         return;
     }
     let topo = Namespaces::create();

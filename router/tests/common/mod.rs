@@ -724,3 +724,38 @@ pub fn topo_yaml(
     }
     y
 }
+
+/// Whether a test that needs root may run: true as root. Elsewhere it says SKIPPED and why on
+/// stderr and returns false, unless `CI` is set, where it fails: CI runs as root, so a skip
+/// there would hide a test that never ran (as the tshark tests fail in CI without tshark).
+pub fn root_or_skip(why: &str) -> bool {
+    if rustix::process::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "needs root ({why}), and CI is set: CI must run the tests as root"
+    );
+    eprintln!("SKIPPED: needs root ({why})");
+    false
+}
+
+/// Whether `tool --version` runs here; elsewhere SKIPPED on stderr, or a failure under `CI`
+/// (which installs what its tests need).
+pub fn tool_or_skip(tool: &str, package: &str) -> bool {
+    let found = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{tool} ({package}) not found, and CI is set: CI must install it"
+    );
+    eprintln!("SKIPPED: no {tool} here ({package})");
+    false
+}
