@@ -549,7 +549,9 @@ mod tests {
     /// two loops' counters and credits added.
     #[test]
     fn a_peer_two_nis_talk_to_is_shown_once() {
-        use control::{Counts, PeerEntry, PeerHealthShow, PeerNiDetail, PeerNiEntry, PeerShow};
+        use crate::control::{
+            Counts, PeerEntry, PeerHealthShow, PeerNiDetail, PeerNiEntry, PeerShow,
+        };
         let entry = |nid: &str, state: &str, sent: u64, health: u32| PeerEntry {
             primary_nid: nid.into(),
             multi_rail: false,

@@ -2,19 +2,19 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
-use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
+use std::time::Duration as StdDuration;
 
 use crate::bulk_pool::{BulkPlan, LoopId};
-use crate::control::{errno, CaptureSession, Control, ControlError, Request, Response};
+use crate::control::{Control, Request, Response};
 use crate::runtime::{shared_round, NiRuntime, SharedLoop};
 use crate::yaml_config::FabricKind;
 use crate::BufferCounts;
 use lnd::driver::Driver;
 use lnd::time::Duration;
 use lnd::wire::Nid;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, warn};
 
-use super::capture::{end_capture, CaptureState};
+use super::capture::LoopCapture;
 use super::events::{drain_events, PeerLog};
 use super::handovers::Handovers;
 use super::selftest::NiSelftest;
@@ -50,8 +50,7 @@ pub(super) struct NiLoop {
     pub(super) removed_at: Option<u64>,
     pub(super) shutdown_deadline: Option<lnd::time::Instant>,
     pub(super) failed: bool,
-    pub(super) capture: CaptureState,
-    pub(super) next_capture: u64,
+    pub(super) capture: LoopCapture,
     pub(super) lst: NiSelftest,
     pub(super) peer_log: PeerLog,
     pub(super) bulk: LoopBulk,
@@ -286,7 +285,6 @@ impl NiLoop {
     /// One turn (waiting at most `wait`) and what follows it: handovers, events, control
     /// requests, the capture, the shutdown. True once this loop is finished.
     pub(super) fn step(&mut self, wait: StdDuration) -> bool {
-        let nid = self.nid;
         // An NI added or removed, or a node-wide setting changed: adopt them as they are now.
         self.adopt();
         // Handovers from the other NIs first, so that what they produce (a forward's send) goes
@@ -298,30 +296,7 @@ impl NiLoop {
         if !self.failed {
             let wait = self.lst.bound(wait, &self.rt);
             if let Err(e) = self.rt.turn(wait) {
-                // The daemon stops only when this was its last working NI: one published (not
-                // being added or removed) and no other NI of the set still has its fabric.
-                let m = self.daemon.set.snapshot();
-                let published = m.list.iter().any(|x| x.nid == nid);
-                let others = m
-                    .list
-                    .iter()
-                    .enumerate()
-                    .any(|(i, x)| x.nid != nid && !m.board.failed(i));
-                if others || !published {
-                    // The NI is down (its siblings' ping replies say so, as Lustre reports an
-                    // NI with a fatal HCA error), what it held fails, and the daemon's other
-                    // NIs go on.
-                    error!(%nid, "fabric failed: {e}; this NI is down, the other NIs go on (net del and net add it to start it again)");
-                    self.rt.lose_fabric();
-                } else {
-                    // The daemon's only NI: its peers must still see a graceful close of
-                    // anything left (not find out at their keepalive horizon), so it shuts
-                    // down as on SIGTERM, then the daemon exits with the error.
-                    error!(%nid, "fabric failed: {e}; closing every other connection");
-                    self.failed = true;
-                    self.daemon.shared.fail(format!("fabric of NI {nid}: {e}"));
-                    self.daemon.wake_all();
-                }
+                self.fabric_failed(&e.to_string());
             }
         } else {
             std::thread::sleep(wait);
@@ -336,89 +311,101 @@ impl NiLoop {
                 self.report_released();
             }
         }
-        let rt = &mut self.rt;
-        let control = &mut self.control;
-        self.hands.relay(rt);
-        drain_events(rt, control, &mut self.lst, &mut self.peer_log);
-        self.lst.tick(rt);
+        self.hands.relay(&mut self.rt);
+        self.drain_events();
+        self.lst.tick(&mut self.rt);
+        self.serve_requests();
+        // The clock only for what needs it: a loop comes here every turn.
+        if self.capture.active() {
+            let now = self.rt.now();
+            self.capture.step(self.rt.node_mut(), now);
+        }
+        self.shutdown_step()
+    }
+
+    /// This NI's fabric failed (`e`). The daemon stops only when this was its last working
+    /// NI: one published (not being added or removed) and no other NI of the set still has
+    /// its fabric.
+    fn fabric_failed(&mut self, e: &str) {
+        let nid = self.nid;
+        let m = self.daemon.set.snapshot();
+        let published = m.list.iter().any(|x| x.nid == nid);
+        let others = m
+            .list
+            .iter()
+            .enumerate()
+            .any(|(i, x)| x.nid != nid && !m.board.failed(i));
+        if others || !published {
+            // The NI is down (its siblings' ping replies say so, as Lustre reports an
+            // NI with a fatal HCA error), what it held fails, and the daemon's other
+            // NIs go on.
+            error!(%nid, "fabric failed: {e}; this NI is down, the other NIs go on (net del and net add it to start it again)");
+            self.rt.lose_fabric();
+        } else {
+            // The daemon's only NI: its peers must still see a graceful close of
+            // anything left (not find out at their keepalive horizon), so it shuts
+            // down as on SIGTERM, then the daemon exits with the error.
+            error!(%nid, "fabric failed: {e}; closing every other connection");
+            self.failed = true;
+            self.daemon.shared.fail(format!("fabric of NI {nid}: {e}"));
+            self.daemon.wake_all();
+        }
+    }
+
+    /// The node's events: to the selftest, the log and the control requests waiting on them.
+    fn drain_events(&mut self) {
+        drain_events(
+            &mut self.rt,
+            &mut self.control,
+            &mut self.lst,
+            &mut self.peer_log,
+        );
+    }
+
+    /// Answers the control requests queued for this loop: the capture's and the selftest's
+    /// here, the rest by the node's control service ([`Control::handle`]).
+    fn serve_requests(&mut self) {
         let mut refreshed = false;
         while let Ok((req, reply)) = self.req_rx.try_recv() {
             debug!(?req, "control request");
             if !refreshed {
-                control.set_fabric_counters(0, self.kind.as_str(), rt.driver().counters());
+                let counters = self.rt.driver().counters();
+                self.control
+                    .set_fabric_counters(0, self.kind.as_str(), counters);
                 refreshed = true;
             }
-            let now = rt.now();
-            let node = rt.node_mut();
+            let now = self.rt.now();
+            let shutting = self.shutdown_deadline.is_some();
             match req {
                 Request::CaptureStart { duration_secs } => {
-                    let resp = if !matches!(self.capture, CaptureState::Idle) {
-                        Response::Error(ControlError::new(
-                            errno::EBUSY,
-                            "a capture is already running (one at a time); stop it first",
-                        ))
-                    } else if self.shutdown_deadline.is_some() {
-                        Response::Error(ControlError::new(
-                            errno::ESHUTDOWN,
-                            "the daemon is shutting down",
-                        ))
-                    } else {
-                        let unix_ns = SystemTime::now()
-                            .duration_since(UNIX_EPOCH)
-                            .map_or(0, |d| d.as_nanos() as u64);
-                        let s = CaptureSession::start(
-                            node,
-                            self.next_capture,
-                            now,
-                            unix_ns,
-                            duration_secs.map(Duration::from_secs),
-                        );
-                        self.next_capture += 1;
-                        info!(id = s.id(), ?duration_secs, "capture started");
-                        let started = Response::CaptureStarted(s.started());
-                        self.capture = CaptureState::Running(s, reply.clone());
-                        started
-                    };
+                    let node = self.rt.node_mut();
+                    let resp = self
+                        .capture
+                        .start(node, now, duration_secs, &reply, shutting);
                     let _ = reply.try_send(resp);
                 }
                 Request::CaptureStop { id } => {
-                    let resp = match std::mem::take(&mut self.capture) {
-                        CaptureState::Running(s, out) if s.id() == id => {
-                            let sum = end_capture(node, s, &out, "stopped");
-                            self.capture = CaptureState::Ending(sum.clone(), out);
-                            Response::CaptureDone(sum)
-                        }
-                        other => {
-                            self.capture = other;
-                            Response::Error(ControlError::new(
-                                errno::ENOENT,
-                                format!("no capture {id} is running"),
-                            ))
-                        }
-                    };
+                    let resp = self.capture.stop(self.rt.node_mut(), id);
                     let _ = reply.try_send(resp);
                 }
-                Request::Selftest { cmd } => {
-                    if self.shutdown_deadline.is_some() {
-                        let _ = reply.try_send(shutting_down());
-                    } else {
-                        self.lst.command(rt, cmd, reply);
-                    }
+                Request::Selftest { .. } if shutting => {
+                    let _ = reply.try_send(shutting_down());
                 }
+                Request::Selftest { cmd } => self.lst.command(&mut self.rt, cmd, reply),
                 req => {
-                    if let Some((reply, resp)) = control.handle(now, node, req, reply) {
+                    let node = self.rt.node_mut();
+                    if let Some((reply, resp)) = self.control.handle(now, node, req, reply) {
                         let _ = reply.try_send(resp);
                     }
                 }
             }
-            drain_events(rt, control, &mut self.lst, &mut self.peer_log);
+            self.drain_events();
         }
-        // The clock only for what needs it: a loop comes here every turn.
-        if !matches!(self.capture, CaptureState::Idle) {
-            let now = rt.now();
-            self.capture = std::mem::take(&mut self.capture).step(rt.node_mut(), now);
-        }
+    }
 
+    /// The stop (the daemon's, or this NI's alone: `net del`): starts the node's graceful
+    /// shutdown, then ends the loop once it finished or its bound passed. True once ended.
+    fn shutdown_step(&mut self) -> bool {
         if self.removed_at.is_none() && self.stop.load(Ordering::Acquire) {
             // `net del` published the set without this NI before it asked it to stop.
             self.removed_at = Some(self.daemon.set.epoch.load(Ordering::Acquire));
@@ -426,16 +413,15 @@ impl NiLoop {
         if self.shutdown_deadline.is_none()
             && (self.daemon.shared.stop.load(Ordering::Relaxed) || self.removed_at.is_some())
         {
-            let now = rt.now();
-            rt.node_mut().shutdown(now);
+            let now = self.rt.now();
+            self.rt.node_mut().shutdown(now);
             self.shutdown_deadline = Some(now.saturating_add(SHUTDOWN_BOUND));
         }
         let Some(deadline) = self.shutdown_deadline else {
             return false;
         };
-        let now = rt.now();
-        let node = rt.node_mut();
-        if !node.is_shut_down() && now < deadline {
+        let now = self.rt.now();
+        if !self.rt.node().is_shut_down() && now < deadline {
             return false;
         }
         // Removed alone (`net del`): not before every other loop has stopped handing this one
@@ -446,36 +432,43 @@ impl NiLoop {
                 .list
                 .iter()
                 .chain(&others.leaving)
-                .any(|m| m.nid != nid && m.behind(removed));
+                .any(|m| m.nid != self.nid && m.behind(removed));
             let bound =
                 deadline.saturating_add(Duration::from_nanos(ADOPT_BOUND.as_nanos() as u64));
             if pending && now < bound && !self.daemon.shared.stop.load(Ordering::Relaxed) {
                 return false;
             }
         }
-        let node = rt.node_mut();
+        self.finish();
+        true
+    }
+
+    /// The loop's end, its node shut down (or its bound passed): the last actions out, what
+    /// it owes the other loops handed back, and every request still waiting answered.
+    fn finish(&mut self) {
+        let node = self.rt.node_mut();
         if !node.is_shut_down() {
             warn!(
-                %nid,
+                nid = %self.nid,
                 in_flight = node.messages_in_flight(),
                 "graceful shutdown did not finish within {SHUTDOWN_BOUND:?}; exiting anyway"
             );
         }
         // The last actions (Destroys), and one more poll so they reach the wire.
         if !self.failed {
-            rt.flush();
+            self.rt.flush();
         }
-        drain_events(rt, control, &mut self.lst, &mut self.peer_log);
+        self.drain_events();
         // Whatever this runtime still sends for the other loops is failed back to them (their
         // router buffers and credits come back), as is what they handed it before they let it
         // go; then the last of it is handed out before the channel closes (bounded: a full
         // channel is retried, a loop that is gone takes nothing).
-        if !rt.node().is_shut_down() {
-            rt.node_mut().abandon_forwards();
+        if !self.rt.node().is_shut_down() {
+            self.rt.node_mut().abandon_forwards();
         }
         let started = std::time::Instant::now();
         loop {
-            self.hands.relay(rt);
+            self.hands.relay(&mut self.rt);
             if (self.hands.relay.waiting() == 0 && self.hands.rx.is_empty())
                 || started.elapsed() >= ADOPT_BOUND
             {
@@ -483,10 +476,7 @@ impl NiLoop {
             }
             std::thread::sleep(StdDuration::from_millis(1));
         }
-        if let CaptureState::Running(s, out) = std::mem::take(&mut self.capture) {
-            let sum = end_capture(rt.node_mut(), s, &out, "daemon shutting down");
-            let _ = out.try_send(Response::CaptureDone(sum));
-        }
+        self.capture.end(self.rt.node_mut());
         // Requests still queued get an answer rather than a dropped channel.
         while let Ok((_, reply)) = self.req_rx.try_recv() {
             let _ = reply.try_send(shutting_down());
@@ -495,7 +485,6 @@ impl NiLoop {
             let _ = reply.try_send(shutting_down());
         }
         self.end_bulk();
-        true
     }
 }
 

@@ -16,7 +16,7 @@ use lnd::wire::Nid;
 use tracing::{error, info, warn};
 
 use super::args::NiThreads;
-use super::capture::CaptureState;
+use super::capture::LoopCapture;
 use super::config::{choose_fabric, extras_of, listen_of, listens_clash};
 use super::events::PeerLog;
 use super::fabric::{fabric_supported, start_fabric};
@@ -87,8 +87,7 @@ impl Daemon {
             removed_at: None,
             shutdown_deadline: None,
             failed: false,
-            capture: CaptureState::Idle,
-            next_capture: 1,
+            capture: LoopCapture::default(),
             peer_log: PeerLog::default(),
             bulk: LoopBulk::new(id),
             lst: NiSelftest {
