@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use router::daemon::Args;
 
 /// jemalloc rather than glibc's malloc: after a burst (tens of thousands of messages or peers),
 /// the tables give their room back (`lnd::trim`), but glibc keeps the freed pages of an NI
@@ -26,6 +27,27 @@ fn limit_allocator_threads() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let args = router::daemon::Args::parse();
-    router::daemon::run(args, limit_allocator_threads)
+    let args = Args::parse();
+    if args.print_man {
+        return print_man();
+    }
+    match router::daemon::run(args, limit_allocator_threads) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("lnet-router: {}", f.message);
+            ExitCode::from(f.status)
+        }
+    }
+}
+
+/// `--print-man`: this manual page (roff, section 8) on standard output.
+fn print_man() -> ExitCode {
+    let mut out = Vec::new();
+    let cmd = <Args as clap::CommandFactory>::command();
+    if let Err(e) = clap_mangen::Man::new(cmd).section("8").render(&mut out) {
+        eprintln!("lnet-router: man page: {e}");
+        return ExitCode::FAILURE;
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), &out);
+    ExitCode::SUCCESS
 }

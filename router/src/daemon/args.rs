@@ -83,7 +83,7 @@ pub struct Args {
     pub(super) no_nis: bool,
     /// Print this manual page (roff, section 8) on standard output and exit
     #[arg(long, hide = true)]
-    pub(super) print_man: bool,
+    pub print_man: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

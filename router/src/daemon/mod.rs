@@ -49,7 +49,6 @@ mod state;
 pub use self::args::Args;
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration as StdDuration, SystemTime, UNIX_EPOCH};
@@ -67,56 +66,76 @@ use self::args::{LogFormat, NiThreads};
 use self::config::{choose_fabric, extras_of, listen_clash};
 use self::fabric::{fabric_supported, start_fabric, PeerAddrs};
 use self::fan_out::Loops;
-use self::ni_loop::run_shared;
+use self::ni_loop::{run_shared, NiLoop};
 use self::notify::sd_notify;
 use self::serve::{control_thread, ClientLimits};
 use self::signals::Signals;
 use self::state::{lock, Daemon, NiSet, NiThread, NodeSettings, Shutdown, MAX_WAIT};
 
-/// Runs the daemon with `args` until a stop; the process's exit status. `before_threads` runs
-/// once logging is set up and before any thread starts (the binary caps its allocator's
-/// background threads there; a failure is logged, never fatal).
-pub fn run(args: Args, before_threads: impl FnOnce() -> Result<(), String>) -> ExitCode {
-    if args.print_man {
-        let mut out = Vec::new();
-        let cmd = <Args as clap::CommandFactory>::command();
-        if let Err(e) = clap_mangen::Man::new(cmd).section("8").render(&mut out) {
-            eprintln!("lnet-router: man page: {e}");
-            return ExitCode::FAILURE;
+/// Why the daemon did not start, or stopped with an error: the one line the binary writes
+/// on stderr (after "lnet-router: "), and the exit status: 2 for a bad command line or
+/// configuration, 1 for a runtime failure (socket, fabric).
+#[derive(Debug)]
+pub struct Failure {
+    pub status: u8,
+    pub message: String,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            status: 2,
+            message: message.into(),
         }
-        let _ = std::io::Write::write_all(&mut std::io::stdout(), &out);
-        return ExitCode::SUCCESS;
     }
+}
+
+/// Runs the daemon with `args` until a stop. `before_threads` runs once logging is set up and
+/// before any thread starts (the binary caps its allocator's background threads there; a
+/// failure is logged, never fatal). Errors are returned, not printed: before the daemon runs
+/// there is no log to keep, so the binary writes them to stderr once, as one line.
+pub fn run(args: Args, before_threads: impl FnOnce() -> Result<(), String>) -> Result<(), Failure> {
     init_logging(args.log_format);
     if let Err(e) = before_threads() {
         warn!(error = %e, "cannot limit the allocator's background threads");
     }
-    // Errors go to stderr once, as one line: before the daemon runs there is no log to keep.
+    let cfg = load_config(&args)?;
+    // A path lnetctl could not reach, or whose directory is more than one missing level away
+    // (only the socket's own directory is created), is refused before anything starts.
+    let socket = args
+        .socket
+        .unwrap_or_else(crate::control::default_socket_path);
+    crate::control::check_socket_path_for_daemon(&socket)
+        .map_err(|e| Failure::usage(e.to_string()))?;
+    let limits = ClientLimits {
+        idle: StdDuration::from_secs(args.control_idle_timeout),
+        request: StdDuration::from_secs(args.control_request_timeout),
+    };
+    // Once, and whatever LNET_LOG filters (the log is on stderr too: logging it as well
+    // printed it twice).
+    start(cfg, socket, limits, args.ni_threads).map_err(|message| Failure { status: 1, message })
+}
+
+/// The configuration `args` name, checked against the command line and this build: each net's
+/// fabric chosen, no two NIs on one listen address, every fabric available.
+fn load_config(args: &Args) -> Result<DaemonConfig, Failure> {
     if args.no_nis && args.ni_threads == NiThreads::Shared {
-        eprintln!(
-            "lnet-router: --no-nis needs --ni-threads per-ni (NIs added at run time each get \
-             a thread; a shared thread is fixed at start)"
-        );
-        return ExitCode::from(2);
+        return Err(Failure::usage(
+            "--no-nis needs --ni-threads per-ni (NIs added at run time each get a thread; a \
+             shared thread is fixed at start)",
+        ));
     }
     let loaded = if args.no_nis {
         DaemonConfig::load_allowing_no_nis(&args.config)
     } else {
         DaemonConfig::load(&args.config)
     };
-    let mut cfg = match loaded {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("lnet-router: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let mut cfg = loaded.map_err(|e| Failure::usage(e.to_string()))?;
     for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
         choose_fabric(net);
     }
     if let Some(msg) = listen_clash(&cfg) {
-        eprintln!("lnet-router: {}: {msg}", args.config.display());
-        return ExitCode::from(2);
+        return Err(Failure::usage(format!("{}: {msg}", args.config.display())));
     }
     if let Some((net, _)) = cfg.nis().find(|(n, _)| !fabric_supported(n.fabric)) {
         let msg = match net.fabric {
@@ -133,45 +152,22 @@ pub fn run(args: Args, before_threads: impl FnOnce() -> Result<(), String>) -> E
             ),
         };
         // The line of the net's first NI: the file's lines of a net are not kept, its NIs' are.
-        match net.nis.first() {
-            Some(ni) => eprintln!("lnet-router: {}:{}: {msg}", args.config.display(), ni.line),
-            None => eprintln!("lnet-router: {}: {msg}", args.config.display()),
-        }
-        return ExitCode::from(2);
+        return Err(Failure::usage(match net.nis.first() {
+            Some(ni) => format!("{}:{}: {msg}", args.config.display(), ni.line),
+            None => format!("{}: {msg}", args.config.display()),
+        }));
     }
     if args.ni_threads == NiThreads::Shared {
         if let Some((net, _)) = cfg.nis().find(|(n, _)| n.fabric != FabricKind::Tcp) {
-            eprintln!(
-                "lnet-router: --ni-threads shared: net {} is on fabric '{}'; only tcp NIs can \
-                 share a thread (use --ni-threads per-ni)",
+            return Err(Failure::usage(format!(
+                "--ni-threads shared: net {} is on fabric '{}'; only tcp NIs can share a \
+                 thread (use --ni-threads per-ni)",
                 net.net,
                 net.fabric.as_str()
-            );
-            return ExitCode::from(2);
+            )));
         }
     }
-    // A path lnetctl could not reach, or whose directory is more than one missing level away
-    // (only the socket's own directory is created), is refused before anything starts.
-    let socket = args
-        .socket
-        .unwrap_or_else(crate::control::default_socket_path);
-    if let Err(e) = crate::control::check_socket_path_for_daemon(&socket) {
-        eprintln!("lnet-router: {e}");
-        return ExitCode::from(2);
-    }
-    let limits = ClientLimits {
-        idle: StdDuration::from_secs(args.control_idle_timeout),
-        request: StdDuration::from_secs(args.control_request_timeout),
-    };
-    match start(cfg, socket, limits, args.ni_threads) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // Once, and whatever LNET_LOG filters (the log is on stderr too: logging it as well
-            // printed it twice).
-            eprintln!("lnet-router: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    Ok(cfg)
 }
 
 fn init_logging(format: LogFormat) {
@@ -217,24 +213,9 @@ fn start(
         .unwrap_or_else(|| NetAlive::new(0));
     let peers = PeerAddrs::default();
     peers.merge(&cfg.peers);
-    let mut runtimes = Vec::new();
-    for ((net, ni), node_cfg) in cfg.nis().zip(node_cfgs) {
-        let stopping = || signals.term.load(Ordering::Relaxed);
-        let f = match start_fabric(&peers, net.fabric, ni, &stopping) {
-            Ok(f) => f,
-            // SIGTERM while an NI waited for its listen address: the stop asked for, not a
-            // failure (the NIs started so far close as they are dropped).
-            Err(_) if stopping() => {
-                info!(nid = %ni.ni.nid, "stopped by a signal while starting");
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        let node = LnetNode::new(node_cfg, clock.now());
-        let (rt, wake) = NiRuntime::new(node, f.driver, clock)
-            .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
-        runtimes.push((rt, wake, f.kind, extras_of(ni, f.listen)));
-    }
+    let Some(runtimes) = start_nis(&cfg, node_cfgs, &peers, &signals, clock)? else {
+        return Ok(());
+    };
 
     let listener = crate::control::bind_socket(&socket)
         .map_err(|e| format!("control socket {}: {e}", socket.display()))?;
@@ -279,6 +260,78 @@ fn start(
             .publish(members, Vec::new(), board, settings, bulk);
     }
     let nis = ni_loops.len();
+    spawn_loops(&daemon, ni_loops, threading)?;
+    // The router buffers for bulk data, registered by each NI loop with its own fabric (a
+    // router starts forwarding bulk at once, not at its first change).
+    {
+        let _one = lock(&daemon.set.change);
+        let m = daemon.set.snapshot();
+        daemon.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
+    }
+    let loops = Loops {
+        daemon: Arc::clone(&daemon),
+        import: Arc::new(Mutex::new(())),
+    };
+    let counters = Arc::new(ControlCounters::default());
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || control_thread(listener, loops, limits, counters))
+        .map_err(|e| format!("cannot start the control thread: {e}"))?;
+    info!(socket = %socket.display(), nis, "lnet-router running");
+    // Every NI listens and the control socket answers: tell the service manager.
+    sd_notify(&format!(
+        "READY=1\nSTATUS=running: {nis} NI(s), control socket {}\nMAINPID={}",
+        socket.display(),
+        std::process::id()
+    ));
+
+    wait_for_stop(&daemon, &signals)
+}
+
+/// One NI as started: its runtime and waker, its fabric, and what its control service shows.
+type Started = (
+    NiRuntime<Box<dyn lnd::driver::Driver + Send>>,
+    lnd::driver::WakeHandle,
+    FabricKind,
+    crate::control::NiExtras,
+);
+
+/// Starts the fabric and runtime of every NI of `cfg` (with `node_cfgs`, one each); `None` if
+/// a signal stopped the daemon meanwhile.
+fn start_nis(
+    cfg: &DaemonConfig,
+    node_cfgs: Vec<crate::NodeConfig>,
+    peers: &PeerAddrs,
+    signals: &Signals,
+    clock: MonotonicClock,
+) -> Result<Option<Vec<Started>>, String> {
+    let mut runtimes = Vec::new();
+    for ((net, ni), node_cfg) in cfg.nis().zip(node_cfgs) {
+        let stopping = || signals.term.load(Ordering::Relaxed);
+        let f = match start_fabric(peers, net.fabric, ni, &stopping) {
+            Ok(f) => f,
+            // SIGTERM while an NI waited for its listen address: the stop asked for, not a
+            // failure (the NIs started so far close as they are dropped).
+            Err(_) if stopping() => {
+                info!(nid = %ni.ni.nid, "stopped by a signal while starting");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let node = LnetNode::new(node_cfg, clock.now());
+        let (rt, wake) = NiRuntime::new(node, f.driver, clock)
+            .map_err(|e| format!("NI {}: cannot create its loop's waker: {e}", ni.ni.nid))?;
+        runtimes.push((rt, wake, f.kind, extras_of(ni, f.listen)));
+    }
+    Ok(Some(runtimes))
+}
+
+/// Runs `ni_loops` as `threading` says: each on its own thread, or all on one.
+fn spawn_loops(
+    daemon: &Arc<Daemon>,
+    mut ni_loops: Vec<NiLoop>,
+    threading: NiThreads,
+) -> Result<(), String> {
     match threading {
         NiThreads::PerNi => {
             for l in ni_loops {
@@ -306,30 +359,12 @@ fn start(
             });
         }
     }
-    // The router buffers for bulk data, registered by each NI loop with its own fabric (a
-    // router starts forwarding bulk at once, not at its first change).
-    {
-        let _one = lock(&daemon.set.change);
-        let m = daemon.set.snapshot();
-        daemon.publish(m.list.clone(), m.leaving.clone(), m.board.clone());
-    }
-    let loops = Loops {
-        daemon: Arc::clone(&daemon),
-        import: Arc::new(Mutex::new(())),
-    };
-    let counters = Arc::new(ControlCounters::default());
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || control_thread(listener, loops, limits, counters))
-        .map_err(|e| format!("cannot start the control thread: {e}"))?;
-    info!(socket = %socket.display(), nis, "lnet-router running");
-    // Every NI listens and the control socket answers: tell the service manager.
-    sd_notify(&format!(
-        "READY=1\nSTATUS=running: {nis} NI(s), control socket {}\nMAINPID={}",
-        socket.display(),
-        std::process::id()
-    ));
+    Ok(())
+}
 
+/// The main thread's part: watches the signals, and ends once every NI thread has finished
+/// after a stop; the first fatal error, if any.
+fn wait_for_stop(daemon: &Daemon, signals: &Signals) -> Result<(), String> {
     // The main thread: signals, and the end once every NI thread has finished after a stop
     // (a signal, or a failed fabric, which stops everyone). A thread started after the stop
     // is refused under the same lock, so none is missed.
