@@ -1,4 +1,4 @@
-use std::sync::mpsc::{self};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use crate::control::{errno, ControlError, NetChange, Request, Response};

@@ -1,9 +1,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
+use crate::alive::NetAlive;
 use crate::bulk_pool::MAX_BULK_BUFFERS;
 use crate::control::{errno, Control, ControlError, NiExtras, Request, Response};
 use crate::relay::{ChannelLink, Relay};
@@ -224,25 +225,8 @@ impl Daemon {
                 format!("{what}: the NI exists"),
             ));
         }
-        {
-            let t = lock(&self.template);
-            let why = if !t.routes().to_net(nid.net()).is_empty() {
-                Some(format!("a route leads to {}", nid.net()))
-            } else {
-                t.routes()
-                    .routes()
-                    .find(|r| r.gateway == nid)
-                    .map(|r| format!("it is the gateway of the route to {}", r.net))
-            };
-            if let Some(why) = why {
-                return Err(ControlError::new(
-                    errno::EUSERS,
-                    format!(
-                        "{what}: {why}; adding it would invalidate the routing configuration \
-                         (delete the route first)"
-                    ),
-                ));
-            }
+        if let Some(e) = self.routes_through(&what, nid) {
+            return Err(e);
         }
         let mut nids = m.nids();
         nids.push(nid);
@@ -250,27 +234,7 @@ impl Daemon {
         let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
         let mut net = net.clone();
         net.nis = vec![ni.clone()];
-        // The node as it is now; the loop adopts the settings again at its first turn.
-        let node_cfg = {
-            let t = lock(&self.template);
-            let settings = NodeSettings::of(&t);
-            let single = DaemonConfig {
-                nets: vec![net.clone()],
-                ..self.base.clone()
-            };
-            let mut c = single.node_config(incarnation);
-            c.routes = settings.routes;
-            c.globals = settings.globals;
-            c.gateway_health = settings.gateway_health;
-            c.routing = crate::RoutingConfig {
-                enabled: settings.routing,
-                buffers: settings.buffers.share(nids.len()),
-                ..c.routing
-            };
-            c.node_nids = nids.clone();
-            c.net_alive = Some(board.clone());
-            c
-        };
+        let node_cfg = self.added_node_config(&net, incarnation, &nids, &board);
         if !net.fabric_given {
             choose_fabric(&mut net);
         }
@@ -323,6 +287,58 @@ impl Daemon {
         self.publish(list, m.leaving.clone(), board);
         info!(%nid, fabric = f.kind.as_str(), listen = %f.listen, "NI added");
         Ok(())
+    }
+
+    /// A route that leads to `nid`'s net, or through `nid`: adding the NI would invalidate it,
+    /// so `net add` is refused with EUSERS, as lnet_add_net_common refuses it.
+    fn routes_through(&self, what: &str, nid: Nid) -> Option<ControlError> {
+        let t = lock(&self.template);
+        let why = if !t.routes().to_net(nid.net()).is_empty() {
+            Some(format!("a route leads to {}", nid.net()))
+        } else {
+            t.routes()
+                .routes()
+                .find(|r| r.gateway == nid)
+                .map(|r| format!("it is the gateway of the route to {}", r.net))
+        };
+        why.map(|why| {
+            ControlError::new(
+                errno::EUSERS,
+                format!(
+                    "{what}: {why}; adding it would invalidate the routing configuration \
+                     (delete the route first)"
+                ),
+            )
+        })
+    }
+
+    /// The node of an NI added on `net` (its one NI), knowing `nids` on `board`: the node as
+    /// it is now; the loop adopts the settings again at its first turn.
+    fn added_node_config(
+        &self,
+        net: &crate::yaml_config::NetSettings,
+        incarnation: u64,
+        nids: &[Nid],
+        board: &NetAlive,
+    ) -> crate::NodeConfig {
+        let t = lock(&self.template);
+        let settings = NodeSettings::of(&t);
+        let single = DaemonConfig {
+            nets: vec![net.clone()],
+            ..self.base.clone()
+        };
+        let mut c = single.node_config(incarnation);
+        c.routes = settings.routes;
+        c.globals = settings.globals;
+        c.gateway_health = settings.gateway_health;
+        c.routing = crate::RoutingConfig {
+            enabled: settings.routing,
+            buffers: settings.buffers.share(nids.len()),
+            ..c.routing
+        };
+        c.node_nids = nids.to_vec();
+        c.net_alive = Some(board.clone());
+        c
     }
 
     /// `net del`: stops the NIs `which` picks, after every other loop has stopped counting on

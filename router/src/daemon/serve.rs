@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self};
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
@@ -277,47 +277,16 @@ pub(super) fn serve_client(
                     crate::control::MAX_CLIENTS
                 ),
             );
-            debug!("control client closed: {e}");
-            let mut writer = reader.get_ref();
-            let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
-            let _ =
-                writer.write_all(crate::control::encode_response(&Response::Error(e)).as_bytes());
+            tell_and_close(reader.get_ref(), e);
             return Ok(());
         }
-        let (counter, err) = match read? {
-            ReadRequest::Line => (None, None),
-            ReadRequest::Eof => return Ok(()),
-            ReadRequest::Idle => (
-                Some(&counters.idle_timeouts),
-                Some(ControlError::new(
-                    errno::ETIMEDOUT,
-                    format!("idle for {} s; closing", limits.idle.as_secs()),
-                )),
-            ),
-            ReadRequest::Stalled => (
-                Some(&counters.request_timeouts),
-                Some(ControlError::new(
-                    errno::ETIMEDOUT,
-                    format!(
-                        "request not complete within {} s; closing",
-                        limits.request.as_secs()
-                    ),
-                )),
-            ),
-            ReadRequest::TooLong => (Some(&counters.oversized), Some(crate::control::too_long())),
-        };
-        if let Some(e) = err {
-            if let Some(c) = counter {
-                ControlCounters::bump(c);
+        match read_outcome(read?, limits, counters) {
+            Ok(()) => {}
+            Err(None) => return Ok(()),
+            Err(Some(e)) => {
+                tell_and_close(reader.get_ref(), e);
+                return Ok(());
             }
-            debug!("control client closed: {e}");
-            // Best effort: the client may be gone or not reading. What it still sends is never
-            // read (closing with unread data resets its side).
-            let mut writer = reader.get_ref();
-            let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
-            let _ =
-                writer.write_all(crate::control::encode_response(&Response::Error(e)).as_bytes());
-            return Ok(());
         }
         if line.trim_ascii().is_empty() {
             continue;
@@ -345,24 +314,7 @@ pub(super) fn serve_client(
                 }
                 other => other,
             },
-            Ok(req @ Request::Selftest { .. }) => {
-                // A selftest session's console (`run-test`) polls its progress on this
-                // connection: from its new session to its end, it is never closed to make room.
-                let session = match &req {
-                    Request::Selftest {
-                        cmd: crate::selftest::LstCommand::NewSession { .. },
-                    } => Some(true),
-                    Request::Selftest {
-                        cmd: crate::selftest::LstCommand::EndSession,
-                    } => Some(false),
-                    _ => None,
-                };
-                let resp = loops.call(req);
-                if let Some(on) = session.filter(|_| !matches!(resp, Response::Error(_))) {
-                    lock(&slot.clients).set_streaming(slot.id, on);
-                }
-                resp
-            }
+            Ok(req @ Request::Selftest { .. }) => answer_selftest(req, loops, slot),
             Ok(req) => loops.call(req),
             Err(e) => {
                 ControlCounters::bump(&counters.bad_requests);
@@ -373,6 +325,67 @@ pub(super) fn serve_client(
             .get_ref()
             .write_all(crate::control::encode_response(&resp).as_bytes())?;
     }
+}
+
+/// Tells a client why it is closed, best effort: it may be gone or not reading. What it still
+/// sends is never read (closing with unread data resets its side).
+fn tell_and_close(mut writer: &UnixStream, e: ControlError) {
+    debug!("control client closed: {e}");
+    let _ = writer.set_write_timeout(Some(StdDuration::from_secs(1)));
+    let _ = writer.write_all(crate::control::encode_response(&Response::Error(e)).as_bytes());
+}
+
+/// A client's read: a line to answer (`Ok`), its close (`Err(None)`), or what closes it, to
+/// tell it and count (`Err(Some(..))`: idle, stalled or oversized).
+fn read_outcome(
+    read: ReadRequest,
+    limits: ClientLimits,
+    counters: &ControlCounters,
+) -> Result<(), Option<ControlError>> {
+    let (counter, e) = match read {
+        ReadRequest::Line => return Ok(()),
+        ReadRequest::Eof => return Err(None),
+        ReadRequest::Idle => (
+            &counters.idle_timeouts,
+            ControlError::new(
+                errno::ETIMEDOUT,
+                format!("idle for {} s; closing", limits.idle.as_secs()),
+            ),
+        ),
+        ReadRequest::Stalled => (
+            &counters.request_timeouts,
+            ControlError::new(
+                errno::ETIMEDOUT,
+                format!(
+                    "request not complete within {} s; closing",
+                    limits.request.as_secs()
+                ),
+            ),
+        ),
+        ReadRequest::TooLong => (&counters.oversized, crate::control::too_long()),
+    };
+    ControlCounters::bump(counter);
+    Err(Some(e))
+}
+
+/// A selftest command, through the first NI's console. A selftest session's console
+/// (`run-test`) polls its progress on this connection: from its new session to its end, it is
+/// never closed to make room.
+fn answer_selftest(req: Request, loops: &Loops, slot: &Slot) -> Response {
+    let session = match &req {
+        Request::Selftest {
+            cmd: crate::selftest::LstCommand::NewSession { .. },
+        } => Some(true),
+        Request::Selftest {
+            cmd: crate::selftest::LstCommand::EndSession,
+        } => Some(false),
+        _ => None,
+    };
+    let resp = loops.call(req);
+    if let Some(on) = session.filter(|_| !matches!(resp, Response::Error(_))) {
+        lock(&slot.clients).set_streaming(slot.id, on);
+    }
+    resp
 }
 
 /// A capture owns its connection: every NI loop's records are written to the client as they
