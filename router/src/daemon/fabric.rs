@@ -95,62 +95,7 @@ pub(super) fn start_fabric(
     }
     let peers = peers.clone();
     let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
-        FabricKind::Tcp => {
-            // As o2iblnd: the NID's address and port 987 unless the file says otherwise.
-            let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
-            // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
-            let tcp = TcpConfig {
-                user_timeout: ni.ni.tunables.timeout.into(),
-                busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
-                handshake_limit: ni.handshake_limit as usize,
-                // Retried here, where a stop can cut the wait short.
-                bind_retry: StdDuration::ZERO,
-                ..TcpConfig::default()
-            };
-            // Our own NID is where we listen, as bound (port 0 resolved): LNet health's
-            // recovery pings of this NI go to it through the fabric (a self-connection).
-            let own: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
-            let own_addr = Arc::clone(&own);
-            let me = nid;
-            let resolve = move |n: Nid| {
-                if n == me {
-                    return Some(own_addr.get().copied().unwrap_or(listen));
-                }
-                peers.get(n).or_else(|| Some(o2ib_address(n)))
-            };
-            let started = std::time::Instant::now();
-            let mut warned = false;
-            let f = loop {
-                match TcpFabric::bind_with(listen, resolve.clone(), tcp.clone()) {
-                    Ok(f) => break f,
-                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                        let waited = started.elapsed();
-                        if waited >= BIND_RETRY || stopping() {
-                            let after = if waited >= BIND_RETRY {
-                                format!(" (still, after retrying for {BIND_RETRY:?})")
-                            } else {
-                                String::new()
-                            };
-                            return Err(format!("NI {nid}: cannot listen on {listen}: {e}{after}"));
-                        }
-                        if !std::mem::replace(&mut warned, true) {
-                            warn!(
-                                %nid,
-                                %listen,
-                                "listen address in use; retrying for up to {BIND_RETRY:?} in \
-                                 case its holder is going away"
-                            );
-                        }
-                        std::thread::sleep(BIND_RETRY_STEP);
-                    }
-                    Err(e) => return Err(format!("NI {nid}: cannot listen on {listen}: {e}")),
-                }
-            };
-            info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
-            let bound = f.local_addr();
-            let _ = own.set(bound);
-            (Box::new(f), bound)
-        }
+        FabricKind::Tcp => start_tcp(peers, ni, stopping)?,
         #[cfg(feature = "verbs")]
         FabricKind::Verbs => {
             use lnd::driver::verbs::{VerbsConfig, VerbsFabric};
@@ -190,6 +135,69 @@ pub(super) fn start_fabric(
         driver,
         listen: bound,
     })
+}
+
+/// NI `ni`'s tcp fabric, listening (see [`start_fabric`]): its driver and the address bound.
+fn start_tcp(
+    peers: PeerAddrs,
+    ni: &crate::yaml_config::NiSettings,
+    stopping: &dyn Fn() -> bool,
+) -> Result<(Box<dyn Driver + Send>, std::net::SocketAddr), String> {
+    let nid = ni.ni.nid;
+    // As o2iblnd: the NID's address and port 987 unless the file says otherwise.
+    let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));
+    // The transport's retry horizon is the LND timeout, as an RC queue pair's retries are.
+    let tcp = TcpConfig {
+        user_timeout: ni.ni.tunables.timeout.into(),
+        busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
+        handshake_limit: ni.handshake_limit as usize,
+        // Retried here, where a stop can cut the wait short.
+        bind_retry: StdDuration::ZERO,
+        ..TcpConfig::default()
+    };
+    // Our own NID is where we listen, as bound (port 0 resolved): LNet health's
+    // recovery pings of this NI go to it through the fabric (a self-connection).
+    let own: Arc<std::sync::OnceLock<std::net::SocketAddr>> = Arc::default();
+    let own_addr = Arc::clone(&own);
+    let me = nid;
+    let resolve = move |n: Nid| {
+        if n == me {
+            return Some(own_addr.get().copied().unwrap_or(listen));
+        }
+        peers.get(n).or_else(|| Some(o2ib_address(n)))
+    };
+    let started = std::time::Instant::now();
+    let mut warned = false;
+    let f = loop {
+        match TcpFabric::bind_with(listen, resolve.clone(), tcp.clone()) {
+            Ok(f) => break f,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                let waited = started.elapsed();
+                if waited >= BIND_RETRY || stopping() {
+                    let after = if waited >= BIND_RETRY {
+                        format!(" (still, after retrying for {BIND_RETRY:?})")
+                    } else {
+                        String::new()
+                    };
+                    return Err(format!("NI {nid}: cannot listen on {listen}: {e}{after}"));
+                }
+                if !std::mem::replace(&mut warned, true) {
+                    warn!(
+                        %nid,
+                        %listen,
+                        "listen address in use; retrying for up to {BIND_RETRY:?} in \
+                         case its holder is going away"
+                    );
+                }
+                std::thread::sleep(BIND_RETRY_STEP);
+            }
+            Err(e) => return Err(format!("NI {nid}: cannot listen on {listen}: {e}")),
+        }
+    };
+    info!(%nid, listen = %f.local_addr(), fabric = "tcp", "NI up");
+    let bound = f.local_addr();
+    let _ = own.set(bound);
+    Ok((Box::new(f), bound))
 }
 
 /// Where an o2ib peer listens by default: its NID's address, o2iblnd's service port 987 (on

@@ -393,34 +393,7 @@ impl Daemon {
         let bound = StdDuration::from_nanos(SHUTDOWN_BOUND.as_nanos()) + ADOPT_BOUND * 2;
         let started = std::time::Instant::now();
         for g in &gone {
-            loop {
-                let finished = {
-                    let mut threads = lock(&self.set.threads);
-                    let i = threads.iter().position(|t| t.nid == Some(g.nid));
-                    match i {
-                        Some(i) if threads[i].handle.is_finished() => {
-                            Some(Some(threads.swap_remove(i)))
-                        }
-                        Some(_) => None,
-                        // The main thread joined it (a stop).
-                        None => Some(None),
-                    }
-                };
-                match finished {
-                    Some(Some(t)) => {
-                        if t.handle.join().is_err() {
-                            error!(nid = %g.nid, "the thread of the NI removed panicked");
-                        }
-                        break;
-                    }
-                    Some(None) => break,
-                    None if started.elapsed() >= bound => {
-                        warn!(nid = %g.nid, "the NI removed has not finished closing; left to end by itself");
-                        break;
-                    }
-                    None => std::thread::sleep(StdDuration::from_millis(5)),
-                }
-            }
+            self.join_removed(g, started, bound);
             info!(nid = %g.nid, "NI removed");
         }
         // Ended: owed nothing more.
@@ -435,5 +408,38 @@ impl Daemon {
             self.publish(m.list.clone(), leaving, m.board.clone());
         }
         Ok(gone.len())
+    }
+
+    /// Waits (until `started` + `bound`) for the thread of `g`, an NI removed, to end, and
+    /// joins it; one the main thread joined already (a stop) is not waited for.
+    fn join_removed(&self, g: &Member, started: std::time::Instant, bound: StdDuration) {
+        loop {
+            let finished = {
+                let mut threads = lock(&self.set.threads);
+                let i = threads.iter().position(|t| t.nid == Some(g.nid));
+                match i {
+                    Some(i) if threads[i].handle.is_finished() => {
+                        Some(Some(threads.swap_remove(i)))
+                    }
+                    Some(_) => None,
+                    // The main thread joined it (a stop).
+                    None => Some(None),
+                }
+            };
+            match finished {
+                Some(Some(t)) => {
+                    if t.handle.join().is_err() {
+                        error!(nid = %g.nid, "the thread of the NI removed panicked");
+                    }
+                    break;
+                }
+                Some(None) => break,
+                None if started.elapsed() >= bound => {
+                    warn!(nid = %g.nid, "the NI removed has not finished closing; left to end by itself");
+                    break;
+                }
+                None => std::thread::sleep(StdDuration::from_millis(5)),
+            }
+        }
     }
 }
