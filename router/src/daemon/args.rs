@@ -1,3 +1,6 @@
+//! `lnet-router`'s command line ([`Args`], by clap): the configuration, the control socket and
+//! its client timeouts, the log format, how NIs map to threads.
+
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};

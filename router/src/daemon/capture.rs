@@ -1,3 +1,7 @@
+//! `lnetctl capture` in an NI loop ([`LoopCapture`]): the one capture it runs, streamed to the
+//! capturing connection without ever blocking on it (a full stream drops and counts). The
+//! connection's side is `serve::serve_capture`.
+
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::time::{SystemTime, UNIX_EPOCH};
 

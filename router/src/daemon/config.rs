@@ -1,3 +1,6 @@
+//! The configuration as the daemon takes it: each net's fabric when the file names none, one
+//! listen address per NI (a clash refused at once), an NI's settings for its control service.
+
 use std::path::Path;
 
 use crate::control::NiExtras;

@@ -1,3 +1,6 @@
+//! The node's events in an NI loop: to the selftest first, peer up/down to the log (within a
+//! budget: [`PeerLog`]), and to the control requests that wait on them.
+
 use std::sync::mpsc::SyncSender;
 use std::time::Duration as StdDuration;
 

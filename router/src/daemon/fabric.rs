@@ -1,3 +1,6 @@
+//! An NI's fabric started (tcp on io_uring, or verbs): its listen address, retried for a while
+//! when in use, and where peers listen ([`PeerAddrs`], shared by every NI's fabric).
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;

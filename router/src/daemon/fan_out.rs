@@ -1,3 +1,7 @@
+//! Control requests to the NI loops ([`Loops`]): each goes to the loops it concerns (a ping to
+//! the NI on the target's net, a show to every NI) and their answers are merged; a change of
+//! the node-wide settings goes to the template node, which every NI then follows.
+
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -7,7 +11,7 @@ use tracing::info;
 
 use super::state::{lock, shutting_down, Daemon, Members};
 
-/// The daemon as the control side reaches it: every NI's loop (as [`NiSet`] has them now) and
+/// The daemon as the control side reaches it: every NI's loop (as [`NiSet`](super::state::NiSet) has them now) and
 /// the template node that keeps the node-wide settings.
 #[derive(Clone)]
 pub(super) struct Loops {

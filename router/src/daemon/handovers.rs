@@ -1,3 +1,6 @@
+//! An NI loop's side of the handovers between NI threads: its inbox, and its relay to every
+//! loop's channel (`crate::relay`).
+
 use std::sync::Arc;
 
 use crate::alive::NetAlive;

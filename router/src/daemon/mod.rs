@@ -6,7 +6,7 @@
 //! node's other NIDs as its own, its fabric: tcp on io_uring, or verbs with the `verbs` feature,
 //! its waker) with [`NiRuntime::turn`], and answering the control requests for that NI; a slow or
 //! frozen peer on one NI never holds another NI's loop. `lnetctl net add|del` (and `import`)
-//! start and stop NI threads at run time: the NIs are a [`NiSet`] whose every change the loops
+//! start and stop NI threads at run time: the NIs are a `state::NiSet` whose every change the loops
 //! adopt at their next turn; a template node with no NI of its own keeps the node-wide
 //! settings an added NI starts with, and answers while the daemon runs none (`--no-nis`).
 //! The router's large buffers for bulk data follow the set the same way: one pool for the

@@ -1,3 +1,7 @@
+//! One NI's loop ([`NiLoop`]): its runtime's turns, the NI set's changes it adopts, the router
+//! buffers for bulk data it registers, its control requests, its bounded graceful shutdown; on
+//! a thread of its own, or with every other NI on one ([`run_shared`]).
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -37,9 +41,10 @@ pub(super) struct NiLoop {
     pub(super) req_rx: Receiver<ControlMsg>,
     pub(super) hands: Handovers,
     pub(super) daemon: Arc<Daemon>,
-    /// The [`NiSet`] epoch this loop last adopted (the daemon reads it: [`Member::adopted`]).
+    /// The [`NiSet`](super::state::NiSet) epoch this loop last adopted (the daemon reads it:
+    /// [`Member::adopted`](super::state::Member::adopted)).
     pub(super) adopted: Arc<AtomicU64>,
-    /// [`Member::running`]: cleared when this loop ends.
+    /// [`Member::running`](super::state::Member::running): cleared when this loop ends.
     pub(super) running: Arc<AtomicBool>,
     /// The node-wide settings last applied, and the NI count its buffer share was for.
     pub(super) applied: Option<(Arc<NodeSettings>, usize)>,

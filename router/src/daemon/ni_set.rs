@@ -1,3 +1,7 @@
+//! The daemon's NIs and node-wide settings changed at run time: a loop made and started for an
+//! NI (`net add`, an import), NIs stopped (`net del`), settings judged by the template node,
+//! then adopted by every loop.
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;

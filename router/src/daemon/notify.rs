@@ -1,3 +1,5 @@
+//! sd_notify: READY and STOPPING for a service manager running the daemon with Type=notify.
+
 use tracing::{debug, warn};
 
 /// Sends `state` to the service manager's notification socket ($NOTIFY_SOCKET, sd_notify's

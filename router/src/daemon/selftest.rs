@@ -1,3 +1,6 @@
+//! lnet_selftest in an NI loop ([`NiSelftest`]): its service, test client and console, and the
+//! console commands still running.
+
 use std::collections::HashMap;
 use std::sync::mpsc::SyncSender;
 use std::time::Duration as StdDuration;

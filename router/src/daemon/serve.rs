@@ -1,3 +1,7 @@
+//! The control thread: accepts lnetctl connections (at most `control::MAX_CLIENTS`; the client
+//! idle longest makes room), serves each on a thread of its own with a size cap and timeouts,
+//! and hands a capture its connection.
+
 use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -1,3 +1,6 @@
+//! The signals the daemon handles: TERM, INT and QUIT stop it; HUP, USR1 and USR2 are logged
+//! and ignored.
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

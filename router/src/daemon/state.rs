@@ -1,3 +1,7 @@
+//! What the daemon's threads share ([`Daemon`]): the NI set and its epochs ([`Members`]), the
+//! node-wide settings every NI holds, the router buffers' pool, the stop and the first fatal
+//! error.
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
