@@ -382,28 +382,7 @@ pub(super) fn merge(mut answers: Vec<Response>) -> Response {
     };
     it.fold(first, |acc, r| match (acc, r) {
         (Response::Net(mut a), Response::Net(b)) => {
-            for e in b.net {
-                if e.net_type == "lo" {
-                    if let (Some(lo), Some(x)) = (
-                        a.net.iter_mut().find(|n| n.net_type == "lo"),
-                        e.local_nis.first(),
-                    ) {
-                        if let (Some(s), Some(t)) = (
-                            lo.local_nis.first_mut().and_then(|n| n.statistics.as_mut()),
-                            x.statistics.as_ref(),
-                        ) {
-                            s.send_count += t.send_count;
-                            s.recv_count += t.recv_count;
-                            s.drop_count += t.drop_count;
-                        }
-                    }
-                    continue;
-                }
-                match a.net.iter_mut().find(|n| n.net_type == e.net_type) {
-                    Some(n) => n.local_nis.extend(e.local_nis),
-                    None => a.net.push(e),
-                }
-            }
+            merge_nets(&mut a, b);
             Response::Net(a)
         }
         (Response::Peer(mut a), Response::Peer(b)) => {
@@ -446,26 +425,58 @@ pub(super) fn merge(mut answers: Vec<Response>) -> Response {
             Response::Route(a)
         }
         (Response::Routing(mut a), Response::Routing(b)) => {
-            a.cpts.extend(b.cpts);
-            a.enable = a.enable.max(b.enable);
-            let (x, y) = (&mut a.forwarding, &b.forwarding);
-            x.received += y.received;
-            x.forwarded += y.forwarded;
-            x.forwarded_bytes += y.forwarded_bytes;
-            x.in_flight += y.in_flight;
-            x.dropped += y.dropped;
-            for (slot, (_, n)) in x.dropped_by_reason.iter_mut().zip(&y.dropped_by_reason) {
-                slot.1 += n;
-            }
-            x.waited_rtr_credit += y.waited_rtr_credit;
-            x.waited_buffer += y.waited_buffer;
-            x.waited_unproven += y.waited_unproven;
-            x.scrubbed += y.scrubbed;
-            x.scrubbed_bytes += y.scrubbed_bytes;
+            merge_routing(&mut a, b);
             Response::Routing(a)
         }
         (a, _) => a,
     })
+}
+
+/// Every NI's nets as one `net show`: an NI's net joins the entry of its type, and the
+/// loopback NI's counters are summed into one `lo`.
+fn merge_nets(a: &mut crate::control::NetShow, b: crate::control::NetShow) {
+    for e in b.net {
+        if e.net_type == "lo" {
+            if let (Some(lo), Some(x)) = (
+                a.net.iter_mut().find(|n| n.net_type == "lo"),
+                e.local_nis.first(),
+            ) {
+                if let (Some(s), Some(t)) = (
+                    lo.local_nis.first_mut().and_then(|n| n.statistics.as_mut()),
+                    x.statistics.as_ref(),
+                ) {
+                    s.send_count += t.send_count;
+                    s.recv_count += t.recv_count;
+                    s.drop_count += t.drop_count;
+                }
+            }
+            continue;
+        }
+        match a.net.iter_mut().find(|n| n.net_type == e.net_type) {
+            Some(n) => n.local_nis.extend(e.local_nis),
+            None => a.net.push(e),
+        }
+    }
+}
+
+/// Every NI's `routing show` as one: each NI's CPTs listed, the forwarding counters summed.
+fn merge_routing(a: &mut crate::control::RoutingShow, b: crate::control::RoutingShow) {
+    a.cpts.extend(b.cpts);
+    a.enable = a.enable.max(b.enable);
+    let (x, y) = (&mut a.forwarding, &b.forwarding);
+    x.received += y.received;
+    x.forwarded += y.forwarded;
+    x.forwarded_bytes += y.forwarded_bytes;
+    x.in_flight += y.in_flight;
+    x.dropped += y.dropped;
+    for (slot, (_, n)) in x.dropped_by_reason.iter_mut().zip(&y.dropped_by_reason) {
+        slot.1 += n;
+    }
+    x.waited_rtr_credit += y.waited_rtr_credit;
+    x.waited_buffer += y.waited_buffer;
+    x.waited_unproven += y.waited_unproven;
+    x.scrubbed += y.scrubbed;
+    x.scrubbed_bytes += y.scrubbed_bytes;
 }
 
 /// Two NI loops' views of one peer, as one: its peer NIs by NID, each up if either loop has
