@@ -49,6 +49,8 @@ pub mod alive;
 pub mod bulk_pool;
 mod config;
 pub mod control;
+#[cfg(feature = "daemon")]
+pub mod daemon;
 mod error;
 pub mod forward;
 pub mod gateway;

@@ -416,7 +416,7 @@ mod tests {
         assert_eq!(target_of(&forward("o2ib2", A, 1), &nids, &board), None);
     }
 
-    /// Review of the lost-fabric change (moved here from main.rs with the relay): with two NIs
+    /// Review of the lost-fabric change: with two NIs
     /// on one net, forwards to that net go to the one whose fabric works, not always to the
     /// first.
     #[test]

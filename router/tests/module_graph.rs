@@ -30,7 +30,8 @@ enum Layer {
     Selftest,
     /// The control protocol, its views of a node, its service, client and server.
     Control,
-    /// The daemon's own configuration (main.rs is the binary, not in this graph).
+    /// The daemon: its configuration, and the daemon itself (`daemon/`; main.rs, the binary,
+    /// is not in this graph).
     Daemon,
 }
 
@@ -98,6 +99,22 @@ const LAYERS: &[(&str, Layer)] = &[
     ("yaml_config::raw", Layer::Daemon),
     ("yaml_config::lowering", Layer::Daemon),
     ("yaml_config::errors", Layer::Daemon),
+    // The lnet-router daemon as a library module (its binary, main.rs, is not in this graph).
+    ("daemon", Layer::Daemon),
+    ("daemon::args", Layer::Daemon),
+    ("daemon::notify", Layer::Daemon),
+    ("daemon::signals", Layer::Daemon),
+    ("daemon::fabric", Layer::Daemon),
+    ("daemon::config", Layer::Daemon),
+    ("daemon::state", Layer::Daemon),
+    ("daemon::capture", Layer::Daemon),
+    ("daemon::selftest", Layer::Daemon),
+    ("daemon::events", Layer::Daemon),
+    ("daemon::handovers", Layer::Daemon),
+    ("daemon::ni_loop", Layer::Daemon),
+    ("daemon::ni_set", Layer::Daemon),
+    ("daemon::fan_out", Layer::Daemon),
+    ("daemon::serve", Layer::Daemon),
 ];
 
 /// Files of the LNet core and forwarding allowed to name `lnd::engine`, `lnd::fabric` or

@@ -188,7 +188,7 @@ impl Lending {
 }
 
 /// The node's large router buffers as this runtime lends them, one of the sub-states an
-/// [`LnetNode`](super::LnetNode) is built from: the node-wide table (shared with the sibling
+/// [`LnetNode`](crate::LnetNode) is built from: the node-wide table (shared with the sibling
 /// runtimes), the ones this runtime owns and has free, those leaving it, and how they are lent
 /// (scrubbing, the unproven share: see "lending large buffers" in `node/bulk.rs`).
 pub(super) struct LargeBuffers {

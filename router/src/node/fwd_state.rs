@@ -10,7 +10,7 @@ use lnd::wire::{LnetHdr, Nid};
 
 use crate::forward::{ForwardStats, FwdKey, FwdTag, Handover, PoolClass, Pools};
 
-/// The forwarder, one of the sub-states an [`LnetNode`](super::LnetNode) is built from: whether
+/// The forwarder, one of the sub-states an [`LnetNode`](crate::LnetNode) is built from: whether
 /// the node routes, its router buffer pools (lnet_rtrbufpool), the messages it holds for other
 /// nodes by key, those ready for their egress, the books, and the work for sibling runtimes.
 /// The pipeline that moves a message through it is `node/forwarding.rs`.

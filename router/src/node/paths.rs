@@ -1,4 +1,4 @@
-//! The way to other nets, one of the sub-states an [`LnetNode`](super::LnetNode) is built from:
+//! The way to other nets, one of the sub-states an [`LnetNode`](crate::LnetNode) is built from:
 //! the route table, the gateways (their liveness from the router pinger), and which gateway was
 //! chosen last among equal routes (lnet_find_route_locked's round robin by sequence number).
 

@@ -1,4 +1,4 @@
-//! The ping service's state, one of the sub-states an [`LnetNode`](super::LnetNode) is built
+//! The ping service's state, one of the sub-states an [`LnetNode`](crate::LnetNode) is built
 //! from: the pings this node sent (a user's, the router pinger's, LNet health's recovery pings)
 //! waiting for their REPLY, each until its deadline, and the ping buffer it answers others
 //! with. The node sends and matches; this keeps the books, so that every ping ends exactly once

@@ -1,4 +1,4 @@
-//! LNet health's recovery, one of the sub-states an [`LnetNode`](super::LnetNode) is built from
+//! LNet health's recovery, one of the sub-states an [`LnetNode`](crate::LnetNode) is built from
 //! (lib-msg.c lnet_health_check, lnet_handle_local_failure and lnet_handle_remote_failure_locked;
 //! lib-move.c lnet_recover_peer_nis and lnet_recover_local_nis, run by lnet_monitor_thread): the
 //! health tunables as the per-message path reads them, the queue of peer NIs in recovery, and

@@ -1,6 +1,6 @@
-//! The node's timer table, one of the sub-states an [`LnetNode`](super::LnetNode) is built
+//! The node's timer table, one of the sub-states an [`LnetNode`](crate::LnetNode) is built
 //! from (as quinn-proto's `Connection` keeps a `TimerTable`): every deadline of LNet's own on one
-//! wheel (`lnd::wheel`, 1 ms ticks), so [`LnetNode::poll_timeout`](super::LnetNode::poll_timeout)
+//! wheel (`lnd::wheel`, 1 ms ticks), so [`LnetNode::poll_timeout`](crate::LnetNode::poll_timeout)
 //! asks one table and `handle_timeout` takes what is due in deadline order. Beside it, the LNDs
 //! keep their own wheels (each endpoint is its own state machine) and the gateways sub-state its
 //! ping schedule; `poll_timeout` takes the least of those.
