@@ -58,7 +58,10 @@ const LAYERS: &[(&str, Layer)] = &[
     ("node::fwd_state", Layer::Core),
     ("node::paths", Layer::Core),
     ("node::peers", Layer::Core),
+    ("node::pinger", Layer::Core),
     ("node::pings", Layer::Core),
+    ("node::receive", Layer::Core),
+    ("node::send", Layer::Core),
     ("node::recovery", Layer::Core),
     ("node::timers", Layer::Core),
     // The public types forwarding is counted and handed over with (the peer table's router
