@@ -88,6 +88,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("selftest::srpc", Layer::Selftest),
     ("selftest::console_types", Layer::Selftest),
     ("selftest::service", Layer::Selftest),
+    ("selftest::service::client", Layer::Selftest),
     ("selftest::console", Layer::Selftest),
     ("control::protocol", Layer::Control),
     ("control::capture", Layer::Control),
