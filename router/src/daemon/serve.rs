@@ -95,18 +95,29 @@ impl Clients {
         }
     }
 
-    /// Closes the client idle longest, not streaming, to make room: takes its slot and ends
-    /// its socket's reading side. False if every client is being answered or streams.
-    pub(super) fn evict(&mut self) -> bool {
+    /// Frees a slot for a newcomer. First one whose client has already hung up while idle (its
+    /// thread has not seen the end yet): freed without a word, not an eviction (its thread then
+    /// finds its slot gone and ends). Else the client idle longest, not streaming, is closed to
+    /// make room: its slot taken and its socket's reading side ended (`Some(true)`, counted as
+    /// evicted by the caller). `None` if every client is being answered or streams.
+    pub(super) fn make_room(&mut self) -> Option<bool> {
+        let gone = self
+            .served
+            .iter()
+            .find(|(_, c)| c.idle_since.is_some() && hung_up(&c.stream))
+            .map(|(id, _)| *id);
+        if let Some(id) = gone {
+            self.served.remove(&id);
+            debug!("control client slot freed: its client had gone");
+            return Some(false);
+        }
         let idlest = self
             .served
             .iter()
             .filter(|(_, c)| !c.streaming)
             .filter_map(|(id, c)| Some((c.idle_since?, *id)))
             .min();
-        let Some((since, id)) = idlest else {
-            return false;
-        };
+        let (since, id) = idlest?;
         if let Some(c) = self.served.remove(&id) {
             debug!(
                 idle_ms = since.elapsed().as_millis() as u64,
@@ -114,8 +125,23 @@ impl Clients {
             );
             let _ = c.stream.shutdown(std::net::Shutdown::Read);
         }
-        true
+        Some(true)
     }
+}
+
+/// Whether a client's peer has closed its end: a read would give end-of-file now. Peeks without
+/// blocking and without changing the socket's flags (its thread reads it blocking), so a
+/// request not yet read is left where it is.
+fn hung_up(stream: &UnixStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        rustix::net::recv(
+            stream,
+            &mut byte,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+        ),
+        Ok((0, _))
+    )
 }
 
 /// The longest the control thread waits for the thread of a client it closed to make room
@@ -178,10 +204,11 @@ pub(super) fn control_thread(
         let slot = {
             let mut table = lock(&clients);
             let full = table.served.len() >= crate::control::MAX_CLIENTS;
-            let room = !full || table.evict();
-            if full && room {
+            let made = if full { table.make_room() } else { Some(false) };
+            if made == Some(true) {
                 ControlCounters::bump(&counters.evicted);
             }
+            let room = made.is_some();
             match stream.try_clone() {
                 Ok(handle) if room => Some(table.add(handle)),
                 _ => None,
@@ -549,19 +576,19 @@ mod tests {
         let busy = add(&mut t);
         assert!(t.answering(busy));
         let idle_new = add(&mut t);
-        assert!(t.evict());
+        assert_eq!(t.make_room(), Some(true));
         assert!(!t.served.contains_key(&idle_old));
         assert!(!t.waiting(idle_old), "its thread learns it was closed");
-        assert!(t.evict());
+        assert_eq!(t.make_room(), Some(true));
         assert!(!t.served.contains_key(&idle_new));
         assert!(
-            !t.evict(),
+            t.make_room().is_none(),
             "one answering and one streaming: nobody to close"
         );
         assert_eq!(t.served.len(), 2);
         // Its answer sent, the busy one waits again: now it may go.
         assert!(t.waiting(busy));
-        assert!(t.evict());
+        assert_eq!(t.make_room(), Some(true));
         assert_eq!(
             t.served.keys().copied().collect::<Vec<_>>(),
             vec![streaming]
@@ -571,5 +598,31 @@ mod tests {
             clients: Arc::new(Mutex::new(std::mem::take(&mut t))),
             id: streaming,
         });
+    }
+
+    /// A client that hung up while idle is freed first, silently: not an eviction (what the
+    /// `evicted` counter tells an operator, and tests count exactly), and the ones still
+    /// connected keep their slots.
+    #[test]
+    fn a_client_gone_while_idle_is_freed_not_evicted() {
+        let mut t = Clients::default();
+        let (a, a_peer) = UnixStream::pair().unwrap();
+        let (b, _b_peer) = UnixStream::pair().unwrap();
+        let older = t.add(a);
+        let gone = t.add(b);
+        drop(_b_peer);
+        let _ = &a_peer;
+        assert_eq!(t.make_room(), Some(false), "the hung-up one goes first");
+        assert!(!t.served.contains_key(&gone));
+        assert!(
+            t.served.contains_key(&older),
+            "the idlest, still there, stays"
+        );
+        assert_eq!(
+            t.make_room(),
+            Some(true),
+            "then the idlest is closed to make room"
+        );
+        assert!(t.served.is_empty());
     }
 }
