@@ -8,6 +8,8 @@
 //!   after a burst.
 //! - [`fabric`]: the boundary below the engine (actions out, events into a `FabricSink`).
 //! - [`engine`]: the sans-IO o2ib LND, one `Endpoint` per NI.
+//! - [`stream`]: the boundary below a streaming LND (socklnd): actions on byte streams out,
+//!   events into a `StreamSink`.
 //! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
 //!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share.
 //! - `sim` (feature `sim`): the deterministic simulator, for tests and benches.
@@ -26,6 +28,7 @@ pub mod mem;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod slots;
+pub mod stream;
 pub mod sys;
 pub mod time;
 pub mod trim;

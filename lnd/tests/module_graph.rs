@@ -81,12 +81,19 @@ fn the_boundary_depends_on_nothing_above_it() {
     for above in ["engine", "driver", "sim", "sys"] {
         assert!(!fabric.contains(above), "fabric uses {above}: {fabric:?}");
     }
+    // The stream boundary (below socklnd) is held to the same rule as the fabric (below o2ib).
+    let stream = &g["stream"];
+    for above in ["engine", "driver", "sim", "sys", "sock", "fabric", "iface"] {
+        assert!(!stream.contains(above), "stream uses {above}: {stream:?}");
+    }
     let engine = &g["engine"];
     for above in ["driver", "sim", "sys"] {
         assert!(!engine.contains(above), "engine uses {above}: {engine:?}");
     }
     for low in ["wire", "time", "wheel", "mem"] {
-        for above in ["engine", "driver", "sim", "fabric", "iface"] {
+        for above in [
+            "engine", "driver", "sim", "fabric", "iface", "stream", "sock",
+        ] {
             assert!(!g[low].contains(above), "{low} uses {above}: {:?}", g[low]);
         }
     }
@@ -99,7 +106,7 @@ fn the_lnd_interface_names_no_lnd() {
     let g = graph();
     let iface = &g["iface"];
     for above in [
-        "engine", "fabric", "driver", "sim", "sys", "slots", "handle",
+        "engine", "fabric", "driver", "sim", "sys", "slots", "handle", "stream", "sock",
     ] {
         assert!(!iface.contains(above), "iface uses {above}: {iface:?}");
     }

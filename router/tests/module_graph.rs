@@ -127,7 +127,7 @@ const LAYERS: &[(&str, Layer)] = &[
 const NOT_YET_ON_THE_LND_TRAIT: &[&str] = &[];
 
 /// The `lnd` modules the LNet core and forwarding may not name.
-const LND_BELOW_THE_TRAIT: &[&str] = &["engine", "fabric", "driver"];
+const LND_BELOW_THE_TRAIT: &[&str] = &["engine", "fabric", "driver", "stream", "sock"];
 
 // ------------------------------------------------------------------------------- lexing
 
