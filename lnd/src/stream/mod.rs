@@ -136,8 +136,8 @@ pub enum CloseMode {
 /// Work the engine hands a stream driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StreamAction {
-    /// Listen for connections (the LNet acceptor): `addr` is the NI's address and `port` the
-    /// `accept_port` (988).
+    /// Listen for connections (the LNet acceptor) on the NI's address and the `accept_port`
+    /// (988; 0 lets the system pick, for tests: [`StreamEvent::Listening`] says which).
     Listen { addr: SocketAddrV4, backlog: u32 },
     /// Stop listening (the NI is shutting down).
     Unlisten,
@@ -151,7 +151,8 @@ pub enum StreamAction {
     Refuse { incoming: IncomingId },
     /// Connect `stream` to `remote` from `local`, the source port the first free one of
     /// `ports_from` down to `ports_to` (the kernel's connector tries 1023 down to 512:
-    /// `acceptor.c:lnet_connect`).
+    /// `acceptor.c:lnet_connect`). `ports_from` 0: any port the system picks (an unprivileged
+    /// test or demo; a kernel peer treats such a dialer as a second-class userspace peer).
     Dial {
         stream: StreamId,
         local: Ipv4Addr,
@@ -228,6 +229,8 @@ pub enum StreamEvent<'a> {
         peer: SocketAddrV4,
         local: SocketAddrV4,
     },
+    /// The listener is up, at `local`.
+    Listening { local: SocketAddrV4 },
     /// The listener could not be set up or failed (a positive errno): the NI accepts nothing.
     ListenFailed { errno: i32 },
     /// A dial connected, from `local`.
