@@ -4,20 +4,20 @@
 //! tests drive them the same way.
 //!
 //! The node stays sans-IO; the runtime is where its inputs come from: the driver's events (pushed
-//! into the node's [`NiSink`](crate::NiSink)), the clock, and other threads' requests, which wake
+//! into its LND through the driver's [`LndDriver::poll_into`]), the clock, and other threads' requests, which wake
 //! the runtime through its [`WakeHandle`] instead of waiting out the poll bound.
 
 use std::io;
 use std::time::Duration as StdDuration;
 
-use lnd::driver::{Driver, MonotonicClock, WakeHandle, Waker};
+use lnd::driver::{LndDriver, MonotonicClock, WakeHandle, Waker};
 use lnd::time::Instant;
 
 use crate::relay::{Links, Relay};
 use crate::{LnetNode, NiIndex};
 
 /// One NI's node, driver, clock and waker.
-pub struct NiRuntime<D: Driver> {
+pub struct NiRuntime<D: LndDriver> {
     node: LnetNode,
     driver: D,
     clock: MonotonicClock,
@@ -26,7 +26,7 @@ pub struct NiRuntime<D: Driver> {
     lost: bool,
 }
 
-impl<D: Driver> NiRuntime<D> {
+impl<D: LndDriver> NiRuntime<D> {
     /// A runtime for `node` (which should run one NI) over `driver`; the handle wakes its
     /// `turn` from other threads.
     pub fn new(
@@ -92,10 +92,10 @@ impl<D: Driver> NiRuntime<D> {
     }
 
     fn apply_actions_at(&mut self, now: Instant) {
-        while let Some((_, a)) = self.node.poll_action() {
-            if !self.lost {
-                self.driver.apply(now, a);
-            }
+        match self.node.lnd_mut(NiIndex(0)) {
+            Some(lnd) if !self.lost => self.driver.apply_from(now, lnd),
+            // The fabric is gone: what the LND still asks of it goes nowhere.
+            _ => while self.node.poll_action().is_some() {},
         }
     }
 
@@ -135,9 +135,9 @@ impl<D: Driver> NiRuntime<D> {
             polled.set(Some(t));
             t
         };
-        match self.node.fabric_sink(NiIndex(0)) {
-            Some(mut sink) if !self.lost => {
-                self.driver.poll(Some(wait), &mut sink, &now_fn)?;
+        match self.node.lnd_mut(NiIndex(0)) {
+            Some(lnd) if !self.lost => {
+                self.driver.poll_into(Some(wait), lnd, &now_fn)?;
             }
             // No fabric to wait on: a short sleep, so that other threads' requests are seen
             // soon enough without the waker.
@@ -231,10 +231,10 @@ impl<D: Driver> NiRuntime<D> {
         if self.lost {
             return self.node.process(clock.now());
         }
-        if let Some(mut sink) = self.node.fabric_sink(NiIndex(0)) {
+        if let Some(lnd) = self.node.lnd_mut(NiIndex(0)) {
             let _ = self
                 .driver
-                .poll(Some(StdDuration::ZERO), &mut sink, &|| clock.now());
+                .poll_into(Some(StdDuration::ZERO), lnd, &|| clock.now());
         }
         self.node.process(self.clock.now());
     }
@@ -259,7 +259,7 @@ pub trait SharedLoop {
     }
 }
 
-impl<D: Driver> SharedLoop for NiRuntime<D> {
+impl<D: LndDriver> SharedLoop for NiRuntime<D> {
     type Error = io::Error;
 
     fn turn(&mut self, wait: StdDuration) -> io::Result<()> {
@@ -314,11 +314,11 @@ pub fn shared_round<L: SharedLoop>(loops: &mut [L], max_wait: StdDuration) -> Re
 /// so that work for any of them ends the sleep; the others are polled without waiting.
 /// Busy-polling should be off in their drivers: the thread spins through every runtime each
 /// turn already.
-pub struct Swarm<D: Driver> {
+pub struct Swarm<D: LndDriver> {
     runtimes: Vec<NiRuntime<D>>,
 }
 
-impl<D: Driver> Swarm<D> {
+impl<D: LndDriver> Swarm<D> {
     /// The runtimes, first the one that sleeps. Fails if a driver cannot be watched or the
     /// first cannot watch (tcp can).
     pub fn new(mut runtimes: Vec<NiRuntime<D>>) -> io::Result<Swarm<D>> {

@@ -14,6 +14,7 @@ use std::io;
 
 use crate::engine::{Endpoint, LndEvent};
 use crate::fabric::{FabricAction, FabricSink};
+use crate::iface::Lnd;
 use crate::time::Instant;
 
 /// A real fabric, as the event loop drives it.
@@ -149,6 +150,156 @@ impl<T: Driver + ?Sized> Driver for Box<T> {
 
     fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
         (**self).registry()
+    }
+}
+
+/// What an NI's loop drives, whichever LND the NI runs: a driver together with the LND it moves
+/// bytes for. The loop (`router::runtime::NiRuntime`) holds the LND as `dyn Lnd` and hands it
+/// here; the driver reaches its own engine's actions and events through it. Every o2ib fabric
+/// driver ([`Driver`]) is one, for an o2ib [`Endpoint`]; a stream driver is one for a socklnd
+/// engine. The other methods are [`Driver`]'s, with the same meaning.
+pub trait LndDriver {
+    /// Hands every action `lnd` has queued to the wire (nothing blocks here).
+    fn apply_from(&mut self, now: Instant, lnd: &mut dyn Lnd);
+
+    /// Submits queued work, waits at most `timeout` for something to happen, reads the clock
+    /// once with `now` and pushes everything that happened into `lnd`. An LND of a kind this
+    /// driver does not serve is an error (`InvalidInput`), never a silent drop.
+    fn poll_into(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        lnd: &mut dyn Lnd,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()>;
+
+    /// See [`Driver::set_waker`].
+    fn set_waker(&mut self, fd: std::os::fd::RawFd);
+    /// See [`Driver::set_doorbell`].
+    fn set_doorbell(&mut self, bell: Doorbell);
+    /// See [`Driver::readiness_fd`].
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd>;
+    /// See [`Driver::watch`].
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool;
+    /// See [`Driver::has_queued_work`].
+    fn has_queued_work(&self) -> bool;
+    /// See [`Driver::take_woken`].
+    fn take_woken(&mut self) -> bool;
+    /// See [`Driver::counters`].
+    fn counters(&self) -> Vec<(&'static str, u64)>;
+    /// See [`Driver::abandon`].
+    fn abandon(&mut self);
+    /// See [`Driver::registry`].
+    fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry>;
+    /// See [`Driver::sees_writes`].
+    fn sees_writes(&self) -> bool;
+}
+
+/// The error of a driver handed an LND it does not serve.
+fn wrong_lnd(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("an o2ib fabric driver under a {name} LND"),
+    )
+}
+
+/// Every o2ib fabric driver drives an o2ib [`Endpoint`].
+impl<D: Driver> LndDriver for D {
+    fn apply_from(&mut self, now: Instant, lnd: &mut dyn Lnd) {
+        if let Some(ep) = lnd.as_any_mut().downcast_mut::<Endpoint>() {
+            while let Some(a) = ep.poll_action() {
+                self.apply(now, a);
+            }
+        }
+    }
+
+    fn poll_into(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        lnd: &mut dyn Lnd,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()> {
+        let name = lnd.name();
+        match lnd.as_any_mut().downcast_mut::<Endpoint>() {
+            Some(ep) => Driver::poll(self, timeout, ep, now),
+            None => Err(wrong_lnd(name)),
+        }
+    }
+
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        Driver::set_waker(self, fd)
+    }
+    fn set_doorbell(&mut self, bell: Doorbell) {
+        Driver::set_doorbell(self, bell)
+    }
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        Driver::readiness_fd(self)
+    }
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
+        Driver::watch(self, fd)
+    }
+    fn has_queued_work(&self) -> bool {
+        Driver::has_queued_work(self)
+    }
+    fn take_woken(&mut self) -> bool {
+        Driver::take_woken(self)
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Driver::counters(self)
+    }
+    fn abandon(&mut self) {
+        Driver::abandon(self)
+    }
+    fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
+        Driver::registry(self)
+    }
+    fn sees_writes(&self) -> bool {
+        Driver::sees_writes(self)
+    }
+}
+
+/// A boxed driver of any LND is one (the daemon keeps each NI's behind
+/// `Box<dyn LndDriver + Send>`).
+impl LndDriver for Box<dyn LndDriver + Send> {
+    fn apply_from(&mut self, now: Instant, lnd: &mut dyn Lnd) {
+        (**self).apply_from(now, lnd)
+    }
+    fn poll_into(
+        &mut self,
+        timeout: Option<std::time::Duration>,
+        lnd: &mut dyn Lnd,
+        now: &dyn Fn() -> Instant,
+    ) -> io::Result<()> {
+        (**self).poll_into(timeout, lnd, now)
+    }
+    fn set_waker(&mut self, fd: std::os::fd::RawFd) {
+        (**self).set_waker(fd)
+    }
+    fn set_doorbell(&mut self, bell: Doorbell) {
+        (**self).set_doorbell(bell)
+    }
+    fn readiness_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).readiness_fd()
+    }
+    fn watch(&mut self, fd: std::os::fd::RawFd) -> bool {
+        (**self).watch(fd)
+    }
+    fn has_queued_work(&self) -> bool {
+        (**self).has_queued_work()
+    }
+    fn take_woken(&mut self) -> bool {
+        (**self).take_woken()
+    }
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        (**self).counters()
+    }
+    fn abandon(&mut self) {
+        (**self).abandon()
+    }
+    fn registry(&mut self) -> Option<&mut dyn crate::fabric::Registry> {
+        (**self).registry()
+    }
+    fn sees_writes(&self) -> bool {
+        (**self).sees_writes()
     }
 }
 

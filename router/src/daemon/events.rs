@@ -7,7 +7,7 @@ use std::time::Duration as StdDuration;
 use crate::control::{Control, Response};
 use crate::runtime::NiRuntime;
 use crate::LnetEvent;
-use lnd::driver::Driver;
+use lnd::driver::LndDriver;
 use tracing::{debug, info};
 
 use super::selftest::{registry, NiSelftest, NoRegistry};
@@ -53,7 +53,7 @@ impl PeerLog {
 }
 
 pub(super) fn drain_events(
-    rt: &mut NiRuntime<Box<dyn Driver + Send>>,
+    rt: &mut NiRuntime<Box<dyn LndDriver + Send>>,
     control: &mut Control<SyncSender<Response>>,
     lst: &mut NiSelftest,
     peer_log: &mut PeerLog,

@@ -7,14 +7,14 @@ use std::time::Duration as StdDuration;
 
 use crate::yaml_config::FabricKind;
 use lnd::driver::tcp::{TcpConfig, TcpFabric};
-use lnd::driver::Driver;
+use lnd::driver::LndDriver;
 use lnd::wire::Nid;
 use tracing::{info, warn};
 
 /// One NI's fabric, started.
 pub(super) struct NiFabric {
     pub(super) kind: FabricKind,
-    pub(super) driver: Box<dyn Driver + Send>,
+    pub(super) driver: Box<dyn LndDriver + Send>,
     /// The address it listens on, as bound (`net show -v` shows it: a port 0 resolved).
     pub(super) listen: std::net::SocketAddr,
 }
@@ -97,7 +97,7 @@ pub(super) fn start_fabric(
         );
     }
     let peers = peers.clone();
-    let (driver, bound): (Box<dyn Driver + Send>, _) = match kind {
+    let (driver, bound): (Box<dyn LndDriver + Send>, _) = match kind {
         FabricKind::Tcp => start_tcp(peers, ni, stopping)?,
         #[cfg(feature = "verbs")]
         FabricKind::Verbs => {
@@ -145,7 +145,7 @@ fn start_tcp(
     peers: PeerAddrs,
     ni: &crate::yaml_config::NiSettings,
     stopping: &dyn Fn() -> bool,
-) -> Result<(Box<dyn Driver + Send>, std::net::SocketAddr), String> {
+) -> Result<(Box<dyn LndDriver + Send>, std::net::SocketAddr), String> {
     let nid = ni.ni.nid;
     // As o2iblnd: the NID's address and port 987 unless the file says otherwise.
     let listen = ni.listen.unwrap_or_else(|| o2ib_address(nid));

@@ -7,7 +7,7 @@ use crate::alive::NetAlive;
 use crate::relay::{ChannelLink, Dest, Handed, Links, Relay};
 use crate::runtime::NiRuntime;
 use crate::Handover;
-use lnd::driver::Driver;
+use lnd::driver::LndDriver;
 use lnd::wire::Nid;
 
 use super::state::Members;
@@ -27,7 +27,7 @@ impl Handovers {
     }
 
     /// Hands what the other loops handed over to this loop's node.
-    pub(super) fn take_in(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+    pub(super) fn take_in(&mut self, rt: &mut NiRuntime<Box<dyn LndDriver + Send>>) {
         if self.rx.is_empty() {
             return;
         }
@@ -40,7 +40,7 @@ impl Handovers {
     /// Takes in what the other loops handed over, then relays out what the node produced
     /// (and what waited): never blocks, wakes each loop that got something, fails a forward
     /// for a loop that is gone back at its origin (see `crate::relay`).
-    pub(super) fn relay(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+    pub(super) fn relay(&mut self, rt: &mut NiRuntime<Box<dyn LndDriver + Send>>) {
         self.take_in(rt);
         rt.relay(&mut self.relay, &mut self.links);
     }

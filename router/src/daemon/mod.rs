@@ -290,7 +290,7 @@ fn start(
 
 /// One NI as started: its runtime and waker, its fabric, and what its control service shows.
 type Started = (
-    NiRuntime<Box<dyn lnd::driver::Driver + Send>>,
+    NiRuntime<Box<dyn lnd::driver::LndDriver + Send>>,
     lnd::driver::WakeHandle,
     FabricKind,
     crate::control::NiExtras,

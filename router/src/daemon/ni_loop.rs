@@ -13,7 +13,7 @@ use crate::control::{Control, Request, Response};
 use crate::runtime::{shared_round, NiRuntime, SharedLoop};
 use crate::yaml_config::FabricKind;
 use crate::BufferCounts;
-use lnd::driver::Driver;
+use lnd::driver::LndDriver;
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use tracing::{debug, error, warn};
@@ -35,7 +35,7 @@ pub(super) const RELEASE_CHECK: StdDuration = StdDuration::from_millis(50);
 /// beside other NIs' loops on one thread ([`run_shared`]).
 pub(super) struct NiLoop {
     pub(super) nid: Nid,
-    pub(super) rt: NiRuntime<Box<dyn Driver + Send>>,
+    pub(super) rt: NiRuntime<Box<dyn LndDriver + Send>>,
     pub(super) kind: FabricKind,
     pub(super) control: Control<SyncSender<Response>>,
     pub(super) req_rx: Receiver<ControlMsg>,

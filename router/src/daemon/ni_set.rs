@@ -16,7 +16,7 @@ use crate::runtime::NiRuntime;
 use crate::selftest::Selftest;
 use crate::yaml_config::{DaemonConfig, FabricKind};
 use crate::{Handover, LnetNode};
-use lnd::driver::{Driver, WakeHandle};
+use lnd::driver::{LndDriver, WakeHandle};
 use lnd::wire::Nid;
 use tracing::{error, info, warn};
 
@@ -42,7 +42,7 @@ impl Daemon {
     /// A loop for `rt`, and the member the others reach it by.
     pub(super) fn make_loop(
         self: &Arc<Self>,
-        rt: NiRuntime<Box<dyn Driver + Send>>,
+        rt: NiRuntime<Box<dyn LndDriver + Send>>,
         wake: WakeHandle,
         kind: FabricKind,
         extras: NiExtras,

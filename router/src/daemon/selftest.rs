@@ -8,7 +8,7 @@ use std::time::Duration as StdDuration;
 use crate::control::{errno, ControlError, Response};
 use crate::runtime::NiRuntime;
 use crate::selftest::{ConsoleStart, Selftest};
-use lnd::driver::Driver;
+use lnd::driver::LndDriver;
 
 /// A registry for a driver that registers nothing: the selftest then answers brw with
 /// ENOMEM rather than moving data.
@@ -33,7 +33,7 @@ impl lnd::fabric::Registry for NoRegistry {
 
 /// The driver's memory registration, or `none`'s refusals for a driver that has none.
 pub(super) fn registry<'a>(
-    driver: &'a mut Box<dyn Driver + Send>,
+    driver: &'a mut Box<dyn LndDriver + Send>,
     none: &'a mut NoRegistry,
 ) -> &'a mut dyn lnd::fabric::Registry {
     match driver.registry() {
@@ -55,7 +55,7 @@ impl NiSelftest {
     pub(super) fn bound(
         &self,
         wait: StdDuration,
-        rt: &NiRuntime<Box<dyn Driver + Send>>,
+        rt: &NiRuntime<Box<dyn LndDriver + Send>>,
     ) -> StdDuration {
         let Some(st) = &self.st else {
             return wait;
@@ -69,7 +69,7 @@ impl NiSelftest {
     }
 
     /// Runs the selftest's timers that are due, and answers finished console commands.
-    pub(super) fn tick(&mut self, rt: &mut NiRuntime<Box<dyn Driver + Send>>) {
+    pub(super) fn tick(&mut self, rt: &mut NiRuntime<Box<dyn LndDriver + Send>>) {
         let Some(st) = self.st.as_mut() else {
             return;
         };
@@ -91,7 +91,7 @@ impl NiSelftest {
     /// Runs a console command: answered now, or once its transaction ends.
     pub(super) fn command(
         &mut self,
-        rt: &mut NiRuntime<Box<dyn Driver + Send>>,
+        rt: &mut NiRuntime<Box<dyn LndDriver + Send>>,
         cmd: crate::selftest::LstCommand,
         reply: SyncSender<Response>,
     ) {
