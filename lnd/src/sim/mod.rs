@@ -115,6 +115,7 @@ mod cm;
 mod faults;
 mod qp;
 mod record;
+pub mod streams;
 mod world;
 
 pub use qp::NodeRegistry;

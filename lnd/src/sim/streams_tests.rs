@@ -1,0 +1,508 @@
+//! The stream network's model, each rule of the module documentation by itself.
+
+use super::*;
+use crate::handle::HandleSlab;
+use crate::mem::SharedMem;
+
+/// What a host heard, owned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Heard {
+    Listening(SocketAddrV4),
+    Incoming(IncomingId, SocketAddrV4),
+    Connected(StreamId, SocketAddrV4),
+    DialFailed(StreamId, DialError),
+    Data(StreamId, Vec<u8>),
+    Filled(StreamId, u32),
+    Sent(StreamId, SendId, Result<(), EndReason>),
+    Ended(StreamId, EndReason),
+    ListenFailed(i32),
+}
+
+struct Harness {
+    net: StreamNet,
+    heard: Vec<Vec<(Instant, Heard)>>,
+    ids: HandleSlab<(), crate::stream::StreamTag>,
+}
+
+const A: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 1);
+const B: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 2);
+
+impl Harness {
+    fn new(cfg: StreamNetConfig) -> (Harness, HostId, HostId) {
+        let mut net = StreamNet::new(cfg);
+        let a = net.add_host(A);
+        let b = net.add_host(B);
+        let h = Harness {
+            net,
+            heard: vec![Vec::new(), Vec::new()],
+            ids: HandleSlab::new(),
+        };
+        (h, a, b)
+    }
+
+    fn stream(&mut self) -> StreamId {
+        self.ids.insert(())
+    }
+
+    fn run_for(&mut self, d: Duration) {
+        let until = self.net.now() + d;
+        loop {
+            self.drain();
+            match self.net.next_event_at() {
+                Some(t) if t <= until => self.net.advance(t),
+                _ => break,
+            }
+        }
+        self.net.advance(until);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        let heard = &mut self.heard;
+        self.net.deliver(|h, now, ev| {
+            let e = match ev {
+                StreamEvent::Listening { local } => Heard::Listening(local),
+                StreamEvent::ListenFailed { errno } => Heard::ListenFailed(errno),
+                StreamEvent::Incoming { incoming, peer, .. } => Heard::Incoming(incoming, peer),
+                StreamEvent::Connected { stream, local } => Heard::Connected(stream, local),
+                StreamEvent::DialFailed { stream, error } => Heard::DialFailed(stream, error),
+                StreamEvent::Data { stream, bytes } => Heard::Data(stream, bytes.to_vec()),
+                StreamEvent::Filled { stream, n } => Heard::Filled(stream, n),
+                StreamEvent::Sent { stream, id, result } => Heard::Sent(stream, id, result),
+                StreamEvent::Ended { stream, why } => Heard::Ended(stream, why),
+            };
+            heard[h.0 as usize].push((now, e));
+        });
+    }
+
+    fn heard(&self, h: HostId) -> Vec<Heard> {
+        self.heard[h.0 as usize]
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    fn take(&mut self, h: HostId) -> Vec<Heard> {
+        std::mem::take(&mut self.heard[h.0 as usize])
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// `a` dials `b`'s listener on 988, `b` adopts: the two streams.
+    fn connect(&mut self, a: HostId, b: HostId) -> (StreamId, StreamId) {
+        self.net.apply(
+            b,
+            StreamAction::Listen {
+                addr: SocketAddrV4::new(B, 988),
+                backlog: 8,
+            },
+        );
+        let sa = self.stream();
+        self.net.apply(a, dial(sa, 1023, 512));
+        self.run_for(Duration::from_millis(1));
+        let incoming = self
+            .take(b)
+            .into_iter()
+            .find_map(|e| match e {
+                Heard::Incoming(i, peer) => {
+                    assert_eq!(peer, SocketAddrV4::new(A, 1023), "dialled from 1023 down");
+                    Some(i)
+                }
+                _ => None,
+            })
+            .expect("an incoming connection");
+        let sb = self.stream();
+        self.net.apply(
+            b,
+            StreamAction::Adopt {
+                incoming,
+                stream: sb,
+            },
+        );
+        assert!(self
+            .take(a)
+            .contains(&Heard::Connected(sa, SocketAddrV4::new(A, 1023))));
+        (sa, sb)
+    }
+
+    /// All `Data` bytes `h` heard on `s`, in order.
+    fn data(&self, h: HostId, s: StreamId) -> Vec<u8> {
+        self.heard(h)
+            .into_iter()
+            .filter_map(|e| match e {
+                Heard::Data(x, b) if x == s => Some(b),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+}
+
+fn dial(stream: StreamId, from: u16, to: u16) -> StreamAction {
+    StreamAction::Dial {
+        stream,
+        local: A,
+        ports_from: from,
+        ports_to: to,
+        remote: SocketAddrV4::new(B, 988),
+    }
+}
+
+fn send(stream: StreamId, id: u64, head: &[u8], payload: SendPayload) -> StreamAction {
+    StreamAction::Send {
+        stream,
+        id: SendId(id),
+        head: head.to_vec(),
+        payload,
+    }
+}
+
+fn recv(stream: StreamId, max: u32) -> StreamAction {
+    StreamAction::Recv {
+        stream,
+        target: RecvTarget::Bytes { max },
+    }
+}
+
+#[test]
+fn bytes_cross_both_ways_in_order_and_sends_complete() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(
+        a,
+        send(sa, 1, b"hello ", SendPayload::Bytes(b"world".to_vec())),
+    );
+    h.net.apply(b, send(sb, 7, b"back", SendPayload::None));
+    h.run_for(Duration::from_millis(1));
+    assert!(h.heard(a).contains(&Heard::Sent(sa, SendId(1), Ok(()))));
+    assert!(h.heard(b).contains(&Heard::Sent(sb, SendId(7), Ok(()))));
+    // Nothing read before a receive is posted.
+    assert!(h.data(b, sb).is_empty());
+    for _ in 0..4 {
+        h.net.apply(b, recv(sb, 4));
+        h.net.apply(a, recv(sa, 64));
+        h.run_for(Duration::from_millis(1));
+    }
+    assert_eq!(h.data(b, sb), b"hello world");
+    assert_eq!(h.data(a, sa), b"back");
+}
+
+#[test]
+fn a_payload_lands_in_memory_byte_exact_through_partial_reads() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    h.net.set_partial_io(0.5);
+    let (sa, sb) = h.connect(a, b);
+    let src = SharedMem::new(1 << 20);
+    src.with(|m| {
+        for (i, x) in m.iter_mut().enumerate() {
+            *x = (i * 7 % 251) as u8;
+        }
+    });
+    h.net.apply(
+        a,
+        send(
+            sa,
+            1,
+            &[0xc1; 24],
+            SendPayload::Mem {
+                mem: src.clone(),
+                offset: 0,
+                len: 1 << 20,
+            },
+        ),
+    );
+    let mut head = Vec::new();
+    while head.len() < 24 {
+        h.net.apply(b, recv(sb, 24 - head.len() as u32));
+        h.run_for(Duration::from_millis(1));
+        head = h.data(b, sb);
+    }
+    assert_eq!(head, [0xc1; 24]);
+    let sink = SharedMem::new((1 << 20) + 16);
+    h.net.apply(
+        b,
+        StreamAction::Recv {
+            stream: sb,
+            target: RecvTarget::Mem {
+                mem: sink.clone(),
+                offset: 16,
+                len: 1 << 20,
+            },
+        },
+    );
+    h.run_for(Duration::from_millis(50));
+    let filled: Vec<u32> = h
+        .heard(b)
+        .into_iter()
+        .filter_map(|e| match e {
+            Heard::Filled(s, n) if s == sb => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(filled.iter().map(|n| *n as u64).sum::<u64>(), 1 << 20);
+    assert!(filled.len() > 1, "partial reads split the payload");
+    assert_eq!(sink.to_vec()[16..], src.to_vec()[..]);
+    assert!(
+        sink.to_vec()[..16].iter().all(|x| *x == 0),
+        "nothing before the offset"
+    );
+    assert!(h.heard(a).contains(&Heard::Sent(sa, SendId(1), Ok(()))));
+}
+
+#[test]
+fn a_reader_that_posts_nothing_stops_the_sender_at_the_window() {
+    let cfg = StreamNetConfig {
+        window: 10_000,
+        ..StreamNetConfig::default()
+    };
+    let (mut h, a, b) = Harness::new(cfg);
+    let (sa, sb) = h.connect(a, b);
+    for id in 0..5 {
+        h.net
+            .apply(a, send(sa, id, &[id as u8; 4000], SendPayload::None));
+    }
+    h.run_for(Duration::from_secs(1));
+    let sent = |h: &Harness| {
+        h.heard(a)
+            .iter()
+            .filter(|e| matches!(e, Heard::Sent(_, _, Ok(()))))
+            .count()
+    };
+    // 8,000 bytes fit whole, the third send only in part: two sends done.
+    assert_eq!(sent(&h), 2);
+    for _ in 0..10 {
+        h.net.apply(b, recv(sb, 4096));
+        h.run_for(Duration::from_millis(1));
+    }
+    assert_eq!(sent(&h), 5, "reading let the rest go");
+    assert_eq!(h.data(b, sb).len(), 20_000);
+}
+
+#[test]
+fn a_graceful_close_is_heard_as_eof_after_every_byte() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net
+        .apply(a, send(sa, 1, b"last words", SendPayload::None));
+    h.net.apply(
+        a,
+        StreamAction::Close {
+            stream: sa,
+            mode: CloseMode::Graceful,
+        },
+    );
+    h.run_for(Duration::from_millis(1));
+    for _ in 0..3 {
+        h.net.apply(b, recv(sb, 64));
+        h.run_for(Duration::from_millis(1));
+    }
+    let heard = h.heard(b);
+    assert_eq!(h.data(b, sb), b"last words");
+    assert_eq!(heard.last(), Some(&Heard::Ended(sb, EndReason::Eof)));
+    // The closer hears nothing more of its stream, and lets go of it once both FINs are out.
+    h.net.apply(
+        b,
+        StreamAction::Close {
+            stream: sb,
+            mode: CloseMode::Graceful,
+        },
+    );
+    h.run_for(Duration::from_secs(3));
+    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert_eq!(h.net.ends_of(a) + h.net.ends_of(b), 0);
+}
+
+#[test]
+fn an_abort_is_heard_as_reset_at_once_and_fails_what_was_queued() {
+    let cfg = StreamNetConfig {
+        window: 100,
+        ..StreamNetConfig::default()
+    };
+    let (mut h, a, b) = Harness::new(cfg);
+    let (sa, sb) = h.connect(a, b);
+    // Stuck behind a full window.
+    h.net.apply(b, send(sb, 1, &[1; 150], SendPayload::None));
+    h.net.apply(b, send(sb, 2, &[2; 10], SendPayload::None));
+    h.net.apply(
+        a,
+        StreamAction::Close {
+            stream: sa,
+            mode: CloseMode::Abort,
+        },
+    );
+    h.run_for(Duration::from_millis(1));
+    assert_eq!(
+        h.heard(b),
+        vec![
+            Heard::Sent(sb, SendId(1), Err(EndReason::Reset)),
+            Heard::Sent(sb, SendId(2), Err(EndReason::Reset)),
+            Heard::Ended(sb, EndReason::Reset),
+        ]
+    );
+    assert_eq!(h.net.stats().aborts, 1);
+}
+
+#[test]
+fn dials_fail_with_the_reason_a_real_stack_gives() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    // Nobody listens.
+    let s1 = h.stream();
+    h.net.apply(a, dial(s1, 0, 0));
+    // Nobody at that address.
+    let s2 = h.stream();
+    h.net.apply(
+        a,
+        StreamAction::Dial {
+            stream: s2,
+            local: A,
+            ports_from: 0,
+            ports_to: 0,
+            remote: SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 988),
+        },
+    );
+    h.run_for(Duration::from_secs(5));
+    let heard = h.take(a);
+    assert!(
+        heard.contains(&Heard::DialFailed(s1, DialError::Refused)),
+        "{heard:?}"
+    );
+    assert!(
+        heard.contains(&Heard::DialFailed(s2, DialError::Unreachable)),
+        "{heard:?}"
+    );
+    // Every port of a one-port range toward the same listener is taken: NoPorts; toward
+    // another remote the same port is shared (SO_REUSEPORT).
+    h.net.apply(
+        b,
+        StreamAction::Listen {
+            addr: SocketAddrV4::new(B, 988),
+            backlog: 8,
+        },
+    );
+    let (s3, s4) = (h.stream(), h.stream());
+    h.net.apply(a, dial(s3, 1023, 1023));
+    h.net.apply(a, dial(s4, 1023, 1023));
+    h.run_for(Duration::from_millis(1));
+    let heard = h.take(a);
+    assert!(heard.contains(&Heard::Connected(s3, SocketAddrV4::new(A, 1023))));
+    assert!(heard.contains(&Heard::DialFailed(s4, DialError::NoPorts)));
+    assert_eq!(h.net.stats().dials_no_ports, 1);
+}
+
+#[test]
+fn a_full_backlog_drops_the_dial() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    h.net.apply(
+        b,
+        StreamAction::Listen {
+            addr: SocketAddrV4::new(B, 988),
+            backlog: 2,
+        },
+    );
+    let ids: Vec<StreamId> = (0..3).map(|_| h.stream()).collect();
+    for s in &ids {
+        h.net.apply(a, dial(*s, 0, 0));
+    }
+    h.run_for(Duration::from_secs(5));
+    let heard = h.heard(a);
+    assert!(heard.contains(&Heard::DialFailed(ids[2], DialError::Unreachable)));
+    let incoming = h
+        .heard(b)
+        .iter()
+        .filter(|e| matches!(e, Heard::Incoming(..)))
+        .count();
+    assert_eq!(incoming, 2);
+}
+
+#[test]
+fn a_crashed_peer_is_found_by_keepalive_or_by_reset_once_it_is_back() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, _sb) = h.connect(a, b);
+    let (sa2, _) = {
+        // A second connection, with keepalive 30/5/5 as ksocklnd sets it.
+        let s = h.stream();
+        h.net.apply(a, dial(s, 1023, 512));
+        h.run_for(Duration::from_millis(1));
+        let i = h
+            .take(b)
+            .into_iter()
+            .find_map(|e| match e {
+                Heard::Incoming(i, _) => Some(i),
+                _ => None,
+            })
+            .unwrap();
+        let t = h.stream();
+        h.net.apply(
+            b,
+            StreamAction::Adopt {
+                incoming: i,
+                stream: t,
+            },
+        );
+        (s, t)
+    };
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa2,
+            opts: SockOpts {
+                keepalive: Some((30, 5, 5)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.take(a);
+    h.net.crash(b);
+    h.run_for(Duration::from_secs(54));
+    assert!(h.heard(a).is_empty(), "nothing before keepalive gives up");
+    h.run_for(Duration::from_secs(2));
+    assert_eq!(h.take(a), vec![Heard::Ended(sa2, EndReason::TimedOut)]);
+    // The other connection (no keepalive) hears nothing until it sends; B is back by then and
+    // answers with RST.
+    h.net.restart(b);
+    h.net.apply(a, send(sa, 1, b"anyone?", SendPayload::None));
+    h.run_for(Duration::from_millis(1));
+    assert_eq!(
+        h.take(a),
+        vec![
+            Heard::Sent(sa, SendId(1), Ok(())),
+            Heard::Ended(sa, EndReason::Reset)
+        ]
+    );
+}
+
+#[test]
+fn a_partition_holds_bytes_and_a_heal_delivers_them() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.partition(a, b);
+    h.net.apply(a, send(sa, 1, b"held", SendPayload::None));
+    h.net.apply(b, recv(sb, 16));
+    h.run_for(Duration::from_secs(1));
+    assert!(h.data(b, sb).is_empty());
+    h.net.heal(a, b);
+    h.run_for(Duration::from_millis(1));
+    assert_eq!(h.data(b, sb), b"held");
+}
+
+#[test]
+fn a_run_is_a_function_of_its_seed() {
+    let trace = |seed| {
+        let cfg = StreamNetConfig {
+            seed,
+            ..StreamNetConfig::default()
+        };
+        let (mut h, a, b) = Harness::new(cfg);
+        h.net.set_partial_io(0.7);
+        let (sa, sb) = h.connect(a, b);
+        h.net.apply(a, send(sa, 1, &[9; 5000], SendPayload::None));
+        for _ in 0..50 {
+            h.net.apply(b, recv(sb, 4096));
+            h.run_for(Duration::from_micros(100));
+        }
+        h.heard[b.0 as usize].clone()
+    };
+    assert_eq!(trace(3), trace(3));
+    assert_ne!(trace(3), trace(4));
+}
