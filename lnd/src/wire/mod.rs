@@ -20,6 +20,7 @@ pub mod nid;
 pub mod pcap;
 
 pub mod ping;
+pub mod sock;
 
 pub use error::WireError;
 pub use kib::{

@@ -319,7 +319,7 @@ fn icrc_headers(h: &[u8]) -> u32 {
 
 /// The reflected CRC-32 (polynomial 0x04c11db7, as Ethernet and zlib), without the final
 /// inversion.
-fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
+pub(crate) fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
     for &byte in data {
         let idx = ((crc ^ u32::from(byte)) & 0xff) as usize;
         crc = (crc >> 8) ^ CRC_TABLE.get(idx).copied().unwrap_or(0);
