@@ -25,7 +25,11 @@ impl SockEngine {
             ctype: ConnType::Any,
             version: HelloVersion::V3,
             userspace: false,
-            hs: if active { HsStep::HelloHead } else { HsStep::Magic },
+            hs: if active {
+                HsStep::HelloHead
+            } else {
+                HsStep::Magic
+            },
             carry: Vec::new(),
             posted: false,
             mem_left: 0,
@@ -192,7 +196,11 @@ impl SockEngine {
                     h.copy_from_slice(&c.carry[..8]);
                     match hello_head(&h) {
                         Ok(head) if head.version.is_spoken() => {
-                            let d = if active { c.hs_deadline } else { Some(per_read) };
+                            let d = if active {
+                                c.hs_deadline
+                            } else {
+                                Some(per_read)
+                            };
                             self.set_hs(id, HsStep::HelloBody(head), d);
                         }
                         Ok(_) | Err(crate::wire::sock::SockError::BadVersion(_)) if !active => {
@@ -222,7 +230,11 @@ impl SockEngine {
                 }
                 HsStep::HelloBody(head) => match Hello::parse_body(&head, &c.carry[8..need]) {
                     Ok(h) if h.nips > 0 => {
-                        let d = if active { c.hs_deadline } else { Some(per_read) };
+                        let d = if active {
+                            c.hs_deadline
+                        } else {
+                            Some(per_read)
+                        };
                         self.set_hs(id, HsStep::HelloIps(head, h.nips), d);
                     }
                     Ok(h) => {
@@ -282,7 +294,12 @@ impl SockEngine {
                 true
             }
             None => {
-                warn!(?id, state = c.state.name(), ?input, "socklnd: no such transition");
+                warn!(
+                    ?id,
+                    state = c.state.name(),
+                    ?input,
+                    "socklnd: no such transition"
+                );
                 self.stats.protocol_errors += 1;
                 self.close(id, ConnInput::ProtocolError, DownReason::ProtocolError);
                 false

@@ -37,8 +37,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use tracing::{debug, info, warn};
 
-pub use crate::iface::sock::{AcceptMode, SockConfig, SockConnView, SockStats};
 use crate::handle::{Handle, HandleSlab, Tag};
+pub use crate::iface::sock::{AcceptMode, SockConfig, SockConnView, SockStats};
 use crate::iface::{BulkMem, DownReason, LndEvent, TxError};
 use crate::stream::{
     CloseMode, IncomingId, SendId, SendPayload, StreamAction, StreamEvent, StreamId, StreamSink,
@@ -230,10 +230,7 @@ enum Held {
         from: Nid,
     },
     /// Delivered to ourselves: the payload is here.
-    Local {
-        payload: Vec<u8>,
-        bulk: bool,
-    },
+    Local { payload: Vec<u8>, bulk: bool },
 }
 
 /// A timer on the wheel; checked against its owner's own deadlines when it fires.
@@ -342,6 +339,12 @@ impl SockEngine {
             .collect();
         v.sort_by_key(|c| (c.peer.map(Nid::raw), c.remote, c.ctype));
         v
+    }
+
+    /// Bytes the engine holds in its connections' carry buffers (what a connection costs us
+    /// beyond the driver's socket).
+    pub fn carry_bytes(&self) -> usize {
+        self.conns.iter().map(|(_, c)| c.carry.capacity()).sum()
     }
 
     /// One event from the stream driver, at `now`.
@@ -556,7 +559,8 @@ impl SockEngine {
             self.stats.unauthenticated = self.stats.unauthenticated.saturating_sub(1);
         }
         debug!(?id, peer = ?c.peer, state = c.state.name(), ?input, "socklnd close");
-        self.actions.push_back(StreamAction::Close { stream: id, mode });
+        self.actions
+            .push_back(StreamAction::Close { stream: id, mode });
         // What was on it.
         let err = match input {
             ConnInput::TimedOut => TxError::ConnTimedOut,
@@ -579,17 +583,22 @@ impl SockEngine {
             if let Some(w) = get {
                 self.gets.remove(&w);
             }
-            self.bulk_done(cookie, c.peer.unwrap_or(Nid::ANY), Err(TxError::ConnAborted));
+            self.bulk_done(
+                cookie,
+                c.peer.unwrap_or(Nid::ANY),
+                Err(TxError::ConnAborted),
+            );
         }
         let Some(nid) = c.peer else { return };
         let Some(p) = self.peers.get_mut(&nid) else {
             return;
         };
         p.conns.retain(|&s| s != id);
-        let established_left = p
-            .conns
-            .iter()
-            .any(|&s| self.conns.get(s).is_some_and(|c| c.state == ConnState::Established));
+        let established_left = p.conns.iter().any(|&s| {
+            self.conns
+                .get(s)
+                .is_some_and(|c| c.state == ConnState::Established)
+        });
         if !established_left && p.up {
             p.up = false;
             p.incarnation = None;
@@ -674,9 +683,10 @@ impl SockEngine {
 
     /// Drops a peer we hold nothing for.
     fn forget_peer_if_idle(&mut self, nid: Nid) {
-        let idle = self.peers.get(&nid).is_some_and(|p| {
-            p.conns.is_empty() && p.queue.is_empty() && !p.up
-        });
+        let idle = self
+            .peers
+            .get(&nid)
+            .is_some_and(|p| p.conns.is_empty() && p.queue.is_empty() && !p.up);
         let getting = self.gets.values().any(|g| g.peer == nid);
         if idle && !getting && self.peers.get(&nid).is_some_and(|p| p.next_dial.is_none()) {
             self.peers.remove(&nid);

@@ -150,7 +150,8 @@ impl SockEngine {
                         c.mem_left = left;
                         c.posted = true;
                         drop_if_empty(&mut c.carry);
-                        self.actions.push_back(StreamAction::Recv { stream: id, target });
+                        self.actions
+                            .push_back(StreamAction::Recv { stream: id, target });
                         return;
                     }
                     let RxPhase::Mem(l) = core::mem::replace(&mut c.rx, RxPhase::Header) else {
@@ -303,7 +304,8 @@ impl SockEngine {
             if let Some(c) = self.conns.get_mut(id) {
                 c.held += 1;
             }
-            self.held.insert((id.as_u64(), slot), Held::Inline { stream: id });
+            self.held
+                .insert((id.as_u64(), slot), Held::Inline { stream: id });
             self.stats.msgs_received += 1;
             self.events.push_back(LndEvent::Received {
                 from,
@@ -388,7 +390,11 @@ impl SockEngine {
                 if let Some(w) = get {
                     self.gets.remove(&w);
                 }
-                self.bulk_done(cookie, peer, Err(TxError::Rdma(-crate::wire::errno::EPROTO)));
+                self.bulk_done(
+                    cookie,
+                    peer,
+                    Err(TxError::Rdma(-crate::wire::errno::EPROTO)),
+                );
             }
         }
         self.rx_pump(id);
@@ -506,7 +512,11 @@ impl SockEngine {
             }
             Some(Held::Local { payload, bulk, .. }) => {
                 let me = self.cfg.nid;
-                let n = if bulk { land_bytes(&sink, &payload) } else { None };
+                let n = if bulk {
+                    land_bytes(&sink, &payload)
+                } else {
+                    None
+                };
                 self.bulk_done(
                     cookie,
                     me,
@@ -518,8 +528,16 @@ impl SockEngine {
                 if let Some(c) = self.conns.get_mut(stream) {
                     c.held = c.held.saturating_sub(1);
                 }
-                let peer = self.conns.get(stream).and_then(|c| c.peer).unwrap_or(Nid::ANY);
-                self.bulk_done(cookie, peer, Err(TxError::Rdma(-crate::wire::errno::EPROTO)));
+                let peer = self
+                    .conns
+                    .get(stream)
+                    .and_then(|c| c.peer)
+                    .unwrap_or(Nid::ANY);
+                self.bulk_done(
+                    cookie,
+                    peer,
+                    Err(TxError::Rdma(-crate::wire::errno::EPROTO)),
+                );
                 self.rx_pump(stream);
             }
             None => self.bulk_done(cookie, Nid::ANY, Err(TxError::ConnAborted)),

@@ -109,9 +109,7 @@ pub const fn next_state(s: ConnState, i: ConnInput) -> Option<ConnState> {
         (S::Dialing, I::Connected) => Some(S::HelloSent),
         (S::HelloSent, I::HelloAnswered) => Some(S::Established),
         (S::Closing, _) => None,
-        (_, I::Refused | I::ProtocolError | I::TimedOut | I::Ended | I::Close) => {
-            Some(S::Closing)
-        }
+        (_, I::Refused | I::ProtocolError | I::TimedOut | I::Ended | I::Close) => Some(S::Closing),
         _ => None,
     }
 }

@@ -12,7 +12,10 @@ use crate::wire::sock::{ConnReq, Hello, HELLO_V3_LEN};
 use crate::wire::{LndType, LnetBody};
 
 pub(super) fn nid(a: [u8; 4]) -> Nid {
-    Nid::new(crate::wire::Net::new(LndType::Tcp, 0), u32::from(Ipv4Addr::from(a)))
+    Nid::new(
+        crate::wire::Net::new(LndType::Tcp, 0),
+        u32::from(Ipv4Addr::from(a)),
+    )
 }
 
 pub(super) fn hex(s: &str) -> Vec<u8> {
@@ -67,6 +70,10 @@ pub(super) struct Net {
     next_raw: usize,
     /// Largest read the "driver" returns at once.
     pub(super) chunk: usize,
+    /// Streams dialed from now on never deliver their sends (a black hole).
+    pub(super) stuck_new: bool,
+    /// Streams adopted from now on never deliver their sends.
+    pub(super) stuck_adopted: bool,
 }
 
 pub(super) const T0: Instant = Instant::from_secs(1000);
@@ -98,26 +105,11 @@ impl Net {
             next_incoming: 1,
             next_raw: 0,
             chunk: 1 << 20,
+            stuck_new: false,
+            stuck_adopted: false,
         };
         n.run();
         n
-    }
-
-    /// Replaces node `i`'s engine (a restart: same NID, `inc`).
-    pub(super) fn restart(&mut self, i: usize, c: SockConfig) {
-        let owned: Vec<Owner> = self
-            .ends
-            .keys()
-            .filter(|o| matches!(o, Owner::Node(n, _) if *n == i))
-            .copied()
-            .collect();
-        for o in owned {
-            // The process died: its peers see a reset.
-            self.close_end(o, CloseMode::Abort);
-        }
-        self.nodes[i].e = SockEngine::new(c, self.now);
-        self.nodes[i].listening = false;
-        self.run();
     }
 
     fn node_by_ip(&self, ip: Ipv4Addr) -> Option<usize> {
@@ -201,6 +193,7 @@ impl Net {
                         other: Some(dialer),
                         local,
                         remote,
+                        stuck: self.stuck_adopted,
                         ..End::default()
                     },
                 );
@@ -250,10 +243,14 @@ impl Net {
                     End {
                         local: Some(laddr),
                         remote: Some(remote),
+                        stuck: self.stuck_new,
                         ..End::default()
                     },
                 );
-                match self.node_by_ip(*remote.ip()).filter(|&t| self.nodes[t].listening) {
+                match self
+                    .node_by_ip(*remote.ip())
+                    .filter(|&t| self.nodes[t].listening)
+                {
                     None => {
                         self.ends.remove(&me);
                         self.ev(
@@ -286,10 +283,14 @@ impl Net {
                     SendPayload::None => {}
                     SendPayload::Bytes(b) => bytes.extend_from_slice(&b),
                     SendPayload::Mem { mem, offset, len } => mem.with(|b| {
-                        bytes.extend_from_slice(&b[offset as usize..(offset + u64::from(len)) as usize])
+                        bytes.extend_from_slice(
+                            &b[offset as usize..(offset + u64::from(len)) as usize],
+                        )
                     }),
                 }
-                let Some(e) = self.ends.get_mut(&me) else { return };
+                let Some(e) = self.ends.get_mut(&me) else {
+                    return;
+                };
                 if e.stuck {
                     e.held_sends.push((id, bytes));
                     return;
@@ -379,7 +380,9 @@ impl Net {
     }
 
     pub(super) fn raw_adopted(&self, r: usize) -> bool {
-        self.ends.get(&Owner::Raw(r)).is_some_and(|e| e.other.is_some())
+        self.ends
+            .get(&Owner::Raw(r))
+            .is_some_and(|e| e.other.is_some())
     }
 
     /// Hands posted receives the bytes waiting for them.
@@ -389,12 +392,20 @@ impl Net {
         for o in owners {
             let Owner::Node(i, s) = o else { continue };
             let stream = StreamId::from_u64(s);
-            let Some(e) = self.ends.get_mut(&o) else { continue };
-            let Some(target) = e.recv.clone() else { continue };
+            let Some(e) = self.ends.get_mut(&o) else {
+                continue;
+            };
+            let Some(target) = e.recv.clone() else {
+                continue;
+            };
             if e.inbox.is_empty() {
                 if (e.eof || e.reset) && !e.ended_reported {
                     e.ended_reported = true;
-                    let why = if e.reset { EndReason::Reset } else { EndReason::Eof };
+                    let why = if e.reset {
+                        EndReason::Reset
+                    } else {
+                        EndReason::Eof
+                    };
                     self.ev(i, StreamEvent::Ended { stream, why });
                     moved = true;
                 }
@@ -421,7 +432,13 @@ impl Net {
                     } else {
                         None
                     };
-                    self.ev(i, StreamEvent::Filled { stream, n: n as u32 });
+                    self.ev(
+                        i,
+                        StreamEvent::Filled {
+                            stream,
+                            n: n as u32,
+                        },
+                    );
                 }
             }
         }
@@ -549,7 +566,13 @@ fn transition_table() {
         (S::Dialing, I::Connected, S::HelloSent),
         (S::HelloSent, I::HelloAnswered, S::Established),
     ];
-    let closing = [I::Refused, I::ProtocolError, I::TimedOut, I::Ended, I::Close];
+    let closing = [
+        I::Refused,
+        I::ProtocolError,
+        I::TimedOut,
+        I::Ended,
+        I::Close,
+    ];
     let mut checked = 0;
     for s in S::ALL {
         for i in I::ALL {
@@ -612,7 +635,10 @@ fn handshake_both_ways_typed_set() {
         let mut n = Net::new(vec![ca, cb]);
         let (a, b) = (nid(A), nid(B));
         let now = n.now;
-        n.nodes[0].e.send(now, b, ping_put(a, b, 4), vec![1, 2, 3, 4], 7).unwrap();
+        n.nodes[0]
+            .e
+            .send(now, b, ping_put(a, b, 4), vec![1, 2, 3, 4], 7)
+            .unwrap();
         n.run();
         assert_eq!(n.received(1).len(), 1);
         let mut ta: Vec<&str> = n.established(0).iter().map(|c| c.ctype).collect();
@@ -640,7 +666,10 @@ fn handshake_both_ways_typed_set() {
         assert_eq!(up(ea), 1);
         assert_eq!(up(n.take(1)), 1);
         // And back: B sends to A over A's connections, dialing nothing.
-        n.nodes[1].e.send(now, a, ping_put(b, a, 3), vec![9; 3], 8).unwrap();
+        n.nodes[1]
+            .e
+            .send(now, a, ping_put(b, a, 3), vec![9; 3], 8)
+            .unwrap();
         n.run();
         assert_eq!(n.received(0).len(), 1);
         assert_eq!(n.nodes[1].e.stats().connects, 0);
@@ -664,7 +693,10 @@ fn small_put_inline_and_on_the_wire() {
         };
     }
     let now = n.now;
-    n.nodes[0].e.send(now, b, hdr, b"LNetPUT!".to_vec(), 11).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, b, hdr, b"LNetPUT!".to_vec(), 11)
+        .unwrap();
     n.run();
     let got = n.received(1);
     assert_eq!(got, vec![(a, hdr, b"LNetPUT!".to_vec())]);
@@ -682,7 +714,10 @@ fn many_small_messages_one_read() {
     let now = n.now;
     for i in 0..8u64 {
         let p = vec![i as u8; 10 + i as usize];
-        n.nodes[0].e.send(now, b, ping_put(a, b, p.len() as u32), p, 100 + i).unwrap();
+        n.nodes[0]
+            .e
+            .send(now, b, ping_put(a, b, p.len() as u32), p, 100 + i)
+            .unwrap();
     }
     n.run();
     let got = n.received(1);
@@ -711,7 +746,13 @@ fn one_mib_put_into_shared_mem() {
     let hdr = ping_put(a, b, MIB as u32);
     n.nodes[0]
         .e
-        .send_bulk(now, b, hdr, BulkSend::Put(bulk_mem(&src, 5, MIB as u32)), 21)
+        .send_bulk(
+            now,
+            b,
+            hdr,
+            BulkSend::Put(bulk_mem(&src, 5, MIB as u32)),
+            21,
+        )
         .unwrap();
     n.chunk = 64 * 1024;
     n.run();
@@ -729,7 +770,9 @@ fn one_mib_put_into_shared_mem() {
         other => panic!("{other:?}"),
     };
     let sink = SharedMem::new(MIB + 64);
-    n.nodes[1].e.accept_bulk(now, rx, bulk_mem(&sink, 3, MIB as u32), 99);
+    n.nodes[1]
+        .e
+        .accept_bulk(now, rx, bulk_mem(&sink, 3, MIB as u32), 99);
     n.run();
     let evs = n.take(1);
     assert_eq!(
@@ -761,7 +804,13 @@ fn unmatched_bulk_is_skipped_and_holds_the_stream_until_answered() {
     let now = n.now;
     n.nodes[0]
         .e
-        .send_bulk(now, b, ping_put(a, b, 100_000), BulkSend::Put(bulk_mem(&src, 0, 100_000)), 1)
+        .send_bulk(
+            now,
+            b,
+            ping_put(a, b, 100_000),
+            BulkSend::Put(bulk_mem(&src, 0, 100_000)),
+            1,
+        )
         .unwrap();
     // A small one on the bulk connection behind it (>= min_bulk goes to BULK_OUT too).
     n.nodes[0]
@@ -819,7 +868,11 @@ fn get_and_reply_land_in_the_gets_memory() {
         assert_eq!(got[0].1, get);
         // B's LNet answers with a REPLY from its memory.
         let src = SharedMem::new(len as usize);
-        src.with(|m| m.iter_mut().enumerate().for_each(|(i, x)| *x = (i % 253) as u8));
+        src.with(|m| {
+            m.iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = (i % 253) as u8)
+        });
         let reply = LnetHdr {
             dest_nid: a,
             src_nid: b,
@@ -854,11 +907,20 @@ fn self_send_is_delivered_locally() {
     let mut n = Net::new(vec![cfg(nid(A), INC_A)]);
     let a = nid(A);
     let now = n.now;
-    n.nodes[0].e.send(now, a, ping_put(a, a, 3), vec![1, 2, 3], 5).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, a, ping_put(a, a, 3), vec![1, 2, 3], 5)
+        .unwrap();
     let src = SharedMem::new(8192);
     n.nodes[0]
         .e
-        .send_bulk(now, a, ping_put(a, a, 8192), BulkSend::Put(bulk_mem(&src, 0, 8192)), 6)
+        .send_bulk(
+            now,
+            a,
+            ping_put(a, a, 8192),
+            BulkSend::Put(bulk_mem(&src, 0, 8192)),
+            6,
+        )
         .unwrap();
     n.run();
     let evs = n.take(0);
@@ -872,7 +934,9 @@ fn self_send_is_delivered_locally() {
             }
             LndEvent::BulkRequest { rx, .. } => {
                 let sink = SharedMem::new(8192);
-                n.nodes[0].e.accept_bulk(now, *rx, bulk_mem(&sink, 0, 8192), 77);
+                n.nodes[0]
+                    .e
+                    .accept_bulk(now, *rx, bulk_mem(&sink, 0, 8192), 77);
             }
             _ => {}
         }
@@ -886,7 +950,10 @@ fn self_send_is_delivered_locally() {
         peer: a,
         result: Ok(8192)
     }));
-    assert!(n.nodes[0].log.iter().all(|a| !matches!(a, StreamAction::Dial { .. })));
+    assert!(n.nodes[0]
+        .log
+        .iter()
+        .all(|a| !matches!(a, StreamAction::Dial { .. })));
     assert_eq!(n.nodes[0].e.stats().loopback_msgs, 2);
 }
 
@@ -899,8 +966,14 @@ fn race_higher_nid_wins_and_converges() {
     let mut n = pair();
     let (a, b) = (nid(A), nid(B)); // A (…1.2) is higher than B (…1.1)
     let now = n.now;
-    n.nodes[0].e.send(now, b, ping_put(a, b, 1), vec![1], 1).unwrap();
-    n.nodes[1].e.send(now, a, ping_put(b, a, 1), vec![2], 2).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 1)
+        .unwrap();
+    n.nodes[1]
+        .e
+        .send(now, a, ping_put(b, a, 1), vec![2], 2)
+        .unwrap();
     // Both sets of dials are in flight before either side sees the other's.
     n.run();
     n.advance(Duration::from_secs(10));
@@ -949,9 +1022,16 @@ fn reboot_closes_old_connections() {
     n.nodes[0].e = SockEngine::new(cfg(a, INC_A + 1), n.now);
     n.nodes[0].log.clear();
     n.run();
-    assert_eq!(n.established(1).len(), 3, "B still holds A's old connections");
+    assert_eq!(
+        n.established(1).len(),
+        3,
+        "B still holds A's old connections"
+    );
     let now = n.now;
-    n.nodes[0].e.send(now, b, ping_put(a, b, 1), vec![1], 3).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 3)
+        .unwrap();
     n.run();
     n.advance(Duration::from_secs(5));
     let s = n.nodes[1].e.stats().clone();
@@ -1000,7 +1080,10 @@ fn new_incarnation_from_another_address_closes_nothing() {
     let s = n.nodes[1].e.stats().clone();
     assert_eq!((s.refused_stale, s.peers_rebooted), (1, 0), "{s:?}");
     assert_eq!(n.established(1).len(), 3, "A's connections stay");
-    assert!(!n.take(1).iter().any(|e| matches!(e, LndEvent::PeerDown { .. })));
+    assert!(!n
+        .take(1)
+        .iter()
+        .any(|e| matches!(e, LndEvent::PeerDown { .. })));
 }
 
 /// A graceful shutdown is seen by the peer at once (no deadline has to pass).
@@ -1031,7 +1114,10 @@ fn dial_failure_backs_off_and_fails_messages() {
     let mut n = Net::new(vec![cfg(nid(A), INC_A)]);
     let (a, b) = (nid(A), nid(B));
     let now = n.now;
-    n.nodes[0].e.send(now, b, ping_put(a, b, 1), vec![1], 1).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 1)
+        .unwrap();
     n.run();
     let evs = n.take(0);
     assert_eq!(send_done(&evs), vec![(1, Err(TxError::ConnectRefused))]);
@@ -1042,10 +1128,16 @@ fn dial_failure_backs_off_and_fails_messages() {
     let dials = n.nodes[0].e.stats().connects;
     assert_eq!(dials, 3);
     // Within the backoff a new message waits, then the dial happens.
-    n.nodes[0].e.send(now, b, ping_put(a, b, 1), vec![1], 2).unwrap();
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 2)
+        .unwrap();
     n.run();
     assert_eq!(n.nodes[0].e.stats().connects, 3);
     n.advance(Duration::from_millis(1100));
     assert_eq!(n.nodes[0].e.stats().connects, 6);
-    assert_eq!(send_done(&n.take(0)), vec![(2, Err(TxError::ConnectRefused))]);
+    assert_eq!(
+        send_done(&n.take(0)),
+        vec![(2, Err(TxError::ConnectRefused))]
+    );
 }

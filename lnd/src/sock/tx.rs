@@ -302,11 +302,12 @@ impl SockEngine {
         let payload = match tx.payload {
             SendPayload::None => Vec::new(),
             SendPayload::Bytes(b) => b,
-            SendPayload::Mem { mem, offset, len } => mem.with(|b| {
-                let s = offset as usize;
-                b.get(s..s + len as usize).map(<[u8]>::to_vec)
-            })
-            .unwrap_or_default(),
+            SendPayload::Mem { mem, offset, len } => mem
+                .with(|b| {
+                    let s = offset as usize;
+                    b.get(s..s + len as usize).map(<[u8]>::to_vec)
+                })
+                .unwrap_or_default(),
         };
         let me = self.cfg.nid;
         if tx.get {
@@ -330,7 +331,11 @@ impl SockEngine {
             if self.gets.get(&dst_wmd).is_some_and(|g| g.peer == me) {
                 if let Some(g) = self.gets.remove(&dst_wmd) {
                     let n = land_bytes(&g.sink, &payload);
-                    self.bulk_done(g.cookie, me, n.ok_or(TxError::Rdma(-crate::wire::errno::EPROTO)));
+                    self.bulk_done(
+                        g.cookie,
+                        me,
+                        n.ok_or(TxError::Rdma(-crate::wire::errno::EPROTO)),
+                    );
                 }
                 return;
             }
@@ -355,13 +360,8 @@ impl SockEngine {
             }
         };
         let payload = if bulk { payload } else { Vec::new() };
-        self.held.insert(
-            (LOCAL_CONN, slot),
-            Held::Local {
-                payload,
-                bulk,
-            },
-        );
+        self.held
+            .insert((LOCAL_CONN, slot), Held::Local { payload, bulk });
         self.events.push_back(ev);
     }
 
