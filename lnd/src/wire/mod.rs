@@ -18,6 +18,7 @@ pub mod list;
 pub mod lnet;
 pub mod nid;
 pub mod pcap;
+pub mod pcap_tcp;
 
 pub mod ping;
 pub mod sock;

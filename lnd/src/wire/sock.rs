@@ -122,9 +122,12 @@ impl WideNid {
     /// `LNET_ANY_NID`: all ones.
     pub const ANY: WideNid = WideNid([0xff; WIDE_NID_LEN]);
 
-    /// The wide form of a 64-bit NID, as `lnet_nid4_to_nid` builds it; `None` for an LND type
-    /// number that does not fit the 8-bit `nid_type`.
+    /// The wide form of a 64-bit NID, as `lnet_nid4_to_nid` builds it (LNET_NID_ANY becomes
+    /// LNET_ANY_NID); `None` for an LND type number that does not fit the 8-bit `nid_type`.
     pub fn from_nid(nid: Nid) -> Option<WideNid> {
+        if nid.is_any() {
+            return Some(WideNid::ANY);
+        }
         let lnd = u8::try_from(nid.net().lnd().number()).ok()?;
         let mut b = [0u8; WIDE_NID_LEN];
         b[1] = lnd;
@@ -163,8 +166,11 @@ impl WideNid {
     }
 
     /// The 64-bit NID this is, if it is one: a 4-byte address with zero padding (the kernel
-    /// compares all 16 address bytes, so padding is part of the identity).
+    /// compares all 16 address bytes, so padding is part of the identity), or LNET_ANY_NID.
     pub fn to_nid(&self) -> Option<Nid> {
+        if self.is_any() {
+            return Some(Nid::ANY);
+        }
         if self.size() != 0 || self.0[8..].iter().any(|&b| b != 0) {
             return None;
         }
@@ -173,11 +179,8 @@ impl WideNid {
         Some(Nid::new(net, addr))
     }
 
-    /// `to_nid`, with LNET_ANY_NID (in either form) and large NIDs refused.
+    /// `to_nid`, with LNET_ANY_NID and large NIDs refused.
     fn to_sender_nid(self) -> Result<Nid, SockError> {
-        if self.is_any() {
-            return Err(SockError::NidAny);
-        }
         let nid = self.to_nid().ok_or(SockError::LargeNid(self))?;
         if nid.is_any() {
             return Err(SockError::NidAny);
@@ -189,10 +192,8 @@ impl WideNid {
 impl fmt::Display for WideNid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(nid) = self.to_nid() {
+            // LNET_ANY_NID prints as "<?>", as Nid's Display does.
             return write!(f, "{nid}");
-        }
-        if self.is_any() {
-            return f.write_str("<?>");
         }
         let net = Net::new(self.lnd(), self.net_number());
         if self.size() == 12 {
