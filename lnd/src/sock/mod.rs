@@ -561,9 +561,10 @@ impl SockEngine {
         debug!(?id, peer = ?c.peer, state = c.state.name(), ?input, "socklnd close");
         self.actions
             .push_back(StreamAction::Close { stream: id, mode });
-        // What was on it.
+        // What was on it: handed to the socket, so the peer may have some of it (a resend
+        // is LNet's call); after a deadline it is a timeout.
         let err = match input {
-            ConnInput::TimedOut => TxError::ConnTimedOut,
+            ConnInput::TimedOut => TxError::Timeout,
             _ => TxError::SendFailed,
         };
         for (_, tx, _) in c.inflight {

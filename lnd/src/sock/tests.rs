@@ -1141,3 +1141,26 @@ fn dial_failure_backs_off_and_fails_messages() {
         vec![(2, Err(TxError::ConnectRefused))]
     );
 }
+
+/// A peer with fewer connections per type refuses our extra ones as duplicates (EALREADY):
+/// after three refusals in a row we settle for one of each type (2.16, LU-16191) instead of
+/// redialing every second for ever (2.15), and messages flow meanwhile.
+#[test]
+fn duplicate_refusals_are_bounded() {
+    let mut ca = cfg(nid(A), INC_A);
+    ca.conns_per_peer = 2;
+    let mut n = Net::new(vec![ca, cfg(nid(B), INC_B)]);
+    connect(&mut n, 0, 1);
+    n.advance(Duration::from_secs(600));
+    let s = n.nodes[0].e.stats().clone();
+    // 5 dials, the two extra bulk ones refused, redialed once, refused again: then no more.
+    assert_eq!((s.connects, s.refusals_received), (7, 4), "{s:?}");
+    assert_eq!(n.nodes[1].e.stats().refused_duplicate, 4);
+    assert_eq!(n.established(0).len(), 3);
+    let (a, b) = (nid(A), nid(B));
+    let now = n.now;
+    n.nodes[0].e.send(now, b, ping_put(a, b, 1), vec![1], 3).unwrap();
+    n.run();
+    assert_eq!(n.received(1).len(), 1);
+    assert_eq!(n.nodes[0].e.stats().connects, 7);
+}

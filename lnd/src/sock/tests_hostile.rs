@@ -455,7 +455,7 @@ fn peer_that_never_reads_is_closed() {
     assert!(send_done(&n.take(0)).is_empty());
     n.advance(Duration::from_secs(2));
     let evs = n.take(0);
-    assert_eq!(send_done(&evs), vec![(4, Err(TxError::ConnTimedOut))]);
+    assert_eq!(send_done(&evs), vec![(4, Err(TxError::Timeout))]);
     assert!(evs.contains(&LndEvent::PeerDown {
         nid: b,
         reason: DownReason::Timeout
