@@ -4,6 +4,8 @@
 //! wait on the fabric until the next deadline, run due timers, hand events on). A driver pushes
 //! what happened into a [`FabricSink`]; it never holds the engine.
 
+#[cfg(feature = "tcp")]
+pub mod socket;
 pub mod tamper;
 #[cfg(feature = "tcp")]
 pub mod tcp;
@@ -399,6 +401,8 @@ mod send_check {
     fn drivers_are_send() {
         #[cfg(feature = "tcp")]
         is_send::<super::tcp::TcpFabric>();
+        #[cfg(feature = "tcp")]
+        is_send::<super::socket::SocketDriver>();
         #[cfg(feature = "verbs")]
         is_send::<super::verbs::VerbsFabric>();
     }
