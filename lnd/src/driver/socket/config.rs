@@ -20,6 +20,10 @@ pub struct SocketConfig {
     /// See `zero_copy` (default 64 KiB; below it a copy costs less than the page pinning and
     /// the second completion).
     pub zc_threshold: u32,
+    /// How long `poll` spins on the completion queue before it sleeps in the kernel (default
+    /// 50 us, as the tcp fabric; zero: never spin): a ping-pong's next completion is
+    /// microseconds away, a sleep and wake-up costs tens of them.
+    pub busy_poll: std::time::Duration,
     /// Descriptors kept free for the rest of the process: a connection accepted when fewer
     /// than this many would remain under RLIMIT_NOFILE is closed at once, counted in
     /// `accepts_shed`, and accepting pauses (default 16), as the tcp fabric does.
@@ -34,6 +38,7 @@ impl Default for SocketConfig {
             close_bound: std::time::Duration::from_secs(2),
             zero_copy: false,
             zc_threshold: 64 * 1024,
+            busy_poll: std::time::Duration::from_micros(50),
             fd_reserve: 16,
         }
     }

@@ -332,8 +332,7 @@ impl SocketDriver {
         self.watch(fd);
     }
 
-    /// See `Driver::set_doorbell`. This driver does not busy-poll, so a wake-up always comes
-    /// as the waker's byte; the doorbell is kept for when it does.
+    /// See `Driver::set_doorbell`: the busy-poll looks at its flag in every round.
     pub fn set_doorbell(&mut self, bell: Doorbell) {
         self.bell = Some(bell);
     }
@@ -730,7 +729,7 @@ impl SocketDriver {
                 w.1 = true;
             }
         }
-        self.ring.submit_and_wait(timeout)?;
+        self.wait(timeout)?;
         let t = now();
         let mut cqes = std::mem::take(&mut self.cqes);
         self.ring.reap(&mut cqes);
@@ -746,6 +745,39 @@ impl SocketDriver {
             self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
         }
         Ok(())
+    }
+
+    /// Busy-polls the ring first (bounded by `busy_poll` and `timeout`), as the tcp fabric
+    /// does and for the same reasons (see `TcpFabric::poll`): yielding between rounds, and
+    /// looking at the doorbell in each, so a wake-up from another thread costs no byte while
+    /// the loop spins. Then sleeps in the kernel for the rest.
+    fn wait(&mut self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
+        if !spin.is_zero() {
+            let start = std::time::Instant::now();
+            if let Some(b) = &self.bell {
+                b.spin_begin();
+            }
+            let spun = loop {
+                if let Err(e) = self.ring.submit_and_wait(Some(std::time::Duration::ZERO)) {
+                    break Err(e);
+                }
+                if self.ring.has_completions()
+                    || self.bell.as_ref().is_some_and(Doorbell::rung)
+                    || start.elapsed() >= spin
+                {
+                    break Ok(());
+                }
+                std::thread::yield_now();
+            };
+            let rung = self.bell.as_ref().is_some_and(Doorbell::spin_end);
+            spun?;
+            if rung || self.ring.has_completions() {
+                return Ok(());
+            }
+        }
+        self.ring
+            .submit_and_wait(timeout.map(|t| t.saturating_sub(spin)))
     }
 
     fn flush_out(&mut self, sink: &mut dyn StreamSink, now: Instant) -> usize {
