@@ -11,7 +11,8 @@
 //! - [`stream`]: the boundary below a streaming LND (socklnd): actions on byte streams out,
 //!   events into a `StreamSink`.
 //! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
-//!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share.
+//!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share; `socket` (feature
+//!   `tcp`), the byte streams below a streaming LND.
 //! - `sim` (feature `sim`): the deterministic simulator, for tests and benches.
 //! - [`sys`]: the only unsafe code (io_uring, verbs).
 //!

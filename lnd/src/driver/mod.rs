@@ -2,7 +2,9 @@
 //! (rdma_cm + ibverbs, feature `verbs`) implement [`Driver`]; this module also holds the event
 //! loop they share: the driver's clock, and one turn of an NI's loop (apply the engine's actions,
 //! wait on the fabric until the next deadline, run due timers, hand events on). A driver pushes
-//! what happened into a [`FabricSink`]; it never holds the engine.
+//! what happened into a [`FabricSink`]; it never holds the engine. `socket` is the stream
+//! driver below socklnd (`crate::stream`): plain TCP on io_uring, with the same methods as
+//! [`Driver`] over stream actions and events.
 
 #[cfg(feature = "tcp")]
 pub mod socket;

@@ -740,6 +740,15 @@ impl SocketDriver {
         self.flush_out(sink, t);
         self.run_ready(sink, t);
         self.check_close_deadlines();
+        // A storm of connections leaves the tables' capacity behind when it is over: give it
+        // back (live handles stay valid; the slab shrinks down to its highest live key).
+        if self.socks.capacity() > 1024 && self.socks.len() * 4 < self.socks.capacity() {
+            self.socks.shrink_to_fit();
+        }
+        if self.by_stream.capacity() > 1024 && self.by_stream.len() * 4 < self.by_stream.capacity()
+        {
+            self.by_stream.shrink_to(self.by_stream.len() * 2);
+        }
         // What the last pass armed goes to the kernel now, not at the next wait.
         if self.ring.has_unsubmitted() {
             self.ring.submit_and_wait(Some(std::time::Duration::ZERO))?;
