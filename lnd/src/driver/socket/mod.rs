@@ -24,7 +24,11 @@
 //!   partial writes continued on POLLOUT. With `SocketConfig::zero_copy`, a `Mem` payload of at
 //!   least `zc_threshold` bytes goes with IORING_OP_SEND_ZC after its head, and `Sent` waits
 //!   for the kernel's notification that it let go of the memory. On loopback the kernel copies
-//!   anyway (each notification says so: `zc_copied`), so it is off by default.
+//!   anyway (each notification says so: `zc_copied`), so it is off by default. Measured
+//!   (`socket_throughput` in the tests, release, 2 vCPUs, both ends on one thread, 1 MiB
+//!   messages, medians of 5 alternated runs): read straight into `Mem` 3.5 GB/s, through the
+//!   read buffer and a copy 2.7 GB/s, zero-copy send 2.0 GB/s (the kernel copies on loopback,
+//!   and `Sent` waits for the notification).
 //! - **Close**: `Graceful` flushes the queued sends, shuts the write side (FIN), reads and
 //!   drops to the peer's EOF, then closes; all within `close_bound`, past which the socket is
 //!   reset (counted). `Abort` (and `Refuse`) set SO_LINGER 0 and close: the peer sees RST. A

@@ -755,8 +755,6 @@ fn dials_share_a_source_port_toward_different_peers_and_not_toward_one() {
     );
     assert!(a.d.stats().dial_ports_skipped >= 1);
     // A range with no port left toward that peer: NoPorts.
-    dial(&mut a, 4, l1, p1.max(p3));
-    let _ = p2;
     a.apply(StreamAction::Dial {
         stream: sid(5),
         local: LO,
@@ -1167,4 +1165,15 @@ fn a_listen_address_in_use_fails_and_unlisten_stops_accepting() {
         "still listening"
     );
     assert!(b.rec.evs.is_empty());
+}
+
+#[test]
+fn socket_errors_map_to_end_reasons() {
+    assert_eq!(end_reason(libc::ECONNRESET), EndReason::Reset);
+    assert_eq!(end_reason(libc::EPIPE), EndReason::Reset);
+    assert_eq!(end_reason(libc::ETIMEDOUT), EndReason::TimedOut);
+    assert_eq!(
+        end_reason(libc::EHOSTUNREACH),
+        EndReason::Error(libc::EHOSTUNREACH)
+    );
 }
