@@ -2,8 +2,12 @@
 //! (rdma_cm + ibverbs, feature `verbs`) implement [`Driver`]; this module also holds the event
 //! loop they share: the driver's clock, and one turn of an NI's loop (apply the engine's actions,
 //! wait on the fabric until the next deadline, run due timers, hand events on). A driver pushes
-//! what happened into a [`FabricSink`]; it never holds the engine.
+//! what happened into a [`FabricSink`]; it never holds the engine. `socket` is the stream
+//! driver below socklnd (`crate::stream`): plain TCP on io_uring, with the same methods as
+//! [`Driver`] over stream actions and events.
 
+#[cfg(feature = "tcp")]
+pub mod socket;
 pub mod tamper;
 #[cfg(feature = "tcp")]
 pub mod tcp;
@@ -550,6 +554,8 @@ mod send_check {
     fn drivers_are_send() {
         #[cfg(feature = "tcp")]
         is_send::<super::tcp::TcpFabric>();
+        #[cfg(feature = "tcp")]
+        is_send::<super::socket::SocketDriver>();
         #[cfg(feature = "verbs")]
         is_send::<super::verbs::VerbsFabric>();
     }

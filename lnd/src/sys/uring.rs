@@ -45,6 +45,7 @@ enum OpKind {
     Send,
     Cancel,
     Poll,
+    SendZc,
 }
 
 /// A socket address in the C layout, boxed so its address is stable while a connect is in flight.
@@ -61,6 +62,9 @@ struct Op {
     buf: Option<Vec<u8>>,
     #[allow(dead_code)]
     addr: Option<Box<SockAddr>>,
+    /// The memory a zero-copy send reads, held (an `Arc` clone) until its notification.
+    #[allow(dead_code)]
+    hold: Option<crate::mem::SharedMem>,
 }
 
 /// A reaped completion.
@@ -217,6 +221,41 @@ impl Ring {
         self.queue(entry, tag, OpKind::Poll, None, None);
     }
 
+    /// One-shot readiness watch for the poll events in `mask` (POLLIN, POLLOUT, ...): completes
+    /// with the events that fired (POLLERR / POLLHUP always count), or `-errno`.
+    pub fn poll_mask(&mut self, fd: BorrowedFd<'_>, mask: u32, tag: u64) {
+        let entry = opcode::PollAdd::new(types::Fd(fd.as_raw_fd()), mask).build();
+        self.queue(entry, tag, OpKind::Poll, None, None);
+    }
+
+    /// Sends `mem[offset..offset + len]` without copying it (IORING_OP_SEND_ZC, MSG_NOSIGNAL,
+    /// asking the kernel to report whether it copied after all). Two completions come: the
+    /// send's (bytes written or `-errno`, `more` set when a notification follows), then, once
+    /// the kernel no longer reads the memory, the notification (`more` clear; its result has
+    /// [`ZC_COPIED`] set when the kernel copied the bytes anyway, as on loopback). A send that
+    /// failed at once may come alone, with `more` clear. A range outside `mem` is clamped to it.
+    pub fn send_zc(
+        &mut self,
+        sock: BorrowedFd<'_>,
+        mem: crate::mem::SharedMem,
+        offset: usize,
+        len: usize,
+        tag: u64,
+    ) {
+        let (ptr, len) = mem.with(|b| {
+            let start = offset.min(b.len());
+            let len = len.min(b.len() - start);
+            (b.as_ptr().wrapping_add(start), len)
+        });
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        let entry = opcode::SendZc::new(types::Fd(sock.as_raw_fd()), ptr, len)
+            .flags(libc::MSG_NOSIGNAL)
+            .zc_flags(IORING_SEND_ZC_REPORT_USAGE)
+            .build();
+        let idx = self.queue_entry(OpKind::SendZc, tag, Some(mem));
+        self.push_entry(entry, idx);
+    }
+
     /// Cancels every operation on `sock` (IORING_ASYNC_CANCEL_FD | ALL); the cancelled ones
     /// complete with `-ECANCELED`, this one with the number cancelled or `-ENOENT`.
     pub fn cancel_fd(&mut self, sock: BorrowedFd<'_>, tag: u64) {
@@ -239,7 +278,28 @@ impl Ring {
             kind,
             buf,
             addr,
+            hold: None,
         });
+        self.push_entry(entry, idx);
+    }
+
+    /// Registers an operation that owns only `hold`; its SQE goes in with `push_entry`.
+    fn queue_entry(
+        &mut self,
+        kind: OpKind,
+        tag: u64,
+        hold: Option<crate::mem::SharedMem>,
+    ) -> usize {
+        self.ops.insert(Op {
+            tag,
+            kind,
+            buf: None,
+            addr: None,
+            hold,
+        })
+    }
+
+    fn push_entry(&mut self, entry: squeue::Entry, idx: usize) {
         self.stats.sqes += 1;
         self.unsubmitted = true;
         let entry = entry.user_data(idx as u64);
@@ -255,8 +315,14 @@ impl Ring {
         // SAFETY: every pointer in an entry built by this type refers to memory owned by the
         // matching `ops` slot (a `Vec`'s heap block, or a boxed socket address), which is neither
         // dropped, moved nor accessed until the final CQE for that slot is reaped in `reap` (or
-        // the drop path has seen the kernel let go of it, or leaks it). Descriptors are plain
-        // integers the kernel validates.
+        // the drop path has seen the kernel let go of it, or leaks it). A zero-copy send's
+        // pointer is into a `SharedMem`'s bytes, in bounds (clamped in `send_zc`): the slot holds
+        // an `Arc` clone of it, so the heap block is not freed before the final CQE (the
+        // notification), and it never moves, because `SharedMem` hands out only `&mut [u8]`
+        // (nothing can resize or replace its `Vec`). The kernel only reads through that
+        // pointer; another holder writing the bytes meanwhile (which the stream contract rules
+        // out) could change what is sent, not corrupt memory. Descriptors are plain integers
+        // the kernel validates.
         unsafe { self.ring.submission().push(entry).is_ok() }
     }
 
@@ -396,6 +462,13 @@ impl Drop for Ring {
         }
     }
 }
+
+/// `IORING_SEND_ZC_REPORT_USAGE` (Linux 6.2): the notification says whether the kernel copied.
+const IORING_SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+
+/// `IORING_NOTIF_USAGE_ZC_COPIED`, in a zero-copy send's notification result: the kernel
+/// copied the bytes after all (loopback always does; so does a device without scatter-gather).
+pub const ZC_COPIED: i32 = i32::MIN;
 
 fn is_transient(e: &io::Error) -> bool {
     matches!(
