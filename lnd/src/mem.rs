@@ -77,6 +77,11 @@ impl SharedMem {
         f(&mut g)
     }
 
+    /// The memory of `bytes`, taken over.
+    pub fn from_vec(bytes: Vec<u8>) -> SharedMem {
+        SharedMem(std::sync::Arc::new(std::sync::Mutex::new(bytes)))
+    }
+
     /// Its length.
     pub fn len(&self) -> usize {
         self.with(|b| b.len())

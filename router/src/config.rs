@@ -47,10 +47,36 @@ pub struct NiConfig {
     /// `tunables: peer_buffer_credits`: router buffers one upstream peer may hold at once on
     /// a routing node (lpni_rtrcredits); 0 means "as many as peer_credits".
     pub peer_buffer_credits: u32,
+    /// Which LND the NI runs, with that LND's own settings: o2iblnd on `o2ib` nets (its
+    /// settings are `tunables`, `race_order`, `checksum` above), ksocklnd's wire on `tcp` nets.
+    pub lnd: LndSettings,
+}
+
+/// Which LND an NI runs ([`NiConfig::lnd`]), as kernel LNet picks the LND by the net's type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LndSettings {
+    /// o2iblnd (`net type: o2ib`), settings in [`NiConfig::tunables`].
+    O2ib,
+    /// ksocklnd (`net type: tcp`): its tunables and the acceptor's settings. Its NID,
+    /// incarnation, credits, peer credits, peer timeout and peer buffer credits are the NI's
+    /// (the fields of [`NiConfig`]), whatever this copy says.
+    Sock(Box<lnd::iface::sock::SockConfig>),
+}
+
+impl LndSettings {
+    /// The LND a net of this type runs by default.
+    pub fn for_nid(nid: Nid) -> LndSettings {
+        if nid.net().lnd() == lnd::wire::LndType::Tcp {
+            LndSettings::Sock(Box::new(lnd::iface::sock::SockConfig::new(nid, 0)))
+        } else {
+            LndSettings::O2ib
+        }
+    }
 }
 
 impl NiConfig {
-    /// An NI with o2iblnd's default tunables and LNet's default credits.
+    /// An NI with its LND's default tunables (o2iblnd's, or ksocklnd's on a `tcp` net) and
+    /// LNet's default credits.
     pub fn new(nid: Nid, incarnation: u64) -> NiConfig {
         let tunables = Tunables {
             peer_credits: DEFAULT_PEER_CREDITS as u16,
@@ -67,6 +93,7 @@ impl NiConfig {
             peer_limit: DEFAULT_PEER_LIMIT,
             peer_timeout: lnd::time::Duration::from_secs(180),
             peer_buffer_credits: 0,
+            lnd: LndSettings::for_nid(nid),
         }
     }
 

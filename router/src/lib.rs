@@ -71,6 +71,7 @@ pub mod selftest;
 mod sim_node;
 #[cfg(feature = "sim")]
 pub mod sim_storm;
+pub mod sock;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -79,8 +80,8 @@ pub mod text;
 pub mod yaml_config;
 
 pub use config::{
-    out_of_range, BufferCounts, BulkScrub, NiConfig, NodeConfig, RoutingConfig, BUFFERS_RANGE,
-    DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
+    out_of_range, BufferCounts, BulkScrub, LndSettings, NiConfig, NodeConfig, RoutingConfig,
+    BUFFERS_RANGE, DEFAULT_CREDITS, DEFAULT_PEER_CREDITS,
 };
 pub use error::LnetError;
 pub use forward::{

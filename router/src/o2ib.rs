@@ -9,6 +9,7 @@ use lnd::fabric::{FabricAction, FabricEvent, FabricSink};
 use lnd::iface::Lnd;
 use lnd::time::Instant;
 
+use crate::config::LndSettings;
 use crate::{LnetNode, NiConfig, NiIndex, NodeConfig};
 
 /// The o2ib engine for one NI, with the NI's tunables and policies.
@@ -22,9 +23,17 @@ pub fn o2ib_lnd(c: &NiConfig, now: Instant) -> Box<dyn Lnd> {
 }
 
 impl LnetNode {
-    /// Starts a node at `now` whose NIs all run the o2ib LND, each with its NI's tunables.
+    /// Starts a node at `now` whose NIs each run the LND of their net (o2iblnd, or socklnd on a
+    /// `tcp` net: [`NiConfig::lnd`]), with the NI's tunables.
     pub fn new(cfg: NodeConfig, now: Instant) -> LnetNode {
-        let lnds = cfg.nis.iter().map(|c| o2ib_lnd(c, now)).collect();
+        let lnds = cfg
+            .nis
+            .iter()
+            .map(|c| match &c.lnd {
+                LndSettings::O2ib => o2ib_lnd(c, now),
+                LndSettings::Sock(sock) => crate::sock::sock_lnd(c, sock, now),
+            })
+            .collect();
         LnetNode::with_lnds(cfg, lnds, now)
     }
 

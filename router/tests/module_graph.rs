@@ -72,6 +72,7 @@ const LAYERS: &[(&str, Layer)] = &[
     ("node::forwarding", Layer::Forwarding),
     // Which LND each NI runs (o2ib) and how a fabric driver reaches it: above the core.
     ("o2ib", Layer::Runtime),
+    ("sock", Layer::Runtime),
     ("runtime", Layer::Runtime),
     ("relay", Layer::Runtime),
     ("bulk_pool", Layer::Runtime),

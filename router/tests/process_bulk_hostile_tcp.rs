@@ -171,7 +171,7 @@ impl Ends {
             if self
                 .client
                 .node_mut()
-                .send_put_bulk(now, nid(SERVER), 4, bits, buf)
+                .send_put_bulk(now, nid(SERVER), 4, bits, buf.clone())
                 .is_ok()
             {
                 return;

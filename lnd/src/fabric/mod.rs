@@ -32,6 +32,8 @@
 //! reaches the peer only after the write's data is in place (o2iblnd posts PUT_DONE / GET_DONE
 //! right behind its writes and relies on this).
 
+pub mod local;
+
 use core::fmt;
 
 use crate::handle::{Handle, Tag};
@@ -282,6 +284,13 @@ pub trait Registry {
             std::io::ErrorKind::Unsupported,
             "this fabric does not register shared memory",
         ))
+    }
+
+    /// The memory behind a region, where it is shared memory LNet can hand an LND that streams
+    /// payloads instead of writing them by RDMA (`None`: the fabric keeps its bytes to itself).
+    fn shared(&self, reg: &Registration) -> Option<SharedMem> {
+        let _ = reg;
+        None
     }
 
     /// The region's whole contents (see [`Registry::read`]).

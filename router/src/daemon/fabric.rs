@@ -21,7 +21,7 @@ pub(super) struct NiFabric {
 
 pub(super) fn fabric_supported(kind: FabricKind) -> bool {
     match kind {
-        FabricKind::Tcp => true,
+        FabricKind::Tcp | FabricKind::Socket => true,
         FabricKind::Verbs => cfg!(feature = "verbs"),
         FabricKind::Sim => false,
     }
@@ -85,20 +85,21 @@ pub(super) fn start_fabric(
     stopping: &dyn Fn() -> bool,
 ) -> Result<NiFabric, String> {
     let nid = ni.ni.nid;
-    if nid.net().lnd() != lnd::wire::LndType::O2ib {
-        // Kernel Lustre speaks another LND on such a net (ksocklnd on tcp nets, port 988): its
-        // nodes would fail to connect here with nothing on either side saying why.
+    let lnd_type = nid.net().lnd();
+    if !matches!(lnd_type, lnd::wire::LndType::O2ib | lnd::wire::LndType::Tcp) {
+        // Kernel Lustre speaks another LND on such a net: its nodes would fail to connect
+        // here with nothing on either side saying why.
         warn!(
             %nid,
-            "net {} is not an o2ib net: ulnet speaks o2iblnd on every NI, so kernel Lustre \
-             nodes on this net ({}) cannot connect to this NI; only ulnet nodes can",
+            "net {} is neither an o2ib nor a tcp net: ulnet speaks o2iblnd on this NI, so \
+             kernel Lustre nodes on this net cannot connect to it; only ulnet nodes can",
             nid.net(),
-            if nid.net().lnd() == lnd::wire::LndType::Tcp { "ksocklnd" } else { "another LND" }
         );
     }
     let peers = peers.clone();
     let (driver, bound): (Box<dyn LndDriver + Send>, _) = match kind {
         FabricKind::Tcp => start_tcp(peers, ni, stopping)?,
+        FabricKind::Socket => start_socket(ni)?,
         #[cfg(feature = "verbs")]
         FabricKind::Verbs => {
             use lnd::driver::verbs::{VerbsConfig, VerbsFabric};
@@ -138,6 +139,32 @@ pub(super) fn start_fabric(
         driver,
         listen: bound,
     })
+}
+
+/// NI `ni`'s socket driver under its socklnd engine: the engine asks it to listen on the NID's
+/// address and the acceptor's port (a bind that fails is the engine's `ListenFailed`: the NI
+/// then takes no connection and says so), so the address returned is the one asked for.
+fn start_socket(
+    ni: &crate::yaml_config::NiSettings,
+) -> Result<(Box<dyn LndDriver + Send>, std::net::SocketAddr), String> {
+    use lnd::driver::socket::{SockFabric, SocketConfig, SocketDriver};
+    let nid = ni.ni.nid;
+    let port = match &ni.ni.lnd {
+        crate::LndSettings::Sock(s) => s.accept_port,
+        crate::LndSettings::O2ib => {
+            return Err(format!(
+                "NI {nid}: fabric 'socket' carries ksocklnd, for tcp nets"
+            ))
+        }
+    };
+    let cfg = SocketConfig {
+        busy_poll: StdDuration::from_micros(ni.busy_poll_us.into()),
+        ..SocketConfig::default()
+    };
+    let driver = SocketDriver::new(cfg).map_err(|e| format!("NI {nid}: {e}"))?;
+    let listen = std::net::SocketAddr::new(std::net::Ipv4Addr::from(nid.addr()).into(), port);
+    info!(%nid, %listen, fabric = "socket", "NI up (ksocklnd)");
+    Ok((Box::new(SockFabric::new(driver)), listen))
 }
 
 /// NI `ni`'s tcp fabric, listening (see [`start_fabric`]): its driver and the address bound.

@@ -47,7 +47,7 @@ impl LnetNode {
         buf: BulkBuf,
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
-        let (ni, next) = self.bulk_route(dst, buf)?;
+        let (ni, next) = self.bulk_route(dst, &buf)?;
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
         let hdr = LnetHdr {
@@ -91,7 +91,7 @@ impl LnetNode {
         let sibling = self.is_sibling_nid(dst) && !self.shutting_down;
         let (ni, next) = match sibling {
             true if buf.ni.0 < self.nis.len() => (buf.ni.0, Nid::ANY),
-            _ => self.bulk_route(dst, buf)?,
+            _ => self.bulk_route(dst, &buf)?,
         };
         let id = MsgId(self.next_msg);
         self.next_msg += 1;
@@ -392,7 +392,7 @@ impl LnetNode {
     }
 
     /// The NI and next hop for a bulk message to `dst` from `buf`; a refusal is counted.
-    fn bulk_route(&mut self, dst: Nid, buf: BulkBuf) -> Result<(usize, Nid), LnetError> {
+    fn bulk_route(&mut self, dst: Nid, buf: &BulkBuf) -> Result<(usize, Nid), LnetError> {
         let checked = if self.shutting_down {
             Err(LnetError::Shutdown)
         } else {
@@ -746,6 +746,7 @@ impl LnetNode {
             addr: r.addr,
             offset: 0,
             len,
+            shared: None,
         })
     }
 

@@ -16,7 +16,7 @@ use crate::ids::{MdId, MsgId, NiIndex};
 
 /// A range of memory registered with one NI's fabric, for LNet to move bulk data from (a
 /// source) or into (a sink): the registration's local name, key and address, and the range.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BulkBuf {
     /// The NI whose fabric the memory is registered with.
     pub ni: NiIndex,
@@ -26,6 +26,10 @@ pub struct BulkBuf {
     pub addr: u64,
     pub offset: u64,
     pub len: u32,
+    /// The memory itself where LNet shares it ([`BulkBuf::shared`]): an LND that streams
+    /// payloads (socklnd) reads and writes it; one that moves them by RDMA needs only the
+    /// registration.
+    pub shared: Option<SharedMem>,
 }
 
 impl BulkBuf {
@@ -40,7 +44,15 @@ impl BulkBuf {
             addr: reg.addr(),
             offset,
             len,
+            shared: None,
         })
+    }
+
+    /// The same range, with the memory the registration names (its offsets are the
+    /// registration's), for an LND that streams payloads.
+    pub fn shared(mut self, mem: SharedMem) -> BulkBuf {
+        self.shared = Some(mem);
+        self
     }
 
     /// Its first `len` bytes, for the LND to move a payload from or into; `shared` is the
@@ -52,7 +64,7 @@ impl BulkBuf {
             addr: self.addr,
             offset: self.offset,
             len: len.min(self.len),
-            mem: shared,
+            mem: shared.or_else(|| self.shared.clone()),
         }
     }
 }

@@ -126,7 +126,8 @@ impl Buffers {
     /// `[off, off + len)` of buffer `id`.
     pub(crate) fn span(&self, id: SlotId, off: usize, len: usize) -> Option<Span> {
         let s = self.slots.get(id.0)?.as_ref()?;
-        let buf = BulkBuf::new(self.ni, &s.reg, off as u64, u32::try_from(len).ok()?)?;
+        let buf = BulkBuf::new(self.ni, &s.reg, off as u64, u32::try_from(len).ok()?)?
+            .shared(s.mem.clone());
         Some(Span {
             mem: s.mem.clone(),
             buf,

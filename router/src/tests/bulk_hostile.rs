@@ -295,7 +295,10 @@ fn a_whole_put_takes_one_strike_away_not_all() {
         let b = BulkBuf::new(NiIndex(0), &src, 0, 8192).unwrap();
         for _ in 0..400 {
             let now = f.now;
-            if f.nodes[0].send_put_bulk(now, server, 4, bits, b).is_ok() {
+            if f.nodes[0]
+                .send_put_bulk(now, server, 4, bits, b.clone())
+                .is_ok()
+            {
                 return;
             }
             f.run_for(Duration::from_millis(50));

@@ -1114,7 +1114,9 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
         let reg = f.register(0, vec![7; 100_000]);
         let buf = BulkBuf::new(NiIndex(0), &reg, 0, 100_000).unwrap();
         let now = f.now;
-        let put = f.nodes[0].send_put_bulk(now, server, 4, 1, buf).unwrap();
+        let put = f.nodes[0]
+            .send_put_bulk(now, server, 4, 1, buf.clone())
+            .unwrap();
         f.run_for(Duration::from_secs(5));
         let ev = f.take_events(0);
         let done: Vec<_> = ev
@@ -1192,7 +1194,7 @@ fn a_rerouted_bulk_put_stays_a_bulk_put() {
     let now = f.now;
     for i in 0..30u64 {
         f.nodes[0]
-            .send_put_bulk(now, nid(SERVER), 4, i, buf)
+            .send_put_bulk(now, nid(SERVER), 4, i, buf.clone())
             .unwrap();
     }
     let mut results = Vec::new();
@@ -1648,7 +1650,9 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
         let now = f.now;
         let b = BulkBuf::new(NiIndex(0), &src, 0, len).unwrap();
         for _ in 0..n {
-            f.nodes[0].send_put_bulk(now, nid(SERVER), 4, 7, b).unwrap();
+            f.nodes[0]
+                .send_put_bulk(now, nid(SERVER), 4, 7, b.clone())
+                .unwrap();
         }
     };
     let ended = |f: &mut Fabric, n: usize, bound: Duration| {
@@ -1949,7 +1953,9 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
     let reg = f.register(0, vec![0; 4096]);
     let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
     let now = f.now;
-    let put = f.nodes[0].send_put_bulk(now, server, 4, 1, into).unwrap();
+    let put = f.nodes[0]
+        .send_put_bulk(now, server, 4, 1, into.clone())
+        .unwrap();
     let get = f.nodes[0].send_get_bulk(now, server, 4, 1, into).unwrap();
     f.run_for(Duration::from_secs(200));
     let evs = f.take_events(0);

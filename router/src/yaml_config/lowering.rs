@@ -22,12 +22,12 @@ use crate::GlobalError;
 
 use super::errors::{from_yaml, ConfigError, Located};
 use super::model::{
-    DaemonConfig, FabricKind, NetSettings, NiSettings, RouteSettings, RouterChecksGiven,
-    DEFAULT_BUSY_POLL_US,
+    AcceptorSettings, DaemonConfig, FabricKind, NetSettings, NiSettings, RouteSettings,
+    RouterChecksGiven, DEFAULT_BUSY_POLL_US,
 };
 use super::raw::{
-    RawBuffers, RawConfig, RawLndTunables, RawMrPeer, RawNet, RawNi, RawPeer, RawRoute,
-    RoutingSection,
+    RawAcceptor, RawBuffers, RawConfig, RawLndTunables, RawMrPeer, RawNet, RawNi, RawPeer,
+    RawRoute, RoutingSection,
 };
 
 impl DaemonConfig {
@@ -121,7 +121,79 @@ fn lower(
     if let Some(r) = raw.routing {
         lower_routing(r, &mut cfg)?;
     }
+    if let Some(a) = raw.acceptor {
+        cfg.acceptor = lower_acceptor(&a.value)?;
+    }
+    let acceptor = cfg.acceptor.clone();
+    for ni in cfg.nets.iter_mut().flat_map(|n| n.nis.iter_mut()) {
+        if let crate::LndSettings::Sock(s) = &mut ni.ni.lnd {
+            apply_acceptor(&acceptor, s);
+        }
+    }
     Ok(cfg)
+}
+
+/// `acceptor:`: each key checked, with its line.
+fn lower_acceptor(a: &RawAcceptor) -> Result<AcceptorSettings, Located> {
+    use lnd::iface::sock::AcceptMode;
+    let d = AcceptorSettings::default();
+    let accept = match &a.accept {
+        None => d.accept,
+        Some(s) => match s.value.as_str() {
+            "secure" => AcceptMode::Secure,
+            "all" => AcceptMode::All,
+            "none" => AcceptMode::None,
+            other => {
+                return Err((
+                    s.referenced.line(),
+                    format!("accept: '{other}' is not one of secure, all, none"),
+                ))
+            }
+        },
+    };
+    let port = checked(&a.port, u32::from(d.port), 1, 65535, "port")? as u16;
+    let backlog = checked(&a.backlog, d.backlog, 1, 65535, "backlog")?;
+    let timeout = checked(&a.timeout, d.timeout.as_secs() as u32, 1, 3600, "timeout")?;
+    let source_ports = match &a.source_ports {
+        None => d.source_ports,
+        Some(s) => parse_ports(&s.value).ok_or_else(|| {
+            (
+                s.referenced.line(),
+                format!(
+                    "source ports: '{}' is not HI-LO with 1 <= LO <= HI <= 65535 (e.g. \
+                     1023-512), nor 0 (any port)",
+                    s.value
+                ),
+            )
+        })?,
+    };
+    Ok(AcceptorSettings {
+        accept,
+        port,
+        backlog,
+        timeout: Duration::from_secs(u64::from(timeout)),
+        source_ports,
+    })
+}
+
+/// `HI-LO`, or `0` for (0, 0).
+fn parse_ports(s: &str) -> Option<(u16, u16)> {
+    let s = s.trim();
+    if s == "0" {
+        return Some((0, 0));
+    }
+    let (hi, lo) = s.split_once('-')?;
+    let (hi, lo): (u16, u16) = (hi.trim().parse().ok()?, lo.trim().parse().ok()?);
+    (lo >= 1 && lo <= hi).then_some((hi, lo))
+}
+
+/// The acceptor's settings into one `tcp` NI's socklnd settings.
+fn apply_acceptor(a: &AcceptorSettings, s: &mut lnd::iface::sock::SockConfig) {
+    s.accept = a.accept;
+    s.accept_port = a.port;
+    s.accept_backlog = a.backlog;
+    s.accept_timeout = a.timeout;
+    (s.ports_from, s.ports_to) = a.source_ports;
 }
 
 /// The sections of an export ulnet does not implement, refused by name when not empty.
@@ -174,9 +246,7 @@ fn lower_net(
         // lnetctl export lists the loopback net; it always exists.
         return Ok(());
     }
-    // Without `fabric`, tcp (the daemon says so once at start).
-    let fabric_given = n.fabric.is_some();
-    let fabric = n.fabric.unwrap_or(FabricKind::Tcp);
+    let (fabric, fabric_given) = net_fabric(net, n.fabric.as_ref(), net_line)?;
     let mut nis = Vec::new();
     for ni in n.local_nis {
         let (nid, line) = ni_nid(&ni, net, net_line)?;
@@ -192,6 +262,15 @@ fn lower_net(
                 format!("NID {nid} is configured twice (first on line {first})"),
             ));
         }
+        if net.lnd() == lnd::wire::LndType::Tcp && ni.listen.is_some() {
+            return Err((
+                line,
+                format!(
+                    "NI {nid}: a tcp NI listens on its NID's address and the acceptor's port \
+                     (set 'acceptor: port:'), not at a 'listen:' address"
+                ),
+            ));
+        }
         nis.push(lower_ni(ni, nid, line)?);
     }
     if let Some(existing) = cfg.nets.iter_mut().find(|s| s.net == net) {
@@ -205,6 +284,49 @@ fn lower_net(
         });
     }
     Ok(())
+}
+
+/// A net's fabric: a `tcp` net is ksocklnd's, on plain sockets (`socket`, its default) or the
+/// simulator; any other net is o2iblnd's, on `tcp` (ulnet's o2ib over TCP), `verbs` or the
+/// simulator, chosen at start when the file names none (the flag says whether it did). Never
+/// confused: ulnet's o2ib-over-TCP fabric on a `tcp` net would be a node kernel Lustre's
+/// ksocklnd cannot talk to.
+fn net_fabric(
+    net: Net,
+    given: Option<&Spanned<FabricKind>>,
+    net_line: u64,
+) -> Result<(FabricKind, bool), Located> {
+    let tcp_net = net.lnd() == lnd::wire::LndType::Tcp;
+    match given {
+        None if tcp_net => Ok((FabricKind::Socket, true)),
+        None => Ok((FabricKind::Tcp, false)),
+        Some(f) => {
+            let line = f.referenced.line().max(net_line);
+            match (tcp_net, f.value) {
+                (true, FabricKind::Socket | FabricKind::Sim)
+                | (false, FabricKind::Tcp | FabricKind::Verbs | FabricKind::Sim) => {
+                    Ok((f.value, true))
+                }
+                (true, other) => Err((
+                    line,
+                    format!(
+                        "fabric: '{}' on net type {net}: a tcp net speaks ksocklnd, on fabric \
+                         'socket' (the default) or 'sim'; 'tcp' and 'verbs' carry o2iblnd, for \
+                         o2ib nets",
+                        other.as_str()
+                    ),
+                )),
+                (false, other) => Err((
+                    line,
+                    format!(
+                        "fabric: '{}' on net type {net}: 'socket' carries ksocklnd, for tcp \
+                         nets; an o2ib net runs on 'tcp' (o2iblnd over TCP), 'verbs' or 'sim'",
+                        other.as_str()
+                    ),
+                )),
+            }
+        }
+    }
 }
 
 /// One NI of a net, whose NID (at `line`) is already checked.
@@ -235,6 +357,9 @@ fn lower_ni(ni: RawNi, nid: Nid, line: u64) -> Result<NiSettings, Located> {
     let hedge = c.tunables.connect_hedge;
     c.tunables = lnd_tunables(&l, peer_credits as u16)?;
     c.tunables.connect_hedge = hedge;
+    if let crate::LndSettings::Sock(s) = &mut c.lnd {
+        sock_tunables(&l, s)?;
+    }
     Ok(NiSettings {
         ni: c,
         listen: ni.listen,
@@ -573,6 +698,29 @@ fn checked(
             crate::config::out_of_range(key, s.value, &(lo..=hi)),
         )),
     }
+}
+
+/// ksocklnd's tunables from `lnd tunables:` (`timeout` is sock_timeout; `conns_per_peer` 0 is
+/// automatic: 1 here, as we know no link speed).
+fn sock_tunables(l: &RawLndTunables, s: &mut lnd::iface::sock::SockConfig) -> Result<(), Located> {
+    let timeout = checked(&l.timeout, s.timeout.as_secs() as u32, 1, 3600, "timeout")?;
+    s.timeout = Duration::from_secs(u64::from(timeout));
+    s.conns_per_peer = checked(
+        &l.conns_per_peer,
+        s.conns_per_peer,
+        0,
+        127,
+        "conns_per_peer",
+    )?;
+    let keepalive = checked(
+        &l.keepalive,
+        s.keepalive.as_secs() as u32,
+        0,
+        3600,
+        "keepalive",
+    )?;
+    s.keepalive = Duration::from_secs(u64::from(keepalive));
+    Ok(())
 }
 
 /// The o2ib LND's tunables from `lnd tunables:` (0 = automatic, as in o2iblnd).

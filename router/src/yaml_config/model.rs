@@ -17,8 +17,12 @@ pub const DEFAULT_BUSY_POLL_US: u32 = 50;
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FabricKind {
-    /// TCP sockets framed as RC queue pairs (`lnd::driver::tcp`).
+    /// ulnet's o2iblnd over TCP sockets framed as RC queue pairs (`lnd::driver::tcp`): how
+    /// ulnet runs `o2ib` nets without RDMA hardware. Only ulnet speaks it.
     Tcp,
+    /// Plain TCP sockets for ksocklnd's wire (`lnd::driver::socket`): a `tcp` net's fabric, the
+    /// one kernel Lustre's ksocklnd talks to.
+    Socket,
     /// The deterministic simulator (tests).
     Sim,
     /// rdma_cm + verbs (`lnd::driver::verbs`, in a daemon built with the `verbs` feature).
@@ -30,6 +34,7 @@ impl FabricKind {
     pub fn as_str(self) -> &'static str {
         match self {
             FabricKind::Tcp => "tcp",
+            FabricKind::Socket => "socket",
             FabricKind::Sim => "sim",
             FabricKind::Verbs => "verbs",
         }
@@ -88,6 +93,9 @@ pub struct DaemonConfig {
     pub selftest: bool,
     /// `global:` (and `numa: range:`): LNet's global tunables.
     pub globals: crate::GlobalTunables,
+    /// `acceptor:` (ours; the lnet module's `accept*` parameters): how `tcp` NIs take and
+    /// make connections. Already applied to every `tcp` NI's settings.
+    pub acceptor: AcceptorSettings,
     /// Which sections the document had (what `lnetctl import` applies).
     pub given: GivenSections,
 }
@@ -192,5 +200,31 @@ impl DaemonConfig {
                 ..whole.clone()
             })
             .collect()
+    }
+}
+
+/// The LNet acceptor's settings for `tcp` nets (`acceptor:`), the lnet module's `accept`,
+/// `accept_port`, `accept_backlog`, `accept_timeout`, and the source ports a dial binds
+/// (`acceptor.c:lnet_connect` tries 1023 down to 512).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptorSettings {
+    pub accept: lnd::iface::sock::AcceptMode,
+    pub port: u16,
+    pub backlog: u32,
+    pub timeout: lnd::time::Duration,
+    /// Tried from the first down to the second; (0, 0): any port the system picks.
+    pub source_ports: (u16, u16),
+}
+
+impl Default for AcceptorSettings {
+    fn default() -> Self {
+        let d = lnd::iface::sock::SockConfig::new(lnd::wire::Nid::ANY, 0);
+        AcceptorSettings {
+            accept: d.accept,
+            port: d.accept_port,
+            backlog: d.accept_backlog,
+            timeout: d.accept_timeout,
+            source_ports: (d.ports_from, d.ports_to),
+        }
     }
 }

@@ -30,6 +30,22 @@ pub(super) struct RawConfig {
     pub(super) peer: Option<Spanned<Vec<RawMrPeer>>>,
     pub(super) udsp: Option<Spanned<UnsupportedValue>>,
     pub(super) ip2nets: Option<Spanned<UnsupportedValue>>,
+    pub(super) acceptor: Option<Spanned<RawAcceptor>>,
+}
+
+/// `acceptor:` (ours): the LNet acceptor of `tcp` nets.
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct RawAcceptor {
+    /// `secure`, `all` or `none`.
+    pub(super) accept: Option<Spanned<String>>,
+    pub(super) port: Option<Spanned<u32>>,
+    pub(super) backlog: Option<Spanned<u32>>,
+    /// Seconds.
+    pub(super) timeout: Option<Spanned<u32>>,
+    /// `HI-LO` (e.g. `1023-512`), or `0`: any port the system picks.
+    #[serde(rename = "source ports")]
+    pub(super) source_ports: Option<Spanned<String>>,
 }
 
 /// `numa:` as lnetctl exports it: `range: N` is the global `numa_range`.
@@ -233,7 +249,7 @@ pub(super) struct RawNet {
     #[serde(rename = "net type")]
     pub(super) net_type: Spanned<String>,
     #[serde(default)]
-    pub(super) fabric: Option<FabricKind>,
+    pub(super) fabric: Option<Spanned<FabricKind>>,
     #[serde(rename = "local NI(s)", default)]
     pub(super) local_nis: Vec<RawNi>,
 }

@@ -37,7 +37,8 @@ pub(crate) fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result
             .node()
             .post_sink(BENCH_PORTAL, BULK_BITS, sink_buf(k).ok_or("sink range")?);
         slot_of.insert(md, k);
-        d.node().post_source(BENCH_PORTAL, BULK_BITS, source_buf);
+        d.node()
+            .post_source(BENCH_PORTAL, BULK_BITS, source_buf.clone());
     }
     let mut last_sink = None;
     let mut failed = 0u64;
@@ -67,7 +68,8 @@ pub(crate) fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result
                         Ok(len) if len == size => n += 1,
                         _ => failed += 1,
                     }
-                    d.node().post_source(BENCH_PORTAL, BULK_BITS, source_buf);
+                    d.node()
+                        .post_source(BENCH_PORTAL, BULK_BITS, source_buf.clone());
                 }
                 _ => {}
             }
@@ -143,7 +145,7 @@ pub(crate) fn stream_bulk(
                     d.node().send_get_bulk(now, dst, BENCH_PORTAL, BULK_BITS, b)
                 } else {
                     d.node()
-                        .send_put_bulk(now, dst, BENCH_PORTAL, BULK_BITS, source_buf)
+                        .send_put_bulk(now, dst, BENCH_PORTAL, BULK_BITS, source_buf.clone())
                 }
                 .map_err(|e| format!("bulk send: {e}"))?;
                 slot_of.insert(id, k);
@@ -314,7 +316,7 @@ pub(crate) fn spawn_attackers(
                             dst,
                             BENCH_PORTAL,
                             BULK_BITS,
-                            sources[i],
+                            sources[i].clone(),
                         ) {
                             Ok(id) => {
                                 outstanding[i] = Some(id);

@@ -44,6 +44,8 @@
 //!   the tcp fabric does.
 
 mod config;
+mod lnd_driver;
+pub use lnd_driver::SockFabric;
 #[cfg(test)]
 mod tests;
 
