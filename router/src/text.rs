@@ -96,9 +96,10 @@ pub fn reword_yaml(msg: &str) -> Option<String> {
     }
     if let Some(rest) = msg.strip_prefix("unknown variant `") {
         let (value, list) = rest.split_once('`')?;
-        if list.replace('`', "").trim() == ", expected one of tcp, sim, verbs" {
+        if list.replace('`', "").trim() == ", expected one of tcp, socket, sim, verbs" {
             return Some(format!(
-                "unknown fabric '{}' (expected tcp or verbs; sim is the simulator's only)",
+                "unknown fabric '{}' (expected socket for a tcp net, tcp or verbs for an o2ib \
+                 net; sim is the simulator's only)",
                 excerpt(value, EXCERPT_CHARS)
             ));
         }
@@ -129,8 +130,9 @@ mod tests {
             "not a whole number in 0..=65535"
         );
         assert_eq!(
-            reword_yaml("unknown variant `TCP`, expected one of tcp, sim, verbs").unwrap(),
-            "unknown fabric 'TCP' (expected tcp or verbs; sim is the simulator's only)"
+            reword_yaml("unknown variant `TCP`, expected one of tcp, socket, sim, verbs").unwrap(),
+            "unknown fabric 'TCP' (expected socket for a tcp net, tcp or verbs for an o2ib net; \
+             sim is the simulator's only)"
         );
         assert_eq!(reword_yaml("invalid type: map"), None);
         // An operator's audit: the parser's own words, naming our types and its API.

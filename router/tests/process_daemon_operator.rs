@@ -437,7 +437,20 @@ fn config_errors_speak_the_files_terms() {
         (
             "upper",
             ni("TCP", ""),
-            "upper.yaml:3: unknown fabric 'TCP' (expected tcp or verbs",
+            "upper.yaml:3: unknown fabric 'TCP' (expected socket for a tcp net, tcp or verbs",
+        ),
+        (
+            // ulnet's o2ib-over-TCP fabric on a tcp net would be a node kernel Lustre's
+            // ksocklnd cannot talk to: refused, naming the line.
+            "o2ib_fabric_on_tcp",
+            "net:\n    - net type: tcp\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.0.1@tcp\n"
+                .to_string(),
+            "o2ib_fabric_on_tcp.yaml:3: fabric: 'tcp' on net type tcp: a tcp net speaks ksocklnd",
+        ),
+        (
+            "socket_on_o2ib",
+            ni("socket", ""),
+            "socket_on_o2ib.yaml:3: fabric: 'socket' on net type o2ib: 'socket' carries ksocklnd",
         ),
         (
             "hop",
@@ -468,25 +481,31 @@ fn config_errors_speak_the_files_terms() {
     }
 }
 
-/// The operator audit (§12): a `net type: tcp` NI is served with o2iblnd, which kernel Lustre
-/// nodes on a tcp net (ksocklnd) cannot talk to. The daemon says so at start, once per such NI,
-/// and not for an o2ib NI; ulnet nodes still reach it.
+/// The operator audit (§12), now answered: a `net type: tcp` NI speaks ksocklnd (the fabric
+/// `socket` by default), which kernel Lustre nodes on a tcp net talk to; the daemon no longer
+/// warns that they cannot, and an o2ib NI beside it still runs o2iblnd.
 #[test]
-fn a_tcp_net_ni_is_started_with_a_warning_that_kernel_nodes_cannot_reach_it() {
+fn a_tcp_net_ni_runs_ksocklnd_beside_an_o2ib_ni() {
     let dir = Scratch::new("tcp_net");
-    let yaml = "net:\n    - net type: tcp\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.0.1@tcp\n          listen: 127.0.0.1:0\n\
-         \n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.1.1@o2ib\n          listen: 127.0.0.1:0\n";
-    let d = start_yaml(&dir.0, "t", yaml, Opts::default());
-    // The tcp NI is up and answers (ping_until_ok fails the test otherwise).
+    let port = held_port().1;
+    let yaml = format!(
+        "net:\n    - net type: tcp\n      local NI(s):\n        - nid: 127.0.0.1@tcp\n\
+         \n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: 127.0.1.1@o2ib\n          listen: 127.0.0.1:0\n\
+         acceptor:\n    accept: all\n    port: {port}\n    source ports: 0\n"
+    );
+    let d = start_yaml(&dir.0, "t", &yaml, Opts::default());
+    // The tcp NI is up and answers (ping_until_ok fails the test otherwise), listing both NIs.
     ping_until_ok(&d, "127.0.0.1@tcp", Duration::from_secs(10));
-    let log = strip_ansi(&std::fs::read_to_string(&d.log).unwrap());
-    let warned: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("not an o2ib net"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{log}");
+    let p = ping(&d, "127.0.0.1@tcp", 5);
     assert!(
-        warned[0].contains("127.0.0.1@tcp") && warned[0].contains("ksocklnd"),
+        p.ping[0].peer_ni.iter().any(|n| n == "127.0.1.1@o2ib"),
+        "{p:?}"
+    );
+    let log = strip_ansi(&std::fs::read_to_string(&d.log).unwrap());
+    assert!(!log.contains("not an o2ib net"), "{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ksocklnd") && l.contains("127.0.0.1@tcp")),
         "{log}"
     );
 }

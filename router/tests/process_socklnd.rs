@@ -1,0 +1,263 @@
+//! Real daemons on `tcp` nets, speaking ksocklnd's wire (issue 35's process tests, loopback):
+//! a client and a server on one tcp net (ping, brw PUT/GET 1 B to 1 MiB with check=full), a
+//! router between a tcp net and an o2ib net (routed pings and brw both ways, the router killed
+//! and restarted mid-brw), and a graceful close that the peer sees at once.
+//!
+//! Each daemon has its own 127.0.x.y address and all share one acceptor port (as kernel nodes
+//! share 988), above 1023 so the tests run unprivileged (`acceptor: accept: all`, source
+//! ports from the system).
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// A free port for every daemon's acceptor (free on 127.0.0.1; each daemon binds its own
+/// address on it).
+fn acceptor_port() -> u16 {
+    held_port().1
+}
+
+fn acceptor(port: u16) -> String {
+    format!("acceptor:\n  accept: all\n  port: {port}\n  source ports: 0\nselftest:\n  enable: 1\n")
+}
+
+/// A node with one tcp NI (and the routes given, as YAML lines).
+fn tcp_node(nid: &str, port: u16, routes: &str) -> String {
+    format!(
+        "net:\n  - net type: tcp\n    local NI(s):\n      - nid: {nid}\n{routes}{}",
+        acceptor(port)
+    )
+}
+
+/// `lnetctl selftest run-test` from `d`'s console; the JSON summary.
+fn run_test(d: &Daemon, from: &str, to: &str, extra: &[&str], test: &[&str]) -> serde_json::Value {
+    let mut args = vec!["--json", "selftest", "run-test", "--from", from, "--to", to];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(test);
+    let out = lnetctl(d, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let json_start = stdout
+        .find("{\n")
+        .unwrap_or_else(|| panic!("a JSON summary: {stdout}\n{stderr}"));
+    serde_json::from_str(&stdout[json_start..]).expect("JSON")
+}
+
+#[test]
+fn socklnd_client_and_server_ping_and_move_1_byte_to_1_mib_check_full() {
+    let dir = Scratch::new("sock_pair");
+    let port = acceptor_port();
+    let (a_nid, b_nid) = ("127.0.20.1@tcp", "127.0.20.2@tcp");
+    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
+    let b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    ping_until_ok(&a, b_nid, Duration::from_secs(10));
+    ping_until_ok(&b, a_nid, Duration::from_secs(10));
+    for size in ["1", "3976", "3977", "4k", "64k", "1M"] {
+        for dir in ["write", "read"] {
+            let size_arg = format!("size={size}");
+            let v = run_test(
+                &a,
+                a_nid,
+                b_nid,
+                &["--loop", "4", "--concurrency", "2"],
+                &["brw", dir, &size_arg, "check=full"],
+            );
+            assert_eq!(v["brw_errors"], 0, "{dir} {size}: {v}");
+            assert_eq!(v["rpc_errors"], 0, "{dir} {size}: {v}");
+            assert_eq!(v["latency"][0]["count"], 8, "{dir} {size}: 2 x 4 RPCs: {v}");
+        }
+    }
+    // The kernel's typed set: CONTROL, BULK_IN, BULK_OUT from the dialer, adopted by the other
+    // side (it dials nothing of its own).
+    let established = std::process::Command::new("ss")
+        .args(["-Htn", "state", "established"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
+    // Loopback lists both ends of each connection: count the dialling ends (peer column).
+    let dialled_to = |addr: String| {
+        established
+            .lines()
+            .filter(|l| l.split_whitespace().last() == Some(addr.as_str()))
+            .count()
+    };
+    let to_b = dialled_to(format!("127.0.20.2:{port}"));
+    let to_a = dialled_to(format!("127.0.20.1:{port}"));
+    if !established.is_empty() {
+        let ours: Vec<&str> = established
+            .lines()
+            .filter(|l| l.contains("127.0.20."))
+            .collect();
+        assert_eq!((to_b, to_a), (3, 0), "connections to b, to a: {ours:#?}");
+    }
+}
+
+/// client (tcp) -> router (tcp | o2ib on the tcp fabric) -> server (o2ib), and back.
+struct Routed {
+    dir: Scratch,
+    client: Daemon,
+    router: Option<Daemon>,
+    server: Daemon,
+    router_yaml: String,
+}
+
+const CLIENT: &str = "127.0.21.1@tcp";
+const ROUTER_TCP: &str = "127.0.21.4@tcp";
+const ROUTER_IB: &str = "127.0.22.4@o2ib";
+const SERVER: &str = "127.0.22.5@o2ib";
+
+fn routed(test: &str) -> Routed {
+    let dir = Scratch::new(test);
+    let port = acceptor_port();
+    let (r_ib_port, s_port) = (held_port().1, held_port().1);
+    let peer = |nid: &str, addr: &str| format!("peers:\n  - nid: {nid}\n    address: {addr}\n");
+    let router_peers = peer(SERVER, &format!("127.0.22.5:{s_port}"));
+    let server_peers = peer(ROUTER_IB, &format!("127.0.22.4:{r_ib_port}"));
+    let router_yaml = format!(
+        "net:\n  - net type: tcp\n    local NI(s):\n      - nid: {ROUTER_TCP}\n  - net type: o2ib\n    \
+         fabric: tcp\n    local NI(s):\n      - nid: {ROUTER_IB}\n        listen: 127.0.22.4:{r_ib_port}\n\
+         routing:\n  enable: 1\n{router_peers}{}",
+        acceptor(port)
+    );
+    let server_yaml = format!(
+        "net:\n  - net type: o2ib\n    fabric: tcp\n    local NI(s):\n      - nid: {SERVER}\n        \
+         listen: 127.0.22.5:{s_port}\nroute:\n  - net: tcp\n    gateway: {ROUTER_IB}\n{server_peers}{}",
+        acceptor(port)
+    );
+    let client_yaml = tcp_node(
+        CLIENT,
+        port,
+        &format!("route:\n  - net: o2ib\n    gateway: {ROUTER_TCP}\n"),
+    );
+    let router = start_yaml(&dir.0, "router", &router_yaml, Opts::default());
+    let server = start_yaml(&dir.0, "server", &server_yaml, Opts::default());
+    let client = start_yaml(&dir.0, "client", &client_yaml, Opts::default());
+    Routed {
+        dir,
+        client,
+        router: Some(router),
+        server,
+        router_yaml,
+    }
+}
+
+#[test]
+fn routed_tcp_to_o2ib_and_back_ping_and_brw_check_full() {
+    let t = routed("sock_routed");
+    ping_until_ok(&t.client, SERVER, Duration::from_secs(15));
+    ping_until_ok(&t.server, CLIENT, Duration::from_secs(15));
+    for (console, from, to) in [(&t.client, CLIENT, SERVER), (&t.server, SERVER, CLIENT)] {
+        for dir in ["write", "read"] {
+            for size in ["4k", "1M"] {
+                let size_arg = format!("size={size}");
+                let v = run_test(
+                    console,
+                    from,
+                    to,
+                    &["--loop", "5", "--concurrency", "2"],
+                    &["brw", dir, &size_arg, "check=full"],
+                );
+                assert_eq!(v["brw_errors"], 0, "{from} {dir} {size}: {v}");
+                assert_eq!(v["latency"][0]["count"], 10, "{from} {dir} {size}: {v}");
+            }
+        }
+    }
+    let r = match call(
+        t.router.as_ref().unwrap(),
+        router::control::Request::RoutingShow,
+    ) {
+        router::control::Response::Routing(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.forwarding.dropped, 0, "{:?}", r.forwarding);
+    assert!(r.forwarding.forwarded > 0, "{:?}", r.forwarding);
+}
+
+/// The router is stopped and started again while a brw runs through it: every RPC completes
+/// or fails with a reason (none is left hanging), the route comes back, and a brw after the
+/// restart passes clean.
+#[test]
+fn a_router_restarted_mid_brw_loses_only_what_was_in_flight_and_the_route_comes_back() {
+    let mut t = routed("sock_router_restart");
+    ping_until_ok(&t.client, SERVER, Duration::from_secs(15));
+    let bin = lnetctl_bin();
+    let child = std::process::Command::new(&bin)
+        .arg("--socket")
+        .arg(&t.client.socket)
+        .args([
+            "--json",
+            "selftest",
+            "run-test",
+            "--from",
+            CLIENT,
+            "--to",
+            SERVER,
+            "--duration",
+            "8",
+            "brw",
+            "write",
+            "size=1M",
+            "check=full",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lnetctl");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut router = t.router.take().unwrap();
+    router.signal("-TERM");
+    assert!(router.wait_exit(Duration::from_secs(10)).success());
+    drop(router);
+    t.router = Some(start_yaml(
+        &t.dir.0,
+        "router2",
+        &t.router_yaml,
+        Opts::default(),
+    ));
+    let out = child.wait_with_output().expect("lnetctl ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let sent = v["rpcs_sent"].as_u64().expect("rpcs_sent");
+    let completed = v["rpcs_completed"].as_u64().expect("rpcs_completed");
+    let failed =
+        v["rpc_errors"].as_u64().expect("rpc_errors") + v["rpcs_expired"].as_u64().unwrap_or(0);
+    assert!(sent > 0, "{v}");
+    assert!(
+        completed + failed >= sent,
+        "every RPC completed or failed: {v}"
+    );
+    assert!(completed > 0, "RPCs before and after the restart: {v}");
+    // The route is back: a clean brw through the new router.
+    ping_until_ok(&t.client, SERVER, Duration::from_secs(20));
+    let v = run_test(
+        &t.client,
+        CLIENT,
+        SERVER,
+        &["--loop", "4"],
+        &["brw", "read", "size=1M", "check=full"],
+    );
+    assert_eq!(v["brw_errors"], 0, "{v}");
+}
+
+/// 3FS #426's lesson on socklnd: a daemon that stops closes its connections gracefully, and its
+/// peer marks it down at once (a close, not a timeout).
+#[test]
+fn a_stopping_peer_is_seen_down_at_once_as_closed() {
+    let dir = Scratch::new("sock_close");
+    let port = acceptor_port();
+    let (a_nid, b_nid) = ("127.0.23.1@tcp", "127.0.23.2@tcp");
+    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
+    let mut b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    ping_until_ok(&a, b_nid, Duration::from_secs(10));
+    b.signal("-TERM");
+    assert!(b.wait_exit(Duration::from_secs(10)).success());
+    let seen = wait_for(Duration::from_secs(3), || {
+        log_lines(&a)
+            .iter()
+            .any(|l| l.contains("peer down") && l.contains(b_nid) && l.contains("Closed"))
+    });
+    assert!(seen.is_some(), "{:?}", log_lines(&a));
+}
