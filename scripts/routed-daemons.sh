@@ -1,12 +1,12 @@
-# scripts/routed-daemons.sh - sourced by the main jobs (demo.sh, selftest.sh): builds
-# lnet-router and lnetctl, starts the three daemons of router/examples/routed/ (router, server,
-# client) on loopback with their control sockets in a private directory, waits until the
+# scripts/routed-daemons.sh - sourced by the main jobs (demo.sh, selftest.sh, demo-tcp.sh):
+# builds lnet-router and lnetctl, starts the three daemons of router/examples/$EXAMPLES/
+# (`routed` unless set: router, server, client) on loopback with their control sockets in a private directory, waits until the
 # client's route through the router is up, and stops them gracefully (SIGTERM) when the
 # script exits. Sets `bin` (the binaries) and `run` (the sockets' directory).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release -q -p router -p lnetctl
-bin=target/release
+bin=${CARGO_TARGET_DIR:-target}/release
 run=$(mktemp -d /tmp/ulnet-routed.XXXXXX)
 pids=()
 cleanup() {
@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 export LNET_LOG=${LNET_LOG:-warn}
 for n in router server client; do
-    "$bin/lnet-router" --config "router/examples/routed/$n.yaml" --socket "$run/$n.sock" &
+    "$bin/lnet-router" --config "router/examples/${EXAMPLES:-routed}/$n.yaml" --socket "$run/$n.sock" &
     pids+=($!)
 done
 for n in router server client; do

@@ -235,14 +235,16 @@ pub(crate) fn ni_tunables(t: &NiTunables) -> Map {
         .with("credits", t.credits)
 }
 
-/// An NI's `lnd tunables:` (ours: o2iblnd's that ulnet has, and keepalive).
+/// An NI's `lnd tunables:`: o2iblnd's that ulnet has and keepalive, or ksocklnd's
+/// (conns_per_peer, timeout, tos), in the kernel's order.
 pub(crate) fn lnd_tunables(l: &LndTunables) -> Map {
     Map::new()
-        .with("peercredits_hiw", l.peercredits_hiw)
-        .with("concurrent_sends", l.concurrent_sends)
+        .with_opt("peercredits_hiw", l.peercredits_hiw)
+        .with_opt("concurrent_sends", l.concurrent_sends)
         .with("conns_per_peer", l.conns_per_peer)
         .with("timeout", l.timeout)
-        .with("keepalive", l.keepalive)
+        .with_opt("keepalive", l.keepalive)
+        .with_opt("tos", l.tos)
 }
 
 /// A peer NI's credits and `statistics` (`peer show -v`), after `m`'s keys.

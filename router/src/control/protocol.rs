@@ -455,18 +455,28 @@ pub struct NiTunables {
     pub credits: u32,
 }
 
+/// An NI's `lnd tunables:`, the keys of its LND: o2iblnd's (peercredits_hiw,
+/// concurrent_sends, conns_per_peer, timeout, keepalive) or ksocklnd's (conns_per_peer,
+/// timeout, tos), as the kernel's `lnetctl net show -v` prints each.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LndTunables {
-    /// In effect (a configured 0 means peer_credits / 2), as the kernel shows it.
-    pub peercredits_hiw: u32,
-    pub concurrent_sends: u32,
-    /// Connections opened to each peer (o2iblnd's).
+    /// o2iblnd's, in effect (a configured 0 means peer_credits / 2), as the kernel shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peercredits_hiw: Option<u32>,
+    /// o2iblnd's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_sends: Option<u32>,
+    /// Connections opened to each peer (o2iblnd's; ksocklnd's per bulk type).
     #[serde(default = "one")]
     pub conns_per_peer: u32,
-    /// Seconds.
+    /// Seconds (ksocklnd's sock_timeout).
     pub timeout: u64,
-    /// Seconds.
-    pub keepalive: u64,
+    /// Seconds (o2iblnd's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive: Option<u64>,
+    /// ksocklnd's IP type of service (-1: not set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tos: Option<i32>,
 }
 
 /// `lnetctl peer show`.

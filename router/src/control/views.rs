@@ -149,6 +149,32 @@ impl LndCounters {
     }
 }
 
+/// An NI's `lnd tunables:` as its LND has them in effect (a configured 0 is "automatic").
+fn lnd_tunables(lnd: &LndInfo) -> Option<LndTunables> {
+    match lnd {
+        LndInfo::O2ib { config, .. } => {
+            let t = &config.tunables;
+            Some(LndTunables {
+                peercredits_hiw: Some(u32::from(t.credits_hiw(t.queue_depth()))),
+                concurrent_sends: Some(u32::from(t.concurrent_sends())),
+                conns_per_peer: u32::from(t.conns_per_peer),
+                timeout: t.timeout.as_secs(),
+                keepalive: Some(t.keepalive.as_secs()),
+                tos: None,
+            })
+        }
+        LndInfo::Sock { config, .. } => Some(LndTunables {
+            peercredits_hiw: None,
+            concurrent_sends: None,
+            conns_per_peer: config.conns_per_peer(),
+            timeout: config.timeout.as_secs(),
+            keepalive: None,
+            tos: Some(config.tos.map_or(-1, i32::from)),
+        }),
+        LndInfo::Plain { .. } => None,
+    }
+}
+
 /// `net show`: the loopback net first (as Lustre lists it), then each net with its NIs.
 pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow {
     let mut nets: Vec<NetEntry> = vec![NetEntry {
@@ -192,14 +218,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                 peer_buffer_credits: x.peer_buffer_credits,
                 credits: ni.credits,
             }),
-            lnd_tunables: o2ib.filter(|_| verbose).map(|(t, _)| LndTunables {
-                // In effect, as the kernel shows them (a configured 0 is "automatic").
-                peercredits_hiw: u32::from(t.credits_hiw(t.queue_depth())),
-                concurrent_sends: u32::from(t.concurrent_sends()),
-                conns_per_peer: u32::from(t.conns_per_peer),
-                timeout: t.timeout.as_secs(),
-                keepalive: t.keepalive.as_secs(),
-            }),
+            lnd_tunables: verbose.then(|| lnd_tunables(&ni.lnd)).flatten(),
             health_stats: verbose.then(|| NiHealthShow {
                 fatal_error: 0,
                 health_value: ni.health.value,
