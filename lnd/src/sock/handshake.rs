@@ -847,8 +847,12 @@ impl SockEngine {
                 .is_some_and(|p| !p.queue.is_empty() || !p.conns.is_empty());
             if busy {
                 self.kick_peer(nid);
-            } else if let Some(p) = self.peers.get_mut(&nid) {
-                p.next_dial = None;
+            }
+            // Whatever kick_peer did, a past redial time is spent (no timer loop on it).
+            if let Some(p) = self.peers.get_mut(&nid) {
+                if p.next_dial.is_some_and(|d| d <= now) {
+                    p.next_dial = None;
+                }
             }
         }
         self.forget_peer_if_idle(nid);
