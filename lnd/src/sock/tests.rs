@@ -74,6 +74,9 @@ pub(super) struct Net {
     pub(super) stuck_new: bool,
     /// Streams adopted from now on never deliver their sends.
     pub(super) stuck_adopted: bool,
+    /// Addresses where the test itself listens: dials there become raw peers, in order.
+    pub(super) raw_listeners: Vec<Ipv4Addr>,
+    pub(super) raw_accepted: Vec<usize>,
 }
 
 pub(super) const T0: Instant = Instant::from_secs(1000);
@@ -107,6 +110,8 @@ impl Net {
             chunk: 1 << 20,
             stuck_new: false,
             stuck_adopted: false,
+            raw_listeners: Vec::new(),
+            raw_accepted: Vec::new(),
         };
         n.run();
         n
@@ -247,6 +252,30 @@ impl Net {
                         ..End::default()
                     },
                 );
+                if self.raw_listeners.contains(remote.ip()) {
+                    let r = self.next_raw;
+                    self.next_raw += 1;
+                    let raw = Owner::Raw(r);
+                    self.ends.insert(
+                        raw,
+                        End {
+                            other: Some(me),
+                            local: Some(remote),
+                            remote: Some(laddr),
+                            ..End::default()
+                        },
+                    );
+                    self.ends.get_mut(&me).unwrap().other = Some(raw);
+                    self.raw_accepted.push(r);
+                    self.ev(
+                        i,
+                        StreamEvent::Connected {
+                            stream,
+                            local: laddr,
+                        },
+                    );
+                    return;
+                }
                 match self
                     .node_by_ip(*remote.ip())
                     .filter(|&t| self.nodes[t].listening)
