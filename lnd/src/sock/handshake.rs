@@ -694,7 +694,7 @@ impl SockEngine {
         let Some(p) = self.peers.get_mut(&nid) else {
             return;
         };
-        if !p.next_dial.is_some_and(|t| t > now) {
+        if p.next_dial.is_none_or(|t| t <= now) {
             p.backoff = if p.backoff.is_zero() {
                 min
             } else {

@@ -1221,7 +1221,7 @@ fn accounted_once(seed: u64) {
     let mut expected: Vec<u64> = Vec::new();
     let mut outcomes: HashMap<u64, u32> = HashMap::new();
     let mut next_cookie = 1u64;
-    let mut count = |evs: &[LndEvent], outcomes: &mut HashMap<u64, u32>| {
+    let count = |evs: &[LndEvent], outcomes: &mut HashMap<u64, u32>| {
         for e in evs {
             if let LndEvent::SendDone { cookie, .. } | LndEvent::BulkDone { cookie, .. } = e {
                 if *cookie < 1_000_000 {
