@@ -756,6 +756,9 @@ fn many_small_messages_one_read() {
         assert_eq!(h.payload_length as usize, p.len());
     }
     assert_eq!(send_done(&n.take(0)).len(), 8);
+    // Idle again: no buffer of ours is kept (the carry is dropped when empty).
+    assert_eq!(n.nodes[1].e.carry_bytes(), 0);
+    assert_eq!(n.nodes[0].e.carry_bytes(), 0);
 }
 
 /// A 1 MiB PUT comes up as a bulk request and lands straight in the memory LNet lends.

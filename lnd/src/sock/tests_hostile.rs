@@ -619,3 +619,18 @@ fn endless_refusals_are_bounded() {
     let done = send_done(&n.take(0));
     assert_eq!(done, vec![(1, Err(TxError::ConnectRefused))]);
 }
+
+/// A refusal in another version (EPROTO, 3.6) is redialed at once, not after min_reconnect.
+#[test]
+fn refusal_in_another_version_redials_at_once() {
+    let mut n = pair();
+    let rs = dial_raw(&mut n, 1);
+    n.raw_write(rs[0], &answer(nid(X), HelloVersion::V2, -1));
+    assert!(n.raw_read(rs[0]).1);
+    assert_eq!(
+        n.raw_accepted.len(),
+        1,
+        "the CONTROL connection again, at once"
+    );
+    assert_eq!(n.nodes[0].e.stats().connects, 4);
+}
