@@ -77,6 +77,8 @@ pub(super) struct Net {
     /// Addresses where the test itself listens: dials there become raw peers, in order.
     pub(super) raw_listeners: Vec<Ipv4Addr>,
     pub(super) raw_accepted: Vec<usize>,
+    /// Dials are never answered (SYNs into a black hole).
+    pub(super) dial_blackhole: bool,
 }
 
 pub(super) const T0: Instant = Instant::from_secs(1000);
@@ -112,6 +114,7 @@ impl Net {
             stuck_adopted: false,
             raw_listeners: Vec::new(),
             raw_accepted: Vec::new(),
+            dial_blackhole: false,
         };
         n.run();
         n
@@ -235,6 +238,9 @@ impl Net {
                 ..
             } => {
                 let me = Owner::Node(i, stream.as_u64());
+                if self.dial_blackhole {
+                    return;
+                }
                 let port = if ports_from == 0 {
                     40000 + (self.next_incoming % 20000) as u16
                 } else {

@@ -634,3 +634,27 @@ fn refusal_in_another_version_redials_at_once() {
     );
     assert_eq!(n.nodes[0].e.stats().connects, 4);
 }
+
+/// A dial the network never answers (no Connected, no failure) ends at sock_timeout: counted,
+/// the message fails once, the peer is told down, the next dial waits for the backoff.
+#[test]
+fn unanswered_dial_has_a_deadline() {
+    let mut n = pair();
+    n.dial_blackhole = true;
+    let (a, b) = (nid(A), nid(B));
+    let now = n.now;
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 8)
+        .unwrap();
+    n.run();
+    n.advance(Duration::from_secs(48));
+    assert!(n.take(0).is_empty());
+    n.advance(Duration::from_secs(2));
+    let evs = n.take(0);
+    assert_eq!(send_done(&evs).len(), 1);
+    assert!(send_done(&evs)[0].1.is_err());
+    let s = n.nodes[0].e.stats().clone();
+    assert_eq!((s.connects, s.handshake_timeouts), (3, 3), "{s:?}");
+    assert!(n.nodes[0].e.conn_views().is_empty());
+}
