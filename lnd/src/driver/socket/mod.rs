@@ -686,19 +686,20 @@ impl SocketDriver {
     // -----------------------------------------------------------------------------------------
     // The poll loop
 
-    /// Does the I/O the applied actions asked for, waits up to `timeout` for something to
-    /// happen (not at all when there is something to report), and pushes everything that
-    /// happened into `sink`.
+    /// Submits queued work, waits up to `timeout` for something to happen (not at all when
+    /// actions applied since the last poll left work), reads the clock once with `now`, does
+    /// the reads and writes the sockets allow and pushes everything that happened into `sink`.
+    /// Drain the sink's actions into [`SocketDriver::apply`] before calling it again.
     pub fn poll(
         &mut self,
         timeout: Option<std::time::Duration>,
         sink: &mut dyn StreamSink,
         now: &dyn Fn() -> Instant,
     ) -> io::Result<()> {
-        let t = now();
-        let mut reported = self.flush_out(sink, t);
-        reported += self.run_ready(sink, t);
-        let mut timeout = if reported > 0 || !self.ready.is_empty() || !self.out.is_empty() {
+        // Work applied since the last poll (reports, sockets to read or write) is done after
+        // a wait of zero, so that the clock is read once, after the wait, as `Driver::poll`
+        // says.
+        let mut timeout = if !self.out.is_empty() || !self.ready.is_empty() {
             Some(std::time::Duration::ZERO)
         } else {
             timeout
@@ -735,14 +736,15 @@ impl SocketDriver {
         }
         self.wait(timeout)?;
         let t = now();
+        self.flush_out(sink, t);
         let mut cqes = std::mem::take(&mut self.cqes);
         self.ring.reap(&mut cqes);
         for c in cqes.drain(..) {
             self.complete(c, sink, t);
         }
         self.cqes = cqes;
-        self.flush_out(sink, t);
         self.run_ready(sink, t);
+        self.flush_out(sink, t);
         self.check_close_deadlines();
         // A storm of connections leaves the tables' capacity behind when it is over: give it
         // back (live handles stay valid; the slab shrinks down to its highest live key).

@@ -1138,9 +1138,16 @@ fn the_waker_ends_a_wait_and_is_reported_once() {
     )
     .unwrap();
     t.join().unwrap();
-    assert!(n.d.take_woken());
+    // The wake-up came as the byte (the watch fired: drain), or, if it found the loop
+    // spinning (a loaded machine stretches the spin), as the doorbell's flag alone: taken by
+    // `take_pending`, as the loop does when the watch did not fire (see `Driver::set_waker`).
+    if n.d.take_woken() {
+        w.drain();
+    } else {
+        assert!(w.take_pending(), "poll returned without the wake-up");
+    }
     assert!(!n.d.take_woken());
-    w.drain();
+    assert!(!w.take_pending());
     assert!(n.d.readiness_fd().is_some());
 }
 
