@@ -598,6 +598,16 @@ fn an_abort_resets_the_peer() {
         .evs
         .iter()
         .any(|e| matches!(e, Ev::Sent(_, SendId(5), Err(_)))));
+    // A report decided before a Close but not yet delivered is dropped with the stream.
+    b.rec.take();
+    b.send(t, 6, b"later", SendPayload::None);
+    b.apply(StreamAction::Close {
+        stream: t,
+        mode: CloseMode::Graceful,
+    });
+    pump(&clock, &mut [&mut a, &mut b], 3, |_| false);
+    assert!(b.rec.evs.is_empty(), "{:?}", b.rec.evs);
+    assert_eq!(b.d.sockets(), 0);
 }
 
 /// A port bound but not listening: connects to it are refused while it stays taken.
