@@ -8,8 +8,9 @@
 //!   accepts, the connects, one-shot POLLIN / POLLOUT watches and zero-copy sends. A read or a
 //!   write is a non-blocking `recv` / `sendmsg` issued in `poll` when the stream has work (an
 //!   optimistic try first; a watch only on EAGAIN). So a stream lends the kernel no buffer while
-//!   it waits: an idle established stream holds its bookkeeping only (measured in the tests,
-//!   about 200 bytes), and a socket before its HELLO the same, whatever `Recv` the engine posted.
+//!   it waits: an idle established stream holds its bookkeeping only, and a socket before its
+//!   HELLO the same, whatever `Recv` the engine posted (measured at 10,000 loopback connections
+//!   in the tests: about 250 bytes of driver memory per socket, 260 bytes of RSS growth).
 //!   An io_uring receive would pin a buffer per posted read (or need provided-buffer rings,
 //!   whose buffers are then held by whichever socket has data queued); reading on readiness
 //!   costs one extra completion per wait and nothing per idle socket.
