@@ -11,6 +11,8 @@
 //! - [`engine`]: the sans-IO o2ib LND, one `Endpoint` per NI.
 //! - [`stream`]: the boundary below a streaming LND (socklnd): actions on byte streams out,
 //!   events into a `StreamSink`.
+//! - [`sock`]: the sans-IO socklnd engine (ksocklnd-compatible), one `SockEngine` per `tcp`
+//!   NI, above `stream`.
 //! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
 //!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share; `socket` (feature
 //!   `tcp`), the byte streams below a streaming LND.
