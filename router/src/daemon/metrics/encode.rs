@@ -34,6 +34,7 @@ pub(crate) enum Value {
 pub(crate) struct Family {
     pub(crate) name: String,
     pub(crate) help: String,
+    pub(crate) counter: bool,
     pub(crate) samples: Vec<(Labels, Value)>,
 }
 
@@ -42,13 +43,14 @@ pub(crate) struct Family {
 pub(crate) struct Families(pub(crate) Vec<Family>);
 
 impl Families {
-    fn family(&mut self, name: &str, help: &str) -> &mut Family {
+    fn family(&mut self, name: &str, help: &str, counter: bool) -> &mut Family {
         if let Some(i) = self.0.iter().position(|f| f.name == name) {
             return &mut self.0[i];
         }
         self.0.push(Family {
             name: name.to_string(),
             help: help.to_string(),
+            counter,
             samples: Vec::new(),
         });
         let last = self.0.len() - 1;
@@ -56,15 +58,28 @@ impl Families {
     }
 
     pub(crate) fn counter(&mut self, name: &str, help: &str, l: Labels, v: u64) {
-        self.family(name, help).samples.push((l, Value::Counter(v)));
+        self.family(name, help, true)
+            .samples
+            .push((l, Value::Counter(v)));
     }
 
     pub(crate) fn gauge(&mut self, name: &str, help: &str, l: Labels, v: i64) {
-        self.family(name, help).samples.push((l, Value::Gauge(v)));
+        self.family(name, help, false)
+            .samples
+            .push((l, Value::Gauge(v)));
     }
 
     pub(crate) fn float(&mut self, name: &str, help: &str, l: Labels, v: f64) {
-        self.family(name, help).samples.push((l, Value::Float(v)));
+        self.family(name, help, false)
+            .samples
+            .push((l, Value::Float(v)));
+    }
+
+    /// A family written (its HELP and TYPE) even when it has no sample: a router without
+    /// routes still declares `ulnet_route_up`, so that a query or an alert on it finds the
+    /// name, and "none" is told from "not exported".
+    pub(crate) fn declare(&mut self, name: &str, help: &str, counter: bool) {
+        self.family(name, help, counter);
     }
 
     /// The text of these families: OpenMetrics 1.0 (`openmetrics`) or Prometheus 0.0.4.
@@ -84,9 +99,9 @@ impl Families {
 impl Collector for Families {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in &self.0 {
-            let kind = match f.samples.first() {
-                Some((_, Value::Counter(_))) => MetricType::Counter,
-                _ => MetricType::Gauge,
+            let kind = match f.counter {
+                true => MetricType::Counter,
+                false => MetricType::Gauge,
             };
             let mut me = enc.encode_descriptor(&f.name, &f.help, None, kind)?;
             for (labels, v) in &f.samples {
@@ -167,9 +182,47 @@ pub(crate) const LUSTRE_NAMES: [(&str, &str, &str); 9] = [
     ),
 ];
 
+/// The families that have no sample on some daemons (no route, no gateway, no peer yet), with
+/// the help their samples would bring; declared first so their names are always there.
+const SOMETIMES_EMPTY: [(&str, &str, bool); 6] = [
+    (
+        "ulnet_route_up",
+        "1 while the route is up, 0 while down (route show -v: state)",
+        false,
+    ),
+    (
+        "ulnet_gateway_alive",
+        "1 while the router pinger finds the gateway alive",
+        false,
+    ),
+    (
+        "ulnet_peer_up",
+        "1 while the peer NI is up (peer show: state), top peers only",
+        false,
+    ),
+    (
+        "ulnet_peer_send_count",
+        "Messages sent to the peer NI (peer show -v: send_count)",
+        true,
+    ),
+    (
+        "ulnet_lnd_conns",
+        "The LND's connections by state now (conn show)",
+        false,
+    ),
+    (
+        "ulnet_fwd_dropped",
+        "Messages accepted for forwarding and dropped, by reason (forwarding: dropped_by_reason)",
+        true,
+    ),
+];
+
 impl Scrape {
     pub(crate) fn families(&self) -> Families {
         let mut f = Families::default();
+        for (name, help, counter) in SOMETIMES_EMPTY {
+            f.declare(name, help, counter);
+        }
         let snaps: Vec<(&str, &NiSnapshot)> = self
             .nis
             .iter()
