@@ -3,6 +3,10 @@
 //! swapped into a slot the scrape only reads. A scrape therefore never waits on an NI loop: a
 //! wedged loop stops publishing, and its snapshot's age grows (`ulnet_ni_snapshot_age_seconds`).
 
+// Built with the daemon whether or not the endpoint is (the NI loops hold a slot either way;
+// without the `metrics` feature nothing reads it).
+#![cfg_attr(not(feature = "metrics"), allow(dead_code))]
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
