@@ -21,6 +21,10 @@
 //! (`crate::control::read_request`). The main thread watches signals: TERM, INT and QUIT stop
 //! every NI gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
+//! With `metrics: listen:` (or `--metrics-listen`), a `metrics` thread serves Prometheus scrapes
+//! (`metrics`): each NI loop copies its counters at most once a second into a slot of its own,
+//! which a scrape reads without asking the loop anything.
+//!
 //! `lnetctl capture` takes over its connection: every NI loop turns capturing on in its LND and
 //! streams the records to that connection's thread through a bounded channel (never blocking on
 //! it: a full channel drops and counts), the connection's thread merges them, and a watcher
