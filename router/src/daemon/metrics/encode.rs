@@ -757,6 +757,47 @@ mod tests {
         assert!(o.ends_with("# EOF\n"), "{o}");
     }
 
+    /// A loop that stopped publishing (wedged) shows as the age of its last copy, read
+    /// without it; a loop that never published has no series, and the scrape still answers.
+    #[test]
+    fn a_stuck_loop_shows_as_its_snapshot_age() {
+        let now = Instant::now();
+        let taken = now.checked_sub(std::time::Duration::from_secs(42)).unwrap();
+        let snap = NiSnapshot {
+            taken,
+            fabric: "tcp",
+            stats: Default::default(),
+            routing: Default::default(),
+            nis: Vec::new(),
+            fabric_counters: vec![("accepted", 3)],
+            routes: Vec::new(),
+            gateways: Vec::new(),
+            conns: Vec::new(),
+            top_peers: Vec::new(),
+            peers_in_recovery: 1,
+            nis_in_recovery: 0,
+        };
+        let s = Scrape {
+            nis: vec![
+                ("10.0.0.1@o2ib".into(), Some(Arc::new(snap))),
+                ("10.0.0.2@o2ib".into(), None),
+            ],
+            daemon: DaemonParts::default(),
+            now,
+        };
+        let text = s.families().encode(false).unwrap();
+        assert!(
+            text.contains("ulnet_ni_snapshot_age_seconds{ni=\"10.0.0.1@o2ib\",net=\"o2ib\"} 42\n"),
+            "{text}"
+        );
+        assert!(!text.contains("ni=\"10.0.0.2@o2ib\""), "{text}");
+        assert!(text.contains("ulnet_fabric_accepted_total{ni=\"10.0.0.1@o2ib\",net=\"o2ib\",fabric=\"tcp\"} 3\n"), "{text}");
+        assert!(text.contains("ulnet_peer_ni_recovery 1\n"), "{text}");
+        assert!(text.contains("ulnet_nis 2\n"), "{text}");
+        // Declared with no sample: the name is there for a query.
+        assert!(text.contains("# TYPE ulnet_route_up gauge\n"), "{text}");
+    }
+
     /// A label value with a quote, a backslash or a newline (a NID never has one, a reason
     /// string might) is escaped, not written raw.
     #[test]
