@@ -787,11 +787,18 @@ mod tests {
         };
         let text = s.families().encode(false).unwrap();
         assert!(
-            text.contains("ulnet_ni_snapshot_age_seconds{ni=\"10.0.0.1@o2ib\",net=\"o2ib\"} 42\n"),
+            text.contains(
+                "ulnet_ni_snapshot_age_seconds{ni=\"10.0.0.1@o2ib\",net=\"o2ib\"} 42.0\n"
+            ),
             "{text}"
         );
         assert!(!text.contains("ni=\"10.0.0.2@o2ib\""), "{text}");
-        assert!(text.contains("ulnet_fabric_accepted_total{ni=\"10.0.0.1@o2ib\",net=\"o2ib\",fabric=\"tcp\"} 3\n"), "{text}");
+        assert!(
+            text.contains(
+                "ulnet_fabric_accepted_total{ni=\"10.0.0.1@o2ib\",net=\"o2ib\",fabric=\"tcp\"} 3\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("ulnet_peer_ni_recovery 1\n"), "{text}");
         assert!(text.contains("ulnet_nis 2\n"), "{text}");
         // Declared with no sample: the name is there for a query.
