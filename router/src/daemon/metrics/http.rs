@@ -81,8 +81,12 @@ pub(crate) fn serve(
         let spawned = std::thread::Builder::new()
             .name("metrics-conn".into())
             .spawn(move || {
-                handle(stream, &c, &*r);
+                let mut stream = stream;
+                handle(&mut stream, &c, &*r);
+                // The slot is free before the client sees the end of the answer: a client
+                // that reads to the end and connects again is never refused for itself.
                 c.active.fetch_sub(1, Ordering::AcqRel);
+                let _ = stream.shutdown(std::net::Shutdown::Both);
             });
         if let Err(e) = spawned {
             counters.active.fetch_sub(1, Ordering::AcqRel);
@@ -135,7 +139,7 @@ pub(crate) fn wants_openmetrics(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("application/openmetrics-text"))
 }
 
-fn handle(mut s: TcpStream, c: &EndpointCounters, render: &Render) {
+fn handle(s: &mut TcpStream, c: &EndpointCounters, render: &Render) {
     let start = Instant::now();
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -164,7 +168,7 @@ fn handle(mut s: TcpStream, c: &EndpointCounters, render: &Render) {
             Asked::Partial if buf.len() >= MAX_REQUEST => {
                 bump(&c.oversized);
                 let _ = reply(
-                    &mut s,
+                    s,
                     "431 Request Header Fields Too Large",
                     "text/plain",
                     b"request too large\n",
@@ -180,12 +184,12 @@ fn handle(mut s: TcpStream, c: &EndpointCounters, render: &Render) {
         Asked::Metrics(accept) => {
             let (body, ctype) = render(accept.as_deref());
             bump(&c.served);
-            reply(&mut s, "200 OK", ctype, body.as_bytes())
+            reply(s, "200 OK", ctype, body.as_bytes())
         }
         Asked::NotFound => {
             bump(&c.not_found);
             reply(
-                &mut s,
+                s,
                 "404 Not Found",
                 "text/plain",
                 b"only /metrics is served here\n",
@@ -193,16 +197,11 @@ fn handle(mut s: TcpStream, c: &EndpointCounters, render: &Render) {
         }
         Asked::BadMethod => {
             bump(&c.bad_method);
-            reply(
-                &mut s,
-                "405 Method Not Allowed",
-                "text/plain",
-                b"only GET\n",
-            )
+            reply(s, "405 Method Not Allowed", "text/plain", b"only GET\n")
         }
         Asked::Malformed | Asked::Partial => {
             bump(&c.malformed);
-            reply(&mut s, "400 Bad Request", "text/plain", b"bad request\n")
+            reply(s, "400 Bad Request", "text/plain", b"bad request\n")
         }
     };
     if r.is_err() {
@@ -222,10 +221,9 @@ fn reply(s: &mut TcpStream, status: &str, ctype: &str, body: &[u8]) -> std::io::
     );
     s.write_all(head.as_bytes())?;
     s.write_all(body)?;
-    s.flush()?;
-    // What the client still sends (the rest of an oversized head) is not read: close now.
-    let _ = s.shutdown(std::net::Shutdown::Both);
-    Ok(())
+    // The caller closes (what the client still sends, the rest of an oversized head, is not
+    // read).
+    s.flush()
 }
 
 #[cfg(test)]
