@@ -28,6 +28,12 @@
 # Targets (issue "Routing", on a 2-core machine where three processes share two cores):
 # routed rate >= 0.5x direct, routed RTT <= 2.5x direct.
 #
+# Metrics cost (issue 36): `bash benches/routed.sh --metrics-ab` runs only the routed 64-B PUT
+# rate, 1 client, AB_RUNS=5 times alternating the router without its metrics endpoint and with it
+# on (--metrics-listen 127.0.0.1:METRICS_PORT, default 9170) and scraped every second by a curl
+# loop, and prints each run, both medians, the scrapes served, and whether the on median is
+# within the off runs' min-max or within 5% of their median.
+#
 # Env: ROUTER_BUSY_POLL_US (the router's NIs' busy-poll budget; default: lnet_perf's, 50 us),
 #      RTT_N=10000, PUT_SECS=5, TUNED_CREDITS=64. Every run is bounded by `timeout`.
 set -u
@@ -58,6 +64,48 @@ run() {
   [ $st -eq 0 ] && [ -n "$fig" ] || { fig=NA; cpu="(run failed, status $st)"; }
   printf '%s %s %s\n' "$name" "$fig" "$cpu"
 }
+
+median() { printf '%s\n' "$@" | grep -v NA | sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "NA"; else if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+if [ "${1:-}" = "--metrics-ab" ]; then
+  AB_RUNS=${AB_RUNS:-5}
+  METRICS_PORT=${METRICS_PORT:-9170}
+  off=() on=() scrapes=()
+  for i in $(seq 1 "$AB_RUNS"); do
+    read -r _ v _ < <(run "off-$i" --put-rate "$PUT_SECS" --via-router "$ROUTER" "${extra[@]}")
+    off+=("$v")
+    count=$(mktemp)
+    # The scraper: one GET /metrics a second for as long as the run may take (bounded).
+    (
+      n=0
+      end=$((SECONDS + PUT_SECS + 60))
+      while [ $SECONDS -lt $end ]; do
+        curl -s -f -o /dev/null --max-time 2 "http://127.0.0.1:$METRICS_PORT/metrics" && n=$((n + 1)) && echo "$n" >"$count"
+        sleep 1
+      done
+    ) &
+    scraper=$!
+    read -r _ v _ < <(run "on-$i" --put-rate "$PUT_SECS" --via-router "$ROUTER" "${extra[@]}" \
+      --router-arg --metrics-listen --router-arg "127.0.0.1:$METRICS_PORT")
+    kill "$scraper" 2>/dev/null
+    wait "$scraper" 2>/dev/null
+    on+=("$v")
+    scrapes+=("$(cat "$count" 2>/dev/null || echo 0)")
+    rm -f "$count"
+    echo "run $i: off ${off[-1]} msgs/s, on ${on[-1]} msgs/s (${scrapes[-1]} scrapes)"
+  done
+  mo=$(median "${off[@]}")
+  mn=$(median "${on[@]}")
+  lo=$(printf '%s\n' "${off[@]}" | grep -v NA | sort -g | head -1)
+  hi=$(printf '%s\n' "${off[@]}" | grep -v NA | sort -g | tail -1)
+  echo "metrics off: median $mo msgs/s (min $lo, max $hi); metrics on, scraped every 1 s: median $mn msgs/s"
+  if awk -v m="$mn" -v o="$mo" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(m != "NA" && o != "NA" && ((m >= lo && m <= hi) || (m >= 0.95 * o && m <= 1.05 * o))) }'; then
+    echo "target (on median within off min-max or within 5% of off median): met"
+  else
+    echo "target (on median within off min-max or within 5% of off median): NOT met"
+  fi
+  exit 0
+fi
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "NA" || b == "NA" || b == 0) print "NA"; else printf "%.2f", a / b }'; }
 

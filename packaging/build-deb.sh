@@ -37,6 +37,10 @@ install -m 644 README.md "$root/usr/share/doc/ulnet/README.md"
 grep -v '^#' packaging/doc-pages | while read -r page; do
   install -D -m 644 "$page" "$root/usr/share/doc/ulnet/$page"
 done
+# The metrics endpoint's alert rules and Grafana dashboard, to start from (docs/metrics.md).
+for f in packaging/metrics/ulnet-alerts.yml packaging/metrics/ulnet-dashboard.json; do
+  install -D -m 644 "$f" "$root/usr/share/doc/ulnet/examples/$(basename "$f")"
+done
 depends="libc6"
 case "$features" in *verbs*) depends="$depends, libibverbs1, librdmacm1" ;; esac
 mkdir -p "$root/DEBIAN"

@@ -14,7 +14,8 @@ fail() { echo "check-deb: $*" >&2; exit 1; }
 for f in usr/bin/lnet-router usr/bin/lnetctl lib/systemd/system/lnet-router.service \
   etc/ulnet/lnet-router.yaml usr/share/man/man8/lnet-router.8.gz usr/share/man/man8/lnetctl.8.gz \
   usr/share/bash-completion/completions/lnetctl usr/share/zsh/vendor-completions/_lnetctl \
-  usr/share/fish/vendor_completions.d/lnetctl.fish usr/share/doc/ulnet/README.md; do
+  usr/share/fish/vendor_completions.d/lnetctl.fish usr/share/doc/ulnet/README.md \
+  usr/share/doc/ulnet/examples/ulnet-alerts.yml usr/share/doc/ulnet/examples/ulnet-dashboard.json; do
   [ -s "$root/$f" ] || fail "missing or empty: $f"
 done
 # The admin's pages (packaging/doc-pages, read beside this script), beside the README.

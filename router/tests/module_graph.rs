@@ -120,6 +120,11 @@ const LAYERS: &[(&str, Layer)] = &[
     ("daemon::ni_set", Layer::Daemon),
     ("daemon::fan_out", Layer::Daemon),
     ("daemon::serve", Layer::Daemon),
+    ("daemon::metrics", Layer::Daemon),
+    ("daemon::metrics::snapshot", Layer::Daemon),
+    ("daemon::metrics::encode", Layer::Daemon),
+    ("daemon::metrics::http", Layer::Daemon),
+    ("daemon::metrics::scrape", Layer::Daemon),
 ];
 
 /// Files of the LNet core and forwarding allowed to name `lnd::engine`, `lnd::fabric` or

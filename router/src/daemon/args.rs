@@ -84,6 +84,10 @@ pub struct Args {
     /// configure`, then `lnetctl import /etc/lnet.conf`). Needs --ni-threads per-ni
     #[arg(long)]
     pub(super) no_nis: bool,
+    /// Serve Prometheus metrics (GET /metrics) on this address and port, e.g.
+    /// 127.0.0.1:9170 (overrides `metrics: listen:`; off unless given either way)
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(super) metrics_listen: Option<std::net::SocketAddr>,
     /// Print this manual page (roff, section 8) on standard output and exit
     #[arg(long, hide = true)]
     pub print_man: bool,

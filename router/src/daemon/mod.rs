@@ -21,6 +21,10 @@
 //! (`crate::control::read_request`). The main thread watches signals: TERM, INT and QUIT stop
 //! every NI gracefully, HUP, USR1 and USR2 are logged and ignored.
 //!
+//! With `metrics: listen:` (or `--metrics-listen`), a `metrics` thread serves Prometheus scrapes
+//! (`metrics`): each NI loop copies its counters at most once a second into a slot of its own,
+//! which a scrape reads without asking the loop anything.
+//!
 //! `lnetctl capture` takes over its connection: every NI loop turns capturing on in its LND and
 //! streams the records to that connection's thread through a bounded channel (never blocking on
 //! it: a full channel drops and counts), the connection's thread merges them, and a watcher
@@ -38,6 +42,7 @@ mod events;
 mod fabric;
 mod fan_out;
 mod handovers;
+mod metrics;
 mod ni_loop;
 mod ni_set;
 mod notify;
@@ -131,6 +136,18 @@ fn load_config(args: &Args) -> Result<DaemonConfig, Failure> {
         DaemonConfig::load(&args.config)
     };
     let mut cfg = loaded.map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(listen) = args.metrics_listen {
+        // The command line's address wins; the file's bounds stay.
+        cfg.metrics = Some(match cfg.metrics {
+            Some(m) => crate::yaml_config::MetricsConfig { listen, ..m },
+            None => crate::yaml_config::MetricsConfig::on(listen),
+        });
+    }
+    if cfg!(not(feature = "metrics")) && cfg.metrics.is_some() {
+        return Err(Failure::usage(
+            "metrics: this lnet-router was built without the metrics feature",
+        ));
+    }
     for net in cfg.nets.iter_mut().filter(|n| !n.fabric_given) {
         choose_fabric(net);
     }
@@ -273,6 +290,7 @@ fn start(
         import: Arc::new(Mutex::new(())),
     };
     let counters = Arc::new(ControlCounters::default());
+    start_metrics(&daemon, &counters)?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || control_thread(listener, loops, limits, counters))
@@ -286,6 +304,20 @@ fn start(
     ));
 
     wait_for_stop(&daemon, &signals)
+}
+
+/// The metrics endpoint, if configured (`metrics:` or `--metrics-listen`).
+#[cfg(feature = "metrics")]
+fn start_metrics(daemon: &Arc<Daemon>, counters: &Arc<ControlCounters>) -> Result<(), String> {
+    if let Some(m) = daemon.base.metrics {
+        metrics::start(m, Arc::clone(daemon), Arc::clone(counters))?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "metrics"))]
+fn start_metrics(_: &Arc<Daemon>, _: &Arc<ControlCounters>) -> Result<(), String> {
+    Ok(())
 }
 
 /// One NI as started: its runtime and waker, its fabric, and what its control service shows.

@@ -21,6 +21,7 @@ use tracing::{debug, error, warn};
 use super::capture::LoopCapture;
 use super::events::{drain_events, PeerLog};
 use super::handovers::Handovers;
+use super::metrics::snapshot::LoopMetrics;
 use super::selftest::NiSelftest;
 use super::state::{
     lock, shutting_down, ControlMsg, Daemon, Members, NodeSettings, ADOPT_BOUND, MAX_WAIT,
@@ -59,6 +60,8 @@ pub(super) struct NiLoop {
     pub(super) lst: NiSelftest,
     pub(super) peer_log: PeerLog,
     pub(super) bulk: LoopBulk,
+    /// Its counters for the metrics endpoint, copied at most once a second.
+    pub(super) metrics: LoopMetrics,
 }
 
 /// One NI loop's side of the router buffers for bulk data (`crate::bulk_pool`): its fabric's
@@ -320,6 +323,7 @@ impl NiLoop {
         self.drain_events();
         self.lst.tick(&mut self.rt);
         self.serve_requests();
+        self.metrics.maybe_publish(&self.rt, self.kind.as_str());
         // The clock only for what needs it: a loop comes here every turn.
         if self.capture.active() {
             let now = self.rt.now();
@@ -398,6 +402,10 @@ impl NiLoop {
                 }
                 Request::Selftest { cmd } => self.lst.command(&mut self.rt, cmd, reply),
                 req => {
+                    if matches!(req, Request::StatsReset) {
+                        // The exported totals carry what the reset clears.
+                        self.metrics.before_stats_reset(self.rt.node());
+                    }
                     let node = self.rt.node_mut();
                     if let Some((reply, resp)) = self.control.handle(now, node, req, reply) {
                         let _ = reply.try_send(resp);

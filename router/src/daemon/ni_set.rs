@@ -26,6 +26,7 @@ use super::config::{choose_fabric, extras_of, listen_of, listens_clash};
 use super::events::PeerLog;
 use super::fabric::{fabric_supported, start_fabric};
 use super::handovers::{Handovers, MemberLinks};
+use super::metrics::snapshot::LoopMetrics;
 use super::ni_loop::{LoopBulk, NiLoop};
 use super::selftest::NiSelftest;
 use super::state::{
@@ -54,6 +55,7 @@ impl Daemon {
         let stop = Arc::new(AtomicBool::new(false));
         let adopted = Arc::new(AtomicU64::new(0));
         let running = Arc::new(AtomicBool::new(true));
+        let metrics = LoopMetrics::new(self.base.metrics.map(|m| m.top_peers));
         let member = Member {
             nid,
             id,
@@ -68,6 +70,7 @@ impl Daemon {
             stop: Arc::clone(&stop),
             adopted: Arc::clone(&adopted),
             running: Arc::clone(&running),
+            metrics: Arc::clone(&metrics.slot),
         };
         let incarnation = rt
             .node()
@@ -95,6 +98,7 @@ impl Daemon {
             capture: LoopCapture::default(),
             peer_log: PeerLog::default(),
             bulk: LoopBulk::new(id),
+            metrics,
             lst: NiSelftest {
                 st: self.base.selftest.then(|| {
                     Selftest::new(

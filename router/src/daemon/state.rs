@@ -181,6 +181,9 @@ pub(super) struct Member {
     pub(super) adopted: Arc<AtomicU64>,
     /// Cleared when the loop ends, however it ends: nobody waits for it to adopt anything.
     pub(super) running: Arc<AtomicBool>,
+    /// Where the loop publishes its counters for the metrics endpoint (`super::metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(super) metrics: Arc<super::metrics::snapshot::SnapshotSlot>,
 }
 
 impl Member {

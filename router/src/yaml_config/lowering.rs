@@ -22,12 +22,13 @@ use crate::GlobalError;
 
 use super::errors::{from_yaml, ConfigError, Located};
 use super::model::{
-    AcceptorSettings, DaemonConfig, FabricKind, NetSettings, NiSettings, RouteSettings,
-    RouterChecksGiven, DEFAULT_BUSY_POLL_US,
+    AcceptorSettings, DaemonConfig, FabricKind, MetricsConfig, NetSettings, NiSettings,
+    RouteSettings, RouterChecksGiven, DEFAULT_BUSY_POLL_US, DEFAULT_METRICS_MAX_CONNECTIONS,
+    DEFAULT_METRICS_TOP_PEERS, METRICS_MAX_CONNECTIONS_MAX, METRICS_TOP_PEERS_MAX,
 };
 use super::raw::{
-    RawAcceptor, RawBuffers, RawConfig, RawLndTunables, RawMrPeer, RawNet, RawNi, RawPeer,
-    RawRoute, RoutingSection,
+    RawAcceptor, RawBuffers, RawConfig, RawLndTunables, RawMetrics, RawMrPeer, RawNet, RawNi,
+    RawPeer, RawRoute, RoutingSection,
 };
 
 impl DaemonConfig {
@@ -120,6 +121,9 @@ fn lower(
     cfg.selftest = cfg.given.selftest.unwrap_or(false);
     if let Some(r) = raw.routing {
         lower_routing(r, &mut cfg)?;
+    }
+    if let Some(m) = raw.metrics {
+        cfg.metrics = Some(lower_metrics(&m)?);
     }
     if let Some(a) = raw.acceptor {
         cfg.acceptor = lower_acceptor(&a.value)?;
@@ -493,6 +497,47 @@ fn lower_buffers(b: &RawBuffers, cfg: &mut DaemonConfig) -> Result<(), Located> 
             .map_err(|m| (s.referenced.line(), format!("buffers: scrub: {m}")))?;
     }
     Ok(())
+}
+
+/// `metrics:` (ours): `listen` is required and must be an address with its port (no
+/// default address: the endpoint listens on every interface only when written so).
+fn lower_metrics(m: &Spanned<RawMetrics>) -> Result<MetricsConfig, Located> {
+    let section = m.referenced.line();
+    let m = &m.value;
+    let Some(l) = &m.listen else {
+        return Err((
+            section,
+            "metrics: 'listen' is required (the address and port to serve /metrics on, e.g. \
+             127.0.0.1:9170)"
+                .to_string(),
+        ));
+    };
+    let listen = l.value.trim().parse().map_err(|_| {
+        (
+            l.referenced.line(),
+            format!(
+                "metrics: listen: '{}' is not an address and port (e.g. 127.0.0.1:9170)",
+                crate::text::excerpt(&l.value, 64)
+            ),
+        )
+    })?;
+    Ok(MetricsConfig {
+        listen,
+        top_peers: checked(
+            &m.top_peers,
+            DEFAULT_METRICS_TOP_PEERS,
+            0,
+            METRICS_TOP_PEERS_MAX,
+            "metrics: top_peers",
+        )?,
+        max_connections: checked(
+            &m.max_connections,
+            DEFAULT_METRICS_MAX_CONNECTIONS,
+            1,
+            METRICS_MAX_CONNECTIONS_MAX,
+            "metrics: max_connections",
+        )?,
+    })
 }
 
 /// `global:` (and `numa: range:`): LNet's global tunables. One key at a time for the ranges

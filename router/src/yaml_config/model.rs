@@ -96,6 +96,8 @@ pub struct DaemonConfig {
     /// `acceptor:` (ours; the lnet module's `accept*` parameters): how `tcp` NIs take and
     /// make connections. Already applied to every `tcp` NI's settings.
     pub acceptor: AcceptorSettings,
+    /// `metrics:` (ours): the Prometheus endpoint, off unless given (docs/metrics.md).
+    pub metrics: Option<MetricsConfig>,
     /// Which sections the document had (what `lnetctl import` applies).
     pub given: GivenSections,
 }
@@ -225,6 +227,37 @@ impl Default for AcceptorSettings {
             backlog: d.accept_backlog,
             timeout: d.accept_timeout,
             source_ports: (d.ports_from, d.ports_to),
+        }
+    }
+}
+
+/// `metrics:` (ours): where the daemon serves `GET /metrics`, and its bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// The address and port to listen on: only as written (no default address, so never
+    /// every interface unless `0.0.0.0` or `[::]` is written).
+    pub listen: std::net::SocketAddr,
+    /// How many peer NIs get series of their own, the busiest by messages (bounds the
+    /// cardinality on a router with thousands of peers).
+    pub top_peers: u32,
+    /// Scrapes served at once; a connection beyond them is closed at accept and counted.
+    pub max_connections: u32,
+}
+
+/// `metrics: top_peers:` when not given, and its range.
+pub const DEFAULT_METRICS_TOP_PEERS: u32 = 10;
+pub const METRICS_TOP_PEERS_MAX: u32 = 1000;
+/// `metrics: max_connections:` when not given, and its range.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: u32 = 4;
+pub const METRICS_MAX_CONNECTIONS_MAX: u32 = 64;
+
+impl MetricsConfig {
+    /// Listening on `listen` with the default bounds (`--metrics-listen` without `metrics:`).
+    pub fn on(listen: std::net::SocketAddr) -> MetricsConfig {
+        MetricsConfig {
+            listen,
+            top_peers: DEFAULT_METRICS_TOP_PEERS,
+            max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
         }
     }
 }

@@ -21,6 +21,7 @@ pub(super) struct RawConfig {
     pub(super) route: Vec<RawRoute>,
     pub(super) routing: Option<RoutingSection>,
     pub(super) selftest: Option<RawSelftest>,
+    pub(super) metrics: Option<Spanned<RawMetrics>>,
     pub(super) buffers: Option<RawBuffers>,
     // Written by `lnetctl export` and lnet.conf. `global:` and `numa: range:` set LNet's global
     // tunables, checked as `lnetctl set` checks them (`crate::globals`); `peer:` entries with
@@ -228,6 +229,15 @@ impl<'de> Deserialize<'de> for RoutingItem {
 #[serde(default, deny_unknown_fields)]
 pub(super) struct RawSelftest {
     pub(super) enable: Option<Switch>,
+}
+
+/// `metrics:` (ours): the daemon's Prometheus endpoint (docs/metrics.md).
+#[derive(Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct RawMetrics {
+    pub(super) listen: Option<Spanned<String>>,
+    pub(super) top_peers: Option<Spanned<u32>>,
+    pub(super) max_connections: Option<Spanned<u32>>,
 }
 
 /// `buffers:`: router buffers of each size, for the whole node.

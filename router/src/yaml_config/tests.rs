@@ -537,3 +537,47 @@ fn bad_routes_are_refused_with_their_line_and_reason() {
     assert!(e.message.contains("already exists"), "{e}");
     assert_eq!(e.line, Some(46), "{e}");
 }
+
+/// `metrics:` (issue 36): off unless given; `listen` required, an address with its port; the
+/// bounds checked at their lines; unknown keys refused by name.
+#[test]
+fn metrics_section_is_checked_at_its_lines() {
+    let c = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
+    assert_eq!(c.metrics, None, "off unless configured");
+    let with = |m: &str| format!("{GOOD}metrics:\n{m}");
+    let c = DaemonConfig::parse(&with("    listen: 127.0.0.1:9170\n"), "t.yaml").unwrap();
+    assert_eq!(
+        c.metrics,
+        Some(MetricsConfig::on("127.0.0.1:9170".parse().unwrap()))
+    );
+    let c = DaemonConfig::parse(
+        &with("    listen: 127.0.0.1:9170\n    top_peers: 0\n    max_connections: 2\n"),
+        "t.yaml",
+    )
+    .unwrap();
+    let m = c.metrics.unwrap();
+    assert_eq!((m.top_peers, m.max_connections), (0, 2));
+    let line = GOOD.lines().count() + 2;
+    for (body, want) in [
+        ("    listen: 9170\n", "not an address and port"),
+        ("    listen: localhost\n", "not an address and port"),
+        ("    top_peers: 3\n", "'listen' is required"),
+        (
+            "    listen: 127.0.0.1:9\n    max_connections: 0\n",
+            "max_connections",
+        ),
+        (
+            "    listen: 127.0.0.1:9\n    top_peer: 3\n",
+            "unknown key 'top_peer'",
+        ),
+    ] {
+        let e = DaemonConfig::parse(&with(body), "t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{body:?}: {e}");
+        assert!(e.starts_with("t.yaml:"), "{e}");
+        if want == "not an address and port" {
+            assert!(e.starts_with(&format!("t.yaml:{line}:")), "{e}");
+        }
+    }
+}
