@@ -11,28 +11,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// Writes a line straight to stderr, past the harness's capture, so it shows on a pass too.
-fn notice(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn find_tshark() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TSHARK") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("tshark"))
-        .find(|p| p.is_file())
-}
 
 /// A running `lnetctl capture`, killed and reaped on drop.
 struct Capture {
@@ -237,7 +221,7 @@ fn check_ping_capture(tshark: &Path, cap: Capture, file: &Path, who: &str) {
 
 #[test]
 fn capture_of_a_ping_decodes_in_tshark() {
-    let Some(tshark) = find_tshark() else {
+    let Some(tshark) = find_on_path("TSHARK", "tshark") else {
         assert!(
             std::env::var_os("CI").is_none(),
             "tshark is required in CI (apt-get install tshark)"

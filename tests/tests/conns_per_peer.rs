@@ -14,14 +14,12 @@ use ulnet_tests::send_put;
 use lnd::engine::{ConnState, EndpointConfig, RacePolicy, Tunables};
 use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, Nid};
+use lnd::wire::LnetBody;
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 fn tun(cpp: u16) -> Tunables {
     Tunables {

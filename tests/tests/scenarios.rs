@@ -9,9 +9,7 @@ use ulnet_tests::{
     put_hdr, router_nid, router_reboot_storm, ClientOrders, StormConfig, ROUTER_NID_ORDERS_DISAGREE,
 };
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 fn world(seed: u64) -> World {
     World::new(SimConfig::with_seed(seed))

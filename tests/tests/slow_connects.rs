@@ -15,14 +15,12 @@ use ulnet_tests::send_put;
 use lnd::engine::EndpointConfig;
 use lnd::sim::{NodeId, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, LnetHdr, Nid};
+use lnd::wire::{LnetBody, LnetHdr};
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 /// One seed's run: what each side counted delivered that never arrived, or arrived twice, and
 /// the race-order disagreements both sides counted.

@@ -30,9 +30,7 @@ enum Work {
     Disconnected(ConnId, DisconnectReason),
 }
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 7)

@@ -4,9 +4,7 @@ use super::*;
 use crate::engine::{EndpointConfig, RacePolicy};
 use crate::fabric::RemoteRegion;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn world(seed: u64) -> World {
     World::new(SimConfig::with_seed(seed))

@@ -21,9 +21,7 @@ mod inline_lnd;
 mod routing;
 mod selftest;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 /// (node, NI, connection)
 type End = (usize, usize, ConnId);

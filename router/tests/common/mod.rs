@@ -17,14 +17,20 @@
 //! own log timestamps ([`log_time`]), not by the test's clock.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use router::control::{
     ConnEntry, ControlClient, LndCounters, NiEntry, PingShow, Request, Response,
+};
+// The generic helpers (NIDs, condition waits, scratch directories, ports, skips) are the
+// workspace's `testkit`; the process tests reach them through this module.
+#[allow(unused_imports)] // each test binary uses its own few
+pub use testkit::{
+    find_on_path, held_port, nid, notice, root_or_skip, strip_ansi, tool_or_skip, wait_for,
+    wait_until, Scratch, WAIT,
 };
 
 pub const NID_A: &str = "10.0.0.1@o2ib";
@@ -35,39 +41,6 @@ pub const LND_TIMEOUT: u64 = 2;
 pub const LND_KEEPALIVE: u64 = 1;
 /// How long a control call that is not a ping may take before the test calls it a hang.
 pub const CALL_BOUND: Duration = Duration::from_secs(20);
-/// The overall limit of a condition wait (a daemon starting, a peer going down, a counter
-/// moving): far beyond what any of them takes, so only a condition that never holds reaches it.
-pub const WAIT: Duration = Duration::from_secs(30);
-
-/// A port held by a listener the test keeps and never accepts on: the address of a peer that
-/// is never started. Connects to it complete in the kernel and then hear nothing; no other
-/// process can take the port while the listener lives.
-pub fn held_port() -> (TcpListener, u16) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    (l, port)
-}
-
-/// A per-test scratch directory, removed when the test passes (kept with the logs otherwise).
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(test: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("ulnet-daemon-faults-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 /// One daemon process. Dropping it SIGKILLs and reaps the process (a stopped one too) and, when
 /// the test is failing, prints the tail of its log.
@@ -106,24 +79,6 @@ impl Drop for Daemon {
             }
         }
     }
-}
-
-/// `s` without ANSI escape sequences (`ESC [ ... letter`).
-pub fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 impl Daemon {
@@ -270,6 +225,21 @@ pub fn listen_port(d: &Daemon, nid: &str) -> u16 {
         d.name
     );
     addr.port()
+}
+
+/// Runs `lnet-router --config cfg --socket socket args...` to its end (a start it refuses), with
+/// `LNET_LOG` set to `log` if given; its output.
+pub fn run_to_exit(cfg: &Path, socket: &Path, args: &[&str], log: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lnet-router"));
+    cmd.arg("--config")
+        .arg(cfg)
+        .arg("--socket")
+        .arg(socket)
+        .args(args);
+    if let Some(log) = log {
+        cmd.env("LNET_LOG", log);
+    }
+    cmd.output().unwrap()
 }
 
 /// Starts a daemon on the configuration `yaml` (written to `dir/name.yaml`), with [`Opts`]
@@ -433,20 +403,6 @@ pub fn conns(d: &Daemon) -> Vec<ConnEntry> {
 /// `conn show`, the connections to `nid`.
 pub fn conns_to(d: &Daemon, nid: &str) -> Vec<ConnEntry> {
     conns(d).into_iter().filter(|c| c.peer == nid).collect()
-}
-
-/// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
-pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    loop {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        if t0.elapsed() >= bound {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// B is down as A sees it: `peer show` says down, or no connection to B is left.
@@ -723,39 +679,4 @@ pub fn topo_yaml(
         }
     }
     y
-}
-
-/// Whether a test that needs root may run: true as root. Elsewhere it says SKIPPED and why on
-/// stderr and returns false, unless `CI` is set, where it fails: CI runs as root, so a skip
-/// there would hide a test that never ran (as the tshark tests fail in CI without tshark).
-pub fn root_or_skip(why: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "needs root ({why}), and CI is set: CI must run the tests as root"
-    );
-    eprintln!("SKIPPED: needs root ({why})");
-    false
-}
-
-/// Whether `tool --version` runs here; elsewhere SKIPPED on stderr, or a failure under `CI`
-/// (which installs what its tests need).
-pub fn tool_or_skip(tool: &str, package: &str) -> bool {
-    let found = std::process::Command::new(tool)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{tool} ({package}) not found, and CI is set: CI must install it"
-    );
-    eprintln!("SKIPPED: no {tool} here ({package})");
-    false
 }

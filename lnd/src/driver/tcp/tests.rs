@@ -23,9 +23,7 @@ const STEP_WAIT: StdDuration = StdDuration::from_micros(500);
 /// satisfied by a timeout instead.
 const MIN_WAIT: StdDuration = StdDuration::from_secs(20);
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 7)
