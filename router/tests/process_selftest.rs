@@ -8,32 +8,34 @@ use common::*;
 use router::control::{Request, Response};
 use router::selftest::{LstCommand, LstReply};
 
+const ALL: [&str; 5] = [CLIENT, NEAR, R_A, R_B, FAR];
 const PORT: u16 = 9977;
-const CLIENT: &str = "10.0.0.1@o2ib";
 const NEAR: &str = "10.0.0.2@o2ib";
-const R_A: &str = "10.0.0.254@o2ib";
-const R_B: &str = "10.1.0.254@o2ib1";
-const FAR: &str = "10.1.0.2@o2ib1";
+
+/// Every NID of the topology, each daemon on its own loopback address.
+fn site(test: u8) -> Site {
+    Site {
+        all: &ALL,
+        port: PORT,
+        a: 200 + test,
+        nid_addresses: false,
+        extra: |routing| {
+            let buffers = if routing {
+                "buffers:\n    large: 64\n"
+            } else {
+                ""
+            };
+            format!("{buffers}selftest:\n    enable: 1\n")
+        },
+    }
+}
 
 fn address_of(test: u8, nid: &str) -> String {
-    let b = (std::process::id() % 250) as u8 + 1;
-    let host = [CLIENT, NEAR, R_A, R_B, FAR]
-        .iter()
-        .position(|n| *n == nid)
-        .unwrap() as u8
-        + 1;
-    format!("127.{}.{b}.{host}:{PORT}", 200 + test)
+    site(test).address(nid)
 }
 
 fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    let buffers = if routing {
-        "buffers:\n    large: 64\n"
-    } else {
-        ""
-    };
-    let extra = format!("{buffers}selftest:\n    enable: 1\n");
-    let all = [CLIENT, NEAR, R_A, R_B, FAR];
-    topo_yaml(nis, route, routing, &extra, &all, |n| address_of(test, n))
+    site(test).yaml(nis, route.as_slice(), routing)
 }
 
 /// client (console), near server, router, far server; the client's route up.
@@ -47,26 +49,10 @@ struct Topo {
 
 fn topo(t: u8, name: &str) -> Topo {
     let s = Scratch::new(name);
-    let o = Opts::default;
-    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A, R_B], None, true), o());
-    let far = start_yaml(
-        &s.0,
-        "far",
-        &yaml(t, &[FAR], Some(("o2ib", R_B)), false),
-        o(),
-    );
-    let near = start_yaml(
-        &s.0,
-        "near",
-        &yaml(t, &[NEAR], Some(("o2ib1", R_A)), false),
-        o(),
-    );
-    let client = start_yaml(
-        &s.0,
-        "client",
-        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
-        o(),
-    );
+    let site = site(t);
+    let router = site.start(&s.0, "router", &[R_A, R_B], &[], true);
+    let near = site.start(&s.0, "near", &[NEAR], &[("o2ib1", R_A)], false);
+    let (far, client) = site.start_ends(&s.0);
     ping_until_ok(&client, FAR, WAIT);
     ping_until_ok(&far, CLIENT, WAIT);
     ping_until_ok(&client, NEAR, WAIT);
@@ -86,18 +72,6 @@ fn lst(d: &Daemon, cmd: LstCommand) -> LstReply {
     }
 }
 
-fn ctl(d: &Daemon, args: &[&str]) -> String {
-    let out = lnetctl(d, args);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lnetctl {args:?}: {:?}\nstdout: {text}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// The admin's flow, lst's commands one by one from lnetctl: a session over a client and two
 /// servers (one beside it, one through the router), brw read and write with check=full at
 /// sizes from 1 byte to 1 MiB (odd lengths, a non-zero offset), each batch run to its end;
@@ -106,17 +80,17 @@ fn ctl(d: &Daemon, args: &[&str]) -> String {
 fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
     let t = topo(1, "lst_commands");
     let c = &t.client;
-    ctl(c, &["selftest", "new_session", "--timeout", "20", "sweep"]);
-    let out = ctl(c, &["selftest", "add_group", "c", CLIENT]);
+    lnetctl_ok(c, &["selftest", "new_session", "--timeout", "20", "sweep"]);
+    let out = lnetctl_ok(c, &["selftest", "add_group", "c", CLIENT]);
     assert!(out.contains("1 node(s) added to group c"), "{out}");
-    ctl(c, &["selftest", "add_group", "s", &format!("{NEAR},{FAR}")]);
+    lnetctl_ok(c, &["selftest", "add_group", "s", &format!("{NEAR},{FAR}")]);
     let mut k = 0;
     for size in ["1", "4095", "65543", "1M"] {
         for op in ["read", "write"] {
             k += 1;
             let b = format!("b{k}");
-            ctl(c, &["selftest", "add_batch", &b]);
-            ctl(
+            lnetctl_ok(c, &["selftest", "add_batch", &b]);
+            lnetctl_ok(
                 c,
                 &[
                     "selftest",
@@ -140,7 +114,7 @@ fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
                     "off=8",
                 ],
             );
-            ctl(c, &["selftest", "run", &b]);
+            lnetctl_ok(c, &["selftest", "run", &b]);
             let ended = wait_for(WAIT, || {
                 lst(c, LstCommand::Query { batch: b.clone() })
                     .nodes
@@ -170,7 +144,7 @@ fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
         let s = stat.stats.iter().find(|s| s.nid == nid).unwrap();
         assert_eq!((s.bulk_put, s.bulk_get), (bytes, bytes), "{s:?}");
     }
-    let text = ctl(c, &["selftest", "stat", "--delay", "1", "c", "s"]);
+    let text = lnetctl_ok(c, &["selftest", "stat", "--delay", "1", "c", "s"]);
     for want in [
         "[LNet Rates of c]",
         "[LNet Bandwidth of s]",
@@ -179,15 +153,15 @@ fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
     ] {
         assert!(text.contains(want), "{want} not in\n{text}");
     }
-    let out = ctl(c, &["selftest", "list_batch"]);
+    let out = lnetctl_ok(c, &["selftest", "list_batch"]);
     assert!(
         out.contains("brw write size=1048576 check=full off=8"),
         "{out}"
     );
-    ctl(c, &["selftest", "end_session"]);
+    lnetctl_ok(c, &["selftest", "end_session"]);
     // The nodes are free: another console takes them without --force.
-    ctl(&t.far, &["selftest", "new_session", "again"]);
-    let out = ctl(&t.far, &["selftest", "add_group", "g", NEAR]);
+    lnetctl_ok(&t.far, &["selftest", "new_session", "again"]);
+    let out = lnetctl_ok(&t.far, &["selftest", "add_group", "g", NEAR]);
     assert!(out.contains("1 node(s) added"), "{out}");
     // The router forwarded the routed half and its books balance.
     let r = match call(&t.router, Request::RoutingShow) {
@@ -273,7 +247,7 @@ fn run_test_reports_a_routed_session() {
     );
     assert_eq!(r.nodes[0].status, Some(0), "{r:?}");
     // `net show --net` (lnetctl's filter) on the router: one of its two nets.
-    let out = ctl(&t.router, &["net", "show", "--net", "o2ib1"]);
+    let out = lnetctl_ok(&t.router, &["net", "show", "--net", "o2ib1"]);
     assert!(out.contains(R_B) && !out.contains(R_A), "{out}");
     let o = lnetctl(&t.router, &["net", "show", "--net", "o2ib9"]);
     assert_eq!(o.status.code(), Some(1));
@@ -334,21 +308,9 @@ fn selftest_is_off_unless_enabled() {
 fn routing_turned_on_later_forwards_bulk() {
     let t = 3;
     let s = Scratch::new("routing_later");
-    let o = Opts::default;
-    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A, R_B], None, false), o());
-    let _far = start_yaml(
-        &s.0,
-        "far",
-        &yaml(t, &[FAR], Some(("o2ib", R_B)), false),
-        o(),
-    );
-    let client = start_yaml(
-        &s.0,
-        "client",
-        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
-        o(),
-    );
-    ctl(&router, &["set", "routing", "1"]);
+    let router = site(t).start(&s.0, "router", &[R_A, R_B], &[], false);
+    let (_far, client) = site(t).start_ends(&s.0);
+    lnetctl_ok(&router, &["set", "routing", "1"]);
     ping_until_ok(&client, FAR, WAIT);
     let out = lnetctl(
         &client,
@@ -438,7 +400,7 @@ fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
     );
     assert!(stdout.contains("[LNet Rates of servers]"), "{stdout}");
     // The daemon still answers, and its test ran: pings went round in memory.
-    let out = ctl(&d, &["stats", "show"]);
+    let out = lnetctl_ok(&d, &["stats", "show"]);
     assert!(out.contains("statistics:"), "{out}");
     let lat = lst(
         &d,
@@ -741,8 +703,7 @@ fn run_test_names_and_fails_the_rpcs_that_never_complete() {
 /// every RPC completed and nothing failed. Its JSON summary.
 fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> serde_json::Value {
     let s = Scratch::new(name);
-    let o = Opts::default;
-    let dual = start_yaml(&s.0, "dual", &yaml(t, &[R_A, R_B], None, false), o());
+    let dual = site(t).start(&s.0, "dual", &[R_A, R_B], &[], false);
     let mut args = vec![
         "--json",
         "selftest",
@@ -777,9 +738,9 @@ fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> ser
         assert_eq!(v[k], 0, "{k}: {v}");
     }
     // The daemon still has every NI's selftest to itself: the session ended everywhere.
-    let again = ctl(&dual, &["selftest", "new_session", "again"]);
+    let again = lnetctl_ok(&dual, &["selftest", "new_session", "again"]);
     assert!(again.contains("opened"), "{again}");
-    let added = ctl(&dual, &["selftest", "add_group", "g", R_A, R_B]);
+    let added = lnetctl_ok(&dual, &["selftest", "add_group", "g", R_A, R_B]);
     assert!(added.contains("2 node(s) added"), "{added}");
     v
 }

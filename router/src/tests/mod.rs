@@ -425,6 +425,14 @@ impl Fabric {
         self.register_shared(n, &mem)
     }
 
+    /// Registers `bytes` as node `n`'s memory and describes all of it for its NI 0: a bulk
+    /// buffer the test does not read back.
+    fn bulk_buf(&mut self, n: usize, bytes: Vec<u8>) -> BulkBuf {
+        let len = bytes.len() as u32;
+        let reg = self.register(n, bytes);
+        BulkBuf::new(NiIndex(0), &reg, 0, len).unwrap()
+    }
+
     /// Registers `mem` with node `n` (several nodes may register the same memory).
     fn register_shared(
         &mut self,
@@ -1441,8 +1449,7 @@ fn a_message_to_a_sibling_nis_nid_is_delivered_by_that_runtime() {
         BulkBuf::new(NiIndex(0), &reg1, 8, 16).unwrap(),
         src.clone(),
     );
-    let reg0 = f.register(0, vec![0; 32]);
-    let sink = BulkBuf::new(NiIndex(0), &reg0, 0, 32).unwrap();
+    let sink = f.bulk_buf(0, vec![0; 32]);
     let get = f.nodes[0].send_get_bulk(now, a1, 52, 5, sink).unwrap();
     f.run_for(Duration::from_millis(10));
     let mine: Vec<_> = f.take_events(0).into_iter().map(|(_, e)| e).collect();

@@ -641,42 +641,106 @@ pub fn thread_names(d: &Daemon) -> Vec<String> {
     names
 }
 
-/// A daemon's configuration for the topology tests (client, routers, servers, each daemon on
-/// its own loopback address): tcp NIs `nis`, each listening at `addr(nid)` with the small LND
-/// tunables and no busy-poll; one route (net, gateway) with `hop: 1`, if any; routing on or
-/// off with the router pinger at 1 s; `extra` top-level lines (buffers, selftest); and the
-/// address of every NID of `all` the daemon does not run.
-pub fn topo_yaml(
-    nis: &[&str],
-    route: Option<(&str, &str)>,
-    routing: bool,
-    extra: &str,
-    all: &[&str],
-    addr: impl Fn(&str) -> String,
-) -> String {
-    let mut y = String::from("net:\n");
-    for ni in nis {
-        let net = ni.split('@').nth(1).unwrap();
-        y.push_str(&format!(
-            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
-            addr(ni)
-        ));
-    }
-    if let Some((net, gw)) = route {
-        y.push_str(&format!(
-            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-        ));
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        u8::from(routing)
-    ));
-    y.push_str(extra);
-    y.push_str("peers:\n");
-    for n in all {
-        if !nis.contains(n) {
-            y.push_str(&format!("    - nid: {n}\n      address: {}\n", addr(n)));
+/// The daemons of a routed test on loopback. Every NID of `all` listens on its own 127.a.b.c and
+/// `port` (a: `a`, the test file's base plus the test's number; b from this process's id; c the
+/// NID's place in `all`), so every daemon knows the others' addresses before any starts, and a
+/// restarted one binds its own again. Nothing else uses those addresses.
+pub struct Site {
+    pub all: &'static [&'static str],
+    pub port: u16,
+    pub a: u8,
+    /// Each NI listens on its NID's own address instead (the test across network namespaces).
+    pub nid_addresses: bool,
+    /// YAML after `routing:` (buffers, selftest), given whether the daemon routes.
+    pub extra: fn(bool) -> String,
+}
+
+impl Site {
+    /// Where `nid` listens.
+    pub fn address(&self, nid: &str) -> String {
+        let port = self.port;
+        if self.nid_addresses {
+            return format!("{}:{port}", nid.split('@').next().unwrap());
         }
+        let b = (std::process::id() % 250) as u8 + 1;
+        let host = self.all.iter().position(|n| *n == nid).unwrap() as u8 + 1;
+        format!("127.{}.{b}.{host}:{port}", self.a)
     }
-    y
+
+    /// A daemon's YAML: its NIs, its routes (net, gateway), routing on or off, the health
+    /// settings small, the LND's tunables small, [`Site::extra`], and every other NID's address.
+    pub fn yaml(&self, nis: &[&str], routes: &[(&str, &str)], routing: bool) -> String {
+        let mut y = String::from("net:\n");
+        for ni in nis {
+            let net = ni.split('@').nth(1).unwrap();
+            y.push_str(&format!(
+                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
+                self.address(ni)
+            ));
+        }
+        if !routes.is_empty() {
+            y.push_str("route:\n");
+            for (net, gw) in routes {
+                y.push_str(&format!(
+                    "    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
+                ));
+            }
+        }
+        y.push_str(&format!(
+            "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+            u8::from(routing)
+        ));
+        y.push_str(&(self.extra)(routing));
+        y.push_str("peers:\n");
+        for n in self.all {
+            if !nis.contains(n) {
+                y.push_str(&format!(
+                    "    - nid: {n}\n      address: {}\n",
+                    self.address(n)
+                ));
+            }
+        }
+        y
+    }
+
+    /// Starts daemon `name` on [`Site::yaml`] with the default [`Opts`].
+    pub fn start(
+        &self,
+        dir: &Path,
+        name: &str,
+        nis: &[&str],
+        routes: &[(&str, &str)],
+        routing: bool,
+    ) -> Daemon {
+        start_yaml(dir, name, &self.yaml(nis, routes, routing), Opts::default())
+    }
+}
+
+/// The routed pair's NIDs: the client on o2ib, the router's two NIs, the far server on o2ib1.
+pub const CLIENT: &str = "10.0.0.1@o2ib";
+pub const R_A: &str = "10.0.0.254@o2ib";
+pub const R_B: &str = "10.1.0.254@o2ib1";
+pub const FAR: &str = "10.1.0.2@o2ib1";
+
+impl Site {
+    /// The two ends of a routed pair, started in this order: the far server (routing o2ib
+    /// through [`R_B`]) and the client (routing o2ib1 through [`R_A`]).
+    pub fn start_ends(&self, dir: &Path) -> (Daemon, Daemon) {
+        let far = self.start(dir, "far", &[FAR], &[("o2ib", R_B)], false);
+        let client = self.start(dir, "client", &[CLIENT], &[("o2ib1", R_A)], false);
+        (far, client)
+    }
+}
+
+/// `lnetctl --socket <d's socket> args...`, which must succeed; its standard output.
+pub fn lnetctl_ok(d: &Daemon, args: &[&str]) -> String {
+    let out = lnetctl(d, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lnetctl {args:?}: {:?}\nstdout: {text}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
