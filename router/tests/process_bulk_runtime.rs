@@ -14,21 +14,9 @@ const ALL: [&str; 4] = [CLIENT, R_A, R_B, FAR];
 
 /// Every NID of the topology, each daemon on its own loopback address.
 fn site(test: u8) -> Site {
-    Site {
-        all: &ALL,
-        port: PORT,
-        a: 210 + test,
-        nid_addresses: false,
-        extra: |_| "buffers:\n    large: 16\nselftest:\n    enable: 1\n".into(),
-    }
-}
-
-fn address_of(test: u8, nid: &str) -> String {
-    site(test).address(nid)
-}
-
-fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    site(test).yaml(nis, route.as_slice(), routing)
+    Site::loopback(&ALL, PORT, 210 + test, |_| {
+        "buffers:\n    large: 16\nselftest:\n    enable: 1\n".into()
+    })
 }
 
 /// A router running only `R_A` (routing on or off), a client routing o2ib1 through it and a far
@@ -77,7 +65,7 @@ fn assert_pool_quiet(d: &Daemon) {
 }
 
 fn add_r_b(t: &Topo, test: u8) {
-    let listen = address_of(test, R_B);
+    let listen = site(test).address(R_B);
     lnetctl_ok(
         &t.router,
         &[
@@ -93,16 +81,11 @@ fn brw_through(t: &Topo, units: u32, loops: u32) -> router::control::ForwardingC
     ping_until_ok(&t.client, FAR, WAIT);
     let before = routing(&t.router).forwarding;
     let (c, l) = (units.to_string(), loops.to_string());
-    let out = lnetctl(
+    let out = run_test(
         &t.client,
+        CLIENT,
+        FAR,
         &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
             "--concurrency",
             &c,
             "--loop",
@@ -121,8 +104,7 @@ fn brw_through(t: &Topo, units: u32, loops: u32) -> router::control::ForwardingC
         String::from_utf8_lossy(&out.stderr),
         log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
     );
-    let json_start = stdout.find("{\n").expect("a JSON summary");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let v = json_summary(&stdout);
     assert_eq!(v["brw_errors"], 0, "{v}");
     assert_eq!(
         v["latency"][0]["count"],
@@ -208,7 +190,9 @@ fn a_router_configured_by_import_on_a_daemon_started_without_nis_forwards_bulk()
     );
     let (far, client) = site(test).start_ends(&s.0);
     // lnet_selftest starts with a daemon, not by import: the router needs none.
-    let doc = yaml(test, &[R_A, R_B], None, true).replace("selftest:\n    enable: 1\n", "");
+    let doc = site(test)
+        .yaml(&[R_A, R_B], &[], true)
+        .replace("selftest:\n    enable: 1\n", "");
     let file = s.0.join("lnet.conf");
     std::fs::write(&file, doc).unwrap();
     assert_eq!(

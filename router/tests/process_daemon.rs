@@ -70,16 +70,7 @@ fn two_daemons_ping_and_stop_gracefully() {
 
     // A saw the graceful close: the peer goes down, its connection is gone.
     wait_until(WAIT, "A sees B down", || {
-        let Response::Peer(peers) = call(
-            &a,
-            Request::PeerShow {
-                nid: Some("10.0.0.2@o2ib".into()),
-                verbose: false,
-            },
-        ) else {
-            panic!()
-        };
-        peers.peer[0].peer_ni[0].state == "down"
+        peer_state(&a, "10.0.0.2@o2ib").as_deref() == Some("down")
     });
     drop(a);
 }

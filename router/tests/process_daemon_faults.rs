@@ -210,7 +210,11 @@ fn restart_with_queued_traffic_reconnects_to_the_new_instance() {
 
     // B's new instance, on B's port again (A knows B there): listening, then frozen before
     // anyone connects.
-    p.b = start_with(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, lnd);
+    let opts = Opts {
+        lnd,
+        ..Opts::default()
+    };
+    p.b = start_opts(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, opts);
     p.b.signal("-STOP");
 
     let mut ping = std::process::Command::new(lnetctl_bin())

@@ -46,12 +46,7 @@ fn ping_of_two_hundred_nids_answers_each_in_order() {
     assert!(!stderr.contains("busy"), "{stderr}");
     assert_eq!(code, Some(1), "two NIDs fail: {stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).expect(&stdout);
-    let ok: Vec<&str> = v["ping"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["primary nid"].as_str().unwrap())
-        .collect();
+    let ok: Vec<&str> = json_strs(&v["ping"], "primary nid");
     // 0@lo and our own NIDs answer with the node's primary NID, as in LNet.
     assert_eq!(ok.len(), 202, "{ok:?}");
     assert!(ok.iter().all(|n| *n == "127.0.0.1@o2ib"), "{ok:?}");
@@ -59,12 +54,7 @@ fn ping_of_two_hundred_nids_answers_each_in_order() {
     // Its failures as the error block on stderr (issue 32, item 5), stdout has none.
     assert!(v.get("manage").is_none(), "{stdout}");
     let e: serde_json::Value = serde_json::from_str(&stderr).expect(&stderr);
-    let failed: Vec<&str> = e["manage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["descr"].as_str().unwrap())
-        .collect();
+    let failed: Vec<&str> = json_strs(&e["manage"], "descr");
     assert_eq!(failed.len(), 2, "{failed:?}");
     assert!(failed[0].contains("127.0.1.2@o2ib1"), "{failed:?}");
     assert!(failed[1].contains("127.0.0.9@o2ib3"), "{failed:?}");

@@ -423,15 +423,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
         assert_eq!(o.status.code(), Some(0), "{o:?}");
         String::from_utf8(o.stdout).unwrap()
     };
-    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c
-            .conn
-            .iter()
-            .map(|c| c.incarnation.clone())
-            .collect::<Vec<_>>(),
-        other => panic!("{other:?}"),
-    };
-    let before = conns(&p.a);
+    let before = incarnations(&p.a);
     assert!(!before.is_empty());
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
     for (name, value) in [
@@ -468,7 +460,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     let o = lnetctl(&p.a, &["set", "health_sensitivity", "0"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
-    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    assert_eq!(incarnations(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
 
@@ -481,15 +473,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
 fn export_and_import_round_trip_on_a_running_daemon() {
     use router::yaml_config::DaemonConfig;
     let p = connected_pair("export_import");
-    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c
-            .conn
-            .iter()
-            .map(|c| c.incarnation.clone())
-            .collect::<Vec<_>>(),
-        other => panic!("{other:?}"),
-    };
-    let before = conns(&p.a);
+    let before = incarnations(&p.a);
     assert!(!before.is_empty());
     let run = |args: &[&str]| out(&lnetctl(&p.a, args));
     assert_eq!(
@@ -614,7 +598,7 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(err.contains("ping 10.9.9.9@o2ib9"), "{err}");
-    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    assert_eq!(incarnations(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
 

@@ -14,28 +14,14 @@ const NEAR: &str = "10.0.0.2@o2ib";
 
 /// Every NID of the topology, each daemon on its own loopback address.
 fn site(test: u8) -> Site {
-    Site {
-        all: &ALL,
-        port: PORT,
-        a: 200 + test,
-        nid_addresses: false,
-        extra: |routing| {
-            let buffers = if routing {
-                "buffers:\n    large: 64\n"
-            } else {
-                ""
-            };
-            format!("{buffers}selftest:\n    enable: 1\n")
-        },
-    }
-}
-
-fn address_of(test: u8, nid: &str) -> String {
-    site(test).address(nid)
-}
-
-fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    site(test).yaml(nis, route.as_slice(), routing)
+    Site::loopback(&ALL, PORT, 200 + test, |routing| {
+        let buffers = if routing {
+            "buffers:\n    large: 64\n"
+        } else {
+            ""
+        };
+        format!("{buffers}selftest:\n    enable: 1\n")
+    })
 }
 
 /// client (console), near server, router, far server; the client's route up.
@@ -177,16 +163,11 @@ fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
 #[test]
 fn run_test_reports_a_routed_session() {
     let t = topo(2, "run_test");
-    let out = lnetctl(
+    let out = run_test(
         &t.client,
+        CLIENT,
+        FAR,
         &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
             "--concurrency",
             "2",
             "--loop",
@@ -202,8 +183,7 @@ fn run_test_reports_a_routed_session() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("[LNet Bandwidth of servers]"), "{stdout}");
     assert!(stderr.contains("clients: R"), "a progress line: {stderr}");
-    let json_start = stdout.find("{\n").expect("a JSON summary");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let v = json_summary(&stdout);
     assert_eq!(v["brw_errors"], 0, "{v}");
     assert_eq!(v["latency"][0]["test"], "brw write");
     assert_eq!(v["latency"][0]["count"], 50, "2 units x 25 loops: {v}");
@@ -262,13 +242,14 @@ fn run_test_reports_a_routed_session() {
 fn selftest_is_off_unless_enabled() {
     let s = Scratch::new("selftest_off");
     let t = 3;
-    let off =
-        yaml(t, &[NEAR], Some(("o2ib1", R_A)), false).replace("selftest:\n    enable: 1\n", "");
+    let off = site(t)
+        .yaml(&[NEAR], &[("o2ib1", R_A)], false)
+        .replace("selftest:\n    enable: 1\n", "");
     let near = start_yaml(&s.0, "near", &off, Opts::default());
     let client = start_yaml(
         &s.0,
         "client",
-        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        &site(t).yaml(&[CLIENT], &[("o2ib1", R_A)], false),
         Opts::default(),
     );
     ping_until_ok(&client, NEAR, WAIT);
@@ -312,16 +293,11 @@ fn routing_turned_on_later_forwards_bulk() {
     let (_far, client) = site(t).start_ends(&s.0);
     lnetctl_ok(&router, &["set", "routing", "1"]);
     ping_until_ok(&client, FAR, WAIT);
-    let out = lnetctl(
+    let out = run_test(
         &client,
+        CLIENT,
+        FAR,
         &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
             "--concurrency",
             "2",
             "--loop",
@@ -334,8 +310,7 @@ fn routing_turned_on_later_forwards_bulk() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    let json_start = stdout.find("{\n").expect("a JSON summary");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let v = json_summary(&stdout);
     assert_eq!(v["brw_errors"], 0, "{v}");
     assert_eq!(v["latency"][0]["count"], 10, "2 units x 5 loops: {v}");
     let r = match call(&router, Request::RoutingShow) {
@@ -357,7 +332,7 @@ fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
     let d = start_yaml(
         &s.0,
         "client",
-        &yaml(3, &[CLIENT], None, false),
+        &site(3).yaml(&[CLIENT], &[], false),
         Opts::default(),
     );
     let mut child = std::process::Command::new(lnetctl_bin())
@@ -549,7 +524,7 @@ fn pump(
 
 /// `yaml` with the address it gives peer `nid` replaced by `address`.
 fn with_peer_address(yaml: String, t: u8, nid: &str, address: &str) -> String {
-    let was = format!("- nid: {nid}\n      address: {}\n", address_of(t, nid));
+    let was = format!("- nid: {nid}\n      address: {}\n", site(t).address(nid));
     assert!(yaml.contains(&was), "{yaml}");
     yaml.replace(&was, &format!("- nid: {nid}\n      address: {address}\n"))
 }
@@ -571,17 +546,18 @@ fn run_over_refused_bulk(
     let b = (std::process::id() % 250) as u8 + 1;
     let via_router = format!("127.{}.{b}.6:{PORT}", 200 + t);
     let via_client = format!("127.{}.{b}.7:{PORT}", 200 + t);
-    let to_router = BulkLosingProxy::start(&via_router, &address_of(t, R_A));
-    let to_client = BulkLosingProxy::start(&via_client, &address_of(t, CLIENT));
-    let router_yaml = with_peer_address(yaml(t, &[R_A, R_B], None, true), t, CLIENT, &via_client);
+    let to_router = BulkLosingProxy::start(&via_router, &site(t).address(R_A));
+    let to_client = BulkLosingProxy::start(&via_client, &site(t).address(CLIENT));
+    let router_yaml =
+        with_peer_address(site(t).yaml(&[R_A, R_B], &[], true), t, CLIENT, &via_client);
     let router = start_yaml(&s.0, "router", &router_yaml, o());
-    let far_yaml = yaml(t, &[FAR], Some(("o2ib", R_B)), false).replace(
+    let far_yaml = site(t).yaml(&[FAR], &[("o2ib", R_B)], false).replace(
         &format!("timeout: {LND_TIMEOUT}\n"),
         &format!("timeout: {far_timeout}\n"),
     );
     let _far = start_yaml(&s.0, "far", &far_yaml, o());
     let client_yaml = with_peer_address(
-        yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
+        site(t).yaml(&[CLIENT], &[("o2ib1", R_A)], false),
         t,
         R_A,
         &via_router,
@@ -589,16 +565,11 @@ fn run_over_refused_bulk(
     let client = start_yaml(&s.0, "client", &client_yaml, o());
     ping_until_ok(&client, FAR, WAIT);
     let summary = s.0.join("summary.json");
-    let out = lnetctl(
+    let out = run_test(
         &client,
+        CLIENT,
+        FAR,
         &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
             "--duration",
             "1",
             "--summary",
@@ -704,21 +675,9 @@ fn run_test_names_and_fails_the_rpcs_that_never_complete() {
 fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> serde_json::Value {
     let s = Scratch::new(name);
     let dual = site(t).start(&s.0, "dual", &[R_A, R_B], &[], false);
-    let mut args = vec![
-        "--json",
-        "selftest",
-        "run-test",
-        "--from",
-        from,
-        "--to",
-        to,
-        "--concurrency",
-        "2",
-        "--loop",
-        "10",
-    ];
+    let mut args = vec!["--concurrency", "2", "--loop", "10"];
     args.extend_from_slice(test);
-    let out = lnetctl(&dual, &args);
+    let out = run_test(&dual, from, to, &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
@@ -726,8 +685,7 @@ fn run_on_two_nis(t: u8, name: &str, from: &str, to: &str, test: &[&str]) -> ser
         Some(0),
         "{from} -> {to} {test:?}:\n{stdout}\n{stderr}"
     );
-    let json_start = stdout.find("{\n").expect("a JSON summary");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let v = json_summary(&stdout);
     // 2 units x 10 loops, every one completed, nothing failed anywhere.
     assert_eq!(
         (&v["rpcs_sent"], &v["rpcs_completed"]),

@@ -6,8 +6,8 @@
 //! - [`Scratch`] and [`TempFile`]: per-test paths under the temp directory, removed when the test
 //!   passes;
 //! - [`held_port`]: a loopback port nobody else can take, where no peer answers;
-//! - [`root_or_skip`], [`tool_or_skip`], [`find_on_path`], [`notice`]: a test that needs root or
-//!   a tool says so when it skips, and fails under `CI` (which provides both);
+//! - [`run_or_skip`], [`root_or_skip`], [`tool_or_skip`], [`find_on_path`], [`notice`]: a test
+//!   that needs root or a tool says so when it skips, and fails under `CI` (which provides both);
 //! - [`strip_ansi`]: a daemon log without its colours.
 //!
 //! It depends on no workspace crate (see Cargo.toml): the daemon helpers, which need
@@ -172,23 +172,29 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Whether a test that needs root may run: true as root. Elsewhere it says SKIPPED and why on
-/// stderr and returns false, unless `CI` is set, where it fails: CI runs as root, so a skip
-/// there would hide a test that never ran (as the tshark tests fail in CI without tshark).
-pub fn root_or_skip(why: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
+/// Whether a test whose needs are `met` may run. If they are not, it says `SKIPPED: what` on
+/// stderr (past the harness's capture) and returns false, unless `CI` is set, where it fails:
+/// CI runs as root and installs the tools its tests need, so a skip there would hide a test
+/// that never ran.
+pub fn run_or_skip(met: bool, what: &str) -> bool {
+    if met {
         return true;
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "needs root ({why}), and CI is set: CI must run the tests as root"
+        "{what}, and CI is set: CI must provide it"
     );
-    eprintln!("SKIPPED: needs root ({why})");
+    notice(&format!("SKIPPED: {what}"));
     false
 }
 
-/// Whether `tool --version` runs here; elsewhere SKIPPED on stderr, or a failure under `CI`
-/// (which installs what its tests need).
+/// Whether a test that needs root may run ([`run_or_skip`]).
+pub fn root_or_skip(why: &str) -> bool {
+    let root = rustix::process::geteuid().is_root();
+    run_or_skip(root, &format!("needs root ({why})"))
+}
+
+/// Whether `tool --version` runs here ([`run_or_skip`]).
 pub fn tool_or_skip(tool: &str, package: &str) -> bool {
     let found = std::process::Command::new(tool)
         .arg("--version")
@@ -196,15 +202,7 @@ pub fn tool_or_skip(tool: &str, package: &str) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if found {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{tool} ({package}) not found, and CI is set: CI must install it"
-    );
-    eprintln!("SKIPPED: no {tool} here ({package})");
-    false
+    run_or_skip(found, &format!("no {tool} here ({package})"))
 }
 
 #[cfg(test)]

@@ -419,7 +419,7 @@ fn case(label: &'static str, m: KibMsg<'_>, checksum: bool) -> Case {
 // The messages
 // ---------------------------------------------------------------------------------------------
 
-use testkit::{find_on_path, nid, notice, TempFile};
+use testkit::{find_on_path, nid, run_or_skip, TempFile};
 
 fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
     let client = nid("10.0.0.1@o2ib2");
@@ -699,13 +699,14 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
 
 #[test]
 fn tshark_decodes_our_o2iblnd_messages() {
-    let Some(tshark) = find_on_path("TSHARK", "tshark") else {
-        if std::env::var_os("CI").is_some() {
-            panic!("tshark not found on PATH, and CI is set: CI must install tshark");
-        }
-        notice("SKIP: tshark not found (install the tshark package to run this test)");
+    let tshark = find_on_path("TSHARK", "tshark");
+    if !run_or_skip(
+        tshark.is_some(),
+        "tshark not found (install the tshark package)",
+    ) {
         return;
-    };
+    }
+    let tshark = tshark.unwrap();
 
     let mut ping_buf = [0u8; 256];
     let cases = cases(&mut ping_buf);

@@ -29,8 +29,8 @@ use router::control::{
 // workspace's `testkit`; the process tests reach them through this module.
 #[allow(unused_imports)] // each test binary uses its own few
 pub use testkit::{
-    find_on_path, held_port, nid, notice, root_or_skip, strip_ansi, tool_or_skip, wait_for,
-    wait_until, Scratch, WAIT,
+    find_on_path, held_port, nid, notice, root_or_skip, run_or_skip, strip_ansi, tool_or_skip,
+    wait_for, wait_until, Scratch, WAIT,
 };
 
 pub const NID_A: &str = "10.0.0.1@o2ib";
@@ -116,24 +116,7 @@ impl Daemon {
 /// Writes `name.yaml` (one tcp NI `nid` on 127.0.0.1:`port`, the peer at 127.0.0.1:`peer_port`,
 /// the small LND tunables) and starts the daemon; returns once its control socket answers.
 pub fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
-    start_with(dir, name, nid, port, peer, peer_port, Lnd::default())
-}
-
-/// [`start`] with other LND tunables.
-pub fn start_with(
-    dir: &Path,
-    name: &str,
-    nid: &str,
-    port: u16,
-    peer: &str,
-    peer_port: u16,
-    lnd: Lnd,
-) -> Daemon {
-    let opts = Opts {
-        lnd,
-        ..Opts::default()
-    };
-    start_opts(dir, name, nid, port, peer, peer_port, opts)
+    start_opts(dir, name, nid, port, peer, peer_port, Opts::default())
 }
 
 /// How [`start_opts`] starts a daemon, beyond its NI and peer.
@@ -400,6 +383,11 @@ pub fn conns(d: &Daemon) -> Vec<ConnEntry> {
     }
 }
 
+/// `conn show`: the incarnations of the connections (a reconnect changes them).
+pub fn incarnations(d: &Daemon) -> Vec<String> {
+    conns(d).into_iter().map(|c| c.incarnation).collect()
+}
+
 /// `conn show`, the connections to `nid`.
 pub fn conns_to(d: &Daemon, nid: &str) -> Vec<ConnEntry> {
     conns(d).into_iter().filter(|c| c.peer == nid).collect()
@@ -656,6 +644,22 @@ pub struct Site {
 }
 
 impl Site {
+    /// The NIDs `all` on their own loopback addresses, `port`, 127.`a`, with `extra` YAML.
+    pub fn loopback(
+        all: &'static [&'static str],
+        port: u16,
+        a: u8,
+        extra: fn(bool) -> String,
+    ) -> Site {
+        Site {
+            all,
+            port,
+            a,
+            nid_addresses: false,
+            extra,
+        }
+    }
+
     /// Where `nid` listens.
     pub fn address(&self, nid: &str) -> String {
         let port = self.port;
@@ -730,6 +734,27 @@ impl Site {
         let client = self.start(dir, "client", &[CLIENT], &[("o2ib1", R_A)], false);
         (far, client)
     }
+}
+
+/// `lnetctl --json selftest run-test --from FROM --to TO args...` on `d`, with its output.
+pub fn run_test(d: &Daemon, from: &str, to: &str, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["--json", "selftest", "run-test", "--from", from, "--to", to];
+    all.extend_from_slice(args);
+    lnetctl(d, &all)
+}
+
+/// The string `key` of each item of the JSON list `list`.
+pub fn json_strs<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    let items = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"));
+    items.iter().map(|p| p[key].as_str().unwrap()).collect()
+}
+
+/// The JSON summary `run-test --json` prints after lst's report.
+pub fn json_summary(stdout: &str) -> serde_json::Value {
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    serde_json::from_str(&stdout[json_start..]).expect("JSON")
 }
 
 /// `lnetctl --socket <d's socket> args...`, which must succeed; its standard output.
