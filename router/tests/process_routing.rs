@@ -10,14 +10,9 @@ mod common;
 
 use common::*;
 use router::control::{Request, Response, RouteEntry, RoutingShow};
+use testkit::topo::{R2_A, R2_B, R_A as R1_A, R_B as R1_B, SERVER};
 
 const PORT: u16 = 9988;
-const CLIENT: &str = "10.0.0.1@o2ib";
-const SERVER: &str = "10.1.0.2@o2ib1";
-const R1_A: &str = "10.0.0.254@o2ib";
-const R1_B: &str = "10.1.0.254@o2ib1";
-const R2_A: &str = "10.0.0.253@o2ib";
-const R2_B: &str = "10.1.0.253@o2ib1";
 
 /// The test across network namespaces: there every NI listens on its NID's own address.
 const NETNS_TEST: u8 = 0;

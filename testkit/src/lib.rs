@@ -1,5 +1,6 @@
 //! What ulnet's tests share, so that a test file says only what it tests.
 //!
+//! - [`topo`]: the routed topology's NIDs;
 //! - [`nid`]: a NID from its text (`nid::<Nid>("10.0.0.1@o2ib")`, the type usually inferred);
 //! - [`wait_for`]: a condition polled until it holds, bounded by a generous limit ([`WAIT`]), so a
 //!   loaded machine makes a test slower, never wrong;
@@ -19,6 +20,19 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
+
+/// The NIDs of the routed topology the routing tests share (unit and process tests alike): a
+/// client on o2ib, routers with one NI on o2ib and one on o2ib1, a server on o2ib1.
+pub mod topo {
+    pub const CLIENT: &str = "10.0.0.1@o2ib";
+    pub const SERVER: &str = "10.1.0.2@o2ib1";
+    /// The (first) router's NIs.
+    pub const R_A: &str = "10.0.0.254@o2ib";
+    pub const R_B: &str = "10.1.0.254@o2ib1";
+    /// A second router's NIs.
+    pub const R2_A: &str = "10.0.0.253@o2ib";
+    pub const R2_B: &str = "10.1.0.253@o2ib1";
+}
 
 /// The overall limit of a condition wait (a daemon starting, a peer going down, a counter
 /// moving): far beyond what any of them takes, so only a condition that never holds reaches it.

@@ -369,12 +369,11 @@ impl Lnd for InlineLnd {
     }
 }
 
-const CLIENT: &str = "10.0.0.1@o2ib";
-const R1_IB: &str = "10.0.0.254@o2ib";
+// Two routers in a row, o2ib - tcp - o2ib1: the first's o2ib NI and the second's o2ib1 NI
+// stand where the one router of the routed topology does.
+use testkit::topo::{CLIENT, R_A as R1_IB, R_B as R2_IB, SERVER};
 const R1_TCP: &str = "10.2.0.1@tcp";
 const R2_TCP: &str = "10.2.0.2@tcp";
-const R2_IB: &str = "10.1.0.254@o2ib1";
-const SERVER: &str = "10.1.0.2@o2ib1";
 
 /// A node whose `tcp` NIs run the inline LND and the others o2ib.
 fn start(cfg: NodeConfig, hub: &Hub, now: Instant) -> LnetNode {

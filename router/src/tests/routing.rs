@@ -4,12 +4,7 @@
 
 use super::*;
 
-const CLIENT: &str = "10.0.0.1@o2ib";
-const R_A: &str = "10.0.0.254@o2ib";
-const R_B: &str = "10.1.0.254@o2ib1";
-const R2_A: &str = "10.0.0.253@o2ib";
-const R2_B: &str = "10.1.0.253@o2ib1";
-const SERVER: &str = "10.1.0.2@o2ib1";
+use testkit::topo::{CLIENT, R2_A, R2_B, R_A, R_B, SERVER};
 
 pub(super) fn route(net: &str, gw: &str) -> RouteConfig {
     RouteConfig {

@@ -721,10 +721,7 @@ impl Site {
 }
 
 /// The routed pair's NIDs: the client on o2ib, the router's two NIs, the far server on o2ib1.
-pub const CLIENT: &str = "10.0.0.1@o2ib";
-pub const R_A: &str = "10.0.0.254@o2ib";
-pub const R_B: &str = "10.1.0.254@o2ib1";
-pub const FAR: &str = "10.1.0.2@o2ib1";
+pub use testkit::topo::{CLIENT, R_A, R_B, SERVER as FAR};
 
 impl Site {
     /// The two ends of a routed pair, started in this order: the far server (routing o2ib
