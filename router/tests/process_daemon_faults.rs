@@ -342,15 +342,7 @@ fn bad_input_on_the_listening_port_is_refused_and_counted() {
 
     // 1. Random bytes (a fixed xorshift sequence: the same bytes every run).
     let (errors0, bad0) = (frame_errors(&p.b), bad_connreqs(&p.b));
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..512)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = noise(0x9e37_79b9_7f4a_7c15, 512);
     let mut s = connect();
     s.write_all(&noise).unwrap();
     until_closed(s, "random bytes");

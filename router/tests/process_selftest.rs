@@ -534,13 +534,13 @@ fn with_peer_address(yaml: String, t: u8, nid: &str, address: &str) -> String {
 /// so that small messages cross and bulk data does not: the router's large buffer is never
 /// filled when the client's PUT_DONE comes (`bulk_short`), and the client is refused bulk for
 /// a while after each such PUT (`bulk_refused`). Then `run-test brw write` from the client to
-/// the server. Its output, its JSON summary, and how many of the client's bulk PUTs the router
-/// dropped or refused.
+/// the server, which must exit 1 with at least one of the client's bulk PUTs dropped or
+/// refused by the router. Its standard output and error, and its JSON summary.
 fn run_over_refused_bulk(
     t: u8,
     name: &str,
     far_timeout: u64,
-) -> (std::process::Output, serde_json::Value, u64) {
+) -> (String, String, serde_json::Value) {
     let s = Scratch::new(name);
     let o = Opts::default;
     let b = (std::process::id() % 250) as u8 + 1;
@@ -601,7 +601,15 @@ fn run_over_refused_bulk(
         "no RDMA write crossed the middlebox: {:?}",
         r.forwarding
     );
-    (out, v, refused)
+    // Both ways the run fails: it exits 1, and the router refused or dropped the bulk.
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        refused >= 1,
+        "the router dropped or refused the bulk: {refused}"
+    );
+    (stdout, stderr, v)
 }
 
 /// Issue 32, item 1: a selftest over a path that refuses bulk tells the truth. The session is
@@ -612,14 +620,7 @@ fn run_over_refused_bulk(
 /// node, the report shows them as `show_error` does, and it exits 1 saying none completed.
 #[test]
 fn run_test_over_a_path_that_refuses_bulk_fails_and_counts_every_rpc() {
-    let (out, v, refused) = run_over_refused_bulk(4, "selftest_refused_bulk", LND_TIMEOUT);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(
-        refused >= 1,
-        "the router dropped or refused the bulk: {refused}"
-    );
+    let (stdout, stderr, v) = run_over_refused_bulk(4, "selftest_refused_bulk", LND_TIMEOUT);
     assert!(
         stderr.contains("no test RPC completed"),
         "the reason on stderr: {stderr}"
@@ -649,14 +650,7 @@ fn run_test_over_a_path_that_refuses_bulk_fails_and_counts_every_rpc() {
 /// as failed; run-test exits 1.
 #[test]
 fn run_test_names_and_fails_the_rpcs_that_never_complete() {
-    let (out, v, refused) = run_over_refused_bulk(5, "selftest_unfinished", 50);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(
-        refused >= 1,
-        "the router dropped or refused the bulk: {refused}"
-    );
+    let (_, stderr, v) = run_over_refused_bulk(5, "selftest_unfinished", 50);
     assert!(
         stderr.contains(&format!("RPCs never completed on {CLIENT}")),
         "{stderr}"

@@ -2,6 +2,7 @@
 //!
 //! - [`topo`]: the routed topology's NIDs;
 //! - [`nid`]: a NID from its text (`nid::<Nid>("10.0.0.1@o2ib")`, the type usually inferred);
+//! - [`XorShift`], [`noise`]: reproducible pseudo-random numbers and bytes;
 //! - [`wait_for`]: a condition polled until it holds, bounded by a generous limit ([`WAIT`]), so a
 //!   loaded machine makes a test slower, never wrong;
 //! - [`Scratch`] and [`TempFile`]: per-test paths under the temp directory, removed when the test
@@ -49,6 +50,29 @@ where
 {
     s.parse()
         .unwrap_or_else(|e| panic!("test NID {s:?} does not parse: {e:?}"))
+}
+
+/// xorshift64 from a non-zero seed: a fixed pseudo-random sequence, the same every run, so a
+/// failing input can be replayed.
+#[derive(Clone, Debug)]
+pub struct XorShift(pub u64);
+
+impl Iterator for XorShift {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        Some(x)
+    }
+}
+
+/// `len` bytes of noise: the low byte of each of [`XorShift`]'s numbers from `seed`.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    XorShift(seed).take(len).map(|x| x as u8).collect()
 }
 
 /// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
@@ -251,6 +275,13 @@ mod tests {
         let p = s.path().to_path_buf();
         drop(s);
         assert!(!p.exists());
+    }
+
+    #[test]
+    fn noise_is_the_same_every_run() {
+        assert_eq!(noise(1, 4), noise(1, 4));
+        assert_ne!(noise(1, 64), noise(2, 64));
+        assert_eq!(XorShift(1).next(), Some(0x4082_2041));
     }
 
     #[test]

@@ -29,8 +29,8 @@ use router::control::{
 // workspace's `testkit`; the process tests reach them through this module.
 #[allow(unused_imports)] // each test binary uses its own few
 pub use testkit::{
-    find_on_path, held_port, nid, notice, root_or_skip, run_or_skip, strip_ansi, tool_or_skip,
-    wait_for, wait_until, Scratch, WAIT,
+    find_on_path, held_port, nid, noise, notice, root_or_skip, run_or_skip, strip_ansi,
+    tool_or_skip, wait_for, wait_until, Scratch, WAIT,
 };
 
 pub const NID_A: &str = "10.0.0.1@o2ib";

@@ -389,15 +389,7 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
     let target = b.fabric.local_addr();
 
     // 1. Random bytes.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let garbage: Vec<u8> = (0..256)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let garbage = testkit::noise(0x2545_f491_4f6c_dd1d, 256);
     // 2. A bad kind. 3. A MSG before any CONNREQ. 4. A length too large for a CONNREQ.
     let cases: Vec<Vec<u8>> = vec![
         garbage,
