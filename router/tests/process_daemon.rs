@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use router::control::{Request, Response};
 
@@ -139,10 +137,7 @@ fn bad_daemon_arguments_exit_2_with_usage() {
         &["--log-format", "xml"],
         &["--config"],
     ] {
-        let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-            .args(args)
-            .output()
-            .unwrap();
+        let o = lnet_router(args);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.starts_with("error: "), "{args:?}: {err}");

@@ -201,13 +201,7 @@ fn two_nis_on_one_listen_address_are_refused_at_load() {
     let cfg = dir.0.join("same.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let t0 = Instant::now();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.0.join("s.sock"))
-        .output()
-        .unwrap();
+    let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], None);
     let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
     assert!(t0.elapsed() < Duration::from_secs(5), "{err}");
     assert_eq!(o.status.code(), Some(2), "{err}");
@@ -441,13 +435,7 @@ fn config_errors_speak_the_files_terms() {
     for (name, yaml, want) in cases {
         let cfg = dir.0.join(format!("{name}.yaml"));
         std::fs::write(&cfg, yaml).unwrap();
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--socket")
-            .arg(dir.0.join("s.sock"))
-            .output()
-            .unwrap();
+        let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], None);
         let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
         assert_eq!(o.status.code(), Some(2), "{name}: {err}");
         assert!(err.contains(want), "{name}: want {want:?} in {err}");

@@ -111,10 +111,7 @@ fn a_log_off_the_terminal_has_no_colour_codes() {
 
 #[test]
 fn version_names_the_revision_and_the_fabrics() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--version")
-        .output()
-        .unwrap();
+    let out = lnet_router(&["--version"]);
     assert!(out.status.success());
     let v = String::from_utf8(out.stdout).unwrap();
     let v = v.trim();
@@ -379,10 +376,7 @@ fn daemons_without_ulnet_keys_find_each_other_at_port_987() {
 /// lnet-router's manual page, from its own argument definitions.
 #[test]
 fn the_daemon_prints_its_man_page() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--print-man")
-        .output()
-        .unwrap();
+    let out = lnet_router(&["--print-man"]);
     assert!(out.status.success());
     let man = String::from_utf8(out.stdout).unwrap();
     assert!(man.contains(".TH lnet-router 8"), "{man}");

@@ -452,13 +452,7 @@ fn o2ib_stream_o2ib(split_routers: bool) {
     give_bulk_buffers(&mut f, &r1_nodes, 3);
     give_bulk_buffers(&mut f, &r2_nodes, 3);
     let (client, server) = (nid(CLIENT), nid(SERVER));
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.nodes[1]
-        .ping(now, client, Duration::from_secs(5))
-        .unwrap();
+    ping_both_ways(&mut f, client, server);
     f.run_for(Duration::from_secs(3));
     for n in [0, 1] {
         let pings = ping_results(&f.take_events(n));

@@ -761,6 +761,29 @@ impl lnd::fabric::Fabric for NiFabric<'_> {
     }
 }
 
+/// Two nodes, 10.0.0.1 and 10.0.0.2@o2ib, connected by a ping from the first (its events
+/// taken); the second's NID.
+fn pinged_pair() -> (Fabric, Nid) {
+    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+    let b = nid("10.0.0.2@o2ib");
+    let now = f.now;
+    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(2));
+    f.take_events(0);
+    (f, b)
+}
+
+/// Node 0 (the client) pings `server` and node 1 (the server) pings `client`, at once.
+fn ping_both_ways(f: &mut Fabric, client: Nid, server: Nid) {
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.nodes[1]
+        .ping(now, client, Duration::from_secs(5))
+        .unwrap();
+}
+
 fn ping_results(evs: &[(Instant, LnetEvent)]) -> Vec<(Instant, Nid, Result<PingReply, LnetError>)> {
     evs.iter()
         .filter_map(|(t, e)| match e {
@@ -1534,12 +1557,7 @@ fn a_runtime_follows_the_node_nids_as_nis_come_and_go() {
 /// counted as drops and network timeouts, and nothing is left.
 #[test]
 fn messages_queued_past_their_deadline_fail_together() {
-    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
-    let b = nid("10.0.0.2@o2ib");
-    let now = f.now;
-    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
-    f.run_for(Duration::from_secs(2));
-    f.take_events(0);
+    let (mut f, b) = pinged_pair();
     f.kill(1);
     let now = f.now;
     let n = 300u64;
@@ -1603,12 +1621,7 @@ fn a_burst_of_queued_puts_leaves_no_peak_capacity_behind() {
     use lnd::trim::{TRIM_FLOOR, TRIM_INTERVAL};
     const BURST: u64 = 50_000;
     for dead in [false, true] {
-        let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
-        let b = nid("10.0.0.2@o2ib");
-        let now = f.now;
-        f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
-        f.run_for(Duration::from_secs(2));
-        f.take_events(0);
+        let (mut f, b) = pinged_pair();
         if dead {
             f.kill(1);
         }

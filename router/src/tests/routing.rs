@@ -889,12 +889,7 @@ fn a_chain_of_three_routers_carries_pings_and_puts_both_ways() {
         let (mut f, idx) = a_chain_of_routers(3, split_router);
         let now = f.now;
         let (client, server) = (nid("10.0.0.1@o2ib"), nid("10.3.0.2@o2ib3"));
-        f.nodes[0]
-            .ping(now, server, Duration::from_secs(5))
-            .unwrap();
-        f.nodes[1]
-            .ping(now, client, Duration::from_secs(5))
-            .unwrap();
+        ping_both_ways(&mut f, client, server);
         for i in 0..20u64 {
             f.nodes[0]
                 .send_put(now, server, 7, i, vec![i as u8; 100])

@@ -210,6 +210,14 @@ pub fn listen_port(d: &Daemon, nid: &str) -> u16 {
     addr.port()
 }
 
+/// Runs `lnet-router args...` to its end (`--version`, a usage error); its output.
+pub fn lnet_router(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// Runs `lnet-router --config cfg --socket socket args...` to its end (a start it refuses), with
 /// `LNET_LOG` set to `log` if given; its output.
 pub fn run_to_exit(cfg: &Path, socket: &Path, args: &[&str], log: Option<&str>) -> Output {
