@@ -282,17 +282,7 @@ fn net_add_on_an_own_nis_listen_address_is_refused_at_once() {
     let port = listen_port(&d, "127.0.0.1@o2ib");
     let listen = format!("127.0.0.1:{port}");
     let t0 = Instant::now();
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            &listen,
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, &listen);
     assert!(t0.elapsed() < Duration::from_secs(3), "{stderr}");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -302,32 +292,18 @@ fn net_add_on_an_own_nis_listen_address_is_refused_at_once() {
     assert!(!stderr.contains("net add: net add"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     // The wildcard address takes the port on every address: the same clash.
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            &format!("0.0.0.0:{port}"),
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, &format!("0.0.0.0:{port}"));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("already listens on"), "{stderr}");
     // Another port is fine.
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, "127.0.0.1:0");
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// `lnetctl net add --nid 127.0.2.1@o2ib2 --listen ADDR` on `d`: exit code, stdout, stderr.
+fn net_add_o2ib2(d: &Daemon, listen: &str) -> (Option<i32>, String, String) {
+    let args = ["net", "add", "--nid", "127.0.2.1@o2ib2", "--listen", listen];
+    out(&lnetctl(d, &args))
 }
 
 /// `lnet-router --socket PATH` with this configuration: its exit code and stderr, within 5 s.

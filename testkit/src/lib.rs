@@ -75,6 +75,20 @@ pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     XorShift(seed).take(len).map(|x| x as u8).collect()
 }
 
+/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page: the most
+/// an o2iblnd RDMA descriptor carries (IBLND_MAX_RDMA_FRAGS).
+pub fn frags_257() -> Vec<(u64, u32)> {
+    const MIB: u64 = 1 << 20;
+    let mut v = vec![(0u64, 2048u32)];
+    let mut off = 2048u64;
+    while off + 4096 <= MIB {
+        v.push((off, 4096));
+        off += 4096;
+    }
+    v.push((off, (MIB - off) as u32));
+    v
+}
+
 /// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
 pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
@@ -282,6 +296,14 @@ mod tests {
         assert_eq!(noise(1, 4), noise(1, 4));
         assert_ne!(noise(1, 64), noise(2, 64));
         assert_eq!(XorShift(1).next(), Some(0x4082_2041));
+    }
+
+    #[test]
+    fn frags_257_cover_a_mebibyte() {
+        let f = frags_257();
+        assert_eq!(f.len(), 257);
+        assert_eq!(f.iter().map(|&(_, l)| u64::from(l)).sum::<u64>(), 1 << 20);
+        assert!(f.windows(2).all(|w| w[0].0 + u64::from(w[0].1) == w[1].0));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! one that the peer connected to first uses the peer's connections and opens none of its own.
 
 use std::collections::HashSet;
-use ulnet_tests::send_put;
+use ulnet_tests::{send_put, undelivered};
 
 use lnd::engine::{ConnState, EndpointConfig, RacePolicy, Tunables};
 use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
@@ -431,10 +431,7 @@ fn back_to_cpp_after_reboot_and_partition() {
             }
             w.run_for(Duration::from_secs(60));
             let after = ours(&w, a, b);
-            let und = cs
-                .iter()
-                .filter(|&&c| !w.outcome(c).is_some_and(|(_, o)| o.is_delivered()))
-                .count();
+            let und = undelivered(&w, &cs);
             let pb = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.established);
             if before != 3 || after != 3 || und > 0 {
                 bad.push(format!("seed {seed} {what}: ours before {before} after {after}, B has {pb:?}, {und} undelivered"));
@@ -465,10 +462,7 @@ fn peer_capping_our_connections_does_not_loop() {
         }
         w.run_for(Duration::from_secs(5));
         let connects = w.endpoint(a).unwrap().stats().connects;
-        let failed = cs
-            .iter()
-            .filter(|&&c| !w.outcome(c).is_some_and(|(_, o)| o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &cs);
         let pb = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.established);
         eprintln!(
             "seed {seed}: A connects {connects}, failed {failed}, ours {} B has {pb:?}",

@@ -10,7 +10,7 @@
 //! outcome, and nodes that order NIDs the same way must never conclude that they disagree.
 
 use std::collections::BTreeMap;
-use ulnet_tests::send_put;
+use ulnet_tests::{send_put, undelivered};
 
 use lnd::engine::EndpointConfig;
 use lnd::sim::{NodeId, SimConfig, World};
@@ -343,10 +343,7 @@ fn new_instance_first_then_old_request_wedges_peer() {
             w.run_for(Duration::from_secs(1));
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = later
-            .iter()
-            .filter(|&&m| w.outcome(m).is_none_or(|(_, o)| !o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &later);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((
@@ -389,10 +386,7 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
             }
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = late
-            .iter()
-            .filter(|&&m| w.outcome(m).is_none_or(|(_, o)| !o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &late);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((

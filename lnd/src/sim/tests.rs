@@ -732,24 +732,11 @@ fn bulk(seed: u64) -> Bulk {
     }
 }
 
-/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page: the most
-/// an o2iblnd descriptor carries.
-fn frags_257() -> Vec<(u64, u32)> {
-    let mut v = vec![(0u64, 2048u32)];
-    let mut off = 2048u64;
-    while off + 4096 <= MIB as u64 {
-        v.push((off, 4096));
-        off += 4096;
-    }
-    v.push((off, (MIB as u64 - off) as u32));
-    v
-}
-
 #[test]
 fn rdma_write_257_fragments_copies_the_region_then_a_send_follows() {
     let mut t = bulk(41);
     let (a, b) = (t.a, t.b);
-    let frags = frags_257();
+    let frags = testkit::frags_257();
     assert_eq!(frags.len(), 257);
     assert_eq!(
         frags.iter().map(|f| u64::from(f.1)).sum::<u64>(),
@@ -1016,7 +1003,7 @@ fn rdma_write_fragment_lists_land_byte_exact() {
     let wr = t.w.rdma_write(a, t.conn, local, remote);
     // 257 fragments each side, with other boundaries, onto a second sink.
     let sink2 = t.w.registry(b).register(vec![0; 257 * 8192]).unwrap();
-    let local2: Vec<LocalFrag> = frags_257()
+    let local2: Vec<LocalFrag> = testkit::frags_257()
         .iter()
         .map(|&(off, len)| t.src.local_frag(off, len))
         .collect();

@@ -1012,18 +1012,6 @@ fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
         .collect()
 }
 
-/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page.
-fn frags_257() -> Vec<(u64, u32)> {
-    let mut v = vec![(0u64, 2048u32)];
-    let mut off = 2048u64;
-    while off + 4096 <= MIB as u64 {
-        v.push((off, 4096));
-        off += 4096;
-    }
-    v.push((off, (MIB as u64 - off) as u32));
-    v
-}
-
 #[test]
 fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let clock = MonotonicClock::new();
@@ -1032,7 +1020,7 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let conn = conn_to(&a, bn);
     let src = a.fabric.register(pattern(1, MIB)).unwrap();
     let sink = b.fabric.register(vec![0; 257 * 8192]).unwrap();
-    let local: Vec<LocalFrag> = frags_257()
+    let local: Vec<LocalFrag> = testkit::frags_257()
         .iter()
         .map(|&(off, len)| src.local_frag(off, len))
         .collect();
