@@ -29,24 +29,8 @@ WINDOW=${HARDENING_WINDOW:-10}
 PROFILE=${HARDENING_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed for the socket client"; exit 0; }
-if [ "$PROFILE" = release ]; then
-    (cd "$ROOT" && cargo build -q --release -p router -p lnetctl) || exit 1
-else
-    (cd "$ROOT" && cargo build -q -p router -p lnetctl) || exit 1
-fi
-BIN="$ROOT/target/$PROFILE"
-TMP=$(mktemp -d /tmp/ulnet-hardening.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$HERE/lib.sh"
+bench_setup hardening "$PROFILE"
 
 # start_daemon NAME PORT [NOFILE]: starts it, sets DPID; waits until its control socket answers.
 start_daemon() {

@@ -22,24 +22,8 @@ N=${IMPORT_N:-100000}
 PROFILE=${IMPORT_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed to find free ports"; exit 0; }
-if [ "$PROFILE" = release ]; then
-    (cd "$ROOT" && cargo build -q --release -p router -p lnetctl) || exit 1
-else
-    (cd "$ROOT" && cargo build -q -p router -p lnetctl) || exit 1
-fi
-BIN="$ROOT/target/$PROFILE"
-TMP=$(mktemp -d /tmp/ulnet-import.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$HERE/lib.sh"
+bench_setup import "$PROFILE"
 
 # start_daemon NAME: one tcp NI 10.0.0.1@o2ib on a free port; sets SOCK once it answers.
 start_daemon() {
