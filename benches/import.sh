@@ -29,23 +29,10 @@ bench_setup import "$PROFILE"
 start_daemon() {
     local name=$1 port
     port=$(free_port)
-    cat >"$TMP/$name.yaml" <<EOF
-net:
-    - net type: o2ib
-      fabric: tcp
-      local NI(s):
-        - nid: 10.0.0.1@o2ib
-          listen: 127.0.0.1:$port
-EOF
+    ni_yaml "$name" "$port"
     LNET_LOG=warn "$BIN/lnet-router" --config "$TMP/$name.yaml" --socket "$TMP/$name.sock" \
         2>"$TMP/$name.log" &
-    PIDS+=("$!")
-    SOCK="$TMP/$name.sock"
-    for _ in $(seq 100); do
-        "$BIN/lnetctl" --socket "$SOCK" net show >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "the daemon did not start:"; cat "$TMP/$name.log"; exit 1
+    await_daemon "$name" "$!"
 }
 
 # timed LABEL CMD...: runs CMD, prints its wall time; exits if it fails.

@@ -28,6 +28,31 @@ bench_cleanup() {
     rm -rf "$TMP"
 }
 
+# ni_yaml NAME PORT: writes $TMP/NAME.yaml, one tcp NI 10.0.0.1@o2ib on 127.0.0.1:PORT (a caller
+# may append more).
+ni_yaml() {
+    cat >"$TMP/$1.yaml" <<EOF
+net:
+    - net type: o2ib
+      fabric: tcp
+      local NI(s):
+        - nid: 10.0.0.1@o2ib
+          listen: 127.0.0.1:$2
+EOF
+}
+
+# await_daemon NAME PID: adds PID to PIDS and waits (10 s at most) until the daemon answers on
+# $TMP/NAME.sock; sets SOCK. Exits with its log if it never does.
+await_daemon() {
+    PIDS+=("$2")
+    SOCK="$TMP/$1.sock"
+    for _ in $(seq 100); do
+        "$BIN/lnetctl" --socket "$SOCK" net show >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "the daemon did not start:"; cat "$TMP/$1.log"; exit 1
+}
+
 # free_port: a TCP port free on 127.0.0.1 now.
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
