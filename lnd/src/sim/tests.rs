@@ -960,27 +960,6 @@ fn rdma_write_bandwidth_is_configurable() {
     }
 }
 
-/// What a zeroed sink region at `sink_addr` holds after `local` (offsets into `src`) is
-/// written onto `remote`.
-fn expected_sink(
-    src: &[u8],
-    sink_len: usize,
-    sink_addr: u64,
-    local: &[LocalFrag],
-    remote: &[RemoteFrag],
-) -> Vec<u8> {
-    let mut v = vec![0; sink_len];
-    for p in rdma_pieces(local, remote) {
-        let (s, d, n) = (
-            p.offset as usize,
-            (p.addr - sink_addr) as usize,
-            p.len as usize,
-        );
-        v[d..d + n].copy_from_slice(&src[s..s + n]);
-    }
-    v
-}
-
 #[test]
 fn rdma_write_fragment_lists_land_byte_exact() {
     let mut t = bulk(67);
@@ -998,7 +977,7 @@ fn rdma_write_fragment_lists_land_byte_exact() {
         t.sink.remote_frag(80_000, 84_430),
         t.sink.remote_frag(200_001, 1),
     ];
-    let want = expected_sink(&src, MIB, t.sink.addr(), &local, &remote);
+    let want = crate::fabric::expected_sink(&src, MIB, t.sink.addr(), &local, &remote);
     assert!(rdma_pieces(&local, &remote).count() >= 6);
     let wr = t.w.rdma_write(a, t.conn, local, remote);
     // 257 fragments each side, with other boundaries, onto a second sink.
@@ -1016,7 +995,7 @@ fn rdma_write_fragment_lists_land_byte_exact() {
         .map(|(k, &len)| sink2.remote_frag(k as u64 * 8192, len))
         .collect();
     assert_eq!((local2.len(), remote2.len()), (257, 257));
-    let want2 = expected_sink(&src, 257 * 8192, sink2.addr(), &local2, &remote2);
+    let want2 = crate::fabric::expected_sink(&src, 257 * 8192, sink2.addr(), &local2, &remote2);
     let wr2 = t.w.rdma_write(a, t.conn, local2, remote2);
     assert!(t.w.run_until_idle(limit(&t.w, 10)), "{:?}", t.w.stats());
     assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Success));

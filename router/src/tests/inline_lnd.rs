@@ -490,13 +490,10 @@ fn o2ib_stream_o2ib(split_routers: bool) {
         f.run_for(Duration::from_secs(10));
         let sent = f.take_events(from);
         for id in &ids {
-            let done: Vec<_> = sent
-                .iter()
-                .filter_map(|(_, e)| match e {
-                    LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
-                    _ => None,
-                })
-                .collect();
+            let done: Vec<_> = picked(&sent, |e| match e {
+                LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
+                _ => None,
+            });
             assert_eq!(done, vec![Ok(())], "{from} -> {to}, split {split_routers}");
         }
         // A payload the streaming net carried inline (up to INLINE_MAX) reaches the server as

@@ -784,6 +784,11 @@ fn ping_both_ways(f: &mut Fabric, client: Nid, server: Nid) {
         .unwrap();
 }
 
+/// What `pick` takes from each of the events `evs`, in order.
+fn picked<T>(evs: &[(Instant, LnetEvent)], pick: impl FnMut(&LnetEvent) -> Option<T>) -> Vec<T> {
+    evs.iter().map(|(_, e)| e).filter_map(pick).collect()
+}
+
 fn ping_results(evs: &[(Instant, LnetEvent)]) -> Vec<(Instant, Nid, Result<PingReply, LnetError>)> {
     evs.iter()
         .filter_map(|(t, e)| match e {

@@ -91,16 +91,8 @@ fn topology_with(
     (Fabric::from_configs(cfgs), routers)
 }
 
-/// What `pick` takes from each of the events `evs`, in order.
-pub(super) fn picked<T>(
-    evs: &[(Instant, LnetEvent)],
-    pick: impl FnMut(&LnetEvent) -> Option<T>,
-) -> Vec<T> {
-    evs.iter().map(|(_, e)| e).filter_map(pick).collect()
-}
-
 pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
-    picked(&evs, |e| match e {
+    picked(evs, |e| match e {
         LnetEvent::Put {
             from,
             match_bits,
@@ -112,7 +104,7 @@ pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
 }
 
 pub(super) fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
-    picked(&evs, |e| match e {
+    picked(evs, |e| match e {
         LnetEvent::PutDone { result, .. } => Some(*result),
         _ => None,
     })
@@ -1703,7 +1695,7 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
 fn bulk_gets_cross_a_router_byte_exact() {
     const MIB: usize = 1 << 20;
     let get_done = |evs: &[(Instant, LnetEvent)]| -> Vec<(MsgId, Result<u32, LnetError>)> {
-        picked(&evs, |e| match e {
+        picked(evs, |e| match e {
             LnetEvent::GetDone { id, result } => Some((*id, *result)),
             _ => None,
         })

@@ -979,27 +979,6 @@ fn post_write1(
     post_write(n, clock, conn, wr, local, vec![remote.frag(len)]);
 }
 
-/// What a sink region of `sink_len` bytes at `sink_addr`, zeroed, holds after the write of
-/// `local` (offsets into `src`) onto `remote`.
-fn expected_sink(
-    src: &[u8],
-    sink_len: usize,
-    sink_addr: u64,
-    local: &[LocalFrag],
-    remote: &[RemoteFrag],
-) -> Vec<u8> {
-    let mut v = vec![0; sink_len];
-    for p in crate::fabric::rdma_pieces(local, remote) {
-        let (s, d, n) = (
-            p.offset as usize,
-            (p.addr - sink_addr) as usize,
-            p.len as usize,
-        );
-        v[d..d + n].copy_from_slice(&src[s..s + n]);
-    }
-    v
-}
-
 /// Remote fragments with other boundaries than `frags_257`'s, still 257 of them for 1 MiB, each
 /// 8 KiB apart in the sink (so that a piece landing in the wrong fragment shows).
 fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
@@ -1027,7 +1006,8 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let remote = remote_257(&sink);
     grant_all(&mut b, &clock, a.ep.nid(), &sink);
     assert_eq!((local.len(), remote.len()), (257, 257));
-    let want = expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
+    let want =
+        crate::fabric::expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
     let pieces = crate::fabric::rdma_pieces(&local, &remote).count() as u64;
     assert!(pieces > 257);
     let got_before = b.got.len();
@@ -1160,7 +1140,7 @@ fn tcp_rdma_write_fragment_lists_land_byte_exact() {
             .collect(),
     );
     l2.iter_mut().for_each(|f| f.region = src.id());
-    let want2 = expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
+    let want2 = crate::fabric::expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
     post_write(&mut a, &clock, conn, injected(2), l2, r2);
     assert!(run_until(
         &mut [&mut a, &mut b],
