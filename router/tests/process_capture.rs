@@ -60,17 +60,8 @@ fn start_capture(d: &Daemon, nid: &str, file: &Path, extra: &[&str]) -> Capture 
 
 /// Waits (bounded) for the capture to exit; its exit code and stdout.
 fn finish(mut c: Capture, bound: Duration) -> (Option<i32>, String) {
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = c.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < bound,
-            "lnetctl capture did not end within {bound:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = testkit::wait_exit(&mut c.child, bound)
+        .unwrap_or_else(|| panic!("lnetctl capture did not end within {bound:?}"));
     let mut out = String::new();
     if let Some(mut o) = c.child.stdout.take() {
         let _ = std::io::Read::read_to_string(&mut o, &mut out);

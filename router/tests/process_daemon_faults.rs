@@ -241,18 +241,11 @@ fn restart_with_queued_traffic_reconnects_to_the_new_instance() {
     }
 
     // The queued ping completes, OK (its own timeout is 20 s; beyond that plus `WAIT` it hung).
-    let t0 = Instant::now();
     let bound = Duration::from_secs(20) + WAIT;
-    let status = loop {
-        if let Some(s) = ping.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > bound {
-            let _ = ping.kill();
-            let _ = ping.wait();
-            panic!("the queued ping did not finish within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = testkit::wait_exit(&mut ping, bound) else {
+        let _ = ping.kill();
+        let _ = ping.wait();
+        panic!("the queued ping did not finish within {bound:?}");
     };
     let out = ping.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

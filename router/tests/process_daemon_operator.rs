@@ -257,17 +257,9 @@ fn sigterm_while_waiting_for_a_listen_address_stops_at_once() {
         .status()
         .unwrap();
     assert!(st.success());
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "SIGTERM ignored during the wait: {}",
-            read_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let left = Duration::from_secs(3).saturating_sub(t0.elapsed());
+    let status = testkit::wait_exit(&mut child.0, left)
+        .unwrap_or_else(|| panic!("SIGTERM ignored during the wait: {}", read_log()));
     assert_eq!(status.code(), Some(0), "{}", read_log());
     assert!(!dir.0.join("s.sock").exists());
 }

@@ -208,10 +208,9 @@ fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
             .filter(|n| n.starts_with("ni ") || *n == "nis")
             .count()
     };
-    let t0 = std::time::Instant::now();
-    while count(&router) < want && t0.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for(std::time::Duration::from_secs(10), || {
+        count(&router) >= want
+    });
     assert_eq!(count(&router), want, "{:?}", thread_names(&router));
     let server = start_yaml(
         &s.0,

@@ -353,17 +353,10 @@ fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run lnetctl");
-    let end = std::time::Instant::now() + WAIT;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break Some(st);
-        }
-        if std::time::Instant::now() > end {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
+    let status = testkit::wait_exit(&mut child, WAIT);
+    if status.is_none() {
+        let _ = child.kill();
+    }
     let out = child.wait_with_output().expect("output");
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),

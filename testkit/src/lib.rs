@@ -3,6 +3,7 @@
 //! - [`topo`]: the routed topology's NIDs;
 //! - [`nid`]: a NID from its text (`nid::<Nid>("10.0.0.1@o2ib")`, the type usually inferred);
 //! - [`XorShift`], [`noise`]: reproducible pseudo-random numbers and bytes;
+//! - [`wait_exit`]: a child process's end, bounded;
 //! - [`wait_for`]: a condition polled until it holds, bounded by a generous limit ([`WAIT`]), so a
 //!   loaded machine makes a test slower, never wrong;
 //! - [`Scratch`] and [`TempFile`]: per-test paths under the temp directory, removed when the test
@@ -107,6 +108,20 @@ pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Durat
 #[track_caller]
 pub fn wait_until(bound: Duration, what: &str, cond: impl FnMut() -> bool) -> Duration {
     wait_for(bound, cond).unwrap_or_else(|| panic!("{what}: not within {bound:?}"))
+}
+
+/// Waits up to `bound` for `child` to exit (polled, as [`wait_for`]); its status, or `None` if it
+/// still runs (the caller kills it or fails).
+pub fn wait_exit(
+    child: &mut std::process::Child,
+    bound: Duration,
+) -> Option<std::process::ExitStatus> {
+    let mut status = None;
+    wait_for(bound, || {
+        status = child.try_wait().expect("wait for a child");
+        status.is_some()
+    });
+    status
 }
 
 /// A per-test scratch directory (`ulnet-<test>-<pid>` in the temp dir, emptied first), removed
@@ -280,6 +295,22 @@ mod tests {
         .is_some());
         assert_eq!(n, 3);
         assert_eq!(wait_for(Duration::ZERO, || false), None);
+    }
+
+    #[test]
+    fn wait_exit_sees_the_end_or_gives_up() {
+        let mut c = std::process::Command::new("sh")
+            .args(["-c", "exit 3"])
+            .spawn()
+            .unwrap();
+        assert_eq!(wait_exit(&mut c, WAIT).and_then(|s| s.code()), Some(3));
+        let mut c = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert_eq!(wait_exit(&mut c, Duration::from_millis(50)), None);
+        c.kill().unwrap();
+        c.wait().unwrap();
     }
 
     #[test]

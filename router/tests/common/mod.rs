@@ -97,19 +97,10 @@ impl Daemon {
 
     /// Waits up to `bound` for the process to exit.
     pub fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
-        let t0 = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                self.exited = Some(s);
-                return s;
-            }
-            assert!(
-                t0.elapsed() < bound,
-                "{} did not exit within {bound:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let s = testkit::wait_exit(&mut self.child, bound)
+            .unwrap_or_else(|| panic!("{} did not exit within {bound:?}", self.name));
+        self.exited = Some(s);
+        s
     }
 }
 
