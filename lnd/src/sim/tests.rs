@@ -547,19 +547,25 @@ fn lossy_and_slow_connection_manager_still_ends_every_message() {
     assert!(cookies.iter().all(|&c| w.outcome(c).is_some()));
 }
 
-#[test]
-fn many_clients_one_server() {
+/// One server (10.1.0.1@o2ib) and `n` clients (10.2.x.y@o2ib), no logs kept, seed 31.
+fn server_and_clients(n: u32) -> (World, NodeId, Vec<NodeId>) {
     let mut w = World::new(SimConfig {
         keep_logs: false,
         ..SimConfig::with_seed(31)
     });
     let server = node(&mut w, "10.1.0.1@o2ib", 1);
-    let clients: Vec<NodeId> = (0..300u32)
+    let clients = (0..n)
         .map(|i| {
             let addr = format!("10.2.{}.{}@o2ib", i / 250, i % 250 + 1);
             node(&mut w, &addr, 10 + u64::from(i))
         })
         .collect();
+    (w, server, clients)
+}
+
+#[test]
+fn many_clients_one_server() {
+    let (mut w, server, clients) = server_and_clients(300);
     for &c in &clients {
         send_n(&mut w, c, server, 4, 256);
     }
@@ -631,17 +637,7 @@ fn chaos_every_message_ends() {
 #[test]
 #[ignore]
 fn scale_10k_clients_one_server() {
-    let mut w = World::new(SimConfig {
-        keep_logs: false,
-        ..SimConfig::with_seed(31)
-    });
-    let server = node(&mut w, "10.1.0.1@o2ib", 1);
-    let clients: Vec<NodeId> = (0..10_000u32)
-        .map(|i| {
-            let addr = format!("10.2.{}.{}@o2ib", i / 250, i % 250 + 1);
-            node(&mut w, &addr, 10 + u64::from(i))
-        })
-        .collect();
+    let (mut w, server, clients) = server_and_clients(10_000);
     for _ in 0..10 {
         for &c in &clients {
             send_n(&mut w, c, server, 1, 256);
