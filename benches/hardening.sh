@@ -29,35 +29,14 @@ WINDOW=${HARDENING_WINDOW:-10}
 PROFILE=${HARDENING_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed for the socket client"; exit 0; }
-if [ "$PROFILE" = release ]; then
-    (cd "$ROOT" && cargo build -q --release -p router -p lnetctl) || exit 1
-else
-    (cd "$ROOT" && cargo build -q -p router -p lnetctl) || exit 1
-fi
-BIN="$ROOT/target/$PROFILE"
-TMP=$(mktemp -d /tmp/ulnet-hardening.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$HERE/lib.sh"
+bench_setup hardening "$PROFILE"
 
 # start_daemon NAME PORT [NOFILE]: starts it, sets DPID; waits until its control socket answers.
 start_daemon() {
     local name=$1 port=$2 nofile=${3:-}
-    cat >"$TMP/$name.yaml" <<EOF
-net:
-    - net type: o2ib
-      fabric: tcp
-      local NI(s):
-        - nid: 10.0.0.1@o2ib
-          listen: 127.0.0.1:$port
+    ni_yaml "$name" "$port"
+    cat >>"$TMP/$name.yaml" <<EOF
 peers:
     - nid: 10.0.0.2@o2ib
       address: 127.0.0.1:1
@@ -67,13 +46,7 @@ EOF
     LNET_LOG=warn sh -c "$limit exec \"\$0\" \"\$@\"" "$BIN/lnet-router" \
         --config "$TMP/$name.yaml" --socket "$TMP/$name.sock" 2>"$TMP/$name.log" &
     DPID=$!
-    PIDS+=("$DPID")
-    SOCK="$TMP/$name.sock"
-    for _ in $(seq 100); do
-        "$BIN/lnetctl" --socket "$SOCK" net show >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "the daemon did not start:"; cat "$TMP/$name.log"; exit 1
+    await_daemon "$name" "$DPID"
 }
 
 # counter NAME: one fabric counter of the NI (lnetctl --json net show -v).

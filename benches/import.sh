@@ -22,46 +22,17 @@ N=${IMPORT_N:-100000}
 PROFILE=${IMPORT_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed to find free ports"; exit 0; }
-if [ "$PROFILE" = release ]; then
-    (cd "$ROOT" && cargo build -q --release -p router -p lnetctl) || exit 1
-else
-    (cd "$ROOT" && cargo build -q -p router -p lnetctl) || exit 1
-fi
-BIN="$ROOT/target/$PROFILE"
-TMP=$(mktemp -d /tmp/ulnet-import.XXXXXX)
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$HERE/lib.sh"
+bench_setup import "$PROFILE"
 
 # start_daemon NAME: one tcp NI 10.0.0.1@o2ib on a free port; sets SOCK once it answers.
 start_daemon() {
     local name=$1 port
     port=$(free_port)
-    cat >"$TMP/$name.yaml" <<EOF
-net:
-    - net type: o2ib
-      fabric: tcp
-      local NI(s):
-        - nid: 10.0.0.1@o2ib
-          listen: 127.0.0.1:$port
-EOF
+    ni_yaml "$name" "$port"
     LNET_LOG=warn "$BIN/lnet-router" --config "$TMP/$name.yaml" --socket "$TMP/$name.sock" \
         2>"$TMP/$name.log" &
-    PIDS+=("$!")
-    SOCK="$TMP/$name.sock"
-    for _ in $(seq 100); do
-        "$BIN/lnetctl" --socket "$SOCK" net show >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "the daemon did not start:"; cat "$TMP/$name.log"; exit 1
+    await_daemon "$name" "$!"
 }
 
 # timed LABEL CMD...: runs CMD, prints its wall time; exits if it fails.

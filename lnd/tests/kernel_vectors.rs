@@ -7,7 +7,7 @@
 use lnd::wire::kib::{check_cksum, cksum_as, Checksum, CksumFlavour, EmitOpts};
 use lnd::wire::ping::status;
 use lnd::wire::{
-    ByteOrder, ConnParams, KibBody, KibMsg, LnetBody, LnetHdr, Nid, PingInfo, WireError, WireHandle,
+    ByteOrder, ConnParams, KibBody, KibMsg, LnetBody, LnetHdr, PingInfo, WireError, WireHandle,
 };
 
 const V1_CONNREQ: &str = "911be90b1200c00038000000000000000100000a000005009c9add4cab6106000200000a0000050000000000000000000800010100100000";
@@ -33,9 +33,7 @@ fn hex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("NID")
-}
+use testkit::nid;
 
 fn emit(msg: &KibMsg<'_>, checksum: Option<CksumFlavour>) -> Vec<u8> {
     let mut out = vec![0u8; msg.wire_len()];

@@ -81,7 +81,8 @@ fn golden_net_show() {
     );
     assert_eq!(
         yaml_at(&Response::Net(net_show(&n, &[], true)), 1).unwrap(),
-        "\
+        concat!(
+            "\
 net:
 -     net type: lo
       local NI(s):
@@ -99,18 +100,9 @@ net:
                   send_count: 1
                   recv_count: 0
                   drop_count: 0
-            tunables:
-                  peer_timeout: 180
-                  peer_credits: 8
-                  peer_buffer_credits: 0
-                  credits: 256
-            lnd tunables:
-                  peercredits_hiw: 4
-                  concurrent_sends: 8
-                  conns_per_peer: 1
-                  timeout: 50
-                  keepalive: 100
-"
+",
+            include_str!("fixtures/ni-tunables.yaml")
+        )
     );
 }
 
@@ -184,22 +176,7 @@ fn golden_global_show() {
     let n = node();
     assert_eq!(
         yaml_at(&Response::Global(global_show(&n)), 0).unwrap(),
-        "\
-global:
-    numa_range: 0
-    max_interfaces: 200
-    discovery: 0
-    drop_asym_route: 0
-    retry_count: 0
-    transaction_timeout: 51
-    health_sensitivity: 0
-    recovery_interval: 1
-    router_sensitivity: 0
-    lnd_timeout: 50
-    response_tracking: 0
-    recovery_limit: 0
-    max_recovery_ping_interval: 900
-"
+        include_str!("fixtures/global-show.yaml")
     );
 }
 
@@ -254,23 +231,15 @@ fn golden_export() {
     };
     assert_eq!(
         crate::export::to_text(&crate::export::export(&running, true)),
-        "\
+        concat!(
+            "\
 net:
 -     net type: o2ib
       local NI(s):
       -     nid: 10.0.0.1@o2ib
-            tunables:
-                  peer_timeout: 180
-                  peer_credits: 8
-                  peer_buffer_credits: 0
-                  credits: 256
-            lnd tunables:
-                  peercredits_hiw: 4
-                  concurrent_sends: 8
-                  conns_per_peer: 1
-                  timeout: 50
-                  keepalive: 100
-            checksum: \"off\"
+",
+            include_str!("fixtures/ni-tunables.yaml"),
+            "            checksum: \"off\"
             checksum default: none
             race order: nidhash
             connect hedge ms: 1000
@@ -295,21 +264,9 @@ buffers:
     tiny: 2048
     small: 16384
     large: 1024
-global:
-    numa_range: 0
-    max_interfaces: 200
-    discovery: 0
-    drop_asym_route: 0
-    retry_count: 0
-    transaction_timeout: 51
-    health_sensitivity: 0
-    recovery_interval: 1
-    router_sensitivity: 0
-    lnd_timeout: 50
-    response_tracking: 0
-    recovery_limit: 0
-    max_recovery_ping_interval: 900
-"
+",
+            include_str!("fixtures/global-show.yaml")
+        )
     );
     // A plain export adds the state: the loopback net, status, statistics, a route's state
     // and type, the peer NI's credits, and routing as `routing show` prints it.

@@ -670,7 +670,8 @@ manage:
         let (head, lnd) = v.split_once("            lnd statistics:\n").expect(&v);
         assert_eq!(
             head,
-            "\
+            concat!(
+                "\
 net:
 -     net type: lo
       local NI(s):
@@ -699,18 +700,9 @@ net:
                   error: 0
                   ping_count: 0
                   next_ping: 0
-            tunables:
-                  peer_timeout: 180
-                  peer_credits: 8
-                  peer_buffer_credits: 0
-                  credits: 256
-            lnd tunables:
-                  peercredits_hiw: 4
-                  concurrent_sends: 8
-                  conns_per_peer: 1
-                  timeout: 50
-                  keepalive: 100
-"
+",
+                include_str!("fixtures/ni-tunables.yaml")
+            )
         );
         let (lnd, ulnet) = lnd.split_once("            ulnet:\n").expect(lnd);
         // The LND's counters: 54 of them, then the rejects by reason, each 0 here.
@@ -949,25 +941,13 @@ conn:
         );
         assert_eq!(
             global(&global_show(&n)),
-            "\
-global:
-    numa_range: 0
-    max_interfaces: 200
-    discovery: 0
-    drop_asym_route: 0
-    retry_count: 0
-    transaction_timeout: 51
-    health_sensitivity: 0
-    recovery_interval: 1
-    router_sensitivity: 0
-    lnd_timeout: 50
-    response_tracking: 0
-    recovery_limit: 0
-    max_recovery_ping_interval: 900
-    routing: 0
+            concat!(
+                include_str!("fixtures/global-show.yaml"),
+                "    routing: 0
     pid: 12345
     selftest: 0
 "
+            )
         );
     }
 

@@ -2,13 +2,28 @@
 
 use std::process::{Command, Output};
 
+use testkit::Scratch;
+
 fn lnetctl(args: &[&str]) -> Output {
     // A socket path nobody listens on, so no real daemon on this machine interferes.
     let sock =
         std::env::temp_dir().join(format!("ulnet-cli-test-{}/none.sock", std::process::id()));
+    lnetctl_at(&sock, args)
+}
+
+/// `lnetctl --socket sock args...`.
+fn lnetctl_at(sock: &std::path::Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lnetctl"))
         .arg("--socket")
-        .arg(&sock)
+        .arg(sock)
+        .args(args)
+        .output()
+        .expect("run lnetctl")
+}
+
+/// `lnetctl args...`, no socket given.
+fn lnetctl_bare(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lnetctl"))
         .args(args)
         .output()
         .expect("run lnetctl")
@@ -113,8 +128,7 @@ fn bad_arguments_exit_2() {
 
 #[test]
 fn capture_without_daemon_exits_3_and_leaves_no_file() {
-    let dir = std::env::temp_dir().join(format!("ulnet-cli-capture-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("cli-capture");
     let f = dir.join("c.pcap");
     let o = lnetctl(&["capture", "--file", f.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o.stderr));
@@ -136,7 +150,6 @@ fn capture_without_daemon_exits_3_and_leaves_no_file() {
     let o = lnetctl(&["capture", "--file", f.to_str().unwrap(), "--force"]);
     assert_eq!(o.status.code(), Some(3));
     assert_eq!(std::fs::read(&f).unwrap(), b"keep me");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -173,10 +186,7 @@ fn bad_nid_exits_4() {
 
 #[test]
 fn no_daemon_exits_3_naming_the_path() {
-    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
-        .args(["--socket", "/nonexistent", "peer", "show"])
-        .output()
-        .unwrap();
+    let o = lnetctl_at("/nonexistent".as_ref(), &["peer", "show"]);
     assert_eq!(o.status.code(), Some(3));
     let err = text(&o.stderr);
     assert!(
@@ -195,10 +205,7 @@ fn no_daemon_exits_3_naming_the_path() {
 
 #[test]
 fn demo_still_works() {
-    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
-        .arg("demo")
-        .output()
-        .unwrap();
+    let o = lnetctl_bare(&["demo"]);
     assert_eq!(o.status.code(), Some(0));
     let out = text(&o.stdout);
     assert!(
@@ -242,8 +249,7 @@ fn ping_takes_lnetctls_short_options() {
 #[test]
 fn a_daemon_of_another_protocol_version_is_named_plainly() {
     use std::io::{BufRead, BufReader, Write};
-    let dir = std::env::temp_dir().join(format!("ulnet-cli-version-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new("cli-version");
     let sock = dir.join("old.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
@@ -254,12 +260,7 @@ fn a_daemon_of_another_protocol_version_is_named_plainly() {
         (&s).write_all(b"{\"v\":9,\"resp\":\"done\"}\n").unwrap();
         line
     });
-    let o = Command::new(env!("CARGO_BIN_EXE_lnetctl"))
-        .arg("--socket")
-        .arg(&sock)
-        .args(["global", "show"])
-        .output()
-        .unwrap();
+    let o = lnetctl_at(&sock, &["global", "show"]);
     let sent = server.join().unwrap();
     assert!(sent.starts_with("{\"v\":1,\"req\":"), "{sent}");
     let err = text(&o.stderr);
@@ -269,7 +270,6 @@ fn a_daemon_of_another_protocol_version_is_named_plainly() {
         err.contains("control protocol mismatch: lnet-router speaks version 9"),
         "{err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The manual page and completion scripts come from lnetctl's own command definitions.

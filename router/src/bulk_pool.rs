@@ -403,9 +403,7 @@ mod tests {
     use super::*;
     use lnd::fabric::RegionId;
 
-    fn nid(s: &str) -> Nid {
-        s.parse().unwrap()
-    }
+    use testkit::nid;
 
     /// Every loop registers every buffer of `plan` (a fake fabric: region k + 1000 * id).
     fn register_all(pool: &mut BulkPool, plan: &BulkPlan, members: &[(LoopId, Nid)]) {

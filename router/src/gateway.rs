@@ -339,9 +339,7 @@ impl Gateways {
 mod tests {
     use super::*;
 
-    fn nid(s: &str) -> Nid {
-        s.parse().unwrap()
-    }
+    use testkit::nid;
 
     fn reply(nids: &[&str], down: &[&str], features: u32) -> PingReply {
         PingReply {

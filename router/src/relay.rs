@@ -265,9 +265,7 @@ mod tests {
     use super::*;
     use lnd::wire::LnetHdr;
 
-    fn nid(s: &str) -> Nid {
-        s.parse().unwrap()
-    }
+    use testkit::nid;
 
     fn net(s: &str) -> Net {
         s.parse().unwrap()

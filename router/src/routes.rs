@@ -267,9 +267,7 @@ impl RouteTable {
 mod tests {
     use super::*;
 
-    fn nid(s: &str) -> Nid {
-        s.parse().unwrap()
-    }
+    use testkit::nid;
 
     fn route(net: &str, gw: &str, hops: Option<u8>, priority: u32) -> RouteConfig {
         RouteConfig {

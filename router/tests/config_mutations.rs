@@ -51,13 +51,8 @@ fn mutated_example_configs_are_refused_or_loaded_never_a_panic() {
         "|\n",
         ">\n",
     ];
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = testkit::XorShift(0x2545_f491_4f6c_dd1d);
+    let mut next = || rng.next().unwrap();
     let mut panics = Vec::new();
     let (mut loaded, mut refused) = (0u32, 0u32);
     let n: usize = std::env::var("CONFIG_MUTATIONS")

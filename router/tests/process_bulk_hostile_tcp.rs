@@ -77,9 +77,7 @@ fn client_writes(how: Arc<Mutex<Write>>) -> Rewrite {
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn fabric(book: &Book) -> TcpFabric {
     let b = Arc::clone(book);

@@ -10,23 +10,13 @@ use common::*;
 use router::control::{Request, Response, RoutingShow};
 
 const PORT: u16 = 9966;
-const CLIENT: &str = "10.0.0.1@o2ib";
-const R_A: &str = "10.0.0.254@o2ib";
-const R_B: &str = "10.1.0.254@o2ib1";
-const FAR: &str = "10.1.0.2@o2ib1";
 const ALL: [&str; 4] = [CLIENT, R_A, R_B, FAR];
 
-fn address_of(test: u8, nid: &str) -> String {
-    let b = (std::process::id() % 250) as u8 + 1;
-    let host = ALL.iter().position(|n| *n == nid).unwrap() as u8 + 1;
-    format!("127.{}.{b}.{host}:{PORT}", 210 + test)
-}
-
-/// A daemon running `nis`, with one route (if any), routing on or off, 16 large buffers, and
-/// where every other NID listens.
-fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool) -> String {
-    let extra = "buffers:\n    large: 16\nselftest:\n    enable: 1\n";
-    topo_yaml(nis, route, routing, extra, &ALL, |n| address_of(test, n))
+/// Every NID of the topology, each daemon on its own loopback address.
+fn site(test: u8) -> Site {
+    Site::loopback(&ALL, PORT, 210 + test, |_| {
+        "buffers:\n    large: 16\nselftest:\n    enable: 1\n".into()
+    })
 }
 
 /// A router running only `R_A` (routing on or off), a client routing o2ib1 through it and a far
@@ -40,38 +30,14 @@ struct Topo {
 
 fn topo(t: u8, name: &str, routing: bool) -> Topo {
     let s = Scratch::new(name);
-    let o = Opts::default;
-    let router = start_yaml(&s.0, "router", &yaml(t, &[R_A], None, routing), o());
-    let far = start_yaml(
-        &s.0,
-        "far",
-        &yaml(t, &[FAR], Some(("o2ib", R_B)), false),
-        o(),
-    );
-    let client = start_yaml(
-        &s.0,
-        "client",
-        &yaml(t, &[CLIENT], Some(("o2ib1", R_A)), false),
-        o(),
-    );
+    let router = site(t).start(&s.0, "router", &[R_A], &[], routing);
+    let (far, client) = site(t).start_ends(&s.0);
     Topo {
         s,
         router,
         client,
         _far: far,
     }
-}
-
-fn ctl(d: &Daemon, args: &[&str]) -> String {
-    let out = lnetctl(d, args);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lnetctl {args:?}: {:?}\nstdout: {text}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 fn routing(d: &Daemon) -> RoutingShow {
@@ -99,8 +65,8 @@ fn assert_pool_quiet(d: &Daemon) {
 }
 
 fn add_r_b(t: &Topo, test: u8) {
-    let listen = address_of(test, R_B);
-    ctl(
+    let listen = site(test).address(R_B);
+    lnetctl_ok(
         &t.router,
         &[
             "net", "add", "--nid", R_B, "--listen", &listen, "--fabric", "tcp",
@@ -115,16 +81,11 @@ fn brw_through(t: &Topo, units: u32, loops: u32) -> router::control::ForwardingC
     ping_until_ok(&t.client, FAR, WAIT);
     let before = routing(&t.router).forwarding;
     let (c, l) = (units.to_string(), loops.to_string());
-    let out = lnetctl(
+    let out = run_test(
         &t.client,
+        CLIENT,
+        FAR,
         &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
             "--concurrency",
             &c,
             "--loop",
@@ -143,8 +104,7 @@ fn brw_through(t: &Topo, units: u32, loops: u32) -> router::control::ForwardingC
         String::from_utf8_lossy(&out.stderr),
         log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
     );
-    let json_start = stdout.find("{\n").expect("a JSON summary");
-    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).expect("JSON");
+    let v = json_summary(&stdout);
     assert_eq!(v["brw_errors"], 0, "{v}");
     assert_eq!(
         v["latency"][0]["count"],
@@ -180,19 +140,19 @@ fn an_ni_added_at_run_time_forwards_bulk_and_the_pool_follows_set_large_buffers(
     assert_eq!(large_buffers(&t.router), 16, "8 on each of the two NIs");
     brw_through(&t, 2, 5);
 
-    ctl(&t.router, &["net", "del", "--nid", R_B]);
+    lnetctl_ok(&t.router, &["net", "del", "--nid", R_B]);
     assert_eq!(large_buffers(&t.router), 16, "all 16 on the NI left");
     add_r_b(&t, test);
     brw_through(&t, 2, 5);
 
-    ctl(&t.router, &["set", "large_buffers", "40"]);
+    lnetctl_ok(&t.router, &["set", "large_buffers", "40"]);
     let r = routing(&t.router);
     let large: Vec<u32> = r.cpts.iter().map(|c| c.large.nbuffers).collect();
     assert_eq!(large, vec![20, 20], "{r:?}");
     // More bulk in flight at once than the router had buffers before.
     brw_through(&t, 24, 2);
     // Shrunk again: counted at once, bulk still crosses.
-    ctl(&t.router, &["set", "large_buffers", "4"]);
+    lnetctl_ok(&t.router, &["set", "large_buffers", "4"]);
     assert_eq!(large_buffers(&t.router), 4);
     brw_through(&t, 4, 2);
     assert_pool_quiet(&t.router);
@@ -207,7 +167,7 @@ fn routing_turned_on_after_an_ni_was_added_forwards_bulk() {
     let test = 2;
     let t = topo(test, "bulk_routing_later", false);
     add_r_b(&t, test);
-    ctl(&t.router, &["set", "routing", "1"]);
+    lnetctl_ok(&t.router, &["set", "routing", "1"]);
     assert_eq!(large_buffers(&t.router), 16);
     brw_through(&t, 2, 5);
     assert_pool_quiet(&t.router);
@@ -219,7 +179,6 @@ fn routing_turned_on_after_an_ni_was_added_forwards_bulk() {
 fn a_router_configured_by_import_on_a_daemon_started_without_nis_forwards_bulk() {
     let test = 3;
     let s = Scratch::new("bulk_import");
-    let o = Opts::default;
     let router = start_yaml(
         &s.0,
         "router",
@@ -229,20 +188,11 @@ fn a_router_configured_by_import_on_a_daemon_started_without_nis_forwards_bulk()
             ..Opts::default()
         },
     );
-    let far = start_yaml(
-        &s.0,
-        "far",
-        &yaml(test, &[FAR], Some(("o2ib", R_B)), false),
-        o(),
-    );
-    let client = start_yaml(
-        &s.0,
-        "client",
-        &yaml(test, &[CLIENT], Some(("o2ib1", R_A)), false),
-        o(),
-    );
+    let (far, client) = site(test).start_ends(&s.0);
     // lnet_selftest starts with a daemon, not by import: the router needs none.
-    let doc = yaml(test, &[R_A, R_B], None, true).replace("selftest:\n    enable: 1\n", "");
+    let doc = site(test)
+        .yaml(&[R_A, R_B], &[], true)
+        .replace("selftest:\n    enable: 1\n", "");
     let file = s.0.join("lnet.conf");
     std::fs::write(&file, doc).unwrap();
     assert_eq!(

@@ -11,28 +11,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// Writes a line straight to stderr, past the harness's capture, so it shows on a pass too.
-fn notice(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-fn find_tshark() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TSHARK") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("tshark"))
-        .find(|p| p.is_file())
-}
 
 /// A running `lnetctl capture`, killed and reaped on drop.
 struct Capture {
@@ -76,17 +60,8 @@ fn start_capture(d: &Daemon, nid: &str, file: &Path, extra: &[&str]) -> Capture 
 
 /// Waits (bounded) for the capture to exit; its exit code and stdout.
 fn finish(mut c: Capture, bound: Duration) -> (Option<i32>, String) {
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = c.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < bound,
-            "lnetctl capture did not end within {bound:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = testkit::wait_exit(&mut c.child, bound)
+        .unwrap_or_else(|| panic!("lnetctl capture did not end within {bound:?}"));
     let mut out = String::new();
     if let Some(mut o) = c.child.stdout.take() {
         let _ = std::io::Read::read_to_string(&mut o, &mut out);
@@ -237,14 +212,14 @@ fn check_ping_capture(tshark: &Path, cap: Capture, file: &Path, who: &str) {
 
 #[test]
 fn capture_of_a_ping_decodes_in_tshark() {
-    let Some(tshark) = find_tshark() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "tshark is required in CI (apt-get install tshark)"
-        );
-        notice("capture_of_a_ping_decodes_in_tshark: SKIPPED, tshark not found");
+    let tshark = find_on_path("TSHARK", "tshark");
+    if !run_or_skip(
+        tshark.is_some(),
+        "tshark not found (apt-get install tshark)",
+    ) {
         return;
-    };
+    }
+    let tshark = tshark.unwrap();
     let dir = Scratch::new("capture");
     // Default tunables: no keepalive NOOP within the test.
     let opts = || Opts {

@@ -210,7 +210,11 @@ fn restart_with_queued_traffic_reconnects_to_the_new_instance() {
 
     // B's new instance, on B's port again (A knows B there): listening, then frozen before
     // anyone connects.
-    p.b = start_with(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, lnd);
+    let opts = Opts {
+        lnd,
+        ..Opts::default()
+    };
+    p.b = start_opts(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, opts);
     p.b.signal("-STOP");
 
     let mut ping = std::process::Command::new(lnetctl_bin())
@@ -237,18 +241,11 @@ fn restart_with_queued_traffic_reconnects_to_the_new_instance() {
     }
 
     // The queued ping completes, OK (its own timeout is 20 s; beyond that plus `WAIT` it hung).
-    let t0 = Instant::now();
     let bound = Duration::from_secs(20) + WAIT;
-    let status = loop {
-        if let Some(s) = ping.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > bound {
-            let _ = ping.kill();
-            let _ = ping.wait();
-            panic!("the queued ping did not finish within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = testkit::wait_exit(&mut ping, bound) else {
+        let _ = ping.kill();
+        let _ = ping.wait();
+        panic!("the queued ping did not finish within {bound:?}");
     };
     let out = ping.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -338,15 +335,7 @@ fn bad_input_on_the_listening_port_is_refused_and_counted() {
 
     // 1. Random bytes (a fixed xorshift sequence: the same bytes every run).
     let (errors0, bad0) = (frame_errors(&p.b), bad_connreqs(&p.b));
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..512)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = noise(0x9e37_79b9_7f4a_7c15, 512);
     let mut s = connect();
     s.write_all(&noise).unwrap();
     until_closed(s, "random bytes");

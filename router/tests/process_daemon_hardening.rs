@@ -14,7 +14,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,6 +65,19 @@ fn ping_lo_ok(d: &Daemon) {
 
 /// A 100 MiB request line: the daemon reads at most MAX_REQUEST (1 MiB) of it, answers EMSGSIZE, closes the
 /// connection, and its memory does not grow by anything like the request's size.
+/// Stops the capture `id` that the client `cap` started: it must end, as stopped.
+fn stop_capture(cap: &mut router::control::ControlClient, id: u64) {
+    cap.send(&Request::CaptureStop { id }).unwrap();
+    let t0 = Instant::now();
+    let done = loop {
+        match cap.recv_timeout(Some(Duration::from_secs(1))).unwrap() {
+            Some(Response::CaptureDone(s)) => break s,
+            Some(_) | None => assert!(t0.elapsed() < WAIT, "no capture end"),
+        }
+    };
+    assert_eq!(done.reason, "stopped");
+}
+
 #[test]
 fn oversized_request_is_refused_without_buffering_it() {
     let dir = Scratch::new("oversized");
@@ -190,15 +202,7 @@ fn an_operator_is_never_locked_out_by_idle_clients() {
     let resp = read_response(&mut idle[1]);
     assert!(matches!(resp, Response::Global(_)), "{resp:?}");
     // The capture ran on throughout, and ends when asked.
-    cap.send(&Request::CaptureStop { id: started.id }).unwrap();
-    let t0 = Instant::now();
-    let done = loop {
-        match cap.recv_timeout(Some(Duration::from_secs(1))).unwrap() {
-            Some(Response::CaptureDone(s)) => break s,
-            Some(_) | None => assert!(t0.elapsed() < WAIT, "no capture end"),
-        }
-    };
-    assert_eq!(done.reason, "stopped");
+    stop_capture(&mut cap, started.id);
 }
 
 /// 200 idle control clients: at most MAX_CLIENTS are served at once (the daemon's thread count
@@ -328,15 +332,7 @@ fn idle_clients_are_bounded_and_reaped() {
         panic!("{started:?}")
     };
     std::thread::sleep(Duration::from_millis(2500));
-    cap.send(&Request::CaptureStop { id: started.id }).unwrap();
-    let t0 = Instant::now();
-    let done = loop {
-        match cap.recv_timeout(Some(Duration::from_secs(1))).unwrap() {
-            Some(Response::CaptureDone(s)) => break s,
-            Some(_) | None => assert!(t0.elapsed() < WAIT, "no capture end"),
-        }
-    };
-    assert_eq!(done.reason, "stopped");
+    stop_capture(&mut cap, started.id);
     let c = control_counters(&d);
     assert_eq!(counter(&c, "idle_timeouts"), reaped, "{c:?}");
     ping_lo_ok(&d);
@@ -419,14 +415,7 @@ fn socket_is_private_from_the_first_instant() {
 fn run_config(dir: &Scratch, name: &str, text: &str) -> (Option<i32>, String) {
     let cfg = dir.0.join(name);
     std::fs::write(&cfg, text).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.0.join("s.sock"))
-        .env("LNET_LOG", "info")
-        .output()
-        .unwrap();
+    let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], Some("info"));
     let _ = std::fs::remove_file(&cfg);
     assert!(!dir.0.join("s.sock").exists(), "{name}: a socket was bound");
     (
@@ -580,14 +569,7 @@ fn start_failure_is_printed_once() {
         format!("net:\n    - net type: o2ib\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n          listen: 127.0.0.1:{port}\n"),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.0.join("s.sock"))
-        .env("LNET_LOG", "info")
-        .output()
-        .unwrap();
+    let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], Some("info"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert_eq!(

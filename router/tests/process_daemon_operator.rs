@@ -46,12 +46,7 @@ fn ping_of_two_hundred_nids_answers_each_in_order() {
     assert!(!stderr.contains("busy"), "{stderr}");
     assert_eq!(code, Some(1), "two NIDs fail: {stderr}");
     let v: serde_json::Value = serde_json::from_str(&stdout).expect(&stdout);
-    let ok: Vec<&str> = v["ping"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["primary nid"].as_str().unwrap())
-        .collect();
+    let ok: Vec<&str> = json_strs(&v["ping"], "primary nid");
     // 0@lo and our own NIDs answer with the node's primary NID, as in LNet.
     assert_eq!(ok.len(), 202, "{ok:?}");
     assert!(ok.iter().all(|n| *n == "127.0.0.1@o2ib"), "{ok:?}");
@@ -59,12 +54,7 @@ fn ping_of_two_hundred_nids_answers_each_in_order() {
     // Its failures as the error block on stderr (issue 32, item 5), stdout has none.
     assert!(v.get("manage").is_none(), "{stdout}");
     let e: serde_json::Value = serde_json::from_str(&stderr).expect(&stderr);
-    let failed: Vec<&str> = e["manage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["descr"].as_str().unwrap())
-        .collect();
+    let failed: Vec<&str> = json_strs(&e["manage"], "descr");
     assert_eq!(failed.len(), 2, "{failed:?}");
     assert!(failed[0].contains("127.0.1.2@o2ib1"), "{failed:?}");
     assert!(failed[1].contains("127.0.0.9@o2ib3"), "{failed:?}");
@@ -211,13 +201,7 @@ fn two_nis_on_one_listen_address_are_refused_at_load() {
     let cfg = dir.0.join("same.yaml");
     std::fs::write(&cfg, yaml).unwrap();
     let t0 = Instant::now();
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.0.join("s.sock"))
-        .output()
-        .unwrap();
+    let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], None);
     let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
     assert!(t0.elapsed() < Duration::from_secs(5), "{err}");
     assert_eq!(o.status.code(), Some(2), "{err}");
@@ -273,17 +257,9 @@ fn sigterm_while_waiting_for_a_listen_address_stops_at_once() {
         .status()
         .unwrap();
     assert!(st.success());
-    let status = loop {
-        if let Some(s) = child.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(3),
-            "SIGTERM ignored during the wait: {}",
-            read_log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let left = Duration::from_secs(3).saturating_sub(t0.elapsed());
+    let status = testkit::wait_exit(&mut child.0, left)
+        .unwrap_or_else(|| panic!("SIGTERM ignored during the wait: {}", read_log()));
     assert_eq!(status.code(), Some(0), "{}", read_log());
     assert!(!dir.0.join("s.sock").exists());
 }
@@ -298,17 +274,7 @@ fn net_add_on_an_own_nis_listen_address_is_refused_at_once() {
     let port = listen_port(&d, "127.0.0.1@o2ib");
     let listen = format!("127.0.0.1:{port}");
     let t0 = Instant::now();
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            &listen,
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, &listen);
     assert!(t0.elapsed() < Duration::from_secs(3), "{stderr}");
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -318,32 +284,18 @@ fn net_add_on_an_own_nis_listen_address_is_refused_at_once() {
     assert!(!stderr.contains("net add: net add"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     // The wildcard address takes the port on every address: the same clash.
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            &format!("0.0.0.0:{port}"),
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, &format!("0.0.0.0:{port}"));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("already listens on"), "{stderr}");
     // Another port is fine.
-    let (code, _, stderr) = out(&lnetctl(
-        &d,
-        &[
-            "net",
-            "add",
-            "--nid",
-            "127.0.2.1@o2ib2",
-            "--listen",
-            "127.0.0.1:0",
-        ],
-    ));
+    let (code, _, stderr) = net_add_o2ib2(&d, "127.0.0.1:0");
     assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// `lnetctl net add --nid 127.0.2.1@o2ib2 --listen ADDR` on `d`: exit code, stdout, stderr.
+fn net_add_o2ib2(d: &Daemon, listen: &str) -> (Option<i32>, String, String) {
+    let args = ["net", "add", "--nid", "127.0.2.1@o2ib2", "--listen", listen];
+    out(&lnetctl(d, &args))
 }
 
 /// `lnet-router --socket PATH` with this configuration: its exit code and stderr, within 5 s.
@@ -464,13 +416,7 @@ fn config_errors_speak_the_files_terms() {
     for (name, yaml, want) in cases {
         let cfg = dir.0.join(format!("{name}.yaml"));
         std::fs::write(&cfg, yaml).unwrap();
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--socket")
-            .arg(dir.0.join("s.sock"))
-            .output()
-            .unwrap();
+        let o = run_to_exit(&cfg, &dir.join("s.sock"), &[], None);
         let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
         assert_eq!(o.status.code(), Some(2), "{name}: {err}");
         assert!(err.contains(want), "{name}: want {want:?} in {err}");

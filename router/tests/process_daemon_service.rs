@@ -111,10 +111,7 @@ fn a_log_off_the_terminal_has_no_colour_codes() {
 
 #[test]
 fn version_names_the_revision_and_the_fabrics() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--version")
-        .output()
-        .unwrap();
+    let out = lnet_router(&["--version"]);
     assert!(out.status.success());
     let v = String::from_utf8(out.stdout).unwrap();
     let v = v.trim();
@@ -379,10 +376,7 @@ fn daemons_without_ulnet_keys_find_each_other_at_port_987() {
 /// lnet-router's manual page, from its own argument definitions.
 #[test]
 fn the_daemon_prints_its_man_page() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--print-man")
-        .output()
-        .unwrap();
+    let out = lnet_router(&["--print-man"]);
     assert!(out.status.success());
     let man = String::from_utf8(out.stdout).unwrap();
     assert!(man.contains(".TH lnet-router 8"), "{man}");
@@ -423,15 +417,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
         assert_eq!(o.status.code(), Some(0), "{o:?}");
         String::from_utf8(o.stdout).unwrap()
     };
-    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c
-            .conn
-            .iter()
-            .map(|c| c.incarnation.clone())
-            .collect::<Vec<_>>(),
-        other => panic!("{other:?}"),
-    };
-    let before = conns(&p.a);
+    let before = incarnations(&p.a);
     assert!(!before.is_empty());
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
     for (name, value) in [
@@ -468,7 +454,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
     let o = lnetctl(&p.a, &["set", "health_sensitivity", "0"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert!(global(&p.a).contains("\n    retry_count: 0\n"));
-    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    assert_eq!(incarnations(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
 
@@ -481,15 +467,7 @@ fn set_changes_globals_live_and_refuses_what_lustre_refuses() {
 fn export_and_import_round_trip_on_a_running_daemon() {
     use router::yaml_config::DaemonConfig;
     let p = connected_pair("export_import");
-    let conns = |d: &Daemon| match call(d, Request::ConnShow) {
-        Response::Conn(c) => c
-            .conn
-            .iter()
-            .map(|c| c.incarnation.clone())
-            .collect::<Vec<_>>(),
-        other => panic!("{other:?}"),
-    };
-    let before = conns(&p.a);
+    let before = incarnations(&p.a);
     assert!(!before.is_empty());
     let run = |args: &[&str]| out(&lnetctl(&p.a, args));
     assert_eq!(
@@ -614,7 +592,7 @@ fn export_and_import_round_trip_on_a_running_daemon() {
     assert_eq!(code, Some(1), "{err}");
     assert!(stdout.is_empty());
     assert!(err.contains("ping 10.9.9.9@o2ib9"), "{err}");
-    assert_eq!(conns(&p.a), before, "no connection was dropped");
+    assert_eq!(incarnations(&p.a), before, "no connection was dropped");
     ping_until_ok(&p.a, NID_B, WAIT);
 }
 

@@ -229,7 +229,7 @@ fn restart_right_after_sigkill_binds_every_time() {
         let _ = p.b.wait_exit(WAIT);
         // `start_with` panics if the daemon exits at start (it used to: "Address already in
         // use") and returns once its control socket answers, i.e. after its NI is listening.
-        p.b = start_with(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa, Lnd::default());
+        p.b = start(&p.dir.0, "b", NID_B, p.pb, NID_A, p.pa);
         ping_until_ok(&p.a, NID_B, WAIT);
         assert!(
             t0.elapsed() < Duration::from_secs(240),

@@ -10,74 +10,29 @@ mod common;
 
 use common::*;
 use router::control::{Request, Response, RouteEntry, RoutingShow};
+use testkit::topo::{R2_A, R2_B, R_A as R1_A, R_B as R1_B, SERVER};
 
 const PORT: u16 = 9988;
-const CLIENT: &str = "10.0.0.1@o2ib";
-const SERVER: &str = "10.1.0.2@o2ib1";
-const R1_A: &str = "10.0.0.254@o2ib";
-const R1_B: &str = "10.1.0.254@o2ib1";
-const R2_A: &str = "10.0.0.253@o2ib";
-const R2_B: &str = "10.1.0.253@o2ib1";
 
 /// The test across network namespaces: there every NI listens on its NID's own address.
 const NETNS_TEST: u8 = 0;
 
-/// A loopback address for host `host` of test `test`, private to this process.
-fn addr(test: u8, host: u8) -> String {
-    let b = (std::process::id() % 250) as u8 + 1;
-    format!("127.{}.{b}.{host}:{PORT}", 100 + test)
-}
-
-/// Every NID of the topology and its address.
-fn nids(test: u8) -> Vec<(&'static str, String)> {
-    [CLIENT, SERVER, R1_A, R1_B, R2_A, R2_B]
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let a = if test == NETNS_TEST {
-                format!("{}:{PORT}", n.split('@').next().unwrap())
-            } else {
-                addr(test, i as u8 + 1)
-            };
-            (*n, a)
-        })
-        .collect()
-}
-
-fn address_of(test: u8, nid: &str) -> String {
-    nids(test).into_iter().find(|(n, _)| *n == nid).unwrap().1
+/// Every NID of the topology, each on its own loopback address (its NID's own address in the
+/// network namespaces test).
+fn site(test: u8) -> Site {
+    Site {
+        all: &[CLIENT, SERVER, R1_A, R1_B, R2_A, R2_B],
+        port: PORT,
+        a: 100 + test,
+        nid_addresses: test == NETNS_TEST,
+        extra: |_| String::new(),
+    }
 }
 
 /// A daemon's YAML: its NIs (NID, net), its routes (net, gateway), routing on or off, the
 /// health settings small, the LND's tunables small, and every other NID's address.
 fn yaml(test: u8, nis: &[&str], routes: &[(&str, &str)], routing: bool) -> String {
-    let mut y = String::from("net:\n");
-    for ni in nis {
-        let net = ni.split('@').nth(1).unwrap();
-        y.push_str(&format!(
-            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
-            address_of(test, ni)
-        ));
-    }
-    if !routes.is_empty() {
-        y.push_str("route:\n");
-        for (net, gw) in routes {
-            y.push_str(&format!(
-                "    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-            ));
-        }
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        u8::from(routing)
-    ));
-    y.push_str("peers:\n");
-    for (n, a) in nids(test) {
-        if !nis.contains(&n) {
-            y.push_str(&format!("    - nid: {n}\n      address: {a}\n"));
-        }
-    }
-    y
+    site(test).yaml(nis, routes, routing)
 }
 
 fn routes(d: &Daemon) -> Vec<RouteEntry> {
@@ -253,10 +208,9 @@ fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
             .filter(|n| n.starts_with("ni ") || *n == "nis")
             .count()
     };
-    let t0 = std::time::Instant::now();
-    while count(&router) < want && t0.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_for(std::time::Duration::from_secs(10), || {
+        count(&router) >= want
+    });
     assert_eq!(count(&router), want, "{:?}", thread_names(&router));
     let server = start_yaml(
         &s.0,

@@ -4,42 +4,27 @@
 //! exists. On a host that has an RDMA device the with-feature case is skipped (the Soft-RoCE guest
 //! run covers the daemon on real verbs).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("ulnet-verbs-host-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::{run_to_exit, Scratch};
 
 /// Runs the daemon with `args` on a config with one o2ib NI on `fabric: verbs`, in a scratch
 /// directory of its own, and checks that it refused to start: exit status `code`, one line on
 /// stderr that contains `says`, no control socket left behind.
 fn assert_refused(test: &str, args: &[&str], code: i32, says: &str) {
-    let dir = scratch(test);
+    let dir = Scratch::new(&format!("verbs-host-{test}"));
     let cfg = dir.join("verbs.yaml");
     std::fs::write(
         &cfg,
         "net:\n    - net type: o2ib\n      fabric: verbs\n      local NI(s):\n        - nid: 10.0.0.1@o2ib\n",
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_lnet-router"))
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--socket")
-        .arg(dir.join("s.sock"))
-        .args(args)
-        .env("LNET_LOG", "off")
-        .output()
-        .unwrap();
+    let o = run_to_exit(&cfg, &dir.join("s.sock"), args, Some("off"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(code), "{err}");
     assert!(err.contains(says), "{err}");
     assert_eq!(err.lines().count(), 1, "one message, not several: {err}");
     assert!(!dir.join("s.sock").exists());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(feature = "verbs")]

@@ -17,6 +17,13 @@ pub fn send_put(w: &mut World, from: NodeId, to: NodeId, bits: u64) -> u64 {
     w.send(from, d, LnetHdr::put(s, d, 8, 4, bits), vec![0; 8])
 }
 
+/// How many of the messages `msgs` (cookies) have no outcome yet or one other than delivered.
+pub fn undelivered(w: &World, msgs: &[u64]) -> usize {
+    msgs.iter()
+        .filter(|&&m| !w.outcome(m).is_some_and(|(_, o)| o.is_delivered()))
+        .count()
+}
+
 /// `10.0.0.1@o2ib`: the router in scenarios; lower than every client under both race orders.
 pub fn router_nid() -> Nid {
     "10.0.0.1@o2ib".parse().expect("valid NID")

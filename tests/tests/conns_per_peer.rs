@@ -9,19 +9,17 @@
 //! one that the peer connected to first uses the peer's connections and opens none of its own.
 
 use std::collections::HashSet;
-use ulnet_tests::send_put;
+use ulnet_tests::{send_put, undelivered};
 
 use lnd::engine::{ConnState, EndpointConfig, RacePolicy, Tunables};
 use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, Nid};
+use lnd::wire::LnetBody;
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 fn tun(cpp: u16) -> Tunables {
     Tunables {
@@ -31,11 +29,25 @@ fn tun(cpp: u16) -> Tunables {
 }
 
 fn node(w: &mut World, s: &str, inc: u64, cpp: u16, policy: RacePolicy) -> NodeId {
+    node_with(w, s, inc, tun(cpp), policy)
+}
+
+fn node_with(w: &mut World, s: &str, inc: u64, tunables: Tunables, policy: RacePolicy) -> NodeId {
     w.add_node(EndpointConfig {
-        tunables: tun(cpp),
+        tunables,
         race_policy: policy,
         ..EndpointConfig::new(nid(s), inc)
     })
+}
+
+/// Fails the test with the first dozen of the `problems` the seeds found, if any.
+fn assert_no_problems(problems: &[String]) {
+    assert!(
+        problems.is_empty(),
+        "{} problems: {:#?}",
+        problems.len(),
+        &problems[..problems.len().min(12)]
+    );
 }
 
 /// Established connections `n` opened itself to `to`.
@@ -282,57 +294,30 @@ fn run_storms(cpa: u16, cpb: u16, pa: RacePolicy, pb: RacePolicy, seeds: std::op
     for seed in seeds {
         bad.extend(storm(seed, cpa, cpb, pa, pb));
     }
-    assert!(
-        bad.is_empty(),
-        "{} problems: {:#?}",
-        bad.len(),
-        &bad[..bad.len().min(12)]
-    );
+    assert_no_problems(&bad);
 }
 
-#[test]
-fn storm_cpp1_baseline() {
-    run_storms(1, 1, RacePolicy::Ulnet, RacePolicy::Ulnet, 0..8);
+/// One storm test per row: conns_per_peer of A and B, A's and B's race policies; seeds 0..8
+/// (`NSEEDS` for more).
+macro_rules! storms {
+    ($($name:ident: $cpa:expr, $cpb:expr, $pa:ident, $pb:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            run_storms($cpa, $cpb, RacePolicy::$pa, RacePolicy::$pb, 0..8);
+        }
+    )*};
 }
 
-#[test]
-fn storm_cpp3_one_side() {
-    run_storms(3, 1, RacePolicy::Ulnet, RacePolicy::Ulnet, 0..8);
-}
-
-#[test]
-fn storm_cpp_both_sides() {
-    run_storms(3, 4, RacePolicy::Ulnet, RacePolicy::Ulnet, 0..8);
-}
-
-#[test]
-fn storm_cpp_both_sides_kernel_peer() {
-    run_storms(4, 2, RacePolicy::Ulnet, RacePolicy::Lu17480, 0..8);
-}
-
-#[test]
-fn storm_cpp_lustre28_peer() {
-    run_storms(3, 1, RacePolicy::Ulnet, RacePolicy::Lustre28, 0..8);
-}
-
-#[test]
-fn storm_cpp_both_lu7646() {
-    run_storms(2, 3, RacePolicy::Lu7646, RacePolicy::Lu7646, 0..8);
-}
-
-#[test]
-fn storm_cpp_max() {
-    run_storms(127, 127, RacePolicy::Ulnet, RacePolicy::Ulnet, 0..8);
-}
-
-#[test]
-fn storm_cpp1_lustre28_peer() {
-    run_storms(1, 1, RacePolicy::Ulnet, RacePolicy::Lustre28, 0..8);
-}
-
-#[test]
-fn storm_cpp1_both_lu7646() {
-    run_storms(1, 1, RacePolicy::Lu7646, RacePolicy::Lu7646, 0..8);
+storms! {
+    storm_cpp1_baseline: 1, 1, Ulnet, Ulnet;
+    storm_cpp3_one_side: 3, 1, Ulnet, Ulnet;
+    storm_cpp_both_sides: 3, 4, Ulnet, Ulnet;
+    storm_cpp_both_sides_kernel_peer: 4, 2, Ulnet, Lu17480;
+    storm_cpp_lustre28_peer: 3, 1, Ulnet, Lustre28;
+    storm_cpp_both_lu7646: 2, 3, Lu7646, Lu7646;
+    storm_cpp_max: 127, 127, Ulnet, Ulnet;
+    storm_cpp1_lustre28_peer: 1, 1, Ulnet, Lustre28;
+    storm_cpp1_both_lu7646: 1, 1, Lu7646, Lu7646;
 }
 
 /// No faults, both sides with conns_per_peer, small credits and slow upper layers so that
@@ -354,16 +339,8 @@ fn no_faults_probation_heavy_everything_delivered() {
                 conns_per_peer: cpp,
                 ..Tunables::default()
             };
-            let a = w.add_node(EndpointConfig {
-                tunables: t(cpa),
-                race_policy: pa,
-                ..EndpointConfig::new(nid(A), 11)
-            });
-            let b = w.add_node(EndpointConfig {
-                tunables: t(cpb),
-                race_policy: pb,
-                ..EndpointConfig::new(nid(B), 22)
-            });
+            let a = node_with(&mut w, A, 11, t(cpa), pa);
+            let b = node_with(&mut w, B, 22, t(cpb), pb);
             w.set_recv_delay(a, Duration::from_millis(20));
             w.set_recv_delay(b, Duration::from_millis(20));
             let mut cookies = Vec::new();
@@ -406,12 +383,7 @@ fn no_faults_probation_heavy_everything_delivered() {
             }
         }
     }
-    assert!(
-        bad.is_empty(),
-        "{} problems: {:#?}",
-        bad.len(),
-        &bad[..bad.len().min(12)]
-    );
+    assert_no_problems(&bad);
 }
 
 /// After a peer reboot or a partition, the NI gets back to conns_per_peer of its own.
@@ -459,22 +431,14 @@ fn back_to_cpp_after_reboot_and_partition() {
             }
             w.run_for(Duration::from_secs(60));
             let after = ours(&w, a, b);
-            let und = cs
-                .iter()
-                .filter(|&&c| !w.outcome(c).is_some_and(|(_, o)| o.is_delivered()))
-                .count();
+            let und = undelivered(&w, &cs);
             let pb = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.established);
             if before != 3 || after != 3 || und > 0 {
                 bad.push(format!("seed {seed} {what}: ours before {before} after {after}, B has {pb:?}, {und} undelivered"));
             }
         }
     }
-    assert!(
-        bad.is_empty(),
-        "{} problems: {:#?}",
-        bad.len(),
-        &bad[..bad.len().min(12)]
-    );
+    assert_no_problems(&bad);
 }
 
 /// Checked, not a finding: a peer that keeps fewer of our connections than we want (B's
@@ -498,10 +462,7 @@ fn peer_capping_our_connections_does_not_loop() {
         }
         w.run_for(Duration::from_secs(5));
         let connects = w.endpoint(a).unwrap().stats().connects;
-        let failed = cs
-            .iter()
-            .filter(|&&c| !w.outcome(c).is_some_and(|(_, o)| o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &cs);
         let pb = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.established);
         eprintln!(
             "seed {seed}: A connects {connects}, failed {failed}, ours {} B has {pb:?}",

@@ -7,12 +7,10 @@
 use lnd::engine::{EndpointConfig, RaceOrder, RacePolicy, Tunables};
 use lnd::sim::{SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, LnetHdr, Nid};
+use lnd::wire::{LnetBody, LnetHdr};
 use ulnet_tests::send_put;
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 /// Review finding: the hedge timer is armed once, at `created + hedge_delay()` as it was when
 /// the connect started. If connects to another peer raise `connect_srtt` before it fires,

@@ -6,15 +6,13 @@ use lnd::fabric::RequestId;
 use lnd::sim::{NodeId, SendOutcome, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::kib::{EmitOpts, VERSION_2};
-use lnd::wire::{KibBody, KibMsg, Nid, RejectReason};
+use lnd::wire::{KibBody, KibMsg, RejectReason};
 use ulnet_tests::put_hdr;
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 fn pair(ta: Tunables, tb: Tunables) -> (World, NodeId, NodeId) {
     let mut w = World::new(SimConfig::with_seed(1));

@@ -9,9 +9,7 @@ use ulnet_tests::{
     put_hdr, router_nid, router_reboot_storm, ClientOrders, StormConfig, ROUTER_NID_ORDERS_DISAGREE,
 };
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 fn world(seed: u64) -> World {
     World::new(SimConfig::with_seed(seed))
@@ -310,29 +308,9 @@ fn issue426_graceful_close() {
 #[test]
 fn silent_crash_detected() {
     let seed = 6;
-    let mut w = world(seed);
-    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
-    w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
-    w.run_for(Duration::from_secs(1));
-    let t = w.now();
-    w.crash(b);
+    let (mut w, a, b, na, nb) = connected_pair(seed);
     // Idle at first: only the keepalive can notice.
-    let tun = w.endpoint(a).unwrap().config().tunables.clone();
-    let bound = tun.keepalive + tun.timeout;
-    w.run_for(bound + Duration::from_secs(1));
-    let down = w
-        .peer_events(a)
-        .iter()
-        .find(|e| e.nid == nb && e.down.is_some())
-        .copied()
-        .unwrap_or_else(|| panic!("seed {seed}: peer never declared down"));
-    assert!(
-        down.at - t <= bound,
-        "seed {seed}: down after {}",
-        down.at - t
-    );
+    let bound = crash_is_found_in_time(&mut w, a, b, seed);
     // Traffic to the dead peer, queued or in flight: every message ends with an error status.
     let cookies: Vec<u64> = (0..50)
         .map(|_| w.send(a, nb, put_hdr(na, nb, 8), vec![1; 8]))
@@ -360,12 +338,7 @@ fn silent_crash_detected() {
 #[test]
 fn silent_crash_with_traffic_in_flight() {
     let seed = 66;
-    let mut w = world(seed);
-    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
-    w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
-    w.run_for(Duration::from_secs(1));
+    let (mut w, a, b, na, nb) = connected_pair(seed);
     let cookies: Vec<u64> = (0..200)
         .map(|_| w.send(a, nb, put_hdr(na, nb, 64), vec![1; 64]))
         .collect();
@@ -586,6 +559,40 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
     }
 }
 
+/// Two nodes, a (10.0.0.1) and b (10.0.0.2), connected by a first PUT from a.
+fn connected_pair(seed: u64) -> (World, NodeId, NodeId, Nid, Nid) {
+    let mut w = world(seed);
+    let (na, nb) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let a = node(&mut w, "10.0.0.1@o2ib", 1);
+    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
+    w.run_for(Duration::from_secs(1));
+    (w, a, b, na, nb)
+}
+
+/// Crashes `b` now and runs past `a`'s keepalive + timeout: `a` must have declared `b` down
+/// within that bound. Returns the bound.
+fn crash_is_found_in_time(w: &mut World, a: NodeId, b: NodeId, seed: u64) -> Duration {
+    let nb = w.nid_of(b);
+    let t = w.now();
+    w.crash(b);
+    let tun = w.endpoint(a).unwrap().config().tunables.clone();
+    let bound = tun.keepalive + tun.timeout;
+    w.run_for(bound + Duration::from_secs(1));
+    let down = w
+        .peer_events(a)
+        .iter()
+        .find(|e| e.nid == nb && e.down.is_some())
+        .copied()
+        .unwrap_or_else(|| panic!("seed {seed}: crashed peer never declared down"));
+    assert!(
+        down.at - t <= bound,
+        "seed {seed}: down after {}",
+        down.at - t
+    );
+    bound
+}
+
 /// Two nodes: a (10.0.0.1) at the default keepalive, b (10.0.0.2) sending none (keepalive 0,
 /// as a kernel with `keepalive=0`).
 fn with_silent_peer(seed: u64) -> (World, NodeId, NodeId, Nid, Nid) {
@@ -767,21 +774,6 @@ fn crashed_idle_peer_without_keepalives_is_still_found() {
     let (mut w, a, b, na, nb) = with_silent_peer(seed);
     w.send(a, nb, put_hdr(na, nb, 8), vec![0; 8]);
     w.run_for(Duration::from_secs(3600));
-    let t = w.now();
-    w.crash(b);
-    let tun = w.endpoint(a).unwrap().config().tunables.clone();
-    let bound = tun.keepalive + tun.timeout;
-    w.run_for(bound + Duration::from_secs(1));
-    let down = w
-        .peer_events(a)
-        .iter()
-        .find(|e| e.nid == nb && e.down.is_some())
-        .copied()
-        .unwrap_or_else(|| panic!("seed {seed}: crashed peer never declared down"));
-    assert!(
-        down.at - t <= bound,
-        "seed {seed}: down after {}",
-        down.at - t
-    );
+    crash_is_found_in_time(&mut w, a, b, seed);
     assert_all_accounted(&w, seed);
 }

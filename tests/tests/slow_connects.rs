@@ -10,19 +10,17 @@
 //! outcome, and nodes that order NIDs the same way must never conclude that they disagree.
 
 use std::collections::BTreeMap;
-use ulnet_tests::send_put;
+use ulnet_tests::{send_put, undelivered};
 
 use lnd::engine::EndpointConfig;
 use lnd::sim::{NodeId, SimConfig, World};
 use lnd::time::Duration;
-use lnd::wire::{LnetBody, LnetHdr, Nid};
+use lnd::wire::{LnetBody, LnetHdr};
 
 const A: &str = "10.0.0.1@o2ib";
 const B: &str = "10.0.0.2@o2ib";
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("valid NID")
-}
+use testkit::nid;
 
 /// One seed's run: what each side counted delivered that never arrived, or arrived twice, and
 /// the race-order disagreements both sides counted.
@@ -305,6 +303,20 @@ fn a_request_that_outlives_its_senders_reboot_does_not_undo_the_reboot() {
     );
 }
 
+/// A (incarnation 11) asks B (22) to connect over a slow CM (1 s) and restarts as 12 while
+/// that request is on its way.
+fn rebooted_in_a_slow_connect(seed: u64) -> (World, NodeId, NodeId) {
+    let mut w = World::new(SimConfig::with_seed(seed));
+    w.cm_delay(Duration::from_millis(1000));
+    let a = w.add_node(EndpointConfig::new(nid(A), 11));
+    let b = w.add_node(EndpointConfig::new(nid(B), 22));
+    send_put(&mut w, a, b, 1);
+    w.run_for(Duration::from_millis(5));
+    w.reboot(a, Duration::from_millis(1), 12);
+    w.run_for(Duration::from_millis(2));
+    (w, a, b)
+}
+
 /// The other order, which B cannot judge: B has never heard of A. A (11) asks B to connect
 /// over a slow CM, crashes, comes back as 12 and asks again; 12's request reaches B first, then
 /// 11's, which B takes for a restart to 11 (it cannot tell which unknown stamp is the newer).
@@ -316,14 +328,7 @@ fn new_instance_first_then_old_request_wedges_peer() {
     let mut wedged = Vec::new();
     let mut flipped = 0;
     for seed in 0..200u64 {
-        let mut w = World::new(SimConfig::with_seed(seed));
-        w.cm_delay(Duration::from_millis(1000));
-        let a = w.add_node(EndpointConfig::new(nid(A), 11));
-        let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        send_put(&mut w, a, b, 1);
-        w.run_for(Duration::from_millis(5));
-        w.reboot(a, Duration::from_millis(1), 12);
-        w.run_for(Duration::from_millis(2));
+        let (mut w, a, b) = rebooted_in_a_slow_connect(seed);
         send_put(&mut w, a, b, 2);
         assert!(w.run_until_idle(w.now() + Duration::from_secs(120)));
         let inc = w.endpoint(b).unwrap().peer(nid(A)).map(|p| p.incarnation);
@@ -338,10 +343,7 @@ fn new_instance_first_then_old_request_wedges_peer() {
             w.run_for(Duration::from_secs(1));
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = later
-            .iter()
-            .filter(|&&m| w.outcome(m).is_none_or(|(_, o)| !o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &later);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((
@@ -369,14 +371,7 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
     let mut wedged = Vec::new();
     let mut flipped = 0;
     for seed in 0..200u64 {
-        let mut w = World::new(SimConfig::with_seed(seed));
-        w.cm_delay(Duration::from_millis(1000));
-        let a = w.add_node(EndpointConfig::new(nid(A), 11));
-        let b = w.add_node(EndpointConfig::new(nid(B), 22));
-        send_put(&mut w, a, b, 1);
-        w.run_for(Duration::from_millis(5));
-        w.reboot(a, Duration::from_millis(1), 12);
-        w.run_for(Duration::from_millis(2));
+        let (mut w, a, b) = rebooted_in_a_slow_connect(seed);
         let mut late = Vec::new();
         for i in 0..150u64 {
             let m1 = send_put(&mut w, a, b, 100 + i);
@@ -391,10 +386,7 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
             }
         }
         assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = late
-            .iter()
-            .filter(|&&m| w.outcome(m).is_none_or(|(_, o)| !o.is_delivered()))
-            .count();
+        let failed = undelivered(&w, &late);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((

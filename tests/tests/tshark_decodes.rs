@@ -35,7 +35,6 @@
 
 use std::fmt::Write as _;
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use lnd::wire::kib::{cksum, EmitOpts, VERSION_2};
@@ -420,9 +419,7 @@ fn case(label: &'static str, m: KibMsg<'_>, checksum: bool) -> Case {
 // The messages
 // ---------------------------------------------------------------------------------------------
 
-fn nid(s: &str) -> Nid {
-    s.parse().expect("test NIDs parse")
-}
+use testkit::{find_on_path, nid, run_or_skip, TempFile};
 
 fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
     let client = nid("10.0.0.1@o2ib2");
@@ -702,19 +699,20 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
 
 #[test]
 fn tshark_decodes_our_o2iblnd_messages() {
-    let Some(tshark) = find_tshark() else {
-        if std::env::var_os("CI").is_some() {
-            panic!("tshark not found on PATH, and CI is set: CI must install tshark");
-        }
-        notice("SKIP: tshark not found (install the tshark package to run this test)");
+    let tshark = find_on_path("TSHARK", "tshark");
+    if !run_or_skip(
+        tshark.is_some(),
+        "tshark not found (install the tshark package)",
+    ) {
         return;
-    };
+    }
+    let tshark = tshark.unwrap();
 
     let mut ping_buf = [0u8; 256];
     let cases = cases(&mut ping_buf);
-    let file = TempFile::new("tshark-decodes");
+    let file = TempFile::new("tshark-decodes", "pcap", "ULNET_KEEP_PCAP");
     {
-        let out = std::fs::File::create(&file.0).expect("create the capture");
+        let out = std::fs::File::create(&file.path).expect("create the capture");
         let mut w = PcapWriter::new(BufWriter::new(out)).expect("write the pcap header");
         for c in &cases {
             w.write_kib_with_psn(c.ts_nanos, c.src, c.dst, c.psn, &c.bytes)
@@ -727,7 +725,7 @@ fn tshark_decodes_our_o2iblnd_messages() {
         .arg("-n") // no name resolution: addresses stay numeric
         .args(["-o", "ip.check_checksum:TRUE"])
         .arg("-r")
-        .arg(&file.0)
+        .arg(&file.path)
         .args(["-T", "pdml"])
         .env("TZ", "UTC")
         .env("LC_ALL", "C")
@@ -961,55 +959,6 @@ fn timespec_formatting() {
 // ---------------------------------------------------------------------------------------------
 // Running tshark
 // ---------------------------------------------------------------------------------------------
-
-/// Writes a line straight to stderr, past the test harness's output capture, so that it shows
-/// even when the test passes.
-fn notice(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// `$TSHARK`, or `tshark` on `PATH`.
-fn find_tshark() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TSHARK") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("tshark"))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// A file in the temp dir, removed on drop (kept, and named on stderr, if `ULNET_KEEP_PCAP` is
-/// set).
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(stem: &str) -> TempFile {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        TempFile(
-            std::env::temp_dir().join(format!("ulnet-{stem}-{}-{nanos}.pcap", std::process::id())),
-        )
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if std::env::var_os("ULNET_KEEP_PCAP").is_some() {
-            notice(&format!("capture kept at {}", self.0.display()));
-        } else {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // A tiny XML reader, enough for PDML

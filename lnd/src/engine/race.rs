@@ -162,15 +162,13 @@ mod tests {
         }
     }
 
-    fn nid(s: &str) -> Nid {
-        s.parse().expect("NID")
-    }
+    use testkit::nid;
 
     /// The hash order with the reference's pair (kernel-interop.md): the raw order and the hash
     /// order disagree on 10.0.0.2@o2ib vs 10.0.1.1@o2ib.
     #[test]
     fn nidhash_order_of_the_reference_pair() {
-        let (a, b) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+        let (a, b): (Nid, Nid) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
         assert_eq!(a.nidhash(), 0x0205_000a);
         assert_eq!(b.nidhash(), 0x0104_000a);
         assert!(RaceOrder::NidHash.lower(b, a), "2.16: 10.0.1.1 is lower");
@@ -183,16 +181,16 @@ mod tests {
     /// address as a little-endian host reads its network-order bytes.
     #[test]
     fn nidhash_of_lo_o2ib1_and_tcp() {
-        assert_eq!(nid("0@lo").nidhash(), 0x0009_0000);
+        assert_eq!(nid::<Nid>("0@lo").nidhash(), 0x0009_0000);
         // o2ib1: net 0x00050001.
-        assert_eq!(nid("10.0.0.2@o2ib1").nidhash(), 0x0205_000b);
-        assert_eq!(nid("10.0.1.1@o2ib1").nidhash(), 0x0104_000b);
+        assert_eq!(nid::<Nid>("10.0.0.2@o2ib1").nidhash(), 0x0205_000b);
+        assert_eq!(nid::<Nid>("10.0.1.1@o2ib1").nidhash(), 0x0104_000b);
         // tcp: net 0x00020000; 192.168.1.5 is c0 a8 01 05 on the wire, 0x0501a8c0 as read.
-        assert_eq!(nid("192.168.1.5@tcp").nidhash(), 0x0503_a8c0);
-        assert_eq!(nid("192.168.1.5@tcp3").nidhash(), 0x0503_a8c3);
+        assert_eq!(nid::<Nid>("192.168.1.5@tcp").nidhash(), 0x0503_a8c0);
+        assert_eq!(nid::<Nid>("192.168.1.5@tcp3").nidhash(), 0x0503_a8c3);
         // Equal hashes accept both ways: 11.0.0.2@o2ib and 10.0.0.2@o2ib1 collide (the address
         // word differs in its low bit, the net in its number's).
-        let (x, y) = (nid("11.0.0.2@o2ib"), nid("10.0.0.2@o2ib1"));
+        let (x, y): (Nid, Nid) = (nid("11.0.0.2@o2ib"), nid("10.0.0.2@o2ib1"));
         assert_eq!(x.nidhash(), y.nidhash());
         assert!(!RaceOrder::NidHash.lower(x, y) && !RaceOrder::NidHash.lower(y, x));
     }
@@ -201,7 +199,7 @@ mod tests {
     /// orders both may refuse (the disagreement ulnet detects) or both accept.
     #[test]
     fn orders_agree_with_themselves_and_disagree_with_each_other() {
-        let (a, b) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
+        let (a, b): (Nid, Nid) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
         let at = |me: Nid, them: Nid, order: RaceOrder| {
             resolve_race(RaceInput {
                 my_nid: me,

@@ -30,9 +30,7 @@ enum Work {
     Disconnected(ConnId, DisconnectReason),
 }
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 7)
@@ -358,6 +356,37 @@ fn buffer_pool_reuses_message_sized_buffers_only() {
 }
 
 impl Pair {
+    /// Completes every send endpoint `i` asked its fabric for (delivering none of them); the
+    /// cookie `pick` finds in one of them.
+    fn complete_sends(
+        &mut self,
+        i: usize,
+        now: Instant,
+        mut pick: impl FnMut(&KibBody<'_>) -> Option<u64>,
+    ) -> Option<u64> {
+        let mut found = None;
+        while let Some(act) = self.eps[i].poll_action() {
+            if let FabricAction::Send { conn, wr, bytes } = act {
+                if let Some(c) = pick(&KibMsg::parse(&bytes).unwrap().0.body) {
+                    found = Some(c);
+                }
+                self.eps[i].handle_send_complete(now, conn, wr, WcStatus::Success);
+            }
+        }
+        found
+    }
+
+    /// The result of endpoint `i`'s bulk transfer `cookie`: its `BulkDone`, which must be there.
+    fn bulk_result(&mut self, i: usize, cookie: u64) -> Result<u32, TxError> {
+        let ev = std::iter::from_fn(|| self.eps[i].poll_event())
+            .find(|e| matches!(e, LndEvent::BulkDone { cookie: c, .. } if *c == cookie))
+            .unwrap_or_else(|| panic!("bulk transfer {cookie} did not end"));
+        let LndEvent::BulkDone { result, .. } = ev else {
+            unreachable!()
+        };
+        result
+    }
+
     fn with(a: EndpointConfig, b: EndpointConfig) -> Pair {
         let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
         p.eps = [Endpoint::new(a, p.now), Endpoint::new(b, p.now)];
@@ -761,16 +790,11 @@ fn hostile_rendezvous_completions_close_the_connection() {
         p.eps[0]
             .send_put_rdma(p.now, b, hdr(a, b, 5000), src, 77)
             .unwrap();
-        let mut put_req_cookie = None;
-        while let Some(act) = p.eps[0].poll_action() {
-            if let FabricAction::Send { conn, wr, bytes } = act {
-                let (m, _) = KibMsg::parse(&bytes).unwrap();
-                if let KibBody::PutReq { cookie, .. } = m.body {
-                    put_req_cookie = Some(cookie);
-                }
-                p.eps[0].handle_send_complete(p.now, conn, wr, WcStatus::Success);
-            }
-        }
+        let now = p.now;
+        let put_req_cookie = p.complete_sends(0, now, |b| match b {
+            KibBody::PutReq { cookie, .. } => Some(*cookie),
+            _ => None,
+        });
         let cookie = put_req_cookie.expect("a PUT_REQ went out");
         let frags: Vec<RdmaFrag> = (0..258)
             .map(|k| RdmaFrag {
@@ -897,15 +921,10 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
         panic!("no request")
     };
     p.eps[1].accept_put_rdma(now, rx, sink.clone(), 9);
-    let mut dst_cookie = None;
-    while let Some(act) = p.eps[1].poll_action() {
-        if let FabricAction::Send { conn, wr, bytes } = act {
-            if let KibBody::PutAck { dst_cookie: d, .. } = KibMsg::parse(&bytes).unwrap().0.body {
-                dst_cookie = Some(d);
-            }
-            p.eps[1].handle_send_complete(now, conn, wr, WcStatus::Success);
-        }
-    }
+    let dst_cookie = p.complete_sends(1, now, |b| match b {
+        KibBody::PutAck { dst_cookie, .. } => Some(*dst_cookie),
+        _ => None,
+    });
     let done = raw(
         a,
         100,
@@ -917,27 +936,16 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
         }),
     );
     p.eps[1].handle_recv(now, conn_b, 4, &done);
-    let ev = std::iter::from_fn(|| p.eps[1].poll_event())
-        .find(|e| matches!(e, LndEvent::BulkDone { cookie: 9, .. }))
-        .expect("the PUT ends");
-    let LndEvent::BulkDone { result, .. } = ev else {
-        unreachable!()
-    };
-    let put_result = result;
+    let put_result = p.bulk_result(1, 9);
 
     // Requester side of a GET: a GETs into 100 bytes; b claims 1 MB in GET_DONE.
     p.eps[0]
         .send_get_rdma(now, b, hdr(a, b, 0), sink, 10)
         .unwrap();
-    let mut req_cookie = None;
-    while let Some(act) = p.eps[0].poll_action() {
-        if let FabricAction::Send { conn, wr, bytes } = act {
-            if let KibBody::GetReq { cookie, .. } = KibMsg::parse(&bytes).unwrap().0.body {
-                req_cookie = Some(cookie);
-            }
-            p.eps[0].handle_send_complete(now, conn, wr, WcStatus::Success);
-        }
-    }
+    let req_cookie = p.complete_sends(0, now, |b| match b {
+        KibBody::GetReq { cookie, .. } => Some(*cookie),
+        _ => None,
+    });
     let done = raw(
         b,
         200,
@@ -949,13 +957,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
         }),
     );
     p.eps[0].handle_recv(now, conn_a, 4, &done);
-    let ev = std::iter::from_fn(|| p.eps[0].poll_event())
-        .find(|e| matches!(e, LndEvent::BulkDone { cookie: 10, .. }))
-        .expect("the GET ends");
-    let LndEvent::BulkDone { result, .. } = ev else {
-        unreachable!()
-    };
-    let get_result = result;
+    let get_result = p.bulk_result(0, 10);
     assert_eq!(put_result, Err(TxError::Rdma(-EPROTO)));
     assert_eq!(get_result, Err(TxError::Rdma(-EPROTO)));
     assert_eq!(p.eps[0].stats().rdma_bad_descs, 1);

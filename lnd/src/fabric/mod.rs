@@ -230,6 +230,29 @@ pub fn rdma_pieces<'a>(
     })
 }
 
+/// What a zeroed sink region of `sink_len` bytes at `sink_addr` holds after the write of
+/// `local` (offsets into `src`) onto `remote`: the answer a fabric's RDMA write is checked
+/// against (the simulator's and the tcp driver's tests).
+#[cfg(all(test, any(feature = "sim", feature = "tcp")))]
+pub(crate) fn expected_sink(
+    src: &[u8],
+    sink_len: usize,
+    sink_addr: u64,
+    local: &[LocalFrag],
+    remote: &[RemoteFrag],
+) -> Vec<u8> {
+    let mut v = vec![0; sink_len];
+    for p in rdma_pieces(local, remote) {
+        let (s, d, n) = (
+            p.offset as usize,
+            (p.addr - sink_addr) as usize,
+            p.len as usize,
+        );
+        v[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+    v
+}
+
 impl Registration {
     /// Key and address, for a peer.
     pub fn remote(&self) -> RemoteRegion {

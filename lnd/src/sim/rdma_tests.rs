@@ -10,9 +10,7 @@ use crate::wire::{LnetBody, RdmaFrag, WireHandle};
 
 const MIB: usize = 1 << 20;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 /// Bytes that differ at every position and from one buffer to the next.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {

@@ -4,9 +4,7 @@ use super::*;
 use crate::engine::{EndpointConfig, RacePolicy};
 use crate::fabric::RemoteRegion;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn world(seed: u64) -> World {
     World::new(SimConfig::with_seed(seed))
@@ -549,19 +547,25 @@ fn lossy_and_slow_connection_manager_still_ends_every_message() {
     assert!(cookies.iter().all(|&c| w.outcome(c).is_some()));
 }
 
-#[test]
-fn many_clients_one_server() {
+/// One server (10.1.0.1@o2ib) and `n` clients (10.2.x.y@o2ib), no logs kept, seed 31.
+fn server_and_clients(n: u32) -> (World, NodeId, Vec<NodeId>) {
     let mut w = World::new(SimConfig {
         keep_logs: false,
         ..SimConfig::with_seed(31)
     });
     let server = node(&mut w, "10.1.0.1@o2ib", 1);
-    let clients: Vec<NodeId> = (0..300u32)
+    let clients = (0..n)
         .map(|i| {
             let addr = format!("10.2.{}.{}@o2ib", i / 250, i % 250 + 1);
             node(&mut w, &addr, 10 + u64::from(i))
         })
         .collect();
+    (w, server, clients)
+}
+
+#[test]
+fn many_clients_one_server() {
+    let (mut w, server, clients) = server_and_clients(300);
     for &c in &clients {
         send_n(&mut w, c, server, 4, 256);
     }
@@ -633,17 +637,7 @@ fn chaos_every_message_ends() {
 #[test]
 #[ignore]
 fn scale_10k_clients_one_server() {
-    let mut w = World::new(SimConfig {
-        keep_logs: false,
-        ..SimConfig::with_seed(31)
-    });
-    let server = node(&mut w, "10.1.0.1@o2ib", 1);
-    let clients: Vec<NodeId> = (0..10_000u32)
-        .map(|i| {
-            let addr = format!("10.2.{}.{}@o2ib", i / 250, i % 250 + 1);
-            node(&mut w, &addr, 10 + u64::from(i))
-        })
-        .collect();
+    let (mut w, server, clients) = server_and_clients(10_000);
     for _ in 0..10 {
         for &c in &clients {
             send_n(&mut w, c, server, 1, 256);
@@ -734,24 +728,11 @@ fn bulk(seed: u64) -> Bulk {
     }
 }
 
-/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page: the most
-/// an o2iblnd descriptor carries.
-fn frags_257() -> Vec<(u64, u32)> {
-    let mut v = vec![(0u64, 2048u32)];
-    let mut off = 2048u64;
-    while off + 4096 <= MIB as u64 {
-        v.push((off, 4096));
-        off += 4096;
-    }
-    v.push((off, (MIB as u64 - off) as u32));
-    v
-}
-
 #[test]
 fn rdma_write_257_fragments_copies_the_region_then_a_send_follows() {
     let mut t = bulk(41);
     let (a, b) = (t.a, t.b);
-    let frags = frags_257();
+    let frags = testkit::frags_257();
     assert_eq!(frags.len(), 257);
     assert_eq!(
         frags.iter().map(|f| u64::from(f.1)).sum::<u64>(),
@@ -975,27 +956,6 @@ fn rdma_write_bandwidth_is_configurable() {
     }
 }
 
-/// What a zeroed sink region at `sink_addr` holds after `local` (offsets into `src`) is
-/// written onto `remote`.
-fn expected_sink(
-    src: &[u8],
-    sink_len: usize,
-    sink_addr: u64,
-    local: &[LocalFrag],
-    remote: &[RemoteFrag],
-) -> Vec<u8> {
-    let mut v = vec![0; sink_len];
-    for p in rdma_pieces(local, remote) {
-        let (s, d, n) = (
-            p.offset as usize,
-            (p.addr - sink_addr) as usize,
-            p.len as usize,
-        );
-        v[d..d + n].copy_from_slice(&src[s..s + n]);
-    }
-    v
-}
-
 #[test]
 fn rdma_write_fragment_lists_land_byte_exact() {
     let mut t = bulk(67);
@@ -1013,12 +973,12 @@ fn rdma_write_fragment_lists_land_byte_exact() {
         t.sink.remote_frag(80_000, 84_430),
         t.sink.remote_frag(200_001, 1),
     ];
-    let want = expected_sink(&src, MIB, t.sink.addr(), &local, &remote);
+    let want = crate::fabric::expected_sink(&src, MIB, t.sink.addr(), &local, &remote);
     assert!(rdma_pieces(&local, &remote).count() >= 6);
     let wr = t.w.rdma_write(a, t.conn, local, remote);
     // 257 fragments each side, with other boundaries, onto a second sink.
     let sink2 = t.w.registry(b).register(vec![0; 257 * 8192]).unwrap();
-    let local2: Vec<LocalFrag> = frags_257()
+    let local2: Vec<LocalFrag> = testkit::frags_257()
         .iter()
         .map(|&(off, len)| t.src.local_frag(off, len))
         .collect();
@@ -1031,7 +991,7 @@ fn rdma_write_fragment_lists_land_byte_exact() {
         .map(|(k, &len)| sink2.remote_frag(k as u64 * 8192, len))
         .collect();
     assert_eq!((local2.len(), remote2.len()), (257, 257));
-    let want2 = expected_sink(&src, 257 * 8192, sink2.addr(), &local2, &remote2);
+    let want2 = crate::fabric::expected_sink(&src, 257 * 8192, sink2.addr(), &local2, &remote2);
     let wr2 = t.w.rdma_write(a, t.conn, local2, remote2);
     assert!(t.w.run_until_idle(limit(&t.w, 10)), "{:?}", t.w.stats());
     assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Success));

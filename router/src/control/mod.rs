@@ -52,13 +52,10 @@ pub use views::*;
 #[cfg(test)]
 mod testutil {
     use lnd::time::Instant;
-    use lnd::wire::Nid;
 
     use crate::{LnetNode, NiConfig, NodeConfig};
 
-    pub(super) fn nid(s: &str) -> Nid {
-        s.parse().unwrap()
-    }
+    pub(super) use testkit::nid;
 
     pub(super) fn node() -> LnetNode {
         LnetNode::new(

@@ -43,35 +43,29 @@ fn assert_landed(f: &Fabric, n: usize, reg: &Registration, off: usize, want: &[u
 }
 
 fn bulk_puts(evs: &[(Instant, LnetEvent)]) -> Vec<(MdId, u64, Result<u32, LnetError>)> {
-    evs.iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::BulkPut {
-                md,
-                match_bits,
-                result,
-                ..
-            } => Some((*md, *match_bits, *result)),
-            _ => None,
-        })
-        .collect()
+    picked(evs, |e| match e {
+        LnetEvent::BulkPut {
+            md,
+            match_bits,
+            result,
+            ..
+        } => Some((*md, *match_bits, *result)),
+        _ => None,
+    })
 }
 
 fn put_done(evs: &[(Instant, LnetEvent)], id: MsgId) -> Vec<Result<(), LnetError>> {
-    evs.iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::PutDone { id: i, result } if *i == id => Some(*result),
-            _ => None,
-        })
-        .collect()
+    picked(evs, |e| match e {
+        LnetEvent::PutDone { id: i, result } if *i == id => Some(*result),
+        _ => None,
+    })
 }
 
 fn get_done(evs: &[(Instant, LnetEvent)], id: MsgId) -> Vec<Result<u32, LnetError>> {
-    evs.iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::GetDone { id: i, result } if *i == id => Some(*result),
-            _ => None,
-        })
-        .collect()
+    picked(evs, |e| match e {
+        LnetEvent::GetDone { id: i, result } if *i == id => Some(*result),
+        _ => None,
+    })
 }
 
 const SIZES: [u32; 9] = [
@@ -153,13 +147,10 @@ fn bulk_gets_read_posted_sources_at_every_size() {
         f.run_for(Duration::from_secs(5));
         let (ea, eb) = (f.take_events(0), f.take_events(1));
         assert_eq!(get_done(&ea, id), vec![Ok(len)], "size {len}");
-        let served: Vec<_> = eb
-            .iter()
-            .filter_map(|(_, e)| match e {
-                LnetEvent::BulkGetServed { md, result, .. } => Some((*md, *result)),
-                _ => None,
-            })
-            .collect();
+        let served: Vec<_> = picked(&eb, |e| match e {
+            LnetEvent::BulkGetServed { md, result, .. } => Some((*md, *result)),
+            _ => None,
+        });
         assert_eq!(served, vec![(md, Ok(len))], "size {len}");
         assert_landed(
             &f,
@@ -279,18 +270,15 @@ fn an_inline_put_matching_a_posted_sink_is_handed_over_for_that_sink() {
         .unwrap();
     f.run_for(Duration::from_secs(1));
     let eb = f.take_events(1);
-    let inline: Vec<_> = eb
-        .iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::BulkPutInline {
-                md,
-                match_bits,
-                payload,
-                ..
-            } => Some((*md, *match_bits, payload.clone())),
-            _ => None,
-        })
-        .collect();
+    let inline: Vec<_> = picked(&eb, |e| match e {
+        LnetEvent::BulkPutInline {
+            md,
+            match_bits,
+            payload,
+            ..
+        } => Some((*md, *match_bits, payload.clone())),
+        _ => None,
+    });
     assert_eq!(inline, vec![(md, 0x77, pattern(80, 3)[..50].to_vec())]);
     let plain = eb
         .iter()

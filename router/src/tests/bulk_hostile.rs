@@ -289,8 +289,7 @@ fn a_whole_put_takes_one_strike_away_not_all() {
             f.stalled_writes.push(0);
         }
         bits += 1;
-        let sink = f.register(1, vec![0; 8192]);
-        let b = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
+        let b = f.bulk_buf(1, vec![0; 8192]);
         f.nodes[1].post_sink(4, bits, b);
         let b = BulkBuf::new(NiIndex(0), &src, 0, 8192).unwrap();
         for _ in 0..400 {

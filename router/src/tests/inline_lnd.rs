@@ -369,12 +369,11 @@ impl Lnd for InlineLnd {
     }
 }
 
-const CLIENT: &str = "10.0.0.1@o2ib";
-const R1_IB: &str = "10.0.0.254@o2ib";
+// Two routers in a row, o2ib - tcp - o2ib1: the first's o2ib NI and the second's o2ib1 NI
+// stand where the one router of the routed topology does.
+use testkit::topo::{CLIENT, R_A as R1_IB, R_B as R2_IB, SERVER};
 const R1_TCP: &str = "10.2.0.1@tcp";
 const R2_TCP: &str = "10.2.0.2@tcp";
-const R2_IB: &str = "10.1.0.254@o2ib1";
-const SERVER: &str = "10.1.0.2@o2ib1";
 
 /// A node whose `tcp` NIs run the inline LND and the others o2ib.
 fn start(cfg: NodeConfig, hub: &Hub, now: Instant) -> LnetNode {
@@ -453,13 +452,7 @@ fn o2ib_stream_o2ib(split_routers: bool) {
     give_bulk_buffers(&mut f, &r1_nodes, 3);
     give_bulk_buffers(&mut f, &r2_nodes, 3);
     let (client, server) = (nid(CLIENT), nid(SERVER));
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.nodes[1]
-        .ping(now, client, Duration::from_secs(5))
-        .unwrap();
+    ping_both_ways(&mut f, client, server);
     f.run_for(Duration::from_secs(3));
     for n in [0, 1] {
         let pings = ping_results(&f.take_events(n));
@@ -497,13 +490,10 @@ fn o2ib_stream_o2ib(split_routers: bool) {
         f.run_for(Duration::from_secs(10));
         let sent = f.take_events(from);
         for id in &ids {
-            let done: Vec<_> = sent
-                .iter()
-                .filter_map(|(_, e)| match e {
-                    LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
-                    _ => None,
-                })
-                .collect();
+            let done: Vec<_> = picked(&sent, |e| match e {
+                LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
+                _ => None,
+            });
             assert_eq!(done, vec![Ok(())], "{from} -> {to}, split {split_routers}");
         }
         // A payload the streaming net carried inline (up to INLINE_MAX) reaches the server as

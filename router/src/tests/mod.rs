@@ -21,9 +21,7 @@ mod inline_lnd;
 mod routing;
 mod selftest;
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 /// (node, NI, connection)
 type End = (usize, usize, ConnId);
@@ -427,6 +425,14 @@ impl Fabric {
         self.register_shared(n, &mem)
     }
 
+    /// Registers `bytes` as node `n`'s memory and describes all of it for its NI 0: a bulk
+    /// buffer the test does not read back.
+    fn bulk_buf(&mut self, n: usize, bytes: Vec<u8>) -> BulkBuf {
+        let len = bytes.len() as u32;
+        let reg = self.register(n, bytes);
+        BulkBuf::new(NiIndex(0), &reg, 0, len).unwrap()
+    }
+
     /// Registers `mem` with node `n` (several nodes may register the same memory).
     fn register_shared(
         &mut self,
@@ -753,6 +759,34 @@ impl lnd::fabric::Fabric for NiFabric<'_> {
         let (n, ni) = (self.n, self.ni);
         self.w.links.remove(&(n, ni, conn));
     }
+}
+
+/// Two nodes, 10.0.0.1 and 10.0.0.2@o2ib, connected by a ping from the first (its events
+/// taken); the second's NID.
+fn pinged_pair() -> (Fabric, Nid) {
+    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
+    let b = nid("10.0.0.2@o2ib");
+    let now = f.now;
+    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
+    f.run_for(Duration::from_secs(2));
+    f.take_events(0);
+    (f, b)
+}
+
+/// Node 0 (the client) pings `server` and node 1 (the server) pings `client`, at once.
+fn ping_both_ways(f: &mut Fabric, client: Nid, server: Nid) {
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, server, Duration::from_secs(5))
+        .unwrap();
+    f.nodes[1]
+        .ping(now, client, Duration::from_secs(5))
+        .unwrap();
+}
+
+/// What `pick` takes from each of the events `evs`, in order.
+fn picked<T>(evs: &[(Instant, LnetEvent)], pick: impl FnMut(&LnetEvent) -> Option<T>) -> Vec<T> {
+    evs.iter().map(|(_, e)| e).filter_map(pick).collect()
 }
 
 fn ping_results(evs: &[(Instant, LnetEvent)]) -> Vec<(Instant, Nid, Result<PingReply, LnetError>)> {
@@ -1443,8 +1477,7 @@ fn a_message_to_a_sibling_nis_nid_is_delivered_by_that_runtime() {
         BulkBuf::new(NiIndex(0), &reg1, 8, 16).unwrap(),
         src.clone(),
     );
-    let reg0 = f.register(0, vec![0; 32]);
-    let sink = BulkBuf::new(NiIndex(0), &reg0, 0, 32).unwrap();
+    let sink = f.bulk_buf(0, vec![0; 32]);
     let get = f.nodes[0].send_get_bulk(now, a1, 52, 5, sink).unwrap();
     f.run_for(Duration::from_millis(10));
     let mine: Vec<_> = f.take_events(0).into_iter().map(|(_, e)| e).collect();
@@ -1529,12 +1562,7 @@ fn a_runtime_follows_the_node_nids_as_nis_come_and_go() {
 /// counted as drops and network timeouts, and nothing is left.
 #[test]
 fn messages_queued_past_their_deadline_fail_together() {
-    let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
-    let b = nid("10.0.0.2@o2ib");
-    let now = f.now;
-    f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
-    f.run_for(Duration::from_secs(2));
-    f.take_events(0);
+    let (mut f, b) = pinged_pair();
     f.kill(1);
     let now = f.now;
     let n = 300u64;
@@ -1598,12 +1626,7 @@ fn a_burst_of_queued_puts_leaves_no_peak_capacity_behind() {
     use lnd::trim::{TRIM_FLOOR, TRIM_INTERVAL};
     const BURST: u64 = 50_000;
     for dead in [false, true] {
-        let mut f = Fabric::new(&[&["10.0.0.1@o2ib"], &["10.0.0.2@o2ib"]]);
-        let b = nid("10.0.0.2@o2ib");
-        let now = f.now;
-        f.nodes[0].ping(now, b, Duration::from_secs(5)).unwrap();
-        f.run_for(Duration::from_secs(2));
-        f.take_events(0);
+        let (mut f, b) = pinged_pair();
         if dead {
             f.kill(1);
         }

@@ -4,12 +4,7 @@
 
 use super::*;
 
-const CLIENT: &str = "10.0.0.1@o2ib";
-const R_A: &str = "10.0.0.254@o2ib";
-const R_B: &str = "10.1.0.254@o2ib1";
-const R2_A: &str = "10.0.0.253@o2ib";
-const R2_B: &str = "10.1.0.253@o2ib1";
-const SERVER: &str = "10.1.0.2@o2ib1";
+use testkit::topo::{CLIENT, R2_A, R2_B, R_A, R_B, SERVER};
 
 pub(super) fn route(net: &str, gw: &str) -> RouteConfig {
     RouteConfig {
@@ -57,6 +52,23 @@ fn topology(split_router: bool, tweak_router: impl Fn(&mut NodeConfig)) -> (Fabr
     topology_with(split_router, |_| {}, tweak_router)
 }
 
+/// [`topology`] with `buffers` of the router's large buffers in registered memory.
+fn bulk_topology(split_router: bool, buffers: usize) -> (Fabric, Vec<usize>) {
+    let (mut f, routers) = topology(split_router, |_| {});
+    give_bulk_buffers(&mut f, &routers, buffers);
+    (f, routers)
+}
+
+/// The client pings the server through the router and the fabric runs 2 s: the connections
+/// on the way are up before the test's own traffic.
+fn warm_up(f: &mut Fabric) {
+    let now = f.now;
+    f.nodes[0]
+        .ping(now, nid(SERVER), Duration::from_secs(5))
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+}
+
 /// [`topology`], with the client's configuration tweaked too.
 fn topology_with(
     split_router: bool,
@@ -80,26 +92,22 @@ fn topology_with(
 }
 
 pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
-    evs.iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::Put {
-                from,
-                match_bits,
-                payload,
-                ..
-            } => Some((*from, *match_bits, payload.len())),
-            _ => None,
-        })
-        .collect()
+    picked(evs, |e| match e {
+        LnetEvent::Put {
+            from,
+            match_bits,
+            payload,
+            ..
+        } => Some((*from, *match_bits, payload.len())),
+        _ => None,
+    })
 }
 
 pub(super) fn put_results(evs: &[(Instant, LnetEvent)]) -> Vec<Result<(), LnetError>> {
-    evs.iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::PutDone { result, .. } => Some(*result),
-            _ => None,
-        })
-        .collect()
+    picked(evs, |e| match e {
+        LnetEvent::PutDone { result, .. } => Some(*result),
+        _ => None,
+    })
 }
 
 /// The router's books over all its runtimes: received = forwarded + dropped + in flight, and
@@ -217,8 +225,7 @@ fn a_message_for_another_of_the_routers_own_nids_is_refused_and_the_connection_c
         let hdr = LnetHdr::put(nid(CLIENT), nid(R_B), 3, 4, 0);
         if bulk {
             give_bulk_buffers(&mut f, &routers, 1);
-            let src = f.register(0, vec![7; 100_000]);
-            let b = BulkBuf::new(NiIndex(0), &src, 0, 100_000).unwrap();
+            let b = f.bulk_buf(0, vec![7; 100_000]);
             // The client has a route to o2ib1 through R_A: its PUT_REQ for R_B goes there.
             f.nodes[0].send_put_bulk(now, nid(R_B), 4, 1, b).unwrap();
         } else {
@@ -874,12 +881,7 @@ fn a_chain_of_three_routers_carries_pings_and_puts_both_ways() {
         let (mut f, idx) = a_chain_of_routers(3, split_router);
         let now = f.now;
         let (client, server) = (nid("10.0.0.1@o2ib"), nid("10.3.0.2@o2ib3"));
-        f.nodes[0]
-            .ping(now, server, Duration::from_secs(5))
-            .unwrap();
-        f.nodes[1]
-            .ping(now, client, Duration::from_secs(5))
-            .unwrap();
+        ping_both_ways(&mut f, client, server);
         for i in 0..20u64 {
             f.nodes[0]
                 .send_put(now, server, 7, i, vec![i as u8; 100])
@@ -1111,21 +1113,17 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
     for split_router in [false, true] {
         let (mut f, routers) = topology(split_router, |_| {});
         let server = nid(SERVER);
-        let reg = f.register(0, vec![7; 100_000]);
-        let buf = BulkBuf::new(NiIndex(0), &reg, 0, 100_000).unwrap();
+        let buf = f.bulk_buf(0, vec![7; 100_000]);
         let now = f.now;
         let put = f.nodes[0]
             .send_put_bulk(now, server, 4, 1, buf.clone())
             .unwrap();
         f.run_for(Duration::from_secs(5));
         let ev = f.take_events(0);
-        let done: Vec<_> = ev
-            .iter()
-            .filter_map(|(_, e)| match e {
-                LnetEvent::PutDone { id, result } if *id == put => Some(*result),
-                _ => None,
-            })
-            .collect();
+        let done: Vec<_> = picked(&ev, |e| match e {
+            LnetEvent::PutDone { id, result } if *id == put => Some(*result),
+            _ => None,
+        });
         assert_eq!(done, vec![Err(LnetError::Lnd(TxError::Rdma(-EPROTO)))]);
         let books = assert_router_quiescent(&f, &routers);
         assert_eq!(books.dropped_for(FwdDrop::NoBulkBuffer), 1);
@@ -1246,14 +1244,9 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
 fn bulk_puts_cross_a_router_byte_exact() {
     const MIB: usize = 1 << 20;
     for split_router in [false, true] {
-        let (mut f, routers) = topology(split_router, |_| {});
-        give_bulk_buffers(&mut f, &routers, 3);
+        let (mut f, routers) = bulk_topology(split_router, 3);
         let server = nid(SERVER);
-        let now = f.now;
-        f.nodes[0]
-            .ping(now, server, Duration::from_secs(5))
-            .unwrap();
-        f.run_for(Duration::from_secs(2));
+        warm_up(&mut f);
         let bytes: Vec<u8> = (0..MIB as u32 + 64)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
             .collect();
@@ -1280,25 +1273,19 @@ fn bulk_puts_cross_a_router_byte_exact() {
         f.run_for(Duration::from_secs(10));
         let client = f.take_events(0);
         for id in &ids {
-            let done: Vec<_> = client
-                .iter()
-                .filter_map(|(_, e)| match e {
-                    LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
-                    _ => None,
-                })
-                .collect();
+            let done: Vec<_> = picked(&client, |e| match e {
+                LnetEvent::PutDone { id: i, result } if i == id => Some(*result),
+                _ => None,
+            });
             assert_eq!(done, vec![Ok(())], "split {split_router}");
         }
         let server_ev = f.take_events(1);
-        let landed: Vec<(u64, Result<u32, LnetError>)> = server_ev
-            .iter()
-            .filter_map(|(_, e)| match e {
-                LnetEvent::BulkPut {
-                    match_bits, result, ..
-                } => Some((*match_bits, *result)),
-                _ => None,
-            })
-            .collect();
+        let landed: Vec<(u64, Result<u32, LnetError>)> = picked(&server_ev, |e| match e {
+            LnetEvent::BulkPut {
+                match_bits, result, ..
+            } => Some((*match_bits, *result)),
+            _ => None,
+        });
         assert_eq!(
             landed.len(),
             sizes.len(),
@@ -1385,11 +1372,7 @@ fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers
     let mut pool = crate::bulk_pool::BulkPool::new(lnd::wire::lnet::LNET_MTU as usize);
     let mut regs = vec![HashMap::new(); f.nodes.len()];
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let len = 200_000u32;
     let src = f.register(0, vec![0x5a; len as usize]);
     let mut next = 0u64;
@@ -1466,14 +1449,9 @@ fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers
 /// PUTs then wait for a buffer rather than fail.
 #[test]
 fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, routers) = bulk_topology(false, 2);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_buffers(now, PoolClass::Large, 4);
     let large = |f: &Fabric| {
@@ -1506,14 +1484,9 @@ fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail()
 /// which its LNet would take for done.
 #[test]
 fn a_bulk_put_refused_for_routing_disabled_fails_at_its_sender() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 1);
+    let (mut f, routers) = bulk_topology(false, 1);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_routing(now, false);
     let len = 100_000u32;
@@ -1592,14 +1565,9 @@ fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
 /// counted once in LNet's, the NI's and the peer's counters; its buffer comes back.
 #[test]
 fn a_bulk_ingress_that_fails_is_counted_once() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 1);
+    let (mut f, routers) = bulk_topology(false, 1);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let r = routers[0];
     let (ni0, st0) = (
         f.nodes[r].nets()[0].drop_count,
@@ -1731,22 +1699,15 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
 fn bulk_gets_cross_a_router_byte_exact() {
     const MIB: usize = 1 << 20;
     let get_done = |evs: &[(Instant, LnetEvent)]| -> Vec<(MsgId, Result<u32, LnetError>)> {
-        evs.iter()
-            .filter_map(|(_, e)| match e {
-                LnetEvent::GetDone { id, result } => Some((*id, *result)),
-                _ => None,
-            })
-            .collect()
+        picked(evs, |e| match e {
+            LnetEvent::GetDone { id, result } => Some((*id, *result)),
+            _ => None,
+        })
     };
     for split_router in [false, true] {
-        let (mut f, routers) = topology(split_router, |_| {});
-        give_bulk_buffers(&mut f, &routers, 3);
+        let (mut f, routers) = bulk_topology(split_router, 3);
         let server = nid(SERVER);
-        let now = f.now;
-        f.nodes[0]
-            .ping(now, server, Duration::from_secs(5))
-            .unwrap();
-        f.run_for(Duration::from_secs(2));
+        warm_up(&mut f);
         let bytes: Vec<u8> = (0..MIB as u32 + 64)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
             .collect();
@@ -1805,15 +1766,13 @@ fn bulk_gets_cross_a_router_byte_exact() {
 /// from one counter): neither the GET nor the ping is lost.
 #[test]
 fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, _) = bulk_topology(false, 2);
     let server = nid(SERVER);
     let now = f.now;
     // Unmatched routed GETs: MsgIds 1..=10 pending until their deadline.
     let mut gets = Vec::new();
     for i in 0..10 {
-        let reg = f.register(0, vec![0; 4096]);
-        let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+        let into = f.bulk_buf(0, vec![0; 4096]);
         gets.push(
             f.nodes[0]
                 .send_get_bulk(now, server, 4, 1000 + i, into)
@@ -1825,20 +1784,14 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
         .unwrap();
     f.run_for(Duration::from_secs(6));
     let evs = f.take_events(0);
-    let early: Vec<_> = evs
-        .iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::GetDone { id, result } => Some((*id, *result)),
-            _ => None,
-        })
-        .collect();
-    let pinged: Vec<_> = evs
-        .iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::PingDone { id, result, .. } if *id == ping => Some(result.is_ok()),
-            _ => None,
-        })
-        .collect();
+    let early: Vec<_> = picked(&evs, |e| match e {
+        LnetEvent::GetDone { id, result } => Some((*id, *result)),
+        _ => None,
+    });
+    let pinged: Vec<_> = picked(&evs, |e| match e {
+        LnetEvent::PingDone { id, result, .. } if *id == ping => Some(result.is_ok()),
+        _ => None,
+    });
     assert_eq!(
         pinged,
         vec![true],
@@ -1853,32 +1806,21 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
 /// A server answering a routed GET by a rendezvous REPLY counts that REPLY as sent once.
 #[test]
 fn serving_a_routed_get_counts_one_send() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, _) = bulk_topology(false, 2);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
-    let src = f.register(1, vec![7; 300_000]);
-    let b = BulkBuf::new(NiIndex(0), &src, 0, 300_000).unwrap();
+    warm_up(&mut f);
+    let b = f.bulk_buf(1, vec![7; 300_000]);
     f.nodes[1].post_source(4, 77, b);
-    let sink = f.register(0, vec![0; 300_000]);
-    let into = BulkBuf::new(NiIndex(0), &sink, 0, 300_000).unwrap();
+    let into = f.bulk_buf(0, vec![0; 300_000]);
     let before = f.nodes[1].stats().clone();
     let now = f.now;
     f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
     f.run_for(Duration::from_secs(2));
     let after = f.nodes[1].stats().clone();
-    let served: Vec<_> = f
-        .take_events(1)
-        .into_iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::BulkGetServed { result, .. } => Some(result),
-            _ => None,
-        })
-        .collect();
+    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
+        LnetEvent::BulkGetServed { result, .. } => Some(*result),
+        _ => None,
+    });
     assert_eq!(served, vec![Ok(300_000)]);
     assert_eq!(after.send_count - before.send_count, 1, "sends");
     assert_eq!(
@@ -1892,26 +1834,20 @@ fn serving_a_routed_get_counts_one_send() {
 /// dead and stop routed traffic until a retry).
 #[test]
 fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, _) = bulk_topology(false, 2);
     let server = nid(SERVER);
     let now = f.now;
     for i in 0..10 {
-        let reg = f.register(0, vec![0; 4096]);
-        let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+        let into = f.bulk_buf(0, vec![0; 4096]);
         f.nodes[0]
             .send_get_bulk(now, server, 4, 1000 + i, into)
             .unwrap();
     }
     f.run_for(Duration::from_secs(6));
-    let early: Vec<_> = f
-        .take_events(0)
-        .into_iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::GetDone { id, result } => Some((id, result)),
-            _ => None,
-        })
-        .collect();
+    let early: Vec<_> = picked(&f.take_events(0), |e| match e {
+        LnetEvent::GetDone { id, result } => Some((*id, *result)),
+        _ => None,
+    });
     f.run_for(Duration::from_secs(120));
     let gws = f.nodes[0].gateways();
     assert!(
@@ -1931,14 +1867,9 @@ fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
 /// A routed GET whose GET message fails is counted as one error, as a PUT that fails so.
 #[test]
 fn a_routed_get_that_fails_to_send_counts_one_error() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, routers) = bulk_topology(false, 2);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     f.take_events(0);
     f.kill(routers[0]);
     let before = f.nodes[0].stats().clone();
@@ -1950,8 +1881,7 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
             .sum::<u64>()
     };
     let pings_before = pf(&f);
-    let reg = f.register(0, vec![0; 4096]);
-    let into = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
+    let into = f.bulk_buf(0, vec![0; 4096]);
     let now = f.now;
     let put = f.nodes[0]
         .send_put_bulk(now, server, 4, 1, into.clone())
@@ -1961,14 +1891,11 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
     let evs = f.take_events(0);
     let after = f.nodes[0].stats().clone();
     let ping_fails = pf(&f) - pings_before;
-    let ended: Vec<_> = evs
-        .iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::PutDone { id, result } if *id == put => Some(format!("put {result:?}")),
-            LnetEvent::GetDone { id, result } if *id == get => Some(format!("get {result:?}")),
-            _ => None,
-        })
-        .collect();
+    let ended: Vec<_> = picked(&evs, |e| match e {
+        LnetEvent::PutDone { id, result } if *id == put => Some(format!("put {result:?}")),
+        LnetEvent::GetDone { id, result } if *id == get => Some(format!("get {result:?}")),
+        _ => None,
+    });
     assert_eq!(ended.len(), 2, "{ended:?}");
     assert_eq!(
         after.errors - before.errors,
@@ -1980,25 +1907,18 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
 /// BulkGetServed for a GET answered by a rendezvous REPLY names the requester.
 #[test]
 fn a_get_served_by_reply_names_its_requester() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, _) = bulk_topology(false, 2);
     let server = nid(SERVER);
-    let src = f.register(1, vec![7; 5000]);
-    let b = BulkBuf::new(NiIndex(0), &src, 0, 5000).unwrap();
+    let b = f.bulk_buf(1, vec![7; 5000]);
     f.nodes[1].post_source(4, 77, b);
-    let sink = f.register(0, vec![0; 5000]);
-    let into = BulkBuf::new(NiIndex(0), &sink, 0, 5000).unwrap();
+    let into = f.bulk_buf(0, vec![0; 5000]);
     let now = f.now;
     f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
     f.run_for(Duration::from_secs(2));
-    let served: Vec<_> = f
-        .take_events(1)
-        .into_iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::BulkGetServed { to, result, .. } => Some((to, result)),
-            _ => None,
-        })
-        .collect();
+    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
+        LnetEvent::BulkGetServed { to, result, .. } => Some((*to, *result)),
+        _ => None,
+    });
     assert_eq!(served, vec![(nid(CLIENT), Ok(5000))]);
 }
 
@@ -2007,14 +1927,9 @@ fn a_get_served_by_reply_names_its_requester() {
 /// requester's memory, and the GET still ends, at its deadline.
 #[test]
 fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
-    let (mut f, routers) = topology(false, |_| {});
-    give_bulk_buffers(&mut f, &routers, 2);
+    let (mut f, _) = bulk_topology(false, 2);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     // The server posts nothing: the GET is dropped there, its REPLY never comes.
     let sink = f.register(0, vec![0xee; 8192]);
     let into = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
@@ -2025,8 +1940,7 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
     let wmd = f.nodes[0].pending_bulk_get_handle(id).expect("waiting");
     // The router, a directly connected peer, forges the REPLY in the server's stead... but
     // from its own NID, as it must to be delivered.
-    let evil = f.register(2, vec![0x66; 8192]);
-    let buf = BulkBuf::new(NiIndex(0), &evil, 0, 8192).unwrap();
+    let buf = f.bulk_buf(2, vec![0x66; 8192]);
     let hdr = LnetHdr {
         dest_nid: nid(CLIENT),
         src_nid: nid(R_A),
@@ -2050,13 +1964,10 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
     );
     f.run_for(Duration::from_secs(100));
     let ev = f.take_events(0);
-    let done: Vec<_> = ev
-        .iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::GetDone { id: i, result } if *i == id => Some(*result),
-            _ => None,
-        })
-        .collect();
+    let done: Vec<_> = picked(&ev, |e| match e {
+        LnetEvent::GetDone { id: i, result } if *i == id => Some(*result),
+        _ => None,
+    });
     assert_eq!(done, vec![Err(LnetError::Timeout)]);
 }
 
@@ -2217,18 +2128,13 @@ fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
     let sink = f.register(1, vec![0; 100_000]);
     let sink = BulkBuf::new(NiIndex(0), &sink, 0, 100_000).unwrap();
     f.nodes[1].post_sink(4, 1, sink);
-    let reg = f.register(0, vec![7; 100_000]);
-    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 100_000).unwrap();
+    let buf = f.bulk_buf(0, vec![7; 100_000]);
     let put = f.nodes[0].send_put_bulk(now, server, 4, 1, buf).unwrap();
     f.run_for(Duration::from_secs(5));
-    let done: Vec<_> = f
-        .take_events(0)
-        .into_iter()
-        .filter_map(|(_, e)| match e {
-            LnetEvent::PutDone { id, result } if id == put => Some(result),
-            _ => None,
-        })
-        .collect();
+    let done: Vec<_> = picked(&f.take_events(0), |e| match e {
+        LnetEvent::PutDone { id, result } if *id == put => Some(*result),
+        _ => None,
+    });
     assert_eq!(done, vec![Err(LnetError::Lnd(TxError::Rdma(-EPROTO)))]);
     let books = assert_router_quiescent(&f, &routers);
     assert_eq!(

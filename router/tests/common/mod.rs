@@ -17,14 +17,20 @@
 //! own log timestamps ([`log_time`]), not by the test's clock.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use router::control::{
     ConnEntry, ControlClient, LndCounters, NiEntry, PingShow, Request, Response,
+};
+// The generic helpers (NIDs, condition waits, scratch directories, ports, skips) are the
+// workspace's `testkit`; the process tests reach them through this module.
+#[allow(unused_imports)] // each test binary uses its own few
+pub use testkit::{
+    find_on_path, held_port, nid, noise, notice, root_or_skip, run_or_skip, strip_ansi,
+    tool_or_skip, wait_for, wait_until, Scratch, WAIT,
 };
 
 pub const NID_A: &str = "10.0.0.1@o2ib";
@@ -35,39 +41,6 @@ pub const LND_TIMEOUT: u64 = 2;
 pub const LND_KEEPALIVE: u64 = 1;
 /// How long a control call that is not a ping may take before the test calls it a hang.
 pub const CALL_BOUND: Duration = Duration::from_secs(20);
-/// The overall limit of a condition wait (a daemon starting, a peer going down, a counter
-/// moving): far beyond what any of them takes, so only a condition that never holds reaches it.
-pub const WAIT: Duration = Duration::from_secs(30);
-
-/// A port held by a listener the test keeps and never accepts on: the address of a peer that
-/// is never started. Connects to it complete in the kernel and then hear nothing; no other
-/// process can take the port while the listener lives.
-pub fn held_port() -> (TcpListener, u16) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    (l, port)
-}
-
-/// A per-test scratch directory, removed when the test passes (kept with the logs otherwise).
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    pub fn new(test: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("ulnet-daemon-faults-{}-{test}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 /// One daemon process. Dropping it SIGKILLs and reaps the process (a stopped one too) and, when
 /// the test is failing, prints the tail of its log.
@@ -108,24 +81,6 @@ impl Drop for Daemon {
     }
 }
 
-/// `s` without ANSI escape sequences (`ESC [ ... letter`).
-pub fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 impl Daemon {
     pub fn pid(&self) -> String {
         self.child.id().to_string()
@@ -142,43 +97,17 @@ impl Daemon {
 
     /// Waits up to `bound` for the process to exit.
     pub fn wait_exit(&mut self, bound: Duration) -> ExitStatus {
-        let t0 = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                self.exited = Some(s);
-                return s;
-            }
-            assert!(
-                t0.elapsed() < bound,
-                "{} did not exit within {bound:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let s = testkit::wait_exit(&mut self.child, bound)
+            .unwrap_or_else(|| panic!("{} did not exit within {bound:?}", self.name));
+        self.exited = Some(s);
+        s
     }
 }
 
 /// Writes `name.yaml` (one tcp NI `nid` on 127.0.0.1:`port`, the peer at 127.0.0.1:`peer_port`,
 /// the small LND tunables) and starts the daemon; returns once its control socket answers.
 pub fn start(dir: &Path, name: &str, nid: &str, port: u16, peer: &str, peer_port: u16) -> Daemon {
-    start_with(dir, name, nid, port, peer, peer_port, Lnd::default())
-}
-
-/// [`start`] with other LND tunables.
-pub fn start_with(
-    dir: &Path,
-    name: &str,
-    nid: &str,
-    port: u16,
-    peer: &str,
-    peer_port: u16,
-    lnd: Lnd,
-) -> Daemon {
-    let opts = Opts {
-        lnd,
-        ..Opts::default()
-    };
-    start_opts(dir, name, nid, port, peer, peer_port, opts)
+    start_opts(dir, name, nid, port, peer, peer_port, Opts::default())
 }
 
 /// How [`start_opts`] starts a daemon, beyond its NI and peer.
@@ -270,6 +199,29 @@ pub fn listen_port(d: &Daemon, nid: &str) -> u16 {
         d.name
     );
     addr.port()
+}
+
+/// Runs `lnet-router args...` to its end (`--version`, a usage error); its output.
+pub fn lnet_router(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lnet-router"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs `lnet-router --config cfg --socket socket args...` to its end (a start it refuses), with
+/// `LNET_LOG` set to `log` if given; its output.
+pub fn run_to_exit(cfg: &Path, socket: &Path, args: &[&str], log: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lnet-router"));
+    cmd.arg("--config")
+        .arg(cfg)
+        .arg("--socket")
+        .arg(socket)
+        .args(args);
+    if let Some(log) = log {
+        cmd.env("LNET_LOG", log);
+    }
+    cmd.output().unwrap()
 }
 
 /// Starts a daemon on the configuration `yaml` (written to `dir/name.yaml`), with [`Opts`]
@@ -430,23 +382,14 @@ pub fn conns(d: &Daemon) -> Vec<ConnEntry> {
     }
 }
 
+/// `conn show`: the incarnations of the connections (a reconnect changes them).
+pub fn incarnations(d: &Daemon) -> Vec<String> {
+    conns(d).into_iter().map(|c| c.incarnation).collect()
+}
+
 /// `conn show`, the connections to `nid`.
 pub fn conns_to(d: &Daemon, nid: &str) -> Vec<ConnEntry> {
     conns(d).into_iter().filter(|c| c.peer == nid).collect()
-}
-
-/// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
-pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
-    let t0 = Instant::now();
-    loop {
-        if cond() {
-            return Some(t0.elapsed());
-        }
-        if t0.elapsed() >= bound {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// B is down as A sees it: `peer show` says down, or no connection to B is left.
@@ -685,77 +628,140 @@ pub fn thread_names(d: &Daemon) -> Vec<String> {
     names
 }
 
-/// A daemon's configuration for the topology tests (client, routers, servers, each daemon on
-/// its own loopback address): tcp NIs `nis`, each listening at `addr(nid)` with the small LND
-/// tunables and no busy-poll; one route (net, gateway) with `hop: 1`, if any; routing on or
-/// off with the router pinger at 1 s; `extra` top-level lines (buffers, selftest); and the
-/// address of every NID of `all` the daemon does not run.
-pub fn topo_yaml(
-    nis: &[&str],
-    route: Option<(&str, &str)>,
-    routing: bool,
-    extra: &str,
-    all: &[&str],
-    addr: impl Fn(&str) -> String,
-) -> String {
-    let mut y = String::from("net:\n");
-    for ni in nis {
-        let net = ni.split('@').nth(1).unwrap();
-        y.push_str(&format!(
-            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
-            addr(ni)
-        ));
-    }
-    if let Some((net, gw)) = route {
-        y.push_str(&format!(
-            "route:\n    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
-        ));
-    }
-    y.push_str(&format!(
-        "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
-        u8::from(routing)
-    ));
-    y.push_str(extra);
-    y.push_str("peers:\n");
-    for n in all {
-        if !nis.contains(n) {
-            y.push_str(&format!("    - nid: {n}\n      address: {}\n", addr(n)));
+/// The daemons of a routed test on loopback. Every NID of `all` listens on its own 127.a.b.c and
+/// `port` (a: `a`, the test file's base plus the test's number; b from this process's id; c the
+/// NID's place in `all`), so every daemon knows the others' addresses before any starts, and a
+/// restarted one binds its own again. Nothing else uses those addresses.
+pub struct Site {
+    pub all: &'static [&'static str],
+    pub port: u16,
+    pub a: u8,
+    /// Each NI listens on its NID's own address instead (the test across network namespaces).
+    pub nid_addresses: bool,
+    /// YAML after `routing:` (buffers, selftest), given whether the daemon routes.
+    pub extra: fn(bool) -> String,
+}
+
+impl Site {
+    /// The NIDs `all` on their own loopback addresses, `port`, 127.`a`, with `extra` YAML.
+    pub fn loopback(
+        all: &'static [&'static str],
+        port: u16,
+        a: u8,
+        extra: fn(bool) -> String,
+    ) -> Site {
+        Site {
+            all,
+            port,
+            a,
+            nid_addresses: false,
+            extra,
         }
     }
-    y
+
+    /// Where `nid` listens.
+    pub fn address(&self, nid: &str) -> String {
+        let port = self.port;
+        if self.nid_addresses {
+            return format!("{}:{port}", nid.split('@').next().unwrap());
+        }
+        let b = (std::process::id() % 250) as u8 + 1;
+        let host = self.all.iter().position(|n| *n == nid).unwrap() as u8 + 1;
+        format!("127.{}.{b}.{host}:{port}", self.a)
+    }
+
+    /// A daemon's YAML: its NIs, its routes (net, gateway), routing on or off, the health
+    /// settings small, the LND's tunables small, [`Site::extra`], and every other NID's address.
+    pub fn yaml(&self, nis: &[&str], routes: &[(&str, &str)], routing: bool) -> String {
+        let mut y = String::from("net:\n");
+        for ni in nis {
+            let net = ni.split('@').nth(1).unwrap();
+            y.push_str(&format!(
+                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {ni}\n          listen: {}\n          busy poll us: 0\n          lnd tunables:\n              timeout: {LND_TIMEOUT}\n              keepalive: {LND_KEEPALIVE}\n",
+                self.address(ni)
+            ));
+        }
+        if !routes.is_empty() {
+            y.push_str("route:\n");
+            for (net, gw) in routes {
+                y.push_str(&format!(
+                    "    - net: {net}\n      gateway: {gw}\n      hop: 1\n"
+                ));
+            }
+        }
+        y.push_str(&format!(
+            "routing:\n    enable: {}\n    alive_router_check_interval: 1\n    router_ping_timeout: 1\n",
+            u8::from(routing)
+        ));
+        y.push_str(&(self.extra)(routing));
+        y.push_str("peers:\n");
+        for n in self.all {
+            if !nis.contains(n) {
+                y.push_str(&format!(
+                    "    - nid: {n}\n      address: {}\n",
+                    self.address(n)
+                ));
+            }
+        }
+        y
+    }
+
+    /// Starts daemon `name` on [`Site::yaml`] with the default [`Opts`].
+    pub fn start(
+        &self,
+        dir: &Path,
+        name: &str,
+        nis: &[&str],
+        routes: &[(&str, &str)],
+        routing: bool,
+    ) -> Daemon {
+        start_yaml(dir, name, &self.yaml(nis, routes, routing), Opts::default())
+    }
 }
 
-/// Whether a test that needs root may run: true as root. Elsewhere it says SKIPPED and why on
-/// stderr and returns false, unless `CI` is set, where it fails: CI runs as root, so a skip
-/// there would hide a test that never ran (as the tshark tests fail in CI without tshark).
-pub fn root_or_skip(why: &str) -> bool {
-    if rustix::process::geteuid().is_root() {
-        return true;
+/// The routed pair's NIDs: the client on o2ib, the router's two NIs, the far server on o2ib1.
+pub use testkit::topo::{CLIENT, R_A, R_B, SERVER as FAR};
+
+impl Site {
+    /// The two ends of a routed pair, started in this order: the far server (routing o2ib
+    /// through [`R_B`]) and the client (routing o2ib1 through [`R_A`]).
+    pub fn start_ends(&self, dir: &Path) -> (Daemon, Daemon) {
+        let far = self.start(dir, "far", &[FAR], &[("o2ib", R_B)], false);
+        let client = self.start(dir, "client", &[CLIENT], &[("o2ib1", R_A)], false);
+        (far, client)
     }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "needs root ({why}), and CI is set: CI must run the tests as root"
-    );
-    eprintln!("SKIPPED: needs root ({why})");
-    false
 }
 
-/// Whether `tool --version` runs here; elsewhere SKIPPED on stderr, or a failure under `CI`
-/// (which installs what its tests need).
-pub fn tool_or_skip(tool: &str, package: &str) -> bool {
-    let found = std::process::Command::new(tool)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return true;
-    }
+/// `lnetctl --json selftest run-test --from FROM --to TO args...` on `d`, with its output.
+pub fn run_test(d: &Daemon, from: &str, to: &str, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["--json", "selftest", "run-test", "--from", from, "--to", to];
+    all.extend_from_slice(args);
+    lnetctl(d, &all)
+}
+
+/// The string `key` of each item of the JSON list `list`.
+pub fn json_strs<'a>(list: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    let items = list
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"));
+    items.iter().map(|p| p[key].as_str().unwrap()).collect()
+}
+
+/// The JSON summary `run-test --json` prints after lst's report.
+pub fn json_summary(stdout: &str) -> serde_json::Value {
+    let json_start = stdout.find("{\n").expect("a JSON summary");
+    serde_json::from_str(&stdout[json_start..]).expect("JSON")
+}
+
+/// `lnetctl --socket <d's socket> args...`, which must succeed; its standard output.
+pub fn lnetctl_ok(d: &Daemon, args: &[&str]) -> String {
+    let out = lnetctl(d, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
-        std::env::var_os("CI").is_none(),
-        "{tool} ({package}) not found, and CI is set: CI must install it"
+        out.status.success(),
+        "lnetctl {args:?}: {:?}\nstdout: {text}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("SKIPPED: no {tool} here ({package})");
-    false
+    text
 }

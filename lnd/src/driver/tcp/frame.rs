@@ -310,11 +310,7 @@ mod tests {
 
     #[test]
     fn parse_head_never_panics() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..10_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+        for x in testkit::XorShift(0x9e37_79b9_7f4a_7c15).take(10_000) {
             let b = x.to_le_bytes();
             let _ = parse_head(&b[..(x % 9) as usize]);
         }

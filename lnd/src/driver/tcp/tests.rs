@@ -23,9 +23,7 @@ const STEP_WAIT: StdDuration = StdDuration::from_micros(500);
 /// satisfied by a timeout instead.
 const MIN_WAIT: StdDuration = StdDuration::from_secs(20);
 
-fn nid(s: &str) -> Nid {
-    s.parse().unwrap()
-}
+use testkit::nid;
 
 fn hdr(from: Nid, to: Nid, len: usize) -> LnetHdr {
     LnetHdr::put(from, to, len as u32, 4, 7)
@@ -391,15 +389,7 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
     let target = b.fabric.local_addr();
 
     // 1. Random bytes.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let garbage: Vec<u8> = (0..256)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let garbage = testkit::noise(0x2545_f491_4f6c_dd1d, 256);
     // 2. A bad kind. 3. A MSG before any CONNREQ. 4. A length too large for a CONNREQ.
     let cases: Vec<Vec<u8>> = vec![
         garbage,
@@ -989,27 +979,6 @@ fn post_write1(
     post_write(n, clock, conn, wr, local, vec![remote.frag(len)]);
 }
 
-/// What a sink region of `sink_len` bytes at `sink_addr`, zeroed, holds after the write of
-/// `local` (offsets into `src`) onto `remote`.
-fn expected_sink(
-    src: &[u8],
-    sink_len: usize,
-    sink_addr: u64,
-    local: &[LocalFrag],
-    remote: &[RemoteFrag],
-) -> Vec<u8> {
-    let mut v = vec![0; sink_len];
-    for p in crate::fabric::rdma_pieces(local, remote) {
-        let (s, d, n) = (
-            p.offset as usize,
-            (p.addr - sink_addr) as usize,
-            p.len as usize,
-        );
-        v[d..d + n].copy_from_slice(&src[s..s + n]);
-    }
-    v
-}
-
 /// Remote fragments with other boundaries than `frags_257`'s, still 257 of them for 1 MiB, each
 /// 8 KiB apart in the sink (so that a piece landing in the wrong fragment shows).
 fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
@@ -1022,18 +991,6 @@ fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
         .collect()
 }
 
-/// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page.
-fn frags_257() -> Vec<(u64, u32)> {
-    let mut v = vec![(0u64, 2048u32)];
-    let mut off = 2048u64;
-    while off + 4096 <= MIB as u64 {
-        v.push((off, 4096));
-        off += 4096;
-    }
-    v.push((off, (MIB as u64 - off) as u32));
-    v
-}
-
 #[test]
 fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let clock = MonotonicClock::new();
@@ -1042,14 +999,15 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     let conn = conn_to(&a, bn);
     let src = a.fabric.register(pattern(1, MIB)).unwrap();
     let sink = b.fabric.register(vec![0; 257 * 8192]).unwrap();
-    let local: Vec<LocalFrag> = frags_257()
+    let local: Vec<LocalFrag> = testkit::frags_257()
         .iter()
         .map(|&(off, len)| src.local_frag(off, len))
         .collect();
     let remote = remote_257(&sink);
     grant_all(&mut b, &clock, a.ep.nid(), &sink);
     assert_eq!((local.len(), remote.len()), (257, 257));
-    let want = expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
+    let want =
+        crate::fabric::expected_sink(&pattern(1, MIB), 257 * 8192, sink.addr(), &local, &remote);
     let pieces = crate::fabric::rdma_pieces(&local, &remote).count() as u64;
     assert!(pieces > 257);
     let got_before = b.got.len();
@@ -1182,7 +1140,7 @@ fn tcp_rdma_write_fragment_lists_land_byte_exact() {
             .collect(),
     );
     l2.iter_mut().for_each(|f| f.region = src.id());
-    let want2 = expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
+    let want2 = crate::fabric::expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
     post_write(&mut a, &clock, conn, injected(2), l2, r2);
     assert!(run_until(
         &mut [&mut a, &mut b],

@@ -54,15 +54,20 @@ fn sizes_match_lustre() {
     assert_eq!(ServiceId::from_u32(10), None);
 }
 
-#[test]
-fn kat_ping_request_le_literal() {
-    let m = PingRequest {
+/// The PING request of the known-answer tests.
+fn ping_request() -> PingRequest {
+    PingRequest {
         rpyid: 0x0102_0304_0506_0708,
         magic: LST_PING_TEST_MAGIC,
         seq: 7,
         time_sec: 0x11,
         time_nsec: 0x22,
-    };
+    }
+}
+
+#[test]
+fn kat_ping_request_le_literal() {
+    let m = ping_request();
     let mut e = vec![0u8; SRPC_MSG_LEN];
     at(&mut e, 0, &[0x0d, 0xf0, 0xb0, 0xee]); // msg_magic 0xeeb0f00d, LE
     at(&mut e, 4, &[1, 0, 0, 0]); // msg_version 1
@@ -82,13 +87,7 @@ fn kat_ping_request_le_literal() {
 
 #[test]
 fn kat_ping_request_be() {
-    let m = PingRequest {
-        rpyid: 0x0102_0304_0506_0708,
-        magic: LST_PING_TEST_MAGIC,
-        seq: 7,
-        time_sec: 0x11,
-        time_nsec: 0x22,
-    };
+    let m = ping_request();
     let mut e = vec![0u8; SRPC_MSG_LEN];
     at(&mut e, 0, &[0xee, 0xb0, 0xf0, 0x0d]); // msg_magic, BE
     at(&mut e, 4, &[0, 0, 0, 1]); // msg_version
