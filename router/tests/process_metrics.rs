@@ -22,17 +22,20 @@ const CLIENT: &str = "10.0.0.1@o2ib";
 const R_A: &str = "10.0.0.254@o2ib";
 const R_B: &str = "10.1.0.254@o2ib1";
 const FAR: &str = "10.1.0.2@o2ib1";
-const ALL: [&str; 4] = [CLIENT, R_A, R_B, FAR];
+static ALL: [&str; 4] = [CLIENT, R_A, R_B, FAR];
 
-fn address_of(test: u8, nid: &str) -> String {
-    let b = (std::process::id() % 250) as u8 + 1;
-    let host = ALL.iter().position(|n| *n == nid).unwrap() as u8 + 1;
-    format!("127.{}.{b}.{host}:{PORT}", 230 + test)
+/// Test `test`'s loopback site (addresses 127.(230 + test).b.c, port [`PORT`]).
+fn site(test: u8) -> Site {
+    Site::loopback(&ALL, PORT, 230 + test, |_| String::new())
 }
 
 fn yaml(test: u8, nis: &[&str], route: Option<(&str, &str)>, routing: bool, extra: &str) -> String {
-    let extra = format!("buffers:\n    large: 16\nselftest:\n    enable: 1\n{extra}");
-    topo_yaml(nis, route, routing, &extra, &ALL, |n| address_of(test, n))
+    let routes: Vec<(&str, &str)> = route.into_iter().collect();
+    let mut y = site(test).yaml(nis, &routes, routing);
+    y.push_str(&format!(
+        "buffers:\n    large: 16\nselftest:\n    enable: 1\n{extra}"
+    ));
+    y
 }
 
 /// The address `d`'s metrics endpoint listens on, from its log's start line.
