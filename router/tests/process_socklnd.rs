@@ -261,3 +261,48 @@ fn a_stopping_peer_is_seen_down_at_once_as_closed() {
     });
     assert!(seen.is_some(), "{:?}", log_lines(&a));
 }
+
+/// A `tcp` NI added at run time (`lnetctl net add`, which says nothing of ports) takes the
+/// running daemon's acceptor settings: it listens on the daemon's acceptor port and dials its
+/// peers there, so two daemons' added tcp1 NIs reach each other.
+#[test]
+fn a_tcp_ni_added_at_run_time_takes_the_daemons_acceptor() {
+    let dir = Scratch::new("sock_net_add");
+    let port = acceptor_port();
+    let a = start_yaml(
+        &dir.0,
+        "a",
+        &tcp_node("127.0.25.1@tcp", port, ""),
+        Opts::default(),
+    );
+    let b = start_yaml(
+        &dir.0,
+        "b",
+        &tcp_node("127.0.25.2@tcp", port, ""),
+        Opts::default(),
+    );
+    for (d, nid) in [(&a, "127.0.25.3@tcp1"), (&b, "127.0.25.4@tcp1")] {
+        let out = lnetctl(d, &["net", "add", "--nid", nid]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // b answers from its first NI (the reply lists both of its NIDs).
+    let answered = wait_for(Duration::from_secs(10), || {
+        let req = router::control::Request::Ping {
+            nids: vec!["127.0.25.4@tcp1".into()],
+            timeout_secs: Some(2),
+            source: None,
+        };
+        matches!(call(&a, req), router::control::Response::Ping(p)
+            if p.ping.first().is_some_and(|x| x.peer_ni.iter().any(|n| n == "127.0.25.4@tcp1")))
+    });
+    assert!(answered.is_some(), "a's tcp1 NI reaches b's");
+    let log = std::fs::read_to_string(&b.log).unwrap();
+    assert!(
+        log.contains(&format!("local=127.0.25.4:{port}")),
+        "b's added NI listens on the acceptor port {port}: {log}"
+    );
+}

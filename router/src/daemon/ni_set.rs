@@ -241,6 +241,18 @@ impl Daemon {
         let board = m.board.carried(&m.nids(), &nids);
         let incarnation = self.next_incarnation.fetch_add(1, Ordering::Relaxed);
         let mut net = net.clone();
+        let mut ni = ni.clone();
+        // A `tcp` NI added at run time takes the daemon's acceptor (its port, its `accept`)
+        // unless the document gave one of its own.
+        if let crate::LndSettings::Sock(s) = &mut ni.ni.lnd {
+            let acceptor = if doc.given.acceptor {
+                &doc.acceptor
+            } else {
+                &self.base.acceptor
+            };
+            crate::yaml_config::apply_acceptor(acceptor, s);
+        }
+        let ni = &ni;
         net.nis = vec![ni.clone()];
         let node_cfg = self.added_node_config(&net, incarnation, &nids, &board);
         if !net.fabric_given {

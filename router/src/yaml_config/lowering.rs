@@ -127,6 +127,7 @@ fn lower(
     }
     if let Some(a) = raw.acceptor {
         cfg.acceptor = lower_acceptor(&a.value)?;
+        cfg.given.acceptor = true;
     }
     let acceptor = cfg.acceptor.clone();
     for ni in cfg.nets.iter_mut().flat_map(|n| n.nis.iter_mut()) {
@@ -192,7 +193,7 @@ fn parse_ports(s: &str) -> Option<(u16, u16)> {
 }
 
 /// The acceptor's settings into one `tcp` NI's socklnd settings.
-fn apply_acceptor(a: &AcceptorSettings, s: &mut lnd::iface::sock::SockConfig) {
+pub(crate) fn apply_acceptor(a: &AcceptorSettings, s: &mut lnd::iface::sock::SockConfig) {
     s.accept = a.accept;
     s.accept_port = a.port;
     s.accept_backlog = a.backlog;

@@ -32,6 +32,7 @@
 
 mod errors;
 mod lowering;
+pub(crate) use lowering::apply_acceptor;
 mod model;
 mod raw;
 

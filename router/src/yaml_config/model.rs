@@ -119,6 +119,9 @@ pub struct GivenSections {
     pub router_checks: RouterChecksGiven,
     /// `selftest: enable:` as given.
     pub selftest: Option<bool>,
+    /// `acceptor:`: a document without it leaves the running daemon's acceptor settings to
+    /// the `tcp` NIs it adds (a `net add` says nothing of ports).
+    pub acceptor: bool,
 }
 
 /// The `routing:` module parameters a document gave.
