@@ -103,7 +103,10 @@ use crate::fabric::{
     FabricEvent, FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag,
     RequestId, WcStatus, WrId,
 };
+use crate::stream::{StreamAction, StreamEvent};
 use crate::time::{Duration, Instant};
+use std::net::Ipv4Addr;
+use streams::{HostId, StreamNet, StreamNetConfig};
 
 /// Why an end hears `handle_disconnected`: a DREQ (the peer's, or the DREP to ours) is a close;
 /// a DREQ retried to the horizon, or a handshake given up on, is the transport failing.
@@ -115,6 +118,7 @@ mod cm;
 mod faults;
 mod qp;
 mod record;
+mod stream_world;
 pub mod streams;
 mod world;
 
@@ -334,6 +338,22 @@ pub trait SimNode: FabricSink + Sized {
     fn leak_counter(&self) -> Arc<AtomicU64>;
     /// Connection state changes the node's LND refused so far.
     fn invalid_transitions(&self) -> u64;
+
+    /// The node's address on the world's stream network ([`streams::StreamNet`]), if it has a
+    /// streaming NI (socklnd): it is then a host there, its stream actions are applied and its
+    /// stream events delivered. `None` (the default): a fabric-only node.
+    fn stream_addr(cfg: &Self::Config) -> Option<Ipv4Addr> {
+        let _ = cfg;
+        None
+    }
+    /// The next stream action (drained as fabric actions are).
+    fn poll_stream_action(&mut self) -> Option<StreamAction> {
+        None
+    }
+    /// One event of the stream network for this node, at `now`.
+    fn stream_event(&mut self, now: Instant, ev: StreamEvent<'_>) {
+        let _ = (now, ev);
+    }
 }
 
 /// How the world books one of a node's events ([`SimNode::book`]).
@@ -453,6 +473,10 @@ pub struct SimConfig {
     pub keep_logs: bool,
     /// The virtual time the world starts at (default zero).
     pub start: Instant,
+    /// The stream network stream hosts ([`SimNode::stream_addr`]) are on. Its `seed` is not
+    /// used: the network's RNG is seeded from `seed` (its own stream of numbers, so stream
+    /// faults never perturb the fabric's choices, nor the other way round).
+    pub streams: StreamNetConfig,
 }
 
 impl Default for SimConfig {
@@ -467,6 +491,7 @@ impl Default for SimConfig {
             unreachable_after: Duration::from_secs(1),
             keep_logs: true,
             start: Instant::ZERO,
+            streams: StreamNetConfig::default(),
         }
     }
 }
@@ -612,6 +637,8 @@ struct Node<N: SimNode> {
     rkeys: FxMap<u32, u64>,
     /// Events booked as [`Booking::Other`], with when (empty unless `keep_logs`).
     events: Vec<(Instant, N::Event)>,
+    /// Its host on the stream network, if it has a stream address.
+    host: Option<HostId>,
 }
 
 enum Ev {
@@ -734,6 +761,14 @@ pub struct World<N: SimNode = Endpoint> {
     /// CONN_RACE rejects carried, per unordered pair of nodes (lower id first).
     race_rejects: FxMap<(u32, u32), u64>,
     stats: SimStats,
+    /// The stream network of the nodes that have a stream address.
+    streams: StreamNet,
+    /// The node of each stream host, by `HostId`.
+    host_nodes: Vec<NodeId>,
+    /// The host pairs each live partition cut on the stream network, by partition bit.
+    stream_cuts: FxMap<u8, Vec<(HostId, HostId)>>,
+    /// Stream reports are being handed out (a node acting on one does not start another round).
+    delivering: bool,
 }
 
 /// An LNet PUT header from `src` to `dst` for a `payload_len`-byte payload, with `match_bits`
@@ -744,6 +779,9 @@ pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetH
 
 #[cfg(test)]
 mod rdma_tests;
+
+#[cfg(test)]
+mod stream_world_tests;
 
 #[cfg(test)]
 mod tests;
