@@ -28,6 +28,7 @@ pub mod mem;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod slots;
+pub mod sock;
 pub mod stream;
 pub mod sys;
 pub mod time;

@@ -29,6 +29,7 @@
 //! Below this module: `wire`, `time`, `mem`, `trim` only (checked by `tests/module_graph.rs`).
 
 pub mod o2ib;
+pub mod sock;
 
 use core::any::Any;
 use core::fmt;
@@ -257,6 +258,11 @@ pub enum LndInfo {
     O2ib {
         config: Box<o2ib::EndpointConfig>,
         stats: Box<o2ib::LndStats>,
+    },
+    /// socklnd (the `sock` module's `SockEngine`).
+    Sock {
+        config: Box<sock::SockConfig>,
+        stats: Box<sock::SockStats>,
     },
     /// An LND with nothing of its own to show (a test's).
     Plain { name: &'static str },

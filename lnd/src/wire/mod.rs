@@ -18,8 +18,10 @@ pub mod list;
 pub mod lnet;
 pub mod nid;
 pub mod pcap;
+pub mod pcap_tcp;
 
 pub mod ping;
+pub mod sock;
 
 pub use error::WireError;
 pub use kib::{

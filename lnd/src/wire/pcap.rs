@@ -246,7 +246,7 @@ pub fn global_header() -> [u8; GLOBAL_HEADER_LEN] {
     h
 }
 
-fn put(b: &mut [u8], at: usize, v: &[u8]) {
+pub(crate) fn put(b: &mut [u8], at: usize, v: &[u8]) {
     if let Some(s) = b.get_mut(at..at.saturating_add(v.len())) {
         s.copy_from_slice(v);
     }
@@ -284,7 +284,7 @@ fn build_headers(h: &mut [u8], src: Endpoint, dst: Endpoint, psn: u32, msg_len: 
 }
 
 /// The Internet checksum of an IPv4 header whose checksum field is zero.
-fn ipv4_checksum(h: &[u8]) -> u16 {
+pub(crate) fn ipv4_checksum(h: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for pair in h.chunks(2) {
         let hi = u32::from(pair.first().copied().unwrap_or(0));
@@ -319,7 +319,7 @@ fn icrc_headers(h: &[u8]) -> u32 {
 
 /// The reflected CRC-32 (polynomial 0x04c11db7, as Ethernet and zlib), without the final
 /// inversion.
-fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
+pub(crate) fn crc32_update(mut crc: u32, data: &[u8]) -> u32 {
     for &byte in data {
         let idx = ((crc ^ u32::from(byte)) & 0xff) as usize;
         crc = (crc >> 8) ^ CRC_TABLE.get(idx).copied().unwrap_or(0);

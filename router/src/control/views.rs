@@ -176,7 +176,7 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
         let x = extras.get(ni.index.0).copied().unwrap_or_default();
         let o2ib = match &ni.lnd {
             LndInfo::O2ib { config, stats } => Some((&config.tunables, stats)),
-            LndInfo::Plain { .. } => None,
+            LndInfo::Sock { .. } | LndInfo::Plain { .. } => None,
         };
         let entry = NiEntry {
             nid: ni.nid.to_string(),
