@@ -1,6 +1,7 @@
 //! socklnd wire formats (`lnd::wire::sock`): no parser panics on any bytes; what parses re-emits
 //! to bytes that parse to the same value; ZC-ACK NOOP sets decode back to the cookies encoded.
 //! The first byte picks the byte order and version of the HELLO body parser, the rest is input.
+//! Seed corpus: `lnd/tests/corpus/sock_wire/` (replayed by `lnd/tests/sock_corpus.rs`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,7 +1,8 @@
 //! `lnd`: everything of ulnet below the LNet layer, for one network.
 //!
-//! - [`wire`]: NIDs, the LNet header, the ping payload and the o2iblnd messages, byte-exact with
-//!   Lustre and parsed through checked views that never panic.
+//! - [`wire`]: NIDs, the LNet header, the ping payload, the o2iblnd messages and socklnd's
+//!   acceptor request, HELLO and KSOCK header, byte-exact with Lustre and parsed through checked
+//!   views that never panic; pcap writers for both LNDs' traffic.
 //! - [`time`] and [`wheel`]: our own instants (the core never reads a clock) and the hierarchical
 //!   timer wheel that holds every deadline; [`handle`]: the one generational handle type every
 //!   table's keys use; [`slots`]: the slab under them; [`trim`]: how tables give memory back
@@ -10,6 +11,8 @@
 //! - [`engine`]: the sans-IO o2ib LND, one `Endpoint` per NI.
 //! - [`stream`]: the boundary below a streaming LND (socklnd): actions on byte streams out,
 //!   events into a `StreamSink`.
+//! - [`sock`]: the sans-IO socklnd engine (ksocklnd-compatible), one `SockEngine` per `tcp`
+//!   NI, above `stream`.
 //! - [`driver`]: what moves bytes, above the engine: `tcp` (io_uring, feature `tcp`, default) and
 //!   `verbs` (rdma_cm + ibverbs, feature `verbs`), and the loop they share.
 //! - `sim` (feature `sim`): the deterministic simulator, for tests and benches.

@@ -682,19 +682,28 @@ impl SockEngine {
     pub(super) fn dial_failed_hard(&mut self, nid: Nid, err: TxError) {
         let now = self.now;
         let (min, max) = (self.cfg.min_reconnect, self.cfg.max_reconnect);
+        // The failing connection is still listed (callers close it after): others of the
+        // round still under way keep what waits (`ksocknal_connect` fails the queue only
+        // with no connection and no connect in progress).
+        let others = self.peers.get(&nid).map_or(0, |p| {
+            p.conns
+                .iter()
+                .filter(|&&s| self.conns.get(s).is_some_and(|c| c.state.handshaking()))
+                .count()
+        });
         let Some(p) = self.peers.get_mut(&nid) else {
             return;
         };
-        if p.next_dial.is_some_and(|t| t > now) {
-            return;
+        if p.next_dial.is_none_or(|t| t <= now) {
+            p.backoff = if p.backoff.is_zero() {
+                min
+            } else {
+                p.backoff.saturating_mul(2).min(max)
+            };
+            p.next_dial = Some(now.saturating_add(p.backoff));
         }
-        p.backoff = if p.backoff.is_zero() {
-            min
-        } else {
-            p.backoff.saturating_mul(2).min(max)
-        };
-        p.next_dial = Some(now.saturating_add(p.backoff));
-        if p.up {
+        if p.up || others > 1 {
+            self.arm_peer_dial(nid);
             return;
         }
         let queued: Vec<TxId> = p.queue.drain(..).collect();
@@ -724,9 +733,9 @@ impl SockEngine {
             // version) -> at once. Bounded: MAX_RACES in a row end the round.
             self.stats.refusals_received += 1;
             let same = h.version == HelloVersion::V3;
-            self.close(id, ConnInput::Refused, DownReason::ConnectFailed);
             let min = self.cfg.min_reconnect;
             let Some(p) = self.peers.get_mut(&nid) else {
+                self.close(id, ConnInput::Refused, DownReason::ConnectFailed);
                 return;
             };
             p.races += 1;
@@ -739,13 +748,16 @@ impl SockEngine {
                 for tx in queued {
                     self.fail_tx(tx, TxError::ConnectRefused);
                 }
+                self.close(id, ConnInput::Refused, DownReason::ConnectFailed);
                 return;
             }
             let races = p.races;
+            // The redial time first, so that the close does not redial at once.
             p.next_dial = Some(if same { now.saturating_add(min) } else { now });
             if races >= RACES_COVERED {
                 debug!(peer = %nid, races, "socklnd: repeated races");
             }
+            self.close(id, ConnInput::Refused, DownReason::ConnectFailed);
             self.arm_peer_dial(nid);
             return;
         }
@@ -788,10 +800,11 @@ impl SockEngine {
         if !self.step(id, ConnInput::HelloAnswered) {
             return;
         }
+        // A success resets the interval (3.9); a redial already planned for a type refused
+        // in this round stays, so the set completes without waiting for the next send.
         if let Some(p) = self.peers.get_mut(&nid) {
             p.backoff = Duration::ZERO;
             p.races = 0;
-            p.next_dial = None;
         }
         self.established(id, nid, my_type, &h, false);
     }
@@ -847,8 +860,12 @@ impl SockEngine {
                 .is_some_and(|p| !p.queue.is_empty() || !p.conns.is_empty());
             if busy {
                 self.kick_peer(nid);
-            } else if let Some(p) = self.peers.get_mut(&nid) {
-                p.next_dial = None;
+            }
+            // Whatever kick_peer did, a past redial time is spent (no timer loop on it).
+            if let Some(p) = self.peers.get_mut(&nid) {
+                if p.next_dial.is_some_and(|d| d <= now) {
+                    p.next_dial = None;
+                }
             }
         }
         self.forget_peer_if_idle(nid);

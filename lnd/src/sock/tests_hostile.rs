@@ -529,3 +529,132 @@ fn userspace_peer_identity_from_its_address() {
     assert_eq!(got[0].0, nid(X));
     assert!(n.nodes[1].e.peer_up(nid(X)));
 }
+
+/// A's dial to X (the test listening there): its request and HELLO, and the raw peer.
+fn dial_raw(n: &mut Net, cookie: u64) -> Vec<usize> {
+    n.raw_listeners.push(Ipv4Addr::from(X));
+    let (a, x) = (nid(A), nid(X));
+    let now = n.now;
+    n.nodes[0]
+        .e
+        .send(now, x, LnetHdr::put(a, x, 1, 4, 1), vec![1], cookie)
+        .unwrap();
+    n.run();
+    let rs = core::mem::take(&mut n.raw_accepted);
+    for &r in &rs {
+        let (b, closed) = n.raw_read(r);
+        assert!(!closed);
+        assert_eq!(b.len(), 16 + HELLO_V3_LEN);
+        assert_eq!(b[..16], ConnReq::new(x).emit());
+    }
+    rs
+}
+
+fn answer(src: Nid, version: HelloVersion, ctype: i32) -> Vec<u8> {
+    let mut h = hello(src, nid(A), version, ctype);
+    h[32..40].copy_from_slice(&5u64.to_le_bytes());
+    h
+}
+
+/// The dialer's checks of the answer (3.5): the NID and pid dialed, the inverse type; an
+/// answer in V2 is run in V2.
+#[test]
+fn dialer_checks_the_answer() {
+    let mut n = pair();
+    let rs = dial_raw(&mut n, 1);
+    assert_eq!(rs.len(), 3);
+    // "Connected successfully to X, but they claimed they were Y": closed, backed off.
+    n.raw_write(rs[0], &answer(nid([192, 168, 1, 51]), HelloVersion::V3, 1));
+    assert!(n.raw_read(rs[0]).1);
+    assert_eq!(n.nodes[0].e.stats().identity_mismatch, 1);
+    // BULK_IN (ours, 2) answered as BULK_IN: not the inverse.
+    n.raw_write(rs[1], &answer(nid(X), HelloVersion::V3, 2));
+    assert!(n.raw_read(rs[1]).1);
+    // BULK_OUT (ours, 3) answered in V2 as BULK_IN: accepted, runs V2.
+    n.raw_write(rs[2], &answer(nid(X), HelloVersion::V2, 2));
+    let (b, closed) = n.raw_read(rs[2]);
+    assert!(!closed);
+    let up: Vec<SockConnView> = n.established(0);
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].ctype, "bulk_out");
+    // The waiting PUT took BULK_OUT, the only one up (a "may" for a small message).
+    assert_eq!(b.len(), 24 + 72 + 1);
+    assert_eq!(send_done(&n.take(0)), vec![(1, Ok(()))]);
+}
+
+/// A listener that refuses every dial (ctype -1 in our version: EALREADY): redialed after
+/// min_reconnect, and given up after MAX_RACES refusals in a row; what waited fails once.
+#[test]
+fn endless_refusals_are_bounded() {
+    let mut n = pair();
+    let mut rs = dial_raw(&mut n, 1);
+    let mut refusals = 0;
+    for _ in 0..40 {
+        for r in core::mem::take(&mut rs) {
+            n.raw_write(r, &answer(nid(X), HelloVersion::V3, -1));
+            assert!(n.raw_read(r).1);
+            refusals += 1;
+        }
+        n.advance(Duration::from_millis(999));
+        assert!(n.raw_accepted.is_empty(), "not before min_reconnect");
+        n.advance(Duration::from_millis(2));
+        rs = core::mem::take(&mut n.raw_accepted);
+        for &r in &rs {
+            n.raw_read(r);
+        }
+        if rs.is_empty() {
+            break;
+        }
+    }
+    let s = n.nodes[0].e.stats().clone();
+    assert_eq!(s.race_giveups, 1, "{s:?}");
+    // The round that reached MAX_RACES had its last dial in flight; nothing after it.
+    assert!(
+        refusals >= MAX_RACES as usize && refusals < MAX_RACES as usize + 3,
+        "{s:?}"
+    );
+    assert_eq!(s.connects, refusals as u64);
+    n.advance(Duration::from_secs(120));
+    assert_eq!(n.nodes[0].e.stats().connects, refusals as u64);
+    let done = send_done(&n.take(0));
+    assert_eq!(done, vec![(1, Err(TxError::ConnectRefused))]);
+}
+
+/// A refusal in another version (EPROTO, 3.6) is redialed at once, not after min_reconnect.
+#[test]
+fn refusal_in_another_version_redials_at_once() {
+    let mut n = pair();
+    let rs = dial_raw(&mut n, 1);
+    n.raw_write(rs[0], &answer(nid(X), HelloVersion::V2, -1));
+    assert!(n.raw_read(rs[0]).1);
+    assert_eq!(
+        n.raw_accepted.len(),
+        1,
+        "the CONTROL connection again, at once"
+    );
+    assert_eq!(n.nodes[0].e.stats().connects, 4);
+}
+
+/// A dial the network never answers (no Connected, no failure) ends at sock_timeout: counted,
+/// the message fails once, the peer is told down, the next dial waits for the backoff.
+#[test]
+fn unanswered_dial_has_a_deadline() {
+    let mut n = pair();
+    n.dial_blackhole = true;
+    let (a, b) = (nid(A), nid(B));
+    let now = n.now;
+    n.nodes[0]
+        .e
+        .send(now, b, ping_put(a, b, 1), vec![1], 8)
+        .unwrap();
+    n.run();
+    n.advance(Duration::from_secs(48));
+    assert!(n.take(0).is_empty());
+    n.advance(Duration::from_secs(2));
+    let evs = n.take(0);
+    assert_eq!(send_done(&evs).len(), 1);
+    assert!(send_done(&evs)[0].1.is_err());
+    let s = n.nodes[0].e.stats().clone();
+    assert_eq!((s.connects, s.handshake_timeouts), (3, 3), "{s:?}");
+    assert!(n.nodes[0].e.conn_views().is_empty());
+}

@@ -244,22 +244,30 @@ impl SockEngine {
             && matches!(c.ctype, ConnType::BulkIn | ConnType::Any)
     }
 
-    /// When `c` owes a keepalive: `keepalive` after the last byte in, retried at most every
-    /// 10 s (`ksocknal_send_keepalive_locked`).
+    /// When `c` owes a keepalive: `keepalive` after the last byte in and the last keepalive
+    /// (`ksocknal_send_keepalive_locked`; a kernel was seen sending them >= 30 s apart).
     pub(super) fn keepalive_due(&self, c: &Conn) -> Instant {
         c.last_rx
+            .max(c.last_keepalive)
             .saturating_add(self.cfg.keepalive)
-            .max(c.last_keepalive.saturating_add(KEEPALIVE_RETRY))
     }
 
     pub(super) fn send_keepalive(&mut self, id: StreamId) {
+        let now = self.now;
+        let keepalive = self.cfg.keepalive;
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
         if !c.inflight.is_empty() {
+            // Something is queued there already: retry in 10 s (as the kernel's reaper does
+            // when the ACK connection is busy), never in a loop.
+            c.last_keepalive = now
+                .saturating_sub(keepalive)
+                .saturating_add(KEEPALIVE_RETRY)
+                .max(c.last_keepalive);
             return;
         }
-        c.last_keepalive = self.now;
+        c.last_keepalive = now;
         self.stats.keepalives_sent += 1;
         let head = KsockHdr::KEEPALIVE.emit().to_vec();
         self.send_raw(id, head, SendPayload::None, None);

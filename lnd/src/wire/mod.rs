@@ -1,5 +1,5 @@
 //! Wire formats, byte-exact with Lustre's LNet and o2iblnd (shared/reference/lustre-lnet-o2iblnd.md,
-//! sections 1 and 2).
+//! sections 1 and 2) and with the acceptor and ksocklnd ([`sock`]; lustre-socklnd.md).
 //!
 //! Every format follows the smoltcp discipline: parsing takes untrusted bytes and either returns a
 //! validated representation or a [`WireError`] that names what is wrong. After the checks at the top

@@ -9,7 +9,8 @@
 //! dissector for years, reachable as a heuristic on InfiniBand payloads. This writer records each
 //! message we send or receive as the RoCEv2 frame a sniffer on an Ethernet RDMA fabric would have
 //! seen, so a capture we write opens in Wireshark/tshark with every o2iblnd header, LNet header,
-//! connparam, cookie and RDMA fragment decoded. It is the seed of `lnetctl capture`.
+//! connparam, cookie and RDMA fragment decoded. It is the seed of `lnetctl capture`. socklnd
+//! traffic, which is plain TCP, has its own writer next to this one ([`super::pcap_tcp`]).
 //!
 //! # Framing
 //!
