@@ -118,6 +118,7 @@ mod cm;
 mod faults;
 mod qp;
 mod record;
+mod sock;
 mod stream_world;
 pub mod streams;
 mod world;

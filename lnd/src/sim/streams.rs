@@ -372,6 +372,17 @@ impl StreamNet {
         self.ends.values().filter(|e| e.host == host).count()
     }
 
+    /// Open connections of `host` whose other end is gone (crashed, rebooted, reset) and that
+    /// have not heard so yet: what a peer holds for a dead connection (a zombie, once it has
+    /// had time to find out).
+    pub fn orphan_ends(&self, host: HostId) -> usize {
+        self.ends
+            .values()
+            .filter(|e| e.host == host && e.state == EndState::Open && !e.ended)
+            .filter(|e| e.peer.is_none_or(|p| !self.ends.contains_key(&p)))
+            .count()
+    }
+
     /// With probability `p` a read takes only part of what has arrived.
     pub fn set_partial_io(&mut self, p: f64) {
         self.partial_io = p;

@@ -56,14 +56,16 @@ impl World {
             ep.send_put_rdma(now, to, hdr, src, cookie)
         })
     }
+}
 
+impl<N: SimNode> World<N> {
     /// Records a send from `from` to `to` under a new cookie and starts it with `start`; a
     /// refusal (or a node without endpoint) is its outcome at once.
-    fn start_send(
+    pub(super) fn start_send(
         &mut self,
         from: NodeId,
         to: Nid,
-        start: impl FnOnce(&mut Endpoint, Instant, u64) -> Result<(), SendError>,
+        start: impl FnOnce(&mut N, Instant, u64) -> Result<(), SendError>,
     ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
@@ -94,9 +96,7 @@ impl World {
         self.drain(from, false);
         cookie
     }
-}
 
-impl<N: SimNode> World<N> {
     // ------------------------------------------------------------------ construction, queries
 
     /// An empty world of `N` nodes at `cfg.start` (`World::new` for endpoints).
