@@ -72,6 +72,24 @@
 //! (nodes vanishing without a close, coming back with a new incarnation), [`World::shutdown`]
 //! (graceful), and [`World::partition`] / [`World::heal`].
 //!
+//! # Stream hosts (socklnd)
+//!
+//! A node with a stream address ([`SimNode::stream_addr`]; a [`crate::sock::SockEngine`] has
+//! its NID's) is also a host of the world's [`streams::StreamNet`], a TCP-like network in the
+//! same virtual time (its model is in that module). The world applies the node's
+//! [`SimNode::poll_stream_action`]s as it applies its fabric actions, hands it each report
+//! through [`SimNode::stream_event`] (then drains it), and runs the network's dues in turn with
+//! its own events (a world event first at equal times), so a run still replays from its seed;
+//! the network draws from its own RNG, seeded from the world's. The world's faults reach it:
+//! a crash takes the host down with the node (its connections vanish silently), a reboot or
+//! restart brings it back with no connection, a completed shutdown has the host's kernel close
+//! what the node left open, partitions cut streams too. Its own faults:
+//! [`World::stream_partial_io`] (short reads and writes), [`World::stall_streams`] (one
+//! direction holds its bytes: a peer that stops ACKing), [`World::reset_streams`].
+//! [`World::is_idle`] counts stream work in flight, not a stack's timers. `World<SockEngine>`
+//! runs bare socklnd engines (`World::send` / `World::send_bulk` for it); scenarios are in
+//! `sock_tests.rs`.
+//!
 //! # The upper-layer model
 //!
 //! What the world books of a node's events is the node's choice ([`SimNode::book`]). For a bare
@@ -86,7 +104,9 @@
 //! Layout: `world` (building, querying and running the world, the event queue, each node's upper
 //! layer), `cm` (what a node's actions do, through [`Fabric`], and the connection manager's
 //! events), `qp` (registered memory, send queues, RDMA writes, completions), `faults` (faults and
-//! lifecycle), `record` (outcomes, received messages, counters); the state they share is here.
+//! lifecycle), `record` (outcomes, received messages, counters), `streams` (the stream network),
+//! `stream_world` (the world's side of it), `sock` (a socklnd engine as a node); the state they
+//! share is here.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
