@@ -422,6 +422,57 @@ fn a_peer_that_never_acks_is_bounded() {
     assert_eq!(w.outcome(again).map(|o| o.1), Some(SendOutcome::Delivered));
 }
 
+/// A peer that never reads (its process hung, its stack alive: windows fill, no TCP timeout
+/// fires) holds nothing for ever: what is sent to it, a 1 MiB PUT and small messages behind
+/// it, fails with a reason within the TX-progress deadline, and once it reads again traffic
+/// flows on new connections.
+#[test]
+fn a_peer_that_never_reads_is_bounded() {
+    let (mut w, ids) = world(12, &[1, 2]);
+    let (a, b) = (ids[0], ids[1]);
+    put(&mut w, a, b, 8, 1);
+    assert!(w.run_until_idle(limit(&w, 10)));
+    w.stop_reading(b, true);
+    let (sa, sb) = (w.nid_of(a), w.nid_of(b));
+    let mut cookies = vec![w.send_bulk(
+        a,
+        sb,
+        put_hdr(sa, sb, 1 << 20, 2),
+        BulkSend::Put(BulkMem {
+            region: crate::fabric::RegionId(0),
+            key: 0,
+            addr: 0,
+            offset: 0,
+            len: 1 << 20,
+            mem: Some(SharedMem::new(1 << 20)),
+        }),
+    )];
+    cookies.extend((0..5).map(|i| put(&mut w, a, b, 2000, 10 + i)));
+    let timeout = w.node(a).unwrap().config().timeout;
+    w.run_for(timeout * 3);
+    assert_eq!(w.pending_sends(), 0);
+    for c in &cookies {
+        assert!(
+            matches!(w.outcome(*c).map(|o| o.1), Some(SendOutcome::Failed(_))),
+            "cookie {c}: {:?}",
+            w.outcome(*c)
+        );
+    }
+    assert!(w.node(a).unwrap().stats().tx_stalls >= 1);
+    assert_eq!(
+        w.streams().stats().timeouts,
+        0,
+        "no TCP timeout: the stack ACKs"
+    );
+    w.stop_reading(b, false);
+    w.run_for(Duration::from_secs(120));
+    let again = put(&mut w, a, b, 8, 100);
+    assert!(w.run_until_idle(limit(&w, 120)));
+    assert_eq!(w.outcome(again).map(|o| o.1), Some(SendOutcome::Delivered));
+    assert_no_zombie(&w, a);
+    assert_no_zombie(&w, b);
+}
+
 /// Partial reads and writes everywhere: 1 MiB PUTs both ways, interleaved with small
 /// messages, land byte-exact in the memory LNet lends, each completion once with the right
 /// length, and every small message comes up whole.

@@ -44,6 +44,17 @@ impl<N: SimNode> World<N> {
         }
     }
 
+    /// Node `n` stops reading its streams (`true`; a hung process: its stack still ACKs, so
+    /// only its peers' own deadlines notice the windows filling), or reads again (`false`).
+    pub fn stop_reading(&mut self, n: NodeId, stopped: bool) {
+        if let Some(h) = self.stream_host(n) {
+            debug!(at = %self.now, node = %self.nid_of(n), stopped, "stop reading");
+            self.streams.set_now(self.now);
+            self.streams.set_deaf(h, stopped);
+            self.deliver_streams();
+        }
+    }
+
     /// Ends a stall made by [`World::stall_streams`].
     pub fn unstall_streams(&mut self, from: NodeId, to: NodeId) {
         if let (Some(a), Some(b)) = (self.stream_host(from), self.stream_host(to)) {

@@ -261,6 +261,8 @@ struct End {
 struct Host {
     ip: Option<Ipv4Addr>,
     up: bool,
+    /// Its process reads nothing (hung): posted receives stay unserved, windows fill.
+    deaf: bool,
     listener: Option<(SocketAddrV4, u32)>,
     next_incoming: u64,
     next_ephemeral: u16,
@@ -637,6 +639,25 @@ impl StreamNet {
             .collect();
         for k in keys {
             self.arm_user_timeout(k);
+        }
+    }
+
+    /// `host`'s process stops reading (`true`: a hung or wedged peer): its posted receives are
+    /// not served, so what is sent to it fills the window and its senders' sends stop
+    /// completing, while its stack still ACKs what arrived (no TCP timeout fires: only the
+    /// sender's own deadline sees it). `false` resumes reading.
+    pub fn set_deaf(&mut self, host: HostId, deaf: bool) {
+        self.hosts[host.0 as usize].deaf = deaf;
+        if !deaf {
+            let keys: Vec<EndKey> = self
+                .ends
+                .iter()
+                .filter(|(_, e)| e.host == host)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                self.read(k);
+            }
         }
     }
 
@@ -1103,6 +1124,9 @@ impl StreamNet {
                 return;
             };
             let host = e.host;
+            if self.hosts[host.0 as usize].deaf {
+                return;
+            }
             let Some(recv) = e.recv.as_mut() else {
                 return;
             };

@@ -745,3 +745,46 @@ fn work_in_flight_counts_bytes_and_reports_not_timers() {
     assert_eq!(h.net.in_flight(), 0, "a keepalive give-up is a timer");
     assert!(h.net.next_event_at().is_some());
 }
+
+#[test]
+fn a_deaf_host_fills_the_window_without_a_tcp_timeout_and_reads_again() {
+    let cfg = StreamNetConfig {
+        window: 10_000,
+        ..StreamNetConfig::default()
+    };
+    let (mut h, a, b) = Harness::new(cfg);
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa,
+            opts: SockOpts {
+                user_timeout: Some(Duration::from_secs(10)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.net.set_deaf(b, true);
+    h.net.apply(b, recv(sb, 65536));
+    for id in 0..3 {
+        h.net
+            .apply(a, send(sa, id, &[id as u8; 4000], SendPayload::None));
+    }
+    h.run_for(Duration::from_secs(60));
+    assert!(h.data(b, sb).is_empty(), "a posted read, not served");
+    let sent = |h: &Harness| {
+        h.heard(a)
+            .iter()
+            .filter(|e| matches!(e, Heard::Sent(_, _, Ok(()))))
+            .count()
+    };
+    assert_eq!(sent(&h), 2, "the window holds two sends");
+    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    h.net.set_deaf(b, false);
+    for _ in 0..4 {
+        h.run_for(Duration::from_millis(1));
+        h.net.apply(b, recv(sb, 65536));
+    }
+    assert_eq!(h.data(b, sb).len(), 12_000);
+    assert_eq!(sent(&h), 3);
+}
