@@ -30,7 +30,8 @@ impl<N: SimNode> World<N> {
     }
 
     /// Cuts `a` from `b`: nothing passes between a node of `a` and a node of `b` (CM messages and
-    /// data alike) until healed. Up to 64 partitions at once.
+    /// data alike, and on the stream network: dials fail, bytes are held) until healed. Up to 64
+    /// partitions at once.
     ///
     /// # Panics
     /// If 64 partitions are already in force.
@@ -45,6 +46,7 @@ impl<N: SimNode> World<N> {
             self.nodes[n.idx()].part_b |= 1 << k;
         }
         debug!(at = %self.now, id = k, a = a.len(), b = b.len(), "partition");
+        self.cut_streams(k as u8, a, b);
         PartitionId(k as u8)
     }
 
@@ -57,6 +59,7 @@ impl<N: SimNode> World<N> {
             node.part_b &= bit;
         }
         debug!(at = %self.now, id = id.0, "partition healed");
+        self.heal_streams(id.0);
     }
 
     /// Ends every partition.
@@ -67,12 +70,14 @@ impl<N: SimNode> World<N> {
             node.part_b = 0;
         }
         debug!(at = %self.now, "all partitions healed");
+        self.heal_all_streams();
     }
 
     /// Node `n` vanishes without closing anything: its endpoint is dropped (its `Drop` logs and
     /// counts the connections it still owned, see [`World::leaked_conns`]) and all its fabric ends
-    /// vanish; its unfinished sends are recorded as [`SendOutcome::LostInCrash`]. Peers find out
-    /// through their own sends, keepalives and connects. A no-op if the host is already down.
+    /// vanish; its unfinished sends are recorded as [`SendOutcome::LostInCrash`]. Its stream host
+    /// goes down too (its connections vanish without FIN or RST). Peers find out through their
+    /// own sends, keepalives and connects. A no-op if the host is already down.
     pub fn crash(&mut self, n: NodeId) {
         if self.nodes[n.idx()].state == NodeState::Crashed {
             return;
@@ -104,14 +109,23 @@ impl<N: SimNode> World<N> {
         if !matches!(node.state, NodeState::Crashed | NodeState::Stopped) {
             return false;
         }
+        let was_crashed = node.state == NodeState::Crashed;
         N::reincarnate(&mut node.cfg, new_incarnation);
+        if let (true, Some(h)) = (was_crashed, node.host) {
+            // The host is back, with no connection and no listener: a peer's bytes for an old
+            // connection are answered with RST.
+            self.streams.set_now(self.now);
+            self.streams.restart(h);
+        }
         self.stats.restarts += 1;
         self.start_node(n);
         true
     }
 
     /// Graceful stop: `Endpoint::shutdown` now; once the endpoint reports `is_shut_down` it is
-    /// removed and the node is [`NodeState::Stopped`].
+    /// removed and the node is [`NodeState::Stopped`]. A stream host's connections are the
+    /// node's own to close; whatever it left open when it is removed the host's kernel closes
+    /// ([`StreamNet::close_host`]).
     pub fn shutdown(&mut self, n: NodeId) {
         let now = self.now;
         let node = &mut self.nodes[n.idx()];

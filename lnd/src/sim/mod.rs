@@ -72,6 +72,24 @@
 //! (nodes vanishing without a close, coming back with a new incarnation), [`World::shutdown`]
 //! (graceful), and [`World::partition`] / [`World::heal`].
 //!
+//! # Stream hosts (socklnd)
+//!
+//! A node with a stream address ([`SimNode::stream_addr`]; a [`crate::sock::SockEngine`] has
+//! its NID's) is also a host of the world's [`streams::StreamNet`], a TCP-like network in the
+//! same virtual time (its model is in that module). The world applies the node's
+//! [`SimNode::poll_stream_action`]s as it applies its fabric actions, hands it each report
+//! through [`SimNode::stream_event`] (then drains it), and runs the network's dues in turn with
+//! its own events (a world event first at equal times), so a run still replays from its seed;
+//! the network draws from its own RNG, seeded from the world's. The world's faults reach it:
+//! a crash takes the host down with the node (its connections vanish silently), a reboot or
+//! restart brings it back with no connection, a completed shutdown has the host's kernel close
+//! what the node left open, partitions cut streams too. Its own faults:
+//! [`World::stream_partial_io`] (short reads and writes), [`World::stall_streams`] (one
+//! direction holds its bytes: a peer that stops ACKing), [`World::reset_streams`].
+//! [`World::is_idle`] counts stream work in flight, not a stack's timers. `World<SockEngine>`
+//! runs bare socklnd engines (`World::send` / `World::send_bulk` for it); scenarios are in
+//! `sock_tests.rs`.
+//!
 //! # The upper-layer model
 //!
 //! What the world books of a node's events is the node's choice ([`SimNode::book`]). For a bare
@@ -86,7 +104,9 @@
 //! Layout: `world` (building, querying and running the world, the event queue, each node's upper
 //! layer), `cm` (what a node's actions do, through [`Fabric`], and the connection manager's
 //! events), `qp` (registered memory, send queues, RDMA writes, completions), `faults` (faults and
-//! lifecycle), `record` (outcomes, received messages, counters); the state they share is here.
+//! lifecycle), `record` (outcomes, received messages, counters), `streams` (the stream network),
+//! `stream_world` (the world's side of it), `sock` (a socklnd engine as a node); the state they
+//! share is here.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -103,7 +123,10 @@ use crate::fabric::{
     FabricEvent, FabricSink, LocalFrag, PrivateData, RegionId, Registration, Registry, RemoteFrag,
     RequestId, WcStatus, WrId,
 };
+use crate::stream::{StreamAction, StreamEvent};
 use crate::time::{Duration, Instant};
+use std::net::Ipv4Addr;
+use streams::{HostId, StreamNet, StreamNetConfig};
 
 /// Why an end hears `handle_disconnected`: a DREQ (the peer's, or the DREP to ours) is a close;
 /// a DREQ retried to the horizon, or a handshake given up on, is the transport failing.
@@ -115,6 +138,8 @@ mod cm;
 mod faults;
 mod qp;
 mod record;
+mod sock;
+mod stream_world;
 pub mod streams;
 mod world;
 
@@ -334,6 +359,22 @@ pub trait SimNode: FabricSink + Sized {
     fn leak_counter(&self) -> Arc<AtomicU64>;
     /// Connection state changes the node's LND refused so far.
     fn invalid_transitions(&self) -> u64;
+
+    /// The node's address on the world's stream network ([`streams::StreamNet`]), if it has a
+    /// streaming NI (socklnd): it is then a host there, its stream actions are applied and its
+    /// stream events delivered. `None` (the default): a fabric-only node.
+    fn stream_addr(cfg: &Self::Config) -> Option<Ipv4Addr> {
+        let _ = cfg;
+        None
+    }
+    /// The next stream action (drained as fabric actions are).
+    fn poll_stream_action(&mut self) -> Option<StreamAction> {
+        None
+    }
+    /// One event of the stream network for this node, at `now`.
+    fn stream_event(&mut self, now: Instant, ev: StreamEvent<'_>) {
+        let _ = (now, ev);
+    }
 }
 
 /// How the world books one of a node's events ([`SimNode::book`]).
@@ -453,6 +494,10 @@ pub struct SimConfig {
     pub keep_logs: bool,
     /// The virtual time the world starts at (default zero).
     pub start: Instant,
+    /// The stream network stream hosts ([`SimNode::stream_addr`]) are on. Its `seed` is not
+    /// used: the network's RNG is seeded from `seed` (its own stream of numbers, so stream
+    /// faults never perturb the fabric's choices, nor the other way round).
+    pub streams: StreamNetConfig,
 }
 
 impl Default for SimConfig {
@@ -467,6 +512,7 @@ impl Default for SimConfig {
             unreachable_after: Duration::from_secs(1),
             keep_logs: true,
             start: Instant::ZERO,
+            streams: StreamNetConfig::default(),
         }
     }
 }
@@ -612,6 +658,8 @@ struct Node<N: SimNode> {
     rkeys: FxMap<u32, u64>,
     /// Events booked as [`Booking::Other`], with when (empty unless `keep_logs`).
     events: Vec<(Instant, N::Event)>,
+    /// Its host on the stream network, if it has a stream address.
+    host: Option<HostId>,
 }
 
 enum Ev {
@@ -734,6 +782,14 @@ pub struct World<N: SimNode = Endpoint> {
     /// CONN_RACE rejects carried, per unordered pair of nodes (lower id first).
     race_rejects: FxMap<(u32, u32), u64>,
     stats: SimStats,
+    /// The stream network of the nodes that have a stream address.
+    streams: StreamNet,
+    /// The node of each stream host, by `HostId`.
+    host_nodes: Vec<NodeId>,
+    /// The host pairs each live partition cut on the stream network, by partition bit.
+    stream_cuts: FxMap<u8, Vec<(HostId, HostId)>>,
+    /// Stream reports are being handed out (a node acting on one does not start another round).
+    delivering: bool,
 }
 
 /// An LNet PUT header from `src` to `dst` for a `payload_len`-byte payload, with `match_bits`
@@ -744,6 +800,9 @@ pub fn put_hdr(src: Nid, dst: Nid, payload_len: usize, match_bits: u64) -> LnetH
 
 #[cfg(test)]
 mod rdma_tests;
+
+#[cfg(test)]
+mod stream_world_tests;
 
 #[cfg(test)]
 mod tests;

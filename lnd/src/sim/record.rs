@@ -66,8 +66,10 @@ pub struct PeerEvent {
 /// The simulator's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SimStats {
-    /// Events processed (stale timers included).
+    /// Events processed (stale timers included; a stream network step counts one).
     pub events: u64,
+    /// Stream reports for a node that is not running (crashed, stopped), dropped.
+    pub stream_reports_dropped: u64,
     /// Timer events skipped because the endpoint re-armed earlier or went away.
     pub stale_timers: u64,
     /// Messages delivered into a receive slot.

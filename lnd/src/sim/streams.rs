@@ -181,6 +181,15 @@ enum Due {
     GiveUp(EndKey),
     /// A gracefully closed end is let go of.
     Reap(EndKey),
+    /// An end's bytes have been stalled for its TCP_USER_TIMEOUT, if they still are.
+    UserTimeout(EndKey),
+}
+
+/// Whether a due is work in flight for [`StreamNet::in_flight`]: everything but the timers of
+/// a stack (its give-up on a silent peer, which may sit in the queue for a quarter of an hour,
+/// and its bound on a graceful close, usually moot once both FINs are out).
+fn counts_as_work(due: &Due) -> bool {
+    !matches!(due, Due::GiveUp(_) | Due::UserTimeout(_) | Due::Reap(_))
 }
 
 /// `DialError` with an order, for the queue.
@@ -242,12 +251,18 @@ struct End {
     heard: Instant,
     /// When the last segment sent from this end arrives (the next arrives no earlier).
     last_arrival: Instant,
+    /// Since when its queued bytes have been held by a stall.
+    stalled_since: Option<Instant>,
+    /// The last piece that moved was a short write: the next segment leaves after it.
+    split: bool,
 }
 
 #[derive(Debug, Default)]
 struct Host {
     ip: Option<Ipv4Addr>,
     up: bool,
+    /// Its process reads nothing (hung): posted receives stay unserved, windows fill.
+    deaf: bool,
     listener: Option<(SocketAddrV4, u32)>,
     next_incoming: u64,
     next_ephemeral: u16,
@@ -270,8 +285,34 @@ pub struct StreamNet {
     /// Reports ready for their hosts, in order.
     out: VecDeque<(HostId, Report)>,
     partial_io: f64,
-    partitions: HashSet<(HostId, HostId)>,
+    partial_writes: f64,
+    /// Cut host pairs (lower first), with how many partitions cut each.
+    partitions: HashMap<(HostId, HostId), u32>,
+    /// Stalled directions (from, to), with how many stalls hold each.
+    stalls: HashMap<(HostId, HostId), u32>,
+    /// Dues in the queue that are work in flight (not a stack's give-up timer).
+    busy: u64,
     stats: StreamNetStats,
+}
+
+/// A report ready for its host, taken out of the network with [`StreamNet::pop_report`] (so the
+/// host can act, and the network be driven, before the next one is looked at).
+#[derive(Debug)]
+pub struct ReadyReport {
+    host: HostId,
+    report: Report,
+}
+
+impl ReadyReport {
+    /// The host it is for.
+    pub fn host(&self) -> HostId {
+        self.host
+    }
+
+    /// The event, as a driver reports it.
+    pub fn event(&self) -> StreamEvent<'_> {
+        self.report.as_event()
+    }
 }
 
 impl StreamNet {
@@ -292,7 +333,10 @@ impl StreamNet {
             segments: HashMap::new(),
             out: VecDeque::new(),
             partial_io: 0.0,
-            partitions: HashSet::new(),
+            partial_writes: 0.0,
+            partitions: HashMap::new(),
+            stalls: HashMap::new(),
+            busy: 0,
             stats: StreamNetStats::default(),
         }
     }
@@ -310,6 +354,11 @@ impl StreamNet {
         id
     }
 
+    /// The host at `ip`.
+    pub fn host_at(&self, ip: Ipv4Addr) -> Option<HostId> {
+        self.by_ip.get(&ip).copied()
+    }
+
     /// The network's time.
     pub fn now(&self) -> Instant {
         self.now
@@ -325,9 +374,46 @@ impl StreamNet {
         self.ends.values().filter(|e| e.host == host).count()
     }
 
+    /// Open connections of `host` whose other end is gone (crashed, rebooted, reset) and that
+    /// have not heard so yet: what a peer holds for a dead connection (a zombie, once it has
+    /// had time to find out).
+    pub fn orphan_ends(&self, host: HostId) -> usize {
+        self.ends
+            .values()
+            .filter(|e| e.host == host && e.state == EndState::Open && !e.ended)
+            .filter(|e| e.peer.is_none_or(|p| !self.ends.contains_key(&p)))
+            .count()
+    }
+
     /// With probability `p` a read takes only part of what has arrived.
     pub fn set_partial_io(&mut self, p: f64) {
         self.partial_io = p;
+    }
+
+    /// With probability `p` each piece of a send that moves into the window is cut short, so a
+    /// send leaves as several segments (what a short `send()` returns, or TSO/MSS splits, do to
+    /// a reader: it sees a message in pieces even with whole reads).
+    pub fn set_partial_writes(&mut self, p: f64) {
+        self.partial_writes = p;
+    }
+
+    /// Dues that are work in flight: segments, FINs, RSTs, handshakes, and reports not yet
+    /// taken (a stack's timers are not work: keepalive, retransmission and user-timeout
+    /// give-ups, the bound on a graceful close).
+    pub fn in_flight(&self) -> u64 {
+        self.busy + self.out.len() as u64
+    }
+
+    /// The oldest ready report, if any.
+    pub fn pop_report(&mut self) -> Option<ReadyReport> {
+        let (host, report) = self.out.pop_front()?;
+        Some(ReadyReport { host, report })
+    }
+
+    /// Moves the network's clock to `t` (if later) without running what is due: a host acting
+    /// at `t` while dues at `t` wait for their turn.
+    pub fn set_now(&mut self, t: Instant) {
+        self.now = self.now.max(t);
     }
 
     /// When the next thing is due.
@@ -349,6 +435,9 @@ impl StreamNet {
             let Some(Reverse((at, _, due))) = self.queue.pop() else {
                 break;
             };
+            if counts_as_work(&due) {
+                self.busy -= 1;
+            }
             self.now = self.now.max(at);
             self.run(due);
         }
@@ -429,7 +518,15 @@ impl StreamNet {
                 let Some(k) = self.by_stream.remove(&(host, stream)) else {
                     return;
                 };
+                let dead = self
+                    .ends
+                    .get(&k)
+                    .is_some_and(|e| e.ended && e.peer.is_none_or(|p| !self.ends.contains_key(&p)));
                 match mode {
+                    // Reset or timed out: nothing to send or wait for.
+                    _ if dead => {
+                        self.ends.remove(&k);
+                    }
                     CloseMode::Graceful => self.close_gracefully(k),
                     CloseMode::Abort => {
                         self.stats.aborts += 1;
@@ -462,6 +559,40 @@ impl StreamNet {
         }
         self.by_stream.retain(|(h, _), _| *h != host);
         self.by_incoming.retain(|(h, _), _| *h != host);
+        // What it had not heard yet dies with it.
+        self.out.retain(|(h, _)| *h != host);
+    }
+
+    /// The process on `host` exits while the host stays up: the kernel closes what it left
+    /// open. Its listener goes (connections waiting in its accept queue are reset), a
+    /// connection with unread bytes is reset (Linux sends RST when a socket with unread data
+    /// is closed: `tcp_close`), any other is closed gracefully. Nothing more is reported to it.
+    pub fn close_host(&mut self, host: HostId) {
+        self.hosts[host.0 as usize].listener = None;
+        let mine: Vec<EndKey> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| e.host == host && e.state != EndState::Closing)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in mine {
+            let Some(e) = self.ends.get(&k) else {
+                continue;
+            };
+            if let Some(s) = e.stream {
+                self.by_stream.remove(&(host, s));
+            }
+            let abort = e.state != EndState::Open || !e.rx.is_empty() || e.ended;
+            if abort {
+                self.stats.aborts += 1;
+                self.abort(k);
+            } else {
+                // Its queued sends still go out before the FIN, as the kernel's would.
+                self.close_gracefully(k);
+            }
+        }
+        self.by_incoming.retain(|(h, _), _| *h != host);
+        self.out.retain(|(h, _)| *h != host);
     }
 
     /// `host` is back, with no connection and no listener.
@@ -469,14 +600,79 @@ impl StreamNet {
         self.hosts[host.0 as usize].up = true;
     }
 
-    /// Bytes and connects between `a` and `b` are held until [`StreamNet::heal`].
+    /// Bytes and connects between `a` and `b` are held until [`StreamNet::heal`]. Partitions
+    /// stack: a pair cut twice is healed by the second heal.
     pub fn partition(&mut self, a: HostId, b: HostId) {
-        self.partitions.insert((a.min(b), a.max(b)));
+        *self.partitions.entry((a.min(b), a.max(b))).or_insert(0) += 1;
     }
 
     /// Ends a partition: what was held moves again.
     pub fn heal(&mut self, a: HostId, b: HostId) {
-        self.partitions.remove(&(a.min(b), a.max(b)));
+        let key = (a.min(b), a.max(b));
+        if let Some(n) = self.partitions.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.partitions.remove(&key);
+            }
+        }
+        self.pump_all();
+    }
+
+    /// Ends every partition.
+    pub fn heal_all(&mut self) {
+        self.partitions.clear();
+        self.pump_all();
+    }
+
+    /// Bytes from `from` to `to` are held (queued sends stay queued, nothing new arrives), on
+    /// every connection between them, until [`StreamNet::unstall`]; the other direction and new
+    /// connects are untouched. A peer whose stack stops ACKing, a one-way black hole: the
+    /// sender's sends stop completing, and only a deadline of its own (TCP_USER_TIMEOUT,
+    /// the LND's) notices. Stalls stack as partitions do.
+    pub fn stall(&mut self, from: HostId, to: HostId) {
+        *self.stalls.entry((from, to)).or_insert(0) += 1;
+        let keys: Vec<EndKey> = self
+            .ends
+            .iter()
+            .filter(|(_, e)| e.host == from && !e.tx.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.arm_user_timeout(k);
+        }
+    }
+
+    /// `host`'s process stops reading (`true`: a hung or wedged peer): its posted receives are
+    /// not served, so what is sent to it fills the window and its senders' sends stop
+    /// completing, while its stack still ACKs what arrived (no TCP timeout fires: only the
+    /// sender's own deadline sees it). `false` resumes reading.
+    pub fn set_deaf(&mut self, host: HostId, deaf: bool) {
+        self.hosts[host.0 as usize].deaf = deaf;
+        if !deaf {
+            let keys: Vec<EndKey> = self
+                .ends
+                .iter()
+                .filter(|(_, e)| e.host == host)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                self.read(k);
+            }
+        }
+    }
+
+    /// Ends a stall: what was held moves again.
+    pub fn unstall(&mut self, from: HostId, to: HostId) {
+        if let Some(n) = self.stalls.get_mut(&(from, to)) {
+            *n -= 1;
+            if *n == 0 {
+                self.stalls.remove(&(from, to));
+            }
+        }
+        self.pump_all();
+    }
+
+    fn pump_all(&mut self) {
         let keys: Vec<EndKey> = self.ends.keys().copied().collect();
         for k in keys {
             self.pump(k);
@@ -525,6 +721,9 @@ impl StreamNet {
     }
 
     fn at(&mut self, t: Instant, due: Due) {
+        if counts_as_work(&due) {
+            self.busy += 1;
+        }
         self.seq += 1;
         self.queue.push(Reverse((t, self.seq, due)));
     }
@@ -534,7 +733,27 @@ impl StreamNet {
     }
 
     fn partitioned(&self, a: HostId, b: HostId) -> bool {
-        self.partitions.contains(&(a.min(b), a.max(b)))
+        !self.partitions.is_empty() && self.partitions.contains_key(&(a.min(b), a.max(b)))
+    }
+
+    fn stalled(&self, from: HostId, to: HostId) -> bool {
+        !self.stalls.is_empty() && self.stalls.contains_key(&(from, to))
+    }
+
+    /// End `k` has bytes it cannot get out (stalled): with TCP_USER_TIMEOUT set, its stack
+    /// gives up that long after (checked then: the stall may be over).
+    fn arm_user_timeout(&mut self, k: EndKey) {
+        let Some(e) = self.ends.get_mut(&k) else {
+            return;
+        };
+        if e.stalled_since.is_some() {
+            return;
+        }
+        e.stalled_since = Some(self.now);
+        if let Some(ut) = e.opts.user_timeout {
+            let t = self.now + ut;
+            self.at(t, Due::UserTimeout(k));
+        }
     }
 
     fn listen(&mut self, host: HostId, addr: SocketAddrV4, backlog: u32) {
@@ -580,6 +799,8 @@ impl StreamNet {
             opts: SockOpts::default(),
             heard: self.now,
             last_arrival: self.now,
+            stalled_since: None,
+            split: false,
         }
     }
 
@@ -722,6 +943,18 @@ impl StreamNet {
             Due::Reap(k) => {
                 self.ends.remove(&k);
             }
+            Due::UserTimeout(k) => {
+                let expired = self.ends.get(&k).is_some_and(|e| {
+                    let ut = e.opts.user_timeout.unwrap_or(Duration::MAX);
+                    !e.ended
+                        && !e.tx.is_empty()
+                        && e.stalled_since.is_some_and(|s| s + ut <= self.now)
+                });
+                if expired {
+                    self.stats.timeouts += 1;
+                    self.end_with(k, EndReason::TimedOut);
+                }
+            }
         }
     }
 
@@ -729,8 +962,14 @@ impl StreamNet {
         let Some(e) = self.ends.get(&k) else {
             return;
         };
-        let (local, remote) = (e.local, e.remote);
-        let Some(t) = self.by_ip.get(remote.ip()).copied() else {
+        let (local, remote, from) = (e.local, e.remote, e.host);
+        let target = self
+            .by_ip
+            .get(remote.ip())
+            .copied()
+            .filter(|t| !self.partitioned(from, *t));
+        // A partition made while the SYN was on its way eats it.
+        let Some(t) = target else {
             return self.at(
                 self.now + self.cfg.connect_timeout,
                 Due::DialFails(k, DialErrorKey::Unreachable),
@@ -798,7 +1037,15 @@ impl StreamNet {
             if peer_alive && self.partitioned(host, peer_host) {
                 return;
             }
+            if peer_alive && (!e.tx.is_empty() || e.fin_after_tx) && self.stalled(host, peer_host) {
+                // Held, FIN included (it follows the bytes).
+                if !e.tx.is_empty() {
+                    self.arm_user_timeout(k);
+                }
+                return;
+            }
             let e = self.ends.get_mut(&k).expect("checked above");
+            e.stalled_since = None;
             let Some(front) = e.tx.front_mut() else {
                 if e.fin_after_tx {
                     e.fin_after_tx = false;
@@ -812,7 +1059,13 @@ impl StreamNet {
             if room == 0 {
                 return;
             }
-            let n = (front.bytes.len() - front.moved).min(room);
+            let mut n = (front.bytes.len() - front.moved).min(room);
+            let split_before = e.split;
+            e.split = false;
+            if n > 1 && self.rng.chance(self.partial_writes) {
+                n = 1 + self.rng.below(n as u64 - 1) as usize;
+                e.split = true;
+            }
             let chunk = front.bytes[front.moved..front.moved + n].to_vec();
             front.moved += n;
             let done = front.moved == front.bytes.len();
@@ -837,7 +1090,13 @@ impl StreamNet {
                 self.segments.insert(seg, chunk);
                 // Segments of one direction arrive in order, each after the one before.
                 let e = self.ends.get_mut(&k).expect("checked above");
-                let t = (self.now + self.cfg.latency + serial).max(e.last_arrival);
+                // The rest of a short write goes in a later segment, a little after.
+                let gap = if split_before {
+                    Duration::from_micros(1)
+                } else {
+                    Duration::ZERO
+                };
+                let t = (self.now + self.cfg.latency + serial).max(e.last_arrival + gap);
                 e.last_arrival = t;
                 self.at(t, Due::Arrive(p, seg));
             } else {
@@ -865,6 +1124,9 @@ impl StreamNet {
                 return;
             };
             let host = e.host;
+            if self.hosts[host.0 as usize].deaf {
+                return;
+            }
             let Some(recv) = e.recv.as_mut() else {
                 return;
             };

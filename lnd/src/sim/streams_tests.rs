@@ -506,3 +506,285 @@ fn a_run_is_a_function_of_its_seed() {
     assert_eq!(trace(3), trace(3));
     assert_ne!(trace(3), trace(4));
 }
+
+#[test]
+fn partial_writes_split_a_send_into_segments_a_reader_sees_in_pieces() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    h.net.set_partial_writes(1.0);
+    let (sa, sb) = h.connect(a, b);
+    let msg: Vec<u8> = (0..4000u32).map(|i| (i % 253) as u8).collect();
+    h.net.apply(
+        a,
+        send(sa, 1, &msg[..100], SendPayload::Bytes(msg[100..].to_vec())),
+    );
+    // A reader with a read posted for the whole message gets it a segment at a time.
+    let mut reads = 0;
+    while h.data(b, sb).len() < msg.len() && reads < 4000 {
+        h.net.apply(b, recv(sb, 8192));
+        let before = h.data(b, sb).len();
+        for _ in 0..1000 {
+            if h.data(b, sb).len() > before {
+                break;
+            }
+            h.run_for(Duration::from_nanos(500));
+        }
+        reads += 1;
+    }
+    assert_eq!(h.data(b, sb), msg);
+    assert!(reads > 1, "one send arrived in {reads} pieces");
+    assert_eq!(
+        h.heard(a)
+            .iter()
+            .filter(|e| matches!(e, Heard::Sent(..)))
+            .count(),
+        1,
+        "one Sent for the whole send"
+    );
+}
+
+#[test]
+fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa,
+            opts: SockOpts {
+                user_timeout: Some(Duration::from_secs(10)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.net.stall(a, b);
+    h.net.apply(a, send(sa, 1, b"held", SendPayload::None));
+    h.net.apply(b, send(sb, 2, b"flows", SendPayload::None));
+    h.net.apply(a, recv(sa, 64));
+    h.net.apply(b, recv(sb, 64));
+    h.run_for(Duration::from_secs(9));
+    assert_eq!(h.data(a, sa), b"flows");
+    assert!(h.data(b, sb).is_empty());
+    assert!(!h
+        .heard(a)
+        .iter()
+        .any(|e| matches!(e, Heard::Sent(_, SendId(1), _))));
+    assert_eq!(h.net.in_flight(), 0, "a stalled send is not work in flight");
+    h.run_for(Duration::from_secs(2));
+    let heard = h.heard(a);
+    assert_eq!(
+        heard[heard.len() - 2..],
+        [
+            Heard::Sent(sa, SendId(1), Err(EndReason::TimedOut)),
+            Heard::Ended(sa, EndReason::TimedOut)
+        ]
+    );
+    assert_eq!(h.net.stats().timeouts, 1);
+}
+
+#[test]
+fn a_stall_ended_in_time_lets_the_bytes_go_and_stalls_stack() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa,
+            opts: SockOpts {
+                user_timeout: Some(Duration::from_secs(10)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.net.stall(a, b);
+    h.net.stall(a, b);
+    h.net.apply(a, send(sa, 1, b"late", SendPayload::None));
+    h.net.apply(b, recv(sb, 64));
+    h.run_for(Duration::from_secs(5));
+    h.net.unstall(a, b);
+    h.run_for(Duration::from_secs(1));
+    assert!(h.data(b, sb).is_empty(), "still held by the second stall");
+    h.net.unstall(a, b);
+    h.run_for(Duration::from_secs(20));
+    assert_eq!(h.data(b, sb), b"late");
+    assert!(h.heard(a).contains(&Heard::Sent(sa, SendId(1), Ok(()))));
+    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+}
+
+#[test]
+fn partitions_stack_and_a_syn_sent_before_one_is_lost() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    h.net.apply(
+        b,
+        StreamAction::Listen {
+            addr: SocketAddrV4::new(B, 988),
+            backlog: 8,
+        },
+    );
+    let s = h.stream();
+    h.net.apply(a, dial(s, 0, 0));
+    h.net.partition(a, b);
+    h.net.partition(a, b);
+    h.run_for(Duration::from_secs(5));
+    assert!(h
+        .heard(a)
+        .contains(&Heard::DialFailed(s, DialError::Unreachable)));
+    assert!(!h.heard(b).iter().any(|e| matches!(e, Heard::Incoming(..))));
+    h.net.heal(a, b);
+    let s2 = h.stream();
+    h.net.apply(a, dial(s2, 0, 0));
+    h.run_for(Duration::from_secs(5));
+    assert!(h
+        .heard(a)
+        .contains(&Heard::DialFailed(s2, DialError::Unreachable)));
+    h.net.heal(a, b);
+    let s3 = h.stream();
+    h.net.apply(a, dial(s3, 0, 0));
+    h.run_for(Duration::from_millis(1));
+    assert!(h
+        .heard(a)
+        .iter()
+        .any(|e| matches!(e, Heard::Connected(x, _) if *x == s3)));
+}
+
+#[test]
+fn a_process_exit_closes_what_it_left_reset_where_bytes_were_unread() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, _sb) = h.connect(a, b);
+    let (sa2, sb2) = {
+        let s = h.stream();
+        h.net.apply(a, dial(s, 1023, 512));
+        h.run_for(Duration::from_millis(1));
+        let i = h
+            .take(b)
+            .into_iter()
+            .find_map(|e| match e {
+                Heard::Incoming(i, _) => Some(i),
+                _ => None,
+            })
+            .unwrap();
+        let t = h.stream();
+        h.net.apply(
+            b,
+            StreamAction::Adopt {
+                incoming: i,
+                stream: t,
+            },
+        );
+        (s, t)
+    };
+    // B never reads the second connection: its bytes sit unread when B's process exits.
+    h.net.apply(a, send(sa2, 1, b"unread", SendPayload::None));
+    h.run_for(Duration::from_millis(1));
+    let _ = sb2;
+    h.net.close_host(b);
+    h.net.apply(a, recv(sa, 64));
+    h.net.apply(a, recv(sa2, 64));
+    h.run_for(Duration::from_millis(1));
+    let heard = h.heard(a);
+    assert!(
+        heard.contains(&Heard::Ended(sa, EndReason::Eof)),
+        "{heard:?}"
+    );
+    assert!(
+        heard.contains(&Heard::Ended(sa2, EndReason::Reset)),
+        "{heard:?}"
+    );
+    // The host is up but nothing listens: a dial is refused, and B hears nothing more.
+    let s = h.stream();
+    h.net.apply(a, dial(s, 0, 0));
+    h.run_for(Duration::from_millis(1));
+    assert!(h
+        .heard(a)
+        .contains(&Heard::DialFailed(s, DialError::Refused)));
+    assert!(!h
+        .take(b)
+        .iter()
+        .any(|e| matches!(e, Heard::Ended(..) | Heard::Data(..))));
+    h.run_for(Duration::from_secs(3));
+    h.net.apply(
+        a,
+        StreamAction::Close {
+            stream: sa,
+            mode: CloseMode::Graceful,
+        },
+    );
+    h.net.apply(
+        a,
+        StreamAction::Close {
+            stream: sa2,
+            mode: CloseMode::Graceful,
+        },
+    );
+    h.run_for(Duration::from_secs(3));
+    assert_eq!(h.net.ends_of(a) + h.net.ends_of(b), 0);
+}
+
+#[test]
+fn work_in_flight_counts_bytes_and_reports_not_timers() {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    assert_eq!(h.net.in_flight(), 0);
+    h.net.apply(a, send(sa, 1, b"x", SendPayload::None));
+    assert!(h.net.in_flight() > 0, "a segment and a Sent report");
+    h.run_for(Duration::from_millis(1));
+    assert_eq!(h.net.in_flight(), 0, "arrived, unread, reported");
+    h.net.apply(b, recv(sb, 8));
+    h.run_for(Duration::from_millis(1));
+    assert_eq!(h.data(b, sb), b"x");
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa,
+            opts: SockOpts {
+                keepalive: Some((30, 5, 5)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.net.crash(b);
+    assert_eq!(h.net.in_flight(), 0, "a keepalive give-up is a timer");
+    assert!(h.net.next_event_at().is_some());
+}
+
+#[test]
+fn a_deaf_host_fills_the_window_without_a_tcp_timeout_and_reads_again() {
+    let cfg = StreamNetConfig {
+        window: 10_000,
+        ..StreamNetConfig::default()
+    };
+    let (mut h, a, b) = Harness::new(cfg);
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(
+        a,
+        StreamAction::Configure {
+            stream: sa,
+            opts: SockOpts {
+                user_timeout: Some(Duration::from_secs(10)),
+                ..SockOpts::default()
+            },
+        },
+    );
+    h.net.set_deaf(b, true);
+    h.net.apply(b, recv(sb, 65536));
+    for id in 0..3 {
+        h.net
+            .apply(a, send(sa, id, &[id as u8; 4000], SendPayload::None));
+    }
+    h.run_for(Duration::from_secs(60));
+    assert!(h.data(b, sb).is_empty(), "a posted read, not served");
+    let sent = |h: &Harness| {
+        h.heard(a)
+            .iter()
+            .filter(|e| matches!(e, Heard::Sent(_, _, Ok(()))))
+            .count()
+    };
+    assert_eq!(sent(&h), 2, "the window holds two sends");
+    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    h.net.set_deaf(b, false);
+    for _ in 0..4 {
+        h.run_for(Duration::from_millis(1));
+        h.net.apply(b, recv(sb, 65536));
+    }
+    assert_eq!(h.data(b, sb).len(), 12_000);
+    assert_eq!(sent(&h), 3);
+}

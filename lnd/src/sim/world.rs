@@ -56,14 +56,16 @@ impl World {
             ep.send_put_rdma(now, to, hdr, src, cookie)
         })
     }
+}
 
+impl<N: SimNode> World<N> {
     /// Records a send from `from` to `to` under a new cookie and starts it with `start`; a
     /// refusal (or a node without endpoint) is its outcome at once.
-    fn start_send(
+    pub(super) fn start_send(
         &mut self,
         from: NodeId,
         to: Nid,
-        start: impl FnOnce(&mut Endpoint, Instant, u64) -> Result<(), SendError>,
+        start: impl FnOnce(&mut N, Instant, u64) -> Result<(), SendError>,
     ) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
@@ -94,9 +96,7 @@ impl World {
         self.drain(from, false);
         cookie
     }
-}
 
-impl<N: SimNode> World<N> {
     // ------------------------------------------------------------------ construction, queries
 
     /// An empty world of `N` nodes at `cfg.start` (`World::new` for endpoints).
@@ -125,19 +125,42 @@ impl<N: SimNode> World<N> {
             rdma: FxMap::default(),
             race_rejects: FxMap::default(),
             stats: SimStats::default(),
+            streams: {
+                let mut net = StreamNet::new(StreamNetConfig {
+                    // Its own numbers, derived from the world's seed.
+                    seed: cfg.seed ^ 0x5354_5245_414d_5321,
+                    ..cfg.streams.clone()
+                });
+                net.set_now(cfg.start);
+                net
+            },
+            host_nodes: Vec::new(),
+            stream_cuts: FxMap::default(),
+            delivering: false,
             cfg,
         }
     }
 
-    /// Adds a node and starts it now. Connects to its NID are routed to it.
+    /// Adds a node and starts it now. Connects to its NID are routed to it; a node with a
+    /// stream address ([`SimNode::stream_addr`]) is a host of the stream network there.
     ///
     /// # Panics
-    /// If another node already has that NID.
+    /// If another node already has that NID, or that stream address.
     pub fn add_node(&mut self, cfg: N::Config) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);
         let nid = N::config_nid(&cfg);
         let prev = self.by_nid.insert(nid, id);
         assert!(prev.is_none(), "two simulated nodes with NID {nid}");
+        let host = N::stream_addr(&cfg).map(|ip| {
+            assert!(
+                self.streams.host_at(ip).is_none(),
+                "two simulated stream hosts at {ip}"
+            );
+            let h = self.streams.add_host(ip);
+            debug_assert_eq!(h.0 as usize, self.host_nodes.len());
+            self.host_nodes.push(id);
+            h
+        });
         self.nodes.push(Node {
             cfg,
             nid,
@@ -160,6 +183,7 @@ impl<N: SimNode> World<N> {
             regions: FxMap::default(),
             rkeys: FxMap::default(),
             events: Vec::new(),
+            host,
         });
         self.start_node(id);
         id
@@ -331,14 +355,19 @@ impl<N: SimNode> World<N> {
         self.in_flight
     }
 
-    /// Whether nothing is in flight and no message is pending (only timers remain).
+    /// Whether nothing is in flight (fabric or streams) and no message is pending (only timers
+    /// remain, a stream stack's keepalive among them).
     pub fn is_idle(&self) -> bool {
-        self.in_flight == 0 && self.pending_sends == 0
+        self.in_flight == 0 && self.pending_sends == 0 && self.streams.in_flight() == 0
     }
 
-    /// When the next event is due.
+    /// When the next event is due (the world's queue or the stream network's).
     pub fn next_event_at(&self) -> Option<Instant> {
-        self.queue.peek().map(|s| s.at)
+        let world = self.queue.peek().map(|s| s.at);
+        match (world, self.streams.next_event_at()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     // ------------------------------------------------------------------ upper layer
@@ -353,6 +382,20 @@ impl<N: SimNode> World<N> {
 
     /// Processes the next event. False if there is none.
     pub fn step(&mut self) -> bool {
+        // The stream network's next due goes first only if strictly earlier: at a tie the
+        // world's event does, so the order is a function of the seed and the calls alone.
+        let world_at = self.queue.peek().map(|s| s.at);
+        if let Some(t) = self.streams.next_event_at() {
+            if world_at.is_none_or(|w| t < w) {
+                if t > self.now {
+                    self.now = t;
+                }
+                self.stats.events += 1;
+                self.streams.advance(t);
+                self.deliver_streams();
+                return true;
+            }
+        }
         let Some(s) = self.queue.pop() else {
             return false;
         };
@@ -369,7 +412,7 @@ impl<N: SimNode> World<N> {
 
     /// Processes every event due at or before `t`, then sets the clock to `t` (if later).
     pub fn run_until(&mut self, t: Instant) {
-        while self.queue.peek().is_some_and(|s| s.at <= t) {
+        while self.next_event_at().is_some_and(|at| at <= t) {
             self.step();
         }
         if t > self.now {
@@ -392,8 +435,8 @@ impl<N: SimNode> World<N> {
             if self.is_idle() {
                 return true;
             }
-            match self.queue.peek() {
-                Some(s) if s.at <= limit => {
+            match self.next_event_at() {
+                Some(at) if at <= limit => {
                     self.step();
                 }
                 _ => {
@@ -479,6 +522,14 @@ impl<N: SimNode> World<N> {
         for cookie in pending {
             self.finish_send(cookie, SendOutcome::LostInCrash);
         }
+        if let Some(h) = self.nodes[n.idx()].host {
+            if state == NodeState::Crashed {
+                self.streams.crash(h);
+            } else {
+                // The process is gone, the host stays: its kernel closes what it left open.
+                self.streams.close_host(h);
+            }
+        }
         // Requests this node received but never answered: the requester times out.
         let mut orphan_reqs: Vec<u64> = self
             .reqs
@@ -527,14 +578,24 @@ impl<N: SimNode> World<N> {
     }
 
     /// After an input to node `n`: apply its actions, play its upper layer, re-arm its timer, and
-    /// retire it if a shutdown completed. `after_timer` means the input was a timer at `now`.
+    /// retire it if a shutdown completed; then hand out what the stream network reported
+    /// meanwhile. `after_timer` means the input was a timer at `now`.
     pub(super) fn drain(&mut self, n: NodeId, after_timer: bool) {
+        self.drain_node(n, after_timer);
+        self.deliver_streams();
+    }
+
+    pub(super) fn drain_node(&mut self, n: NodeId, after_timer: bool) {
         loop {
             let Some(ep) = self.nodes[n.idx()].ep.as_mut() else {
                 return;
             };
             if let Some(a) = ep.poll_action() {
                 self.apply(n, a);
+                continue;
+            }
+            if let Some(a) = ep.poll_stream_action() {
+                self.apply_stream(n, a);
                 continue;
             }
             if let Some(e) = ep.poll_event() {
