@@ -102,10 +102,35 @@ impl SimNode for LnetNode {
         LnetNode::is_shut_down(self)
     }
 
+    /// An o2ib NI's engine counts what it leaked; a socklnd NI's holds nothing the fabric
+    /// must take back (the stream network closes what a removed host left open).
     fn leak_counter(&self) -> Arc<AtomicU64> {
         self.endpoint(NI)
-            .expect("a simulated LNet node has one NI")
-            .leak_counter()
+            .map_or_else(|| Arc::new(AtomicU64::new(0)), |ep| ep.leak_counter())
+    }
+
+    /// A `tcp` NI (socklnd) is a host of the world's stream network at its NID's address.
+    fn stream_addr(cfg: &NodeConfig) -> Option<std::net::Ipv4Addr> {
+        let ni = cfg.nis.first()?;
+        matches!(ni.lnd, crate::LndSettings::Sock(_))
+            .then(|| std::net::Ipv4Addr::from(ni.nid.addr()))
+    }
+
+    fn poll_stream_action(&mut self) -> Option<lnd::stream::StreamAction> {
+        self.lnd_mut(NI)?
+            .as_any_mut()
+            .downcast_mut::<lnd::sock::SockEngine>()?
+            .poll_action()
+    }
+
+    fn stream_event(&mut self, now: Instant, ev: lnd::stream::StreamEvent<'_>) {
+        if let Some(engine) = self
+            .lnd_mut(NI)
+            .and_then(|l| l.as_any_mut().downcast_mut::<lnd::sock::SockEngine>())
+        {
+            engine.handle_stream(now, ev);
+        }
+        self.process(now);
     }
 
     fn invalid_transitions(&self) -> u64 {

@@ -1,6 +1,7 @@
 //! LU-7646's router reboot storm with the real routing code, in the simulator (feature `sim`).
 //!
-//! Clients on `o2ib` ping a server on `o2ib1` through a router, and the server pings them back,
+//! Clients on `o2ib` (or on a `tcp` net, ksocklnd's wire: [`RoutedStormConfig::tcp_clients`])
+//! ping a server on `o2ib1` through a router, and the server pings them back,
 //! every 250 ms each; the router reboots (a new incarnation after `down_for`) while a share of
 //! every node's connects never complete (LU-7646's stuck active connect on an mlx5 HCA). The
 //! router is what the daemon runs: one [`LnetNode`] per NI (each knowing its sibling's NID as
@@ -29,6 +30,8 @@ use crate::{
 
 /// The router's NIDs and the server's.
 pub const STORM_ROUTER_A: &str = "10.0.0.254@o2ib";
+/// The router's client-side NID when the clients are on a `tcp` net (socklnd).
+pub const STORM_ROUTER_A_TCP: &str = "10.0.0.254@tcp";
 pub const STORM_ROUTER_B: &str = "10.1.0.254@o2ib1";
 pub const STORM_SERVER: &str = "10.1.0.2@o2ib1";
 
@@ -49,6 +52,10 @@ pub struct RoutedStormConfig {
     pub down_for: Duration,
     /// How long after the router is back the run may take to recover.
     pub horizon: Duration,
+    /// The clients and the router's client-side NI are on a `tcp` net (ksocklnd's wire, on the
+    /// world's stream network) instead of `o2ib`: the router joins Ethernet to InfiniBand.
+    /// Stuck connects are then the o2ib side's only (router to server).
+    pub tcp_clients: bool,
 }
 
 impl RoutedStormConfig {
@@ -60,6 +67,7 @@ impl RoutedStormConfig {
             stuck: 0.1,
             down_for: Duration::from_secs(3),
             horizon: Duration::from_secs(60),
+            tcp_clients: false,
         }
     }
 }
@@ -107,8 +115,13 @@ fn nid(s: &str) -> Nid {
 
 /// Client `i`'s NID (any number of clients: 250 hosts per third octet, then the second octet).
 pub fn storm_client_nid(i: usize) -> Nid {
+    client_nid(i, "o2ib")
+}
+
+/// Client `i`'s NID on `net`.
+fn client_nid(i: usize, net: &str) -> Nid {
     let (hi, lo) = (i / 250, i % 250 + 1);
-    nid(&format!("10.{}.{}.{lo}@o2ib", 100 + hi / 250, hi % 250))
+    nid(&format!("10.{}.{}.{lo}@{net}", 100 + hi / 250, hi % 250))
 }
 
 /// One pinger (a client, or the server towards one client): its pings in flight and the first
@@ -151,7 +164,13 @@ impl Storm {
             ping_timeout: Duration::from_secs(1),
             avoid_asym: true,
         };
-        let (a, b, s) = (nid(STORM_ROUTER_A), nid(STORM_ROUTER_B), nid(STORM_SERVER));
+        let router_a = if cfg.tcp_clients {
+            STORM_ROUTER_A_TCP
+        } else {
+            STORM_ROUTER_A
+        };
+        let client_net = if cfg.tcp_clients { "tcp" } else { "o2ib" };
+        let (a, b, s) = (nid(router_a), nid(STORM_ROUTER_B), nid(STORM_SERVER));
         // The router: one node per NI, as the daemon runs it.
         // One liveness board for the router's two runtimes, as the daemon shares one (a
         // restarted router keeps it: a slot older than the node's start counts from the start).
@@ -180,14 +199,18 @@ impl Storm {
         };
         let server = w.add_node(end_node(s, 2, b));
         let clients: Vec<NodeId> = (0..cfg.clients)
-            .map(|i| w.add_node(end_node(storm_client_nid(i), 10 + i as u64, a)))
+            .map(|i| w.add_node(end_node(client_nid(i, client_net), 10 + i as u64, a)))
             .collect();
         let ids: Vec<NodeId> = w.node_ids().collect();
         for &n in &ids {
             w.stuck_connects(n, cfg.stuck);
         }
+        if cfg.tcp_clients {
+            // The stream network's own faults, from the seed: reads and writes cut short.
+            w.stream_partial_io(0.3);
+        }
         let connect_timeout = w
-            .node(ra)
+            .node(rb)
             .and_then(|n| n.endpoint(NiIndex(0)))
             .map_or(Duration::from_secs(5), |ep| {
                 ep.config().tunables.connect_timeout()

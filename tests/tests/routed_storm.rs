@@ -28,8 +28,10 @@ fn check(cfg: &RoutedStormConfig, r: &RoutedStormReport) {
         r.recovery.is_some_and(|t| t <= bound),
         "recovery beyond the connect deadline + 2 s ({bound}): {ctx}"
     );
+    // With tcp clients only the router's o2ib side connects on the fabric (a handful of
+    // connects): a stuck one is not certain there.
     assert!(
-        r.stuck_connects > 0,
+        r.stuck_connects > 0 || cfg.tcp_clients,
         "the storm had no stuck connect: {ctx}"
     );
     assert_eq!(r.pings_left, 0, "a ping without an outcome: {ctx}");
@@ -105,4 +107,23 @@ fn the_routed_storm_replays_from_its_seed() {
             b.router_forwarded
         )
     );
+}
+
+/// The same storm with the clients on a `tcp` net (ksocklnd's wire over the simulator's stream
+/// network) and the server on o2ib: the router joins Ethernet to InfiniBand, reboots, and no
+/// client stays wedged; stuck connects are the o2ib side's (router to server).
+#[test]
+fn a_router_between_tcp_and_o2ib_reboots_in_a_storm_and_wedges_no_client() {
+    for seed in 1..=4 {
+        let mut cfg = RoutedStormConfig::new(60, seed);
+        cfg.tcp_clients = true;
+        let r = routed_reboot_storm(&cfg);
+        eprintln!(
+            "tcp seed {seed}: recovery {:?} (connect deadline {}), {} stuck connects, pings {}/{} ok, \
+             {} events in {:?}",
+            r.recovery, r.connect_timeout, r.stuck_connects, r.pings_ok, r.pings_started, r.events,
+            r.wall
+        );
+        check(&cfg, &r);
+    }
 }
