@@ -16,10 +16,13 @@ use lnd::wire::sock::{ConnReq, Hello, HelloVersion, KsockHdr, HELLO_V3_LEN};
 use lnd::wire::Nid;
 
 /// The acceptor every daemon here shares (as kernel nodes share 988), above 1023 so the tests
-/// run unprivileged; an accept timeout of `timeout` s so that half-open handshakes end soon.
+/// run unprivileged; an accept timeout of `timeout` s so that half-open handshakes end soon, and
+/// a listen backlog that holds a whole flood (the kernel resets dials past a full backlog: that
+/// would be the test's own limit, not the daemon's).
 fn acceptor(port: u16, accept: &str, timeout: u32) -> String {
     format!(
-        "acceptor:\n  accept: {accept}\n  port: {port}\n  source ports: 0\n  timeout: {timeout}\n"
+        "acceptor:\n  accept: {accept}\n  port: {port}\n  source ports: 0\n  timeout: {timeout}\n  \
+         backlog: 2048\n"
     )
 }
 
