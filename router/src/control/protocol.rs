@@ -280,6 +280,49 @@ pub struct NetShow {
     /// and every imported document's since), by NID.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<PeerAddress>,
+    /// With `-v`, when a `tcp` NI runs: the LNet acceptor's settings (`acceptor:` of the
+    /// configuration; every tcp NI has the same), for `lnetctl export`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptor: Option<AcceptorShow>,
+}
+
+/// The LNet acceptor's settings as in effect, under the configuration's keys (the lnet
+/// module's `accept`, `accept_port`, `accept_backlog`, `accept_timeout`, and the source ports
+/// of our dials).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptorShow {
+    /// `secure`, `all` or `none`.
+    pub accept: String,
+    pub port: u16,
+    pub backlog: u32,
+    /// Seconds.
+    pub timeout: u64,
+    /// `HI-LO` as the configuration writes it, or `0` (any port).
+    #[serde(rename = "source ports")]
+    pub source_ports: String,
+}
+
+impl AcceptorShow {
+    /// The settings a tcp NI's socklnd runs with.
+    pub fn of(c: &lnd::iface::sock::SockConfig) -> AcceptorShow {
+        use lnd::iface::sock::AcceptMode;
+        AcceptorShow {
+            accept: match c.accept {
+                AcceptMode::Secure => "secure",
+                AcceptMode::All => "all",
+                AcceptMode::None => "none",
+            }
+            .into(),
+            port: c.accept_port,
+            backlog: c.accept_backlog,
+            timeout: c.accept_timeout.as_secs(),
+            source_ports: if c.ports_from == 0 {
+                "0".into()
+            } else {
+                format!("{}-{}", c.ports_from, c.ports_to)
+            },
+        }
+    }
 }
 
 /// One entry of the daemon's `peers:` table: a peer NID and the address its fabric dials.

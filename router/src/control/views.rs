@@ -223,7 +223,14 @@ fn lnd_tunables(lnd: &LndInfo) -> Option<LndTunables> {
             concurrent_sends: None,
             conns_per_peer: config.conns_per_peer(),
             timeout: config.timeout.as_secs(),
-            keepalive: None,
+            // ksocklnd's keepalive is a module parameter the kernel's net show does not print;
+            // ours is per NI (`lnd tunables: keepalive`), shown only when not the default so
+            // that an export keeps it and the default output stays the kernel's.
+            keepalive: Some(config.keepalive.as_secs()).filter(|k| {
+                *k != lnd::iface::sock::SockConfig::new(Nid::ANY, 0)
+                    .keepalive
+                    .as_secs()
+            }),
             tos: Some(config.tos.map_or(-1, i32::from)),
         }),
         LndInfo::Plain { .. } => None,
@@ -303,9 +310,15 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
         }
     }
+    // Every tcp NI carries the same acceptor settings (the configuration's `acceptor:`).
+    let acceptor = node.nets().into_iter().find_map(|ni| match &ni.lnd {
+        LndInfo::Sock { config, .. } if verbose => Some(AcceptorShow::of(config)),
+        _ => None,
+    });
     NetShow {
         net: nets,
         peers: Vec::new(),
+        acceptor,
     }
 }
 
