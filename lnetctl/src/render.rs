@@ -801,6 +801,7 @@ net:
                 }],
             }],
             peers: Vec::new(),
+            acceptor: None,
         };
         assert_eq!(
             net(&n),

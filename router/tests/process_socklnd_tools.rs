@@ -41,7 +41,7 @@ fn export_writes_tcp_nets_and_the_acceptor_and_imports_back() {
         )
     };
     let a = start_yaml(&dir.0, "a", &yaml(a_nid), Opts::default());
-    let b = start_yaml(&dir.0, "b", &yaml(b_nid), Opts::default());
+    let _b = start_yaml(&dir.0, "b", &yaml(b_nid), Opts::default());
     ping_until_ok(&a, b_nid, Duration::from_secs(10));
     let want = tcp_settings(&DaemonConfig::parse(&yaml(a_nid), "a.yaml").unwrap());
     let file = dir.0.join("export.yaml");
