@@ -291,3 +291,46 @@ pub fn to_json_text(sections: &[(Map, Style)]) -> String {
     }
     to_json(&all)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(acceptor: Option<AcceptorShow>) -> Running {
+        Running {
+            net: NetShow {
+                acceptor,
+                ..NetShow::default()
+            },
+            peer: PeerShow::default(),
+            route: RouteShow::default(),
+            routing: RoutingShow::default(),
+            global: GlobalShow::default(),
+        }
+    }
+
+    /// `acceptor:` is written only when it differs from lnet's defaults (a kernel node's
+    /// export has none), with the keys the configuration reads back.
+    #[test]
+    fn acceptor_written_only_when_not_the_default() {
+        for backup in [false, true] {
+            let none = to_text(&export(&running(None), backup));
+            assert!(!none.contains("acceptor"), "{none}");
+            let d = to_text(&export(&running(Some(default_acceptor())), backup));
+            assert!(!d.contains("acceptor"), "{d}");
+            let a = AcceptorShow {
+                accept: "all".into(),
+                port: 7988,
+                ..default_acceptor()
+            };
+            let t = to_text(&export(&running(Some(a)), backup));
+            assert!(
+                t.contains(
+                    "acceptor:\n    accept: all\n    port: 7988\n    backlog: 127\n    \
+                     timeout: 5\n    source ports: \"1023-512\"\n"
+                ),
+                "{t}"
+            );
+        }
+    }
+}
