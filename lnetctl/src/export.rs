@@ -11,14 +11,16 @@
 //! NI configuration; Lustre derives it from the globals).
 //!
 //! ulnet's own keys (`fabric` per net; `listen`, `checksum`, `checksum default`, `race order`,
-//! `connect hedge ms`, `peer limit`, `busy poll us`, `handshake limit` per NI; the router
+//! `connect hedge ms`, `peer limit`, `busy poll us`, `handshake limit` per NI; `acceptor:` when
+//! not lnet's defaults; the router
 //! pinger's `alive_router_check_interval`, `router_ping_timeout` and
 //! `avoid_asym_router_failure` beside `routing: enable`; the `peers:` address table; `selftest:
 //! enable: 1` when on) are written where the daemon's configuration takes them, so an export
 //! restarts the daemon as it runs; a kernel lnetctl's import ignores keys it does not know.
 
 use router::control::{
-    CptPools, GlobalShow, NetShow, NiEntry, PeerShow, Request, Response, RouteShow, RoutingShow,
+    AcceptorShow, CptPools, GlobalShow, NetShow, NiEntry, PeerShow, Request, Response, RouteShow,
+    RoutingShow,
 };
 
 use crate::render;
@@ -99,10 +101,14 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         .iter()
         .filter(|net| !(backup && net.net_type == "lo"))
         .map(|net| {
+            // A tcp net is ksocklnd on the socket fabric unless it says `sim`: lnet.conf has
+            // no `fabric:` there (an `o2ib` net's `fabric:` is ours, always written).
+            let tcp = net.net_type.starts_with("tcp");
             let fabric = net
                 .local_nis
                 .iter()
-                .find_map(|ni| ni.fabric.as_ref().map(|f| f.kind.clone()));
+                .find_map(|ni| ni.fabric.as_ref().map(|f| f.kind.clone()))
+                .filter(|k| !tcp || k == "sim");
             let nis: Vec<Map> = net
                 .local_nis
                 .iter()
@@ -193,8 +199,25 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         )
         .with("global", render::lnetctl_globals(&r.global.global));
     out.push((tail, Style::Cyaml));
-    // Ours, where the configuration takes them: where peers listen, and selftest when on.
+    // Ours, where the configuration takes them: the acceptor when not the default, where
+    // peers listen, and selftest when on.
     let mut ours = Map::new();
+    if let Some(a) = r
+        .net
+        .acceptor
+        .as_ref()
+        .filter(|a| **a != default_acceptor())
+    {
+        ours.push(
+            "acceptor",
+            Map::new()
+                .with("accept", &a.accept)
+                .with("port", u32::from(a.port))
+                .with("backlog", a.backlog)
+                .with("timeout", a.timeout)
+                .with("source ports", &a.source_ports),
+        );
+    }
     if !r.net.peers.is_empty() {
         let peers: Vec<Map> = r
             .net
@@ -214,6 +237,11 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         out.push((ours, Style::Cyaml));
     }
     out
+}
+
+/// The acceptor a configuration without `acceptor:` runs (the lnet module's defaults).
+fn default_acceptor() -> AcceptorShow {
+    AcceptorShow::of(&lnd::iface::sock::SockConfig::new(lnd::wire::Nid::ANY, 0))
 }
 
 /// One local NI of the export.
@@ -262,4 +290,47 @@ pub fn to_json_text(sections: &[(Map, Style)]) -> String {
         all.0.extend(m.0.iter().cloned());
     }
     to_json(&all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(acceptor: Option<AcceptorShow>) -> Running {
+        Running {
+            net: NetShow {
+                acceptor,
+                ..NetShow::default()
+            },
+            peer: PeerShow::default(),
+            route: RouteShow::default(),
+            routing: RoutingShow::default(),
+            global: GlobalShow::default(),
+        }
+    }
+
+    /// `acceptor:` is written only when it differs from lnet's defaults (a kernel node's
+    /// export has none), with the keys the configuration reads back.
+    #[test]
+    fn acceptor_written_only_when_not_the_default() {
+        for backup in [false, true] {
+            let none = to_text(&export(&running(None), backup));
+            assert!(!none.contains("acceptor"), "{none}");
+            let d = to_text(&export(&running(Some(default_acceptor())), backup));
+            assert!(!d.contains("acceptor"), "{d}");
+            let a = AcceptorShow {
+                accept: "all".into(),
+                port: 7988,
+                ..default_acceptor()
+            };
+            let t = to_text(&export(&running(Some(a)), backup));
+            assert!(
+                t.contains(
+                    "acceptor:\n    accept: all\n    port: 7988\n    backlog: 127\n    \
+                     timeout: 5\n    source ports: \"1023-512\"\n"
+                ),
+                "{t}"
+            );
+        }
+    }
 }

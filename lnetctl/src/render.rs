@@ -301,12 +301,14 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                         m.push("lnd tunables", lnd_tunables(l));
                     }
                     if let Some(l) = ni.lnd_statistics.as_ref().filter(|_| ours) {
-                        m.push(
-                            "lnd statistics",
-                            named(&l.counters)
+                        // socklnd keeps no reject tables (its refusals are counters).
+                        let mut t = named(&l.counters);
+                        if !l.rejects_sent.is_empty() || !l.rejects_received.is_empty() {
+                            t = t
                                 .with("rejects_sent", named(&l.rejects_sent))
-                                .with("rejects_received", named(&l.rejects_received)),
-                        );
+                                .with("rejects_received", named(&l.rejects_received));
+                        }
+                        m.push("lnd statistics", t);
                     }
                     if let Some(f) = ni.fabric.as_ref().filter(|_| ours) {
                         let mut fm = Map::new().with("type", &f.kind);
@@ -431,6 +433,20 @@ pub fn conn_tree(c: &ConnShow) -> Map {
         .conn
         .iter()
         .map(|e| {
+            // A socklnd connection: ksocklnd's fields (it has no per-connection credits).
+            if let Some(s) = &e.sock {
+                return Map::new()
+                    .with("ni", &e.ni)
+                    .with("peer", &e.peer)
+                    .with("type", &s.ctype)
+                    .with("state", &e.state)
+                    .with("side", &e.side)
+                    .with("local", &s.local)
+                    .with("remote", &s.remote)
+                    .with("queued_bytes", s.queued_bytes)
+                    .with("zc_acks_sent", s.zc_acks_sent)
+                    .with("zc_acks_received", s.zc_acks_received);
+            }
             Map::new()
                 .with("ni", &e.ni)
                 .with("peer", &e.peer)
@@ -777,6 +793,7 @@ net:
                 }],
             }],
             peers: Vec::new(),
+            acceptor: None,
         };
         assert_eq!(
             net(&n),
@@ -842,6 +859,91 @@ net:
         );
     }
 
+    /// A tcp NI (socklnd): `net show -v` prints ksocklnd's counters as `lnd statistics`, without
+    /// o2iblnd's reject tables; `conn show` prints a socklnd connection's own fields.
+    #[test]
+    fn socklnd_net_and_conn_snapshots() {
+        let nid: Nid = "127.0.0.1@tcp".parse().unwrap();
+        let n = LnetNode::new(
+            NodeConfig::new(vec![NiConfig::new(nid, 1)]),
+            Instant::from_secs(1),
+        );
+        let v = net(&net_show(&n, &[], true));
+        let (_, lnd) = v.split_once("            lnd statistics:\n").expect(&v);
+        let keys: Vec<&str> = lnd
+            .lines()
+            .take_while(|l| l.starts_with("                  "))
+            .map(|l| l.trim().split_once(": ").expect(l).0)
+            .collect();
+        assert_eq!(keys.len(), 37, "{lnd}");
+        assert_eq!(
+            keys[..4],
+            ["connects", "connect_failures", "accepts", "established"]
+        );
+        for k in [
+            "refused_insecure_port",
+            "refused_unauthenticated_limit",
+            "bad_magic",
+            "bad_hello",
+            "refused_version",
+            "protocol_errors",
+            "bulk_stalls",
+            "zc_acks_sent",
+            "unauthenticated",
+        ] {
+            assert!(keys.contains(&k), "{k}: {lnd}");
+        }
+        assert!(!v.contains("rejects_sent"), "{v}");
+        // The control protocol's form round-trips with the reject tables left out.
+        let j = serde_json::to_string(&net_show(&n, &[], true)).unwrap();
+        assert!(!j.contains("rejects"), "{j}");
+        let back: NetShow = serde_json::from_str(&j).unwrap();
+        let l = back.net[1].local_nis[0].lnd_statistics.clone().unwrap();
+        assert_eq!(l.counters.get("bad_hello"), Some(0));
+        assert!(l.rejects_sent.is_empty());
+        let c = ConnShow {
+            conn: vec![ConnEntry {
+                ni: "127.0.0.1@tcp".into(),
+                peer: "127.0.0.2@tcp".into(),
+                state: "established".into(),
+                side: "passive".into(),
+                credits: 0,
+                outstanding_credits: 0,
+                reserved_credits: 0,
+                queue_depth: 0,
+                sends_posted: 0,
+                queued: 0,
+                races: 0,
+                incarnation: String::new(),
+                age_ms: 0,
+                sock: Some(SockConnDetail {
+                    ctype: "BULK_IN".into(),
+                    local: "127.0.0.1:988".into(),
+                    remote: "127.0.0.2:1021".into(),
+                    queued_bytes: 4096,
+                    zc_acks_sent: 3,
+                    zc_acks_received: 0,
+                }),
+            }],
+        };
+        assert_eq!(
+            conn(&c),
+            "\
+conn:
+    - ni: 127.0.0.1@tcp
+      peer: 127.0.0.2@tcp
+      type: BULK_IN
+      state: established
+      side: passive
+      local: 127.0.0.1:988
+      remote: 127.0.0.2:1021
+      queued_bytes: 4096
+      zc_acks_sent: 3
+      zc_acks_received: 0
+"
+        );
+    }
+
     #[test]
     fn conn_stats_global_snapshots() {
         let n = node();
@@ -861,6 +963,7 @@ net:
                 races: 2,
                 incarnation: "0x62a3b00000002".into(),
                 age_ms: 1500,
+                sock: None,
             }],
         };
         assert_eq!(

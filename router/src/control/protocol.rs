@@ -280,6 +280,49 @@ pub struct NetShow {
     /// and every imported document's since), by NID.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<PeerAddress>,
+    /// With `-v`, when a `tcp` NI runs: the LNet acceptor's settings (`acceptor:` of the
+    /// configuration; every tcp NI has the same), for `lnetctl export`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptor: Option<AcceptorShow>,
+}
+
+/// The LNet acceptor's settings as in effect, under the configuration's keys (the lnet
+/// module's `accept`, `accept_port`, `accept_backlog`, `accept_timeout`, and the source ports
+/// of our dials).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcceptorShow {
+    /// `secure`, `all` or `none`.
+    pub accept: String,
+    pub port: u16,
+    pub backlog: u32,
+    /// Seconds.
+    pub timeout: u64,
+    /// `HI-LO` as the configuration writes it, or `0` (any port).
+    #[serde(rename = "source ports")]
+    pub source_ports: String,
+}
+
+impl AcceptorShow {
+    /// The settings a tcp NI's socklnd runs with.
+    pub fn of(c: &lnd::iface::sock::SockConfig) -> AcceptorShow {
+        use lnd::iface::sock::AcceptMode;
+        AcceptorShow {
+            accept: match c.accept {
+                AcceptMode::Secure => "secure",
+                AcceptMode::All => "all",
+                AcceptMode::None => "none",
+            }
+            .into(),
+            port: c.accept_port,
+            backlog: c.accept_backlog,
+            timeout: c.accept_timeout.as_secs(),
+            source_ports: if c.ports_from == 0 {
+                "0".into()
+            } else {
+                format!("{}-{}", c.ports_from, c.ports_to)
+            },
+        }
+    }
 }
 
 /// One entry of the daemon's `peers:` table: a peer NID and the address its fabric dials.
@@ -385,6 +428,11 @@ impl NamedCounters {
     pub fn get(&self, name: &str) -> Option<u64> {
         self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
     }
+
+    /// Whether there is no counter at all (a table the LND does not keep).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Serialize for NamedCounters {
@@ -428,14 +476,18 @@ pub struct FabricCounters {
     pub counters: NamedCounters,
 }
 
-/// `lnd statistics:` of an NI in `net show -v` (ours): the o2ib LND engine's counters
-/// ([`lnd::engine::LndStats`]) under their field names, and the rejects it sent and received by
-/// reason (`conn_race`, `conn_stale`, `fatal`, ...; `other` for unknown codes).
+/// `lnd statistics:` of an NI in `net show -v` (ours): its LND engine's counters under their
+/// field names, either o2iblnd's ([`lnd::engine::LndStats`], with the rejects it sent and
+/// received by reason: `conn_race`, `conn_stale`, `fatal`, ...; `other` for unknown codes) or
+/// ksocklnd's ([`lnd::iface::sock::SockStats`], which has no reject tables: its refusals are
+/// counters of their own, so both tables are empty and left out).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LndCounters {
     #[serde(flatten)]
     pub counters: NamedCounters,
+    #[serde(default, skip_serializing_if = "NamedCounters::is_empty")]
     pub rejects_sent: NamedCounters,
+    #[serde(default, skip_serializing_if = "NamedCounters::is_empty")]
     pub rejects_received: NamedCounters,
 }
 
@@ -582,6 +634,24 @@ pub struct ConnEntry {
     pub incarnation: String,
     /// Milliseconds since the connection was created.
     pub age_ms: u64,
+    /// A socklnd connection's own fields (absent for o2ib, whose fields are the ones above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sock: Option<SockConnDetail>,
+}
+
+/// What `conn show` adds for a socklnd connection (ksocklnd's `ksock_conn`): its type as the
+/// HELLO set it, its addresses, the bytes queued on the socket, and the zero-copy ACKs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SockConnDetail {
+    /// `CONTROL`, `BULK_IN`, `BULK_OUT`, `ANY`, or empty before the peer's HELLO.
+    #[serde(rename = "type")]
+    pub ctype: String,
+    pub local: String,
+    pub remote: String,
+    /// Bytes handed to the socket and not yet reported sent.
+    pub queued_bytes: u64,
+    pub zc_acks_sent: u64,
+    pub zc_acks_received: u64,
 }
 
 /// `lnetctl stats show`: LNet's counters under lnetctl's names (those this implementation can

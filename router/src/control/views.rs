@@ -149,6 +149,61 @@ impl LndCounters {
     }
 }
 
+impl LndCounters {
+    /// ksocklnd's counters of `s` (`lnd statistics` of a tcp NI), in the order an operator
+    /// reads them: connection setup, refusals at the acceptor and at the HELLO, liveness,
+    /// protocol errors, traffic, closes, then the two gauges.
+    pub fn from_sock_stats(s: &lnd::iface::sock::SockStats) -> LndCounters {
+        let fields: [(&str, u64); 37] = [
+            ("connects", s.connects),
+            ("connect_failures", s.connect_failures),
+            ("accepts", s.accepts),
+            ("established", s.established),
+            ("refused_insecure_port", s.refused_insecure_port),
+            (
+                "refused_unauthenticated_limit",
+                s.refused_unauthenticated_limit,
+            ),
+            ("acceptor_refusals", s.acceptor_refusals),
+            ("refused_no_ni", s.refused_no_ni),
+            ("bad_magic", s.bad_magic),
+            ("bad_hello", s.bad_hello),
+            ("refused_version", s.refused_version),
+            ("refused_race", s.refused_race),
+            ("refused_stale", s.refused_stale),
+            ("refused_duplicate", s.refused_duplicate),
+            ("refused_peer_limit", s.refused_peer_limit),
+            ("refusals_received", s.refusals_received),
+            ("race_giveups", s.race_giveups),
+            ("identity_mismatch", s.identity_mismatch),
+            ("peers_rebooted", s.peers_rebooted),
+            ("handshake_timeouts", s.handshake_timeouts),
+            ("protocol_errors", s.protocol_errors),
+            ("checksum_errors", s.checksum_errors),
+            ("rx_stalls", s.rx_stalls),
+            ("bulk_stalls", s.bulk_stalls),
+            ("tx_stalls", s.tx_stalls),
+            ("msgs_sent", s.msgs_sent),
+            ("msgs_received", s.msgs_received),
+            ("bulk_bytes_received", s.bulk_bytes_received),
+            ("zc_acks_sent", s.zc_acks_sent),
+            ("noops_received", s.noops_received),
+            ("keepalives_sent", s.keepalives_sent),
+            ("loopback_msgs", s.loopback_msgs),
+            ("send_failures", s.send_failures),
+            ("closes_graceful", s.closes_graceful),
+            ("closes_abort", s.closes_abort),
+            ("conns", s.conns),
+            ("unauthenticated", s.unauthenticated),
+        ];
+        LndCounters {
+            counters: NamedCounters(fields.iter().map(|(k, v)| (k.to_string(), *v)).collect()),
+            rejects_sent: NamedCounters::default(),
+            rejects_received: NamedCounters::default(),
+        }
+    }
+}
+
 /// An NI's `lnd tunables:` as its LND has them in effect (a configured 0 is "automatic").
 fn lnd_tunables(lnd: &LndInfo) -> Option<LndTunables> {
     match lnd {
@@ -168,7 +223,14 @@ fn lnd_tunables(lnd: &LndInfo) -> Option<LndTunables> {
             concurrent_sends: None,
             conns_per_peer: config.conns_per_peer(),
             timeout: config.timeout.as_secs(),
-            keepalive: None,
+            // ksocklnd's keepalive is a module parameter the kernel's net show does not print;
+            // ours is per NI (`lnd tunables: keepalive`), shown only when not the default so
+            // that an export keeps it and the default output stays the kernel's.
+            keepalive: Some(config.keepalive.as_secs()).filter(|k| {
+                *k != lnd::iface::sock::SockConfig::new(Nid::ANY, 0)
+                    .keepalive
+                    .as_secs()
+            }),
             tos: Some(config.tos.map_or(-1, i32::from)),
         }),
         LndInfo::Plain { .. } => None,
@@ -200,10 +262,6 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
     }];
     for ni in node.nets() {
         let x = extras.get(ni.index.0).copied().unwrap_or_default();
-        let o2ib = match &ni.lnd {
-            LndInfo::O2ib { config, stats } => Some((&config.tunables, stats)),
-            LndInfo::Sock { .. } | LndInfo::Plain { .. } => None,
-        };
         let entry = NiEntry {
             nid: ni.nid.to_string(),
             status: ni.status.to_string(),
@@ -234,9 +292,12 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
                     .next_ping
                     .map_or(0, |t| t.as_nanos() / 1_000_000_000),
             }),
-            lnd_statistics: o2ib
-                .filter(|_| verbose)
-                .map(|(_, st)| LndCounters::from_stats(st)),
+            lnd_statistics: match &ni.lnd {
+                _ if !verbose => None,
+                LndInfo::O2ib { stats, .. } => Some(LndCounters::from_stats(stats)),
+                LndInfo::Sock { stats, .. } => Some(LndCounters::from_sock_stats(stats)),
+                LndInfo::Plain { .. } => None,
+            },
             fabric: None,
             ulnet: verbose.then(|| UlnetSettings::of(&ni, &x)).flatten(),
         };
@@ -249,9 +310,15 @@ pub fn net_show(node: &LnetNode, extras: &[NiExtras], verbose: bool) -> NetShow 
             }),
         }
     }
+    // Every tcp NI carries the same acceptor settings (the configuration's `acceptor:`).
+    let acceptor = node.nets().into_iter().find_map(|ni| match &ni.lnd {
+        LndInfo::Sock { config, .. } if verbose => Some(AcceptorShow::of(config)),
+        _ => None,
+    });
     NetShow {
         net: nets,
         peers: Vec::new(),
+        acceptor,
     }
 }
 
@@ -316,6 +383,10 @@ pub fn peer_show(
 pub fn conn_show(node: &LnetNode, now: Instant) -> ConnShow {
     let mut conn = Vec::new();
     for (i, nid) in node.nids().into_iter().enumerate() {
+        if let Some(e) = crate::sock::sock_engine(node, NiIndex(i)) {
+            conn.extend(e.conn_views().into_iter().map(|c| sock_conn(nid, &c)));
+            continue;
+        }
         let Some(ep) = node.endpoint(NiIndex(i)) else {
             continue;
         };
@@ -334,10 +405,40 @@ pub fn conn_show(node: &LnetNode, now: Instant) -> ConnShow {
                 races: ep.peer(c.peer).map_or(0, |p| p.races),
                 incarnation: format!("{:#x}", c.peer_incarnation),
                 age_ms: now.saturating_duration_since(c.created).as_millis(),
+                sock: None,
             });
         }
     }
     ConnShow { conn }
+}
+
+/// One socklnd connection as `conn show` lists it: ksocklnd has no per-connection credits,
+/// reserved credits or send queue depth (its credits are LNet's, per peer), so those o2ib
+/// fields are 0 and lnetctl prints the socklnd ones ([`SockConnDetail`]) instead.
+fn sock_conn(ni: Nid, c: &lnd::iface::sock::SockConnView) -> ConnEntry {
+    ConnEntry {
+        ni: ni.to_string(),
+        peer: c.peer.map_or_else(String::new, |p| p.to_string()),
+        state: c.state.into(),
+        side: if c.active { "active" } else { "passive" }.into(),
+        credits: 0,
+        outstanding_credits: 0,
+        reserved_credits: 0,
+        queue_depth: 0,
+        sends_posted: 0,
+        queued: 0,
+        races: 0,
+        incarnation: String::new(),
+        age_ms: 0,
+        sock: Some(SockConnDetail {
+            ctype: c.ctype.to_ascii_uppercase(),
+            local: c.local.to_string(),
+            remote: c.remote.to_string(),
+            queued_bytes: c.queued_bytes,
+            zc_acks_sent: c.zc_acks_sent,
+            zc_acks_received: c.zc_acks_received,
+        }),
+    }
 }
 
 /// `stats show`.

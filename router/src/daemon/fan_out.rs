@@ -435,6 +435,8 @@ pub(super) fn merge(mut answers: Vec<Response>) -> Response {
 /// Every NI's nets as one `net show`: an NI's net joins the entry of its type, and the
 /// loopback NI's counters are summed into one `lo`.
 fn merge_nets(a: &mut crate::control::NetShow, b: crate::control::NetShow) {
+    // Every tcp NI has the same acceptor settings: the first NI that has any says them.
+    a.acceptor = a.acceptor.take().or(b.acceptor);
     for e in b.net {
         if e.net_type == "lo" {
             if let (Some(lo), Some(x)) = (
