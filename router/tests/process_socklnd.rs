@@ -306,3 +306,64 @@ fn a_tcp_ni_added_at_run_time_takes_the_daemons_acceptor() {
         "b's added NI listens on the acceptor port {port}: {log}"
     );
 }
+
+/// The metrics endpoint on a daemon with a tcp NI: socklnd's counters and connections carry
+/// `lnd="socklnd"`, its two gauges are gauges.
+#[test]
+fn socklnd_metrics_carry_the_lnd_label() {
+    use std::io::{Read, Write};
+    let dir = Scratch::new("sock_metrics");
+    let port = acceptor_port();
+    let with_metrics = format!(
+        "{}metrics:\n  listen: 127.0.0.1:0\n",
+        tcp_node("127.0.26.1@tcp", port, "")
+    );
+    let a = start_yaml(&dir.0, "a", &with_metrics, Opts::default());
+    let _b = start_yaml(
+        &dir.0,
+        "b",
+        &tcp_node("127.0.26.2@tcp", port, ""),
+        Opts::default(),
+    );
+    ping_until_ok(&a, "127.0.26.2@tcp", Duration::from_secs(10));
+    let mut addr = None;
+    wait_for(Duration::from_secs(10), || {
+        addr = log_lines(&a)
+            .iter()
+            .filter(|l| l.contains("metrics endpoint serving /metrics"))
+            .find_map(|l| {
+                l.split("listen=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<std::net::SocketAddr>()
+                    .ok()
+            });
+        addr.is_some()
+    });
+    let addr = addr.expect("the metrics endpoint's address in the log");
+    // The NI publishes its counters at most once a second: scrape until the connections show.
+    let mut text = String::new();
+    let seen = wait_for(Duration::from_secs(10), || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        text.clear();
+        let _ = s.read_to_string(&mut text);
+        text.contains("ulnet_lnd_conns{") && text.contains("lnd=\"socklnd\"")
+    });
+    assert!(seen.is_some(), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("ulnet_lnd_msgs_sent_total{") && l.contains("lnd=\"socklnd\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE ulnet_lnd_unauthenticated gauge"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("ulnet_lnd_conns_total"),
+        "connections are a gauge: {text}"
+    );
+}

@@ -482,10 +482,30 @@ impl Scrape {
             ] {
                 f.counter(name, help, nl.clone(), v);
             }
-            if let lnd::iface::LndInfo::O2ib { stats, .. } = &ni.lnd {
-                let c = crate::control::LndCounters::from_stats(stats);
-                let ll = l(&[("ni", &nid), ("net", &net), ("lnd", "o2ib")]);
-                for (k, v) in &c.counters.0 {
+            let lnd_counters = match &ni.lnd {
+                lnd::iface::LndInfo::O2ib { stats, .. } => {
+                    Some((crate::control::LndCounters::from_stats(stats), "o2ib"))
+                }
+                lnd::iface::LndInfo::Sock { stats, .. } => Some((
+                    crate::control::LndCounters::from_sock_stats(stats),
+                    "socklnd",
+                )),
+                lnd::iface::LndInfo::Plain { .. } => None,
+            };
+            if let Some((c, lnd_name)) = lnd_counters {
+                let ll = l(&[("ni", &nid), ("net", &net), ("lnd", lnd_name)]);
+                // socklnd's last two are gauges (connections, unauthenticated sockets now):
+                // the connections go out by state below, the rest as a gauge of its own.
+                for (k, v) in c.counters.0.iter().filter(|(k, _)| k != "conns") {
+                    if k == "unauthenticated" {
+                        f.gauge(
+                            "ulnet_lnd_unauthenticated",
+                            "Accepted connections whose HELLO is not in yet (socklnd)",
+                            ll.clone(),
+                            gauge_i(*v),
+                        );
+                        continue;
+                    }
                     f.counter(
                         &format!("ulnet_lnd_{k}"),
                         &format!("The LND's {k} (net show -v: lnd statistics: {k})"),

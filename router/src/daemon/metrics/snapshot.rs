@@ -149,16 +149,19 @@ fn take(
         None => current,
     };
     let mut conns: Vec<(String, u64)> = Vec::new();
+    let mut count = |state: String| match conns.iter_mut().find(|(s, _)| *s == state) {
+        Some(e) => e.1 += 1,
+        None => conns.push((state, 1)),
+    };
     for i in 0..node.nids().len() {
-        let Some(ep) = node.endpoint(crate::NiIndex(i)) else {
-            continue;
-        };
-        for c in ep.conns() {
-            let state = format!("{:?}", c.state);
-            match conns.iter_mut().find(|(s, _)| *s == state) {
-                Some(e) => e.1 += 1,
-                None => conns.push((state, 1)),
-            }
+        let ni = crate::NiIndex(i);
+        if let Some(ep) = node.endpoint(ni) {
+            ep.conns().for_each(|c| count(format!("{:?}", c.state)));
+        } else if let Some(engine) = crate::sock::sock_engine(node, ni) {
+            engine
+                .conn_views()
+                .iter()
+                .for_each(|c| count(c.state.to_string()));
         }
     }
     let mut top_peers = if top > 0 { node.peers() } else { Vec::new() };
