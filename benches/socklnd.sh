@@ -14,7 +14,8 @@
 #   socklnd 1 MiB PUT / iperf3 -l 1M                         target >= 0.95 (must 0.9)
 #   socklnd ping RTT / sockperf RTT (2 x one-way p50), / o2ib ping RTT
 #   socklnd 64-B PUT rate / sockperf 64-B msg rate, / o2ib 64-B PUT rate
-#   routed/direct (each way) / the bare relay's routed/direct   target >= 0.85 (goal 0.95)
+#   routed/direct (each way; direct: the slower leg's) / the bare relay's routed/direct
+#                                                               target >= 0.85 (goal 0.95)
 #   zero-copy / copy                                            (loopback: the kernel copies)
 #
 # Env:  ROUNDS=5   T=3 (seconds per bulk run)   T_SOCK=5   LNET_RTT=20000   LNET_SECS=5
@@ -131,14 +132,21 @@ for n in sockperf_rate sock_rate o2ib_rate; do printf '%-20s %10s msgs/s  (%s)\n
 echo
 R_BULK=$(ratio "$(med sock_put)" "$(med iperf3)")
 RELAY_RD=$(ratio "$(med iperf3_relayed)" "$(med iperf3)")
-R_TO=$(ratio "$(ratio "$(med routed_tcp_o2ib)" "$(med sock_put)")" "$RELAY_RD")
-R_FROM=$(ratio "$(ratio "$(med routed_o2ib_tcp)" "$(med sock_put)")" "$RELAY_RD")
+# A routed transfer crosses both LNDs: its direct figure is the slower of the two direct legs
+# (o2iblnd on the tcp fabric is the slower one on this host); against socklnd's alone as well.
+DIRECT=$(awk -v a="$(med sock_put)" -v b="$(med o2ib_put)" 'BEGIN {if (a != "" && b != "") print (a < b ? a : b)}')
+R_TO=$(ratio "$(ratio "$(med routed_tcp_o2ib)" "$DIRECT")" "$RELAY_RD")
+R_FROM=$(ratio "$(ratio "$(med routed_o2ib_tcp)" "$DIRECT")" "$RELAY_RD")
+S_TO=$(ratio "$(ratio "$(med routed_tcp_o2ib)" "$(med sock_put)")" "$RELAY_RD")
+S_FROM=$(ratio "$(ratio "$(med routed_o2ib_tcp)" "$(med sock_put)")" "$RELAY_RD")
 printf '%-56s %8s  %-8s %s\n' "socklnd 1 MiB PUT / iperf3 -l 1M" "$R_BULK" ">= 0.95" "$(verdict "$R_BULK" ">=" 0.95)"
 printf '%-56s %8s\n' "socklnd ping RTT / sockperf RTT" "$(ratio "$(med sock_rtt)" "$(med sockperf_rtt)")"
 printf '%-56s %8s\n' "socklnd ping RTT / o2ib(tcp fabric) ping RTT" "$(ratio "$(med sock_rtt)" "$(med o2ib_rtt)")"
 printf '%-56s %8s\n' "socklnd 64B PUT rate / sockperf 64B msg rate" "$(ratio "$(med sock_rate)" "$(med sockperf_rate)")"
 printf '%-56s %8s\n' "socklnd 64B PUT rate / o2ib(tcp fabric) 64B PUT rate" "$(ratio "$(med sock_rate)" "$(med o2ib_rate)")"
 printf '%-56s %8s\n' "bare relay routed/direct (iperf3)" "$RELAY_RD"
-printf '%-56s %8s  %-8s %s\n' "routed tcp->o2ib / socklnd direct, / the relay's" "$R_TO" ">= 0.85" "$(verdict "$R_TO" ">=" 0.85)"
-printf '%-56s %8s  %-8s %s\n' "routed o2ib->tcp / socklnd direct, / the relay's" "$R_FROM" ">= 0.85" "$(verdict "$R_FROM" ">=" 0.85)"
+printf '%-56s %8s  %-8s %s\n' "routed tcp->o2ib / slower direct leg, / the relay's" "$R_TO" ">= 0.85" "$(verdict "$R_TO" ">=" 0.85)"
+printf '%-56s %8s  %-8s %s\n' "routed o2ib->tcp / slower direct leg, / the relay's" "$R_FROM" ">= 0.85" "$(verdict "$R_FROM" ">=" 0.85)"
+printf '%-56s %8s\n' "(info) routed tcp->o2ib / socklnd direct, / the relay's" "$S_TO"
+printf '%-56s %8s\n' "(info) routed o2ib->tcp / socklnd direct, / the relay's" "$S_FROM"
 printf '%-56s %8s\n' "socklnd 1 MiB PUT zero-copy / copy" "$(ratio "$(med sock_put_zc)" "$(med sock_put)")"
