@@ -17,20 +17,13 @@ pub(crate) const BULK_BITS: u64 = 0xb01c;
 /// `size` bytes stay posted, each reposted as it is used; counts completed transfers of the full
 /// size. At the end it checks the last sink a PUT filled.
 pub(crate) fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result<(), String> {
-    use lnd::fabric::Registry;
-    use router::BulkBuf;
     let size = opts.size;
     let slots = 2 * opts.window;
-    let reg = |d: &mut Driver, bytes: Vec<u8>| {
-        d.rt.driver_mut()
-            .register(bytes)
-            .map_err(|e| format!("register: {e}"))
-    };
-    let sinks = reg(d, vec![0; slots * size as usize])?;
-    let source = reg(d, bulk_pattern(size as usize))?;
+    let sinks = d.register(vec![0; slots * size as usize])?;
+    let source = d.register(bulk_pattern(size as usize))?;
     let ni = NiIndex(0);
-    let sink_buf = |k: usize| BulkBuf::new(ni, &sinks, (k * size as usize) as u64, size);
-    let source_buf = BulkBuf::new(ni, &source, 0, size).ok_or("source range")?;
+    let sink_buf = |k: usize| sinks.buf(ni, (k * size as usize) as u64, size);
+    let source_buf = source.buf(ni, 0, size).ok_or("source range")?;
     let mut slot_of = HashMap::new();
     for k in 0..slots {
         let md = d
@@ -87,7 +80,7 @@ pub(crate) fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result
     if let Some(k) = last_sink {
         let mut got = vec![0; size as usize];
         let off = (k * size as usize) as u64;
-        if !d.rt.driver().read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
+        if !d.read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
             return Err(format!(
                 "the last PUT's sink (slot {k}) does not hold the data"
             ));
@@ -113,19 +106,12 @@ pub(crate) fn stream_bulk(
     dst: Nid,
     get: bool,
 ) -> Result<(u64, u64, u64), String> {
-    use lnd::fabric::Registry;
-    use router::BulkBuf;
     let size = opts.size;
     let ni = NiIndex(0);
-    let reg = |d: &mut Driver, bytes: Vec<u8>| {
-        d.rt.driver_mut()
-            .register(bytes)
-            .map_err(|e| format!("register: {e}"))
-    };
-    let source = reg(d, bulk_pattern(size as usize))?;
-    let sinks = reg(d, vec![0; opts.window * size as usize])?;
-    let source_buf = BulkBuf::new(ni, &source, 0, size).ok_or("source range")?;
-    let sink_buf = |k: usize| BulkBuf::new(ni, &sinks, (k * size as usize) as u64, size);
+    let source = d.register(bulk_pattern(size as usize))?;
+    let sinks = d.register(vec![0; opts.window * size as usize])?;
+    let source_buf = source.buf(ni, 0, size).ok_or("source range")?;
+    let sink_buf = |k: usize| sinks.buf(ni, (k * size as usize) as u64, size);
     let mut free: Vec<usize> = (0..opts.window).rev().collect();
     let mut slot_of = HashMap::new();
     let (mut sent, mut done, mut errors) = (0u64, 0u64, 0u64);
@@ -159,8 +145,20 @@ pub(crate) fn stream_bulk(
         d.turn(d.max_wait)?;
         while let Some(ev) = d.node().poll_event() {
             let (id, ok) = match ev {
-                LnetEvent::PutDone { id, result } => (id, result.is_ok()),
-                LnetEvent::GetDone { id, result } => (id, result == Ok(size)),
+                LnetEvent::PutDone { id, result } => {
+                    if let Err(e) = &result {
+                        if errors == 0 {
+                            eprintln!("WARN the first failed bulk PUT: {e}");
+                        }
+                    }
+                    (id, result.is_ok())
+                }
+                LnetEvent::GetDone { id, result } => {
+                    if result != Ok(size) && errors == 0 {
+                        eprintln!("WARN the first failed bulk GET: {result:?}");
+                    }
+                    (id, result == Ok(size))
+                }
                 LnetEvent::PeerDown { nid, reason, .. } => {
                     eprintln!("WARN peer {nid} down during the stream: {reason:?}");
                     continue;
@@ -190,7 +188,7 @@ pub(crate) fn stream_bulk(
     if let Some(k) = last_get {
         let mut got = vec![0; size as usize];
         let off = (k * size as usize) as u64;
-        if !d.rt.driver().read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
+        if !d.read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
             return Err(format!(
                 "the last GET's sink (slot {k}) does not hold the data"
             ));
@@ -236,7 +234,6 @@ pub(crate) fn spawn_attackers(
     shared: &Arc<Shared>,
 ) -> Result<JoinHandle<Result<(), String>>, String> {
     use lnd::fabric::Registry;
-    use router::BulkBuf;
     let mut runtimes = Vec::new();
     let mut sources = Vec::new();
     for i in 0..opts.attackers {
@@ -260,8 +257,8 @@ pub(crate) fn spawn_attackers(
         ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
         let mut cfg = NodeConfig::new(vec![ni]);
         cfg.routes = vec![RouteConfig {
-            net: "o2ib1".parse().expect("a net"),
-            gateway: nid(ROUTER_A),
+            net: opts.server_net.net(Side::Server).parse().expect("a net"),
+            gateway: router_a(opts),
             hops: Some(1),
             priority: 0,
         }];
@@ -271,7 +268,7 @@ pub(crate) fn spawn_attackers(
         let reg = driver
             .register(vec![0xa5; opts.size as usize])
             .map_err(|e| format!("register: {e}"))?;
-        sources.push(BulkBuf::new(NiIndex(0), &reg, 0, opts.size).ok_or("source range")?);
+        sources.push(router::BulkBuf::new(NiIndex(0), &reg, 0, opts.size).ok_or("source range")?);
         let (rt, _wake) = NiRuntime::new(node, driver, clock)
             .map_err(|e| format!("cannot make the node's waker: {e}"))?;
         runtimes.push(rt);
@@ -279,7 +276,7 @@ pub(crate) fn spawn_attackers(
     let mut swarm = router::runtime::Swarm::new(runtimes)
         .map_err(|e| format!("the attackers cannot share a thread: {e}"))?;
     let shared = Arc::clone(shared);
-    let dst = server_nid(true);
+    let dst = server_nid(opts);
     std::thread::Builder::new()
         .name("attackers".into())
         .spawn(move || {

@@ -55,6 +55,13 @@
 //! waited_unproven; net show -v's grants_reclaimed on its o2ib NI). `--router-large N` sets the
 //! router's pool of large buffers (`buffers: large:`), so that the attackers can press on it.
 //!
+//! `--net tcp` (or `--client-net tcp` / `--server-net tcp` for one side of a routed run): the
+//! nodes on that net run socklnd (ksocklnd's wire) over the io_uring socket driver instead of
+//! o2iblnd over the tcp fabric, as a daemon's `net type: tcp` NI does: NIDs `127.0.1.N@tcp`
+//! (`127.0.2.N@tcp1` behind the router), each node listening on its NID's address at one
+//! acceptor port A picks (`--accept-port`), unprivileged (`accept: all`, any source port).
+//! `--zero-copy` sends socklnd's bulk payloads with IORING_OP_SEND_ZC (`SocketConfig::zero_copy`).
+//!
 //! Other options: `--warmup N` (pings before measuring, default 1000), `--window W`,
 //! `--peer-credits C` (LNet and LND peer credits, default LNet's 8), `--payload BYTES` (default
 //! 64), `--busy-poll-us US` (the tcp fabric's busy-poll budget, default 50). Each node thread runs its own loop: apply the node's actions to its fabric, poll the
@@ -73,6 +80,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use lnd::driver::tcp::{MonotonicClock, TcpFabric};
+use lnd::driver::LndDriver;
 use lnd::time::Duration;
 use lnd::wire::Nid;
 use router::runtime::NiRuntime;
@@ -95,8 +103,76 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// The portal the benchmark PUTs go to (any non-reserved portal).
 const BENCH_PORTAL: u32 = 4;
 /// The router's NIDs on the clients' net and on the server's.
-const ROUTER_A: &str = "10.0.0.254@o2ib";
-const ROUTER_B: &str = "10.1.0.254@o2ib1";
+/// The router's host number on either side (`10.0.0.254@o2ib`, `127.0.2.254@tcp1`).
+const ROUTER_HOST: usize = 254;
+/// The server's host number (`10.0.0.250@o2ib` direct, `10.1.0.250@o2ib1` behind a router).
+const SERVER_HOST: usize = 250;
+
+/// Which LND a side of the run speaks: o2iblnd over ulnet's o2ib-over-TCP fabric, or ksocklnd's
+/// wire over the socket driver (`--net`, `--client-net`, `--server-net`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum NetKind {
+    O2ib,
+    Tcp,
+}
+
+/// Side 0: the clients' net (and the server's when direct); side 1: the server's net behind a
+/// router.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Side {
+    Clients,
+    Server,
+}
+
+impl NetKind {
+    fn parse(s: &str) -> Option<NetKind> {
+        match s {
+            "o2ib" => Some(NetKind::O2ib),
+            "tcp" => Some(NetKind::Tcp),
+            _ => None,
+        }
+    }
+
+    /// Its name on the command line (and its net type).
+    fn name(self) -> &'static str {
+        match self {
+            NetKind::O2ib => "o2ib",
+            NetKind::Tcp => "tcp",
+        }
+    }
+
+    /// The net's name: `o2ib`/`tcp` on the clients' side, `o2ib1`/`tcp1` behind the router.
+    fn net(self, side: Side) -> String {
+        let base = self.name();
+        match side {
+            Side::Clients => base.to_string(),
+            Side::Server => format!("{base}1"),
+        }
+    }
+
+    /// NID `host` on `side`: o2ib NIDs in 10.x (the tcp fabric resolves them through the
+    /// peers table); tcp NIDs on a 127.0.x.y address of their own, since ksocklnd dials the
+    /// NID's address at the shared acceptor port (as kernel nodes share 988).
+    fn nid(self, side: Side, host: usize) -> Nid {
+        let prefix = match (self, side) {
+            (NetKind::O2ib, Side::Clients) => "10.0.0",
+            (NetKind::O2ib, Side::Server) => "10.1.0",
+            (NetKind::Tcp, Side::Clients) => "127.0.1",
+            (NetKind::Tcp, Side::Server) => "127.0.2",
+        };
+        nid(&format!("{prefix}.{host}@{}", self.net(side)))
+    }
+}
+
+/// The router's NID on the clients' net.
+fn router_a(opts: &Opts) -> Nid {
+    opts.client_net.nid(Side::Clients, ROUTER_HOST)
+}
+
+/// The router's NID on the server's net.
+fn router_b(opts: &Opts) -> Nid {
+    opts.server_net.nid(Side::Server, ROUTER_HOST)
+}
 
 /// Who a node thread is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -106,17 +182,17 @@ enum Role {
 }
 
 /// Client `i`'s NID.
-fn client_nid(i: usize) -> Nid {
-    nid(&format!("10.0.0.{}@o2ib", i + 1))
+fn client_nid(opts: &Opts, i: usize) -> Nid {
+    opts.client_net.nid(Side::Clients, i + 1)
 }
 
-/// The server's NID: on the clients' net, or behind the router on o2ib1.
-fn server_nid(routed: bool) -> Nid {
-    nid(if routed {
-        "10.1.0.250@o2ib1"
+/// The server's NID: on the clients' net, or behind the router on the server's.
+fn server_nid(opts: &Opts) -> Nid {
+    if opts.routed {
+        opts.server_net.nid(Side::Server, SERVER_HOST)
     } else {
-        "10.0.0.250@o2ib"
-    })
+        opts.client_net.nid(Side::Clients, SERVER_HOST)
+    }
 }
 
 #[derive(Copy, Clone, Debug)]
@@ -188,6 +264,23 @@ struct Opts {
     /// `--attack-after SECS`: when, into the measured window, the attack starts (default a
     /// third of the window).
     attack_after: Option<f64>,
+    /// `--client-net KIND` / `--server-net KIND` (`--net KIND`: both): the LND of the clients'
+    /// net and of the server's (behind the router; direct, both must be the same).
+    client_net: NetKind,
+    server_net: NetKind,
+    /// The acceptor port of every tcp NI (ksocklnd's `accept_port`, shared by all the nodes
+    /// as 988 is; A picks a free one and hands it to B and the router).
+    accept_port: u16,
+    /// `--zero-copy`: the socket driver sends bulk payloads with IORING_OP_SEND_ZC
+    /// (`SocketConfig::zero_copy`).
+    zero_copy: bool,
+}
+
+impl Opts {
+    /// Some node of the run is on a tcp net.
+    fn any_tcp(&self) -> bool {
+        self.client_net == NetKind::Tcp || (self.routed && self.server_net == NetKind::Tcp)
+    }
 }
 
 /// State the node threads and the main thread see.
@@ -237,13 +330,17 @@ fn usage() -> ExitCode {
          [--clients N] [--via-router LNET_ROUTER_BIN [--router-busy-poll-us US] \
          [--router-conns-per-peer N] [--router-scrub auto|on|off] [--router-large N] [--server-peer-credits C] \
          [--router-arg ARG]...] [--via-relay TCP_RELAY_BIN [--relay-arg ARG]...] \
-         [--stall-server SECS] [--attackers N [--attack-after SECS]]"
+         [--stall-server SECS] [--attackers N [--attack-after SECS]] \
+         [--net o2ib|tcp] [--client-net o2ib|tcp] [--server-net o2ib|tcp] [--zero-copy]"
     );
     ExitCode::from(2)
 }
 
 fn parse_args() -> Option<Opts> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    parse_args_from(std::env::args().skip(1).collect())
+}
+
+fn parse_args_from(args: Vec<String>) -> Option<Opts> {
     let mut mode = None;
     let mut opts = Opts {
         mode: Mode::Rtt(0),
@@ -270,8 +367,13 @@ fn parse_args() -> Option<Opts> {
         bulk_serve: false,
         attackers: 0,
         attack_after: None,
+        client_net: NetKind::O2ib,
+        server_net: NetKind::O2ib,
+        accept_port: 0,
+        zero_copy: false,
     };
     let mut window = None;
+    let mut server_net = None;
     let mut i = 0;
     while i < args.len() {
         let val = args.get(i + 1);
@@ -345,6 +447,18 @@ fn parse_args() -> Option<Opts> {
                 i += 1;
                 continue;
             }
+            "--zero-copy" => {
+                opts.zero_copy = true;
+                i += 1;
+                continue;
+            }
+            "--net" => {
+                opts.client_net = NetKind::parse(val?)?;
+                server_net = server_net.or(Some(opts.client_net));
+            }
+            "--client-net" => opts.client_net = NetKind::parse(val?)?,
+            "--server-net" => server_net = Some(NetKind::parse(val?)?),
+            "--accept-port" => opts.accept_port = val?.parse().ok().filter(|&p| p > 0)?,
             "--serve" => {
                 opts.serve = true;
                 mode = mode.or(Some(Mode::Rtt(1)));
@@ -359,6 +473,21 @@ fn parse_args() -> Option<Opts> {
         i += 2;
     }
     opts.mode = mode?;
+    opts.server_net = server_net.unwrap_or(opts.client_net);
+    opts.routed = opts.routed || opts.router.is_some();
+    if !opts.routed && opts.server_net != opts.client_net {
+        eprintln!("lnet_perf: the server is on the clients' net unless routed (--via-router)");
+        return None;
+    }
+    if opts.any_tcp() && opts.relay.is_some() {
+        // ksocklnd dials the NID's own address: a relay cannot stand in for the server.
+        eprintln!("lnet_perf: --via-relay is for o2ib nets");
+        return None;
+    }
+    if opts.attackers > 0 && opts.client_net != NetKind::O2ib {
+        eprintln!("lnet_perf: --attackers are o2ib clients (--client-net o2ib)");
+        return None;
+    }
     if opts.attackers > 0 && (opts.router.is_none() || !matches!(opts.mode, Mode::Bulk { .. })) {
         eprintln!("lnet_perf: --attackers needs a routed bulk mode (--via-router, --bulk-*)");
         return None;
@@ -379,7 +508,15 @@ fn main() -> ExitCode {
     let Some(mut opts) = parse_args() else {
         return usage();
     };
-    opts.routed = opts.routed || opts.router.is_some();
+    if opts.any_tcp() && opts.accept_port == 0 {
+        match free_port() {
+            Ok(p) => opts.accept_port = p,
+            Err(e) => {
+                eprintln!("lnet_perf: no free acceptor port: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let shared = Arc::new(Shared {
         peers: Mutex::new(HashMap::new()),
         go: AtomicBool::new(false),
@@ -411,7 +548,7 @@ fn main() -> ExitCode {
         match Relay::start(bin, &opts.relay_args, server.addr) {
             Ok(r) => {
                 // A connects to the relay as if it were B; the relay connects on to B.
-                shared.add_peer(server_nid(false), r.addr);
+                shared.add_peer(server_nid(&opts), r.addr);
                 relay = Some(r);
             }
             Err(e) => {
@@ -420,7 +557,7 @@ fn main() -> ExitCode {
             }
         }
     } else {
-        shared.add_peer(server_nid(opts.routed), server.addr);
+        shared.add_peer(server_nid(&opts), server.addr);
     }
     let (tx, rx) = mpsc::channel::<Report>();
     let mut clients = Vec::new();
@@ -889,10 +1026,24 @@ fn spawn_node(
         })
 }
 
+/// Memory registered for bulk transfers, and the memory itself.
+struct Region {
+    reg: lnd::fabric::Registration,
+    mem: lnd::fabric::SharedMem,
+}
+
+impl Region {
+    /// `[offset, offset + len)` of it, as NI `ni`'s bulk source or sink.
+    fn buf(&self, ni: NiIndex, offset: u64, len: u32) -> Option<router::BulkBuf> {
+        Some(router::BulkBuf::new(ni, &self.reg, offset, len)?.shared(self.mem.clone()))
+    }
+}
+
 /// One node's runtime (its node, fabric, clock and waker: `router::runtime::NiRuntime`, the
 /// same loop the daemon's NI threads run), and how long a turn may wait.
 struct Driver {
-    rt: NiRuntime<TcpFabric>,
+    /// Boxed: a tcp fabric (o2iblnd) or a socket driver (socklnd), as the daemon keeps them.
+    rt: NiRuntime<Box<dyn LndDriver + Send>>,
     max_wait: StdDuration,
 }
 
@@ -906,25 +1057,64 @@ impl Driver {
         self.rt.node_mut()
     }
 
+    /// Registers `bytes` with the driver's memory registry (the tcp fabric's regions, or the
+    /// socket driver's plain shared memory), keeping the memory itself as the selftest does:
+    /// socklnd streams a payload from and into it (its `BulkBuf` must carry it).
+    fn register(&mut self, bytes: Vec<u8>) -> Result<Region, String> {
+        let mem = lnd::fabric::SharedMem::from_vec(bytes);
+        let reg = self
+            .rt
+            .driver_mut()
+            .registry()
+            .ok_or("the driver has no memory registry")?
+            .register_shared(&mem)
+            .map_err(|e| format!("register: {e}"))?;
+        Ok(Region { reg, mem })
+    }
+
+    /// Reads registered memory (false: out of range, or no registry).
+    fn read(&mut self, region: &Region, off: u64, out: &mut [u8]) -> bool {
+        self.rt
+            .driver_mut()
+            .registry()
+            .is_some_and(|r| r.read(&region.reg, off, out))
+    }
+
     /// Graceful shutdown, bounded; the last actions reach the sockets.
     fn shutdown(&mut self) {
         if let Some(ep) = self.rt.node().endpoint(NiIndex(0)) {
             let s = ep.stats();
-            let f = self.rt.driver().stats();
             eprintln!(
-                "INFO node {} LND: msgs sent {} received {}, credit NOOPs {}, keepalives {}; \
-                 fabric: bytes tx {} rx {}, rx stalls {}; ring enters {}",
+                "INFO node {} LND: msgs sent {} received {}, credit NOOPs {}, keepalives {}",
                 self.rt.node().nids()[0],
                 s.msgs_sent,
                 s.msgs_received,
                 s.credit_noops,
                 s.keepalives,
-                f.bytes_tx,
-                f.bytes_rx,
-                f.rx_stalls,
-                self.rt.driver().ring_stats().enters,
             );
         }
+        let wanted = [
+            "bytes_tx",
+            "bytes_rx",
+            "rx_stalls",
+            "bytes_in",
+            "bytes_out",
+            "zc_sends",
+            "zc_copied",
+        ];
+        let f: Vec<String> = self
+            .rt
+            .driver()
+            .counters()
+            .into_iter()
+            .filter(|(k, _)| wanted.contains(k))
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        eprintln!(
+            "INFO node {} driver: {}",
+            self.rt.node().nids()[0],
+            f.join(", ")
+        );
         let now = self.rt.now();
         self.node().shutdown(now);
         let deadline = StdInstant::now() + SHUTDOWN_BOUND;
@@ -950,28 +1140,20 @@ fn node_thread(
     shared: &Arc<Shared>,
     tx: &Sender<Report>,
 ) -> Result<(), String> {
-    let server = server_nid(opts.routed);
-    let (me, routes) = match role {
-        Role::Client(i) => (client_nid(i), ("o2ib1", ROUTER_A)),
-        Role::Server => (server, ("o2ib", ROUTER_B)),
+    let server = server_nid(opts);
+    let (me, kind, routes) = match role {
+        Role::Client(i) => (
+            client_nid(opts, i),
+            opts.client_net,
+            (opts.server_net.net(Side::Server), router_a(opts)),
+        ),
+        Role::Server if opts.routed => (
+            server,
+            opts.server_net,
+            (opts.client_net.net(Side::Clients), router_b(opts)),
+        ),
+        Role::Server => (server, opts.client_net, (String::new(), router_a(opts))),
     };
-    let resolver_shared = Arc::clone(shared);
-    let resolver = move |n: Nid| resolver_shared.peer(n);
-    let tcp = lnd::driver::tcp::TcpConfig {
-        busy_poll: opts.busy_poll,
-        ..Default::default()
-    };
-    let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().expect("address"), resolver, tcp)
-        .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
-    shared.add_peer(me, fabric.local_addr());
-    if opts.serve {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "LISTEN {}", fabric.local_addr());
-        let _ = out.flush();
-    }
-
-    let clock = MonotonicClock::new();
     let idx = match role {
         Role::Client(i) => i as u64 + 1,
         Role::Server => 1000,
@@ -980,22 +1162,35 @@ fn node_thread(
     ni.peer_credits = opts.peer_credits;
     ni.tunables.peer_credits = opts.peer_credits.min(255) as u16;
     ni.credits = ni.credits.max(opts.peer_credits);
+    let (driver, listen) = node_driver(kind, &mut ni, opts, shared)?;
+    shared.add_peer(me, listen);
+
+    let clock = MonotonicClock::new();
     let mut cfg = NodeConfig::new(vec![ni]);
     if opts.routed {
         cfg.routes = vec![RouteConfig {
             net: routes.0.parse().expect("a net"),
-            gateway: nid(routes.1),
+            gateway: routes.1,
             hops: Some(1),
             priority: 0,
         }];
     }
     let node = LnetNode::new(cfg, clock.now());
-    let (rt, _wake) = NiRuntime::new(node, fabric, clock)
+    let (rt, _wake) = NiRuntime::new(node, driver, clock)
         .map_err(|e| format!("cannot make the node's waker: {e}"))?;
     let mut d = Driver {
         rt,
         max_wait: opts.max_wait,
     };
+    if opts.serve {
+        // socklnd's listener is bound when the engine's first actions reach the driver: a
+        // turn first, so that A's first dial finds it.
+        d.turn(StdDuration::ZERO)?;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "LISTEN {listen}");
+        let _ = out.flush();
+    }
 
     let r = match role {
         Role::Server if opts.bulk_serve => serve_bulk(&mut d, opts, shared),
@@ -1004,6 +1199,71 @@ fn node_thread(
     };
     d.shutdown();
     r
+}
+
+/// A node's driver for an NI on a net of `kind`, and where it listens: o2ib on the tcp fabric
+/// (an ephemeral 127.0.0.1 port, found by the peers through `shared`); tcp on the socket driver
+/// under socklnd, which listens on the NID's address at the run's acceptor port and dials its
+/// peers' NIDs there (as the daemon's `start_socket` builds it), from any source port and
+/// accepting any (`accept: all`, `source ports: 0`: the run is unprivileged).
+fn node_driver(
+    kind: NetKind,
+    ni: &mut NiConfig,
+    opts: &Opts,
+    shared: &Arc<Shared>,
+) -> Result<(Box<dyn LndDriver + Send>, SocketAddr), String> {
+    match kind {
+        NetKind::O2ib => {
+            let resolver_shared = Arc::clone(shared);
+            let resolver = move |n: Nid| resolver_shared.peer(n);
+            let tcp = lnd::driver::tcp::TcpConfig {
+                busy_poll: opts.busy_poll,
+                ..Default::default()
+            };
+            let fabric =
+                TcpFabric::bind_with("127.0.0.1:0".parse().expect("address"), resolver, tcp)
+                    .map_err(|e| format!("cannot bind the tcp fabric: {e}"))?;
+            let at = fabric.local_addr();
+            Ok((Box::new(fabric), at))
+        }
+        NetKind::Tcp => {
+            use lnd::driver::socket::{SockFabric, SocketConfig, SocketDriver};
+            let router::LndSettings::Sock(sock) = &mut ni.lnd else {
+                return Err(format!("{}: not a socklnd NI", ni.nid));
+            };
+            sock_bench_settings(sock, opts.accept_port);
+            let cfg = SocketConfig {
+                busy_poll: opts.busy_poll,
+                zero_copy: opts.zero_copy,
+                ..SocketConfig::default()
+            };
+            let driver = SocketDriver::new(cfg)
+                .map_err(|e| format!("cannot start the socket driver: {e}"))?;
+            let at = SocketAddr::new(
+                std::net::Ipv4Addr::from(ni.nid.addr()).into(),
+                opts.accept_port,
+            );
+            Ok((Box::new(SockFabric::new(driver)), at))
+        }
+    }
+}
+
+/// ksocklnd's settings for a benchmark node: the run's acceptor port, any source port, every
+/// dialler accepted (the router daemon gets the same from `acceptor: accept: all, port: P,
+/// source ports: 0`).
+fn sock_bench_settings(sock: &mut lnd::iface::sock::SockConfig, port: u16) {
+    sock.accept = lnd::iface::sock::AcceptMode::All;
+    sock.accept_port = port;
+    sock.ports_from = 0;
+    sock.ports_to = 0;
+}
+
+/// A TCP port free on loopback now, for the run's acceptors (each node binds its own
+/// 127.0.x.y address at it).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// B: answers pings (the node's ping service) and counts PUTs until told to stop.
@@ -1181,5 +1441,106 @@ fn stream_puts(
                 return Ok((sent, done, errors));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &str) -> Option<Opts> {
+        parse_args_from(args.split_whitespace().map(String::from).collect())
+    }
+
+    #[test]
+    fn o2ib_stays_the_default_with_its_nids() {
+        let o = parse("--rtt 10").expect("valid");
+        assert_eq!((o.client_net, o.server_net), (NetKind::O2ib, NetKind::O2ib));
+        assert_eq!(client_nid(&o, 0), nid("10.0.0.1@o2ib"));
+        assert_eq!(server_nid(&o), nid("10.0.0.250@o2ib"));
+        assert!(!o.any_tcp());
+        let r = parse("--bulk-put 1 --via-router /bin/true").expect("valid");
+        assert_eq!(server_nid(&r), nid("10.1.0.250@o2ib1"));
+        assert_eq!(router_a(&r), nid("10.0.0.254@o2ib"));
+        assert_eq!(router_b(&r), nid("10.1.0.254@o2ib1"));
+    }
+
+    #[test]
+    fn net_tcp_puts_every_node_on_its_own_loopback_address() {
+        let o = parse("--net tcp --bulk-put 2").expect("valid");
+        assert_eq!((o.client_net, o.server_net), (NetKind::Tcp, NetKind::Tcp));
+        assert!(o.any_tcp());
+        assert_eq!(client_nid(&o, 0), nid("127.0.1.1@tcp"));
+        assert_eq!(client_nid(&o, 2), nid("127.0.1.3@tcp"));
+        assert_eq!(server_nid(&o), nid("127.0.1.250@tcp"));
+    }
+
+    #[test]
+    fn routed_sides_pick_their_own_lnd() {
+        let o =
+            parse("--client-net tcp --server-net o2ib --via-router R --bulk-put 1").expect("valid");
+        assert!(o.routed);
+        assert_eq!(client_nid(&o, 0), nid("127.0.1.1@tcp"));
+        assert_eq!(router_a(&o), nid("127.0.1.254@tcp"));
+        assert_eq!(router_b(&o), nid("10.1.0.254@o2ib1"));
+        assert_eq!(server_nid(&o), nid("10.1.0.250@o2ib1"));
+        let back =
+            parse("--client-net o2ib --server-net tcp --via-router R --rtt 5").expect("valid");
+        assert_eq!(router_a(&back), nid("10.0.0.254@o2ib"));
+        assert_eq!(router_b(&back), nid("127.0.2.254@tcp1"));
+        assert_eq!(server_nid(&back), nid("127.0.2.250@tcp1"));
+        // B, started with --routed and both nets, finds the same NIDs.
+        let b = parse("--routed --client-net o2ib --server-net tcp --accept-port 9988 --serve")
+            .expect("valid");
+        assert_eq!(server_nid(&b), server_nid(&back));
+        assert_eq!(router_b(&b), router_b(&back));
+        assert_eq!(b.accept_port, 9988);
+    }
+
+    #[test]
+    fn inconsistent_net_choices_are_refused() {
+        // Direct, the server is on the clients' net.
+        assert!(parse("--client-net tcp --server-net o2ib --rtt 5").is_none());
+        assert!(parse("--net udp --rtt 5").is_none());
+        // ksocklnd dials the NID's address: no relay in between.
+        assert!(parse("--net tcp --via-relay R --rtt 5").is_none());
+        assert!(parse("--net tcp --accept-port 0 --rtt 5").is_none());
+        assert!(parse(
+            "--client-net tcp --server-net o2ib --via-router R --bulk-put 3 --attackers 2"
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn zero_copy_reaches_the_socket_driver_settings() {
+        assert!(
+            parse("--net tcp --zero-copy --bulk-put 1")
+                .expect("valid")
+                .zero_copy
+        );
+        assert!(!parse("--net tcp --bulk-put 1").expect("valid").zero_copy);
+    }
+
+    #[test]
+    fn bench_socklnd_settings_run_unprivileged() {
+        let mut s = lnd::iface::sock::SockConfig::new(nid("127.0.1.1@tcp"), 1);
+        sock_bench_settings(&mut s, 4242);
+        assert_eq!(s.accept, lnd::iface::sock::AcceptMode::All);
+        assert_eq!((s.accept_port, s.ports_from, s.ports_to), (4242, 0, 0));
+    }
+
+    #[test]
+    fn router_nis_by_kind() {
+        let o =
+            parse("--client-net tcp --server-net o2ib --via-router R --bulk-put 1").expect("valid");
+        let tcp = router_ni(&o, NetKind::Tcp, router_a(&o), 8);
+        assert!(tcp.contains("net type: tcp\n"), "{tcp}");
+        assert!(tcp.contains("nid: 127.0.1.254@tcp\n"), "{tcp}");
+        assert!(!tcp.contains("fabric:"), "{tcp}");
+        let ib = router_ni(&o, NetKind::O2ib, router_b(&o), 8);
+        assert!(ib.contains("net type: o2ib1\n"), "{ib}");
+        assert!(ib.contains("fabric: tcp\n"), "{ib}");
+        assert!(ib.contains("listen: 127.0.0.1:0\n"), "{ib}");
+        assert!(is_tcp(router_a(&o)) && !is_tcp(router_b(&o)));
     }
 }

@@ -20,6 +20,8 @@ pub(crate) fn cpu_seconds(pid: u32) -> f64 {
 /// assigns, found through its control socket.
 pub(crate) struct Router {
     pub(crate) child: std::process::Child,
+    /// Its NID on the clients' net.
+    pub(crate) client_side: Nid,
     pub(crate) dir: PathBuf,
     pub(crate) socket: PathBuf,
 }
@@ -36,7 +38,7 @@ impl Router {
         // Every client's address first: the router's peers table lists them.
         let deadline = StdInstant::now() + StdDuration::from_secs(10);
         let clients: Vec<Nid> = (0..opts.clients)
-            .map(client_nid)
+            .map(|i| client_nid(opts, i))
             .chain((0..opts.attackers).map(attacker_nid))
             .collect();
         while clients.iter().any(|&c| shared.peer(c).is_none()) {
@@ -48,16 +50,19 @@ impl Router {
         let dir = std::env::temp_dir().join(format!("lnet_perf-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let pc = opts.server_peer_credits.unwrap_or(opts.peer_credits);
-        let ni = |n: &str, net: &str| {
-            format!(
-                "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {n}\n          listen: 127.0.0.1:0\n          busy poll us: {}\n          tunables:\n              peer_credits: {pc}\n              credits: {}\n          lnd tunables:\n              conns_per_peer: {}\n",
-                opts.router_busy_poll.unwrap_or(opts.busy_poll).as_micros(),
-                (pc * 64).max(256),
-                opts.router_conns_per_peer
-            )
-        };
-        let mut yaml = format!("net:\n{}{}", ni(ROUTER_A, "o2ib"), ni(ROUTER_B, "o2ib1"));
+        let (ra, rb) = (router_a(opts), router_b(opts));
+        let mut yaml = format!(
+            "net:\n{}{}",
+            router_ni(opts, opts.client_net, ra, pc),
+            router_ni(opts, opts.server_net, rb, pc)
+        );
         yaml.push_str("routing:\n    enable: 1\n");
+        if opts.any_tcp() {
+            yaml.push_str(&format!(
+                "acceptor:\n    accept: all\n    port: {}\n    source ports: 0\n",
+                opts.accept_port
+            ));
+        }
         if opts.router_scrub.is_some() || opts.router_large.is_some() {
             yaml.push_str("buffers:\n");
         }
@@ -68,8 +73,9 @@ impl Router {
             yaml.push_str(&format!("    large: {n}\n"));
         }
         yaml.push_str("peers:\n");
-        let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(true)]).collect();
-        for p in peer_list {
+        let peer_list: Vec<Nid> = clients.iter().copied().chain([server_nid(opts)]).collect();
+        // A tcp peer is dialled at its NID's address: only o2ib ones need the table.
+        for p in peer_list.into_iter().filter(|p| !is_tcp(*p)) {
             let a = shared.peer(p).ok_or("a peer without an address")?;
             yaml.push_str(&format!("    - nid: {p}\n      address: {a}\n"));
         }
@@ -89,6 +95,7 @@ impl Router {
             .map_err(|e| format!("{}: {e}", bin.display()))?;
         let mut r = Router {
             child,
+            client_side: ra,
             dir,
             socket: socket.clone(),
         };
@@ -111,7 +118,7 @@ impl Router {
                     (ni.nid.parse::<Nid>(), listen.map(str::parse::<SocketAddr>))
                 {
                     shared.add_peer(n, a);
-                    if n == nid(ROUTER_B) {
+                    if n == rb {
                         // B learns where the router's o2ib1 NI listens.
                         let line = format!("PEER {n} {a}\n");
                         let stdin = server.child.stdin.as_mut().ok_or("B has no stdin")?;
@@ -123,8 +130,15 @@ impl Router {
                 }
             }
         }
-        for n in [ROUTER_A, ROUTER_B] {
-            if shared.peer(nid(n)).is_none() {
+        for n in [ra, rb] {
+            if is_tcp(n) {
+                // Where socklnd listens: the NID's address, at the acceptor port.
+                shared.add_peer(
+                    n,
+                    SocketAddr::new(std::net::Ipv4Addr::from(n.addr()).into(), opts.accept_port),
+                );
+            }
+            if shared.peer(n).is_none() {
                 let _ = r.stop();
                 return Err(format!("the router does not show where {n} listens"));
             }
@@ -162,7 +176,7 @@ impl Router {
                 .net
                 .into_iter()
                 .flat_map(|n| n.local_nis)
-                .find(|ni| ni.nid == ROUTER_A)
+                .find(|ni| ni.nid.parse::<Nid>().ok() == Some(self.client_side))
                 .and_then(|ni| ni.lnd_statistics)
                 .and_then(|l| l.counters.get("grants_reclaimed"))
                 .ok_or("net show -v: no grants_reclaimed")?,
@@ -238,6 +252,15 @@ impl Server {
                     .flatten(),
             )
             .args([
+                "--client-net".to_string(),
+                opts.client_net.name().into(),
+                "--server-net".into(),
+                opts.server_net.name().into(),
+                "--accept-port".into(),
+                opts.accept_port.max(1).to_string(),
+            ])
+            .args(opts.zero_copy.then_some("--zero-copy"))
+            .args([
                 "--serve".to_string(),
                 "--peer-credits".into(),
                 opts.server_peer_credits
@@ -295,6 +318,32 @@ impl Server {
         let _ = self.child.kill();
         Err("did not stop in time (killed)".into())
     }
+}
+
+/// One NI of the router's configuration: `kind` on net `nid.net()`; an o2ib NI on the tcp
+/// fabric at an ephemeral port (found through its control socket), a tcp one with socklnd at
+/// its NID's address and the run's acceptor port (the `acceptor:` section).
+pub(crate) fn router_ni(opts: &Opts, kind: NetKind, nid: Nid, pc: u32) -> String {
+    let net = nid.net();
+    let busy = opts.router_busy_poll.unwrap_or(opts.busy_poll).as_micros();
+    let tunables = format!(
+        "          tunables:\n              peer_credits: {pc}\n              credits: {}\n",
+        (pc * 64).max(256)
+    );
+    match kind {
+        NetKind::O2ib => format!(
+            "    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:0\n          busy poll us: {busy}\n{tunables}          lnd tunables:\n              conns_per_peer: {}\n",
+            opts.router_conns_per_peer
+        ),
+        NetKind::Tcp => format!(
+            "    - net type: {net}\n      local NI(s):\n        - nid: {nid}\n          busy poll us: {busy}\n{tunables}"
+        ),
+    }
+}
+
+/// A NID on a tcp net (ksocklnd's).
+pub(crate) fn is_tcp(n: Nid) -> bool {
+    n.net().lnd() == lnd::wire::LndType::Tcp
 }
 
 /// The address in a child's first line, `LISTEN <addr>` (node B's and tcp_relay's).
