@@ -659,9 +659,7 @@ impl Fabric for TcpFabric {
 }
 
 impl crate::driver::Driver for TcpFabric {
-    fn apply(&mut self, now: Instant, action: FabricAction) {
-        TcpFabric::apply(self, now, action);
-    }
+    forward_driver_io!(self, TcpFabric, self);
 
     fn registry(&mut self) -> Option<&mut dyn Registry> {
         Some(self)
@@ -670,15 +668,6 @@ impl crate::driver::Driver for TcpFabric {
     /// Every write frame is checked and placed by this fabric: it reports coverage.
     fn sees_writes(&self) -> bool {
         true
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<std::time::Duration>,
-        sink: &mut dyn FabricSink,
-        now: &dyn Fn() -> Instant,
-    ) -> io::Result<()> {
-        TcpFabric::poll(self, timeout, sink, now)
     }
 
     fn take_woken(&mut self) -> bool {

@@ -342,21 +342,10 @@ impl Fabric for VerbsFabric {
 }
 
 impl crate::driver::Driver for VerbsFabric {
-    fn apply(&mut self, now: Instant, action: FabricAction) {
-        VerbsFabric::apply(self, now, action);
-    }
+    forward_driver_io!(self, VerbsFabric, self);
 
     fn registry(&mut self) -> Option<&mut dyn Registry> {
         Some(self)
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<std::time::Duration>,
-        sink: &mut dyn FabricSink,
-        now: &dyn Fn() -> Instant,
-    ) -> io::Result<()> {
-        VerbsFabric::poll(self, timeout, sink, now)
     }
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {
