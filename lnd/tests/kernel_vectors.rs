@@ -25,13 +25,7 @@ const ULNET_STAMP: u64 = 0x0006_61ab_4ce6_02aa;
 /// LNet's PID for kernel Lustre (LNET_PID_LUSTRE).
 const PID_LUSTRE: u32 = 12345;
 
-fn hex(s: &str) -> Vec<u8> {
-    assert_eq!(s.len() % 2, 0);
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
+use testkit::hex;
 
 use testkit::nid;
 

@@ -238,11 +238,7 @@ fn silent_connection_flood_is_bounded() {
     assert!(n.nodes[1].e.carry_bytes() < 4096 * 8);
     // The established peer is not affected.
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 9)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 9).unwrap();
     n.run();
     assert_eq!(n.received(1).len(), 1);
     n.advance(Duration::from_secs(6));
@@ -445,11 +441,7 @@ fn peer_that_never_reads_is_closed() {
         }
     }
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 10), vec![0; 10], 4)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 10), vec![0; 10], 4).unwrap();
     n.run();
     n.advance(Duration::from_secs(48));
     assert!(send_done(&n.take(0)).is_empty());
@@ -534,10 +526,7 @@ fn userspace_peer_identity_from_its_address() {
 fn dial_raw(n: &mut Net, cookie: u64) -> Vec<usize> {
     n.raw_listeners.push(Ipv4Addr::from(X));
     let (a, x) = (nid(A), nid(X));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, x, LnetHdr::put(a, x, 1, 4, 1), vec![1], cookie)
+    n.send(0, x, LnetHdr::put(a, x, 1, 4, 1), vec![1], cookie)
         .unwrap();
     n.run();
     let rs = core::mem::take(&mut n.raw_accepted);
@@ -642,11 +631,7 @@ fn unanswered_dial_has_a_deadline() {
     let mut n = pair();
     n.dial_blackhole = true;
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 8)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 8).unwrap();
     n.run();
     n.advance(Duration::from_secs(48));
     assert!(n.take(0).is_empty());
