@@ -883,20 +883,7 @@ fn get_and_reply_land_in_the_gets_memory() {
         interface_cookie: 0xfeed,
         object_cookie: 42,
     };
-    let get = LnetHdr {
-        dest_nid: b,
-        src_nid: a,
-        dest_pid: LNET_PID_LUSTRE,
-        src_pid: LNET_PID_LUSTRE,
-        payload_length: 0,
-        body: LnetBody::Get {
-            return_wmd: wmd,
-            match_bits: 7,
-            ptl_index: 4,
-            src_offset: 0,
-            sink_length: 300_000,
-        },
-    };
+    let get = LnetHdr::get(a, b, wmd, 4, 7, 300_000);
     for len in [300_000u32, 100] {
         let sink = SharedMem::new(300_000);
         let now = n.now;
@@ -1251,23 +1238,11 @@ fn accounted_once(seed: u64) {
                     .unwrap();
             }
             2 => {
-                let get = LnetHdr {
-                    dest_nid: b,
-                    src_nid: a,
-                    dest_pid: LNET_PID_LUSTRE,
-                    src_pid: LNET_PID_LUSTRE,
-                    payload_length: 0,
-                    body: LnetBody::Get {
-                        return_wmd: WireHandle {
-                            interface_cookie: 1,
-                            object_cookie: cookie,
-                        },
-                        match_bits: 1,
-                        ptl_index: 4,
-                        src_offset: 0,
-                        sink_length: 50_000,
-                    },
+                let wmd = WireHandle {
+                    interface_cookie: 1,
+                    object_cookie: cookie,
                 };
+                let get = LnetHdr::get(a, b, wmd, 4, 1, 50_000);
                 let sink = SharedMem::new(50_000);
                 n.nodes[0]
                     .e
