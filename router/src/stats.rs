@@ -167,6 +167,7 @@ pub struct NiInfo {
 /// struct is summed without a change here. `a` unchanged if either does not round-trip.
 /// (The daemon sums its NI loops' `stats show` answers and the metrics scrape its snapshots
 /// with it.)
+#[cfg(feature = "daemon")]
 pub fn sum_counters<T>(a: T, b: T) -> T
 where
     T: serde::Serialize + serde::de::DeserializeOwned,
