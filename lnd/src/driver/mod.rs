@@ -83,6 +83,51 @@ macro_rules! forward_driver_io {
     };
 }
 
+/// Writes the connection-manager methods of [`crate::fabric::Fabric`] for a fabric whose
+/// inherent methods of the same names do the work and read no clock (connect, accept, reject,
+/// post_recv, disconnect, destroy): `$via::method(self, ..)` without the `now` argument.
+macro_rules! forward_fabric_cm {
+    ($via:ident) => {
+        fn connect(
+            &mut self,
+            _: $crate::time::Instant,
+            conn: $crate::fabric::ConnId,
+            peer: $crate::wire::Nid,
+            private: $crate::fabric::PrivateData,
+            slots: u16,
+        ) {
+            $via::connect(self, conn, peer, private, slots)
+        }
+        fn accept(
+            &mut self,
+            _: $crate::time::Instant,
+            req: $crate::fabric::RequestId,
+            conn: $crate::fabric::ConnId,
+            private: $crate::fabric::PrivateData,
+            slots: u16,
+        ) {
+            $via::accept(self, req, conn, private, slots)
+        }
+        fn reject(
+            &mut self,
+            _: $crate::time::Instant,
+            req: $crate::fabric::RequestId,
+            private: $crate::fabric::PrivateData,
+        ) {
+            $via::reject(self, req, private)
+        }
+        fn post_recv(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId, slot: u16) {
+            $via::post_recv(self, conn, slot)
+        }
+        fn disconnect(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId) {
+            $via::disconnect(self, conn)
+        }
+        fn destroy(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId) {
+            $via::destroy(self, conn)
+        }
+    };
+}
+
 /// Writes [`LndDriver::apply_from`] and [`LndDriver::poll_into`] for a driver that serves one
 /// kind of LND, `$lnd`: both find it behind `dyn Lnd` and pass its actions to `$via::apply`, it
 /// to `$via::poll` as the sink; an LND of another kind gets [`wrong_lnd`] from `poll_into`
