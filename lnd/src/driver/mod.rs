@@ -86,6 +86,7 @@ macro_rules! forward_driver_io {
 /// Writes the connection-manager methods of [`crate::fabric::Fabric`] for a fabric whose
 /// inherent methods of the same names do the work and read no clock (connect, accept, reject,
 /// post_recv, disconnect, destroy): `$via::method(self, ..)` without the `now` argument.
+#[cfg(any(feature = "tcp", feature = "verbs"))]
 macro_rules! forward_fabric_cm {
     ($via:ident) => {
         fn connect(
