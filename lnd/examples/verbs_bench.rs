@@ -23,11 +23,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{nid, run_until, Checks, Node};
+use common::{ip_arg, nid, run_until, Checks, Node};
 use lnd::driver::verbs::VerbsConfig;
 use lnd::fabric::{Registry, RemoteRegion, WcStatus};
 
@@ -46,11 +46,7 @@ fn pattern(k: usize) -> u8 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let ip: IpAddr = args
-        .next()
-        .unwrap_or_else(|| "10.0.0.1".into())
-        .parse()
-        .expect("IP");
+    let ip = ip_arg(args.next());
     let iters: usize = args.next().map_or(1000, |s| s.parse().expect("ITERS"));
     let writes: usize = args.next().map_or(2000, |s| s.parse().expect("WRITES"));
     let mut checks = Checks::new("verbs_bench");
@@ -68,9 +64,7 @@ fn main() {
         Ok(Err(e)) => Err(format!("B: {e}")),
         Err(_) => Err("B did not start".into()),
     };
-    if let Err(e) = result {
-        checks.fail(e);
-    }
+    checks.step(result);
     match server.join() {
         Ok(Ok(s)) => println!("verbs_bench: B {s}"),
         Ok(Err(e)) => checks.fail(format!("B: {e}")),

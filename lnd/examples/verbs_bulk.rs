@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{nid, run_until, shutdown_all, Answer, Checks, Node};
+use common::{ip_arg, nid, run_until, shutdown_all, Answer, Checks, Node};
 use lnd::engine::RdmaSink;
 use lnd::fabric::Registry;
 use lnd::wire::{LnetHdr, RdmaFrag};
@@ -38,15 +38,10 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
 }
 
 fn main() {
-    let ip: IpAddr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "10.0.0.1".into())
-        .parse()
-        .expect("IP");
+    let ip = ip_arg(std::env::args().nth(1));
     let mut checks = Checks::new("verbs_bulk");
-    if let Err(e) = run(ip, &mut checks) {
-        checks.fail(e);
-    }
+    let r = run(ip, &mut checks);
+    checks.step(r);
     checks.finish();
 }
 

@@ -24,18 +24,14 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{nid, payload, run_until, Checks, Node};
+use common::{ip_arg, nid, payload, run_until, Checks, Node};
 use lnd::engine::{EndpointConfig, RacePolicy};
 use lnd::wire::RejectReason;
 
 const K: u64 = 50;
 
 fn main() {
-    let ip: IpAddr = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "10.0.0.1".into())
-        .parse()
-        .expect("IP");
+    let ip = ip_arg(std::env::args().nth(1));
     let mut checks = Checks::new("verbs_conn");
     for (i, policy) in [RacePolicy::Ulnet, RacePolicy::Lustre28]
         .into_iter()

@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{nid, payload, run_until, Checks, Node};
+use common::{ip_arg, nid, payload, run_until, Checks, Node};
 use lnd::engine::EndpointConfig;
 
 const TOTAL: u64 = 64;
@@ -54,22 +54,14 @@ fn main() {
         }
         return;
     }
-    let ip: IpAddr = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "10.0.0.1".into())
-        .parse()
-        .expect("IP");
+    let ip = ip_arg(args.first().cloned());
     let mut checks = Checks::new("verbs_kill");
-    if let Err(e) = parent(ip, &mut checks) {
-        checks.fail(e);
-    }
-    if let Err(e) = abandoned(ip, &mut checks) {
-        checks.fail(e);
-    }
-    if let Err(e) = woken_while_spinning(ip, &mut checks) {
-        checks.fail(e);
-    }
+    let r = parent(ip, &mut checks);
+    checks.step(r);
+    let r = abandoned(ip, &mut checks);
+    checks.step(r);
+    let r = woken_while_spinning(ip, &mut checks);
+    checks.step(r);
     checks.finish();
 }
 

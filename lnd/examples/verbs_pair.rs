@@ -21,23 +21,18 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{check_payload, nid, payload, run_until, Checks, Node};
+use common::{check_payload, ip_arg, nid, payload, run_until, Checks, Node};
 use lnd::engine::DownReason;
 
 const ONE_WAY: u64 = 200;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let ip: IpAddr = args
-        .next()
-        .unwrap_or_else(|| "10.0.0.1".into())
-        .parse()
-        .expect("IP");
+    let ip = ip_arg(args.next());
     let n: u64 = args.next().map_or(1000, |s| s.parse().expect("N"));
     let mut checks = Checks::new("verbs_pair");
-    if let Err(e) = run(ip, n, &mut checks) {
-        checks.fail(e);
-    }
+    let r = run(ip, n, &mut checks);
+    checks.step(r);
     checks.finish();
 }
 

@@ -25,15 +25,30 @@ const ULNET_STAMP: u64 = 0x0006_61ab_4ce6_02aa;
 /// LNet's PID for kernel Lustre (LNET_PID_LUSTRE).
 const PID_LUSTRE: u32 = 12345;
 
-fn hex(s: &str) -> Vec<u8> {
-    assert_eq!(s.len() % 2, 0);
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
+use testkit::hex;
 
 use testkit::nid;
+
+/// The connparams the kernel sent in both directions (vectors 1 and 4): queue depth 8 (its
+/// peer_credits), 257 fragments (IBLND_MAX_RDMA_FRAGS), 4 KiB messages (IBLND_MSG_SIZE).
+const KERNEL_PARAMS: ConnParams = ConnParams {
+    queue_depth: 8,
+    max_frags: 257,
+    max_msg_size: 4096,
+};
+
+/// A message as the kernel sent it to ulnet: version 2, no credits returned.
+fn from_kernel(src_stamp: u64, dst_stamp: u64, body: KibBody<'_>) -> KibMsg<'_> {
+    KibMsg {
+        version: 0x12,
+        credits: 0,
+        src_nid: nid(KERNEL),
+        src_stamp,
+        dst_nid: nid(ULNET),
+        dst_stamp,
+        body,
+    }
+}
 
 fn emit(msg: &KibMsg<'_>, checksum: Option<CksumFlavour>) -> Vec<u8> {
     let mut out = vec![0u8; msg.wire_len()];
@@ -58,19 +73,7 @@ fn vector_1_connreq() {
     assert_eq!(framing.order, ByteOrder::Little);
     assert_eq!(framing.nob, 56);
     assert_eq!(framing.cksum, None, "cksum 0 means none");
-    let want = KibMsg {
-        version: 0x12,
-        credits: 0,
-        src_nid: nid(KERNEL),
-        src_stamp: KERNEL_STAMP,
-        dst_nid: nid(ULNET),
-        dst_stamp: 0,
-        body: KibBody::ConnReq(ConnParams {
-            queue_depth: 8,
-            max_frags: 257,
-            max_msg_size: 4096,
-        }),
-    };
+    let want = from_kernel(KERNEL_STAMP, 0, KibBody::ConnReq(KERNEL_PARAMS));
     assert_eq!(msg, want);
     assert_eq!(emit(&want, None), b);
 }
@@ -100,15 +103,11 @@ fn vector_2_ping_get() {
             sink_length: 3960,
         },
     };
-    let want = KibMsg {
-        version: 0x12,
-        credits: 0,
-        src_nid: nid(KERNEL),
-        src_stamp: KERNEL_STAMP,
-        dst_nid: nid(ULNET),
-        dst_stamp: ULNET_STAMP,
-        body: KibBody::Immediate { hdr, payload: &[] },
-    };
+    let want = from_kernel(
+        KERNEL_STAMP,
+        ULNET_STAMP,
+        KibBody::Immediate { hdr, payload: &[] },
+    );
     assert_eq!(msg, want);
     assert_eq!(emit(&want, None), b);
 }
@@ -179,19 +178,11 @@ fn vector_4_connack_with_a_signed_checksum() {
             flavour: Some(CksumFlavour::Signed),
         })
     );
-    let want = KibMsg {
-        version: 0x12,
-        credits: 0,
-        src_nid: nid(KERNEL),
-        src_stamp: 0x0006_61ab_5f7e_8b0f,
-        dst_nid: nid(ULNET),
-        dst_stamp: 0x0006_61ab_5f72_fbfd,
-        body: KibBody::ConnAck(ConnParams {
-            queue_depth: 8,
-            max_frags: 257,
-            max_msg_size: 4096,
-        }),
-    };
+    let want = from_kernel(
+        0x0006_61ab_5f7e_8b0f,
+        0x0006_61ab_5f72_fbfd,
+        KibBody::ConnAck(KERNEL_PARAMS),
+    );
     assert_eq!(msg, want);
     // Emitted in the signed flavour, it is byte for byte what the kernel sent.
     assert_eq!(emit(&want, Some(CksumFlavour::Signed)), b);

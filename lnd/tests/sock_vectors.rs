@@ -55,13 +55,7 @@ const ACCEPTOR_REFUSAL: &str = "0071ceac010000000000000000000000";
 const A_INC: u64 = 1_733_480_160_123_456_789;
 const B_INC: u64 = 0x180e_8df7_8f77_d8b1;
 
-fn hex(s: &str) -> Vec<u8> {
-    assert_eq!(s.len() % 2, 0);
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
+use testkit::hex;
 
 fn a() -> Nid {
     "192.168.1.2@tcp".parse().unwrap()

@@ -161,3 +161,39 @@ pub struct NiInfo {
     pub health: crate::health::Health,
     pub hstats: crate::health::NiHealthStats,
 }
+
+/// Two sets of counters added field by field through their JSON form: numbers are summed,
+/// objects merged key by key, anything else kept from `a`, so that a counter added to the
+/// struct is summed without a change here. `a` unchanged if either does not round-trip.
+/// (The daemon sums its NI loops' `stats show` answers and the metrics scrape its snapshots
+/// with it.)
+#[cfg(feature = "daemon")]
+pub fn sum_counters<T>(a: T, b: T) -> T
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                for (k, v) in y {
+                    match x.get_mut(k) {
+                        Some(slot) => add(slot, v),
+                        None => {
+                            x.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            (slot @ serde_json::Value::Number(_), serde_json::Value::Number(n)) => {
+                let sum = slot.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
+                *slot = serde_json::Value::from(sum);
+            }
+            _ => {}
+        }
+    }
+    let (Ok(mut x), Ok(y)) = (serde_json::to_value(&a), serde_json::to_value(&b)) else {
+        return a;
+    };
+    add(&mut x, &y);
+    serde_json::from_value(x).unwrap_or(a)
+}

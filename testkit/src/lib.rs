@@ -11,6 +11,7 @@
 //! - [`held_port`]: a loopback port nobody else can take, where no peer answers;
 //! - [`run_or_skip`], [`root_or_skip`], [`tool_or_skip`], [`find_on_path`], [`notice`]: a test
 //!   that needs root or a tool says so when it skips, and fails under `CI` (which provides both);
+//! - [`tshark_or_skip`], [`run_tshark`]: the tshark tests' harness;
 //! - [`strip_ansi`]: a daemon log without its colours.
 //!
 //! It depends on no workspace crate (see Cargo.toml): the daemon helpers, which need
@@ -74,6 +75,16 @@ impl Iterator for XorShift {
 /// `len` bytes of noise: the low byte of each of [`XorShift`]'s numbers from `seed`.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     XorShift(seed).take(len).map(|x| x as u8).collect()
+}
+
+/// The bytes a hex string spells (two digits a byte, as the reference vectors are written).
+/// Panics on an odd length or a non-hex digit: a vector typed wrong is the test's bug.
+pub fn hex(s: &str) -> Vec<u8> {
+    assert_eq!(s.len() % 2, 0, "a hex vector has two digits a byte");
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// The 257 fragments (offset, len) of a 1 MiB buffer that starts 2 KiB into a page: the most
@@ -270,6 +281,41 @@ pub fn tool_or_skip(tool: &str, package: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     run_or_skip(found, &format!("no {tool} here ({package})"))
+}
+
+/// `$TSHARK`, or `tshark` on `PATH`; `None` after [`run_or_skip`]'s notice when there is none
+/// (and a failure under `CI`, which installs it).
+pub fn tshark_or_skip() -> Option<PathBuf> {
+    let tshark = find_on_path("TSHARK", "tshark");
+    run_or_skip(
+        tshark.is_some(),
+        "tshark not found (install the tshark package)",
+    )
+    .then_some(tshark)
+    .flatten()
+}
+
+/// What `tshark` prints for `capture` read with `args` (its output format and fields): numeric
+/// addresses, IP checksums checked, times in UTC and the C locale, so that the text does not
+/// depend on the machine. Panics with tshark's stderr if it fails.
+pub fn run_tshark(tshark: &Path, capture: &Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(tshark)
+        .arg("-n") // no name resolution: addresses stay numeric
+        .args(["-o", "ip.check_checksum:TRUE"])
+        .arg("-r")
+        .arg(capture)
+        .args(args)
+        .env("TZ", "UTC")
+        .env("LC_ALL", "C")
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[cfg(test)]

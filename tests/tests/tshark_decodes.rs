@@ -35,7 +35,6 @@
 
 use std::fmt::Write as _;
 use std::io::BufWriter;
-use std::process::Command;
 
 use lnd::wire::kib::{cksum, EmitOpts, VERSION_2};
 use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PID_USERFLAG, LNET_PING_MATCHBITS};
@@ -419,7 +418,7 @@ fn case(label: &'static str, m: KibMsg<'_>, checksum: bool) -> Case {
 // The messages
 // ---------------------------------------------------------------------------------------------
 
-use testkit::{find_on_path, nid, run_or_skip, TempFile};
+use testkit::{nid, run_tshark, tshark_or_skip, TempFile};
 
 fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
     let client = nid("10.0.0.1@o2ib2");
@@ -699,14 +698,9 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
 
 #[test]
 fn tshark_decodes_our_o2iblnd_messages() {
-    let tshark = find_on_path("TSHARK", "tshark");
-    if !run_or_skip(
-        tshark.is_some(),
-        "tshark not found (install the tshark package)",
-    ) {
+    let Some(tshark) = tshark_or_skip() else {
         return;
-    }
-    let tshark = tshark.unwrap();
+    };
 
     let mut ping_buf = [0u8; 256];
     let cases = cases(&mut ping_buf);
@@ -721,23 +715,7 @@ fn tshark_decodes_our_o2iblnd_messages() {
         w.flush().expect("flush the capture");
     }
 
-    let out = Command::new(&tshark)
-        .arg("-n") // no name resolution: addresses stay numeric
-        .args(["-o", "ip.check_checksum:TRUE"])
-        .arg("-r")
-        .arg(&file.path)
-        .args(["-T", "pdml"])
-        .env("TZ", "UTC")
-        .env("LC_ALL", "C")
-        .output()
-        .expect("run tshark");
-    let pdml = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tshark failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let pdml = run_tshark(&tshark, &file.path, &["-T", "pdml"]);
 
     let root = parse_xml(&pdml);
     let packets: Vec<&Node> = root.descendants("packet");

@@ -21,8 +21,6 @@
 //! names another tshark binary; with `ULNET_KEEP_PCAP` set the capture is kept.
 
 use std::io::BufWriter;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use lnd::wire::lnet::{LNET_HDR_LEN, LNET_PID_LUSTRE};
 use lnd::wire::pcap_tcp::{TcpEndpoint, TcpPcapWriter};
@@ -30,6 +28,7 @@ use lnd::wire::sock::{
     zc_ack_noops, ConnReq, ConnType, Hello, HelloVersion, KsockHdr, ACCEPT_PORT,
 };
 use lnd::wire::{LnetBody, LnetHdr, Nid, WireHandle};
+use testkit::{nid, notice, run_tshark, tshark_or_skip, TempFile};
 
 /// Section 9's nodes: A dials B.
 const A_NID: &str = "192.168.1.2@tcp";
@@ -38,10 +37,6 @@ const A_INC: u64 = 1_733_480_160_123_456_789;
 const B_INC: u64 = 1_733_479_000_987_654_321;
 /// The capture's start: the reference pcap's time.
 const T0: u64 = 1_733_480_160_000_000_000;
-
-fn nid(s: &str) -> Nid {
-    s.parse().expect("NID")
-}
 
 /// One LNet message on the stream, and what tshark must show for it.
 struct Msg {
@@ -308,11 +303,7 @@ fn messages() -> Vec<Msg> {
 
 #[test]
 fn tshark_decodes_our_socklnd_capture() {
-    let Some(tshark) = find_tshark() else {
-        if std::env::var_os("CI").is_some() {
-            panic!("tshark not found on PATH, and CI is set: CI must install tshark");
-        }
-        notice("SKIP: tshark not found (install the tshark package to run this test)");
+    let Some(tshark) = tshark_or_skip() else {
         return;
     };
 
@@ -339,9 +330,9 @@ fn tshark_decodes_our_socklnd_capture() {
         ..hello
     };
 
-    let file = TempFile::new("tshark-socklnd");
+    let file = TempFile::new("tshark-socklnd", "pcap", "ULNET_KEEP_PCAP");
     {
-        let out = std::fs::File::create(&file.0).expect("create the capture");
+        let out = std::fs::File::create(&file.path).expect("create the capture");
         // An MSS of 1448, as on a 1500-byte Ethernet with timestamps: the REPLY spans 3 frames.
         let mut w = TcpPcapWriter::new(BufWriter::new(out))
             .expect("write the pcap header")
@@ -368,32 +359,22 @@ fn tshark_decodes_our_socklnd_capture() {
         w.flush().unwrap();
     }
 
-    let mut cmd = Command::new(&tshark);
-    cmd.arg("-n")
-        .args(["-o", "tcp.check_checksum:TRUE"])
-        .args(["-o", "ip.check_checksum:TRUE"])
-        .arg("-r")
-        .arg(&file.0)
-        .args(["-T", "fields"])
-        .args([
-            "-E",
-            "separator=|",
-            "-E",
-            "occurrence=a",
-            "-E",
-            "aggregator=,",
-        ]);
+    let mut args = vec![
+        "-o",
+        "tcp.check_checksum:TRUE",
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ];
     for f in FRAME_FIELDS.iter().chain(FIELDS) {
-        cmd.args(["-e", f]);
+        args.extend(["-e", f]);
     }
-    let out = cmd.env("LC_ALL", "C").output().expect("run tshark");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "tshark failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = run_tshark(&tshark, &file.path, &args);
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('|').collect()).collect();
     let mut errors = Vec::new();
 
@@ -520,51 +501,3 @@ const FRAME_FIELDS: &[&str] = &[
     "_ws.expert.message",
     "tcp.payload",
 ];
-
-/// Writes a line straight to stderr, past the test harness's output capture.
-fn notice(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "{line}");
-}
-
-/// `$TSHARK`, or `tshark` on `PATH`.
-fn find_tshark() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TSHARK") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("tshark"))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// A file in the temp dir, removed on drop (kept, and named on stderr, if `ULNET_KEEP_PCAP` is
-/// set).
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(stem: &str) -> TempFile {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        TempFile(
-            std::env::temp_dir().join(format!("ulnet-{stem}-{}-{nanos}.pcap", std::process::id())),
-        )
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if std::env::var_os("ULNET_KEEP_PCAP").is_some() {
-            notice(&format!("capture kept at {}", self.0.display()));
-        } else {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}

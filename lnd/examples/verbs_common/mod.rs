@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use lnd::driver::verbs::{turn, MonotonicClock, VerbsConfig, VerbsFabric};
@@ -306,6 +306,13 @@ impl Checks {
         self.check(false, what);
     }
 
+    /// Records a step's error, if it ended in one, as a failed check.
+    pub fn step<T>(&mut self, r: Result<T, String>) {
+        if let Err(e) = r {
+            self.fail(e);
+        }
+    }
+
     /// Exits 0 if nothing failed, 1 otherwise.
     pub fn finish(self) -> ! {
         if self.failures.is_empty() {
@@ -317,6 +324,14 @@ impl Checks {
         }
         std::process::exit(1);
     }
+}
+
+/// The IP of the rxe device the examples bind (their first argument): 10.0.0.1 unless given, as
+/// tests/rxe sets the guest up.
+pub fn ip_arg(arg: Option<String>) -> IpAddr {
+    arg.unwrap_or_else(|| "10.0.0.1".into())
+        .parse()
+        .expect("IP")
 }
 
 pub fn nid(s: &str) -> Nid {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::*;
-use crate::iface::{BulkOp, BulkSend, Lnd};
+use crate::iface::{BulkOp, BulkSend, Lnd, SendError};
 use crate::mem::{RegionId, SharedMem};
 use crate::stream::{EndReason, RecvTarget};
 use crate::wire::lnet::LNET_PID_LUSTRE;
@@ -18,12 +18,7 @@ pub(super) fn nid(a: [u8; 4]) -> Nid {
     )
 }
 
-pub(super) fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
+pub(super) use testkit::hex;
 
 /// Who owns one end of a stream: an engine (node index) or the test itself (a raw peer).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -480,6 +475,32 @@ impl Net {
         moved
     }
 
+    /// Node `i` sends `hdr` to `to` with its payload inline, now.
+    pub(super) fn send(
+        &mut self,
+        i: usize,
+        to: Nid,
+        hdr: LnetHdr,
+        payload: Vec<u8>,
+        cookie: u64,
+    ) -> Result<(), SendError> {
+        let now = self.now;
+        self.nodes[i].e.send(now, to, hdr, payload, cookie)
+    }
+
+    /// Node `i` sends `hdr` to `to` with its payload in LNet's memory, now.
+    pub(super) fn send_bulk(
+        &mut self,
+        i: usize,
+        to: Nid,
+        hdr: LnetHdr,
+        bulk: BulkSend,
+        cookie: u64,
+    ) -> Result<(), SendError> {
+        let now = self.now;
+        self.nodes[i].e.send_bulk(now, to, hdr, bulk, cookie)
+    }
+
     pub(super) fn take(&mut self, i: usize) -> Vec<LndEvent> {
         core::mem::take(&mut self.nodes[i].events)
     }
@@ -577,10 +598,7 @@ pub(super) fn ping_put(from: Nid, to: Nid, len: u32) -> LnetHdr {
 /// A connects to B by sending it a PUT; both sides settle.
 pub(super) fn connect(n: &mut Net, from: usize, to: usize) {
     let (f, t) = (n.nodes[from].e.nid(), n.nodes[to].e.nid());
-    let now = n.now;
-    n.nodes[from]
-        .e
-        .send(now, t, ping_put(f, t, 4), vec![1, 2, 3, 4], 7)
+    n.send(from, t, ping_put(f, t, 4), vec![1, 2, 3, 4], 7)
         .unwrap();
     n.run();
     assert_eq!(n.received(to).len(), 1);
@@ -669,10 +687,7 @@ fn handshake_both_ways_typed_set() {
         cb.conns_per_peer = cpp;
         let mut n = Net::new(vec![ca, cb]);
         let (a, b) = (nid(A), nid(B));
-        let now = n.now;
-        n.nodes[0]
-            .e
-            .send(now, b, ping_put(a, b, 4), vec![1, 2, 3, 4], 7)
+        n.send(0, b, ping_put(a, b, 4), vec![1, 2, 3, 4], 7)
             .unwrap();
         n.run();
         assert_eq!(n.received(1).len(), 1);
@@ -701,10 +716,7 @@ fn handshake_both_ways_typed_set() {
         assert_eq!(up(ea), 1);
         assert_eq!(up(n.take(1)), 1);
         // And back: B sends to A over A's connections, dialing nothing.
-        n.nodes[1]
-            .e
-            .send(now, a, ping_put(b, a, 3), vec![9; 3], 8)
-            .unwrap();
+        n.send(1, a, ping_put(b, a, 3), vec![9; 3], 8).unwrap();
         n.run();
         assert_eq!(n.received(0).len(), 1);
         assert_eq!(n.nodes[1].e.stats().connects, 0);
@@ -727,11 +739,7 @@ fn small_put_inline_and_on_the_wire() {
             object_cookie: 0x409,
         };
     }
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, hdr, b"LNetPUT!".to_vec(), 11)
-        .unwrap();
+    n.send(0, b, hdr, b"LNetPUT!".to_vec(), 11).unwrap();
     n.run();
     let got = n.received(1);
     assert_eq!(got, vec![(a, hdr, b"LNetPUT!".to_vec())]);
@@ -839,21 +847,16 @@ fn unmatched_bulk_is_skipped_and_holds_the_stream_until_answered() {
     connect(&mut n, 0, 1);
     let (a, b) = (nid(A), nid(B));
     let src = SharedMem::new(100_000);
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send_bulk(
-            now,
-            b,
-            ping_put(a, b, 100_000),
-            BulkSend::Put(bulk_mem(&src, 0, 100_000)),
-            1,
-        )
-        .unwrap();
+    n.send_bulk(
+        0,
+        b,
+        ping_put(a, b, 100_000),
+        BulkSend::Put(bulk_mem(&src, 0, 100_000)),
+        1,
+    )
+    .unwrap();
     // A small one on the bulk connection behind it (>= min_bulk goes to BULK_OUT too).
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 2000), vec![5; 2000], 2)
+    n.send(0, b, ping_put(a, b, 2000), vec![5; 2000], 2)
         .unwrap();
     n.run();
     let evs = n.take(1);
@@ -861,6 +864,7 @@ fn unmatched_bulk_is_skipped_and_holds_the_stream_until_answered() {
     let LndEvent::BulkRequest { rx, .. } = evs[0] else {
         panic!("{evs:?}")
     };
+    let now = n.now;
     n.nodes[1].e.recv_done(now, rx);
     n.run();
     let got = n.received(1);
@@ -879,26 +883,11 @@ fn get_and_reply_land_in_the_gets_memory() {
         interface_cookie: 0xfeed,
         object_cookie: 42,
     };
-    let get = LnetHdr {
-        dest_nid: b,
-        src_nid: a,
-        dest_pid: LNET_PID_LUSTRE,
-        src_pid: LNET_PID_LUSTRE,
-        payload_length: 0,
-        body: LnetBody::Get {
-            return_wmd: wmd,
-            match_bits: 7,
-            ptl_index: 4,
-            src_offset: 0,
-            sink_length: 300_000,
-        },
-    };
+    let get = LnetHdr::get(a, b, wmd, 4, 7, 300_000);
     for len in [300_000u32, 100] {
         let sink = SharedMem::new(300_000);
         let now = n.now;
-        n.nodes[0]
-            .e
-            .send_bulk(now, b, get, BulkSend::Get(bulk_mem(&sink, 0, 300_000)), 31)
+        n.send_bulk(0, b, get, BulkSend::Get(bulk_mem(&sink, 0, 300_000)), 31)
             .unwrap();
         n.run();
         let got = n.received(1);
@@ -945,10 +934,7 @@ fn self_send_is_delivered_locally() {
     let mut n = Net::new(vec![cfg(nid(A), INC_A)]);
     let a = nid(A);
     let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, a, ping_put(a, a, 3), vec![1, 2, 3], 5)
-        .unwrap();
+    n.send(0, a, ping_put(a, a, 3), vec![1, 2, 3], 5).unwrap();
     let src = SharedMem::new(8192);
     n.nodes[0]
         .e
@@ -1004,10 +990,7 @@ fn race_higher_nid_wins_and_converges() {
     let mut n = pair();
     let (a, b) = (nid(A), nid(B)); // A (…1.2) is higher than B (…1.1)
     let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 1)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 1).unwrap();
     n.nodes[1]
         .e
         .send(now, a, ping_put(b, a, 1), vec![2], 2)
@@ -1065,11 +1048,7 @@ fn reboot_closes_old_connections() {
         3,
         "B still holds A's old connections"
     );
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 3)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 3).unwrap();
     n.run();
     n.advance(Duration::from_secs(5));
     let s = n.nodes[1].e.stats().clone();
@@ -1152,10 +1131,7 @@ fn dial_failure_backs_off_and_fails_messages() {
     let mut n = Net::new(vec![cfg(nid(A), INC_A)]);
     let (a, b) = (nid(A), nid(B));
     let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 1)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 1).unwrap();
     n.run();
     let evs = n.take(0);
     assert_eq!(send_done(&evs), vec![(1, Err(TxError::ConnectRefused))]);
@@ -1196,11 +1172,7 @@ fn duplicate_refusals_are_bounded() {
     assert_eq!(n.nodes[1].e.stats().refused_duplicate, 4);
     assert_eq!(n.established(0).len(), 3);
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 3)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 3).unwrap();
     n.run();
     assert_eq!(n.received(1).len(), 1);
     assert_eq!(n.nodes[0].e.stats().connects, 7);
@@ -1266,23 +1238,11 @@ fn accounted_once(seed: u64) {
                     .unwrap();
             }
             2 => {
-                let get = LnetHdr {
-                    dest_nid: b,
-                    src_nid: a,
-                    dest_pid: LNET_PID_LUSTRE,
-                    src_pid: LNET_PID_LUSTRE,
-                    payload_length: 0,
-                    body: LnetBody::Get {
-                        return_wmd: WireHandle {
-                            interface_cookie: 1,
-                            object_cookie: cookie,
-                        },
-                        match_bits: 1,
-                        ptl_index: 4,
-                        src_offset: 0,
-                        sink_length: 50_000,
-                    },
+                let wmd = WireHandle {
+                    interface_cookie: 1,
+                    object_cookie: cookie,
                 };
+                let get = LnetHdr::get(a, b, wmd, 4, 1, 50_000);
                 let sink = SharedMem::new(50_000);
                 n.nodes[0]
                     .e

@@ -52,6 +52,29 @@ fn raw_peer(n: &mut Net) -> usize {
     r
 }
 
+/// The raw peer `r` sends `bytes`: B closes the connection and hands LNet nothing. B's counters
+/// afterwards, for the test to say which error they counted.
+fn closed_by(n: &mut Net, r: usize, bytes: &[u8]) -> crate::iface::sock::SockStats {
+    n.raw_write(r, bytes);
+    assert!(n.raw_read(r).1);
+    let stats = n.nodes[1].e.stats().clone();
+    assert!(n.received(1).is_empty());
+    stats
+}
+
+/// The token of the rendezvous request B raised for what the raw peer sent (its other events
+/// are dropped).
+fn bulk_request(n: &mut Net) -> crate::iface::RxToken {
+    let evs = n.take(1);
+    let Some(LndEvent::BulkRequest { rx, .. }) = evs
+        .iter()
+        .find(|e| matches!(e, LndEvent::BulkRequest { .. }))
+    else {
+        panic!("{evs:?}")
+    };
+    *rx
+}
+
 fn lnet_msg(k: KsockHdr, hdr: LnetHdr, payload: &[u8]) -> Vec<u8> {
     let mut b = k.emit().to_vec();
     let mut h = [0u8; 72];
@@ -238,11 +261,7 @@ fn silent_connection_flood_is_bounded() {
     assert!(n.nodes[1].e.carry_bytes() < 4096 * 8);
     // The established peer is not affected.
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 9)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 9).unwrap();
     n.run();
     assert_eq!(n.received(1).len(), 1);
     n.advance(Duration::from_secs(6));
@@ -286,10 +305,7 @@ fn payload_above_mtu_closes() {
     let r = raw_peer(&mut n);
     let mut m = lnet_msg(KsockHdr::LNET, put_hdr(8), b"");
     m[52..56].copy_from_slice(&(LNET_MTU + 1).to_le_bytes());
-    n.raw_write(r, &m);
-    assert!(n.raw_read(r).1);
-    assert_eq!(n.nodes[1].e.stats().protocol_errors, 1);
-    assert!(n.received(1).is_empty());
+    assert_eq!(closed_by(&mut n, r, &m).protocol_errors, 1);
 }
 
 /// A ZC-ACK for a cookie we never asked (we never do): closed. A keepalive NOOP is fine.
@@ -338,15 +354,9 @@ fn zc_requests_are_acked_at_once() {
     };
     n.raw_write(r, &lnet_msg(k, put_hdr(10_000), &[3; 10_000]));
     assert!(n.raw_read(r).0.is_empty(), "not before LNet answered");
-    let evs = n.take(1);
-    let Some(LndEvent::BulkRequest { rx, .. }) = evs
-        .iter()
-        .find(|e| matches!(e, LndEvent::BulkRequest { .. }))
-    else {
-        panic!("{evs:?}")
-    };
+    let rx = bulk_request(&mut n);
     let now = n.now;
-    n.nodes[1].e.recv_done(now, *rx);
+    n.nodes[1].e.recv_done(now, rx);
     n.run();
     let ack8 = KsockHdr { zc_ack: 8, ..ack };
     assert_eq!(n.raw_read(r).0, ack8.emit().to_vec());
@@ -370,10 +380,8 @@ fn checksums_checked_as_the_kernel_does() {
         csum: c.value() ^ 1,
         ..KsockHdr::LNET
     };
-    n.raw_write(r, &lnet_msg(bad, put_hdr(7), b"payload"));
-    assert!(n.raw_read(r).1);
-    assert_eq!(n.nodes[1].e.stats().checksum_errors, 1);
-    assert!(n.received(1).is_empty());
+    let m = lnet_msg(bad, put_hdr(7), b"payload");
+    assert_eq!(closed_by(&mut n, r, &m).checksum_errors, 1);
 }
 
 /// A 1 MiB PUT trickled at a byte per 40 s holds the memory LNet lent no longer than
@@ -383,18 +391,12 @@ fn trickled_bulk_is_cut_at_the_grant_bound() {
     let mut n = pair();
     let r = raw_peer(&mut n);
     n.raw_write(r, &lnet_msg(KsockHdr::LNET, put_hdr(1 << 20), &[1]));
-    let evs = n.take(1);
-    let Some(LndEvent::BulkRequest { rx, .. }) = evs
-        .iter()
-        .find(|e| matches!(e, LndEvent::BulkRequest { .. }))
-    else {
-        panic!("{evs:?}")
-    };
+    let rx = bulk_request(&mut n);
     let sink = SharedMem::new(1 << 20);
     let now = n.now;
     n.nodes[1]
         .e
-        .accept_bulk(now, *rx, bulk_mem(&sink, 0, 1 << 20), 5);
+        .accept_bulk(now, rx, bulk_mem(&sink, 0, 1 << 20), 5);
     n.run();
     for _ in 0..3 {
         n.advance(Duration::from_millis(300));
@@ -445,11 +447,7 @@ fn peer_that_never_reads_is_closed() {
         }
     }
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 10), vec![0; 10], 4)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 10), vec![0; 10], 4).unwrap();
     n.run();
     n.advance(Duration::from_secs(48));
     assert!(send_done(&n.take(0)).is_empty());
@@ -534,10 +532,7 @@ fn userspace_peer_identity_from_its_address() {
 fn dial_raw(n: &mut Net, cookie: u64) -> Vec<usize> {
     n.raw_listeners.push(Ipv4Addr::from(X));
     let (a, x) = (nid(A), nid(X));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, x, LnetHdr::put(a, x, 1, 4, 1), vec![1], cookie)
+    n.send(0, x, LnetHdr::put(a, x, 1, 4, 1), vec![1], cookie)
         .unwrap();
     n.run();
     let rs = core::mem::take(&mut n.raw_accepted);
@@ -642,11 +637,7 @@ fn unanswered_dial_has_a_deadline() {
     let mut n = pair();
     n.dial_blackhole = true;
     let (a, b) = (nid(A), nid(B));
-    let now = n.now;
-    n.nodes[0]
-        .e
-        .send(now, b, ping_put(a, b, 1), vec![1], 8)
-        .unwrap();
+    n.send(0, b, ping_put(a, b, 1), vec![1], 8).unwrap();
     n.run();
     n.advance(Duration::from_secs(48));
     assert!(n.take(0).is_empty());

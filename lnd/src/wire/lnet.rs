@@ -171,6 +171,33 @@ impl LnetHdr {
         }
     }
 
+    /// A GET from `src` to `dest` between kernel-Lustre PIDs for `sink_length` bytes from offset
+    /// 0 of what `match_bits` matches on `ptl_index`; the REPLY comes back to `return_wmd` (as
+    /// LNetGet fills the header in lnet_prep_send / lnet_send).
+    pub fn get(
+        src: Nid,
+        dest: Nid,
+        return_wmd: WireHandle,
+        ptl_index: u32,
+        match_bits: u64,
+        sink_length: u32,
+    ) -> LnetHdr {
+        LnetHdr {
+            dest_nid: dest,
+            src_nid: src,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length: 0,
+            body: LnetBody::Get {
+                return_wmd,
+                match_bits,
+                ptl_index,
+                src_offset: 0,
+                sink_length,
+            },
+        }
+    }
+
     /// The message type.
     pub fn msg_type(&self) -> LnetMsgType {
         self.body.msg_type()

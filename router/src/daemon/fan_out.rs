@@ -525,36 +525,13 @@ pub(super) fn merge_peer(a: &mut crate::control::PeerEntry, b: crate::control::P
     }
 }
 
-/// Two NI loops' `stats show`, added field by field (through their JSON form, so a counter
-/// added to either struct is summed too).
+/// Two NI loops' `stats show`, added field by field ([`crate::stats::sum_counters`], so a
+/// counter added to either struct is summed too).
 pub(super) fn sum_stats(
     a: crate::control::StatsShow,
     b: crate::control::StatsShow,
 ) -> crate::control::StatsShow {
-    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
-                for (k, v) in y {
-                    match x.get_mut(k) {
-                        Some(slot) => add(slot, v),
-                        None => {
-                            x.insert(k.clone(), v.clone());
-                        }
-                    }
-                }
-            }
-            (slot @ serde_json::Value::Number(_), serde_json::Value::Number(n)) => {
-                let sum = slot.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
-                *slot = serde_json::Value::from(sum);
-            }
-            _ => {}
-        }
-    }
-    let (Ok(mut x), Ok(y)) = (serde_json::to_value(&a), serde_json::to_value(&b)) else {
-        return a;
-    };
-    add(&mut x, &y);
-    serde_json::from_value(x).unwrap_or(a)
+    crate::stats::sum_counters(a, b)
 }
 
 #[cfg(test)]

@@ -101,22 +101,13 @@ impl LnetNode {
         } else {
             self.pings.next_id()
         };
+        let wmd = WireHandle {
+            interface_cookie: self.interface_cookie,
+            object_cookie,
+        };
         let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.nis[ni].nid,
-            dest_pid: LNET_PID_LUSTRE,
             src_pid: self.pid,
-            payload_length: 0,
-            body: LnetBody::Get {
-                return_wmd: WireHandle {
-                    interface_cookie: self.interface_cookie,
-                    object_cookie,
-                },
-                match_bits,
-                ptl_index: portal,
-                src_offset: 0,
-                sink_length: buf.len,
-            },
+            ..LnetHdr::get(self.nis[ni].nid, dst, wmd, portal, match_bits, buf.len)
         };
         if next == dst {
             let bulk = BulkSend::Get(buf.mem(buf.len, None));

@@ -61,22 +61,20 @@ impl LnetNode {
                 timer,
             },
         );
+        let wmd = WireHandle {
+            interface_cookie: self.interface_cookie,
+            object_cookie: id,
+        };
         let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.src_nid(route),
-            dest_pid: LNET_PID_LUSTRE,
             src_pid: self.pid,
-            payload_length: 0,
-            body: LnetBody::Get {
-                return_wmd: WireHandle {
-                    interface_cookie: self.interface_cookie,
-                    object_cookie: id,
-                },
-                match_bits: LNET_PING_MATCHBITS,
-                ptl_index: LNET_RESERVED_PORTAL,
-                src_offset: 0,
-                sink_length: PING_SINK_LEN,
-            },
+            ..LnetHdr::get(
+                self.src_nid(route),
+                dst,
+                wmd,
+                LNET_RESERVED_PORTAL,
+                LNET_PING_MATCHBITS,
+                PING_SINK_LEN,
+            )
         };
         let purpose = if kind == PingKind::Gateway {
             Purpose::GatewayPing(PingId(id))

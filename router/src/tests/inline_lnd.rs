@@ -19,7 +19,7 @@ use lnd::wire::kib::EPROTO;
 use lnd::wire::lnet::LNET_MTU;
 use lnd::wire::LndType;
 
-use super::routing::{give_bulk_buffers, node, route, split};
+use super::routing::{give_bulk_buffers, node, route, split, StubDriver};
 use super::*;
 
 /// Payloads up to this come up as `Received`, larger ones as a bulk request.
@@ -575,31 +575,17 @@ fn o2ib_stream_o2ib(split_routers: bool) {
 /// instead of running an NI whose bytes go nowhere.
 #[test]
 fn an_o2ib_driver_under_another_lnd_fails_its_turn() {
-    use lnd::driver::{Driver, MonotonicClock};
-    struct Idle;
-    impl Driver for Idle {
-        fn apply(&mut self, _: Instant, _: lnd::fabric::FabricAction) {}
-        fn poll(
-            &mut self,
-            _: Option<std::time::Duration>,
-            _: &mut dyn lnd::fabric::FabricSink,
-            _: &dyn Fn() -> Instant,
-        ) -> std::io::Result<()> {
-            Ok(())
-        }
-        fn set_waker(&mut self, _: std::os::fd::RawFd) {}
-        fn counters(&self) -> Vec<(&'static str, u64)> {
-            Vec::new()
-        }
-    }
+    use lnd::driver::MonotonicClock;
     let hub = Hub::default();
     let clock = MonotonicClock::new();
     let inline = start(node(&[R1_TCP], &[], false, 30), &hub, clock.now());
-    let (mut rt, _wake) = crate::runtime::NiRuntime::new(inline, Idle, clock).unwrap();
+    let (mut rt, _wake) =
+        crate::runtime::NiRuntime::new(inline, StubDriver { fails: false }, clock).unwrap();
     let err = rt.turn(std::time::Duration::ZERO).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput, "{err}");
     // The same driver under an o2ib NI turns.
     let o2ib = start(node(&[R1_IB], &[], false, 30), &hub, clock.now());
-    let (mut rt, _wake) = crate::runtime::NiRuntime::new(o2ib, Idle, clock).unwrap();
+    let (mut rt, _wake) =
+        crate::runtime::NiRuntime::new(o2ib, StubDriver { fails: false }, clock).unwrap();
     rt.turn(std::time::Duration::ZERO).unwrap();
 }

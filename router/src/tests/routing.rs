@@ -2519,31 +2519,42 @@ fn a_lost_fabric_ends_its_connections_as_lost_not_as_graceful_closes() {
     );
 }
 
+/// A driver with no fabric behind it, for the runtime's own tests: nothing to apply, and every
+/// poll returns at once, `Ok`, or EIO if it `fails` (a driver that died).
+pub(super) struct StubDriver {
+    pub(super) fails: bool,
+}
+
+impl lnd::driver::Driver for StubDriver {
+    fn apply(&mut self, _: Instant, _: lnd::fabric::FabricAction) {}
+    fn poll(
+        &mut self,
+        _: Option<std::time::Duration>,
+        _: &mut dyn lnd::fabric::FabricSink,
+        _: &dyn Fn() -> Instant,
+    ) -> std::io::Result<()> {
+        if self.fails {
+            Err(std::io::Error::from_raw_os_error(5))
+        } else {
+            Ok(())
+        }
+    }
+    fn set_waker(&mut self, _: std::os::fd::RawFd) {}
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+}
+
 /// The review of `lose_fabric`: a runtime whose driver failed must not keep a thread that
 /// shares it with others from sleeping (the dead driver says it has queued work for good).
 #[test]
 fn a_lost_runtime_does_not_keep_a_shared_thread_from_sleeping() {
-    use lnd::driver::{Driver, MonotonicClock};
-    struct Broken;
-    impl Driver for Broken {
-        fn apply(&mut self, _: Instant, _: lnd::fabric::FabricAction) {}
-        fn poll(
-            &mut self,
-            _: Option<std::time::Duration>,
-            _: &mut dyn lnd::fabric::FabricSink,
-            _: &dyn Fn() -> Instant,
-        ) -> std::io::Result<()> {
-            Err(std::io::Error::from_raw_os_error(5))
-        }
-        fn set_waker(&mut self, _: std::os::fd::RawFd) {}
-        fn counters(&self) -> Vec<(&'static str, u64)> {
-            Vec::new()
-        }
-    }
+    use lnd::driver::MonotonicClock;
     let clock = MonotonicClock::new();
     let cfgs = split(node(&[R_A, R_B], &[], true, 30));
     let node = LnetNode::new(cfgs.into_iter().next().unwrap(), clock.now());
-    let (mut rt, _wake) = crate::runtime::NiRuntime::new(node, Broken, clock).unwrap();
+    let (mut rt, _wake) =
+        crate::runtime::NiRuntime::new(node, StubDriver { fails: true }, clock).unwrap();
     assert!(rt.turn(std::time::Duration::from_millis(1)).is_err());
     rt.lose_fabric();
     assert!(rt.node().is_fabric_lost());

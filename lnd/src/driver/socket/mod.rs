@@ -766,33 +766,13 @@ impl SocketDriver {
     }
 
     /// Busy-polls the ring first (bounded by `busy_poll` and `timeout`), as the tcp fabric
-    /// does and for the same reasons (see `TcpFabric::poll`): yielding between rounds, and
-    /// looking at the doorbell in each, so a wake-up from another thread costs no byte while
-    /// the loop spins. Then sleeps in the kernel for the rest.
+    /// does and for the same reasons (`crate::driver::spin_on_ring`: yielding between rounds,
+    /// and looking at the doorbell in each, so a wake-up from another thread costs no byte
+    /// while the loop spins). Then sleeps in the kernel for the rest.
     fn wait(&mut self, timeout: Option<std::time::Duration>) -> io::Result<()> {
         let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
-        if !spin.is_zero() {
-            let start = std::time::Instant::now();
-            if let Some(b) = &self.bell {
-                b.spin_begin();
-            }
-            let spun = loop {
-                if let Err(e) = self.ring.submit_and_wait(Some(std::time::Duration::ZERO)) {
-                    break Err(e);
-                }
-                if self.ring.has_completions()
-                    || self.bell.as_ref().is_some_and(Doorbell::rung)
-                    || start.elapsed() >= spin
-                {
-                    break Ok(());
-                }
-                std::thread::yield_now();
-            };
-            let rung = self.bell.as_ref().is_some_and(Doorbell::spin_end);
-            spun?;
-            if rung || self.ring.has_completions() {
-                return Ok(());
-            }
+        if crate::driver::spin_on_ring(&mut self.ring, self.bell.as_ref(), spin)? {
+            return Ok(());
         }
         self.ring
             .submit_and_wait(timeout.map(|t| t.saturating_sub(spin)))
@@ -1170,15 +1150,8 @@ impl SocketDriver {
                 let Some(w) = self.watched.get_mut(sock.index() as usize) else {
                     return;
                 };
-                w.1 = false;
-                self.woken |= Some(w.0) == self.waker_fd;
-                if c.result < 0 && c.result != -libc::ECANCELED {
-                    tracing::error!(
-                        errno = -c.result,
-                        "socket driver: waker poll failed; no longer watching it"
-                    );
-                    w.0 = -1;
-                }
+                self.woken |=
+                    crate::driver::watch_fired(w, self.waker_fd, c.result, "socket driver");
                 return;
             }
             _ => {}

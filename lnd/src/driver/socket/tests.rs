@@ -55,6 +55,17 @@ impl Rec {
             .count()
     }
 
+    /// The ids of the sends that completed well, in the order they did.
+    fn sent_ids(&self) -> Vec<u64> {
+        self.evs
+            .iter()
+            .filter_map(|e| match e {
+                Ev::Sent(_, id, Ok(())) => Some(id.0),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn ended(&self, s: StreamId) -> Option<EndReason> {
         self.evs.iter().find_map(|e| match e {
             Ev::Ended(x, why) if *x == s => Some(*why),
@@ -151,6 +162,18 @@ impl Node {
         });
     }
 
+    /// Posts a receive of `len` bytes into `mem` at `offset`.
+    fn recv_mem(&mut self, stream: StreamId, mem: &SharedMem, offset: u64, len: usize) {
+        self.apply(StreamAction::Recv {
+            stream,
+            target: RecvTarget::Mem {
+                mem: mem.clone(),
+                offset,
+                len: len as u32,
+            },
+        });
+    }
+
     fn send(&mut self, stream: StreamId, id: u64, head: &[u8], payload: SendPayload) {
         self.apply(StreamAction::Send {
             stream,
@@ -232,6 +255,25 @@ fn pair(cfg: SocketConfig) -> (MonotonicClock, Node, Node) {
     let addr = b.listen(&clock);
     connect(&clock, &mut a, &mut b, addr, sid(1), sid(2));
     (clock, a, b)
+}
+
+/// Sets both ends of `pair`'s stream (`sid(1)` at `a`, `sid(2)` at `b`) to `buffer`-byte socket
+/// buffers, so that a transfer meets full buffers and short sends.
+fn small_buffers(a: &mut Node, b: &mut Node, buffer: u32, nodelay: bool) {
+    let opts = SockOpts {
+        nodelay,
+        send_buffer: Some(buffer),
+        recv_buffer: Some(buffer),
+        ..SockOpts::default()
+    };
+    a.apply(StreamAction::Configure {
+        stream: sid(1),
+        opts,
+    });
+    b.apply(StreamAction::Configure {
+        stream: sid(2),
+        opts,
+    });
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -319,14 +361,7 @@ fn mem_transfer(zero_copy: bool) -> (SocketStats, SocketStats) {
             > before));
     }
     assert_eq!(b.rec.data(t), b"HEAD1234");
-    b.apply(StreamAction::Recv {
-        stream: t,
-        target: RecvTarget::Mem {
-            mem: dst.clone(),
-            offset: 8,
-            len: LEN as u32,
-        },
-    });
+    b.recv_mem(t, &dst, 8, LEN);
     assert!(pump(&clock, &mut [&mut a, &mut b], 2000, |n| n[1]
         .rec
         .filled(t)
@@ -367,14 +402,7 @@ fn a_1mib_mem_send_zero_copy_lands_byte_exact_and_reports_the_kernels_copy() {
 fn no_recv_posted_stops_the_sender_once_buffers_fill_and_it_resumes_after() {
     let (clock, mut a, mut b) = pair(SocketConfig::default());
     let (s, t) = (sid(1), sid(2));
-    let opts = SockOpts {
-        nodelay: true,
-        send_buffer: Some(16 * 1024),
-        recv_buffer: Some(16 * 1024),
-        ..SockOpts::default()
-    };
-    a.apply(StreamAction::Configure { stream: s, opts });
-    b.apply(StreamAction::Configure { stream: t, opts });
+    small_buffers(&mut a, &mut b, 16 * 1024, true);
     const N: usize = 64;
     const CHUNK: usize = 64 * 1024;
     let all = pattern(N * CHUNK, 3);
@@ -401,28 +429,13 @@ fn no_recv_posted_stops_the_sender_once_buffers_fill_and_it_resumes_after() {
     assert_eq!(b.d.stats().bytes_in, 0, "nothing read without a Recv");
     // The receiver reads: every send completes, in order, and the bytes are whole.
     let dst = SharedMem::new(N * CHUNK);
-    b.apply(StreamAction::Recv {
-        stream: t,
-        target: RecvTarget::Mem {
-            mem: dst.clone(),
-            offset: 0,
-            len: (N * CHUNK) as u32,
-        },
-    });
+    b.recv_mem(t, &dst, 0, N * CHUNK);
     assert!(pump(&clock, &mut [&mut a, &mut b], 3000, |n| n[0]
         .rec
         .sent(s)
         == N
         && n[1].rec.filled(t) == (N * CHUNK) as u64));
-    let ids: Vec<u64> = a
-        .rec
-        .evs
-        .iter()
-        .filter_map(|e| match e {
-            Ev::Sent(_, id, Ok(())) => Some(id.0),
-            _ => None,
-        })
-        .collect();
+    let ids = a.rec.sent_ids();
     assert_eq!(ids, (0..N as u64).collect::<Vec<_>>(), "Sent in order");
     assert!(dst.to_vec() == all);
 }
@@ -482,13 +495,7 @@ fn a_graceful_close_delivers_every_byte_then_eof_and_reports_nothing_more() {
     let (clock, mut a, mut b) = pair(cfg);
     let (s, t) = (sid(1), sid(2));
     // Small socket buffers: the close finds most of the bytes still queued in the driver.
-    let opts = SockOpts {
-        send_buffer: Some(16 * 1024),
-        recv_buffer: Some(16 * 1024),
-        ..SockOpts::default()
-    };
-    a.apply(StreamAction::Configure { stream: s, opts });
-    b.apply(StreamAction::Configure { stream: t, opts });
+    small_buffers(&mut a, &mut b, 16 * 1024, false);
     let big = pattern(300 * 1024, 9);
     a.send(s, 1, b"first", SendPayload::None);
     a.send(s, 2, b"second:", SendPayload::Bytes(big.clone()));
@@ -1067,14 +1074,7 @@ fn throughput(path: Path, msgs: usize) -> f64 {
             } else if path == Path::Copy {
                 b.recv(t, body_left.min(65536) as u32);
             } else {
-                b.apply(StreamAction::Recv {
-                    stream: t,
-                    target: RecvTarget::Mem {
-                        mem: dst.clone(),
-                        offset: (LEN as u64 - body_left),
-                        len: body_left as u32,
-                    },
-                });
+                b.recv_mem(t, &dst, LEN as u64 - body_left, body_left as usize);
             }
             posted = true;
         }
@@ -1213,13 +1213,7 @@ fn zero_copy_sends_through_small_buffers_stay_whole_and_in_order() {
     };
     let (clock, mut a, mut b) = pair(cfg);
     let (s, t) = (sid(1), sid(2));
-    let opts = SockOpts {
-        send_buffer: Some(32 * 1024),
-        recv_buffer: Some(32 * 1024),
-        ..SockOpts::default()
-    };
-    a.apply(StreamAction::Configure { stream: s, opts });
-    b.apply(StreamAction::Configure { stream: t, opts });
+    small_buffers(&mut a, &mut b, 32 * 1024, false);
     const N: usize = 12;
     const LEN: usize = 100 * 1024;
     let src = SharedMem::new(N * LEN);
@@ -1240,29 +1234,14 @@ fn zero_copy_sends_through_small_buffers_stay_whole_and_in_order() {
         a.send(s, i as u64, &head, payload);
     }
     let dst = SharedMem::new(want.len());
-    b.apply(StreamAction::Recv {
-        stream: t,
-        target: RecvTarget::Mem {
-            mem: dst.clone(),
-            offset: 0,
-            len: want.len() as u32,
-        },
-    });
+    b.recv_mem(t, &dst, 0, want.len());
     assert!(pump(&clock, &mut [&mut a, &mut b], 3000, |n| n[0]
         .rec
         .sent(s)
         == N
         && n[1].rec.filled(t) == want.len() as u64));
     assert!(dst.to_vec() == want, "bytes whole and in order");
-    let ids: Vec<u64> = a
-        .rec
-        .evs
-        .iter()
-        .filter_map(|e| match e {
-            Ev::Sent(_, id, Ok(())) => Some(id.0),
-            _ => None,
-        })
-        .collect();
+    let ids = a.rec.sent_ids();
     assert_eq!(ids, (0..N as u64).collect::<Vec<_>>());
     let st = a.d.stats();
     assert!(st.zc_sends >= 8, "{st:?}");

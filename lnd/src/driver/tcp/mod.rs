@@ -574,28 +574,7 @@ pub use crate::driver::{run_endpoint, turn, MonotonicClock};
 /// What each engine action means on sockets. I/O is only queued here: [`TcpFabric::poll`]
 /// submits it and reports what was decided at once (e.g. a send on a dead connection is flushed).
 impl Fabric for TcpFabric {
-    fn connect(&mut self, _: Instant, conn: ConnId, peer: Nid, private: PrivateData, slots: u16) {
-        TcpFabric::connect(self, conn, peer, private, slots)
-    }
-
-    fn accept(
-        &mut self,
-        _: Instant,
-        req: RequestId,
-        conn: ConnId,
-        private: PrivateData,
-        slots: u16,
-    ) {
-        TcpFabric::accept(self, req, conn, private, slots)
-    }
-
-    fn reject(&mut self, _: Instant, req: RequestId, private: PrivateData) {
-        TcpFabric::reject(self, req, private)
-    }
-
-    fn post_recv(&mut self, _: Instant, conn: ConnId, slot: u16) {
-        TcpFabric::post_recv(self, conn, slot)
-    }
+    forward_fabric_cm!(TcpFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the write buffer (unless it waits behind a write): back to the engine at
@@ -648,20 +627,10 @@ impl Fabric for TcpFabric {
             self.socks[sock].grants.revoke(id);
         }
     }
-
-    fn disconnect(&mut self, _: Instant, conn: ConnId) {
-        TcpFabric::disconnect(self, conn)
-    }
-
-    fn destroy(&mut self, _: Instant, conn: ConnId) {
-        TcpFabric::destroy(self, conn)
-    }
 }
 
 impl crate::driver::Driver for TcpFabric {
-    fn apply(&mut self, now: Instant, action: FabricAction) {
-        TcpFabric::apply(self, now, action);
-    }
+    forward_driver_io!(self, TcpFabric, self);
 
     fn registry(&mut self) -> Option<&mut dyn Registry> {
         Some(self)
@@ -670,15 +639,6 @@ impl crate::driver::Driver for TcpFabric {
     /// Every write frame is checked and placed by this fabric: it reports coverage.
     fn sees_writes(&self) -> bool {
         true
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<std::time::Duration>,
-        sink: &mut dyn FabricSink,
-        now: &dyn Fn() -> Instant,
-    ) -> io::Result<()> {
-        TcpFabric::poll(self, timeout, sink, now)
     }
 
     fn take_woken(&mut self) -> bool {

@@ -160,45 +160,10 @@ impl TcpFabric {
         } else {
             timeout
         };
-        // Busy-poll first (bounded by `busy_poll` and by the caller's timeout): on a loaded
-        // link the next completion is microseconds away, and sleeping in the kernel and being
-        // woken costs more than that.
+        // Busy-poll first (bounded by `busy_poll` and by the caller's timeout; see
+        // `spin_on_ring` for why and how), then sleep in the kernel for the rest.
         let spin = timeout.map_or(self.cfg.busy_poll, |t| t.min(self.cfg.busy_poll));
-        let mut waited = false;
-        if !spin.is_zero() {
-            let start = std::time::Instant::now();
-            // Each round enters the kernel without waiting: the ring is set up with
-            // COOP_TASKRUN, so socket completions are posted when we enter, not by an IPI.
-            // Between rounds the thread yields the CPU: with as many spinning threads as cores
-            // or more (a router beside its clients, a shared login node, a CI box) the spinning
-            // must not starve the peer, or the kernel work that produces the very completion it
-            // waits for. With a core to itself, the yield returns at once. Measured on 2 vCPUs
-            // (lnet_perf, client, router and server processes): yielding from the first round
-            // against yielding only after 15 us of spinning, routed 64-B PUT rate +35-60%,
-            // routed ping RTT -30-45%, the direct PUT rate within 10% (noise). Under CPU hogs
-            // (`yes` on every core) any spinning collapses: give a busy-polling router its own
-            // cores.
-            // The doorbell: a wake-up from another thread (a handover to this NI) is seen as
-            // a flag in each round, not as a byte on the waker (see `Doorbell`).
-            if let Some(b) = &self.bell {
-                b.spin_begin();
-            }
-            let spun = loop {
-                if let Err(e) = self.ring.submit_and_wait(Some(std::time::Duration::ZERO)) {
-                    break Err(e);
-                }
-                if self.ring.has_completions()
-                    || self.bell.as_ref().is_some_and(Doorbell::rung)
-                    || start.elapsed() >= spin
-                {
-                    break Ok(());
-                }
-                std::thread::yield_now();
-            };
-            let rung = self.bell.as_ref().is_some_and(Doorbell::spin_end);
-            spun?;
-            waited = rung || self.ring.has_completions();
-        }
+        let waited = crate::driver::spin_on_ring(&mut self.ring, self.bell.as_ref(), spin)?;
         if !waited {
             let rest = timeout.map(|t| t.saturating_sub(spin));
             self.ring.submit_and_wait(rest)?;
@@ -381,23 +346,10 @@ impl TcpFabric {
             return; // the accept itself completes with ECANCELED
         }
         if op == Some(OpTag::Waker) {
-            // The owner drains the waker after this poll; re-armed at the next one.
             let Some(w) = self.watched.get_mut(sock.index() as usize) else {
                 return;
             };
-            w.1 = false;
-            // Only the owner's own waker needs draining; another loop's ring (watched when
-            // several share a thread) is drained by its own poll.
-            self.woken |= Some(w.0) == self.waker_fd;
-            if c.result < 0 && c.result != -libc::ECANCELED {
-                // A broken waker would complete at once on every poll and spin the loop: stop
-                // watching it (the loop's own bound still brings control requests in).
-                tracing::error!(
-                    errno = -c.result,
-                    "tcp fabric: waker poll failed; no longer watching it"
-                );
-                w.0 = -1;
-            }
+            self.woken |= crate::driver::watch_fired(w, self.waker_fd, c.result, "tcp fabric");
             return;
         }
         let Some(s) = self.socks.get_mut(sock) else {

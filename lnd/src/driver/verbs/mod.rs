@@ -287,28 +287,7 @@ impl VerbsFabric {
 /// What each engine action means on rdma_cm + ibverbs; results come with the next
 /// [`VerbsFabric::poll`].
 impl Fabric for VerbsFabric {
-    fn connect(&mut self, _: Instant, conn: ConnId, peer: Nid, private: PrivateData, slots: u16) {
-        VerbsFabric::connect(self, conn, peer, private, slots)
-    }
-
-    fn accept(
-        &mut self,
-        _: Instant,
-        req: RequestId,
-        conn: ConnId,
-        private: PrivateData,
-        slots: u16,
-    ) {
-        VerbsFabric::accept(self, req, conn, private, slots)
-    }
-
-    fn reject(&mut self, _: Instant, req: RequestId, private: PrivateData) {
-        VerbsFabric::reject(self, req, private)
-    }
-
-    fn post_recv(&mut self, _: Instant, conn: ConnId, slot: u16) {
-        VerbsFabric::post_recv(self, conn, slot)
-    }
+    forward_fabric_cm!(VerbsFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the registered send buffer: back to the engine at the next poll.
@@ -331,32 +310,13 @@ impl Fabric for VerbsFabric {
     fn grant_writes(&mut self, _: Instant, _: ConnId, _: WrId, _: Vec<RemoteFrag>) {}
 
     fn revoke_writes(&mut self, _: Instant, _: ConnId, _: WrId) {}
-
-    fn disconnect(&mut self, _: Instant, conn: ConnId) {
-        VerbsFabric::disconnect(self, conn)
-    }
-
-    fn destroy(&mut self, _: Instant, conn: ConnId) {
-        VerbsFabric::destroy(self, conn)
-    }
 }
 
 impl crate::driver::Driver for VerbsFabric {
-    fn apply(&mut self, now: Instant, action: FabricAction) {
-        VerbsFabric::apply(self, now, action);
-    }
+    forward_driver_io!(self, VerbsFabric, self);
 
     fn registry(&mut self) -> Option<&mut dyn Registry> {
         Some(self)
-    }
-
-    fn poll(
-        &mut self,
-        timeout: Option<std::time::Duration>,
-        sink: &mut dyn FabricSink,
-        now: &dyn Fn() -> Instant,
-    ) -> io::Result<()> {
-        VerbsFabric::poll(self, timeout, sink, now)
     }
 
     fn set_waker(&mut self, fd: std::os::fd::RawFd) {

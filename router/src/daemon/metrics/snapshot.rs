@@ -190,32 +190,8 @@ fn take(
     }
 }
 
-/// Two `stats show`s added field by field, through their JSON form as the daemon's merge of
-/// its NI loops' answers does (`fan_out::sum_stats`; not named from here, which the daemon's
-/// files name), so that a counter added to either struct is summed too.
+/// Two `stats show`s added field by field, as the daemon's merge of its NI loops' answers does
+/// ([`crate::stats::sum_counters`]), so that a counter added to either struct is summed too.
 pub(crate) fn sum_stats(a: StatsShow, b: StatsShow) -> StatsShow {
-    fn add(a: &mut serde_json::Value, b: &serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
-                for (k, v) in y {
-                    match x.get_mut(k) {
-                        Some(slot) => add(slot, v),
-                        None => {
-                            x.insert(k.clone(), v.clone());
-                        }
-                    }
-                }
-            }
-            (slot @ serde_json::Value::Number(_), serde_json::Value::Number(n)) => {
-                let sum = slot.as_u64().unwrap_or(0) + n.as_u64().unwrap_or(0);
-                *slot = serde_json::Value::from(sum);
-            }
-            _ => {}
-        }
-    }
-    let (Ok(mut x), Ok(y)) = (serde_json::to_value(&a), serde_json::to_value(&b)) else {
-        return a;
-    };
-    add(&mut x, &y);
-    serde_json::from_value(x).unwrap_or(a)
+    crate::stats::sum_counters(a, b)
 }

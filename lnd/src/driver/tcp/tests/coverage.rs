@@ -6,6 +6,7 @@
 use super::*;
 use crate::driver::tamper::Rewrite;
 use crate::engine::RdmaSink;
+use crate::mem::Registration;
 use crate::wire::errno::EPROTO;
 
 /// How the hostile source writes.
@@ -71,6 +72,21 @@ const LEN: u32 = 64 * 1024 + 3;
 /// What the sink's memory holds before: its previous user's bytes.
 const OLD: u8 = 0xee;
 
+/// A's source of `LEN` bytes of `pattern(seed)`, and B's sink of `LEN` old bytes.
+fn src_and_sink(a: &mut Node, b: &mut Node, seed: u32) -> (Registration, Registration) {
+    let src = a.fabric.register(pattern(seed, LEN as usize)).unwrap();
+    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    (src, sink)
+}
+
+/// Turns both nodes until B's side of the transfer `cookie` has ended, however it ended;
+/// whether it did within 10 s.
+fn b_transfer_ends(a: &mut Node, b: &mut Node, clock: &MonotonicClock, cookie: u64) -> bool {
+    run_until(&mut [a, b], clock, StdDuration::from_secs(10), |n| {
+        n[1].rdma_done.contains_key(&cookie)
+    })
+}
+
 /// A PUTs `LEN` bytes into B's sink, writing them as `how` says; B's outcome, B's LND
 /// counters, and B's sink afterwards.
 fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Vec<u8>) {
@@ -78,20 +94,14 @@ fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Ve
     let (_book, mut a, mut b) = connected_pair(&clock);
     a.fabric.set(Some(tamper(how)));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
-    let src = a.fabric.register(pattern(3, LEN as usize)).unwrap();
-    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    let (src, sink) = src_and_sink(&mut a, &mut b, 3);
     b.answers
         .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 77));
     let h = hdr(an, bn, LEN as usize);
     a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 77)
         .unwrap();
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(10),
-            |n| n[1].rdma_done.contains_key(&77)
-        ),
+        b_transfer_ends(&mut a, &mut b, &clock, 77),
         "{how:?}: the sink's transfer did not end"
     );
     let bytes = b.fabric.contents(&sink).unwrap();
@@ -130,20 +140,14 @@ fn get_from(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats) {
     let (_book, mut a, mut b) = connected_pair(&clock);
     a.fabric.set(Some(tamper(how)));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
-    let src = a.fabric.register(pattern(4, LEN as usize)).unwrap();
-    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    let (src, sink) = src_and_sink(&mut a, &mut b, 4);
     a.answers
         .push_back(Answer::Reply(vec![src.local_frag(0, LEN)], 88));
     let into = RdmaSink::of(&sink, 0, LEN);
     b.ep.send_get_rdma(clock.now(), an, hdr(bn, an, 0), into, 88)
         .unwrap();
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(10),
-            |n| n[1].rdma_done.contains_key(&88)
-        ),
+        b_transfer_ends(&mut a, &mut b, &clock, 88),
         "{how:?}: the GET did not end"
     );
     let out = (b.rdma_done[&88], b.ep.stats().clone());
@@ -183,20 +187,14 @@ fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
         Some(act)
     })));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
-    let src = a.fabric.register(pattern(5, LEN as usize)).unwrap();
-    let sink = b.fabric.register(vec![OLD; LEN as usize]).unwrap();
+    let (src, sink) = src_and_sink(&mut a, &mut b, 5);
     b.answers
         .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 99));
     let h = hdr(an, bn, LEN as usize);
     a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 99)
         .unwrap();
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(10),
-            |n| n[1].rdma_done.contains_key(&99)
-        ),
+        b_transfer_ends(&mut a, &mut b, &clock, 99),
         "the grant was not reclaimed"
     );
     assert_eq!(b.rdma_done[&99], Err(TxError::GrantExpired));
