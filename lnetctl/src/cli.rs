@@ -263,11 +263,13 @@ pub(crate) enum NetCmd {
         /// Refused: ip2nets is not supported; give --net and --if, or --nid
         #[arg(short = 'p', long, value_name = "SPEC")]
         ip2net: Option<String>,
-        /// ulnet's own: the fabric (tcp or verbs; default: verbs if the address is on an RDMA
-        /// device and the daemon has verbs, else tcp)
+        /// ulnet's own: the fabric. A tcp net: socket (ksocklnd's wire, the default). An o2ib
+        /// net: tcp or verbs (default: verbs if the address is on an RDMA device and the daemon
+        /// has verbs, else tcp)
         #[arg(long, value_name = "FABRIC")]
         fabric: Option<String>,
-        /// ulnet's own: where the NI listens (default: its NID's address, port 987)
+        /// ulnet's own: where an o2ib NI listens (default: its NID's address, port 987; a tcp NI
+        /// listens on its NID's address and the daemon's acceptor port)
         #[arg(long, value_name = "ADDR:PORT")]
         listen: Option<String>,
     },
