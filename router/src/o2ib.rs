@@ -75,6 +75,8 @@ impl LnetNode {
     pub fn set_capture(&mut self, ni: NiIndex, on: bool) {
         if let Some(ep) = self.endpoint_mut(ni) {
             ep.set_capture(on);
+        } else if let Some(engine) = crate::sock::sock_engine_mut(self, ni) {
+            engine.set_capture(on);
         }
     }
 

@@ -33,3 +33,8 @@ pub fn sock_lnd(c: &NiConfig, sock: &SockConfig, now: Instant) -> Box<dyn Lnd> {
 pub fn sock_engine(node: &crate::LnetNode, ni: crate::NiIndex) -> Option<&SockEngine> {
     node.lnd(ni)?.as_any().downcast_ref::<SockEngine>()
 }
+
+/// [`sock_engine`], to change it (capture on and off, draining its records).
+pub fn sock_engine_mut(node: &mut crate::LnetNode, ni: crate::NiIndex) -> Option<&mut SockEngine> {
+    node.lnd_mut(ni)?.as_any_mut().downcast_mut::<SockEngine>()
+}

@@ -367,3 +367,79 @@ fn socklnd_metrics_carry_the_lnd_label() {
         "connections are a gauge: {text}"
     );
 }
+
+/// `lnetctl capture` on a tcp NI records socklnd's streams as TCP segments that Wireshark's
+/// LNet dissector decodes: a ping (GET, REPLY) and a brw write (PUTs whose 64 KiB payloads are
+/// kept up to 4 KiB, the rest written as zeros so the stream stays whole).
+#[test]
+fn capture_on_a_tcp_ni_decodes_in_tshark() {
+    use std::io::{BufRead, BufReader};
+    let Some(tshark) = testkit::tshark_or_skip() else {
+        return;
+    };
+    let dir = Scratch::new("sock_capture");
+    let port = acceptor_port();
+    let (a_nid, b_nid) = ("127.0.27.1@tcp", "127.0.27.2@tcp");
+    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
+    let _b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    let file = dir.0.join("sock.pcap");
+    let mut child = std::process::Command::new(lnetctl_bin())
+        .arg("--socket")
+        .arg(&a.socket)
+        .args(["capture", "--duration", "4", "--file"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lnetctl capture");
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains(&format!("capturing on {a_nid}")), "{line}");
+    ping_until_ok(&a, b_nid, Duration::from_secs(10));
+    let v = run_test(
+        &a,
+        a_nid,
+        b_nid,
+        &["--loop", "2"],
+        &["brw", "write", "size=64k"],
+    );
+    assert_eq!(v["brw_errors"], 0, "{v}");
+    let status = testkit::wait_exit(&mut child, Duration::from_secs(20)).expect("capture ends");
+    assert!(status.success());
+    let decode = format!("tcp.port=={port},lnet");
+    let text = testkit::run_tshark(
+        &tshark,
+        &file,
+        &[
+            "-d",
+            &decode,
+            "-Y",
+            "lnet",
+            "-T",
+            "fields",
+            "-e",
+            "lnet.ksm_type",
+            "-e",
+            "lnet.msg_type",
+        ],
+    );
+    let rows: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split('\t');
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .collect();
+    assert!(
+        !rows.is_empty() && rows.iter().all(|(k, _)| k.ends_with("c1")),
+        "every LNet PDU a KSOCK_MSG_LNET: {text}"
+    );
+    for (ty, what) in [("1", "PUT"), ("2", "GET"), ("3", "REPLY")] {
+        assert!(
+            rows.iter().any(|(_, m)| m.split(',').any(|x| x == ty)),
+            "no {what} decoded: {text}"
+        );
+    }
+}

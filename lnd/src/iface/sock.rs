@@ -202,6 +202,8 @@ pub struct SockStats {
     /// Closes: graceful / aborted.
     pub closes_graceful: u64,
     pub closes_abort: u64,
+    /// Capture records dropped because the capture queue was full (`lnetctl capture`).
+    pub capture_drops: u64,
     /// Gauges: connections now, and of those not yet through their HELLO.
     pub conns: u64,
     pub unauthenticated: u64,

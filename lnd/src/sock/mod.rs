@@ -261,6 +261,33 @@ pub struct SockEngine {
     shutting_down: bool,
     next_send: u64,
     recycled: Vec<Vec<u8>>,
+    /// `lnetctl capture`: the stream bytes sent and received, while on (bounded).
+    capture: Option<VecDeque<SockCaptured>>,
+}
+
+/// Records the capture queue holds at most; beyond, records are dropped and counted
+/// (`capture_drops`), so a capture nobody drains costs bounded memory.
+pub const CAPTURE_QUEUE: usize = 4096;
+/// Payload bytes a record keeps of one send or read; the rest is only counted (`elided`), so a
+/// pcap of the stream stays consistent (the writer fills the count with zeros) without holding
+/// a copy of every bulk payload.
+pub const CAPTURE_BYTES: usize = 4096;
+
+/// Bytes of one connection's stream, as `lnetctl capture` records them: what one `Send` put on
+/// it, or what one read took off it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SockCaptured {
+    pub at: Instant,
+    /// Ours to the peer (`true`) or the peer's to us.
+    pub sent: bool,
+    /// The peer's NID, once its HELLO named it.
+    pub peer: Option<Nid>,
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    /// The first bytes, as on the wire.
+    pub bytes: Vec<u8>,
+    /// Bytes that followed `bytes` on the stream and were not kept.
+    pub elided: u32,
 }
 
 impl SockEngine {
@@ -285,6 +312,7 @@ impl SockEngine {
             shutting_down: false,
             next_send: 1,
             recycled: Vec::new(),
+            capture: None,
         };
         if e.cfg.accept != AcceptMode::None {
             let addr = SocketAddrV4::new(e.my_ip(), e.cfg.accept_port);
@@ -314,6 +342,48 @@ impl SockEngine {
     /// The next thing for the stream driver to do.
     pub fn poll_action(&mut self) -> Option<StreamAction> {
         self.actions.pop_front()
+    }
+
+    /// Starts (`true`) or stops recording the bytes of every connection (`lnetctl capture`);
+    /// records not drained are dropped when it stops.
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(VecDeque::new);
+    }
+
+    /// The next captured record, oldest first.
+    pub fn poll_captured(&mut self) -> Option<SockCaptured> {
+        self.capture.as_mut()?.pop_front()
+    }
+
+    /// Records `bytes` (and `elided` more) of connection `id`'s stream, if capturing.
+    fn capture_bytes(&mut self, id: StreamId, sent: bool, bytes: &[&[u8]], elided: u32) {
+        let Some(q) = self.capture.as_mut() else {
+            return;
+        };
+        let Some(c) = self.conns.get(id) else {
+            return;
+        };
+        if q.len() >= CAPTURE_QUEUE {
+            self.stats.capture_drops += 1;
+            return;
+        }
+        let mut kept = Vec::new();
+        let mut skipped = elided;
+        for b in bytes {
+            let room = CAPTURE_BYTES.saturating_sub(kept.len());
+            let n = b.len().min(room);
+            kept.extend_from_slice(&b[..n]);
+            skipped = skipped.saturating_add((b.len() - n) as u32);
+        }
+        q.push_back(SockCaptured {
+            at: self.now,
+            sent,
+            peer: c.peer,
+            local: c.local,
+            remote: c.remote,
+            bytes: kept,
+            elided: skipped,
+        });
     }
 
     /// Every connection, for `conn show`.

@@ -24,6 +24,7 @@ fn csum_ok(msg: &RxMsg) -> bool {
 
 impl SockEngine {
     pub(super) fn on_data(&mut self, id: StreamId, bytes: &[u8]) {
+        self.capture_bytes(id, false, &[bytes], 0);
         let Some(c) = self.conns.get_mut(id) else {
             return;
         };
@@ -41,6 +42,8 @@ impl SockEngine {
     }
 
     pub(super) fn on_filled(&mut self, id: StreamId, n: u32) {
+        // The payload landed in LNet's memory: counted, not copied.
+        self.capture_bytes(id, false, &[], n);
         let now = self.now;
         let Some(c) = self.conns.get_mut(id) else {
             return;

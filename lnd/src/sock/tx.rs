@@ -146,6 +146,23 @@ impl SockEngine {
         c.inflight.push_back((sid, tx, nob));
         c.queued_bytes += u64::from(nob);
         c.last_used = now;
+        if self.capture.is_some() {
+            match &payload {
+                SendPayload::None => self.capture_bytes(id, true, &[&head], 0),
+                SendPayload::Bytes(b) => self.capture_bytes(id, true, &[&head, b], 0),
+                SendPayload::Mem { mem, offset, len } => {
+                    let (offset, len) = (*offset as usize, *len as usize);
+                    let kept = len.min(CAPTURE_BYTES.saturating_sub(head.len()));
+                    let first = mem.with(|m| {
+                        m.get(offset..offset.saturating_add(kept))
+                            .map(<[u8]>::to_vec)
+                            .unwrap_or_default()
+                    });
+                    let elided = (len - first.len()) as u32;
+                    self.capture_bytes(id, true, &[&head, &first], elided);
+                }
+            }
+        }
         self.actions.push_back(StreamAction::Send {
             stream: id,
             id: sid,

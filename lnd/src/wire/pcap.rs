@@ -219,6 +219,12 @@ impl<W: Write> PcapWriter<W> {
         &self.out
     }
 
+    /// Appends frames another writer built for the same file (same global header: Ethernet,
+    /// microseconds), as they are.
+    pub fn write_frames(&mut self, frames: &[u8]) -> io::Result<()> {
+        self.out.write_all(frames)
+    }
+
     /// Flushes the underlying writer.
     pub fn flush(&mut self) -> io::Result<()> {
         self.out.flush()

@@ -113,6 +113,24 @@ impl<W: Write> TcpPcapWriter<W> {
         })
     }
 
+    /// A writer that writes no global header: its frames follow another writer's in one file
+    /// (`lnetctl capture` puts o2ib NIs' RoCEv2 frames and tcp NIs' TCP frames in one pcap,
+    /// both on Ethernet).
+    pub fn continuing(out: W) -> Self {
+        TcpPcapWriter {
+            out,
+            flows: HashMap::new(),
+            ip_id: 0,
+            max_segment: MAX_SEGMENT,
+            frames: 0,
+        }
+    }
+
+    /// The underlying writer, to take the frames written so far.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// Splits data into frames of at most `n` bytes (clamped to 1..=[`MAX_SEGMENT`]), as a link
     /// with that MSS would carry it. Wireshark reassembles socklnd messages across frames.
     pub fn with_max_segment(mut self, n: usize) -> Self {

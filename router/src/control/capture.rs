@@ -64,8 +64,24 @@ pub struct CaptureRecord {
     pub peer: String,
     /// The LND connection (`ConnId::as_u64`; 0 for a CONNREQ received before it had one).
     pub conn: u64,
-    /// The whole kib message, hex.
+    /// The whole kib message, hex; for a tcp NI (socklnd) the stream bytes, hex.
     pub msg: String,
+    /// A tcp NI's record (socklnd): the connection's addresses and how many stream bytes
+    /// followed `msg` unrecorded; `None` for an o2ib NI's kib message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<TcpSegment>,
+}
+
+/// The TCP side of a socklnd capture record ([`CaptureRecord::tcp`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TcpSegment {
+    /// Our end, `IP:PORT`.
+    pub local: String,
+    /// The peer's end, `IP:PORT`.
+    pub remote: String,
+    /// Stream bytes after `msg` that were not kept (a bulk payload beyond the first 4 KiB): the
+    /// pcap writer fills them with zeros so the stream stays whole for the dissector.
+    pub elided: u32,
 }
 
 /// The end of a capture.
@@ -121,9 +137,13 @@ impl CaptureSession {
         let nis = node.nids();
         let mut base_drops = Vec::with_capacity(nis.len());
         for i in 0..nis.len() {
-            let drops = node
-                .endpoint(NiIndex(i))
-                .map_or(0, |e| e.stats().capture_drops);
+            let drops = node.endpoint(NiIndex(i)).map_or_else(
+                || {
+                    crate::sock::sock_engine(node, NiIndex(i))
+                        .map_or(0, |e| e.stats().capture_drops)
+                },
+                |e| e.stats().capture_drops,
+            );
             base_drops.push(drops);
             node.set_capture(NiIndex(i), true);
         }
@@ -189,8 +209,39 @@ impl CaptureSession {
                     peer: c.peer.to_string(),
                     conn: c.conn.as_u64(),
                     msg: hex_encode(&c.bytes),
+                    tcp: None,
                 };
                 node.recycle(c.bytes);
+                chunk.push((c.at, rec));
+                if chunk.len() >= CAPTURE_CHUNK && !self.deliver(&mut chunk, &mut deliver) {
+                    return false;
+                }
+            }
+            while budget > 0 && !self.client_full {
+                let Some(c) =
+                    crate::sock::sock_engine_mut(node, NiIndex(i)).and_then(|e| e.poll_captured())
+                else {
+                    break;
+                };
+                budget -= 1;
+                let ts_ns = self
+                    .start_unix_ns
+                    .saturating_add(c.at.saturating_duration_since(self.start).as_nanos());
+                let rec = CaptureRecord {
+                    ts_ns,
+                    sent: c.sent,
+                    ni: ni_s.clone(),
+                    peer: c
+                        .peer
+                        .map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                    conn: 0,
+                    msg: hex_encode(&c.bytes),
+                    tcp: Some(TcpSegment {
+                        local: c.local.to_string(),
+                        remote: c.remote.to_string(),
+                        elided: c.elided,
+                    }),
+                };
                 chunk.push((c.at, rec));
                 if chunk.len() >= CAPTURE_CHUNK && !self.deliver(&mut chunk, &mut deliver) {
                     return false;
@@ -229,6 +280,8 @@ impl CaptureSession {
         for (i, base) in self.base_drops.iter().enumerate() {
             if let Some(ep) = node.endpoint(NiIndex(i)) {
                 dropped += ep.stats().capture_drops.saturating_sub(*base);
+            } else if let Some(e) = crate::sock::sock_engine(node, NiIndex(i)) {
+                dropped += e.stats().capture_drops.saturating_sub(*base);
             }
             node.set_capture(NiIndex(i), false);
         }
@@ -272,9 +325,15 @@ pub fn hex_decode(s: &str) -> Option<Vec<u8>> {
 /// a connection's traffic is one conversation; CONNREQ and CONNACK are framed the same way (a
 /// real fabric carries them in connection-manager MADs on QP 1, which Wireshark would hand to
 /// its MAD dissector instead of LNet's). PSNs count per connection and direction.
+///
+/// A tcp NI's records (socklnd: [`CaptureRecord::tcp`]) are TCP segments of their connection
+/// between the two socket addresses (`lnd::wire::pcap_tcp`), in the same file, so Wireshark
+/// decodes them on port 988; bytes a record elided are written as zeros, so the stream stays
+/// whole and the dissector frames the messages after them.
 pub struct CaptureWriter<W: Write> {
     pcap: lnd::wire::pcap::PcapWriter<W>,
     psn: HashMap<(u64, bool), u32>,
+    tcp: lnd::wire::pcap_tcp::TcpPcapWriter<Vec<u8>>,
 }
 
 impl<W: Write> CaptureWriter<W> {
@@ -283,6 +342,7 @@ impl<W: Write> CaptureWriter<W> {
         Ok(CaptureWriter {
             pcap: lnd::wire::pcap::PcapWriter::new(out)?,
             psn: HashMap::new(),
+            tcp: lnd::wire::pcap_tcp::TcpPcapWriter::continuing(Vec::new()),
         })
     }
 
@@ -296,6 +356,9 @@ impl<W: Write> CaptureWriter<W> {
             .parse()
             .map_err(|e| bad(format!("record peer: {e}")))?;
         let msg = hex_decode(&r.msg).ok_or_else(|| bad("record message is not hex".into()))?;
+        if let Some(t) = &r.tcp {
+            return self.write_tcp(r, t, msg);
+        }
         let qpn = conn_qpn(r.conn);
         let (src, dst) = if r.sent { (ni, peer) } else { (peer, ni) };
         let psn = self.psn.entry((r.conn, r.sent)).or_insert(0);
@@ -310,9 +373,41 @@ impl<W: Write> CaptureWriter<W> {
         )
     }
 
+    /// A socklnd record: the stream bytes as TCP segments from one socket address to the other.
+    fn write_tcp(
+        &mut self,
+        r: &CaptureRecord,
+        t: &TcpSegment,
+        mut bytes: Vec<u8>,
+    ) -> io::Result<()> {
+        use lnd::wire::pcap_tcp::TcpEndpoint;
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let end = |s: &str| -> io::Result<TcpEndpoint> {
+            let a: std::net::SocketAddrV4 = s
+                .parse()
+                .map_err(|e| bad(format!("record address {s}: {e}")))?;
+            Ok(TcpEndpoint {
+                ipv4: a.ip().octets(),
+                port: a.port(),
+            })
+        };
+        let (local, remote) = (end(&t.local)?, end(&t.remote)?);
+        let (src, dst) = if r.sent {
+            (local, remote)
+        } else {
+            (remote, local)
+        };
+        // At most LNET_MTU of zeros a record (a payload is never larger).
+        let elided = (t.elided as usize).min(lnd::wire::lnet::LNET_MTU as usize);
+        bytes.resize(bytes.len() + elided, 0);
+        self.tcp.write_data(r.ts_ns, src, dst, &bytes)?;
+        let frames = std::mem::take(self.tcp.get_mut());
+        self.pcap.write_frames(&frames)
+    }
+
     /// Frames written.
     pub fn frames(&self) -> u64 {
-        self.pcap.frames()
+        self.pcap.frames() + self.tcp.frames()
     }
 
     pub fn flush(&mut self) -> io::Result<()> {
