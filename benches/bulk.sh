@@ -17,6 +17,9 @@
 #   3. lnet_perf --bulk-get T --size S          ulnet GET by rendezvous  (brw read analogue)
 #   4. lnet_perf --bulk-put / --bulk-get T --size S --via-router lnet-router   (three processes
 #      on 2 cores; a routed GET is IMMEDIATE, its REPLY comes back by rendezvous)
+#   4b. the same PUTs on tcp NIDs (socklnd, ksocklnd's wire: `--net tcp`), direct and routed
+#      tcp -> o2ib (`--client-net tcp --server-net o2ib --via-router`); `bash benches/socklnd.sh`
+#      has socklnd's own figures against iperf3, sockperf and the relay
 #   5. ucx_perftest -t tag_bw -s S over UCX's tcp transport (as benches/loopback.sh runs it),
 #      about 2 GiB per size (its "overall" bandwidth, MB/s = MiB/s)
 #   6. fi_pingpong -p tcp -e msg -d lo -S S -I N (libfabric's tcp provider, MSG endpoint, on
@@ -237,6 +240,9 @@ for r in $(seq 1 "$ROUNDS"); do
     lnet ulnet_get "$s" --bulk-get "$T"
     lnet ulnet_put_routed "$s" --bulk-put "$T" --via-router "$ROOT/target/release/lnet-router"
     lnet ulnet_get_routed "$s" --bulk-get "$T" --via-router "$ROOT/target/release/lnet-router"
+    lnet socklnd_put "$s" --net tcp --bulk-put "$T"
+    lnet socklnd_put_routed "$s" --client-net tcp --server-net o2ib --bulk-put "$T" \
+      --via-router "$ROOT/target/release/lnet-router"
     if [ "$ST_OK" = 1 ]; then
       brw brw_write "$s" write 10.0.0.2@o2ib
       brw brw_read "$s" read 10.0.0.2@o2ib
@@ -260,7 +266,7 @@ for s in $SIZES; do
   fipp=$(fig fi_pingpong "$s")
   ceil=$(ratio "$(fig iperf3_relayed "$s")" "$base")
   for name in iperf3 iperf3_relayed iperf3_spliced ucx_tag_bw fi_pingpong ulnet_put ulnet_get ulnet_put_routed \
-      ulnet_get_routed brw_write brw_read brw_write_routed brw_read_routed; do
+      ulnet_get_routed socklnd_put socklnd_put_routed brw_write brw_read brw_write_routed brw_read_routed; do
     m=$(fig "$name" "$s")
     if [ -z "$m" ]; then
       [ "$name" = fi_pingpong ] && printf "%-9s %-17s %12s\n" "$s" "$name" n/a
@@ -271,6 +277,7 @@ for s in $SIZES; do
     [ "$name" = iperf3_spliced ] && rd=$(ratio "$m" "$base")
     [ "$name" = ulnet_put_routed ] && rd=$(ratio "$m" "$(fig ulnet_put "$s")")
     [ "$name" = ulnet_get_routed ] && rd=$(ratio "$m" "$(fig ulnet_get "$s")")
+    [ "$name" = socklnd_put_routed ] && rd=$(ratio "$m" "$(fig socklnd_put "$s")")
     [ "$name" = brw_write_routed ] && rd=$(ratio "$m" "$(fig brw_write "$s")")
     [ "$name" = brw_read_routed ] && rd=$(ratio "$m" "$(fig brw_read "$s")")
     rc=""
