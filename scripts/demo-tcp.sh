@@ -17,6 +17,12 @@ ctl() {
     "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
     echo
 }
+# From a run-test's output: the servers' bandwidth and the summary's RPC counts.
+show() {
+    awk '/LNet Bandwidth of servers/ {n = 3} n-- > 0 {print}
+         /^ *(rpcs_sent|rpcs_completed|brw_errors|rpc_errors):/ && !seen[$1]++ {print}
+         /^\[Latency/ {print}'
+}
 status=0
 ctl client ping 10.0.0.2@o2ib
 ctl server ping 127.0.0.11@tcp
@@ -25,14 +31,12 @@ for dir in write read; do
     "$bin/lnetctl" --socket "$run/client.sock" selftest run-test --from 127.0.0.11@tcp \
         --to 10.0.0.2@o2ib --duration "${DURATION:-3}" --concurrency 4 \
         brw "$dir" size=1M check=full 2>/dev/null \
-        | grep -E 'Bandwidth of servers|^\[[RW]\]|Latency|rpcs_(sent|completed)|brw_errors' \
-        | head -8 || status=$?
+        | show || status=$?
     echo "[server] \$ lnetctl selftest run-test --from 10.0.0.2@o2ib --to 127.0.0.11@tcp brw $dir size=1M check=full"
     "$bin/lnetctl" --socket "$run/server.sock" selftest run-test --from 10.0.0.2@o2ib \
         --to 127.0.0.11@tcp --duration "${DURATION:-3}" --concurrency 4 \
         brw "$dir" size=1M check=full 2>/dev/null \
-        | grep -E 'Bandwidth of servers|^\[[RW]\]|Latency|rpcs_(sent|completed)|brw_errors' \
-        | head -8 || status=$?
+        | show || status=$?
 done
 ctl router routing show
 ctl router net show -v
