@@ -39,6 +39,12 @@ use crate::time::{Duration, Instant};
 use crate::trim::Capacity;
 use crate::wire::{LnetHdr, Nid};
 
+/// The most payload an LND hands LNet inline ([`LndEvent::Received`]); larger ones come up as
+/// [`LndEvent::BulkRequest`]. It is o2iblnd's IMMEDIATE limit, the smallest `max_inline` of our
+/// LNDs, so whatever one LND hands up inline a router can send on inline by any other (a 4 KiB
+/// REPLY from a tcp net to o2ib was dropped when socklnd handed 4 KiB up inline).
+pub const INLINE_LIMIT: usize = crate::wire::kib::MAX_INLINE;
+
 /// A received message held by LNet: hand it back with [`Lnd::recv_done`] (or another answer) exactly once. Until
 /// then its receive slot stays unposted and its credit unreturned: that is the back-pressure a
 /// router applies upstream when it has no buffer (o2iblnd's IBLND_POSTRX_DONT_POST).

@@ -81,10 +81,8 @@ pub struct SockConfig {
     /// peer trickling a byte every 48 s pins the buffer for ever (reference section 11).
     pub grant_timeout: Duration,
     /// Ours: payloads up to this come up to LNet inline with their header; larger ones as a
-    /// bulk request, to land straight in the memory LNet chooses. At most o2iblnd's immediate
-    /// limit (3976 bytes, `wire::kib::MAX_INLINE`) by default, so that whatever comes up inline
-    /// can leave a router inline by either LND (a 4 KiB REPLY from a tcp server to an o2ib
-    /// client was dropped at the router as too large for an o2ib IMMEDIATE message).
+    /// bulk request, to land straight in the memory LNet chooses. [`super::INLINE_LIMIT`] by
+    /// default (the contract every LND keeps, so a router can pass any inline payload on).
     pub max_inline: u32,
 }
 
@@ -120,7 +118,7 @@ impl SockConfig {
             max_unauthenticated: 256,
             max_peers: 16384,
             grant_timeout: Duration::from_secs(1),
-            max_inline: crate::wire::kib::MAX_INLINE as u32,
+            max_inline: super::INLINE_LIMIT as u32,
         }
     }
 

@@ -287,7 +287,10 @@ impl SockEngine {
                 self.post_bytes(id, max);
                 return false;
             }
-            let payload = c.carry[MSG_HDR..MSG_HDR + plen].to_vec();
+            // From the buffers LNet gave back (`Lnd::recycle`): no allocation per message.
+            let mut payload = self.recycled.pop().unwrap_or_default();
+            payload.clear();
+            payload.extend_from_slice(&c.carry[MSG_HDR..MSG_HDR + plen]);
             c.carry.drain(..MSG_HDR + plen);
             drop_if_empty(&mut c.carry);
             let mut msg = msg;

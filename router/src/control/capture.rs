@@ -164,6 +164,12 @@ impl CaptureSession {
         self.id
     }
 
+    /// Wall-clock nanoseconds of a record taken at `at` (the start's, plus its offset).
+    fn ts_ns(&self, at: Instant) -> u64 {
+        self.start_unix_ns
+            .saturating_add(at.saturating_duration_since(self.start).as_nanos())
+    }
+
     /// The answer to the start request.
     pub fn started(&self) -> CaptureStarted {
         CaptureStarted {
@@ -199,9 +205,7 @@ impl CaptureSession {
                     break;
                 };
                 budget -= 1;
-                let ts_ns = self
-                    .start_unix_ns
-                    .saturating_add(c.at.saturating_duration_since(self.start).as_nanos());
+                let ts_ns = self.ts_ns(c.at);
                 let rec = CaptureRecord {
                     ts_ns,
                     sent: c.dir == lnd::engine::CaptureDir::Sent,
@@ -224,9 +228,7 @@ impl CaptureSession {
                     break;
                 };
                 budget -= 1;
-                let ts_ns = self
-                    .start_unix_ns
-                    .saturating_add(c.at.saturating_duration_since(self.start).as_nanos());
+                let ts_ns = self.ts_ns(c.at);
                 let rec = CaptureRecord {
                     ts_ns,
                     sent: c.sent,
