@@ -10,13 +10,6 @@
 # Env: DURATION=3 (seconds per brw)
 EXAMPLES=tcp-o2ib
 source "$(dirname "$0")/routed-daemons.sh"
-ctl() {
-    local who=$1
-    shift
-    echo "[$who] \$ lnetctl $*"
-    "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
-    echo
-}
 # From a run-test's output: the servers' bandwidth and the summary's RPC counts.
 show() {
     awk '/LNet Bandwidth of servers/ {n = 3} n-- > 0 {print}

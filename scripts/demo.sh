@@ -5,13 +5,6 @@
 # (the exchange captured to a pcap, decoded by tshark if present); then `route show -v` on the
 # client, `routing show`, `peer show -v` and `stats show` on the router; then a graceful stop.
 source "$(dirname "$0")/routed-daemons.sh"
-ctl() {
-    local who=$1
-    shift
-    echo "[$who] \$ lnetctl $*"
-    "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
-    echo
-}
 # Record what the client puts on the wire (kernel-bypass traffic is invisible to tcpdump).
 "$bin/lnetctl" --socket "$run/client.sock" capture --file "$run/ping.pcap" --duration 2 > "$run/capture.out" &
 cap=$!

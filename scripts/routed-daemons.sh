@@ -2,7 +2,8 @@
 # builds lnet-router and lnetctl, starts the three daemons of router/examples/$EXAMPLES/
 # (`routed` unless set: router, server, client) on loopback with their control sockets in a private directory, waits until the
 # client's route through the router is up, and stops them gracefully (SIGTERM) when the
-# script exits. Sets `bin` (the binaries) and `run` (the sockets' directory).
+# script exits. Sets `bin` (the binaries) and `run` (the sockets' directory), and defines
+# `ctl WHO ARGS...`: runs lnetctl on WHO's socket, echoing the command as the demos show it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cargo build --release -q -p router -p lnetctl
@@ -28,3 +29,10 @@ for _ in $(seq 100); do
     "$bin/lnetctl" --socket "$run/client.sock" route show -v 2>/dev/null | grep -q 'state: up' && break
     sleep 0.1
 done
+ctl() {
+    local who=$1
+    shift
+    echo "[$who] \$ lnetctl $*"
+    "$bin/lnetctl" --socket "$run/$who.sock" "$@" || echo "(exit status $?)"
+    echo
+}
