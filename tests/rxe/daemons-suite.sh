@@ -156,6 +156,20 @@ waitpid_bounded() {  # pid seconds -> sets RC (exit status, or "timeout")
 
 dump_logs() { for d in A B C R S; do [ -f "/tmp/$d.log" ] || continue; echo "--- /tmp/$d.log (tail)"; tail -40 "/tmp/$d.log"; done; }
 
+# Restarts B, waits until A reaches it, then freezes it (SIGSTOP) with the connection up: the
+# start of the SIGKILL and frozen-peer cases. $1: the failure code when A cannot ping it.
+restart_and_freeze_b() {
+  start B $NB $SB || { dump_logs; failed 21 "daemon B did not restart"; exit "$first"; }
+  ok=0
+  for i in 1 2 3 4 5; do
+    lnetctl --socket $SA ping $NB --timeout 10 >/dev/null 2>&1 && { ok=1; break; }
+    sleep 0.5
+  done
+  [ $ok = 1 ] || failed "$1" "A cannot ping the restarted B"
+  echo "A connected to the restarted B (pid $PID_B): A=$(qps "$PID_A") B=$(qps "$PID_B") RC QPs"
+  kill -STOP "$PID_B"
+}
+
 # ------------------------------------------------------------------------ setup
 echo "=== daemons: setup"
 ip addr add $B/24 dev dummy0 || { failed 21 "cannot add $B to dummy0"; exit 21; }
@@ -227,15 +241,7 @@ echo "A's log: peer down for B ${d:-(not found)} s after B's SIGTERM"
 
 # ------------------------------------------------------------------------ 3 SIGKILL
 echo "=== daemons 3: SIGKILL of B with pings pending on A"
-start B $NB $SB || { dump_logs; failed 21 "daemon B did not restart"; exit "$first"; }
-ok=0
-for i in 1 2 3 4 5; do
-  lnetctl --socket $SA ping $NB --timeout 10 >/dev/null 2>&1 && { ok=1; break; }
-  sleep 0.5
-done
-[ $ok = 1 ] || failed 25 "A cannot ping the restarted B"
-echo "A connected to the restarted B (pid $PID_B): A=$(qps "$PID_A") B=$(qps "$PID_B") RC QPs"
-kill -STOP "$PID_B"
+restart_and_freeze_b 25
 NPEND=12 PINGS=""
 i=0
 while [ $i -lt $NPEND ]; do
@@ -321,15 +327,7 @@ fi
 # Idle, it owes A nothing and A keeps the connection; with traffic beyond the credits, the
 # messages waiting for credits miss their deadline and A declares it dead.
 echo "=== daemons 5: B frozen (SIGSTOP): kept while idle, found by the tx deadlines under traffic"
-start B $NB $SB || { dump_logs; failed 21 "daemon B did not restart"; exit "$first"; }
-ok=0
-for i in 1 2 3 4 5; do
-  lnetctl --socket $SA ping $NB --timeout 10 >/dev/null 2>&1 && { ok=1; break; }
-  sleep 0.5
-done
-[ $ok = 1 ] || failed 28 "A cannot ping the restarted B"
-echo "A connected to the restarted B (pid $PID_B): A=$(qps "$PID_A") B=$(qps "$PID_B") RC QPs"
-kill -STOP "$PID_B"
+restart_and_freeze_b 28
 idle=$((2 * (KEEPALIVE + TIMEOUT)))
 sleep "$idle"
 st=$(b_state) nc=$(a_conns_to_b)

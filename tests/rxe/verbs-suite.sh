@@ -27,24 +27,23 @@ step() {  # name code command...
   fi
 }
 
-perftest() {  # name tool args... : server and client on $IP, client output in /tmp/$name.log
-  name=$1; shift
-  echo "=== $name: $*"
+perftest_once() {  # tool args... : one server/client run for perftest; sets rc
   "$@" >"/tmp/$name-server.log" 2>&1 &
   srv=$!
   sleep 1
   timeout 60 "$@" "$IP" >"/tmp/$name.log" 2>&1
   rc=$?
   wait $srv
+}
+
+perftest() {  # name tool args... : server and client on $IP, client output in /tmp/$name.log
+  name=$1; shift
+  echo "=== $name: $*"
+  perftest_once "$@"
   if [ $rc = 0 ] && grep -q ' inf ' "/tmp/$name.log"; then
     # perftest divides by its CPU-frequency estimate; a starved emulated CPU can make it 0
     echo "=== $name: perftest reported inf (bad cpu MHz estimate), once more"
-    "$@" >"/tmp/$name-server.log" 2>&1 &
-    srv=$!
-    sleep 1
-    timeout 60 "$@" "$IP" >"/tmp/$name.log" 2>&1
-    rc=$?
-    wait $srv
+    perftest_once "$@"
   fi
   grep -v '^ *$' "/tmp/$name.log" | tail -6
   [ $rc = 0 ] || { echo "=== $name: FAILED (status $rc)"; cat "/tmp/$name-server.log"; failed 15; }
