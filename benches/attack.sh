@@ -12,19 +12,14 @@
 # large buffers, `buffers: large:`, in both runs; default the router's 1024, split between its
 # two NIs: then all 64 attackers get a grant at once; with LARGE=16 the unproven share, half of
 # an NI's 8, lets 4 at a time). Every run is bounded by `timeout`.
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
-cd "$ROOT" || exit 1
+. "$(dirname "$0")/lib.sh"
 SECS=${SECS:-9}
 ROUNDS=${ROUNDS:-2}
 ATTACKERS=${ATTACKERS:-64}
 LARGE=${LARGE:-}
 POOL=()
 [ -n "$LARGE" ] && POOL=(--router-large "$LARGE")
-cargo build --release -q -p benches --bin lnet_perf -p router --bin lnet-router || exit 1
-PERF=target/release/lnet_perf
-ROUTER=target/release/lnet-router
+build_perf
 
 # run [ARGS...]: one routed bulk run; its FIGURE lines, with its exit status on a last line
 run() {

@@ -45,9 +45,7 @@
 #       BULK_NETNS=0 (run in the root namespace)
 # Bounded: every command runs under `timeout`.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-3}
 T=${T:-3}
 SIZES=${SIZES:-"4096 65536 1048576"}

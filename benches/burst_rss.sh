@@ -17,9 +17,7 @@
 #       BURST_NETNS=0   run in the current namespace (127.0.0.0/8 only) instead
 # Bounded: the ping waits at most 30 s; about 1 minute plus the build.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 N=${BURST_N:-20000}
 SETTLE=${BURST_SETTLE:-20}
 (cd "$ROOT" && cargo build -q --release -p router --bin lnet-router -p lnetctl) || exit 1

@@ -19,9 +19,7 @@
 # Needs python3 (the socket client). Bounded: every wait has a deadline; about 1 minute plus
 # the build.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 N=${HARDENING_N:-2500}
 FLOOD=${HARDENING_FLOOD:-600}
 NOFILE=${HARDENING_NOFILE:-128}
@@ -29,7 +27,6 @@ WINDOW=${HARDENING_WINDOW:-10}
 PROFILE=${HARDENING_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed for the socket client"; exit 0; }
-. "$HERE/lib.sh"
 bench_setup hardening "$PROFILE"
 
 # start_daemon NAME PORT [NOFILE]: starts it, sets DPID; waits until its control socket answers.

@@ -15,14 +15,11 @@
 #       IMPORT_PROFILE=release      or debug (no release build needed)
 # Bounded: every wait has a deadline; a release run takes well under a minute plus the build.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 N=${IMPORT_N:-100000}
 PROFILE=${IMPORT_PROFILE:-release}
 
 command -v python3 >/dev/null || { echo "SKIP: python3 is needed to find free ports"; exit 0; }
-. "$HERE/lib.sh"
 bench_setup import "$PROFILE"
 
 # start_daemon NAME: one tcp NI 10.0.0.1@o2ib on a free port; sets SOCK once it answers.

@@ -1,16 +1,29 @@
-# lib.sh - what the daemon benches share (sourced, not run): builds lnet-router and lnetctl in
-# the profile asked for, a scratch directory, the processes started, and a cleanup on exit that
-# kills them and removes the directory.
+# lib.sh - what the shell benches share (sourced first, not run): the preamble (`set -u`, HERE =
+# benches/, ROOT = the workspace, from wherever the bench is started), the release build of
+# lnet_perf and lnet-router (build_perf), and for the daemon benches: lnet-router and lnetctl
+# built in the profile asked for, a scratch directory, the processes started, and a cleanup on
+# exit that kills them and removes the directory.
 #
 #   . "$(dirname "$0")/lib.sh"; bench_setup NAME PROFILE
 #
-# Sets ROOT (the workspace), BIN (the binaries' directory), TMP (the scratch directory) and
-# PIDS (append every process started, so the cleanup kills it).
+# bench_setup sets BIN (the binaries' directory), TMP (the scratch directory) and PIDS (append
+# every process started, so the cleanup kills it).
+set -u
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+
+# build_perf [--bin NAME...]: cds to ROOT and builds lnet_perf and lnet-router (release), and any
+# more benches binaries named; sets PERF and ROUTER (relative to ROOT). Exits if the build fails.
+build_perf() {
+    cd "$ROOT" || exit 1
+    cargo build --release -q -p benches --bin lnet_perf "$@" -p router --bin lnet-router || exit 1
+    PERF=target/release/lnet_perf
+    ROUTER=target/release/lnet-router
+}
 
 # bench_setup NAME PROFILE: builds (release or debug) and sets up; exits if the build fails.
 bench_setup() {
     local name=$1 profile=$2
-    ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     if [ "$profile" = release ]; then
         (cd "$ROOT" && cargo build -q --release -p router -p lnetctl) || exit 1
     else

@@ -30,9 +30,7 @@
 #       LNET_EXTRA=0     skip the info-only runs (PUT rate with peer_credits 32)
 # Bounded: every command runs under `timeout`; the whole script takes about 1.5-2 minutes.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 T_SOCK=${T_SOCK:-10}
 LNET_RTT=${LNET_RTT:-20000}
 LNET_SECS=${LNET_SECS:-10}

@@ -36,17 +36,11 @@
 #
 # Env: ROUTER_BUSY_POLL_US (the router's NIs' busy-poll budget; default: lnet_perf's, 50 us),
 #      RTT_N=10000, PUT_SECS=5, TUNED_CREDITS=64. Every run is bounded by `timeout`.
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
-cd "$ROOT" || exit 1
+. "$(dirname "$0")/lib.sh"
 RTT_N=${RTT_N:-10000}
 PUT_SECS=${PUT_SECS:-5}
 TUNED_CREDITS=${TUNED_CREDITS:-64}
-cargo build --release -q -p benches --bin lnet_perf --bin tcp_relay -p router --bin lnet-router \
-  || exit 1
-PERF=target/release/lnet_perf
-ROUTER=target/release/lnet-router
+build_perf --bin tcp_relay
 extra=()
 [ -n "${ROUTER_BUSY_POLL_US:-}" ] && extra=(--router-busy-poll-us "$ROUTER_BUSY_POLL_US")
 

@@ -7,16 +7,10 @@
 #   bash benches/scrub.sh
 #
 # Env: SECS=5 (each bulk run), ROUNDS=3. Every run is bounded by `timeout`.
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
-cd "$ROOT" || exit 1
+. "$(dirname "$0")/lib.sh"
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-3}
-cargo build --release -q -p benches --bin lnet_perf --bin scrub_rate -p router --bin lnet-router \
-  || exit 1
-PERF=target/release/lnet_perf
-ROUTER=target/release/lnet-router
+build_perf --bin scrub_rate
 
 # bulk SCRUB: the routed bulk PUT rate in MB/s (lnet_perf's FIGURE line), or NA
 bulk() {

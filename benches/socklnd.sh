@@ -23,9 +23,7 @@
 #       CARGO_TARGET_DIR as cargo's.
 # Bounded: every command runs under `timeout`; 5 rounds take about 6 minutes.
 
-set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/.." && pwd)
+. "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-5}
 T=${T:-3}
 T_SOCK=${T_SOCK:-5}
