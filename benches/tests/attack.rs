@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{router_bin, stdout_of_success};
+use common::lnet_perf_via_router;
 
 /// The `name=value` pairs of the first `FIGURE <figure>` line.
 fn pairs(stdout: &str, figure: &str) -> Vec<(String, f64)> {
@@ -33,12 +31,8 @@ fn get(p: &[(String, f64)], k: &str) -> f64 {
 
 #[test]
 fn hoarding_attackers_are_reclaimed_and_refused_while_a_routed_stream_goes_on() {
-    let stdout = stdout_of_success(
-        Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
-            .args(["--bulk-put", "4", "--warmup", "20", "--attackers", "8"])
-            .args(["--attack-after", "1", "--router-large", "16"])
-            .arg("--via-router")
-            .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
+    let stdout = lnet_perf_via_router(
+        "--bulk-put 4 --warmup 20 --attackers 8 --attack-after 1 --router-large 16",
     );
     let a = pairs(&stdout, "attackers");
     assert_eq!(get(&a, "n"), 8.0, "{stdout}");

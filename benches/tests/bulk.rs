@@ -9,7 +9,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{router_bin, stdout_of_success};
+use common::{lnet_perf_via_router, stdout_of_success};
 
 fn figure(stdout: &str, name: &str) -> f64 {
     stdout
@@ -44,12 +44,7 @@ fn bulk_puts_and_gets_cross_a_router_daemon_intact() {
         ("--bulk-put", "ulnet_bulk_put_1048576"),
         ("--bulk-get", "ulnet_bulk_get_1048576"),
     ] {
-        let stdout = stdout_of_success(
-            Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
-                .args([op, "1", "--warmup", "20"])
-                .arg("--via-router")
-                .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
-        );
+        let stdout = lnet_perf_via_router(&format!("{op} 1 --warmup 20"));
         assert!(figure(&stdout, name) > 0.0, "{stdout}");
         let books = stdout
             .lines()

@@ -7,9 +7,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{router_bin, stdout_of_success};
+use common::lnet_perf_via_router;
 
 /// The value of `key=` in `line`.
 fn field(line: &str, key: &str) -> u64 {
@@ -21,12 +19,7 @@ fn field(line: &str, key: &str) -> u64 {
 
 #[test]
 fn a_stopped_server_throttles_its_senders_and_nothing_is_lost() {
-    let stdout = stdout_of_success(
-        Command::new(env!("CARGO_BIN_EXE_lnet_perf"))
-            .args(["--put-rate", "1", "--clients", "2", "--stall-server", "3"])
-            .arg("--via-router")
-            .arg(router_bin(env!("CARGO_BIN_EXE_lnet_perf"))),
-    );
+    let stdout = lnet_perf_via_router("--put-rate 1 --clients 2 --stall-server 3");
 
     // Once the credits are used up (well within the first second), nothing more completes
     // and the router holds a fixed set of messages until the server continues.

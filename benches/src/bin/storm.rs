@@ -26,12 +26,32 @@ fn recovery(r: &StormReport, cfg: &StormConfig) -> String {
     }
 }
 
+/// Prints a markdown table's header row and the rule under it.
+fn header(columns: &[&str]) {
+    println!("| {} |", columns.join(" | "));
+    println!("|{}", "---|".repeat(columns.len()));
+}
+
+/// The router NIDs the order tables run at: the usual one, and one at which the two race orders
+/// disagree about who is higher.
+fn router_nids() -> [Nid; 2] {
+    let disagree = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+    [router_nid(), disagree]
+}
+
 /// The policy table: every node on one policy, the default order.
 fn policy_table(clients: usize, seed: u64, policies: &[RacePolicy]) {
-    println!(
-        "| policy | recovery after router back | connect attempts | CONN_RACE rejects | max races/peer | peak zombies/peer | wall | events/s | router bytes/conn |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    header(&[
+        "policy",
+        "recovery after router back",
+        "connect attempts",
+        "CONN_RACE rejects",
+        "max races/peer",
+        "peak zombies/peer",
+        "wall",
+        "events/s",
+        "router bytes/conn",
+    ]);
     for &policy in policies {
         let cfg = StormConfig::new(clients, policy, seed);
         let r = router_reboot_storm(&cfg);
@@ -52,13 +72,17 @@ fn policy_table(clients: usize, seed: u64, policies: &[RacePolicy]) {
 /// The mixed-order table: every node on one policy, the router on nidhash, half the clients on
 /// each order; at the usual router NID and at one where the orders disagree.
 fn mixed_order_table(clients: usize, seed: u64) {
-    println!(
-        "| policy | router NID | recovery after router back | max CONN_RACE rejects/pair | max conns/pair | order disagreements | order adoptions |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let disagree: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+    header(&[
+        "policy",
+        "router NID",
+        "recovery after router back",
+        "max CONN_RACE rejects/pair",
+        "max conns/pair",
+        "order disagreements",
+        "order adoptions",
+    ]);
     for policy in RacePolicy::ALL {
-        for rnid in [router_nid(), disagree] {
+        for rnid in router_nids() {
             let cfg = StormConfig {
                 router_nid: rnid,
                 router_order: RaceOrder::NidHash,
@@ -81,11 +105,15 @@ fn mixed_order_table(clients: usize, seed: u64) {
 /// The deployment table: a ulnet router (nidhash) rebooting among clients that run Lustre's own
 /// rules, on 2.15's order or 2.16's; beside it, ulnet everywhere.
 fn deployment_table(clients: usize, seed: u64) {
-    println!(
-        "| clients | client order | router NID | recovery after router back | max CONN_RACE rejects/pair | max conns/pair | order adoptions (router) |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    let disagree: Nid = ROUTER_NID_ORDERS_DISAGREE.parse().expect("valid NID");
+    header(&[
+        "clients",
+        "client order",
+        "router NID",
+        "recovery after router back",
+        "max CONN_RACE rejects/pair",
+        "max conns/pair",
+        "order adoptions (router)",
+    ]);
     let mut rows: Vec<(RacePolicy, RaceOrder)> = Vec::new();
     for policy in [
         RacePolicy::Lustre28,
@@ -98,7 +126,7 @@ fn deployment_table(clients: usize, seed: u64) {
     }
     rows.push((RacePolicy::Ulnet, RaceOrder::NidHash));
     for (policy, order) in rows {
-        for rnid in [router_nid(), disagree] {
+        for rnid in router_nids() {
             let cfg = StormConfig {
                 router_nid: rnid,
                 router_order: RaceOrder::NidHash,
@@ -125,10 +153,18 @@ fn deployment_table(clients: usize, seed: u64) {
 /// The routed storm over five seeds from `seed`.
 fn routed_table(clients: usize, seed: u64) {
     use router::sim_storm::{routed_reboot_storm, RoutedStormConfig};
-    println!(
-        "| seed | recovery after router back | connect deadline + 2 s | stuck connects | pings ok / started | left | max CONN_RACE/pair | peak conns/pair | router books | wall |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    header(&[
+        "seed",
+        "recovery after router back",
+        "connect deadline + 2 s",
+        "stuck connects",
+        "pings ok / started",
+        "left",
+        "max CONN_RACE/pair",
+        "peak conns/pair",
+        "router books",
+        "wall",
+    ]);
     for s in seed..seed + 5 {
         let cfg = RoutedStormConfig::new(clients, s);
         let r = routed_reboot_storm(&cfg);

@@ -23,3 +23,16 @@ pub fn stdout_of_success(cmd: &mut Command) -> String {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     stdout
 }
+
+/// Runs `lnet_perf ARGS --via-router <lnet-router>` (client and server through a real router
+/// daemon; `args` split at white space), which must succeed; its standard output.
+#[allow(dead_code)] // router_storm.rs runs its own binary
+pub fn lnet_perf_via_router(args: &str) -> String {
+    let perf = env!("CARGO_BIN_EXE_lnet_perf");
+    stdout_of_success(
+        Command::new(perf)
+            .args(args.split_whitespace())
+            .arg("--via-router")
+            .arg(router_bin(perf)),
+    )
+}

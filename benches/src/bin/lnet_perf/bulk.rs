@@ -78,18 +78,31 @@ pub(crate) fn serve_bulk(d: &mut Driver, opts: &Opts, shared: &Shared) -> Result
         st.drop_count
     );
     if let Some(k) = last_sink {
-        let mut got = vec![0; size as usize];
-        let off = (k * size as usize) as u64;
-        if !d.read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
-            return Err(format!(
-                "the last PUT's sink (slot {k}) does not hold the data"
-            ));
-        }
+        check_sink(d, &sinks, k, size, "PUT")?;
     }
     if failed > 0 || st.drop_count > 0 {
         return Err(format!(
             "{failed} transfers failed, {} dropped",
             st.drop_count
+        ));
+    }
+    Ok(())
+}
+
+/// That sink slot `k` of `sinks` (slots of `size` bytes) holds the bulk pattern: the data of the
+/// last `what` (PUT or GET) that landed there arrived whole.
+fn check_sink(
+    d: &mut Driver,
+    sinks: &Region,
+    k: usize,
+    size: u32,
+    what: &str,
+) -> Result<(), String> {
+    let mut got = vec![0; size as usize];
+    let off = (k * size as usize) as u64;
+    if !d.read(sinks, off, &mut got) || got != bulk_pattern(size as usize) {
+        return Err(format!(
+            "the last {what}'s sink (slot {k}) does not hold the data"
         ));
     }
     Ok(())
@@ -116,13 +129,10 @@ pub(crate) fn stream_bulk(
     let mut slot_of = HashMap::new();
     let (mut sent, mut done, mut errors) = (0u64, 0u64, 0u64);
     let mut last_get = None;
-    let mut drain_deadline = None;
+    let mut drain = Drain::new(StdDuration::from_secs(10));
     let mut streaming = false;
     loop {
-        let stopping = shared.stop_client.load(Ordering::Relaxed);
-        if stopping && drain_deadline.is_none() {
-            drain_deadline = Some(StdInstant::now() + StdDuration::from_secs(10));
-        }
+        let stopping = drain.stopping(shared);
         if !stopping {
             let now = d.rt.now();
             while let Some(k) = free.pop() {
@@ -179,20 +189,12 @@ pub(crate) fn stream_bulk(
                 errors += 1;
             }
         }
-        if let Some(dl) = drain_deadline {
-            if slot_of.is_empty() || StdInstant::now() >= dl {
-                break;
-            }
+        if drain.over(slot_of.is_empty()) {
+            break;
         }
     }
     if let Some(k) = last_get {
-        let mut got = vec![0; size as usize];
-        let off = (k * size as usize) as u64;
-        if !d.read(&sinks, off, &mut got) || got != bulk_pattern(size as usize) {
-            return Err(format!(
-                "the last GET's sink (slot {k}) does not hold the data"
-            ));
-        }
+        check_sink(d, &sinks, k, size, "GET")?;
     }
     Ok((sent, done, errors))
 }

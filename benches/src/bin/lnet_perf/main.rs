@@ -283,6 +283,38 @@ impl Opts {
     }
 }
 
+/// The end of a streaming client: once main asks it to stop (`stop_client`) it starts nothing
+/// new and waits at most `grace` for what it has outstanding.
+struct Drain {
+    grace: StdDuration,
+    deadline: Option<StdInstant>,
+}
+
+impl Drain {
+    fn new(grace: StdDuration) -> Self {
+        Drain {
+            grace,
+            deadline: None,
+        }
+    }
+
+    /// Whether the client was told to stop; the first time it is, the grace period starts.
+    fn stopping(&mut self, shared: &Shared) -> bool {
+        let stopping = shared.stop_client.load(Ordering::Relaxed);
+        if stopping && self.deadline.is_none() {
+            self.deadline = Some(StdInstant::now() + self.grace);
+        }
+        stopping
+    }
+
+    /// Whether the stream is over: told to stop, and nothing is outstanding (`idle`) or the
+    /// grace period is spent.
+    fn over(&self, idle: bool) -> bool {
+        self.deadline
+            .is_some_and(|dl| idle || StdInstant::now() >= dl)
+    }
+}
+
 /// State the node threads and the main thread see.
 struct Shared {
     /// Where each NID listens (the fabrics' resolver): each node adds its own once bound; main
@@ -1399,12 +1431,9 @@ fn stream_puts(
 ) -> Result<(u64, u64, u64), String> {
     let (mut sent, mut done, mut errors) = (0u64, 0u64, 0u64);
     let mut outstanding = 0usize;
-    let mut drain_deadline = None;
+    let mut drain = Drain::new(StdDuration::from_secs(5));
     loop {
-        let stopping = shared.stop_client.load(Ordering::Relaxed);
-        if stopping && drain_deadline.is_none() {
-            drain_deadline = Some(StdInstant::now() + StdDuration::from_secs(5));
-        }
+        let stopping = drain.stopping(shared);
         if !stopping {
             let now = d.rt.now();
             while outstanding < opts.window {
@@ -1436,10 +1465,8 @@ fn stream_puts(
                 _ => {}
             }
         }
-        if let Some(dl) = drain_deadline {
-            if outstanding == 0 || StdInstant::now() >= dl {
-                return Ok((sent, done, errors));
-            }
+        if drain.over(outstanding == 0) {
+            return Ok((sent, done, errors));
         }
     }
 }
