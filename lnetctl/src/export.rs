@@ -63,32 +63,21 @@ impl Running {
             Response::Error(e) => e.to_string(),
             r => format!("unexpected answer from the daemon: {r:?}"),
         };
-        let net = match next() {
-            Response::Net(n) => n,
-            r => return Err(other(r)),
-        };
-        let peer = match next() {
-            Response::Peer(p) => p,
-            r => return Err(other(r)),
-        };
-        let route = match next() {
-            Response::Route(r) => r,
-            r => return Err(other(r)),
-        };
-        let routing = match next() {
-            Response::Routing(r) => r,
-            r => return Err(other(r)),
-        };
-        let global = match next() {
-            Response::Global(g) => g,
-            r => return Err(other(r)),
-        };
+        // Each answer in the order of the requests, or the error that came in its place.
+        macro_rules! answer {
+            ($show:ident) => {
+                match next() {
+                    Response::$show(s) => s,
+                    r => return Err(other(r)),
+                }
+            };
+        }
         Ok(Running {
-            net,
-            peer,
-            route,
-            routing,
-            global,
+            net: answer!(Net),
+            peer: answer!(Peer),
+            route: answer!(Route),
+            routing: answer!(Routing),
+            global: answer!(Global),
         })
     }
 }
@@ -143,23 +132,15 @@ pub fn export(r: &Running, backup: bool) -> Vec<(Map, Style)> {
         .peer
         .iter()
         .map(|p| {
-            let nis: Vec<Map> = p
-                .peer_ni
-                .iter()
-                .map(|ni| {
-                    let m = Map::new().with("nid", &ni.nid);
-                    match (&ni.detail, backup) {
-                        (_, true) => m,
-                        (None, false) => m.with("state", &ni.state),
-                        (Some(d), false) => render::peer_ni_detail(m.with("state", &ni.state), d)
-                            .with("health stats", render::peer_health(&d.health_stats)),
-                    }
-                })
-                .collect();
-            Map::new()
-                .with("primary nid", &p.primary_nid)
-                .with("Multi-Rail", p.multi_rail)
-                .with("peer ni", nis)
+            render::peer_entry(p, |ni| {
+                let m = Map::new().with("nid", &ni.nid);
+                match (&ni.detail, backup) {
+                    (_, true) => m,
+                    (None, false) => m.with("state", &ni.state),
+                    (Some(d), false) => render::peer_ni_detail(m.with("state", &ni.state), d)
+                        .with("health stats", render::peer_health(&d.health_stats)),
+                }
+            })
         })
         .collect();
     let mut out = Vec::new();
@@ -264,16 +245,7 @@ fn export_ni(ni: &NiEntry, backup: bool) -> Map {
     }
     // ulnet's own keys, where the daemon's configuration takes them.
     if let Some(u) = &ni.ulnet {
-        m = m
-            .with_opt("listen", u.listen.as_ref())
-            .with("checksum", &u.checksum)
-            .with("checksum default", &u.checksum_default)
-            .with("race order", &u.race_order)
-            .with("connect hedge ms", u.connect_hedge_ms)
-            .with_opt("grant timeout ms", u.grant_timeout_ms)
-            .with("peer limit", u.peer_limit)
-            .with_opt("busy poll us", u.busy_poll_us)
-            .with_opt("handshake limit", u.handshake_limit);
+        m = render::ulnet_settings(m, u, false);
     }
     m
 }

@@ -4,8 +4,9 @@
 
 use router::control::{
     ConnShow, Counts, GlobalShow, Globals, ImportOp, ImportReport, LndTunables, NamedCounters,
-    NetShow, NiHealthShow, NiTunables, PeerHealthShow, PeerNiDetail, PeerShow, PingShow, PoolShow,
-    RecoveryShow, Response, RouteShow, RoutingShow, StatsShow,
+    NetShow, NiHealthShow, NiTunables, PeerEntry, PeerHealthShow, PeerNiDetail, PeerNiEntry,
+    PeerShow, PingShow, PoolShow, RecoveryShow, Response, RouteShow, RoutingShow, StatsShow,
+    UlnetSettings,
 };
 
 use crate::tree::{to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLINK, PING};
@@ -247,6 +248,22 @@ pub(crate) fn lnd_tunables(l: &LndTunables) -> Map {
         .with_opt("tos", l.tos)
 }
 
+/// ulnet's own per-NI settings after `m`'s keys, as `net show -v` shows them and an export
+/// writes them back (the key a configuration takes); `peers` (a count, not a setting) only
+/// with `with_peers`.
+pub(crate) fn ulnet_settings(m: Map, u: &UlnetSettings, with_peers: bool) -> Map {
+    m.with_opt("listen", u.listen.as_ref())
+        .with("checksum", &u.checksum)
+        .with("checksum default", &u.checksum_default)
+        .with("race order", &u.race_order)
+        .with("connect hedge ms", u.connect_hedge_ms)
+        .with_opt("grant timeout ms", u.grant_timeout_ms)
+        .with("peer limit", u.peer_limit)
+        .with_opt("peers", Some(u.peers).filter(|_| with_peers))
+        .with_opt("busy poll us", u.busy_poll_us)
+        .with_opt("handshake limit", u.handshake_limit)
+}
+
 /// A peer NI's credits and `statistics` (`peer show -v`), after `m`'s keys.
 pub(crate) fn peer_ni_detail(m: Map, d: &PeerNiDetail) -> Map {
     m.with("max_ni_tx_credits", d.max_ni_tx_credits)
@@ -316,20 +333,7 @@ pub fn net_tree(n: &NetShow, level: u8) -> Map {
                         m.push("fabric", fm);
                     }
                     if let Some(u) = ni.ulnet.as_ref().filter(|_| ours) {
-                        m.push(
-                            "ulnet",
-                            Map::new()
-                                .with_opt("listen", u.listen.as_ref())
-                                .with("checksum", &u.checksum)
-                                .with("checksum default", &u.checksum_default)
-                                .with("race order", &u.race_order)
-                                .with("connect hedge ms", u.connect_hedge_ms)
-                                .with_opt("grant timeout ms", u.grant_timeout_ms)
-                                .with("peer limit", u.peer_limit)
-                                .with("peers", u.peers)
-                                .with_opt("busy poll us", u.busy_poll_us)
-                                .with_opt("handshake limit", u.handshake_limit),
-                        );
+                        m.push("ulnet", ulnet_settings(Map::new(), u, true));
                     }
                     m
                 })
@@ -404,27 +408,29 @@ pub fn peer_tree(p: &PeerShow, level: u8) -> Map {
         .peer
         .iter()
         .map(|peer| {
-            let nis: Vec<Map> = peer
-                .peer_ni
-                .iter()
-                .map(|ni| {
-                    let mut m = Map::new().with("nid", &ni.nid).with("state", &ni.state);
-                    if let Some(d) = &ni.detail {
-                        m = peer_ni_detail(m, d);
-                        if level >= HEALTH_LEVEL {
-                            m.push("health stats", peer_health(&d.health_stats));
-                        }
+            peer_entry(peer, |ni| {
+                let mut m = Map::new().with("nid", &ni.nid).with("state", &ni.state);
+                if let Some(d) = &ni.detail {
+                    m = peer_ni_detail(m, d);
+                    if level >= HEALTH_LEVEL {
+                        m.push("health stats", peer_health(&d.health_stats));
                     }
-                    m
-                })
-                .collect();
-            Map::new()
-                .with("primary nid", &peer.primary_nid)
-                .with("Multi-Rail", peer.multi_rail)
-                .with("peer ni", nis)
+                }
+                m
+            })
         })
         .collect();
     Map::new().with("peer", peers)
+}
+
+/// One peer: `primary nid`, `Multi-Rail`, then `peer ni` with each NI as `ni` makes it (`peer
+/// show` and an export's `peer:` list differ only there).
+pub(crate) fn peer_entry(peer: &PeerEntry, ni: impl Fn(&PeerNiEntry) -> Map) -> Map {
+    let nis: Vec<Map> = peer.peer_ni.iter().map(ni).collect();
+    Map::new()
+        .with("primary nid", &peer.primary_nid)
+        .with("Multi-Rail", peer.multi_rail)
+        .with("peer ni", nis)
 }
 
 /// `conn:` (ours): one entry per LND connection.

@@ -33,51 +33,27 @@ pub enum Node {
     List(Vec<Node>),
 }
 
-impl From<i64> for Node {
-    fn from(v: i64) -> Node {
-        Node::Scalar(Scalar::Int(v))
-    }
+/// `Node::Scalar` from each type lnetctl prints as a scalar, with that type's conversion.
+macro_rules! scalar_from {
+    ($($t:ty => |$v:ident| $scalar:expr;)*) => {$(
+        impl From<$t> for Node {
+            fn from($v: $t) -> Node {
+                Node::Scalar($scalar)
+            }
+        }
+    )*};
 }
-impl From<i32> for Node {
-    fn from(v: i32) -> Node {
-        Node::Scalar(Scalar::Int(v.into()))
-    }
-}
-impl From<u32> for Node {
-    fn from(v: u32) -> Node {
-        Node::Scalar(Scalar::Int(v.into()))
-    }
-}
-impl From<u64> for Node {
-    /// Counters beyond i64 cannot happen in practice; saturate rather than wrap.
-    fn from(v: u64) -> Node {
-        Node::Scalar(Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX)))
-    }
-}
-impl From<usize> for Node {
-    fn from(v: usize) -> Node {
-        Node::from(v as u64)
-    }
-}
-impl From<bool> for Node {
-    fn from(v: bool) -> Node {
-        Node::Scalar(Scalar::Bool(v))
-    }
-}
-impl From<&str> for Node {
-    fn from(v: &str) -> Node {
-        Node::Scalar(Scalar::Str(v.to_string()))
-    }
-}
-impl From<String> for Node {
-    fn from(v: String) -> Node {
-        Node::Scalar(Scalar::Str(v))
-    }
-}
-impl From<&String> for Node {
-    fn from(v: &String) -> Node {
-        Node::Scalar(Scalar::Str(v.clone()))
-    }
+scalar_from! {
+    i64 => |v| Scalar::Int(v);
+    i32 => |v| Scalar::Int(v.into());
+    u32 => |v| Scalar::Int(v.into());
+    // Counters beyond i64 cannot happen in practice; saturate rather than wrap.
+    u64 => |v| Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX));
+    usize => |v| Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX));
+    bool => |v| Scalar::Bool(v);
+    &str => |v| Scalar::Str(v.to_string());
+    String => |v| Scalar::Str(v);
+    &String => |v| Scalar::Str(v.clone());
 }
 impl From<Map> for Node {
     fn from(m: Map) -> Node {
@@ -196,6 +172,21 @@ impl Style {
 
 /// Writes the entries of a mapping whose keys sit at column `col`. With `first`, the first key
 /// continues a `-` already written.
+/// The rest of a `key:` or `-` line for a node that fits on it (a scalar, an empty map or list),
+/// the same under a key and in a list.
+fn leaf_yaml(out: &mut String, node: &Node) {
+    match node {
+        Node::Scalar(Scalar::Null) => {}
+        Node::Scalar(s) => {
+            out.push(' ');
+            scalar_yaml(out, s);
+        }
+        Node::Map(_) => out.push_str(" {}"),
+        Node::List(_) => out.push_str(" []"),
+    }
+    out.push('\n');
+}
+
 fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, first: bool, st: Style) {
     let mut first = first;
     for (key, value) in entries {
@@ -205,22 +196,15 @@ fn map_yaml(out: &mut String, entries: &[(String, Node)], col: usize, first: boo
         out.push_str(key);
         out.push(':');
         match value {
-            Node::Scalar(Scalar::Null) => out.push('\n'),
-            Node::Scalar(s) => {
-                out.push(' ');
-                scalar_yaml(out, s);
-                out.push('\n');
-            }
-            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
-            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
-            Node::Map(m) => {
+            Node::Map(m) if !m.is_empty() => {
                 out.push('\n');
                 map_yaml(out, m, col + st.map_indent(), false, st);
             }
-            Node::List(items) => {
+            Node::List(items) if !items.is_empty() => {
                 out.push('\n');
                 list_yaml(out, items, st.dash_under(col), st);
             }
+            leaf => leaf_yaml(out, leaf),
         }
     }
 }
@@ -230,22 +214,15 @@ fn list_yaml(out: &mut String, items: &[Node], dash: usize, st: Style) {
         pad(out, dash);
         out.push('-');
         match item {
-            Node::Scalar(Scalar::Null) => out.push('\n'),
-            Node::Scalar(s) => {
-                out.push(' ');
-                scalar_yaml(out, s);
-                out.push('\n');
-            }
-            Node::Map(m) if m.is_empty() => out.push_str(" {}\n"),
-            Node::List(l) if l.is_empty() => out.push_str(" []\n"),
-            Node::Map(m) => {
+            Node::Map(m) if !m.is_empty() => {
                 pad(out, st.item_indent() - 1);
                 map_yaml(out, m, dash + st.item_indent(), true, st);
             }
-            Node::List(l) => {
+            Node::List(l) if !l.is_empty() => {
                 out.push('\n');
                 list_yaml(out, l, st.nested_dash(dash), st);
             }
+            leaf => leaf_yaml(out, leaf),
         }
     }
 }
