@@ -33,12 +33,23 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The standard output of `run(args)`, which must exit 0 (the failure says `args` and the
+/// stderr).
+fn stdout_ok(run: fn(&[&str]) -> Output, args: &[&str]) -> String {
+    let o = run(args);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{args:?}: stderr: {}",
+        text(&o.stderr)
+    );
+    text(&o.stdout)
+}
+
 #[test]
 fn ping_lo_without_daemon_succeeds() {
-    let o = lnetctl(&["ping", "0@lo"]);
-    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
     assert_eq!(
-        text(&o.stdout),
+        stdout_ok(lnetctl, &["ping", "0@lo"]),
         "ping:\n- primary nid: 0@lo\n  Multi-Rail: false\n  peer_ni: []\n"
     );
 }
@@ -205,9 +216,7 @@ fn no_daemon_exits_3_naming_the_path() {
 
 #[test]
 fn demo_still_works() {
-    let o = lnetctl_bare(&["demo"]);
-    assert_eq!(o.status.code(), Some(0));
-    let out = text(&o.stdout);
+    let out = stdout_ok(lnetctl_bare, &["demo"]);
     assert!(
         out.contains("ping:\n    - primary nid: 10.0.0.2@o2ib\n"),
         "{out}"
@@ -275,9 +284,7 @@ fn a_daemon_of_another_protocol_version_is_named_plainly() {
 /// The manual page and completion scripts come from lnetctl's own command definitions.
 #[test]
 fn man_page_and_completions_are_generated() {
-    let o = lnetctl(&["man"]);
-    assert_eq!(o.status.code(), Some(0));
-    let man = text(&o.stdout);
+    let man = stdout_ok(lnetctl, &["man"]);
     assert!(
         man.starts_with(".ie \\n(.g .ds Aq"),
         "{}",
@@ -288,9 +295,7 @@ fn man_page_and_completions_are_generated() {
         assert!(man.contains(cmd), "{cmd} not in the man page");
     }
     for shell in ["bash", "zsh", "fish"] {
-        let o = lnetctl(&["completions", shell]);
-        assert_eq!(o.status.code(), Some(0), "{shell}");
-        let s = text(&o.stdout);
+        let s = stdout_ok(lnetctl, &["completions", shell]);
         assert!(
             s.contains("lnetctl") && s.contains("selftest"),
             "{shell}: {s}"
@@ -368,9 +373,8 @@ fn commands_ulnet_refuses_say_what_to_do_instead() {
 #[test]
 fn ping_takes_pid_nid() {
     for t in ["12345-0@lo", "4294967295-0@lo"] {
-        let o = lnetctl(&["ping", t]);
-        assert_eq!(o.status.code(), Some(0), "{t}: {}", text(&o.stderr));
-        assert!(text(&o.stdout).contains("primary nid: 0@lo"), "{t}");
+        let out = stdout_ok(lnetctl, &["ping", t]);
+        assert!(out.contains("primary nid: 0@lo"), "{t}");
     }
     let o = lnetctl(&["ping", "54321-0@lo"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
