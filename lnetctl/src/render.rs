@@ -692,39 +692,11 @@ manage:
         let (head, lnd) = v.split_once("            lnd statistics:\n").expect(&v);
         assert_eq!(
             head,
-            concat!(
-                "\
-net:
--     net type: lo
-      local NI(s):
-      -     nid: 0@lo
-            status: up
-            statistics:
-                  send_count: 0
-                  recv_count: 0
-                  drop_count: 0
--     net type: o2ib
-      local NI(s):
-      -     nid: 10.0.0.1@o2ib
-            status: up
-            statistics:
-                  send_count: 0
-                  recv_count: 0
-                  drop_count: 0
-            health stats:
-                  fatal_error: 0
-                  health value: 1000
-                  interrupts: 0
-                  dropped: 0
-                  aborted: 0
-                  no route: 0
-                  timeouts: 0
-                  error: 0
-                  ping_count: 0
-                  next_ping: 0
-",
-                include_str!("fixtures/ni-tunables.yaml")
-            )
+            crate::golden::net_show_v_head(0)
+                + concat!(
+                    include_str!("fixtures/ni-health.yaml"),
+                    include_str!("fixtures/ni-tunables.yaml")
+                )
         );
         let (lnd, ulnet) = lnd.split_once("            ulnet:\n").expect(lnd);
         // The LND's counters: 54 of them, then the rejects by reason, each 0 here.
@@ -751,14 +723,7 @@ net:
         // ulnet's own settings, after its counters: the defaults.
         assert_eq!(
             ulnet,
-            "                  checksum: \"off\"
-                  checksum default: none
-                  race order: nidhash
-                  connect hedge ms: 1000
-                  grant timeout ms: 1000
-                  peer limit: 131072
-                  peers: 0
-"
+            crate::golden::ulnet_defaults("                  ") + "                  peers: 0\n"
         );
         // With the address the NI listens on (a daemon's NI): first in ulnet's settings.
         let x = NiExtras {
