@@ -156,6 +156,15 @@ waitpid_bounded() {  # pid seconds -> sets RC (exit status, or "timeout")
 
 dump_logs() { for d in A B C R S; do [ -f "/tmp/$d.log" ] || continue; echo "--- /tmp/$d.log (tail)"; tail -40 "/tmp/$d.log"; done; }
 
+# Shows the router R's forwarding counters and sets `books` to "received forwarded dropped
+# in_flight" from them (the routed case's books must balance).
+r_books() {
+  lnetctl --socket $SR routing show | sed -n '/^forwarding:/,$p' | sed 's/^/    /'
+  books=$(lnetctl --socket $SR routing show | awk '
+    $1 == "received:" { r = $2 } $1 == "forwarded:" { f = $2 } $1 == "in_flight:" { i = $2 }
+    $1 == "dropped:" { d = $2 } END { print r, f, d, i }')
+}
+
 # Restarts B, waits until A reaches it, then freezes it (SIGSTOP) with the connection up: the
 # start of the SIGKILL and frozen-peer cases. $1: the failure code when A cannot ping it.
 restart_and_freeze_b() {
@@ -430,10 +439,7 @@ if [ $routed_ok = 1 ]; then
   done
   echo "10 more routed pings C->S: $good answered"
   [ $good = 10 ] || failed 29 "only $good of 10 routed pings answered"
-  lnetctl --socket $SR routing show | sed -n '/^forwarding:/,$p' | sed 's/^/    /'
-  books=$(lnetctl --socket $SR routing show | awk '
-    $1 == "received:" { r = $2 } $1 == "forwarded:" { f = $2 } $1 == "in_flight:" { i = $2 }
-    $1 == "dropped:" { d = $2 } END { print r, f, d, i }')
+  r_books
   set -- $books
   echo "R's books: received $1 = forwarded $2 + dropped $3 + in flight $4"
   [ "$1" = $(($2 + $3 + $4)) ] || failed 29 "R's books do not balance: $books"
@@ -445,10 +451,7 @@ if [ $routed_ok = 1 ]; then
     timeout 150 verbs_routed_bulk 10.0.0.14@o2ib 10.0.1.15@o2ib1 $NRA $NRB 2>&1 | sed 's/^/    /' >/tmp/rbulk.log
     cat /tmp/rbulk.log
     grep -q 'verbs_routed_bulk: PASS' /tmp/rbulk.log || failed 29 "bulk PUTs through the router failed"
-    lnetctl --socket $SR routing show | sed -n '/^forwarding:/,$p' | sed 's/^/    /'
-    books=$(lnetctl --socket $SR routing show | awk '
-      $1 == "received:" { r = $2 } $1 == "forwarded:" { f = $2 } $1 == "in_flight:" { i = $2 }
-      $1 == "dropped:" { d = $2 } END { print r, f, d, i }')
+    r_books
     set -- $books
     echo "R's books after bulk: received $1 = forwarded $2 + dropped $3 + in flight $4"
     [ "$1" = $(($2 + $3 + $4)) ] && [ "$3" = 0 ] || failed 29 "R's books after bulk: $books"
