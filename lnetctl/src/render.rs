@@ -9,7 +9,7 @@ use router::control::{
     UlnetSettings,
 };
 
-use crate::tree::{to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLINK, PING};
+use crate::tree::{fields, to_json, to_yaml, to_yaml_as, Map, Node, Scalar, Style, NETLINK, PING};
 
 /// The document of a successful response and the printer lnetctl lays it out with; `None`
 /// for an error, a capture's stream and selftest's replies (rendered by `selftest`).
@@ -92,10 +92,7 @@ pub fn json_at(resp: &Response, level: u8) -> Option<String> {
 }
 
 pub(crate) fn counts(c: &Counts) -> Map {
-    Map::new()
-        .with("send_count", c.send_count)
-        .with("recv_count", c.recv_count)
-        .with("drop_count", c.drop_count)
+    fields!(Map::new(), c => send_count, recv_count, drop_count)
 }
 
 fn named(c: &NamedCounters) -> Map {
@@ -202,95 +199,63 @@ pub const HEALTH_LEVEL: u8 = 2;
 
 /// A local NI's `health stats:`.
 pub fn ni_health(h: &NiHealthShow) -> Map {
-    Map::new()
-        .with("fatal_error", h.fatal_error)
-        .with("health value", h.health_value)
-        .with("interrupts", h.interrupts)
-        .with("dropped", h.dropped)
-        .with("aborted", h.aborted)
-        .with("no route", h.no_route)
-        .with("timeouts", h.timeouts)
-        .with("error", h.error)
-        .with("ping_count", h.ping_count)
-        .with("next_ping", h.next_ping)
+    fields!(Map::new(), h =>
+        fatal_error, "health value" = health_value, interrupts, dropped, aborted,
+        "no route" = no_route, timeouts, error, ping_count, next_ping,
+    )
 }
 
 /// A peer NI's `health stats:`.
 pub fn peer_health(h: &PeerHealthShow) -> Map {
-    Map::new()
-        .with("health value", h.health_value)
-        .with("dropped", h.dropped)
-        .with("timeout", h.timeout)
-        .with("error", h.error)
-        .with("network timeout", h.network_timeout)
-        .with("ping_count", h.ping_count)
-        .with("next_ping", h.next_ping)
+    fields!(Map::new(), h =>
+        "health value" = health_value, dropped, timeout, error,
+        "network timeout" = network_timeout, ping_count, next_ping,
+    )
 }
 
 /// An NI's `tunables:`.
 pub(crate) fn ni_tunables(t: &NiTunables) -> Map {
-    Map::new()
-        .with("peer_timeout", t.peer_timeout)
-        .with("peer_credits", t.peer_credits)
-        .with("peer_buffer_credits", t.peer_buffer_credits)
-        .with("credits", t.credits)
+    fields!(Map::new(), t => peer_timeout, peer_credits, peer_buffer_credits, credits)
 }
 
 /// An NI's `lnd tunables:`: o2iblnd's that ulnet has and keepalive, or ksocklnd's
 /// (conns_per_peer, timeout, tos), in the kernel's order.
 pub(crate) fn lnd_tunables(l: &LndTunables) -> Map {
-    Map::new()
-        .with_opt("peercredits_hiw", l.peercredits_hiw)
-        .with_opt("concurrent_sends", l.concurrent_sends)
-        .with("conns_per_peer", l.conns_per_peer)
-        .with("timeout", l.timeout)
-        .with_opt("keepalive", l.keepalive)
-        .with_opt("tos", l.tos)
+    fields!(Map::new(), l =>
+        ?peercredits_hiw, ?concurrent_sends, conns_per_peer, timeout, ?keepalive, ?tos,
+    )
 }
 
 /// ulnet's own per-NI settings after `m`'s keys, as `net show -v` shows them and an export
 /// writes them back (the key a configuration takes); `peers` (a count, not a setting) only
 /// with `with_peers`.
 pub(crate) fn ulnet_settings(m: Map, u: &UlnetSettings, with_peers: bool) -> Map {
-    m.with_opt("listen", u.listen.as_ref())
-        .with("checksum", &u.checksum)
-        .with("checksum default", &u.checksum_default)
-        .with("race order", &u.race_order)
-        .with("connect hedge ms", u.connect_hedge_ms)
-        .with_opt("grant timeout ms", u.grant_timeout_ms)
-        .with("peer limit", u.peer_limit)
-        .with_opt("peers", Some(u.peers).filter(|_| with_peers))
-        .with_opt("busy poll us", u.busy_poll_us)
-        .with_opt("handshake limit", u.handshake_limit)
+    let m = fields!(m, u =>
+        ?listen, checksum, "checksum default" = checksum_default, "race order" = race_order,
+        "connect hedge ms" = connect_hedge_ms, "grant timeout ms" = ?grant_timeout_ms,
+        "peer limit" = peer_limit,
+    );
+    fields!(m.with_opt("peers", Some(u.peers).filter(|_| with_peers)), u =>
+        "busy poll us" = ?busy_poll_us, "handshake limit" = ?handshake_limit,
+    )
 }
 
 /// A peer NI's credits and `statistics` (`peer show -v`), after `m`'s keys.
 pub(crate) fn peer_ni_detail(m: Map, d: &PeerNiDetail) -> Map {
-    m.with("max_ni_tx_credits", d.max_ni_tx_credits)
-        .with("available_tx_credits", d.available_tx_credits)
-        .with("min_tx_credits", d.min_tx_credits)
-        .with("tx_q_num_of_buf", d.tx_q_num_of_buf)
-        .with("available_rtr_credits", d.available_rtr_credits)
-        .with("min_rtr_credits", d.min_rtr_credits)
-        .with("statistics", counts(&d.statistics))
+    fields!(m, d =>
+        max_ni_tx_credits, available_tx_credits, min_tx_credits, tx_q_num_of_buf,
+        available_rtr_credits, min_rtr_credits,
+    )
+    .with("statistics", counts(&d.statistics))
 }
 
 /// lnetctl's 13 globals in jt_show_global's order (`global show`, and an export's `global:`).
 pub(crate) fn lnetctl_globals(g: &Globals) -> Map {
-    Map::new()
-        .with("numa_range", g.numa_range)
-        .with("max_interfaces", g.max_interfaces)
-        .with("discovery", g.discovery)
-        .with("drop_asym_route", g.drop_asym_route)
-        .with("retry_count", g.retry_count)
-        .with("transaction_timeout", g.transaction_timeout)
-        .with("health_sensitivity", g.health_sensitivity)
-        .with("recovery_interval", g.recovery_interval)
-        .with("router_sensitivity", g.router_sensitivity)
-        .with("lnd_timeout", g.lnd_timeout)
-        .with("response_tracking", g.response_tracking)
-        .with("recovery_limit", g.recovery_limit)
-        .with("max_recovery_ping_interval", g.max_recovery_ping_interval)
+    fields!(Map::new(), g =>
+        numa_range, max_interfaces, discovery, drop_asym_route, retry_count, transaction_timeout,
+        health_sensitivity, recovery_interval, router_sensitivity, lnd_timeout,
+        response_tracking, recovery_limit, max_recovery_ping_interval,
+    )
 }
 
 /// `net:` with `net type` and `local NI(s)`; statistics and tunables with `-v`.
@@ -453,20 +418,10 @@ pub fn conn_tree(c: &ConnShow) -> Map {
                     .with("zc_acks_sent", s.zc_acks_sent)
                     .with("zc_acks_received", s.zc_acks_received);
             }
-            Map::new()
-                .with("ni", &e.ni)
-                .with("peer", &e.peer)
-                .with("state", &e.state)
-                .with("side", &e.side)
-                .with("credits", u32::from(e.credits))
-                .with("outstanding_credits", u32::from(e.outstanding_credits))
-                .with("reserved_credits", u32::from(e.reserved_credits))
-                .with("queue_depth", u32::from(e.queue_depth))
-                .with("sends_posted", u32::from(e.sends_posted))
-                .with("queued", e.queued)
-                .with("races", e.races)
-                .with("incarnation", &e.incarnation)
-                .with("age_ms", e.age_ms)
+            fields!(Map::new(), e =>
+                ni, peer, state, side, credits, outstanding_credits, reserved_credits,
+                queue_depth, sends_posted, queued, races, incarnation, age_ms,
+            )
         })
         .collect();
     Map::new().with("conn", conns)
@@ -475,42 +430,21 @@ pub fn conn_tree(c: &ConnShow) -> Map {
 /// `statistics:`, in lnetctl's order (liblnetconfig.c's stats builder), then ours.
 pub fn stats_tree(st: &StatsShow, ours: bool) -> Map {
     let s = &st.statistics;
-    let stats = Map::new()
-        .with("msgs_alloc", s.msgs_alloc)
-        .with("msgs_max", s.msgs_max)
-        .with("rst_alloc", s.rst_alloc)
-        .with("errors", s.errors)
-        .with("send_count", s.send_count)
-        .with("resend_count", s.resend_count)
-        .with("response_timeout_count", s.response_timeout_count)
-        .with("local_interrupt_count", s.local_interrupt_count)
-        .with("local_dropped_count", s.local_dropped_count)
-        .with("local_aborted_count", s.local_aborted_count)
-        .with("local_no_route_count", s.local_no_route_count)
-        .with("local_timeout_count", s.local_timeout_count)
-        .with("local_error_count", s.local_error_count)
-        .with("remote_dropped_count", s.remote_dropped_count)
-        .with("remote_error_count", s.remote_error_count)
-        .with("remote_timeout_count", s.remote_timeout_count)
-        .with("network_timeout_count", s.network_timeout_count)
-        .with("failed_resends", s.failed_resends)
-        .with("successful_resends", s.successful_resends)
-        .with("recv_count", s.recv_count)
-        .with("route_count", s.route_count)
-        .with("drop_count", s.drop_count)
-        .with("send_length", s.send_length)
-        .with("recv_length", s.recv_length)
-        .with("route_length", s.route_length)
-        .with("drop_length", s.drop_length);
+    let stats = fields!(Map::new(), s =>
+        msgs_alloc, msgs_max, rst_alloc, errors, send_count, resend_count,
+        response_timeout_count, local_interrupt_count, local_dropped_count, local_aborted_count,
+        local_no_route_count, local_timeout_count, local_error_count, remote_dropped_count,
+        remote_error_count, remote_timeout_count, network_timeout_count, failed_resends,
+        successful_resends, recv_count, route_count, drop_count, send_length, recv_length,
+        route_length, drop_length,
+    );
     if !ours {
         return Map::new().with("statistics", stats);
     }
     Map::new()
         .with(
             "statistics",
-            stats
-                .with("loopback_count", s.loopback_count)
-                .with("loopback_length", s.loopback_length),
+            fields!(stats, s => loopback_count, loopback_length),
         )
         // Ours: LNet's peer table (peer NIs now, aged out, refused at the limit).
         .with_opt("peer_table", st.peer_table.as_ref().map(named))
@@ -540,15 +474,7 @@ pub fn route_tree(r: &RouteShow) -> Map {
     let routes: Vec<Map> = r
         .route
         .iter()
-        .map(|e| {
-            Map::new()
-                .with("net", &e.net)
-                .with("gateway", &e.gateway)
-                .with_opt("hop", e.hop)
-                .with_opt("priority", e.priority)
-                .with_opt("state", e.state.as_ref())
-                .with_opt("type", e.kind.as_ref())
-        })
+        .map(|e| fields!(Map::new(), e => net, gateway, ?hop, ?priority, ?state, "type" = ?kind))
         .collect();
     Map::new().with("route", routes)
 }
@@ -561,29 +487,21 @@ pub fn routing_tree(r: &RoutingShow) -> Map {
         .with("routing", routing_items(r))
         .with(
             "forwarding",
-            Map::new()
-                .with("received", f.received)
-                .with("forwarded", f.forwarded)
-                .with("forwarded_bytes", f.forwarded_bytes)
-                .with("in_flight", f.in_flight)
-                .with("dropped", f.dropped)
-                .with(
-                    "dropped_by_reason",
-                    Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
-                )
-                .with("waited_rtr_credit", f.waited_rtr_credit)
-                .with("waited_buffer", f.waited_buffer)
-                .with("waited_unproven", f.waited_unproven)
-                .with("scrubbed", f.scrubbed)
-                .with("scrubbed_bytes", f.scrubbed_bytes),
+            fields!(
+                fields!(Map::new(), f => received, forwarded, forwarded_bytes, in_flight, dropped)
+                    .with(
+                        "dropped_by_reason",
+                        Map::new().counters(f.dropped_by_reason.iter().map(|(k, v)| (k, v))),
+                    ),
+                f => waited_rtr_credit, waited_buffer, waited_unproven, scrubbed, scrubbed_bytes
+            ),
         )
         .with_opt(
             "router_checks",
             r.router_checks.as_ref().map(|c| {
-                Map::new()
-                    .with("alive_router_check_interval", c.alive_router_check_interval)
-                    .with("router_ping_timeout", c.router_ping_timeout)
-                    .with("avoid_asym_router_failure", c.avoid_asym_router_failure)
+                fields!(Map::new(), c =>
+                    alive_router_check_interval, router_ping_timeout, avoid_asym_router_failure,
+                )
             }),
         )
 }
@@ -591,11 +509,7 @@ pub fn routing_tree(r: &RoutingShow) -> Map {
 /// `routing:`'s items as lnetctl prints them: each CPT's pools, then `enable`.
 pub(crate) fn routing_items(r: &RoutingShow) -> Vec<Map> {
     fn pool(p: &PoolShow) -> Map {
-        Map::new()
-            .with("npages", p.npages)
-            .with("nbuffers", p.nbuffers)
-            .with("credits", p.credits)
-            .with("mincredits", p.mincredits)
+        fields!(Map::new(), p => npages, nbuffers, credits, mincredits)
     }
     let mut items: Vec<Map> = r
         .cpts

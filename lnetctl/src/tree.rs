@@ -46,6 +46,7 @@ macro_rules! scalar_from {
 scalar_from! {
     i64 => |v| Scalar::Int(v);
     i32 => |v| Scalar::Int(v.into());
+    u16 => |v| Scalar::Int(v.into());
     u32 => |v| Scalar::Int(v.into());
     // Counters beyond i64 cannot happen in practice; saturate rather than wrap.
     u64 => |v| Scalar::Int(i64::try_from(v).unwrap_or(i64::MAX));
@@ -65,6 +66,33 @@ impl<T: Into<Node>> From<Vec<T>> for Node {
         Node::List(v.into_iter().map(Into::into).collect())
     }
 }
+
+/// A struct field's value as a node (what [`fields!`] adds).
+pub(crate) fn field<T: Clone + Into<Node>>(v: &T) -> Node {
+    v.clone().into()
+}
+
+/// `fields!(map, s => a, b, "c d" = c_d, ?e)`: `map` with `s`'s fields added in the order
+/// listed, each under its own name, or under lnetctl's key where that differs (`"key" =
+/// field`); a `?` field is an `Option`, added only when it is `Some`. lnetctl's key tables are
+/// lists of names: one line each, not a `.with("key", s.key)` call per key.
+macro_rules! fields {
+    ($m:expr, $s:expr => $($rest:tt)*) => { fields!(@ $m, $s; $($rest)*) };
+    (@ $m:expr, $s:expr;) => { $m };
+    (@ $m:expr, $s:expr; $k:literal = ? $f:ident $(, $($rest:tt)*)?) => {
+        fields!(@ $m.with_opt($k, $s.$f.as_ref().map($crate::tree::field)), $s; $($($rest)*)?)
+    };
+    (@ $m:expr, $s:expr; $k:literal = $f:ident $(, $($rest:tt)*)?) => {
+        fields!(@ $m.with($k, $crate::tree::field(&$s.$f)), $s; $($($rest)*)?)
+    };
+    (@ $m:expr, $s:expr; ? $f:ident $(, $($rest:tt)*)?) => {
+        fields!(@ $m.with_opt(stringify!($f), $s.$f.as_ref().map($crate::tree::field)), $s; $($($rest)*)?)
+    };
+    (@ $m:expr, $s:expr; $f:ident $(, $($rest:tt)*)?) => {
+        fields!(@ $m.with(stringify!($f), $crate::tree::field(&$s.$f)), $s; $($($rest)*)?)
+    };
+}
+pub(crate) use fields;
 
 /// A mapping under construction, in print order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
