@@ -434,19 +434,21 @@ pub fn canonical(n: &Node) -> Node {
 mod tests {
     use super::*;
 
+    /// `net:` with one net of `net_type` that has the one local NI `ni`.
+    fn one_ni_net(net_type: &str, ni: Map) -> Map {
+        let net = Map::new()
+            .with("net type", net_type)
+            .with("local NI(s)", vec![ni]);
+        Map::new().with("net", vec![net])
+    }
+
     fn sample() -> Map {
-        Map::new()
-            .with(
-                "net",
-                vec![Map::new().with("net type", "o2ib").with(
-                    "local NI(s)",
-                    vec![Map::new()
-                        .with("nid", "10.0.0.1@o2ib")
-                        .with("status", "up")
-                        .with("statistics", Map::new().with("send_count", 3u64))
-                        .with("interfaces", Map::new().with("0", "ib0"))],
-                )],
-            )
+        let ni = Map::new()
+            .with("nid", "10.0.0.1@o2ib")
+            .with("status", "up")
+            .with("statistics", Map::new().with("send_count", 3u64))
+            .with("interfaces", Map::new().with("0", "ib0"));
+        one_ni_net("o2ib", ni)
             .with("route", Vec::<Map>::new())
             .with(
                 "manage",
@@ -486,16 +488,11 @@ manage:
     /// default indent).
     #[test]
     fn libyaml_layouts_are_lnetctls() {
-        let doc = Map::new().with(
-            "net",
-            vec![Map::new().with("net type", "tcp").with(
-                "local NI(s)",
-                vec![Map::new()
-                    .with("nid", "192.168.1.10@tcp")
-                    .with("status", "up")
-                    .with("interfaces", Map::new().with("0", "eth0"))],
-            )],
-        );
+        let ni = Map::new()
+            .with("nid", "192.168.1.10@tcp")
+            .with("status", "up")
+            .with("interfaces", Map::new().with("0", "eth0"));
+        let doc = one_ni_net("tcp", ni);
         assert_eq!(
             to_yaml_as(&doc, NETLINK),
             "\
