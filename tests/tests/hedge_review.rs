@@ -5,12 +5,25 @@
 //! overtake older ones.
 
 use lnd::engine::{EndpointConfig, RaceOrder, RacePolicy, Tunables};
-use lnd::sim::{SimConfig, World};
+use lnd::sim::{NodeId, SimConfig, World};
 use lnd::time::Duration;
 use lnd::wire::{LnetBody, LnetHdr};
 use ulnet_tests::send_put;
 
 use testkit::nid;
+
+/// A world of `seed` whose CM takes `cm_delay` per step, with two nodes configured as given.
+fn slow_cm_pair(
+    seed: u64,
+    cm_delay: Duration,
+    a: EndpointConfig,
+    b: EndpointConfig,
+) -> (World, NodeId, NodeId) {
+    let mut w = World::new(SimConfig::with_seed(seed));
+    w.cm_delay(cm_delay);
+    let (a, b) = (w.add_node(a), w.add_node(b));
+    (w, a, b)
+}
 
 /// Review finding: the hedge timer is armed once, at `created + hedge_delay()` as it was when
 /// the connect started. If connects to another peer raise `connect_srtt` before it fires,
@@ -122,17 +135,16 @@ fn stale_double_reject_evidence_switches_the_order_back() {
     let (lo, hi) = (nid("10.0.0.2@o2ib"), nid("10.0.1.1@o2ib"));
     let mut bad = Vec::new();
     for seed in 0..30u64 {
-        let mut w = World::new(SimConfig::with_seed(seed));
-        w.cm_delay(Duration::from_millis(1500));
-        let u = w.add_node(EndpointConfig {
+        let ulnet = EndpointConfig {
             race_order: RaceOrder::NidHash,
             ..EndpointConfig::new(lo, 1)
-        });
-        let k = w.add_node(EndpointConfig {
+        };
+        let kernel = EndpointConfig {
             race_order: RaceOrder::Nid,
             race_policy: RacePolicy::Lu17480,
             ..EndpointConfig::new(hi, 2)
-        });
+        };
+        let (mut w, u, k) = slow_cm_pair(seed, Duration::from_millis(1500), ulnet, kernel);
         for _round in 0..4 {
             for i in 0..3 {
                 send_put(&mut w, u, k, i);
@@ -159,22 +171,17 @@ fn stale_double_reject_evidence_switches_the_order_back() {
 #[test]
 fn probation_reorders_messages_of_one_pair() {
     let (an, bn) = (nid("10.0.0.1@o2ib"), nid("10.0.0.2@o2ib"));
+    let t = Tunables {
+        peer_credits: 2,
+        ..Tunables::default()
+    };
+    let cfg = |n, incarnation| EndpointConfig {
+        tunables: t.clone(),
+        ..EndpointConfig::new(n, incarnation)
+    };
     let mut bad = Vec::new();
     for seed in 0..300u64 {
-        let mut w = World::new(SimConfig::with_seed(seed));
-        w.cm_delay(Duration::from_millis(2));
-        let t = Tunables {
-            peer_credits: 2,
-            ..Tunables::default()
-        };
-        let a = w.add_node(EndpointConfig {
-            tunables: t.clone(),
-            ..EndpointConfig::new(an, 1)
-        });
-        let b = w.add_node(EndpointConfig {
-            tunables: t,
-            ..EndpointConfig::new(bn, 2)
-        });
+        let (mut w, a, b) = slow_cm_pair(seed, Duration::from_millis(2), cfg(an, 1), cfg(bn, 2));
         w.set_recv_delay(a, Duration::from_millis(20));
         w.set_recv_delay(b, Duration::from_millis(20));
         let mut seq = 0u64;

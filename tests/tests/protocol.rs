@@ -14,17 +14,33 @@ const B: &str = "10.0.0.2@o2ib";
 
 use testkit::nid;
 
-fn pair(ta: Tunables, tb: Tunables) -> (World, NodeId, NodeId) {
-    let mut w = World::new(SimConfig::with_seed(1));
-    let a = w.add_node(EndpointConfig {
-        tunables: ta,
-        ..EndpointConfig::new(nid(A), 11)
-    });
-    let b = w.add_node(EndpointConfig {
-        tunables: tb,
-        ..EndpointConfig::new(nid(B), 22)
-    });
+/// A's configuration at its defaults: NID `A`, incarnation 11.
+fn node_a() -> EndpointConfig {
+    EndpointConfig::new(nid(A), 11)
+}
+
+/// B's configuration at its defaults: NID `B`, incarnation 22.
+fn node_b() -> EndpointConfig {
+    EndpointConfig::new(nid(B), 22)
+}
+
+/// A world of `seed` with the nodes A and B configured as given.
+fn pair_of(seed: u64, a: EndpointConfig, b: EndpointConfig) -> (World, NodeId, NodeId) {
+    let mut w = World::new(SimConfig::with_seed(seed));
+    let (a, b) = (w.add_node(a), w.add_node(b));
     (w, a, b)
+}
+
+fn pair(ta: Tunables, tb: Tunables) -> (World, NodeId, NodeId) {
+    let a = EndpointConfig {
+        tunables: ta,
+        ..node_a()
+    };
+    let b = EndpointConfig {
+        tunables: tb,
+        ..node_b()
+    };
+    pair_of(1, a, b)
 }
 
 fn connected() -> (World, NodeId, NodeId) {
@@ -175,14 +191,12 @@ fn no_listener_fails_without_retrying() {
 #[test]
 fn a_stuck_connect_is_bounded_by_its_deadline() {
     for policy in [RacePolicy::Lu17480, RacePolicy::Ulnet] {
-        let mut w = World::new(SimConfig::with_seed(3));
         let mut cfg = EndpointConfig {
             race_policy: policy,
-            ..EndpointConfig::new(nid(A), 11)
+            ..node_a()
         };
         cfg.tunables.connect_hedge = Duration::ZERO;
-        let a = w.add_node(cfg);
-        let _b = w.add_node(EndpointConfig::new(nid(B), 22));
+        let (mut w, a, _b) = pair_of(3, cfg, node_b());
         w.stuck_next_connect(a, nid(B));
         let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
         let deadline = w.endpoint(a).unwrap().config().tunables.connect_timeout();
@@ -206,9 +220,7 @@ fn a_stuck_connect_is_bounded_by_its_deadline() {
 /// (1 s), which carries the message; the stuck one is aborted once the second is up.
 #[test]
 fn a_stuck_connect_costs_ours_one_hedge_delay() {
-    let mut w = World::new(SimConfig::with_seed(3));
-    let a = w.add_node(EndpointConfig::new(nid(A), 11));
-    let _b = w.add_node(EndpointConfig::new(nid(B), 22));
+    let (mut w, a, _b) = pair_of(3, node_a(), node_b());
     w.stuck_next_connect(a, nid(B));
     let t0 = w.now();
     let c = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
@@ -318,19 +330,13 @@ fn conns_per_peer_opens_that_many_and_spreads_messages_over_their_credits() {
         (3, RacePolicy::Lu17480),
         (1, RacePolicy::Ulnet),
     ] {
-        let ta = Tunables {
-            conns_per_peer: cpp,
-            ..Tunables::default()
-        };
-        let mut w = World::new(SimConfig::with_seed(5));
-        let a = w.add_node(EndpointConfig {
-            tunables: ta,
-            ..EndpointConfig::new(nid(A), 11)
-        });
-        let b = w.add_node(EndpointConfig {
+        let mut a = node_a();
+        a.tunables.conns_per_peer = cpp;
+        let b = EndpointConfig {
             race_policy: policy,
-            ..EndpointConfig::new(nid(B), 22)
-        });
+            ..node_b()
+        };
+        let (mut w, a, b) = pair_of(5, a, b);
         let first = w.send(a, nid(B), put_hdr(nid(A), nid(B), 8), vec![0; 8]);
         w.run_for(Duration::from_millis(200));
         assert_eq!(

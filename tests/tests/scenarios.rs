@@ -19,6 +19,17 @@ fn node(w: &mut World, s: &str, inc: u64) -> NodeId {
     w.add_node(EndpointConfig::new(nid(s), inc))
 }
 
+/// Every send of `cookies` was delivered (`ctx` says which case failed).
+fn assert_delivered(w: &World, cookies: &[u64], ctx: &str) {
+    for c in cookies {
+        assert_eq!(
+            w.outcome(*c).map(|(_, o)| o),
+            Some(SendOutcome::Delivered),
+            "{ctx}"
+        );
+    }
+}
+
 /// Every message handed to the world has a final status.
 fn assert_all_accounted(w: &World, seed: u64) {
     assert_eq!(
@@ -124,13 +135,7 @@ fn lu7646_revert_self_connect() {
         .map(|_| w.send(n, me, put_hdr(me, me, 32), vec![7; 32]))
         .collect();
     w.run_for(Duration::from_secs(10));
-    for c in &cookies {
-        assert_eq!(
-            w.outcome(*c).map(|(_, o)| o),
-            Some(SendOutcome::Delivered),
-            "seed {seed}"
-        );
-    }
+    assert_delivered(&w, &cookies, &format!("seed {seed}"));
     assert_eq!(w.received_count(n), 1000);
     let s = w.endpoint(n).expect("up").stats().clone();
     assert_eq!(
@@ -156,13 +161,7 @@ fn simultaneous_connect() {
             cookies.push(w.send(b, na, put_hdr(nb, na, 8), vec![2; 8]));
         }
         w.run_for(Duration::from_secs(5));
-        for c in &cookies {
-            assert_eq!(
-                w.outcome(*c).map(|(_, o)| o),
-                Some(SendOutcome::Delivered),
-                "seed {seed}"
-            );
-        }
+        assert_delivered(&w, &cookies, &format!("seed {seed}"));
         let races = w.endpoint(a).unwrap().stats().races + w.endpoint(b).unwrap().stats().races;
         assert!(races <= 1, "seed {seed}: {races} races");
         // The lower NID lost the race: only the higher NID refuses.
@@ -204,13 +203,7 @@ fn peer_reboot_conn_stale() {
             late.push(w.send(a, nb, put_hdr(na, nb, 8), vec![2; 8]));
         }
         w.run_for(Duration::from_secs(5));
-        for c in &late {
-            assert_eq!(
-                w.outcome(*c).map(|(_, o)| o),
-                Some(SendOutcome::Delivered),
-                "seed {seed} {policy:?}"
-            );
-        }
+        assert_delivered(&w, &late, &format!("seed {seed} {policy:?}"));
         let pa = w.endpoint(a).unwrap().peer(nb).unwrap();
         assert_eq!(
             pa.incarnation, 3,
@@ -500,13 +493,7 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
                     "{ctx}: a double accept taken as evidence"
                 );
             }
-            for c in &cookies {
-                assert_eq!(
-                    w.outcome(*c).map(|(_, o)| o),
-                    Some(SendOutcome::Delivered),
-                    "{ctx}"
-                );
-            }
+            assert_delivered(&w, &cookies, &ctx);
             let adoptions_learned = adoptions;
 
             // Break and reconnect, simultaneously, a few times.
@@ -546,13 +533,7 @@ fn two_ulnet_nodes_with_different_orders_never_oscillate() {
                     // Once learned, every race settles on one connection.
                     assert_eq!((ea, eb), (1, 1), "{ctx} round {round}");
                 }
-                for c in &cookies {
-                    assert_eq!(
-                        w.outcome(*c).map(|(_, o)| o),
-                        Some(SendOutcome::Delivered),
-                        "{ctx} round {round}"
-                    );
-                }
+                assert_delivered(&w, &cookies, &format!("{ctx} round {round}"));
             }
             assert_all_accounted(&w, seed);
         }

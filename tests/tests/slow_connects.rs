@@ -317,6 +317,22 @@ fn rebooted_in_a_slow_connect(seed: u64) -> (World, NodeId, NodeId) {
     (w, a, b)
 }
 
+/// No seed wedged; else how many did, and each one's row (`columns`: the rows' fields).
+fn assert_none_wedged(wedged: &[impl std::fmt::Debug], columns: &str) {
+    assert!(
+        wedged.is_empty(),
+        "{} seeds wedged (({columns})): {wedged:?}",
+        wedged.len()
+    );
+}
+
+/// Runs `w` until nothing is left to do (bounded: 600 s of virtual time), then counts the
+/// messages of `msgs` that were not delivered.
+fn undelivered_once_idle(w: &mut World, msgs: &[u64]) -> usize {
+    assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
+    undelivered(w, msgs)
+}
+
 /// The other order, which B cannot judge: B has never heard of A. A (11) asks B to connect
 /// over a slow CM, crashes, comes back as 12 and asks again; 12's request reaches B first, then
 /// 11's, which B takes for a restart to 11 (it cannot tell which unknown stamp is the newer).
@@ -342,8 +358,7 @@ fn new_instance_first_then_old_request_wedges_peer() {
             later.push(send_put(&mut w, b, a, 200 + i));
             w.run_for(Duration::from_secs(1));
         }
-        assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = undelivered(&w, &later);
+        let failed = undelivered_once_idle(&mut w, &later);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((
@@ -356,10 +371,9 @@ fn new_instance_first_then_old_request_wedges_peer() {
         }
     }
     eprintln!("flipped to 11 in {flipped} seeds");
-    assert!(
-        wedged.is_empty(),
-        "{} seeds wedged ((seed, inc after, inc end, superseded_connreqs, failed of 10)): {wedged:?}",
-        wedged.len()
+    assert_none_wedged(
+        &wedged,
+        "seed, inc after, inc end, superseded_connreqs, failed of 10",
     );
 }
 
@@ -385,8 +399,7 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
                 flipped += 1;
             }
         }
-        assert!(w.run_until_idle(w.now() + Duration::from_secs(600)));
-        let failed = undelivered(&w, &late);
+        let failed = undelivered_once_idle(&mut w, &late);
         if failed > 0 {
             let eb = w.endpoint(b).unwrap();
             wedged.push((
@@ -398,9 +411,8 @@ fn new_instance_first_then_old_request_with_steady_traffic() {
         }
     }
     eprintln!("B still at 11 after 4 s in {flipped} seeds");
-    assert!(
-        wedged.is_empty(),
-        "{} seeds wedged ((seed, superseded_connreqs, peer_reboots, failed of last 100)): {wedged:?}",
-        wedged.len()
+    assert_none_wedged(
+        &wedged,
+        "seed, superseded_connreqs, peer_reboots, failed of last 100",
     );
 }
