@@ -80,22 +80,7 @@ fn add_r_b(t: &Topo, test: u8) {
 fn brw_through(t: &Topo, units: u32, loops: u32) -> router::control::ForwardingCounts {
     ping_until_ok(&t.client, FAR, WAIT);
     let before = routing(&t.router).forwarding;
-    let (c, l) = (units.to_string(), loops.to_string());
-    let out = run_test(
-        &t.client,
-        CLIENT,
-        FAR,
-        &[
-            "--concurrency",
-            &c,
-            "--loop",
-            &l,
-            "brw",
-            "write",
-            "size=1M",
-            "check=full",
-        ],
-    );
+    let out = brw_write_1m(&t.client, CLIENT, FAR, units, loops);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let log = std::fs::read_to_string(&t.router.log).unwrap_or_default();
     assert!(
@@ -179,15 +164,7 @@ fn routing_turned_on_after_an_ni_was_added_forwards_bulk() {
 fn a_router_configured_by_import_on_a_daemon_started_without_nis_forwards_bulk() {
     let test = 3;
     let s = Scratch::new("bulk_import");
-    let router = start_yaml(
-        &s.0,
-        "router",
-        "",
-        Opts {
-            args: vec!["--no-nis".into()],
-            ..Opts::default()
-        },
-    );
+    let router = start_without_nis(&s.0, "router");
     let (far, client) = site(test).start_ends(&s.0);
     // lnet_selftest starts with a daemon, not by import: the router needs none.
     let doc = site(test)

@@ -12,8 +12,11 @@ use router::yaml_config::DaemonConfig;
 const NID_R1: &str = "10.1.0.1@o2ib1";
 
 /// A router (two NIs, routing on, large buffers registered) with every key of ulnet's
-/// configuration away from its default.
-fn configured(dir: &std::path::Path, peer_port: u16) -> (Daemon, String) {
+/// configuration away from its default, in a scratch directory named `test`; its peer's
+/// address is a port the test holds. The directory, the held port, the daemon and its YAML.
+fn configured(test: &str) -> (Scratch, std::net::TcpListener, Daemon, String) {
+    let dir = Scratch::new(test);
+    let (held, peer_port) = held_port();
     let yaml = format!(
         "\
 net:
@@ -47,7 +50,15 @@ selftest:
     enable: 1
 "
     );
-    (start_yaml(dir, "r", &yaml, Opts::default()), yaml)
+    let r = start_yaml(&dir.0, "r", &yaml, Opts::default());
+    (dir, held, r, yaml)
+}
+
+/// Writes `text` to the file `name` in `dir`, for lnetctl to import: its path.
+fn write_doc(dir: &Scratch, name: &str, text: &str) -> String {
+    let file = dir.0.join(name);
+    std::fs::write(&file, text).unwrap();
+    file.to_str().unwrap().to_string()
 }
 
 /// What a restart takes from a configuration (the listen ports aside: port 0 is bound).
@@ -75,9 +86,8 @@ fn settings(c: &DaemonConfig) -> String {
 /// They show at run time too (`net show -v 5`, `routing show`, `global show -v`).
 #[test]
 fn export_gives_back_every_setting() {
-    let dir = Scratch::new("export_every_setting");
-    let (_held, peer_port) = held_port();
-    let (r, yaml) = configured(&dir.0, peer_port);
+    let (dir, held, r, yaml) = configured("export_every_setting");
+    let peer_port = held.local_addr().unwrap().port();
     let want = settings(&DaemonConfig::parse(&yaml, "r.yaml").unwrap());
     let run = |args: &[&str]| out(&lnetctl(&r, args));
     let file = dir.0.join("export.yaml");
@@ -122,18 +132,20 @@ fn export_gives_back_every_setting() {
 /// refused with ENOMEM naming the cap, changing nothing; range errors quote both limits.
 #[test]
 fn set_takes_the_configurations_ranges_and_says_its_cap() {
-    let dir = Scratch::new("set_ranges");
-    let (_held, peer_port) = held_port();
-    let (r, _) = configured(&dir.0, peer_port);
+    let (dir, _held, r, _) = configured("set_ranges");
     let run = |args: &[&str]| out(&lnetctl(&r, args));
+    // A `set` refused with exit status `code`, its error saying `says`.
+    let refused = |args: &[&str], code: i32, says: &str| {
+        let (c, stdout, err) = run(args);
+        assert_eq!(c, Some(code), "{args:?}: {stdout}{err}");
+        assert!(err.contains(says), "{err}");
+    };
     let large = |r: &Daemon| match call(r, Request::RoutingShow) {
         Response::Routing(s) => s.cpts.iter().map(|c| c.large.nbuffers).sum::<u32>(),
         other => panic!("{other:?}"),
     };
 
-    let (code, _, err) = run(&["set", "tiny_buffers", "20000000"]);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("1..=10000000"), "{err}");
+    refused(&["set", "tiny_buffers", "20000000"], 2, "1..=10000000");
     // The daemon checks too (another client, an import).
     match call(
         &r,
@@ -156,11 +168,10 @@ fn set_takes_the_configurations_ranges_and_says_its_cap() {
     // 8 large buffers at start (4 per NI); the pool grows and shrinks at run time, up to what
     // the daemon registers at most: above that, ENOMEM saying so, and nothing changes.
     assert_eq!(large(&r), 8);
-    let (code, stdout, err) = run(&["set", "large_buffers", "65537"]);
-    assert_eq!(code, Some(1), "{stdout}{err}");
-    assert!(
-        err.contains("large_buffers: 65537 is more than the 65536 this daemon registers"),
-        "{err}"
+    refused(
+        &["set", "large_buffers", "65537"],
+        1,
+        "large_buffers: 65537 is more than the 65536 this daemon registers",
     );
     assert_eq!(large(&r), 8, "nothing changed");
     assert_eq!(
@@ -173,20 +184,17 @@ fn set_takes_the_configurations_ranges_and_says_its_cap() {
     assert_eq!(run(&["set", "large_buffers", "8"]).0, Some(0));
     assert_eq!(large(&r), 8);
 
-    let (code, _, err) = run(&["set", "numa_range", "4294967296"]);
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains("numa_range: 4294967296 is out of range 0..=4294967295"),
-        "{err}"
+    refused(
+        &["set", "numa_range", "4294967296"],
+        1,
+        "numa_range: 4294967296 is out of range 0..=4294967295",
     );
 
     // Whatever `set` took, the export loads and imports back.
     let (_, text, _) = run(&["export"]);
     DaemonConfig::parse(&text, "export").unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let file = dir.0.join("export.yaml");
-    std::fs::write(&file, &text).unwrap();
     assert_eq!(
-        run(&["import", file.to_str().unwrap()]),
+        run(&["import", &write_doc(&dir, "export.yaml", &text)]),
         (Some(0), String::new(), String::new())
     );
 }
@@ -196,18 +204,14 @@ fn set_takes_the_configurations_ranges_and_says_its_cap() {
 /// `failed:` as "restart needed", by `--show` too, and the exit status says so.
 #[test]
 fn import_applies_the_router_pinger_and_names_a_selftest_restart() {
-    let dir = Scratch::new("import_modparams");
-    let (_held, peer_port) = held_port();
-    let (r, _) = configured(&dir.0, peer_port);
+    let (dir, _held, r, _) = configured("import_modparams");
     let run = |args: &[&str]| out(&lnetctl(&r, args));
-    let file = dir.0.join("doc.yaml");
-    let f = file.to_str().unwrap();
-    std::fs::write(
-        &file,
+    let f = &write_doc(
+        &dir,
+        "doc.yaml",
         "routing:\n    alive_router_check_interval: 5\n    router_ping_timeout: 3\n    \
          avoid_asym_router_failure: 0\nselftest:\n    enable: 0\n",
-    )
-    .unwrap();
+    );
     let (code, shown, _) = run(&["import", "--show", f]);
     assert_eq!(code, Some(1), "{shown}");
     assert!(
@@ -239,14 +243,18 @@ fn import_applies_the_router_pinger_and_names_a_selftest_restart() {
         "{routing}"
     );
     // As the daemon runs it: nothing to do.
-    std::fs::write(
-        &file,
+    write_doc(
+        &dir,
+        "doc.yaml",
         "routing:\n    alive_router_check_interval: 5\nselftest:\n    enable: 1\n",
-    )
-    .unwrap();
+    );
     assert_eq!(run(&["import", f]), (Some(0), String::new(), String::new()));
     // Out of the configuration's range: refused as a document, nothing applied.
-    std::fs::write(&file, "routing:\n    router_ping_timeout: 90000\n").unwrap();
+    write_doc(
+        &dir,
+        "doc.yaml",
+        "routing:\n    router_ping_timeout: 90000\n",
+    );
     let (code, _, err) = run(&["import", f]);
     assert_eq!(code, Some(1));
     assert!(
@@ -270,13 +278,8 @@ fn an_imported_peer_address_is_used_by_the_nis_already_running() {
     assert!(p.ping.is_empty(), "B answered at its NID's address: {p:?}");
 
     let run = |args: &[&str]| out(&lnetctl(&a, args));
-    let file = dir.0.join("peers.yaml");
-    let f = file.to_str().unwrap();
-    std::fs::write(
-        &file,
-        format!("peers:\n    - nid: {B}\n      address: 127.0.0.1:{b_port}\n"),
-    )
-    .unwrap();
+    let peers = format!("peers:\n    - nid: {B}\n      address: 127.0.0.1:{b_port}\n");
+    let f = &write_doc(&dir, "peers.yaml", &peers);
     let (code, shown, _) = run(&["import", "--show", f]);
     assert_eq!(code, Some(0), "{shown}");
     assert!(
@@ -294,11 +297,11 @@ fn an_imported_peer_address_is_used_by_the_nis_already_running() {
     assert!(net.contains(&format!("127.0.0.1:{b_port}")), "{net}");
     // A peer that is one of the daemon's own NIs is refused with its line, as in a file (it
     // would be used for every connect, and the export would not load).
-    std::fs::write(
-        &file,
-        format!("peers:\n    - nid: {A}\n      address: 127.0.0.1:{b_port}\n"),
-    )
-    .unwrap();
+    write_doc(
+        &dir,
+        "peers.yaml",
+        &format!("peers:\n    - nid: {A}\n      address: 127.0.0.1:{b_port}\n"),
+    );
     let (code, _, err) = run(&["import", f]);
     assert_eq!(code, Some(1), "{err}");
     assert!(

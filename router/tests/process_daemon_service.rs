@@ -732,6 +732,14 @@ fn health_falls_on_a_failed_send_and_debug_recovery_lists_the_ni() {
     assert_eq!(run(&["debug", "recovery", "--local"]).1, "");
 }
 
+/// A configuration's `net:` with the one NI `nid` of the net `net` on the tcp fabric, on a port
+/// the OS assigns.
+fn net_doc(net: &str, nid: &str) -> String {
+    format!(
+        "net:\n    - net type: {net}\n      fabric: tcp\n      local NI(s):\n        - nid: {nid}\n          listen: 127.0.0.1:0\n"
+    )
+}
+
 /// Issue 32, item 6: `lnet configure -a` after `lnet unconfigure` brought back none of the
 /// file's NIs; Lustre's brings back what its configuration names (LNetNIInit with the
 /// `networks` and `routes` module parameters). Now the NIs of the daemon's file come back, and
@@ -745,9 +753,9 @@ fn configure_all_after_unconfigure_brings_the_files_nis_back() {
         &s.0,
         "a",
         &format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n\
-             peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
-             route:\n    - net: o2ib9\n      gateway: {NID_B}\n"
+            "{}peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
+             route:\n    - net: o2ib9\n      gateway: {NID_B}\n",
+            net_doc("o2ib", NID_A)
         ),
         Opts::default(),
     );
@@ -811,24 +819,9 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
     const NID_A2: &str = "10.0.2.1@o2ib2";
     let s = Scratch::new("runtime_nis");
     let (b, pb) = start_on_any_port(&s.0, "b", NID_B, None, Opts::default());
-    let c = start_yaml(
-        &s.0,
-        "c",
-        &format!(
-            "net:\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_C}\n          listen: 127.0.0.1:0\n"
-        ),
-        Opts::default(),
-    );
+    let c = start_yaml(&s.0, "c", &net_doc("o2ib1", NID_C), Opts::default());
     let pc = listen_port(&c, NID_C);
-    let a = start_yaml(
-        &s.0,
-        "a",
-        "",
-        Opts {
-            args: vec!["--no-nis".into()],
-            ..Opts::default()
-        },
-    );
+    let a = start_without_nis(&s.0, "a");
     let run = |args: &[&str]| out(&lnetctl(&a, args));
     let (code, net, err) = run(&["net", "show"]);
     assert_eq!(code, Some(0), "{err}");
@@ -847,9 +840,9 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
     std::fs::write(
         &file,
         format!(
-            "net:\n    - net type: o2ib\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A}\n          listen: 127.0.0.1:0\n\
-             peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
-             global:\n    recovery_limit: 77\n"
+            "{}peers:\n    - nid: {NID_B}\n      address: 127.0.0.1:{pb}\n\
+             global:\n    recovery_limit: 77\n",
+            net_doc("o2ib", NID_A)
         ),
     )
     .unwrap();
@@ -867,8 +860,8 @@ fn nis_come_and_go_at_run_time_from_a_daemon_started_with_none() {
     std::fs::write(
         &file,
         format!(
-            "net:\n    - net type: o2ib1\n      fabric: tcp\n      local NI(s):\n        - nid: {NID_A1}\n          listen: 127.0.0.1:0\n\
-             peers:\n    - nid: {NID_C}\n      address: 127.0.0.1:{pc}\n"
+            "{}peers:\n    - nid: {NID_C}\n      address: 127.0.0.1:{pc}\n",
+            net_doc("o2ib1", NID_A1)
         ),
     )
     .unwrap();

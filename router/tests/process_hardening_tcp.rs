@@ -38,20 +38,27 @@ fn silent_clients(port: u16, n: usize, threads: usize, each: Duration) -> Vec<Tc
         .collect()
 }
 
+/// The daemon A, with `opts`, in a scratch directory named `test`, knowing a peer B that is never
+/// started (B's address is a port the test holds): the directory, the held port, A and the
+/// port A listens on.
+fn a_with_absent_peer(test: &str, opts: Opts) -> (Scratch, std::net::TcpListener, Daemon, u16) {
+    let dir = Scratch::new(test);
+    let (held, pb) = held_port();
+    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts);
+    (dir, held, a, pa)
+}
+
 /// Silent sockets each hold a handshake-sized receive buffer (not 64 KiB), at most
 /// `handshake limit` of them are kept, the excess is closed at once and counted, and once they
 /// are gone nothing is held any more.
 #[test]
 fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
     const LIMIT: u64 = 100;
-    let dir = Scratch::new("hs-cap");
-    // NID_B is never started: its address is a port the test holds.
-    let (_b, pb) = held_port();
     let opts = Opts {
         ni_yaml: format!("          handshake limit: {LIMIT}\n"),
         ..Opts::default()
     };
-    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts);
+    let (_dir, _b, a, pa) = a_with_absent_peer("hs-cap", opts);
     let c = |name| fabric_counter(&a, NID_A, name);
     assert_eq!((c("handshakes"), c("rx_buffer_bytes")), (0, 0));
 
@@ -127,14 +134,11 @@ fn silent_sockets_hold_a_small_buffer_and_the_excess_is_refused() {
 #[test]
 fn at_the_fd_limit_accepting_backs_off_and_the_control_socket_answers() {
     const NOFILE: u32 = 128;
-    let dir = Scratch::new("fd-limit");
-    // NID_B is never started: its address is a port the test holds.
-    let (_b, pb) = held_port();
     let opts = Opts {
         nofile: Some(NOFILE),
         ..Opts::default()
     };
-    let (a, pa) = start_on_any_port(&dir.0, "a", NID_A, Some((NID_B, pb)), opts);
+    let (_dir, _b, a, pa) = a_with_absent_peer("fd-limit", opts);
     let c = |name| fabric_counter(&a, NID_A, name);
     let limit_hits = || c("accept_errors") + c("accepts_shed");
 

@@ -406,26 +406,7 @@ fn a_scrape_mirrors_lnetctl_through_routed_traffic_and_a_real_prometheus_reads_i
     );
 
     // A bulk brw through the router.
-    let out = lnetctl(
-        &client,
-        &[
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            FAR,
-            "--concurrency",
-            "2",
-            "--loop",
-            "4",
-            "brw",
-            "write",
-            "size=1M",
-            "check=full",
-        ],
-    );
+    let out = brw_write_1m(&client, CLIENT, FAR, 2, 4);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

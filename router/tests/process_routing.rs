@@ -212,24 +212,16 @@ fn routed_ping_in(t: u8, ni_threads: &str, netns: [Option<String>; 3]) {
         count(&router) >= want
     });
     assert_eq!(count(&router), want, "{:?}", thread_names(&router));
-    let server = start_yaml(
-        &s.0,
-        "server",
-        &yaml(t, &[SERVER], &[("o2ib", R1_B)], false),
-        Opts {
-            netns: ns_server,
+    // The two ends: each on its net, routed through the router, in its own namespace.
+    let end = |name, nid, route, netns| {
+        let opts = Opts {
+            netns,
             ..Opts::default()
-        },
-    );
-    let client = start_yaml(
-        &s.0,
-        "client",
-        &yaml(t, &[CLIENT], &[("o2ib1", R1_A)], false),
-        Opts {
-            netns: ns_client,
-            ..Opts::default()
-        },
-    );
+        };
+        start_yaml(&s.0, name, &yaml(t, &[nid], &[route], false), opts)
+    };
+    let server = end("server", SERVER, ("o2ib", R1_B), ns_server);
+    let client = end("client", CLIENT, ("o2ib1", R1_A), ns_client);
     // The client's router pinger finds the router (a dead gateway is re-pinged after 1 s, 2 s,
     // ...); then the server answers through it.
     assert!(

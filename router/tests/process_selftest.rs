@@ -163,21 +163,7 @@ fn lst_commands_from_lnetctl_move_checked_data_direct_and_routed() {
 #[test]
 fn run_test_reports_a_routed_session() {
     let t = topo(2, "run_test");
-    let out = run_test(
-        &t.client,
-        CLIENT,
-        FAR,
-        &[
-            "--concurrency",
-            "2",
-            "--loop",
-            "25",
-            "brw",
-            "write",
-            "size=1M",
-            "check=full",
-        ],
-    );
+    let out = brw_write_1m(&t.client, CLIENT, FAR, 2, 25);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -293,21 +279,7 @@ fn routing_turned_on_later_forwards_bulk() {
     let (_far, client) = site(t).start_ends(&s.0);
     lnetctl_ok(&router, &["set", "routing", "1"]);
     ping_until_ok(&client, FAR, WAIT);
-    let out = run_test(
-        &client,
-        CLIENT,
-        FAR,
-        &[
-            "--concurrency",
-            "2",
-            "--loop",
-            "5",
-            "brw",
-            "write",
-            "size=1M",
-            "check=full",
-        ],
-    );
+    let out = brw_write_1m(&client, CLIENT, FAR, 2, 5);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     let v = json_summary(&stdout);
@@ -335,22 +307,8 @@ fn a_timed_selftest_to_the_nodes_own_nid_ends_and_the_daemon_answers() {
         &site(3).yaml(&[CLIENT], &[], false),
         Opts::default(),
     );
-    let mut child = std::process::Command::new(lnetctl_bin())
-        .arg("--socket")
-        .arg(&d.socket)
-        .args([
-            "selftest",
-            "run-test",
-            "--from",
-            CLIENT,
-            "--to",
-            CLIENT,
-            "--duration",
-            "2",
-            "ping",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    let mut child = lnetctl_cmd(&d)
+        .args(run_test_args(CLIENT, CLIENT, &["--duration", "2", "ping"]))
         .spawn()
         .expect("run lnetctl");
     let status = testkit::wait_exit(&mut child, WAIT);

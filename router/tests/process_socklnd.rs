@@ -31,6 +31,15 @@ fn tcp_node(nid: &str, port: u16, routes: &str) -> String {
     )
 }
 
+/// Two daemons in `dir`, `a` and `b`, one tcp NI each (`a_nid`, `b_nid`) on the acceptor
+/// `port`: the peers of most tests here.
+fn tcp_pair(dir: &Scratch, port: u16, a_nid: &str, b_nid: &str) -> (Daemon, Daemon) {
+    (
+        start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default()),
+        start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default()),
+    )
+}
+
 /// `lnetctl selftest run-test` from `d`'s console; the JSON summary.
 fn run_test(d: &Daemon, from: &str, to: &str, extra: &[&str], test: &[&str]) -> serde_json::Value {
     let mut args = vec!["--json", "selftest", "run-test", "--from", from, "--to", to];
@@ -50,8 +59,7 @@ fn socklnd_client_and_server_ping_and_move_1_byte_to_1_mib_check_full() {
     let dir = Scratch::new("sock_pair");
     let port = acceptor_port();
     let (a_nid, b_nid) = ("127.0.20.1@tcp", "127.0.20.2@tcp");
-    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
-    let b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    let (a, b) = tcp_pair(&dir, port, a_nid, b_nid);
     ping_until_ok(&a, b_nid, Duration::from_secs(10));
     ping_until_ok(&b, a_nid, Duration::from_secs(10));
     for size in ["1", "3976", "3977", "4k", "64k", "1M"] {
@@ -182,27 +190,13 @@ fn routed_tcp_to_o2ib_and_back_ping_and_brw_check_full() {
 fn a_router_restarted_mid_brw_loses_only_what_was_in_flight_and_the_route_comes_back() {
     let mut t = routed("sock_router_restart");
     ping_until_ok(&t.client, SERVER, Duration::from_secs(15));
-    let bin = lnetctl_bin();
-    let child = std::process::Command::new(&bin)
-        .arg("--socket")
-        .arg(&t.client.socket)
-        .args([
-            "--json",
-            "selftest",
-            "run-test",
-            "--from",
+    let child = lnetctl_cmd(&t.client)
+        .arg("--json")
+        .args(run_test_args(
             CLIENT,
-            "--to",
             SERVER,
-            "--duration",
-            "8",
-            "brw",
-            "write",
-            "size=1M",
-            "check=full",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+            &["--duration", "8", "brw", "write", "size=1M", "check=full"],
+        ))
         .spawn()
         .expect("lnetctl");
     std::thread::sleep(Duration::from_secs(2));
@@ -249,8 +243,7 @@ fn a_stopping_peer_is_seen_down_at_once_as_closed() {
     let dir = Scratch::new("sock_close");
     let port = acceptor_port();
     let (a_nid, b_nid) = ("127.0.23.1@tcp", "127.0.23.2@tcp");
-    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
-    let mut b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    let (a, mut b) = tcp_pair(&dir, port, a_nid, b_nid);
     ping_until_ok(&a, b_nid, Duration::from_secs(10));
     b.signal("-TERM");
     assert!(b.wait_exit(Duration::from_secs(10)).success());
@@ -380,16 +373,11 @@ fn capture_on_a_tcp_ni_decodes_in_tshark() {
     let dir = Scratch::new("sock_capture");
     let port = acceptor_port();
     let (a_nid, b_nid) = ("127.0.27.1@tcp", "127.0.27.2@tcp");
-    let a = start_yaml(&dir.0, "a", &tcp_node(a_nid, port, ""), Opts::default());
-    let _b = start_yaml(&dir.0, "b", &tcp_node(b_nid, port, ""), Opts::default());
+    let (a, _b) = tcp_pair(&dir, port, a_nid, b_nid);
     let file = dir.0.join("sock.pcap");
-    let mut child = std::process::Command::new(lnetctl_bin())
-        .arg("--socket")
-        .arg(&a.socket)
+    let mut child = lnetctl_cmd(&a)
         .args(["capture", "--duration", "4", "--file"])
         .arg(&file)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("lnetctl capture");
     let mut line = String::new();

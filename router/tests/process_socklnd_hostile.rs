@@ -8,6 +8,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -34,6 +35,15 @@ fn tcp_node_timeout(nid: &str, port: u16, accept: &str, extra: &str, timeout: u3
     format!(
         "net:\n  - net type: tcp\n    local NI(s):\n      - nid: {nid}\n{extra}{}",
         acceptor(port, accept, timeout)
+    )
+}
+
+/// The two daemons of every test here, started in `dir` from their YAML: the victim `v`, which
+/// the raw peers attack, and the good peer `g`, whose pings must pass throughout.
+fn start_pair(dir: &Path, v_yaml: &str, g_yaml: &str) -> (Daemon, Daemon) {
+    (
+        start_yaml(dir, "v", v_yaml, Opts::default()),
+        start_yaml(dir, "g", g_yaml, Opts::default()),
     )
 }
 
@@ -141,8 +151,7 @@ fn silent_and_half_open_floods_are_bounded_counted_and_cheap() {
     let (v_nid, g_nid) = ("127.0.30.1@tcp", "127.0.30.2@tcp");
     // Accept timeout 10 s: the whole flood is in before the first held socket times out.
     let yaml = |nid| tcp_node_timeout(nid, port, "all", "", 10);
-    let v = start_yaml(&dir.0, "v", &yaml(v_nid), Opts::default());
-    let g = start_yaml(&dir.0, "g", &yaml(g_nid), Opts::default());
+    let (v, g) = start_pair(&dir.0, &yaml(v_nid), &yaml(g_nid));
     ping_until_ok(&g, v_nid, Duration::from_secs(10));
     let pid: u32 = v.pid().parse().unwrap();
     let timeouts0 = counter(&v, v_nid, "handshake_timeouts");
@@ -212,17 +221,10 @@ fn bad_hellos_and_oversized_messages_are_closed_and_counted() {
     let dir = Scratch::new("sock_hostile_hello");
     let port = held_port().1;
     let (v_nid, g_nid, x_nid) = ("127.0.31.1@tcp", "127.0.31.2@tcp", "127.0.31.9@tcp");
-    let v = start_yaml(
+    let (v, g) = start_pair(
         &dir.0,
-        "v",
         &tcp_node(v_nid, port, "all", ""),
-        Opts::default(),
-    );
-    let g = start_yaml(
-        &dir.0,
-        "g",
         &tcp_node(g_nid, port, "all", ""),
-        Opts::default(),
     );
     ping_until_ok(&g, v_nid, Duration::from_secs(10));
     let vn: Nid = v_nid.parse().unwrap();
@@ -288,17 +290,10 @@ fn secure_acceptor_closes_an_unprivileged_dialer_unread() {
     let dir = Scratch::new("sock_hostile_secure");
     let port = held_port().1;
     let (v_nid, g_nid) = ("127.0.32.1@tcp", "127.0.32.2@tcp");
-    let v = start_yaml(
+    let (v, g) = start_pair(
         &dir.0,
-        "v",
         &tcp_node(v_nid, port, "secure", ""),
-        Opts::default(),
-    );
-    let g = start_yaml(
-        &dir.0,
-        "g",
         &tcp_node(g_nid, port, "all", ""),
-        Opts::default(),
     );
     ping_until_ok(&v, g_nid, Duration::from_secs(10));
     let before = counter(&v, v_nid, "refused_insecure_port");
@@ -330,17 +325,10 @@ fn a_trickled_1_mib_put_holds_the_routers_buffer_only_within_the_grant_bound() {
         "  - net type: o2ib\n    fabric: tcp\n    local NI(s):\n      - nid: {v_ib}\n        \
          listen: 127.0.34.1:{ib_port}\nrouting:\n  enable: 1\n"
     );
-    let v = start_yaml(
+    let (v, g) = start_pair(
         &dir.0,
-        "v",
         &tcp_node(v_nid, port, "all", &router_extra),
-        Opts::default(),
-    );
-    let g = start_yaml(
-        &dir.0,
-        "g",
         &tcp_node(g_nid, port, "all", ""),
-        Opts::default(),
     );
     ping_until_ok(&g, v_nid, Duration::from_secs(10));
     let large = |d: &Daemon| match call(d, router::control::Request::RoutingShow) {

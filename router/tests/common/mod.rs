@@ -224,6 +224,16 @@ pub fn run_to_exit(cfg: &Path, socket: &Path, args: &[&str], log: Option<&str>) 
     cmd.output().unwrap()
 }
 
+/// A daemon started with `--no-nis` and an empty configuration (lnet.service's start on a
+/// node that `lnetctl import` or `net add` configures afterwards).
+pub fn start_without_nis(dir: &Path, name: &str) -> Daemon {
+    let opts = Opts {
+        args: vec!["--no-nis".into()],
+        ..Opts::default()
+    };
+    start_yaml(dir, name, "", opts)
+}
+
 /// Starts a daemon on the configuration `yaml` (written to `dir/name.yaml`), with [`Opts`]
 /// (its `lnd` and `ni_yaml` are not used: the configuration is whole).
 pub fn start_yaml(dir: &Path, name: &str, yaml: &str, opts: Opts) -> Daemon {
@@ -535,12 +545,18 @@ pub fn ping_in_background(
 
 /// `lnetctl --socket <d's socket> args...`, with its output.
 pub fn lnetctl(d: &Daemon, args: &[&str]) -> std::process::Output {
-    Command::new(lnetctl_bin())
-        .arg("--socket")
+    lnetctl_cmd(d).args(args).output().expect("run lnetctl")
+}
+
+/// `lnetctl --socket <d's socket>` with its stdout and stderr piped, for a test that starts it
+/// (adding its arguments), watches the daemon meanwhile and then reads what it printed.
+pub fn lnetctl_cmd(d: &Daemon) -> Command {
+    let mut c = Command::new(lnetctl_bin());
+    c.arg("--socket")
         .arg(&d.socket)
-        .args(args)
-        .output()
-        .expect("run lnetctl")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
 }
 
 /// `net show -v`: the entry of `d`'s NI `nid`.
@@ -734,9 +750,33 @@ impl Site {
 
 /// `lnetctl --json selftest run-test --from FROM --to TO args...` on `d`, with its output.
 pub fn run_test(d: &Daemon, from: &str, to: &str, args: &[&str]) -> std::process::Output {
-    let mut all = vec!["--json", "selftest", "run-test", "--from", from, "--to", to];
-    all.extend_from_slice(args);
+    let mut all = vec!["--json"];
+    all.extend(run_test_args(from, to, args));
     lnetctl(d, &all)
+}
+
+/// [`run_test`] of the bulk check the tests share: `--concurrency UNITS --loop LOOPS brw write
+/// size=1M check=full` (every word of every 1 MiB checked).
+pub fn brw_write_1m(d: &Daemon, from: &str, to: &str, units: u32, loops: u32) -> Output {
+    let (c, l) = (units.to_string(), loops.to_string());
+    let args = [
+        "--concurrency",
+        &c,
+        "--loop",
+        &l,
+        "brw",
+        "write",
+        "size=1M",
+        "check=full",
+    ];
+    run_test(d, from, to, &args)
+}
+
+/// lnetctl's arguments `selftest run-test --from FROM --to TO args...`.
+pub fn run_test_args<'a>(from: &'a str, to: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec!["selftest", "run-test", "--from", from, "--to", to];
+    all.extend_from_slice(args);
+    all
 }
 
 /// The string `key` of each item of the JSON list `list`.
