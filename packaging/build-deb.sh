@@ -7,6 +7,9 @@
 #
 # Env: FEATURES="router/verbs" to build the daemon with the verbs fabric (needs libibverbs-dev
 # and librdmacm-dev; the package then depends on libibverbs1 and librdmacm1).
+#      DEB_PREBUILT=1: package the lnet-router and lnetctl already in target/release instead of
+# building them (.ci/run packages the ones tests/rxe/run.sh just built with verbs, rather than
+# compiling the workspace in release a second time); FEATURES then only names the dependencies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(awk -F'"' '/^\[workspace.package\]/ {p = 1} p && /^version/ {print $2; exit}' Cargo.toml)
@@ -15,7 +18,13 @@ out=${1:-target/ulnet_${version}_${arch}.deb}
 features=${FEATURES:-}
 args=(--release -q -p router --bin lnet-router -p lnetctl --bin lnetctl)
 [ -n "$features" ] && args+=(--features "$features")
-cargo build "${args[@]}"
+if [ -n "${DEB_PREBUILT:-}" ]; then
+  for b in lnet-router lnetctl; do
+    [ -x "target/release/$b" ] || { echo "build-deb.sh: DEB_PREBUILT set but no target/release/$b" >&2; exit 1; }
+  done
+else
+  cargo build "${args[@]}"
+fi
 root=$(mktemp -d /tmp/ulnet-deb.XXXXXX)
 trap 'rm -rf "$root"' EXIT
 bin=target/release

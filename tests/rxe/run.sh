@@ -28,11 +28,21 @@ case $suite in
   *) echo "run.sh: RXE_SUITE must be all, verbs or daemons (not $suite)" >&2; exit 90 ;;
 esac
 
+# One cargo build for everything the guest runs, in the same package selection and features as
+# packaging/build-deb.sh (-p lnd -p router -p lnetctl, verbs): one feature set, so lnd, router and
+# lnetctl compile once in release, and after the .deb's build (as in .ci/run) only the examples
+# are left to build. Built per suite before, lnetctl alone and lnd alone each took their own
+# feature set and recompiled lnd and router.
+build=(--release -p lnd -p router -p lnetctl --features lnd/verbs,router/verbs)
+if [ "$suite" != daemons ]; then
+  for e in $examples; do build+=(--example "$e"); done
+fi
+if [ "$suite" != verbs ]; then
+  build+=(--bin lnet-router --bin lnetctl --example verbs_routed_bulk)
+fi
+(cd "$repo" && cargo build "${build[@]}")
 bins=()
 if [ "$suite" != daemons ]; then
-  args=()
-  for e in $examples; do args+=(--example "$e"); done
-  (cd "$repo" && cargo build --release -p lnd --features verbs "${args[@]}")
   for e in $examples; do
     b="$repo/target/release/examples/$e"
     [ -x "$b" ] || { echo "run.sh: no $b" >&2; exit 94; }
@@ -41,8 +51,6 @@ if [ "$suite" != daemons ]; then
 fi
 files=()
 if [ "$suite" != verbs ]; then
-  (cd "$repo" && cargo build --release -p router --features verbs --bin lnet-router \
-    --example verbs_routed_bulk && cargo build --release -p lnetctl --bin lnetctl)
   # without their debug info (~50 MiB less initramfs for the emulated guest to unpack)
   dir="${RXE_WORK:-$repo/target/rxe}/daemons"
   mkdir -p "$dir"
