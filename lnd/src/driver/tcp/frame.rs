@@ -37,6 +37,7 @@
 //! receive buffer into the region as it arrives, and reads what is still in the socket straight
 //! into the region (`TcpFabric::parse`).
 
+use crate::driver::Coded;
 use core::fmt;
 
 use crate::fabric::PrivateData;
@@ -54,32 +55,21 @@ pub const MAX_WRITE_DATA: usize = 1 << 20;
 /// The most data a sender puts in one RDMA_WRITE frame (a larger write is several frames).
 pub const WRITE_CHUNK: usize = 64 * 1024;
 
-/// What a frame is.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum FrameKind {
-    ConnReq = 1,
-    ConnAck = 2,
-    Reject = 3,
-    Msg = 4,
-    Disconnect = 5,
-    /// One RDMA write (or a piece of one): `[u32 rkey][u64 addr][data]`.
-    RdmaWrite = 6,
+coded_enum! {
+    /// What a frame is.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+    pub enum FrameKind {
+        ConnReq = 1,
+        ConnAck = 2,
+        Reject = 3,
+        Msg = 4,
+        Disconnect = 5,
+        /// One RDMA write (or a piece of one): `[u32 rkey][u64 addr][data]`.
+        RdmaWrite = 6,
+    }
 }
 
 impl FrameKind {
-    fn from_u8(b: u8) -> Option<FrameKind> {
-        Some(match b {
-            1 => FrameKind::ConnReq,
-            2 => FrameKind::ConnAck,
-            3 => FrameKind::Reject,
-            4 => FrameKind::Msg,
-            5 => FrameKind::Disconnect,
-            6 => FrameKind::RdmaWrite,
-            _ => return None,
-        })
-    }
-
     /// The body lengths allowed for this kind.
     pub fn body_range(self) -> core::ops::RangeInclusive<usize> {
         match self {
@@ -140,7 +130,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
     };
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let kind_byte = head[4];
-    let Some(kind) = FrameKind::from_u8(kind_byte) else {
+    let Some(kind) = FrameKind::from_code(kind_byte) else {
         return Err(FrameError::BadKind(kind_byte));
     };
     let body_len = (len as usize).wrapping_sub(1);

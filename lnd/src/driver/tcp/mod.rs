@@ -47,6 +47,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use tracing::{debug, trace, warn};
 
+use crate::driver::user_data::{tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::engine::Tunables;
 use crate::fabric::{
@@ -80,45 +81,23 @@ impl Tag for SockTag {
 /// socket in its slot.
 type SockId = Handle<SockTag>;
 
-/// Bits of a socket generation: the op kind takes the top 4 bits of user_data, the slab index
-/// the low 32.
-const GEN_BITS: u32 = 28;
-
 /// The handle in user_data of operations that are not a socket's (accept, waker): generation 0,
 /// which no socket has.
 const NO_SOCK: SockId = Handle::from_parts(0, 0);
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum OpTag {
-    Accept = 1,
-    Connect = 2,
-    Recv = 3,
-    Send = 4,
-    Cancel = 5,
-    Waker = 6,
-    /// The cancel of the multishot accept when accepting pauses.
-    AcceptCancel = 7,
-}
-
-/// The bits of user_data below the op kind: the handle's `as_u64` (generation above the index).
-const HANDLE_MASK: u64 = (1 << (32 + GEN_BITS)) - 1;
-
-fn tag(op: OpTag, sock: SockId) -> u64 {
-    (op as u64) << 60 | (sock.as_u64() & HANDLE_MASK)
-}
-
-fn untag(t: u64) -> (Option<OpTag>, SockId) {
-    let op = match t >> 60 {
-        1 => Some(OpTag::Accept),
-        2 => Some(OpTag::Connect),
-        3 => Some(OpTag::Recv),
-        4 => Some(OpTag::Send),
-        5 => Some(OpTag::Cancel),
-        6 => Some(OpTag::Waker),
-        7 => Some(OpTag::AcceptCancel),
-        _ => None,
-    };
-    (op, Handle::from_u64(t & HANDLE_MASK))
+coded_enum! {
+    /// The kind of an io_uring operation, in the top bits of its user_data.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+    enum OpTag {
+        Accept = 1,
+        Connect = 2,
+        Recv = 3,
+        Send = 4,
+        Cancel = 5,
+        Waker = 6,
+        /// The cancel of the multishot accept when accepting pauses.
+        AcceptCancel = 7,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -574,7 +553,7 @@ pub use crate::driver::{run_endpoint, turn, MonotonicClock};
 /// What each engine action means on sockets. I/O is only queued here: [`TcpFabric::poll`]
 /// submits it and reports what was decided at once (e.g. a send on a dead connection is flushed).
 impl Fabric for TcpFabric {
-    forward_fabric_cm!(TcpFabric);
+    forward_fabric_cm!(self, TcpFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the write buffer (unless it waits behind a write): back to the engine at

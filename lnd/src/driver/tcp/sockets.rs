@@ -151,7 +151,7 @@ impl TcpFabric {
         for (i, w) in self.watched.iter_mut().enumerate() {
             if w.0 >= 0 && !w.1 {
                 self.ring
-                    .poll_readable(w.0, tag(OpTag::Waker, Handle::from_parts(i as u32, 0)));
+                    .poll_readable(w.0, tag(OpTag::Waker, SockId::from_parts(i as u32, 0)));
                 w.1 = true;
             }
         }
@@ -338,7 +338,7 @@ impl TcpFabric {
     }
 
     pub(super) fn complete(&mut self, c: Completion, sink: &mut dyn FabricSink, now: Instant) {
-        let (op, sock) = untag(c.tag);
+        let (op, sock): (Option<OpTag>, SockId) = untag(c.tag);
         if op == Some(OpTag::Accept) {
             return self.on_accept(c, now);
         }

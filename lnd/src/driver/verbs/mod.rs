@@ -287,7 +287,7 @@ impl VerbsFabric {
 /// What each engine action means on rdma_cm + ibverbs; results come with the next
 /// [`VerbsFabric::poll`].
 impl Fabric for VerbsFabric {
-    forward_fabric_cm!(VerbsFabric);
+    forward_fabric_cm!(self, VerbsFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the registered send buffer: back to the engine at the next poll.
