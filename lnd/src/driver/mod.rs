@@ -200,7 +200,7 @@ pub mod tamper;
 #[cfg(feature = "tcp")]
 pub mod tcp;
 #[cfg(feature = "tcp")]
-mod user_data;
+mod uring_sock;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -61,7 +61,7 @@ use rustix::io::Errno;
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use tracing::{debug, trace, warn};
 
-use crate::driver::user_data::{tag, untag, GEN_BITS};
+use crate::driver::uring_sock::{accept_failed, tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::stream::{
@@ -1263,16 +1263,10 @@ impl SocketDriver {
             }
         }
         let Some(fd) = c.fd else {
-            if c.result != -libc::ECANCELED && current {
-                self.stats.accept_errors += 1;
-                let errno = -c.result;
-                if matches!(
-                    errno,
-                    libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
-                ) {
+            if current {
+                let errors = &mut self.stats.accept_errors;
+                if let Some(errno) = accept_failed(c.result, errors, "socket driver") {
                     self.pause_accept(errno);
-                } else {
-                    debug!(errno, "socket driver: accept failed");
                 }
             }
             return;

@@ -47,7 +47,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use tracing::{debug, trace, warn};
 
-use crate::driver::user_data::{tag, untag, GEN_BITS};
+use crate::driver::uring_sock::{accept_failed, tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::engine::Tunables;
 use crate::fabric::{
