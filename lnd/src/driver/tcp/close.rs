@@ -152,15 +152,7 @@ impl TcpFabric {
             }
             Done::Established | Done::ShutWr | Done::RejectSent => true,
         });
-        while let Some(tx) = s.backlog.pop_front() {
-            let wr = match tx {
-                Tx::Msg(wr, bytes) => {
-                    self.spare.push(bytes);
-                    wr
-                }
-                Tx::Write(w) => w.wr,
-                Tx::Disconnect => continue,
-            };
+        for wr in s.drain_backlog(&mut self.spare) {
             if let Some(c) = conn {
                 complete_wr(log, sink, now, c, wr, WcStatus::Flushed);
             }
@@ -192,15 +184,7 @@ impl TcpFabric {
                 status = WcStatus::Flushed;
             }
         }
-        while let Some(tx) = s.backlog.pop_front() {
-            let wr = match tx {
-                Tx::Msg(wr, bytes) => {
-                    self.spare.push(bytes);
-                    wr
-                }
-                Tx::Write(w) => w.wr,
-                Tx::Disconnect => continue,
-            };
+        for wr in s.drain_backlog(&mut self.spare) {
             if let Some(c) = conn {
                 complete_wr(&mut self.wc_log, sink, now, c, wr, status);
                 status = WcStatus::Flushed;

@@ -247,6 +247,23 @@ impl Sock {
             && !self.peer_disconnect
     }
 
+    /// Empties the backlog (the connection failed or was flushed): the work requests it held,
+    /// in posting order, each to complete without being sent. Message buffers go back to
+    /// `spare`; a queued DISCONNECT has no work request.
+    fn drain_backlog<'a>(
+        &'a mut self,
+        spare: &'a mut Vec<Vec<u8>>,
+    ) -> impl Iterator<Item = WrId> + 'a {
+        self.backlog.drain(..).filter_map(move |tx| match tx {
+            Tx::Msg(wr, bytes) => {
+                spare.push(bytes);
+                Some(wr)
+            }
+            Tx::Write(w) => Some(w.wr),
+            Tx::Disconnect => None,
+        })
+    }
+
     fn queue_frame(&mut self, kind: FrameKind, body: &[u8], done: Option<Done>) {
         frame::push_frame(&mut self.wq, kind, body);
         self.queued += (HEAD_LEN + body.len()) as u64;
