@@ -157,6 +157,27 @@ macro_rules! lnd_driver_serving {
     };
 }
 
+/// Declares a driver's counters, a struct of `u64` fields, with its `counters()`: every counter
+/// under its field name, in declaration order (for `lnetctl net show -v`), so that a new counter
+/// is shown once it is declared and the list cannot drift from the struct.
+macro_rules! counter_struct {
+    ($(#[$meta:meta])* pub struct $name:ident {
+        $($(#[$fmeta:meta])* pub $field:ident: u64,)*
+    }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Every counter under its field name (for `lnetctl net show -v`).
+            pub fn counters(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field),)*]
+            }
+        }
+    };
+}
+
 /// Declares a fieldless enum whose variants stand for fixed codes (a frame's kind byte, an
 /// io_uring op kind), and implements [`Coded`] for it: each code is written once, so the decoder
 /// cannot drift from the declaration.
