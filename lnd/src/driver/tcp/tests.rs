@@ -148,6 +148,23 @@ impl Node {
     }
 }
 
+/// `a` starts a PUT of `src` by rendezvous to `b`, whose LNet answers with `sink`; both sides
+/// report the transfer under `cookie`.
+fn start_put(
+    a: &mut Node,
+    b: &mut Node,
+    clock: &MonotonicClock,
+    src: LocalFrag,
+    sink: crate::engine::RdmaSink,
+    cookie: u64,
+) {
+    b.answers.push_back(Answer::Accept(sink, cookie));
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let h = hdr(an, bn, src.len as usize);
+    a.ep.send_put_rdma(clock.now(), bn, h, vec![src], cookie)
+        .unwrap();
+}
+
 /// Steps every node until `cond` holds or [`MIN_WAIT`] passes; returns whether it held.
 fn run_until(
     nodes: &mut [&mut Node],
@@ -178,12 +195,19 @@ fn run_for(
     cond(nodes)
 }
 
+/// The first node (`10.0.0.1@o2ib`, incarnation 100) alone in a new book, and the clock it runs
+/// on.
+fn first_node() -> (MonotonicClock, Book, Node) {
+    let clock = MonotonicClock::new();
+    let book = Book::default();
+    let a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    (clock, book, a)
+}
+
 /// Two nodes with one connection between them (one message each way delivered), and the
 /// clock they run on.
 fn connected_pair() -> (MonotonicClock, Book, Node, Node) {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     let mut b = Node::new(&book, "10.0.0.2@o2ib", 200, &clock);
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     a.send(&clock, bn, 1, payload(0));
@@ -217,9 +241,7 @@ fn shut_down_both(a: &mut Node, b: &mut Node, clock: &MonotonicClock) {
 
 #[test]
 fn tcp_exchange_1000_messages_each_way() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     let mut b = Node::new(&book, "10.0.0.2@o2ib", 200, &clock);
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     const N: u64 = 1000;
@@ -445,9 +467,7 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
 
 #[test]
 fn tcp_connect_to_nobody_fails_queued_messages() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     // A port held by a socket that never listens: a connect to it is refused, and nobody else
     // can take the port while the test runs.
     let (_held, dead) = refusing_addr();
@@ -588,9 +608,7 @@ fn tcp_handshake_sockets_hold_a_small_buffer_until_established() {
 
 #[test]
 fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     let b_cfg = TcpConfig {
         handshake_limit: 4,
         ..TcpConfig::default()
@@ -674,17 +692,34 @@ fn tcp_run_endpoint_on_two_threads() {
     book.lock().unwrap().insert(bn, fb.local_addr());
     let (tx, rx) = std::sync::mpsc::channel();
     let tx_b = tx.clone();
-    let b_thread = std::thread::spawn(move || {
-        let mut fb = fb;
+    /// Runs an endpoint for `me` over `f` on this thread until it shut down: `start` queues
+    /// its first sends, `on_event` sees every event.
+    fn run_to_shutdown(
+        mut f: TcpFabric,
+        me: (Nid, u64),
+        start: impl FnOnce(&mut Endpoint, Instant),
+        on_event: impl FnMut(&mut Endpoint, Instant, LndEvent),
+    ) {
         let clock = MonotonicClock::new();
-        let mut ep = Endpoint::new(EndpointConfig::new(bn, 200), clock.now());
-        let mut received = 0u64;
+        let mut ep = Endpoint::new(EndpointConfig::new(me.0, me.1), clock.now());
+        start(&mut ep, clock.now());
+        let max_wait = StdDuration::from_millis(5);
         run_endpoint(
-            &mut fb,
+            &mut f,
             &mut ep,
             &clock,
-            StdDuration::from_millis(5),
+            max_wait,
             |ep| ep.is_shut_down(),
+            on_event,
+        )
+        .unwrap();
+    }
+    let b_thread = std::thread::spawn(move || {
+        let mut received = 0u64;
+        run_to_shutdown(
+            fb,
+            (bn, 200),
+            |_, _| {},
             |ep, now, ev| match ev {
                 LndEvent::Received { payload: p, rx, .. } => {
                     assert_eq!(index_of(&p), received);
@@ -694,28 +729,22 @@ fn tcp_run_endpoint_on_two_threads() {
                 LndEvent::PeerDown { .. } => ep.shutdown(now),
                 _ => {}
             },
-        )
-        .unwrap();
+        );
         tx_b.send(("b", received)).unwrap();
     });
     let a_thread = std::thread::spawn(move || {
-        let mut fa = fa;
-        let clock = MonotonicClock::new();
-        let mut ep = Endpoint::new(EndpointConfig::new(an, 100), clock.now());
         const N: u64 = 200;
-        for i in 0..N {
-            let p = payload(i);
-            ep.send(clock.now(), bn, hdr(an, bn, p.len()), p, i)
-                .unwrap();
-        }
         let mut ok = 0u64;
         let mut finished = 0u64;
-        run_endpoint(
-            &mut fa,
-            &mut ep,
-            &clock,
-            StdDuration::from_millis(5),
-            |ep| ep.is_shut_down(),
+        run_to_shutdown(
+            fa,
+            (an, 100),
+            |ep, now| {
+                for i in 0..N {
+                    let p = payload(i);
+                    ep.send(now, bn, hdr(an, bn, p.len()), p, i).unwrap();
+                }
+            },
             |ep, now, ev| {
                 if let LndEvent::SendDone { result, .. } = ev {
                     finished += 1;
@@ -725,8 +754,7 @@ fn tcp_run_endpoint_on_two_threads() {
                     }
                 }
             },
-        )
-        .unwrap();
+        );
         tx.send(("a", ok)).unwrap();
     });
     let mut results = HashMap::new();
@@ -1499,19 +1527,9 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
         // a PUTs into b's sink...
         let b_sink = b.fabric.register(vec![0xee; MIB + 64]).unwrap();
         let put_cookie = 1000 + i as u64;
-        b.answers.push_back(Answer::Accept(
-            RdmaSink::of(&b_sink, sink_off, len),
-            put_cookie,
-        ));
-        let h = hdr(an, bn, len as usize);
-        a.ep.send_put_rdma(
-            clock.now(),
-            bn,
-            h,
-            vec![a_src.local_frag(src_off, len)],
-            put_cookie,
-        )
-        .unwrap();
+        let into = RdmaSink::of(&b_sink, sink_off, len);
+        let from = a_src.local_frag(src_off, len);
+        start_put(&mut a, &mut b, &clock, from, into, put_cookie);
         // ...and GETs from b's source into its own sink.
         let a_sink = a.fabric.register(vec![0xee; MIB + 64]).unwrap();
         let get_cookie = 2000 + i as u64;
@@ -1571,7 +1589,6 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
     use crate::engine::RdmaSink;
     use crate::fabric::SharedMem;
     let (clock, _book, mut a, mut b) = connected_pair();
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
     let other = TcpFabric::bind("127.0.0.1:0".parse().unwrap(), |_| None);
     let mut other = other.unwrap();
     let mem = SharedMem::new(70_000);
@@ -1579,11 +1596,8 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
     let at_other = other.register_shared(&mem).unwrap();
     let bytes = pattern(9, 70_000);
     let src = a.fabric.register(bytes.clone()).unwrap();
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&at_b, 0, 70_000), 10));
-    let h = hdr(an, bn, 70_000);
-    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, 70_000)], 10)
-        .unwrap();
+    let into = RdmaSink::of(&at_b, 0, 70_000);
+    start_put(&mut a, &mut b, &clock, src.local_frag(0, 70_000), into, 10);
     assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
         .rdma_done
         .contains_key(&10)));
@@ -1613,7 +1627,7 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
 fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
     use crate::engine::RdmaSink;
     let (clock, book, mut a, mut b) = connected_pair();
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let bn = b.ep.nid();
     let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
     c.send(&clock, bn, 1, payload(1));
     assert!(run_until(&mut [&mut b, &mut c], &clock, |n| n[1]
@@ -1625,16 +1639,8 @@ fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
     let c_src = c.fabric.register(vec![0x5a; 4096]).unwrap();
 
     // A legitimate PUT by rendezvous: a's writes land while the grant is open.
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, 4096), 10));
-    a.ep.send_put_rdma(
-        clock.now(),
-        bn,
-        hdr(an, bn, 4096),
-        vec![a_src.local_frag(0, 4096)],
-        10,
-    )
-    .unwrap();
+    let into = RdmaSink::of(&sink, 0, 4096);
+    start_put(&mut a, &mut b, &clock, a_src.local_frag(0, 4096), into, 10);
     assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
         .rdma_done
         .contains_key(&10)
