@@ -215,6 +215,8 @@ pub(crate) trait Coded: Copy + Sized {
     fn from_code(code: u8) -> Option<Self>;
 }
 
+#[cfg(any(feature = "tcp", feature = "verbs"))]
+mod report;
 #[cfg(feature = "tcp")]
 pub mod socket;
 pub mod tamper;

@@ -47,6 +47,7 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use tracing::{debug, trace, warn};
 
+use crate::driver::report::{Report, Resolver};
 use crate::driver::uring_sock::{accept_failed, tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::engine::Tunables;
@@ -435,16 +436,6 @@ fn complete_wr(
     let () = *log;
     sink.handle_send_complete(now, conn, wr, st);
 }
-
-/// A report decided in `apply`, delivered at the start of the next `poll`.
-#[derive(Copy, Clone, Debug)]
-enum Report {
-    SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId, DisconnectReason),
-    ConnectFailed(ConnId, ConnectFailure),
-}
-
-type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 /// Entries of the connection table a shrink keeps room for (see `TcpFabric::destroy`).
 const BY_CONN_FLOOR: usize = 1024;

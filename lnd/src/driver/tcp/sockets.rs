@@ -294,12 +294,7 @@ impl TcpFabric {
 
     pub(super) fn flush_out(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         while let Some(r) = self.out.pop_front() {
-            let conn = match r {
-                Report::SendDone(c, ..)
-                | Report::Disconnected(c, _)
-                | Report::ConnectFailed(c, _) => c,
-            };
-            if self.lookup(conn).is_none() {
+            if self.lookup(r.conn()).is_none() {
                 continue; // destroyed since: nothing more is reported for it
             }
             match r {

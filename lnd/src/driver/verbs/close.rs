@@ -81,7 +81,6 @@ impl VerbsFabric {
         drop(bufs);
         self.injected
             .retain(|_, (c, st)| *c != conn || st.is_some());
-        self.out
-            .retain(|r| !matches!(r, Report::SendDone(c, ..) | Report::Disconnected(c, _) | Report::ConnectFailed(c, _) if *c == conn));
+        self.out.retain(|r| r.conn() != conn);
     }
 }

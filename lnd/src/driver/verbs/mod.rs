@@ -78,6 +78,7 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, trace, warn};
 
+use crate::driver::report::{Report, Resolver};
 use crate::driver::Doorbell;
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, Fabric, FabricAction,
@@ -169,15 +170,6 @@ struct VConn {
     broken: Option<DisconnectReason>,
     early: Vec<(u16, Vec<u8>)>,
 }
-
-#[derive(Copy, Clone, Debug)]
-enum Report {
-    SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId, DisconnectReason),
-    ConnectFailed(ConnId, ConnectFailure),
-}
-
-type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 const LISTENER: u64 = u64::MAX;
 
