@@ -18,13 +18,15 @@ impl TcpFabric {
         let len = len as u64;
         let pages = len.div_ceil(PAGE) + 1;
         self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
-        let region = Region {
-            id,
-            addr,
-            bytes,
-            shared,
-        };
-        self.regions.insert(key, region);
+        self.regions.insert(
+            key,
+            Region {
+                id,
+                addr,
+                bytes,
+                shared,
+            },
+        );
         Registration::new(RegionId(id), key, addr, len)
     }
 
