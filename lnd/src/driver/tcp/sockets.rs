@@ -227,13 +227,7 @@ impl TcpFabric {
             }
             self.stats.credit_overruns += 1;
             debug!(conn = ?s.conn, "tcp fabric: the peer sent past its credits, closing the connection");
-            self.broken(
-                sock,
-                WcStatus::Error,
-                (ConnectFailure::Error, PROTOCOL),
-                sink,
-                now,
-            );
+            self.broken_by_peer(sock, WcStatus::Error, sink, now);
         }
     }
 
