@@ -4,8 +4,7 @@ use super::*;
 
 impl VerbsFabric {
     pub(super) fn disconnect(&mut self, conn: ConnId) {
-        let Some(vc) = self.lookup(conn) else {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.known(conn) else {
             return;
         };
         // What the engine posted before the disconnect goes first.

@@ -160,6 +160,27 @@ impl VerbsFabric {
         self.by_conn.get(&conn).copied()
     }
 
+    /// The connection an action of the engine names; `None`, counted as an unknown action, for
+    /// one this fabric does not hold (destroyed already).
+    pub(super) fn known(&mut self, conn: ConnId) -> Option<VConnId> {
+        let vc = self.lookup(conn);
+        if vc.is_none() {
+            self.stats.unknown_actions += 1;
+        }
+        vc
+    }
+
+    /// Whether connection `vc` takes new work; if not (its queue pair is going or gone), `wr`
+    /// completes `Flushed`, as work on a queue pair in error does.
+    pub(super) fn takes_work(&mut self, vc: VConnId, conn: ConnId, wr: WrId) -> bool {
+        let usable = Self::usable(&self.conns[vc]);
+        if !usable {
+            self.out
+                .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
+        }
+        usable
+    }
+
     pub(super) fn connect(
         &mut self,
         conn: ConnId,
