@@ -421,6 +421,15 @@ type WcLog = Vec<(ConnId, WrId, WcStatus)>;
 #[cfg(not(test))]
 type WcLog = ();
 
+/// Puts `sock` on `list` unless its flag `listed` says it is there already (whoever takes the
+/// list clears the flags), so that a pass visits each socket once.
+fn enlist(listed: &mut bool, list: &mut Vec<SockId>, sock: SockId) {
+    if !*listed {
+        *listed = true;
+        list.push(sock);
+    }
+}
+
 /// Every send and write completion goes through here.
 fn complete_wr(
     log: &mut WcLog,

@@ -492,11 +492,7 @@ impl TcpFabric {
     /// would carry that frame alone, the rest waiting a round through the kernel for its
     /// completion.
     pub(super) fn defer_send(&mut self, sock: SockId) {
-        let s = &mut self.socks[sock];
-        if !s.tx_pending {
-            s.tx_pending = true;
-            self.tx_pending.push(sock);
-        }
+        enlist(&mut self.socks[sock].tx_pending, &mut self.tx_pending, sock);
     }
 
     /// Arms the sends deferred by `defer_send`.
@@ -513,11 +509,7 @@ impl TcpFabric {
     }
 
     pub(super) fn make_ready(&mut self, sock: SockId) {
-        let s = &mut self.socks[sock];
-        if !s.in_ready {
-            s.in_ready = true;
-            self.ready.push(sock);
-        }
+        enlist(&mut self.socks[sock].in_ready, &mut self.ready, sock);
     }
 
     pub(super) fn arm_accept(&mut self) {
