@@ -37,6 +37,25 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+/// `from` starts a PUT of `src` by rendezvous to `to` (header match bits `bits`), whose LNet
+/// answers with `sink`; both sides report the transfer under `cookie`.
+fn start_put(
+    from: &mut Node,
+    to: &mut Node,
+    src: lnd::fabric::LocalFrag,
+    sink: RdmaSink,
+    cookie: u64,
+    bits: u64,
+) -> Result<(), String> {
+    to.answers.push_back(Answer::Accept(sink, cookie));
+    let (from_nid, to_nid) = (from.ep.nid(), to.ep.nid());
+    let now = from.now();
+    let h = LnetHdr::put(from_nid, to_nid, src.len, 4, bits);
+    from.ep
+        .send_put_rdma(now, to_nid, h, vec![src], cookie)
+        .map_err(|e| format!("send_put_rdma: {e}"))
+}
+
 fn main() {
     let ip = ip_arg(std::env::args().nth(1));
     let mut checks = Checks::new("verbs_bulk");
@@ -89,14 +108,11 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         let b_sink = reg(&mut b, vec![0xee; MIB + 64])?;
         let a_sink = reg(&mut a, vec![0xee; MIB + 64])?;
         let (put, get) = (1000 + i as u64, 2000 + i as u64);
-        b.answers
-            .push_back(Answer::Accept(RdmaSink::of(&b_sink, sink_off, len), put));
+        let into = RdmaSink::of(&b_sink, sink_off, len);
+        start_put(&mut a, &mut b, a_src.local_frag(src_off, len), into, put, 7)?;
         b.answers
             .push_back(Answer::Reply(vec![b_src.local_frag(src_off, len)], get));
         let now = a.now();
-        let h = LnetHdr::put(a_nid, b_nid, len, 4, 7);
-        a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(src_off, len)], put)
-            .map_err(|e| format!("send_put_rdma: {e}"))?;
         let h = LnetHdr::put(a_nid, b_nid, 0, 4, 8);
         let into = RdmaSink::of(&a_sink, sink_off, len);
         a.ep.send_get_rdma(now, b_nid, h, into, get)
@@ -189,12 +205,8 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
             addr: small.addr(),
         }],
     };
-    b.answers.push_back(Answer::Accept(lie, 3000));
     let b_writes_before = b.fabric.stats().rdma_writes;
-    let now = a.now();
-    let h = LnetHdr::put(a_nid, b_nid, 8192, 4, 9);
-    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(0, 8192)], 3000)
-        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    start_put(&mut a, &mut b, a_src.local_frag(0, 8192), lie, 3000, 9)?;
     run_until(
         &mut [&mut a, &mut b],
         Duration::from_secs(60),
@@ -225,12 +237,8 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
     );
     // A new connection carries the next PUT.
     let sink = reg(&mut b, vec![0xee; 8192])?;
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, 5000), 3001));
-    let now = a.now();
-    let h = LnetHdr::put(a_nid, b_nid, 5000, 4, 10);
-    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(0, 5000)], 3001)
-        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    let into = RdmaSink::of(&sink, 0, 5000);
+    start_put(&mut a, &mut b, a_src.local_frag(0, 5000), into, 3001, 10)?;
     run_until(
         &mut [&mut a, &mut b],
         Duration::from_secs(60),
@@ -257,12 +265,8 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         .fabric
         .register_shared(&mem)
         .map_err(|e| format!("C: register_shared: {e}"))?;
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&at_b, 0, len), 4000));
-    let now = a.now();
-    let h = LnetHdr::put(a_nid, b_nid, len, 4, 11);
-    a.ep.send_put_rdma(now, b_nid, h, vec![a_src.local_frag(100, len)], 4000)
-        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    let into = RdmaSink::of(&at_b, 0, len);
+    start_put(&mut a, &mut b, a_src.local_frag(100, len), into, 4000, 11)?;
     run_until(
         &mut [&mut a, &mut b],
         Duration::from_secs(60),
@@ -275,12 +279,8 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
         "a PUT lands in memory registered with two fabrics",
     );
     let back = reg(&mut a, vec![0xee; MIB])?;
-    a.answers
-        .push_back(Answer::Accept(RdmaSink::of(&back, 0, len), 4001));
-    let now = c.now();
-    let h = LnetHdr::put(c_nid, a_nid, len, 4, 12);
-    c.ep.send_put_rdma(now, a_nid, h, vec![at_c.local_frag(0, len)], 4001)
-        .map_err(|e| format!("send_put_rdma: {e}"))?;
+    let into = RdmaSink::of(&back, 0, len);
+    start_put(&mut c, &mut a, at_c.local_frag(0, len), into, 4001, 12)?;
     run_until(
         &mut [&mut a, &mut c],
         Duration::from_secs(60),

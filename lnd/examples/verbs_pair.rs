@@ -59,8 +59,7 @@ fn run(ip: IpAddr, n: u64, checks: &mut Checks) -> Result<(), String> {
         a.send(b_nid, payload(1, i), i)?;
     }
     let mut b_started = false;
-    let (mut a_order, mut b_order) = (true, true);
-    let (mut a_next, mut b_next) = (0u64, 0u64);
+    let (mut a_seq, mut b_seq) = (InOrder::default(), InOrder::default());
     let mut corrupt = Vec::new();
     run_until(
         &mut [&mut a, &mut b],
@@ -69,32 +68,16 @@ fn run(ip: IpAddr, n: u64, checks: &mut Checks) -> Result<(), String> {
         |ns| {
             let (a, b) = ns.split_at_mut(1);
             let (a, b) = (&mut *a[0], &mut *b[0]);
-            while let Some((_, p)) = b.inbox.pop_front() {
-                match check_payload(1, &p) {
-                    Ok(i) => {
-                        b_order &= i == b_next;
-                        b_next += 1;
-                    }
-                    Err(e) => corrupt.push(e),
-                }
-                if !b_started {
-                    b_started = true;
-                    for i in 0..n {
-                        if let Err(e) = b.send(a_nid, payload(2, i), i) {
-                            corrupt.push(e);
-                        }
+            // B starts its half once A's first message is in.
+            if b_seq.take(b, 1, &mut corrupt) > 0 && !b_started {
+                b_started = true;
+                for i in 0..n {
+                    if let Err(e) = b.send(a_nid, payload(2, i), i) {
+                        corrupt.push(e);
                     }
                 }
             }
-            while let Some((_, p)) = a.inbox.pop_front() {
-                match check_payload(2, &p) {
-                    Ok(i) => {
-                        a_order &= i == a_next;
-                        a_next += 1;
-                    }
-                    Err(e) => corrupt.push(e),
-                }
-            }
+            a_seq.take(a, 2, &mut corrupt);
             let fin = |x: &common::Node| x.sent_ok + x.send_failed.len() as u64 == n;
             (a.received == n && b.received == n && fin(a) && fin(b)) || !corrupt.is_empty()
         },
@@ -109,7 +92,7 @@ fn run(ip: IpAddr, n: u64, checks: &mut Checks) -> Result<(), String> {
         ),
     );
     checks.check(
-        a.received == n && b.received == n && a_order && b_order,
+        a.received == n && b.received == n && a_seq.in_order && b_seq.in_order,
         format!("{n} received each way, in order"),
     );
     println!(
@@ -197,4 +180,39 @@ fn run(ip: IpAddr, n: u64, checks: &mut Checks) -> Result<(), String> {
     println!("verbs_pair: A fabric {:?}", a.fabric.stats());
     println!("verbs_pair: B fabric {:?}", b.fabric.stats());
     Ok(())
+}
+
+/// One direction of the exchange as its receiver sees it: the next index due, and whether every
+/// payload so far came in order.
+struct InOrder {
+    next: u64,
+    in_order: bool,
+}
+
+impl Default for InOrder {
+    fn default() -> InOrder {
+        InOrder {
+            next: 0,
+            in_order: true,
+        }
+    }
+}
+
+impl InOrder {
+    /// Takes everything in `node`'s inbox, payloads of `tag`: an intact one must carry the next
+    /// index, a corrupt one goes to `corrupt`. How many were taken.
+    fn take(&mut self, node: &mut Node, tag: u64, corrupt: &mut Vec<String>) -> usize {
+        let mut taken = 0;
+        while let Some((_, p)) = node.inbox.pop_front() {
+            taken += 1;
+            match check_payload(tag, &p) {
+                Ok(i) => {
+                    self.in_order &= i == self.next;
+                    self.next += 1;
+                }
+                Err(e) => corrupt.push(e),
+            }
+        }
+        taken
+    }
 }

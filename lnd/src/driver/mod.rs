@@ -6,62 +6,74 @@
 //! driver below socklnd (`crate::stream`): plain TCP on io_uring, with the same methods as
 //! [`Driver`] over stream actions and events.
 
+/// Writes methods that only pass their arguments on, one per signature in the list:
+/// `fn name(&mut self, a: A) -> R;` becomes `fn name(&mut self, a: A) -> R { $via::name($m, a) }`,
+/// a `&self` one calls `$via::name($r, a)`, and one whose first argument is `_: Instant` (a
+/// fabric whose inherent method reads no clock) drops it. Written once so that every forwarding
+/// family below is its list of signatures. `self` is handed in as `$s` so that `$m` and `$r` may
+/// name it (macro hygiene).
+macro_rules! forward_fns {
+    ($s:ident, $via:ident, $m:expr, $r:expr;) => {};
+    ($s:ident, $via:ident, $m:expr, $r:expr;
+        fn $name:ident(&mut self, _: Instant $(, $arg:ident: $ty:ty)*); $($rest:tt)*) => {
+        fn $name(&mut $s, _: $crate::time::Instant $(, $arg: $ty)*) {
+            $via::$name($m $(, $arg)*)
+        }
+        forward_fns!($s, $via, $m, $r; $($rest)*);
+    };
+    ($s:ident, $via:ident, $m:expr, $r:expr;
+        fn $name:ident(&mut self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?; $($rest:tt)*) => {
+        fn $name(&mut $s $(, $arg: $ty)*) $(-> $ret)? {
+            $via::$name($m $(, $arg)*)
+        }
+        forward_fns!($s, $via, $m, $r; $($rest)*);
+    };
+    ($s:ident, $via:ident, $m:expr, $r:expr;
+        fn $name:ident(&self $(, $arg:ident: $ty:ty)*) $(-> $ret:ty)?; $($rest:tt)*) => {
+        fn $name(&$s $(, $arg: $ty)*) $(-> $ret)? {
+            $via::$name($r $(, $arg)*)
+        }
+        forward_fns!($s, $via, $m, $r; $($rest)*);
+    };
+}
+
 /// Writes the methods of [`Driver`] and [`LndDriver`] that every wrapper only passes on (they
 /// share names and signatures): `forward_driver_methods!(self, Via, mut_recv, recv)` calls
 /// `Via::method(mut_recv, ..)` from a `&mut self` method and `Via::method(recv, ..)` from a
-/// `&self` one. `self` is handed in so that the receivers may name it (macro hygiene). With
-/// `, registry` it also forwards [`Driver::registry`] and [`Driver::sees_writes`], which a
-/// stream driver answers itself; with `, lnd` (first) also [`LndDriver::apply_from`] and
-/// [`LndDriver::poll_into`].
+/// `&self` one. With `, registry` it also forwards [`Driver::registry`] and
+/// [`Driver::sees_writes`], which a stream driver answers itself; with `, lnd` (first) also
+/// [`LndDriver::apply_from`] and [`LndDriver::poll_into`].
 macro_rules! forward_driver_methods {
     ($s:ident, $via:ident, $m:expr, $r:expr, registry) => {
         forward_driver_methods!($s, $via, $m, $r);
-        fn registry(&mut $s) -> Option<&mut dyn $crate::fabric::Registry> {
-            $via::registry($m)
-        }
-        fn sees_writes(&$s) -> bool {
-            $via::sees_writes($r)
-        }
+        forward_fns!($s, $via, $m, $r;
+            fn registry(&mut self) -> Option<&mut dyn $crate::fabric::Registry>;
+            fn sees_writes(&self) -> bool;
+        );
     };
     ($s:ident, $via:ident, $m:expr, $r:expr, lnd $(, $more:ident)?) => {
-        fn apply_from(&mut $s, now: $crate::time::Instant, lnd: &mut dyn $crate::iface::Lnd) {
-            $via::apply_from($m, now, lnd)
-        }
-        fn poll_into(
-            &mut $s,
-            timeout: Option<std::time::Duration>,
-            lnd: &mut dyn $crate::iface::Lnd,
-            now: &dyn Fn() -> $crate::time::Instant,
-        ) -> std::io::Result<()> {
-            $via::poll_into($m, timeout, lnd, now)
-        }
+        forward_fns!($s, $via, $m, $r;
+            fn apply_from(&mut self, now: $crate::time::Instant, lnd: &mut dyn $crate::iface::Lnd);
+            fn poll_into(
+                &mut self,
+                timeout: Option<std::time::Duration>,
+                lnd: &mut dyn $crate::iface::Lnd,
+                now: &dyn Fn() -> $crate::time::Instant
+            ) -> std::io::Result<()>;
+        );
         forward_driver_methods!($s, $via, $m, $r $(, $more)?);
     };
     ($s:ident, $via:ident, $m:expr, $r:expr) => {
-        fn set_waker(&mut $s, fd: std::os::fd::RawFd) {
-            $via::set_waker($m, fd)
-        }
-        fn set_doorbell(&mut $s, bell: $crate::driver::Doorbell) {
-            $via::set_doorbell($m, bell)
-        }
-        fn readiness_fd(&$s) -> Option<std::os::fd::RawFd> {
-            $via::readiness_fd($r)
-        }
-        fn watch(&mut $s, fd: std::os::fd::RawFd) -> bool {
-            $via::watch($m, fd)
-        }
-        fn has_queued_work(&$s) -> bool {
-            $via::has_queued_work($r)
-        }
-        fn take_woken(&mut $s) -> bool {
-            $via::take_woken($m)
-        }
-        fn counters(&$s) -> Vec<(&'static str, u64)> {
-            $via::counters($r)
-        }
-        fn abandon(&mut $s) {
-            $via::abandon($m)
-        }
+        forward_fns!($s, $via, $m, $r;
+            fn set_waker(&mut self, fd: std::os::fd::RawFd);
+            fn set_doorbell(&mut self, bell: $crate::driver::Doorbell);
+            fn readiness_fd(&self) -> Option<std::os::fd::RawFd>;
+            fn watch(&mut self, fd: std::os::fd::RawFd) -> bool;
+            fn has_queued_work(&self) -> bool;
+            fn take_woken(&mut self) -> bool;
+            fn counters(&self) -> Vec<(&'static str, u64)>;
+            fn abandon(&mut self);
+        );
     };
 }
 
@@ -69,17 +81,15 @@ macro_rules! forward_driver_methods {
 /// `$via::apply($m, ..)` and `$via::poll($m, ..)` (see [`forward_driver_methods`]).
 macro_rules! forward_driver_io {
     ($s:ident, $via:ident, $m:expr) => {
-        fn apply(&mut $s, now: $crate::time::Instant, action: $crate::fabric::FabricAction) {
-            $via::apply($m, now, action)
-        }
-        fn poll(
-            &mut $s,
-            timeout: Option<std::time::Duration>,
-            sink: &mut dyn $crate::fabric::FabricSink,
-            now: &dyn Fn() -> $crate::time::Instant,
-        ) -> std::io::Result<()> {
-            $via::poll($m, timeout, sink, now)
-        }
+        forward_fns!($s, $via, $m, $m;
+            fn apply(&mut self, now: $crate::time::Instant, action: $crate::fabric::FabricAction);
+            fn poll(
+                &mut self,
+                timeout: Option<std::time::Duration>,
+                sink: &mut dyn $crate::fabric::FabricSink,
+                now: &dyn Fn() -> $crate::time::Instant
+            ) -> std::io::Result<()>;
+        );
     };
 }
 
@@ -88,44 +98,34 @@ macro_rules! forward_driver_io {
 /// post_recv, disconnect, destroy): `$via::method(self, ..)` without the `now` argument.
 #[cfg(any(feature = "tcp", feature = "verbs"))]
 macro_rules! forward_fabric_cm {
-    ($via:ident) => {
-        fn connect(
-            &mut self,
-            _: $crate::time::Instant,
-            conn: $crate::fabric::ConnId,
-            peer: $crate::wire::Nid,
-            private: $crate::fabric::PrivateData,
-            slots: u16,
-        ) {
-            $via::connect(self, conn, peer, private, slots)
-        }
-        fn accept(
-            &mut self,
-            _: $crate::time::Instant,
-            req: $crate::fabric::RequestId,
-            conn: $crate::fabric::ConnId,
-            private: $crate::fabric::PrivateData,
-            slots: u16,
-        ) {
-            $via::accept(self, req, conn, private, slots)
-        }
-        fn reject(
-            &mut self,
-            _: $crate::time::Instant,
-            req: $crate::fabric::RequestId,
-            private: $crate::fabric::PrivateData,
-        ) {
-            $via::reject(self, req, private)
-        }
-        fn post_recv(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId, slot: u16) {
-            $via::post_recv(self, conn, slot)
-        }
-        fn disconnect(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId) {
-            $via::disconnect(self, conn)
-        }
-        fn destroy(&mut self, _: $crate::time::Instant, conn: $crate::fabric::ConnId) {
-            $via::destroy(self, conn)
-        }
+    ($s:ident, $via:ident) => {
+        forward_fns!($s, $via, $s, $s;
+            fn connect(
+                &mut self,
+                _: Instant,
+                conn: $crate::fabric::ConnId,
+                peer: $crate::wire::Nid,
+                private: $crate::fabric::PrivateData,
+                slots: u16
+            );
+            fn accept(
+                &mut self,
+                _: Instant,
+                req: $crate::fabric::RequestId,
+                conn: $crate::fabric::ConnId,
+                private: $crate::fabric::PrivateData,
+                slots: u16
+            );
+            fn reject(
+                &mut self,
+                _: Instant,
+                req: $crate::fabric::RequestId,
+                private: $crate::fabric::PrivateData
+            );
+            fn post_recv(&mut self, _: Instant, conn: $crate::fabric::ConnId, slot: u16);
+            fn disconnect(&mut self, _: Instant, conn: $crate::fabric::ConnId);
+            fn destroy(&mut self, _: Instant, conn: $crate::fabric::ConnId);
+        );
     };
 }
 
@@ -157,11 +157,73 @@ macro_rules! lnd_driver_serving {
     };
 }
 
+/// Declares a driver's counters, a struct of `u64` fields, with its `counters()`: every counter
+/// under its field name, in declaration order (for `lnetctl net show -v`), so that a new counter
+/// is shown once it is declared and the list cannot drift from the struct.
+macro_rules! counter_struct {
+    ($(#[$meta:meta])* pub struct $name:ident {
+        $($(#[$fmeta:meta])* pub $field:ident: u64,)*
+    }) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Every counter under its field name (for `lnetctl net show -v`).
+            pub fn counters(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field),)*]
+            }
+        }
+    };
+}
+
+/// Declares a fieldless enum whose variants stand for fixed codes (a frame's kind byte, an
+/// io_uring op kind), and implements [`Coded`] for it: each code is written once, so the decoder
+/// cannot drift from the declaration.
+#[cfg(feature = "tcp")]
+macro_rules! coded_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
+    }) => {
+        $(#[$meta])*
+        #[repr(u8)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $code,)*
+        }
+
+        impl $crate::driver::Coded for $name {
+            fn code(self) -> u8 {
+                self as u8
+            }
+            fn from_code(code: u8) -> Option<$name> {
+                match code {
+                    $($code => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+/// An enum that stands for a small code (see [`coded_enum`]).
+#[cfg(feature = "tcp")]
+pub(crate) trait Coded: Copy + Sized {
+    /// The variant's code.
+    fn code(self) -> u8;
+    /// The variant of this code, if any.
+    fn from_code(code: u8) -> Option<Self>;
+}
+
+#[cfg(any(feature = "tcp", feature = "verbs"))]
+mod report;
 #[cfg(feature = "tcp")]
 pub mod socket;
 pub mod tamper;
 #[cfg(feature = "tcp")]
 pub mod tcp;
+#[cfg(feature = "tcp")]
+mod uring_sock;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

@@ -6,10 +6,13 @@
 //! - `verbs` (feature `verbs`): safe owners of rdma_cm ids, event and completion channels,
 //!   protection domains, completion queues, queue pairs and memory regions over `rdma-sys`; each
 //!   releases its resource on drop, in the order the verbs API requires.
+//! - `sockaddr`: a socket address as the C `sockaddr_storage` both of them take.
 //!
-//! Everything outside this module is safe Rust; `uring.rs` and `verbs.rs` carry
+//! Everything outside this module is safe Rust; `uring.rs`, `sockaddr.rs` and `verbs/` carry
 //! `#![allow(unsafe_code)]` and a `// SAFETY:` comment on every unsafe block.
 
+#[cfg(any(feature = "tcp", feature = "verbs"))]
+mod sockaddr;
 #[cfg(feature = "tcp")]
 pub mod uring;
 #[cfg(feature = "verbs")]

@@ -478,50 +478,8 @@ fn is_transient(e: &io::Error) -> bool {
 }
 
 fn sockaddr(addr: SocketAddr) -> Box<SockAddr> {
-    // SAFETY: sockaddr_storage is plain old data; all-zero bytes are a valid value.
-    let mut storage: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is at least as large as, and aligned for, every sockaddr
-            // type (that is its purpose); the pointer comes from a live local.
-            unsafe {
-                core::ptr::addr_of_mut!(storage)
-                    .cast::<libc::sockaddr_in>()
-                    .write(sin);
-            }
-            core::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe {
-                core::ptr::addr_of_mut!(storage)
-                    .cast::<libc::sockaddr_in6>()
-                    .write(sin6);
-            }
-            core::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    Box::new(SockAddr {
-        storage,
-        len: len as libc::socklen_t,
-    })
+    let (storage, len) = super::sockaddr::sockaddr_storage(addr);
+    Box::new(SockAddr { storage, len })
 }
 
 /// A new, unconnected TCP socket for `addr`'s family (blocking mode: io_uring polls it).

@@ -50,83 +50,51 @@ pub const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_mi
 /// The longest pause of accepting.
 pub const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Counters of one socket driver; all only grow.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SocketStats {
-    /// Connections accepted on the listener (shed ones included).
-    pub accepted: u64,
-    /// Incoming connections the engine refused (closed with RST).
-    pub refused: u64,
-    /// Accept completions that failed.
-    pub accept_errors: u64,
-    /// Accepted connections closed at once to keep `fd_reserve` descriptors free.
-    pub accepts_shed: u64,
-    /// Times accepting paused at the descriptor limit (EMFILE, ENFILE, ENOBUFS, ENOMEM).
-    pub emfile: u64,
-    /// Dials started, and those that failed, by kind.
-    pub dials: u64,
-    pub dial_no_ports: u64,
-    pub dial_not_permitted: u64,
-    pub dial_refused: u64,
-    pub dial_unreachable: u64,
-    pub dial_other: u64,
-    /// Source ports skipped while dialling (in use toward that peer, or bound elsewhere).
-    pub dial_ports_skipped: u64,
-    /// Bytes read from and written to sockets.
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    /// Zero-copy sends issued (IORING_OP_SEND_ZC), and those the kernel copied after all.
-    pub zc_sends: u64,
-    pub zc_copied: u64,
-    /// Closes asked for, by mode; graceful closes that hit `close_bound` (then reset).
-    pub graceful_closes: u64,
-    pub aborted_closes: u64,
-    pub close_bound_hits: u64,
-    /// Streams that ended under the engine, by reason.
-    pub ended_eof: u64,
-    pub ended_reset: u64,
-    pub ended_timeout: u64,
-    pub ended_error: u64,
-    /// Actions naming a stream or incoming connection this driver does not know.
-    pub unknown_actions: u64,
-    /// Actions that break the contract (a second `Recv`, memory out of range, an empty read):
-    /// refused with an error to the engine.
-    pub bad_actions: u64,
-    /// setsockopt calls of `Configure` that failed.
-    pub option_errors: u64,
-}
-
-impl SocketStats {
-    /// Every counter under its field name (for `lnetctl net show -v`).
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("accepted", self.accepted),
-            ("refused", self.refused),
-            ("accept_errors", self.accept_errors),
-            ("accepts_shed", self.accepts_shed),
-            ("emfile", self.emfile),
-            ("dials", self.dials),
-            ("dial_no_ports", self.dial_no_ports),
-            ("dial_not_permitted", self.dial_not_permitted),
-            ("dial_refused", self.dial_refused),
-            ("dial_unreachable", self.dial_unreachable),
-            ("dial_other", self.dial_other),
-            ("dial_ports_skipped", self.dial_ports_skipped),
-            ("bytes_in", self.bytes_in),
-            ("bytes_out", self.bytes_out),
-            ("zc_sends", self.zc_sends),
-            ("zc_copied", self.zc_copied),
-            ("graceful_closes", self.graceful_closes),
-            ("aborted_closes", self.aborted_closes),
-            ("close_bound_hits", self.close_bound_hits),
-            ("ended_eof", self.ended_eof),
-            ("ended_reset", self.ended_reset),
-            ("ended_timeout", self.ended_timeout),
-            ("ended_error", self.ended_error),
-            ("unknown_actions", self.unknown_actions),
-            ("bad_actions", self.bad_actions),
-            ("option_errors", self.option_errors),
-        ]
+counter_struct! {
+    /// Counters of one socket driver; all only grow.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct SocketStats {
+        /// Connections accepted on the listener (shed ones included).
+        pub accepted: u64,
+        /// Incoming connections the engine refused (closed with RST).
+        pub refused: u64,
+        /// Accept completions that failed.
+        pub accept_errors: u64,
+        /// Accepted connections closed at once to keep `fd_reserve` descriptors free.
+        pub accepts_shed: u64,
+        /// Times accepting paused at the descriptor limit (EMFILE, ENFILE, ENOBUFS, ENOMEM).
+        pub emfile: u64,
+        /// Dials started, and those that failed, by kind.
+        pub dials: u64,
+        pub dial_no_ports: u64,
+        pub dial_not_permitted: u64,
+        pub dial_refused: u64,
+        pub dial_unreachable: u64,
+        pub dial_other: u64,
+        /// Source ports skipped while dialling (in use toward that peer, or bound elsewhere).
+        pub dial_ports_skipped: u64,
+        /// Bytes read from and written to sockets.
+        pub bytes_in: u64,
+        pub bytes_out: u64,
+        /// Zero-copy sends issued (IORING_OP_SEND_ZC), and those the kernel copied after all.
+        pub zc_sends: u64,
+        pub zc_copied: u64,
+        /// Closes asked for, by mode; graceful closes that hit `close_bound` (then reset).
+        pub graceful_closes: u64,
+        pub aborted_closes: u64,
+        pub close_bound_hits: u64,
+        /// Streams that ended under the engine, by reason.
+        pub ended_eof: u64,
+        pub ended_reset: u64,
+        pub ended_timeout: u64,
+        pub ended_error: u64,
+        /// Actions naming a stream or incoming connection this driver does not know.
+        pub unknown_actions: u64,
+        /// Actions that break the contract (a second `Recv`, memory out of range, an empty read):
+        /// refused with an error to the engine.
+        pub bad_actions: u64,
+        /// setsockopt calls of `Configure` that failed.
+        pub option_errors: u64,
     }
 }

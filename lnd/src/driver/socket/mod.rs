@@ -61,6 +61,7 @@ use rustix::io::Errno;
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 use tracing::{debug, trace, warn};
 
+use crate::driver::uring_sock::{accept_failed, tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::handle::{Handle, HandleSlab, Tag};
 use crate::stream::{
@@ -82,39 +83,20 @@ impl Tag for SockTag {
 /// next one in its slot. Also the [`IncomingId`] of an accepted socket.
 type SockId = Handle<SockTag>;
 
-/// Bits of a socket generation: the op kind takes the top 4 bits of user_data.
-const GEN_BITS: u32 = 28;
-const HANDLE_MASK: u64 = (1 << (32 + GEN_BITS)) - 1;
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum OpTag {
-    /// An accept; the handle's index is the listener's number.
-    Accept = 1,
-    Connect = 2,
-    PollIn = 3,
-    PollOut = 4,
-    Cancel = 5,
-    /// A watched descriptor; the handle's index is its place in `watched`.
-    Waker = 6,
-    SendZc = 7,
-}
-
-fn tag(op: OpTag, sock: SockId) -> u64 {
-    (op as u64) << 60 | (sock.as_u64() & HANDLE_MASK)
-}
-
-fn untag(t: u64) -> (Option<OpTag>, SockId) {
-    let op = match t >> 60 {
-        1 => Some(OpTag::Accept),
-        2 => Some(OpTag::Connect),
-        3 => Some(OpTag::PollIn),
-        4 => Some(OpTag::PollOut),
-        5 => Some(OpTag::Cancel),
-        6 => Some(OpTag::Waker),
-        7 => Some(OpTag::SendZc),
-        _ => None,
-    };
-    (op, Handle::from_u64(t & HANDLE_MASK))
+coded_enum! {
+    /// The kind of an io_uring operation, in the top bits of its user_data.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+    enum OpTag {
+        /// An accept; the handle's index is the listener's number.
+        Accept = 1,
+        Connect = 2,
+        PollIn = 3,
+        PollOut = 4,
+        Cancel = 5,
+        /// A watched descriptor; the handle's index is its place in `watched`.
+        Waker = 6,
+        SendZc = 7,
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -721,7 +703,7 @@ impl SocketDriver {
         }
         if !self.accept_armed && self.accept_pause.is_none() {
             if let Some(l) = &self.listener {
-                let t = tag(OpTag::Accept, Handle::from_parts(self.listener_no, 0));
+                let t = tag(OpTag::Accept, SockId::from_parts(self.listener_no, 0));
                 if self.accept_probe {
                     self.ring.accept_one(l.as_fd(), t);
                 } else {
@@ -733,7 +715,7 @@ impl SocketDriver {
         for (i, w) in self.watched.iter_mut().enumerate() {
             if w.0 >= 0 && !w.1 {
                 self.ring
-                    .poll_readable(w.0, tag(OpTag::Waker, Handle::from_parts(i as u32, 0)));
+                    .poll_readable(w.0, tag(OpTag::Waker, SockId::from_parts(i as u32, 0)));
                 w.1 = true;
             }
         }
@@ -1143,7 +1125,7 @@ impl SocketDriver {
     }
 
     fn complete(&mut self, c: Completion, sink: &mut dyn StreamSink, now: Instant) {
-        let (op, sock) = untag(c.tag);
+        let (op, sock): (Option<OpTag>, SockId) = untag(c.tag);
         match op {
             Some(OpTag::Accept) => return self.on_accept(c, sock.index(), sink, now),
             Some(OpTag::Waker) => {
@@ -1281,16 +1263,10 @@ impl SocketDriver {
             }
         }
         let Some(fd) = c.fd else {
-            if c.result != -libc::ECANCELED && current {
-                self.stats.accept_errors += 1;
-                let errno = -c.result;
-                if matches!(
-                    errno,
-                    libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
-                ) {
+            if current {
+                let errors = &mut self.stats.accept_errors;
+                if let Some(errno) = accept_failed(c.result, errors, "socket driver") {
                     self.pause_accept(errno);
-                } else {
-                    debug!(errno, "socket driver: accept failed");
                 }
             }
             return;

@@ -174,6 +174,21 @@ impl Node {
         });
     }
 
+    fn close(&mut self, stream: StreamId, mode: CloseMode) {
+        self.apply(StreamAction::Close { stream, mode });
+    }
+
+    /// Dials `remote` from loopback on any port, as `stream`.
+    fn dial(&mut self, stream: StreamId, remote: SocketAddrV4) {
+        self.apply(StreamAction::Dial {
+            stream,
+            local: LO,
+            ports_from: 0,
+            ports_to: 0,
+            remote,
+        });
+    }
+
     fn send(&mut self, stream: StreamId, id: u64, head: &[u8], payload: SendPayload) {
         self.apply(StreamAction::Send {
             stream,
@@ -182,6 +197,28 @@ impl Node {
             payload,
         });
     }
+}
+
+/// `b` posts a receive of at most `max` bytes on `t` and the pair is polled until `b` reports
+/// something (data, or the stream's end).
+fn recv_more(clock: &MonotonicClock, a: &mut Node, b: &mut Node, t: StreamId, max: u32) {
+    let before = b.rec.evs.len();
+    b.recv(t, max);
+    assert!(pump(clock, &mut [a, b], 500, |n| n[1].rec.evs.len() > before));
+}
+
+/// Polls `nodes` until `nodes[at]` reports `stream` ended; how it ended.
+fn wait_ended(
+    clock: &MonotonicClock,
+    nodes: &mut [&mut Node],
+    at: usize,
+    stream: StreamId,
+) -> Option<EndReason> {
+    assert!(pump(clock, nodes, 500, |n| n[at]
+        .rec
+        .ended(stream)
+        .is_some()));
+    nodes[at].rec.ended(stream)
 }
 
 /// Polls every node (10 ms at most each) until `done`, for at most `rounds` rounds.
@@ -211,13 +248,7 @@ fn connect(
     s: StreamId,
     t: StreamId,
 ) {
-    a.apply(StreamAction::Dial {
-        stream: s,
-        local: LO,
-        ports_from: 0,
-        ports_to: 0,
-        remote: addr,
-    });
+    a.dial(s, addr);
     let mut incoming = None;
     assert!(
         pump(clock, &mut [a, b], 500, |n| {
@@ -255,6 +286,14 @@ fn pair(cfg: SocketConfig) -> (MonotonicClock, Node, Node) {
     let addr = b.listen(&clock);
     connect(&clock, &mut a, &mut b, addr, sid(1), sid(2));
     (clock, a, b)
+}
+
+/// A [`pair`] whose graceful closes give up after `close_bound`.
+fn closing_pair(close_bound: std::time::Duration) -> (MonotonicClock, Node, Node) {
+    pair(SocketConfig {
+        close_bound,
+        ..SocketConfig::default()
+    })
 }
 
 /// Sets both ends of `pair`'s stream (`sid(1)` at `a`, `sid(2)` at `b`) to `buffer`-byte socket
@@ -300,13 +339,7 @@ fn listen_dial_adopt_and_bytes_both_ways_with_partial_reads() {
     pump(&clock, &mut [&mut a, &mut b], 5, |_| false);
     assert_eq!(b.rec.data(t), b"hell");
     while b.rec.data(t).len() < 11 {
-        let before = b.rec.evs.len();
-        b.recv(t, 100);
-        assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[1]
-            .rec
-            .evs
-            .len()
-            > before));
+        recv_more(&clock, &mut a, &mut b, t, 100);
     }
     assert_eq!(b.rec.data(t), b"hello world");
     // And back, a head alone.
@@ -352,13 +385,7 @@ fn mem_transfer(zero_copy: bool) -> (SocketStats, SocketStats) {
     // memory, as the engine reads a message.
     while b.rec.data(t).len() < 8 {
         let want = 8 - b.rec.data(t).len() as u32;
-        let before = b.rec.evs.len();
-        b.recv(t, want);
-        assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[1]
-            .rec
-            .evs
-            .len()
-            > before));
+        recv_more(&clock, &mut a, &mut b, t, want);
     }
     assert_eq!(b.rec.data(t), b"HEAD1234");
     b.recv_mem(t, &dst, 8, LEN);
@@ -447,13 +474,7 @@ fn a_refused_connection_is_reset_at_the_dialer() {
     let mut b = Node::new(SocketConfig::default());
     let addr = b.listen(&clock);
     let s = sid(1);
-    a.apply(StreamAction::Dial {
-        stream: s,
-        local: LO,
-        ports_from: 0,
-        ports_to: 0,
-        remote: addr,
-    });
+    a.dial(s, addr);
     let mut incoming = None;
     assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| {
         incoming = n[1].rec.evs.iter().find_map(|e| match e {
@@ -470,11 +491,8 @@ fn a_refused_connection_is_reset_at_the_dialer() {
         incoming: incoming.unwrap(),
     });
     a.recv(s, 16);
-    assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[0]
-        .rec
-        .ended(s)
-        .is_some()));
-    assert_eq!(a.rec.ended(s), Some(EndReason::Reset));
+    let end = wait_ended(&clock, &mut [&mut a, &mut b], 0, s);
+    assert_eq!(end, Some(EndReason::Reset));
     assert_eq!(b.d.stats().refused, 1);
     assert_eq!(a.d.stats().ended_reset, 1);
     // A second Refuse of the same connection is an unknown one, not a crash.
@@ -487,12 +505,8 @@ fn a_refused_connection_is_reset_at_the_dialer() {
 
 #[test]
 fn a_graceful_close_delivers_every_byte_then_eof_and_reports_nothing_more() {
-    let cfg = SocketConfig {
-        // Far beyond the test's own bound: the EOF must come from the close, not the bound.
-        close_bound: std::time::Duration::from_secs(600),
-        ..SocketConfig::default()
-    };
-    let (clock, mut a, mut b) = pair(cfg);
+    // Far beyond the test's own bound: the EOF must come from the close, not the bound.
+    let (clock, mut a, mut b) = closing_pair(std::time::Duration::from_secs(600));
     let (s, t) = (sid(1), sid(2));
     // Small socket buffers: the close finds most of the bytes still queued in the driver.
     small_buffers(&mut a, &mut b, 16 * 1024, false);
@@ -500,22 +514,13 @@ fn a_graceful_close_delivers_every_byte_then_eof_and_reports_nothing_more() {
     a.send(s, 1, b"first", SendPayload::None);
     a.send(s, 2, b"second:", SendPayload::Bytes(big.clone()));
     a.send(s, 3, b"last", SendPayload::None);
-    a.apply(StreamAction::Close {
-        stream: s,
-        mode: CloseMode::Graceful,
-    });
+    a.close(s, CloseMode::Graceful);
     // b reads until the end.
     let mut rounds = 0;
     while b.rec.ended(t).is_none() {
         rounds += 1;
         assert!(rounds < 2000, "no end seen");
-        let before = b.rec.evs.len();
-        b.recv(t, 65536);
-        assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[1]
-            .rec
-            .evs
-            .len()
-            > before));
+        recv_more(&clock, &mut a, &mut b, t, 65536);
     }
     assert_eq!(b.rec.ended(t), Some(EndReason::Eof));
     let mut want = b"firstsecond:".to_vec();
@@ -528,10 +533,7 @@ fn a_graceful_close_delivers_every_byte_then_eof_and_reports_nothing_more() {
         a.rec.evs
     );
     // b closes in turn: a's drain sees EOF and lets the socket go.
-    b.apply(StreamAction::Close {
-        stream: t,
-        mode: CloseMode::Graceful,
-    });
+    b.close(t, CloseMode::Graceful);
     assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[0]
         .d
         .sockets()
@@ -544,16 +546,9 @@ fn a_graceful_close_delivers_every_byte_then_eof_and_reports_nothing_more() {
 
 #[test]
 fn a_graceful_close_toward_a_peer_that_never_closes_ends_at_its_bound() {
-    let cfg = SocketConfig {
-        close_bound: std::time::Duration::from_millis(50),
-        ..SocketConfig::default()
-    };
-    let (clock, mut a, mut b) = pair(cfg);
+    let (clock, mut a, mut b) = closing_pair(std::time::Duration::from_millis(50));
     let (s, t) = (sid(1), sid(2));
-    a.apply(StreamAction::Close {
-        stream: s,
-        mode: CloseMode::Graceful,
-    });
+    a.close(s, CloseMode::Graceful);
     // b never reads nor closes: a resets once the bound is over.
     assert!(pump(&clock, &mut [&mut a, &mut b], 1000, |n| n[0]
         .d
@@ -561,15 +556,9 @@ fn a_graceful_close_toward_a_peer_that_never_closes_ends_at_its_bound() {
         == 0));
     assert_eq!(a.d.stats().close_bound_hits, 1);
     b.recv(t, 16);
-    assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[1]
-        .rec
-        .ended(t)
-        .is_some()));
+    let end = wait_ended(&clock, &mut [&mut a, &mut b], 1, t);
     // The FIN came first, then the reset: b sees whichever its read meets first.
-    assert!(matches!(
-        b.rec.ended(t),
-        Some(EndReason::Eof | EndReason::Reset)
-    ));
+    assert!(matches!(end, Some(EndReason::Eof | EndReason::Reset)));
 }
 
 #[test]
@@ -578,15 +567,9 @@ fn an_abort_resets_the_peer() {
     let (s, t) = (sid(1), sid(2));
     b.recv(t, 16);
     pump(&clock, &mut [&mut a, &mut b], 3, |_| false);
-    a.apply(StreamAction::Close {
-        stream: s,
-        mode: CloseMode::Abort,
-    });
-    assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| n[1]
-        .rec
-        .ended(t)
-        .is_some()));
-    assert_eq!(b.rec.ended(t), Some(EndReason::Reset));
+    a.close(s, CloseMode::Abort);
+    let end = wait_ended(&clock, &mut [&mut a, &mut b], 1, t);
+    assert_eq!(end, Some(EndReason::Reset));
     assert_eq!(a.d.stats().aborted_closes, 1);
     assert_eq!(a.d.sockets(), 0);
     // A send on the ended stream fails at once; Ended is not reported twice.
@@ -608,10 +591,7 @@ fn an_abort_resets_the_peer() {
     // A report decided before a Close but not yet delivered is dropped with the stream.
     b.rec.take();
     b.send(t, 6, b"later", SendPayload::None);
-    b.apply(StreamAction::Close {
-        stream: t,
-        mode: CloseMode::Graceful,
-    });
+    b.close(t, CloseMode::Graceful);
     pump(&clock, &mut [&mut a, &mut b], 3, |_| false);
     assert!(b.rec.evs.is_empty(), "{:?}", b.rec.evs);
     assert_eq!(b.d.sockets(), 0);
@@ -630,13 +610,7 @@ fn a_dial_to_a_closed_port_is_refused() {
     let clock = MonotonicClock::new();
     let mut a = Node::new(SocketConfig::default());
     let (_keep, addr) = closed_port();
-    a.apply(StreamAction::Dial {
-        stream: sid(3),
-        local: LO,
-        ports_from: 0,
-        ports_to: 0,
-        remote: addr,
-    });
+    a.dial(sid(3), addr);
     assert!(pump(&clock, &mut [&mut a], 500, |n| n[0]
         .rec
         .mentions(sid(3))));
@@ -647,10 +621,7 @@ fn a_dial_to_a_closed_port_is_refused() {
     assert_eq!(a.d.stats().dial_refused, 1);
     assert_eq!(a.d.sockets(), 0);
     // Closing the failed stream afterwards is harmless.
-    a.apply(StreamAction::Close {
-        stream: sid(3),
-        mode: CloseMode::Abort,
-    });
+    a.close(sid(3), CloseMode::Abort);
     assert_eq!(a.d.stats().unknown_actions, 0);
 }
 
@@ -844,13 +815,7 @@ fn accepting_at_the_descriptor_limit_sheds_and_backs_off_without_spinning() {
     });
     let addr = b.listen(&clock);
     for i in 0..8 {
-        a.apply(StreamAction::Dial {
-            stream: sid(10 + i),
-            local: LO,
-            ports_from: 0,
-            ports_to: 0,
-            remote: addr,
-        });
+        a.dial(sid(10 + i), addr);
     }
     pump(&clock, &mut [&mut a, &mut b], 30, |_| false);
     let st = b.d.stats().clone();

@@ -101,18 +101,9 @@ impl TcpFabric {
             self.accept_armed = false;
         }
         let Some(fd) = c.fd else {
-            if c.result != -libc::ECANCELED {
-                self.stats.accept_errors += 1;
-                let errno = -c.result;
-                if matches!(
-                    errno,
-                    libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM
-                ) {
-                    // Re-arming at once would fail again at once, and spin the loop.
-                    self.pause_accept(errno);
-                } else {
-                    debug!(errno, "tcp fabric: accept failed");
-                }
+            let errors = &mut self.stats.accept_errors;
+            if let Some(errno) = accept_failed(c.result, errors, "tcp fabric") {
+                self.pause_accept(errno);
             }
             return;
         };

@@ -99,13 +99,7 @@ impl TcpFabric {
             "tcp fabric: RDMA write access error, closing the connection"
         );
         self.socks[sock].rx_write = None;
-        self.broken(
-            sock,
-            WcStatus::Flushed,
-            (ConnectFailure::Error, PROTOCOL),
-            sink,
-            now,
-        );
+        self.broken_by_peer(sock, WcStatus::Flushed, sink, now);
     }
 
     pub(super) fn protocol_error(
@@ -121,13 +115,7 @@ impl TcpFabric {
             (s.phase, s.conn)
         };
         debug!(error = %e, ?phase, ?conn, "tcp fabric: protocol error, closing the connection");
-        self.broken(
-            sock,
-            WcStatus::Error,
-            (ConnectFailure::Error, PROTOCOL),
-            sink,
-            now,
-        );
+        self.broken_by_peer(sock, WcStatus::Error, sink, now);
     }
 
     /// The peer's DISCONNECT arrived (its DREQ: our queue pair goes to error): every send and
@@ -152,19 +140,23 @@ impl TcpFabric {
             }
             Done::Established | Done::ShutWr | Done::RejectSent => true,
         });
-        while let Some(tx) = s.backlog.pop_front() {
-            let wr = match tx {
-                Tx::Msg(wr, bytes) => {
-                    self.spare.push(bytes);
-                    wr
-                }
-                Tx::Write(w) => w.wr,
-                Tx::Disconnect => continue,
-            };
+        for wr in s.drain_backlog(&mut self.spare) {
             if let Some(c) = conn {
                 complete_wr(log, sink, now, c, wr, WcStatus::Flushed);
             }
         }
+    }
+
+    /// The peer broke the protocol (garbage, a write it has no grant for, credits overrun):
+    /// [`Self::broken`], reported as a protocol error.
+    pub(super) fn broken_by_peer(
+        &mut self,
+        sock: SockId,
+        first: WcStatus,
+        sink: &mut dyn FabricSink,
+        now: Instant,
+    ) {
+        self.broken(sock, first, (ConnectFailure::Error, PROTOCOL), sink, now);
     }
 
     /// The connection is unusable: fail its queued sends (the first with `first`, the rest
@@ -192,15 +184,7 @@ impl TcpFabric {
                 status = WcStatus::Flushed;
             }
         }
-        while let Some(tx) = s.backlog.pop_front() {
-            let wr = match tx {
-                Tx::Msg(wr, bytes) => {
-                    self.spare.push(bytes);
-                    wr
-                }
-                Tx::Write(w) => w.wr,
-                Tx::Disconnect => continue,
-            };
+        for wr in s.drain_backlog(&mut self.spare) {
             if let Some(c) = conn {
                 complete_wr(&mut self.wc_log, sink, now, c, wr, status);
                 status = WcStatus::Flushed;

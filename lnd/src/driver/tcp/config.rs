@@ -95,96 +95,98 @@ impl Default for TcpConfig {
     }
 }
 
-/// Counters of one tcp fabric. All only grow, except the gauges `handshakes` and
-/// `rx_buffer_bytes` that [`TcpFabric::counters`] adds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TcpStats {
-    /// Sockets accepted on the listener (those refused or shed at once included).
-    pub accepted: u64,
-    /// Accept completions that failed.
-    pub accept_errors: u64,
-    /// Active connects started.
-    pub connects: u64,
-    /// Active connects that failed before a reply (no address, refused, timed out, reset).
-    pub connect_failures: u64,
-    /// Connections that reached the established state (both sides count theirs).
-    pub established: u64,
-    /// REJECT frames sent and received.
-    pub rejects_sent: u64,
-    pub rejects_received: u64,
-    /// MSG frames sent (queued) and received (delivered to a slot).
-    pub msgs_tx: u64,
-    pub msgs_rx: u64,
-    /// Bytes written to and read from sockets.
-    pub bytes_tx: u64,
-    pub bytes_rx: u64,
-    /// DISCONNECT frames received.
-    pub peer_disconnects: u64,
-    /// Connections whose peer closed (EOF) without a DISCONNECT frame first: a process that died
-    /// or dropped its fabric.
-    pub eof_without_disconnect: u64,
-    /// Connections reset by the peer (ECONNRESET / EPIPE).
-    pub resets: u64,
-    /// Connections failed by TCP_USER_TIMEOUT (ETIMEDOUT).
-    pub user_timeouts: u64,
-    /// Other socket errors.
-    pub socket_errors: u64,
-    /// Protocol errors, by reason: each closed its connection.
-    pub bad_kind: u64,
-    pub bad_length: u64,
-    /// Frames of a reserved kind. Every kind is handled in this version (RDMA_WRITE was the
-    /// last reserved one), so this stays zero; kept so that the counter names stay stable.
-    pub unsupported_frames: u64,
-    pub truncated: u64,
-    pub unexpected_frames: u64,
-    /// Times a complete MSG frame found no posted slot and reading stopped (back-pressure).
-    pub rx_stalls: u64,
-    /// Connections closed because a MSG frame found no posted slot for longer than
-    /// `rnr_horizon`: the peer sent past its credits (RC: RNR retries exhausted).
-    pub credit_overruns: u64,
-    /// MSG frames dropped because they arrived after our own Disconnect.
-    pub discarded_msgs: u64,
-    /// Actions naming a connection or request this fabric does not know.
-    pub unknown_actions: u64,
-    /// RDMA writes completed at this end (all their frames written) and their data bytes.
-    pub rdma_writes_tx: u64,
-    pub rdma_bytes_tx: u64,
-    /// RDMA_WRITE frames placed in this fabric's regions by peers (a write of more than
-    /// `frame::WRITE_CHUNK` bytes is several), and their data bytes.
-    pub rdma_frames_rx: u64,
-    pub rdma_bytes_rx: u64,
-    /// Of `rdma_bytes_rx`, the bytes read from the socket straight into their region (the
-    /// rest came through the receive buffer and a copy).
-    pub rdma_direct_bytes_rx: u64,
-    /// RDMA_WRITE frames refused because their key names no region here (unknown or
-    /// deregistered), their bytes fall outside it, or no open grant of their connection covers
-    /// them: nothing written, the connection closed.
-    pub rdma_access_errors: u64,
-    /// Of `rdma_access_errors`, the writes into a registered region that their connection was
-    /// not (or no longer) granted (`FabricAction::GrantWrites`): a key used after its transfer,
-    /// or by another peer.
-    pub rdma_ungranted: u64,
-    /// `RdmaWrite` actions whose local side is not a registered region or lies outside it
-    /// (IBV_WC_LOC_PROT_ERR): completed `Error`, the connection closed.
-    pub rdma_local_errors: u64,
-    /// RDMA_WRITE frames whose data was dropped because they arrived after our own Disconnect.
-    pub discarded_writes: u64,
-    /// `Send` actions with an empty or oversized message.
-    pub bad_sends: u64,
-    /// Accepted sockets closed for not finishing the handshake within `handshake_timeout`.
-    pub handshake_timeouts: u64,
-    /// Accepted sockets closed at once because `handshake_limit` sockets were already in their
-    /// handshake.
-    pub handshakes_refused: u64,
-    /// Of `handshakes_refused`, those over `handshake_limit_per_source`.
-    pub handshakes_refused_source: u64,
-    /// Accepted sockets closed at once because fewer than `fd_reserve` descriptors would have
-    /// remained (each also pauses accepting).
-    pub accepts_shed: u64,
-    /// Pauses of accepting at the descriptor limit (EMFILE/ENFILE/ENOBUFS/ENOMEM from accept,
-    /// or a shed socket), each [`ACCEPT_BACKOFF_MIN`] doubling up to [`ACCEPT_BACKOFF_MAX`].
-    pub accept_backoffs: u64,
+counter_struct! {
+    /// Counters of one tcp fabric. All only grow, except the gauges `handshakes` and
+    /// `rx_buffer_bytes` that [`TcpFabric::counters`] adds.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct TcpStats {
+        /// Sockets accepted on the listener (those refused or shed at once included).
+        pub accepted: u64,
+        /// Accept completions that failed.
+        pub accept_errors: u64,
+        /// Active connects started.
+        pub connects: u64,
+        /// Active connects that failed before a reply (no address, refused, timed out, reset).
+        pub connect_failures: u64,
+        /// Connections that reached the established state (both sides count theirs).
+        pub established: u64,
+        /// REJECT frames sent and received.
+        pub rejects_sent: u64,
+        pub rejects_received: u64,
+        /// MSG frames sent (queued) and received (delivered to a slot).
+        pub msgs_tx: u64,
+        pub msgs_rx: u64,
+        /// Bytes written to and read from sockets.
+        pub bytes_tx: u64,
+        pub bytes_rx: u64,
+        /// DISCONNECT frames received.
+        pub peer_disconnects: u64,
+        /// Connections whose peer closed (EOF) without a DISCONNECT frame first: a process that died
+        /// or dropped its fabric.
+        pub eof_without_disconnect: u64,
+        /// Connections reset by the peer (ECONNRESET / EPIPE).
+        pub resets: u64,
+        /// Connections failed by TCP_USER_TIMEOUT (ETIMEDOUT).
+        pub user_timeouts: u64,
+        /// Other socket errors.
+        pub socket_errors: u64,
+        /// Protocol errors, by reason: each closed its connection.
+        pub bad_kind: u64,
+        pub bad_length: u64,
+        /// Frames of a reserved kind. Every kind is handled in this version (RDMA_WRITE was the
+        /// last reserved one), so this stays zero; kept so that the counter names stay stable.
+        pub unsupported_frames: u64,
+        pub truncated: u64,
+        pub unexpected_frames: u64,
+        /// Times a complete MSG frame found no posted slot and reading stopped (back-pressure).
+        pub rx_stalls: u64,
+        /// Connections closed because a MSG frame found no posted slot for longer than
+        /// `rnr_horizon`: the peer sent past its credits (RC: RNR retries exhausted).
+        pub credit_overruns: u64,
+        /// MSG frames dropped because they arrived after our own Disconnect.
+        pub discarded_msgs: u64,
+        /// Actions naming a connection or request this fabric does not know.
+        pub unknown_actions: u64,
+        /// RDMA writes completed at this end (all their frames written) and their data bytes.
+        pub rdma_writes_tx: u64,
+        pub rdma_bytes_tx: u64,
+        /// RDMA_WRITE frames placed in this fabric's regions by peers (a write of more than
+        /// `frame::WRITE_CHUNK` bytes is several), and their data bytes.
+        pub rdma_frames_rx: u64,
+        pub rdma_bytes_rx: u64,
+        /// Of `rdma_bytes_rx`, the bytes read from the socket straight into their region (the
+        /// rest came through the receive buffer and a copy).
+        pub rdma_direct_bytes_rx: u64,
+        /// RDMA_WRITE frames refused because their key names no region here (unknown or
+        /// deregistered), their bytes fall outside it, or no open grant of their connection covers
+        /// them: nothing written, the connection closed.
+        pub rdma_access_errors: u64,
+        /// Of `rdma_access_errors`, the writes into a registered region that their connection was
+        /// not (or no longer) granted (`FabricAction::GrantWrites`): a key used after its transfer,
+        /// or by another peer.
+        pub rdma_ungranted: u64,
+        /// `RdmaWrite` actions whose local side is not a registered region or lies outside it
+        /// (IBV_WC_LOC_PROT_ERR): completed `Error`, the connection closed.
+        pub rdma_local_errors: u64,
+        /// RDMA_WRITE frames whose data was dropped because they arrived after our own Disconnect.
+        pub discarded_writes: u64,
+        /// `Send` actions with an empty or oversized message.
+        pub bad_sends: u64,
+        /// Accepted sockets closed for not finishing the handshake within `handshake_timeout`.
+        pub handshake_timeouts: u64,
+        /// Accepted sockets closed at once because `handshake_limit` sockets were already in their
+        /// handshake.
+        pub handshakes_refused: u64,
+        /// Of `handshakes_refused`, those over `handshake_limit_per_source`.
+        pub handshakes_refused_source: u64,
+        /// Accepted sockets closed at once because fewer than `fd_reserve` descriptors would have
+        /// remained (each also pauses accepting).
+        pub accepts_shed: u64,
+        /// Pauses of accepting at the descriptor limit (EMFILE/ENFILE/ENOBUFS/ENOMEM from accept,
+        /// or a shed socket), each [`ACCEPT_BACKOFF_MIN`] doubling up to [`ACCEPT_BACKOFF_MAX`].
+        pub accept_backoffs: u64,
+    }
 }
 
 impl TcpStats {
@@ -196,52 +198,6 @@ impl TcpStats {
             + self.truncated
             + self.unexpected_frames
             + self.credit_overruns
-    }
-
-    /// Every counter under its field name (for `lnetctl net show -v`).
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("accepted", self.accepted),
-            ("accept_errors", self.accept_errors),
-            ("connects", self.connects),
-            ("connect_failures", self.connect_failures),
-            ("established", self.established),
-            ("rejects_sent", self.rejects_sent),
-            ("rejects_received", self.rejects_received),
-            ("msgs_tx", self.msgs_tx),
-            ("msgs_rx", self.msgs_rx),
-            ("bytes_tx", self.bytes_tx),
-            ("bytes_rx", self.bytes_rx),
-            ("peer_disconnects", self.peer_disconnects),
-            ("eof_without_disconnect", self.eof_without_disconnect),
-            ("resets", self.resets),
-            ("user_timeouts", self.user_timeouts),
-            ("socket_errors", self.socket_errors),
-            ("bad_kind", self.bad_kind),
-            ("bad_length", self.bad_length),
-            ("unsupported_frames", self.unsupported_frames),
-            ("truncated", self.truncated),
-            ("unexpected_frames", self.unexpected_frames),
-            ("rx_stalls", self.rx_stalls),
-            ("credit_overruns", self.credit_overruns),
-            ("discarded_msgs", self.discarded_msgs),
-            ("unknown_actions", self.unknown_actions),
-            ("rdma_writes_tx", self.rdma_writes_tx),
-            ("rdma_bytes_tx", self.rdma_bytes_tx),
-            ("rdma_frames_rx", self.rdma_frames_rx),
-            ("rdma_bytes_rx", self.rdma_bytes_rx),
-            ("rdma_direct_bytes_rx", self.rdma_direct_bytes_rx),
-            ("rdma_access_errors", self.rdma_access_errors),
-            ("rdma_ungranted", self.rdma_ungranted),
-            ("rdma_local_errors", self.rdma_local_errors),
-            ("discarded_writes", self.discarded_writes),
-            ("bad_sends", self.bad_sends),
-            ("handshake_timeouts", self.handshake_timeouts),
-            ("handshakes_refused", self.handshakes_refused),
-            ("handshakes_refused_source", self.handshakes_refused_source),
-            ("accepts_shed", self.accepts_shed),
-            ("accept_backoffs", self.accept_backoffs),
-        ]
     }
 
     pub(super) fn count(&mut self, e: FrameError) {

@@ -37,6 +37,7 @@
 //! receive buffer into the region as it arrives, and reads what is still in the socket straight
 //! into the region (`TcpFabric::parse`).
 
+use crate::driver::Coded;
 use core::fmt;
 
 use crate::fabric::PrivateData;
@@ -54,32 +55,21 @@ pub const MAX_WRITE_DATA: usize = 1 << 20;
 /// The most data a sender puts in one RDMA_WRITE frame (a larger write is several frames).
 pub const WRITE_CHUNK: usize = 64 * 1024;
 
-/// What a frame is.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum FrameKind {
-    ConnReq = 1,
-    ConnAck = 2,
-    Reject = 3,
-    Msg = 4,
-    Disconnect = 5,
-    /// One RDMA write (or a piece of one): `[u32 rkey][u64 addr][data]`.
-    RdmaWrite = 6,
+coded_enum! {
+    /// What a frame is.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+    pub enum FrameKind {
+        ConnReq = 1,
+        ConnAck = 2,
+        Reject = 3,
+        Msg = 4,
+        Disconnect = 5,
+        /// One RDMA write (or a piece of one): `[u32 rkey][u64 addr][data]`.
+        RdmaWrite = 6,
+    }
 }
 
 impl FrameKind {
-    fn from_u8(b: u8) -> Option<FrameKind> {
-        Some(match b {
-            1 => FrameKind::ConnReq,
-            2 => FrameKind::ConnAck,
-            3 => FrameKind::Reject,
-            4 => FrameKind::Msg,
-            5 => FrameKind::Disconnect,
-            6 => FrameKind::RdmaWrite,
-            _ => return None,
-        })
-    }
-
     /// The body lengths allowed for this kind.
     pub fn body_range(self) -> core::ops::RangeInclusive<usize> {
         match self {
@@ -140,7 +130,7 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<Head>, FrameError> {
     };
     let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
     let kind_byte = head[4];
-    let Some(kind) = FrameKind::from_u8(kind_byte) else {
+    let Some(kind) = FrameKind::from_code(kind_byte) else {
         return Err(FrameError::BadKind(kind_byte));
     };
     let body_len = (len as usize).wrapping_sub(1);
@@ -250,45 +240,41 @@ mod tests {
             b.push(kind);
             b
         };
-        assert!(parse_head(&head(1 + 4096, 4)).unwrap().is_some());
-        assert!(matches!(
-            parse_head(&head(2 + 4096, 4)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(matches!(
-            parse_head(&head(1, 4)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(matches!(
-            parse_head(&head(0, 1)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(parse_head(&head(65, 1)).unwrap().is_some());
-        assert!(matches!(
-            parse_head(&head(66, 2)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(matches!(
-            parse_head(&head(2, 5)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert_eq!(parse_head(&head(1, 0)), Err(FrameError::BadKind(0)));
-        assert_eq!(parse_head(&head(1, 7)), Err(FrameError::BadKind(7)));
-        // RDMA_WRITE: at least the write head, at most 1 MiB of data.
-        assert!(matches!(
-            parse_head(&head(1, 6)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(matches!(
-            parse_head(&head(12, 6)),
-            Err(FrameError::BadLength { .. })
-        ));
-        assert!(parse_head(&head(13, 6)).unwrap().is_some());
-        assert!(parse_head(&head(13 + (1 << 20), 6)).unwrap().is_some());
-        assert!(matches!(
-            parse_head(&head(14 + (1 << 20), 6)),
-            Err(FrameError::BadLength { .. })
-        ));
+        // (body length, kind byte, what the head is).
+        #[derive(Debug)]
+        enum Want {
+            Frame,
+            BadLength,
+            BadKind,
+        }
+        use Want::*;
+        let cases = [
+            (1 + 4096, 4, Frame),
+            (2 + 4096, 4, BadLength),
+            (1, 4, BadLength),
+            (0, 1, BadLength),
+            (65, 1, Frame),
+            (66, 2, BadLength),
+            (2, 5, BadLength),
+            (1, 0, BadKind),
+            (1, 7, BadKind),
+            // RDMA_WRITE: at least the write head, at most 1 MiB of data.
+            (1, 6, BadLength),
+            (12, 6, BadLength),
+            (13, 6, Frame),
+            (13 + (1 << 20), 6, Frame),
+            (14 + (1 << 20), 6, BadLength),
+            (u32::MAX, 4, BadLength),
+        ];
+        for (len, kind, want) in cases {
+            let got = parse_head(&head(len, kind));
+            let case = format!("length {len}, kind {kind}: {want:?}");
+            match want {
+                Frame => assert!(got.unwrap().is_some(), "{case}"),
+                BadLength => assert!(matches!(got, Err(FrameError::BadLength { .. })), "{case}"),
+                BadKind => assert_eq!(got, Err(FrameError::BadKind(kind)), "{case}"),
+            }
+        }
         let mut w = Vec::new();
         push_write_head(&mut w, 0xdead_beef, 0x7f00_0000_1234, 3);
         w.extend_from_slice(&[1, 2, 3]);
@@ -302,10 +288,6 @@ mod tests {
             Some((0xdead_beef, 0x7f00_0000_1234))
         );
         assert_eq!(parse_write_head(&w[HEAD_LEN..HEAD_LEN + 11]), None);
-        assert!(matches!(
-            parse_head(&head(u32::MAX, 4)),
-            Err(FrameError::BadLength { .. })
-        ));
     }
 
     #[test]

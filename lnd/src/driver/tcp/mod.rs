@@ -47,6 +47,8 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use tracing::{debug, trace, warn};
 
+use crate::driver::report::{Report, Resolver};
+use crate::driver::uring_sock::{accept_failed, tag, untag, GEN_BITS};
 use crate::driver::Doorbell;
 use crate::engine::Tunables;
 use crate::fabric::{
@@ -80,45 +82,23 @@ impl Tag for SockTag {
 /// socket in its slot.
 type SockId = Handle<SockTag>;
 
-/// Bits of a socket generation: the op kind takes the top 4 bits of user_data, the slab index
-/// the low 32.
-const GEN_BITS: u32 = 28;
-
 /// The handle in user_data of operations that are not a socket's (accept, waker): generation 0,
 /// which no socket has.
 const NO_SOCK: SockId = Handle::from_parts(0, 0);
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum OpTag {
-    Accept = 1,
-    Connect = 2,
-    Recv = 3,
-    Send = 4,
-    Cancel = 5,
-    Waker = 6,
-    /// The cancel of the multishot accept when accepting pauses.
-    AcceptCancel = 7,
-}
-
-/// The bits of user_data below the op kind: the handle's `as_u64` (generation above the index).
-const HANDLE_MASK: u64 = (1 << (32 + GEN_BITS)) - 1;
-
-fn tag(op: OpTag, sock: SockId) -> u64 {
-    (op as u64) << 60 | (sock.as_u64() & HANDLE_MASK)
-}
-
-fn untag(t: u64) -> (Option<OpTag>, SockId) {
-    let op = match t >> 60 {
-        1 => Some(OpTag::Accept),
-        2 => Some(OpTag::Connect),
-        3 => Some(OpTag::Recv),
-        4 => Some(OpTag::Send),
-        5 => Some(OpTag::Cancel),
-        6 => Some(OpTag::Waker),
-        7 => Some(OpTag::AcceptCancel),
-        _ => None,
-    };
-    (op, Handle::from_u64(t & HANDLE_MASK))
+coded_enum! {
+    /// The kind of an io_uring operation, in the top bits of its user_data.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
+    enum OpTag {
+        Accept = 1,
+        Connect = 2,
+        Recv = 3,
+        Send = 4,
+        Cancel = 5,
+        Waker = 6,
+        /// The cancel of the multishot accept when accepting pauses.
+        AcceptCancel = 7,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -266,6 +246,23 @@ impl Sock {
             && !self.shut
             && !self.local_disconnect
             && !self.peer_disconnect
+    }
+
+    /// Empties the backlog (the connection failed or was flushed): the work requests it held,
+    /// in posting order, each to complete without being sent. Message buffers go back to
+    /// `spare`; a queued DISCONNECT has no work request.
+    fn drain_backlog<'a>(
+        &'a mut self,
+        spare: &'a mut Vec<Vec<u8>>,
+    ) -> impl Iterator<Item = WrId> + 'a {
+        self.backlog.drain(..).filter_map(move |tx| match tx {
+            Tx::Msg(wr, bytes) => {
+                spare.push(bytes);
+                Some(wr)
+            }
+            Tx::Write(w) => Some(w.wr),
+            Tx::Disconnect => None,
+        })
     }
 
     fn queue_frame(&mut self, kind: FrameKind, body: &[u8], done: Option<Done>) {
@@ -424,6 +421,15 @@ type WcLog = Vec<(ConnId, WrId, WcStatus)>;
 #[cfg(not(test))]
 type WcLog = ();
 
+/// Puts `sock` on `list` unless its flag `listed` says it is there already (whoever takes the
+/// list clears the flags), so that a pass visits each socket once.
+fn enlist(listed: &mut bool, list: &mut Vec<SockId>, sock: SockId) {
+    if !*listed {
+        *listed = true;
+        list.push(sock);
+    }
+}
+
 /// Every send and write completion goes through here.
 fn complete_wr(
     log: &mut WcLog,
@@ -439,16 +445,6 @@ fn complete_wr(
     let () = *log;
     sink.handle_send_complete(now, conn, wr, st);
 }
-
-/// A report decided in `apply`, delivered at the start of the next `poll`.
-#[derive(Copy, Clone, Debug)]
-enum Report {
-    SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId, DisconnectReason),
-    ConnectFailed(ConnId, ConnectFailure),
-}
-
-type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 /// Entries of the connection table a shrink keeps room for (see `TcpFabric::destroy`).
 const BY_CONN_FLOOR: usize = 1024;
@@ -574,7 +570,7 @@ pub use crate::driver::{run_endpoint, turn, MonotonicClock};
 /// What each engine action means on sockets. I/O is only queued here: [`TcpFabric::poll`]
 /// submits it and reports what was decided at once (e.g. a send on a dead connection is flushed).
 impl Fabric for TcpFabric {
-    forward_fabric_cm!(TcpFabric);
+    forward_fabric_cm!(self, TcpFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the write buffer (unless it waits behind a write): back to the engine at

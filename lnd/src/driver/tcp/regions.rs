@@ -3,6 +3,33 @@
 use super::*;
 
 impl TcpFabric {
+    /// Keeps a new region of `len` bytes (`bytes`, or `shared` memory) under the next number's
+    /// key, at the next address with a page of room after it: its registration.
+    fn insert_region(
+        &mut self,
+        len: usize,
+        bytes: Vec<u8>,
+        shared: Option<SharedMem>,
+    ) -> Registration {
+        self.next_region = self.next_region.wrapping_add(1);
+        let id = self.next_region;
+        let key = self.keys.key(id);
+        let addr = self.next_region_addr;
+        let len = len as u64;
+        let pages = len.div_ceil(PAGE) + 1;
+        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
+        self.regions.insert(
+            key,
+            Region {
+                id,
+                addr,
+                bytes,
+                shared,
+            },
+        );
+        Registration::new(RegionId(id), key, addr, len)
+    }
+
     /// The contents of region `id`, to fill a write's source. A region must not change while a
     /// write from it (or a peer's write into it) is in progress. `None` for shared memory
     /// (reach it through its [`SharedMem`]).
@@ -48,41 +75,12 @@ impl TcpFabric {
 /// fails like a write outside the local region.
 impl Registry for TcpFabric {
     fn register(&mut self, bytes: Vec<u8>) -> io::Result<Registration> {
-        self.next_region = self.next_region.wrapping_add(1);
-        let id = self.next_region;
-        let key = self.keys.key(id);
-        let addr = self.next_region_addr;
-        let len = bytes.len() as u64;
-        let pages = len.div_ceil(PAGE) + 1;
-        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
-        self.regions.insert(
-            key,
-            Region {
-                id,
-                addr,
-                bytes,
-                shared: None,
-            },
-        );
-        Ok(Registration::new(RegionId(id), key, addr, len))
+        let len = bytes.len();
+        Ok(self.insert_region(len, bytes, None))
     }
 
     fn register_shared(&mut self, mem: &SharedMem) -> io::Result<Registration> {
-        self.next_region = self.next_region.wrapping_add(1);
-        let id = self.next_region;
-        let key = self.keys.key(id);
-        let addr = self.next_region_addr;
-        let len = mem.len() as u64;
-        let pages = len.div_ceil(PAGE) + 1;
-        self.next_region_addr = self.next_region_addr.wrapping_add(pages * PAGE);
-        let region = Region {
-            id,
-            addr,
-            bytes: Vec::new(),
-            shared: Some(mem.clone()),
-        };
-        self.regions.insert(key, region);
-        Ok(Registration::new(RegionId(id), key, addr, len))
+        Ok(self.insert_region(mem.len(), Vec::new(), Some(mem.clone())))
     }
 
     fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool {

@@ -151,7 +151,7 @@ impl TcpFabric {
         for (i, w) in self.watched.iter_mut().enumerate() {
             if w.0 >= 0 && !w.1 {
                 self.ring
-                    .poll_readable(w.0, tag(OpTag::Waker, Handle::from_parts(i as u32, 0)));
+                    .poll_readable(w.0, tag(OpTag::Waker, SockId::from_parts(i as u32, 0)));
                 w.1 = true;
             }
         }
@@ -227,13 +227,7 @@ impl TcpFabric {
             }
             self.stats.credit_overruns += 1;
             debug!(conn = ?s.conn, "tcp fabric: the peer sent past its credits, closing the connection");
-            self.broken(
-                sock,
-                WcStatus::Error,
-                (ConnectFailure::Error, PROTOCOL),
-                sink,
-                now,
-            );
+            self.broken_by_peer(sock, WcStatus::Error, sink, now);
         }
     }
 
@@ -294,12 +288,7 @@ impl TcpFabric {
 
     pub(super) fn flush_out(&mut self, sink: &mut dyn FabricSink, now: Instant) {
         while let Some(r) = self.out.pop_front() {
-            let conn = match r {
-                Report::SendDone(c, ..)
-                | Report::Disconnected(c, _)
-                | Report::ConnectFailed(c, _) => c,
-            };
-            if self.lookup(conn).is_none() {
+            if self.lookup(r.conn()).is_none() {
                 continue; // destroyed since: nothing more is reported for it
             }
             match r {
@@ -338,7 +327,7 @@ impl TcpFabric {
     }
 
     pub(super) fn complete(&mut self, c: Completion, sink: &mut dyn FabricSink, now: Instant) {
-        let (op, sock) = untag(c.tag);
+        let (op, sock): (Option<OpTag>, SockId) = untag(c.tag);
         if op == Some(OpTag::Accept) {
             return self.on_accept(c, now);
         }
@@ -503,11 +492,7 @@ impl TcpFabric {
     /// would carry that frame alone, the rest waiting a round through the kernel for its
     /// completion.
     pub(super) fn defer_send(&mut self, sock: SockId) {
-        let s = &mut self.socks[sock];
-        if !s.tx_pending {
-            s.tx_pending = true;
-            self.tx_pending.push(sock);
-        }
+        enlist(&mut self.socks[sock].tx_pending, &mut self.tx_pending, sock);
     }
 
     /// Arms the sends deferred by `defer_send`.
@@ -524,11 +509,7 @@ impl TcpFabric {
     }
 
     pub(super) fn make_ready(&mut self, sock: SockId) {
-        let s = &mut self.socks[sock];
-        if !s.in_ready {
-            s.in_ready = true;
-            self.ready.push(sock);
-        }
+        enlist(&mut self.socks[sock].in_ready, &mut self.ready, sock);
     }
 
     pub(super) fn arm_accept(&mut self) {

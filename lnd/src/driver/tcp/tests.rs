@@ -16,11 +16,12 @@ use crate::wire::LnetHdr;
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
 
 const STEP_WAIT: StdDuration = StdDuration::from_micros(500);
-/// The least any [`run_until`] waits before giving up. A condition that holds ends the wait at
-/// once, so this only matters when a test fails; it is generous so that a loaded machine (two
-/// shared cores running other tests) does not fail a test that would have passed. It stays below
-/// the default LND timeout (50 s) and keepalive (100 s): a wait for a close "at once" is not
-/// satisfied by a timeout instead.
+/// How long [`run_until`] waits before giving up (the least [`run_for`] does). A condition that
+/// holds ends the wait at once, so this only matters when a test fails; it is generous so that a
+/// loaded machine (two shared cores running other tests) does not fail a test that would have
+/// passed (the 1 to 10 s bounds the tests once named were all below it and so never counted:
+/// [`run_until`] takes none). It stays below the default LND timeout (50 s) and keepalive
+/// (100 s): a wait for a close "at once" is not satisfied by a timeout instead.
 const MIN_WAIT: StdDuration = StdDuration::from_secs(20);
 
 use testkit::nid;
@@ -67,10 +68,23 @@ enum Answer {
 
 impl Node {
     fn new(book: &Book, name: &str, incarnation: u64, clock: &MonotonicClock) -> Node {
+        Node::with_config(book, name, incarnation, clock, TcpConfig::default())
+    }
+
+    /// A node whose fabric has settings `cfg`, listed in `book`, finding its peers there.
+    fn with_config(
+        book: &Book,
+        name: &str,
+        incarnation: u64,
+        clock: &MonotonicClock,
+        cfg: TcpConfig,
+    ) -> Node {
         let b = Arc::clone(book);
-        let fabric = TcpFabric::bind("127.0.0.1:0".parse().unwrap(), move |n| {
-            b.lock().unwrap().get(&n).copied()
-        })
+        let fabric = TcpFabric::bind_with(
+            "127.0.0.1:0".parse().unwrap(),
+            move |n| b.lock().unwrap().get(&n).copied(),
+            cfg,
+        )
         .unwrap();
         book.lock().unwrap().insert(nid(name), fabric.local_addr());
         Node {
@@ -134,9 +148,35 @@ impl Node {
     }
 }
 
-/// Steps every node until `cond` holds or `limit` (at least [`MIN_WAIT`]) passes; returns
-/// whether it held.
+/// `a` starts a PUT of `src` by rendezvous to `b`, whose LNet answers with `sink`; both sides
+/// report the transfer under `cookie`.
+fn start_put(
+    a: &mut Node,
+    b: &mut Node,
+    clock: &MonotonicClock,
+    src: LocalFrag,
+    sink: crate::engine::RdmaSink,
+    cookie: u64,
+) {
+    b.answers.push_back(Answer::Accept(sink, cookie));
+    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let h = hdr(an, bn, src.len as usize);
+    a.ep.send_put_rdma(clock.now(), bn, h, vec![src], cookie)
+        .unwrap();
+}
+
+/// Steps every node until `cond` holds or [`MIN_WAIT`] passes; returns whether it held.
 fn run_until(
+    nodes: &mut [&mut Node],
+    clock: &MonotonicClock,
+    cond: impl FnMut(&[&mut Node]) -> bool,
+) -> bool {
+    run_for(nodes, clock, MIN_WAIT, cond)
+}
+
+/// [`run_until`] for a condition that may take longer: waits up to `limit` (at least
+/// [`MIN_WAIT`]).
+fn run_for(
     nodes: &mut [&mut Node],
     clock: &MonotonicClock,
     limit: StdDuration,
@@ -155,26 +195,32 @@ fn run_until(
     cond(nodes)
 }
 
-/// Two nodes with one connection between them (one message each way delivered).
-fn connected_pair(clock: &MonotonicClock) -> (Book, Node, Node) {
+/// The first node (`10.0.0.1@o2ib`, incarnation 100) alone in a new book, and the clock it runs
+/// on.
+fn first_node() -> (MonotonicClock, Book, Node) {
+    let clock = MonotonicClock::new();
     let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, clock);
-    let mut b = Node::new(&book, "10.0.0.2@o2ib", 200, clock);
+    let a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    (clock, book, a)
+}
+
+/// Two nodes with one connection between them (one message each way delivered), and the
+/// clock they run on.
+fn connected_pair() -> (MonotonicClock, Book, Node, Node) {
+    let (clock, book, mut a) = first_node();
+    let mut b = Node::new(&book, "10.0.0.2@o2ib", 200, &clock);
     let (an, bn) = (a.ep.nid(), b.ep.nid());
-    a.send(clock, bn, 1, payload(0));
-    b.send(clock, an, 1, payload(0));
+    a.send(&clock, bn, 1, payload(0));
+    b.send(&clock, an, 1, payload(0));
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            clock,
-            StdDuration::from_secs(5),
-            |n| { n.iter().all(|n| n.done.len() == 1 && n.got.len() == 1) }
-        ),
+        run_until(&mut [&mut a, &mut b], &clock, |n| {
+            n.iter().all(|n| n.done.len() == 1 && n.got.len() == 1)
+        }),
         "pair did not connect"
     );
     assert_eq!(a.done[&1], Ok(()));
     assert_eq!(b.done[&1], Ok(()));
-    (book, a, b)
+    (clock, book, a, b)
 }
 
 fn shut_down_both(a: &mut Node, b: &mut Node, clock: &MonotonicClock) {
@@ -182,25 +228,20 @@ fn shut_down_both(a: &mut Node, b: &mut Node, clock: &MonotonicClock) {
     a.ep.shutdown(now);
     b.ep.shutdown(now);
     assert!(
-        run_until(&mut [a, b], clock, StdDuration::from_secs(5), |n| {
+        run_until(&mut [a, b], clock, |n| {
             n.iter().all(|n| n.ep.is_shut_down())
         }),
         "endpoints did not shut down"
     );
     // The last Destroys reach the fabrics, whose sockets then close.
-    assert!(run_until(
-        &mut [a, b],
-        clock,
-        StdDuration::from_secs(2),
-        |n| n.iter().all(|n| n.fabric.sockets() == 0)
-    ));
+    assert!(run_until(&mut [a, b], clock, |n| n
+        .iter()
+        .all(|n| n.fabric.sockets() == 0)));
 }
 
 #[test]
 fn tcp_exchange_1000_messages_each_way() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     let mut b = Node::new(&book, "10.0.0.2@o2ib", 200, &clock);
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     const N: u64 = 1000;
@@ -208,7 +249,7 @@ fn tcp_exchange_1000_messages_each_way() {
         a.send(&clock, bn, i, payload(i));
         b.send(&clock, an, i, payload(i));
     }
-    let ok = run_until(
+    let ok = run_for(
         &mut [&mut a, &mut b],
         &clock,
         StdDuration::from_secs(30),
@@ -249,16 +290,12 @@ fn tcp_exchange_1000_messages_each_way() {
 
 #[test]
 fn tcp_graceful_shutdown_is_seen_at_once() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let an = a.ep.nid();
     a.ep.shutdown(clock.now());
-    let ok = run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(2),
-        |n| n[0].ep.is_shut_down() && n[1].conns() == 0,
-    );
+    let ok = run_until(&mut [&mut a, &mut b], &clock, |n| {
+        n[0].ep.is_shut_down() && n[1].conns() == 0
+    });
     // "At once": B saw A's DISCONNECT (counted below) within a wait shorter than any LND
     // timeout, not a keepalive or timeout expiring (50 s and more by default).
     assert!(
@@ -271,25 +308,16 @@ fn tcp_graceful_shutdown_is_seen_at_once() {
     assert_eq!(b.fabric.stats().eof_without_disconnect, 0);
     assert!(b.downs.contains(&(an, DownReason::Closed)), "{:?}", b.downs);
     // Both fabrics let go of every socket.
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(2),
-        |n| n.iter().all(|n| n.fabric.sockets() == 0)
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n
+        .iter()
+        .all(|n| n.fabric.sockets() == 0)));
     b.ep.shutdown(clock.now());
-    assert!(run_until(
-        &mut [&mut b],
-        &clock,
-        StdDuration::from_secs(2),
-        |n| n[0].ep.is_shut_down()
-    ));
+    assert!(run_until(&mut [&mut b], &clock, |n| n[0].ep.is_shut_down()));
 }
 
 #[test]
 fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
-    let clock = MonotonicClock::new();
-    let (_book, a, mut b) = connected_pair(&clock);
+    let (clock, _book, a, mut b) = connected_pair();
     let an = a.ep.nid();
     // The process-equivalent dies: its sockets close without a DISCONNECT frame.
     let Node {
@@ -300,9 +328,7 @@ fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
     for c in 10..15 {
         b.send(&clock, an, c, payload(c));
     }
-    let ok = run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| {
-        n[0].conns() == 0
-    });
+    let ok = run_until(&mut [&mut b], &clock, |n| n[0].conns() == 0);
     // "At once": the end of the stream (counted below) closed it within a wait shorter than any
     // LND timeout, not a keepalive or timeout expiring (50 s and more by default).
     assert!(ok, "b still has {} conns", b.conns());
@@ -313,22 +339,16 @@ fn tcp_dropped_fabric_is_seen_at_once_and_messages_end() {
         "no EOF/RST counted: {s:?}"
     );
     // Every one of them ends with a status.
-    assert!(run_until(
-        &mut [&mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { (10..15).all(|c| n[0].done.contains_key(&c)) }
-    ));
+    assert!(run_until(&mut [&mut b], &clock, |n| {
+        (10..15).all(|c| n[0].done.contains_key(&c))
+    }));
     // Messages queued now fail: nobody listens any more.
     for c in 20..25 {
         b.send(&clock, an, c, payload(c));
     }
-    assert!(run_until(
-        &mut [&mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { (20..25).all(|c| n[0].done.contains_key(&c)) }
-    ));
+    assert!(run_until(&mut [&mut b], &clock, |n| {
+        (20..25).all(|c| n[0].done.contains_key(&c))
+    }));
     for c in 20..25 {
         // ECONNREFUSED: refused, not unreachable (o2iblnd's REMOTE_DROPPED).
         assert_eq!(b.done[&c], Err(TxError::ConnectRefused), "message {c}");
@@ -358,7 +378,7 @@ fn read_until_closed(
     raw.set_nonblocking(true).unwrap();
     let mut got = Vec::new();
     let mut closed = false;
-    let ok = run_until(nodes, clock, StdDuration::from_secs(3), |_| {
+    let ok = run_until(nodes, clock, |_| {
         let mut buf = [0u8; 256];
         loop {
             match raw.read(&mut buf) {
@@ -382,8 +402,7 @@ fn read_until_closed(
 
 #[test]
 fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let conn_before: Vec<_> = b.ep.conns().map(|c| c.id).collect();
     let target = b.fabric.local_addr();
@@ -437,12 +456,9 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
         a.send(&clock, bn, i, payload(i));
         b.send(&clock, an, i, payload(i));
     }
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n.iter().all(|n| n.done.len() == 21 && n.got.len() == 21)
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n
+        .iter()
+        .all(|n| n.done.len() == 21 && n.got.len() == 21)));
     assert!(a.done.values().chain(b.done.values()).all(|r| *r == Ok(())));
     // Garbage sockets are all gone; one connection each side remains.
     assert_eq!(b.fabric.sockets(), 1);
@@ -451,9 +467,7 @@ fn tcp_garbage_is_refused_and_counted_while_a_connection_works() {
 
 #[test]
 fn tcp_connect_to_nobody_fails_queued_messages() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     // A port held by a socket that never listens: a connect to it is refused, and nobody else
     // can take the port while the test runs.
     let (_held, dead) = refusing_addr();
@@ -464,12 +478,9 @@ fn tcp_connect_to_nobody_fails_queued_messages() {
         a.send(&clock, nobody, c, payload(c));
     }
     a.send(&clock, unknown, 7, payload(7));
-    assert!(run_until(
-        &mut [&mut a],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { n[0].done.len() == 4 }
-    ));
+    assert!(run_until(&mut [&mut a], &clock, |n| {
+        n[0].done.len() == 4
+    }));
     // Failed by the refusal, not by the connect deadline expiring.
     assert_eq!(a.ep.stats().connect_timeouts, 0, "{:?}", a.ep.stats());
     for c in [0, 1, 2] {
@@ -479,12 +490,9 @@ fn tcp_connect_to_nobody_fails_queued_messages() {
     assert_eq!(a.done[&7], Err(TxError::ConnectFailed), "message 7");
     assert!(a.fabric.stats().connect_failures >= 2);
     // The failed attempts are reaped, and the fabric lets go of them.
-    assert!(run_until(
-        &mut [&mut a],
-        &clock,
-        StdDuration::from_secs(1),
-        |n| { n[0].conns() == 0 && n[0].fabric.sockets() == 0 }
-    ));
+    assert!(run_until(&mut [&mut a], &clock, |n| {
+        n[0].conns() == 0 && n[0].fabric.sockets() == 0
+    }));
 }
 
 #[test]
@@ -513,16 +521,7 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
         handshake_timeout: StdDuration::from_millis(200),
         ..TcpConfig::default()
     };
-    let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
-    let mut n = Node {
-        fabric: Tamper::new(fabric),
-        ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.1@o2ib"), 1), clock.now()),
-        got: Vec::new(),
-        done: HashMap::new(),
-        downs: Vec::new(),
-        answers: Default::default(),
-        rdma_done: HashMap::new(),
-    };
+    let mut n = Node::with_config(&Book::default(), "10.0.0.1@o2ib", 1, &clock, cfg);
     let t0 = std::time::Instant::now();
     let mut raw = TcpStream::connect(n.fabric.local_addr()).unwrap();
     read_until_closed(&mut raw, &mut [&mut n], &clock);
@@ -531,12 +530,9 @@ fn tcp_silent_client_is_closed_after_the_handshake_timeout() {
     // machine let the test see the close.
     assert!(took >= StdDuration::from_millis(200), "took {took:?}");
     assert_eq!(n.fabric.stats().handshake_timeouts, 1);
-    assert!(run_until(
-        &mut [&mut n],
-        &clock,
-        StdDuration::from_secs(1),
-        |n| { n[0].fabric.sockets() == 0 }
-    ));
+    assert!(run_until(&mut [&mut n], &clock, |n| {
+        n[0].fabric.sockets() == 0
+    }));
 }
 
 /// Sockets accepted on B: connects raw sockets that send nothing and steps B until it holds
@@ -547,10 +543,7 @@ fn silent_clients(n: usize, b: &mut Node, clock: &MonotonicClock) -> Vec<TcpStre
         .collect();
     let accepted0 = b.fabric.stats().accepted;
     assert!(
-        run_until(&mut [b], clock, StdDuration::from_secs(3), |n| n[0]
-            .fabric
-            .stats()
-            .accepted
+        run_until(&mut [b], clock, |n| n[0].fabric.stats().accepted
             >= accepted0 + raws.len() as u64),
         "B did not accept the silent clients"
     );
@@ -559,8 +552,7 @@ fn silent_clients(n: usize, b: &mut Node, clock: &MonotonicClock) -> Vec<TcpStre
 
 #[test]
 fn tcp_handshake_sockets_hold_a_small_buffer_until_established() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let full = TcpConfig::default().recv_buffer;
     let small = TcpConfig::default().handshake_buffer;
     assert!(small <= 1024, "{small}");
@@ -595,22 +587,16 @@ fn tcp_handshake_sockets_hold_a_small_buffer_until_established() {
     for i in 1..=20 {
         b.send(&clock, an, 100 + i, payload(i * 97));
     }
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[0].got.len() == 21 && n[1].done.len() == 21
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[0].got.len()
+        == 21
+        && n[1].done.len() == 21));
 
     // Gone: every handshake buffer is freed (none is kept in the pool).
     drop(raws);
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(3),
-            |n| n[1].fabric.handshakes() == 0 && n[1].fabric.rx_buffer_bytes() <= before
-        ),
+        run_until(&mut [&mut a, &mut b], &clock, |n| n[1].fabric.handshakes()
+            == 0
+            && n[1].fabric.rx_buffer_bytes() <= before),
         "B still holds {} handshakes",
         b.fabric.handshakes()
     );
@@ -622,32 +608,12 @@ fn tcp_handshake_sockets_hold_a_small_buffer_until_established() {
 
 #[test]
 fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
-    let clock = MonotonicClock::new();
-    let book = Book::default();
-    let mut a = Node::new(&book, "10.0.0.1@o2ib", 100, &clock);
+    let (clock, book, mut a) = first_node();
     let b_cfg = TcpConfig {
         handshake_limit: 4,
         ..TcpConfig::default()
     };
-    let bk = Arc::clone(&book);
-    let fabric = TcpFabric::bind_with(
-        "127.0.0.1:0".parse().unwrap(),
-        move |n| bk.lock().unwrap().get(&n).copied(),
-        b_cfg,
-    )
-    .unwrap();
-    book.lock()
-        .unwrap()
-        .insert(nid("10.0.0.2@o2ib"), fabric.local_addr());
-    let mut b = Node {
-        fabric: Tamper::new(fabric),
-        ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
-        got: Vec::new(),
-        done: HashMap::new(),
-        downs: Vec::new(),
-        answers: Default::default(),
-        rdma_done: HashMap::new(),
-    };
+    let mut b = Node::with_config(&book, "10.0.0.2@o2ib", 200, &clock, b_cfg);
     let mut raws = silent_clients(7, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 4);
     assert_eq!(b.fabric.stats().handshakes_refused, 3);
@@ -666,20 +632,13 @@ fn tcp_handshake_limit_refuses_the_excess_and_counts_it() {
     assert_eq!(closed, 3);
     // Once the silent ones are gone, a real peer connects.
     drop(raws);
-    assert!(run_until(
-        &mut [&mut b],
-        &clock,
-        StdDuration::from_secs(3),
-        |n| n[0].fabric.handshakes() == 0
-    ));
+    assert!(run_until(&mut [&mut b], &clock, |n| n[0]
+        .fabric
+        .handshakes()
+        == 0));
     let bn = b.ep.nid();
     a.send(&clock, bn, 1, payload(1));
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].got.len() == 1
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1].got.len() == 1));
     assert_eq!(b.fabric.stats().handshakes_refused, 3);
     let c = b.fabric.counters();
     assert!(c.contains(&("handshakes_refused", 3)), "{c:?}");
@@ -733,17 +692,34 @@ fn tcp_run_endpoint_on_two_threads() {
     book.lock().unwrap().insert(bn, fb.local_addr());
     let (tx, rx) = std::sync::mpsc::channel();
     let tx_b = tx.clone();
-    let b_thread = std::thread::spawn(move || {
-        let mut fb = fb;
+    /// Runs an endpoint for `me` over `f` on this thread until it shut down: `start` queues
+    /// its first sends, `on_event` sees every event.
+    fn run_to_shutdown(
+        mut f: TcpFabric,
+        me: (Nid, u64),
+        start: impl FnOnce(&mut Endpoint, Instant),
+        on_event: impl FnMut(&mut Endpoint, Instant, LndEvent),
+    ) {
         let clock = MonotonicClock::new();
-        let mut ep = Endpoint::new(EndpointConfig::new(bn, 200), clock.now());
-        let mut received = 0u64;
+        let mut ep = Endpoint::new(EndpointConfig::new(me.0, me.1), clock.now());
+        start(&mut ep, clock.now());
+        let max_wait = StdDuration::from_millis(5);
         run_endpoint(
-            &mut fb,
+            &mut f,
             &mut ep,
             &clock,
-            StdDuration::from_millis(5),
+            max_wait,
             |ep| ep.is_shut_down(),
+            on_event,
+        )
+        .unwrap();
+    }
+    let b_thread = std::thread::spawn(move || {
+        let mut received = 0u64;
+        run_to_shutdown(
+            fb,
+            (bn, 200),
+            |_, _| {},
             |ep, now, ev| match ev {
                 LndEvent::Received { payload: p, rx, .. } => {
                     assert_eq!(index_of(&p), received);
@@ -753,28 +729,22 @@ fn tcp_run_endpoint_on_two_threads() {
                 LndEvent::PeerDown { .. } => ep.shutdown(now),
                 _ => {}
             },
-        )
-        .unwrap();
+        );
         tx_b.send(("b", received)).unwrap();
     });
     let a_thread = std::thread::spawn(move || {
-        let mut fa = fa;
-        let clock = MonotonicClock::new();
-        let mut ep = Endpoint::new(EndpointConfig::new(an, 100), clock.now());
         const N: u64 = 200;
-        for i in 0..N {
-            let p = payload(i);
-            ep.send(clock.now(), bn, hdr(an, bn, p.len()), p, i)
-                .unwrap();
-        }
         let mut ok = 0u64;
         let mut finished = 0u64;
-        run_endpoint(
-            &mut fa,
-            &mut ep,
-            &clock,
-            StdDuration::from_millis(5),
-            |ep| ep.is_shut_down(),
+        run_to_shutdown(
+            fa,
+            (an, 100),
+            |ep, now| {
+                for i in 0..N {
+                    let p = payload(i);
+                    ep.send(now, bn, hdr(an, bn, p.len()), p, i).unwrap();
+                }
+            },
             |ep, now, ev| {
                 if let LndEvent::SendDone { result, .. } = ev {
                     finished += 1;
@@ -784,8 +754,7 @@ fn tcp_run_endpoint_on_two_threads() {
                     }
                 }
             },
-        )
-        .unwrap();
+        );
         tx.send(("a", ok)).unwrap();
     });
     let mut results = HashMap::new();
@@ -993,8 +962,7 @@ fn remote_257(sink: &Registration) -> Vec<RemoteFrag> {
 
 #[test]
 fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
     let src = a.fabric.register(pattern(1, MIB)).unwrap();
@@ -1014,20 +982,15 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
     post_write(&mut a, &clock, conn, injected(0), local, remote);
     // A message behind the write (PUT_DONE-like): it must find the data in place.
     a.send(&clock, bn, 50, payload(50));
-    let ok = run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(10),
-        |n| {
-            if n[1].got.len() > got_before {
-                assert!(
-                    n[1].fabric.region(&sink) == Some(&want[..]),
-                    "the message arrived before the data"
-                );
-            }
-            n[0].done.contains_key(&50) && n[1].got.len() > got_before
-        },
-    );
+    let ok = run_until(&mut [&mut a, &mut b], &clock, |n| {
+        if n[1].got.len() > got_before {
+            assert!(
+                n[1].fabric.region(&sink) == Some(&want[..]),
+                "the message arrived before the data"
+            );
+        }
+        n[0].done.contains_key(&50) && n[1].got.len() > got_before
+    });
     assert!(ok, "a: {:?}, b got {}", a.fabric.stats(), b.got.len());
     assert_eq!(index_of(&b.got.last().unwrap().1), 50);
     assert_eq!(a.done[&50], Ok(()));
@@ -1067,12 +1030,10 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
         MIB as u32,
     );
     a.send(&clock, bn, 51, payload(51));
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(10),
-        |n| n[0].done.contains_key(&51) && n[1].got.len() > got_before + 1
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[0]
+        .done
+        .contains_key(&51)
+        && n[1].got.len() > got_before + 1));
     assert_eq!(status(&a, injected(1000)), Some(WcStatus::Success));
     assert!(b.fabric.region(&sink2) == a.fabric.region(&src2));
     assert_eq!(b.fabric.stats().rdma_frames_rx, pieces + 16);
@@ -1088,8 +1049,7 @@ fn tcp_rdma_write_257_fragments_then_a_send_arrives_after_the_data() {
 /// byte-exact, pieces in order; so do the same lists reversed in size.
 #[test]
 fn tcp_rdma_write_fragment_lists_land_byte_exact() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
     let data = pattern(7, 200_000);
@@ -1142,21 +1102,19 @@ fn tcp_rdma_write_fragment_lists_land_byte_exact() {
     l2.iter_mut().for_each(|f| f.region = src.id());
     let want2 = crate::fabric::expected_sink(&data, 300_000, sink2.addr(), &l2, &r2);
     post_write(&mut a, &clock, conn, injected(2), l2, r2);
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| status(n[0], injected(2)).is_some()
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| status(
+        n[0],
+        injected(2)
+    )
+    .is_some()));
     assert_eq!(status(&a, injected(1)), Some(WcStatus::Success));
     assert_eq!(status(&a, injected(2)), Some(WcStatus::Success));
     // The peer parsed everything written before a's completion only eventually.
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].fabric.stats().rdma_bytes_rx == 2 * 150_001
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
+        .fabric
+        .stats()
+        .rdma_bytes_rx
+        == 2 * 150_001));
     assert!(b.fabric.contents(&sink).unwrap() == want);
     assert!(b.fabric.contents(&sink2).unwrap() == want2);
     assert_eq!(a.fabric.stats().rdma_bytes_tx, 2 * 150_001);
@@ -1252,8 +1210,7 @@ fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
         ),
     ];
     for (what, aim, remote_error) in cases {
-        let clock = MonotonicClock::new();
-        let (_book, mut a, mut b) = connected_pair(&clock);
+        let (clock, _book, mut a, mut b) = connected_pair();
         let (an, bn) = (a.ep.nid(), b.ep.nid());
         let conn = conn_to(&a, bn);
         let src = a.fabric.register(pattern(3, MIB)).unwrap();
@@ -1273,17 +1230,12 @@ fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
         // Queued behind the bad write.
         a.send(&clock, bn, 60, payload(60));
         assert!(
-            run_until(
-                &mut [&mut a, &mut b],
-                &clock,
-                StdDuration::from_secs(5),
-                |n| {
-                    status(n[0], wr).is_some()
-                        && n[0].done.contains_key(&60)
-                        && n[0].downs.iter().any(|d| d.0 == bn)
-                        && n[1].conns() == 0
-                }
-            ),
+            run_until(&mut [&mut a, &mut b], &clock, |n| {
+                status(n[0], wr).is_some()
+                    && n[0].done.contains_key(&60)
+                    && n[0].downs.iter().any(|d| d.0 == bn)
+                    && n[1].conns() == 0
+            }),
             "{what}: a {:?} b {:?}",
             a.fabric.stats(),
             b.fabric.stats()
@@ -1329,11 +1281,34 @@ fn tcp_rdma_write_outside_the_region_fails_and_writes_nothing() {
     }
 }
 
+/// Posts eight 1 MiB writes (`injected(0..8)`) of all of `src` into `remote` on `conn`.
+fn post_mib_writes(
+    a: &mut Node,
+    clock: &MonotonicClock,
+    conn: ConnId,
+    src: &Registration,
+    remote: crate::fabric::RemoteRegion,
+) {
+    for i in 0..8 {
+        post_write1(a, clock, conn, injected(i), src, 0, remote, MIB as u32);
+    }
+}
+
+/// Runs `nodes` until every write of [`post_mib_writes`] completed at the first (within 5 s):
+/// their statuses, in posting order.
+fn mib_write_statuses(nodes: &mut [&mut Node], clock: &MonotonicClock) -> Vec<WcStatus> {
+    assert!(run_until(nodes, clock, |n| {
+        (0..8).all(|i| status(n[0], injected(i)).is_some())
+    }));
+    (0..8)
+        .map(|i| status(nodes[0], injected(i)).unwrap())
+        .collect()
+}
+
 #[test]
 fn tcp_rdma_writes_racing_a_disconnect_flush() {
-    let clock = MonotonicClock::new();
     // 1. The target dies (its fabric dropped) right after 8 MiB of writes are posted.
-    let (_book, mut a, b) = connected_pair(&clock);
+    let (clock, _book, mut a, b) = connected_pair();
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
     let src = a.fabric.register(pattern(4, MIB)).unwrap();
@@ -1344,26 +1319,9 @@ fn tcp_rdma_writes_racing_a_disconnect_flush() {
     } = b;
     let sink = fb.register(vec![0; MIB]).unwrap();
     let remote = sink.remote();
-    for i in 0..8 {
-        post_write1(
-            &mut a,
-            &clock,
-            conn,
-            injected(i),
-            &src,
-            0,
-            remote,
-            MIB as u32,
-        );
-    }
+    post_mib_writes(&mut a, &clock, conn, &src, remote);
     drop(fb);
-    assert!(run_until(
-        &mut [&mut a],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { (0..8).all(|i| status(n[0], injected(i)).is_some()) }
-    ));
-    let st: Vec<WcStatus> = (0..8).map(|i| status(&a, injected(i)).unwrap()).collect();
+    let st = mib_write_statuses(&mut [&mut a], &clock);
     let first_bad = st
         .iter()
         .position(|s| *s != WcStatus::Success)
@@ -1382,7 +1340,7 @@ fn tcp_rdma_writes_racing_a_disconnect_flush() {
 
     // 2. The target closes gracefully: its DISCONNECT flushes what the writer has not finished,
     //    and a write posted on the closing connection flushes at once.
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
     let src = a.fabric.register(pattern(5, MIB)).unwrap();
@@ -1390,41 +1348,20 @@ fn tcp_rdma_writes_racing_a_disconnect_flush() {
     let remote = _sink.remote();
     b.ep.shutdown(clock.now());
     b.step(&clock); // b's DISCONNECT goes out first
-    for i in 0..8 {
-        post_write1(
-            &mut a,
-            &clock,
-            conn,
-            injected(i),
-            &src,
-            0,
-            remote,
-            MIB as u32,
-        );
-    }
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { (0..8).all(|i| status(n[0], injected(i)).is_some()) }
-    ));
-    let st: Vec<WcStatus> = (0..8).map(|i| status(&a, injected(i)).unwrap()).collect();
+    post_mib_writes(&mut a, &clock, conn, &src, remote);
+    let st = mib_write_statuses(&mut [&mut a, &mut b], &clock);
     assert!(st.iter().all(|s| *s == WcStatus::Flushed), "{st:?}");
     assert!(a.fabric.stats().peer_disconnects >= 1);
     assert_eq!(a.fabric.stats().rdma_writes_tx, 0);
     a.ep.shutdown(clock.now());
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { n.iter().all(|n| n.ep.is_shut_down()) }
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| {
+        n.iter().all(|n| n.ep.is_shut_down())
+    }));
 }
 
 #[test]
 fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
-    let clock = MonotonicClock::new();
-    let (book, mut c, mut b) = connected_pair(&clock);
+    let (clock, book, mut c, mut b) = connected_pair();
     let (bn, cn) = (b.ep.nid(), c.ep.nid());
     let sink = b.fabric.register(vec![0; 4096]).unwrap();
     let (key, addr) = (sink.key(), sink.addr());
@@ -1481,28 +1418,22 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
         );
         let an = a.ep.nid();
         a.send(&clock, bn, 1, payload(1));
-        assert!(run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(5),
-            |n| { n[0].done.len() == 1 }
-        ));
+        assert!(run_until(&mut [&mut a, &mut b], &clock, |n| {
+            n[0].done.len() == 1
+        }));
         b.fabric.region_mut(&sink).unwrap().fill(0);
         let before = b.fabric.stats().clone();
         let conn = conn_to(&a, bn);
         grant_all(&mut b, &clock, an, &sink);
         a.fabric.inject_raw(conn, &bytes);
         if then_die {
-            assert!(run_until(
-                &mut [&mut a],
-                &clock,
-                StdDuration::from_secs(2),
-                |n| { n[0].fabric.socks.iter().all(|(_, s)| s.written == s.queued) }
-            ));
+            assert!(run_until(&mut [&mut a], &clock, |n| {
+                n[0].fabric.socks.iter().all(|(_, s)| s.written == s.queued)
+            }));
             let Node { fabric, ep, .. } = a;
             drop(fabric);
             assert!(
-                run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| {
+                run_until(&mut [&mut b], &clock, |n| {
                     n[0].downs.iter().any(|d| d.0 == an)
                 }),
                 "{what}"
@@ -1510,14 +1441,9 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
             drop(ep);
         } else {
             assert!(
-                run_until(
-                    &mut [&mut a, &mut b],
-                    &clock,
-                    StdDuration::from_secs(2),
-                    |n| {
-                        n[1].downs.iter().any(|d| d.0 == an) && n[0].downs.iter().any(|d| d.0 == bn)
-                    }
-                ),
+                run_until(&mut [&mut a, &mut b], &clock, |n| {
+                    n[1].downs.iter().any(|d| d.0 == an) && n[0].downs.iter().any(|d| d.0 == bn)
+                }),
                 "{what}"
             );
         }
@@ -1551,12 +1477,9 @@ fn tcp_garbage_rdma_write_frames_are_counted_and_close_only_that_connection() {
         c.send(&clock, bn, i, payload(i));
         b.send(&clock, cn, i, payload(i));
     }
-    assert!(run_until(
-        &mut [&mut c, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| { n[0].done.len() as u64 == sent + 10 && n[0].got.len() == 11 }
-    ));
+    assert!(run_until(&mut [&mut c, &mut b], &clock, |n| {
+        n[0].done.len() as u64 == sent + 10 && n[0].got.len() == 11
+    }));
     assert!(c.done.values().all(|r| *r == Ok(())));
     shut_down_both(&mut c, &mut b, &clock);
 }
@@ -1582,8 +1505,7 @@ fn refusing_addr() -> (TcpStream, SocketAddr) {
 fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
     use crate::engine::RdmaSink;
     const MIB: usize = 1 << 20;
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let a_bytes = pattern(7, MIB + 256);
     let b_bytes = pattern(8, MIB + 256);
@@ -1605,19 +1527,9 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
         // a PUTs into b's sink...
         let b_sink = b.fabric.register(vec![0xee; MIB + 64]).unwrap();
         let put_cookie = 1000 + i as u64;
-        b.answers.push_back(Answer::Accept(
-            RdmaSink::of(&b_sink, sink_off, len),
-            put_cookie,
-        ));
-        let h = hdr(an, bn, len as usize);
-        a.ep.send_put_rdma(
-            clock.now(),
-            bn,
-            h,
-            vec![a_src.local_frag(src_off, len)],
-            put_cookie,
-        )
-        .unwrap();
+        let into = RdmaSink::of(&b_sink, sink_off, len);
+        let from = a_src.local_frag(src_off, len);
+        start_put(&mut a, &mut b, &clock, from, into, put_cookie);
         // ...and GETs from b's source into its own sink.
         let a_sink = a.fabric.register(vec![0xee; MIB + 64]).unwrap();
         let get_cookie = 2000 + i as u64;
@@ -1630,17 +1542,12 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
         a.ep.send_get_rdma(clock.now(), bn, h, into, get_cookie)
             .unwrap();
         assert!(
-            run_until(
-                &mut [&mut a, &mut b],
-                &clock,
-                StdDuration::from_secs(10),
-                |n| {
-                    n[0].done.contains_key(&put_cookie)
-                        && n[0].rdma_done.contains_key(&get_cookie)
-                        && n[1].rdma_done.contains_key(&put_cookie)
-                        && n[1].done.contains_key(&get_cookie)
-                }
-            ),
+            run_until(&mut [&mut a, &mut b], &clock, |n| {
+                n[0].done.contains_key(&put_cookie)
+                    && n[0].rdma_done.contains_key(&get_cookie)
+                    && n[1].rdma_done.contains_key(&put_cookie)
+                    && n[1].done.contains_key(&get_cookie)
+            }),
             "size {len}: not finished"
         );
         assert_eq!(a.done[&put_cookie], Ok(()), "size {len}");
@@ -1681,9 +1588,7 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
 fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
     use crate::engine::RdmaSink;
     use crate::fabric::SharedMem;
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let (clock, _book, mut a, mut b) = connected_pair();
     let other = TcpFabric::bind("127.0.0.1:0".parse().unwrap(), |_| None);
     let mut other = other.unwrap();
     let mem = SharedMem::new(70_000);
@@ -1691,17 +1596,11 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
     let at_other = other.register_shared(&mem).unwrap();
     let bytes = pattern(9, 70_000);
     let src = a.fabric.register(bytes.clone()).unwrap();
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&at_b, 0, 70_000), 10));
-    let h = hdr(an, bn, 70_000);
-    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, 70_000)], 10)
-        .unwrap();
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(10),
-        |n| n[1].rdma_done.contains_key(&10)
-    ));
+    let into = RdmaSink::of(&at_b, 0, 70_000);
+    start_put(&mut a, &mut b, &clock, src.local_frag(0, 70_000), into, 10);
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
+        .rdma_done
+        .contains_key(&10)));
     assert_eq!(b.rdma_done[&10], Ok(70_000));
     assert!(
         other.contents(&at_other).unwrap() == bytes,
@@ -1727,38 +1626,25 @@ fn shared_memory_registered_with_two_fabrics_is_one_buffer() {
 #[test]
 fn tcp_rdma_write_needs_a_grant_of_its_own_connection() {
     use crate::engine::RdmaSink;
-    let clock = MonotonicClock::new();
-    let (book, mut a, mut b) = connected_pair(&clock);
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
+    let (clock, book, mut a, mut b) = connected_pair();
+    let bn = b.ep.nid();
     let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
     c.send(&clock, bn, 1, payload(1));
-    assert!(run_until(
-        &mut [&mut b, &mut c],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].done.len() == 1
-    ));
+    assert!(run_until(&mut [&mut b, &mut c], &clock, |n| n[1]
+        .done
+        .len()
+        == 1));
     let sink = b.fabric.register(vec![0; 8192]).unwrap();
     let a_src = a.fabric.register(pattern(3, 4096)).unwrap();
     let c_src = c.fabric.register(vec![0x5a; 4096]).unwrap();
 
     // A legitimate PUT by rendezvous: a's writes land while the grant is open.
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, 4096), 10));
-    a.ep.send_put_rdma(
-        clock.now(),
-        bn,
-        hdr(an, bn, 4096),
-        vec![a_src.local_frag(0, 4096)],
-        10,
-    )
-    .unwrap();
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].rdma_done.contains_key(&10) && n[0].done.contains_key(&10)
-    ));
+    let into = RdmaSink::of(&sink, 0, 4096);
+    start_put(&mut a, &mut b, &clock, a_src.local_frag(0, 4096), into, 10);
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
+        .rdma_done
+        .contains_key(&10)
+        && n[0].done.contains_key(&10)));
     assert_eq!(b.rdma_done[&10], Ok(4096));
     let landed = b.fabric.contents(&sink).unwrap();
     assert!(landed[..4096] == pattern(3, 4096)[..]);
@@ -1797,16 +1683,7 @@ fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
         handshake_limit_per_source: 2,
         ..TcpConfig::default()
     };
-    let fabric = TcpFabric::bind_with("127.0.0.1:0".parse().unwrap(), |_| None, cfg).unwrap();
-    let mut b = Node {
-        fabric: Tamper::new(fabric),
-        ep: Endpoint::new(EndpointConfig::new(nid("10.0.0.2@o2ib"), 200), clock.now()),
-        got: Vec::new(),
-        done: HashMap::new(),
-        downs: Vec::new(),
-        answers: Default::default(),
-        rdma_done: HashMap::new(),
-    };
+    let mut b = Node::with_config(&Book::default(), "10.0.0.2@o2ib", 200, &clock, cfg);
     let _raws = silent_clients(5, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 2);
     assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
@@ -1818,22 +1695,17 @@ fn tcp_one_source_cannot_take_the_whole_handshake_limit() {
     rustix::net::connect(&fd, &b.fabric.local_addr()).unwrap();
     let _other = TcpStream::from(fd);
     assert!(
-        run_until(&mut [&mut b], &clock, StdDuration::from_secs(3), |n| n[0]
-            .fabric
-            .handshakes()
-            == 3),
+        run_until(&mut [&mut b], &clock, |n| n[0].fabric.handshakes() == 3),
         "{:?}",
         b.fabric.stats()
     );
     assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
     // When 127.0.0.1's silent sockets go, its share is free again.
     drop(_raws);
-    assert!(run_until(
-        &mut [&mut b],
-        &clock,
-        StdDuration::from_secs(3),
-        |n| n[0].fabric.handshakes() == 1
-    ));
+    assert!(run_until(&mut [&mut b], &clock, |n| n[0]
+        .fabric
+        .handshakes()
+        == 1));
     let _again = silent_clients(2, &mut b, &clock);
     assert_eq!(b.fabric.handshakes(), 3);
     assert_eq!(b.fabric.stats().handshakes_refused_source, 3);
@@ -1852,12 +1724,10 @@ fn refused_write(
     let (bn, wn) = (b.ep.nid(), w.ep.nid());
     let to_b = conn_to(w, bn);
     post_write1(w, clock, to_b, wr, src, 0, sink.remote(), 4096);
-    assert!(run_until(
-        &mut [&mut *b, &mut *w],
-        clock,
-        StdDuration::from_secs(5),
-        |n| n[0].downs.iter().any(|d| d.0 == wn)
-    ));
+    assert!(run_until(&mut [&mut *b, &mut *w], clock, |n| n[0]
+        .downs
+        .iter()
+        .any(|d| d.0 == wn)));
     b.fabric.stats().clone()
 }
 
@@ -1870,8 +1740,7 @@ fn refused_write(
 /// still counts `graceful_closes` and reports `Closed`.
 #[test]
 fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
-    let clock = MonotonicClock::new();
-    let (book, mut a, mut b) = connected_pair(&clock);
+    let (clock, book, mut a, mut b) = connected_pair();
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let (la, lb) = (a.ep.stats().clone(), b.ep.stats().clone());
     let bad_length = b.fabric.stats().bad_length;
@@ -1880,12 +1749,11 @@ fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
     frame::push_head(&mut f, FrameKind::Msg, MSG_SIZE + 1);
     a.fabric.inject_raw(conn, &f);
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(5),
-            |n| n[0].downs.iter().any(|d| d.0 == bn) && n[1].downs.iter().any(|d| d.0 == an)
-        ),
+        run_until(&mut [&mut a, &mut b], &clock, |n| n[0]
+            .downs
+            .iter()
+            .any(|d| d.0 == bn)
+            && n[1].downs.iter().any(|d| d.0 == an)),
         "a: {:?} b: {:?}",
         a.downs,
         b.downs
@@ -1906,20 +1774,16 @@ fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
     let mut c = Node::new(&book, "10.0.0.3@o2ib", 300, &clock);
     let cn = c.ep.nid();
     c.send(&clock, bn, 1, payload(1));
-    assert!(run_until(
-        &mut [&mut b, &mut c],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].done.len() == 1
-    ));
+    assert!(run_until(&mut [&mut b, &mut c], &clock, |n| n[1]
+        .done
+        .len()
+        == 1));
     let lb = b.ep.stats().clone();
     c.ep.shutdown(clock.now());
-    assert!(run_until(
-        &mut [&mut b, &mut c],
-        &clock,
-        StdDuration::from_secs(5),
-        |n| n[1].ep.is_shut_down() && n[0].downs.iter().any(|d| d.0 == cn)
-    ));
+    assert!(run_until(&mut [&mut b, &mut c], &clock, |n| n[1]
+        .ep
+        .is_shut_down()
+        && n[0].downs.iter().any(|d| d.0 == cn)));
     let sb = b.ep.stats();
     assert_eq!(sb.graceful_closes, lb.graceful_closes + 1, "{sb:?}");
     assert_eq!(sb.conns_lost, lb.conns_lost, "{sb:?}");
@@ -1935,14 +1799,13 @@ fn tcp_fabric_errors_lose_the_connection_and_a_close_stays_graceful() {
 #[test]
 fn tcp_an_abandoned_fabric_ends_its_connections_and_listens_no_more() {
     use crate::driver::Driver;
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let an = a.ep.nid();
     let lb = b.ep.stats().clone();
     let addr = a.fabric.local_addr();
     a.fabric.abandon();
     assert!(
-        run_until(&mut [&mut b], &clock, StdDuration::from_secs(2), |n| n[0]
+        run_until(&mut [&mut b], &clock, |n| n[0]
             .downs
             .iter()
             .any(|d| d.0 == an)),
@@ -2209,8 +2072,7 @@ fn tcp_a_wake_up_is_never_lost_between_the_busy_poll_and_the_sleep() {
 /// path; a 64 KiB write does not.
 #[test]
 fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     let bn = b.ep.nid();
     let conn = conn_to(&a, bn);
     let mut total = 0u64;
@@ -2234,12 +2096,10 @@ fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
             len as u32,
         );
         a.send(&clock, bn, 60 + i, payload(60 + i));
-        assert!(run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(10),
-            |n| n[0].done.contains_key(&(60 + i)) && n[1].got.len() > got_before
-        ));
+        assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[0]
+            .done
+            .contains_key(&(60 + i))
+            && n[1].got.len() > got_before));
         assert_eq!(status(&a, injected(2000 + i)), Some(WcStatus::Success));
         let want = &a.fabric.region(&src).unwrap()[off as usize..off as usize + len];
         let got = b.fabric.region(&sink).unwrap();
@@ -2278,12 +2138,10 @@ fn tcp_rdma_write_data_is_read_from_the_socket_straight_into_the_region() {
         64 * 1024,
     );
     a.send(&clock, bn, 70, payload(70));
-    assert!(run_until(
-        &mut [&mut a, &mut b],
-        &clock,
-        StdDuration::from_secs(10),
-        |n| n[0].done.contains_key(&70) && n[1].got.len() > got_before
-    ));
+    assert!(run_until(&mut [&mut a, &mut b], &clock, |n| n[0]
+        .done
+        .contains_key(&70)
+        && n[1].got.len() > got_before));
     assert!(b.fabric.region(&sink) == a.fabric.region(&src));
     assert_eq!(b.fabric.stats().rdma_bytes_rx, total + 64 * 1024);
     assert_eq!(

@@ -108,10 +108,7 @@ impl TcpFabric {
                             ?wr,
                             "tcp fabric: RDMA write malformed or outside the local region"
                         );
-                        if !s.in_ready {
-                            s.in_ready = true;
-                            self.ready.push(sock);
-                        }
+                        enlist(&mut s.in_ready, &mut self.ready, sock);
                         break;
                     };
                     let at = p.addr.wrapping_add(u64::from(w.piece_sent));

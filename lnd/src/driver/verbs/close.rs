@@ -4,8 +4,7 @@ use super::*;
 
 impl VerbsFabric {
     pub(super) fn disconnect(&mut self, conn: ConnId) {
-        let Some(vc) = self.lookup(conn) else {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.known(conn) else {
             return;
         };
         // What the engine posted before the disconnect goes first.
@@ -81,7 +80,6 @@ impl VerbsFabric {
         drop(bufs);
         self.injected
             .retain(|_, (c, st)| *c != conn || st.is_some());
-        self.out
-            .retain(|r| !matches!(r, Report::SendDone(c, ..) | Report::Disconnected(c, _) | Report::ConnectFailed(c, _) if *c == conn));
+        self.out.retain(|r| r.conn() != conn);
     }
 }

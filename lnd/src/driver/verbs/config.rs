@@ -59,77 +59,44 @@ pub(super) fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> VerbsError
     move |source| VerbsError::Io { what, source }
 }
 
-/// Counters. All only grow, except `regions` (a gauge).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct VerbsStats {
-    pub connects: u64,
-    pub connect_failures: u64,
-    pub requests: u64,
-    pub accepts: u64,
-    pub rejects_sent: u64,
-    pub rejects_received: u64,
-    pub established: u64,
-    pub disconnects: u64,
-    pub msgs_tx: u64,
-    pub msgs_rx: u64,
-    pub early_rx: u64,
-    pub send_errors: u64,
-    pub recv_errors: u64,
-    pub setup_errors: u64,
-    pub unknown_actions: u64,
-    pub bad_sends: u64,
-    pub stale_events: u64,
-    /// RDMA writes posted, and their bytes.
-    pub rdma_writes: u64,
-    pub rdma_write_bytes: u64,
-    /// RDMA writes that completed with an error other than a flush, or were refused before
-    /// reaching the device (outside their local region, unknown region).
-    pub rdma_write_errors: u64,
-    /// Regions registered, deregistered, and held now (gauge).
-    pub regions_registered: u64,
-    pub regions_deregistered: u64,
-    pub regions: u64,
-    /// ibv_post_send calls, and the work requests they carried.
-    pub doorbells: u64,
-    pub wrs_posted: u64,
-    /// Times a connection's send queue was full and work waited in its backlog.
-    pub sq_full: u64,
-    /// Queue pairs made with a smaller RDMA share of the send queue than asked for.
-    pub qp_shrinks: u64,
-}
-
-impl VerbsStats {
-    /// Every counter under its field name.
-    pub fn counters(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("connects", self.connects),
-            ("connect_failures", self.connect_failures),
-            ("requests", self.requests),
-            ("accepts", self.accepts),
-            ("rejects_sent", self.rejects_sent),
-            ("rejects_received", self.rejects_received),
-            ("established", self.established),
-            ("disconnects", self.disconnects),
-            ("msgs_tx", self.msgs_tx),
-            ("msgs_rx", self.msgs_rx),
-            ("early_rx", self.early_rx),
-            ("send_errors", self.send_errors),
-            ("recv_errors", self.recv_errors),
-            ("setup_errors", self.setup_errors),
-            ("unknown_actions", self.unknown_actions),
-            ("bad_sends", self.bad_sends),
-            ("stale_events", self.stale_events),
-            ("rdma_writes", self.rdma_writes),
-            ("rdma_write_bytes", self.rdma_write_bytes),
-            ("rdma_write_errors", self.rdma_write_errors),
-            ("regions_registered", self.regions_registered),
-            ("regions_deregistered", self.regions_deregistered),
-            ("regions", self.regions),
-            ("doorbells", self.doorbells),
-            ("wrs_posted", self.wrs_posted),
-            ("sq_full", self.sq_full),
-            ("qp_shrinks", self.qp_shrinks),
-        ]
+counter_struct! {
+    /// Counters. All only grow, except `regions` (a gauge).
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub struct VerbsStats {
+        pub connects: u64,
+        pub connect_failures: u64,
+        pub requests: u64,
+        pub accepts: u64,
+        pub rejects_sent: u64,
+        pub rejects_received: u64,
+        pub established: u64,
+        pub disconnects: u64,
+        pub msgs_tx: u64,
+        pub msgs_rx: u64,
+        pub early_rx: u64,
+        pub send_errors: u64,
+        pub recv_errors: u64,
+        pub setup_errors: u64,
+        pub unknown_actions: u64,
+        pub bad_sends: u64,
+        pub stale_events: u64,
+        /// RDMA writes posted, and their bytes.
+        pub rdma_writes: u64,
+        pub rdma_write_bytes: u64,
+        /// RDMA writes that completed with an error other than a flush, or were refused before
+        /// reaching the device (outside their local region, unknown region).
+        pub rdma_write_errors: u64,
+        /// Regions registered, deregistered, and held now (gauge).
+        pub regions_registered: u64,
+        pub regions_deregistered: u64,
+        pub regions: u64,
+        /// ibv_post_send calls, and the work requests they carried.
+        pub doorbells: u64,
+        pub wrs_posted: u64,
+        /// Times a connection's send queue was full and work waited in its backlog.
+        pub sq_full: u64,
+        /// Queue pairs made with a smaller RDMA share of the send queue than asked for.
+        pub qp_shrinks: u64,
     }
 }

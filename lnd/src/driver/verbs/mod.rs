@@ -78,6 +78,7 @@ use std::sync::Arc;
 use slab::Slab;
 use tracing::{debug, trace, warn};
 
+use crate::driver::report::{Report, Resolver};
 use crate::driver::Doorbell;
 use crate::fabric::{
     check_rdma_write, rdma_pieces, ConnId, ConnectFailure, DisconnectReason, Fabric, FabricAction,
@@ -169,15 +170,6 @@ struct VConn {
     broken: Option<DisconnectReason>,
     early: Vec<(u16, Vec<u8>)>,
 }
-
-#[derive(Copy, Clone, Debug)]
-enum Report {
-    SendDone(ConnId, WrId, WcStatus),
-    Disconnected(ConnId, DisconnectReason),
-    ConnectFailed(ConnId, ConnectFailure),
-}
-
-type Resolver = Box<dyn Fn(Nid) -> Option<SocketAddr> + Send>;
 
 const LISTENER: u64 = u64::MAX;
 
@@ -287,7 +279,7 @@ impl VerbsFabric {
 /// What each engine action means on rdma_cm + ibverbs; results come with the next
 /// [`VerbsFabric::poll`].
 impl Fabric for VerbsFabric {
-    forward_fabric_cm!(VerbsFabric);
+    forward_fabric_cm!(self, VerbsFabric);
 
     fn send(&mut self, _: Instant, conn: ConnId, wr: WrId, bytes: Vec<u8>) {
         // Copied into the registered send buffer: back to the engine at the next poll.

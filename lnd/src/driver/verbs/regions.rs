@@ -13,25 +13,14 @@ impl Registry for VerbsFabric {
         let pd = self.pd(self.home)?;
         let mr = MemoryRegion::new(&pd, bytes.len(), true)?;
         mr.write(0, &bytes);
-        self.next_region += 1;
-        let id = self.next_region;
-        let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), bytes.len() as u64);
-        self.regions.insert(id, mr);
-        self.stats.regions_registered += 1;
-        self.stats.regions = self.regions.len() as u64;
-        Ok(reg)
+        Ok(self.insert_region(mr, bytes.len()))
     }
 
     fn register_shared(&mut self, mem: &SharedMem) -> io::Result<Registration> {
         let pd = self.pd(self.home)?;
         let mr = MemoryRegion::shared(&pd, mem, true)?;
-        self.next_region += 1;
-        let id = self.next_region;
-        let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), mr.len() as u64);
-        self.regions.insert(id, mr);
-        self.stats.regions_registered += 1;
-        self.stats.regions = self.regions.len() as u64;
-        Ok(reg)
+        let len = mr.len();
+        Ok(self.insert_region(mr, len))
     }
 
     fn read(&self, reg: &Registration, offset: u64, out: &mut [u8]) -> bool {
@@ -60,6 +49,18 @@ impl Registry for VerbsFabric {
 }
 
 impl VerbsFabric {
+    /// Keeps a new memory region under the next key and counts it: its registration, `len`
+    /// bytes long (an empty buffer is registered as one byte, and is still empty).
+    fn insert_region(&mut self, mr: Arc<MemoryRegion>, len: usize) -> Registration {
+        self.next_region += 1;
+        let id = self.next_region;
+        let reg = Registration::new(RegionId(id), mr.rkey(), mr.addr(0), len as u64);
+        self.regions.insert(id, mr);
+        self.stats.regions_registered += 1;
+        self.stats.regions = self.regions.len() as u64;
+        reg
+    }
+
     pub(super) fn region_of(&self, reg: &Registration) -> Option<&Arc<MemoryRegion>> {
         self.regions.get(&reg.id().0)
     }

@@ -160,6 +160,27 @@ impl VerbsFabric {
         self.by_conn.get(&conn).copied()
     }
 
+    /// The connection an action of the engine names; `None`, counted as an unknown action, for
+    /// one this fabric does not hold (destroyed already).
+    pub(super) fn known(&mut self, conn: ConnId) -> Option<VConnId> {
+        let vc = self.lookup(conn);
+        if vc.is_none() {
+            self.stats.unknown_actions += 1;
+        }
+        vc
+    }
+
+    /// Whether connection `vc` takes new work; if not (its queue pair is going or gone), `wr`
+    /// completes `Flushed`, as work on a queue pair in error does.
+    pub(super) fn takes_work(&mut self, vc: VConnId, conn: ConnId, wr: WrId) -> bool {
+        let usable = Self::usable(&self.conns[vc]);
+        if !usable {
+            self.out
+                .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
+        }
+        usable
+    }
+
     pub(super) fn connect(
         &mut self,
         conn: ConnId,
@@ -268,13 +289,10 @@ impl VerbsFabric {
         Ok(())
     }
 
-    pub(super) fn accept(
-        &mut self,
-        req: RequestId,
-        conn: ConnId,
-        private: PrivateData,
-        recv_slots: u16,
-    ) {
+    /// The connection whose connect request `req` waits for the engine's answer; `None`,
+    /// counted as an unknown action, when there is none (answered already, or the peer went
+    /// away meanwhile).
+    fn pending_request(&mut self, req: RequestId) -> Option<VConnId> {
         let vc = VConnId::from_u64(req.0);
         let ok = self
             .conns
@@ -282,10 +300,22 @@ impl VerbsFabric {
             .is_some_and(|c| c.phase == Phase::RequestPending);
         if !ok {
             self.stats.unknown_actions += 1;
+        }
+        ok.then_some(vc)
+    }
+
+    pub(super) fn accept(
+        &mut self,
+        req: RequestId,
+        conn: ConnId,
+        private: PrivateData,
+        recv_slots: u16,
+    ) {
+        let Some(vc) = self.pending_request(req) else {
             self.out
                 .push_back(Report::ConnectFailed(conn, ConnectFailure::Error));
             return;
-        }
+        };
         self.stats.accepts += 1;
         {
             let c = &mut self.conns[vc];
@@ -310,15 +340,9 @@ impl VerbsFabric {
     }
 
     pub(super) fn reject(&mut self, req: RequestId, private: PrivateData) {
-        let vc = VConnId::from_u64(req.0);
-        let ok = self
-            .conns
-            .get(vc)
-            .is_some_and(|c| c.phase == Phase::RequestPending);
-        if !ok {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.pending_request(req) else {
             return;
-        }
+        };
         self.stats.rejects_sent += 1;
         let mut c = self.conns.remove(vc).expect("the request was just found");
         if let Some(id) = c.id.as_mut() {

@@ -10,8 +10,7 @@ impl VerbsFabric {
     }
 
     pub(super) fn post_recv(&mut self, conn: ConnId, slot: u16) {
-        let Some(vc) = self.lookup(conn) else {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.known(conn) else {
             return;
         };
         let c = &mut self.conns[vc];
@@ -39,8 +38,7 @@ impl VerbsFabric {
     }
 
     pub(super) fn send(&mut self, conn: ConnId, wr: WrId, bytes: &[u8]) {
-        let Some(vc) = self.lookup(conn) else {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.known(conn) else {
             return;
         };
         if bytes.is_empty() || bytes.len() > MSG_SIZE {
@@ -49,12 +47,10 @@ impl VerbsFabric {
                 .push_back(Report::SendDone(conn, wr, WcStatus::Error));
             return;
         }
-        let c = &mut self.conns[vc];
-        if !Self::usable(c) {
-            self.out
-                .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
+        if !self.takes_work(vc, conn, wr) {
             return;
         }
+        let c = &mut self.conns[vc];
         let Some(buf) = c.free_tx.pop() else {
             self.stats.send_errors += 1;
             self.out
@@ -82,16 +78,13 @@ impl VerbsFabric {
         local: &[LocalFrag],
         remote: &[RemoteFrag],
     ) {
-        let Some(vc) = self.lookup(conn) else {
-            self.stats.unknown_actions += 1;
+        let Some(vc) = self.known(conn) else {
             return;
         };
-        let c = &mut self.conns[vc];
-        if !Self::usable(c) {
-            self.out
-                .push_back(Report::SendDone(conn, wr, WcStatus::Flushed));
+        if !self.takes_work(vc, conn, wr) {
             return;
         }
+        let c = &mut self.conns[vc];
         // The lists and the local side are checked here (the device would say LOC_PROT_ERR);
         // the remote side is the peer HCA's to check.
         let regions = &self.regions;

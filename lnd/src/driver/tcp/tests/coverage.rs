@@ -79,27 +79,33 @@ fn src_and_sink(a: &mut Node, b: &mut Node, seed: u32) -> (Registration, Registr
     (src, sink)
 }
 
+/// A starts a PUT of `LEN` bytes (pattern `seed`) into a sink at B (holding `OLD`) under
+/// `cookie`: the sink.
+fn start_put_len(
+    a: &mut Node,
+    b: &mut Node,
+    clock: &MonotonicClock,
+    seed: u32,
+    cookie: u64,
+) -> Registration {
+    let (src, sink) = src_and_sink(a, b, seed);
+    let into = RdmaSink::of(&sink, 0, LEN);
+    start_put(a, b, clock, src.local_frag(0, LEN), into, cookie);
+    sink
+}
+
 /// Turns both nodes until B's side of the transfer `cookie` has ended, however it ended;
-/// whether it did within 10 s.
+/// whether it did within [`MIN_WAIT`].
 fn b_transfer_ends(a: &mut Node, b: &mut Node, clock: &MonotonicClock, cookie: u64) -> bool {
-    run_until(&mut [a, b], clock, StdDuration::from_secs(10), |n| {
-        n[1].rdma_done.contains_key(&cookie)
-    })
+    run_until(&mut [a, b], clock, |n| n[1].rdma_done.contains_key(&cookie))
 }
 
 /// A PUTs `LEN` bytes into B's sink, writing them as `how` says; B's outcome, B's LND
 /// counters, and B's sink afterwards.
 fn put_through(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats, Vec<u8>) {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     a.fabric.set(Some(tamper(how)));
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
-    let (src, sink) = src_and_sink(&mut a, &mut b, 3);
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 77));
-    let h = hdr(an, bn, LEN as usize);
-    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 77)
-        .unwrap();
+    let sink = start_put_len(&mut a, &mut b, &clock, 3, 77);
     assert!(
         b_transfer_ends(&mut a, &mut b, &clock, 77),
         "{how:?}: the sink's transfer did not end"
@@ -136,8 +142,7 @@ fn a_put_whose_data_did_not_all_arrive_fails_at_the_sink() {
 
 /// B GETs `LEN` bytes from A, whose reply A writes as `how` says: B's outcome and counters.
 fn get_from(how: Write) -> (Result<u32, TxError>, crate::engine::LndStats) {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     a.fabric.set(Some(tamper(how)));
     let (an, bn) = (a.ep.nid(), b.ep.nid());
     let (src, sink) = src_and_sink(&mut a, &mut b, 4);
@@ -172,8 +177,7 @@ fn a_get_whose_reply_did_not_all_arrive_fails_at_the_requester() {
 /// land in memory given back).
 #[test]
 fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
-    let clock = MonotonicClock::new();
-    let (_book, mut a, mut b) = connected_pair(&clock);
+    let (clock, _book, mut a, mut b) = connected_pair();
     // A holds back its write and the PUT_DONE behind it (its LND is told they left).
     let held: Arc<Mutex<Vec<FabricAction>>> = Arc::default();
     let h = Arc::clone(&held);
@@ -186,13 +190,7 @@ fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
         }
         Some(act)
     })));
-    let (an, bn) = (a.ep.nid(), b.ep.nid());
-    let (src, sink) = src_and_sink(&mut a, &mut b, 5);
-    b.answers
-        .push_back(Answer::Accept(RdmaSink::of(&sink, 0, LEN), 99));
-    let h = hdr(an, bn, LEN as usize);
-    a.ep.send_put_rdma(clock.now(), bn, h, vec![src.local_frag(0, LEN)], 99)
-        .unwrap();
+    let sink = start_put_len(&mut a, &mut b, &clock, 5, 99);
     assert!(
         b_transfer_ends(&mut a, &mut b, &clock, 99),
         "the grant was not reclaimed"
@@ -209,12 +207,11 @@ fn a_grant_nobody_fills_is_reclaimed_and_a_late_write_refused() {
         a.fabric.apply(now, act);
     }
     assert!(
-        run_until(
-            &mut [&mut a, &mut b],
-            &clock,
-            StdDuration::from_secs(10),
-            |n| n[1].fabric.stats().rdma_ungranted > ungranted
-        ),
+        run_until(&mut [&mut a, &mut b], &clock, |n| n[1]
+            .fabric
+            .stats()
+            .rdma_ungranted
+            > ungranted),
         "the late write was not refused"
     );
     assert!(b.fabric.contents(&sink).unwrap().iter().all(|&x| x == OLD));
