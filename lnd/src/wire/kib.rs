@@ -57,39 +57,24 @@ mod field {
     pub const BODY: usize = 48;
 }
 
-/// o2iblnd message type codes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum KibMsgType {
-    ConnReq = 0xc0,
-    ConnAck = 0xc1,
-    Noop = 0xd0,
-    Immediate = 0xd1,
-    PutReq = 0xd2,
-    PutNak = 0xd3,
-    PutAck = 0xd4,
-    PutDone = 0xd5,
-    GetReq = 0xd6,
-    GetDone = 0xd7,
+crate::wire_enum! {
+    /// o2iblnd message type codes.
+    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+    pub enum KibMsgType: from_u8(u8) {
+        ConnReq = 0xc0,
+        ConnAck = 0xc1,
+        Noop = 0xd0,
+        Immediate = 0xd1,
+        PutReq = 0xd2,
+        PutNak = 0xd3,
+        PutAck = 0xd4,
+        PutDone = 0xd5,
+        GetReq = 0xd6,
+        GetDone = 0xd7,
+    }
 }
 
 impl KibMsgType {
-    /// The type with wire code `v`, if any.
-    pub fn from_u8(v: u8) -> Option<KibMsgType> {
-        Some(match v {
-            0xc0 => KibMsgType::ConnReq,
-            0xc1 => KibMsgType::ConnAck,
-            0xd0 => KibMsgType::Noop,
-            0xd1 => KibMsgType::Immediate,
-            0xd2 => KibMsgType::PutReq,
-            0xd3 => KibMsgType::PutNak,
-            0xd4 => KibMsgType::PutAck,
-            0xd5 => KibMsgType::PutDone,
-            0xd6 => KibMsgType::GetReq,
-            0xd7 => KibMsgType::GetDone,
-            _ => return None,
-        })
-    }
-
     /// The smallest `nob` a message of this type can have (kiblnd_msgtype2size; descriptors are
     /// counted with no fragments, the fragments are checked against `nob` separately).
     pub const fn min_nob(self) -> usize {

@@ -36,27 +36,15 @@ mod field {
     pub const BODY: usize = 32;
 }
 
-/// LNet message types (`enum lnet_msg_type`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LnetMsgType {
-    Ack = 0,
-    Put = 1,
-    Get = 2,
-    Reply = 3,
-    Hello = 4,
-}
-
-impl LnetMsgType {
-    /// The type with wire code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<LnetMsgType> {
-        Some(match v {
-            0 => LnetMsgType::Ack,
-            1 => LnetMsgType::Put,
-            2 => LnetMsgType::Get,
-            3 => LnetMsgType::Reply,
-            4 => LnetMsgType::Hello,
-            _ => return None,
-        })
+crate::wire_enum! {
+    /// LNet message types (`enum lnet_msg_type`).
+    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+    pub enum LnetMsgType: from_u32(u32) {
+        Ack = 0,
+        Put = 1,
+        Get = 2,
+        Reply = 3,
+        Hello = 4,
     }
 }
 
@@ -132,6 +120,77 @@ impl LnetBody {
             LnetBody::Hello { .. } => LnetMsgType::Hello,
         }
     }
+}
+
+/// A field of a header body, read and written little-endian at its offset.
+trait LeField: Copy {
+    fn get(b: &[u8], at: usize) -> Self;
+    fn put(self, b: &mut [u8], at: usize);
+}
+
+macro_rules! le_int_fields {
+    ($($t:ty: $get:ident, $put:ident;)*) => {$(
+        impl LeField for $t {
+            fn get(b: &[u8], at: usize) -> $t {
+                LE.$get(b, at)
+            }
+            fn put(self, b: &mut [u8], at: usize) {
+                LE.$put(b, at, self)
+            }
+        }
+    )*};
+}
+
+le_int_fields! {
+    u32: get_u32, put_u32;
+    u64: get_u64, put_u64;
+}
+
+impl LeField for WireHandle {
+    fn get(b: &[u8], at: usize) -> WireHandle {
+        WireHandle::read(b, at)
+    }
+    fn put(self, b: &mut [u8], at: usize) {
+        self.write(b, at)
+    }
+}
+
+/// Each body's fields with their offsets from the start of the body, written once so that the
+/// parser and the emitter cannot disagree on a layout (lnet-idl.h `struct lnet_{ack,put,get,
+/// reply,hello}`).
+macro_rules! body_layouts {
+    ($($variant:ident { $($field:ident: $t:ty = $off:expr),* $(,)? })*) => {
+        impl LnetBody {
+            /// The body of a `msg_type` header whose body starts at `at` in `b`.
+            fn read(msg_type: LnetMsgType, b: &[u8], at: usize) -> LnetBody {
+                match msg_type {
+                    $(LnetMsgType::$variant => LnetBody::$variant {
+                        $($field: <$t as LeField>::get(b, at + $off)),*
+                    },)*
+                }
+            }
+
+            /// Writes the body's fields at `at` in `b` (the caller zeroed the unused bytes).
+            fn write(&self, b: &mut [u8], at: usize) {
+                match *self {
+                    $(LnetBody::$variant { $($field),* } => {
+                        $(LeField::put($field, b, at + $off);)*
+                    })*
+                }
+            }
+        }
+    };
+}
+
+body_layouts! {
+    // Body offsets: 0 the wire handle (16 bytes), 16 the match bits, then the rest.
+    Ack { dst_wmd: WireHandle = 0, match_bits: u64 = 16, mlength: u32 = 24 }
+    Put { ack_wmd: WireHandle = 0, match_bits: u64 = 16, hdr_data: u64 = 24, ptl_index: u32 = 32,
+          offset: u32 = 36 }
+    Get { return_wmd: WireHandle = 0, match_bits: u64 = 16, ptl_index: u32 = 24,
+          src_offset: u32 = 28, sink_length: u32 = 32 }
+    Reply { dst_wmd: WireHandle = 0 }
+    Hello { incarnation: u64 = 0, conn_type: u32 = 8 }
 }
 
 /// A validated LNet header.
@@ -224,35 +283,7 @@ impl LnetHdr {
                 len: payload_length,
             });
         }
-        let at = field::BODY;
-        let body = match msg_type {
-            LnetMsgType::Ack => LnetBody::Ack {
-                dst_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                mlength: LE.get_u32(b, at + 24),
-            },
-            LnetMsgType::Put => LnetBody::Put {
-                ack_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                hdr_data: LE.get_u64(b, at + 24),
-                ptl_index: LE.get_u32(b, at + 32),
-                offset: LE.get_u32(b, at + 36),
-            },
-            LnetMsgType::Get => LnetBody::Get {
-                return_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                ptl_index: LE.get_u32(b, at + 24),
-                src_offset: LE.get_u32(b, at + 28),
-                sink_length: LE.get_u32(b, at + 32),
-            },
-            LnetMsgType::Reply => LnetBody::Reply {
-                dst_wmd: WireHandle::read(b, at),
-            },
-            LnetMsgType::Hello => LnetBody::Hello {
-                incarnation: LE.get_u64(b, at),
-                conn_type: LE.get_u32(b, at + 8),
-            },
-        };
+        let body = LnetBody::read(msg_type, b, field::BODY);
         Ok(LnetHdr {
             dest_nid: Nid::from_raw(LE.get_u64(b, field::DEST_NID)),
             src_nid: Nid::from_raw(LE.get_u64(b, field::SRC_NID)),
@@ -275,52 +306,7 @@ impl LnetHdr {
         LE.put_u32(b, field::SRC_PID, self.src_pid);
         LE.put_u32(b, field::TYPE, self.msg_type() as u32);
         LE.put_u32(b, field::PAYLOAD_LENGTH, self.payload_length);
-        let at = field::BODY;
-        match self.body {
-            LnetBody::Ack {
-                dst_wmd,
-                match_bits,
-                mlength,
-            } => {
-                dst_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u32(b, at + 24, mlength);
-            }
-            LnetBody::Put {
-                ack_wmd,
-                match_bits,
-                hdr_data,
-                ptl_index,
-                offset,
-            } => {
-                ack_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u64(b, at + 24, hdr_data);
-                LE.put_u32(b, at + 32, ptl_index);
-                LE.put_u32(b, at + 36, offset);
-            }
-            LnetBody::Get {
-                return_wmd,
-                match_bits,
-                ptl_index,
-                src_offset,
-                sink_length,
-            } => {
-                return_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u32(b, at + 24, ptl_index);
-                LE.put_u32(b, at + 28, src_offset);
-                LE.put_u32(b, at + 32, sink_length);
-            }
-            LnetBody::Reply { dst_wmd } => dst_wmd.write(b, at),
-            LnetBody::Hello {
-                incarnation,
-                conn_type,
-            } => {
-                LE.put_u64(b, at, incarnation);
-                LE.put_u32(b, at + 8, conn_type);
-            }
-        }
+        self.body.write(b, field::BODY);
         Ok(LNET_HDR_LEN)
     }
 }

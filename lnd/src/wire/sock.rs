@@ -927,11 +927,7 @@ impl KsockCsum {
 }
 
 fn check(b: &[u8], need: usize) -> Result<(), SockError> {
-    if b.len() < need {
-        Err(SockError::Short { need, got: b.len() })
-    } else {
-        Ok(())
-    }
+    super::need(b, need, |need, got| SockError::Short { need, got })
 }
 
 #[cfg(test)]
