@@ -205,6 +205,18 @@ pub struct LnetHdr {
 }
 
 impl LnetHdr {
+    /// A header from `src` to `dest` with kernel Lustre's PID at both ends.
+    fn between_kernels(src: Nid, dest: Nid, payload_length: u32, body: LnetBody) -> LnetHdr {
+        LnetHdr {
+            dest_nid: dest,
+            src_nid: src,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length,
+            body,
+        }
+    }
+
     /// A PUT from `src` to `dest` between kernel-Lustre PIDs, asking for no ACK, with no header
     /// data and offset 0: the shape most traffic in tests, benches and tools takes.
     pub fn put(
@@ -214,20 +226,14 @@ impl LnetHdr {
         ptl_index: u32,
         match_bits: u64,
     ) -> LnetHdr {
-        LnetHdr {
-            dest_nid: dest,
-            src_nid: src,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: LNET_PID_LUSTRE,
-            payload_length,
-            body: LnetBody::Put {
-                ack_wmd: WireHandle::NONE,
-                match_bits,
-                hdr_data: 0,
-                ptl_index,
-                offset: 0,
-            },
-        }
+        let body = LnetBody::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits,
+            hdr_data: 0,
+            ptl_index,
+            offset: 0,
+        };
+        LnetHdr::between_kernels(src, dest, payload_length, body)
     }
 
     /// A GET from `src` to `dest` between kernel-Lustre PIDs for `sink_length` bytes from offset
@@ -241,20 +247,14 @@ impl LnetHdr {
         match_bits: u64,
         sink_length: u32,
     ) -> LnetHdr {
-        LnetHdr {
-            dest_nid: dest,
-            src_nid: src,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: LNET_PID_LUSTRE,
-            payload_length: 0,
-            body: LnetBody::Get {
-                return_wmd,
-                match_bits,
-                ptl_index,
-                src_offset: 0,
-                sink_length,
-            },
-        }
+        let body = LnetBody::Get {
+            return_wmd,
+            match_bits,
+            ptl_index,
+            src_offset: 0,
+            sink_length,
+        };
+        LnetHdr::between_kernels(src, dest, 0, body)
     }
 
     /// The message type.
