@@ -59,18 +59,13 @@ mod field {
 
 crate::wire_enum! {
     /// o2iblnd message type codes.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum KibMsgType: from_u8(u8) {
-        ConnReq = 0xc0,
-        ConnAck = 0xc1,
-        Noop = 0xd0,
-        Immediate = 0xd1,
-        PutReq = 0xd2,
-        PutNak = 0xd3,
-        PutAck = 0xd4,
-        PutDone = 0xd5,
-        GetReq = 0xd6,
-        GetDone = 0xd7,
+        // Connection setup (in the CM private data), then messages, then the RDMA exchanges
+        // (o2iblnd-idl.h IBLND_MSG_*).
+        ConnReq = 0xc0, ConnAck = 0xc1,
+        Noop = 0xd0, Immediate = 0xd1,
+        PutReq = 0xd2, PutNak = 0xd3, PutAck = 0xd4, PutDone = 0xd5,
+        GetReq = 0xd6, GetDone = 0xd7,
     }
 }
 

@@ -38,13 +38,8 @@ mod field {
 
 crate::wire_enum! {
     /// LNet message types (`enum lnet_msg_type`).
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum LnetMsgType: from_u32(u32) {
-        Ack = 0,
-        Put = 1,
-        Get = 2,
-        Reply = 3,
-        Hello = 4,
+        Ack = 0, Put = 1, Get = 2, Reply = 3, Hello = 4,
     }
 }
 

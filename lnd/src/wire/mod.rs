@@ -32,18 +32,20 @@ pub use lnet::{LnetBody, LnetHdr, LnetMsgType, WireHandle};
 pub use nid::{LndType, Net, Nid, NidParseError};
 pub use ping::{NiStatus, PingInfo};
 
-/// Declares a fieldless enum whose discriminants are its wire codes, with `ALL` (every variant, in
-/// declaration order) and `$from`, the variant a wire code names (`None` for an unknown one): the
-/// code table is written once, in the enum itself, instead of again in a decoding `match`.
+/// Declares fieldless enums whose discriminants are their wire codes, each with `ALL` (every
+/// variant, in declaration order) and `$from`, the variant a wire code names (`None` for an
+/// unknown one): the code table is written once, in the enum itself, instead of again in a
+/// decoding `match`. A wire code is a plain value: each enum derives `Copy`, `Eq` and `Hash`.
 #[macro_export]
 macro_rules! wire_enum {
-    (
+    ($(
         $(#[$meta:meta])*
         $vis:vis enum $name:ident: $from:ident($int:ty) {
             $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
         }
-    ) => {
+    )*) => {$(
         $(#[$meta])*
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
         $vis enum $name {
             $($(#[$vmeta])* $variant = $code,)*
         }
@@ -60,7 +62,7 @@ macro_rules! wire_enum {
                 }
             }
         }
-    };
+    )*};
 }
 
 /// The byte order a message travels in.

@@ -194,7 +194,6 @@ pub(super) fn check_room(b: &[u8], needed: usize) -> Result<(), SelftestWireErro
 lnd::wire_enum! {
     /// Selftest services (`enum srpc_service_type` in rpc.h). The request of a service is sent with
     /// the service id as LNet match bits to [`ServiceId::portal`].
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum ServiceId: from_u32(u32) {
         /// Query a node's session (the `lst` "debug" and node-status queries).
         Debug = 0,
@@ -256,26 +255,17 @@ impl ServiceId {
 
 lnd::wire_enum! {
     /// `msg_type` values (`enum srpc_msg_type`): requests are even, each reply is its request + 1.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum MsgType: from_u32(u32) {
-        MakeSessionRequest = 0,
-        MakeSessionReply = 1,
-        RemoveSessionRequest = 2,
-        RemoveSessionReply = 3,
-        BatchRequest = 4,
-        BatchReply = 5,
-        StatRequest = 6,
-        StatReply = 7,
-        TestRequest = 8,
-        TestReply = 9,
-        DebugRequest = 10,
-        DebugReply = 11,
-        BrwRequest = 12,
-        BrwReply = 13,
-        PingRequest = 14,
-        PingReply = 15,
-        JoinRequest = 16,
-        JoinReply = 17,
+        // One request and its reply a line.
+        MakeSessionRequest = 0, MakeSessionReply = 1,
+        RemoveSessionRequest = 2, RemoveSessionReply = 3,
+        BatchRequest = 4, BatchReply = 5,
+        StatRequest = 6, StatReply = 7,
+        TestRequest = 8, TestReply = 9,
+        DebugRequest = 10, DebugReply = 11,
+        BrwRequest = 12, BrwReply = 13,
+        PingRequest = 14, PingReply = 15,
+        JoinRequest = 16, JoinReply = 17,
     }
 }
 
@@ -309,7 +299,6 @@ impl MsgType {
 lnd::wire_enum! {
     /// Test types of the console's add-test call (`enum lst_test_type` in lnetst.h). They do not
     /// travel in srpc messages themselves: the console turns them into a [`ServiceId`].
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum TestType: from_u32(u32) {
         /// Bulk read/write: service [`ServiceId::Brw`].
         Bulk = 1,
@@ -330,18 +319,14 @@ impl TestType {
 
 lnd::wire_enum! {
     /// Direction of a brw test (`enum lst_brw_type`), as seen from the client.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum BrwOp: from_u32(u32) {
         /// The server PUTs the data into the client's sink.
         Read = 1,
         /// The server GETs the data from the client's source.
         Write = 2,
     }
-}
 
-lnd::wire_enum! {
     /// How brw data is checked (`enum lst_brw_flags`).
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum BrwCheck: from_u32(u32) {
         /// No pattern written, none checked.
         None = 1,
