@@ -11,7 +11,7 @@
 //! | 28     | payload_length | 4    |
 //! | 32     | per-type body  | 40   |
 
-use super::{check_len, check_room, ByteOrder, Nid, WireError};
+use super::{check_len, check_room, wire_layout, ByteOrder, Nid, WireError, WireField};
 
 /// Bytes in the header.
 pub const LNET_HDR_LEN: usize = 72;
@@ -56,19 +56,13 @@ impl WireHandle {
         interface_cookie: u64::MAX,
         object_cookie: u64::MAX,
     };
-
-    fn read(b: &[u8], at: usize) -> WireHandle {
-        WireHandle {
-            interface_cookie: LE.get_u64(b, at),
-            object_cookie: LE.get_u64(b, at + 8),
-        }
-    }
-
-    fn write(&self, b: &mut [u8], at: usize) {
-        LE.put_u64(b, at, self.interface_cookie);
-        LE.put_u64(b, at + 8, self.object_cookie);
-    }
 }
+
+// Read and written in the header's order, which is always little-endian (LE below).
+wire_layout!(WireHandle {
+    interface_cookie: u64 = 0,
+    object_cookie: u64 = 8
+});
 
 const LE: ByteOrder = ByteOrder::Little;
 
@@ -117,39 +111,6 @@ impl LnetBody {
     }
 }
 
-/// A field of a header body, read and written little-endian at its offset.
-trait LeField: Copy {
-    fn get(b: &[u8], at: usize) -> Self;
-    fn put(self, b: &mut [u8], at: usize);
-}
-
-macro_rules! le_int_fields {
-    ($($t:ty: $get:ident, $put:ident;)*) => {$(
-        impl LeField for $t {
-            fn get(b: &[u8], at: usize) -> $t {
-                LE.$get(b, at)
-            }
-            fn put(self, b: &mut [u8], at: usize) {
-                LE.$put(b, at, self)
-            }
-        }
-    )*};
-}
-
-le_int_fields! {
-    u32: get_u32, put_u32;
-    u64: get_u64, put_u64;
-}
-
-impl LeField for WireHandle {
-    fn get(b: &[u8], at: usize) -> WireHandle {
-        WireHandle::read(b, at)
-    }
-    fn put(self, b: &mut [u8], at: usize) {
-        self.write(b, at)
-    }
-}
-
 /// Each body's fields with their offsets from the start of the body, written once so that the
 /// parser and the emitter cannot disagree on a layout (lnet-idl.h `struct lnet_{ack,put,get,
 /// reply,hello}`).
@@ -160,7 +121,7 @@ macro_rules! body_layouts {
             fn read(msg_type: LnetMsgType, b: &[u8], at: usize) -> LnetBody {
                 match msg_type {
                     $(LnetMsgType::$variant => LnetBody::$variant {
-                        $($field: <$t as LeField>::get(b, at + $off)),*
+                        $($field: <$t as WireField>::get(LE, b, at + $off)),*
                     },)*
                 }
             }
@@ -169,7 +130,7 @@ macro_rules! body_layouts {
             fn write(&self, b: &mut [u8], at: usize) {
                 match *self {
                     $(LnetBody::$variant { $($field),* } => {
-                        $(LeField::put($field, b, at + $off);)*
+                        $(WireField::put($field, LE, b, at + $off);)*
                     })*
                 }
             }

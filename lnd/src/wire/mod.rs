@@ -123,6 +123,82 @@ impl ByteOrder {
     }
 }
 
+/// A fixed-width field of a wire format, read and written in a byte order at an offset, as
+/// panic-free as the [`ByteOrder`] accessors. Layouts ([`wire_layout!`], the LNet header bodies)
+/// name each field's type and offset once, and parsing and emitting both go through this.
+pub(crate) trait WireField: Copy {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> Self;
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize);
+}
+
+macro_rules! int_fields {
+    ($($t:ty: $get:ident, $put:ident;)*) => {$(
+        impl WireField for $t {
+            fn get(o: ByteOrder, b: &[u8], at: usize) -> $t {
+                o.$get(b, at)
+            }
+            fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+                o.$put(b, at, self)
+            }
+        }
+    )*};
+}
+
+int_fields! {
+    u16: get_u16, put_u16;
+    u32: get_u32, put_u32;
+    u64: get_u64, put_u64;
+}
+
+/// Signed words (a completion's status) travel as their two's-complement bits.
+impl WireField for i32 {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> i32 {
+        o.get_u32(b, at) as i32
+    }
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+        o.put_u32(b, at, self as u32)
+    }
+}
+
+impl WireField for Nid {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> Nid {
+        Nid::from_raw(o.get_u64(b, at))
+    }
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+        o.put_u64(b, at, self.raw())
+    }
+}
+
+/// Makes a struct a [`WireField`] from its layout (each field's type and offset from the
+/// struct's start), written once for both directions; with `record LEN`, also a
+/// [`list::WireRecord`] of LEN bytes, read in place in a [`list::WireList`].
+macro_rules! wire_layout {
+    ($name:ident { $($field:ident: $t:ty = $off:expr),* $(,)? }) => {
+        impl $crate::wire::WireField for $name {
+            fn get(o: $crate::wire::ByteOrder, b: &[u8], at: usize) -> $name {
+                $name { $($field: <$t as $crate::wire::WireField>::get(o, b, at + $off)),* }
+            }
+            fn put(self, o: $crate::wire::ByteOrder, b: &mut [u8], at: usize) {
+                $($crate::wire::WireField::put(self.$field, o, b, at + $off);)*
+            }
+        }
+    };
+    ($name:ident { $($fields:tt)* } record $len:expr) => {
+        wire_layout!($name { $($fields)* });
+
+        impl $crate::wire::list::WireRecord for $name {
+            const WIRE_LEN: usize = $len;
+            fn read(b: &[u8], order: $crate::wire::ByteOrder) -> $name {
+                $crate::wire::WireField::get(order, b, 0)
+            }
+            fn write(&self, b: &mut [u8], order: $crate::wire::ByteOrder) {
+                $crate::wire::WireField::put(*self, order, b, 0)
+            }
+        }
+    };
+}
+pub(crate) use wire_layout;
+
 /// `Ok` if `buf` holds `needed` bytes, otherwise the error `short` makes of (needed, got): the
 /// one length check every wire format here (and selftest's) starts with, each with its own error.
 pub fn need<E>(buf: &[u8], needed: usize, short: impl FnOnce(usize, usize) -> E) -> Result<(), E> {
