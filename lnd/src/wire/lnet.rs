@@ -109,6 +109,36 @@ impl LnetBody {
             LnetBody::Hello { .. } => LnetMsgType::Hello,
         }
     }
+
+    /// The wire handle every body but HELLO starts with: the MD an ACK or REPLY goes to, the one
+    /// a PUT wants its ACK on, the one a GET's REPLY comes back to.
+    pub fn wmd(&self) -> Option<WireHandle> {
+        match *self {
+            LnetBody::Ack { dst_wmd: w, .. }
+            | LnetBody::Put { ack_wmd: w, .. }
+            | LnetBody::Get { return_wmd: w, .. }
+            | LnetBody::Reply { dst_wmd: w } => Some(w),
+            LnetBody::Hello { .. } => None,
+        }
+    }
+
+    /// The match bits of an ACK, PUT or GET (right after the wire handle).
+    pub fn match_bits(&self) -> Option<u64> {
+        match *self {
+            LnetBody::Ack { match_bits, .. }
+            | LnetBody::Put { match_bits, .. }
+            | LnetBody::Get { match_bits, .. } => Some(match_bits),
+            LnetBody::Reply { .. } | LnetBody::Hello { .. } => None,
+        }
+    }
+
+    /// The portal a PUT or GET targets.
+    pub fn ptl_index(&self) -> Option<u32> {
+        match *self {
+            LnetBody::Put { ptl_index, .. } | LnetBody::Get { ptl_index, .. } => Some(ptl_index),
+            _ => None,
+        }
+    }
 }
 
 /// Each body's fields with their offsets from the start of the body, written once so that the
