@@ -191,17 +191,7 @@ fn the_acceptor_refusal_reply() {
 }
 
 fn hello_a_to_b(version: HelloVersion) -> Hello {
-    Hello {
-        version,
-        src_nid: a(),
-        dst_nid: b(),
-        src_pid: LNET_PID_LUSTRE,
-        dst_pid: 0,
-        src_incarnation: A_INC,
-        dst_incarnation: 0,
-        ctype: ConnType::Control.to_wire(),
-        nips: 0,
-    }
+    Hello::new(version, a(), b(), A_INC, ConnType::Control.to_wire())
 }
 
 /// Checks a HELLO's head: its version, its byte order and the body length it announces.

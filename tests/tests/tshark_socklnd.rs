@@ -296,17 +296,7 @@ fn tshark_decodes_our_socklnd_capture() {
     let ea = TcpEndpoint::from_nid(a, 1023);
     let eb = TcpEndpoint::from_nid(b, ACCEPT_PORT);
     let msgs = messages();
-    let hello = Hello {
-        version: HelloVersion::V3,
-        src_nid: a,
-        dst_nid: b,
-        src_pid: LNET_PID_LUSTRE,
-        dst_pid: 0,
-        src_incarnation: A_INC,
-        dst_incarnation: 0,
-        ctype: ConnType::Control.to_wire(),
-        nips: 0,
-    };
+    let hello = Hello::new(HelloVersion::V3, a, b, A_INC, ConnType::Control.to_wire());
     let answer = Hello {
         src_nid: b,
         dst_nid: a,
