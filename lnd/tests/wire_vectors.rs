@@ -160,11 +160,7 @@ fn ping_reply_with_lo_and_two_nis() {
     let (ping, order) = PingInfo::parse(&v.0).unwrap();
     assert_eq!(order, ByteOrder::Little);
     let nis = [
-        NiStatus {
-            nid: Nid::LO_0,
-            status: 7,
-            msg_size: 0,
-        },
+        NiStatus::loopback(7),
         NiStatus {
             nid: "10.0.0.1@o2ib".parse().unwrap(),
             status: status::UP,

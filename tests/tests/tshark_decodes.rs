@@ -450,11 +450,7 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
 
     // A ping reply payload: 0@lo with the sequence number, then our NI.
     let nis = [
-        NiStatus {
-            nid: Nid::LO_0,
-            status: 7,
-            msg_size: 0,
-        },
+        NiStatus::loopback(7),
         NiStatus {
             nid: server,
             status: status::UP,

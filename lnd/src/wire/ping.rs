@@ -41,6 +41,18 @@ pub struct NiStatus {
     pub msg_size: u32,
 }
 
+impl NiStatus {
+    /// Entry 0 of every ping reply: `0@lo`, whose status word carries the ping buffer's
+    /// sequence number `seq` (api-ni.c).
+    pub const fn loopback(seq: u32) -> NiStatus {
+        NiStatus {
+            nid: Nid::LO_0,
+            status: seq,
+            msg_size: 0,
+        }
+    }
+}
+
 wire_layout!(NiStatus { nid: Nid = 0, status: u32 = 8, msg_size: u32 = 12 } record 16);
 
 /// A validated ping payload.
