@@ -4,7 +4,7 @@
 
 use core::fmt;
 
-use lnd::wire::Nid;
+use lnd::wire::{Nid, WireError};
 
 /// Bytes of `struct srpc_msg`: the header and the largest body (the stat reply).
 pub const SRPC_MSG_LEN: usize = 160;
@@ -128,8 +128,9 @@ pub enum SelftestWireError {
 impl fmt::Display for SelftestWireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            // The length errors read as lnd's wire errors do.
             SelftestWireError::Truncated { needed, got } => {
-                write!(f, "truncated: need {needed} bytes, got {got}")
+                WireError::Truncated { needed, got }.fmt(f)
             }
             SelftestWireError::BadMagic(m) => write!(f, "bad srpc magic {m:#010x}"),
             SelftestWireError::BadVersion(v) => write!(f, "unsupported srpc version {v}"),
@@ -145,10 +146,7 @@ impl fmt::Display for SelftestWireError {
                 write!(f, "service {s} needs typed test parameters")
             }
             SelftestWireError::BufferTooSmall { needed, got } => {
-                write!(
-                    f,
-                    "output buffer too small: need {needed} bytes, have {got}"
-                )
+                WireError::BufferTooSmall { needed, got }.fmt(f)
             }
             SelftestWireError::Misaligned {
                 page_size,
