@@ -7,7 +7,8 @@
 use lnd::wire::kib::{check_cksum, cksum_as, Checksum, CksumFlavour, EmitOpts};
 use lnd::wire::ping::status;
 use lnd::wire::{
-    ByteOrder, ConnParams, KibBody, KibMsg, LnetBody, LnetHdr, PingInfo, WireError, WireHandle,
+    ByteOrder, ConnParams, Framing, KibBody, KibMsg, LnetBody, LnetHdr, PingInfo, WireError,
+    WireHandle,
 };
 
 const V1_CONNREQ: &str = "911be90b1200c00038000000000000000100000a000005009c9add4cab6106000200000a0000050000000000000000000800010100100000";
@@ -50,6 +51,24 @@ fn from_kernel(src_stamp: u64, dst_stamp: u64, body: KibBody<'_>) -> KibMsg<'_> 
     }
 }
 
+/// Parses a vector the kernel sent without a checksum: it must be `len` bytes, all of them the
+/// message (`nob`), and carry cksum 0.
+fn parse_unsummed<'a>(b: &'a [u8], len: usize, what: &str) -> (KibMsg<'a>, Framing) {
+    assert_eq!(b.len(), len);
+    let (msg, framing) =
+        KibMsg::parse(b).unwrap_or_else(|e| panic!("the kernel's {what} parses: {e:?}"));
+    assert_eq!(framing.nob, len);
+    assert_eq!(framing.cksum, None, "cksum 0 means none");
+    (msg, framing)
+}
+
+/// The vector parsed as `want`, and our encoder, asked for no checksum as the kernel was,
+/// re-emits `want` as exactly the kernel's bytes.
+fn assert_kernel_bytes(b: &[u8], msg: &KibMsg<'_>, want: &KibMsg<'_>) {
+    assert_eq!(msg, want);
+    assert_eq!(emit(want, None), b);
+}
+
 fn emit(msg: &KibMsg<'_>, checksum: Option<CksumFlavour>) -> Vec<u8> {
     let mut out = vec![0u8; msg.wire_len()];
     let n = msg
@@ -68,23 +87,16 @@ fn emit(msg: &KibMsg<'_>, checksum: Option<CksumFlavour>) -> Vec<u8> {
 #[test]
 fn vector_1_connreq() {
     let b = hex(V1_CONNREQ);
-    assert_eq!(b.len(), 56);
-    let (msg, framing) = KibMsg::parse(&b).expect("the kernel's CONNREQ parses");
+    let (msg, framing) = parse_unsummed(&b, 56, "CONNREQ");
     assert_eq!(framing.order, ByteOrder::Little);
-    assert_eq!(framing.nob, 56);
-    assert_eq!(framing.cksum, None, "cksum 0 means none");
     let want = from_kernel(KERNEL_STAMP, 0, KibBody::ConnReq(KERNEL_PARAMS));
-    assert_eq!(msg, want);
-    assert_eq!(emit(&want, None), b);
+    assert_kernel_bytes(&b, &msg, &want);
 }
 
 #[test]
 fn vector_2_ping_get() {
     let b = hex(V2_PING_GET);
-    assert_eq!(b.len(), 120);
-    let (msg, framing) = KibMsg::parse(&b).expect("the kernel's ping GET parses");
-    assert_eq!(framing.nob, 120);
-    assert_eq!(framing.cksum, None);
+    let (msg, _) = parse_unsummed(&b, 120, "ping GET");
     let hdr = LnetHdr {
         dest_nid: nid(ULNET),
         src_nid: nid(KERNEL),
@@ -108,17 +120,13 @@ fn vector_2_ping_get() {
         ULNET_STAMP,
         KibBody::Immediate { hdr, payload: &[] },
     );
-    assert_eq!(msg, want);
-    assert_eq!(emit(&want, None), b);
+    assert_kernel_bytes(&b, &msg, &want);
 }
 
 #[test]
 fn vector_3_ping_reply() {
     let b = hex(V3_PING_REPLY);
-    assert_eq!(b.len(), 168);
-    let (msg, framing) = KibMsg::parse(&b).expect("the kernel's ping REPLY parses");
-    assert_eq!(framing.nob, 168);
-    assert_eq!(framing.cksum, None);
+    let (msg, _) = parse_unsummed(&b, 168, "ping REPLY");
     assert_eq!(msg.credits, 2, "two credits returned");
     let KibBody::Immediate { hdr, payload } = msg.body else {
         panic!("an IMMEDIATE, got {:?}", msg.body);

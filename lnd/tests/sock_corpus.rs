@@ -6,7 +6,7 @@
 //! must re-emit to bytes that parse the same. A file without an entry here, or an entry without a
 //! file, fails the test.
 
-use std::path::Path;
+mod common;
 
 use lnd::wire::sock::{
     classify_acceptor, hello_head, AcceptorMagic, ConnReq, Hello, KsockHdr, ZcAcks,
@@ -148,13 +148,7 @@ fn describe(data: &[u8]) -> String {
 
 #[test]
 fn corpus_parses_as_expected() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/sock_wire");
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".bin"))
-        .collect();
-    files.sort();
+    let (dir, files) = common::corpus_bins("sock_wire");
     let mut want: Vec<&str> = EXPECTED.iter().map(|(f, _)| *f).collect();
     want.sort();
     assert_eq!(files, want, "corpus files and table entries differ");

@@ -191,17 +191,13 @@ fn the_acceptor_refusal_reply() {
 }
 
 fn hello_a_to_b(version: HelloVersion) -> Hello {
-    Hello {
-        version,
-        src_nid: a(),
-        dst_nid: b(),
-        src_pid: LNET_PID_LUSTRE,
-        dst_pid: 0,
-        src_incarnation: A_INC,
-        dst_incarnation: 0,
-        ctype: ConnType::Control.to_wire(),
-        nips: 0,
-    }
+    Hello::new(version, a(), b(), A_INC, ConnType::Control.to_wire())
+}
+
+/// Checks a HELLO's head: its version, its byte order and the body length it announces.
+fn assert_head(h: &HelloHead, version: HelloVersion, order: ByteOrder, body_len: usize) {
+    assert_eq!(*h, HelloHead { version, order });
+    assert_eq!(h.body_len(), body_len);
 }
 
 fn parse_hello(v: &[u8]) -> (HelloHead, Hello) {
@@ -215,14 +211,7 @@ fn vector_2_hello_v3_a_to_b() {
     let v = hex(HELLO_V3_A);
     assert_eq!(v.len(), HELLO_V3_LEN);
     let (h, hello) = parse_hello(&v);
-    assert_eq!(
-        h,
-        HelloHead {
-            version: HelloVersion::V3,
-            order: ByteOrder::Little
-        }
-    );
-    assert_eq!(h.body_len(), 48);
+    assert_head(&h, HelloVersion::V3, ByteOrder::Little, 48);
     assert_eq!(hello, hello_a_to_b(HelloVersion::V3));
     assert_eq!(hello.conn_type(), Some(ConnType::Control));
     assert!(!hello.is_refusal());
@@ -262,13 +251,7 @@ fn hello_v2() {
 fn hello_v3_from_a_big_endian_dialer() {
     let v = hex(HELLO_V3_A_BE);
     let (h, hello) = parse_hello(&v);
-    assert_eq!(
-        h,
-        HelloHead {
-            version: HelloVersion::V3,
-            order: ByteOrder::Big
-        }
-    );
+    assert_head(&h, HelloVersion::V3, ByteOrder::Big, 48);
     // Every integer swapped back, NIDs included (module doc: kernels since 2.15 miss the NIDs).
     assert_eq!(hello, hello_a_to_b(HelloVersion::V3));
     // We answer little-endian, as any x86 kernel.
@@ -280,14 +263,7 @@ fn hello_v1_parses_and_is_answered_with_a_v3_refusal() {
     let v = hex(HELLO_V1_A);
     assert_eq!(v.len(), 72);
     let h = head(&v).unwrap();
-    assert_eq!(
-        h,
-        HelloHead {
-            version: HelloVersion::V1,
-            order: ByteOrder::Little
-        }
-    );
-    assert_eq!(h.body_len(), 64);
+    assert_head(&h, HelloVersion::V1, ByteOrder::Little, 64);
     let hello = Hello::parse_body(&h, &v[8..]).unwrap();
     assert_eq!(
         hello,
@@ -318,14 +294,7 @@ fn vector_7b_hello_v4_is_read_far_enough_to_be_refused() {
     let v = hex(HELLO_V4_IPV6);
     assert_eq!(v.len(), HELLO_V4_LEN);
     let h = head(&v).unwrap();
-    assert_eq!(
-        h,
-        HelloHead {
-            version: HelloVersion::V4,
-            order: ByteOrder::Little
-        }
-    );
-    assert_eq!(h.body_len(), 72);
+    assert_head(&h, HelloVersion::V4, ByteOrder::Little, 72);
     assert!(!h.version.is_spoken());
     let Err(SockError::LargeNid(src)) = Hello::parse_body(&h, &v[8..]) else {
         panic!("IPv6 NIDs do not fit a 64-bit NID");

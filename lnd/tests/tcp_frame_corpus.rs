@@ -5,7 +5,7 @@
 //! or with its typed error after the frames before it). A file without an entry here, or an
 //! entry without a file, fails the test.
 
-use std::path::Path;
+mod common;
 
 use lnd::driver::tcp::frame::{self, FrameError, FrameKind};
 
@@ -85,13 +85,7 @@ fn replay(name: &str, bytes: &[u8]) -> (Vec<FrameKind>, End) {
 
 #[test]
 fn tcp_frame_corpus_replays_as_expected() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/tcp_frame");
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.ends_with(".bin"))
-        .collect();
-    files.sort();
+    let (dir, files) = common::corpus_bins("tcp_frame");
     let table = expected();
     let mut named: Vec<String> = table.iter().map(|(n, ..)| n.to_string()).collect();
     named.sort();

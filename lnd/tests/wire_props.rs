@@ -25,58 +25,49 @@ fn wmd() -> impl Strategy<Value = WireHandle> {
 }
 
 fn lnet_hdr() -> impl Strategy<Value = LnetHdr> {
+    // Each body from its handle and a tuple of its other fields (`any` of a tuple draws each
+    // element as `any` would); the payload length is 0 where the type forbids a payload.
     let body = prop_oneof![
-        (wmd(), any::<u64>(), any::<u32>()).prop_map(|(w, m, l)| (
-            0u32,
-            LnetBody::Ack {
-                dst_wmd: w,
-                match_bits: m,
-                mlength: l
+        (wmd(), any::<(u64, u32)>()).prop_map(|(dst_wmd, (match_bits, mlength))| {
+            let body = LnetBody::Ack {
+                dst_wmd,
+                match_bits,
+                mlength,
+            };
+            (0u32, body)
+        }),
+        (wmd(), any::<(u64, u64, u32, u32)>(), 0..=LNET_MTU).prop_map(
+            |(ack_wmd, (match_bits, hdr_data, ptl_index, offset), len)| {
+                let body = LnetBody::Put {
+                    ack_wmd,
+                    match_bits,
+                    hdr_data,
+                    ptl_index,
+                    offset,
+                };
+                (len, body)
             }
-        )),
-        (
-            wmd(),
-            any::<u64>(),
-            any::<u64>(),
-            any::<u32>(),
-            any::<u32>(),
-            0..=LNET_MTU
-        )
-            .prop_map(|(w, m, d, p, o, len)| (
-                len,
-                LnetBody::Put {
-                    ack_wmd: w,
-                    match_bits: m,
-                    hdr_data: d,
-                    ptl_index: p,
-                    offset: o
-                }
-            )),
-        (
-            wmd(),
-            any::<u64>(),
-            any::<u32>(),
-            any::<u32>(),
-            any::<u32>()
-        )
-            .prop_map(|(w, m, p, s, l)| (
-                0,
-                LnetBody::Get {
-                    return_wmd: w,
-                    match_bits: m,
-                    ptl_index: p,
-                    src_offset: s,
-                    sink_length: l
-                }
-            )),
+        ),
+        (wmd(), any::<(u64, u32, u32, u32)>()).prop_map(
+            |(return_wmd, (match_bits, ptl_index, src_offset, sink_length))| {
+                let body = LnetBody::Get {
+                    return_wmd,
+                    match_bits,
+                    ptl_index,
+                    src_offset,
+                    sink_length,
+                };
+                (0, body)
+            }
+        ),
         (wmd(), 0..=LNET_MTU).prop_map(|(w, len)| (len, LnetBody::Reply { dst_wmd: w })),
-        (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(i, t, len)| (
-            len,
-            LnetBody::Hello {
-                incarnation: i,
-                conn_type: t
-            }
-        )),
+        any::<(u64, u32, u32)>().prop_map(|(incarnation, conn_type, len)| {
+            let body = LnetBody::Hello {
+                incarnation,
+                conn_type,
+            };
+            (len, body)
+        }),
     ];
     (nid(), nid(), any::<u32>(), any::<u32>(), body).prop_map(|(d, s, dp, sp, (len, body))| {
         LnetHdr {
@@ -179,18 +170,7 @@ impl Material {
 }
 
 fn material() -> impl Strategy<Value = Material> {
-    let ty = prop::sample::select(vec![
-        KibMsgType::ConnReq,
-        KibMsgType::ConnAck,
-        KibMsgType::Noop,
-        KibMsgType::Immediate,
-        KibMsgType::PutReq,
-        KibMsgType::PutNak,
-        KibMsgType::PutAck,
-        KibMsgType::PutDone,
-        KibMsgType::GetReq,
-        KibMsgType::GetDone,
-    ]);
+    let ty = prop::sample::select(KibMsgType::ALL.to_vec());
     (
         (ty, prop::sample::select(vec![0x11u16, 0x12]), any::<u8>()),
         (nid(), any::<u64>(), nid(), any::<u64>()),
@@ -322,16 +302,22 @@ proptest! {
 
 // Each malformation gets its own error.
 
-fn good_noop() -> Vec<u8> {
-    let msg = KibMsg {
+/// A V2 message from 10.0.0.1@o2ib (stamp 1) to 10.0.0.2@o2ib (stamp 2) returning no credits:
+/// the frame every malformation below starts from.
+fn v2_msg(body: KibBody<'_>) -> KibMsg<'_> {
+    KibMsg {
         version: 0x12,
         credits: 0,
         src_nid: "10.0.0.1@o2ib".parse().unwrap(),
         src_stamp: 1,
         dst_nid: "10.0.0.2@o2ib".parse().unwrap(),
         dst_stamp: 2,
-        body: KibBody::Noop,
-    };
+        body,
+    }
+}
+
+fn good_noop() -> Vec<u8> {
+    let msg = v2_msg(KibBody::Noop);
     let mut b = vec![0u8; 48];
     msg.emit(&mut b, EmitOpts::default()).unwrap();
     b
@@ -408,19 +394,11 @@ fn nob_too_small_for_type() {
 
 fn put_ack(nfrags_on_wire: u32, frags_sent: usize) -> Vec<u8> {
     let frags = vec![RdmaFrag { nob: 1, addr: 2 }; frags_sent.max(1)];
-    let msg = KibMsg {
-        version: 0x12,
-        credits: 0,
-        src_nid: "10.0.0.1@o2ib".parse().unwrap(),
-        src_stamp: 1,
-        dst_nid: "10.0.0.2@o2ib".parse().unwrap(),
-        dst_stamp: 2,
-        body: KibBody::PutAck {
-            src_cookie: 1,
-            dst_cookie: 2,
-            rd: RdmaDesc::new(7, &frags),
-        },
-    };
+    let msg = v2_msg(KibBody::PutAck {
+        src_cookie: 1,
+        dst_cookie: 2,
+        rd: RdmaDesc::new(7, &frags),
+    });
     let mut b = vec![0u8; 4096];
     let n = msg.emit(&mut b, EmitOpts::default()).unwrap();
     b.truncate(n);
@@ -465,27 +443,19 @@ fn fragment_count_out_of_range() {
 }
 
 fn immediate(payload: &[u8]) -> KibMsg<'_> {
-    KibMsg {
-        version: 0x12,
-        credits: 0,
-        src_nid: "10.0.0.1@o2ib".parse().unwrap(),
-        src_stamp: 1,
-        dst_nid: "10.0.0.2@o2ib".parse().unwrap(),
-        dst_stamp: 2,
-        body: KibBody::Immediate {
-            hdr: LnetHdr {
-                dest_nid: Nid::LO_0,
-                src_nid: Nid::LO_0,
-                dest_pid: 0,
-                src_pid: 0,
-                payload_length: payload.len() as u32,
-                body: LnetBody::Reply {
-                    dst_wmd: WireHandle::NONE,
-                },
+    v2_msg(KibBody::Immediate {
+        hdr: LnetHdr {
+            dest_nid: Nid::LO_0,
+            src_nid: Nid::LO_0,
+            dest_pid: 0,
+            src_pid: 0,
+            payload_length: payload.len() as u32,
+            body: LnetBody::Reply {
+                dst_wmd: WireHandle::NONE,
             },
-            payload,
         },
-    }
+        payload,
+    })
 }
 
 #[test]

@@ -14,6 +14,20 @@ use lnd::wire::{
 /// Builds a byte vector from fields, each written in an explicit width and order.
 struct Bytes(Vec<u8>);
 
+/// A little- and a big-endian appender per integer width.
+macro_rules! bytes_fields {
+    ($($le:ident, $be:ident: $t:ty;)*) => {$(
+        fn $le(mut self, v: $t) -> Bytes {
+            self.0.extend_from_slice(&v.to_le_bytes());
+            self
+        }
+        fn $be(mut self, v: $t) -> Bytes {
+            self.0.extend_from_slice(&v.to_be_bytes());
+            self
+        }
+    )*};
+}
+
 impl Bytes {
     fn new() -> Bytes {
         Bytes(Vec::new())
@@ -22,29 +36,10 @@ impl Bytes {
         self.0.push(v);
         self
     }
-    fn le16(mut self, v: u16) -> Bytes {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn le32(mut self, v: u32) -> Bytes {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn le64(mut self, v: u64) -> Bytes {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn be16(mut self, v: u16) -> Bytes {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn be32(mut self, v: u32) -> Bytes {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
-    }
-    fn be64(mut self, v: u64) -> Bytes {
-        self.0.extend_from_slice(&v.to_be_bytes());
-        self
+    bytes_fields! {
+        le16, be16: u16;
+        le32, be32: u32;
+        le64, be64: u64;
     }
     fn raw(mut self, b: &[u8]) -> Bytes {
         self.0.extend_from_slice(b);
@@ -165,11 +160,7 @@ fn ping_reply_with_lo_and_two_nis() {
     let (ping, order) = PingInfo::parse(&v.0).unwrap();
     assert_eq!(order, ByteOrder::Little);
     let nis = [
-        NiStatus {
-            nid: Nid::LO_0,
-            status: 7,
-            msg_size: 0,
-        },
+        NiStatus::loopback(7),
         NiStatus {
             nid: "10.0.0.1@o2ib".parse().unwrap(),
             status: status::UP,

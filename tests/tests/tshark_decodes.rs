@@ -227,56 +227,48 @@ fn lnet_header(e: &mut Expects, at: usize, h: &LnetHdr) -> usize {
         h.payload_length,
     );
     let b = at + off::H_BODY;
+    // Every body but HELLO starts with the wire handle; ACK, PUT and GET go on with the match
+    // bits.
+    if let Some(w) = h.body.wmd() {
+        if let LnetBody::Ack { .. } = h.body {
+            // Bug 3: the cookies are read big-endian.
+            let swapped = WireHandle {
+                interface_cookie: w.interface_cookie.swap_bytes(),
+                object_cookie: w.object_cookie.swap_bytes(),
+            };
+            wire_handle(e, b, swapped);
+        } else {
+            wire_handle(e, b, w);
+        }
+    }
+    if let Some(m) = h.body.match_bits() {
+        e.hex64("lnet.msg_dst_match_bits", b + 16, m);
+    }
     match h.body {
         LnetBody::Put {
-            ack_wmd,
-            match_bits,
             hdr_data,
             ptl_index,
             offset,
+            ..
         } => {
-            wire_handle(e, b, ack_wmd);
-            e.hex64("lnet.msg_dst_match_bits", b + 16, match_bits);
             e.hex64("lnet.msg_hdr_data", b + 24, hdr_data);
             e.show("lnet.ptl_index", b + 32, 4, ptl_index);
             e.show("lnet.offset", b + 36, 4, offset);
             b + 40
         }
         LnetBody::Get {
-            return_wmd,
-            match_bits,
             ptl_index,
             src_offset,
             sink_length,
+            ..
         } => {
-            wire_handle(e, b, return_wmd);
-            e.hex64("lnet.msg_dst_match_bits", b + 16, match_bits);
             e.show("lnet.ptl_index", b + 24, 4, ptl_index);
             e.show("lnet.src_offset", b + 28, 4, src_offset);
             e.show("lnet.sink_length", b + 32, 4, sink_length);
             b + 36
         }
-        LnetBody::Reply { dst_wmd } => {
-            wire_handle(e, b, dst_wmd);
-            b + 16
-        }
-        LnetBody::Ack {
-            dst_wmd,
-            match_bits,
-            mlength,
-        } => {
-            // Bug 3: the cookies are read big-endian.
-            e.hex64(
-                "lnet.msg_dst_interface_cookie",
-                b,
-                dst_wmd.interface_cookie.swap_bytes(),
-            );
-            e.hex64(
-                "lnet.msg_dst_object_cookie",
-                b + 8,
-                dst_wmd.object_cookie.swap_bytes(),
-            );
-            e.hex64("lnet.msg_dst_match_bits", b + 16, match_bits);
+        LnetBody::Reply { .. } => b + 16,
+        LnetBody::Ack { mlength, .. } => {
             e.show("lnet.msg_length", b + 24, 4, mlength);
             b + 28
         }
@@ -458,11 +450,7 @@ fn cases(ping_buf: &mut [u8]) -> Vec<Case> {
 
     // A ping reply payload: 0@lo with the sequence number, then our NI.
     let nis = [
-        NiStatus {
-            nid: Nid::LO_0,
-            status: 7,
-            msg_size: 0,
-        },
+        NiStatus::loopback(7),
         NiStatus {
             nid: server,
             status: status::UP,

@@ -95,60 +95,45 @@ impl Msg {
         row.push(h.payload_length.to_string());
         let hex64 = |v: u64| format!("{v:#018x}");
         let none = String::new;
-        // wmd, match bits, portal, then hdr_data, offset, msg_length, src_offset, sink_length.
-        let (wmd, match_bits, ptl, extra): (WireHandle, Option<u64>, Option<u32>, [String; 5]) =
-            match h.body {
-                LnetBody::Put {
-                    ack_wmd,
-                    match_bits,
-                    hdr_data,
-                    ptl_index,
-                    offset,
-                } => (
-                    ack_wmd,
-                    Some(match_bits),
-                    Some(ptl_index),
-                    [hex64(hdr_data), offset.to_string(), none(), none(), none()],
-                ),
-                LnetBody::Get {
-                    return_wmd,
-                    match_bits,
-                    ptl_index,
-                    src_offset,
-                    sink_length,
-                } => (
-                    return_wmd,
-                    Some(match_bits),
-                    Some(ptl_index),
-                    [
-                        none(),
-                        none(),
-                        none(),
-                        src_offset.to_string(),
-                        sink_length.to_string(),
-                    ],
-                ),
-                LnetBody::Ack {
-                    dst_wmd,
-                    match_bits,
-                    mlength,
-                } => (
-                    // Bug 5: an ACK's wire handle is read big-endian.
-                    WireHandle {
-                        interface_cookie: dst_wmd.interface_cookie.swap_bytes(),
-                        object_cookie: dst_wmd.object_cookie.swap_bytes(),
-                    },
-                    Some(match_bits),
-                    None,
-                    [none(), none(), mlength.to_string(), none(), none()],
-                ),
-                LnetBody::Reply { dst_wmd } => (dst_wmd, None, None, Default::default()),
-                LnetBody::Hello { .. } => unreachable!("no HELLO headers on a V3 stream"),
-            };
+        let Some(mut wmd) = h.body.wmd() else {
+            unreachable!("no HELLO headers on a V3 stream")
+        };
+        // After the wmd, match bits and portal: hdr_data, offset, msg_length, src_offset,
+        // sink_length.
+        let extra: [String; 5] = match h.body {
+            LnetBody::Put {
+                hdr_data, offset, ..
+            } => [hex64(hdr_data), offset.to_string(), none(), none(), none()],
+            LnetBody::Get {
+                src_offset,
+                sink_length,
+                ..
+            } => [
+                none(),
+                none(),
+                none(),
+                src_offset.to_string(),
+                sink_length.to_string(),
+            ],
+            LnetBody::Ack { mlength, .. } => {
+                // Bug 5: an ACK's wire handle is read big-endian.
+                wmd = WireHandle {
+                    interface_cookie: wmd.interface_cookie.swap_bytes(),
+                    object_cookie: wmd.object_cookie.swap_bytes(),
+                };
+                [none(), none(), mlength.to_string(), none(), none()]
+            }
+            LnetBody::Reply { .. } | LnetBody::Hello { .. } => Default::default(),
+        };
         row.push(hex64(wmd.interface_cookie));
         row.push(hex64(wmd.object_cookie));
-        row.push(match_bits.map(hex64).unwrap_or_default());
-        row.push(ptl.map(|p| p.to_string()).unwrap_or_default());
+        row.push(h.body.match_bits().map(hex64).unwrap_or_default());
+        row.push(
+            h.body
+                .ptl_index()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+        );
         row.extend(extra);
         row
     }
@@ -311,17 +296,7 @@ fn tshark_decodes_our_socklnd_capture() {
     let ea = TcpEndpoint::from_nid(a, 1023);
     let eb = TcpEndpoint::from_nid(b, ACCEPT_PORT);
     let msgs = messages();
-    let hello = Hello {
-        version: HelloVersion::V3,
-        src_nid: a,
-        dst_nid: b,
-        src_pid: LNET_PID_LUSTRE,
-        dst_pid: 0,
-        src_incarnation: A_INC,
-        dst_incarnation: 0,
-        ctype: ConnType::Control.to_wire(),
-        nips: 0,
-    };
+    let hello = Hello::new(HelloVersion::V3, a, b, A_INC, ConnType::Control.to_wire());
     let answer = Hello {
         src_nid: b,
         dst_nid: a,

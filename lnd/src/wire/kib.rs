@@ -20,7 +20,7 @@
 
 use super::list::{WireList, WireRecord};
 use super::lnet::{LnetHdr, LNET_HDR_LEN};
-use super::{check_len, check_room, ByteOrder, Nid, WireError};
+use super::{check_len, check_room, wire_layout, ByteOrder, Nid, WireError, WireField};
 
 /// LNET_PROTO_IB_MAGIC.
 pub const IB_MAGIC: u32 = 0x0be9_1b91;
@@ -57,39 +57,19 @@ mod field {
     pub const BODY: usize = 48;
 }
 
-/// o2iblnd message type codes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum KibMsgType {
-    ConnReq = 0xc0,
-    ConnAck = 0xc1,
-    Noop = 0xd0,
-    Immediate = 0xd1,
-    PutReq = 0xd2,
-    PutNak = 0xd3,
-    PutAck = 0xd4,
-    PutDone = 0xd5,
-    GetReq = 0xd6,
-    GetDone = 0xd7,
+crate::wire_enum! {
+    /// o2iblnd message type codes.
+    pub enum KibMsgType: from_u8(u8) {
+        // Connection setup (in the CM private data), then messages, then the RDMA exchanges
+        // (o2iblnd-idl.h IBLND_MSG_*).
+        ConnReq = 0xc0, ConnAck = 0xc1,
+        Noop = 0xd0, Immediate = 0xd1,
+        PutReq = 0xd2, PutNak = 0xd3, PutAck = 0xd4, PutDone = 0xd5,
+        GetReq = 0xd6, GetDone = 0xd7,
+    }
 }
 
 impl KibMsgType {
-    /// The type with wire code `v`, if any.
-    pub fn from_u8(v: u8) -> Option<KibMsgType> {
-        Some(match v {
-            0xc0 => KibMsgType::ConnReq,
-            0xc1 => KibMsgType::ConnAck,
-            0xd0 => KibMsgType::Noop,
-            0xd1 => KibMsgType::Immediate,
-            0xd2 => KibMsgType::PutReq,
-            0xd3 => KibMsgType::PutNak,
-            0xd4 => KibMsgType::PutAck,
-            0xd5 => KibMsgType::PutDone,
-            0xd6 => KibMsgType::GetReq,
-            0xd7 => KibMsgType::GetDone,
-            _ => return None,
-        })
-    }
-
     /// The smallest `nob` a message of this type can have (kiblnd_msgtype2size; descriptors are
     /// counted with no fragments, the fragments are checked against `nob` separately).
     pub const fn min_nob(self) -> usize {
@@ -127,21 +107,11 @@ pub struct ConnParams {
     pub max_msg_size: u32,
 }
 
-impl ConnParams {
-    fn read(b: &[u8], at: usize, o: ByteOrder) -> ConnParams {
-        ConnParams {
-            queue_depth: o.get_u16(b, at),
-            max_frags: o.get_u16(b, at + 2),
-            max_msg_size: o.get_u32(b, at + 4),
-        }
-    }
-
-    fn write(&self, b: &mut [u8], at: usize, o: ByteOrder) {
-        o.put_u16(b, at, self.queue_depth);
-        o.put_u16(b, at + 2, self.max_frags);
-        o.put_u32(b, at + 4, self.max_msg_size);
-    }
-}
+wire_layout!(ConnParams {
+    queue_depth: u16 = 0,
+    max_frags: u16 = 2,
+    max_msg_size: u32 = 4
+});
 
 /// One RDMA fragment: length and address in the owner's registered region.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -150,22 +120,8 @@ pub struct RdmaFrag {
     pub addr: u64,
 }
 
-impl WireRecord for RdmaFrag {
-    // {nob u32, addr u64} packed: the 64-bit address is deliberately misaligned.
-    const WIRE_LEN: usize = 12;
-
-    fn read(b: &[u8], order: ByteOrder) -> RdmaFrag {
-        RdmaFrag {
-            nob: order.get_u32(b, 0),
-            addr: order.get_u64(b, 4),
-        }
-    }
-
-    fn write(&self, b: &mut [u8], order: ByteOrder) {
-        order.put_u32(b, 0, self.nob);
-        order.put_u64(b, 4, self.addr);
-    }
-}
+// {nob u32, addr u64} packed: the 64-bit address is deliberately misaligned.
+wire_layout!(RdmaFrag { nob: u32 = 0, addr: u64 = 4 } record 12);
 
 /// An RDMA descriptor: one key for the whole region, and its fragments.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -231,19 +187,10 @@ pub struct Completion {
     pub status: i32,
 }
 
-impl Completion {
-    fn read(b: &[u8], at: usize, o: ByteOrder) -> Completion {
-        Completion {
-            cookie: o.get_u64(b, at),
-            status: o.get_u32(b, at + 8) as i32,
-        }
-    }
-
-    fn write(&self, b: &mut [u8], at: usize, o: ByteOrder) {
-        o.put_u64(b, at, self.cookie);
-        o.put_u32(b, at + 8, self.status as u32);
-    }
-}
+wire_layout!(Completion {
+    cookie: u64 = 0,
+    status: i32 = 8
+});
 
 /// The per-type body of a message.
 #[derive(Copy, Clone, Debug, PartialEq)]
@@ -485,8 +432,8 @@ impl<'a> KibMsg<'a> {
         }
         let at = field::BODY;
         let body = match ty {
-            KibMsgType::ConnReq => KibBody::ConnReq(ConnParams::read(msg, at, o)),
-            KibMsgType::ConnAck => KibBody::ConnAck(ConnParams::read(msg, at, o)),
+            KibMsgType::ConnReq => KibBody::ConnReq(ConnParams::get(o, msg, at)),
+            KibMsgType::ConnAck => KibBody::ConnAck(ConnParams::get(o, msg, at)),
             KibMsgType::Noop => KibBody::Noop,
             KibMsgType::Immediate => {
                 let hdr = LnetHdr::parse(msg.get(at..).unwrap_or_default())?;
@@ -518,9 +465,9 @@ impl<'a> KibMsg<'a> {
                 cookie: o.get_u64(msg, at + LNET_HDR_LEN),
                 rd: RdmaDesc::parse(msg, at + LNET_HDR_LEN + 8, nob, o)?,
             },
-            KibMsgType::PutNak => KibBody::PutNak(Completion::read(msg, at, o)),
-            KibMsgType::PutDone => KibBody::PutDone(Completion::read(msg, at, o)),
-            KibMsgType::GetDone => KibBody::GetDone(Completion::read(msg, at, o)),
+            KibMsgType::PutNak => KibBody::PutNak(Completion::get(o, msg, at)),
+            KibMsgType::PutDone => KibBody::PutDone(Completion::get(o, msg, at)),
+            KibMsgType::GetDone => KibBody::GetDone(Completion::get(o, msg, at)),
         };
         Ok((
             KibMsg {
@@ -573,7 +520,7 @@ impl<'a> KibMsg<'a> {
         o.put_u64(b, field::DSTSTAMP, self.dst_stamp);
         let at = field::BODY;
         match self.body {
-            KibBody::ConnReq(cp) | KibBody::ConnAck(cp) => cp.write(b, at, o),
+            KibBody::ConnReq(cp) | KibBody::ConnAck(cp) => cp.put(o, b, at),
             KibBody::Noop => {}
             KibBody::Immediate { hdr, payload } => {
                 hdr.emit(b.get_mut(at..).unwrap_or_default())?;
@@ -599,7 +546,7 @@ impl<'a> KibMsg<'a> {
                 o.put_u64(b, at + LNET_HDR_LEN, cookie);
                 rd.write(b, at + LNET_HDR_LEN + 8, o);
             }
-            KibBody::PutNak(c) | KibBody::PutDone(c) | KibBody::GetDone(c) => c.write(b, at, o),
+            KibBody::PutNak(c) | KibBody::PutDone(c) | KibBody::GetDone(c) => c.put(o, b, at),
         }
         if let Some(flavour) = opts.checksum {
             let sum = cksum_as(b.get(..nob).unwrap_or_default(), flavour);
@@ -691,7 +638,7 @@ impl KibRej {
                 version,
                 why: RejectReason::from_code(b.get(6).copied().unwrap_or(0)),
                 incarnation: o.get_u64(b, 8),
-                cp: ConnParams::read(b, 16, o),
+                cp: ConnParams::get(o, b, 16),
             },
             o,
         ))
@@ -706,7 +653,7 @@ impl KibRej {
             s.copy_from_slice(&[self.why.code(), 0]);
         }
         order.put_u64(b, 8, self.incarnation);
-        self.cp.write(b, 16, order);
+        self.cp.put(order, b, 16);
         Ok(REJ_LEN)
     }
 }

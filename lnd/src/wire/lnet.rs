@@ -11,7 +11,7 @@
 //! | 28     | payload_length | 4    |
 //! | 32     | per-type body  | 40   |
 
-use super::{check_len, check_room, ByteOrder, Nid, WireError};
+use super::{check_len, check_room, wire_layout, ByteOrder, Nid, WireError, WireField};
 
 /// Bytes in the header.
 pub const LNET_HDR_LEN: usize = 72;
@@ -36,27 +36,10 @@ mod field {
     pub const BODY: usize = 32;
 }
 
-/// LNet message types (`enum lnet_msg_type`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum LnetMsgType {
-    Ack = 0,
-    Put = 1,
-    Get = 2,
-    Reply = 3,
-    Hello = 4,
-}
-
-impl LnetMsgType {
-    /// The type with wire code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<LnetMsgType> {
-        Some(match v {
-            0 => LnetMsgType::Ack,
-            1 => LnetMsgType::Put,
-            2 => LnetMsgType::Get,
-            3 => LnetMsgType::Reply,
-            4 => LnetMsgType::Hello,
-            _ => return None,
-        })
+crate::wire_enum! {
+    /// LNet message types (`enum lnet_msg_type`).
+    pub enum LnetMsgType: from_u32(u32) {
+        Ack = 0, Put = 1, Get = 2, Reply = 3, Hello = 4,
     }
 }
 
@@ -73,19 +56,13 @@ impl WireHandle {
         interface_cookie: u64::MAX,
         object_cookie: u64::MAX,
     };
-
-    fn read(b: &[u8], at: usize) -> WireHandle {
-        WireHandle {
-            interface_cookie: LE.get_u64(b, at),
-            object_cookie: LE.get_u64(b, at + 8),
-        }
-    }
-
-    fn write(&self, b: &mut [u8], at: usize) {
-        LE.put_u64(b, at, self.interface_cookie);
-        LE.put_u64(b, at + 8, self.object_cookie);
-    }
 }
+
+// Read and written in the header's order, which is always little-endian (LE below).
+wire_layout!(WireHandle {
+    interface_cookie: u64 = 0,
+    object_cookie: u64 = 8
+});
 
 const LE: ByteOrder = ByteOrder::Little;
 
@@ -132,6 +109,74 @@ impl LnetBody {
             LnetBody::Hello { .. } => LnetMsgType::Hello,
         }
     }
+
+    /// The wire handle every body but HELLO starts with: the MD an ACK or REPLY goes to, the one
+    /// a PUT wants its ACK on, the one a GET's REPLY comes back to.
+    pub fn wmd(&self) -> Option<WireHandle> {
+        match *self {
+            LnetBody::Ack { dst_wmd: w, .. }
+            | LnetBody::Put { ack_wmd: w, .. }
+            | LnetBody::Get { return_wmd: w, .. }
+            | LnetBody::Reply { dst_wmd: w } => Some(w),
+            LnetBody::Hello { .. } => None,
+        }
+    }
+
+    /// The match bits of an ACK, PUT or GET (right after the wire handle).
+    pub fn match_bits(&self) -> Option<u64> {
+        match *self {
+            LnetBody::Ack { match_bits, .. }
+            | LnetBody::Put { match_bits, .. }
+            | LnetBody::Get { match_bits, .. } => Some(match_bits),
+            LnetBody::Reply { .. } | LnetBody::Hello { .. } => None,
+        }
+    }
+
+    /// The portal a PUT or GET targets.
+    pub fn ptl_index(&self) -> Option<u32> {
+        match *self {
+            LnetBody::Put { ptl_index, .. } | LnetBody::Get { ptl_index, .. } => Some(ptl_index),
+            _ => None,
+        }
+    }
+}
+
+/// Each body's fields with their offsets from the start of the body, written once so that the
+/// parser and the emitter cannot disagree on a layout (lnet-idl.h `struct lnet_{ack,put,get,
+/// reply,hello}`).
+macro_rules! body_layouts {
+    ($($variant:ident { $($field:ident: $t:ty = $off:expr),* $(,)? })*) => {
+        impl LnetBody {
+            /// The body of a `msg_type` header whose body starts at `at` in `b`.
+            fn read(msg_type: LnetMsgType, b: &[u8], at: usize) -> LnetBody {
+                match msg_type {
+                    $(LnetMsgType::$variant => LnetBody::$variant {
+                        $($field: <$t as WireField>::get(LE, b, at + $off)),*
+                    },)*
+                }
+            }
+
+            /// Writes the body's fields at `at` in `b` (the caller zeroed the unused bytes).
+            fn write(&self, b: &mut [u8], at: usize) {
+                match *self {
+                    $(LnetBody::$variant { $($field),* } => {
+                        $(WireField::put($field, LE, b, at + $off);)*
+                    })*
+                }
+            }
+        }
+    };
+}
+
+body_layouts! {
+    // Body offsets: 0 the wire handle (16 bytes), 16 the match bits, then the rest.
+    Ack { dst_wmd: WireHandle = 0, match_bits: u64 = 16, mlength: u32 = 24 }
+    Put { ack_wmd: WireHandle = 0, match_bits: u64 = 16, hdr_data: u64 = 24, ptl_index: u32 = 32,
+          offset: u32 = 36 }
+    Get { return_wmd: WireHandle = 0, match_bits: u64 = 16, ptl_index: u32 = 24,
+          src_offset: u32 = 28, sink_length: u32 = 32 }
+    Reply { dst_wmd: WireHandle = 0 }
+    Hello { incarnation: u64 = 0, conn_type: u32 = 8 }
 }
 
 /// A validated LNet header.
@@ -146,6 +191,18 @@ pub struct LnetHdr {
 }
 
 impl LnetHdr {
+    /// A header from `src` to `dest` with kernel Lustre's PID at both ends.
+    fn between_kernels(src: Nid, dest: Nid, payload_length: u32, body: LnetBody) -> LnetHdr {
+        LnetHdr {
+            dest_nid: dest,
+            src_nid: src,
+            dest_pid: LNET_PID_LUSTRE,
+            src_pid: LNET_PID_LUSTRE,
+            payload_length,
+            body,
+        }
+    }
+
     /// A PUT from `src` to `dest` between kernel-Lustre PIDs, asking for no ACK, with no header
     /// data and offset 0: the shape most traffic in tests, benches and tools takes.
     pub fn put(
@@ -155,20 +212,14 @@ impl LnetHdr {
         ptl_index: u32,
         match_bits: u64,
     ) -> LnetHdr {
-        LnetHdr {
-            dest_nid: dest,
-            src_nid: src,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: LNET_PID_LUSTRE,
-            payload_length,
-            body: LnetBody::Put {
-                ack_wmd: WireHandle::NONE,
-                match_bits,
-                hdr_data: 0,
-                ptl_index,
-                offset: 0,
-            },
-        }
+        let body = LnetBody::Put {
+            ack_wmd: WireHandle::NONE,
+            match_bits,
+            hdr_data: 0,
+            ptl_index,
+            offset: 0,
+        };
+        LnetHdr::between_kernels(src, dest, payload_length, body)
     }
 
     /// A GET from `src` to `dest` between kernel-Lustre PIDs for `sink_length` bytes from offset
@@ -182,20 +233,14 @@ impl LnetHdr {
         match_bits: u64,
         sink_length: u32,
     ) -> LnetHdr {
-        LnetHdr {
-            dest_nid: dest,
-            src_nid: src,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: LNET_PID_LUSTRE,
-            payload_length: 0,
-            body: LnetBody::Get {
-                return_wmd,
-                match_bits,
-                ptl_index,
-                src_offset: 0,
-                sink_length,
-            },
-        }
+        let body = LnetBody::Get {
+            return_wmd,
+            match_bits,
+            ptl_index,
+            src_offset: 0,
+            sink_length,
+        };
+        LnetHdr::between_kernels(src, dest, 0, body)
     }
 
     /// The message type.
@@ -224,35 +269,7 @@ impl LnetHdr {
                 len: payload_length,
             });
         }
-        let at = field::BODY;
-        let body = match msg_type {
-            LnetMsgType::Ack => LnetBody::Ack {
-                dst_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                mlength: LE.get_u32(b, at + 24),
-            },
-            LnetMsgType::Put => LnetBody::Put {
-                ack_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                hdr_data: LE.get_u64(b, at + 24),
-                ptl_index: LE.get_u32(b, at + 32),
-                offset: LE.get_u32(b, at + 36),
-            },
-            LnetMsgType::Get => LnetBody::Get {
-                return_wmd: WireHandle::read(b, at),
-                match_bits: LE.get_u64(b, at + 16),
-                ptl_index: LE.get_u32(b, at + 24),
-                src_offset: LE.get_u32(b, at + 28),
-                sink_length: LE.get_u32(b, at + 32),
-            },
-            LnetMsgType::Reply => LnetBody::Reply {
-                dst_wmd: WireHandle::read(b, at),
-            },
-            LnetMsgType::Hello => LnetBody::Hello {
-                incarnation: LE.get_u64(b, at),
-                conn_type: LE.get_u32(b, at + 8),
-            },
-        };
+        let body = LnetBody::read(msg_type, b, field::BODY);
         Ok(LnetHdr {
             dest_nid: Nid::from_raw(LE.get_u64(b, field::DEST_NID)),
             src_nid: Nid::from_raw(LE.get_u64(b, field::SRC_NID)),
@@ -275,52 +292,7 @@ impl LnetHdr {
         LE.put_u32(b, field::SRC_PID, self.src_pid);
         LE.put_u32(b, field::TYPE, self.msg_type() as u32);
         LE.put_u32(b, field::PAYLOAD_LENGTH, self.payload_length);
-        let at = field::BODY;
-        match self.body {
-            LnetBody::Ack {
-                dst_wmd,
-                match_bits,
-                mlength,
-            } => {
-                dst_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u32(b, at + 24, mlength);
-            }
-            LnetBody::Put {
-                ack_wmd,
-                match_bits,
-                hdr_data,
-                ptl_index,
-                offset,
-            } => {
-                ack_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u64(b, at + 24, hdr_data);
-                LE.put_u32(b, at + 32, ptl_index);
-                LE.put_u32(b, at + 36, offset);
-            }
-            LnetBody::Get {
-                return_wmd,
-                match_bits,
-                ptl_index,
-                src_offset,
-                sink_length,
-            } => {
-                return_wmd.write(b, at);
-                LE.put_u64(b, at + 16, match_bits);
-                LE.put_u32(b, at + 24, ptl_index);
-                LE.put_u32(b, at + 28, src_offset);
-                LE.put_u32(b, at + 32, sink_length);
-            }
-            LnetBody::Reply { dst_wmd } => dst_wmd.write(b, at),
-            LnetBody::Hello {
-                incarnation,
-                conn_type,
-            } => {
-                LE.put_u64(b, at, incarnation);
-                LE.put_u32(b, at + 8, conn_type);
-            }
-        }
+        self.body.write(b, field::BODY);
         Ok(LNET_HDR_LEN)
     }
 }

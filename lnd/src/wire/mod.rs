@@ -32,6 +32,39 @@ pub use lnet::{LnetBody, LnetHdr, LnetMsgType, WireHandle};
 pub use nid::{LndType, Net, Nid, NidParseError};
 pub use ping::{NiStatus, PingInfo};
 
+/// Declares fieldless enums whose discriminants are their wire codes, each with `ALL` (every
+/// variant, in declaration order) and `$from`, the variant a wire code names (`None` for an
+/// unknown one): the code table is written once, in the enum itself, instead of again in a
+/// decoding `match`. A wire code is a plain value: each enum derives `Copy`, `Eq` and `Hash`.
+#[macro_export]
+macro_rules! wire_enum {
+    ($(
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident: $from:ident($int:ty) {
+            $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
+        }
+    )*) => {$(
+        $(#[$meta])*
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $code,)*
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$($code),*].len()] = [$($name::$variant),*];
+
+            /// The variant with wire code `v`, if any.
+            pub fn $from(v: $int) -> Option<$name> {
+                match v {
+                    $($code => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
 /// The byte order a message travels in.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ByteOrder {
@@ -42,70 +75,40 @@ pub enum ByteOrder {
     Big,
 }
 
+/// One reader/writer pair per integer width: the logic is the same for every width, only the type
+/// and its byte count differ.
+macro_rules! order_accessors {
+    ($($get:ident, $put:ident, $t:ty;)*) => {$(
+        pub fn $get(self, b: &[u8], at: usize) -> $t {
+            let mut a = [0u8; std::mem::size_of::<$t>()];
+            if let Some(s) = b.get(at..at.saturating_add(a.len())) {
+                a.copy_from_slice(s);
+            }
+            match self {
+                ByteOrder::Little => <$t>::from_le_bytes(a),
+                ByteOrder::Big => <$t>::from_be_bytes(a),
+            }
+        }
+
+        pub fn $put(self, b: &mut [u8], at: usize, v: $t) {
+            let a = match self {
+                ByteOrder::Little => v.to_le_bytes(),
+                ByteOrder::Big => v.to_be_bytes(),
+            };
+            if let Some(s) = b.get_mut(at..at.saturating_add(a.len())) {
+                s.copy_from_slice(&a);
+            }
+        }
+    )*};
+}
+
 /// Panic-free field access in this order: a read outside `b` gives 0, a write outside it
 /// does nothing (parsers check lengths first; these never index out of bounds).
 impl ByteOrder {
-    pub fn get_u16(self, b: &[u8], at: usize) -> u16 {
-        let mut a = [0u8; 2];
-        if let Some(s) = b.get(at..at.saturating_add(2)) {
-            a.copy_from_slice(s);
-        }
-        match self {
-            ByteOrder::Little => u16::from_le_bytes(a),
-            ByteOrder::Big => u16::from_be_bytes(a),
-        }
-    }
-
-    pub fn get_u32(self, b: &[u8], at: usize) -> u32 {
-        let mut a = [0u8; 4];
-        if let Some(s) = b.get(at..at.saturating_add(4)) {
-            a.copy_from_slice(s);
-        }
-        match self {
-            ByteOrder::Little => u32::from_le_bytes(a),
-            ByteOrder::Big => u32::from_be_bytes(a),
-        }
-    }
-
-    pub fn get_u64(self, b: &[u8], at: usize) -> u64 {
-        let mut a = [0u8; 8];
-        if let Some(s) = b.get(at..at.saturating_add(8)) {
-            a.copy_from_slice(s);
-        }
-        match self {
-            ByteOrder::Little => u64::from_le_bytes(a),
-            ByteOrder::Big => u64::from_be_bytes(a),
-        }
-    }
-
-    pub fn put_u16(self, b: &mut [u8], at: usize, v: u16) {
-        let a = match self {
-            ByteOrder::Little => v.to_le_bytes(),
-            ByteOrder::Big => v.to_be_bytes(),
-        };
-        if let Some(s) = b.get_mut(at..at.saturating_add(2)) {
-            s.copy_from_slice(&a);
-        }
-    }
-
-    pub fn put_u32(self, b: &mut [u8], at: usize, v: u32) {
-        let a = match self {
-            ByteOrder::Little => v.to_le_bytes(),
-            ByteOrder::Big => v.to_be_bytes(),
-        };
-        if let Some(s) = b.get_mut(at..at.saturating_add(4)) {
-            s.copy_from_slice(&a);
-        }
-    }
-
-    pub fn put_u64(self, b: &mut [u8], at: usize, v: u64) {
-        let a = match self {
-            ByteOrder::Little => v.to_le_bytes(),
-            ByteOrder::Big => v.to_be_bytes(),
-        };
-        if let Some(s) = b.get_mut(at..at.saturating_add(8)) {
-            s.copy_from_slice(&a);
-        }
+    order_accessors! {
+        get_u16, put_u16, u16;
+        get_u32, put_u32, u32;
+        get_u64, put_u64, u64;
     }
 
     /// Which order a 32-bit magic was written in, if it is `magic` at all.
@@ -120,26 +123,104 @@ impl ByteOrder {
     }
 }
 
-/// Fails with [`WireError::BufferTooSmall`] unless `buf` holds `needed` bytes.
-pub(crate) fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
+/// A fixed-width field of a wire format, read and written in a byte order at an offset, as
+/// panic-free as the [`ByteOrder`] accessors. Layouts ([`wire_layout!`], the LNet header bodies)
+/// name each field's type and offset once, and parsing and emitting both go through this.
+pub(crate) trait WireField: Copy {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> Self;
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize);
+}
+
+macro_rules! int_fields {
+    ($($t:ty: $get:ident, $put:ident;)*) => {$(
+        impl WireField for $t {
+            fn get(o: ByteOrder, b: &[u8], at: usize) -> $t {
+                o.$get(b, at)
+            }
+            fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+                o.$put(b, at, self)
+            }
+        }
+    )*};
+}
+
+int_fields! {
+    u16: get_u16, put_u16;
+    u32: get_u32, put_u32;
+    u64: get_u64, put_u64;
+}
+
+/// Signed words (a completion's status) travel as their two's-complement bits.
+impl WireField for i32 {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> i32 {
+        o.get_u32(b, at) as i32
+    }
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+        o.put_u32(b, at, self as u32)
+    }
+}
+
+impl WireField for Nid {
+    fn get(o: ByteOrder, b: &[u8], at: usize) -> Nid {
+        Nid::from_raw(o.get_u64(b, at))
+    }
+    fn put(self, o: ByteOrder, b: &mut [u8], at: usize) {
+        o.put_u64(b, at, self.raw())
+    }
+}
+
+/// Makes a struct a [`WireField`] from its layout (each field's type and offset from the
+/// struct's start), written once for both directions; with `record LEN`, also a
+/// [`list::WireRecord`] of LEN bytes, read in place in a [`list::WireList`].
+macro_rules! wire_layout {
+    ($name:ident { $($field:ident: $t:ty = $off:expr),* $(,)? }) => {
+        impl $crate::wire::WireField for $name {
+            fn get(o: $crate::wire::ByteOrder, b: &[u8], at: usize) -> $name {
+                $name { $($field: <$t as $crate::wire::WireField>::get(o, b, at + $off)),* }
+            }
+            fn put(self, o: $crate::wire::ByteOrder, b: &mut [u8], at: usize) {
+                $($crate::wire::WireField::put(self.$field, o, b, at + $off);)*
+            }
+        }
+    };
+    ($name:ident { $($fields:tt)* } record $len:expr) => {
+        wire_layout!($name { $($fields)* });
+
+        impl $crate::wire::list::WireRecord for $name {
+            const WIRE_LEN: usize = $len;
+            fn read(b: &[u8], order: $crate::wire::ByteOrder) -> $name {
+                $crate::wire::WireField::get(order, b, 0)
+            }
+            fn write(&self, b: &mut [u8], order: $crate::wire::ByteOrder) {
+                $crate::wire::WireField::put(*self, order, b, 0)
+            }
+        }
+    };
+}
+pub(crate) use wire_layout;
+
+/// `Ok` if `buf` holds `needed` bytes, otherwise the error `short` makes of (needed, got): the
+/// one length check every wire format here (and selftest's) starts with, each with its own error.
+pub fn need<E>(buf: &[u8], needed: usize, short: impl FnOnce(usize, usize) -> E) -> Result<(), E> {
     if buf.len() < needed {
-        Err(WireError::BufferTooSmall {
-            needed,
-            got: buf.len(),
-        })
+        Err(short(needed, buf.len()))
     } else {
         Ok(())
     }
 }
 
+/// Fails with [`WireError::BufferTooSmall`] unless `buf` holds `needed` bytes.
+pub(crate) fn check_room(buf: &[u8], needed: usize) -> Result<(), WireError> {
+    need(buf, needed, |needed, got| WireError::BufferTooSmall {
+        needed,
+        got,
+    })
+}
+
 /// Fails with [`WireError::Truncated`] unless `buf` holds `needed` bytes.
 pub(crate) fn check_len(buf: &[u8], needed: usize) -> Result<(), WireError> {
-    if buf.len() < needed {
-        Err(WireError::Truncated {
-            needed,
-            got: buf.len(),
-        })
-    } else {
-        Ok(())
-    }
+    need(buf, needed, |needed, got| WireError::Truncated {
+        needed,
+        got,
+    })
 }

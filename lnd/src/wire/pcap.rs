@@ -107,15 +107,17 @@ impl Endpoint {
         }
     }
 
-    fn mac(&self) -> [u8; 6] {
-        let [a, b, c, d] = self.ipv4;
-        [0x02, 0x00, a, b, c, d]
-    }
-
     fn udp_port(&self) -> u16 {
         // The dynamic range, 49152..=65535, keyed by the QPN.
         0xc000 | (self.qpn & 0x3fff) as u16
     }
+}
+
+/// The locally administered MAC both capture writers give an IPv4 address (02:00 and the four
+/// address bytes), so that a frame's Ethernet ends name the same hosts as its IP ends.
+pub(crate) fn ipv4_mac(ipv4: [u8; 4]) -> [u8; 6] {
+    let [a, b, c, d] = ipv4;
+    [0x02, 0x00, a, b, c, d]
 }
 
 /// Writes a classic (microsecond) libpcap file of o2iblnd messages framed as RoCEv2.
@@ -262,8 +264,8 @@ pub(crate) fn put(b: &mut [u8], at: usize, v: &[u8]) {
 /// Fills Ethernet, IPv4, UDP and BTH for a message of `msg_len` bytes (at most [`MAX_MSG_LEN`]).
 fn build_headers(h: &mut [u8], src: Endpoint, dst: Endpoint, psn: u32, msg_len: usize) {
     // Ethernet.
-    put(h, 0, &dst.mac());
-    put(h, 6, &src.mac());
+    put(h, 0, &ipv4_mac(dst.ipv4));
+    put(h, 6, &ipv4_mac(src.ipv4));
     put(h, 12, &0x0800u16.to_be_bytes());
     // IPv4.
     let ip = ETH_LEN;

@@ -74,11 +74,6 @@ impl TcpEndpoint {
             port,
         }
     }
-
-    fn mac(&self) -> [u8; 6] {
-        let [a, b, c, d] = self.ipv4;
-        [0x02, 0x00, a, b, c, d]
-    }
 }
 
 /// The sequence state of one connection, keyed by its endpoints in order (`lo` < `hi`).
@@ -104,13 +99,7 @@ impl<W: Write> TcpPcapWriter<W> {
     /// Writes the global header and returns the writer.
     pub fn new(mut out: W) -> io::Result<Self> {
         out.write_all(&global_header())?;
-        Ok(TcpPcapWriter {
-            out,
-            flows: HashMap::new(),
-            ip_id: 0,
-            max_segment: MAX_SEGMENT,
-            frames: 0,
-        })
+        Ok(TcpPcapWriter::continuing(out))
     }
 
     /// A writer that writes no global header: its frames follow another writer's in one file
@@ -196,9 +185,7 @@ impl<W: Write> TcpPcapWriter<W> {
     ) -> io::Result<()> {
         check_ts(ts_nanos)?;
         for seg in data.chunks(self.max_segment) {
-            let (k, d, flow) = self.flow(src, dst);
-            let (seq, ack) = (flow.next[d], flow.next[1 - d]);
-            self.frame(ts_nanos, src, dst, seq, ack, flags::PSH | flags::ACK, seg)?;
+            let (k, d, seq) = self.segment(ts_nanos, src, dst, flags::PSH | flags::ACK, seg)?;
             if let Some(f) = self.flows.get_mut(&k) {
                 f.next[d] = seq.wrapping_add(seg.len() as u32);
             }
@@ -210,9 +197,7 @@ impl<W: Write> TcpPcapWriter<W> {
     /// once both directions have closed.
     pub fn close(&mut self, ts_nanos: u64, src: TcpEndpoint, dst: TcpEndpoint) -> io::Result<()> {
         check_ts(ts_nanos)?;
-        let (k, d, flow) = self.flow(src, dst);
-        let (seq, ack) = (flow.next[d], flow.next[1 - d]);
-        self.frame(ts_nanos, src, dst, seq, ack, flags::FIN | flags::ACK, &[])?;
+        let (k, d, seq) = self.segment(ts_nanos, src, dst, flags::FIN | flags::ACK, &[])?;
         if let Some(f) = self.flows.get_mut(&k) {
             f.next[d] = seq.wrapping_add(1);
             f.fin[d] = true;
@@ -226,9 +211,7 @@ impl<W: Write> TcpPcapWriter<W> {
     /// Records an RST from `src` (an abortive close) and forgets the connection.
     pub fn reset(&mut self, ts_nanos: u64, src: TcpEndpoint, dst: TcpEndpoint) -> io::Result<()> {
         check_ts(ts_nanos)?;
-        let (k, d, flow) = self.flow(src, dst);
-        let (seq, ack) = (flow.next[d], flow.next[1 - d]);
-        self.frame(ts_nanos, src, dst, seq, ack, flags::RST | flags::ACK, &[])?;
+        let (k, _, _) = self.segment(ts_nanos, src, dst, flags::RST | flags::ACK, &[])?;
         self.flows.remove(&k);
         Ok(())
     }
@@ -273,6 +256,23 @@ impl<W: Write> TcpPcapWriter<W> {
         (k, d, flow)
     }
 
+    /// Writes one frame of `tcp_flags` and `data` from `src` at its direction's next sequence
+    /// number, acking everything the other direction sent; returns the flow's key, `src`'s
+    /// direction and the sequence number used, for the caller to advance or close the flow.
+    fn segment(
+        &mut self,
+        ts_nanos: u64,
+        src: TcpEndpoint,
+        dst: TcpEndpoint,
+        tcp_flags: u8,
+        data: &[u8],
+    ) -> io::Result<((TcpEndpoint, TcpEndpoint), usize, u32)> {
+        let (k, d, flow) = self.flow(src, dst);
+        let (seq, ack) = (flow.next[d], flow.next[1 - d]);
+        self.frame(ts_nanos, src, dst, seq, ack, tcp_flags, data)?;
+        Ok((k, d, seq))
+    }
+
     /// Writes one frame (at most [`MAX_SEGMENT`] data bytes; the time is already checked).
     #[allow(clippy::too_many_arguments)]
     fn frame(
@@ -296,8 +296,8 @@ impl<W: Write> TcpPcapWriter<W> {
         pcap::put(record, 12, &frame_len.to_le_bytes());
 
         // Ethernet.
-        pcap::put(h, 0, &dst.mac());
-        pcap::put(h, 6, &src.mac());
+        pcap::put(h, 0, &pcap::ipv4_mac(dst.ipv4));
+        pcap::put(h, 6, &pcap::ipv4_mac(src.ipv4));
         pcap::put(h, 12, &0x0800u16.to_be_bytes());
         // IPv4.
         let ip = ETH_LEN;

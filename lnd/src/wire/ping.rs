@@ -5,7 +5,7 @@
 //! buffer's sequence number (api-ni.c).
 
 use super::list::{WireList, WireRecord};
-use super::{check_len, check_room, ByteOrder, Nid, WireError};
+use super::{check_len, check_room, wire_layout, ByteOrder, Nid, WireError};
 
 /// LNET_PROTO_PING_MAGIC, "ping".
 pub const PING_MAGIC: u32 = 0x7069_6E67;
@@ -41,23 +41,19 @@ pub struct NiStatus {
     pub msg_size: u32,
 }
 
-impl WireRecord for NiStatus {
-    const WIRE_LEN: usize = 16;
-
-    fn read(b: &[u8], order: ByteOrder) -> NiStatus {
+impl NiStatus {
+    /// Entry 0 of every ping reply: `0@lo`, whose status word carries the ping buffer's
+    /// sequence number `seq` (api-ni.c).
+    pub const fn loopback(seq: u32) -> NiStatus {
         NiStatus {
-            nid: Nid::from_raw(order.get_u64(b, 0)),
-            status: order.get_u32(b, 8),
-            msg_size: order.get_u32(b, 12),
+            nid: Nid::LO_0,
+            status: seq,
+            msg_size: 0,
         }
     }
-
-    fn write(&self, b: &mut [u8], order: ByteOrder) {
-        order.put_u64(b, 0, self.nid.raw());
-        order.put_u32(b, 8, self.status);
-        order.put_u32(b, 12, self.msg_size);
-    }
 }
+
+wire_layout!(NiStatus { nid: Nid = 0, status: u32 = 8, msg_size: u32 = 12 } record 16);
 
 /// A validated ping payload.
 #[derive(Copy, Clone, Debug, PartialEq)]

@@ -621,15 +621,34 @@ impl Hello {
     /// version; `ksocknal_create_conn`, refusals). For an unknown version the kernel names itself
     /// as `dst_nid`; for other refusals the dialer's claimed NID.
     pub fn refusal(my_nid: Nid, dst_nid: Nid, my_incarnation: u64) -> Hello {
+        Hello::new(
+            HelloVersion::V3,
+            my_nid,
+            dst_nid,
+            my_incarnation,
+            Hello::REFUSED,
+        )
+    }
+
+    /// The HELLO a kernel sends from `src_nid` to `dst_nid` (both sides' and the answer's):
+    /// LNET_PID_LUSTRE as its PID, the peer's PID and incarnation left 0 (`ksocknal_send_hello`
+    /// never fills them), no IP list, and `ctype` as it goes on the wire.
+    pub fn new(
+        version: HelloVersion,
+        src_nid: Nid,
+        dst_nid: Nid,
+        src_incarnation: u64,
+        ctype: i32,
+    ) -> Hello {
         Hello {
-            version: HelloVersion::V3,
-            src_nid: my_nid,
+            version,
+            src_nid,
             dst_nid,
             src_pid: super::lnet::LNET_PID_LUSTRE,
             dst_pid: 0,
-            src_incarnation: my_incarnation,
+            src_incarnation,
             dst_incarnation: 0,
-            ctype: Hello::REFUSED,
+            ctype,
             nips: 0,
         }
     }
@@ -927,11 +946,7 @@ impl KsockCsum {
 }
 
 fn check(b: &[u8], need: usize) -> Result<(), SockError> {
-    if b.len() < need {
-        Err(SockError::Short { need, got: b.len() })
-    } else {
-        Ok(())
-    }
+    super::need(b, need, |need, got| SockError::Short { need, got })
 }
 
 #[cfg(test)]

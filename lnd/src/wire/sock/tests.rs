@@ -15,17 +15,13 @@ fn nid(s: &str) -> Nid {
 }
 
 fn v3_hello() -> Hello {
-    Hello {
-        version: HelloVersion::V3,
-        src_nid: nid("192.168.1.2@tcp"),
-        dst_nid: nid("192.168.1.1@tcp"),
-        src_pid: LNET_PID_LUSTRE,
-        dst_pid: 0,
-        src_incarnation: 7,
-        dst_incarnation: 0,
-        ctype: 1,
-        nips: 0,
-    }
+    Hello::new(
+        HelloVersion::V3,
+        nid("192.168.1.2@tcp"),
+        nid("192.168.1.1@tcp"),
+        7,
+        1,
+    )
 }
 
 /// A V2/V3 HELLO encoded by hand in `order` (independent of `Hello::emit`, which is LE only),

@@ -4,7 +4,7 @@
 
 use core::fmt;
 
-use lnd::wire::Nid;
+use lnd::wire::{Nid, WireError};
 
 /// Bytes of `struct srpc_msg`: the header and the largest body (the stat reply).
 pub const SRPC_MSG_LEN: usize = 160;
@@ -128,8 +128,9 @@ pub enum SelftestWireError {
 impl fmt::Display for SelftestWireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
+            // The length errors read as lnd's wire errors do.
             SelftestWireError::Truncated { needed, got } => {
-                write!(f, "truncated: need {needed} bytes, got {got}")
+                WireError::Truncated { needed, got }.fmt(f)
             }
             SelftestWireError::BadMagic(m) => write!(f, "bad srpc magic {m:#010x}"),
             SelftestWireError::BadVersion(v) => write!(f, "unsupported srpc version {v}"),
@@ -145,10 +146,7 @@ impl fmt::Display for SelftestWireError {
                 write!(f, "service {s} needs typed test parameters")
             }
             SelftestWireError::BufferTooSmall { needed, got } => {
-                write!(
-                    f,
-                    "output buffer too small: need {needed} bytes, have {got}"
-                )
+                WireError::BufferTooSmall { needed, got }.fmt(f)
             }
             SelftestWireError::Misaligned {
                 page_size,
@@ -174,74 +172,49 @@ impl fmt::Display for SelftestWireError {
 impl std::error::Error for SelftestWireError {}
 
 pub(super) fn check_len(b: &[u8], needed: usize) -> Result<(), SelftestWireError> {
-    if b.len() < needed {
-        Err(SelftestWireError::Truncated {
-            needed,
-            got: b.len(),
-        })
-    } else {
-        Ok(())
-    }
+    lnd::wire::need(b, needed, |needed, got| SelftestWireError::Truncated {
+        needed,
+        got,
+    })
 }
 
 pub(super) fn check_room(b: &[u8], needed: usize) -> Result<(), SelftestWireError> {
-    if b.len() < needed {
-        Err(SelftestWireError::BufferTooSmall {
-            needed,
-            got: b.len(),
-        })
-    } else {
-        Ok(())
-    }
+    lnd::wire::need(b, needed, |needed, got| SelftestWireError::BufferTooSmall {
+        needed,
+        got,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
 // Enumerations
 // ---------------------------------------------------------------------------------------------
 
-/// Selftest services (`enum srpc_service_type` in rpc.h). The request of a service is sent with
-/// the service id as LNet match bits to [`ServiceId::portal`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ServiceId {
-    /// Query a node's session (the `lst` "debug" and node-status queries).
-    Debug = 0,
-    /// Create (or force-steal) a node's session.
-    MakeSession = 1,
-    /// End a node's session.
-    RemoveSession = 2,
-    /// Run, stop or query a batch.
-    Batch = 3,
-    /// Add a test to a batch.
-    Test = 4,
-    /// Read a node's counters.
-    QueryStat = 5,
-    /// Join a console's session (group membership from the node side).
-    Join = 6,
-    /// Bulk read/write test.
-    Brw = 11,
-    /// Ping test.
-    Ping = 12,
+lnd::wire_enum! {
+    /// Selftest services (`enum srpc_service_type` in rpc.h). The request of a service is sent with
+    /// the service id as LNet match bits to [`ServiceId::portal`].
+    pub enum ServiceId: from_u32(u32) {
+        /// Query a node's session (the `lst` "debug" and node-status queries).
+        Debug = 0,
+        /// Create (or force-steal) a node's session.
+        MakeSession = 1,
+        /// End a node's session.
+        RemoveSession = 2,
+        /// Run, stop or query a batch.
+        Batch = 3,
+        /// Add a test to a batch.
+        Test = 4,
+        /// Read a node's counters.
+        QueryStat = 5,
+        /// Join a console's session (group membership from the node side).
+        Join = 6,
+        /// Bulk read/write test.
+        Brw = 11,
+        /// Ping test.
+        Ping = 12,
+    }
 }
 
 impl ServiceId {
-    /// Every service, framework services first.
-    pub const ALL: [ServiceId; 9] = [
-        ServiceId::Debug,
-        ServiceId::MakeSession,
-        ServiceId::RemoveSession,
-        ServiceId::Batch,
-        ServiceId::Test,
-        ServiceId::QueryStat,
-        ServiceId::Join,
-        ServiceId::Brw,
-        ServiceId::Ping,
-    ];
-
-    /// The service with id `v`, if any.
-    pub fn from_u32(v: u32) -> Option<ServiceId> {
-        ServiceId::ALL.into_iter().find(|s| *s as u32 == v)
-    }
-
     /// A framework service (session, batch, test, stat, join, debug), as opposed to a test
     /// service (brw, ping).
     pub fn is_framework(self) -> bool {
@@ -278,57 +251,23 @@ impl ServiceId {
     }
 }
 
-/// `msg_type` values (`enum srpc_msg_type`): requests are even, each reply is its request + 1.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum MsgType {
-    MakeSessionRequest = 0,
-    MakeSessionReply = 1,
-    RemoveSessionRequest = 2,
-    RemoveSessionReply = 3,
-    BatchRequest = 4,
-    BatchReply = 5,
-    StatRequest = 6,
-    StatReply = 7,
-    TestRequest = 8,
-    TestReply = 9,
-    DebugRequest = 10,
-    DebugReply = 11,
-    BrwRequest = 12,
-    BrwReply = 13,
-    PingRequest = 14,
-    PingReply = 15,
-    JoinRequest = 16,
-    JoinReply = 17,
+lnd::wire_enum! {
+    /// `msg_type` values (`enum srpc_msg_type`): requests are even, each reply is its request + 1.
+    pub enum MsgType: from_u32(u32) {
+        // One request and its reply a line.
+        MakeSessionRequest = 0, MakeSessionReply = 1,
+        RemoveSessionRequest = 2, RemoveSessionReply = 3,
+        BatchRequest = 4, BatchReply = 5,
+        StatRequest = 6, StatReply = 7,
+        TestRequest = 8, TestReply = 9,
+        DebugRequest = 10, DebugReply = 11,
+        BrwRequest = 12, BrwReply = 13,
+        PingRequest = 14, PingReply = 15,
+        JoinRequest = 16, JoinReply = 17,
+    }
 }
 
 impl MsgType {
-    /// Every message type, in wire order.
-    pub const ALL: [MsgType; 18] = [
-        MsgType::MakeSessionRequest,
-        MsgType::MakeSessionReply,
-        MsgType::RemoveSessionRequest,
-        MsgType::RemoveSessionReply,
-        MsgType::BatchRequest,
-        MsgType::BatchReply,
-        MsgType::StatRequest,
-        MsgType::StatReply,
-        MsgType::TestRequest,
-        MsgType::TestReply,
-        MsgType::DebugRequest,
-        MsgType::DebugReply,
-        MsgType::BrwRequest,
-        MsgType::BrwReply,
-        MsgType::PingRequest,
-        MsgType::PingReply,
-        MsgType::JoinRequest,
-        MsgType::JoinReply,
-    ];
-
-    /// The type with wire code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<MsgType> {
-        MsgType::ALL.get(usize::try_from(v).ok()?).copied()
-    }
-
     /// Whether this is a reply (odd code).
     pub fn is_reply(self) -> bool {
         (self as u32) & 1 == 1
@@ -355,26 +294,18 @@ impl MsgType {
     }
 }
 
-/// Test types of the console's add-test call (`enum lst_test_type` in lnetst.h). They do not
-/// travel in srpc messages themselves: the console turns them into a [`ServiceId`].
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum TestType {
-    /// Bulk read/write: service [`ServiceId::Brw`].
-    Bulk = 1,
-    /// Ping: service [`ServiceId::Ping`].
-    Ping = 2,
+lnd::wire_enum! {
+    /// Test types of the console's add-test call (`enum lst_test_type` in lnetst.h). They do not
+    /// travel in srpc messages themselves: the console turns them into a [`ServiceId`].
+    pub enum TestType: from_u32(u32) {
+        /// Bulk read/write: service [`ServiceId::Brw`].
+        Bulk = 1,
+        /// Ping: service [`ServiceId::Ping`].
+        Ping = 2,
+    }
 }
 
 impl TestType {
-    /// The test type with code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<TestType> {
-        match v {
-            1 => Some(TestType::Bulk),
-            2 => Some(TestType::Ping),
-            _ => None,
-        }
-    }
-
     /// The service that runs it.
     pub fn service(self) -> ServiceId {
         match self {
@@ -384,49 +315,25 @@ impl TestType {
     }
 }
 
-/// Direction of a brw test (`enum lst_brw_type`), as seen from the client.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum BrwOp {
-    /// The server PUTs the data into the client's sink.
-    Read = 1,
-    /// The server GETs the data from the client's source.
-    Write = 2,
-}
-
-impl BrwOp {
-    /// The opcode with code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<BrwOp> {
-        match v {
-            1 => Some(BrwOp::Read),
-            2 => Some(BrwOp::Write),
-            _ => None,
-        }
+lnd::wire_enum! {
+    /// Direction of a brw test (`enum lst_brw_type`), as seen from the client.
+    pub enum BrwOp: from_u32(u32) {
+        /// The server PUTs the data into the client's sink.
+        Read = 1,
+        /// The server GETs the data from the client's source.
+        Write = 2,
     }
-}
 
-/// How brw data is checked (`enum lst_brw_flags`).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum BrwCheck {
-    /// No pattern written, none checked.
-    None = 1,
-    /// First and last 8-byte word of each page segment (see [`fill_pattern`]).
-    Simple = 2,
-    /// Every 8-byte word.
-    Full = 3,
-    /// Like `None`, and the receiver may discard the data without copying it (LNET_MD_DISCARD).
-    Discard = 4,
-}
-
-impl BrwCheck {
-    /// The check with code `v`, if any.
-    pub fn from_u32(v: u32) -> Option<BrwCheck> {
-        match v {
-            1 => Some(BrwCheck::None),
-            2 => Some(BrwCheck::Simple),
-            3 => Some(BrwCheck::Full),
-            4 => Some(BrwCheck::Discard),
-            _ => None,
-        }
+    /// How brw data is checked (`enum lst_brw_flags`).
+    pub enum BrwCheck: from_u32(u32) {
+        /// No pattern written, none checked.
+        None = 1,
+        /// First and last 8-byte word of each page segment (see [`fill_pattern`]).
+        Simple = 2,
+        /// Every 8-byte word.
+        Full = 3,
+        /// Like `None`, and the receiver may discard the data without copying it (LNET_MD_DISCARD).
+        Discard = 4,
     }
 }
 
