@@ -395,7 +395,7 @@ impl Pair {
 
     /// `body` as endpoint `to`'s peer puts it on their connection (from its NID and stamp to
     /// ours, the incarnations `Pair::new` gives): what a lying or forging peer sends.
-    fn from_peer(&self, to: usize, body: KibBody<'_>) -> Vec<u8> {
+    fn peer_msg(&self, to: usize, body: KibBody<'_>) -> Vec<u8> {
         let stamp = |i: usize| [100, 200][i];
         let (from, to_nid) = (self.eps[1 - to].nid(), self.eps[to].nid());
         raw_msg(from, stamp(1 - to), to_nid, stamp(to), body)
@@ -902,7 +902,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
             cookie: p.complete_sends(i, now, pick).unwrap(),
             status: 1_000_000,
         };
-        let msg = p.from_peer(i, done(claim));
+        let msg = p.peer_msg(i, done(claim));
         p.eps[i].handle_recv(now, conn, 4, &msg);
         p.bulk_result(i, cookie)
     }
@@ -916,7 +916,7 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
     let now = p.now;
 
     // Sink side of a PUT: b accepts a's PUT_REQ into 100 bytes; a claims 1 MB in PUT_DONE.
-    let req = p.from_peer(
+    let req = p.peer_msg(
         1,
         KibBody::PutReq {
             hdr: hdr(a, b, 5000),
@@ -1030,7 +1030,7 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
 fn a_get_done_for_no_get_of_ours_closes_the_connection() {
     use crate::wire::kib::Completion;
     let (mut p, _, _, conn_b) = connected_by_one_message();
-    let done = p.from_peer(
+    let done = p.peer_msg(
         1,
         KibBody::GetDone(Completion {
             cookie: 0x1234,
