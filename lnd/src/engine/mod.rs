@@ -56,7 +56,7 @@ use crate::fabric::{
     ConnId, ConnectFailure, DisconnectReason, FabricAction, FabricEvent, FabricSink, LocalFrag,
     PrivateData, RemoteFrag, RequestId, WcStatus, WrId,
 };
-use crate::handle::{Handle, HandleSlab, Tag};
+use crate::handle::{handle_type, HandleSlab};
 use crate::slots::Slots;
 use crate::time::{Duration, Instant};
 use crate::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
@@ -87,16 +87,10 @@ const SUPERSEDED_KEPT: usize = 4;
 
 type PeerIdx = usize;
 
-/// The tag of a message's handle.
-#[derive(Debug)]
-enum TxTag {}
-
-impl Tag for TxTag {
-    const NAME: &'static str = "tx";
+handle_type! {
+    /// A message's handle; its `as_u64` is the send's work-request id.
+    type TxKey = Handle<TxTag>, "tx";
 }
-
-/// A message's handle; its `as_u64` is the send's work-request id.
-type TxKey = Handle<TxTag>;
 
 fn wr_of(key: TxKey) -> WrId {
     WrId(key.as_u64())

@@ -36,23 +36,18 @@ pub mod local;
 
 use core::fmt;
 
-use crate::handle::{Handle, Tag};
+use crate::handle::handle_type;
 pub use crate::mem::{RegionId, Registration, SharedMem};
 use crate::time::Instant;
 use crate::wire::kib::MAX_RDMA_FRAGS;
 use crate::wire::Nid;
 
-/// The engine's name for one connection (a queue pair and its cm_id): a [`Handle`] (slab key with
-/// a generation), so an event for a connection that was already destroyed is recognised and
-/// dropped. `as_u64` / `from_u64` carry it through the kernel (wr_id, io_uring user_data).
-pub type ConnId = Handle<ConnTag>;
-
-/// The tag of [`ConnId`].
-#[derive(Debug)]
-pub enum ConnTag {}
-
-impl Tag for ConnTag {
-    const NAME: &'static str = "conn";
+handle_type! {
+    /// The engine's name for one connection (a queue pair and its cm_id): a
+    /// [`Handle`](crate::handle::Handle) (slab key with a generation), so an event for a
+    /// connection that was already destroyed is recognised and dropped. `as_u64` / `from_u64`
+    /// carry it through the kernel (wr_id, io_uring user_data).
+    pub type ConnId = Handle<ConnTag>, "conn";
 }
 
 /// The fabric's name for an incoming connect request that is not yet accepted or rejected.

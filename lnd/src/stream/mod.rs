@@ -34,20 +34,14 @@
 use core::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crate::handle::{Handle, Tag};
+use crate::handle::handle_type;
 use crate::mem::SharedMem;
 use crate::time::{Duration, Instant};
 
-/// The engine's name for one TCP connection (a generational slab key), so a report for a
-/// stream already closed is recognised and dropped.
-pub type StreamId = Handle<StreamTag>;
-
-/// The tag of [`StreamId`].
-#[derive(Debug)]
-pub enum StreamTag {}
-
-impl Tag for StreamTag {
-    const NAME: &'static str = "stream";
+handle_type! {
+    /// The engine's name for one TCP connection (a generational slab key), so a report for a
+    /// stream already closed is recognised and dropped.
+    pub type StreamId = Handle<StreamTag>, "stream";
 }
 
 /// The driver's name for an accepted connection the engine has not adopted or refused yet.
