@@ -155,6 +155,7 @@ enum TxBody {
     },
 }
 
+#[derive(Copy, Clone, PartialEq, Eq)]
 enum TxPlace {
     /// On the peer's queue, waiting for a connection.
     Peer,
@@ -732,12 +733,9 @@ impl Endpoint {
     /// with -ENODATA, as kiblnd_recv answers a request LNet dropped.
     pub fn recv_done(&mut self, now: Instant, rx: RxToken) {
         self.advance(now);
-        let Some(c) = self.conn_mut(rx.conn_id()) else {
+        let Some(c) = self.established_mut(rx.conn_id()) else {
             return;
         };
-        if c.state != ConnState::Established {
-            return;
-        }
         if let Some(req) = Self::take_pending(c, rx.slot16()) {
             let status = if req.get { -ENODATA } else { 0 };
             return self.refuse_pending(rx, req, status);
@@ -797,6 +795,13 @@ impl Endpoint {
 
     fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
         self.conns.get_mut(id)
+    }
+
+    /// The connection `id` while it is established: what a received message's answer
+    /// (`recv_done`, a rendezvous answer) is for; once it closes there is nothing to answer.
+    fn established_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conn_mut(id)
+            .filter(|c| c.state == ConnState::Established)
     }
 
     fn conn_ids(&self) -> Vec<ConnId> {

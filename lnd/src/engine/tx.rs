@@ -249,14 +249,19 @@ impl Endpoint {
 
     /// Fails the messages on `conn` that were sent and wait for the peer's rendezvous step.
     pub(super) fn abort_waiting(&mut self, conn: ConnId) {
-        let waiting: Vec<TxKey> = self
+        self.fail_placed(TxPlace::Waiting(conn), TxError::ConnAborted);
+    }
+
+    /// Fails with `err` every message at `place` (a connection's posted or waiting ones).
+    pub(super) fn fail_placed(&mut self, place: TxPlace, err: TxError) {
+        let keys: Vec<TxKey> = self
             .txs
             .iter()
-            .filter(|(_, t)| matches!(t.place, TxPlace::Waiting(x) if x == conn))
+            .filter(|(_, t)| t.place == place)
             .map(|(key, _)| key)
             .collect();
-        for key in waiting {
-            self.finish_tx(key, Err(TxError::ConnAborted));
+        for key in keys {
+            self.finish_tx(key, Err(err));
         }
     }
 
