@@ -451,6 +451,15 @@ impl<N: SimNode> World<N> {
 
     // ------------------------------------------------------------------ internals: plumbing
 
+    /// The connect `end` started at `started` never reaches its peer (lost on the way, no
+    /// route, an unreachable host): it fails as unreachable `unreachable_after` after it
+    /// started, and not before `now`.
+    pub(super) fn connect_unreachable(&mut self, now: Instant, started: Instant, end: u64) {
+        let at = now.max(started + self.cfg.unreachable_after);
+        let why = ConnectFailure::Unreachable;
+        self.push(at, Ev::ConnFailed { end, why });
+    }
+
     pub(super) fn push(&mut self, at: Instant, ev: Ev) {
         let at = at.max(self.now);
         if !matches!(ev, Ev::Timer { .. }) {
@@ -540,14 +549,7 @@ impl<N: SimNode> World<N> {
         orphan_reqs.sort_unstable();
         for id in orphan_reqs {
             if let Some(r) = self.reqs.remove(&id) {
-                let at = now.max(r.started + self.cfg.unreachable_after);
-                self.push(
-                    at,
-                    Ev::ConnFailed {
-                        end: r.active,
-                        why: ConnectFailure::Unreachable,
-                    },
-                );
+                self.connect_unreachable(now, r.started, r.active);
             }
         }
     }
