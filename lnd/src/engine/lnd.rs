@@ -56,7 +56,14 @@ impl Lnd for Endpoint {
         payload: Vec<u8>,
         cookie: u64,
     ) -> Result<(), SendError> {
-        Endpoint::send(self, now, peer, hdr, payload, cookie)
+        self.advance(now);
+        if payload.len() > MAX_INLINE && !self.shutting_down {
+            return Err(SendError::PayloadTooLarge(payload.len()));
+        }
+        let p = self.peer_for_send(peer)?;
+        let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
+        self.launch_tx(key);
+        Ok(())
     }
 
     fn send_bulk(

@@ -495,7 +495,7 @@ impl Endpoint {
         }
     }
 
-    /// An empty buffer for a payload to hand to [`Endpoint::send`], from the pool when it has
+    /// An empty buffer for a payload to hand to [`Lnd::send`](crate::iface::Lnd::send), from the pool when it has
     /// one (no allocation in the steady state).
     pub fn take_buffer(&mut self) -> Vec<u8> {
         self.pool
@@ -706,26 +706,6 @@ impl Endpoint {
     }
 
     // ---------------------------------------------------------------- upper layer
-
-    /// Queues an LNet message for `peer`. The result comes later as [`LndEvent::SendDone`] with
-    /// `cookie`, exactly once, unless this returns an error.
-    pub fn send(
-        &mut self,
-        now: Instant,
-        peer: Nid,
-        hdr: LnetHdr,
-        payload: Vec<u8>,
-        cookie: u64,
-    ) -> Result<(), SendError> {
-        self.advance(now);
-        if payload.len() > MAX_INLINE && !self.shutting_down {
-            return Err(SendError::PayloadTooLarge(payload.len()));
-        }
-        let p = self.peer_for_send(peer)?;
-        let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
-        self.launch_tx(key);
-        Ok(())
-    }
 
     /// LNet is done with a received message: repost its slot and return the credit. For a
     /// rendezvous request ([`LndEvent::BulkRequest`]) this means nothing matched: the peer gets

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::handshake::encode_private;
 use super::*;
+use crate::iface::Lnd;
 
 struct Pair {
     eps: [Endpoint; 2],

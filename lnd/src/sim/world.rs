@@ -2,6 +2,7 @@
 //! (the event queue, nodes going up and down, the upper layer of each node).
 
 use super::*;
+use crate::iface::Lnd;
 
 impl World {
     /// An empty world of LND endpoints at `cfg.start`.
