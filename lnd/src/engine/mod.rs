@@ -495,8 +495,8 @@ impl Endpoint {
         }
     }
 
-    /// An empty buffer for a payload to hand to [`Lnd::send`](crate::iface::Lnd::send), from the pool when it has
-    /// one (no allocation in the steady state).
+    /// An empty buffer for a payload to hand to [`Lnd::send`](crate::iface::Lnd::send), from
+    /// the pool when it has one (no allocation in the steady state).
     pub fn take_buffer(&mut self) -> Vec<u8> {
         self.pool
             .pop()
