@@ -537,18 +537,18 @@ impl StreamNet {
         }
     }
 
+    /// The connection ends `host` holds.
+    fn ends_on(&self, host: HostId) -> Vec<EndKey> {
+        let on_host = self.ends.iter().filter(|(_, e)| e.host == host);
+        on_host.map(|(k, _)| *k).collect()
+    }
+
     /// `host` vanishes without a word: its connections and listener are gone; its peers hear
     /// nothing.
     pub fn crash(&mut self, host: HostId) {
         self.hosts[host.0 as usize].up = false;
         self.hosts[host.0 as usize].listener = None;
-        let gone: Vec<EndKey> = self
-            .ends
-            .iter()
-            .filter(|(_, e)| e.host == host)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in gone {
+        for k in self.ends_on(host) {
             let Some(p) = self.ends.remove(&k).and_then(|e| e.peer) else {
                 continue;
             };
@@ -649,13 +649,7 @@ impl StreamNet {
     pub fn set_deaf(&mut self, host: HostId, deaf: bool) {
         self.hosts[host.0 as usize].deaf = deaf;
         if !deaf {
-            let keys: Vec<EndKey> = self
-                .ends
-                .iter()
-                .filter(|(_, e)| e.host == host)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in keys {
+            for k in self.ends_on(host) {
                 self.read(k);
             }
         }
