@@ -227,13 +227,7 @@ fn rendezvous_puts_land_byte_exact_at_every_size() {
     for (i, &len) in SIZES.iter().enumerate() {
         let (src_off, sink_off) = (13 + i as u64, 5 + 3 * i as u64);
         let sink = p.register(p.b, vec![0xee; MIB + 64]);
-        p.answers[1].push_back(Answer::Accept(RdmaSink {
-            key: sink.key(),
-            frags: vec![RdmaFrag {
-                nob: len,
-                addr: sink.addr() + sink_off,
-            }],
-        }));
+        p.answers[1].push_back(Answer::Accept(RdmaSink::of(&sink, sink_off, len)));
         let hdr = p.put_hdr(len);
         let (a, to) = (p.a, p.w.nid_of(p.b));
         let cookie =

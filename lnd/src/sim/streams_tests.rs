@@ -4,19 +4,8 @@ use super::*;
 use crate::handle::HandleSlab;
 use crate::mem::SharedMem;
 
-/// What a host heard, owned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Heard {
-    Listening(SocketAddrV4),
-    Incoming(IncomingId, SocketAddrV4),
-    Connected(StreamId, SocketAddrV4),
-    DialFailed(StreamId, DialError),
-    Data(StreamId, Vec<u8>),
-    Filled(StreamId, u32),
-    Sent(StreamId, SendId, Result<(), EndReason>),
-    Ended(StreamId, EndReason),
-    ListenFailed(i32),
-}
+// What a host heard, owned: the network's own record of an event.
+use super::Report as Heard;
 
 struct Harness {
     net: StreamNet,
@@ -71,7 +60,15 @@ impl Harness {
             let e = match ev {
                 StreamEvent::Listening { local } => Heard::Listening(local),
                 StreamEvent::ListenFailed { errno } => Heard::ListenFailed(errno),
-                StreamEvent::Incoming { incoming, peer, .. } => Heard::Incoming(incoming, peer),
+                StreamEvent::Incoming {
+                    incoming,
+                    peer,
+                    local,
+                } => Heard::Incoming {
+                    incoming,
+                    peer,
+                    local,
+                },
                 StreamEvent::Connected { stream, local } => Heard::Connected(stream, local),
                 StreamEvent::DialFailed { stream, error } => Heard::DialFailed(stream, error),
                 StreamEvent::Data { stream, bytes } => Heard::Data(stream, bytes.to_vec()),
@@ -118,7 +115,7 @@ impl Harness {
             .take(b)
             .into_iter()
             .find_map(|e| match e {
-                Heard::Incoming(i, peer) => Some((i, peer)),
+                Heard::Incoming { incoming, peer, .. } => Some((incoming, peer)),
                 _ => None,
             })
             .expect("an incoming connection");
@@ -131,6 +128,19 @@ impl Harness {
             },
         );
         (sa, sb, peer)
+    }
+
+    /// Whether `h` heard anything that passes `test`.
+    fn heard_that(&self, h: HostId, test: impl Fn(&Heard) -> bool) -> bool {
+        self.heard[h.0 as usize].iter().any(|(_, e)| test(e))
+    }
+
+    /// A new stream of `a` dials B:988 from any port; the network runs for `d`.
+    fn dial_and_run(&mut self, a: HostId, d: Duration) -> StreamId {
+        let s = self.stream();
+        self.net.apply(a, dial(s, 0, 0));
+        self.run_for(d);
+        s
     }
 
     /// All `Data` bytes `h` heard on `s`, in order.
@@ -176,6 +186,16 @@ fn recv(stream: StreamId, max: u32) -> StreamAction {
 #[track_caller]
 fn assert_heard(heard: &[Heard], e: Heard) {
     assert!(heard.contains(&e), "{e:?} not in {heard:?}");
+}
+
+/// A connection from A to B whose A side has a 10 s TCP_USER_TIMEOUT, A's direction stalled:
+/// the harness, the hosts and the two streams.
+fn stalled_connection() -> (Harness, HostId, HostId, StreamId, StreamId) {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(a, user_timeout(sa, Duration::from_secs(10)));
+    h.net.stall(a, b);
+    (h, a, b, sa, sb)
 }
 
 /// B listens on 988.
@@ -336,7 +356,7 @@ fn a_graceful_close_is_heard_as_eof_after_every_byte() {
     // The closer hears nothing more of its stream, and lets go of it once both FINs are out.
     h.net.apply(b, close(sb, CloseMode::Graceful));
     h.run_for(Duration::from_secs(3));
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
     assert_eq!(h.net.ends_of(a) + h.net.ends_of(b), 0);
 }
 
@@ -409,7 +429,7 @@ fn a_full_backlog_drops_the_dial() {
     let incoming = h
         .heard(b)
         .iter()
-        .filter(|e| matches!(e, Heard::Incoming(..)))
+        .filter(|e| matches!(e, Heard::Incoming { .. }))
         .count();
     assert_eq!(incoming, 2);
 }
@@ -513,10 +533,7 @@ fn partial_writes_split_a_send_into_segments_a_reader_sees_in_pieces() {
 
 #[test]
 fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
-    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    let (sa, sb) = h.connect(a, b);
-    h.net.apply(a, user_timeout(sa, Duration::from_secs(10)));
-    h.net.stall(a, b);
+    let (mut h, a, b, sa, sb) = stalled_connection();
     h.net.apply(a, send(sa, 1, b"held", SendPayload::None));
     h.net.apply(b, send(sb, 2, b"flows", SendPayload::None));
     h.net.apply(a, recv(sa, 64));
@@ -524,10 +541,7 @@ fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
     h.run_for(Duration::from_secs(9));
     assert_eq!(h.data(a, sa), b"flows");
     assert!(h.data(b, sb).is_empty());
-    assert!(!h
-        .heard(a)
-        .iter()
-        .any(|e| matches!(e, Heard::Sent(_, SendId(1), _))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Sent(_, SendId(1), _))));
     assert_eq!(h.net.in_flight(), 0, "a stalled send is not work in flight");
     h.run_for(Duration::from_secs(2));
     let heard = h.heard(a);
@@ -543,10 +557,7 @@ fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
 
 #[test]
 fn a_stall_ended_in_time_lets_the_bytes_go_and_stalls_stack() {
-    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    let (sa, sb) = h.connect(a, b);
-    h.net.apply(a, user_timeout(sa, Duration::from_secs(10)));
-    h.net.stall(a, b);
+    let (mut h, a, b, sa, sb) = stalled_connection();
     h.net.stall(a, b);
     h.net.apply(a, send(sa, 1, b"late", SendPayload::None));
     h.net.apply(b, recv(sb, 64));
@@ -558,7 +569,7 @@ fn a_stall_ended_in_time_lets_the_bytes_go_and_stalls_stack() {
     h.run_for(Duration::from_secs(20));
     assert_eq!(h.data(b, sb), b"late");
     assert!(h.heard(a).contains(&Heard::Sent(sa, SendId(1), Ok(()))));
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
 }
 
 #[test]
@@ -573,22 +584,15 @@ fn partitions_stack_and_a_syn_sent_before_one_is_lost() {
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s, DialError::Unreachable)));
-    assert!(!h.heard(b).iter().any(|e| matches!(e, Heard::Incoming(..))));
+    assert!(!h.heard_that(b, |e| matches!(e, Heard::Incoming { .. })));
     h.net.heal(a, b);
-    let s2 = h.stream();
-    h.net.apply(a, dial(s2, 0, 0));
-    h.run_for(Duration::from_secs(5));
+    let s2 = h.dial_and_run(a, Duration::from_secs(5));
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s2, DialError::Unreachable)));
     h.net.heal(a, b);
-    let s3 = h.stream();
-    h.net.apply(a, dial(s3, 0, 0));
-    h.run_for(Duration::from_millis(1));
-    assert!(h
-        .heard(a)
-        .iter()
-        .any(|e| matches!(e, Heard::Connected(x, _) if *x == s3)));
+    let s3 = h.dial_and_run(a, Duration::from_millis(1));
+    assert!(h.heard_that(a, |e| matches!(e, Heard::Connected(x, _) if *x == s3)));
 }
 
 #[test]
@@ -608,9 +612,7 @@ fn a_process_exit_closes_what_it_left_reset_where_bytes_were_unread() {
     assert_heard(&heard, Heard::Ended(sa, EndReason::Eof));
     assert_heard(&heard, Heard::Ended(sa2, EndReason::Reset));
     // The host is up but nothing listens: a dial is refused, and B hears nothing more.
-    let s = h.stream();
-    h.net.apply(a, dial(s, 0, 0));
-    h.run_for(Duration::from_millis(1));
+    let s = h.dial_and_run(a, Duration::from_millis(1));
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s, DialError::Refused)));
@@ -663,7 +665,7 @@ fn a_deaf_host_fills_the_window_without_a_tcp_timeout_and_reads_again() {
             .count()
     };
     assert_eq!(sent(&h), 2, "the window holds two sends");
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
     h.net.set_deaf(b, false);
     for _ in 0..4 {
         h.run_for(Duration::from_millis(1));
