@@ -4,8 +4,8 @@ use super::*;
 use crate::handle::HandleSlab;
 use crate::mem::SharedMem;
 
-// What a host heard, owned: the network's own record of an event.
-use super::Report as Heard;
+// What a host heard, owned.
+use crate::stream::StreamReport as Heard;
 
 struct Harness {
     net: StreamNet,
@@ -57,26 +57,7 @@ impl Harness {
     fn drain(&mut self) {
         let heard = &mut self.heard;
         self.net.deliver(|h, now, ev| {
-            let e = match ev {
-                StreamEvent::Listening { local } => Heard::Listening(local),
-                StreamEvent::ListenFailed { errno } => Heard::ListenFailed(errno),
-                StreamEvent::Incoming {
-                    incoming,
-                    peer,
-                    local,
-                } => Heard::Incoming {
-                    incoming,
-                    peer,
-                    local,
-                },
-                StreamEvent::Connected { stream, local } => Heard::Connected(stream, local),
-                StreamEvent::DialFailed { stream, error } => Heard::DialFailed(stream, error),
-                StreamEvent::Data { stream, bytes } => Heard::Data(stream, bytes.to_vec()),
-                StreamEvent::Filled { stream, n } => Heard::Filled(stream, n),
-                StreamEvent::Sent { stream, id, result } => Heard::Sent(stream, id, result),
-                StreamEvent::Ended { stream, why } => Heard::Ended(stream, why),
-            };
-            heard[h.0 as usize].push((now, e));
+            heard[h.0 as usize].push((now, Heard::from(ev)));
         });
     }
 
