@@ -19,6 +19,24 @@ pub trait Tag {
     const NAME: &'static str;
 }
 
+/// Declares a handle type, `$Id` = [`Handle`]`<$Tag>`, with its tag: an uninhabited enum whose
+/// [`Tag::NAME`] is `$name`. Every table keyed by handles declares its key this way.
+macro_rules! handle_type {
+    ($(#[$doc:meta])* $vis:vis type $Id:ident = Handle<$Tag:ident>, $name:literal;) => {
+        $(#[$doc])*
+        $vis type $Id = $crate::handle::Handle<$Tag>;
+
+        #[doc = concat!("The tag of [`", stringify!($Id), "`].")]
+        #[derive(Debug)]
+        $vis enum $Tag {}
+
+        impl $crate::handle::Tag for $Tag {
+            const NAME: &'static str = $name;
+        }
+    };
+}
+pub(crate) use handle_type;
+
 /// A slab key with a generation, for a `T`.
 pub struct Handle<T> {
     index: u32,

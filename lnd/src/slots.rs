@@ -21,6 +21,24 @@ enum Entry<T> {
     Vacant(usize),
 }
 
+impl<T> Entry<T> {
+    /// The value of an occupied slot: what `get` and `iter` see of a slot.
+    fn value(&self) -> Option<&T> {
+        match self {
+            Entry::Occupied(v) => Some(v),
+            Entry::Vacant(_) => None,
+        }
+    }
+
+    /// See [`Entry::value`].
+    fn value_mut(&mut self) -> Option<&mut T> {
+        match self {
+            Entry::Occupied(v) => Some(v),
+            Entry::Vacant(_) => None,
+        }
+    }
+}
+
 /// Values at stable `usize` keys; see the [module documentation](self).
 pub struct Slots<T> {
     entries: Vec<Entry<T>>,
@@ -87,18 +105,12 @@ impl<T> Slots<T> {
 
     /// The value at `key`, if there is one.
     pub fn get(&self, key: usize) -> Option<&T> {
-        match self.entries.get(key) {
-            Some(Entry::Occupied(v)) => Some(v),
-            _ => None,
-        }
+        self.entries.get(key)?.value()
     }
 
     /// The value at `key`, if there is one.
     pub fn get_mut(&mut self, key: usize) -> Option<&mut T> {
-        match self.entries.get_mut(key) {
-            Some(Entry::Occupied(v)) => Some(v),
-            _ => None,
-        }
+        self.entries.get_mut(key)?.value_mut()
     }
 
     /// True while a value is stored at `key`.
@@ -150,24 +162,14 @@ impl<T> Slots<T> {
 
     /// Every value with its key, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &T)> + '_ {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter_map(|(k, e)| match e {
-                Entry::Occupied(v) => Some((k, v)),
-                Entry::Vacant(_) => None,
-            })
+        let values = self.entries.iter().map(Entry::value);
+        values.enumerate().filter_map(|(k, v)| Some((k, v?)))
     }
 
     /// Every value with its key, in key order.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> + '_ {
-        self.entries
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(k, e)| match e {
-                Entry::Occupied(v) => Some((k, v)),
-                Entry::Vacant(_) => None,
-            })
+        let values = self.entries.iter_mut().map(Entry::value_mut);
+        values.enumerate().filter_map(|(k, v)| Some((k, v?)))
     }
 
     /// Gives back every slot it can: see [`Slots::shrink_to`].

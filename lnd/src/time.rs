@@ -42,6 +42,86 @@ const NANOS_PER_MICRO: u64 = 1_000;
 const NANOS_PER_MILLI: u64 = 1_000_000;
 const NANOS_PER_SEC: u64 = 1_000_000_000;
 
+/// What [`Instant`] and [`Duration`] share as a `u64` of nanoseconds: constructors from whole
+/// units (saturating), and a [`Duration`] added or taken away: checked, saturating, and as the
+/// `+`, `-`, `+=` and `-=` operators, which saturate (the module's overflow policy). One
+/// definition for both, so that the two cannot drift apart in how they overflow.
+macro_rules! nanos_arith {
+    ($T:ident { $($(#[$doc:meta])* $ctor:ident($unit:ident) = $per:expr;)* }) => {
+        impl $T {
+            $(
+                $(#[$doc])*
+                #[inline]
+                pub const fn $ctor($unit: u64) -> $T {
+                    $T($unit.saturating_mul($per))
+                }
+            )*
+
+            /// `self + d`, or `None` on overflow.
+            #[inline]
+            pub const fn checked_add(self, d: Duration) -> Option<$T> {
+                match self.0.checked_add(d.0) {
+                    Some(n) => Some($T(n)),
+                    None => None,
+                }
+            }
+
+            #[doc = concat!("`self - d`, or `None` below [`", stringify!($T), "::ZERO`].")]
+            #[inline]
+            pub const fn checked_sub(self, d: Duration) -> Option<$T> {
+                match self.0.checked_sub(d.0) {
+                    Some(n) => Some($T(n)),
+                    None => None,
+                }
+            }
+
+            #[doc = concat!("`self + d`, clamped to [`", stringify!($T), "::MAX`].")]
+            #[inline]
+            pub const fn saturating_add(self, d: Duration) -> $T {
+                $T(self.0.saturating_add(d.0))
+            }
+
+            #[doc = concat!("`self - d`, clamped to [`", stringify!($T), "::ZERO`].")]
+            #[inline]
+            pub const fn saturating_sub(self, d: Duration) -> $T {
+                $T(self.0.saturating_sub(d.0))
+            }
+        }
+
+        impl Add<Duration> for $T {
+            type Output = $T;
+            #[doc = concat!("Saturating: clamps to [`", stringify!($T), "::MAX`].")]
+            #[inline]
+            fn add(self, d: Duration) -> $T {
+                self.saturating_add(d)
+            }
+        }
+
+        impl AddAssign<Duration> for $T {
+            #[inline]
+            fn add_assign(&mut self, d: Duration) {
+                *self = *self + d;
+            }
+        }
+
+        impl Sub<Duration> for $T {
+            type Output = $T;
+            #[doc = concat!("Saturating: clamps to [`", stringify!($T), "::ZERO`].")]
+            #[inline]
+            fn sub(self, d: Duration) -> $T {
+                self.saturating_sub(d)
+            }
+        }
+
+        impl SubAssign<Duration> for $T {
+            #[inline]
+            fn sub_assign(&mut self, d: Duration) {
+                *self = *self - d;
+            }
+        }
+    };
+}
+
 /// Writes `nanos` as seconds with `precision` (0..=9) decimal places,
 /// truncating (never rounding up, so a printed time is never later than the
 /// real one), followed by `s`: `12.345678s`.
@@ -75,24 +155,6 @@ impl Instant {
     /// The latest representable instant (used as "never").
     pub const MAX: Instant = Instant(u64::MAX);
 
-    /// An instant `nanos` nanoseconds after the epoch.
-    #[inline]
-    pub const fn from_nanos(nanos: u64) -> Instant {
-        Instant(nanos)
-    }
-
-    /// An instant `millis` milliseconds after the epoch (saturating).
-    #[inline]
-    pub const fn from_millis(millis: u64) -> Instant {
-        Instant(millis.saturating_mul(NANOS_PER_MILLI))
-    }
-
-    /// An instant `secs` seconds after the epoch (saturating).
-    #[inline]
-    pub const fn from_secs(secs: u64) -> Instant {
-        Instant(secs.saturating_mul(NANOS_PER_SEC))
-    }
-
     /// Nanoseconds since the epoch.
     #[inline]
     pub const fn as_nanos(self) -> u64 {
@@ -113,69 +175,16 @@ impl Instant {
             None => None,
         }
     }
-
-    /// `self + d`, or `None` on overflow.
-    #[inline]
-    pub const fn checked_add(self, d: Duration) -> Option<Instant> {
-        match self.0.checked_add(d.0) {
-            Some(t) => Some(Instant(t)),
-            None => None,
-        }
-    }
-
-    /// `self - d`, or `None` if that would precede the epoch.
-    #[inline]
-    pub const fn checked_sub(self, d: Duration) -> Option<Instant> {
-        match self.0.checked_sub(d.0) {
-            Some(t) => Some(Instant(t)),
-            None => None,
-        }
-    }
-
-    /// `self + d`, clamped to [`Instant::MAX`].
-    #[inline]
-    pub const fn saturating_add(self, d: Duration) -> Instant {
-        Instant(self.0.saturating_add(d.0))
-    }
-
-    /// `self - d`, clamped to [`Instant::ZERO`].
-    #[inline]
-    pub const fn saturating_sub(self, d: Duration) -> Instant {
-        Instant(self.0.saturating_sub(d.0))
-    }
 }
 
-impl Add<Duration> for Instant {
-    type Output = Instant;
-    /// Saturating: clamps to [`Instant::MAX`].
-    #[inline]
-    fn add(self, d: Duration) -> Instant {
-        self.saturating_add(d)
-    }
-}
-
-impl AddAssign<Duration> for Instant {
-    #[inline]
-    fn add_assign(&mut self, d: Duration) {
-        *self = *self + d;
-    }
-}
-
-impl Sub<Duration> for Instant {
-    type Output = Instant;
-    /// Saturating: clamps to [`Instant::ZERO`].
-    #[inline]
-    fn sub(self, d: Duration) -> Instant {
-        self.saturating_sub(d)
-    }
-}
-
-impl SubAssign<Duration> for Instant {
-    #[inline]
-    fn sub_assign(&mut self, d: Duration) {
-        *self = *self - d;
-    }
-}
+nanos_arith!(Instant {
+    /// An instant `nanos` nanoseconds after the epoch.
+    from_nanos(nanos) = 1;
+    /// An instant `millis` milliseconds after the epoch (saturating).
+    from_millis(millis) = NANOS_PER_MILLI;
+    /// An instant `secs` seconds after the epoch (saturating).
+    from_secs(secs) = NANOS_PER_SEC;
+});
 
 impl Sub<Instant> for Instant {
     type Output = Duration;
@@ -210,30 +219,6 @@ impl Duration {
     pub const ZERO: Duration = Duration(0);
     /// The longest representable span (about 584 years; used as "never").
     pub const MAX: Duration = Duration(u64::MAX);
-
-    /// `nanos` nanoseconds.
-    #[inline]
-    pub const fn from_nanos(nanos: u64) -> Duration {
-        Duration(nanos)
-    }
-
-    /// `micros` microseconds (saturating).
-    #[inline]
-    pub const fn from_micros(micros: u64) -> Duration {
-        Duration(micros.saturating_mul(NANOS_PER_MICRO))
-    }
-
-    /// `millis` milliseconds (saturating).
-    #[inline]
-    pub const fn from_millis(millis: u64) -> Duration {
-        Duration(millis.saturating_mul(NANOS_PER_MILLI))
-    }
-
-    /// `secs` seconds (saturating).
-    #[inline]
-    pub const fn from_secs(secs: u64) -> Duration {
-        Duration(secs.saturating_mul(NANOS_PER_SEC))
-    }
 
     /// Whole nanoseconds.
     #[inline]
@@ -271,74 +256,23 @@ impl Duration {
         self.0 == 0
     }
 
-    /// `self + other`, clamped to [`Duration::MAX`].
-    #[inline]
-    pub const fn saturating_add(self, other: Duration) -> Duration {
-        Duration(self.0.saturating_add(other.0))
-    }
-
-    /// `self - other`, clamped to [`Duration::ZERO`].
-    #[inline]
-    pub const fn saturating_sub(self, other: Duration) -> Duration {
-        Duration(self.0.saturating_sub(other.0))
-    }
-
     /// `self * n`, clamped to [`Duration::MAX`].
     #[inline]
     pub const fn saturating_mul(self, n: u64) -> Duration {
         Duration(self.0.saturating_mul(n))
     }
-
-    /// `self + other`, or `None` on overflow.
-    #[inline]
-    pub const fn checked_add(self, other: Duration) -> Option<Duration> {
-        match self.0.checked_add(other.0) {
-            Some(d) => Some(Duration(d)),
-            None => None,
-        }
-    }
-
-    /// `self - other`, or `None` if `other` is longer.
-    #[inline]
-    pub const fn checked_sub(self, other: Duration) -> Option<Duration> {
-        match self.0.checked_sub(other.0) {
-            Some(d) => Some(Duration(d)),
-            None => None,
-        }
-    }
 }
 
-impl Add for Duration {
-    type Output = Duration;
-    /// Saturating: clamps to [`Duration::MAX`].
-    #[inline]
-    fn add(self, other: Duration) -> Duration {
-        self.saturating_add(other)
-    }
-}
-
-impl AddAssign for Duration {
-    #[inline]
-    fn add_assign(&mut self, other: Duration) {
-        *self = *self + other;
-    }
-}
-
-impl Sub for Duration {
-    type Output = Duration;
-    /// Saturating: clamps to [`Duration::ZERO`].
-    #[inline]
-    fn sub(self, other: Duration) -> Duration {
-        self.saturating_sub(other)
-    }
-}
-
-impl SubAssign for Duration {
-    #[inline]
-    fn sub_assign(&mut self, other: Duration) {
-        *self = *self - other;
-    }
-}
+nanos_arith!(Duration {
+    /// `nanos` nanoseconds.
+    from_nanos(nanos) = 1;
+    /// `micros` microseconds (saturating).
+    from_micros(micros) = NANOS_PER_MICRO;
+    /// `millis` milliseconds (saturating).
+    from_millis(millis) = NANOS_PER_MILLI;
+    /// `secs` seconds (saturating).
+    from_secs(secs) = NANOS_PER_SEC;
+});
 
 impl Mul<u64> for Duration {
     type Output = Duration;

@@ -84,7 +84,7 @@ use std::fmt;
 use crate::slots::Slots;
 use crate::trim::Trim;
 
-use crate::handle::{Handle, Tag};
+use crate::handle::handle_type;
 use crate::time::{Duration, Instant};
 
 /// Number of levels. 6 levels of 64 slots cover `2^36` ticks.
@@ -105,21 +105,15 @@ const NIL: u32 = u32::MAX;
 /// `Entry::level` value for entries that sit in the ready queue.
 const IN_READY: u8 = u8::MAX;
 
-/// Handle to a scheduled timer, returned by [`TimerWheel::insert`].
-///
-/// A key becomes stale when its timer fires or is cancelled; a stale key
-/// never matches a later timer, even one that reuses the same storage slot
-/// (the generation is the low 32 bits of a per-wheel insertion counter, so
-/// that would take `2^32` insertions between the key going stale and the
-/// reuse, all landing on the same index).
-pub type TimerKey = Handle<TimerTag>;
-
-/// The tag of [`TimerKey`].
-#[derive(Debug)]
-pub enum TimerTag {}
-
-impl Tag for TimerTag {
-    const NAME: &'static str = "timer";
+handle_type! {
+    /// Handle to a scheduled timer, returned by [`TimerWheel::insert`].
+    ///
+    /// A key becomes stale when its timer fires or is cancelled; a stale key
+    /// never matches a later timer, even one that reuses the same storage slot
+    /// (the generation is the low 32 bits of a per-wheel insertion counter, so
+    /// that would take `2^32` insertions between the key going stale and the
+    /// reuse, all landing on the same index).
+    pub type TimerKey = Handle<TimerTag>, "timer";
 }
 
 struct Entry<T> {

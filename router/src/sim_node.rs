@@ -70,10 +70,6 @@ impl SimNode for LnetNode {
         Some(action)
     }
 
-    fn poll_event(&mut self) -> Option<LnetEvent> {
-        LnetNode::poll_event(self)
-    }
-
     fn book(ev: LnetEvent) -> Booking<LnetEvent> {
         match ev {
             LnetEvent::PeerUp { nid, .. } => Booking::PeerUp { nid },
@@ -86,21 +82,7 @@ impl SimNode for LnetNode {
     /// a token.
     fn recv_done(&mut self, _now: Instant, _rx: RxToken) {}
 
-    fn poll_timeout(&self) -> Option<Instant> {
-        LnetNode::poll_timeout(self)
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        LnetNode::handle_timeout(self, now);
-    }
-
-    fn shutdown(&mut self, now: Instant) {
-        LnetNode::shutdown(self, now);
-    }
-
-    fn is_shut_down(&self) -> bool {
-        LnetNode::is_shut_down(self)
-    }
+    lnd::forward_lifecycle!(LnetNode, LnetEvent);
 
     /// An o2ib NI's engine counts what it leaked; a socklnd NI's holds nothing the fabric
     /// must take back (the stream network closes what a removed host left open).

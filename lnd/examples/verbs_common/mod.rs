@@ -9,6 +9,7 @@ use std::time::Duration;
 use lnd::driver::verbs::{turn, MonotonicClock, VerbsConfig, VerbsFabric};
 use lnd::engine::{DownReason, Endpoint, EndpointConfig, LndEvent, RdmaSink, RxToken, TxError};
 use lnd::fabric::{ConnId, LocalFrag};
+use lnd::iface::Lnd;
 use lnd::time::Instant;
 use lnd::wire::{LnetHdr, Nid, RejectReason};
 

@@ -479,15 +479,7 @@ impl Endpoint {
         self.abort_queued(conn, TxError::ConnAborted);
         self.abort_waiting(conn);
         // Posted messages whose completions never came.
-        let posted: Vec<TxKey> = self
-            .txs
-            .iter()
-            .filter(|(_, t)| matches!(t.place, TxPlace::Posted(x) if x == conn))
-            .map(|(key, _)| key)
-            .collect();
-        for key in posted {
-            self.finish_tx(key, Err(TxError::SendFailed));
-        }
+        self.fail_placed(TxPlace::Posted(conn), TxError::SendFailed);
         self.conns.remove(conn);
         self.actions.push_back(FabricAction::Destroy { conn });
         self.stats.reaped += 1;

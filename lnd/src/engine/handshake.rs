@@ -191,23 +191,9 @@ impl Endpoint {
         }
         self.peers[p].accepting.push(id);
         self.stats.accepts += 1;
-        let ack = KibMsg {
-            version: VERSION_2,
-            credits: 0,
-            src_nid: self.cfg.nid,
-            src_stamp: self.cfg.incarnation,
-            dst_nid: msg.src_nid,
-            dst_stamp: msg.src_stamp,
-            body: KibBody::ConnAck(ConnParams {
-                queue_depth: qd,
-                max_frags: cp.max_frags.min(MAX_RDMA_FRAGS as u16),
-                max_msg_size: MSG_SIZE as u32,
-            }),
-        };
-        let private = encode_private(&ack, self.emit_opts(p));
-        if self.capture.is_some() {
-            self.record(CaptureDir::Sent, id, msg.src_nid, private.as_bytes());
-        }
+        let frags = cp.max_frags.min(MAX_RDMA_FRAGS as u16);
+        let ack = KibBody::ConnAck(our_params(qd, frags));
+        let private = self.handshake_private(p, id, (msg.src_nid, msg.src_stamp), ack);
         self.actions.push_back(FabricAction::Accept {
             req,
             conn: id,
@@ -563,24 +549,9 @@ impl Endpoint {
         if reconnect {
             self.stats.reconnects += 1;
         }
-        let req = KibMsg {
-            version: VERSION_2,
-            credits: 0,
-            src_nid: self.cfg.nid,
-            src_stamp: self.cfg.incarnation,
-            dst_nid: nid,
-            dst_stamp,
-            body: KibBody::ConnReq(ConnParams {
-                queue_depth: qd,
-                max_frags: frags,
-                max_msg_size: MSG_SIZE as u32,
-            }),
-        };
         trace!(peer = %nid, conn = ?id, "active connect");
-        let private = encode_private(&req, self.emit_opts(p));
-        if self.capture.is_some() {
-            self.record(CaptureDir::Sent, id, nid, private.as_bytes());
-        }
+        let req = KibBody::ConnReq(our_params(qd, frags));
+        let private = self.handshake_private(p, id, (nid, dst_stamp), req);
         self.actions.push_back(FabricAction::Connect {
             conn: id,
             peer: nid,
@@ -707,6 +678,44 @@ impl Endpoint {
 
 pub(super) fn recv_slots(queue_depth: u16) -> u16 {
     queue_depth.saturating_mul(2).saturating_add(OOB_SLOTS)
+}
+
+/// The parameters we offer (CONNREQ) or accept (CONNACK): `queue_depth` and `max_frags` as
+/// negotiated, our message size.
+fn our_params(queue_depth: u16, max_frags: u16) -> ConnParams {
+    ConnParams {
+        queue_depth,
+        max_frags,
+        max_msg_size: MSG_SIZE as u32,
+    }
+}
+
+impl Endpoint {
+    /// Our side of a connection handshake (`body`: CONNREQ or CONNACK) on `id` with peer `p`,
+    /// `(nid, stamp)` on the wire, as the connect's or accept's private data; recorded as sent
+    /// when capturing.
+    fn handshake_private(
+        &mut self,
+        p: PeerIdx,
+        id: ConnId,
+        (nid, stamp): (Nid, u64),
+        body: KibBody<'_>,
+    ) -> PrivateData {
+        let msg = KibMsg {
+            version: VERSION_2,
+            credits: 0,
+            src_nid: self.cfg.nid,
+            src_stamp: self.cfg.incarnation,
+            dst_nid: nid,
+            dst_stamp: stamp,
+            body,
+        };
+        let private = encode_private(&msg, self.emit_opts(p));
+        if self.capture.is_some() {
+            self.record(CaptureDir::Sent, id, nid, private.as_bytes());
+        }
+        private
+    }
 }
 
 pub(super) fn encode_private(msg: &KibMsg<'_>, opts: EmitOpts) -> PrivateData {

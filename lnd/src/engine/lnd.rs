@@ -56,7 +56,14 @@ impl Lnd for Endpoint {
         payload: Vec<u8>,
         cookie: u64,
     ) -> Result<(), SendError> {
-        Endpoint::send(self, now, peer, hdr, payload, cookie)
+        self.advance(now);
+        if payload.len() > MAX_INLINE && !self.shutting_down {
+            return Err(SendError::PayloadTooLarge(payload.len()));
+        }
+        let p = self.peer_for_send(peer)?;
+        let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
+        self.launch_tx(key);
+        Ok(())
     }
 
     fn send_bulk(
@@ -93,25 +100,7 @@ impl Lnd for Endpoint {
         self.refuse_rdma(now, rx, errno);
     }
 
-    fn poll_event(&mut self) -> Option<LndEvent> {
-        Endpoint::poll_event(self)
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        Endpoint::poll_timeout(self)
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        Endpoint::handle_timeout(self, now);
-    }
-
-    fn shutdown(&mut self, now: Instant) {
-        Endpoint::shutdown(self, now);
-    }
-
-    fn is_shut_down(&self) -> bool {
-        Endpoint::is_shut_down(self)
-    }
+    crate::forward_lifecycle!(Endpoint, LndEvent);
 
     /// Every connection as if its queue pair went to error at once (what was in flight fails
     /// as on a transport error, the peers reported down), then a shutdown, which with no

@@ -56,7 +56,7 @@ use crate::fabric::{
     ConnId, ConnectFailure, DisconnectReason, FabricAction, FabricEvent, FabricSink, LocalFrag,
     PrivateData, RemoteFrag, RequestId, WcStatus, WrId,
 };
-use crate::handle::{Handle, HandleSlab, Tag};
+use crate::handle::{handle_type, HandleSlab};
 use crate::slots::Slots;
 use crate::time::{Duration, Instant};
 use crate::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
@@ -87,16 +87,10 @@ const SUPERSEDED_KEPT: usize = 4;
 
 type PeerIdx = usize;
 
-/// The tag of a message's handle.
-#[derive(Debug)]
-enum TxTag {}
-
-impl Tag for TxTag {
-    const NAME: &'static str = "tx";
+handle_type! {
+    /// A message's handle; its `as_u64` is the send's work-request id.
+    type TxKey = Handle<TxTag>, "tx";
 }
-
-/// A message's handle; its `as_u64` is the send's work-request id.
-type TxKey = Handle<TxTag>;
 
 fn wr_of(key: TxKey) -> WrId {
     WrId(key.as_u64())
@@ -161,6 +155,7 @@ enum TxBody {
     },
 }
 
+#[derive(Copy, Clone, PartialEq, Eq)]
 enum TxPlace {
     /// On the peer's queue, waiting for a connection.
     Peer,
@@ -500,8 +495,8 @@ impl Endpoint {
         }
     }
 
-    /// An empty buffer for a payload to hand to [`Endpoint::send`], from the pool when it has
-    /// one (no allocation in the steady state).
+    /// An empty buffer for a payload to hand to [`Lnd::send`](crate::iface::Lnd::send), from
+    /// the pool when it has one (no allocation in the steady state).
     pub fn take_buffer(&mut self) -> Vec<u8> {
         self.pool
             .pop()
@@ -712,38 +707,15 @@ impl Endpoint {
 
     // ---------------------------------------------------------------- upper layer
 
-    /// Queues an LNet message for `peer`. The result comes later as [`LndEvent::SendDone`] with
-    /// `cookie`, exactly once, unless this returns an error.
-    pub fn send(
-        &mut self,
-        now: Instant,
-        peer: Nid,
-        hdr: LnetHdr,
-        payload: Vec<u8>,
-        cookie: u64,
-    ) -> Result<(), SendError> {
-        self.advance(now);
-        if payload.len() > MAX_INLINE && !self.shutting_down {
-            return Err(SendError::PayloadTooLarge(payload.len()));
-        }
-        let p = self.peer_for_send(peer)?;
-        let key = self.new_tx(p, TxBody::Immediate { hdr, payload }, Some(cookie));
-        self.launch_tx(key);
-        Ok(())
-    }
-
     /// LNet is done with a received message: repost its slot and return the credit. For a
     /// rendezvous request ([`LndEvent::BulkRequest`]) this means nothing matched: the peer gets
     /// PUT_NAK with status 0 (its PUT is done, as a PUT nobody wanted is in LNet) or GET_DONE
     /// with -ENODATA, as kiblnd_recv answers a request LNet dropped.
     pub fn recv_done(&mut self, now: Instant, rx: RxToken) {
         self.advance(now);
-        let Some(c) = self.conn_mut(rx.conn_id()) else {
+        let Some(c) = self.established_mut(rx.conn_id()) else {
             return;
         };
-        if c.state != ConnState::Established {
-            return;
-        }
         if let Some(req) = Self::take_pending(c, rx.slot16()) {
             let status = if req.get { -ENODATA } else { 0 };
             return self.refuse_pending(rx, req, status);
@@ -803,6 +775,13 @@ impl Endpoint {
 
     fn conn_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
         self.conns.get_mut(id)
+    }
+
+    /// The connection `id` while it is established: what a received message's answer
+    /// (`recv_done`, a rendezvous answer) is for; once it closes there is nothing to answer.
+    fn established_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conn_mut(id)
+            .filter(|c| c.state == ConnState::Established)
     }
 
     fn conn_ids(&self) -> Vec<ConnId> {

@@ -166,11 +166,7 @@ impl Endpoint {
         if source_len(&src) != Some(hdr.payload_length) {
             return Err(SendError::BadBulk);
         }
-        let p = self.peer_for_send(peer)?;
-        let key = self.new_tx(p, TxBody::PutReq { hdr, src }, Some(cookie));
-        self.txs.get_mut(key).expect("live tx").waiting = true;
-        self.launch_tx(key);
-        Ok(())
+        self.send_rendezvous(peer, TxBody::PutReq { hdr, src }, cookie)
     }
 
     /// Sends a GET (`hdr`) whose REPLY the peer writes into `sink` (GET_REQ carrying the sink's
@@ -189,8 +185,14 @@ impl Endpoint {
         if !sink.is_valid() {
             return Err(SendError::BadBulk);
         }
+        self.send_rendezvous(peer, TxBody::GetReq { hdr, sink }, cookie)
+    }
+
+    /// Queues a rendezvous request (`body`: PUT_REQ or GET_REQ) for `peer`; once sent it waits
+    /// for the peer's answer (PUT_ACK / PUT_NAK, GET_DONE) to end.
+    fn send_rendezvous(&mut self, peer: Nid, body: TxBody, cookie: u64) -> Result<(), SendError> {
         let p = self.peer_for_send(peer)?;
-        let key = self.new_tx(p, TxBody::GetReq { hdr, sink }, Some(cookie));
+        let key = self.new_tx(p, body, Some(cookie));
         self.txs.get_mut(key).expect("live tx").waiting = true;
         self.launch_tx(key);
         Ok(())
@@ -284,12 +286,9 @@ impl Endpoint {
     /// its sender; the connection stays.
     pub fn refuse_rdma(&mut self, now: Instant, rx: RxToken, errno: i32) {
         self.advance(now);
-        let Some(c) = self.conn_mut(rx.conn_id()) else {
+        let Some(c) = self.established_mut(rx.conn_id()) else {
             return;
         };
-        if c.state != ConnState::Established {
-            return;
-        }
         if let Some(req) = Self::take_pending(c, rx.slot16()) {
             // A Linux errno is small and positive; anything else is sent as EPROTO.
             let errno = if (1..4096).contains(&errno) {
@@ -310,10 +309,7 @@ impl Endpoint {
 
     /// The pending request behind `rx` if its connection is up and it is of the kind asked.
     fn pending(&mut self, rx: RxToken, get: bool) -> Option<PendingRdma> {
-        let c = self.conn_mut(rx.conn_id())?;
-        if c.state != ConnState::Established {
-            return None;
-        }
+        let c = self.established_mut(rx.conn_id())?;
         let i = c
             .rdma_rx
             .iter()

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 
 use super::handshake::encode_private;
 use super::*;
+use crate::iface::Lnd;
 
 struct Pair {
     eps: [Endpoint; 2],
@@ -257,10 +258,7 @@ fn self_connect_is_accepted() {
 
 #[test]
 fn graceful_shutdown_closes_both_sides() {
-    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-    p.eps[0].send(p.now, b, hdr(a, b, 1), vec![0], 1).unwrap();
-    p.run();
+    let (mut p, ..) = connected_by_one_message();
     assert_eq!(p.eps[0].conns().count(), 1);
     p.eps[0].shutdown(p.now);
     p.run();
@@ -385,6 +383,23 @@ impl Pair {
             unreachable!()
         };
         result
+    }
+
+    /// Endpoint `i`'s connection (the first the fabric linked, when there are more).
+    fn conn(&self, i: usize) -> ConnId {
+        self.links
+            .keys()
+            .find(|(j, _)| *j == i)
+            .map(|&(_, c)| c)
+            .unwrap()
+    }
+
+    /// `body` as endpoint `to`'s peer puts it on their connection (from its NID and stamp to
+    /// ours, the incarnations `Pair::new` gives): what a lying or forging peer sends.
+    fn peer_msg(&self, to: usize, body: KibBody<'_>) -> Vec<u8> {
+        let stamp = |i: usize| [100, 200][i];
+        let (from, to_nid) = (self.eps[1 - to].nid(), self.eps[to].nid());
+        raw_msg(from, stamp(1 - to), to_nid, stamp(to), body)
     }
 
     fn with(a: EndpointConfig, b: EndpointConfig) -> Pair {
@@ -578,10 +593,7 @@ fn idle_peers_are_forgotten_and_the_table_is_bounded() {
 /// reaped with nothing queued.
 #[test]
 fn a_closed_peer_is_forgotten_after_its_reap() {
-    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-    p.eps[0].send(p.now, b, hdr(a, b, 1), vec![0], 1).unwrap();
-    p.run();
+    let (mut p, ..) = connected_by_one_message();
     assert_eq!((p.eps[0].peer_count(), p.eps[1].peer_count()), (1, 1));
     p.eps[0].shutdown(p.now);
     p.run();
@@ -599,13 +611,21 @@ fn connected_by_one_message() -> (Pair, Nid, Nid, ConnId) {
         .unwrap();
     p.run();
     assert_eq!(p.received[1].len(), 1);
-    let conn_b = p
-        .links
-        .keys()
-        .find(|(i, _)| *i == 1)
-        .map(|&(_, c)| c)
-        .unwrap();
+    let conn_b = p.conn(1);
     (p, a, b, conn_b)
+}
+
+/// `done`, a completion matching nothing endpoint 1 started, arrives on its connection
+/// `conn_b` (slot 3): counted, and the connection closed (EPROTO).
+#[track_caller]
+fn assert_unmatched_completion_closes(p: &mut Pair, conn_b: ConnId, done: &[u8]) {
+    let now = p.now;
+    p.eps[1].handle_recv(now, conn_b, 3, done);
+    assert_eq!(p.eps[1].stats().unmatched_completions, 1);
+    assert!(p.eps[1]
+        .conns()
+        .find(|c| c.id == conn_b)
+        .is_none_or(|c| c.state != ConnState::Established));
 }
 
 /// A peer's PUT_REQ or GET_REQ reaches LNet as a rendezvous request and is answered once, as
@@ -733,17 +753,11 @@ fn rdma_requests_nobody_wants_are_answered_one_message_at_a_time() {
     assert_eq!(p.eps[1].stats().unmatched_completions, 0);
 
     // A PUT_DONE matching nothing we sent closes the connection.
-    let now = p.now;
     let done = raw(KibBody::PutDone(Completion {
         cookie: 9,
         status: 0,
     }));
-    p.eps[1].handle_recv(now, conn_b, 3, &done);
-    assert_eq!(p.eps[1].stats().unmatched_completions, 1);
-    assert!(p.eps[1]
-        .conns()
-        .find(|c| c.id == conn_b)
-        .is_none_or(|c| c.state != ConnState::Established));
+    assert_unmatched_completion_closes(&mut p, conn_b, &done);
 }
 
 /// Rendezvous completions are matched by (cookie, type, waiting, connection), as
@@ -769,18 +783,8 @@ fn hostile_rendezvous_completions_close_the_connection() {
         Forgery::AckedTwice,
         Forgery::TooManyFrags,
     ] {
-        let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-        let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-        p.eps[0]
-            .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
-            .unwrap();
-        p.run();
-        let conn_a = p
-            .links
-            .keys()
-            .find(|(i, _)| *i == 0)
-            .map(|&(_, c)| c)
-            .unwrap();
+        let (mut p, a, b, _) = connected_by_one_message();
+        let conn_a = p.conn(0);
         // a starts a PUT by rendezvous; b's LND gets the PUT_REQ and its LNet holds it.
         let src = vec![LocalFrag {
             region: RegionId(1),
@@ -881,21 +885,28 @@ fn hostile_rendezvous_completions_close_the_connection() {
 /// lnet_set_reply_msg_len); it must not reach LNet as Ok(bytes > sink).
 #[test]
 fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
-    let mut p = Pair::new("10.0.0.1@o2ib", "10.0.0.2@o2ib");
-    let (a, b) = (p.eps[0].nid(), p.eps[1].nid());
-    p.eps[0]
-        .send(p.now, b, hdr(a, b, 8), vec![1; 8], 1)
-        .unwrap();
-    p.run();
-    let conn_of = |p: &Pair, i: usize| {
-        p.links
-            .keys()
-            .find(|(j, _)| *j == i)
-            .map(|&(_, c)| c)
-            .unwrap()
-    };
-    let (conn_a, conn_b) = (conn_of(&p, 0), conn_of(&p, 1));
-    let raw = raw_msg;
+    let (mut p, a, b, conn_b) = connected_by_one_message();
+    let conn_a = p.conn(0);
+    // Endpoint `i` hands its rendezvous message (whose cookie `pick` finds) to the fabric, and
+    // its peer answers on `conn` with a `done` completion claiming 1 MB: transfer `cookie`'s
+    // result.
+    fn lied_to(
+        p: &mut Pair,
+        i: usize,
+        conn: ConnId,
+        pick: fn(&KibBody<'_>) -> Option<u64>,
+        done: fn(Completion) -> KibBody<'static>,
+        cookie: u64,
+    ) -> Result<u32, TxError> {
+        let now = p.now;
+        let claim = Completion {
+            cookie: p.complete_sends(i, now, pick).unwrap(),
+            status: 1_000_000,
+        };
+        let msg = p.peer_msg(i, done(claim));
+        p.eps[i].handle_recv(now, conn, 4, &msg);
+        p.bulk_result(i, cookie)
+    }
     let sink = RdmaSink {
         key: 1,
         frags: vec![crate::wire::RdmaFrag {
@@ -906,11 +917,8 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
     let now = p.now;
 
     // Sink side of a PUT: b accepts a's PUT_REQ into 100 bytes; a claims 1 MB in PUT_DONE.
-    let req = raw(
-        a,
-        100,
-        b,
-        200,
+    let req = p.peer_msg(
+        1,
         KibBody::PutReq {
             hdr: hdr(a, b, 5000),
             cookie: 0xabc,
@@ -921,43 +929,21 @@ fn a_completion_claiming_more_than_the_sink_fails_the_transfer() {
         panic!("no request")
     };
     p.eps[1].accept_put_rdma(now, rx, sink.clone(), 9);
-    let dst_cookie = p.complete_sends(1, now, |b| match b {
+    let put_ack = |b: &KibBody<'_>| match b {
         KibBody::PutAck { dst_cookie, .. } => Some(*dst_cookie),
         _ => None,
-    });
-    let done = raw(
-        a,
-        100,
-        b,
-        200,
-        KibBody::PutDone(Completion {
-            cookie: dst_cookie.unwrap(),
-            status: 1_000_000,
-        }),
-    );
-    p.eps[1].handle_recv(now, conn_b, 4, &done);
-    let put_result = p.bulk_result(1, 9);
+    };
+    let put_result = lied_to(&mut p, 1, conn_b, put_ack, KibBody::PutDone, 9);
 
     // Requester side of a GET: a GETs into 100 bytes; b claims 1 MB in GET_DONE.
     p.eps[0]
         .send_get_rdma(now, b, hdr(a, b, 0), sink, 10)
         .unwrap();
-    let req_cookie = p.complete_sends(0, now, |b| match b {
+    let get_req = |b: &KibBody<'_>| match b {
         KibBody::GetReq { cookie, .. } => Some(*cookie),
         _ => None,
-    });
-    let done = raw(
-        b,
-        200,
-        a,
-        100,
-        KibBody::GetDone(Completion {
-            cookie: req_cookie.unwrap(),
-            status: 1_000_000,
-        }),
-    );
-    p.eps[0].handle_recv(now, conn_a, 4, &done);
-    let get_result = p.bulk_result(0, 10);
+    };
+    let get_result = lied_to(&mut p, 0, conn_a, get_req, KibBody::GetDone, 10);
     assert_eq!(put_result, Err(TxError::Rdma(-EPROTO)));
     assert_eq!(get_result, Err(TxError::Rdma(-EPROTO)));
     assert_eq!(p.eps[0].stats().rdma_bad_descs, 1);
@@ -1044,24 +1030,15 @@ fn a_get_req_with_a_malformed_descriptor_is_not_written() {
 #[test]
 fn a_get_done_for_no_get_of_ours_closes_the_connection() {
     use crate::wire::kib::Completion;
-    let (mut p, a, b, conn_b) = connected_by_one_message();
-    let done = raw_msg(
-        a,
-        100,
-        b,
-        200,
+    let (mut p, _, _, conn_b) = connected_by_one_message();
+    let done = p.peer_msg(
+        1,
         KibBody::GetDone(Completion {
             cookie: 0x1234,
             status: 0,
         }),
     );
-    let now = p.now;
-    p.eps[1].handle_recv(now, conn_b, 3, &done);
-    assert_eq!(p.eps[1].stats().unmatched_completions, 1);
-    assert!(p.eps[1]
-        .conns()
-        .find(|c| c.id == conn_b)
-        .is_none_or(|c| c.state != ConnState::Established));
+    assert_unmatched_completion_closes(&mut p, conn_b, &done);
 }
 
 /// The hostile-peer audit (F9): connections claiming our own NID skipped the per-peer cap

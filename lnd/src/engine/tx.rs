@@ -249,14 +249,19 @@ impl Endpoint {
 
     /// Fails the messages on `conn` that were sent and wait for the peer's rendezvous step.
     pub(super) fn abort_waiting(&mut self, conn: ConnId) {
-        let waiting: Vec<TxKey> = self
+        self.fail_placed(TxPlace::Waiting(conn), TxError::ConnAborted);
+    }
+
+    /// Fails with `err` every message at `place` (a connection's posted or waiting ones).
+    pub(super) fn fail_placed(&mut self, place: TxPlace, err: TxError) {
+        let keys: Vec<TxKey> = self
             .txs
             .iter()
-            .filter(|(_, t)| matches!(t.place, TxPlace::Waiting(x) if x == conn))
+            .filter(|(_, t)| t.place == place)
             .map(|(key, _)| key)
             .collect();
-        for key in waiting {
-            self.finish_tx(key, Err(TxError::ConnAborted));
+        for key in keys {
+            self.finish_tx(key, Err(err));
         }
     }
 
@@ -312,41 +317,48 @@ impl Endpoint {
                     returned,
                 });
             }
-            // Data written into our memory: the sink's side of a PUT, the requester's of a GET.
-            TxBody::PutAck { .. } | TxBody::GetReq { .. } => {
-                let result = result.and_then(rdma);
-                if let Ok(n) = result {
-                    if matches!(tx.body, TxBody::PutAck { .. }) {
-                        self.stats.rdma_puts_received += 1;
-                    } else {
-                        self.stats.rdma_gets_received += 1;
-                    }
-                    self.stats.rdma_bytes_received += u64::from(n);
-                }
-                self.events.push_back(LndEvent::BulkDone {
-                    cookie,
-                    peer,
-                    result,
-                });
-            }
             body => {
                 let result = result.and_then(rdma);
-                if let (Ok(n), TxBody::Completion { kind, .. }) = (result, &body) {
-                    if *kind == KibMsgType::GetDone {
-                        self.stats.rdma_gets_served += 1;
-                    } else {
-                        self.stats.rdma_puts_sent += 1;
-                    }
-                    self.stats.rdma_bytes_sent += u64::from(n);
+                if let Ok(n) = result {
+                    self.count_rdma(&body, n);
                 }
-                self.events.push_back(LndEvent::SendDone {
-                    cookie,
-                    peer,
-                    result: result.map(|_| ()),
-                    returned: Vec::new(),
-                });
+                // Data written into our memory (the sink's side of a PUT, the requester's of a
+                // GET) ends in BulkDone; our side of a rendezvous the peer asked for, in SendDone.
+                let ev = if matches!(body, TxBody::PutAck { .. } | TxBody::GetReq { .. }) {
+                    LndEvent::BulkDone {
+                        cookie,
+                        peer,
+                        result,
+                    }
+                } else {
+                    LndEvent::SendDone {
+                        cookie,
+                        peer,
+                        result: result.map(|_| ()),
+                        returned: Vec::new(),
+                    }
+                };
+                self.events.push_back(ev);
             }
         }
+    }
+
+    /// Counts a rendezvous that moved `n` bytes, by the message of ours that ended it: into our
+    /// memory (PUT_ACK, GET_REQ) or out of it (PUT_DONE, GET_DONE).
+    fn count_rdma(&mut self, body: &TxBody, n: u32) {
+        let s = &mut self.stats;
+        let (transfers, bytes) = match body {
+            TxBody::PutAck { .. } => (&mut s.rdma_puts_received, &mut s.rdma_bytes_received),
+            TxBody::GetReq { .. } => (&mut s.rdma_gets_received, &mut s.rdma_bytes_received),
+            TxBody::Completion {
+                kind: KibMsgType::GetDone,
+                ..
+            } => (&mut s.rdma_gets_served, &mut s.rdma_bytes_sent),
+            TxBody::Completion { .. } => (&mut s.rdma_puts_sent, &mut s.rdma_bytes_sent),
+            _ => return,
+        };
+        *transfers += 1;
+        *bytes += u64::from(n);
     }
 
     pub(super) fn on_tx_deadline(&mut self, key: TxKey) {

@@ -36,23 +36,18 @@ pub mod local;
 
 use core::fmt;
 
-use crate::handle::{Handle, Tag};
+use crate::handle::handle_type;
 pub use crate::mem::{RegionId, Registration, SharedMem};
 use crate::time::Instant;
 use crate::wire::kib::MAX_RDMA_FRAGS;
 use crate::wire::Nid;
 
-/// The engine's name for one connection (a queue pair and its cm_id): a [`Handle`] (slab key with
-/// a generation), so an event for a connection that was already destroyed is recognised and
-/// dropped. `as_u64` / `from_u64` carry it through the kernel (wr_id, io_uring user_data).
-pub type ConnId = Handle<ConnTag>;
-
-/// The tag of [`ConnId`].
-#[derive(Debug)]
-pub enum ConnTag {}
-
-impl Tag for ConnTag {
-    const NAME: &'static str = "conn";
+handle_type! {
+    /// The engine's name for one connection (a queue pair and its cm_id): a
+    /// [`Handle`](crate::handle::Handle) (slab key with a generation), so an event for a
+    /// connection that was already destroyed is recognised and dropped. `as_u64` / `from_u64`
+    /// carry it through the kernel (wr_id, io_uring user_data).
+    pub type ConnId = Handle<ConnTag>, "conn";
 }
 
 /// The fabric's name for an incoming connect request that is not yet accepted or rejected.
@@ -155,32 +150,27 @@ pub fn check_rdma_write(local: &[LocalFrag], remote: &[RemoteFrag]) -> Result<u3
     if local.len() > MAX_RDMA_FRAGS || remote.len() > MAX_RDMA_FRAGS {
         return Err(BadRdmaWrite::TooManyFragments);
     }
-    let mut totals = (0u64, 0u64);
-    for f in local {
-        if f.len == 0 {
-            return Err(BadRdmaWrite::EmptyFragment);
-        }
-        f.offset
-            .checked_add(u64::from(f.len))
-            .ok_or(BadRdmaWrite::Wraps)?;
-        totals.0 += u64::from(f.len);
+    // One side's fragments as (start, length): each non-empty and not wrapping; their total.
+    fn side_total(mut frags: impl Iterator<Item = (u64, u32)>) -> Result<u64, BadRdmaWrite> {
+        frags.try_fold(0u64, |total, (start, len)| {
+            if len == 0 {
+                return Err(BadRdmaWrite::EmptyFragment);
+            }
+            start
+                .checked_add(u64::from(len))
+                .ok_or(BadRdmaWrite::Wraps)?;
+            Ok(total + u64::from(len))
+        })
     }
-    for f in remote {
-        if f.len == 0 {
-            return Err(BadRdmaWrite::EmptyFragment);
-        }
-        f.addr
-            .checked_add(u64::from(f.len))
-            .ok_or(BadRdmaWrite::Wraps)?;
-        totals.1 += u64::from(f.len);
-    }
-    if totals.0 != totals.1 {
+    let local_total = side_total(local.iter().map(|f| (f.offset, f.len)))?;
+    let remote_total = side_total(remote.iter().map(|f| (f.addr, f.len)))?;
+    if local_total != remote_total {
         return Err(BadRdmaWrite::LengthMismatch {
-            local: totals.0,
-            remote: totals.1,
+            local: local_total,
+            remote: remote_total,
         });
     }
-    u32::try_from(totals.0).map_err(|_| BadRdmaWrite::TooLong)
+    u32::try_from(local_total).map_err(|_| BadRdmaWrite::TooLong)
 }
 
 /// One contiguous piece of an RDMA write: where both a local and a remote fragment overlap.

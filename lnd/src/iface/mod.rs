@@ -274,6 +274,33 @@ pub enum LndInfo {
     Plain { name: &'static str },
 }
 
+/// The life-cycle methods an LND ([`Lnd`]), a simulated node (`lnd::sim::SimNode`) and LNet's
+/// node share under the same names (`poll_event`, `poll_timeout`, `handle_timeout`, `shutdown`,
+/// `is_shut_down`), written in a trait impl as calls of `$to`'s methods of those names (`$to`:
+/// the implementing type, for its inherent methods, or a trait it implements): every adapter
+/// from one of these interfaces to another forwards them, and one list keeps the adapters alike.
+/// `$event` is what `poll_event` yields.
+#[macro_export]
+macro_rules! forward_lifecycle {
+    ($to:ident, $event:ty) => {
+        fn poll_event(&mut self) -> Option<$event> {
+            $to::poll_event(self)
+        }
+        fn poll_timeout(&self) -> Option<$crate::time::Instant> {
+            $to::poll_timeout(self)
+        }
+        fn handle_timeout(&mut self, now: $crate::time::Instant) {
+            $to::handle_timeout(self, now);
+        }
+        fn shutdown(&mut self, now: $crate::time::Instant) {
+            $to::shutdown(self, now);
+        }
+        fn is_shut_down(&self) -> bool {
+            $to::is_shut_down(self)
+        }
+    };
+}
+
 /// A network driver as LNet drives it: one per NI. Object-safe: LNet holds a `Box<dyn Lnd>` per
 /// NI and calls through it, as kernel LNet calls `ni->ni_net->net_lnd->lnd_send`. The layer that
 /// built the LND (and knows its fabric) reaches its own type again with [`Lnd::as_any_mut`].

@@ -54,15 +54,8 @@ impl<N: SimNode> World<N> {
                 private,
                 started,
             } => {
-                let unreachable_at = now.max(started + self.cfg.unreachable_after);
                 if !self.host_reachable(active_node, target) {
-                    self.push(
-                        unreachable_at,
-                        Ev::ConnFailed {
-                            end: active,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    );
+                    self.connect_unreachable(now, started, active);
                     return;
                 }
                 if self.nodes[target.idx()].ep.is_none() {
@@ -118,13 +111,7 @@ impl<N: SimNode> World<N> {
                     .is_some_and(|e| e.state == EndState::Connecting);
                 if self.blocked(active_node, passive_node) {
                     // Lost on the way: both sides time out.
-                    self.push(
-                        now.max(started + self.cfg.unreachable_after),
-                        Ev::ConnFailed {
-                            end: active,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    );
+                    self.connect_unreachable(now, started, active);
                     self.push(
                         now + self.cfg.unreachable_after,
                         Ev::Disconnected {
@@ -211,13 +198,7 @@ impl<N: SimNode> World<N> {
                 started,
             } => {
                 if self.blocked(active_node, passive_node) {
-                    self.push(
-                        now.max(started + self.cfg.unreachable_after),
-                        Ev::ConnFailed {
-                            end: active,
-                            why: ConnectFailure::Unreachable,
-                        },
-                    );
+                    self.connect_unreachable(now, started, active);
                     return;
                 }
                 self.deliver_connect_failed(active, ConnectFailure::Rejected(private));
@@ -355,13 +336,7 @@ impl<N: SimNode> Fabric for NodeFabric<'_, N> {
         }
         trace!(at = %now, node = %self.w.nid_of(n), %peer, ?conn, "connect");
         let Some(target) = target else {
-            self.w.push(
-                now + self.w.cfg.unreachable_after,
-                Ev::ConnFailed {
-                    end: uid,
-                    why: ConnectFailure::Unreachable,
-                },
-            );
+            self.w.connect_unreachable(now, now, uid);
             return;
         };
         match self.w.cm_hop() {
@@ -375,13 +350,7 @@ impl<N: SimNode> Fabric for NodeFabric<'_, N> {
                     started: now,
                 },
             ),
-            None => self.w.push(
-                now + self.w.cfg.unreachable_after,
-                Ev::ConnFailed {
-                    end: uid,
-                    why: ConnectFailure::Unreachable,
-                },
-            ),
+            None => self.w.connect_unreachable(now, now, uid),
         }
     }
 
@@ -424,13 +393,7 @@ impl<N: SimNode> Fabric for NodeFabric<'_, N> {
             ),
             None => {
                 // The reply is lost: both sides time out.
-                self.w.push(
-                    now.max(r.started + self.w.cfg.unreachable_after),
-                    Ev::ConnFailed {
-                        end: r.active,
-                        why: ConnectFailure::Unreachable,
-                    },
-                );
+                self.w.connect_unreachable(now, r.started, r.active);
                 self.w.push(
                     now + self.w.cfg.unreachable_after,
                     Ev::Disconnected {
@@ -465,13 +428,7 @@ impl<N: SimNode> Fabric for NodeFabric<'_, N> {
                     started: r.started,
                 },
             ),
-            None => self.w.push(
-                now.max(r.started + self.w.cfg.unreachable_after),
-                Ev::ConnFailed {
-                    end: r.active,
-                    why: ConnectFailure::Unreachable,
-                },
-            ),
+            None => self.w.connect_unreachable(now, r.started, r.active),
         }
     }
 

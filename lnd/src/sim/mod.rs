@@ -421,9 +421,6 @@ impl SimNode for Endpoint {
     fn poll_action(&mut self) -> Option<FabricAction> {
         Endpoint::poll_action(self)
     }
-    fn poll_event(&mut self) -> Option<LndEvent> {
-        Endpoint::poll_event(self)
-    }
     fn book(ev: LndEvent) -> Booking<LndEvent> {
         match ev {
             LndEvent::Received {
@@ -447,18 +444,7 @@ impl SimNode for Endpoint {
     fn recv_done(&mut self, now: Instant, rx: RxToken) {
         Endpoint::recv_done(self, now, rx);
     }
-    fn poll_timeout(&self) -> Option<Instant> {
-        Endpoint::poll_timeout(self)
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        Endpoint::handle_timeout(self, now);
-    }
-    fn shutdown(&mut self, now: Instant) {
-        Endpoint::shutdown(self, now);
-    }
-    fn is_shut_down(&self) -> bool {
-        Endpoint::is_shut_down(self)
-    }
+    crate::forward_lifecycle!(Endpoint, LndEvent);
     fn leak_counter(&self) -> Arc<AtomicU64> {
         Endpoint::leak_counter(self)
     }

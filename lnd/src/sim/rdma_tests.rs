@@ -47,6 +47,9 @@ struct Pair {
     next_cookie: u64,
 }
 
+/// What a fresh sink holds before anything is written into it.
+const FILL: u8 = 0xee;
+
 impl Pair {
     fn new(seed: u64) -> Pair {
         let mut w = World::new(SimConfig::with_seed(seed));
@@ -69,6 +72,17 @@ impl Pair {
 
     fn register(&mut self, n: NodeId, bytes: Vec<u8>) -> Registration {
         self.w.registry(n).register(bytes).unwrap()
+    }
+
+    /// A region of `len` bytes on `n` for a write to land in, every byte [`FILL`] so that what
+    /// the write touched shows.
+    fn sink(&mut self, n: NodeId, len: usize) -> Registration {
+        self.register(n, vec![FILL; len])
+    }
+
+    /// Whether nothing wrote into `reg` on `n` (every byte still [`FILL`]).
+    fn untouched(&self, n: NodeId, reg: &Registration) -> bool {
+        self.w.region(n, reg).unwrap().iter().all(|&x| x == FILL)
     }
 
     /// Answers what the endpoints asked; true if anything was.
@@ -226,14 +240,8 @@ fn rendezvous_puts_land_byte_exact_at_every_size() {
     let src = p.register(p.a, src_bytes.clone());
     for (i, &len) in SIZES.iter().enumerate() {
         let (src_off, sink_off) = (13 + i as u64, 5 + 3 * i as u64);
-        let sink = p.register(p.b, vec![0xee; MIB + 64]);
-        p.answers[1].push_back(Answer::Accept(RdmaSink {
-            key: sink.key(),
-            frags: vec![RdmaFrag {
-                nob: len,
-                addr: sink.addr() + sink_off,
-            }],
-        }));
+        let sink = p.sink(p.b, MIB + 64);
+        p.answers[1].push_back(Answer::Accept(RdmaSink::of(&sink, sink_off, len)));
         let hdr = p.put_hdr(len);
         let (a, to) = (p.a, p.w.nid_of(p.b));
         let cookie =
@@ -274,7 +282,7 @@ const SIZES: [u32; 10] = [
     MIB as u32,
 ];
 
-/// `want` is at `off` in `reg` on node `n`, and every other byte is still the 0xee fill.
+/// `want` is at `off` in `reg` on node `n`, and every other byte is still the sink's [`FILL`].
 fn assert_landed(w: &World, n: NodeId, reg: &Registration, off: u64, want: &[u8]) {
     let lands = w.region(n, reg).unwrap();
     let range = off as usize..off as usize + want.len();
@@ -284,11 +292,11 @@ fn assert_landed(w: &World, n: NodeId, reg: &Registration, off: u64, want: &[u8]
         want.len()
     );
     assert!(
-        lands[..range.start].iter().all(|&x| x == 0xee),
+        lands[..range.start].iter().all(|&x| x == FILL),
         "touched before"
     );
     assert!(
-        lands[range.end..].iter().all(|&x| x == 0xee),
+        lands[range.end..].iter().all(|&x| x == FILL),
         "touched after"
     );
 }
@@ -302,7 +310,7 @@ fn rendezvous_gets_land_byte_exact_at_every_size() {
     let src = p.register(p.b, src_bytes.clone());
     for (i, &len) in SIZES.iter().enumerate() {
         let (src_off, sink_off) = (3 + 7 * i as u64, 11 + i as u64);
-        let sink = p.register(p.a, vec![0xee; MIB + 64]);
+        let sink = p.sink(p.a, MIB + 64);
         p.answers[1].push_back(Answer::Reply(vec![src.local_frag(src_off, len)]));
         let hdr = p.get_hdr(len);
         let (a, to) = (p.a, p.w.nid_of(p.b));
@@ -384,7 +392,7 @@ fn fragmented_sources_and_sinks_keep_the_bytes_in_order() {
         (vec![whole], 257, src_bytes[100..100 + MIB].to_vec()),
     ];
     for (src_frags, sink_pieces, want) in cases {
-        let sink = p.register(p.b, vec![0xee; 2 * MIB]);
+        let sink = p.sink(p.b, 2 * MIB);
         p.answers[1].push_back(Answer::Accept(split(&sink, sink_pieces)));
         let hdr = p.put_hdr(len);
         let cookie = p.w.send_put_rdma(a, to, hdr, src_frags);
@@ -398,7 +406,7 @@ fn fragmented_sources_and_sinks_keep_the_bytes_in_order() {
         assert_landed(&p.w, p.b, &sink, 9, &want);
     }
     // 257 pieces each side, boundaries apart: about 450 writes, more than the connection takes.
-    let sink = p.register(p.b, vec![0xee; 2 * MIB]);
+    let sink = p.sink(p.b, 2 * MIB);
     p.answers[1].push_back(Answer::Accept(split(&sink, 200)));
     let hdr = p.put_hdr(len);
     let cookie = p.w.send_put_rdma(a, to, hdr, local);
@@ -409,7 +417,7 @@ fn fragmented_sources_and_sinks_keep_the_bytes_in_order() {
             -crate::wire::errno::EMSGSIZE
         )))
     );
-    assert!(p.w.region(p.b, &sink).unwrap().iter().all(|&x| x == 0xee));
+    assert!(p.untouched(p.b, &sink));
     p.assert_credits_home();
 }
 
@@ -423,7 +431,7 @@ fn a_smaller_sink_truncates_and_a_larger_one_fails_only_that_put() {
     let src = p.register(p.a, src_bytes.clone());
     let (a, to) = (p.a, p.w.nid_of(p.b));
 
-    let small = p.register(p.b, vec![0xee; 8192]);
+    let small = p.sink(p.b, 8192);
     p.answers[1].push_back(Answer::Accept(RdmaSink::of(&small, 0, 600)));
     let hdr = p.put_hdr(5000);
     let c1 = p.w.send_put_rdma(a, to, hdr, vec![src.local_frag(0, 5000)]);
@@ -432,7 +440,7 @@ fn a_smaller_sink_truncates_and_a_larger_one_fails_only_that_put() {
     assert_eq!(p.rdma_done[1][0].1, Ok(600));
     assert_landed(&p.w, p.b, &small, 0, &src_bytes[..600]);
 
-    let big = p.register(p.b, vec![0xee; 8192]);
+    let big = p.sink(p.b, 8192);
     p.answers[1].push_back(Answer::Accept(RdmaSink::of(&big, 0, 6000)));
     let hdr = p.put_hdr(5000);
     let c2 = p.w.send_put_rdma(a, to, hdr, vec![src.local_frag(0, 5000)]);
@@ -442,12 +450,12 @@ fn a_smaller_sink_truncates_and_a_larger_one_fails_only_that_put() {
         Some(SendOutcome::Failed(TxError::Rdma(-EPROTO)))
     );
     assert_eq!(p.rdma_done[1][1].1, Err(TxError::Rdma(-EPROTO)));
-    assert!(p.w.region(p.b, &big).unwrap().iter().all(|&x| x == 0xee));
+    assert!(p.untouched(p.b, &big));
     assert_eq!(p.w.endpoint(p.a).unwrap().stats().rdma_bad_sinks, 1);
 
     // The same connection takes the next one.
     let conns = p.w.endpoint(p.a).unwrap().stats().established;
-    let ok = p.register(p.b, vec![0xee; 8192]);
+    let ok = p.sink(p.b, 8192);
     p.answers[1].push_back(Answer::Accept(RdmaSink::of(&ok, 0, 5000)));
     let hdr = p.put_hdr(5000);
     let c3 = p.w.send_put_rdma(a, to, hdr, vec![src.local_frag(0, 5000)]);
@@ -464,7 +472,7 @@ fn a_smaller_sink_truncates_and_a_larger_one_fails_only_that_put() {
 fn unmatched_rendezvous_requests_end_without_data() {
     let mut p = Pair::new(15);
     let src = p.register(p.a, pattern(8192, 5));
-    let sink = p.register(p.a, vec![0xee; 8192]);
+    let sink = p.sink(p.a, 8192);
     let (a, to) = (p.a, p.w.nid_of(p.b));
     let hdr = p.put_hdr(5000);
     let c = p.w.send_put_rdma(a, to, hdr, vec![src.local_frag(0, 5000)]);
@@ -476,7 +484,7 @@ fn unmatched_rendezvous_requests_end_without_data() {
     p.run(60);
     assert_eq!(outcome(&p.w, c), Some(SendOutcome::Delivered));
     assert_eq!(p.rdma_done[0], vec![(99, Err(TxError::Rdma(-ENODATA)))]);
-    assert!(p.w.region(p.a, &sink).unwrap().iter().all(|&x| x == 0xee));
+    assert!(p.untouched(p.a, &sink));
     assert_eq!(p.w.endpoint(p.b).unwrap().stats().rdma_refused, 2);
     p.assert_credits_home();
 }
@@ -491,8 +499,8 @@ fn many_rendezvous_at_once_share_the_credits() {
     let n = 40usize;
     let whole = pattern(n * len as usize, 6);
     let a_src = p.register(p.a, whole.clone());
-    let b_put_sink = p.register(p.b, vec![0xee; n * len as usize]);
-    let b_get_sink = p.register(p.b, vec![0xee; n * len as usize]);
+    let b_put_sink = p.sink(p.b, n * len as usize);
+    let b_get_sink = p.sink(p.b, n * len as usize);
     let (a, b) = (p.a, p.b);
     let (na, nb) = (p.w.nid_of(a), p.w.nid_of(b));
     let mut puts = Vec::new();
@@ -535,7 +543,7 @@ fn a_sink_outside_its_registration_costs_the_writer_that_put_and_nothing_lands()
     let mut p = Pair::new(17);
     let c = p.w.add_node(EndpointConfig::new(nid("10.0.0.3@o2ib"), 3));
     let src = p.register(p.a, pattern(8192, 8));
-    let sink = p.register(p.b, vec![0xee; 4096]);
+    let sink = p.sink(p.b, 4096);
     // 5000 bytes advertised from a 4096-byte registration.
     p.answers[1].push_back(Answer::Accept(RdmaSink::of(&sink, 0, 5000)));
     let (a, to) = (p.a, p.w.nid_of(p.b));
@@ -548,7 +556,7 @@ fn a_sink_outside_its_registration_costs_the_writer_that_put_and_nothing_lands()
         outcome(&p.w, cookie),
         Some(SendOutcome::Failed(_))
     ));
-    assert!(p.w.region(p.b, &sink).unwrap().iter().all(|&x| x == 0xee));
+    assert!(p.untouched(p.b, &sink));
     assert_eq!(p.rdma_done[1].len(), 1, "the sink's side ended too");
     assert!(p.rdma_done[1][0].1.is_err());
     assert_eq!(outcome(&p.w, side), Some(SendOutcome::Delivered));
@@ -579,7 +587,7 @@ fn a_rendezvous_whose_peer_dies_ends_once_on_the_side_that_lives() {
     // The source dies after the sink's PUT_ACK: the sink's transfer fails.
     let mut p = Pair::new(19);
     let src = p.register(p.a, pattern(8192, 10));
-    let sink = p.register(p.b, vec![0xee; 8192]);
+    let sink = p.sink(p.b, 8192);
     p.answers[1].push_back(Answer::AcceptThenPeerCrashes(RdmaSink::of(&sink, 0, 5000)));
     let (a, to) = (p.a, p.w.nid_of(p.b));
     let hdr = p.put_hdr(5000);
@@ -600,7 +608,7 @@ fn a_slow_sink_holds_its_source_to_the_credits() {
     let len = 100_000u32;
     let n = 40u64;
     let src = p.register(p.a, pattern(len as usize, 11));
-    let sink = p.register(p.b, vec![0xee; n as usize * len as usize]);
+    let sink = p.sink(p.b, n as usize * len as usize);
     let (a, to) = (p.a, p.w.nid_of(p.b));
     let cookies: Vec<u64> = (0..n)
         .map(|_| {

@@ -37,27 +37,13 @@ impl SimNode for SockEngine {
     fn poll_action(&mut self) -> Option<FabricAction> {
         None
     }
-    fn poll_event(&mut self) -> Option<LndEvent> {
-        Lnd::poll_event(self)
-    }
     fn book(ev: LndEvent) -> Booking<LndEvent> {
         <Endpoint as SimNode>::book(ev)
     }
     fn recv_done(&mut self, now: Instant, rx: RxToken) {
         Lnd::recv_done(self, now, rx);
     }
-    fn poll_timeout(&self) -> Option<Instant> {
-        Lnd::poll_timeout(self)
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        Lnd::handle_timeout(self, now);
-    }
-    fn shutdown(&mut self, now: Instant) {
-        Lnd::shutdown(self, now);
-    }
-    fn is_shut_down(&self) -> bool {
-        Lnd::is_shut_down(self)
-    }
+    crate::forward_lifecycle!(Lnd, LndEvent);
     /// The engine keeps no count of what it owned when dropped (its connections are the
     /// stream network's, which the host's crash or exit takes care of): always zero.
     fn leak_counter(&self) -> Arc<AtomicU64> {

@@ -37,6 +37,57 @@ fn put(w: &mut World<SockEngine>, from: NodeId, to: NodeId, len: usize, seq: u64
     w.send(from, dst, put_hdr(src, dst, len, seq), vec![seq as u8; len])
 }
 
+/// LNet's memory `mem` as a bulk source or sink: `len` bytes from its start, shared with the
+/// LND (no fabric registration: socklnd streams it).
+fn lnet_mem(mem: SharedMem, len: u32) -> BulkMem {
+    BulkMem {
+        region: crate::fabric::RegionId(0),
+        key: 0,
+        addr: 0,
+        offset: 0,
+        len,
+        mem: Some(mem),
+    }
+}
+
+/// `from` PUTs all of `src` (LNet's memory) to `to` by bulk, numbered `seq`.
+fn put_bulk(w: &mut World<SockEngine>, from: NodeId, to: NodeId, src: SharedMem, seq: u64) -> u64 {
+    let (sf, st) = (w.nid_of(from), w.nid_of(to));
+    let len = src.len();
+    let hdr = put_hdr(sf, st, len, seq);
+    w.send_bulk(from, st, hdr, BulkSend::Put(lnet_mem(src, len as u32)))
+}
+
+/// Nodes 1 and 2, connected by a first small PUT from 1 to 2, delivered.
+fn connected_pair(seed: u64) -> (World<SockEngine>, NodeId, NodeId) {
+    let (mut w, ids) = world(seed, &[1, 2]);
+    let (a, b) = (ids[0], ids[1]);
+    put(&mut w, a, b, 8, 1);
+    assert!(w.run_until_idle(limit(&w, 10)));
+    (w, a, b)
+}
+
+/// Two minutes after a fault ended, a new PUT from `a` to `b` is delivered (on new connections).
+#[track_caller]
+fn assert_flows_again(w: &mut World<SockEngine>, a: NodeId, b: NodeId) {
+    w.run_for(Duration::from_secs(120));
+    let again = put(w, a, b, 8, 100);
+    assert!(w.run_until_idle(limit(w, 120)));
+    assert_eq!(w.outcome(again).map(|o| o.1), Some(SendOutcome::Delivered));
+}
+
+/// Every one of `cookies` ended failed.
+#[track_caller]
+fn assert_all_failed(w: &World<SockEngine>, cookies: &[u64]) {
+    for c in cookies {
+        assert!(
+            matches!(w.outcome(*c).map(|o| o.1), Some(SendOutcome::Failed(_))),
+            "cookie {c}: {:?}",
+            w.outcome(*c)
+        );
+    }
+}
+
 fn match_bits(hdr: &LnetHdr) -> u64 {
     match hdr.body {
         LnetBody::Put { match_bits, .. } => match_bits,
@@ -102,14 +153,7 @@ fn play_lnet(
         let len = hdr.payload_length;
         let sink = SharedMem::new(len as usize);
         let cookie = 1_000_000 + sinks.len() as u64;
-        let mem = BulkMem {
-            region: crate::fabric::RegionId(0),
-            key: 0,
-            addr: 0,
-            offset: 0,
-            len,
-            mem: Some(sink.clone()),
-        };
+        let mem = lnet_mem(sink.clone(), len);
         w.with_node(n, |e, now| e.accept_bulk(now, *rx, mem, cookie));
         sinks.push((*from, match_bits(hdr), sink));
     }
@@ -343,10 +387,7 @@ fn a_reboot_storm_accounts_for_every_message_and_leaves_no_zombie() {
 /// with a reason: its dial finds nobody.
 #[test]
 fn a_crashed_peer_is_found_by_keepalive() {
-    let (mut w, ids) = world(7, &[1, 2]);
-    let (a, b) = (ids[0], ids[1]);
-    put(&mut w, a, b, 8, 1);
-    assert!(w.run_until_idle(limit(&w, 10)));
+    let (mut w, a, b) = connected_pair(7);
     let crashed_at = w.now();
     w.crash(b);
     let late = put(&mut w, a, b, 8, 2);
@@ -382,44 +423,18 @@ fn a_crashed_peer_is_found_by_keepalive() {
 /// was on them with a reason; once the stall ends, traffic flows again on new connections.
 #[test]
 fn a_peer_that_never_acks_is_bounded() {
-    let (mut w, ids) = world(8, &[1, 2]);
-    let (a, b) = (ids[0], ids[1]);
-    put(&mut w, a, b, 8, 1);
-    assert!(w.run_until_idle(limit(&w, 10)));
+    let (mut w, a, b) = connected_pair(8);
     w.stall_streams(a, b);
     let stuck: Vec<u64> = (0..10).map(|i| put(&mut w, a, b, 3000, 10 + i)).collect();
-    let src = SharedMem::new(1 << 20);
-    let (sa, sb) = (w.nid_of(a), w.nid_of(b));
-    let bulk = w.send_bulk(
-        a,
-        sb,
-        put_hdr(sa, sb, 1 << 20, 99),
-        BulkSend::Put(BulkMem {
-            region: crate::fabric::RegionId(0),
-            key: 0,
-            addr: 0,
-            offset: 0,
-            len: 1 << 20,
-            mem: Some(src),
-        }),
-    );
+    let bulk = put_bulk(&mut w, a, b, SharedMem::new(1 << 20), 99);
     let timeout = w.node(a).unwrap().config().timeout;
     w.run_for(timeout * 3);
     assert_eq!(w.pending_sends(), 0, "everything finished");
-    for c in stuck.iter().chain([&bulk]) {
-        assert!(
-            matches!(w.outcome(*c).map(|o| o.1), Some(SendOutcome::Failed(_))),
-            "cookie {c}: {:?}",
-            w.outcome(*c)
-        );
-    }
+    assert_all_failed(&w, &[stuck, vec![bulk]].concat());
     let st = w.node(a).unwrap().stats().clone();
     assert!(st.tx_stalls + w.streams().stats().timeouts >= 1, "{st:?}");
     w.unstall_streams(a, b);
-    w.run_for(Duration::from_secs(120));
-    let again = put(&mut w, a, b, 8, 100);
-    assert!(w.run_until_idle(limit(&w, 120)));
-    assert_eq!(w.outcome(again).map(|o| o.1), Some(SendOutcome::Delivered));
+    assert_flows_again(&mut w, a, b);
 }
 
 /// A peer that never reads (its process hung, its stack alive: windows fill, no TCP timeout
@@ -428,36 +443,14 @@ fn a_peer_that_never_acks_is_bounded() {
 /// flows on new connections.
 #[test]
 fn a_peer_that_never_reads_is_bounded() {
-    let (mut w, ids) = world(12, &[1, 2]);
-    let (a, b) = (ids[0], ids[1]);
-    put(&mut w, a, b, 8, 1);
-    assert!(w.run_until_idle(limit(&w, 10)));
+    let (mut w, a, b) = connected_pair(12);
     w.stop_reading(b, true);
-    let (sa, sb) = (w.nid_of(a), w.nid_of(b));
-    let mut cookies = vec![w.send_bulk(
-        a,
-        sb,
-        put_hdr(sa, sb, 1 << 20, 2),
-        BulkSend::Put(BulkMem {
-            region: crate::fabric::RegionId(0),
-            key: 0,
-            addr: 0,
-            offset: 0,
-            len: 1 << 20,
-            mem: Some(SharedMem::new(1 << 20)),
-        }),
-    )];
+    let mut cookies = vec![put_bulk(&mut w, a, b, SharedMem::new(1 << 20), 2)];
     cookies.extend((0..5).map(|i| put(&mut w, a, b, 2000, 10 + i)));
     let timeout = w.node(a).unwrap().config().timeout;
     w.run_for(timeout * 3);
     assert_eq!(w.pending_sends(), 0);
-    for c in &cookies {
-        assert!(
-            matches!(w.outcome(*c).map(|o| o.1), Some(SendOutcome::Failed(_))),
-            "cookie {c}: {:?}",
-            w.outcome(*c)
-        );
-    }
+    assert_all_failed(&w, &cookies);
     assert!(w.node(a).unwrap().stats().tx_stalls >= 1);
     assert_eq!(
         w.streams().stats().timeouts,
@@ -465,10 +458,7 @@ fn a_peer_that_never_reads_is_bounded() {
         "no TCP timeout: the stack ACKs"
     );
     w.stop_reading(b, false);
-    w.run_for(Duration::from_secs(120));
-    let again = put(&mut w, a, b, 8, 100);
-    assert!(w.run_until_idle(limit(&w, 120)));
-    assert_eq!(w.outcome(again).map(|o| o.1), Some(SendOutcome::Delivered));
+    assert_flows_again(&mut w, a, b);
     assert_no_zombie(&w, a);
     assert_no_zombie(&w, b);
 }
@@ -492,22 +482,9 @@ fn partial_reads_and_writes_deliver_1mib_payloads_byte_exact() {
                     *x = (j as u64 * 131 + i * 7 + u64::from(from.0) * 3 + (j as u64 >> 12)) as u8;
                 }
             });
-            let (sf, st) = (w.nid_of(from), w.nid_of(to));
             let seq = 100 * u64::from(from.0) + i;
-            let c = w.send_bulk(
-                from,
-                st,
-                put_hdr(sf, st, MIB as usize, seq),
-                BulkSend::Put(BulkMem {
-                    region: crate::fabric::RegionId(0),
-                    key: 0,
-                    addr: 0,
-                    offset: 0,
-                    len: MIB,
-                    mem: Some(src.clone()),
-                }),
-            );
-            sources.push((sf, seq, src, c));
+            let c = put_bulk(&mut w, from, to, src.clone(), seq);
+            sources.push((w.nid_of(from), seq, src, c));
             small.push(put(&mut w, from, to, 100 + i as usize * 900, 1000 + seq));
         }
     }
@@ -563,20 +540,7 @@ fn a_send_to_self_is_delivered_without_a_connection() {
     let c1 = put(&mut w, a, a, 16, 1);
     let src = SharedMem::new(8192);
     src.with(|m| m.fill(0x5a));
-    let na = w.nid_of(a);
-    let c2 = w.send_bulk(
-        a,
-        na,
-        put_hdr(na, na, 8192, 2),
-        BulkSend::Put(BulkMem {
-            region: crate::fabric::RegionId(0),
-            key: 0,
-            addr: 0,
-            offset: 0,
-            len: 8192,
-            mem: Some(src),
-        }),
-    );
+    let c2 = put_bulk(&mut w, a, a, src, 2);
     let (mut seen, mut sinks) = (0, Vec::new());
     w.run_for(Duration::from_millis(1));
     play_lnet(&mut w, a, &mut seen, &mut sinks);
@@ -594,10 +558,7 @@ fn a_send_to_self_is_delivered_without_a_connection() {
 /// down as closed, not by timeout), and leaves no connection on either host.
 #[test]
 fn a_graceful_shutdown_is_seen_by_the_peer_at_once() {
-    let (mut w, ids) = world(11, &[1, 2]);
-    let (a, b) = (ids[0], ids[1]);
-    put(&mut w, a, b, 8, 1);
-    assert!(w.run_until_idle(limit(&w, 10)));
+    let (mut w, a, b) = connected_pair(11);
     w.shutdown(b);
     w.run_for(Duration::from_millis(10));
     assert_eq!(w.node_state(b), NodeState::Stopped);

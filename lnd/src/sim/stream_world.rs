@@ -36,12 +36,11 @@ impl<N: SimNode> World<N> {
     /// flows) until [`World::unstall_streams`]: a peer whose stack stops ACKing. The sender's
     /// sends stop completing; its TCP_USER_TIMEOUT, if set, or its LND's own deadline ends it.
     pub fn stall_streams(&mut self, from: NodeId, to: NodeId) {
-        if let (Some(a), Some(b)) = (self.stream_host(from), self.stream_host(to)) {
-            debug!(at = %self.now, from = %self.nid_of(from), to = %self.nid_of(to), "stall");
-            self.streams.set_now(self.now);
-            self.streams.stall(a, b);
-            self.deliver_streams();
-        }
+        let (at, f, t) = (self.now, self.nid_of(from), self.nid_of(to));
+        self.between_stream_hosts(from, to, |net, a, b| {
+            debug!(%at, from = %f, to = %t, "stall");
+            net.stall(a, b);
+        });
     }
 
     /// Node `n` stops reading its streams (`true`; a hung process: its stack still ACKs, so
@@ -57,25 +56,35 @@ impl<N: SimNode> World<N> {
 
     /// Ends a stall made by [`World::stall_streams`].
     pub fn unstall_streams(&mut self, from: NodeId, to: NodeId) {
-        if let (Some(a), Some(b)) = (self.stream_host(from), self.stream_host(to)) {
-            self.streams.set_now(self.now);
-            self.streams.unstall(a, b);
-            self.deliver_streams();
-        }
+        self.between_stream_hosts(from, to, StreamNet::unstall);
     }
 
     /// Every stream between nodes `a` and `b` (dialled either way) is reset now: both sides hear
     /// RST (a middlebox, a stack that lost the connection's state).
     pub fn reset_streams(&mut self, a: NodeId, b: NodeId) {
-        if let (Some(x), Some(y)) = (self.stream_host(a), self.stream_host(b)) {
-            debug!(at = %self.now, a = %self.nid_of(a), b = %self.nid_of(b), "reset streams");
-            self.streams.set_now(self.now);
-            self.streams.reset_between(x, y);
-            self.deliver_streams();
-        }
+        let (at, na, nb) = (self.now, self.nid_of(a), self.nid_of(b));
+        self.between_stream_hosts(a, b, |net, x, y| {
+            debug!(%at, a = %na, b = %nb, "reset streams");
+            net.reset_between(x, y);
+        });
     }
 
     // ------------------------------------------------------------------ internals
+
+    /// A fault between the stream hosts of nodes `a` and `b` (nothing when either is none):
+    /// `change` made to the stream network at the world's now, and what it set off delivered.
+    fn between_stream_hosts(
+        &mut self,
+        a: NodeId,
+        b: NodeId,
+        change: impl FnOnce(&mut StreamNet, HostId, HostId),
+    ) {
+        if let (Some(x), Some(y)) = (self.stream_host(a), self.stream_host(b)) {
+            self.streams.set_now(self.now);
+            change(&mut self.streams, x, y);
+            self.deliver_streams();
+        }
+    }
 
     /// Cuts the stream hosts of `a` from those of `b` as partition `bit` cuts the fabric.
     pub(super) fn cut_streams(&mut self, bit: u8, a: &[NodeId], b: &[NodeId]) {

@@ -94,6 +94,13 @@ impl Echo {
         self.heard.iter().map(|(_, h)| h.clone()).collect()
     }
 
+    /// Whether any of its streams ended.
+    fn heard_an_end(&self) -> bool {
+        self.heard
+            .iter()
+            .any(|(_, h)| matches!(h, Heard::Ended(..)))
+    }
+
     fn received(&self, s: StreamId) -> &[u8] {
         self.received.get(&s).map_or(&[], |v| v.as_slice())
     }
@@ -258,6 +265,26 @@ fn dial_and_send(w: &mut World<Echo>, c: NodeId, bytes: &[u8], chunk: usize) -> 
     .unwrap()
 }
 
+/// The client dials the server and sends `bytes`, which the server echoes back: run to idle.
+fn exchange(w: &mut World<Echo>, c: NodeId, bytes: &[u8]) -> StreamId {
+    let s = dial_and_send(w, c, bytes, 64);
+    assert!(w.run_until_idle(limit(w, 1)));
+    s
+}
+
+/// The server `s` shuts down and is removed; the client `c` hears EOF on `stream` last.
+#[track_caller]
+fn assert_shutdown_heard_as_eof(w: &mut World<Echo>, s: NodeId, c: NodeId, stream: StreamId) {
+    w.shutdown(s);
+    assert_eq!(w.node_state(s), NodeState::Stopped);
+    assert!(w.run_until_idle(limit(w, 1)));
+    w.run_for(Duration::from_secs(3));
+    assert_eq!(
+        w.node(c).unwrap().heard().last(),
+        Some(&Heard::Ended(stream, EndReason::Eof))
+    );
+}
+
 fn limit(w: &World<Echo>, secs: u64) -> Instant {
     w.now() + Duration::from_secs(secs)
 }
@@ -334,8 +361,7 @@ fn a_crashed_host_is_found_by_keepalive_and_a_reboot_listens_again() {
         ..echo_cfg(1, false)
     });
     let s = w.add_node(echo_cfg(2, true));
-    let first = dial_and_send(&mut w, c, b"before", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let first = exchange(&mut w, c, b"before");
     assert_eq!(w.node(c).unwrap().received(first), b"before");
     assert_eq!(w.stream_ends_of(s), 1);
     w.reboot(s, Duration::from_secs(20), 2);
@@ -347,12 +373,7 @@ fn a_crashed_host_is_found_by_keepalive_and_a_reboot_listens_again() {
         "a keepalive is a timer, not work"
     );
     w.run_for(Duration::from_secs(54));
-    assert!(!w
-        .node(c)
-        .unwrap()
-        .heard()
-        .iter()
-        .any(|h| matches!(h, Heard::Ended(..))));
+    assert!(!w.node(c).unwrap().heard_an_end());
     w.run_for(Duration::from_secs(2));
     assert_eq!(
         w.node(c).unwrap().heard().last(),
@@ -361,8 +382,7 @@ fn a_crashed_host_is_found_by_keepalive_and_a_reboot_listens_again() {
     // Back since 20 s: a fresh node, listening, that heard nothing else.
     assert_eq!(w.node_state(s), NodeState::Up);
     assert_eq!(w.node(s).unwrap().heard(), vec![Heard::Listening]);
-    let second = dial_and_send(&mut w, c, b"after", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let second = exchange(&mut w, c, b"after");
     assert_eq!(w.node(c).unwrap().received(second), b"after");
     assert_eq!(w.streams().stats().timeouts, 1);
 }
@@ -372,16 +392,10 @@ fn a_crashed_host_is_found_by_keepalive_and_a_reboot_listens_again() {
 #[test]
 fn a_silent_connection_to_a_rebooted_host_is_reset_when_it_sends() {
     let (mut w, c, s) = echo_world(6);
-    let stream = dial_and_send(&mut w, c, b"one", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let stream = exchange(&mut w, c, b"one");
     w.reboot(s, Duration::from_secs(1), 2);
     w.run_for(Duration::from_secs(100));
-    assert!(!w
-        .node(c)
-        .unwrap()
-        .heard()
-        .iter()
-        .any(|h| matches!(h, Heard::Ended(..))));
+    assert!(!w.node(c).unwrap().heard_an_end());
     w.with_node(c, |e, _| e.send(stream, b"two".to_vec()));
     assert!(w.run_until_idle(limit(&w, 1)));
     assert_eq!(
@@ -395,20 +409,11 @@ fn a_silent_connection_to_a_rebooted_host_is_reset_when_it_sends() {
 #[test]
 fn a_shutdown_is_heard_as_eof_and_leaves_nothing_behind() {
     let (mut w, c, s) = echo_world(7);
-    let stream = dial_and_send(&mut w, c, b"hello", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
-    w.shutdown(s);
-    assert_eq!(w.node_state(s), NodeState::Stopped);
-    assert!(w.run_until_idle(limit(&w, 1)));
-    w.run_for(Duration::from_secs(3));
-    assert_eq!(
-        w.node(c).unwrap().heard().last(),
-        Some(&Heard::Ended(stream, EndReason::Eof))
-    );
+    let stream = exchange(&mut w, c, b"hello");
+    assert_shutdown_heard_as_eof(&mut w, s, c, stream);
     assert_eq!(w.stream_ends_of(s) + w.stream_ends_of(c), 0);
     assert!(w.restart(s, 2));
-    let again = dial_and_send(&mut w, c, b"again", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let again = exchange(&mut w, c, b"again");
     assert_eq!(w.node(c).unwrap().received(again), b"again");
 }
 
@@ -417,18 +422,10 @@ fn a_shutdown_is_heard_as_eof_and_leaves_nothing_behind() {
 #[test]
 fn streams_a_stopped_node_left_open_are_closed_by_its_host() {
     let (mut w, c, s) = echo_world(8);
-    let stream = dial_and_send(&mut w, c, b"x", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let stream = exchange(&mut w, c, b"x");
     // The server forgets its streams, so its shutdown closes nothing.
     w.with_node(s, |e, _| e.open.clear());
-    w.shutdown(s);
-    assert_eq!(w.node_state(s), NodeState::Stopped);
-    assert!(w.run_until_idle(limit(&w, 1)));
-    w.run_for(Duration::from_secs(3));
-    assert_eq!(
-        w.node(c).unwrap().heard().last(),
-        Some(&Heard::Ended(stream, EndReason::Eof))
-    );
+    assert_shutdown_heard_as_eof(&mut w, s, c, stream);
     assert_eq!(w.stream_ends_of(s), 0);
 }
 
@@ -437,8 +434,7 @@ fn streams_a_stopped_node_left_open_are_closed_by_its_host() {
 #[test]
 fn a_partition_holds_stream_bytes_and_fails_dials_until_healed() {
     let (mut w, c, s) = echo_world(9);
-    let stream = dial_and_send(&mut w, c, b"first", 64);
-    assert!(w.run_until_idle(limit(&w, 1)));
+    let stream = exchange(&mut w, c, b"first");
     let p = w.partition(&[c], &[s]);
     w.with_node(c, |e, _| e.send(stream, b"held".to_vec()));
     let dial = w.with_node(c, |e, _| e.dial(ip(2))).unwrap();
@@ -468,8 +464,7 @@ fn a_stall_holds_one_direction_until_the_user_timeout_or_its_end() {
             ..echo_cfg(1, false)
         });
         let s = w.add_node(echo_cfg(2, true));
-        let stream = dial_and_send(&mut w, c, b"ping", 64);
-        assert!(w.run_until_idle(limit(&w, 1)));
+        let stream = exchange(&mut w, c, b"ping");
         let server_stream = w.node(s).unwrap().open[0];
         w.stall_streams(c, s);
         let id = w
@@ -495,7 +490,7 @@ fn a_stall_holds_one_direction_until_the_user_timeout_or_its_end() {
                 ]
             );
         } else {
-            assert!(!client.heard().iter().any(|h| matches!(h, Heard::Ended(..))));
+            assert!(!client.heard_an_end());
             w.unstall_streams(c, s);
             assert!(w.run_until_idle(limit(&w, 1)));
             let client = w.node(c).unwrap();
@@ -535,10 +530,5 @@ fn a_reset_between_two_nodes_is_heard_by_both_sides() {
         server.heard().last(),
         Some(Heard::Ended(_, EndReason::Reset))
     ));
-    assert!(!w
-        .node(other)
-        .unwrap()
-        .heard()
-        .iter()
-        .any(|h| matches!(h, Heard::Ended(..))));
+    assert!(!w.node(other).unwrap().heard_an_end());
 }

@@ -39,7 +39,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use super::SimRng;
 use crate::stream::{
     CloseMode, DialError, EndReason, IncomingId, RecvTarget, SendId, SendPayload, SockOpts,
-    StreamAction, StreamEvent, StreamId,
+    StreamAction, StreamEvent, StreamId, StreamReport as Report,
 };
 use crate::time::{Duration, Instant};
 
@@ -96,67 +96,6 @@ pub struct StreamNetStats {
     pub timeouts: u64,
     /// Reports for a stream its host no longer has (a close crossed them): dropped.
     pub stale_actions: u64,
-}
-
-/// An event as the network keeps it until delivery.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Report {
-    Listening(SocketAddrV4),
-    ListenFailed(i32),
-    Incoming {
-        incoming: IncomingId,
-        peer: SocketAddrV4,
-        local: SocketAddrV4,
-    },
-    Connected(StreamId, SocketAddrV4),
-    DialFailed(StreamId, DialError),
-    Data(StreamId, Vec<u8>),
-    Filled(StreamId, u32),
-    Sent(StreamId, SendId, Result<(), EndReason>),
-    Ended(StreamId, EndReason),
-}
-
-impl Report {
-    fn as_event(&self) -> StreamEvent<'_> {
-        match self {
-            Report::Listening(local) => StreamEvent::Listening { local: *local },
-            Report::ListenFailed(errno) => StreamEvent::ListenFailed { errno: *errno },
-            Report::Incoming {
-                incoming,
-                peer,
-                local,
-            } => StreamEvent::Incoming {
-                incoming: *incoming,
-                peer: *peer,
-                local: *local,
-            },
-            Report::Connected(stream, local) => StreamEvent::Connected {
-                stream: *stream,
-                local: *local,
-            },
-            Report::DialFailed(stream, error) => StreamEvent::DialFailed {
-                stream: *stream,
-                error: *error,
-            },
-            Report::Data(stream, bytes) => StreamEvent::Data {
-                stream: *stream,
-                bytes,
-            },
-            Report::Filled(stream, n) => StreamEvent::Filled {
-                stream: *stream,
-                n: *n,
-            },
-            Report::Sent(stream, id, result) => StreamEvent::Sent {
-                stream: *stream,
-                id: *id,
-                result: *result,
-            },
-            Report::Ended(stream, why) => StreamEvent::Ended {
-                stream: *stream,
-                why: *why,
-            },
-        }
-    }
 }
 
 /// The network's key for one end of a connection.
@@ -537,18 +476,18 @@ impl StreamNet {
         }
     }
 
+    /// The connection ends `host` holds.
+    fn ends_on(&self, host: HostId) -> Vec<EndKey> {
+        let on_host = self.ends.iter().filter(|(_, e)| e.host == host);
+        on_host.map(|(k, _)| *k).collect()
+    }
+
     /// `host` vanishes without a word: its connections and listener are gone; its peers hear
     /// nothing.
     pub fn crash(&mut self, host: HostId) {
         self.hosts[host.0 as usize].up = false;
         self.hosts[host.0 as usize].listener = None;
-        let gone: Vec<EndKey> = self
-            .ends
-            .iter()
-            .filter(|(_, e)| e.host == host)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in gone {
+        for k in self.ends_on(host) {
             let Some(p) = self.ends.remove(&k).and_then(|e| e.peer) else {
                 continue;
             };
@@ -649,13 +588,7 @@ impl StreamNet {
     pub fn set_deaf(&mut self, host: HostId, deaf: bool) {
         self.hosts[host.0 as usize].deaf = deaf;
         if !deaf {
-            let keys: Vec<EndKey> = self
-                .ends
-                .iter()
-                .filter(|(_, e)| e.host == host)
-                .map(|(k, _)| *k)
-                .collect();
-            for k in keys {
+            for k in self.ends_on(host) {
                 self.read(k);
             }
         }

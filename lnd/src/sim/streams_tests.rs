@@ -4,19 +4,8 @@ use super::*;
 use crate::handle::HandleSlab;
 use crate::mem::SharedMem;
 
-/// What a host heard, owned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Heard {
-    Listening(SocketAddrV4),
-    Incoming(IncomingId, SocketAddrV4),
-    Connected(StreamId, SocketAddrV4),
-    DialFailed(StreamId, DialError),
-    Data(StreamId, Vec<u8>),
-    Filled(StreamId, u32),
-    Sent(StreamId, SendId, Result<(), EndReason>),
-    Ended(StreamId, EndReason),
-    ListenFailed(i32),
-}
+// What a host heard, owned.
+use crate::stream::StreamReport as Heard;
 
 struct Harness {
     net: StreamNet,
@@ -40,6 +29,14 @@ impl Harness {
         (h, a, b)
     }
 
+    /// A network whose connections carry at most `window` unread bytes a direction.
+    fn with_window(window: usize) -> (Harness, HostId, HostId) {
+        Harness::new(StreamNetConfig {
+            window,
+            ..StreamNetConfig::default()
+        })
+    }
+
     fn stream(&mut self) -> StreamId {
         self.ids.insert(())
     }
@@ -60,18 +57,7 @@ impl Harness {
     fn drain(&mut self) {
         let heard = &mut self.heard;
         self.net.deliver(|h, now, ev| {
-            let e = match ev {
-                StreamEvent::Listening { local } => Heard::Listening(local),
-                StreamEvent::ListenFailed { errno } => Heard::ListenFailed(errno),
-                StreamEvent::Incoming { incoming, peer, .. } => Heard::Incoming(incoming, peer),
-                StreamEvent::Connected { stream, local } => Heard::Connected(stream, local),
-                StreamEvent::DialFailed { stream, error } => Heard::DialFailed(stream, error),
-                StreamEvent::Data { stream, bytes } => Heard::Data(stream, bytes.to_vec()),
-                StreamEvent::Filled { stream, n } => Heard::Filled(stream, n),
-                StreamEvent::Sent { stream, id, result } => Heard::Sent(stream, id, result),
-                StreamEvent::Ended { stream, why } => Heard::Ended(stream, why),
-            };
-            heard[h.0 as usize].push((now, e));
+            heard[h.0 as usize].push((now, Heard::from(ev)));
         });
     }
 
@@ -91,24 +77,26 @@ impl Harness {
 
     /// `a` dials `b`'s listener on 988, `b` adopts: the two streams.
     fn connect(&mut self, a: HostId, b: HostId) -> (StreamId, StreamId) {
-        self.net.apply(
-            b,
-            StreamAction::Listen {
-                addr: SocketAddrV4::new(B, 988),
-                backlog: 8,
-            },
-        );
+        self.net.apply(b, listen(8));
+        let (sa, sb, peer) = self.dial_and_adopt(a, b);
+        assert_eq!(peer, SocketAddrV4::new(A, 1023), "dialled from 1023 down");
+        assert!(self
+            .take(a)
+            .contains(&Heard::Connected(sa, SocketAddrV4::new(A, 1023))));
+        (sa, sb)
+    }
+
+    /// Another connection to `b`'s listener (there already), dialled from 1023 down and adopted:
+    /// the two streams and the address `b` saw it come from. What `a` heard stays unread.
+    fn dial_and_adopt(&mut self, a: HostId, b: HostId) -> (StreamId, StreamId, SocketAddrV4) {
         let sa = self.stream();
         self.net.apply(a, dial(sa, 1023, 512));
         self.run_for(Duration::from_millis(1));
-        let incoming = self
+        let (incoming, peer) = self
             .take(b)
             .into_iter()
             .find_map(|e| match e {
-                Heard::Incoming(i, peer) => {
-                    assert_eq!(peer, SocketAddrV4::new(A, 1023), "dialled from 1023 down");
-                    Some(i)
-                }
+                Heard::Incoming { incoming, peer, .. } => Some((incoming, peer)),
                 _ => None,
             })
             .expect("an incoming connection");
@@ -120,10 +108,20 @@ impl Harness {
                 stream: sb,
             },
         );
-        assert!(self
-            .take(a)
-            .contains(&Heard::Connected(sa, SocketAddrV4::new(A, 1023))));
-        (sa, sb)
+        (sa, sb, peer)
+    }
+
+    /// Whether `h` heard anything that passes `test`.
+    fn heard_that(&self, h: HostId, test: impl Fn(&Heard) -> bool) -> bool {
+        self.heard[h.0 as usize].iter().any(|(_, e)| test(e))
+    }
+
+    /// A new stream of `a` dials B:988 from any port; the network runs for `d`.
+    fn dial_and_run(&mut self, a: HostId, d: Duration) -> StreamId {
+        let s = self.stream();
+        self.net.apply(a, dial(s, 0, 0));
+        self.run_for(d);
+        s
     }
 
     /// All `Data` bytes `h` heard on `s`, in order.
@@ -163,6 +161,52 @@ fn recv(stream: StreamId, max: u32) -> StreamAction {
         stream,
         target: RecvTarget::Bytes { max },
     }
+}
+
+/// Says what was heard when `e` was not.
+#[track_caller]
+fn assert_heard(heard: &[Heard], e: Heard) {
+    assert!(heard.contains(&e), "{e:?} not in {heard:?}");
+}
+
+/// A connection from A to B whose A side has a 10 s TCP_USER_TIMEOUT, A's direction stalled:
+/// the harness, the hosts and the two streams.
+fn stalled_connection() -> (Harness, HostId, HostId, StreamId, StreamId) {
+    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
+    let (sa, sb) = h.connect(a, b);
+    h.net.apply(a, user_timeout(sa, Duration::from_secs(10)));
+    h.net.stall(a, b);
+    (h, a, b, sa, sb)
+}
+
+/// B listens on 988.
+fn listen(backlog: u32) -> StreamAction {
+    StreamAction::Listen {
+        addr: SocketAddrV4::new(B, 988),
+        backlog,
+    }
+}
+
+fn close(stream: StreamId, mode: CloseMode) -> StreamAction {
+    StreamAction::Close { stream, mode }
+}
+
+/// Keepalive 30/5/5, as ksocklnd sets it.
+fn keepalive(stream: StreamId) -> StreamAction {
+    let opts = SockOpts {
+        keepalive: Some((30, 5, 5)),
+        ..SockOpts::default()
+    };
+    StreamAction::Configure { stream, opts }
+}
+
+/// TCP_USER_TIMEOUT.
+fn user_timeout(stream: StreamId, t: Duration) -> StreamAction {
+    let opts = SockOpts {
+        user_timeout: Some(t),
+        ..SockOpts::default()
+    };
+    StreamAction::Configure { stream, opts }
 }
 
 #[test]
@@ -252,11 +296,7 @@ fn a_payload_lands_in_memory_byte_exact_through_partial_reads() {
 
 #[test]
 fn a_reader_that_posts_nothing_stops_the_sender_at_the_window() {
-    let cfg = StreamNetConfig {
-        window: 10_000,
-        ..StreamNetConfig::default()
-    };
-    let (mut h, a, b) = Harness::new(cfg);
+    let (mut h, a, b) = Harness::with_window(10_000);
     let (sa, sb) = h.connect(a, b);
     for id in 0..5 {
         h.net
@@ -285,13 +325,7 @@ fn a_graceful_close_is_heard_as_eof_after_every_byte() {
     let (sa, sb) = h.connect(a, b);
     h.net
         .apply(a, send(sa, 1, b"last words", SendPayload::None));
-    h.net.apply(
-        a,
-        StreamAction::Close {
-            stream: sa,
-            mode: CloseMode::Graceful,
-        },
-    );
+    h.net.apply(a, close(sa, CloseMode::Graceful));
     h.run_for(Duration::from_millis(1));
     for _ in 0..3 {
         h.net.apply(b, recv(sb, 64));
@@ -301,36 +335,20 @@ fn a_graceful_close_is_heard_as_eof_after_every_byte() {
     assert_eq!(h.data(b, sb), b"last words");
     assert_eq!(heard.last(), Some(&Heard::Ended(sb, EndReason::Eof)));
     // The closer hears nothing more of its stream, and lets go of it once both FINs are out.
-    h.net.apply(
-        b,
-        StreamAction::Close {
-            stream: sb,
-            mode: CloseMode::Graceful,
-        },
-    );
+    h.net.apply(b, close(sb, CloseMode::Graceful));
     h.run_for(Duration::from_secs(3));
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
     assert_eq!(h.net.ends_of(a) + h.net.ends_of(b), 0);
 }
 
 #[test]
 fn an_abort_is_heard_as_reset_at_once_and_fails_what_was_queued() {
-    let cfg = StreamNetConfig {
-        window: 100,
-        ..StreamNetConfig::default()
-    };
-    let (mut h, a, b) = Harness::new(cfg);
+    let (mut h, a, b) = Harness::with_window(100);
     let (sa, sb) = h.connect(a, b);
     // Stuck behind a full window.
     h.net.apply(b, send(sb, 1, &[1; 150], SendPayload::None));
     h.net.apply(b, send(sb, 2, &[2; 10], SendPayload::None));
-    h.net.apply(
-        a,
-        StreamAction::Close {
-            stream: sa,
-            mode: CloseMode::Abort,
-        },
-    );
+    h.net.apply(a, close(sa, CloseMode::Abort));
     h.run_for(Duration::from_millis(1));
     assert_eq!(
         h.heard(b),
@@ -363,23 +381,11 @@ fn dials_fail_with_the_reason_a_real_stack_gives() {
     );
     h.run_for(Duration::from_secs(5));
     let heard = h.take(a);
-    assert!(
-        heard.contains(&Heard::DialFailed(s1, DialError::Refused)),
-        "{heard:?}"
-    );
-    assert!(
-        heard.contains(&Heard::DialFailed(s2, DialError::Unreachable)),
-        "{heard:?}"
-    );
+    assert_heard(&heard, Heard::DialFailed(s1, DialError::Refused));
+    assert_heard(&heard, Heard::DialFailed(s2, DialError::Unreachable));
     // Every port of a one-port range toward the same listener is taken: NoPorts; toward
     // another remote the same port is shared (SO_REUSEPORT).
-    h.net.apply(
-        b,
-        StreamAction::Listen {
-            addr: SocketAddrV4::new(B, 988),
-            backlog: 8,
-        },
-    );
+    h.net.apply(b, listen(8));
     let (s3, s4) = (h.stream(), h.stream());
     h.net.apply(a, dial(s3, 1023, 1023));
     h.net.apply(a, dial(s4, 1023, 1023));
@@ -393,13 +399,7 @@ fn dials_fail_with_the_reason_a_real_stack_gives() {
 #[test]
 fn a_full_backlog_drops_the_dial() {
     let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    h.net.apply(
-        b,
-        StreamAction::Listen {
-            addr: SocketAddrV4::new(B, 988),
-            backlog: 2,
-        },
-    );
+    h.net.apply(b, listen(2));
     let ids: Vec<StreamId> = (0..3).map(|_| h.stream()).collect();
     for s in &ids {
         h.net.apply(a, dial(*s, 0, 0));
@@ -410,7 +410,7 @@ fn a_full_backlog_drops_the_dial() {
     let incoming = h
         .heard(b)
         .iter()
-        .filter(|e| matches!(e, Heard::Incoming(..)))
+        .filter(|e| matches!(e, Heard::Incoming { .. }))
         .count();
     assert_eq!(incoming, 2);
 }
@@ -419,39 +419,9 @@ fn a_full_backlog_drops_the_dial() {
 fn a_crashed_peer_is_found_by_keepalive_or_by_reset_once_it_is_back() {
     let (mut h, a, b) = Harness::new(StreamNetConfig::default());
     let (sa, _sb) = h.connect(a, b);
-    let (sa2, _) = {
-        // A second connection, with keepalive 30/5/5 as ksocklnd sets it.
-        let s = h.stream();
-        h.net.apply(a, dial(s, 1023, 512));
-        h.run_for(Duration::from_millis(1));
-        let i = h
-            .take(b)
-            .into_iter()
-            .find_map(|e| match e {
-                Heard::Incoming(i, _) => Some(i),
-                _ => None,
-            })
-            .unwrap();
-        let t = h.stream();
-        h.net.apply(
-            b,
-            StreamAction::Adopt {
-                incoming: i,
-                stream: t,
-            },
-        );
-        (s, t)
-    };
-    h.net.apply(
-        a,
-        StreamAction::Configure {
-            stream: sa2,
-            opts: SockOpts {
-                keepalive: Some((30, 5, 5)),
-                ..SockOpts::default()
-            },
-        },
-    );
+    // A second connection, with keepalive 30/5/5 as ksocklnd sets it.
+    let (sa2, _, _) = h.dial_and_adopt(a, b);
+    h.net.apply(a, keepalive(sa2));
     h.take(a);
     h.net.crash(b);
     h.run_for(Duration::from_secs(54));
@@ -544,19 +514,7 @@ fn partial_writes_split_a_send_into_segments_a_reader_sees_in_pieces() {
 
 #[test]
 fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
-    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    let (sa, sb) = h.connect(a, b);
-    h.net.apply(
-        a,
-        StreamAction::Configure {
-            stream: sa,
-            opts: SockOpts {
-                user_timeout: Some(Duration::from_secs(10)),
-                ..SockOpts::default()
-            },
-        },
-    );
-    h.net.stall(a, b);
+    let (mut h, a, b, sa, sb) = stalled_connection();
     h.net.apply(a, send(sa, 1, b"held", SendPayload::None));
     h.net.apply(b, send(sb, 2, b"flows", SendPayload::None));
     h.net.apply(a, recv(sa, 64));
@@ -564,10 +522,7 @@ fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
     h.run_for(Duration::from_secs(9));
     assert_eq!(h.data(a, sa), b"flows");
     assert!(h.data(b, sb).is_empty());
-    assert!(!h
-        .heard(a)
-        .iter()
-        .any(|e| matches!(e, Heard::Sent(_, SendId(1), _))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Sent(_, SendId(1), _))));
     assert_eq!(h.net.in_flight(), 0, "a stalled send is not work in flight");
     h.run_for(Duration::from_secs(2));
     let heard = h.heard(a);
@@ -583,19 +538,7 @@ fn a_stall_holds_one_direction_and_a_user_timeout_ends_it() {
 
 #[test]
 fn a_stall_ended_in_time_lets_the_bytes_go_and_stalls_stack() {
-    let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    let (sa, sb) = h.connect(a, b);
-    h.net.apply(
-        a,
-        StreamAction::Configure {
-            stream: sa,
-            opts: SockOpts {
-                user_timeout: Some(Duration::from_secs(10)),
-                ..SockOpts::default()
-            },
-        },
-    );
-    h.net.stall(a, b);
+    let (mut h, a, b, sa, sb) = stalled_connection();
     h.net.stall(a, b);
     h.net.apply(a, send(sa, 1, b"late", SendPayload::None));
     h.net.apply(b, recv(sb, 64));
@@ -607,19 +550,13 @@ fn a_stall_ended_in_time_lets_the_bytes_go_and_stalls_stack() {
     h.run_for(Duration::from_secs(20));
     assert_eq!(h.data(b, sb), b"late");
     assert!(h.heard(a).contains(&Heard::Sent(sa, SendId(1), Ok(()))));
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
 }
 
 #[test]
 fn partitions_stack_and_a_syn_sent_before_one_is_lost() {
     let (mut h, a, b) = Harness::new(StreamNetConfig::default());
-    h.net.apply(
-        b,
-        StreamAction::Listen {
-            addr: SocketAddrV4::new(B, 988),
-            backlog: 8,
-        },
-    );
+    h.net.apply(b, listen(8));
     let s = h.stream();
     h.net.apply(a, dial(s, 0, 0));
     h.net.partition(a, b);
@@ -628,50 +565,22 @@ fn partitions_stack_and_a_syn_sent_before_one_is_lost() {
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s, DialError::Unreachable)));
-    assert!(!h.heard(b).iter().any(|e| matches!(e, Heard::Incoming(..))));
+    assert!(!h.heard_that(b, |e| matches!(e, Heard::Incoming { .. })));
     h.net.heal(a, b);
-    let s2 = h.stream();
-    h.net.apply(a, dial(s2, 0, 0));
-    h.run_for(Duration::from_secs(5));
+    let s2 = h.dial_and_run(a, Duration::from_secs(5));
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s2, DialError::Unreachable)));
     h.net.heal(a, b);
-    let s3 = h.stream();
-    h.net.apply(a, dial(s3, 0, 0));
-    h.run_for(Duration::from_millis(1));
-    assert!(h
-        .heard(a)
-        .iter()
-        .any(|e| matches!(e, Heard::Connected(x, _) if *x == s3)));
+    let s3 = h.dial_and_run(a, Duration::from_millis(1));
+    assert!(h.heard_that(a, |e| matches!(e, Heard::Connected(x, _) if *x == s3)));
 }
 
 #[test]
 fn a_process_exit_closes_what_it_left_reset_where_bytes_were_unread() {
     let (mut h, a, b) = Harness::new(StreamNetConfig::default());
     let (sa, _sb) = h.connect(a, b);
-    let (sa2, sb2) = {
-        let s = h.stream();
-        h.net.apply(a, dial(s, 1023, 512));
-        h.run_for(Duration::from_millis(1));
-        let i = h
-            .take(b)
-            .into_iter()
-            .find_map(|e| match e {
-                Heard::Incoming(i, _) => Some(i),
-                _ => None,
-            })
-            .unwrap();
-        let t = h.stream();
-        h.net.apply(
-            b,
-            StreamAction::Adopt {
-                incoming: i,
-                stream: t,
-            },
-        );
-        (s, t)
-    };
+    let (sa2, sb2, _) = h.dial_and_adopt(a, b);
     // B never reads the second connection: its bytes sit unread when B's process exits.
     h.net.apply(a, send(sa2, 1, b"unread", SendPayload::None));
     h.run_for(Duration::from_millis(1));
@@ -681,18 +590,10 @@ fn a_process_exit_closes_what_it_left_reset_where_bytes_were_unread() {
     h.net.apply(a, recv(sa2, 64));
     h.run_for(Duration::from_millis(1));
     let heard = h.heard(a);
-    assert!(
-        heard.contains(&Heard::Ended(sa, EndReason::Eof)),
-        "{heard:?}"
-    );
-    assert!(
-        heard.contains(&Heard::Ended(sa2, EndReason::Reset)),
-        "{heard:?}"
-    );
+    assert_heard(&heard, Heard::Ended(sa, EndReason::Eof));
+    assert_heard(&heard, Heard::Ended(sa2, EndReason::Reset));
     // The host is up but nothing listens: a dial is refused, and B hears nothing more.
-    let s = h.stream();
-    h.net.apply(a, dial(s, 0, 0));
-    h.run_for(Duration::from_millis(1));
+    let s = h.dial_and_run(a, Duration::from_millis(1));
     assert!(h
         .heard(a)
         .contains(&Heard::DialFailed(s, DialError::Refused)));
@@ -701,20 +602,8 @@ fn a_process_exit_closes_what_it_left_reset_where_bytes_were_unread() {
         .iter()
         .any(|e| matches!(e, Heard::Ended(..) | Heard::Data(..))));
     h.run_for(Duration::from_secs(3));
-    h.net.apply(
-        a,
-        StreamAction::Close {
-            stream: sa,
-            mode: CloseMode::Graceful,
-        },
-    );
-    h.net.apply(
-        a,
-        StreamAction::Close {
-            stream: sa2,
-            mode: CloseMode::Graceful,
-        },
-    );
+    h.net.apply(a, close(sa, CloseMode::Graceful));
+    h.net.apply(a, close(sa2, CloseMode::Graceful));
     h.run_for(Duration::from_secs(3));
     assert_eq!(h.net.ends_of(a) + h.net.ends_of(b), 0);
 }
@@ -731,16 +620,7 @@ fn work_in_flight_counts_bytes_and_reports_not_timers() {
     h.net.apply(b, recv(sb, 8));
     h.run_for(Duration::from_millis(1));
     assert_eq!(h.data(b, sb), b"x");
-    h.net.apply(
-        a,
-        StreamAction::Configure {
-            stream: sa,
-            opts: SockOpts {
-                keepalive: Some((30, 5, 5)),
-                ..SockOpts::default()
-            },
-        },
-    );
+    h.net.apply(a, keepalive(sa));
     h.net.crash(b);
     assert_eq!(h.net.in_flight(), 0, "a keepalive give-up is a timer");
     assert!(h.net.next_event_at().is_some());
@@ -748,22 +628,9 @@ fn work_in_flight_counts_bytes_and_reports_not_timers() {
 
 #[test]
 fn a_deaf_host_fills_the_window_without_a_tcp_timeout_and_reads_again() {
-    let cfg = StreamNetConfig {
-        window: 10_000,
-        ..StreamNetConfig::default()
-    };
-    let (mut h, a, b) = Harness::new(cfg);
+    let (mut h, a, b) = Harness::with_window(10_000);
     let (sa, sb) = h.connect(a, b);
-    h.net.apply(
-        a,
-        StreamAction::Configure {
-            stream: sa,
-            opts: SockOpts {
-                user_timeout: Some(Duration::from_secs(10)),
-                ..SockOpts::default()
-            },
-        },
-    );
+    h.net.apply(a, user_timeout(sa, Duration::from_secs(10)));
     h.net.set_deaf(b, true);
     h.net.apply(b, recv(sb, 65536));
     for id in 0..3 {
@@ -779,7 +646,7 @@ fn a_deaf_host_fills_the_window_without_a_tcp_timeout_and_reads_again() {
             .count()
     };
     assert_eq!(sent(&h), 2, "the window holds two sends");
-    assert!(!h.heard(a).iter().any(|e| matches!(e, Heard::Ended(..))));
+    assert!(!h.heard_that(a, |e| matches!(e, Heard::Ended(..))));
     h.net.set_deaf(b, false);
     for _ in 0..4 {
         h.run_for(Duration::from_millis(1));

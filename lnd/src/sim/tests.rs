@@ -14,6 +14,28 @@ fn node(w: &mut World, addr: &str, inc: u64) -> NodeId {
     w.add_node(EndpointConfig::new(nid(addr), inc))
 }
 
+/// A world of two nodes, 10.0.0.1 (incarnation 1) and 10.0.0.2 (2).
+fn pair(seed: u64) -> (World, NodeId, NodeId) {
+    let mut w = world(seed);
+    let a = node(&mut w, "10.0.0.1@o2ib", 1);
+    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    (w, a, b)
+}
+
+/// Whether every one of `cookies` ended delivered.
+fn all_delivered(w: &World, cookies: &[u64]) -> bool {
+    cookies
+        .iter()
+        .all(|&c| w.outcome(c).is_some_and(|(_, o)| o.is_delivered()))
+}
+
+/// Whether `a` heard news of `b` whose down reason (`None`: up) passes `test`.
+fn heard_of(w: &World, a: NodeId, b: NodeId, test: impl Fn(Option<DownReason>) -> bool) -> bool {
+    w.peer_events(a)
+        .iter()
+        .any(|e| e.nid == w.nid_of(b) && test(e.down))
+}
+
 fn send_n(w: &mut World, from: NodeId, to: NodeId, n: u64, len: usize) -> Vec<u64> {
     let (src, dst) = (w.nid_of(from), w.nid_of(to));
     (0..n)
@@ -35,9 +57,7 @@ fn a_burst_leaves_no_peak_capacity_behind() {
     use crate::trim::{TRIM_FLOOR, TRIM_INTERVAL};
     const BURST: u64 = 50_000;
     for crashed in [false, true] {
-        let mut w = world(7);
-        let a = node(&mut w, "10.0.0.1@o2ib", 1);
-        let b = node(&mut w, "10.0.0.2@o2ib", 2);
+        let (mut w, a, b) = pair(7);
         if crashed {
             w.crash(b);
         }
@@ -83,9 +103,7 @@ fn a_burst_leaves_no_peak_capacity_behind() {
 #[test]
 fn race_rejects_counted_per_unordered_pair() {
     for seed in 0..10 {
-        let mut w = world(seed);
-        let a = node(&mut w, "10.0.0.1@o2ib", 1);
-        let b = node(&mut w, "10.0.0.2@o2ib", 2);
+        let (mut w, a, b) = pair(seed);
         let c = node(&mut w, "10.0.0.3@o2ib", 3);
         // a and b connect to each other in the same instant: b (higher) refuses a once.
         send_n(&mut w, a, b, 1, 8);
@@ -152,9 +170,7 @@ fn event_order_is_time_then_sequence() {
 
 #[test]
 fn partitions_block_both_ways_and_heal() {
-    let mut w = world(1);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(1);
     let c = node(&mut w, "10.0.0.3@o2ib", 3);
     let p = w.partition(&[a], &[b]);
     assert!(w.blocked(a, b) && w.blocked(b, a));
@@ -204,10 +220,7 @@ fn exchange_100_messages_both_ways() {
         2,
         "one connect each way"
     );
-    assert!(w
-        .peer_events(a)
-        .iter()
-        .any(|e| e.nid == w.nid_of(b) && e.down.is_none()));
+    assert!(heard_of(&w, a, b, |down| down.is_none()));
 }
 
 #[test]
@@ -239,10 +252,7 @@ fn crash_makes_queued_messages_fail() {
         }
     }
     assert!(w.stats().retry_exceeded > 0);
-    assert!(w
-        .peer_events(a)
-        .iter()
-        .any(|e| e.nid == w.nid_of(b) && e.down.is_some()));
+    assert!(heard_of(&w, a, b, |down| down.is_some()));
 }
 
 /// The same seed gives the same run, event for event.
@@ -288,21 +298,14 @@ fn simultaneous_connects_race_and_settle() {
         let mut cookies = send_n(&mut w, a, b, 10, 64);
         cookies.extend(send_n(&mut w, b, a, 10, 64));
         assert!(w.run_until_idle(limit(&w, 60)), "{policy:?}");
-        assert!(
-            cookies
-                .iter()
-                .all(|&c| w.outcome(c).is_some_and(|(_, o)| o.is_delivered())),
-            "{policy:?}"
-        );
+        assert!(all_delivered(&w, &cookies), "{policy:?}");
         assert_eq!(w.stats().rnr, 0);
     }
 }
 
 #[test]
 fn graceful_shutdown_tells_the_peer() {
-    let mut w = world(5);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(5);
     send_n(&mut w, a, b, 5, 64);
     send_n(&mut w, b, a, 5, 64);
     assert!(w.run_until_idle(limit(&w, 10)));
@@ -313,10 +316,7 @@ fn graceful_shutdown_tells_the_peer() {
     assert_eq!(w.leaked_conns(b), 0);
     assert_eq!(w.stats().orphaned, 0);
     assert_eq!(w.ends_of(b), 0);
-    assert!(w
-        .peer_events(a)
-        .iter()
-        .any(|e| e.nid == w.nid_of(b) && e.down == Some(DownReason::Closed)));
+    assert!(heard_of(&w, a, b, |down| down == Some(DownReason::Closed)));
     // The host is up, nothing listens: a new message fails quickly, not after timeouts.
     let t0 = w.now();
     let c = send_n(&mut w, a, b, 1, 64)[0];
@@ -331,9 +331,7 @@ fn graceful_shutdown_tells_the_peer() {
 
 #[test]
 fn reboot_then_messages_reach_the_new_instance() {
-    let mut w = world(9);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(9);
     send_n(&mut w, a, b, 3, 64);
     assert!(w.run_until_idle(limit(&w, 10)));
     w.reboot(b, Duration::from_secs(2), 3);
@@ -390,9 +388,7 @@ fn stuck_connect_is_ended_by_the_connect_deadline() {
 #[test]
 fn a_stuck_connect_gets_a_second_attempt_beside_it() {
     for stuck in 1..=4u64 {
-        let mut w = world(13 + stuck);
-        let a = node(&mut w, "10.0.0.1@o2ib", 1);
-        let b = node(&mut w, "10.0.0.2@o2ib", 2);
+        let (mut w, a, b) = pair(13 + stuck);
         for _ in 0..stuck {
             w.stuck_next_connect(a, w.nid_of(b));
         }
@@ -461,9 +457,7 @@ fn slow_connects_teach_the_hedge_delay_and_lose_nothing() {
         }
     }
     assert!(w.run_until_idle(limit(&w, 120)), "{:?}", w.stats());
-    assert!(cookies
-        .iter()
-        .all(|&c| w.outcome(c).unwrap().1.is_delivered()));
+    assert!(all_delivered(&w, &cookies));
     let hedges = w.node(a).unwrap().stats().connect_hedges;
     assert!(hedges <= 2, "{hedges} hedges for {} peers", peers.len());
     assert_eq!(w.invalid_transitions(), 0);
@@ -471,9 +465,7 @@ fn slow_connects_teach_the_hedge_delay_and_lose_nothing() {
 
 #[test]
 fn partition_healed_within_the_retry_horizon_loses_nothing() {
-    let mut w = world(17);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(17);
     send_n(&mut w, a, b, 1, 64);
     assert!(w.run_until_idle(limit(&w, 10)));
     let p = w.partition(&[a], &[b]);
@@ -482,17 +474,13 @@ fn partition_healed_within_the_retry_horizon_loses_nothing() {
     assert_eq!(w.pending_sends(), 3);
     w.heal_partition(p);
     assert!(w.run_until_idle(limit(&w, 10)));
-    assert!(cookies
-        .iter()
-        .all(|&c| w.outcome(c).unwrap().1.is_delivered()));
+    assert!(all_delivered(&w, &cookies));
     assert_eq!(w.stats().retry_exceeded, 0);
 }
 
 #[test]
 fn long_partition_fails_with_a_status() {
-    let mut w = world(19);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(19);
     send_n(&mut w, a, b, 1, 64);
     assert!(w.run_until_idle(limit(&w, 10)));
     w.partition(&[a], &[b]);
@@ -507,9 +495,7 @@ fn long_partition_fails_with_a_status() {
 /// Random repost delays never make a sender overrun the receiver's posted slots: credits work.
 #[test]
 fn delayed_reposts_never_cause_rnr() {
-    let mut w = world(23);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(23);
     w.set_recv_delay(b, Duration::from_micros(300));
     w.set_recv_delay(a, Duration::from_micros(100));
     let mut cookies = Vec::new();
@@ -520,9 +506,7 @@ fn delayed_reposts_never_cause_rnr() {
     }
     assert!(w.run_until_idle(limit(&w, 60)), "{:?}", w.stats());
     assert_eq!(w.stats().rnr, 0);
-    assert!(cookies
-        .iter()
-        .all(|&c| w.outcome(c).unwrap().1.is_delivered()));
+    assert!(all_delivered(&w, &cookies));
     assert_eq!(w.received_count(b), 2000);
 }
 
@@ -680,6 +664,29 @@ struct Bulk {
     remote: RemoteRegion,
 }
 
+impl Bulk {
+    /// A bad write `wr` from `a`, and a send `c` queued behind it: once idle, the write failed
+    /// and wrote nothing into `b`'s sink, and the send was flushed with it.
+    #[track_caller]
+    fn assert_write_failed(&mut self, wr: WrId, c: u64, what: &str) {
+        let (a, b) = (self.a, self.b);
+        assert!(self.w.run_until_idle(limit(&self.w, 10)), "{what}");
+        assert_eq!(self.w.rdma_status(a, wr), Some(WcStatus::Error), "{what}");
+        assert!(
+            self.w
+                .region(b, &self.sink)
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0),
+            "{what}"
+        );
+        assert!(
+            matches!(self.w.outcome(c).unwrap().1, SendOutcome::Failed(_)),
+            "{what}"
+        );
+    }
+}
+
 /// Node `from` writes `len` bytes at `off` of `src` to `remote`: one fragment each side.
 fn write1(
     w: &mut World,
@@ -699,9 +706,7 @@ fn write1(
 }
 
 fn bulk(seed: u64) -> Bulk {
-    let mut w = world(seed);
-    let a = node(&mut w, "10.0.0.1@o2ib", 1);
-    let b = node(&mut w, "10.0.0.2@o2ib", 2);
+    let (mut w, a, b) = pair(seed);
     send_n(&mut w, a, b, 1, 64);
     assert!(w.run_until_idle(limit(&w, 10)));
     let conn = w
@@ -819,17 +824,8 @@ fn rdma_write_outside_the_region_fails_and_writes_nothing() {
         );
         // Queued behind the bad write: flushed when the queue pair goes to error.
         let c = send_n(&mut t.w, a, b, 1, 64)[0];
-        assert!(t.w.run_until_idle(limit(&t.w, 10)), "{what}");
-        assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Error), "{what}");
-        assert!(
-            t.w.region(b, &t.sink).unwrap().iter().all(|&x| x == 0),
-            "{what}"
-        );
+        t.assert_write_failed(wr, c, what);
         assert_eq!(t.w.received_count(b), received_before, "{what}");
-        assert!(
-            matches!(t.w.outcome(c).unwrap().1, SendOutcome::Failed(_)),
-            "{what}"
-        );
         let s = t.w.stats();
         assert_eq!(
             (s.rdma_errors, s.rdma_writes, s.flushed),
@@ -1042,16 +1038,7 @@ fn malformed_rdma_writes_fail_and_write_nothing() {
         let (local, remote) = make(&t.src, &t.sink);
         let wr = t.w.rdma_write(a, t.conn, local, remote);
         let c = send_n(&mut t.w, a, b, 1, 64)[0];
-        assert!(t.w.run_until_idle(limit(&t.w, 10)), "{what}");
-        assert_eq!(t.w.rdma_status(a, wr), Some(WcStatus::Error), "{what}");
-        assert!(
-            t.w.region(b, &t.sink).unwrap().iter().all(|&x| x == 0),
-            "{what}"
-        );
-        assert!(
-            matches!(t.w.outcome(c).unwrap().1, SendOutcome::Failed(_)),
-            "{what}"
-        );
+        t.assert_write_failed(wr, c, what);
         let s = t.w.stats();
         assert_eq!((s.rdma_errors, s.rdma_writes), (1, 0), "{what}");
     }

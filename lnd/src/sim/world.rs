@@ -2,6 +2,7 @@
 //! (the event queue, nodes going up and down, the upper layer of each node).
 
 use super::*;
+use crate::iface::Lnd;
 
 impl World {
     /// An empty world of LND endpoints at `cfg.start`.
@@ -451,6 +452,15 @@ impl<N: SimNode> World<N> {
 
     // ------------------------------------------------------------------ internals: plumbing
 
+    /// The connect `end` started at `started` never reaches its peer (lost on the way, no
+    /// route, an unreachable host): it fails as unreachable `unreachable_after` after it
+    /// started, and not before `now`.
+    pub(super) fn connect_unreachable(&mut self, now: Instant, started: Instant, end: u64) {
+        let at = now.max(started + self.cfg.unreachable_after);
+        let why = ConnectFailure::Unreachable;
+        self.push(at, Ev::ConnFailed { end, why });
+    }
+
     pub(super) fn push(&mut self, at: Instant, ev: Ev) {
         let at = at.max(self.now);
         if !matches!(ev, Ev::Timer { .. }) {
@@ -540,14 +550,7 @@ impl<N: SimNode> World<N> {
         orphan_reqs.sort_unstable();
         for id in orphan_reqs {
             if let Some(r) = self.reqs.remove(&id) {
-                let at = now.max(r.started + self.cfg.unreachable_after);
-                self.push(
-                    at,
-                    Ev::ConnFailed {
-                        end: r.active,
-                        why: ConnectFailure::Unreachable,
-                    },
-                );
+                self.connect_unreachable(now, r.started, r.active);
             }
         }
     }

@@ -37,7 +37,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use tracing::{debug, info, warn};
 
-use crate::handle::{Handle, HandleSlab, Tag};
+use crate::handle::{handle_type, HandleSlab};
 pub use crate::iface::sock::{AcceptMode, SockConfig, SockConnView, SockStats};
 use crate::iface::{BulkMem, DownReason, LndEvent, TxError};
 use crate::stream::{
@@ -64,14 +64,9 @@ const KEEPALIVE_RETRY: Duration = Duration::from_secs(10);
 /// The RxToken connection of a message delivered to ourselves.
 const LOCAL_CONN: u64 = u64::MAX;
 
-/// The name of a message waiting for, or on, a connection.
-type TxId = Handle<TxTag>;
-
-#[derive(Debug)]
-enum TxTag {}
-
-impl Tag for TxTag {
-    const NAME: &'static str = "socktx";
+handle_type! {
+    /// The name of a message waiting for, or on, a connection.
+    type TxId = Handle<TxTag>, "socktx";
 }
 
 /// A message LNet handed us.

@@ -606,6 +606,34 @@ pub(super) fn connect(n: &mut Net, from: usize, to: usize) {
     n.take(to);
 }
 
+/// `from`'s REPLY of `len` bytes to `to`'s GET, which named `wmd` for it.
+pub(super) fn reply_hdr(from: Nid, to: Nid, len: u32, wmd: WireHandle) -> LnetHdr {
+    LnetHdr {
+        dest_nid: to,
+        src_nid: from,
+        dest_pid: LNET_PID_LUSTRE,
+        src_pid: LNET_PID_LUSTRE,
+        payload_length: len,
+        body: LnetBody::Reply { dst_wmd: wmd },
+    }
+}
+
+/// The one outcome of a bulk transfer into LNet's memory.
+pub(super) fn bulk_done(cookie: u64, peer: Nid, result: Result<u32, TxError>) -> LndEvent {
+    LndEvent::BulkDone {
+        cookie,
+        peer,
+        result,
+    }
+}
+
+/// A and B, A connected to B by a first PUT: the net and their NIDs.
+pub(super) fn connected_pair() -> (Net, Nid, Nid) {
+    let mut n = pair();
+    connect(&mut n, 0, 1);
+    (n, nid(A), nid(B))
+}
+
 // ---------------------------------------------------------------------------- the table
 
 #[test]
@@ -662,18 +690,14 @@ fn handshake_bytes_match_the_reference_vectors() {
     let b = n.sends(1);
     assert_eq!(b[0].1, answer, "B's answer on the CONTROL connection");
     // A's BULK_IN and BULK_OUT HELLOs carry ctype 2 and 3; B answers with their inverses.
-    let ctypes: Vec<u8> = a
-        .iter()
-        .filter(|(_, b)| b.len() == HELLO_V3_LEN)
-        .map(|(_, b)| b[48])
-        .collect();
-    assert_eq!(ctypes, vec![1, 2, 3]);
-    let answers: Vec<u8> = b
-        .iter()
-        .filter(|(_, b)| b.len() == HELLO_V3_LEN)
-        .map(|(_, b)| b[48])
-        .collect();
-    assert_eq!(answers, vec![1, 3, 2]);
+    let ctypes = |sent: &[(StreamId, Vec<u8>)]| -> Vec<u8> {
+        sent.iter()
+            .filter(|(_, b)| b.len() == HELLO_V3_LEN)
+            .map(|(_, b)| b[48])
+            .collect()
+    };
+    assert_eq!(ctypes(&a), vec![1, 2, 3]);
+    assert_eq!(ctypes(&b), vec![1, 3, 2]);
 }
 
 /// A dials the full typed set (1 + 2 x conns_per_peer) and both sides see it established,
@@ -729,9 +753,7 @@ fn handshake_both_ways_typed_set() {
 /// A ping-size PUT goes up inline with its bytes; on the wire it is the reference's vector 4.
 #[test]
 fn small_put_inline_and_on_the_wire() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
-    let (a, b) = (nid(A), nid(B));
+    let (mut n, a, b) = connected_pair();
     let mut hdr = ping_put(a, b, 8);
     if let LnetBody::Put { ack_wmd, .. } = &mut hdr.body {
         *ack_wmd = WireHandle {
@@ -751,9 +773,7 @@ fn small_put_inline_and_on_the_wire() {
 /// Several small messages in one read are parsed from one carry, and each goes up once.
 #[test]
 fn many_small_messages_one_read() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
-    let (a, b) = (nid(A), nid(B));
+    let (mut n, a, b) = connected_pair();
     let now = n.now;
     for i in 0..8u64 {
         let p = vec![i as u8; 10 + i as usize];
@@ -778,9 +798,7 @@ fn many_small_messages_one_read() {
 /// A 1 MiB PUT comes up as a bulk request and lands straight in the memory LNet lends.
 #[test]
 fn one_mib_put_into_shared_mem() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
-    let (a, b) = (nid(A), nid(B));
+    let (mut n, a, b) = connected_pair();
     const MIB: usize = 1 << 20;
     let src = SharedMem::new(MIB + 10);
     src.with(|m| {
@@ -821,14 +839,7 @@ fn one_mib_put_into_shared_mem() {
         .accept_bulk(now, rx, bulk_mem(&sink, 3, MIB as u32), 99);
     n.run();
     let evs = n.take(1);
-    assert_eq!(
-        evs,
-        vec![LndEvent::BulkDone {
-            cookie: 99,
-            peer: a,
-            result: Ok(MIB as u32)
-        }]
-    );
+    assert_eq!(evs, vec![bulk_done(99, a, Ok(MIB as u32))]);
     let want = src.with(|m| m[5..5 + MIB].to_vec());
     sink.with(|m| {
         assert!(m[3..3 + MIB] == want[..]);
@@ -843,9 +854,7 @@ fn one_mib_put_into_shared_mem() {
 /// Until LNet answers, nothing more is read from that stream.
 #[test]
 fn unmatched_bulk_is_skipped_and_holds_the_stream_until_answered() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
-    let (a, b) = (nid(A), nid(B));
+    let (mut n, a, b) = connected_pair();
     let src = SharedMem::new(100_000);
     n.send_bulk(
         0,
@@ -876,9 +885,7 @@ fn unmatched_bulk_is_skipped_and_holds_the_stream_until_answered() {
 /// matched by the GET's wire handle, and the GET ends in one BulkDone.
 #[test]
 fn get_and_reply_land_in_the_gets_memory() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
-    let (a, b) = (nid(A), nid(B));
+    let (mut n, a, b) = connected_pair();
     let wmd = WireHandle {
         interface_cookie: 0xfeed,
         object_cookie: 42,
@@ -900,14 +907,7 @@ fn get_and_reply_land_in_the_gets_memory() {
                 .enumerate()
                 .for_each(|(i, x)| *x = (i % 253) as u8)
         });
-        let reply = LnetHdr {
-            dest_nid: a,
-            src_nid: b,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: LNET_PID_LUSTRE,
-            payload_length: len,
-            body: LnetBody::Reply { dst_wmd: wmd },
-        };
+        let reply = reply_hdr(b, a, len, wmd);
         n.nodes[1]
             .e
             .send_bulk(now, a, reply, BulkSend::Put(bulk_mem(&src, 0, len)), 32)
@@ -917,11 +917,7 @@ fn get_and_reply_land_in_the_gets_memory() {
         let evs = n.take(0);
         assert_eq!(
             evs,
-            vec![LndEvent::BulkDone {
-                cookie: 31,
-                peer: b,
-                result: Ok(len)
-            }],
+            vec![bulk_done(31, b, Ok(len))],
             "the GET's one outcome, no SendDone and no REPLY for LNet"
         );
         assert_eq!(sink.with(|m| m[..len as usize].to_vec()), src.to_vec());
@@ -969,11 +965,7 @@ fn self_send_is_delivered_locally() {
         n.nodes[0].e.recv_done(now, rx);
     }
     n.run();
-    assert!(n.take(0).contains(&LndEvent::BulkDone {
-        cookie: 77,
-        peer: a,
-        result: Ok(8192)
-    }));
+    assert!(n.take(0).contains(&bulk_done(77, a, Ok(8192))));
     assert!(n.nodes[0]
         .log
         .iter()
@@ -1021,10 +1013,8 @@ fn race_higher_nid_wins_and_converges() {
 /// closed and its first new connection refused; the next one is accepted and messages flow.
 #[test]
 fn reboot_closes_old_connections() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
+    let (mut n, a, b) = connected_pair();
     n.take(1);
-    let (a, b) = (nid(A), nid(B));
     // A's process dies without a close reaching B (its conns stay on B's side), restarts.
     let owned: Vec<Owner> = n
         .ends
@@ -1072,10 +1062,8 @@ fn reboot_closes_old_connections() {
 /// does not close A's connections (the issue: only the NID's own address counts).
 #[test]
 fn new_incarnation_from_another_address_closes_nothing() {
-    let mut n = pair();
-    connect(&mut n, 0, 1);
+    let (mut n, a, b) = connected_pair();
     n.take(1);
-    let (a, b) = (nid(A), nid(B));
     let r = n.raw_connect(1, SocketAddrV4::new(Ipv4Addr::new(192, 168, 1, 66), 1000));
     n.raw_write(r, &ConnReq::new(b).emit());
     let h = Hello {
@@ -1287,16 +1275,7 @@ fn accounted_once(seed: u64) {
                         n.nodes[1].e.recv_done(now, rx);
                         if let LnetBody::Get { return_wmd, .. } = hdr.body {
                             let len = next(60_000) as u32;
-                            let reply = LnetHdr {
-                                dest_nid: a,
-                                src_nid: b,
-                                dest_pid: LNET_PID_LUSTRE,
-                                src_pid: LNET_PID_LUSTRE,
-                                payload_length: len,
-                                body: LnetBody::Reply {
-                                    dst_wmd: return_wmd,
-                                },
-                            };
+                            let reply = reply_hdr(b, a, len, return_wmd);
                             let _ = n.nodes[1].e.send_bulk(
                                 now,
                                 a,

@@ -408,11 +408,7 @@ fn trickled_bulk_is_cut_at_the_grant_bound() {
     assert_eq!(
         n.take(1),
         vec![
-            LndEvent::BulkDone {
-                cookie: 5,
-                peer: nid(X),
-                result: Err(TxError::GrantExpired)
-            },
+            bulk_done(5, nid(X), Err(TxError::GrantExpired)),
             LndEvent::PeerDown {
                 nid: nid(X),
                 reason: DownReason::Timeout

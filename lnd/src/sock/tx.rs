@@ -202,19 +202,23 @@ impl SockEngine {
         self.arm_conn(id);
     }
 
+    /// A GET (`hdr`) is out: its outcome is its REPLY's landing, due within `timeout`.
+    fn await_reply(&mut self, hdr: &LnetHdr) {
+        if let LnetBody::Get { return_wmd, .. } = hdr.body {
+            let d = self.now.saturating_add(self.cfg.timeout);
+            if let Some(g) = self.gets.get_mut(&return_wmd) {
+                g.deadline = Some(d);
+                self.wheel.insert(d, Timer::Get(return_wmd));
+            }
+        }
+    }
+
     /// A message's bytes are all in the socket.
     fn complete_tx(&mut self, k: TxId) {
         let Some(tx) = self.txs.remove(k) else { return };
         self.stats.msgs_sent += 1;
         if tx.get {
-            // Its outcome is the REPLY's landing, due within `timeout`.
-            if let LnetBody::Get { return_wmd, .. } = tx.hdr.body {
-                let d = self.now.saturating_add(self.cfg.timeout);
-                if let Some(g) = self.gets.get_mut(&return_wmd) {
-                    g.deadline = Some(d);
-                    self.wheel.insert(d, Timer::Get(return_wmd));
-                }
-            }
+            self.await_reply(&tx.hdr);
             return;
         }
         self.events.push_back(LndEvent::SendDone {
@@ -336,13 +340,7 @@ impl SockEngine {
         };
         let me = self.cfg.nid;
         if tx.get {
-            if let LnetBody::Get { return_wmd, .. } = tx.hdr.body {
-                let d = self.now.saturating_add(self.cfg.timeout);
-                if let Some(g) = self.gets.get_mut(&return_wmd) {
-                    g.deadline = Some(d);
-                    self.wheel.insert(d, Timer::Get(return_wmd));
-                }
-            }
+            self.await_reply(&tx.hdr);
         } else {
             self.events.push_back(LndEvent::SendDone {
                 cookie: tx.cookie,

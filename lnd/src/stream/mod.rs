@@ -34,20 +34,14 @@
 use core::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-use crate::handle::{Handle, Tag};
+use crate::handle::handle_type;
 use crate::mem::SharedMem;
 use crate::time::{Duration, Instant};
 
-/// The engine's name for one TCP connection (a generational slab key), so a report for a
-/// stream already closed is recognised and dropped.
-pub type StreamId = Handle<StreamTag>;
-
-/// The tag of [`StreamId`].
-#[derive(Debug)]
-pub enum StreamTag {}
-
-impl Tag for StreamTag {
-    const NAME: &'static str = "stream";
+handle_type! {
+    /// The engine's name for one TCP connection (a generational slab key), so a report for a
+    /// stream already closed is recognised and dropped.
+    pub type StreamId = Handle<StreamTag>, "stream";
 }
 
 /// The driver's name for an accepted connection the engine has not adopted or refused yet.
@@ -252,6 +246,93 @@ pub enum StreamEvent<'a> {
     },
     /// The stream ended (EOF, reset, error); answer with `Close`.
     Ended { stream: StreamId, why: EndReason },
+}
+
+/// A [`StreamEvent`] owned (its bytes copied): what a simulated stream network queues until
+/// delivery, and what a test keeps of what a host heard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamReport {
+    Listening(SocketAddrV4),
+    ListenFailed(i32),
+    Incoming {
+        incoming: IncomingId,
+        peer: SocketAddrV4,
+        local: SocketAddrV4,
+    },
+    Connected(StreamId, SocketAddrV4),
+    DialFailed(StreamId, DialError),
+    Data(StreamId, Vec<u8>),
+    Filled(StreamId, u32),
+    Sent(StreamId, SendId, Result<(), EndReason>),
+    Ended(StreamId, EndReason),
+}
+
+impl StreamReport {
+    /// The event, borrowing the bytes.
+    pub fn as_event(&self) -> StreamEvent<'_> {
+        match self {
+            StreamReport::Listening(local) => StreamEvent::Listening { local: *local },
+            StreamReport::ListenFailed(errno) => StreamEvent::ListenFailed { errno: *errno },
+            StreamReport::Incoming {
+                incoming,
+                peer,
+                local,
+            } => StreamEvent::Incoming {
+                incoming: *incoming,
+                peer: *peer,
+                local: *local,
+            },
+            StreamReport::Connected(stream, local) => StreamEvent::Connected {
+                stream: *stream,
+                local: *local,
+            },
+            StreamReport::DialFailed(stream, error) => StreamEvent::DialFailed {
+                stream: *stream,
+                error: *error,
+            },
+            StreamReport::Data(stream, bytes) => StreamEvent::Data {
+                stream: *stream,
+                bytes,
+            },
+            StreamReport::Filled(stream, n) => StreamEvent::Filled {
+                stream: *stream,
+                n: *n,
+            },
+            StreamReport::Sent(stream, id, result) => StreamEvent::Sent {
+                stream: *stream,
+                id: *id,
+                result: *result,
+            },
+            StreamReport::Ended(stream, why) => StreamEvent::Ended {
+                stream: *stream,
+                why: *why,
+            },
+        }
+    }
+}
+
+impl From<StreamEvent<'_>> for StreamReport {
+    fn from(ev: StreamEvent<'_>) -> StreamReport {
+        match ev {
+            StreamEvent::Listening { local } => StreamReport::Listening(local),
+            StreamEvent::ListenFailed { errno } => StreamReport::ListenFailed(errno),
+            StreamEvent::Incoming {
+                incoming,
+                peer,
+                local,
+            } => StreamReport::Incoming {
+                incoming,
+                peer,
+                local,
+            },
+            StreamEvent::Connected { stream, local } => StreamReport::Connected(stream, local),
+            StreamEvent::DialFailed { stream, error } => StreamReport::DialFailed(stream, error),
+            StreamEvent::Data { stream, bytes } => StreamReport::Data(stream, bytes.to_vec()),
+            StreamEvent::Filled { stream, n } => StreamReport::Filled(stream, n),
+            StreamEvent::Sent { stream, id, result } => StreamReport::Sent(stream, id, result),
+            StreamEvent::Ended { stream, why } => StreamReport::Ended(stream, why),
+        }
+    }
 }
 
 /// Where a driver pushes what happened: a socklnd engine, or the LNet runtime that owns one.

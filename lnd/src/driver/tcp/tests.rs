@@ -11,6 +11,7 @@ use std::time::Duration as StdDuration;
 use super::*;
 use crate::driver::tamper::Tamper;
 use crate::engine::{DownReason, Endpoint, EndpointConfig, TxError};
+use crate::iface::Lnd;
 use crate::wire::LnetHdr;
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;
