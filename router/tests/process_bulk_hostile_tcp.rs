@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use lnd::driver::tamper::{Rewrite, Tamper};
+use lnd::driver::tamper::{Rewrite, ShortWrite as Write, Tamper};
 use lnd::driver::tcp::TcpFabric;
 use lnd::driver::{Driver, MonotonicClock};
-use lnd::fabric::{FabricAction, LocalFrag, Registration, RemoteFrag};
+use lnd::fabric::Registration;
 use lnd::wire::Nid;
 use router::control::{Request, Response};
 use router::runtime::NiRuntime;
@@ -29,50 +29,10 @@ const R_A: &str = "10.0.0.254@o2ib";
 const R_B: &str = "10.1.0.254@o2ib1";
 const MIB: usize = 1 << 20;
 
-/// How the client's fabric writes.
-#[derive(Copy, Clone, Debug, PartialEq)]
-enum Write {
-    Honest,
-    Half,
-    Nothing,
-    HalfTwice,
-}
-
 /// The client's rewrite of its RDMA writes, as `how` says at the time (a write swallowed
 /// whole is reported done all the same).
 fn client_writes(how: Arc<Mutex<Write>>) -> Rewrite {
-    Box::new(move |action| {
-        let mode = *how.lock().unwrap();
-        let FabricAction::RdmaWrite {
-            conn,
-            wr,
-            local,
-            remote,
-        } = action
-        else {
-            return Some(action);
-        };
-        let n = local[0].len / 2;
-        let (l, r) = (
-            LocalFrag { len: n, ..local[0] },
-            RemoteFrag {
-                len: n,
-                ..remote[0]
-            },
-        );
-        let (local, remote) = match mode {
-            Write::Honest => (local, remote),
-            Write::Half => (vec![l], vec![r]),
-            Write::HalfTwice => (vec![l, l], vec![r, r]),
-            Write::Nothing => return None,
-        };
-        Some(FabricAction::RdmaWrite {
-            conn,
-            wr,
-            local,
-            remote,
-        })
-    })
+    Box::new(move |action| how.lock().unwrap().rewrite(action))
 }
 
 type Book = Arc<Mutex<HashMap<Nid, SocketAddr>>>;

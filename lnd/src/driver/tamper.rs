@@ -6,13 +6,79 @@
 use std::io;
 
 use super::{Doorbell, Driver};
-use crate::fabric::{ConnId, FabricAction, FabricSink, Registry, WcStatus, WrId};
+use crate::fabric::{
+    ConnId, FabricAction, FabricSink, LocalFrag, Registry, RemoteFrag, WcStatus, WrId,
+};
 use crate::time::Instant;
 
 /// What a [`Tamper`] does with each action: `Some` (the action, changed or not) is applied;
 /// `None` swallows it, and a swallowed send or RDMA write completes with
 /// [`WcStatus::Success`] at the next poll, so the engine goes on as if it had left.
 pub type Rewrite = Box<dyn FnMut(FabricAction) -> Option<FabricAction> + Send>;
+
+/// How a hostile source writes the data of each RDMA write (the sink's side of a rendezvous
+/// must catch every one but `Honest`: the data it was promised did not all arrive). Used by the
+/// tcp fabric's coverage tests and by the router's hostile-bulk process test.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum ShortWrite {
+    /// As the engine asked: the control case.
+    Honest,
+    /// The first half of the first fragment only.
+    Half,
+    /// Nothing: the write is swallowed and reported done.
+    Nothing,
+    /// The first half of the first fragment, twice: as many bytes as owed for a one-fragment
+    /// write, but half the sink untouched.
+    HalfTwice,
+    /// The first fragment but its last byte.
+    AllButOne,
+}
+
+impl ShortWrite {
+    /// `action` as this source would write it: RDMA writes shortened (or swallowed: `None`),
+    /// every other action as it is.
+    pub fn rewrite(self, action: FabricAction) -> Option<FabricAction> {
+        let FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            remote,
+        } = action
+        else {
+            return Some(action);
+        };
+        let cut = |n: u32| {
+            (
+                LocalFrag { len: n, ..local[0] },
+                RemoteFrag {
+                    len: n,
+                    ..remote[0]
+                },
+            )
+        };
+        let (local, remote) = match self {
+            ShortWrite::Honest => (local, remote),
+            ShortWrite::Nothing => return None,
+            ShortWrite::Half | ShortWrite::HalfTwice => {
+                let (l, r) = cut(local[0].len / 2);
+                match self {
+                    ShortWrite::Half => (vec![l], vec![r]),
+                    _ => (vec![l, l], vec![r, r]),
+                }
+            }
+            ShortWrite::AllButOne => {
+                let (l, r) = cut(local[0].len.saturating_sub(1));
+                (vec![l], vec![r])
+            }
+        };
+        Some(FabricAction::RdmaWrite {
+            conn,
+            wr,
+            local,
+            remote,
+        })
+    }
+}
 
 /// `D`, with the engine's actions rewritten by a [`Rewrite`] while one is set (none: `D` as
 /// it is). Everything else is `D`'s, and `D` itself is reached through `Deref`.

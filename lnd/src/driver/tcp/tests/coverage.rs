@@ -4,67 +4,22 @@
 //! buffer) is never passed on holding its previous user's bytes.
 
 use super::*;
-use crate::driver::tamper::Rewrite;
+// How the hostile source writes (shared with the router's hostile-bulk process test).
+use crate::driver::tamper::{Rewrite, ShortWrite as Write};
 use crate::engine::RdmaSink;
 use crate::mem::Registration;
 use crate::wire::errno::EPROTO;
 
-/// How the hostile source writes.
-#[derive(Copy, Clone, Debug, PartialEq)]
-enum Write {
-    /// As the engine asked: the control case.
-    Honest,
-    /// The first half only.
-    Half,
-    /// Nothing: the write is swallowed and reported done.
-    Nothing,
-    /// The first half, twice: as many bytes as owed, but half the sink untouched.
-    HalfTwice,
-    /// Everything but the last byte.
-    AllButOne,
-}
-
-fn halve<F: Copy>(frags: &[F], len: impl Fn(F) -> u32, cut: impl Fn(F, u32) -> F) -> F {
-    let f = frags[0];
-    cut(f, len(f) / 2)
-}
-
-/// A rewrite of every RDMA write of the node as `how` says.
+/// A rewrite of every RDMA write of the node as `how` says (each is of one fragment: the
+/// engine writes a contiguous sink in one piece).
 fn tamper(how: Write) -> Rewrite {
-    Box::new(move |a| match a {
-        FabricAction::RdmaWrite {
-            conn,
-            wr,
-            local,
-            remote,
-        } if how != Write::Honest => {
-            assert_eq!((local.len(), remote.len()), (1, 1), "one fragment each");
-            let l = halve(&local, |f| f.len, |f, n| LocalFrag { len: n, ..f });
-            let r = halve(&remote, |f| f.len, |f, n| RemoteFrag { len: n, ..f });
-            let (local, remote) = match how {
-                Write::Half => (vec![l], vec![r]),
-                Write::HalfTwice => (vec![l, l], vec![r, r]),
-                Write::AllButOne => {
-                    let n = local[0].len - 1;
-                    (
-                        vec![LocalFrag { len: n, ..local[0] }],
-                        vec![RemoteFrag {
-                            len: n,
-                            ..remote[0]
-                        }],
-                    )
-                }
-                // Swallowed, reported done.
-                _ => return None,
-            };
-            Some(FabricAction::RdmaWrite {
-                conn,
-                wr,
-                local,
-                remote,
-            })
+    Box::new(move |a| {
+        if let FabricAction::RdmaWrite { local, remote, .. } = &a {
+            if how != Write::Honest {
+                assert_eq!((local.len(), remote.len()), (1, 1), "one fragment each");
+            }
         }
-        other => Some(other),
+        how.rewrite(a)
     })
 }
 
