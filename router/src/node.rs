@@ -8,9 +8,7 @@ use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::iface::{BulkSend, DownReason, Lnd, LndEvent, RxToken, SendError, TxError};
 use lnd::time::{Duration, Instant};
 use lnd::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
-use lnd::wire::lnet::{
-    LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
-};
+use lnd::wire::lnet::{LNET_HDR_LEN, LNET_MTU, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
 use lnd::wire::{LnetBody, LnetHdr, Net, Nid, WireHandle};
 use tracing::{debug, trace, warn};
 
@@ -519,25 +517,32 @@ impl LnetNode {
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
         let route = self.route_checked(dst, payload.len())?;
-        let id = MsgId(self.next_msg);
-        self.next_msg += 1;
-        let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.src_nid(route),
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: self.pid,
-            payload_length: payload.len() as u32,
-            body: LnetBody::Put {
-                ack_wmd: WireHandle::NONE,
-                match_bits,
-                hdr_data: 0,
-                ptl_index: portal,
-                offset: 0,
-            },
-        };
+        let id = self.next_msg_id();
+        let hdr = self.put_hdr(
+            self.src_nid(route),
+            dst,
+            payload.len() as u32,
+            portal,
+            match_bits,
+        );
         self.launch(route, hdr, payload, Purpose::Put(id));
         self.process(now);
         Ok(id)
+    }
+
+    /// The id of the next PUT or GET the user sends.
+    fn next_msg_id(&mut self) -> MsgId {
+        let id = MsgId(self.next_msg);
+        self.next_msg += 1;
+        id
+    }
+
+    /// The header of a PUT of ours (from our PID, no ACK), as the user's sends build it.
+    fn put_hdr(&self, src: Nid, dst: Nid, len: u32, portal: u32, match_bits: u64) -> LnetHdr {
+        LnetHdr {
+            src_pid: self.pid,
+            ..LnetHdr::put(src, dst, len, portal, match_bits)
+        }
     }
 
     /// Pings `dst`: a GET on portal 0 with the ping match bits (api-ni.c, lnet_ping). The outcome

@@ -1148,7 +1148,7 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
             },
         };
         let now = f.now;
-        f.nodes[0].send_raw_get_bulk(now, NiIndex(0), nid(R_A), hdr, buf);
+        f.nodes[0].send_raw_bulk(now, NiIndex(0), nid(R_A), hdr, buf, true);
         f.run_for(Duration::from_secs(5));
         let after: u64 = routers
             .iter()
@@ -1950,7 +1950,7 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
         body: LnetBody::Reply { dst_wmd: wmd },
     };
     let now = f.now;
-    f.nodes[2].send_raw_put_bulk(now, NiIndex(0), nid(CLIENT), hdr, buf);
+    f.nodes[2].send_raw_bulk(now, NiIndex(0), nid(CLIENT), hdr, buf, false);
     f.run_for(Duration::from_secs(5));
     assert!(
         f.region(0, &sink).iter().all(|&x| x == 0xee),
