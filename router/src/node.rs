@@ -211,6 +211,25 @@ enum Route {
 }
 
 impl OutMsg {
+    /// A message handed to LNet at `born`, holding no credit yet, with nothing to carry: the
+    /// caller adds its payload or bulk memory and its length.
+    fn new(peer: Nid, ni: usize, hdr: LnetHdr, purpose: Purpose, born: Instant) -> OutMsg {
+        OutMsg {
+            peer,
+            ni,
+            hdr,
+            payload: Vec::new(),
+            bulk: None,
+            len: 0,
+            purpose,
+            peer_credit: false,
+            ni_credit: false,
+            retries: 0,
+            born,
+            rendezvous: false,
+        }
+    }
+
     /// A REPLY or ACK of ours (not one forwarded for another node): what
     /// [`RESPONSE_BACKLOG`] bounds per peer.
     fn is_own_answer(&self) -> bool {
@@ -1044,19 +1063,11 @@ mod msg_table_tests {
 
     fn msg(len: usize) -> OutMsg {
         let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        let hdr = LnetHdr::put(a, a, len as u32, 4, 0);
         OutMsg {
-            peer: a,
-            ni: 0,
-            hdr: LnetHdr::put(a, a, len as u32, 4, 0),
-            bulk: None,
             payload: vec![0; len],
             len,
-            purpose: Purpose::Response,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: Instant::ZERO,
-            rendezvous: false,
+            ..OutMsg::new(a, 0, hdr, Purpose::Response, Instant::ZERO)
         }
     }
 

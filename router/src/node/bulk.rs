@@ -404,18 +404,9 @@ impl LnetNode {
             _ => 0,
         };
         let cookie = self.msgs.insert(OutMsg {
-            peer: next,
-            ni,
-            hdr,
-            payload: Vec::new(),
             bulk: Some(bulk),
             len,
-            purpose,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: self.now,
-            rendezvous: false,
+            ..OutMsg::new(next, ni, hdr, purpose, self.now)
         });
         if known {
             self.post_send(cookie);
@@ -461,19 +452,7 @@ impl LnetNode {
                             ack: ack_wmd,
                         };
                         let cookie = self.inbound(ni, from, hdr, mlen, purpose);
-                        if mlen == 0 {
-                            // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT
-                            // is done).
-                            self.nis[ni].lnd.recv_done(now, rx);
-                            self.finish_out(cookie, Ok(()));
-                        } else {
-                            self.nis[ni].lnd.accept_bulk(
-                                now,
-                                rx,
-                                m.buf.mem(mlen, m.mem.clone()),
-                                cookie,
-                            );
-                        }
+                        self.accept_put(ni, rx, m.buf.mem(mlen, m.mem.clone()), cookie);
                         Ok(())
                     }
                     None => Err("PUT matched no posted sink"),
@@ -511,19 +490,12 @@ impl LnetNode {
                         .is_some_and(|g| g.buf.ni.0 == ni && g.dst == hdr.src_nid) =>
             {
                 // The REPLY of a routed GET of ours, into its registered memory.
-                let cookie = dst_wmd.object_cookie;
-                let g = self.bulk_gets.remove(&cookie).expect("checked above");
-                self.timers.cancel(g.timer);
+                let g = self
+                    .take_bulk_get(dst_wmd.object_cookie)
+                    .expect("checked above");
                 let mlen = hdr.payload_length.min(g.buf.len);
                 let cookie = self.inbound(ni, from, hdr, mlen, Purpose::GetBulk(g.id));
-                if mlen == 0 {
-                    self.nis[ni].lnd.recv_done(now, rx);
-                    self.finish_out(cookie, Ok(()));
-                } else {
-                    self.nis[ni]
-                        .lnd
-                        .accept_bulk(now, rx, g.buf.mem(mlen, None), cookie);
-                }
+                self.accept_put(ni, rx, g.buf.mem(mlen, None), cookie);
                 Ok(())
             }
             (BulkOp::Put, LnetBody::Reply { .. }) => Err("REPLY by rendezvous for no GET of ours"),
@@ -534,13 +506,20 @@ impl LnetNode {
             // -ENODATA).
             debug!(%from, kind = ?hdr.msg_type(), why, "dropping a rendezvous request");
             self.nis[ni].lnd.recv_done(now, rx);
-            self.stats.drop_count += 1;
-            self.stats.drop_length += u64::from(hdr.payload_length);
-            self.nis[ni].drop_count += 1;
-            if let Some(p) = self.peers.get_mut(&from) {
-                p.drop_count += 1;
-            }
+            self.count_rx_drop(Some(ni), from, u64::from(hdr.payload_length));
             self.free_msg();
+        }
+    }
+
+    /// Takes a PUT (or REPLY) by rendezvous into `sink`, for the inbound transfer `cookie`.
+    fn accept_put(&mut self, ni: usize, rx: RxToken, sink: BulkMem, cookie: u64) {
+        let now = self.now;
+        if sink.len == 0 {
+            // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT is done).
+            self.nis[ni].lnd.recv_done(now, rx);
+            self.finish_out(cookie, Ok(()));
+        } else {
+            self.nis[ni].lnd.accept_bulk(now, rx, sink, cookie);
         }
     }
 
@@ -554,18 +533,8 @@ impl LnetNode {
         purpose: Purpose,
     ) -> u64 {
         self.msgs.insert(OutMsg {
-            peer: from,
-            ni,
-            hdr,
-            payload: Vec::new(),
-            bulk: None,
             len: len as usize,
-            purpose,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: self.now,
-            rendezvous: false,
+            ..OutMsg::new(from, ni, hdr, purpose, self.now)
         })
     }
 

@@ -627,12 +627,7 @@ impl LnetNode {
 
     fn count_forward_drop(&mut self, ni: usize, from: Nid, len: u64, why: FwdDrop) {
         self.fwd.stats.count_drop(why);
-        self.stats.drop_count += 1;
-        self.stats.drop_length += len;
-        self.nis[ni].drop_count += 1;
-        if let Some(p) = self.peers.get_mut(&from) {
-            p.drop_count += 1;
-        }
+        self.count_rx_drop(Some(ni), from, len);
     }
 
     /// Drops every held message still waiting for a router credit or a buffer (routing
