@@ -435,17 +435,22 @@ mod tests {
         assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib2), None);
     }
 
+    /// `back` is one Done: forward `key` of `origin`, failed as a shutdown.
+    fn assert_failed_back(back: &[Handover], origin: &str, key: u64) {
+        assert_eq!(back.len(), 1);
+        assert!(matches!(
+            &back[0],
+            Handover::Done { origin: o, key: k, result: Err(LnetError::Shutdown) } if *o == nid(origin) && *k == fkey(key)
+        ));
+    }
+
     #[test]
     fn a_forward_with_no_egress_fails_back_at_its_origin() {
         let mut q = Queues::new(&[A, B], &[]);
         let mut r = Relay::new();
         let back = relay_all(&mut r, &mut q, vec![forward("o2ib2", A, 7), done(C, 8)]);
         // The Forward ends at its origin as a shutdown; the Done for nobody is dropped.
-        assert_eq!(back.len(), 1);
-        assert!(matches!(
-            &back[0],
-            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(7)
-        ));
+        assert_failed_back(&back, A, 7);
         assert_eq!(r.waiting(), 0);
         assert!(q.got.iter().all(Vec::is_empty));
         assert_eq!(q.wakes, vec![0, 0]);
@@ -457,11 +462,7 @@ mod tests {
         q.gone[1] = true;
         let mut r = Relay::new();
         let back = relay_all(&mut r, &mut q, vec![forward("o2ib1", A, 3), done(B, 4)]);
-        assert_eq!(back.len(), 1);
-        assert!(matches!(
-            &back[0],
-            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(3)
-        ));
+        assert_failed_back(&back, A, 3);
         assert_eq!(r.waiting(), 0);
         assert_eq!(q.wakes, vec![0, 0]);
     }
