@@ -29,22 +29,7 @@ pub(super) fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u6
 
 /// The router split as the daemon runs it: one node per NI, each knowing both NIDs.
 pub(super) fn split(c: NodeConfig) -> Vec<NodeConfig> {
-    let nids: Vec<Nid> = c.nis.iter().map(|n| n.nid).collect();
-    let share = c.routing.buffers.share(c.nis.len());
-    let board = crate::alive::NetAlive::new(nids.len());
-    c.nis
-        .iter()
-        .map(|n| NodeConfig {
-            nis: vec![n.clone()],
-            node_nids: nids.clone(),
-            net_alive: Some(board.clone()),
-            routing: RoutingConfig {
-                buffers: share,
-                ..c.routing
-            },
-            ..c.clone()
-        })
-        .collect()
+    c.per_ni()
 }
 
 /// client, router (one node or one per NI), server; returns the fabric and the router nodes.
