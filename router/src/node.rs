@@ -16,7 +16,7 @@ use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    ForwardStats, FwdDrop, FwdKey, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
+    ForwardStats, FwdDrop, FwdKey, HandedForward, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
 use crate::ids::{MdId, MsgId, NiIndex, PingId};

@@ -223,10 +223,10 @@ impl Relay {
 /// A handover no sibling takes: a Forward fails back at its origin (its router buffer and
 /// credit return there); a Done or Local for a runtime that is gone has nobody left to tell.
 fn gone(h: Handover, back: &mut Vec<Handover>) {
-    if let Handover::Forward { origin, key, .. } = h {
+    if let Handover::Forward { fwd, .. } = h {
         back.push(Handover::Done {
-            origin,
-            key,
+            origin: fwd.origin,
+            key: fwd.key,
             result: Err(LnetError::Shutdown),
         });
     }
@@ -263,6 +263,7 @@ impl ChannelLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HandedForward;
     use lnd::wire::LnetHdr;
 
     use testkit::nid;
@@ -277,15 +278,15 @@ mod tests {
     const C: &str = "10.2.0.1@o2ib2";
 
     fn forward(via: &str, origin: &str, key: u64) -> Handover {
-        Handover::Forward {
-            via: net(via),
+        let fwd = HandedForward {
             origin: nid(origin),
             from: nid("10.0.0.9@o2ib"),
             key: fkey(key),
             hdr: LnetHdr::put(nid("10.0.0.9@o2ib"), nid(C), 1, 4, key),
             payload: vec![key as u8],
             bulk: None,
-        }
+        };
+        Handover::Forward { via: net(via), fwd }
     }
 
     fn done(origin: &str, key: u64) -> Handover {
@@ -303,7 +304,8 @@ mod tests {
 
     fn key(h: &Handover) -> u64 {
         match h {
-            Handover::Forward { key, .. } | Handover::Done { key, .. } => key.0.as_u64(),
+            Handover::Forward { fwd, .. } => fwd.key.0.as_u64(),
+            Handover::Done { key, .. } => key.0.as_u64(),
             Handover::Local { .. } => u64::MAX,
         }
     }

@@ -497,15 +497,15 @@ impl LnetNode {
                     Carry::Inline(payload) => (payload, None),
                     Carry::Bulk(k) => (Vec::new(), Some(k)),
                 };
-                self.fwd.handovers.push_back(Handover::Forward {
-                    via,
+                let fwd = HandedForward {
                     origin,
                     from,
                     key,
                     hdr,
                     payload,
                     bulk,
-                });
+                };
+                self.fwd.handovers.push_back(Handover::Forward { via, fwd });
             }
             Egress::Drop(e) if handed => self.fwd.handovers.push_back(Handover::Done {
                 origin,
@@ -525,20 +525,12 @@ impl LnetNode {
 
     /// A forward a sibling runtime (its ingress, `origin`) handed over: out of our NI, or back
     /// to it as done.
-    pub(super) fn forward_handed(
-        &mut self,
-        origin: Nid,
-        from: Nid,
-        key: FwdKey,
-        hdr: LnetHdr,
-        payload: Vec<u8>,
-        bulk: Option<usize>,
-    ) {
-        let carry = match bulk {
+    pub(super) fn forward_handed(&mut self, f: HandedForward) {
+        let carry = match f.bulk {
             Some(k) => Carry::Bulk(k),
-            None => Carry::Inline(payload),
+            None => Carry::Inline(f.payload),
         };
-        self.forward_out(origin, key, from, hdr, carry, true);
+        self.forward_out(f.origin, f.key, f.from, f.hdr, carry, true);
     }
 
     // ------------------------------------------------------------------ 7. completion, books
