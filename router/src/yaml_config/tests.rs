@@ -17,6 +17,11 @@ fn good_with_ni_keys(extra: &str) -> String {
     )
 }
 
+/// What `y`, read from file `file`, is refused with, as printed.
+fn refused(y: &str, file: &str) -> String {
+    DaemonConfig::parse(y, file).unwrap_err().to_string()
+}
+
 /// The error `y` is refused with, which names line `line`.
 fn error_at(y: &str, line: u64) -> ConfigError {
     let e = DaemonConfig::parse(y, "c.yaml").unwrap_err();
@@ -83,19 +88,18 @@ fn defaults_apply() {
 
 #[test]
 fn unknown_key_names_line_and_suggests() {
-    let y = GOOD.replace("peer_credits: 16", "peer_credit: 16");
-    let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("peer_credits: 16", "peer_credit: 16"),
+            "config.yaml"
+        ),
         "config.yaml:10: unknown key 'peer_credit' (did you mean peer_credits?)"
     );
 }
 
 #[test]
 fn bad_nid_names_line_with_lnd_message() {
-    let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.2@ib0");
-    let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
-    assert_eq!(e.line, Some(20));
+    let e = error_at(&GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.2@ib0"), 20);
     assert!(
         e.message
             .contains("bad NID '10.0.0.2@ib0': unknown network type 'ib'"),
@@ -105,28 +109,31 @@ fn bad_nid_names_line_with_lnd_message() {
 
 #[test]
 fn bad_values_name_line_and_value() {
-    let y = GOOD.replace("credits: 512", "credits: lots");
-    let e = error_at(&y, 12);
-    assert!(e.message.contains("credits: lots"), "{e}");
-
-    let y = GOOD.replace("peer_credits: 16", "peer_credits: 300");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+    // (GOOD's text, what replaces it, the line named, what the message says if checked)
+    let cases = [
+        ("credits: 512", "credits: lots", 12, "credits: lots"),
+        ("fabric: tcp", "fabric: ib", 3, ""),
+        ("listen: 127.0.0.1:9870", "listen: nowhere", 6, ""),
+    ];
+    for (good, bad, line, says) in cases {
+        let e = error_at(&GOOD.replace(good, bad), line);
+        assert!(e.message.contains(says), "{e}");
+    }
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("peer_credits: 16", "peer_credits: 300"),
+            "c.yaml"
+        ),
         "c.yaml:10: peer_credits: 300 is out of range 1..=255"
     );
-
-    let y = GOOD.replace("fabric: tcp", "fabric: ib");
-    error_at(&y, 3);
-
-    let y = GOOD.replace("listen: 127.0.0.1:9870", "listen: nowhere");
-    error_at(&y, 6);
 }
 
 #[test]
 fn semantic_errors_name_line() {
-    let y = GOOD.replace("nid: 10.0.0.1@o2ib", "nid: 10.0.0.1@o2ib1");
-    let e = error_at(&y, 5);
+    let e = error_at(
+        &GOOD.replace("nid: 10.0.0.1@o2ib", "nid: 10.0.0.1@o2ib1"),
+        5,
+    );
     assert!(e.message.contains("not on net type o2ib"), "{e}");
 
     // Without `listen`, the NI listens where o2iblnd would (its address, port 987: the
@@ -306,10 +313,11 @@ fn configs_without_nis_and_self_peers_are_refused() {
         0
     );
     assert!(DaemonConfig::load(missing).is_err());
-    let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib");
-    let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib"),
+            "t.yaml"
+        ),
         "t.yaml:20: peer 10.0.0.1@o2ib is one of our own NIs (line 5); 'peers:' lists \
              where other daemons listen"
     );
