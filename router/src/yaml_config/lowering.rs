@@ -159,7 +159,7 @@ fn lower_acceptor(a: &RawAcceptor) -> Result<AcceptorSettings, Located> {
     };
     let port = checked(&a.port, u32::from(d.port), 1..=65535, "port")? as u16;
     let backlog = checked(&a.backlog, d.backlog, 1..=65535, "backlog")?;
-    let timeout = checked_secs(&a.timeout, d.timeout, 1..=3600, "timeout")?;
+    let timeout = checked_in(SECS, &a.timeout, d.timeout, 1..=3600, "timeout")?;
     let source_ports = match &a.source_ports {
         None => d.source_ports,
         Some(s) => parse_ports(&s.value).ok_or_else(|| {
@@ -583,7 +583,7 @@ fn lower_routing(RoutingSection(r): RoutingSection, cfg: &mut DaemonConfig) -> R
     let d = GatewayHealthConfig::default();
     let max = crate::gateway::MAX_ROUTER_CHECK_SECS;
     let secs =
-        |v: &Option<Spanned<u32>>, def: Duration, key: &str| checked_secs(v, def, 0..=max, key);
+        |v: &Option<Spanned<u32>>, def: Duration, key: &str| checked_in(SECS, v, def, 0..=max, key);
     cfg.gateway_health = GatewayHealthConfig {
         check_interval: secs(
             &r.alive_router_check_interval,
@@ -687,14 +687,16 @@ fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
             .parse::<RaceOrder>()
             .map_err(|m| (s.referenced.line(), format!("race order: {m}")))?;
     }
-    c.tunables.connect_hedge = checked_ms(
+    c.tunables.connect_hedge = checked_in(
+        MILLIS,
         &ni.connect_hedge_ms,
         c.tunables.connect_hedge,
         0..=60_000,
         "connect hedge ms",
     )?;
     // 0: only the LND timeout, as kernel o2iblnd.
-    c.tunables.grant_timeout = checked_ms(
+    c.tunables.grant_timeout = checked_in(
+        MILLIS,
         &ni.grant_timeout_ms,
         c.tunables.grant_timeout,
         0..=600_000,
@@ -733,37 +735,33 @@ fn checked(
     }
 }
 
-/// A tunable in seconds, or its default; out of `range` is an error at its line.
-fn checked_secs(
+/// A tunable counted in `unit`s (seconds, milliseconds), or its default; out of `range` (in
+/// units) is an error at its line.
+fn checked_in(
+    unit: Duration,
     v: &Option<Spanned<u32>>,
     default: Duration,
     range: RangeInclusive<u32>,
     key: &str,
 ) -> Result<Duration, Located> {
-    checked(v, default.as_secs() as u32, range, key).map(|s| Duration::from_secs(u64::from(s)))
+    let n = checked(v, (default.as_nanos() / unit.as_nanos()) as u32, range, key)?;
+    Ok(unit * u64::from(n))
 }
 
-/// A tunable in milliseconds, or its default; out of `range` is an error at its line.
-fn checked_ms(
-    v: &Option<Spanned<u32>>,
-    default: Duration,
-    range: RangeInclusive<u32>,
-    key: &str,
-) -> Result<Duration, Located> {
-    checked(v, default.as_millis() as u32, range, key).map(|ms| Duration::from_millis(ms.into()))
-}
+const SECS: Duration = Duration::from_secs(1);
+const MILLIS: Duration = Duration::from_millis(1);
 
 /// ksocklnd's tunables from `lnd tunables:` (`timeout` is sock_timeout; `conns_per_peer` 0 is
 /// automatic: 1 here, as we know no link speed).
 fn sock_tunables(l: &RawLndTunables, s: &mut lnd::iface::sock::SockConfig) -> Result<(), Located> {
-    s.timeout = checked_secs(&l.timeout, s.timeout, 1..=3600, "timeout")?;
+    s.timeout = checked_in(SECS, &l.timeout, s.timeout, 1..=3600, "timeout")?;
     s.conns_per_peer = checked(
         &l.conns_per_peer,
         s.conns_per_peer,
         0..=127,
         "conns_per_peer",
     )?;
-    s.keepalive = checked_secs(&l.keepalive, s.keepalive, 0..=3600, "keepalive")?;
+    s.keepalive = checked_in(SECS, &l.keepalive, s.keepalive, 0..=3600, "keepalive")?;
     Ok(())
 }
 
@@ -772,8 +770,8 @@ fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Locat
     let d = Tunables::default();
     let hiw = checked(&l.peercredits_hiw, 0, 0..=255, "peercredits_hiw")?;
     let cs = checked(&l.concurrent_sends, 0, 0..=510, "concurrent_sends")?;
-    let timeout = checked_secs(&l.timeout, d.timeout, 1..=3600, "timeout")?;
-    let keepalive = checked_secs(&l.keepalive, d.keepalive, 0..=86400, "keepalive")?;
+    let timeout = checked_in(SECS, &l.timeout, d.timeout, 1..=3600, "timeout")?;
+    let keepalive = checked_in(SECS, &l.keepalive, d.keepalive, 0..=86400, "keepalive")?;
     // As the kernel's setter (o2iblnd.c, kiblnd_nl_set: 0..127, 0 meaning the default of 1).
     let cpp = checked(&l.conns_per_peer, 1, 0..=127, "conns_per_peer")?.max(1);
     Ok(Tunables {
