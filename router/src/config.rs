@@ -234,7 +234,7 @@ impl NodeConfig {
     /// The node split into one configuration per NI, for one runtime (thread) per NI: each
     /// knows every NID of the node (`node_nids`) and shares one board of which nets are
     /// alive, and gets an equal share of the router buffers (a runtime is a CPT).
-    pub(crate) fn per_ni(&self) -> Vec<NodeConfig> {
+    pub fn per_ni(&self) -> Vec<NodeConfig> {
         let nids: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
         let share = self.routing.buffers.share(self.nis.len());
         let board = crate::alive::NetAlive::new(nids.len());
