@@ -231,6 +231,28 @@ impl NodeConfig {
         }
     }
 
+    /// The node split into one configuration per NI, for one runtime (thread) per NI: each
+    /// knows every NID of the node (`node_nids`) and shares one board of which nets are
+    /// alive, and gets an equal share of the router buffers (a runtime is a CPT).
+    pub fn per_ni(&self) -> Vec<NodeConfig> {
+        let nids: Vec<Nid> = self.nis.iter().map(|n| n.nid).collect();
+        let share = self.routing.buffers.share(self.nis.len());
+        let board = crate::alive::NetAlive::new(nids.len());
+        self.nis
+            .iter()
+            .map(|ni| NodeConfig {
+                nis: vec![ni.clone()],
+                node_nids: nids.clone(),
+                net_alive: Some(board.clone()),
+                routing: RoutingConfig {
+                    buffers: share,
+                    ..self.routing
+                },
+                ..self.clone()
+            })
+            .collect()
+    }
+
     /// Checks `routes` against the node's NIDs (`node_nids`, else the NIs'): the first bad
     /// route's position and why.
     pub fn check_routes(&self) -> Result<RouteTable, (usize, RouteError)> {

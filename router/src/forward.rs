@@ -199,18 +199,8 @@ impl BulkBuffers {
 #[derive(Debug)]
 pub enum Handover {
     /// Send this message for another node out of the runtime on `via` (the net of its next
-    /// hop). Its ingress, `origin` (that runtime's NID), gets a [`Handover::Done`] for `key`.
-    Forward {
-        via: Net,
-        origin: Nid,
-        /// The peer it came from (never sent back there: see [`FwdDrop::Loop`]).
-        from: Nid,
-        key: FwdKey,
-        hdr: LnetHdr,
-        payload: Vec<u8>,
-        /// A bulk message: the router buffer (see [`BulkBuffers`]) that holds its payload.
-        bulk: Option<usize>,
-    },
+    /// hop).
+    Forward { via: Net, fwd: HandedForward },
     /// The egress is done with forwarded message `key` of the runtime whose NID is `origin`.
     Done {
         origin: Nid,
@@ -221,6 +211,21 @@ pub enum Handover {
     /// (`hdr.dest_nid`): that runtime delivers it in memory, as Lustre's lolnd delivers to a
     /// local NI. Nothing comes back but what its users answer.
     Local { hdr: LnetHdr, payload: Vec<u8> },
+}
+
+/// A message for another node that its ingress runtime hands to the egress runtime, as the
+/// egress takes it ([`Handover::Forward`]).
+#[derive(Debug)]
+pub struct HandedForward {
+    /// The ingress runtime's NID: it gets a [`Handover::Done`] for `key`.
+    pub origin: Nid,
+    /// The peer it came from (never sent back there: see [`FwdDrop::Loop`]).
+    pub from: Nid,
+    pub key: FwdKey,
+    pub hdr: LnetHdr,
+    pub payload: Vec<u8>,
+    /// A bulk message: the router buffer (see [`BulkBuffers`]) that holds its payload.
+    pub bulk: Option<usize>,
 }
 
 impl Handover {

@@ -402,99 +402,53 @@ mod tests {
         let pings = g.due(t0, |_| true, || 7);
         assert_eq!(pings, vec![(gw, 7)]);
         assert!(g.due(t0, |_| true, || 8).is_empty(), "one ping at a time");
-        type Input = Box<dyn Fn(&mut Gateways)>;
-        let rows: Vec<(&str, Input, bool)> = vec![
-            (
-                "ping timed out",
-                Box::new(move |g| {
-                    g.ping_done(t0, gw, 7, None);
-                }),
-                false,
-            ),
-            (
-                "LND says up",
-                Box::new(move |g| {
-                    g.notify(t0, gw, true);
-                }),
-                true,
-            ),
-            (
-                "LND says down",
-                Box::new(move |g| {
-                    g.notify(t0, gw, false);
-                }),
-                false,
-            ),
+        // A reply to ping `id` (made the one in flight, as `due` would), from a gateway with
+        // NIs `nids`, those in `down` down, announcing `features`.
+        let answer = |g: &mut Gateways, id, nids: &[&str], down: &[&str], features| {
+            g.map.get_mut(&gw).unwrap().pinging = Some(id);
+            g.ping_done(t0, gw, id, Some(&reply(nids, down, features)));
+        };
+        enum Input {
+            /// Ping `id` got no answer.
+            Timeout(u64),
+            /// The LND's word on the gateway (up or down).
+            Notify(bool),
+            Reply(u64, &'static [&'static str], &'static [&'static str], u32),
+        }
+        use Input::*;
+        const BOTH: &[&str] = &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"];
+        let rows = [
+            ("ping timed out", Timeout(7), false),
+            ("LND says up", Notify(true), true),
+            ("LND says down", Notify(false), false),
             (
                 "reply: routes, up on o2ib1",
-                Box::new(move |g| {
-                    g.map.get_mut(&gw).unwrap().pinging = Some(9);
-                    g.ping_done(
-                        t0,
-                        gw,
-                        9,
-                        Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)),
-                    );
-                }),
+                Reply(9, BOTH, &[], base),
                 true,
             ),
             (
                 "reply: RTE_DISABLED",
-                Box::new(move |g| {
-                    g.map.get_mut(&gw).unwrap().pinging = Some(10);
-                    g.ping_done(
-                        t0,
-                        gw,
-                        10,
-                        Some(&reply(
-                            &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
-                            &[],
-                            base | feat::RTE_DISABLED,
-                        )),
-                    );
-                }),
+                Reply(10, BOTH, &[], base | feat::RTE_DISABLED),
                 false,
             ),
             (
                 "reply: its o2ib1 NI down (asymmetric failure)",
-                Box::new(move |g| {
-                    g.map.get_mut(&gw).unwrap().pinging = Some(11);
-                    g.ping_done(
-                        t0,
-                        gw,
-                        11,
-                        Some(&reply(
-                            &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
-                            &["10.1.0.9@o2ib1"],
-                            base,
-                        )),
-                    );
-                }),
+                Reply(11, BOTH, &["10.1.0.9@o2ib1"], base),
                 false,
             ),
-            (
-                "stale ping id ignored",
-                Box::new(move |g| {
-                    g.ping_done(t0, gw, 3, None);
-                }),
-                false,
-            ),
-            (
-                "reply: back up",
-                Box::new(move |g| {
-                    g.map.get_mut(&gw).unwrap().pinging = Some(12);
-                    g.ping_done(
-                        t0,
-                        gw,
-                        12,
-                        Some(&reply(&["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[], base)),
-                    );
-                }),
-                true,
-            ),
+            ("stale ping id ignored", Timeout(3), false),
+            ("reply: back up", Reply(12, BOTH, &[], base), true),
         ];
         for (what, input, want) in rows {
-            input(&mut g);
+            match input {
+                Timeout(id) => {
+                    g.ping_done(t0, gw, id, None);
+                }
+                Notify(up) => {
+                    g.notify(t0, gw, up);
+                }
+                Reply(id, nids, down, features) => answer(&mut g, id, nids, down, features),
+            }
             assert_eq!(g.route_alive(&r), want, "{what}");
         }
         let info = &g.info()[0];
@@ -504,58 +458,41 @@ mod tests {
         // undefined hops (`lnetctl route add` without --hop).
         let far = RouteConfig { hops: Some(2), ..r };
         let one = RouteConfig { hops: Some(1), ..r };
-        let answer = |g: &mut Gateways, id, nids: &[&str], down: &[&str]| {
-            g.map.get_mut(&gw).unwrap().pinging = Some(id);
-            g.ping_done(t0, gw, id, Some(&reply(nids, down, base)));
+        let routes_after = |g: &mut Gateways, id, nids: &[&str], down: &[&str]| {
+            answer(g, id, nids, down, base);
             (g.route_alive(&one), g.route_alive(&r), g.route_alive(&far))
         };
         assert_eq!(
-            answer(&mut g, 13, &["10.0.0.9@o2ib"], &[]),
+            routes_after(&mut g, 13, &["10.0.0.9@o2ib"], &[]),
             (false, true, true),
             "no NI on the far net"
         );
         // An NI there, down: whatever the hops say, the gateway ends the route and cannot.
         assert_eq!(
-            answer(
-                &mut g,
-                14,
-                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
-                &["10.1.0.9@o2ib1"]
-            ),
+            routes_after(&mut g, 14, BOTH, &["10.1.0.9@o2ib1"]),
             (false, false, false),
             "its NI on the far net down"
         );
         // Its NI on our net down: no route through it is usable.
         assert_eq!(
-            answer(
-                &mut g,
-                15,
-                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
-                &["10.0.0.9@o2ib"]
-            ),
+            routes_after(&mut g, 15, BOTH, &["10.0.0.9@o2ib"]),
             (false, false, false),
             "its NI on our net down"
         );
         assert_eq!(
-            answer(&mut g, 16, &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"], &[]),
+            routes_after(&mut g, 16, BOTH, &[]),
             (true, true, true),
             "both up"
         );
         // Without avoid_asym_router_failure only its NI on our net counts.
         g.cfg.avoid_asym = false;
         assert_eq!(
-            answer(
-                &mut g,
-                17,
-                &["10.0.0.9@o2ib", "10.1.0.9@o2ib1"],
-                &["10.1.0.9@o2ib1"]
-            ),
+            routes_after(&mut g, 17, BOTH, &["10.1.0.9@o2ib1"]),
             (true, true, true),
             "avoid_asym off"
         );
         g.cfg.avoid_asym = true;
-        g.map.get_mut(&gw).unwrap().pinging = Some(18);
-        g.ping_done(t0, gw, 18, Some(&reply(&["10.0.0.9@o2ib"], &[], base)));
+        answer(&mut g, 18, &["10.0.0.9@o2ib"], &[], base);
         // The next ping is due one interval after the last went out...
         assert_eq!(g.next_deadline(), Some(t0 + Duration::from_secs(60)));
         // ... but after a failure, in 1 s, then 2, 4 ..., never later than the interval.

@@ -228,51 +228,47 @@ pub fn next_recovery_ping(ping_count: u32, now: Instant, max_interval_secs: u32)
     now.saturating_add(Duration::from_secs(secs))
 }
 
-/// A local NI's health counters, under `net show`'s `health stats` names.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NiHealthStats {
-    pub interrupts: u64,
-    pub dropped: u64,
-    pub aborted: u64,
-    pub no_route: u64,
-    pub timeouts: u64,
-    pub error: u64,
+/// A health counter struct: a `u64` per status it counts, and `count` (lnet_incr_hstats) to
+/// add one; the statuses it does not list are another struct's to count.
+macro_rules! health_counters {
+    ($(#[$doc:meta])* $name:ident { $($field:ident: $status:ident,)* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name {
+            $(pub $field: u64,)*
+        }
+
+        impl $name {
+            /// Counts a status (lnet_incr_hstats).
+            pub fn count(&mut self, h: HStatus) {
+                match h {
+                    $(HStatus::$status => self.$field += 1,)*
+                    _ => {}
+                }
+            }
+        }
+    };
 }
 
-impl NiHealthStats {
-    /// Counts a local status (lnet_incr_hstats).
-    pub fn count(&mut self, h: HStatus) {
-        match h {
-            HStatus::LocalInterrupt => self.interrupts += 1,
-            HStatus::LocalDropped => self.dropped += 1,
-            HStatus::LocalAborted => self.aborted += 1,
-            HStatus::LocalNoRoute => self.no_route += 1,
-            HStatus::LocalTimeout => self.timeouts += 1,
-            HStatus::LocalError => self.error += 1,
-            _ => {}
-        }
+health_counters! {
+    /// A local NI's health counters, under `net show`'s `health stats` names.
+    NiHealthStats {
+        interrupts: LocalInterrupt,
+        dropped: LocalDropped,
+        aborted: LocalAborted,
+        no_route: LocalNoRoute,
+        timeouts: LocalTimeout,
+        error: LocalError,
     }
 }
 
-/// A peer NI's health counters, under `peer show`'s `health stats` names.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PeerHealthStats {
-    pub dropped: u64,
-    pub timeout: u64,
-    pub error: u64,
-    pub network_timeout: u64,
-}
-
-impl PeerHealthStats {
-    /// Counts a remote status (lnet_incr_hstats).
-    pub fn count(&mut self, h: HStatus) {
-        match h {
-            HStatus::RemoteDropped => self.dropped += 1,
-            HStatus::RemoteTimeout => self.timeout += 1,
-            HStatus::RemoteError => self.error += 1,
-            HStatus::NetworkTimeout => self.network_timeout += 1,
-            _ => {}
-        }
+health_counters! {
+    /// A peer NI's health counters, under `peer show`'s `health stats` names.
+    PeerHealthStats {
+        dropped: RemoteDropped,
+        timeout: RemoteTimeout,
+        error: RemoteError,
+        network_timeout: NetworkTimeout,
     }
 }
 
@@ -322,12 +318,19 @@ impl HealthCfg {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_failure_costs_the_sensitivity_and_a_success_gives_it_back() {
-        let t0 = Instant::from_secs(10);
+    /// A peer's health after one failure at sensitivity 100, in recovery since `t0` (pings
+    /// at most every 900 s).
+    fn failed_once(t0: Instant) -> Health {
         let mut h = Health::default();
         h.fail(100);
         h.enter_recovery(t0, 900);
+        h
+    }
+
+    #[test]
+    fn a_failure_costs_the_sensitivity_and_a_success_gives_it_back() {
+        let t0 = Instant::from_secs(10);
+        let mut h = failed_once(t0);
         assert_eq!(h.value, 900);
         assert!(h.in_recovery());
         assert_eq!(h.next_ping, Some(Instant::from_secs(11)), "2^0 s");
@@ -350,9 +353,7 @@ mod tests {
     #[test]
     fn recovery_pings_back_off_to_the_maximum_interval() {
         let t0 = Instant::from_secs(100);
-        let mut h = Health::default();
-        h.fail(100);
-        h.enter_recovery(t0, 900);
+        let mut h = failed_once(t0);
         let mut gaps = Vec::new();
         let mut now = t0;
         for _ in 0..12 {

@@ -85,8 +85,8 @@ pub use config::{
 };
 pub use error::LnetError;
 pub use forward::{
-    BulkBuffers, BulkRegion, ForwardStats, FwdDrop, Handover, HandoverTarget, PoolClass,
-    RoutingInfo,
+    BulkBuffers, BulkRegion, ForwardStats, FwdDrop, HandedForward, Handover, HandoverTarget,
+    PoolClass, RoutingInfo,
 };
 pub use gateway::{GatewayHealthConfig, GatewayInfo};
 pub use globals::{GlobalError, GlobalTunables};

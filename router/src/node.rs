@@ -8,9 +8,7 @@ use lnd::handle::{Handle, HandleSlab, Tag};
 use lnd::iface::{BulkSend, DownReason, Lnd, LndEvent, RxToken, SendError, TxError};
 use lnd::time::{Duration, Instant};
 use lnd::trim::{Capacity, CapacityReport, Trim, TRIM_FLOOR, TRIM_FLOOR_SMALL, TRIM_INTERVAL};
-use lnd::wire::lnet::{
-    LNET_HDR_LEN, LNET_MTU, LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL,
-};
+use lnd::wire::lnet::{LNET_HDR_LEN, LNET_MTU, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
 use lnd::wire::{LnetBody, LnetHdr, Net, Nid, WireHandle};
 use tracing::{debug, trace, warn};
 
@@ -18,7 +16,7 @@ use crate::alive::{self, NetAlive};
 use crate::config::{NiConfig, NodeConfig};
 use crate::error::LnetError;
 use crate::forward::{
-    ForwardStats, FwdDrop, FwdKey, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
+    ForwardStats, FwdDrop, FwdKey, HandedForward, Handover, PoolClass, PoolInfo, Pools, RoutingInfo,
 };
 use crate::gateway::{GatewayInfo, Gateways};
 use crate::ids::{MdId, MsgId, NiIndex, PingId};
@@ -213,6 +211,25 @@ enum Route {
 }
 
 impl OutMsg {
+    /// A message handed to LNet at `born`, holding no credit yet, with nothing to carry: the
+    /// caller adds its payload or bulk memory and its length.
+    fn new(peer: Nid, ni: usize, hdr: LnetHdr, purpose: Purpose, born: Instant) -> OutMsg {
+        OutMsg {
+            peer,
+            ni,
+            hdr,
+            payload: Vec::new(),
+            bulk: None,
+            len: 0,
+            purpose,
+            peer_credit: false,
+            ni_credit: false,
+            retries: 0,
+            born,
+            rendezvous: false,
+        }
+    }
+
     /// A REPLY or ACK of ours (not one forwarded for another node): what
     /// [`RESPONSE_BACKLOG`] bounds per peer.
     fn is_own_answer(&self) -> bool {
@@ -519,25 +536,32 @@ impl LnetNode {
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
         let route = self.route_checked(dst, payload.len())?;
-        let id = MsgId(self.next_msg);
-        self.next_msg += 1;
-        let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.src_nid(route),
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: self.pid,
-            payload_length: payload.len() as u32,
-            body: LnetBody::Put {
-                ack_wmd: WireHandle::NONE,
-                match_bits,
-                hdr_data: 0,
-                ptl_index: portal,
-                offset: 0,
-            },
-        };
+        let id = self.next_msg_id();
+        let hdr = self.put_hdr(
+            self.src_nid(route),
+            dst,
+            payload.len() as u32,
+            portal,
+            match_bits,
+        );
         self.launch(route, hdr, payload, Purpose::Put(id));
         self.process(now);
         Ok(id)
+    }
+
+    /// The id of the next PUT or GET the user sends.
+    fn next_msg_id(&mut self) -> MsgId {
+        let id = MsgId(self.next_msg);
+        self.next_msg += 1;
+        id
+    }
+
+    /// The header of a PUT of ours (from our PID, no ACK), as the user's sends build it.
+    fn put_hdr(&self, src: Nid, dst: Nid, len: u32, portal: u32, match_bits: u64) -> LnetHdr {
+        LnetHdr {
+            src_pid: self.pid,
+            ..LnetHdr::put(src, dst, len, portal, match_bits)
+        }
     }
 
     /// Pings `dst`: a GET on portal 0 with the ping match bits (api-ni.c, lnet_ping). The outcome
@@ -1039,19 +1063,11 @@ mod msg_table_tests {
 
     fn msg(len: usize) -> OutMsg {
         let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        let hdr = LnetHdr::put(a, a, len as u32, 4, 0);
         OutMsg {
-            peer: a,
-            ni: 0,
-            hdr: LnetHdr::put(a, a, len as u32, 4, 0),
-            bulk: None,
             payload: vec![0; len],
             len,
-            purpose: Purpose::Response,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: Instant::ZERO,
-            rendezvous: false,
+            ..OutMsg::new(a, 0, hdr, Purpose::Response, Instant::ZERO)
         }
     }
 

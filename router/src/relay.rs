@@ -223,10 +223,10 @@ impl Relay {
 /// A handover no sibling takes: a Forward fails back at its origin (its router buffer and
 /// credit return there); a Done or Local for a runtime that is gone has nobody left to tell.
 fn gone(h: Handover, back: &mut Vec<Handover>) {
-    if let Handover::Forward { origin, key, .. } = h {
+    if let Handover::Forward { fwd, .. } = h {
         back.push(Handover::Done {
-            origin,
-            key,
+            origin: fwd.origin,
+            key: fwd.key,
             result: Err(LnetError::Shutdown),
         });
     }
@@ -263,6 +263,7 @@ impl ChannelLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::HandedForward;
     use lnd::wire::LnetHdr;
 
     use testkit::nid;
@@ -277,15 +278,15 @@ mod tests {
     const C: &str = "10.2.0.1@o2ib2";
 
     fn forward(via: &str, origin: &str, key: u64) -> Handover {
-        Handover::Forward {
-            via: net(via),
+        let fwd = HandedForward {
             origin: nid(origin),
             from: nid("10.0.0.9@o2ib"),
             key: fkey(key),
             hdr: LnetHdr::put(nid("10.0.0.9@o2ib"), nid(C), 1, 4, key),
             payload: vec![key as u8],
             bulk: None,
-        }
+        };
+        Handover::Forward { via: net(via), fwd }
     }
 
     fn done(origin: &str, key: u64) -> Handover {
@@ -303,7 +304,8 @@ mod tests {
 
     fn key(h: &Handover) -> u64 {
         match h {
-            Handover::Forward { key, .. } | Handover::Done { key, .. } => key.0.as_u64(),
+            Handover::Forward { fwd, .. } => fwd.key.0.as_u64(),
+            Handover::Done { key, .. } => key.0.as_u64(),
             Handover::Local { .. } => u64::MAX,
         }
     }
@@ -435,17 +437,22 @@ mod tests {
         assert_eq!(egress_on_net(nids.iter().copied(), &board, o2ib2), None);
     }
 
+    /// `back` is one Done: forward `key` of `origin`, failed as a shutdown.
+    fn assert_failed_back(back: &[Handover], origin: &str, key: u64) {
+        assert_eq!(back.len(), 1);
+        assert!(matches!(
+            &back[0],
+            Handover::Done { origin: o, key: k, result: Err(LnetError::Shutdown) } if *o == nid(origin) && *k == fkey(key)
+        ));
+    }
+
     #[test]
     fn a_forward_with_no_egress_fails_back_at_its_origin() {
         let mut q = Queues::new(&[A, B], &[]);
         let mut r = Relay::new();
         let back = relay_all(&mut r, &mut q, vec![forward("o2ib2", A, 7), done(C, 8)]);
         // The Forward ends at its origin as a shutdown; the Done for nobody is dropped.
-        assert_eq!(back.len(), 1);
-        assert!(matches!(
-            &back[0],
-            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(7)
-        ));
+        assert_failed_back(&back, A, 7);
         assert_eq!(r.waiting(), 0);
         assert!(q.got.iter().all(Vec::is_empty));
         assert_eq!(q.wakes, vec![0, 0]);
@@ -457,11 +464,7 @@ mod tests {
         q.gone[1] = true;
         let mut r = Relay::new();
         let back = relay_all(&mut r, &mut q, vec![forward("o2ib1", A, 3), done(B, 4)]);
-        assert_eq!(back.len(), 1);
-        assert!(matches!(
-            &back[0],
-            Handover::Done { origin, key, result: Err(LnetError::Shutdown) } if *origin == nid(A) && *key == fkey(3)
-        ));
+        assert_failed_back(&back, A, 3);
         assert_eq!(r.waiting(), 0);
         assert_eq!(q.wakes, vec![0, 0]);
     }

@@ -369,93 +369,66 @@ mod tests {
         };
         let g1 = "10.0.0.11@o2ib";
         let g2 = "10.0.0.12@o2ib";
+        // Both routes go to o2ib2, through g1 and g2; a row gives each its (hops, priority),
+        // its gateway's state and its use count, and the gateway that must win.
         type Row = (
             &'static str,
-            RouteConfig,
-            RouteConfig,
+            [(Option<u8>, u32); 2],
             [GatewayState; 2],
             [u64; 2],
             &'static str,
         );
-        let rows: Vec<Row> = vec![
+        let plain = [(None, 0), (None, 0)];
+        let dead = GatewayState {
+            alive: false,
+            ..up(0, 8)
+        };
+        let unhealthy = GatewayState {
+            health: 900,
+            ..up(0, 8)
+        };
+        let rows: [Row; 8] = [
             (
                 "priority",
-                route("o2ib2", g1, None, 1),
-                route("o2ib2", g2, None, 0),
+                [(None, 1), (None, 0)],
                 [up(0, 8), up(0, 8)],
                 [0, 0],
                 g2,
             ),
             (
                 "hops",
-                route("o2ib2", g1, Some(2), 0),
-                route("o2ib2", g2, None, 0),
+                [(Some(2), 0), (None, 0)],
                 [up(0, 8), up(0, 8)],
                 [0, 0],
                 g2,
             ),
             (
                 "alive",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 5),
-                [
-                    GatewayState {
-                        alive: false,
-                        ..up(0, 8)
-                    },
-                    up(0, 8),
-                ],
+                [(None, 0), (None, 5)],
+                [dead, up(0, 8)],
                 [0, 0],
                 g2,
             ),
             (
                 "health, before queued bytes",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 0),
-                [
-                    GatewayState {
-                        health: 900,
-                        ..up(0, 8)
-                    },
-                    up(100, 2),
-                ],
+                plain,
+                [unhealthy, up(100, 2)],
                 [0, 0],
                 g2,
             ),
-            (
-                "queued bytes",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 0),
-                [up(100, 8), up(0, 8)],
-                [0, 0],
-                g2,
-            ),
-            (
-                "credits",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 0),
-                [up(0, 2), up(0, 8)],
-                [0, 0],
-                g2,
-            ),
-            (
-                "round robin",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 0),
-                [up(0, 8), up(0, 8)],
-                [7, 3],
-                g2,
-            ),
+            ("queued bytes", plain, [up(100, 8), up(0, 8)], [0, 0], g2),
+            ("credits", plain, [up(0, 2), up(0, 8)], [0, 0], g2),
+            ("round robin", plain, [up(0, 8), up(0, 8)], [7, 3], g2),
             (
                 "round robin, other way",
-                route("o2ib2", g1, None, 0),
-                route("o2ib2", g2, None, 0),
+                plain,
                 [up(0, 8), up(0, 8)],
                 [3, 7],
                 g1,
             ),
         ];
-        for (what, a, b, states, used, want) in rows {
+        for (what, [(h1, p1), (h2, p2)], states, used, want) in rows {
+            let (a, b) = (route("o2ib2", g1, h1, p1), route("o2ib2", g2, h2, p2));
             let t = RouteTable::new(&[a, b], &own()).unwrap();
             let pick = t
                 .select(

@@ -308,6 +308,19 @@ mod tests {
     use super::*;
     use crate::control::{ClientError, ControlClient};
 
+    /// A directory of this test process's, `ulnet-ctl-{tag}-{pid}` under the temp dir.
+    fn scratch(tag: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("ulnet-ctl-{tag}-{}", std::process::id()))
+    }
+
+    /// A client finds no daemon at `path`.
+    fn assert_no_daemon(path: &std::path::Path) {
+        assert!(matches!(
+            ControlClient::connect(path),
+            Err(ClientError::NoDaemon { .. })
+        ));
+    }
+
     #[test]
     fn read_request_caps_lines_and_times_out() {
         use std::time::Duration as D;
@@ -384,7 +397,7 @@ mod tests {
 
     #[test]
     fn socket_is_private_and_serves() {
-        let dir = std::env::temp_dir().join(format!("ulnet-ctl-{}", std::process::id()));
+        let dir = scratch("serve");
         let path = dir.join("s.sock");
         let l = bind_socket(&path).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
@@ -421,10 +434,7 @@ mod tests {
             io::ErrorKind::AddrInUse
         );
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(matches!(
-            ControlClient::connect(&path),
-            Err(ClientError::NoDaemon { .. })
-        ));
+        assert_no_daemon(&path);
     }
 
     /// The operator audit: `--socket a/b/c/x.sock` created the whole chain (and left it); and a
@@ -432,7 +442,7 @@ mod tests {
     /// could reach it. Only the socket's own directory is created, and a long path is refused.
     #[test]
     fn a_missing_chain_or_an_unreachable_path_is_refused() {
-        let top = std::env::temp_dir().join(format!("ulnet-ctl-chain-{}", std::process::id()));
+        let top = scratch("chain");
         let _ = std::fs::remove_dir_all(&top);
         let e = bind_socket(&top.join("a/b/x.sock")).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
@@ -449,10 +459,7 @@ mod tests {
         assert!(e.to_string().contains("107"), "{e}");
         assert!(!long.exists());
         assert!(check_socket_path_for_daemon(&long).is_err());
-        assert!(matches!(
-            ControlClient::connect(&long),
-            Err(ClientError::NoDaemon { .. })
-        ));
+        assert_no_daemon(&long);
     }
 
     /// The operator audit: `--socket` naming an existing regular file (a config, by a slip)
@@ -460,7 +467,7 @@ mod tests {
     /// is ever removed; any other file is refused and left as it was.
     #[test]
     fn a_socket_path_naming_a_regular_file_is_refused_and_the_file_kept() {
-        let dir = std::env::temp_dir().join(format!("ulnet-ctl-file-{}", std::process::id()));
+        let dir = scratch("file");
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("lnet-router.yaml");
         std::fs::write(&path, b"net: []\n").unwrap();

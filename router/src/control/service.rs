@@ -115,26 +115,22 @@ impl<T> Control<T> {
                 }
                 Response::Net(n)
             }
+            // What only the daemon around a node can do, asked of a bare node.
             Request::CaptureStart { .. } | Request::CaptureStop { .. } => {
-                Response::Error(ControlError::new(
-                    errno::EOPNOTSUPP,
+                Response::Error(daemon_only(
                     "capture needs the lnet-router daemon (its driver streams the records)",
                 ))
             }
-            Request::Selftest { .. } => Response::Error(ControlError::new(
-                errno::EOPNOTSUPP,
+            Request::Selftest { .. } => Response::Error(daemon_only(
                 "selftest needs the lnet-router daemon (its NI loops run the selftest)",
             )),
-            Request::Import { .. } => Response::Error(ControlError::new(
-                errno::EOPNOTSUPP,
+            Request::Import { .. } => Response::Error(daemon_only(
                 "import needs the lnet-router daemon (it reads the document as its config)",
             )),
-            Request::NetDel { .. } => Response::Error(ControlError::new(
-                errno::EOPNOTSUPP,
+            Request::NetDel { .. } => Response::Error(daemon_only(
                 "net del needs the lnet-router daemon (it runs the NIs)",
             )),
-            Request::LnetConfigure { .. } => Response::Error(ControlError::new(
-                errno::EOPNOTSUPP,
+            Request::LnetConfigure { .. } => Response::Error(daemon_only(
                 "lnet configure needs the lnet-router daemon (it runs the NIs)",
             )),
             Request::PeerShow { nid, verbose } => match peer_show(node, nid.as_deref(), verbose) {
@@ -376,6 +372,10 @@ pub fn call_local(node: &mut LnetNode, req: Request, clock: impl Fn() -> Instant
     }
 }
 
+/// The refusal of a request only the lnet-router daemon serves (EOPNOTSUPP).
+fn daemon_only(what: &'static str) -> ControlError {
+    ControlError::new(errno::EOPNOTSUPP, what)
+}
 #[cfg(test)]
 mod tests {
     use super::super::testutil::node;

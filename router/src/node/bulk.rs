@@ -48,22 +48,8 @@ impl LnetNode {
     ) -> Result<MsgId, LnetError> {
         self.advance(now);
         let (ni, next) = self.bulk_route(dst, &buf)?;
-        let id = MsgId(self.next_msg);
-        self.next_msg += 1;
-        let hdr = LnetHdr {
-            dest_nid: dst,
-            src_nid: self.nis[ni].nid,
-            dest_pid: LNET_PID_LUSTRE,
-            src_pid: self.pid,
-            payload_length: buf.len,
-            body: LnetBody::Put {
-                ack_wmd: WireHandle::NONE,
-                match_bits,
-                hdr_data: 0,
-                ptl_index: portal,
-                offset: 0,
-            },
-        };
+        let id = self.next_msg_id();
+        let hdr = self.put_hdr(self.nis[ni].nid, dst, buf.len, portal, match_bits);
         let bulk = BulkSend::Put(buf.mem(buf.len, None));
         self.launch_bulk(ni, next, hdr, bulk, Purpose::Put(id));
         self.process(now);
@@ -93,8 +79,7 @@ impl LnetNode {
             true if buf.ni.0 < self.nis.len() => (buf.ni.0, Nid::ANY),
             _ => self.bulk_route(dst, &buf)?,
         };
-        let id = MsgId(self.next_msg);
-        self.next_msg += 1;
+        let id = self.next_msg_id();
         // A routed GET's REPLY is matched by its wire handle, in the pings' cookie space.
         let object_cookie = if next == dst {
             id.0
@@ -155,10 +140,9 @@ impl LnetNode {
         result: Result<u32, LnetError>,
         counted: bool,
     ) {
-        let Some(g) = self.bulk_gets.remove(&cookie) else {
+        let Some(g) = self.take_bulk_get(cookie) else {
             return;
         };
-        self.timers.cancel(g.timer);
         if let Err(e) = &result {
             if !counted {
                 self.count_error(e);
@@ -171,13 +155,19 @@ impl LnetNode {
     /// A routed GET answered by an inline REPLY: the bytes (cut to its buffer) go to the user,
     /// who copies them into the GET's memory.
     pub(super) fn end_bulk_get_inline(&mut self, cookie: u64, mut payload: Vec<u8>) {
-        let Some(g) = self.bulk_gets.remove(&cookie) else {
+        let Some(g) = self.take_bulk_get(cookie) else {
             return;
         };
-        self.timers.cancel(g.timer);
         payload.truncate(g.buf.len as usize);
         self.events
             .push_back(LnetEvent::GetDoneInline { id: g.id, payload });
+    }
+
+    /// The routed GET of `cookie`, if still waiting, its deadline disarmed.
+    fn take_bulk_get(&mut self, cookie: u64) -> Option<RoutedGet> {
+        let g = self.bulk_gets.remove(&cookie)?;
+        self.timers.cancel(g.timer);
+        Some(g)
     }
 
     /// Fails every routed GET still waiting (shutdown).
@@ -247,25 +237,13 @@ impl LnetNode {
     /// Posts `buf` for the next PUT to (`portal`, `match_bits`) arriving on `buf.ni`; its
     /// outcome comes as [`LnetEvent::BulkPut`].
     pub fn post_sink(&mut self, portal: u32, match_bits: u64, buf: BulkBuf) -> MdId {
-        self.mds.post(Md {
-            portal,
-            match_bits,
-            buf,
-            sink: true,
-            mem: None,
-        })
+        self.post_md(portal, match_bits, buf, true, None)
     }
 
     /// Posts `buf` for the next GET of (`portal`, `match_bits`) arriving on `buf.ni`; its
     /// outcome comes as [`LnetEvent::BulkGetServed`].
     pub fn post_source(&mut self, portal: u32, match_bits: u64, buf: BulkBuf) -> MdId {
-        self.mds.post(Md {
-            portal,
-            match_bits,
-            buf,
-            sink: false,
-            mem: None,
-        })
+        self.post_md(portal, match_bits, buf, false, None)
     }
 
     /// [`LnetNode::post_source`] for a GET from one of the node's NIDs that a sibling runtime
@@ -279,12 +257,23 @@ impl LnetNode {
         buf: BulkBuf,
         mem: SharedMem,
     ) -> MdId {
+        self.post_md(portal, match_bits, buf, false, Some(mem))
+    }
+
+    fn post_md(
+        &mut self,
+        portal: u32,
+        match_bits: u64,
+        buf: BulkBuf,
+        sink: bool,
+        mem: Option<SharedMem>,
+    ) -> MdId {
         self.mds.post(Md {
             portal,
             match_bits,
             buf,
-            sink: false,
-            mem: Some(mem),
+            sink,
+            mem,
         })
     }
 
@@ -346,39 +335,29 @@ impl LnetNode {
         self.mds.len()
     }
 
-    /// Sends GET `hdr` with `buf` as its sink to `next` through NI `ni` as it is, for unit tests
-    /// that play a misbehaving sender (an optimized GET through a router, which LNet never
-    /// builds). Its outcome is an [`LnetEvent::GetDone`] with id 0.
+    /// Sends `hdr` as it is to `next` through NI `ni`, for unit tests that play a misbehaving
+    /// sender or a hostile peer: with `sink`, a GET with `buf` as its sink (an optimized GET
+    /// through a router, which LNet never builds), outcome [`LnetEvent::GetDone`]; else any
+    /// header with the bytes of `buf` by rendezvous (a forged REPLY), outcome
+    /// [`LnetEvent::PutDone`]. Either with id 0.
     #[cfg(test)]
-    pub(crate) fn send_raw_get_bulk(
+    pub(crate) fn send_raw_bulk(
         &mut self,
         now: Instant,
         ni: NiIndex,
         next: Nid,
         hdr: LnetHdr,
         buf: BulkBuf,
+        sink: bool,
     ) {
         self.advance(now);
-        let bulk = BulkSend::Get(buf.mem(buf.len, None));
-        self.launch_bulk(ni.0, next, hdr, bulk, Purpose::GetBulk(MsgId(0)));
-        self.process(now);
-    }
-
-    /// Sends `hdr` (any type) with the bytes of `buf` by rendezvous to `next` through NI `ni`,
-    /// for unit tests that play a hostile peer (a forged REPLY). Its outcome is an
-    /// [`LnetEvent::PutDone`] with id 0.
-    #[cfg(test)]
-    pub(crate) fn send_raw_put_bulk(
-        &mut self,
-        now: Instant,
-        ni: NiIndex,
-        next: Nid,
-        hdr: LnetHdr,
-        buf: BulkBuf,
-    ) {
-        self.advance(now);
-        let bulk = BulkSend::Put(buf.mem(buf.len, None));
-        self.launch_bulk(ni.0, next, hdr, bulk, Purpose::Put(MsgId(0)));
+        let mem = buf.mem(buf.len, None);
+        let (bulk, purpose) = if sink {
+            (BulkSend::Get(mem), Purpose::GetBulk(MsgId(0)))
+        } else {
+            (BulkSend::Put(mem), Purpose::Put(MsgId(0)))
+        };
+        self.launch_bulk(ni.0, next, hdr, bulk, purpose);
         self.process(now);
     }
 
@@ -425,18 +404,9 @@ impl LnetNode {
             _ => 0,
         };
         let cookie = self.msgs.insert(OutMsg {
-            peer: next,
-            ni,
-            hdr,
-            payload: Vec::new(),
             bulk: Some(bulk),
             len,
-            purpose,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: self.now,
-            rendezvous: false,
+            ..OutMsg::new(next, ni, hdr, purpose, self.now)
         });
         if known {
             self.post_send(cookie);
@@ -482,19 +452,7 @@ impl LnetNode {
                             ack: ack_wmd,
                         };
                         let cookie = self.inbound(ni, from, hdr, mlen, purpose);
-                        if mlen == 0 {
-                            // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT
-                            // is done).
-                            self.nis[ni].lnd.recv_done(now, rx);
-                            self.finish_out(cookie, Ok(()));
-                        } else {
-                            self.nis[ni].lnd.accept_bulk(
-                                now,
-                                rx,
-                                m.buf.mem(mlen, m.mem.clone()),
-                                cookie,
-                            );
-                        }
+                        self.accept_put(ni, rx, m.buf.mem(mlen, m.mem.clone()), cookie);
                         Ok(())
                     }
                     None => Err("PUT matched no posted sink"),
@@ -532,19 +490,12 @@ impl LnetNode {
                         .is_some_and(|g| g.buf.ni.0 == ni && g.dst == hdr.src_nid) =>
             {
                 // The REPLY of a routed GET of ours, into its registered memory.
-                let cookie = dst_wmd.object_cookie;
-                let g = self.bulk_gets.remove(&cookie).expect("checked above");
-                self.timers.cancel(g.timer);
+                let g = self
+                    .take_bulk_get(dst_wmd.object_cookie)
+                    .expect("checked above");
                 let mlen = hdr.payload_length.min(g.buf.len);
                 let cookie = self.inbound(ni, from, hdr, mlen, Purpose::GetBulk(g.id));
-                if mlen == 0 {
-                    self.nis[ni].lnd.recv_done(now, rx);
-                    self.finish_out(cookie, Ok(()));
-                } else {
-                    self.nis[ni]
-                        .lnd
-                        .accept_bulk(now, rx, g.buf.mem(mlen, None), cookie);
-                }
+                self.accept_put(ni, rx, g.buf.mem(mlen, None), cookie);
                 Ok(())
             }
             (BulkOp::Put, LnetBody::Reply { .. }) => Err("REPLY by rendezvous for no GET of ours"),
@@ -555,13 +506,20 @@ impl LnetNode {
             // -ENODATA).
             debug!(%from, kind = ?hdr.msg_type(), why, "dropping a rendezvous request");
             self.nis[ni].lnd.recv_done(now, rx);
-            self.stats.drop_count += 1;
-            self.stats.drop_length += u64::from(hdr.payload_length);
-            self.nis[ni].drop_count += 1;
-            if let Some(p) = self.peers.get_mut(&from) {
-                p.drop_count += 1;
-            }
+            self.count_rx_drop(Some(ni), from, u64::from(hdr.payload_length));
             self.free_msg();
+        }
+    }
+
+    /// Takes a PUT (or REPLY) by rendezvous into `sink`, for the inbound transfer `cookie`.
+    fn accept_put(&mut self, ni: usize, rx: RxToken, sink: BulkMem, cookie: u64) {
+        let now = self.now;
+        if sink.len == 0 {
+            // Nothing to move (kiblnd_recv: mlen 0 is PUT_NAK 0, and the PUT is done).
+            self.nis[ni].lnd.recv_done(now, rx);
+            self.finish_out(cookie, Ok(()));
+        } else {
+            self.nis[ni].lnd.accept_bulk(now, rx, sink, cookie);
         }
     }
 
@@ -575,18 +533,8 @@ impl LnetNode {
         purpose: Purpose,
     ) -> u64 {
         self.msgs.insert(OutMsg {
-            peer: from,
-            ni,
-            hdr,
-            payload: Vec::new(),
-            bulk: None,
             len: len as usize,
-            purpose,
-            peer_credit: false,
-            ni_credit: false,
-            retries: 0,
-            born: self.now,
-            rendezvous: false,
+            ..OutMsg::new(from, ni, hdr, purpose, self.now)
         })
     }
 

@@ -497,15 +497,15 @@ impl LnetNode {
                     Carry::Inline(payload) => (payload, None),
                     Carry::Bulk(k) => (Vec::new(), Some(k)),
                 };
-                self.fwd.handovers.push_back(Handover::Forward {
-                    via,
+                let fwd = HandedForward {
                     origin,
                     from,
                     key,
                     hdr,
                     payload,
                     bulk,
-                });
+                };
+                self.fwd.handovers.push_back(Handover::Forward { via, fwd });
             }
             Egress::Drop(e) if handed => self.fwd.handovers.push_back(Handover::Done {
                 origin,
@@ -525,20 +525,12 @@ impl LnetNode {
 
     /// A forward a sibling runtime (its ingress, `origin`) handed over: out of our NI, or back
     /// to it as done.
-    pub(super) fn forward_handed(
-        &mut self,
-        origin: Nid,
-        from: Nid,
-        key: FwdKey,
-        hdr: LnetHdr,
-        payload: Vec<u8>,
-        bulk: Option<usize>,
-    ) {
-        let carry = match bulk {
+    pub(super) fn forward_handed(&mut self, f: HandedForward) {
+        let carry = match f.bulk {
             Some(k) => Carry::Bulk(k),
-            None => Carry::Inline(payload),
+            None => Carry::Inline(f.payload),
         };
-        self.forward_out(origin, key, from, hdr, carry, true);
+        self.forward_out(f.origin, f.key, f.from, f.hdr, carry, true);
     }
 
     // ------------------------------------------------------------------ 7. completion, books
@@ -627,12 +619,7 @@ impl LnetNode {
 
     fn count_forward_drop(&mut self, ni: usize, from: Nid, len: u64, why: FwdDrop) {
         self.fwd.stats.count_drop(why);
-        self.stats.drop_count += 1;
-        self.stats.drop_length += len;
-        self.nis[ni].drop_count += 1;
-        if let Some(p) = self.peers.get_mut(&from) {
-            p.drop_count += 1;
-        }
+        self.count_rx_drop(Some(ni), from, len);
     }
 
     /// Drops every held message still waiting for a router credit or a buffer (routing

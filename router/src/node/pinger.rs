@@ -179,15 +179,7 @@ impl LnetNode {
     pub fn handle_handover(&mut self, now: Instant, h: Handover) {
         self.advance(now);
         match h {
-            Handover::Forward {
-                origin,
-                from,
-                key,
-                hdr,
-                payload,
-                bulk,
-                ..
-            } => self.forward_handed(origin, from, key, hdr, payload, bulk),
+            Handover::Forward { fwd, .. } => self.forward_handed(fwd),
             Handover::Done { key, result, .. } => {
                 self.forward_done(key, result.map_err(|e| FwdDrop::of(&e)));
             }

@@ -188,17 +188,23 @@ impl LnetNode {
             }
             Err(why) => {
                 debug!(%from, dest = %hdr.dest_nid, kind = ?hdr.msg_type(), why, "dropping a message");
-                self.stats.drop_count += 1;
-                self.stats.drop_length += u64::from(hdr.payload_length);
-                if let Some(ni) = via {
-                    self.nis[ni].drop_count += 1;
-                    if let Some(p) = self.peers.get_mut(&from) {
-                        p.drop_count += 1;
-                    }
-                }
+                self.count_rx_drop(via, from, u64::from(hdr.payload_length));
             }
         }
         self.free_msg();
+    }
+
+    /// Counts a message from `from` dropped on arrival (`len` bytes): in the node's totals,
+    /// and in its NI's and the peer's when it came through an NI (`via`).
+    pub(super) fn count_rx_drop(&mut self, via: Option<usize>, from: Nid, len: u64) {
+        self.stats.drop_count += 1;
+        self.stats.drop_length += len;
+        if let Some(ni) = via {
+            self.nis[ni].drop_count += 1;
+            if let Some(p) = self.peers.get_mut(&from) {
+                p.drop_count += 1;
+            }
+        }
     }
 
     /// Delivers a message addressed to us; returns its length, or why it was dropped.

@@ -212,18 +212,9 @@ impl LnetNode {
                     _ => (hdr.dest_nid, 0, Some(LnetError::NoRoute(hdr.dest_nid))),
                 };
                 let cookie = self.msgs.insert(OutMsg {
-                    peer,
-                    ni,
-                    hdr,
                     len: payload.len(),
                     payload,
-                    bulk: None,
-                    purpose,
-                    peer_credit: false,
-                    ni_credit: false,
-                    retries: 0,
-                    born: self.now,
-                    rendezvous: false,
+                    ..OutMsg::new(peer, ni, hdr, purpose, self.now)
                 });
                 match refusal {
                     None => self.post_send(cookie),

@@ -93,6 +93,14 @@ fn distribute(i: usize, ndst: usize, d: u32, s: u32) -> Vec<usize> {
     (0..s).map(|k| (start + k) % ndst.max(1)).collect()
 }
 
+/// A command done at once, with the line lst prints for it.
+fn said(message: String) -> ConsoleStart {
+    ConsoleStart::Done(Ok(LstReply {
+        message,
+        ..LstReply::default()
+    }))
+}
+
 impl Selftest {
     /// Runs one console command; see [`ConsoleStart`].
     pub fn console(
@@ -188,10 +196,7 @@ impl Selftest {
                     next_bid: 1,
                     next_ping: now.saturating_add(PING_INTERVAL),
                 });
-                Done(Ok(LstReply {
-                    message: format!("session {name} opened by {}", self.srpc.own()),
-                    ..LstReply::default()
-                }))
+                said(format!("session {name} opened by {}", self.srpc.own()))
             }
             LstCommand::ShowSession => match &self.console.session {
                 None => no_session(),
@@ -215,10 +220,7 @@ impl Selftest {
                 let nodes: Vec<Nid> = s.state.keys().copied().collect();
                 if nodes.is_empty() {
                     self.console.session = None;
-                    return Done(Ok(LstReply {
-                        message: "session ended".into(),
-                        ..LstReply::default()
-                    }));
+                    return said("session ended".into());
                 }
                 self.transaction(now, node, reg, TxnKind::EndSession, nodes)
             }
@@ -264,10 +266,7 @@ impl Selftest {
                     .collect();
                 if only_here.is_empty() {
                     s.groups.remove(&name);
-                    return Done(Ok(LstReply {
-                        message: format!("group {name} deleted"),
-                        ..LstReply::default()
-                    }));
+                    return said(format!("group {name} deleted"));
                 }
                 self.transaction(now, node, reg, TxnKind::DelGroup { name }, only_here)
             }
@@ -323,10 +322,7 @@ impl Selftest {
                         tests: Vec::new(),
                     },
                 );
-                Done(Ok(LstReply {
-                    message: format!("batch {name} added"),
-                    ..LstReply::default()
-                }))
+                said(format!("batch {name} added"))
             }
             LstCommand::ListBatch => {
                 let Some(s) = &self.console.session else {
@@ -552,13 +548,13 @@ impl Selftest {
                 txn.left -= 1;
                 continue;
             }
-            let sent = match &txn.kind {
-                TxnKind::AddGroup { .. } => self.srpc.call(
-                    now,
-                    node,
-                    dst,
+            // What to ask this node: the service, the request's body (given its reply and
+            // bulk ids) and, for a client's test, the destination list it reads.
+            type Make = Box<dyn FnOnce(u64, u64) -> SrpcBody>;
+            let (service, make, bulk): (ServiceId, Make, _) = match &txn.kind {
+                TxnKind::AddGroup { .. } => (
                     ServiceId::MakeSession,
-                    |rpyid, _| {
+                    Box::new(move |rpyid, _| {
                         MakeSessionRequest {
                             rpyid,
                             sid,
@@ -566,67 +562,43 @@ impl Selftest {
                             name,
                         }
                         .into()
-                    },
-                    None,
-                    timeout,
-                    owner,
+                    }),
                     None,
                 ),
-                TxnKind::EndSession | TxnKind::DelGroup { .. } => self.srpc.call(
-                    now,
-                    node,
-                    dst,
+                TxnKind::EndSession | TxnKind::DelGroup { .. } => (
                     ServiceId::RemoveSession,
-                    |rpyid, _| RemoveSessionRequest { rpyid, sid }.into(),
-                    None,
-                    timeout,
-                    owner,
+                    Box::new(move |rpyid, _| RemoveSessionRequest { rpyid, sid }.into()),
                     None,
                 ),
-                TxnKind::Ping | TxnKind::KeepAlive => self.srpc.call(
-                    now,
-                    node,
-                    dst,
+                TxnKind::Ping | TxnKind::KeepAlive => (
                     ServiceId::Debug,
-                    |rpyid, _| {
+                    Box::new(move |rpyid, _| {
                         DebugRequest {
                             rpyid,
                             sid,
                             flags: 0,
                         }
                         .into()
-                    },
-                    None,
-                    timeout,
-                    owner,
+                    }),
                     None,
                 ),
-                TxnKind::Stat { .. } => self.srpc.call(
-                    now,
-                    node,
-                    dst,
+                TxnKind::Stat { .. } => (
                     ServiceId::QueryStat,
-                    |rpyid, _| {
+                    Box::new(move |rpyid, _| {
                         StatRequest {
                             rpyid,
                             sid,
                             stat_type: 0,
                         }
                         .into()
-                    },
-                    None,
-                    timeout,
-                    owner,
+                    }),
                     None,
                 ),
                 TxnKind::Batch { opc, bid, arg } => {
                     let (bid, arg, opc) = (*bid, *arg, *opc);
-                    self.srpc.call(
-                        now,
-                        node,
-                        dst,
+                    (
                         ServiceId::Batch,
-                        |rpyid, _| {
+                        Box::new(move |rpyid, _| {
                             BatchRequest {
                                 rpyid,
                                 sid,
@@ -636,10 +608,7 @@ impl Selftest {
                                 arg,
                             }
                             .into()
-                        },
-                        None,
-                        timeout,
-                        owner,
+                        }),
                         None,
                     )
                 }
@@ -658,12 +627,9 @@ impl Selftest {
                     let params = test_params(test.spec);
                     let concur = test.concurrency;
                     let stop_onerr = test.stop_onerr;
-                    self.srpc.call(
-                        now,
-                        node,
-                        dst,
+                    (
                         ServiceId::Test,
-                        |rpyid, _| {
+                        Box::new(move |rpyid, _| {
                             TestRequest {
                                 rpyid,
                                 bulkid: 0,
@@ -677,10 +643,7 @@ impl Selftest {
                                 params,
                             }
                             .into()
-                        },
-                        None,
-                        timeout,
-                        owner,
+                        }),
                         None,
                     )
                 }
@@ -736,12 +699,9 @@ impl Selftest {
                         Some(n) => u32::try_from(n).unwrap_or(u32::MAX - 1),
                     };
                     let (concur, ndest) = (test.concurrency, ids.len() as u32);
-                    self.srpc.call(
-                        now,
-                        node,
-                        dst,
+                    (
                         ServiceId::Test,
-                        |rpyid, bulkid| {
+                        Box::new(move |rpyid, bulkid| {
                             TestRequest {
                                 rpyid,
                                 bulkid,
@@ -755,14 +715,14 @@ impl Selftest {
                                 params,
                             }
                             .into()
-                        },
+                        }),
                         Some((span, BulkDir::Source)),
-                        timeout,
-                        owner,
-                        None,
                     )
                 }
             };
+            let sent = self
+                .srpc
+                .call(now, node, dst, service, make, bulk, timeout, owner, None);
             if let Err(e) = sent {
                 txn.results[i] = Some(Err(e));
                 txn.left -= 1;

@@ -29,22 +29,7 @@ pub(super) fn node(nids: &[&str], routes: &[RouteConfig], routing: bool, inc: u6
 
 /// The router split as the daemon runs it: one node per NI, each knowing both NIDs.
 pub(super) fn split(c: NodeConfig) -> Vec<NodeConfig> {
-    let nids: Vec<Nid> = c.nis.iter().map(|n| n.nid).collect();
-    let share = c.routing.buffers.share(c.nis.len());
-    let board = crate::alive::NetAlive::new(nids.len());
-    c.nis
-        .iter()
-        .map(|n| NodeConfig {
-            nis: vec![n.clone()],
-            node_nids: nids.clone(),
-            net_alive: Some(board.clone()),
-            routing: RoutingConfig {
-                buffers: share,
-                ..c.routing
-            },
-            ..c.clone()
-        })
-        .collect()
+    c.per_ni()
 }
 
 /// client, router (one node or one per NI), server; returns the fabric and the router nodes.
@@ -1148,7 +1133,7 @@ fn bulk_through_a_router_without_bulk_buffers_fails_cleanly() {
             },
         };
         let now = f.now;
-        f.nodes[0].send_raw_get_bulk(now, NiIndex(0), nid(R_A), hdr, buf);
+        f.nodes[0].send_raw_bulk(now, NiIndex(0), nid(R_A), hdr, buf, true);
         f.run_for(Duration::from_secs(5));
         let after: u64 = routers
             .iter()
@@ -1950,7 +1935,7 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
         body: LnetBody::Reply { dst_wmd: wmd },
     };
     let now = f.now;
-    f.nodes[2].send_raw_put_bulk(now, NiIndex(0), nid(CLIENT), hdr, buf);
+    f.nodes[2].send_raw_bulk(now, NiIndex(0), nid(CLIENT), hdr, buf, false);
     f.run_for(Duration::from_secs(5));
     assert!(
         f.region(0, &sink).iter().all(|&x| x == 0xee),

@@ -67,34 +67,43 @@ fn add_test(batch: &str, test: TestSpec, loops: i64, concurrency: u32) -> LstCom
 
 /// Runs `batch` until no node has it active, then reads every node's counters.
 fn run_to_end(f: &mut Fabric, batch: &str) -> Vec<LstNodeStat> {
+    let step = Duration::from_millis(50);
+    run_until_idle(f, batch, 1000, step, &["c", "s"])
+        .unwrap_or_else(|| panic!("batch {batch} never ended"))
+}
+
+/// Runs `batch` and queries it every `step`, up to `steps` times, until no node has it
+/// active; then the counters of the nodes of `groups`.
+fn run_until_idle(
+    f: &mut Fabric,
+    batch: &str,
+    steps: u64,
+    step: Duration,
+    groups: &[&str],
+) -> Option<Vec<LstNodeStat>> {
+    let batch = batch.to_string();
     ok(f.lst(
         0,
         LstCommand::Run {
-            batch: batch.into(),
+            batch: batch.clone(),
         },
         LIMIT,
     ));
-    for _ in 0..1000 {
-        f.run_for(Duration::from_millis(50));
+    for _ in 0..steps {
+        f.run_for(step);
         let q = ok(f.lst(
             0,
             LstCommand::Query {
-                batch: batch.into(),
+                batch: batch.clone(),
             },
             LIMIT,
         ));
         if q.nodes.iter().all(|n| n.active == Some(0)) {
-            let s = ok(f.lst(
-                0,
-                LstCommand::Stat {
-                    groups: vec!["c".into(), "s".into()],
-                },
-                LIMIT,
-            ));
-            return s.stats;
+            let groups = groups.iter().map(|g| g.to_string()).collect();
+            return Some(ok(f.lst(0, LstCommand::Stat { groups }, LIMIT)).stats);
         }
     }
-    panic!("batch {batch} never ended");
+    None
 }
 
 fn stat<'a>(stats: &'a [LstNodeStat], nid: &str) -> &'a LstNodeStat {
@@ -317,6 +326,17 @@ use crate::selftest::wire::{
 use crate::selftest::wire::{BrwCheck, BrwOp, ServiceId};
 
 /// Entries of `census` that are not zero.
+/// Node `n` has no MD posted, and its selftest tracks none.
+fn assert_no_mds(f: &mut Fabric, n: usize) {
+    assert_eq!(f.nodes[n].posted_mds(), 0);
+    let c = f.selftest(n).census();
+    assert_eq!(
+        c.iter().find(|(k, _)| *k == "mds").map(|e| e.1),
+        Some(0),
+        "{c:?}"
+    );
+}
+
 fn nonzero(c: &[(&'static str, usize)]) -> Vec<(&'static str, usize)> {
     c.iter().copied().filter(|(_, v)| *v != 0).collect()
 }
@@ -329,6 +349,83 @@ fn raw_put(f: &mut Fabric, from: usize, to: &str, portal: u32, mb: u64, bytes: V
         .send_put(now, nid(to), portal, mb, bytes)
         .expect("sent");
     f.run_for(Duration::from_millis(100));
+}
+
+/// A kernel node (node 2, no selftest of ours) sends srpc request `body` for `service` to
+/// (`to`, `portal`), and the fabric runs a little.
+fn kernel_rpc(
+    f: &mut Fabric,
+    to: &str,
+    portal: u32,
+    service: ServiceId,
+    features: u32,
+    body: SrpcBody,
+) {
+    raw_put(f, 2, to, portal, service as u64, raw_msg(features, body));
+}
+
+/// The session id of a kernel console on the router's NID.
+fn kernel_sid(stamp: i64) -> LstSid {
+    LstSid {
+        nid: nid(RA),
+        stamp,
+    }
+}
+
+/// That kernel console takes `to` into its session `sid` (MAKE_SESSION `rpyid`, forced).
+fn kernel_session(f: &mut Fabric, to: &str, sid: LstSid, rpyid: u64, features: u32) {
+    let mk = MakeSessionRequest {
+        rpyid,
+        sid,
+        force: 1,
+        name: LstName::new("k").unwrap(),
+    };
+    let fw = SRPC_FRAMEWORK_REQUEST_PORTAL;
+    kernel_rpc(f, to, fw, ServiceId::MakeSession, features, mk.into());
+}
+
+/// The kernel console posts, for a client's GET of bulk `bulkid`, a `len`-byte destination
+/// list naming `dest`.
+fn post_dest_list(f: &mut Fabric, dest: &str, len: usize, bulkid: u64) {
+    use crate::selftest::wire::{emit_dest_ids, ProcessId};
+    let mut list = vec![0u8; len];
+    let id = ProcessId {
+        nid: nid(dest),
+        pid: LNET_PID_LUSTRE,
+    };
+    emit_dest_ids(&[id], 4096, &mut list, lnd::wire::ByteOrder::Little).unwrap();
+    let reg = f.register(2, list);
+    let buf = BulkBuf::new(NiIndex(0), &reg, 0, len as u32).unwrap();
+    f.nodes[2].post_source(SRPC_RDMA_PORTAL, bulkid, buf);
+}
+
+/// The kernel console's client test in batch 5 of `sid` (request `rpyid`), one unit, its one
+/// destination in the list at bulk `rpyid + 1` ([`post_dest_list`]).
+fn kernel_client_test(sid: LstSid, rpyid: u64, loop_count: u32, params: TestParams) -> TestRequest {
+    TestRequest {
+        rpyid,
+        bulkid: rpyid + 1,
+        sid,
+        bid: LstBid(5),
+        loop_count,
+        concur: 1,
+        is_client: true,
+        stop_onerr: false,
+        ndest: 1,
+        params,
+    }
+}
+
+/// The kernel console runs batch 5 of `sid` (request `rpyid`).
+fn kernel_run(sid: LstSid, rpyid: u64) -> BatchRequest {
+    BatchRequest {
+        rpyid,
+        sid,
+        bid: LstBid(5),
+        opc: crate::selftest::wire::SRPC_BATCH_OPC_RUN,
+        testidx: 0,
+        arg: 0,
+    }
 }
 
 fn raw_msg(features: u32, body: SrpcBody) -> Vec<u8> {
@@ -360,28 +457,8 @@ fn raw_replies(f: &mut Fabric, n: usize) -> Vec<(u64, SrpcMsg)> {
 /// Runs `batch` and waits (up to `secs` of virtual time) until no client has it active, then
 /// reads the counters of every node.
 fn run_slow_to_end(f: &mut Fabric, batch: &str, secs: u64) -> Vec<LstNodeStat> {
-    ok(f.lst(
-        0,
-        LstCommand::Run {
-            batch: batch.into(),
-        },
-        LIMIT,
-    ));
-    for _ in 0..secs {
-        f.run_for(Duration::from_secs(1));
-        let q = ok(f.lst(
-            0,
-            LstCommand::Query {
-                batch: batch.into(),
-            },
-            LIMIT,
-        ));
-        if q.nodes.iter().all(|n| n.active == Some(0)) {
-            let g = vec!["c".into()];
-            return ok(f.lst(0, LstCommand::Stat { groups: g }, LIMIT)).stats;
-        }
-    }
-    panic!("batch {batch} still active after {secs} s");
+    run_until_idle(f, batch, secs, Duration::from_secs(1), &["c"])
+        .unwrap_or_else(|| panic!("batch {batch} still active after {secs} s"))
 }
 
 /// Ending a session while a batch runs: the aborted RPCs come back after `end_session` trimmed
@@ -489,13 +566,7 @@ fn unroutable_add_test_leaks_no_md_entry() {
         test: TestSpec::Ping,
     };
     assert!(f.lst(0, add, LIMIT).is_err());
-    assert_eq!(f.nodes[0].posted_mds(), 0);
-    let c = f.selftest(0).census();
-    assert_eq!(
-        c.iter().find(|(k, _)| *k == "mds").map(|e| e.1),
-        Some(0),
-        "{c:?}"
-    );
+    assert_no_mds(&mut f, 0);
 }
 
 /// A kernel node in a session without LST_FEAT_BULK_LEN (v0) sends `brw_len` in bytes, a
@@ -504,25 +575,9 @@ fn unroutable_add_test_leaks_no_md_entry() {
 #[test]
 fn v0_brw_len_is_bytes_as_lustre_sends_it() {
     let mut f = three_nets();
-    let sid = LstSid {
-        nid: nid(RA),
-        stamp: 7,
-    };
+    let sid = kernel_sid(7);
     // A kernel console on the router's NID takes S1 into a v0 session.
-    let mk = MakeSessionRequest {
-        rpyid: 0x1000,
-        sid,
-        force: 1,
-        name: LstName::new("k").unwrap(),
-    };
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_FRAMEWORK_REQUEST_PORTAL,
-        ServiceId::MakeSession as u64,
-        raw_msg(LST_FEAT_NONE, mk.into()),
-    );
+    kernel_session(&mut f, S1, sid, 0x1000, LST_FEAT_NONE);
     let r = raw_replies(&mut f, 2);
     assert!(
         matches!(&r[..], [(0x1000, m)] if matches!(m.body, SrpcBody::MakeSessionReply(ref x) if x.status == 0)),
@@ -539,13 +594,13 @@ fn v0_brw_len_is_bytes_as_lustre_sends_it() {
         len: 4096,
         flags: BrwCheck::Full as u32,
     };
-    raw_put(
+    kernel_rpc(
         &mut f,
-        2,
         S1,
         SRPC_REQUEST_PORTAL,
-        ServiceId::Brw as u64,
-        raw_msg(LST_FEAT_NONE, brw.into()),
+        ServiceId::Brw,
+        LST_FEAT_NONE,
+        brw.into(),
     );
     let r = raw_replies(&mut f, 2);
     assert!(
@@ -561,17 +616,11 @@ fn v0_brw_len_is_bytes_as_lustre_sends_it() {
 #[test]
 fn hostile_srpc_messages_are_dropped_or_answered() {
     let mut f = three_nets();
+    let (fw, rq) = (SRPC_FRAMEWORK_REQUEST_PORTAL, SRPC_REQUEST_PORTAL);
     let before = f.selftest(1).counters(f.now).1;
     // Garbage, short, wrong portal for the service, match bits not a service, a reply type.
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_FRAMEWORK_REQUEST_PORTAL,
-        1,
-        vec![0xa5; 160],
-    );
-    raw_put(&mut f, 2, S1, SRPC_REQUEST_PORTAL, 12, vec![0; 10]);
+    raw_put(&mut f, 2, S1, fw, 1, vec![0xa5; 160]);
+    raw_put(&mut f, 2, S1, rq, 12, vec![0; 10]);
     let ping = PingRequest {
         rpyid: 0x2000,
         magic: LST_PING_TEST_MAGIC,
@@ -579,29 +628,22 @@ fn hostile_srpc_messages_are_dropped_or_answered() {
         time_sec: 0,
         time_nsec: 0,
     };
+    kernel_rpc(&mut f, S1, fw, ServiceId::Ping, LST_FEATS_MASK, ping.into());
     raw_put(
         &mut f,
         2,
         S1,
-        SRPC_FRAMEWORK_REQUEST_PORTAL,
-        ServiceId::Ping as u64,
-        raw_msg(LST_FEATS_MASK, ping.into()),
-    );
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_REQUEST_PORTAL,
+        rq,
         ServiceId::Ping as u64 | 1 << 40,
         raw_msg(LST_FEATS_MASK, ping.into()),
     );
-    raw_put(
+    kernel_rpc(
         &mut f,
-        2,
         S1,
-        SRPC_REQUEST_PORTAL,
-        ServiceId::Ping as u64,
-        raw_msg(LST_FEATS_MASK, BrwReply { status: 0 }.into()),
+        rq,
+        ServiceId::Ping,
+        LST_FEATS_MASK,
+        BrwReply { status: 0 }.into(),
     );
     // A reply nobody waits for.
     raw_put(
@@ -623,18 +665,8 @@ fn hostile_srpc_messages_are_dropped_or_answered() {
         len: 2 << 20,
         flags: 0,
     };
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_REQUEST_PORTAL,
-        ServiceId::Brw as u64,
-        raw_msg(LST_FEATS_MASK, brw.into()),
-    );
-    let sid = LstSid {
-        nid: nid(RA),
-        stamp: 9,
-    };
+    kernel_rpc(&mut f, S1, rq, ServiceId::Brw, LST_FEATS_MASK, brw.into());
+    let sid = kernel_sid(9);
     let test = TestRequest {
         rpyid: 0x2003,
         bulkid: 0x2004,
@@ -647,14 +679,7 @@ fn hostile_srpc_messages_are_dropped_or_answered() {
         ndest: u32::MAX,
         params: TestParams::Ping { size: 0, flags: 0 },
     };
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_FRAMEWORK_REQUEST_PORTAL,
-        ServiceId::Test as u64,
-        raw_msg(LST_FEATS_MASK, test.into()),
-    );
+    kernel_rpc(&mut f, S1, fw, ServiceId::Test, LST_FEATS_MASK, test.into());
     let q = BatchRequest {
         rpyid: 0x2005,
         sid,
@@ -663,22 +688,8 @@ fn hostile_srpc_messages_are_dropped_or_answered() {
         testidx: u32::MAX,
         arg: 0,
     };
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_FRAMEWORK_REQUEST_PORTAL,
-        ServiceId::Batch as u64,
-        raw_msg(LST_FEATS_MASK, q.into()),
-    );
-    raw_put(
-        &mut f,
-        2,
-        S1,
-        SRPC_REQUEST_PORTAL,
-        ServiceId::Ping as u64,
-        raw_msg(LST_FEATS_MASK, ping.into()),
-    );
+    kernel_rpc(&mut f, S1, fw, ServiceId::Batch, LST_FEATS_MASK, q.into());
+    kernel_rpc(&mut f, S1, rq, ServiceId::Ping, LST_FEATS_MASK, ping.into());
     let r: Vec<(u64, u32)> = raw_replies(&mut f, 2)
         .into_iter()
         .map(|(id, m)| (id, crate::selftest::wire_status(&m.body)))
@@ -704,13 +715,7 @@ fn dead_server_fails_units_and_the_batch_ends() {
     let stats = run_slow_to_end(&mut f, "b", 400);
     let c = stat(&stats, C);
     assert!(c.brw_errors >= 2 && c.brw_errors <= 6, "{c:?}");
-    assert_eq!(f.nodes[0].posted_mds(), 0);
-    let cen = f.selftest(0).census();
-    assert_eq!(
-        cen.iter().find(|(k, _)| *k == "mds").map(|e| e.1),
-        Some(0),
-        "{cen:?}"
-    );
+    assert_no_mds(&mut f, 0);
 }
 
 /// A kernel console (raw, on the router's NID) drives our nodes in a v0 session (no
@@ -718,74 +723,43 @@ fn dead_server_fails_units_and_the_batch_ends() {
 /// server must take them; 3 one-page reads move 3 pages and check clean.
 #[test]
 fn v0_session_from_a_kernel_console_moves_checked_data() {
-    use crate::selftest::wire::{emit_dest_ids, ProcessId, StatRequest, SRPC_BATCH_OPC_RUN};
+    use crate::selftest::wire::StatRequest;
     let mut f = three_nets();
-    let sid = LstSid {
-        nid: nid(RA),
-        stamp: 11,
-    };
+    let sid = kernel_sid(11);
     let fw = SRPC_FRAMEWORK_REQUEST_PORTAL;
     for (i, to) in [C, S1].into_iter().enumerate() {
-        let mk = MakeSessionRequest {
-            rpyid: 0x3000 + i as u64,
-            sid,
-            force: 1,
-            name: LstName::new("k").unwrap(),
-        };
-        let svc = ServiceId::MakeSession as u64;
-        raw_put(&mut f, 2, to, fw, svc, raw_msg(LST_FEAT_NONE, mk.into()));
+        kernel_session(&mut f, to, sid, 0x3000 + i as u64, LST_FEAT_NONE);
     }
     // The destination list (v0: whole pages), posted for C's GET.
-    let mut list = vec![0u8; 4096];
-    let s1 = ProcessId {
-        nid: nid(S1),
-        pid: LNET_PID_LUSTRE,
-    };
-    emit_dest_ids(&[s1], 4096, &mut list, lnd::wire::ByteOrder::Little).unwrap();
-    let reg = f.register(2, list);
-    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 4096).unwrap();
-    f.nodes[2].post_source(SRPC_RDMA_PORTAL, 0x3101, buf);
-    let test = TestRequest {
-        rpyid: 0x3100,
-        bulkid: 0x3101,
+    post_dest_list(&mut f, S1, 4096, 0x3101);
+    let test = kernel_client_test(
         sid,
-        bid: LstBid(5),
-        loop_count: 3,
-        concur: 1,
-        is_client: true,
-        stop_onerr: false,
-        ndest: 1,
-        params: TestParams::BulkV0 {
+        0x3100,
+        3,
+        TestParams::BulkV0 {
             opc: BrwOp::Read as u32,
             npg: 1,
             flags: BrwCheck::Full as u32,
         },
-    };
-    let svc = ServiceId::Test as u64;
-    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, test.into()));
-    let run = BatchRequest {
-        rpyid: 0x3200,
-        sid,
-        bid: LstBid(5),
-        opc: SRPC_BATCH_OPC_RUN,
-        testidx: 0,
-        arg: 0,
-    };
-    let svc = ServiceId::Batch as u64;
-    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, run.into()));
+    );
+    let svc = ServiceId::Test;
+    kernel_rpc(&mut f, C, fw, svc, LST_FEAT_NONE, test.into());
+    let run = kernel_run(sid, 0x3200);
+    let svc = ServiceId::Batch;
+    kernel_rpc(&mut f, C, fw, svc, LST_FEAT_NONE, run.into());
     f.run_for(Duration::from_secs(1));
     let st = StatRequest {
         rpyid: 0x3300,
         sid,
         stat_type: 0,
     };
-    let svc = ServiceId::QueryStat as u64;
-    raw_put(&mut f, 2, C, fw, svc, raw_msg(LST_FEAT_NONE, st.into()));
+    let svc = ServiceId::QueryStat;
+    kernel_rpc(&mut f, C, fw, svc, LST_FEAT_NONE, st.into());
     let st = StatRequest {
         rpyid: 0x3301,
         ..st
     };
-    raw_put(&mut f, 2, S1, fw, svc, raw_msg(LST_FEAT_NONE, st.into()));
+    kernel_rpc(&mut f, S1, fw, svc, LST_FEAT_NONE, st.into());
     let r = raw_replies(&mut f, 2);
     let status: Vec<(u64, u32)> = r
         .iter()
@@ -824,77 +798,26 @@ fn v0_session_from_a_kernel_console_moves_checked_data() {
 /// the RPC layer copies it into the buffer, so the RPC completes with its data checked.
 #[test]
 fn kernel_server_small_read_as_immediate_put_reaches_the_sink() {
-    use crate::selftest::wire::{emit_dest_ids, ProcessId, StatRequest, SRPC_BATCH_OPC_RUN};
+    use crate::selftest::wire::StatRequest;
     let mut f = three_nets();
-    let sid = LstSid {
-        nid: nid(RA),
-        stamp: 12,
-    };
+    let sid = kernel_sid(12);
     let fw = SRPC_FRAMEWORK_REQUEST_PORTAL;
-    let mk = MakeSessionRequest {
-        rpyid: 0x4000,
+    kernel_session(&mut f, C, sid, 0x4000, LST_FEATS_MASK);
+    post_dest_list(&mut f, RA, 12, 0x4101);
+    let test = kernel_client_test(
         sid,
-        force: 1,
-        name: LstName::new("k").unwrap(),
-    };
-    raw_put(
-        &mut f,
-        2,
-        C,
-        fw,
-        ServiceId::MakeSession as u64,
-        raw_msg(LST_FEATS_MASK, mk.into()),
-    );
-    let mut list = vec![0u8; 12];
-    let me = ProcessId {
-        nid: nid(RA),
-        pid: LNET_PID_LUSTRE,
-    };
-    emit_dest_ids(&[me], 4096, &mut list, lnd::wire::ByteOrder::Little).unwrap();
-    let reg = f.register(2, list);
-    let buf = BulkBuf::new(NiIndex(0), &reg, 0, 12).unwrap();
-    f.nodes[2].post_source(SRPC_RDMA_PORTAL, 0x4101, buf);
-    let test = TestRequest {
-        rpyid: 0x4100,
-        bulkid: 0x4101,
-        sid,
-        bid: LstBid(5),
-        loop_count: 1,
-        concur: 1,
-        is_client: true,
-        stop_onerr: false,
-        ndest: 1,
-        params: TestParams::BulkV1 {
+        0x4100,
+        1,
+        TestParams::BulkV1 {
             opc: BrwOp::Read as u16,
             flags: BrwCheck::Full as u16,
             len: 1024,
             offset: 0,
         },
-    };
-    raw_put(
-        &mut f,
-        2,
-        C,
-        fw,
-        ServiceId::Test as u64,
-        raw_msg(LST_FEATS_MASK, test.into()),
     );
-    let run = BatchRequest {
-        rpyid: 0x4200,
-        sid,
-        bid: LstBid(5),
-        opc: SRPC_BATCH_OPC_RUN,
-        testidx: 0,
-        arg: 0,
-    };
-    raw_put(
-        &mut f,
-        2,
-        C,
-        fw,
-        ServiceId::Batch as u64,
-        raw_msg(LST_FEATS_MASK, run.into()),
-    );
+    kernel_rpc(&mut f, C, fw, ServiceId::Test, LST_FEATS_MASK, test.into());
+    let run = kernel_run(sid, 0x4200);
+    kernel_rpc(&mut f, C, fw, ServiceId::Batch, LST_FEATS_MASK, run.into());
     // Node 2 as the kernel brw server: the data inline, then the reply.
     let reqs: Vec<BrwRequest> = f
         .take_events(2)
@@ -926,13 +849,13 @@ fn kernel_server_small_read_as_immediate_put_reaches_the_sink() {
         sid,
         stat_type: 0,
     };
-    raw_put(
+    kernel_rpc(
         &mut f,
-        2,
         C,
         fw,
-        ServiceId::QueryStat as u64,
-        raw_msg(LST_FEATS_MASK, st.into()),
+        ServiceId::QueryStat,
+        LST_FEATS_MASK,
+        st.into(),
     );
     let r = raw_replies(&mut f, 2);
     let s = r

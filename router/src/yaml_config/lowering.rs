@@ -3,6 +3,7 @@
 //! names the origin once.
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use lnd::engine::config::DEFAULT_PEER_LIMIT;
@@ -156,9 +157,9 @@ fn lower_acceptor(a: &RawAcceptor) -> Result<AcceptorSettings, Located> {
             }
         },
     };
-    let port = checked(&a.port, u32::from(d.port), 1, 65535, "port")? as u16;
-    let backlog = checked(&a.backlog, d.backlog, 1, 65535, "backlog")?;
-    let timeout = checked(&a.timeout, d.timeout.as_secs() as u32, 1, 3600, "timeout")?;
+    let port = checked(&a.port, u32::from(d.port), 1..=65535, "port")? as u16;
+    let backlog = checked(&a.backlog, d.backlog, 1..=65535, "backlog")?;
+    let timeout = checked_in(SECS, &a.timeout, d.timeout, 1..=3600, "timeout")?;
     let source_ports = match &a.source_ports {
         None => d.source_ports,
         Some(s) => parse_ports(&s.value).ok_or_else(|| {
@@ -176,7 +177,7 @@ fn lower_acceptor(a: &RawAcceptor) -> Result<AcceptorSettings, Located> {
         accept,
         port,
         backlog,
-        timeout: Duration::from_secs(u64::from(timeout)),
+        timeout,
         source_ports,
     })
 }
@@ -242,11 +243,7 @@ fn lower_net(
     seen: &mut HashMap<Nid, u64>,
 ) -> Result<(), Located> {
     let net_line = n.net_type.referenced.line();
-    let net: Net = n
-        .net_type
-        .value
-        .parse()
-        .map_err(|e| (net_line, format!("bad 'net type': {e}")))?;
+    let net = parse_net(&n.net_type, "bad 'net type'")?;
     if net == Net::LO {
         // lnetctl export lists the loopback net; it always exists.
         return Ok(());
@@ -344,12 +341,11 @@ fn lower_ni(ni: RawNi, nid: Nid, line: u64) -> Result<NiSettings, Located> {
     l.peercredits_hiw = l.peercredits_hiw.or(t.peercredits_hiw.take());
     l.concurrent_sends = l.concurrent_sends.or(t.concurrent_sends.take());
     l.conns_per_peer = l.conns_per_peer.or(t.conns_per_peer.take());
-    let credits = checked(&t.credits, DEFAULT_CREDITS, 1, u32::MAX, "credits")?;
+    let credits = checked(&t.credits, DEFAULT_CREDITS, 1..=u32::MAX, "credits")?;
     let peer_credits = checked(
         &t.peer_credits,
         DEFAULT_PEER_CREDITS,
-        1,
-        255,
+        1..=255,
         "peer_credits",
     )?;
     c.credits = credits;
@@ -371,15 +367,13 @@ fn lower_ni(ni: RawNi, nid: Nid, line: u64) -> Result<NiSettings, Located> {
         busy_poll_us: checked(
             &ni.busy_poll_us,
             DEFAULT_BUSY_POLL_US,
-            0,
-            1_000_000,
+            0..=1_000_000,
             "busy poll us",
         )?,
         handshake_limit: checked(
             &ni.handshake_limit,
             lnd::driver::tcp::DEFAULT_HANDSHAKE_LIMIT as u32,
-            0,
-            10_000_000,
+            0..=10_000_000,
             "handshake limit",
         )?,
         peer_timeout: t.peer_timeout.unwrap_or(DEFAULT_PEER_TIMEOUT),
@@ -441,11 +435,7 @@ fn lower_routes(
     let mut table = RouteTable::default();
     for r in routes {
         let line = r.net.referenced.line();
-        let net: Net = r
-            .net
-            .value
-            .parse()
-            .map_err(|e| (line, format!("route: bad 'net': {e}")))?;
+        let net = parse_net(&r.net, "route: bad 'net'")?;
         let hops = match r.hop {
             None => None,
             Some(h) if h.value == -1 => None,
@@ -484,11 +474,10 @@ fn lower_routes(
 fn lower_buffers(b: &RawBuffers, cfg: &mut DaemonConfig) -> Result<(), Located> {
     let d = BufferCounts::default();
     // The range `lnetctl set *_buffers` checks too.
-    let (lo, hi) = (*BUFFERS_RANGE.start(), *BUFFERS_RANGE.end());
     cfg.routing.buffers = BufferCounts {
-        tiny: checked(&b.tiny, d.tiny, lo, hi, "buffers: tiny")?,
-        small: checked(&b.small, d.small, lo, hi, "buffers: small")?,
-        large: checked(&b.large, d.large, lo, hi, "buffers: large")?,
+        tiny: checked(&b.tiny, d.tiny, BUFFERS_RANGE, "buffers: tiny")?,
+        small: checked(&b.small, d.small, BUFFERS_RANGE, "buffers: small")?,
+        large: checked(&b.large, d.large, BUFFERS_RANGE, "buffers: large")?,
     };
     if let Some(s) = &b.scrub {
         cfg.routing.scrub = s
@@ -527,15 +516,13 @@ fn lower_metrics(m: &Spanned<RawMetrics>) -> Result<MetricsConfig, Located> {
         top_peers: checked(
             &m.top_peers,
             DEFAULT_METRICS_TOP_PEERS,
-            0,
-            METRICS_TOP_PEERS_MAX,
+            0..=METRICS_TOP_PEERS_MAX,
             "metrics: top_peers",
         )?,
         max_connections: checked(
             &m.max_connections,
             DEFAULT_METRICS_MAX_CONNECTIONS,
-            1,
-            METRICS_MAX_CONNECTIONS_MAX,
+            1..=METRICS_MAX_CONNECTIONS_MAX,
             "metrics: max_connections",
         )?,
     })
@@ -595,9 +582,8 @@ fn lower_routing(RoutingSection(r): RoutingSection, cfg: &mut DaemonConfig) -> R
     };
     let d = GatewayHealthConfig::default();
     let max = crate::gateway::MAX_ROUTER_CHECK_SECS;
-    let secs = |v: &Option<Spanned<u32>>, def: Duration, key: &str| {
-        checked(v, def.as_secs() as u32, 0, max, key).map(|s| Duration::from_secs(u64::from(s)))
-    };
+    let secs =
+        |v: &Option<Spanned<u32>>, def: Duration, key: &str| checked_in(SECS, v, def, 0..=max, key);
     cfg.gateway_health = GatewayHealthConfig {
         check_interval: secs(
             &r.alive_router_check_interval,
@@ -701,95 +687,99 @@ fn ulnet_settings(ni: &RawNi, c: &mut NiConfig) -> Result<(), Located> {
             .parse::<RaceOrder>()
             .map_err(|m| (s.referenced.line(), format!("race order: {m}")))?;
     }
-    let hedge = checked(
+    c.tunables.connect_hedge = checked_in(
+        MILLIS,
         &ni.connect_hedge_ms,
-        c.tunables.connect_hedge.as_millis() as u32,
-        0,
-        60_000,
+        c.tunables.connect_hedge,
+        0..=60_000,
         "connect hedge ms",
     )?;
-    c.tunables.connect_hedge = lnd::time::Duration::from_millis(hedge.into());
     // 0: only the LND timeout, as kernel o2iblnd.
-    let grant = checked(
+    c.tunables.grant_timeout = checked_in(
+        MILLIS,
         &ni.grant_timeout_ms,
-        c.tunables.grant_timeout.as_millis() as u32,
-        0,
-        600_000,
+        c.tunables.grant_timeout,
+        0..=600_000,
         "grant timeout ms",
     )?;
-    c.tunables.grant_timeout = lnd::time::Duration::from_millis(grant.into());
     c.peer_limit = checked(
         &ni.peer_limit,
         DEFAULT_PEER_LIMIT as u32,
-        1,
-        16 * 1024 * 1024,
+        1..=16 * 1024 * 1024,
         "peer limit",
     )? as usize;
     Ok(())
 }
 
-/// A tunable's value, or its default; out of `lo..=hi` is an error at its line.
+/// A net name; a bad one is an error at its line, `what` saying which key it is.
+fn parse_net(s: &Spanned<String>, what: &str) -> Result<Net, Located> {
+    s.value
+        .parse()
+        .map_err(|e| (s.referenced.line(), format!("{what}: {e}")))
+}
+
+/// A tunable's value, or its default; out of `range` is an error at its line.
 fn checked(
     v: &Option<Spanned<u32>>,
     default: u32,
-    lo: u32,
-    hi: u32,
+    range: RangeInclusive<u32>,
     key: &str,
 ) -> Result<u32, Located> {
     match v {
         None => Ok(default),
-        Some(s) if (lo..=hi).contains(&s.value) => Ok(s.value),
+        Some(s) if range.contains(&s.value) => Ok(s.value),
         Some(s) => Err((
             s.referenced.line(),
-            crate::config::out_of_range(key, s.value, &(lo..=hi)),
+            crate::config::out_of_range(key, s.value, &range),
         )),
     }
 }
 
+/// A tunable counted in `unit`s (seconds, milliseconds), or its default; out of `range` (in
+/// units) is an error at its line.
+fn checked_in(
+    unit: Duration,
+    v: &Option<Spanned<u32>>,
+    default: Duration,
+    range: RangeInclusive<u32>,
+    key: &str,
+) -> Result<Duration, Located> {
+    let n = checked(v, (default.as_nanos() / unit.as_nanos()) as u32, range, key)?;
+    Ok(unit * u64::from(n))
+}
+
+const SECS: Duration = Duration::from_secs(1);
+const MILLIS: Duration = Duration::from_millis(1);
+
 /// ksocklnd's tunables from `lnd tunables:` (`timeout` is sock_timeout; `conns_per_peer` 0 is
 /// automatic: 1 here, as we know no link speed).
 fn sock_tunables(l: &RawLndTunables, s: &mut lnd::iface::sock::SockConfig) -> Result<(), Located> {
-    let timeout = checked(&l.timeout, s.timeout.as_secs() as u32, 1, 3600, "timeout")?;
-    s.timeout = Duration::from_secs(u64::from(timeout));
+    s.timeout = checked_in(SECS, &l.timeout, s.timeout, 1..=3600, "timeout")?;
     s.conns_per_peer = checked(
         &l.conns_per_peer,
         s.conns_per_peer,
-        0,
-        127,
+        0..=127,
         "conns_per_peer",
     )?;
-    let keepalive = checked(
-        &l.keepalive,
-        s.keepalive.as_secs() as u32,
-        0,
-        3600,
-        "keepalive",
-    )?;
-    s.keepalive = Duration::from_secs(u64::from(keepalive));
+    s.keepalive = checked_in(SECS, &l.keepalive, s.keepalive, 0..=3600, "keepalive")?;
     Ok(())
 }
 
 /// The o2ib LND's tunables from `lnd tunables:` (0 = automatic, as in o2iblnd).
 fn lnd_tunables(l: &RawLndTunables, peer_credits: u16) -> Result<Tunables, Located> {
     let d = Tunables::default();
-    let hiw = checked(&l.peercredits_hiw, 0, 0, 255, "peercredits_hiw")?;
-    let cs = checked(&l.concurrent_sends, 0, 0, 510, "concurrent_sends")?;
-    let timeout = checked(&l.timeout, d.timeout.as_secs() as u32, 1, 3600, "timeout")?;
-    let keepalive = checked(
-        &l.keepalive,
-        d.keepalive.as_secs() as u32,
-        0,
-        86400,
-        "keepalive",
-    )?;
+    let hiw = checked(&l.peercredits_hiw, 0, 0..=255, "peercredits_hiw")?;
+    let cs = checked(&l.concurrent_sends, 0, 0..=510, "concurrent_sends")?;
+    let timeout = checked_in(SECS, &l.timeout, d.timeout, 1..=3600, "timeout")?;
+    let keepalive = checked_in(SECS, &l.keepalive, d.keepalive, 0..=86400, "keepalive")?;
     // As the kernel's setter (o2iblnd.c, kiblnd_nl_set: 0..127, 0 meaning the default of 1).
-    let cpp = checked(&l.conns_per_peer, 1, 0, 127, "conns_per_peer")?.max(1);
+    let cpp = checked(&l.conns_per_peer, 1, 0..=127, "conns_per_peer")?.max(1);
     Ok(Tunables {
         peer_credits,
         peer_credits_hiw: hiw as u16,
         concurrent_sends: cs as u16,
-        timeout: Duration::from_secs(u64::from(timeout)),
-        keepalive: Duration::from_secs(u64::from(keepalive)),
+        timeout,
+        keepalive,
         conns_per_peer: cpp as u16,
         ..d
     })

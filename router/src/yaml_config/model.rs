@@ -187,24 +187,7 @@ impl DaemonConfig {
     /// `incarnation + i` as in [`DaemonConfig::node_config`], every runtime knows every route,
     /// and each gets an equal share of the router buffers (a runtime is a CPT).
     pub fn ni_node_configs(&self, incarnation: u64) -> Vec<NodeConfig> {
-        let whole = self.node_config(incarnation);
-        let nids: Vec<Nid> = whole.nis.iter().map(|n| n.nid).collect();
-        let share = whole.routing.buffers.share(whole.nis.len());
-        let board = crate::alive::NetAlive::new(nids.len());
-        whole
-            .nis
-            .iter()
-            .map(|ni| NodeConfig {
-                nis: vec![ni.clone()],
-                node_nids: nids.clone(),
-                net_alive: Some(board.clone()),
-                routing: RoutingConfig {
-                    buffers: share,
-                    ..whole.routing
-                },
-                ..whole.clone()
-            })
-            .collect()
+        self.node_config(incarnation).per_ni()
     }
 }
 

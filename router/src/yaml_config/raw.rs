@@ -137,44 +137,8 @@ pub(super) struct RoutingSection(pub(super) RawRouting);
 
 impl<'de> Deserialize<'de> for RoutingSection {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = RoutingSection;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping (enable: 1), or routing show's list of cpt[N] and enable")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                m: A,
-            ) -> Result<RoutingSection, A::Error> {
-                RawRouting::deserialize(serde::de::value::MapAccessDeserializer::new(m))
-                    .map(RoutingSection)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut s: A,
-            ) -> Result<RoutingSection, A::Error> {
-                let mut r = RawRouting {
-                    enable: None,
-                    alive_router_check_interval: None,
-                    router_ping_timeout: None,
-                    avoid_asym_router_failure: None,
-                    seq_no: None,
-                };
-                while let Some(item) = s.next_element::<RoutingItem>()? {
-                    let RoutingItem(i) = item;
-                    r.enable = i.enable.or(r.enable);
-                    r.alive_router_check_interval = i
-                        .alive_router_check_interval
-                        .or(r.alive_router_check_interval);
-                    r.router_ping_timeout = i.router_ping_timeout.or(r.router_ping_timeout);
-                    r.avoid_asym_router_failure =
-                        i.avoid_asym_router_failure.or(r.avoid_asym_router_failure);
-                }
-                Ok(RoutingSection(r))
-            }
-        }
-        d.deserialize_any(V)
+        d.deserialize_any(RoutingVisitor { item: false })
+            .map(RoutingSection)
     }
 }
 
@@ -184,43 +148,76 @@ pub(super) struct RoutingItem(pub(super) RawRouting);
 
 impl<'de> Deserialize<'de> for RoutingItem {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = RoutingItem;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping (cpt[N]: ..., or enable: N)")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> Result<RoutingItem, A::Error> {
-                let mut r = RawRouting {
-                    enable: None,
-                    alive_router_check_interval: None,
-                    router_ping_timeout: None,
-                    avoid_asym_router_failure: None,
-                    seq_no: None,
-                };
-                while let Some(key) = m.next_key::<String>()? {
-                    match key.as_str() {
-                        "enable" => r.enable = Some(m.next_value()?),
-                        "alive_router_check_interval" => {
-                            r.alive_router_check_interval = Some(m.next_value()?)
-                        }
-                        "router_ping_timeout" => r.router_ping_timeout = Some(m.next_value()?),
-                        "avoid_asym_router_failure" => {
-                            r.avoid_asym_router_failure = Some(m.next_value()?)
-                        }
-                        // `cpt[N]:`: the pools' state.
-                        _ => {
-                            m.next_value::<IgnoredAny>()?;
-                        }
-                    }
+        d.deserialize_map(RoutingVisitor { item: true })
+            .map(RoutingItem)
+    }
+}
+
+impl RawRouting {
+    /// The keys `self` sets, else those of `earlier` (a later list item wins).
+    fn or(self, earlier: RawRouting) -> RawRouting {
+        RawRouting {
+            enable: self.enable.or(earlier.enable),
+            alive_router_check_interval: self
+                .alive_router_check_interval
+                .or(earlier.alive_router_check_interval),
+            router_ping_timeout: self.router_ping_timeout.or(earlier.router_ping_timeout),
+            avoid_asym_router_failure: self
+                .avoid_asym_router_failure
+                .or(earlier.avoid_asym_router_failure),
+            seq_no: None,
+        }
+    }
+}
+
+/// Reads `routing:` as a whole (`item: false`: a strict mapping, or `routing show`'s list) or
+/// one item of that list (`item: true`: a mapping whose `cpt[N]:` keys are skipped).
+struct RoutingVisitor {
+    item: bool,
+}
+
+impl<'de> serde::de::Visitor<'de> for RoutingVisitor {
+    type Value = RawRouting;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.item {
+            "a mapping (cpt[N]: ..., or enable: N)"
+        } else {
+            "a mapping (enable: 1), or routing show's list of cpt[N] and enable"
+        })
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<RawRouting, A::Error> {
+        if !self.item {
+            return RawRouting::deserialize(serde::de::value::MapAccessDeserializer::new(m));
+        }
+        let mut r = RawRouting::default();
+        while let Some(key) = m.next_key::<String>()? {
+            match key.as_str() {
+                "enable" => r.enable = Some(m.next_value()?),
+                "alive_router_check_interval" => {
+                    r.alive_router_check_interval = Some(m.next_value()?)
                 }
-                Ok(RoutingItem(r))
+                "router_ping_timeout" => r.router_ping_timeout = Some(m.next_value()?),
+                "avoid_asym_router_failure" => r.avoid_asym_router_failure = Some(m.next_value()?),
+                // `cpt[N]:`: the pools' state.
+                _ => {
+                    m.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        d.deserialize_map(V)
+        Ok(r)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut s: A) -> Result<RawRouting, A::Error> {
+        if self.item {
+            return Err(serde::de::Error::invalid_type(
+                serde::de::Unexpected::Seq,
+                &self,
+            ));
+        }
+        let mut r = RawRouting::default();
+        while let Some(RoutingItem(i)) = s.next_element()? {
+            r = i.or(r);
+        }
+        Ok(r)
     }
 }
 

@@ -9,6 +9,26 @@ use crate::routes::RouteConfig;
 
 const GOOD: &str = include_str!("fixtures/good.yaml");
 
+/// GOOD with `extra` (whole lines) added to its first NI's keys.
+fn good_with_ni_keys(extra: &str) -> String {
+    GOOD.replace(
+        "          listen: 127.0.0.1:9870\n",
+        &format!("          listen: 127.0.0.1:9870\n{extra}"),
+    )
+}
+
+/// What `y`, read from file `file`, is refused with, as printed.
+fn refused(y: &str, file: &str) -> String {
+    DaemonConfig::parse(y, file).unwrap_err().to_string()
+}
+
+/// The error `y` is refused with, which names line `line`.
+fn error_at(y: &str, line: u64) -> ConfigError {
+    let e = DaemonConfig::parse(y, "c.yaml").unwrap_err();
+    assert_eq!(e.line, Some(line), "{e}");
+    e
+}
+
 #[test]
 fn good_config_parses() {
     let c = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
@@ -68,19 +88,18 @@ fn defaults_apply() {
 
 #[test]
 fn unknown_key_names_line_and_suggests() {
-    let y = GOOD.replace("peer_credits: 16", "peer_credit: 16");
-    let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("peer_credits: 16", "peer_credit: 16"),
+            "config.yaml"
+        ),
         "config.yaml:10: unknown key 'peer_credit' (did you mean peer_credits?)"
     );
 }
 
 #[test]
 fn bad_nid_names_line_with_lnd_message() {
-    let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.2@ib0");
-    let e = DaemonConfig::parse(&y, "config.yaml").unwrap_err();
-    assert_eq!(e.line, Some(20));
+    let e = error_at(&GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.2@ib0"), 20);
     assert!(
         e.message
             .contains("bad NID '10.0.0.2@ib0': unknown network type 'ib'"),
@@ -90,32 +109,31 @@ fn bad_nid_names_line_with_lnd_message() {
 
 #[test]
 fn bad_values_name_line_and_value() {
-    let y = GOOD.replace("credits: 512", "credits: lots");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(12), "{e}");
-    assert!(e.message.contains("credits: lots"), "{e}");
-
-    let y = GOOD.replace("peer_credits: 16", "peer_credits: 300");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
+    // (GOOD's text, what replaces it, the line named, what the message says if checked)
+    let cases = [
+        ("credits: 512", "credits: lots", 12, "credits: lots"),
+        ("fabric: tcp", "fabric: ib", 3, ""),
+        ("listen: 127.0.0.1:9870", "listen: nowhere", 6, ""),
+    ];
+    for (good, bad, line, says) in cases {
+        let e = error_at(&GOOD.replace(good, bad), line);
+        assert!(e.message.contains(says), "{e}");
+    }
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("peer_credits: 16", "peer_credits: 300"),
+            "c.yaml"
+        ),
         "c.yaml:10: peer_credits: 300 is out of range 1..=255"
     );
-
-    let y = GOOD.replace("fabric: tcp", "fabric: ib");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(3), "{e}");
-
-    let y = GOOD.replace("listen: 127.0.0.1:9870", "listen: nowhere");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(6), "{e}");
 }
 
 #[test]
 fn semantic_errors_name_line() {
-    let y = GOOD.replace("nid: 10.0.0.1@o2ib", "nid: 10.0.0.1@o2ib1");
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(5), "{e}");
+    let e = error_at(
+        &GOOD.replace("nid: 10.0.0.1@o2ib", "nid: 10.0.0.1@o2ib1"),
+        5,
+    );
     assert!(e.message.contains("not on net type o2ib"), "{e}");
 
     // Without `listen`, the NI listens where o2iblnd would (its address, port 987: the
@@ -229,13 +247,7 @@ fn ulnet_keys_checksum_race_order_and_peer_limit() {
         lnd::time::Duration::from_secs(1),
         "a stuck connect gets a second attempt after 1 s by default"
     );
-    let with = |extra: &str| {
-        GOOD.replace(
-            "          listen: 127.0.0.1:9870\n",
-            &format!("          listen: 127.0.0.1:9870\n{extra}"),
-        )
-    };
-    let y = with(
+    let y = good_with_ni_keys(
             "          checksum: on\n          checksum default: signed\n          race order: nid\n          peer limit: 50000\n          connect hedge ms: 0\n",
         );
     let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
@@ -245,7 +257,7 @@ fn ulnet_keys_checksum_race_order_and_peer_limit() {
     assert_eq!(ni.checksum.default_flavour, Some(CksumFlavour::Signed));
     assert_eq!(ni.race_order, RaceOrder::Nid);
     assert_eq!(ni.peer_limit, 50_000);
-    let y = with("          checksum: true\n          checksum default: unsigned\n");
+    let y = good_with_ni_keys("          checksum: true\n          checksum default: unsigned\n");
     let ni = DaemonConfig::parse(&y, "t.yaml")
         .unwrap()
         .nis()
@@ -264,7 +276,7 @@ fn ulnet_keys_checksum_race_order_and_peer_limit() {
         ("          peer limit: 0\n", "peer limit"),
         ("          connect hedge ms: 60001\n", "connect hedge ms"),
     ] {
-        let e = DaemonConfig::parse(&with(bad), "t.yaml").unwrap_err();
+        let e = DaemonConfig::parse(&good_with_ni_keys(bad), "t.yaml").unwrap_err();
         assert!(e.to_string().contains(key), "{bad}: {e}");
         assert!(e.to_string().starts_with("t.yaml:"), "{bad}: {e}");
     }
@@ -301,10 +313,11 @@ fn configs_without_nis_and_self_peers_are_refused() {
         0
     );
     assert!(DaemonConfig::load(missing).is_err());
-    let y = GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib");
-    let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
     assert_eq!(
-        e.to_string(),
+        refused(
+            &GOOD.replace("nid: 10.0.0.2@o2ib", "nid: 10.0.0.1@o2ib"),
+            "t.yaml"
+        ),
         "t.yaml:20: peer 10.0.0.1@o2ib is one of our own NIs (line 5); 'peers:' lists \
              where other daemons listen"
     );
@@ -314,8 +327,7 @@ fn configs_without_nis_and_self_peers_are_refused() {
 fn errors_quote_excerpts_only() {
     let big = "7".repeat(100_000);
     let y = GOOD.replace("credits: 512", &format!("credits: {big}"));
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(12), "{e}");
+    let e = error_at(&y, 12);
     assert!(e.to_string().chars().count() < 400, "{e}");
     assert!(e.message.ends_with("…`") || e.message.ends_with('…'), "{e}");
     // (YAML's simple keys are at most 1024 characters.)
@@ -323,8 +335,7 @@ fn errors_quote_excerpts_only() {
         "peer_credits: 16",
         &format!("peer_credit{}: 16", &big[..600]),
     );
-    let e = DaemonConfig::parse(&y, "c.yaml").unwrap_err();
-    assert_eq!(e.line, Some(10), "{e}");
+    let e = error_at(&y, 10);
     assert!(e.message.starts_with("unknown key 'peer_credit7"), "{e}");
     assert!(e.to_string().chars().count() < 400, "{e}");
     let nested = format!("net: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
@@ -334,18 +345,11 @@ fn errors_quote_excerpts_only() {
 
 #[test]
 fn busy_poll_is_per_ni_and_checked() {
-    let y = GOOD.replace(
-        "          listen: 127.0.0.1:9870\n",
-        "          listen: 127.0.0.1:9870\n          busy poll us: 0\n",
-    );
+    let y = good_with_ni_keys("          busy poll us: 0\n");
     let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
     assert_eq!(c.nis().next().unwrap().1.busy_poll_us, 0);
-    let y = GOOD.replace(
-        "          listen: 127.0.0.1:9870\n",
-        "          listen: 127.0.0.1:9870\n          busy poll us: 2000000\n",
-    );
-    let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
-    assert_eq!(e.line, Some(7), "{e}");
+    let y = good_with_ni_keys("          busy poll us: 2000000\n");
+    let e = error_at(&y, 7);
     assert!(e.message.contains("busy poll us"), "{e}");
 }
 
@@ -353,18 +357,11 @@ fn busy_poll_is_per_ni_and_checked() {
 fn handshake_limit_is_per_ni_and_checked() {
     let c = DaemonConfig::parse(GOOD, "t.yaml").unwrap();
     assert_eq!(c.nis().next().unwrap().1.handshake_limit, 4096);
-    let y = GOOD.replace(
-        "          listen: 127.0.0.1:9870\n",
-        "          listen: 127.0.0.1:9870\n          handshake limit: 100\n",
-    );
+    let y = good_with_ni_keys("          handshake limit: 100\n");
     let c = DaemonConfig::parse(&y, "t.yaml").unwrap();
     assert_eq!(c.nis().next().unwrap().1.handshake_limit, 100);
-    let y = GOOD.replace(
-        "          listen: 127.0.0.1:9870\n",
-        "          listen: 127.0.0.1:9870\n          handshake limit: -1\n",
-    );
-    let e = DaemonConfig::parse(&y, "t.yaml").unwrap_err();
-    assert_eq!(e.line, Some(7), "{e}");
+    let y = good_with_ni_keys("          handshake limit: -1\n");
+    error_at(&y, 7);
 }
 
 /// What `lnetctl export` writes on a Lustre router (net, route, routing, buffers, peer,

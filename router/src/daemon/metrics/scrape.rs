@@ -69,55 +69,40 @@ fn scrape(daemon: &Daemon, control: &ControlCounters, ep: &EndpointCounters) -> 
         ("bad_requests", ld(&control.bad_requests), false),
         ("accept_errors", ld(&control.accept_errors), false),
     ];
-    let reason = |r: &str| vec![("reason", r.to_string())];
-    let endpoint = vec![
+    // (family, help, labels, value); `ulnet_metrics_rejected` has a series per reason.
+    let plain = |name, help, n| (name, help, Vec::new(), ld(n));
+    let rejected = |reason: &str, n| {
         (
+            "ulnet_metrics_rejected",
+            "Requests refused, by reason",
+            vec![("reason", reason.to_string())],
+            ld(n),
+        )
+    };
+    let endpoint = vec![
+        plain(
             "ulnet_metrics_scrapes",
             "Scrapes answered (this one not yet counted)",
-            Vec::new(),
-            ld(&ep.served),
+            &ep.served,
         ),
-        (
+        plain(
             "ulnet_metrics_refused",
             "Connections to the endpoint closed at accept (metrics: max_connections were served)",
-            Vec::new(),
-            ld(&ep.refused),
+            &ep.refused,
         ),
-        (
-            "ulnet_metrics_rejected",
-            "Requests refused, by reason",
-            reason("not_found"),
-            ld(&ep.not_found),
-        ),
-        (
-            "ulnet_metrics_rejected",
-            "Requests refused, by reason",
-            reason("method"),
-            ld(&ep.bad_method),
-        ),
-        (
-            "ulnet_metrics_rejected",
-            "Requests refused, by reason",
-            reason("malformed"),
-            ld(&ep.malformed),
-        ),
-        (
-            "ulnet_metrics_rejected",
-            "Requests refused, by reason",
-            reason("oversized"),
-            ld(&ep.oversized),
-        ),
-        (
+        rejected("not_found", &ep.not_found),
+        rejected("method", &ep.bad_method),
+        rejected("malformed", &ep.malformed),
+        rejected("oversized", &ep.oversized),
+        plain(
             "ulnet_metrics_timeouts",
             "Clients closed for not sending their request, or not taking the answer, in time",
-            Vec::new(),
-            ld(&ep.timeouts),
+            &ep.timeouts,
         ),
-        (
+        plain(
             "ulnet_metrics_accept_errors",
             "Failed accepts on the endpoint",
-            Vec::new(),
-            ld(&ep.accept_errors),
+            &ep.accept_errors,
         ),
     ];
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
