@@ -91,16 +91,7 @@ fn run(ip: IpAddr, checks: &mut Checks) -> Result<(), String> {
     let b_src = reg(&mut b, b_bytes.clone())?;
 
     // 1. The sweep.
-    let sizes = [
-        1u32,
-        7,
-        3975,
-        3977,
-        65_537,
-        300_001,
-        MIB as u32 - 3,
-        MIB as u32,
-    ];
+    let sizes = testkit::BULK_SWEEP;
     let mut bad = Vec::new();
     let t0 = std::time::Instant::now();
     for (i, &len) in sizes.iter().enumerate() {

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use lnd::wire::kib::{EmitOpts, VERSION_2};
+use lnd::wire::kib::EmitOpts;
 use lnd::wire::lnet::{LNET_PID_LUSTRE, LNET_PING_MATCHBITS, LNET_RESERVED_PORTAL};
 use lnd::wire::ping::{feat, status};
 use lnd::wire::{
@@ -48,14 +48,8 @@ pub fn demo(src: Nid, dst: Nid) -> Result<String, WireError> {
         max_frags: 257,
         max_msg_size: 4096,
     };
-    let base = |from: Nid, to: Nid, from_stamp, to_stamp, body| KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: from,
-        src_stamp: from_stamp,
-        dst_nid: to,
-        dst_stamp: to_stamp,
-        body,
+    let base = |from: Nid, to: Nid, from_stamp, to_stamp, body| {
+        KibMsg::v2((from, from_stamp), (to, to_stamp), body)
     };
     let mut buf = vec![0u8; 4096];
 

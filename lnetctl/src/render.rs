@@ -787,29 +787,20 @@ net:
         assert_eq!(l.counters.get("bad_hello"), Some(0));
         assert!(l.rejects_sent.is_empty());
         let c = ConnShow {
-            conn: vec![ConnEntry {
-                ni: "127.0.0.1@tcp".into(),
-                peer: "127.0.0.2@tcp".into(),
-                state: "established".into(),
-                side: "passive".into(),
-                credits: 0,
-                outstanding_credits: 0,
-                reserved_credits: 0,
-                queue_depth: 0,
-                sends_posted: 0,
-                queued: 0,
-                races: 0,
-                incarnation: String::new(),
-                age_ms: 0,
-                sock: Some(SockConnDetail {
+            conn: vec![ConnEntry::socklnd(
+                "127.0.0.1@tcp".into(),
+                "127.0.0.2@tcp".into(),
+                "established".into(),
+                "passive",
+                SockConnDetail {
                     ctype: "BULK_IN".into(),
                     local: "127.0.0.1:988".into(),
                     remote: "127.0.0.2:1021".into(),
                     queued_bytes: 4096,
                     zc_acks_sent: 3,
                     zc_acks_received: 0,
-                }),
-            }],
+                },
+            )],
         };
         assert_eq!(
             conn(&c),

@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::*;
-use lnd::wire::kib::{EmitOpts, VERSION_2};
+use lnd::wire::kib::EmitOpts;
 use lnd::wire::{ConnParams, KibBody, KibMsg, Nid};
 use router::control::{NetShow, Request, Response, StatsShow};
 
@@ -20,19 +20,15 @@ const FLOOD: usize = 200;
 
 /// A CONNREQ frame of the tcp fabric (kind 1) from `from` to B.
 fn connreq_frame(from: Nid) -> Vec<u8> {
-    let msg = KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: from,
-        src_stamp: 0x5eed,
-        dst_nid: NID_B.parse().unwrap(),
-        dst_stamp: 0,
-        body: KibBody::ConnReq(ConnParams {
+    let msg = KibMsg::v2(
+        (from, 0x5eed),
+        (NID_B.parse().unwrap(), 0),
+        KibBody::ConnReq(ConnParams {
             queue_depth: 8,
             max_frags: 257,
             max_msg_size: 4096,
         }),
-    };
+    );
     let mut body = vec![0u8; msg.wire_len()];
     let n = msg.emit(&mut body, EmitOpts::default()).unwrap();
     let mut f = ((n + 1) as u32).to_le_bytes().to_vec();

@@ -43,6 +43,13 @@ fn export_writes_tcp_nets_and_the_acceptor_and_imports_back() {
     let a = start_yaml(&dir.0, "a", &yaml(a_nid), Opts::default());
     let _b = start_yaml(&dir.0, "b", &yaml(b_nid), Opts::default());
     ping_until_ok(&a, b_nid, Duration::from_secs(10));
+    // b's acceptor may come up between a's first dials, refusing some of them: a dials the
+    // types it misses again on a later send once their backoff is over (reference 4.4), so
+    // ping until a holds the whole typed set (the check below counts it).
+    wait_until(WAIT, "a's typed set to b", || {
+        ping(&a, b_nid, 2);
+        lnd_counters(&a, a_nid).counters.get("conns") == Some(5)
+    });
     let want = tcp_settings(&DaemonConfig::parse(&yaml(a_nid), "a.yaml").unwrap());
     let file = dir.0.join("export.yaml");
     let f = file.to_str().unwrap();

@@ -2,7 +2,8 @@
 //!
 //! - [`topo`]: the routed topology's NIDs;
 //! - [`nid`]: a NID from its text (`nid::<Nid>("10.0.0.1@o2ib")`, the type usually inferred);
-//! - [`XorShift`], [`noise`]: reproducible pseudo-random numbers and bytes;
+//! - [`XorShift`], [`noise`]: reproducible pseudo-random numbers and bytes; [`BULK_SWEEP`]: the
+//!   sizes a bulk sweep moves;
 //! - [`wait_exit`]: a child process's end, bounded;
 //! - [`wait_for`]: a condition polled until it holds, bounded by a generous limit ([`WAIT`]), so a
 //!   loaded machine makes a test slower, never wrong;
@@ -100,6 +101,11 @@ pub fn frags_257() -> Vec<(u64, u32)> {
     v.push((off, (MIB - off) as u32));
     v
 }
+
+/// The bulk sizes a rendezvous sweep moves byte for byte: 1 and 7 bytes, each side of
+/// o2iblnd's 3976-byte immediate limit, one past 64 KiB (a fragment boundary), an odd size in
+/// between, and 1 MiB (LNET_MTU) and just under it.
+pub const BULK_SWEEP: [u32; 8] = [1, 7, 3975, 3977, 65_537, 300_001, (1 << 20) - 3, 1 << 20];
 
 /// Polls `cond` every 10 ms until it holds; returns how long that took, or `None` after `bound`.
 pub fn wait_for(bound: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {

@@ -701,15 +701,7 @@ impl Endpoint {
         (nid, stamp): (Nid, u64),
         body: KibBody<'_>,
     ) -> PrivateData {
-        let msg = KibMsg {
-            version: VERSION_2,
-            credits: 0,
-            src_nid: self.cfg.nid,
-            src_stamp: self.cfg.incarnation,
-            dst_nid: nid,
-            dst_stamp: stamp,
-            body,
-        };
+        let msg = KibMsg::v2((self.cfg.nid, self.cfg.incarnation), (nid, stamp), body);
         let private = encode_private(&msg, self.emit_opts(p));
         if self.capture.is_some() {
             self.record(CaptureDir::Sent, id, nid, private.as_bytes());

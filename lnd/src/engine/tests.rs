@@ -500,34 +500,22 @@ fn checksums_off_by_default() {
 /// A V2 message from `from` (instance `from_stamp`) to `to` (instance `to_stamp`), as a peer
 /// (or a forger) puts it on the wire.
 fn raw_msg(from: Nid, from_stamp: u64, to: Nid, to_stamp: u64, body: KibBody<'_>) -> Vec<u8> {
-    let msg = KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: from,
-        src_stamp: from_stamp,
-        dst_nid: to,
-        dst_stamp: to_stamp,
-        body,
-    };
+    let msg = KibMsg::v2((from, from_stamp), (to, to_stamp), body);
     let mut bytes = vec![0u8; msg.wire_len()];
     msg.emit(&mut bytes, EmitOpts::default()).unwrap();
     bytes
 }
 
 fn forged_connreq(from: Nid, to: Nid, stamp: u64) -> PrivateData {
-    let msg = KibMsg {
-        version: VERSION_2,
-        credits: 0,
-        src_nid: from,
-        src_stamp: stamp,
-        dst_nid: to,
-        dst_stamp: 0,
-        body: KibBody::ConnReq(ConnParams {
+    let msg = KibMsg::v2(
+        (from, stamp),
+        (to, 0),
+        KibBody::ConnReq(ConnParams {
             queue_depth: 8,
             max_frags: 257,
             max_msg_size: MSG_SIZE as u32,
         }),
-    };
+    );
     encode_private(&msg, EmitOpts::default())
 }
 

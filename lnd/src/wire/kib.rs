@@ -380,6 +380,21 @@ pub fn peek_type(b: &[u8]) -> Option<u8> {
 }
 
 impl<'a> KibMsg<'a> {
+    /// A version 2 message (what 2.x kernels send) from `src` to `dst`, each a NID with its
+    /// incarnation (the receiver's as the sender knows it: 0 if it never knew one), returning
+    /// no credits.
+    pub fn v2(src: (Nid, u64), dst: (Nid, u64), body: KibBody<'a>) -> KibMsg<'a> {
+        KibMsg {
+            version: VERSION_2,
+            credits: 0,
+            src_nid: src.0,
+            src_stamp: src.1,
+            dst_nid: dst.0,
+            dst_stamp: dst.1,
+            body,
+        }
+    }
+
     /// The message type.
     pub fn msg_type(&self) -> KibMsgType {
         self.body.msg_type()

@@ -639,6 +639,36 @@ pub struct ConnEntry {
     pub sock: Option<SockConnDetail>,
 }
 
+impl ConnEntry {
+    /// One socklnd connection: ksocklnd has no per-connection credits, reserved credits or
+    /// send queue depth (its credits are LNet's, per peer), so those o2ib fields are 0 and
+    /// lnetctl prints the socklnd ones ([`SockConnDetail`]) instead.
+    pub fn socklnd(
+        ni: String,
+        peer: String,
+        state: String,
+        side: &str,
+        sock: SockConnDetail,
+    ) -> Self {
+        ConnEntry {
+            ni,
+            peer,
+            state,
+            side: side.into(),
+            credits: 0,
+            outstanding_credits: 0,
+            reserved_credits: 0,
+            queue_depth: 0,
+            sends_posted: 0,
+            queued: 0,
+            races: 0,
+            incarnation: String::new(),
+            age_ms: 0,
+            sock: Some(sock),
+        }
+    }
+}
+
 /// What `conn show` adds for a socklnd connection (ksocklnd's `ksock_conn`): its type as the
 /// HELLO set it, its addresses, the bytes queued on the socket, and the zero-copy ACKs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

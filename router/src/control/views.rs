@@ -412,33 +412,22 @@ pub fn conn_show(node: &LnetNode, now: Instant) -> ConnShow {
     ConnShow { conn }
 }
 
-/// One socklnd connection as `conn show` lists it: ksocklnd has no per-connection credits,
-/// reserved credits or send queue depth (its credits are LNet's, per peer), so those o2ib
-/// fields are 0 and lnetctl prints the socklnd ones ([`SockConnDetail`]) instead.
+/// One socklnd connection as `conn show` lists it ([`ConnEntry::socklnd`]).
 fn sock_conn(ni: Nid, c: &lnd::iface::sock::SockConnView) -> ConnEntry {
-    ConnEntry {
-        ni: ni.to_string(),
-        peer: c.peer.map_or_else(String::new, |p| p.to_string()),
-        state: c.state.into(),
-        side: if c.active { "active" } else { "passive" }.into(),
-        credits: 0,
-        outstanding_credits: 0,
-        reserved_credits: 0,
-        queue_depth: 0,
-        sends_posted: 0,
-        queued: 0,
-        races: 0,
-        incarnation: String::new(),
-        age_ms: 0,
-        sock: Some(SockConnDetail {
+    ConnEntry::socklnd(
+        ni.to_string(),
+        c.peer.map_or_else(String::new, |p| p.to_string()),
+        c.state.into(),
+        if c.active { "active" } else { "passive" },
+        SockConnDetail {
             ctype: c.ctype.to_ascii_uppercase(),
             local: c.local.to_string(),
             remote: c.remote.to_string(),
             queued_bytes: c.queued_bytes,
             zc_acks_sent: c.zc_acks_sent,
             zc_acks_received: c.zc_acks_received,
-        }),
-    }
+        },
+    )
 }
 
 /// `stats show`.

@@ -4,19 +4,8 @@ use super::*;
 use crate::driver::MonotonicClock;
 use crate::mem::SharedMem;
 
-/// An event, owned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Ev {
-    Incoming(IncomingId, SocketAddrV4, SocketAddrV4),
-    Listening(SocketAddrV4),
-    ListenFailed(i32),
-    Connected(StreamId, SocketAddrV4),
-    DialFailed(StreamId, DialError),
-    Data(StreamId, Vec<u8>),
-    Filled(StreamId, u32),
-    Sent(StreamId, SendId, Result<(), EndReason>),
-    Ended(StreamId, EndReason),
-}
+// An event, owned.
+use crate::stream::StreamReport as Ev;
 
 #[derive(Default)]
 struct Rec {
@@ -25,21 +14,7 @@ struct Rec {
 
 impl StreamSink for Rec {
     fn stream_event(&mut self, _now: Instant, ev: StreamEvent<'_>) {
-        self.evs.push(match ev {
-            StreamEvent::Incoming {
-                incoming,
-                peer,
-                local,
-            } => Ev::Incoming(incoming, peer, local),
-            StreamEvent::Listening { local } => Ev::Listening(local),
-            StreamEvent::ListenFailed { errno } => Ev::ListenFailed(errno),
-            StreamEvent::Connected { stream, local } => Ev::Connected(stream, local),
-            StreamEvent::DialFailed { stream, error } => Ev::DialFailed(stream, error),
-            StreamEvent::Data { stream, bytes } => Ev::Data(stream, bytes.to_vec()),
-            StreamEvent::Filled { stream, n } => Ev::Filled(stream, n),
-            StreamEvent::Sent { stream, id, result } => Ev::Sent(stream, id, result),
-            StreamEvent::Ended { stream, why } => Ev::Ended(stream, why),
-        });
+        self.evs.push(ev.into());
     }
 }
 
@@ -254,7 +229,7 @@ fn connect(
         pump(clock, &mut [a, b], 500, |n| {
             if incoming.is_none() {
                 incoming = n[1].rec.evs.iter().find_map(|e| match e {
-                    Ev::Incoming(i, ..) => Some(*i),
+                    Ev::Incoming { incoming: i, .. } => Some(*i),
                     _ => None,
                 });
             }
@@ -478,7 +453,11 @@ fn a_refused_connection_is_reset_at_the_dialer() {
     let mut incoming = None;
     assert!(pump(&clock, &mut [&mut a, &mut b], 500, |n| {
         incoming = n[1].rec.evs.iter().find_map(|e| match e {
-            Ev::Incoming(i, peer, local) => {
+            Ev::Incoming {
+                incoming: i,
+                peer,
+                local,
+            } => {
                 assert_eq!(*local, addr);
                 assert_eq!(peer.ip(), &LO);
                 Some(*i)
@@ -961,7 +940,7 @@ fn idle_connections_hold_no_buffers() {
         }
         for e in evs {
             match e {
-                Ev::Incoming(incoming, ..) => {
+                Ev::Incoming { incoming, .. } => {
                     let t = sid(adopted);
                     b.apply(StreamAction::Adopt {
                         incoming,

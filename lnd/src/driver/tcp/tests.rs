@@ -1512,16 +1512,7 @@ fn rendezvous_puts_and_gets_land_byte_exact_over_tcp() {
     let b_bytes = pattern(8, MIB + 256);
     let a_src = a.fabric.register(a_bytes.clone()).unwrap();
     let b_src = b.fabric.register(b_bytes.clone()).unwrap();
-    let sizes = [
-        1u32,
-        7,
-        3975,
-        3977,
-        65_537,
-        300_001,
-        MIB as u32 - 3,
-        MIB as u32,
-    ];
+    let sizes = testkit::BULK_SWEEP;
     let established = a.ep.stats().established + b.ep.stats().established;
     for (i, &len) in sizes.iter().enumerate() {
         let (src_off, sink_off) = (3 + 11 * i as u64, 1 + 5 * i as u64);
