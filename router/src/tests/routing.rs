@@ -66,14 +66,32 @@ fn topology_with(
     let mut router = node(&[R_A, R_B], &[], true, 30);
     tweak_router(&mut router);
     let mut cfgs = vec![client, server];
-    let routers = if split_router {
-        cfgs.extend(split(router));
-        vec![2, 3]
-    } else {
-        cfgs.push(router);
-        vec![2]
-    };
+    let routers = push_router(&mut cfgs, router, split_router);
     (Fabric::from_configs(cfgs), routers)
+}
+
+/// Adds router `r` to `cfgs`, as one node or split into one runtime per NI; returns its node
+/// indices.
+fn push_router(cfgs: &mut Vec<NodeConfig>, r: NodeConfig, split_router: bool) -> Vec<usize> {
+    if split_router {
+        let parts = split(r);
+        let idx = (cfgs.len()..cfgs.len() + parts.len()).collect();
+        cfgs.extend(parts);
+        idx
+    } else {
+        cfgs.push(r);
+        vec![cfgs.len() - 1]
+    }
+}
+
+/// The client (node 0) sends `n` PUTs of `payload` (match bits 0..n) to `to` at once.
+fn send_puts(f: &mut Fabric, to: Nid, portal: u32, n: u64, payload: &[u8]) {
+    let now = f.now;
+    for i in 0..n {
+        f.nodes[0]
+            .send_put(now, to, portal, i, payload.to_vec())
+            .unwrap();
+    }
 }
 
 pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
@@ -637,12 +655,7 @@ fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
         40,
     );
     let mut f = Fabric::from_configs(vec![client, r1, r2]);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
+    send_puts(&mut f, nid("10.9.0.1@o2ib9"), 4, 5, &[0; 8]);
     f.run_for(Duration::from_secs(2));
     let s1 = f.nodes[1].routing_info().stats;
     let s2 = f.nodes[2].routing_info().stats;
@@ -680,14 +693,7 @@ fn chain(
             true,
             100 + 10 * i as u64,
         );
-        if split_router {
-            let parts = split(r);
-            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
-            cfgs.extend(parts);
-        } else {
-            idx.push(vec![cfgs.len()]);
-            cfgs.push(r);
-        }
+        idx.push(push_router(&mut cfgs, r, split_router));
     }
     (cfgs, idx)
 }
@@ -714,43 +720,8 @@ fn gw(i: usize, net: usize) -> String {
 /// gateway that has an NI on that net, so the second router drops it, counted as a loop, and
 /// every buffer comes back.
 fn a_routing_loop_of_three_routers(split_router: bool) {
-    let client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    // Router i sits on o2ib{i} and o2ib{i+1 mod 3}, NID 10.{net}.0.{254-i}.
-    let mut cfgs = vec![client];
-    let mut idx: Vec<Vec<usize>> = Vec::new();
-    for i in 0..3usize {
-        let (a, b) = (i, (i + 1) % 3);
-        let next = (i + 1) % 3;
-        let r = node(
-            &[&gw(i, a), &gw(i, b)],
-            &[hop_route("o2ib9", &gw(next, b), 2)],
-            true,
-            100 + 10 * i as u64,
-        );
-        if split_router {
-            let parts = split(r);
-            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
-            cfgs.extend(parts);
-        } else {
-            idx.push(vec![cfgs.len()]);
-            cfgs.push(r);
-        }
-    }
-    let mut f = Fabric::from_configs(cfgs);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
-    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
-    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    // Router i sits on o2ib{i} and o2ib{i+1 mod 3}.
+    let books = a_ring_of_three_routers(|i| (i, (i + 1) % 3), split_router);
     assert_eq!(
         (
             books[1].received,
@@ -760,7 +731,42 @@ fn a_routing_loop_of_three_routers(split_router: bool) {
         (5, 0, 5),
         "{books:?}"
     );
+}
+
+/// The client and three routers in a ring: router i has NIs on the nets `nets(i)` and routes
+/// o2ib9 with `hop: 2` through the next router's NI on its first net. The client sends five
+/// PUTs to o2ib9; returns each router's books, the first having passed all five on and the
+/// third seen none (the second cut the loop: each test says how).
+fn a_ring_of_three_routers(
+    nets: impl Fn(usize) -> (usize, usize),
+    split_router: bool,
+) -> Vec<ForwardStats> {
+    let client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
+        false,
+        10,
+    );
+    let mut cfgs = vec![client];
+    let mut idx: Vec<Vec<usize>> = Vec::new();
+    for i in 0..3usize {
+        let (a, b) = nets(i);
+        let next = (i + 1) % 3;
+        let r = node(
+            &[&gw(i, a), &gw(i, b)],
+            &[hop_route("o2ib9", &gw(next, nets(next).0), 2)],
+            true,
+            100 + 10 * i as u64,
+        );
+        idx.push(push_router(&mut cfgs, r, split_router));
+    }
+    let mut f = Fabric::from_configs(cfgs);
+    send_puts(&mut f, nid("10.9.0.1@o2ib9"), 4, 5, &[0; 8]);
+    f.run_for(Duration::from_secs(5));
+    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
+    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
     assert_eq!(books[2].received, 0, "{books:?}");
+    books
 }
 
 #[test]
@@ -778,38 +784,13 @@ fn a_routing_loop_of_three_split_routers_is_cut_by_the_hop_rule() {
 /// (a router, not its source) tells that it has crossed a router: the second router drops it.
 #[test]
 fn a_routing_loop_of_three_routers_on_one_net_is_cut_by_the_hop_rule() {
-    let client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    let mut cfgs = vec![client];
-    for i in 0..3usize {
-        let next = (i + 1) % 3;
-        cfgs.push(node(
-            &[&gw(i, 0), &gw(i, 5)],
-            &[hop_route("o2ib9", &gw(next, 0), 2)],
-            true,
-            100 + 10 * i as u64,
-        ));
-    }
-    let mut f = Fabric::from_configs(cfgs);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
-    let books: Vec<ForwardStats> = (1..4).map(|r| assert_router_quiescent(&f, &[r])).collect();
-    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    // Router i's NIs: on o2ib and on o2ib5 (a net no route uses).
+    let books = a_ring_of_three_routers(|_| (0, 5), false);
     assert_eq!(
         (books[1].received, books[1].dropped_for(FwdDrop::Loop)),
         (5, 5),
         "{books:?}"
     );
-    assert_eq!(books[2].received, 0, "{books:?}");
 }
 
 /// The hop rule's reach: a client on o2ib and a server on o2ib3 through three routers in a
@@ -817,37 +798,40 @@ fn a_routing_loop_of_three_routers_on_one_net_is_cut_by_the_hop_rule() {
 /// router in the chain, the second router refuses to pass a message on to a gateway that is
 /// not on the destination's net, counted as a loop, and the server never sees it.
 fn a_chain_of_routers(routers: usize, split_router: bool) -> (Fabric, Vec<Vec<usize>>) {
+    let (cfgs, idx) = chain_configs(routers, split_router, |i| (routers - 1 - i) as u8);
+    (Fabric::from_configs(cfgs), idx)
+}
+
+/// [`a_chain_of_routers`]' configurations (client, server, then the routers), router `i`
+/// routing the server's net with `hop: far_hops(i)`.
+fn chain_configs(
+    routers: usize,
+    split_router: bool,
+    far_hops: impl Fn(usize) -> u8,
+) -> (Vec<NodeConfig>, Vec<Vec<usize>>) {
     let far = routers;
     let server_nid = format!("10.{far}.0.2@o2ib{far}");
     let far_net = format!("o2ib{far}");
     let client = node(
         &["10.0.0.1@o2ib"],
-        &[hop_route(&far_net, "10.0.0.254@o2ib", routers as u8)],
+        &[hop_route(&far_net, &gw(0, 0), routers as u8)],
         false,
         10,
     );
     let server = node(
         &[&server_nid],
-        &[hop_route(
-            "o2ib",
-            &format!("10.{far}.0.{}@{far_net}", 254 - (routers - 1)),
-            routers as u8,
-        )],
+        &[hop_route("o2ib", &gw(routers - 1, far), routers as u8)],
         false,
         20,
     );
-    let (cfgs, idx) = chain(
+    chain(
         vec![client, server],
         routers,
         |i| {
             let mut r = Vec::new();
             // Toward the server: through router i+1, on net i+1.
             if i + 1 < routers {
-                r.push(hop_route(
-                    &far_net,
-                    &gw(i + 1, i + 1),
-                    (routers - 1 - i) as u8,
-                ));
+                r.push(hop_route(&far_net, &gw(i + 1, i + 1), far_hops(i)));
             }
             // Toward the client: through router i-1, on net i.
             if i > 0 {
@@ -856,8 +840,16 @@ fn a_chain_of_routers(routers: usize, split_router: bool) -> (Fabric, Vec<Vec<us
             r
         },
         split_router,
-    );
-    (Fabric::from_configs(cfgs), idx)
+    )
+}
+
+/// The client sends five PUTs to the server at the far end of a chain of three routers;
+/// returns how many the server got and the middle router's books.
+fn five_puts_through_a_chain_of_three(f: &mut Fabric, idx: &[Vec<usize>]) -> (usize, ForwardStats) {
+    send_puts(f, nid("10.3.0.2@o2ib3"), 7, 5, &[1; 100]);
+    f.run_for(Duration::from_secs(3));
+    let got = puts(&f.take_events(1)).len();
+    (got, assert_router_quiescent(f, &idx[1]))
 }
 
 #[test]
@@ -898,13 +890,7 @@ fn a_chain_of_three_routers_carries_pings_and_puts_both_ways() {
 #[test]
 fn a_fourth_router_in_a_chain_is_past_the_hop_rule() {
     let (mut f, idx) = a_chain_of_routers(4, false);
-    let now = f.now;
-    let server = nid("10.4.0.2@o2ib4");
-    for i in 0..5u64 {
-        f.nodes[0]
-            .send_put(now, server, 7, i, vec![1; 100])
-            .unwrap();
-    }
+    send_puts(&mut f, nid("10.4.0.2@o2ib4"), 7, 5, &[1; 100]);
     f.run_for(Duration::from_secs(3));
     assert!(puts(&f.take_events(1)).is_empty());
     let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
@@ -2138,48 +2124,11 @@ fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
 #[test]
 fn a_last_hop_gateway_is_known_by_its_ping_reply_not_its_hop_count() {
     for split_router in [false, true] {
-        let routers = 3usize;
-        let far_net = "o2ib3";
-        let client = node(
-            &["10.0.0.1@o2ib"],
-            &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
-            false,
-            10,
-        );
-        let server = node(
-            &["10.3.0.2@o2ib3"],
-            &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
-            false,
-            20,
-        );
-        let (cfgs, idx) = chain(
-            vec![client, server],
-            routers,
-            |i| {
-                let mut r = Vec::new();
-                if i + 1 < routers {
-                    r.push(hop_route(far_net, &gw(i + 1, i + 1), 2));
-                }
-                if i > 0 {
-                    r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
-                }
-                r
-            },
-            split_router,
-        );
+        let (cfgs, idx) = chain_configs(3, split_router, |_| 2);
         let mut f = Fabric::from_configs(cfgs);
         // The gateways' first pings answered.
         f.run_for(Duration::from_secs(1));
-        let now = f.now;
-        let server = nid("10.3.0.2@o2ib3");
-        for i in 0..5u64 {
-            f.nodes[0]
-                .send_put(now, server, 7, i, vec![1; 100])
-                .unwrap();
-        }
-        f.run_for(Duration::from_secs(3));
-        let got = puts(&f.take_events(1)).len();
-        let books = assert_router_quiescent(&f, &idx[1]);
+        let (got, books) = five_puts_through_a_chain_of_three(&mut f, &idx);
         assert_eq!(got, 5, "split={split_router}: {books:?}");
         assert_eq!(books.dropped(), 0, "split={split_router}: {books:?}");
     }
@@ -2197,61 +2146,16 @@ fn a_gateway_reporting_its_far_ni_down_is_still_a_last_hop() {
         ping_timeout: Duration::from_secs(1),
         avoid_asym: false,
     };
-    let routers = 3usize;
-    let far_net = "o2ib3";
-    let mut client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &["10.3.0.2@o2ib3"],
-        &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
-        false,
-        20,
-    );
-    // The server never pings its gateway: the far net goes silent.
-    server.gateway_health = GatewayHealthConfig {
-        check_interval: Duration::ZERO,
-        ..health
-    };
-    let (mut cfgs, idx) = chain(
-        vec![client, server],
-        routers,
-        |i| {
-            let mut r = Vec::new();
-            if i + 1 < routers {
-                r.push(hop_route(
-                    far_net,
-                    &gw(i + 1, i + 1),
-                    (routers - 1 - i) as u8,
-                ));
-            }
-            if i > 0 {
-                r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
-            }
-            r
-        },
-        false,
-    );
-    for c in cfgs.iter_mut().skip(2) {
+    let (mut cfgs, idx) = chain_configs(3, false, |i| (2 - i) as u8);
+    for c in cfgs.iter_mut() {
         c.gateway_health = health;
     }
+    // The server never pings its gateway: the far net goes silent.
+    cfgs[1].gateway_health.check_interval = Duration::ZERO;
     let mut f = Fabric::from_configs(cfgs);
     // Router 2 now reports its o2ib3 NI down.
     f.run_for(Duration::from_secs(10));
-    let now = f.now;
-    let server = nid("10.3.0.2@o2ib3");
-    for i in 0..5u64 {
-        f.nodes[0]
-            .send_put(now, server, 7, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(3));
-    let got = puts(&f.take_events(1)).len();
-    let books = assert_router_quiescent(&f, &idx[1]);
+    let (got, books) = five_puts_through_a_chain_of_three(&mut f, &idx);
     assert_eq!(got, 5, "middle router: {books:?}");
 }
 
