@@ -94,6 +94,66 @@ fn send_puts(f: &mut Fabric, to: Nid, portal: u32, n: u64, payload: &[u8]) {
     }
 }
 
+/// The server (node 1) dies and the client sends it `n` PUTs through the router at once; after
+/// `wait`, router node `r`'s routing info (what it holds for the dead server).
+fn puts_to_a_dead_server(f: &mut Fabric, r: usize, n: u64, wait: Duration) -> RoutingInfo {
+    f.kill(1);
+    send_puts(f, nid(SERVER), 4, n, &[1; 100]);
+    f.run_for(wait);
+    f.nodes[r].routing_info()
+}
+
+/// A router runtime's books: `in_flight` held, `shutdown` dropped as a shutdown (failed back),
+/// and they reconcile.
+fn assert_books(s: &ForwardStats, in_flight: u64, shutdown: u64) {
+    assert_eq!(s.in_flight, in_flight, "{s:?}");
+    assert_eq!(s.dropped_for(FwdDrop::Shutdown), shutdown, "{s:?}");
+    assert!(s.reconciles(), "{s:?}");
+}
+
+/// Every router buffer of node `r` is back in its pool.
+fn assert_pools_full(f: &Fabric, r: usize) {
+    for p in &f.nodes[r].routing_info().pools {
+        assert_eq!(p.credits, i64::from(p.nbuffers), "router {r} {:?}", p.class);
+    }
+}
+
+/// The client pings the server (through the router) and the answer comes within 1 s.
+fn ping_the_server(f: &mut Fabric) {
+    let pinged = ping_result(f, SERVER, Duration::from_secs(5), Duration::from_secs(1));
+    assert!(pinged.is_ok());
+}
+
+/// The client pings `to` and the fabric runs `wait`: the ping's result.
+fn ping_result(
+    f: &mut Fabric,
+    to: &str,
+    timeout: Duration,
+    wait: Duration,
+) -> Result<PingReply, LnetError> {
+    let now = f.now;
+    f.nodes[0].ping(now, nid(to), timeout).unwrap();
+    f.run_for(wait);
+    let mut pings = ping_results(&f.take_events(0));
+    assert!(!pings.is_empty(), "the ping ended");
+    pings.remove(0).2
+}
+
+/// Runs the fabric until each of the client's `n` PUTs has ended and router node `r` holds
+/// nothing in flight (an hour of virtual time at most); returns the PUTs' results.
+fn every_put_ends(f: &mut Fabric, r: usize, n: u64) -> Vec<Result<(), LnetError>> {
+    let mut results = put_results(&f.take_events(0));
+    let start = f.now;
+    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
+        && f.now < start + Duration::from_secs(3600)
+    {
+        f.run_for(Duration::from_secs(10));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), n as usize, "every PUT ends");
+    results
+}
+
 pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
     picked(evs, |e| match e {
         LnetEvent::Put {
@@ -122,9 +182,7 @@ pub(super) fn assert_router_quiescent(f: &Fabric, routers: &[usize]) -> ForwardS
         let s = &info.stats;
         assert!(s.reconciles(), "router {r}: {s:?}");
         assert_eq!(s.in_flight, 0, "router {r}: {s:?}");
-        for p in &info.pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "router {r} {:?}", p.class);
-        }
+        assert_pools_full(f, r);
         for p in f.nodes[r].peers() {
             assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
             assert_eq!(p.available_tx_credits, p.max_ni_tx_credits, "{}", p.nid);
@@ -305,17 +363,9 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
             large: 4,
         };
     });
-    f.kill(1);
-    let now = f.now;
-    let n = 40u64;
-    for i in 0..n {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
     let r = routers[0];
-    let info = f.nodes[r].routing_info();
+    let n = 40u64;
+    let info = puts_to_a_dead_server(&mut f, r, n, Duration::from_secs(5));
     let small = info.pools[1];
     assert_eq!(small.nbuffers, 4);
     assert!(small.credits <= 0, "every small buffer in use: {small:?}");
@@ -325,15 +375,7 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
     assert!(f.nodes[0].messages_in_flight() > 0);
     // The router drains its buffers one LND timeout (or failed connect) at a time; in the
     // end every PUT ends.
-    let mut results = put_results(&f.take_events(0));
-    let start = f.now;
-    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
-        && f.now < start + Duration::from_secs(3600)
-    {
-        f.run_for(Duration::from_secs(10));
-        results.extend(put_results(&f.take_events(0)));
-    }
-    assert_eq!(results.len(), n as usize, "every PUT ends");
+    let results = every_put_ends(&mut f, r, n);
     let books = assert_router_quiescent(&f, &routers);
     assert_eq!(books.received, books.forwarded + books.dropped());
     assert_eq!(books.forwarded, 0);
@@ -355,17 +397,9 @@ fn a_sender_waits_on_its_router_credits_before_a_buffer() {
             ni.peer_buffer_credits = 2;
         }
     });
-    f.kill(1);
-    let now = f.now;
-    let n = 10u64;
-    for i in 0..n {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(1));
     let r = routers[0];
-    let info = f.nodes[r].routing_info();
+    let n = 10u64;
+    let info = puts_to_a_dead_server(&mut f, r, n, Duration::from_secs(1));
     let small = info.pools[1];
     assert_eq!(
         i64::from(small.nbuffers) - small.min_credits,
@@ -381,24 +415,14 @@ fn a_sender_waits_on_its_router_credits_before_a_buffer() {
     );
     assert_eq!(info.stats.waited_rtr_credit, 6, "{:?}", info.stats);
     assert_eq!(info.stats.in_flight, 8, "{:?}", info.stats);
-    let mut results = put_results(&f.take_events(0));
-    let start = f.now;
-    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
-        && f.now < start + Duration::from_secs(3600)
-    {
-        f.run_for(Duration::from_secs(10));
-        results.extend(put_results(&f.take_events(0)));
-    }
-    assert_eq!(results.len(), n as usize, "every PUT ends");
+    every_put_ends(&mut f, r, n);
     let info = f.nodes[r].routing_info();
     assert!(
         info.stats.reconciles() && info.stats.in_flight == 0,
         "{:?}",
         info.stats
     );
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_pools_full(&f, r);
     let client = f.nodes[r].peer(nid(CLIENT)).expect("the client as a peer");
     assert_eq!(client.available_rtr_credits, 2, "{client:?}");
 }
@@ -1019,18 +1043,7 @@ fn a_node_that_does_not_route_reports_every_ni_up() {
     let (mut f, routers) = topology(false, |r| r.routing.enabled = false);
     f.run_for(Duration::from_secs(400));
     assert!(f.nodes[routers[0]].silent_nids(f.now).is_empty());
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_A), Duration::from_secs(2))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    let reply = f
-        .take_events(0)
-        .into_iter()
-        .find_map(|(_, e)| match e {
-            LnetEvent::PingDone { result: Ok(r), .. } => Some(r),
-            _ => None,
-        })
+    let reply = ping_result(&mut f, R_A, Duration::from_secs(2), Duration::from_secs(1))
         .expect("the ping is answered");
     assert!(reply.down_nids.is_empty(), "{reply:?}");
     assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
@@ -1498,11 +1511,7 @@ fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
     );
     give_bulk_buffers(&mut f, &routers, 2);
     let r = routers[0];
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(SERVER), Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let (no_route0, drops0) = (
         f.nodes[r].stats().local_no_route_count,
         f.nodes[r].stats().drop_count,
@@ -1950,27 +1959,15 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
 fn a_removed_egress_runtime_fails_back_what_it_holds_for_its_sibling() {
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
-    f.kill(1);
-    let now = f.now;
-    for i in 0..3 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
     // The egress waits on its connect to the silent server, holding the three.
-    f.run_for(Duration::from_secs(1));
-    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 3);
+    let info = puts_to_a_dead_server(&mut f, ingress, 3, Duration::from_secs(1));
+    assert_eq!(info.stats.in_flight, 3);
     assert_eq!(f.nodes[egress].messages_in_flight(), 3);
     f.nodes[egress].abandon_forwards();
     assert_eq!(f.nodes[egress].messages_in_flight(), 0);
     f.run_for(Duration::from_millis(10));
-    let info = f.nodes[ingress].routing_info();
-    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
-    assert_eq!(info.stats.dropped_for(FwdDrop::Shutdown), 3);
-    assert!(info.stats.reconciles());
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_books(&f.nodes[ingress].routing_info().stats, 0, 3);
+    assert_pools_full(&f, ingress);
     for p in f.nodes[ingress].peers() {
         assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
     }
@@ -2256,22 +2253,10 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    ping_the_server(&mut f);
     // The server goes silent: the egress holds what it was given, waiting on the connection.
-    f.kill(1);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, server, 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_millis(500));
-    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 5);
+    let info = puts_to_a_dead_server(&mut f, ingress, 5, Duration::from_millis(500));
+    assert_eq!(info.stats.in_flight, 5);
     let now = f.now;
     f.nodes[egress].fabric_lost(now);
     f.run_for(Duration::from_millis(100));
@@ -2281,21 +2266,14 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
     assert_eq!(info.stats.dropped(), 5, "{:?}", info.stats);
     assert_eq!(f.nodes[egress].messages_in_flight(), 0);
     for &r in &routers {
-        for p in &f.nodes[r].routing_info().pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-        }
+        assert_pools_full(&f, r);
     }
     assert_eq!(f.nodes[egress].nets()[0].status, "down");
     assert_eq!(f.nodes[ingress].nets()[0].status, "up");
     assert_eq!(f.nodes[ingress].silent_nids(f.now), vec![nid(R_B)]);
     // The client asks the router (through the live NI): R_B is DOWN.
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_A), Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    let pings = ping_results(&f.take_events(0));
-    let reply = pings[0].2.clone().expect("the live NI answers");
+    let reply = ping_result(&mut f, R_A, Duration::from_secs(5), Duration::from_secs(1))
+        .expect("the live NI answers");
     assert_eq!(reply.down_nids, vec![nid(R_B)]);
     // Later traffic for the lost NI fails at once, counted.
     let now = f.now;
@@ -2323,15 +2301,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
         }
     });
     let (ingress, egress) = (routers[0], routers[1]);
-    f.kill(1);
-    let now = f.now;
-    for i in 0..10 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(1));
-    let info = f.nodes[ingress].routing_info();
+    let info = puts_to_a_dead_server(&mut f, ingress, 10, Duration::from_secs(1));
     assert_eq!(
         (info.stats.in_flight, info.stats.waited_rtr_credit),
         (8, 6),
@@ -2340,15 +2310,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
     );
     let now = f.now;
     f.nodes[ingress].fabric_lost(now);
-    let info = f.nodes[ingress].routing_info();
-    assert_eq!(info.stats.in_flight, 2, "{:?}", info.stats);
-    assert_eq!(
-        info.stats.dropped_for(FwdDrop::Shutdown),
-        6,
-        "{:?}",
-        info.stats
-    );
-    assert!(info.stats.reconciles(), "{:?}", info.stats);
+    assert_books(&f.nodes[ingress].routing_info().stats, 2, 6);
     // The two with the egress end as the egress gives up on the dead server.
     let start = f.now;
     while f.nodes[ingress].routing_info().stats.in_flight > 0
@@ -2362,10 +2324,8 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
         "{:?}",
         info.stats
     );
-    for &r in &[ingress, egress] {
-        for p in &f.nodes[r].routing_info().pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-        }
+    for r in [ingress, egress] {
+        assert_pools_full(&f, r);
     }
 }
 
@@ -2376,13 +2336,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
 fn a_lost_fabric_ends_its_connections_as_lost_not_as_graceful_closes() {
     let (mut f, routers) = topology(true, |_| {});
     let egress = routers[1];
-    let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    ping_the_server(&mut f);
     let _ = f.take_events(egress);
     let now = f.now;
     f.nodes[egress].fabric_lost(now);
@@ -2469,20 +2423,8 @@ fn a_reply_whose_way_back_is_a_sibling_ni_goes_back_the_way_it_came() {
     cfgs.extend(split(r));
     let mut f = Fabric::from_configs(cfgs);
     f.run_for(Duration::from_secs(2));
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_B), Duration::from_secs(2))
-        .unwrap();
-    f.run_for(Duration::from_secs(3));
-    let reply = f
-        .take_events(0)
-        .into_iter()
-        .find_map(|(_, e)| match e {
-            LnetEvent::PingDone { result, .. } => Some(result),
-            _ => None,
-        })
-        .expect("the ping ended");
-    let reply = reply.expect("the ping is answered");
+    let reply = ping_result(&mut f, R_B, Duration::from_secs(2), Duration::from_secs(3))
+        .expect("the ping is answered");
     assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
     // It went back on R_B's NI, to R2_B: the o2ib1 runtime sent it, no drop for no route.
     let b = &f.nodes[3];
@@ -2502,23 +2444,8 @@ fn a_forward_whose_egress_runtime_is_gone_fails_back_at_the_ingress() {
     // Only the ingress runtime (R_A) runs; it knows R_B as its sibling's.
     let ingress = split(router).remove(0);
     let mut f = Fabric::from_configs(vec![client, server, ingress]);
-    let now = f.now;
-    for i in 0..3 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
+    send_puts(&mut f, nid(SERVER), 4, 3, &[1; 100]);
     f.run_for(Duration::from_secs(1));
-    let info = f.nodes[2].routing_info();
-    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
-    assert_eq!(
-        info.stats.dropped_for(FwdDrop::Shutdown),
-        3,
-        "{:?}",
-        info.stats
-    );
-    assert!(info.stats.reconciles(), "{:?}", info.stats);
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_books(&f.nodes[2].routing_info().stats, 0, 3);
+    assert_pools_full(&f, 2);
 }
