@@ -44,6 +44,13 @@ fn bulk_topology(split_router: bool, buffers: usize) -> (Fabric, Vec<usize>) {
     (f, routers)
 }
 
+/// [`bulk_topology`], [`warm_up`].
+fn warm_bulk_topology(split_router: bool, buffers: usize) -> (Fabric, Vec<usize>) {
+    let (mut f, routers) = bulk_topology(split_router, buffers);
+    warm_up(&mut f);
+    (f, routers)
+}
+
 /// The client pings the server through the router and the fabric runs 2 s: the connections
 /// on the way are up before the test's own traffic.
 fn warm_up(f: &mut Fabric) {
@@ -253,14 +260,19 @@ fn routed_ping_and_puts_cross_between_the_runtimes_of_a_split_router() {
     routed_traffic(true);
 }
 
+/// The client hands the router (at R_A) a 3-byte PUT for `dst`, as if for it to forward.
+fn send_raw_put_to_the_router(f: &mut Fabric, dst: &str) {
+    let now = f.now;
+    let hdr = LnetHdr::put(nid(CLIENT), nid(dst), 3, 4, 0);
+    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+}
+
 /// A client asks the router to forward to a peer on the very net it arrived on: Lustre drops
 /// it with -EPROTO and closes the sender's connection; the books still balance.
 #[test]
 fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
     let (mut f, routers) = topology(false, |_| {});
-    let now = f.now;
-    let hdr = LnetHdr::put(nid(CLIENT), nid("10.0.0.77@o2ib"), 3, 4, 0);
-    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    send_raw_put_to_the_router(&mut f, "10.0.0.77@o2ib");
     f.run_for(Duration::from_secs(1));
     let r = &f.nodes[routers[0]];
     let s = r.routing_info().stats;
@@ -282,15 +294,14 @@ fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
 fn a_message_for_another_of_the_routers_own_nids_is_refused_and_the_connection_closed() {
     for bulk in [false, true] {
         let (mut f, routers) = topology(false, |_| {});
-        let now = f.now;
-        let hdr = LnetHdr::put(nid(CLIENT), nid(R_B), 3, 4, 0);
         if bulk {
             give_bulk_buffers(&mut f, &routers, 1);
             let b = f.bulk_buf(0, vec![7; 100_000]);
             // The client has a route to o2ib1 through R_A: its PUT_REQ for R_B goes there.
+            let now = f.now;
             f.nodes[0].send_put_bulk(now, nid(R_B), 4, 1, b).unwrap();
         } else {
-            f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+            send_raw_put_to_the_router(&mut f, R_B);
         }
         f.run_for(Duration::from_secs(1));
         let r = &f.nodes[routers[0]];
@@ -341,9 +352,7 @@ fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
 #[test]
 fn a_message_the_router_cannot_route_is_dropped_as_no_route() {
     let (mut f, routers) = topology(false, |_| {});
-    let now = f.now;
-    let hdr = LnetHdr::put(nid(CLIENT), nid("10.7.0.7@o2ib7"), 3, 4, 0);
-    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    send_raw_put_to_the_router(&mut f, "10.7.0.7@o2ib7");
     f.run_for(Duration::from_secs(1));
     let s = f.nodes[routers[0]].routing_info().stats;
     assert_eq!((s.received, s.dropped_for(FwdDrop::NoRoute)), (1, 1));
@@ -531,20 +540,14 @@ const FAST_HEALTH: GatewayHealthConfig = GatewayHealthConfig {
 /// A client (node 0) and a server (node 1) with a route each way through two routers (nodes
 /// 2 and 3), all on `health`; returns the fabric and router 2's configuration (to restart it).
 fn two_routers(health: GatewayHealthConfig) -> (Fabric, NodeConfig) {
-    let mut client = node(
-        &[CLIENT],
-        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &[SERVER],
-        &[route("o2ib", R_B), route("o2ib", R2_B)],
-        false,
-        20,
-    );
-    server.gateway_health = health;
+    // An end node routing `net` through both routers' NIs `gws`.
+    let end = |me: &str, net: &str, gws: [&str; 2], inc: u64| {
+        let mut c = node(&[me], &[route(net, gws[0]), route(net, gws[1])], false, inc);
+        c.gateway_health = health;
+        c
+    };
+    let client = end(CLIENT, "o2ib1", [R_A, R2_A], 10);
+    let server = end(SERVER, "o2ib", [R_B, R2_B], 20);
     let r1 = node(&[R_A, R_B], &[], true, 30);
     let r2 = node(&[R2_A, R2_B], &[], true, 40);
     let f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
@@ -1228,9 +1231,8 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
 fn bulk_puts_cross_a_router_byte_exact() {
     const MIB: usize = 1 << 20;
     for split_router in [false, true] {
-        let (mut f, routers) = bulk_topology(split_router, 3);
+        let (mut f, routers) = warm_bulk_topology(split_router, 3);
         let server = nid(SERVER);
-        warm_up(&mut f);
         let bytes: Vec<u8> = (0..MIB as u32 + 64)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
             .collect();
@@ -1433,9 +1435,8 @@ fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers
 /// PUTs then wait for a buffer rather than fail.
 #[test]
 fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail() {
-    let (mut f, routers) = bulk_topology(false, 2);
+    let (mut f, routers) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_buffers(now, PoolClass::Large, 4);
     let large = |f: &Fabric| {
@@ -1468,9 +1469,8 @@ fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail()
 /// which its LNet would take for done.
 #[test]
 fn a_bulk_put_refused_for_routing_disabled_fails_at_its_sender() {
-    let (mut f, routers) = bulk_topology(false, 1);
+    let (mut f, routers) = warm_bulk_topology(false, 1);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_routing(now, false);
     let len = 100_000u32;
@@ -1545,9 +1545,8 @@ fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
 /// counted once in LNet's, the NI's and the peer's counters; its buffer comes back.
 #[test]
 fn a_bulk_ingress_that_fails_is_counted_once() {
-    let (mut f, routers) = bulk_topology(false, 1);
+    let (mut f, routers) = warm_bulk_topology(false, 1);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let r = routers[0];
     let (ni0, st0) = (
         f.nodes[r].nets()[0].drop_count,
@@ -1678,16 +1677,9 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
 #[test]
 fn bulk_gets_cross_a_router_byte_exact() {
     const MIB: usize = 1 << 20;
-    let get_done = |evs: &[(Instant, LnetEvent)]| -> Vec<(MsgId, Result<u32, LnetError>)> {
-        picked(evs, |e| match e {
-            LnetEvent::GetDone { id, result } => Some((*id, *result)),
-            _ => None,
-        })
-    };
     for split_router in [false, true] {
-        let (mut f, routers) = bulk_topology(split_router, 3);
+        let (mut f, routers) = warm_bulk_topology(split_router, 3);
         let server = nid(SERVER);
-        warm_up(&mut f);
         let bytes: Vec<u8> = (0..MIB as u32 + 64)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
             .collect();
@@ -1713,7 +1705,7 @@ fn bulk_gets_cross_a_router_byte_exact() {
         let into = BulkBuf::new(NiIndex(0), &nothing, 0, 4096).unwrap();
         let lost = f.nodes[0].send_get_bulk(now, server, 4, 999, into).unwrap();
         f.run_for(Duration::from_secs(10));
-        let done = get_done(&f.take_events(0));
+        let done = get_dones(&f.take_events(0));
         for (i, &len) in sizes.iter().enumerate() {
             assert!(
                 done.contains(&(ids[i], Ok(len))),
@@ -1730,7 +1722,7 @@ fn bulk_gets_cross_a_router_byte_exact() {
         }
         assert!(!done.iter().any(|d| d.0 == lost), "not ended yet");
         f.run_for(Duration::from_secs(100));
-        let done = get_done(&f.take_events(0));
+        let done = get_dones(&f.take_events(0));
         assert_eq!(
             done,
             vec![(lost, Err(LnetError::Timeout))],
@@ -1742,6 +1734,46 @@ fn bulk_gets_cross_a_router_byte_exact() {
     }
 }
 
+/// The routed GETs that ended among `evs`, with their results.
+fn get_dones(evs: &[(Instant, LnetEvent)]) -> Vec<(MsgId, Result<u32, LnetError>)> {
+    picked(evs, |e| match e {
+        LnetEvent::GetDone { id, result } => Some((*id, *result)),
+        _ => None,
+    })
+}
+
+/// The client sends the server `n` routed bulk GETs (4 KiB) that nothing there matches: they
+/// stay pending until their deadline.
+fn unmatched_routed_gets(f: &mut Fabric, n: u64) -> Vec<MsgId> {
+    let server = nid(SERVER);
+    let now = f.now;
+    (0..n)
+        .map(|i| {
+            let into = f.bulk_buf(0, vec![0; 4096]);
+            f.nodes[0]
+                .send_get_bulk(now, server, 4, 1000 + i, into)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The server posts a source of `len` bytes (match bits 77) and the client GETs it through
+/// the router by rendezvous; after 2 s, what the server says it served, and to whom.
+fn a_served_routed_get(f: &mut Fabric, len: usize) -> Vec<(Nid, Result<u32, LnetError>)> {
+    let b = f.bulk_buf(1, vec![7; len]);
+    f.nodes[1].post_source(4, 77, b);
+    let into = f.bulk_buf(0, vec![0; len]);
+    let now = f.now;
+    f.nodes[0]
+        .send_get_bulk(now, nid(SERVER), 4, 77, into)
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    picked(&f.take_events(1), |e| match e {
+        LnetEvent::BulkGetServed { to, result, .. } => Some((*to, *result)),
+        _ => None,
+    })
+}
+
 /// A ping's REPLY never answers a routed GET (pings and routed GETs draw their wire cookies
 /// from one counter): neither the GET nor the ping is lost.
 #[test]
@@ -1750,24 +1782,13 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
     let server = nid(SERVER);
     let now = f.now;
     // Unmatched routed GETs: MsgIds 1..=10 pending until their deadline.
-    let mut gets = Vec::new();
-    for i in 0..10 {
-        let into = f.bulk_buf(0, vec![0; 4096]);
-        gets.push(
-            f.nodes[0]
-                .send_get_bulk(now, server, 4, 1000 + i, into)
-                .unwrap(),
-        );
-    }
+    unmatched_routed_gets(&mut f, 10);
     let ping = f.nodes[0]
         .ping(now, server, Duration::from_secs(5))
         .unwrap();
     f.run_for(Duration::from_secs(6));
     let evs = f.take_events(0);
-    let early: Vec<_> = picked(&evs, |e| match e {
-        LnetEvent::GetDone { id, result } => Some((*id, *result)),
-        _ => None,
-    });
+    let early = get_dones(&evs);
     let pinged: Vec<_> = picked(&evs, |e| match e {
         LnetEvent::PingDone { id, result, .. } if *id == ping => Some(result.is_ok()),
         _ => None,
@@ -1786,21 +1807,13 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
 /// A server answering a routed GET by a rendezvous REPLY counts that REPLY as sent once.
 #[test]
 fn serving_a_routed_get_counts_one_send() {
-    let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    warm_up(&mut f);
-    let b = f.bulk_buf(1, vec![7; 300_000]);
-    f.nodes[1].post_source(4, 77, b);
-    let into = f.bulk_buf(0, vec![0; 300_000]);
+    let (mut f, _) = warm_bulk_topology(false, 2);
     let before = f.nodes[1].stats().clone();
-    let now = f.now;
-    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
-    f.run_for(Duration::from_secs(2));
+    let served: Vec<_> = a_served_routed_get(&mut f, 300_000)
+        .into_iter()
+        .map(|(_, result)| result)
+        .collect();
     let after = f.nodes[1].stats().clone();
-    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
-        LnetEvent::BulkGetServed { result, .. } => Some(*result),
-        _ => None,
-    });
     assert_eq!(served, vec![Ok(300_000)]);
     assert_eq!(after.send_count - before.send_count, 1, "sends");
     assert_eq!(
@@ -1815,19 +1828,9 @@ fn serving_a_routed_get_counts_one_send() {
 #[test]
 fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
     let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    let now = f.now;
-    for i in 0..10 {
-        let into = f.bulk_buf(0, vec![0; 4096]);
-        f.nodes[0]
-            .send_get_bulk(now, server, 4, 1000 + i, into)
-            .unwrap();
-    }
+    unmatched_routed_gets(&mut f, 10);
     f.run_for(Duration::from_secs(6));
-    let early: Vec<_> = picked(&f.take_events(0), |e| match e {
-        LnetEvent::GetDone { id, result } => Some((*id, *result)),
-        _ => None,
-    });
+    let early = get_dones(&f.take_events(0));
     f.run_for(Duration::from_secs(120));
     let gws = f.nodes[0].gateways();
     assert!(
@@ -1847,9 +1850,8 @@ fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
 /// A routed GET whose GET message fails is counted as one error, as a PUT that fails so.
 #[test]
 fn a_routed_get_that_fails_to_send_counts_one_error() {
-    let (mut f, routers) = bulk_topology(false, 2);
+    let (mut f, routers) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     f.take_events(0);
     f.kill(routers[0]);
     let before = f.nodes[0].stats().clone();
@@ -1888,17 +1890,7 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
 #[test]
 fn a_get_served_by_reply_names_its_requester() {
     let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    let b = f.bulk_buf(1, vec![7; 5000]);
-    f.nodes[1].post_source(4, 77, b);
-    let into = f.bulk_buf(0, vec![0; 5000]);
-    let now = f.now;
-    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
-    f.run_for(Duration::from_secs(2));
-    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
-        LnetEvent::BulkGetServed { to, result, .. } => Some((*to, *result)),
-        _ => None,
-    });
+    let served = a_served_routed_get(&mut f, 5000);
     assert_eq!(served, vec![(nid(CLIENT), Ok(5000))]);
 }
 
@@ -1907,9 +1899,8 @@ fn a_get_served_by_reply_names_its_requester() {
 /// requester's memory, and the GET still ends, at its deadline.
 #[test]
 fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
-    let (mut f, _) = bulk_topology(false, 2);
+    let (mut f, _) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     // The server posts nothing: the GET is dropped there, its REPLY never comes.
     let sink = f.register(0, vec![0xee; 8192]);
     let into = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
