@@ -1221,6 +1221,37 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
     }
 }
 
+const MIB: usize = 1 << 20;
+
+/// 1 MiB + 64 bytes of a pattern (`shift` varies it) in which a byte out of place shows.
+fn patterned(shift: u32) -> Vec<u8> {
+    (0..MIB as u32 + 64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> shift) as u8)
+        .collect()
+}
+
+/// `got`, a region filled with 0xee, holds `want` at `at` and nothing else: every byte landed
+/// and none outside.
+fn assert_landed(got: &[u8], at: usize, want: &[u8], what: &str) {
+    assert!(got[at..at + want.len()] == *want, "{what}: bytes differ");
+    assert!(got[..at].iter().all(|&x| x == 0xee), "{what}");
+    assert!(got[at + want.len()..].iter().all(|&x| x == 0xee), "{what}");
+}
+
+/// A warmed [`bulk_topology`] with three router buffers, and [`patterned`]`(shift)` registered
+/// on node `owner` as the bulk source: the fabric, the router nodes, the bytes and their
+/// registration.
+fn byte_exact_setup(
+    split_router: bool,
+    owner: usize,
+    shift: u32,
+) -> (Fabric, Vec<usize>, Vec<u8>, lnd::fabric::Registration) {
+    let (mut f, routers) = warm_bulk_topology(split_router, 3);
+    let bytes = patterned(shift);
+    let src = f.register(owner, bytes.clone());
+    (f, routers, bytes, src)
+}
+
 /// Bulk PUTs of 1 B to 1 MiB through a router with registered large buffers, one router node
 /// or one runtime per NI: the client's PUT_REQ is written into a router buffer, which the
 /// egress writes on into the server's posted sink from the same memory. Every byte lands,
@@ -1229,14 +1260,9 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
 /// still arrive.
 #[test]
 fn bulk_puts_cross_a_router_byte_exact() {
-    const MIB: usize = 1 << 20;
     for split_router in [false, true] {
-        let (mut f, routers) = warm_bulk_topology(split_router, 3);
+        let (mut f, routers, bytes, src) = byte_exact_setup(split_router, 0, 7);
         let server = nid(SERVER);
-        let bytes: Vec<u8> = (0..MIB as u32 + 64)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
-            .collect();
-        let src = f.register(0, bytes.clone());
         let sizes = [1u32, 3977, 65_537, 300_001, MIB as u32 - 5, MIB as u32];
         let mut sinks = Vec::new();
         let mut ids = Vec::new();
@@ -1279,14 +1305,9 @@ fn bulk_puts_cross_a_router_byte_exact() {
         );
         for (i, &len) in sizes.iter().enumerate() {
             assert!(landed.contains(&(100 + i as u64, Ok(len))));
-            let got = f.region(1, &sinks[i]);
             let want = &bytes[3 + i..3 + i + len as usize];
-            assert!(
-                got[7..7 + len as usize] == *want,
-                "split {split_router}: size {len}"
-            );
-            assert!(got[..7].iter().all(|&x| x == 0xee));
-            assert!(got[7 + len as usize..].iter().all(|&x| x == 0xee));
+            let what = format!("split {split_router}: size {len}");
+            assert_landed(&f.region(1, &sinks[i]), 7, want, &what);
         }
         let books = assert_router_quiescent(&f, &routers);
         assert_eq!(
@@ -1676,14 +1697,9 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
 /// deadline (LNet drops it), and so does one whose REPLY the router cannot carry.
 #[test]
 fn bulk_gets_cross_a_router_byte_exact() {
-    const MIB: usize = 1 << 20;
     for split_router in [false, true] {
-        let (mut f, routers) = warm_bulk_topology(split_router, 3);
+        let (mut f, routers, bytes, src) = byte_exact_setup(split_router, 1, 9);
         let server = nid(SERVER);
-        let bytes: Vec<u8> = (0..MIB as u32 + 64)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
-            .collect();
-        let src = f.register(1, bytes.clone());
         let sizes = [1u32, 3977, 300_001, MIB as u32];
         let mut sinks = Vec::new();
         let mut ids = Vec::new();
@@ -1711,14 +1727,9 @@ fn bulk_gets_cross_a_router_byte_exact() {
                 done.contains(&(ids[i], Ok(len))),
                 "split {split_router}: size {len}: {done:?}"
             );
-            let got = f.region(0, &sinks[i]);
             let want = &bytes[5 + i..5 + i + len as usize];
-            assert!(
-                got[3..3 + len as usize] == *want,
-                "size {len}: bytes differ"
-            );
-            assert!(got[..3].iter().all(|&x| x == 0xee));
-            assert!(got[3 + len as usize..].iter().all(|&x| x == 0xee));
+            let what = format!("split {split_router}: size {len}");
+            assert_landed(&f.region(0, &sinks[i]), 3, want, &what);
         }
         assert!(!done.iter().any(|d| d.0 == lost), "not ended yet");
         f.run_for(Duration::from_secs(100));
@@ -2022,8 +2033,14 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
             f.nodes[4].routing_info().stats.forwarded,
         )
     };
+    // Both gateways forwarded more than they had at `since`: their counts now.
+    let both_used = |f: &Fabric, (a0, b0): (u64, u64), what: &str| {
+        let (a, b) = fwd(f);
+        assert!(a > a0 && b > b0, "{what}: g1 {} g2 {}", a - a0, b - b0);
+        (a, b)
+    };
     // Control: small PUTs, one at a time, alternate.
-    let (a0, b0) = fwd(&f);
+    let start = fwd(&f);
     for i in 0..6 {
         let now = f.now;
         f.nodes[0]
@@ -2031,13 +2048,7 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
             .unwrap();
         f.run_for(Duration::from_millis(500));
     }
-    let (a1, b1) = fwd(&f);
-    assert!(
-        a1 > a0 && b1 > b0,
-        "small PUTs: g1 {} g2 {}",
-        a1 - a0,
-        b1 - b0
-    );
+    let after_small = both_used(&f, start, "small PUTs");
     // Bulk PUTs, one at a time.
     let len = 100_000u32;
     let src = f.register(0, vec![7; len as usize]);
@@ -2053,12 +2064,10 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
     }
     let results = put_results(&f.take_events(0));
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
-    let (a2, b2) = fwd(&f);
-    assert!(
-        a2 > a1 && b2 > b1,
-        "bulk PUTs one at a time all left by one gateway: g1 {} g2 {}",
-        a2 - a1,
-        b2 - b1
+    both_used(
+        &f,
+        after_small,
+        "bulk PUTs one at a time all left by one gateway",
     );
 }
 
