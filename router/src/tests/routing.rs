@@ -44,6 +44,13 @@ fn bulk_topology(split_router: bool, buffers: usize) -> (Fabric, Vec<usize>) {
     (f, routers)
 }
 
+/// [`bulk_topology`], [`warm_up`].
+fn warm_bulk_topology(split_router: bool, buffers: usize) -> (Fabric, Vec<usize>) {
+    let (mut f, routers) = bulk_topology(split_router, buffers);
+    warm_up(&mut f);
+    (f, routers)
+}
+
 /// The client pings the server through the router and the fabric runs 2 s: the connections
 /// on the way are up before the test's own traffic.
 fn warm_up(f: &mut Fabric) {
@@ -66,14 +73,92 @@ fn topology_with(
     let mut router = node(&[R_A, R_B], &[], true, 30);
     tweak_router(&mut router);
     let mut cfgs = vec![client, server];
-    let routers = if split_router {
-        cfgs.extend(split(router));
-        vec![2, 3]
-    } else {
-        cfgs.push(router);
-        vec![2]
-    };
+    let routers = push_router(&mut cfgs, router, split_router);
     (Fabric::from_configs(cfgs), routers)
+}
+
+/// Adds router `r` to `cfgs`, as one node or split into one runtime per NI; returns its node
+/// indices.
+fn push_router(cfgs: &mut Vec<NodeConfig>, r: NodeConfig, split_router: bool) -> Vec<usize> {
+    if split_router {
+        let parts = split(r);
+        let idx = (cfgs.len()..cfgs.len() + parts.len()).collect();
+        cfgs.extend(parts);
+        idx
+    } else {
+        cfgs.push(r);
+        vec![cfgs.len() - 1]
+    }
+}
+
+/// The client (node 0) sends `n` PUTs of `payload` (match bits 0..n) to `to` at once.
+fn send_puts(f: &mut Fabric, to: Nid, portal: u32, n: u64, payload: &[u8]) {
+    let now = f.now;
+    for i in 0..n {
+        f.nodes[0]
+            .send_put(now, to, portal, i, payload.to_vec())
+            .unwrap();
+    }
+}
+
+/// The server (node 1) dies and the client sends it `n` PUTs through the router at once; after
+/// `wait`, router node `r`'s routing info (what it holds for the dead server).
+fn puts_to_a_dead_server(f: &mut Fabric, r: usize, n: u64, wait: Duration) -> RoutingInfo {
+    f.kill(1);
+    send_puts(f, nid(SERVER), 4, n, &[1; 100]);
+    f.run_for(wait);
+    f.nodes[r].routing_info()
+}
+
+/// A router runtime's books: `in_flight` held, `shutdown` dropped as a shutdown (failed back),
+/// and they reconcile.
+fn assert_books(s: &ForwardStats, in_flight: u64, shutdown: u64) {
+    assert_eq!(s.in_flight, in_flight, "{s:?}");
+    assert_eq!(s.dropped_for(FwdDrop::Shutdown), shutdown, "{s:?}");
+    assert!(s.reconciles(), "{s:?}");
+}
+
+/// Every router buffer of node `r` is back in its pool.
+fn assert_pools_full(f: &Fabric, r: usize) {
+    for p in &f.nodes[r].routing_info().pools {
+        assert_eq!(p.credits, i64::from(p.nbuffers), "router {r} {:?}", p.class);
+    }
+}
+
+/// The client pings the server (through the router) and the answer comes within 1 s.
+fn ping_the_server(f: &mut Fabric) {
+    let pinged = ping_result(f, SERVER, Duration::from_secs(5), Duration::from_secs(1));
+    assert!(pinged.is_ok());
+}
+
+/// The client pings `to` and the fabric runs `wait`: the ping's result.
+fn ping_result(
+    f: &mut Fabric,
+    to: &str,
+    timeout: Duration,
+    wait: Duration,
+) -> Result<PingReply, LnetError> {
+    let now = f.now;
+    f.nodes[0].ping(now, nid(to), timeout).unwrap();
+    f.run_for(wait);
+    let mut pings = ping_results(&f.take_events(0));
+    assert!(!pings.is_empty(), "the ping ended");
+    pings.remove(0).2
+}
+
+/// Runs the fabric until each of the client's `n` PUTs has ended and router node `r` holds
+/// nothing in flight (an hour of virtual time at most); returns the PUTs' results.
+fn every_put_ends(f: &mut Fabric, r: usize, n: u64) -> Vec<Result<(), LnetError>> {
+    let mut results = put_results(&f.take_events(0));
+    let start = f.now;
+    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
+        && f.now < start + Duration::from_secs(3600)
+    {
+        f.run_for(Duration::from_secs(10));
+        results.extend(put_results(&f.take_events(0)));
+    }
+    assert_eq!(results.len(), n as usize, "every PUT ends");
+    results
 }
 
 pub(super) fn puts(evs: &[(Instant, LnetEvent)]) -> Vec<(Nid, u64, usize)> {
@@ -104,9 +189,7 @@ pub(super) fn assert_router_quiescent(f: &Fabric, routers: &[usize]) -> ForwardS
         let s = &info.stats;
         assert!(s.reconciles(), "router {r}: {s:?}");
         assert_eq!(s.in_flight, 0, "router {r}: {s:?}");
-        for p in &info.pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "router {r} {:?}", p.class);
-        }
+        assert_pools_full(f, r);
         for p in f.nodes[r].peers() {
             assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
             assert_eq!(p.available_tx_credits, p.max_ni_tx_credits, "{}", p.nid);
@@ -177,14 +260,19 @@ fn routed_ping_and_puts_cross_between_the_runtimes_of_a_split_router() {
     routed_traffic(true);
 }
 
+/// The client hands the router (at R_A) a 3-byte PUT for `dst`, as if for it to forward.
+fn send_raw_put_to_the_router(f: &mut Fabric, dst: &str) {
+    let now = f.now;
+    let hdr = LnetHdr::put(nid(CLIENT), nid(dst), 3, 4, 0);
+    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+}
+
 /// A client asks the router to forward to a peer on the very net it arrived on: Lustre drops
 /// it with -EPROTO and closes the sender's connection; the books still balance.
 #[test]
 fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
     let (mut f, routers) = topology(false, |_| {});
-    let now = f.now;
-    let hdr = LnetHdr::put(nid(CLIENT), nid("10.0.0.77@o2ib"), 3, 4, 0);
-    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    send_raw_put_to_the_router(&mut f, "10.0.0.77@o2ib");
     f.run_for(Duration::from_secs(1));
     let r = &f.nodes[routers[0]];
     let s = r.routing_info().stats;
@@ -206,15 +294,14 @@ fn a_message_for_the_arrival_net_is_refused_and_the_connection_closed() {
 fn a_message_for_another_of_the_routers_own_nids_is_refused_and_the_connection_closed() {
     for bulk in [false, true] {
         let (mut f, routers) = topology(false, |_| {});
-        let now = f.now;
-        let hdr = LnetHdr::put(nid(CLIENT), nid(R_B), 3, 4, 0);
         if bulk {
             give_bulk_buffers(&mut f, &routers, 1);
             let b = f.bulk_buf(0, vec![7; 100_000]);
             // The client has a route to o2ib1 through R_A: its PUT_REQ for R_B goes there.
+            let now = f.now;
             f.nodes[0].send_put_bulk(now, nid(R_B), 4, 1, b).unwrap();
         } else {
-            f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+            send_raw_put_to_the_router(&mut f, R_B);
         }
         f.run_for(Duration::from_secs(1));
         let r = &f.nodes[routers[0]];
@@ -265,9 +352,7 @@ fn with_routing_off_a_message_to_forward_is_a_counted_drop() {
 #[test]
 fn a_message_the_router_cannot_route_is_dropped_as_no_route() {
     let (mut f, routers) = topology(false, |_| {});
-    let now = f.now;
-    let hdr = LnetHdr::put(nid(CLIENT), nid("10.7.0.7@o2ib7"), 3, 4, 0);
-    f.nodes[0].send_raw(now, NiIndex(0), nid(R_A), hdr, vec![1; 3]);
+    send_raw_put_to_the_router(&mut f, "10.7.0.7@o2ib7");
     f.run_for(Duration::from_secs(1));
     let s = f.nodes[routers[0]].routing_info().stats;
     assert_eq!((s.received, s.dropped_for(FwdDrop::NoRoute)), (1, 1));
@@ -287,17 +372,9 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
             large: 4,
         };
     });
-    f.kill(1);
-    let now = f.now;
-    let n = 40u64;
-    for i in 0..n {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
     let r = routers[0];
-    let info = f.nodes[r].routing_info();
+    let n = 40u64;
+    let info = puts_to_a_dead_server(&mut f, r, n, Duration::from_secs(5));
     let small = info.pools[1];
     assert_eq!(small.nbuffers, 4);
     assert!(small.credits <= 0, "every small buffer in use: {small:?}");
@@ -307,15 +384,7 @@ fn a_dead_server_holds_router_buffers_and_throttles_the_client_then_everything_f
     assert!(f.nodes[0].messages_in_flight() > 0);
     // The router drains its buffers one LND timeout (or failed connect) at a time; in the
     // end every PUT ends.
-    let mut results = put_results(&f.take_events(0));
-    let start = f.now;
-    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
-        && f.now < start + Duration::from_secs(3600)
-    {
-        f.run_for(Duration::from_secs(10));
-        results.extend(put_results(&f.take_events(0)));
-    }
-    assert_eq!(results.len(), n as usize, "every PUT ends");
+    let results = every_put_ends(&mut f, r, n);
     let books = assert_router_quiescent(&f, &routers);
     assert_eq!(books.received, books.forwarded + books.dropped());
     assert_eq!(books.forwarded, 0);
@@ -337,17 +406,9 @@ fn a_sender_waits_on_its_router_credits_before_a_buffer() {
             ni.peer_buffer_credits = 2;
         }
     });
-    f.kill(1);
-    let now = f.now;
-    let n = 10u64;
-    for i in 0..n {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(1));
     let r = routers[0];
-    let info = f.nodes[r].routing_info();
+    let n = 10u64;
+    let info = puts_to_a_dead_server(&mut f, r, n, Duration::from_secs(1));
     let small = info.pools[1];
     assert_eq!(
         i64::from(small.nbuffers) - small.min_credits,
@@ -363,24 +424,14 @@ fn a_sender_waits_on_its_router_credits_before_a_buffer() {
     );
     assert_eq!(info.stats.waited_rtr_credit, 6, "{:?}", info.stats);
     assert_eq!(info.stats.in_flight, 8, "{:?}", info.stats);
-    let mut results = put_results(&f.take_events(0));
-    let start = f.now;
-    while (results.len() < n as usize || f.nodes[r].routing_info().stats.in_flight > 0)
-        && f.now < start + Duration::from_secs(3600)
-    {
-        f.run_for(Duration::from_secs(10));
-        results.extend(put_results(&f.take_events(0)));
-    }
-    assert_eq!(results.len(), n as usize, "every PUT ends");
+    every_put_ends(&mut f, r, n);
     let info = f.nodes[r].routing_info();
     assert!(
         info.stats.reconciles() && info.stats.in_flight == 0,
         "{:?}",
         info.stats
     );
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_pools_full(&f, r);
     let client = f.nodes[r].peer(nid(CLIENT)).expect("the client as a peer");
     assert_eq!(client.available_rtr_credits, 2, "{client:?}");
 }
@@ -489,20 +540,14 @@ const FAST_HEALTH: GatewayHealthConfig = GatewayHealthConfig {
 /// A client (node 0) and a server (node 1) with a route each way through two routers (nodes
 /// 2 and 3), all on `health`; returns the fabric and router 2's configuration (to restart it).
 fn two_routers(health: GatewayHealthConfig) -> (Fabric, NodeConfig) {
-    let mut client = node(
-        &[CLIENT],
-        &[route("o2ib1", R_A), route("o2ib1", R2_A)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &[SERVER],
-        &[route("o2ib", R_B), route("o2ib", R2_B)],
-        false,
-        20,
-    );
-    server.gateway_health = health;
+    // An end node routing `net` through both routers' NIs `gws`.
+    let end = |me: &str, net: &str, gws: [&str; 2], inc: u64| {
+        let mut c = node(&[me], &[route(net, gws[0]), route(net, gws[1])], false, inc);
+        c.gateway_health = health;
+        c
+    };
+    let client = end(CLIENT, "o2ib1", [R_A, R2_A], 10);
+    let server = end(SERVER, "o2ib", [R_B, R2_B], 20);
     let r1 = node(&[R_A, R_B], &[], true, 30);
     let r2 = node(&[R2_A, R2_B], &[], true, 40);
     let f = Fabric::from_configs(vec![client, server, r1.clone(), r2]);
@@ -637,12 +682,7 @@ fn a_routing_loop_between_two_routers_is_cut_at_the_second() {
         40,
     );
     let mut f = Fabric::from_configs(vec![client, r1, r2]);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
+    send_puts(&mut f, nid("10.9.0.1@o2ib9"), 4, 5, &[0; 8]);
     f.run_for(Duration::from_secs(2));
     let s1 = f.nodes[1].routing_info().stats;
     let s2 = f.nodes[2].routing_info().stats;
@@ -680,14 +720,7 @@ fn chain(
             true,
             100 + 10 * i as u64,
         );
-        if split_router {
-            let parts = split(r);
-            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
-            cfgs.extend(parts);
-        } else {
-            idx.push(vec![cfgs.len()]);
-            cfgs.push(r);
-        }
+        idx.push(push_router(&mut cfgs, r, split_router));
     }
     (cfgs, idx)
 }
@@ -714,43 +747,8 @@ fn gw(i: usize, net: usize) -> String {
 /// gateway that has an NI on that net, so the second router drops it, counted as a loop, and
 /// every buffer comes back.
 fn a_routing_loop_of_three_routers(split_router: bool) {
-    let client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    // Router i sits on o2ib{i} and o2ib{i+1 mod 3}, NID 10.{net}.0.{254-i}.
-    let mut cfgs = vec![client];
-    let mut idx: Vec<Vec<usize>> = Vec::new();
-    for i in 0..3usize {
-        let (a, b) = (i, (i + 1) % 3);
-        let next = (i + 1) % 3;
-        let r = node(
-            &[&gw(i, a), &gw(i, b)],
-            &[hop_route("o2ib9", &gw(next, b), 2)],
-            true,
-            100 + 10 * i as u64,
-        );
-        if split_router {
-            let parts = split(r);
-            idx.push((cfgs.len()..cfgs.len() + parts.len()).collect());
-            cfgs.extend(parts);
-        } else {
-            idx.push(vec![cfgs.len()]);
-            cfgs.push(r);
-        }
-    }
-    let mut f = Fabric::from_configs(cfgs);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
-    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
-    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    // Router i sits on o2ib{i} and o2ib{i+1 mod 3}.
+    let books = a_ring_of_three_routers(|i| (i, (i + 1) % 3), split_router);
     assert_eq!(
         (
             books[1].received,
@@ -760,7 +758,42 @@ fn a_routing_loop_of_three_routers(split_router: bool) {
         (5, 0, 5),
         "{books:?}"
     );
+}
+
+/// The client and three routers in a ring: router i has NIs on the nets `nets(i)` and routes
+/// o2ib9 with `hop: 2` through the next router's NI on its first net. The client sends five
+/// PUTs to o2ib9; returns each router's books, the first having passed all five on and the
+/// third seen none (the second cut the loop: each test says how).
+fn a_ring_of_three_routers(
+    nets: impl Fn(usize) -> (usize, usize),
+    split_router: bool,
+) -> Vec<ForwardStats> {
+    let client = node(
+        &["10.0.0.1@o2ib"],
+        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
+        false,
+        10,
+    );
+    let mut cfgs = vec![client];
+    let mut idx: Vec<Vec<usize>> = Vec::new();
+    for i in 0..3usize {
+        let (a, b) = nets(i);
+        let next = (i + 1) % 3;
+        let r = node(
+            &[&gw(i, a), &gw(i, b)],
+            &[hop_route("o2ib9", &gw(next, nets(next).0), 2)],
+            true,
+            100 + 10 * i as u64,
+        );
+        idx.push(push_router(&mut cfgs, r, split_router));
+    }
+    let mut f = Fabric::from_configs(cfgs);
+    send_puts(&mut f, nid("10.9.0.1@o2ib9"), 4, 5, &[0; 8]);
+    f.run_for(Duration::from_secs(5));
+    let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
+    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
     assert_eq!(books[2].received, 0, "{books:?}");
+    books
 }
 
 #[test]
@@ -778,38 +811,13 @@ fn a_routing_loop_of_three_split_routers_is_cut_by_the_hop_rule() {
 /// (a router, not its source) tells that it has crossed a router: the second router drops it.
 #[test]
 fn a_routing_loop_of_three_routers_on_one_net_is_cut_by_the_hop_rule() {
-    let client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route("o2ib9", "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    let mut cfgs = vec![client];
-    for i in 0..3usize {
-        let next = (i + 1) % 3;
-        cfgs.push(node(
-            &[&gw(i, 0), &gw(i, 5)],
-            &[hop_route("o2ib9", &gw(next, 0), 2)],
-            true,
-            100 + 10 * i as u64,
-        ));
-    }
-    let mut f = Fabric::from_configs(cfgs);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, nid("10.9.0.1@o2ib9"), 4, i, vec![0; 8])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(5));
-    let books: Vec<ForwardStats> = (1..4).map(|r| assert_router_quiescent(&f, &[r])).collect();
-    assert_eq!((books[0].received, books[0].forwarded), (5, 5), "{books:?}");
+    // Router i's NIs: on o2ib and on o2ib5 (a net no route uses).
+    let books = a_ring_of_three_routers(|_| (0, 5), false);
     assert_eq!(
         (books[1].received, books[1].dropped_for(FwdDrop::Loop)),
         (5, 5),
         "{books:?}"
     );
-    assert_eq!(books[2].received, 0, "{books:?}");
 }
 
 /// The hop rule's reach: a client on o2ib and a server on o2ib3 through three routers in a
@@ -817,37 +825,40 @@ fn a_routing_loop_of_three_routers_on_one_net_is_cut_by_the_hop_rule() {
 /// router in the chain, the second router refuses to pass a message on to a gateway that is
 /// not on the destination's net, counted as a loop, and the server never sees it.
 fn a_chain_of_routers(routers: usize, split_router: bool) -> (Fabric, Vec<Vec<usize>>) {
+    let (cfgs, idx) = chain_configs(routers, split_router, |i| (routers - 1 - i) as u8);
+    (Fabric::from_configs(cfgs), idx)
+}
+
+/// [`a_chain_of_routers`]' configurations (client, server, then the routers), router `i`
+/// routing the server's net with `hop: far_hops(i)`.
+fn chain_configs(
+    routers: usize,
+    split_router: bool,
+    far_hops: impl Fn(usize) -> u8,
+) -> (Vec<NodeConfig>, Vec<Vec<usize>>) {
     let far = routers;
     let server_nid = format!("10.{far}.0.2@o2ib{far}");
     let far_net = format!("o2ib{far}");
     let client = node(
         &["10.0.0.1@o2ib"],
-        &[hop_route(&far_net, "10.0.0.254@o2ib", routers as u8)],
+        &[hop_route(&far_net, &gw(0, 0), routers as u8)],
         false,
         10,
     );
     let server = node(
         &[&server_nid],
-        &[hop_route(
-            "o2ib",
-            &format!("10.{far}.0.{}@{far_net}", 254 - (routers - 1)),
-            routers as u8,
-        )],
+        &[hop_route("o2ib", &gw(routers - 1, far), routers as u8)],
         false,
         20,
     );
-    let (cfgs, idx) = chain(
+    chain(
         vec![client, server],
         routers,
         |i| {
             let mut r = Vec::new();
             // Toward the server: through router i+1, on net i+1.
             if i + 1 < routers {
-                r.push(hop_route(
-                    &far_net,
-                    &gw(i + 1, i + 1),
-                    (routers - 1 - i) as u8,
-                ));
+                r.push(hop_route(&far_net, &gw(i + 1, i + 1), far_hops(i)));
             }
             // Toward the client: through router i-1, on net i.
             if i > 0 {
@@ -856,8 +867,16 @@ fn a_chain_of_routers(routers: usize, split_router: bool) -> (Fabric, Vec<Vec<us
             r
         },
         split_router,
-    );
-    (Fabric::from_configs(cfgs), idx)
+    )
+}
+
+/// The client sends five PUTs to the server at the far end of a chain of three routers;
+/// returns how many the server got and the middle router's books.
+fn five_puts_through_a_chain_of_three(f: &mut Fabric, idx: &[Vec<usize>]) -> (usize, ForwardStats) {
+    send_puts(f, nid("10.3.0.2@o2ib3"), 7, 5, &[1; 100]);
+    f.run_for(Duration::from_secs(3));
+    let got = puts(&f.take_events(1)).len();
+    (got, assert_router_quiescent(f, &idx[1]))
 }
 
 #[test]
@@ -898,13 +917,7 @@ fn a_chain_of_three_routers_carries_pings_and_puts_both_ways() {
 #[test]
 fn a_fourth_router_in_a_chain_is_past_the_hop_rule() {
     let (mut f, idx) = a_chain_of_routers(4, false);
-    let now = f.now;
-    let server = nid("10.4.0.2@o2ib4");
-    for i in 0..5u64 {
-        f.nodes[0]
-            .send_put(now, server, 7, i, vec![1; 100])
-            .unwrap();
-    }
+    send_puts(&mut f, nid("10.4.0.2@o2ib4"), 7, 5, &[1; 100]);
     f.run_for(Duration::from_secs(3));
     assert!(puts(&f.take_events(1)).is_empty());
     let books: Vec<ForwardStats> = idx.iter().map(|r| assert_router_quiescent(&f, r)).collect();
@@ -1033,18 +1046,7 @@ fn a_node_that_does_not_route_reports_every_ni_up() {
     let (mut f, routers) = topology(false, |r| r.routing.enabled = false);
     f.run_for(Duration::from_secs(400));
     assert!(f.nodes[routers[0]].silent_nids(f.now).is_empty());
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_A), Duration::from_secs(2))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    let reply = f
-        .take_events(0)
-        .into_iter()
-        .find_map(|(_, e)| match e {
-            LnetEvent::PingDone { result: Ok(r), .. } => Some(r),
-            _ => None,
-        })
+    let reply = ping_result(&mut f, R_A, Duration::from_secs(2), Duration::from_secs(1))
         .expect("the ping is answered");
     assert!(reply.down_nids.is_empty(), "{reply:?}");
     assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
@@ -1219,6 +1221,37 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
     }
 }
 
+const MIB: usize = 1 << 20;
+
+/// 1 MiB + 64 bytes of a pattern (`shift` varies it) in which a byte out of place shows.
+fn patterned(shift: u32) -> Vec<u8> {
+    (0..MIB as u32 + 64)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> shift) as u8)
+        .collect()
+}
+
+/// `got`, a region filled with 0xee, holds `want` at `at` and nothing else: every byte landed
+/// and none outside.
+fn assert_landed(got: &[u8], at: usize, want: &[u8], what: &str) {
+    assert!(got[at..at + want.len()] == *want, "{what}: bytes differ");
+    assert!(got[..at].iter().all(|&x| x == 0xee), "{what}");
+    assert!(got[at + want.len()..].iter().all(|&x| x == 0xee), "{what}");
+}
+
+/// A warmed [`bulk_topology`] with three router buffers, and [`patterned`]`(shift)` registered
+/// on node `owner` as the bulk source: the fabric, the router nodes, the bytes and their
+/// registration.
+fn byte_exact_setup(
+    split_router: bool,
+    owner: usize,
+    shift: u32,
+) -> (Fabric, Vec<usize>, Vec<u8>, lnd::fabric::Registration) {
+    let (mut f, routers) = warm_bulk_topology(split_router, 3);
+    let bytes = patterned(shift);
+    let src = f.register(owner, bytes.clone());
+    (f, routers, bytes, src)
+}
+
 /// Bulk PUTs of 1 B to 1 MiB through a router with registered large buffers, one router node
 /// or one runtime per NI: the client's PUT_REQ is written into a router buffer, which the
 /// egress writes on into the server's posted sink from the same memory. Every byte lands,
@@ -1227,15 +1260,9 @@ pub(super) fn give_bulk_buffers(f: &mut Fabric, routers: &[usize], n: usize) {
 /// still arrive.
 #[test]
 fn bulk_puts_cross_a_router_byte_exact() {
-    const MIB: usize = 1 << 20;
     for split_router in [false, true] {
-        let (mut f, routers) = bulk_topology(split_router, 3);
+        let (mut f, routers, bytes, src) = byte_exact_setup(split_router, 0, 7);
         let server = nid(SERVER);
-        warm_up(&mut f);
-        let bytes: Vec<u8> = (0..MIB as u32 + 64)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
-            .collect();
-        let src = f.register(0, bytes.clone());
         let sizes = [1u32, 3977, 65_537, 300_001, MIB as u32 - 5, MIB as u32];
         let mut sinks = Vec::new();
         let mut ids = Vec::new();
@@ -1278,14 +1305,9 @@ fn bulk_puts_cross_a_router_byte_exact() {
         );
         for (i, &len) in sizes.iter().enumerate() {
             assert!(landed.contains(&(100 + i as u64, Ok(len))));
-            let got = f.region(1, &sinks[i]);
             let want = &bytes[3 + i..3 + i + len as usize];
-            assert!(
-                got[7..7 + len as usize] == *want,
-                "split {split_router}: size {len}"
-            );
-            assert!(got[..7].iter().all(|&x| x == 0xee));
-            assert!(got[7 + len as usize..].iter().all(|&x| x == 0xee));
+            let what = format!("split {split_router}: size {len}");
+            assert_landed(&f.region(1, &sinks[i]), 7, want, &what);
         }
         let books = assert_router_quiescent(&f, &routers);
         assert_eq!(
@@ -1434,9 +1456,8 @@ fn the_bulk_pool_follows_the_nis_and_large_buffers_and_retires_only_free_buffers
 /// PUTs then wait for a buffer rather than fail.
 #[test]
 fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail() {
-    let (mut f, routers) = bulk_topology(false, 2);
+    let (mut f, routers) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_buffers(now, PoolClass::Large, 4);
     let large = |f: &Fabric| {
@@ -1469,9 +1490,8 @@ fn large_buffers_raised_above_the_registered_ones_make_bulk_puts_wait_not_fail()
 /// which its LNet would take for done.
 #[test]
 fn a_bulk_put_refused_for_routing_disabled_fails_at_its_sender() {
-    let (mut f, routers) = bulk_topology(false, 1);
+    let (mut f, routers) = warm_bulk_topology(false, 1);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let now = f.now;
     f.nodes[routers[0]].set_routing(now, false);
     let len = 100_000u32;
@@ -1512,11 +1532,7 @@ fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
     );
     give_bulk_buffers(&mut f, &routers, 2);
     let r = routers[0];
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(SERVER), Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(2));
+    warm_up(&mut f);
     let (no_route0, drops0) = (
         f.nodes[r].stats().local_no_route_count,
         f.nodes[r].stats().drop_count,
@@ -1550,9 +1566,8 @@ fn a_bulk_put_to_a_net_without_a_route_takes_no_router_buffer() {
 /// counted once in LNet's, the NI's and the peer's counters; its buffer comes back.
 #[test]
 fn a_bulk_ingress_that_fails_is_counted_once() {
-    let (mut f, routers) = bulk_topology(false, 1);
+    let (mut f, routers) = warm_bulk_topology(false, 1);
     let server = nid(SERVER);
-    warm_up(&mut f);
     let r = routers[0];
     let (ni0, st0) = (
         f.nodes[r].nets()[0].drop_count,
@@ -1682,21 +1697,9 @@ fn bulk_traffic_moves_to_the_other_router_when_one_dies_with_bulk_in_flight() {
 /// deadline (LNet drops it), and so does one whose REPLY the router cannot carry.
 #[test]
 fn bulk_gets_cross_a_router_byte_exact() {
-    const MIB: usize = 1 << 20;
-    let get_done = |evs: &[(Instant, LnetEvent)]| -> Vec<(MsgId, Result<u32, LnetError>)> {
-        picked(evs, |e| match e {
-            LnetEvent::GetDone { id, result } => Some((*id, *result)),
-            _ => None,
-        })
-    };
     for split_router in [false, true] {
-        let (mut f, routers) = bulk_topology(split_router, 3);
+        let (mut f, routers, bytes, src) = byte_exact_setup(split_router, 1, 9);
         let server = nid(SERVER);
-        warm_up(&mut f);
-        let bytes: Vec<u8> = (0..MIB as u32 + 64)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8)
-            .collect();
-        let src = f.register(1, bytes.clone());
         let sizes = [1u32, 3977, 300_001, MIB as u32];
         let mut sinks = Vec::new();
         let mut ids = Vec::new();
@@ -1718,24 +1721,19 @@ fn bulk_gets_cross_a_router_byte_exact() {
         let into = BulkBuf::new(NiIndex(0), &nothing, 0, 4096).unwrap();
         let lost = f.nodes[0].send_get_bulk(now, server, 4, 999, into).unwrap();
         f.run_for(Duration::from_secs(10));
-        let done = get_done(&f.take_events(0));
+        let done = get_dones(&f.take_events(0));
         for (i, &len) in sizes.iter().enumerate() {
             assert!(
                 done.contains(&(ids[i], Ok(len))),
                 "split {split_router}: size {len}: {done:?}"
             );
-            let got = f.region(0, &sinks[i]);
             let want = &bytes[5 + i..5 + i + len as usize];
-            assert!(
-                got[3..3 + len as usize] == *want,
-                "size {len}: bytes differ"
-            );
-            assert!(got[..3].iter().all(|&x| x == 0xee));
-            assert!(got[3 + len as usize..].iter().all(|&x| x == 0xee));
+            let what = format!("split {split_router}: size {len}");
+            assert_landed(&f.region(0, &sinks[i]), 3, want, &what);
         }
         assert!(!done.iter().any(|d| d.0 == lost), "not ended yet");
         f.run_for(Duration::from_secs(100));
-        let done = get_done(&f.take_events(0));
+        let done = get_dones(&f.take_events(0));
         assert_eq!(
             done,
             vec![(lost, Err(LnetError::Timeout))],
@@ -1747,6 +1745,46 @@ fn bulk_gets_cross_a_router_byte_exact() {
     }
 }
 
+/// The routed GETs that ended among `evs`, with their results.
+fn get_dones(evs: &[(Instant, LnetEvent)]) -> Vec<(MsgId, Result<u32, LnetError>)> {
+    picked(evs, |e| match e {
+        LnetEvent::GetDone { id, result } => Some((*id, *result)),
+        _ => None,
+    })
+}
+
+/// The client sends the server `n` routed bulk GETs (4 KiB) that nothing there matches: they
+/// stay pending until their deadline.
+fn unmatched_routed_gets(f: &mut Fabric, n: u64) -> Vec<MsgId> {
+    let server = nid(SERVER);
+    let now = f.now;
+    (0..n)
+        .map(|i| {
+            let into = f.bulk_buf(0, vec![0; 4096]);
+            f.nodes[0]
+                .send_get_bulk(now, server, 4, 1000 + i, into)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The server posts a source of `len` bytes (match bits 77) and the client GETs it through
+/// the router by rendezvous; after 2 s, what the server says it served, and to whom.
+fn a_served_routed_get(f: &mut Fabric, len: usize) -> Vec<(Nid, Result<u32, LnetError>)> {
+    let b = f.bulk_buf(1, vec![7; len]);
+    f.nodes[1].post_source(4, 77, b);
+    let into = f.bulk_buf(0, vec![0; len]);
+    let now = f.now;
+    f.nodes[0]
+        .send_get_bulk(now, nid(SERVER), 4, 77, into)
+        .unwrap();
+    f.run_for(Duration::from_secs(2));
+    picked(&f.take_events(1), |e| match e {
+        LnetEvent::BulkGetServed { to, result, .. } => Some((*to, *result)),
+        _ => None,
+    })
+}
+
 /// A ping's REPLY never answers a routed GET (pings and routed GETs draw their wire cookies
 /// from one counter): neither the GET nor the ping is lost.
 #[test]
@@ -1755,24 +1793,13 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
     let server = nid(SERVER);
     let now = f.now;
     // Unmatched routed GETs: MsgIds 1..=10 pending until their deadline.
-    let mut gets = Vec::new();
-    for i in 0..10 {
-        let into = f.bulk_buf(0, vec![0; 4096]);
-        gets.push(
-            f.nodes[0]
-                .send_get_bulk(now, server, 4, 1000 + i, into)
-                .unwrap(),
-        );
-    }
+    unmatched_routed_gets(&mut f, 10);
     let ping = f.nodes[0]
         .ping(now, server, Duration::from_secs(5))
         .unwrap();
     f.run_for(Duration::from_secs(6));
     let evs = f.take_events(0);
-    let early: Vec<_> = picked(&evs, |e| match e {
-        LnetEvent::GetDone { id, result } => Some((*id, *result)),
-        _ => None,
-    });
+    let early = get_dones(&evs);
     let pinged: Vec<_> = picked(&evs, |e| match e {
         LnetEvent::PingDone { id, result, .. } if *id == ping => Some(result.is_ok()),
         _ => None,
@@ -1791,21 +1818,13 @@ fn a_ping_reply_does_not_kill_a_routed_bulk_get_with_the_same_cookie() {
 /// A server answering a routed GET by a rendezvous REPLY counts that REPLY as sent once.
 #[test]
 fn serving_a_routed_get_counts_one_send() {
-    let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    warm_up(&mut f);
-    let b = f.bulk_buf(1, vec![7; 300_000]);
-    f.nodes[1].post_source(4, 77, b);
-    let into = f.bulk_buf(0, vec![0; 300_000]);
+    let (mut f, _) = warm_bulk_topology(false, 2);
     let before = f.nodes[1].stats().clone();
-    let now = f.now;
-    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
-    f.run_for(Duration::from_secs(2));
+    let served: Vec<_> = a_served_routed_get(&mut f, 300_000)
+        .into_iter()
+        .map(|(_, result)| result)
+        .collect();
     let after = f.nodes[1].stats().clone();
-    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
-        LnetEvent::BulkGetServed { result, .. } => Some(*result),
-        _ => None,
-    });
     assert_eq!(served, vec![Ok(300_000)]);
     assert_eq!(after.send_count - before.send_count, 1, "sends");
     assert_eq!(
@@ -1820,19 +1839,9 @@ fn serving_a_routed_get_counts_one_send() {
 #[test]
 fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
     let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    let now = f.now;
-    for i in 0..10 {
-        let into = f.bulk_buf(0, vec![0; 4096]);
-        f.nodes[0]
-            .send_get_bulk(now, server, 4, 1000 + i, into)
-            .unwrap();
-    }
+    unmatched_routed_gets(&mut f, 10);
     f.run_for(Duration::from_secs(6));
-    let early: Vec<_> = picked(&f.take_events(0), |e| match e {
-        LnetEvent::GetDone { id, result } => Some((*id, *result)),
-        _ => None,
-    });
+    let early = get_dones(&f.take_events(0));
     f.run_for(Duration::from_secs(120));
     let gws = f.nodes[0].gateways();
     assert!(
@@ -1852,9 +1861,8 @@ fn a_gateway_ping_reply_does_not_kill_a_routed_bulk_get() {
 /// A routed GET whose GET message fails is counted as one error, as a PUT that fails so.
 #[test]
 fn a_routed_get_that_fails_to_send_counts_one_error() {
-    let (mut f, routers) = bulk_topology(false, 2);
+    let (mut f, routers) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     f.take_events(0);
     f.kill(routers[0]);
     let before = f.nodes[0].stats().clone();
@@ -1893,17 +1901,7 @@ fn a_routed_get_that_fails_to_send_counts_one_error() {
 #[test]
 fn a_get_served_by_reply_names_its_requester() {
     let (mut f, _) = bulk_topology(false, 2);
-    let server = nid(SERVER);
-    let b = f.bulk_buf(1, vec![7; 5000]);
-    f.nodes[1].post_source(4, 77, b);
-    let into = f.bulk_buf(0, vec![0; 5000]);
-    let now = f.now;
-    f.nodes[0].send_get_bulk(now, server, 4, 77, into).unwrap();
-    f.run_for(Duration::from_secs(2));
-    let served: Vec<_> = picked(&f.take_events(1), |e| match e {
-        LnetEvent::BulkGetServed { to, result, .. } => Some((*to, *result)),
-        _ => None,
-    });
+    let served = a_served_routed_get(&mut f, 5000);
     assert_eq!(served, vec![(nid(CLIENT), Ok(5000))]);
 }
 
@@ -1912,9 +1910,8 @@ fn a_get_served_by_reply_names_its_requester() {
 /// requester's memory, and the GET still ends, at its deadline.
 #[test]
 fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
-    let (mut f, _) = bulk_topology(false, 2);
+    let (mut f, _) = warm_bulk_topology(false, 2);
     let server = nid(SERVER);
-    warm_up(&mut f);
     // The server posts nothing: the GET is dropped there, its REPLY never comes.
     let sink = f.register(0, vec![0xee; 8192]);
     let into = BulkBuf::new(NiIndex(0), &sink, 0, 8192).unwrap();
@@ -1964,27 +1961,15 @@ fn a_forged_reply_never_writes_into_a_routed_gets_memory() {
 fn a_removed_egress_runtime_fails_back_what_it_holds_for_its_sibling() {
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
-    f.kill(1);
-    let now = f.now;
-    for i in 0..3 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
     // The egress waits on its connect to the silent server, holding the three.
-    f.run_for(Duration::from_secs(1));
-    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 3);
+    let info = puts_to_a_dead_server(&mut f, ingress, 3, Duration::from_secs(1));
+    assert_eq!(info.stats.in_flight, 3);
     assert_eq!(f.nodes[egress].messages_in_flight(), 3);
     f.nodes[egress].abandon_forwards();
     assert_eq!(f.nodes[egress].messages_in_flight(), 0);
     f.run_for(Duration::from_millis(10));
-    let info = f.nodes[ingress].routing_info();
-    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
-    assert_eq!(info.stats.dropped_for(FwdDrop::Shutdown), 3);
-    assert!(info.stats.reconciles());
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_books(&f.nodes[ingress].routing_info().stats, 0, 3);
+    assert_pools_full(&f, ingress);
     for p in f.nodes[ingress].peers() {
         assert_eq!(p.available_rtr_credits, p.max_ni_tx_credits, "{}", p.nid);
     }
@@ -2048,8 +2033,14 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
             f.nodes[4].routing_info().stats.forwarded,
         )
     };
+    // Both gateways forwarded more than they had at `since`: their counts now.
+    let both_used = |f: &Fabric, (a0, b0): (u64, u64), what: &str| {
+        let (a, b) = fwd(f);
+        assert!(a > a0 && b > b0, "{what}: g1 {} g2 {}", a - a0, b - b0);
+        (a, b)
+    };
     // Control: small PUTs, one at a time, alternate.
-    let (a0, b0) = fwd(&f);
+    let start = fwd(&f);
     for i in 0..6 {
         let now = f.now;
         f.nodes[0]
@@ -2057,13 +2048,7 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
             .unwrap();
         f.run_for(Duration::from_millis(500));
     }
-    let (a1, b1) = fwd(&f);
-    assert!(
-        a1 > a0 && b1 > b0,
-        "small PUTs: g1 {} g2 {}",
-        a1 - a0,
-        b1 - b0
-    );
+    let after_small = both_used(&f, start, "small PUTs");
     // Bulk PUTs, one at a time.
     let len = 100_000u32;
     let src = f.register(0, vec![7; len as usize]);
@@ -2079,12 +2064,10 @@ fn bulk_puts_one_at_a_time_round_robin_over_two_gateways() {
     }
     let results = put_results(&f.take_events(0));
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
-    let (a2, b2) = fwd(&f);
-    assert!(
-        a2 > a1 && b2 > b1,
-        "bulk PUTs one at a time all left by one gateway: g1 {} g2 {}",
-        a2 - a1,
-        b2 - b1
+    both_used(
+        &f,
+        after_small,
+        "bulk PUTs one at a time all left by one gateway",
     );
 }
 
@@ -2138,48 +2121,11 @@ fn a_bulk_put_whose_egress_has_no_router_buffers_fails_at_its_sender() {
 #[test]
 fn a_last_hop_gateway_is_known_by_its_ping_reply_not_its_hop_count() {
     for split_router in [false, true] {
-        let routers = 3usize;
-        let far_net = "o2ib3";
-        let client = node(
-            &["10.0.0.1@o2ib"],
-            &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
-            false,
-            10,
-        );
-        let server = node(
-            &["10.3.0.2@o2ib3"],
-            &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
-            false,
-            20,
-        );
-        let (cfgs, idx) = chain(
-            vec![client, server],
-            routers,
-            |i| {
-                let mut r = Vec::new();
-                if i + 1 < routers {
-                    r.push(hop_route(far_net, &gw(i + 1, i + 1), 2));
-                }
-                if i > 0 {
-                    r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
-                }
-                r
-            },
-            split_router,
-        );
+        let (cfgs, idx) = chain_configs(3, split_router, |_| 2);
         let mut f = Fabric::from_configs(cfgs);
         // The gateways' first pings answered.
         f.run_for(Duration::from_secs(1));
-        let now = f.now;
-        let server = nid("10.3.0.2@o2ib3");
-        for i in 0..5u64 {
-            f.nodes[0]
-                .send_put(now, server, 7, i, vec![1; 100])
-                .unwrap();
-        }
-        f.run_for(Duration::from_secs(3));
-        let got = puts(&f.take_events(1)).len();
-        let books = assert_router_quiescent(&f, &idx[1]);
+        let (got, books) = five_puts_through_a_chain_of_three(&mut f, &idx);
         assert_eq!(got, 5, "split={split_router}: {books:?}");
         assert_eq!(books.dropped(), 0, "split={split_router}: {books:?}");
     }
@@ -2197,61 +2143,16 @@ fn a_gateway_reporting_its_far_ni_down_is_still_a_last_hop() {
         ping_timeout: Duration::from_secs(1),
         avoid_asym: false,
     };
-    let routers = 3usize;
-    let far_net = "o2ib3";
-    let mut client = node(
-        &["10.0.0.1@o2ib"],
-        &[hop_route(far_net, "10.0.0.254@o2ib", 3)],
-        false,
-        10,
-    );
-    client.gateway_health = health;
-    let mut server = node(
-        &["10.3.0.2@o2ib3"],
-        &[hop_route("o2ib", "10.3.0.252@o2ib3", 3)],
-        false,
-        20,
-    );
-    // The server never pings its gateway: the far net goes silent.
-    server.gateway_health = GatewayHealthConfig {
-        check_interval: Duration::ZERO,
-        ..health
-    };
-    let (mut cfgs, idx) = chain(
-        vec![client, server],
-        routers,
-        |i| {
-            let mut r = Vec::new();
-            if i + 1 < routers {
-                r.push(hop_route(
-                    far_net,
-                    &gw(i + 1, i + 1),
-                    (routers - 1 - i) as u8,
-                ));
-            }
-            if i > 0 {
-                r.push(hop_route("o2ib", &gw(i - 1, i), i as u8));
-            }
-            r
-        },
-        false,
-    );
-    for c in cfgs.iter_mut().skip(2) {
+    let (mut cfgs, idx) = chain_configs(3, false, |i| (2 - i) as u8);
+    for c in cfgs.iter_mut() {
         c.gateway_health = health;
     }
+    // The server never pings its gateway: the far net goes silent.
+    cfgs[1].gateway_health.check_interval = Duration::ZERO;
     let mut f = Fabric::from_configs(cfgs);
     // Router 2 now reports its o2ib3 NI down.
     f.run_for(Duration::from_secs(10));
-    let now = f.now;
-    let server = nid("10.3.0.2@o2ib3");
-    for i in 0..5u64 {
-        f.nodes[0]
-            .send_put(now, server, 7, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(3));
-    let got = puts(&f.take_events(1)).len();
-    let books = assert_router_quiescent(&f, &idx[1]);
+    let (got, books) = five_puts_through_a_chain_of_three(&mut f, &idx);
     assert_eq!(got, 5, "middle router: {books:?}");
 }
 
@@ -2352,22 +2253,10 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
     let (mut f, routers) = topology(true, |_| {});
     let (ingress, egress) = (routers[0], routers[1]);
     let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    ping_the_server(&mut f);
     // The server goes silent: the egress holds what it was given, waiting on the connection.
-    f.kill(1);
-    let now = f.now;
-    for i in 0..5 {
-        f.nodes[0]
-            .send_put(now, server, 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_millis(500));
-    assert_eq!(f.nodes[ingress].routing_info().stats.in_flight, 5);
+    let info = puts_to_a_dead_server(&mut f, ingress, 5, Duration::from_millis(500));
+    assert_eq!(info.stats.in_flight, 5);
     let now = f.now;
     f.nodes[egress].fabric_lost(now);
     f.run_for(Duration::from_millis(100));
@@ -2377,21 +2266,14 @@ fn a_router_ni_whose_fabric_failed_is_reported_down_and_fails_what_it_held() {
     assert_eq!(info.stats.dropped(), 5, "{:?}", info.stats);
     assert_eq!(f.nodes[egress].messages_in_flight(), 0);
     for &r in &routers {
-        for p in &f.nodes[r].routing_info().pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-        }
+        assert_pools_full(&f, r);
     }
     assert_eq!(f.nodes[egress].nets()[0].status, "down");
     assert_eq!(f.nodes[ingress].nets()[0].status, "up");
     assert_eq!(f.nodes[ingress].silent_nids(f.now), vec![nid(R_B)]);
     // The client asks the router (through the live NI): R_B is DOWN.
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_A), Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    let pings = ping_results(&f.take_events(0));
-    let reply = pings[0].2.clone().expect("the live NI answers");
+    let reply = ping_result(&mut f, R_A, Duration::from_secs(5), Duration::from_secs(1))
+        .expect("the live NI answers");
     assert_eq!(reply.down_nids, vec![nid(R_B)]);
     // Later traffic for the lost NI fails at once, counted.
     let now = f.now;
@@ -2419,15 +2301,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
         }
     });
     let (ingress, egress) = (routers[0], routers[1]);
-    f.kill(1);
-    let now = f.now;
-    for i in 0..10 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
-    f.run_for(Duration::from_secs(1));
-    let info = f.nodes[ingress].routing_info();
+    let info = puts_to_a_dead_server(&mut f, ingress, 10, Duration::from_secs(1));
     assert_eq!(
         (info.stats.in_flight, info.stats.waited_rtr_credit),
         (8, 6),
@@ -2436,15 +2310,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
     );
     let now = f.now;
     f.nodes[ingress].fabric_lost(now);
-    let info = f.nodes[ingress].routing_info();
-    assert_eq!(info.stats.in_flight, 2, "{:?}", info.stats);
-    assert_eq!(
-        info.stats.dropped_for(FwdDrop::Shutdown),
-        6,
-        "{:?}",
-        info.stats
-    );
-    assert!(info.stats.reconciles(), "{:?}", info.stats);
+    assert_books(&f.nodes[ingress].routing_info().stats, 2, 6);
     // The two with the egress end as the egress gives up on the dead server.
     let start = f.now;
     while f.nodes[ingress].routing_info().stats.in_flight > 0
@@ -2458,10 +2324,8 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
         "{:?}",
         info.stats
     );
-    for &r in &[ingress, egress] {
-        for p in &f.nodes[r].routing_info().pools {
-            assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-        }
+    for r in [ingress, egress] {
+        assert_pools_full(&f, r);
     }
 }
 
@@ -2472,13 +2336,7 @@ fn a_lost_ingress_drops_what_waits_for_its_credits_at_once() {
 fn a_lost_fabric_ends_its_connections_as_lost_not_as_graceful_closes() {
     let (mut f, routers) = topology(true, |_| {});
     let egress = routers[1];
-    let server = nid(SERVER);
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, server, Duration::from_secs(5))
-        .unwrap();
-    f.run_for(Duration::from_secs(1));
-    assert!(ping_results(&f.take_events(0))[0].2.is_ok());
+    ping_the_server(&mut f);
     let _ = f.take_events(egress);
     let now = f.now;
     f.nodes[egress].fabric_lost(now);
@@ -2565,20 +2423,8 @@ fn a_reply_whose_way_back_is_a_sibling_ni_goes_back_the_way_it_came() {
     cfgs.extend(split(r));
     let mut f = Fabric::from_configs(cfgs);
     f.run_for(Duration::from_secs(2));
-    let now = f.now;
-    f.nodes[0]
-        .ping(now, nid(R_B), Duration::from_secs(2))
-        .unwrap();
-    f.run_for(Duration::from_secs(3));
-    let reply = f
-        .take_events(0)
-        .into_iter()
-        .find_map(|(_, e)| match e {
-            LnetEvent::PingDone { result, .. } => Some(result),
-            _ => None,
-        })
-        .expect("the ping ended");
-    let reply = reply.expect("the ping is answered");
+    let reply = ping_result(&mut f, R_B, Duration::from_secs(2), Duration::from_secs(3))
+        .expect("the ping is answered");
     assert_eq!(reply.nids, vec![nid(R_A), nid(R_B)]);
     // It went back on R_B's NI, to R2_B: the o2ib1 runtime sent it, no drop for no route.
     let b = &f.nodes[3];
@@ -2598,23 +2444,8 @@ fn a_forward_whose_egress_runtime_is_gone_fails_back_at_the_ingress() {
     // Only the ingress runtime (R_A) runs; it knows R_B as its sibling's.
     let ingress = split(router).remove(0);
     let mut f = Fabric::from_configs(vec![client, server, ingress]);
-    let now = f.now;
-    for i in 0..3 {
-        f.nodes[0]
-            .send_put(now, nid(SERVER), 4, i, vec![1; 100])
-            .unwrap();
-    }
+    send_puts(&mut f, nid(SERVER), 4, 3, &[1; 100]);
     f.run_for(Duration::from_secs(1));
-    let info = f.nodes[2].routing_info();
-    assert_eq!(info.stats.in_flight, 0, "{:?}", info.stats);
-    assert_eq!(
-        info.stats.dropped_for(FwdDrop::Shutdown),
-        3,
-        "{:?}",
-        info.stats
-    );
-    assert!(info.stats.reconciles(), "{:?}", info.stats);
-    for p in &info.pools {
-        assert_eq!(p.credits, i64::from(p.nbuffers), "{:?}", p.class);
-    }
+    assert_books(&f.nodes[2].routing_info().stats, 0, 3);
+    assert_pools_full(&f, 2);
 }
