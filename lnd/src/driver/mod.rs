@@ -160,6 +160,7 @@ macro_rules! lnd_driver_serving {
 /// Declares a driver's counters, a struct of `u64` fields, with its `counters()`: every counter
 /// under its field name, in declaration order (for `lnetctl net show -v`), so that a new counter
 /// is shown once it is declared and the list cannot drift from the struct.
+#[cfg(any(feature = "tcp", feature = "verbs"))]
 macro_rules! counter_struct {
     ($(#[$meta:meta])* pub struct $name:ident {
         $($(#[$fmeta:meta])* pub $field:ident: u64,)*
