@@ -179,18 +179,20 @@ macro_rules! counter_struct {
     };
 }
 
-/// Declares a fieldless enum whose variants stand for fixed codes (a frame's kind byte, an
-/// io_uring op kind), and implements [`Coded`] for it: each code is written once, so the decoder
-/// cannot drift from the declaration.
+/// Declares a fieldless enum whose variants stand for fixed byte codes (a frame's kind byte, an
+/// io_uring op kind) through [`wire_enum!`](crate::wire_enum) (one code table, its decoder
+/// `from_code`), and implements [`Coded`] for it, which the user_data packing is generic over.
 #[cfg(feature = "tcp")]
 macro_rules! coded_enum {
     ($(#[$meta:meta])* $vis:vis enum $name:ident {
         $($(#[$vmeta:meta])* $variant:ident = $code:literal,)*
     }) => {
-        $(#[$meta])*
-        #[repr(u8)]
-        $vis enum $name {
-            $($(#[$vmeta])* $variant = $code,)*
+        $crate::wire_enum! {
+            $(#[$meta])*
+            #[repr(u8)]
+            $vis enum $name: from_code(u8) {
+                $($(#[$vmeta])* $variant = $code,)*
+            }
         }
 
         impl $crate::driver::Coded for $name {
@@ -198,10 +200,7 @@ macro_rules! coded_enum {
                 self as u8
             }
             fn from_code(code: u8) -> Option<$name> {
-                match code {
-                    $($code => Some($name::$variant),)*
-                    _ => None,
-                }
+                $name::from_code(code)
             }
         }
     };

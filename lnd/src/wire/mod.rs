@@ -51,7 +51,9 @@ macro_rules! wire_enum {
         }
 
         impl $name {
-            /// Every variant, in declaration order.
+            /// Every variant, in declaration order (for tests and tables; not every enum's
+            /// users need it).
+            #[allow(dead_code)]
             pub const ALL: [$name; [$($code),*].len()] = [$($name::$variant),*];
 
             /// The variant with wire code `v`, if any.

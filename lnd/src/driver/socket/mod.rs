@@ -85,7 +85,6 @@ type SockId = Handle<SockTag>;
 
 coded_enum! {
     /// The kind of an io_uring operation, in the top bits of its user_data.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
     enum OpTag {
         /// An accept; the handle's index is the listener's number.
         Accept = 1,

@@ -37,7 +37,6 @@
 //! receive buffer into the region as it arrives, and reads what is still in the socket straight
 //! into the region (`TcpFabric::parse`).
 
-use crate::driver::Coded;
 use core::fmt;
 
 use crate::fabric::PrivateData;
@@ -57,7 +56,6 @@ pub const WRITE_CHUNK: usize = 64 * 1024;
 
 coded_enum! {
     /// What a frame is.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
     pub enum FrameKind {
         ConnReq = 1,
         ConnAck = 2,

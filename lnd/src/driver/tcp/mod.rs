@@ -88,7 +88,6 @@ const NO_SOCK: SockId = Handle::from_parts(0, 0);
 
 coded_enum! {
     /// The kind of an io_uring operation, in the top bits of its user_data.
-    #[derive(Copy, Clone, Debug, PartialEq, Eq)]
     enum OpTag {
         Accept = 1,
         Connect = 2,
